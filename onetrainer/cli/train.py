@@ -1,0 +1,121 @@
+"""`scripts/train.py`: train a config headless, exactly as the app's Start button does."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+
+from onetrainer.config import ConfigFileError, errors, load_layers
+from onetrainer.config.checks import run_checks
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+DESCRIPTION = "Train a diffusion model (LoRA, fine-tune or embedding) from a config, without the GUI."
+EPILOG = """\
+Layers: defaults <- preset <- config file <- each --set, in that order.
+A preset NAME is its path under presets/ without .json (e.g. sd15/lora, demo).
+--set keys are dotted, with list indexes (concepts.0.path=/data/cats); values are
+parsed as JSON when they parse (3, 1e-4, true, null, [1,2]), else taken as text.
+Exit codes: 0 finished (also after a requested stop), 1 training failed,
+2 invalid config (every problem is listed).
+Outputs: the model at output_model_destination; logs, samples, TensorBoard
+files, backups and saves under workspace_dir."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    # A fixed width, so `-h` prints the same text everywhere (the README quotes it).
+    def __init__(self, prog: str, **kwargs) -> None:
+        kwargs.update(width=88, max_help_position=30)
+        super().__init__(prog, **kwargs)
+
+
+def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--config-path", metavar="FILE", help="a training config (JSON; sparse is fine)")
+    parser.add_argument("--preset", metavar="NAME_OR_FILE", help="a preset name or a preset file")
+    parser.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override one setting (repeatable)",
+    )
+    parser.add_argument("--check", action="store_true", help="validate the config and the files it names, then exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if not args.config_path and not args.preset:
+        parser.print_usage(sys.stderr)
+        print(f"{prog}: error: give --config-path, --preset, or both", file=sys.stderr)
+        return EXIT_INVALID
+
+    try:
+        config, problems = load_layers(args.preset, args.config_path, args.overrides)
+    except ConfigFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    problems += run_checks(config, include_schema=False)
+    for problem in problems:
+        if not problem.is_error:
+            print(problem, file=sys.stderr)
+    if errors(problems):
+        count = len(errors(problems))
+        print(f"The config is invalid ({count} problem{'s' if count > 1 else ''}):", file=sys.stderr)
+        for problem in errors(problems):
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.check:
+        print("The config is valid.")
+        return EXIT_OK
+    return _train(config)
+
+
+def _train(config) -> int:
+    from onetrainer.training.console import ConsoleSink
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Failed
+    from onetrainer.training.runner import run_training
+
+    control = TrainingControl()
+
+    def on_interrupt(signum, frame):
+        if control.stop_requested:
+            raise KeyboardInterrupt
+        print("\nStopping after this step (the model is saved); press Ctrl+C again to abort.", file=sys.stderr)
+        control.request_stop()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt) if _main_thread() else None
+    try:
+        outcome = run_training(config, control, [ConsoleSink()])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if isinstance(outcome, Failed):
+        print(f"Training failed: {outcome.message}", file=sys.stderr)
+        if outcome.log_path:
+            print(f"The log with the full traceback: {outcome.log_path}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

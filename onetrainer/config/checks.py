@@ -1,0 +1,131 @@
+"""Run checks at start: the things schema validation cannot know (files exist, the model can be found).
+
+Like validation, every problem is returned at once. Nothing here imports torch, so the GUI can call it on Start.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from onetrainer.config.enums import ConceptType, ModelFormat
+from onetrainer.config.io import ConfigFileError, pack
+from onetrainer.config.schema import Problem, Severity
+from onetrainer.config.train_config import TrainConfig
+from onetrainer.config.validation import validate
+
+TINY_PREFIX = "tiny:"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem]:
+    """Schema validation (unless `include_schema` is False) plus the checks that look at the disk."""
+    problems = validate(config) if include_schema else []
+    from onetrainer.families import not_trainable_reason
+
+    reason = not_trainable_reason(config.model_type)
+    if reason:
+        problems.append(Problem("model_type", reason))
+    problems += check_model_source(config.base_model_name, config.offline_mode, "base_model_name")
+    try:
+        packed, found = pack(config)
+    except ConfigFileError as e:
+        return [*problems, Problem("", str(e))]
+    problems += found
+    problems += _check_concepts(packed)
+    problems += _check_output(config)
+    problems += _check_optional_files(config)
+    return problems
+
+
+def check_model_source(name: str, offline: bool, path: str) -> list[Problem]:
+    """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id."""
+    name = name.strip()
+    if not name:
+        return [Problem(path, "no model given")]
+    if name.startswith(TINY_PREFIX):
+        return []
+    local = Path(name).expanduser()
+    if local.exists():
+        if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):
+            return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
+        return []
+    if _HUB_ID.match(name) and not name.startswith((".", "/")) and "\\" not in name:
+        if offline and not _in_hub_cache(name):
+            return [Problem(path, f"'{name}' is not in the local Hugging Face cache and offline mode is on")]
+        return []
+    return [Problem(path, f"model not found: {name} (a file, a folder or a Hugging Face repo id such as 'org/name')")]
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    for filename in ("model_index.json", "config.json"):
+        if isinstance(try_to_load_from_cache(repo_id, filename), str):
+            return True
+    return False
+
+
+def _check_concepts(config: TrainConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    concepts = config.concepts or []
+    trained = [c for c in concepts if c.enabled and c.type is not ConceptType.VALIDATION]
+    if not trained:
+        where = "" if config.concepts else f" (none inline, and {config.concept_file_name} has none)"
+        problems.append(Problem("concepts", f"no enabled concept to train on{where}; add a folder of images"))
+    for i, concept in enumerate(concepts):
+        if not concept.enabled:
+            continue
+        if not concept.path.strip():
+            problems.append(Problem(f"concepts.{i}.path", f"concept '{concept.name or i}' has no folder"))
+        elif not concept.path.startswith(TINY_PREFIX) and not Path(concept.path).expanduser().is_dir():
+            problems.append(Problem(f"concepts.{i}.path", f"folder not found: {concept.path}"))
+        if concept.text.prompt_source == "concept" and not Path(concept.text.prompt_path).is_file():
+            problems.append(
+                Problem(
+                    f"concepts.{i}.text.prompt_path", f"caption file not found: {concept.text.prompt_path or '(empty)'}"
+                )
+            )
+    return problems
+
+
+def _check_output(config: TrainConfig) -> list[Problem]:
+    destination = config.output_model_destination.strip()
+    if not destination:
+        return [Problem("output_model_destination", "no output destination given")]
+    target = Path(destination).expanduser()
+    problems: list[Problem] = []
+    if config.prevent_overwrites and target.exists():
+        problems.append(
+            Problem("output_model_destination", f"{destination} already exists and 'Prevent overwrites' is on")
+        )
+    if config.output_model_format.is_directory:
+        if target.is_file():
+            problems.append(Problem("output_model_destination", f"{destination} is a file; DIFFUSERS writes a folder"))
+    elif target.is_dir():
+        problems.append(Problem("output_model_destination", f"{destination} is a folder; this format writes a file"))
+    elif target.suffix.lower() != ".safetensors" and config.output_model_format is not ModelFormat.DIFFUSERS:
+        problems.append(
+            Problem("output_model_destination", f"{destination} does not end in .safetensors", Severity.WARNING)
+        )
+    return problems
+
+
+def _check_optional_files(config: TrainConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    for path, name in (
+        ("lora_model_name", config.lora_model_name),
+        ("embedding.model_name", config.embedding.model_name),
+    ):
+        if name and not Path(name).expanduser().is_file():
+            problems.append(Problem(path, f"file not found: {name}"))
+    for i, emb in enumerate(config.additional_embeddings):
+        if emb.model_name and not Path(emb.model_name).expanduser().is_file():
+            problems.append(Problem(f"additional_embeddings.{i}.model_name", f"file not found: {emb.model_name}"))
+    for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer"):
+        name = config.part(part).model_name
+        if name:
+            problems += check_model_source(name, config.offline_mode, f"{part}.model_name")
+    return problems

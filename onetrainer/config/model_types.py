@@ -1,0 +1,217 @@
+"""What each model type is: its family, parts, defaults and the formats it can be saved in.
+
+This table is the single declaration of the model variants. Family modules (`onetrainer.families`) read it
+for their declarative facts and add the behaviour; config validation and the GUI read it without importing
+torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
+
+# Each model part has a role, which decides the settings that apply to it.
+DENOISER = "denoiser"
+TEXT_ENCODER = "text_encoder"
+AUXILIARY = "auxiliary"
+
+PART_ROLES: dict[str, str] = {
+    "unet": DENOISER,
+    "prior": DENOISER,
+    "transformer": DENOISER,
+    "text_encoder": TEXT_ENCODER,
+    "text_encoder_2": TEXT_ENCODER,
+    "decoder_text_encoder": AUXILIARY,
+    "vae": AUXILIARY,
+    "effnet_encoder": AUXILIARY,
+    "decoder": AUXILIARY,
+    "decoder_vqgan": AUXILIARY,
+}
+
+PART_LABELS: dict[str, str] = {
+    "unet": "UNet",
+    "prior": "Prior",
+    "transformer": "Transformer",
+    "text_encoder": "Text Encoder",
+    "text_encoder_2": "Text Encoder 2",
+    "vae": "VAE",
+    "effnet_encoder": "Effnet Encoder",
+    "decoder": "Decoder",
+    "decoder_text_encoder": "Decoder Text Encoder",
+    "decoder_vqgan": "Decoder VQGAN",
+}
+
+
+@dataclass(frozen=True)
+class SampleDefaults:
+    width: int
+    height: int
+    diffusion_steps: int
+    cfg_scale: float
+    noise_scheduler: NoiseScheduler
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    key: str
+    label: str
+    parts: tuple[str, ...]
+    bucket_step: int
+    methods: tuple[TrainingMethod, ...]
+    output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
+    layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelTypeInfo:
+    model_type: ModelType
+    label: str
+    family: FamilyInfo
+    resolution: int
+    v_prediction: bool
+    inpainting: bool
+    sample: SampleDefaults
+
+
+_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING)
+_SD_LIKE_FORMATS = {
+    TrainingMethod.FINE_TUNE: (ModelFormat.ORIGINAL_SINGLE_FILE, ModelFormat.DIFFUSERS, ModelFormat.LEGACY_SAFETENSORS),
+    TrainingMethod.LORA: (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA, ModelFormat.LEGACY_LORA),
+    TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+}
+_UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
+
+SD = FamilyInfo(
+    key="sd",
+    label="Stable Diffusion 1.5 / 2.x",
+    parts=("unet", "text_encoder", "vae"),
+    bucket_step=8,
+    methods=_METHODS,
+    output_formats=_SD_LIKE_FORMATS,
+    layer_presets=_UNET_LAYER_PRESETS,
+)
+SDXL = FamilyInfo(
+    key="sdxl",
+    label="Stable Diffusion XL",
+    parts=("unet", "text_encoder", "text_encoder_2", "vae"),
+    bucket_step=64,
+    methods=_METHODS,
+    output_formats=_SD_LIKE_FORMATS,
+    layer_presets=_UNET_LAYER_PRESETS,
+)
+PIXART = FamilyInfo(
+    key="pixart",
+    label="PixArt-Alpha",
+    parts=("transformer", "text_encoder", "vae"),
+    bucket_step=16,
+    methods=_METHODS,
+    output_formats={
+        TrainingMethod.FINE_TUNE: (
+            ModelFormat.DIFFUSERS,
+            ModelFormat.ORIGINAL_TRANSFORMER,
+            ModelFormat.LEGACY_SAFETENSORS,
+        ),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+    },
+    layer_presets={
+        "attn-mlp": ("attn1", "attn2", "ff"),
+        "attn-only": ("attn1", "attn2"),
+        "blocks": ("transformer_block",),
+        "full": (),
+    },
+)
+WUERSTCHEN = FamilyInfo(
+    key="wuerstchen",
+    label="Würstchen v2",
+    parts=("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan", "effnet_encoder"),
+    bucket_step=128,
+    methods=_METHODS,
+    output_formats={
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+    },
+    layer_presets={
+        "attn-only": ("attention",),
+        "full": (),
+        "down-blocks": ("down_blocks",),
+        "up-blocks": ("up_blocks",),
+    },
+)
+CASCADE = FamilyInfo(
+    key="cascade",
+    label="Stable Cascade",
+    parts=("prior", "text_encoder", "decoder", "decoder_vqgan", "effnet_encoder"),
+    bucket_step=128,
+    methods=_METHODS,
+    output_formats={
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.LEGACY_SAFETENSORS),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+    },
+    layer_presets={
+        "attn-only": ("attention",),
+        "full": (),
+        "down-blocks": ("down_blocks",),
+        "up-blocks": ("up_blocks",),
+    },
+)
+
+FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}
+
+_SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
+_SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
+_SD2_BASE_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.DDIM)
+_SDXL_SAMPLE = SampleDefaults(1024, 1024, 30, 7.5, NoiseScheduler.EULER_A)
+_PIXART_SAMPLE = SampleDefaults(1024, 1024, 25, 4.5, NoiseScheduler.DDIM)
+_WUERSTCHEN_SAMPLE = SampleDefaults(1024, 1024, 25, 4.0, NoiseScheduler.DDIM)
+
+
+def _info(mt: ModelType, label: str, family: FamilyInfo, res: int, v: bool, inpaint: bool, s: SampleDefaults):
+    return ModelTypeInfo(mt, label, family, res, v, inpaint, s)
+
+
+MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
+    i.model_type: i
+    for i in (
+        _info(ModelType.STABLE_DIFFUSION_15, "SD 1.5", SD, 512, False, False, _SD1_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_15_INPAINTING, "SD 1.5 Inpainting", SD, 512, False, True, _SD1_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_20_BASE, "SD 2.0 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_20, "SD 2.0 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_20_INPAINTING, "SD 2.0 Inpainting", SD, 512, False, True, _SD2_BASE_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_21_BASE, "SD 2.1 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_21, "SD 2.1 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_XL_10_BASE, "SDXL 1.0", SDXL, 1024, False, False, _SDXL_SAMPLE),
+        _info(
+            ModelType.STABLE_DIFFUSION_XL_10_BASE_INPAINTING,
+            "SDXL 1.0 Inpainting",
+            SDXL,
+            1024,
+            False,
+            True,
+            _SDXL_SAMPLE,
+        ),
+        _info(ModelType.PIXART_ALPHA, "PixArt-Alpha", PIXART, 1024, False, False, _PIXART_SAMPLE),
+        _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
+        _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),
+    )
+}
+
+SUPPORTED_MODEL_TYPES: tuple[ModelType, ...] = tuple(MODEL_TYPES)
+
+
+def model_type_info(model_type: ModelType) -> ModelTypeInfo:
+    try:
+        return MODEL_TYPES[model_type]
+    except KeyError:
+        raise ValueError(f"model type {model_type.value} is not supported by this trainer") from None
+
+
+def family_of(model_type: ModelType) -> FamilyInfo:
+    return model_type_info(model_type).family
+
+
+def all_parts() -> tuple[str, ...]:
+    return tuple(PART_ROLES)

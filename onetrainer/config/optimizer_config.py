@@ -1,0 +1,186 @@
+"""The optimizer block (`optimizer`), with OneTrainer's parameter names.
+
+A parameter left empty (null) takes the optimizer's own default from the optimizer table. Which parameters an
+optimizer uses, with their defaults and tooltips, is declared in that table (`onetrainer.training.optim`); the GUI's
+"..." dialog is generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onetrainer.config.enums import Optimizer
+from onetrainer.config.schema import ConfigNode, setting
+
+OFFERED_OPTIMIZERS = (
+    Optimizer.ADAMW,
+    Optimizer.ADAMW_8BIT,
+    Optimizer.ADAM,
+    Optimizer.ADAM_8BIT,
+    Optimizer.SGD,
+    Optimizer.SGD_8BIT,
+    Optimizer.ADAGRAD,
+    Optimizer.ADAGRAD_8BIT,
+    Optimizer.RMSPROP,
+    Optimizer.RMSPROP_8BIT,
+    Optimizer.LAMB,
+    Optimizer.LAMB_8BIT,
+    Optimizer.LARS,
+    Optimizer.LARS_8BIT,
+    Optimizer.LION,
+    Optimizer.LION_8BIT,
+    Optimizer.PRODIGY,
+    Optimizer.DADAPT_ADAM,
+    Optimizer.DADAPT_ADAN,
+    Optimizer.DADAPT_ADA_GRAD,
+    Optimizer.DADAPT_LION,
+    Optimizer.DADAPT_SGD,
+    Optimizer.ADAFACTOR,
+    Optimizer.CAME,
+    Optimizer.SCHEDULE_FREE_ADAMW,
+    Optimizer.SCHEDULE_FREE_SGD,
+)
+
+
+def _p(label: str, help: str, **meta):
+    """An optimizer parameter: shown in the optimizer's "..." dialog, not as a form field."""
+    return setting(None, label, help, ui=False, **meta)
+
+
+def _ot(label: str, default=None):
+    """A OneTrainer optimizer parameter for optimizers this trainer does not offer."""
+    return setting(default, label, f"OneTrainer optimizer parameter '{label}'.", ignored=True)
+
+
+@dataclass
+class TrainOptimizerConfig(ConfigNode):
+    optimizer: Optimizer = setting(
+        Optimizer.ADAMW,
+        "Optimizer",
+        "The algorithm that updates the weights. AdamW is the safe default; the 8-bit variants save memory; "
+        "Prodigy and the DAdapt family find the learning rate themselves (set the learning rate to 1).",
+        tab="training",
+        group="Optimizer",
+        choices=OFFERED_OPTIMIZERS,
+    )
+    beta1: float | None = _p("Beta 1", "Decay of the running mean of the gradients (momentum).", minimum=0, maximum=1)
+    beta2: float | None = _p("Beta 2", "Decay of the running mean of the squared gradients.", minimum=0, maximum=1)
+    beta3: float | None = _p(
+        "Beta 3", "Third decay rate (Prodigy's d estimate, CAME, DAdapt Adan).", minimum=0, maximum=1
+    )
+    eps: float | None = _p("Epsilon", "A small number added to the denominator for numerical stability.", minimum=0)
+    eps2: float | None = _p("Epsilon 2", "Adafactor's second epsilon (for the parameter scale).", minimum=0)
+    weight_decay: float | None = _p(
+        "Weight decay", "Shrinks the weights a little every step (regularisation).", minimum=0
+    )
+    momentum: float | None = _p("Momentum", "Momentum factor (SGD, RMSprop, LARS).", minimum=0)
+    dampening: float | None = _p("Dampening", "Dampening of the momentum (SGD, LARS).", minimum=0)
+    nesterov: bool | None = _p("Nesterov", "Use Nesterov momentum.")
+    amsgrad: bool | None = _p("AMSGrad", "Use the AMSGrad variant (keeps the maximum of the second moment).")
+    maximize: bool | None = _p("Maximize", "Maximise the objective instead of minimising it.")
+    foreach: bool | None = _p("Foreach", "Use the multi-tensor implementation (faster, more memory).")
+    fused: bool | None = _p("Fused", "Use the fused CUDA kernel where torch has one.")
+    capturable: bool | None = _p("Capturable", "Allow CUDA graph capture.")
+    differentiable: bool | None = _p("Differentiable", "Make the optimizer step differentiable (research use).")
+    alpha: float | None = _p("Alpha", "Smoothing constant (RMSprop).", minimum=0)
+    centered: bool | None = _p("Centered", "Normalise by the estimated variance of the gradient (RMSprop).")
+    lr_decay: float | None = _p("LR decay", "Learning-rate decay (Adagrad).", minimum=0)
+    initial_accumulator_value: float | None = _p("Initial accumulator", "Starting value of Adagrad's sums.", minimum=0)
+    min_8bit_size: int | None = _p(
+        "Min 8-bit size", "Tensors smaller than this keep 32-bit optimizer state.", minimum=0
+    )
+    percentile_clipping: int | None = _p(
+        "Percentile clipping", "Clip gradients adaptively at this percentile of recent norms (100 = off).", minimum=1
+    )
+    block_wise: bool | None = _p("Block-wise", "Quantise the 8-bit state block by block (more precise).")
+    is_paged: bool | None = _p("Paged", "Use paged optimizer state that can spill to CPU memory (CUDA only).")
+    optim_bits: int | None = _p("Optimizer bits", "Bits of optimizer state: 32 or 8.", choices=(8, 32))
+    max_unorm: float | None = _p("Max update norm", "Upper bound of the update norm (LAMB, LARS).", minimum=0)
+    bias_correction: bool | None = _p("Bias correction", "Correct the bias of the running means (LAMB).")
+    adam_w_mode: bool | None = _p("AdamW mode", "Decoupled weight decay (LAMB).")
+    use_triton: bool | None = _p("Use Triton", "Use the Triton kernel (Lion, CUDA only).")
+    d0: float | None = _p("Initial D", "The starting estimate of the step size D (Prodigy, DAdapt).", minimum=0)
+    d_coef: float | None = _p("D coefficient", "Multiplies the estimated D: below 1 trains gentler.", minimum=0)
+    growth_rate: float | None = _p("Growth rate", "Limits how fast D may grow per step (inf = unlimited).", minimum=0)
+    log_every: int | None = _p("Log every", "Print DAdapt's internal state every N steps (0 = never).", minimum=0)
+    decouple: bool | None = _p("Decouple", "Use AdamW-style decoupled weight decay.")
+    use_bias_correction: bool | None = _p("Bias correction", "Use Adam's bias correction in the D estimate.")
+    safeguard_warmup: bool | None = _p("Safeguard warmup", "Avoid a too large D during a learning-rate warmup.")
+    fsdp_in_use: bool | None = _p("FSDP in use", "Set when training with fully sharded data parallelism.")
+    slice_p: int | None = _p("Slice p", "Compute Prodigy's statistics on every p-th element to save memory.", minimum=1)
+    clip_threshold: float | None = _p("Clip threshold", "Adafactor: threshold of the update's RMS.", minimum=0)
+    decay_rate: float | None = _p("Decay rate", "Adafactor: exponent of the second-moment decay.")
+    relative_step: bool | None = _p("Relative step", "Adafactor: compute the learning rate from the step count.")
+    scale_parameter: bool | None = _p("Scale parameter", "Adafactor: scale the learning rate by the weights' RMS.")
+    warmup_init: bool | None = _p("Warmup init", "Adafactor: warm the relative step up from 0.")
+    stochastic_rounding: bool | None = _p(
+        "Stochastic rounding", "Round updates stochastically into BFLOAT_16 weights, so small updates are not lost."
+    )
+    r: float | None = _p("r", "Schedule-free: polynomial weighting power.", minimum=0)
+    weight_lr_power: float | None = _p("Weight LR power", "Schedule-free: how the learning rate weights the average.")
+    no_prox: bool | None = _p("No prox", "DAdapt Adan: how weight decay is applied.")
+
+    # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
+    initial_accumulator: float | None = _ot("initial_accumulator")
+    quant_block_size: int | None = _ot("quant_block_size")
+    k: int | None = _ot("k")
+    xi: float | None = _ot("xi")
+    n_sma_threshold: int | None = _ot("n_sma_threshold")
+    prodigy_steps: int | None = _ot("prodigy_steps")
+    beta3_ema: float | None = _ot("beta3_ema")
+    alpha_grad: float | None = _ot("alpha_grad")
+    beta1_warmup: int | None = _ot("beta1_warmup")
+    min_beta1: float | None = _ot("min_beta1")
+    schedulefree_c: float | None = _ot("schedulefree_c")
+    ns_steps: int | None = _ot("ns_steps")
+    muon_hidden_layers: str | None = _ot("muon_hidden_layers")
+    muon_adam_lr: float | None = _ot("muon_adam_lr")
+    muon_te1_adam_lr: float | None = _ot("muon_te1_adam_lr")
+    muon_te2_adam_lr: float | None = _ot("muon_te2_adam_lr")
+    beta2_normuon: float | None = _ot("beta2_normuon")
+    ortho_rank: int | None = _ot("ortho_rank")
+    fused_back_pass: bool | None = _ot("fused_back_pass", False)
+    decoupled_decay: bool | None = _ot("decoupled_decay", False)
+    fixed_decay: bool | None = _ot("fixed_decay", False)
+    rectify: bool | None = _ot("rectify", False)
+    degenerated_to_sgd: bool | None = _ot("degenerated_to_sgd", False)
+    ams_bound: bool | None = _ot("ams_bound", False)
+    adanorm: bool | None = _ot("adanorm", False)
+    adam_debias: bool | None = _ot("adam_debias", False)
+    cautious: bool | None = _ot("cautious", False)
+    use_speed: bool | None = _ot("use_speed", False)
+    use_cautious: bool | None = _ot("use_cautious", False)
+    use_grams: bool | None = _ot("use_grams", False)
+    use_adopt: bool | None = _ot("use_adopt", False)
+    use_orthograd: bool | None = _ot("use_orthograd", False)
+    nnmf_factor: bool | None = _ot("nnmf_factor", False)
+    orthogonal_gradient: bool | None = _ot("orthogonal_gradient", False)
+    use_atan2: bool | None = _ot("use_atan2", False)
+    use_AdEMAMix: bool | None = _ot("use_AdEMAMix", False)
+    Simplified_AdEMAMix: bool | None = _ot("Simplified_AdEMAMix", False)
+    kourkoutas_beta: bool | None = _ot("kourkoutas_beta", False)
+    MuonWithAuxAdam: bool | None = _ot("MuonWithAuxAdam", False)
+    muon_adam_regex: bool | None = _ot("muon_adam_regex", False)
+    normuon_variant: bool | None = _ot("normuon_variant", False)
+    low_rank_ortho: bool | None = _ot("low_rank_ortho", False)
+    accelerated_ns: bool | None = _ot("accelerated_ns", False)
+    cautious_wd: bool | None = _ot("cautious_wd", False)
+    approx_mars: bool | None = _ot("approx_mars", False)
+    auto_kappa_p: bool | None = _ot("auto_kappa_p", False)
+    compile: bool | None = _ot("compile", False)
+    weight_decay_by_lr: bool | None = _ot("weight_decay_by_lr", True)
+    split_groups: bool | None = _ot("split_groups", True)
+    split_groups_mean: bool | None = _ot("split_groups_mean", True)
+    factored: bool | None = _ot("factored", True)
+    factored_fp32: bool | None = _ot("factored_fp32", True)
+    use_stableadamw: bool | None = _ot("use_stableadamw", True)
+    d_limiter: bool | None = _ot("d_limiter", True)
+    use_schedulefree: bool | None = _ot("use_schedulefree", True)
+    rms_rescaling: bool | None = _ot("rms_rescaling", True)
+    muon_adam_config: dict | None = setting(
+        None,
+        "muon_adam_config",
+        "OneTrainer optimizer parameter 'muon_adam_config'.",
+        ignored=True,
+        is_inactive=lambda v: not v,
+    )

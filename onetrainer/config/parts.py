@@ -1,0 +1,120 @@
+"""One model part's settings (`unet`, `text_encoder`, `vae`, …): the same shape for every part, as in OneTrainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
+from onetrainer.config.model_types import AUXILIARY, DENOISER, TEXT_ENCODER
+from onetrainer.config.schema import ConfigNode, setting
+
+TRAINED_ROLES = frozenset({DENOISER, TEXT_ENCODER})
+WEIGHT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
+TRAINING = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
+STOP_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP)
+
+
+@dataclass
+class ModelPartConfig(ConfigNode):
+    model_name: str = setting(
+        "",
+        "Model override",
+        "Load this part from another file or folder instead of the base model (empty: from the base model).",
+        tab="model",
+        widget="model",
+        part_names=frozenset({"vae", "effnet_encoder", "decoder"}),
+    )
+    train: bool = setting(
+        True,
+        "Train",
+        "Train this part. Turn it off to keep its weights frozen.",
+        tab="training",
+        roles=TRAINED_ROLES,
+        methods=TRAINING,
+    )
+    learning_rate: float | None = setting(
+        None,
+        "Learning rate",
+        "This part's own learning rate; leave empty to use the base learning rate.",
+        tab="training",
+        minimum=0.0,
+        roles=TRAINED_ROLES,
+        methods=TRAINING,
+        widget="float_or_empty",
+    )
+    stop_training_after: int | None = setting(
+        None,
+        "Stop training after",
+        "Freeze this part after this many epochs or steps (the unit beside it); NEVER trains it to the end.",
+        tab="training",
+        minimum=0,
+        unit="stop_training_after_unit",
+        roles=TRAINED_ROLES,
+        methods=TRAINING,
+    )
+    stop_training_after_unit: TimeUnit = setting(
+        TimeUnit.NEVER,
+        "Stop training unit",
+        "The unit of 'Stop training after'.",
+        tab="training",
+        choices=STOP_UNITS,
+        roles=TRAINED_ROLES,
+        methods=TRAINING,
+    )
+    weight_dtype: DataType = setting(
+        DataType.FLOAT_32,
+        "Weight data type",
+        "The data type this part's weights are kept in. FLOAT_16 / BFLOAT_16 halve the memory; trained weights in "
+        "FLOAT_16 can be unstable.",
+        tab="model",
+        choices=WEIGHT_DTYPES,
+    )
+    dropout_probability: float = setting(
+        0.0,
+        "Caption dropout probability",
+        "The chance that a sample's caption is replaced by an empty one, so the model also learns the "
+        "unconditioned image (helps classifier-free guidance).",
+        tab="training",
+        minimum=0.0,
+        maximum=1.0,
+        roles=frozenset({TEXT_ENCODER}),
+    )
+    train_embedding: bool = setting(
+        True,
+        "Train embedding",
+        "Train the embedding vectors of this text encoder (models with two text encoders).",
+        tab="embedding",
+        roles=frozenset({TEXT_ENCODER}),
+        families=frozenset({"sdxl"}),
+        methods=frozenset({TrainingMethod.EMBEDDING}),
+    )
+    gradient_checkpointing: bool = setting(
+        True,
+        "Gradient checkpointing",
+        "Recompute activations in the backward pass instead of storing them: much less memory, about 20% slower.",
+        tab="training",
+        roles=TRAINED_ROLES,
+    )
+    include: bool = setting(True, "Include", "OneTrainer: whether an optional part is loaded.", ignored=True)
+    attention_mask: bool = setting(
+        False, "Force attention mask", "OneTrainer: transformer attention mask.", ignored=True
+    )
+    guidance_scale: float = setting(1.0, "Guidance scale", "OneTrainer: guidance-distilled models.", ignored=True)
+    offload_fraction: float = setting(0.0, "Offload fraction", "OneTrainer: layer offloading.", ignored=True)
+    activation_offloading: bool = setting(False, "Activation offloading", "OneTrainer: offloading.", ignored=True)
+
+
+def denoiser_part() -> ModelPartConfig:
+    return ModelPartConfig()
+
+
+def text_encoder_part() -> ModelPartConfig:
+    # OneTrainer's default: the text encoder stops training after 30 epochs.
+    return ModelPartConfig(stop_training_after=30, stop_training_after_unit=TimeUnit.EPOCH)
+
+
+def auxiliary_part() -> ModelPartConfig:
+    return ModelPartConfig(train=False)
+
+
+PART_FACTORIES = {DENOISER: denoiser_part, TEXT_ENCODER: text_encoder_part, AUXILIARY: auxiliary_part}

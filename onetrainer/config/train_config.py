@@ -1,0 +1,1008 @@
+"""The one training config: every setting of a run, declared once with its metadata (OneTrainer's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from onetrainer.config.concept_config import ConceptConfig
+from onetrainer.config.embedding_config import TrainEmbeddingConfig
+from onetrainer.config.enums import (
+    AttentionMechanism,
+    ConfigPart,
+    DataType,
+    EMAMode,
+    ImageFormat,
+    LearningRateScaler,
+    LearningRateScheduler,
+    LossScaler,
+    LossWeight,
+    ModelFormat,
+    ModelType,
+    PeftType,
+    TimestepDistribution,
+    TimeUnit,
+    TrainingMethod,
+)
+from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS
+from onetrainer.config.model_types import PART_LABELS, SUPPORTED_MODEL_TYPES
+from onetrainer.config.optimizer_config import TrainOptimizerConfig
+from onetrainer.config.parts import ModelPartConfig, auxiliary_part, denoiser_part, text_encoder_part
+from onetrainer.config.sample_config import SampleConfig
+from onetrainer.config.schema import ConfigNode, node, setting
+
+LORA = frozenset({TrainingMethod.LORA})
+EMBEDDING = frozenset({TrainingMethod.EMBEDDING})
+FINE_TUNE_OR_LORA = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
+OFFERED_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING)
+INTERVAL_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP, TimeUnit.SECOND, TimeUnit.MINUTE, TimeUnit.HOUR)
+TRAIN_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16, DataType.TFLOAT_32)
+OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
+OUTPUT_FORMATS = (
+    ModelFormat.ORIGINAL_SINGLE_FILE,
+    ModelFormat.DIFFUSERS,
+    ModelFormat.LEGACY_SAFETENSORS,
+    ModelFormat.ORIGINAL_TRANSFORMER,
+    ModelFormat.KOHYA_LORA,
+    ModelFormat.DIFFUSERS_LORA,
+    ModelFormat.LEGACY_LORA,
+    ModelFormat.SAFETENSORS,
+)
+LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "custom")
+SD_LIKE = frozenset({"sd", "sdxl"})
+
+
+def _part(name: str, factory, **meta):
+    return node(factory, PART_LABELS[name], f"Settings of the {PART_LABELS[name]}.", part=name, **meta)
+
+
+def _ot(label: str, default=None, **meta):
+    """A OneTrainer setting this trainer accepts for compatibility but does not use."""
+    return setting(default, label, f"OneTrainer setting '{label}'; not used by this trainer.", ignored=True, **meta)
+
+
+def _ot_dict(label: str, active_key: str | None = None):
+    """A OneTrainer sub-object we do not use; it only matters when `active_key` in it is set."""
+
+    def inactive(value) -> bool:
+        return not isinstance(value, dict) or active_key is None or not value.get(active_key)
+
+    return setting(
+        None, label, f"OneTrainer setting '{label}'; not used by this trainer.", ignored=True, is_inactive=inactive
+    )
+
+
+@dataclass
+class SchedulerParameter(ConfigNode):
+    key: str = setting("", "Key", "The keyword argument's name.")
+    value: str = setting(
+        "",
+        "Value",
+        "A Python literal, or one of %LR%, %EPOCHS%, %STEPS_PER_EPOCH%, %TOTAL_STEPS%, %SCHEDULER_STEPS%.",
+    )
+
+
+@dataclass
+class TrainConfig(ConfigNode):
+    VERSION: ClassVar[int] = CURRENT_VERSION
+    MIGRATIONS: ClassVar[dict] = TRAIN_CONFIG_MIGRATIONS
+
+    # -- top bar --------------------------------------------------------------------------------------------------
+    model_type: ModelType = setting(
+        ModelType.STABLE_DIFFUSION_15,
+        "Model type",
+        "The kind of model you train. It decides which settings apply, the file formats and the defaults.",
+        tab="top",
+        choices=SUPPORTED_MODEL_TYPES,
+    )
+    training_method: TrainingMethod = setting(
+        TrainingMethod.FINE_TUNE,
+        "Training method",
+        "FINE_TUNE changes the model's own weights; LORA trains a small adapter file; EMBEDDING trains new "
+        "token vectors (textual inversion) that stand for your concept.",
+        tab="top",
+        choices=OFFERED_METHODS,
+    )
+
+    # -- general --------------------------------------------------------------------------------------------------
+    workspace_dir: str = setting(
+        "workspace/run",
+        "Workspace directory",
+        "Where this run keeps its logs, samples, TensorBoard files, backups and intermediate saves.",
+        tab="general",
+        group="Workspace",
+        widget="dir",
+    )
+    cache_dir: str = setting(
+        "workspace-cache/run",
+        "Cache directory",
+        "Where encoded images (latents) and captions are cached between runs.",
+        tab="general",
+        group="Workspace",
+        widget="dir",
+    )
+    continue_last_backup: bool = setting(
+        False,
+        "Continue from last backup",
+        "Resume from the newest backup in the workspace: weights, optimizer, progress and data order.",
+        tab="general",
+        group="Workspace",
+    )
+    only_cache: bool = setting(
+        False, "Only cache", "Fill the cache and stop without training.", tab="general", group="Workspace"
+    )
+    prevent_overwrites: bool = setting(
+        False,
+        "Prevent overwrites",
+        "Refuse to start when the output model already exists, instead of replacing it at the end.",
+        tab="general",
+        group="Workspace",
+    )
+    debug_mode: bool = setting(
+        False, "Debug mode", "Write the decoded training batches to the debug directory.", tab="general", group="Debug"
+    )
+    debug_dir: str = setting(
+        "debug", "Debug directory", "Where debug images go.", tab="general", group="Debug", widget="dir"
+    )
+    tensorboard: bool = setting(
+        True,
+        "TensorBoard",
+        "Start a TensorBoard server during training to follow the loss, learning rate and samples in a browser.",
+        tab="general",
+        group="TensorBoard",
+    )
+    tensorboard_always_on: bool = setting(
+        False,
+        "Keep TensorBoard running",
+        "Keep the TensorBoard server running after training ends.",
+        tab="general",
+        group="TensorBoard",
+    )
+    tensorboard_expose: bool = setting(
+        False,
+        "Expose TensorBoard",
+        "Make TensorBoard reachable from other computers on the network (otherwise only this one).",
+        tab="general",
+        group="TensorBoard",
+    )
+    tensorboard_port: int = setting(
+        6006,
+        "TensorBoard port",
+        "The port of the TensorBoard server; when it is busy, the next free one is used.",
+        tab="general",
+        group="TensorBoard",
+        minimum=1,
+        maximum=65535,
+    )
+    validation: bool = setting(
+        False,
+        "Validation",
+        "Compute the loss of VALIDATION concepts at regular intervals (they are never trained on).",
+        tab="general",
+        group="Validation",
+    )
+    validate_after: int = setting(
+        1,
+        "Validate every",
+        "How often validation runs.",
+        tab="general",
+        group="Validation",
+        minimum=0,
+        unit="validate_after_unit",
+    )
+    validate_after_unit: TimeUnit = setting(
+        TimeUnit.EPOCH,
+        "Validation unit",
+        "The unit of 'Validate every'.",
+        tab="general",
+        group="Validation",
+        choices=INTERVAL_UNITS,
+    )
+    dataloader_threads: int = setting(
+        2,
+        "Data loader workers",
+        "Worker processes that load and augment images in parallel (0 = load in the training thread).",
+        tab="general",
+        group="Device",
+        minimum=0,
+        maximum=64,
+    )
+    train_device: str = setting(
+        "cuda",
+        "Train device",
+        "The torch device that trains: 'cuda', 'cuda:1', 'cpu', 'mps'. Without a CUDA device the CPU is used, "
+        "with a warning.",
+        tab="general",
+        group="Device",
+    )
+    temp_device: str = setting(
+        "cpu",
+        "Temporary device",
+        "Where model parts that are not needed at the moment are parked.",
+        tab="general",
+        group="Device",
+    )
+
+    # -- model ----------------------------------------------------------------------------------------------------
+    base_model_name: str = setting(
+        "stable-diffusion-v1-5/stable-diffusion-v1-5",
+        "Base model",
+        "The model to train from: a diffusers folder, a single .safetensors / .ckpt file, a Hugging Face repo id, "
+        "or a backup folder of an earlier run.",
+        tab="model",
+        group="Base model",
+        widget="model",
+    )
+    huggingface_cache_dir: str = setting(
+        "",
+        "Hugging Face cache",
+        "Where models downloaded from the Hugging Face hub are stored (empty: the hub's default).",
+        tab="model",
+        group="Base model",
+        widget="dir",
+    )
+    offline_mode: bool = setting(
+        False,
+        "Offline",
+        "Never contact the Hugging Face hub; models must be local or already in its cache.",
+        tab="model",
+        group="Base model",
+    )
+    unet: ModelPartConfig = _part("unet", denoiser_part)
+    prior: ModelPartConfig = _part("prior", denoiser_part)
+    transformer: ModelPartConfig = _part("transformer", denoiser_part)
+    text_encoder: ModelPartConfig = _part("text_encoder", text_encoder_part)
+    text_encoder_2: ModelPartConfig = _part("text_encoder_2", text_encoder_part)
+    vae: ModelPartConfig = _part("vae", auxiliary_part)
+    effnet_encoder: ModelPartConfig = _part("effnet_encoder", auxiliary_part)
+    decoder: ModelPartConfig = _part("decoder", auxiliary_part)
+    decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder", auxiliary_part)
+    decoder_vqgan: ModelPartConfig = _part("decoder_vqgan", auxiliary_part)
+    output_model_destination: str = setting(
+        "models/model.safetensors",
+        "Output destination",
+        "Where the trained model is written: a file for single-file, LoRA and embedding formats, a folder for "
+        "DIFFUSERS. An existing one there is replaced at the end (unless 'Prevent overwrites' is on).",
+        tab="model",
+        group="Output",
+        widget="path",
+    )
+    output_dtype: DataType = setting(
+        DataType.FLOAT_32,
+        "Output data type",
+        "The data type of the saved weights. FLOAT_16 halves the file size; every tool our users load into reads it.",
+        tab="model",
+        group="Output",
+        choices=OUTPUT_DTYPES,
+    )
+    output_model_format: ModelFormat = setting(
+        ModelFormat.ORIGINAL_SINGLE_FILE,
+        "Output format",
+        "The file format of the result. KOHYA_LORA loads in AUTOMATIC1111, Forge and ComfyUI; "
+        "ORIGINAL_SINGLE_FILE is the usual checkpoint file; DIFFUSERS writes a folder; SAFETENSORS is for "
+        "embeddings.",
+        tab="model",
+        group="Output",
+        choices=OUTPUT_FORMATS,
+    )
+    include_train_config: ConfigPart = setting(
+        ConfigPart.NONE,
+        "Include config",
+        "Store the training settings in the output file's metadata: NONE, SETTINGS, or ALL (with concepts and "
+        "samples).",
+        tab="model",
+        group="Output",
+    )
+
+    # -- data -----------------------------------------------------------------------------------------------------
+    aspect_ratio_bucketing: bool = setting(
+        True,
+        "Aspect ratio bucketing",
+        "Train images at their own aspect ratio (grouped into buckets of similar shape) instead of cropping them "
+        "square.",
+        tab="data",
+        group="Data",
+    )
+    latent_caching: bool = setting(
+        True,
+        "Latent caching",
+        "Encode each image once and reuse it: much faster, but augmentation then only varies across the cached "
+        "variations.",
+        tab="data",
+        group="Data",
+    )
+    clear_cache_before_training: bool = setting(
+        False,
+        "Clear cache before training",
+        "Delete the cache at the start. The cache is keyed by everything that changes it, so this is never needed "
+        "for correctness; it only frees disk space.",
+        tab="data",
+        group="Data",
+    )
+
+    # -- concepts -------------------------------------------------------------------------------------------------
+    concept_file_name: str = setting(
+        "training_concepts/concepts.json",
+        "Concept file",
+        "A JSON file with the list of concepts, used when the config has no inline 'concepts'.",
+        tab="concepts",
+        widget="file",
+    )
+    concepts: list[ConceptConfig] | None = setting(
+        None,
+        "Concepts",
+        "The image folders to train on (inline; else read from the concept file).",
+        tab="concepts",
+        ui=False,
+    )
+
+    # -- training: base -------------------------------------------------------------------------------------------
+    optimizer: TrainOptimizerConfig = node(
+        TrainOptimizerConfig, "Optimizer", "The optimizer and its parameters.", tab="training", group="Optimizer"
+    )
+    optimizer_defaults: dict[str, TrainOptimizerConfig] = setting(
+        {}, "Optimizer settings per optimizer", "The last settings used with each optimizer.", ui=False
+    )
+    learning_rate_scheduler: LearningRateScheduler = setting(
+        LearningRateScheduler.CONSTANT,
+        "Learning rate scheduler",
+        "How the learning rate changes over the run (after the warmup). CONSTANT keeps it; COSINE and LINEAR lower "
+        "it towards the end; REX falls slowly, then fast; CUSTOM uses your own class.",
+        tab="training",
+        group="Optimizer",
+    )
+    custom_learning_rate_scheduler: str | None = setting(
+        None,
+        "Custom scheduler class",
+        "For CUSTOM: the scheduler class as 'module.Class' (a torch LRScheduler).",
+        tab="training",
+        group="Optimizer",
+        ui=False,
+    )
+    scheduler_params: list[SchedulerParameter] = setting(
+        [], "Custom scheduler parameters", "For CUSTOM: keyword arguments of the scheduler class.", ui=False
+    )
+    learning_rate: float = setting(
+        3e-6,
+        "Learning rate",
+        "The base learning rate. Typical: 1e-4 to 3e-4 for LoRA, 1e-6 to 1e-5 for fine-tuning, ~1e-3 for embeddings; "
+        "1.0 for Prodigy and DAdapt.",
+        tab="training",
+        group="Optimizer",
+        minimum=0,
+    )
+    learning_rate_warmup_steps: float = setting(
+        200.0,
+        "Warmup steps",
+        "The learning rate rises linearly from 0 over this many steps; a value between 0 and 1 is a fraction of "
+        "the total steps.",
+        tab="training",
+        group="Optimizer",
+        minimum=0,
+    )
+    learning_rate_min_factor: float = setting(
+        0.0,
+        "Minimum LR factor",
+        "The schedule never goes below this fraction of the learning rate.",
+        tab="training",
+        group="Optimizer",
+        minimum=0,
+        maximum=0.99,
+    )
+    learning_rate_cycles: float = setting(
+        1.0,
+        "LR cycles",
+        "Number of cycles of the cosine-with-restarts schedules.",
+        tab="training",
+        group="Optimizer",
+        minimum=0,
+    )
+    epochs: int = setting(
+        100, "Epochs", "How many times the whole data set is trained.", tab="training", group="Optimizer", minimum=1
+    )
+    batch_size: int = setting(
+        1,
+        "Batch size",
+        "Images per forward pass. Larger batches need more memory.",
+        tab="training",
+        group="Optimizer",
+        minimum=1,
+    )
+    gradient_accumulation_steps: int = setting(
+        1,
+        "Accumulation steps",
+        "Add up the gradients of this many batches before each optimizer step: a larger effective batch without "
+        "more memory.",
+        tab="training",
+        group="Optimizer",
+        minimum=1,
+    )
+    learning_rate_scaler: LearningRateScaler = setting(
+        LearningRateScaler.NONE,
+        "LR scaler",
+        "Scale the learning rate by the square root of the batch size and/or accumulation steps.",
+        tab="training",
+        group="Optimizer",
+        choices=(
+            LearningRateScaler.NONE,
+            LearningRateScaler.BATCH,
+            LearningRateScaler.GRADIENT_ACCUMULATION,
+            LearningRateScaler.BOTH,
+        ),
+    )
+    clip_grad_norm: float | None = setting(
+        1.0,
+        "Clip grad norm",
+        "Limit the norm of the gradients to this value (stops rare huge updates); empty disables clipping.",
+        tab="training",
+        group="Optimizer",
+        minimum=0,
+        widget="float_or_empty",
+    )
+
+    # -- training: precision and memory ---------------------------------------------------------------------------
+    attention_mechanism: AttentionMechanism = setting(
+        AttentionMechanism.SDP,
+        "Attention",
+        "The attention implementation (torch scaled-dot-product).",
+        tab="training",
+        group="Precision",
+        choices=(AttentionMechanism.SDP,),
+    )
+    ema: EMAMode = setting(
+        EMAMode.OFF,
+        "EMA",
+        "Keep an exponential moving average of the trained weights (smoother results, more memory): on the GPU, "
+        "on the CPU, or off.",
+        tab="training",
+        group="EMA",
+    )
+    ema_decay: float = setting(
+        0.999,
+        "EMA decay",
+        "How slowly the average follows the weights (closer to 1 = slower).",
+        tab="training",
+        group="EMA",
+        minimum=0.5,
+        maximum=1.0,
+    )
+    ema_update_step_interval: int = setting(
+        5, "EMA update interval", "Update the average every this many steps.", tab="training", group="EMA", minimum=1
+    )
+    train_dtype: DataType = setting(
+        DataType.FLOAT_16,
+        "Train data type",
+        "The precision of the computation (mixed precision). FLOAT_16 and BFLOAT_16 are fast and small; FLOAT_32 is "
+        "exact and slow; TFLOAT_32 uses tensor cores for FLOAT_32 maths.",
+        tab="training",
+        group="Precision",
+        choices=TRAIN_DTYPES,
+    )
+    fallback_train_dtype: DataType = setting(
+        DataType.BFLOAT_16,
+        "Fallback train data type",
+        "The precision for parts that are unstable in FLOAT_16.",
+        tab="training",
+        group="Precision",
+        choices=(DataType.FLOAT_32, DataType.BFLOAT_16),
+    )
+    enable_autocast_cache: bool = setting(
+        True,
+        "Autocast cache",
+        "Cache casted weights during autocast (faster, a little more memory).",
+        tab="training",
+        group="Precision",
+    )
+    resolution: str = setting(
+        "512",
+        "Resolution",
+        "The training resolution: one size ('512'), several sizes each sample draws from per epoch "
+        "('384,448,512'), or an exact size ('1024x768', width x height).",
+        tab="training",
+        group="Precision",
+    )
+    force_circular_padding: bool = setting(
+        False,
+        "Circular padding",
+        "Pad convolutions circularly, for seamless tiling textures.",
+        tab="training",
+        group="Precision",
+        families=frozenset({"sd", "sdxl", "wuerstchen"}),
+    )
+
+    # -- training: text encoder / embedding ------------------------------------------------------------------------
+    text_encoder_layer_skip: int = setting(
+        0,
+        "Clip skip",
+        "Use the output of an earlier text-encoder layer (1 = the second to last). Anime models often use 1 (shown "
+        "as 'clip skip 2' elsewhere).",
+        tab="training",
+        group="Text Encoder",
+        minimum=0,
+        maximum=10,
+    )
+    text_encoder_2_layer_skip: int = setting(
+        0,
+        "Clip skip 2",
+        "Clip skip of the second text encoder.",
+        tab="training",
+        group="Text Encoder 2",
+        minimum=0,
+        maximum=10,
+        families=frozenset({"sdxl"}),
+    )
+    embedding_learning_rate: float | None = setting(
+        None,
+        "Embedding learning rate",
+        "The learning rate of embeddings; empty: the base learning rate.",
+        tab="training",
+        group="Embedding",
+        minimum=0,
+        widget="float_or_empty",
+        methods=frozenset({TrainingMethod.EMBEDDING, TrainingMethod.FINE_TUNE, TrainingMethod.LORA}),
+    )
+    preserve_embedding_norm: bool = setting(
+        False,
+        "Preserve embedding norm",
+        "Rescale trained vectors to the norm of the original ones.",
+        tab="training",
+        group="Embedding",
+        methods=EMBEDDING,
+    )
+
+    # -- training: denoiser ---------------------------------------------------------------------------------------
+    rescale_noise_scheduler_to_zero_terminal_snr: bool = setting(
+        False,
+        "Rescale noise scheduler + V-pred",
+        "Rescale the noise schedule so the last step is pure noise (zero terminal SNR); this also switches to "
+        "v-prediction. Lets the model learn very dark and very bright images.",
+        tab="training",
+        group="Noise",
+        families=SD_LIKE,
+    )
+    force_v_prediction: bool = setting(
+        False, "Force v-prediction", "Train with v-prediction whatever the model type.", ui=False
+    )
+    force_epsilon_prediction: bool = setting(
+        False, "Force epsilon-prediction", "Train with epsilon-prediction.", ui=False
+    )
+
+    # -- training: noise ------------------------------------------------------------------------------------------
+    offset_noise_weight: float = setting(
+        0.0,
+        "Offset noise weight",
+        "Add a per-channel constant to the noise (helps very dark/bright images); 0.05–0.1 is typical.",
+        tab="training",
+        group="Noise",
+        minimum=0,
+        maximum=1,
+    )
+    generalized_offset_noise: bool = setting(
+        False,
+        "Generalized offset noise",
+        "Scale the offset noise with the timestep.",
+        tab="training",
+        group="Noise",
+        families=SD_LIKE,
+    )
+    perturbation_noise_weight: float = setting(
+        0.0,
+        "Perturbation noise weight",
+        "Perturb the noise input a little (input perturbation); ~0.1.",
+        tab="training",
+        group="Noise",
+        minimum=0,
+        maximum=1,
+    )
+    timestep_distribution: TimestepDistribution = setting(
+        TimestepDistribution.UNIFORM,
+        "Timestep distribution",
+        "How the noise level of each training sample is drawn. UNIFORM treats all levels alike; the others "
+        "favour some levels (the '...' preview shows the histogram).",
+        tab="training",
+        group="Noise",
+    )
+    min_noising_strength: float = setting(
+        0.0,
+        "Min noising strength",
+        "The lowest noise level used (0–1).",
+        tab="training",
+        group="Noise",
+        minimum=0,
+        maximum=1,
+    )
+    max_noising_strength: float = setting(
+        1.0,
+        "Max noising strength",
+        "The highest noise level used (0–1).",
+        tab="training",
+        group="Noise",
+        minimum=0,
+        maximum=1,
+    )
+    noising_weight: float = setting(
+        0.0, "Noising weight", "The distribution's shape parameter (its spread).", tab="training", group="Noise"
+    )
+    noising_bias: float = setting(
+        0.0,
+        "Noising bias",
+        "The distribution's offset (moves it towards more or less noise).",
+        tab="training",
+        group="Noise",
+    )
+    timestep_shift: float = setting(
+        1.0,
+        "Timestep shift",
+        "Shift timesteps towards more noise (>1) or less (<1).",
+        tab="training",
+        group="Noise",
+        minimum=0.01,
+        maximum=100,
+    )
+
+    # -- training: masked training --------------------------------------------------------------------------------
+    masked_training: bool = setting(
+        False,
+        "Masked training",
+        "Train only where the mask is white: each image's '<name>-masklabel.png' (white = train, black = ignore, "
+        "grey = partly). Images without a mask are trained whole.",
+        tab="training",
+        group="Masked training",
+    )
+    unmasked_probability: float = setting(
+        0.1,
+        "Unmasked probability",
+        "The chance a sample is trained as if it had no mask.",
+        tab="training",
+        group="Masked training",
+        minimum=0,
+        maximum=1,
+    )
+    unmasked_weight: float = setting(
+        0.1,
+        "Unmasked weight",
+        "How much the area outside the mask still counts (0 = not at all).",
+        tab="training",
+        group="Masked training",
+        minimum=0,
+        maximum=1,
+    )
+    normalize_masked_area_loss: bool = setting(
+        False,
+        "Normalize masked area loss",
+        "Divide each sample's loss by its mask's mean, so small and large masks train at a similar strength.",
+        tab="training",
+        group="Masked training",
+    )
+    masked_prior_preservation_weight: float = setting(
+        0.0,
+        "Masked prior preservation weight",
+        "Outside the mask, pull the LoRA's prediction towards the base model's.",
+        tab="training",
+        group="Masked training",
+        minimum=0,
+        methods=LORA,
+    )
+    custom_conditioning_image: bool = setting(
+        False,
+        "Custom conditioning image",
+        "Inpainting models: use '<name>-condlabel.png' as the conditioning image.",
+        tab="training",
+        group="Masked training",
+        when=lambda ctx: ctx.inpainting,
+        when_text="inpainting models",
+    )
+
+    # -- training: loss -------------------------------------------------------------------------------------------
+    mse_strength: float = setting(
+        1.0, "MSE strength", "Weight of the mean squared error.", tab="training", group="Loss", minimum=0
+    )
+    mae_strength: float = setting(
+        0.0, "MAE strength", "Weight of the mean absolute error.", tab="training", group="Loss", minimum=0
+    )
+    log_cosh_strength: float = setting(
+        0.0, "log-cosh strength", "Weight of the log-cosh loss.", tab="training", group="Loss", minimum=0
+    )
+    huber_strength: float = setting(
+        0.0, "Huber strength", "Weight of the Huber loss.", tab="training", group="Loss", minimum=0
+    )
+    huber_delta: float = setting(
+        1.0,
+        "Huber delta",
+        "Where the Huber loss turns from quadratic to linear.",
+        tab="training",
+        group="Loss",
+        minimum=0,
+    )
+    vb_loss_strength: float = setting(
+        1.0,
+        "VB loss strength",
+        "Weight of the learned-variance term.",
+        tab="training",
+        group="Loss",
+        minimum=0,
+        families=frozenset({"pixart"}),
+    )
+    loss_weight_fn: LossWeight = setting(
+        LossWeight.CONSTANT,
+        "Loss weight function",
+        "Weights each sample's loss by its noise level: MIN_SNR_GAMMA (with gamma ~5) speeds up convergence; "
+        "DEBIASED_ESTIMATION and P2 are alternatives.",
+        tab="training",
+        group="Loss",
+        choices=(LossWeight.CONSTANT, LossWeight.MIN_SNR_GAMMA, LossWeight.DEBIASED_ESTIMATION, LossWeight.P2),
+    )
+    loss_weight_strength: float = setting(
+        5.0,
+        "Gamma",
+        "The strength (gamma) of the loss weight function.",
+        tab="training",
+        group="Loss",
+        minimum=0,
+        maximum=20,
+    )
+    loss_scaler: LossScaler = setting(
+        LossScaler.NONE,
+        "Loss scaler",
+        "Multiply the loss by the batch size and/or the accumulation steps.",
+        tab="training",
+        group="Loss",
+        choices=(LossScaler.NONE, LossScaler.BATCH, LossScaler.GRADIENT_ACCUMULATION, LossScaler.BOTH),
+    )
+
+    # -- training: layer filter -----------------------------------------------------------------------------------
+    layer_filter_preset: str = setting(
+        "full",
+        "Layer filter preset",
+        "Which layers train: 'full' = all; 'attn-mlp' = attention blocks; 'attn-only' = attention layers only; "
+        "'custom' = the filter below.",
+        tab="training",
+        group="Layer filter",
+        choices=LAYER_FILTER_PRESETS,
+        methods=FINE_TUNE_OR_LORA,
+    )
+    layer_filter: str = setting(
+        "",
+        "Layer filter",
+        "Comma-separated parts of layer names to train (e.g. 'attn1,attn2'); used with the 'custom' preset, or "
+        "alone when the preset is 'full'. Empty = all layers.",
+        tab="training",
+        group="Layer filter",
+        methods=FINE_TUNE_OR_LORA,
+    )
+    layer_filter_regex: bool = setting(
+        False,
+        "Filter is regex",
+        "Treat the layer filter's entries as regular expressions.",
+        tab="training",
+        group="Layer filter",
+        methods=FINE_TUNE_OR_LORA,
+    )
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+    sample_after: int = setting(
+        10,
+        "Sample every",
+        "How often sample images are rendered during training.",
+        tab="sampling",
+        group="Sampling",
+        minimum=0,
+        unit="sample_after_unit",
+    )
+    sample_after_unit: TimeUnit = setting(
+        TimeUnit.MINUTE,
+        "Sample unit",
+        "The unit of 'Sample every'.",
+        tab="sampling",
+        group="Sampling",
+        choices=INTERVAL_UNITS,
+    )
+    sample_skip_first: int = setting(
+        0,
+        "Skip first",
+        "Do not sample during the first N units of 'Sample every'.",
+        tab="sampling",
+        group="Sampling",
+        minimum=0,
+    )
+    sample_image_format: ImageFormat = setting(
+        ImageFormat.JPG, "Image format", "PNG or JPG.", tab="sampling", group="Sampling"
+    )
+    non_ema_sampling: bool = setting(
+        True,
+        "Non-EMA sampling",
+        "With EMA on, also render samples with the raw (non-EMA) weights.",
+        tab="sampling",
+        group="Sampling",
+    )
+    samples_to_tensorboard: bool = setting(
+        True, "Samples to TensorBoard", "Also show the samples in TensorBoard.", tab="sampling", group="Sampling"
+    )
+    sample_definition_file_name: str = setting(
+        "training_samples/samples.json",
+        "Sample file",
+        "A JSON file with the sample definitions, used when the config has no inline 'samples'.",
+        tab="sampling",
+        group="Sampling",
+        widget="file",
+    )
+    samples: list[SampleConfig] | None = setting(
+        None, "Samples", "The sample definitions (inline; else read from the sample file).", tab="sampling", ui=False
+    )
+
+    # -- backup ---------------------------------------------------------------------------------------------------
+    backup_after: int = setting(
+        30,
+        "Backup every",
+        "How often a resumable backup is written to the workspace.",
+        tab="backup",
+        group="Backup",
+        minimum=0,
+        unit="backup_after_unit",
+    )
+    backup_after_unit: TimeUnit = setting(
+        TimeUnit.MINUTE,
+        "Backup unit",
+        "The unit of 'Backup every'.",
+        tab="backup",
+        group="Backup",
+        choices=INTERVAL_UNITS,
+    )
+    rolling_backup: bool = setting(
+        False, "Rolling backup", "Keep only the newest backups.", tab="backup", group="Backup"
+    )
+    rolling_backup_count: int = setting(
+        3, "Rolling backup count", "How many backups a rolling backup keeps.", tab="backup", group="Backup", minimum=1
+    )
+    backup_before_save: bool = setting(
+        True, "Backup before save", "Write a backup before the final model is saved.", tab="backup", group="Backup"
+    )
+    save_every: int = setting(
+        0,
+        "Save every",
+        "How often an intermediate model is saved to the workspace's save folder.",
+        tab="backup",
+        group="Save",
+        minimum=0,
+        unit="save_every_unit",
+    )
+    save_every_unit: TimeUnit = setting(
+        TimeUnit.NEVER, "Save unit", "The unit of 'Save every'.", tab="backup", group="Save", choices=INTERVAL_UNITS
+    )
+    save_skip_first: int = setting(
+        0, "Skip first", "Do not save during the first N units of 'Save every'.", tab="backup", group="Save", minimum=0
+    )
+    save_filename_prefix: str = setting(
+        "", "Save file name prefix", "A prefix for the names of intermediate saves.", tab="backup", group="Save"
+    )
+
+    # -- LoRA -----------------------------------------------------------------------------------------------------
+    peft_type: PeftType = setting(
+        PeftType.LORA, "Type", "The adapter type.", tab="lora", group="LoRA", methods=LORA, choices=(PeftType.LORA,)
+    )
+    lora_model_name: str = setting(
+        "",
+        "LoRA base model",
+        "Continue training this LoRA file (kohya or diffusers format); empty starts a new LoRA.",
+        tab="lora",
+        group="LoRA",
+        widget="file",
+        methods=LORA,
+    )
+    lora_rank: int = setting(
+        16,
+        "Rank",
+        "The LoRA's size: higher learns more detail and makes bigger files (4–64 typical).",
+        tab="lora",
+        group="LoRA",
+        minimum=1,
+        maximum=1024,
+        methods=LORA,
+    )
+    lora_alpha: float = setting(
+        1.0,
+        "Alpha",
+        "Scales the LoRA's effect by alpha / rank. Alpha = rank means no scaling; a smaller alpha needs a larger "
+        "learning rate.",
+        tab="lora",
+        group="LoRA",
+        minimum=0,
+        methods=LORA,
+    )
+    dropout_probability: float = setting(
+        0.0,
+        "Dropout",
+        "Adapter dropout: randomly skip parts of the LoRA while training (regularisation).",
+        tab="lora",
+        group="LoRA",
+        minimum=0,
+        maximum=1,
+        methods=LORA,
+    )
+    lora_weight_dtype: DataType = setting(
+        DataType.FLOAT_32,
+        "LoRA weight data type",
+        "The data type the LoRA's own weights are trained in.",
+        tab="lora",
+        group="LoRA",
+        choices=(DataType.FLOAT_32, DataType.BFLOAT_16),
+        methods=LORA,
+    )
+    bundle_additional_embeddings: bool = setting(
+        True,
+        "Bundle embeddings",
+        "Store additional embeddings inside the LoRA file.",
+        tab="lora",
+        group="LoRA",
+        methods=LORA,
+    )
+
+    # -- embeddings -----------------------------------------------------------------------------------------------
+    embedding: TrainEmbeddingConfig = node(
+        TrainEmbeddingConfig,
+        "Embedding",
+        "The embedding trained by the EMBEDDING method.",
+        tab="embedding",
+        methods=EMBEDDING,
+    )
+    embedding_weight_dtype: DataType = setting(
+        DataType.FLOAT_32,
+        "Embedding weight data type",
+        "The data type embeddings are trained in.",
+        tab="embedding",
+        group="Embedding",
+        choices=(DataType.FLOAT_32, DataType.BFLOAT_16),
+    )
+    additional_embeddings: list[TrainEmbeddingConfig] = setting(
+        [],
+        "Additional embeddings",
+        "Embeddings trained alongside a LoRA or fine-tune (pivotal tuning).",
+        tab="additional_embeddings",
+        methods=FINE_TUNE_OR_LORA,
+        ui=False,
+    )
+
+    # -- OneTrainer settings we accept and do not use ---------------------------------------------------------------
+    async_offloading: bool = _ot("async_offloading", True)
+    multi_gpu: bool = _ot("multi_gpu", False)
+    device_indexes: str = _ot("device_indexes", "")
+    gradient_reduce_precision: str = _ot("gradient_reduce_precision", "FLOAT_32_STOCHASTIC")
+    fused_gradient_reduce: bool = _ot("fused_gradient_reduce", True)
+    async_gradient_reduce: bool = _ot("async_gradient_reduce", True)
+    async_gradient_reduce_buffer: int = _ot("async_gradient_reduce_buffer", 100)
+    compile: bool = _ot("compile", False)
+    frames: str = _ot("frames", "25")
+    text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512)
+    text_encoder_2_sequence_length: int | None = _ot("text_encoder_2_sequence_length", 77)
+    text_encoder_3_layer_skip: int = _ot("text_encoder_3_layer_skip", 0)
+    text_encoder_4_layer_skip: int = _ot("text_encoder_4_layer_skip", 0)
+    text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None)
+    text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None)
+    dynamic_timestep_shifting: bool = _ot("dynamic_timestep_shifting", False)
+    sample_video_format: str = _ot("sample_video_format", "MP4")
+    sample_audio_format: str = _ot("sample_audio_format", "MP3")
+    lora_decompose: bool = _ot("lora_decompose", False)
+    lora_decompose_norm_epsilon: bool = _ot("lora_decompose_norm_epsilon", True)
+    lora_decompose_output_axis: bool = _ot("lora_decompose_output_axis", False)
+    oft_block_size: int = _ot("oft_block_size", 32)
+    oft_block_share: bool = _ot("oft_block_share", False)
+    oft_scaled: bool = _ot("oft_scaled", False)
+    lokr_dim: int = _ot("lokr_dim", 16)
+    lokr_decompose_factor: int = _ot("lokr_decompose_factor", -1)
+    lokr_decompose_both: bool = _ot("lokr_decompose_both", False)
+    lokr_use_tucker: bool = _ot("lokr_use_tucker", False)
+    lokr_full_matrix: bool = _ot("lokr_full_matrix", False)
+    lokr_weight_decompose: bool = _ot("lokr_weight_decompose", False)
+    lokr_dora_on_output: bool = _ot("lokr_dora_on_output", True)
+    lokr_vec_trick: bool = _ot("lokr_vec_trick", True)
+    unconditional_transformer: dict | None = _ot_dict("unconditional_transformer")
+    text_encoder_3: dict | None = _ot_dict("text_encoder_3")
+    text_encoder_4: dict | None = _ot_dict("text_encoder_4")
+    quantization: dict | None = _ot_dict("quantization")
+    cloud: dict | None = _ot_dict("cloud", active_key="enabled")
+    secrets: dict | None = _ot_dict("secrets")
+
+    # -- derived facts ----------------------------------------------------------------------------------------------
+
+    def part(self, name: str) -> ModelPartConfig:
+        return getattr(self, name)

@@ -1,0 +1,164 @@
+"""Schema validation: types, choices, ranges and cross-field consistency. Returns every problem at once."""
+
+from __future__ import annotations
+
+import enum
+import re
+
+from onetrainer.config.enums import DataType, LearningRateScheduler, ModelType, TrainingMethod
+from onetrainer.config.model_types import MODEL_TYPES, model_type_info
+from onetrainer.config.resolution import parse_resolution
+from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
+
+# Values that exist in OneTrainer and are planned here, with what to say until they arrive.
+_NOT_YET = {
+    DataType.FLOAT_8: "FLOAT_8 weights are not supported yet",
+    DataType.NFLOAT_4: "NFLOAT_4 weights are not supported yet",
+}
+
+
+def context_of(config) -> Context:
+    """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
+    info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
+    text_encoders = sum(1 for p in info.family.parts if p.startswith("text_encoder"))
+    return Context(
+        family=info.family.key,
+        method=config.training_method,
+        model_type=info.model_type,
+        inpainting=info.inpainting,
+        text_encoder_count=text_encoders,
+    )
+
+
+def validate(config) -> list[Problem]:
+    """Check a loaded or edited config: each field's value, then the rules between fields."""
+    problems: list[Problem] = []
+    for bound in walk(config):
+        problems += check_field(bound)
+    problems += _cross_field(config)
+    return problems
+
+
+def check_field(bound: BoundField) -> list[Problem]:
+    """The problems of one field's current value: missing, not an allowed choice, out of range."""
+    spec, value, path = bound.spec, bound.value, bound.path
+    meta = spec.meta
+    if value is None:
+        return [] if spec.type.nullable else [Problem(path, f"{meta.label or spec.name} needs a value")]
+    if meta.choices is not None and spec.type.kind in ("enum", "str", "int") and value not in meta.choices:
+        allowed = ", ".join(json_text(c) for c in meta.choices)
+        reason = _NOT_YET.get(value)
+        if reason:
+            return [Problem(path, f"{reason}; allowed: {allowed}")]
+        if isinstance(value, enum.Enum):
+            return [Problem(path, f"{value.value} is not supported by this trainer; allowed: {allowed}")]
+        return [Problem(path, f"'{json_text(value)}' is not allowed; allowed: {allowed}")]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        low, high = meta.minimum, meta.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            return [Problem(path, f"{json_text(value)} is out of range; allowed: {_range_text(low, high)}")]
+    return []
+
+
+def _range_text(low, high) -> str:
+    if low is not None and high is not None:
+        return f"{_num(low)} to {_num(high)}"
+    if low is not None:
+        return f"{_num(low)} or more"
+    return f"{_num(high)} or less"
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _cross_field(config) -> list[Problem]:
+    problems: list[Problem] = []
+    if config.model_type not in MODEL_TYPES:
+        return problems  # already reported by the choices check
+    info = model_type_info(config.model_type)
+    family = info.family
+    method = config.training_method
+
+    if method in TrainingMethod and method not in family.methods:
+        allowed = ", ".join(m.value for m in family.methods)
+        problems.append(
+            Problem("training_method", f"{info.label} cannot be trained with {method.value}; allowed: {allowed}")
+        )
+    formats = family.output_formats.get(method, ())
+    if formats and config.output_model_format not in formats:
+        allowed = ", ".join(f.value for f in formats)
+        problems.append(
+            Problem(
+                "output_model_format",
+                f"{config.output_model_format.value} does not fit {method.value} training of {info.label}; "
+                f"allowed: {allowed}",
+            )
+        )
+
+    try:
+        parse_resolution(config.resolution)
+    except ValueError as e:
+        problems.append(Problem("resolution", str(e)))
+
+    presets = (*family.layer_presets, "custom")
+    if method in (TrainingMethod.LORA, TrainingMethod.FINE_TUNE) and config.layer_filter_preset not in presets:
+        allowed = ", ".join(presets)
+        message = f"'{config.layer_filter_preset}' is not a layer preset of {family.label}; allowed: {allowed}"
+        problems.append(Problem("layer_filter_preset", message))
+    if config.layer_filter_regex:
+        for pattern in _split_filter(config.layer_filter):
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                problems.append(Problem("layer_filter", f"'{pattern}' is not a valid regular expression: {e}"))
+
+    if config.min_noising_strength >= config.max_noising_strength:
+        problems.append(Problem("max_noising_strength", "must be larger than min_noising_strength"))
+    if config.force_v_prediction and config.force_epsilon_prediction:
+        problems.append(Problem("force_epsilon_prediction", "cannot be combined with force_v_prediction"))
+    if config.learning_rate_scheduler is LearningRateScheduler.CUSTOM and not (
+        config.custom_learning_rate_scheduler or ""
+    ):
+        problems.append(
+            Problem("custom_learning_rate_scheduler", "the CUSTOM scheduler needs a class name such as 'module.Class'")
+        )
+
+    problems += _embedding_rules(config)
+    for i, concept in enumerate(config.concepts or []):
+        if concept.image.enable_resolution_override:
+            try:
+                parse_resolution(concept.image.resolution_override)
+            except ValueError as e:
+                problems.append(Problem(f"concepts.{i}.image.resolution_override", str(e)))
+    step = 8
+    for i, sample in enumerate(config.samples or []):
+        for side in ("width", "height"):
+            if getattr(sample, side) % step:
+                problems.append(Problem(f"samples.{i}.{side}", f"must be a multiple of {step}"))
+    return problems
+
+
+def _embedding_rules(config) -> list[Problem]:
+    problems: list[Problem] = []
+    named: list[tuple[str, str]] = []
+    if config.training_method is TrainingMethod.EMBEDDING:
+        named.append(("embedding", config.embedding.placeholder))
+    if config.training_method in (TrainingMethod.FINE_TUNE, TrainingMethod.LORA):
+        named += [(f"additional_embeddings.{i}", e.placeholder) for i, e in enumerate(config.additional_embeddings)]
+    seen: dict[str, str] = {}
+    for path, placeholder in named:
+        if not placeholder.strip():
+            problems.append(Problem(f"{path}.placeholder", "an embedding needs a placeholder word"))
+        elif placeholder in seen:
+            problems.append(Problem(f"{path}.placeholder", f"'{placeholder}' is already used by {seen[placeholder]}"))
+        else:
+            seen[placeholder] = path
+    return problems
+
+
+def _split_filter(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+__all__ = ["Severity", "check_field", "context_of", "validate"]

@@ -1,0 +1,37 @@
+"""The model families: an explicit registry from family key to the class implementing it.
+
+Entries are import paths so that reading the registry (the GUI, validation) does not import torch.
+A family without an entry is known to the config (see `onetrainer.config.model_types`) but not trainable yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from onetrainer.config.enums import ModelType
+from onetrainer.config.model_types import MODEL_TYPES
+
+FAMILY_CLASSES: dict[str, str] = {}
+
+
+def is_trainable(model_type: ModelType) -> bool:
+    info = MODEL_TYPES.get(model_type)
+    return info is not None and info.family.key in FAMILY_CLASSES
+
+
+def not_trainable_reason(model_type: ModelType) -> str | None:
+    """None when the model type can be trained; else a message for the user."""
+    info = MODEL_TYPES.get(model_type)
+    if info is None:
+        return f"{model_type.value} is not supported by this trainer"
+    if info.family.key not in FAMILY_CLASSES:
+        return f"{info.label} ({info.family.label}) cannot be trained yet: its model family is not implemented yet"
+    return None
+
+
+def load_family_class(model_type: ModelType) -> type:
+    reason = not_trainable_reason(model_type)
+    if reason:
+        raise NotImplementedError(reason)
+    module_name, _, class_name = FAMILY_CLASSES[MODEL_TYPES[model_type].family.key].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)

@@ -1,0 +1,45 @@
+"""Commands to a running trainer from another thread: stop, sample now, save now, backup now.
+
+The trainer polls them at step boundaries; each request is taken once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class TrainingControl:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pending: set[str] = set()
+
+    # -- from the GUI / signal handler ----------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_sample(self) -> None:
+        self._request("sample")
+
+    def request_save(self) -> None:
+        self._request("save")
+
+    def request_backup(self) -> None:
+        self._request("backup")
+
+    # -- from the trainer -----------------------------------------------------------------------------------------
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def take(self, command: str) -> bool:
+        """True once per request of `command` ("sample", "save", "backup")."""
+        with self._lock:
+            if command in self._pending:
+                self._pending.discard(command)
+                return True
+            return False
+
+    def _request(self, command: str) -> None:
+        with self._lock:
+            self._pending.add(command)

@@ -1,0 +1,142 @@
+"""What the trainer reports: small frozen events, and the sinks that receive them.
+
+The trainer only calls `emit(event)`; sinks (TensorBoard, the console, the GUI's queue) decide what to show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Started:
+    run_name: str
+    total_steps: int
+    total_epochs: int
+    steps_per_epoch: int
+    log_path: str = ""
+    workspace_dir: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    global_step: int
+    total_steps: int
+    epoch: int  # 0-based epoch being trained
+    total_epochs: int
+    epoch_step: int  # steps done in this epoch
+    steps_per_epoch: int
+    steps_per_second: float
+    eta_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    global_step: int
+    loss: float
+    smooth_loss: float
+    learning_rates: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SampleReady:
+    global_step: int
+    index: int
+    prompt: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Status:
+    text: str
+
+
+@dataclass(frozen=True)
+class Warning_:
+    """Something the user should know that does not stop the run."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "completed", "stopped", "cached", "nothing to do"
+    output_path: str = ""
+    global_step: int = 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str  # what went wrong and what to do, in a user's words
+    traceback: str = ""
+    log_path: str = ""
+
+
+Event = Started | Progress | Metrics | SampleReady | Status | Warning_ | Finished | Failed
+
+
+class EventSink(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class QueueSink:
+    """Hands events to another thread (the GUI polls the queue from its main loop)."""
+
+    def __init__(self, target: queue.Queue | None = None) -> None:
+        self.queue: queue.Queue = target if target is not None else queue.Queue()
+
+    def emit(self, event: Event) -> None:
+        self.queue.put(event)
+
+    def close(self) -> None:
+        pass
+
+    def drain(self) -> list[Event]:
+        out = []
+        while True:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                return out
+
+
+class ListSink:
+    """Keeps every event (tests, and summaries)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class Broadcast:
+    """Sends each event to several sinks; a failing sink never breaks training."""
+
+    def __init__(self, sinks: list[EventSink]) -> None:
+        self.sinks = list(sinks)
+
+    def emit(self, event: Event) -> None:
+        for sink in self.sinks:
+            try:
+                sink.emit(event)
+            except Exception as e:  # a display problem must not end a training run
+                import logging
+
+                logging.getLogger(__name__).warning("event sink %s failed: %s", type(sink).__name__, e)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                sink.close()

@@ -1,0 +1,69 @@
+"""scripts/train.py: layering, exit codes and problem listing (in-process through `main(argv)`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from onetrainer.cli.train import EXIT_INVALID, build_parser, main
+from tests.conftest import ROOT
+
+
+def test_needs_a_preset_or_a_config(capsys):
+    assert main([]) == EXIT_INVALID
+    assert "give --config-path, --preset, or both" in capsys.readouterr().err
+
+
+def test_invalid_config_exits_2_listing_every_problem(in_tmp, capsys):
+    (in_tmp / "c.json").write_text(json.dumps({"batch_size": 0, "resolution": "huge", "mystery": 1}))
+    code = main(["--config-path", "c.json", "--set", "lora_rank=-1", "--set", "concepts.0.path=missing-folder"])
+    err = capsys.readouterr().err
+    assert code == EXIT_INVALID
+    for path in ("batch_size", "resolution", "lora_rank", "concepts.0.path"):
+        assert f"error: {path}:" in err
+    assert "warning: mystery: unknown setting" in err
+
+
+def test_unreadable_config_exits_2(in_tmp, capsys):
+    assert main(["--config-path", "nothing.json"]) == EXIT_INVALID
+    assert "config file not found: nothing.json" in capsys.readouterr().err
+    (in_tmp / "broken.json").write_text("[1, 2")
+    assert main(["--config-path", "broken.json"]) == EXIT_INVALID
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_not_yet_trainable_family_is_refused_clearly(in_tmp, capsys):
+    (in_tmp / "images").mkdir()
+    code = main(["--preset", "pixart/finetune", "--set", "concepts.0.path=images"])
+    assert code == EXIT_INVALID
+    assert "cannot be trained yet" in capsys.readouterr().err
+
+
+def test_readme_shows_the_usage_text():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert build_parser().format_help().strip() in readme
+
+
+def test_a_real_subprocess_reports_an_invalid_config(in_tmp):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--preset", "sd15/lora", "--set", "epochs=0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_INVALID
+    assert "error: epochs: 0 is out of range" in result.stderr
+
+
+def test_python_dash_m_dispatches(in_tmp):
+    result = subprocess.run(
+        [sys.executable, "-m", "onetrainer", "train", "--preset", "sd15/lora", "--set", "epochs=0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_INVALID and "epochs" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "onetrainer", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and "create-train-files" in result.stdout

@@ -1,0 +1,126 @@
+"""Presets, the CLI's layering (defaults <- preset <- config <- --set) and side files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onetrainer.config import (
+    TrainConfig,
+    config_from_dict,
+    errors,
+    list_presets,
+    load_layers,
+    load_preset,
+    pack,
+    warnings,
+)
+from onetrainer.config.concept_config import ConceptConfig
+from onetrainer.config.enums import ModelType, TrainingMethod
+from onetrainer.config.io import ConfigFileError, parse_set_value, preset_path, read_config_dict, save_side_file
+from onetrainer.families import is_trainable
+
+REQUIRED_PRESETS = {
+    "demo",
+    "sd15/finetune",
+    "sd15/lora",
+    "sd15/embedding",
+    "sd15/masked",
+    "sd15/inpainting",
+    "sd15/lora-low-vram",
+    "sd20/inpainting",
+    "sd20/inpainting-lora",
+    "sd21/finetune-768",
+    "sd21/lora-768",
+    "sd21/embedding-768",
+    "pixart/finetune",
+    "wuerstchen/finetune",
+    "cascade/finetune",
+}
+
+
+def test_required_presets_exist():
+    assert set(list_presets()) >= REQUIRED_PRESETS
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_preset_loads_over_defaults_validates_and_round_trips(name):
+    config, problems = load_preset(name)
+    assert problems == []
+    raw = read_config_dict(preset_path(name))
+    assert "__version" not in raw or raw["__version"] == TrainConfig.VERSION
+    for key, value in raw.items():  # the preset is a sparse overlay: each key it names is applied
+        if not isinstance(value, dict | list):
+            assert json.loads(json.dumps(config.to_dict()[key])) == value, key
+    again, problems = config_from_dict(json.loads(json.dumps(config.to_dict())))
+    assert problems == [] and again == config
+
+
+def test_sd21_768_presets_train_at_768():
+    for name in ("sd21/finetune-768", "sd21/lora-768", "sd21/embedding-768"):
+        config, _ = load_preset(name)
+        assert config.model_type is ModelType.STABLE_DIFFUSION_21 and config.resolution == "768"
+
+
+def test_low_vram_preset_uses_the_memory_savers():
+    config, _ = load_preset("sd15/lora-low-vram")
+    assert config.unet.weight_dtype.value == "FLOAT_16" and config.unet.gradient_checkpointing
+    assert config.latent_caching and config.optimizer.optimizer.value == "ADAMW_8BIT" and config.batch_size == 1
+
+
+def test_later_families_are_offered_as_not_trainable_yet():
+    for name in ("pixart/finetune", "wuerstchen/finetune", "cascade/finetune"):
+        config, problems = load_preset(name)
+        assert problems == [] and not is_trainable(config.model_type)
+
+
+def test_layers_apply_in_order(in_tmp):
+    (in_tmp / "cfg.json").write_text(json.dumps({"learning_rate": 0.5, "batch_size": 3, "lora_rank": 8}))
+    config, problems = load_layers("sd15/lora", "cfg.json", ["batch_size=5", "lora_rank=32", "lora_rank=12"])
+    assert problems == []
+    assert config.training_method is TrainingMethod.LORA  # from the preset
+    assert config.learning_rate == 0.5  # the config file beats the preset
+    assert config.batch_size == 5 and config.lora_rank == 12  # each --set in order, last wins
+    assert config.text_encoder.train is False  # a nested preset value survives a sparse config
+
+
+def test_set_values_are_json_else_text():
+    assert parse_set_value("3") == 3
+    assert parse_set_value("1e-4") == 1e-4
+    assert parse_set_value("true") is True
+    assert parse_set_value("null") is None
+    assert parse_set_value("[1, 2]") == [1, 2]
+    assert parse_set_value("/data/cats") == "/data/cats"
+    assert parse_set_value("512") == 512  # a text field still accepts it: resolution=512
+
+
+def test_set_reaches_into_the_concept_file(in_tmp):
+    save_side_file([ConceptConfig(name="a", path="one"), ConceptConfig(name="b", path="two")], "concepts.json")
+    config, problems = load_layers(None, None, ["concept_file_name=concepts.json"])
+    assert problems == [] and config.concepts is None
+    packed, problems = pack(config)
+    assert problems == [] and [c.path for c in packed.concepts] == ["one", "two"]
+    config, problems = load_layers("sd15/lora", None, ["concept_file_name=concepts.json", "concepts.1.path=three"])
+    assert problems == [] and [c.path for c in config.concepts] == ["one", "three"]
+
+
+def test_bad_set_and_missing_files_are_reported():
+    _, problems = load_layers("sd15/lora", None, ["nokey", "batch_size=x", "lora_rank=0"])
+    assert [p.path for p in errors(problems)] == ["", "batch_size", "lora_rank"]
+    with pytest.raises(ConfigFileError, match="preset 'nope' not found"):
+        load_layers("nope")
+
+
+def test_inline_concepts_win_over_the_concept_file(in_tmp):
+    save_side_file([ConceptConfig(path="from-file")], "c.json")
+    config, _ = config_from_dict({"concept_file_name": "c.json", "concepts": [{"path": "inline"}]})
+    packed, _ = pack(config)
+    assert [c.path for c in packed.concepts] == ["inline"]
+
+
+def test_broken_concept_file_is_named(in_tmp):
+    (in_tmp / "c.json").write_text('[{"path": 5, "balancing": "x"}]')
+    config, _ = config_from_dict({"concept_file_name": "c.json"})
+    _, problems = pack(config)
+    assert [p.path for p in problems] == ["concepts.0.balancing"] and not warnings(problems)

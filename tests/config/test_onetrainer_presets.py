@@ -1,0 +1,34 @@
+"""Every built-in OneTrainer preset users bring along loads and passes schema validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from onetrainer.config import errors, load_config, warnings
+from tests.conftest import onetrainer_presets_dir
+
+# Keys of OneTrainer presets that load with a warning on purpose (none today: every key they use is supported).
+KNOWN_UNUSED_KEYS: set[str] = set()
+
+PRESET_FILES = sorted(onetrainer_presets_dir().rglob("*.json"))
+
+
+def test_the_onetrainer_presets_are_there():
+    # 20 presets across the seven families; if the shared folder moves, this must fail rather than pass vacuously.
+    assert len(PRESET_FILES) >= 20
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_onetrainer_preset_loads_cleanly(path):
+    config, problems = load_config(path)
+    assert errors(problems) == []
+    unexpected = [p for p in warnings(problems) if p.path not in KNOWN_UNUSED_KEYS]
+    assert unexpected == []
+    raw = __import__("json").loads(path.read_text())
+    assert config.model_type.value == raw["model_type"]
+    assert config.training_method.value == raw["training_method"]
+    assert config.output_model_format.value == raw["output_model_format"]
+    assert config.resolution == raw["resolution"]
+    for part in ("unet", "text_encoder", "text_encoder_2", "vae", "prior", "decoder", "effnet_encoder"):
+        if part in raw and "weight_dtype" in raw[part]:
+            assert config.part(part).weight_dtype.value == raw[part]["weight_dtype"]

@@ -1,0 +1,176 @@
+"""Loading, validating and writing the one config."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from onetrainer.config import TrainConfig, config_from_dict, errors, load_config, save_config, warnings
+from onetrainer.config.enums import DataType, ModelFormat, ModelType, TimeUnit, TrainingMethod
+from onetrainer.config.schema import Severity, get_path, set_path, walk
+
+
+def test_sparse_json_takes_defaults():
+    config, problems = config_from_dict({"learning_rate": 1e-4})
+    assert problems == []
+    assert config.learning_rate == 1e-4
+    assert config.batch_size == TrainConfig().batch_size
+    assert config.text_encoder.stop_training_after == 30
+    assert config.text_encoder.stop_training_after_unit is TimeUnit.EPOCH
+    assert config.unet.stop_training_after_unit is TimeUnit.NEVER
+
+
+def test_defaults_round_trip_through_json():
+    config = TrainConfig()
+    text = json.dumps(config.to_dict())
+    again, problems = config_from_dict(json.loads(text))
+    assert problems == []
+    assert again == config
+    assert json.loads(text)["__version"] == 11
+
+
+def test_unknown_key_is_a_warning_naming_it():
+    _, problems = config_from_dict({"learning_rat": 1.0, "unet": {"trian": False}})
+    assert [p.severity for p in problems] == [Severity.WARNING, Severity.WARNING]
+    assert problems[0].path == "learning_rat" and "learning_rate" in problems[0].message
+    assert problems[1].path == "unet.trian"
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "fragment"),
+    [
+        ({"batch_size": "four"}, "batch_size", "an integer"),
+        ({"batch_size": 0}, "batch_size", "1 or more"),
+        ({"learning_rate_min_factor": 1.5}, "learning_rate_min_factor", "0 to 0.99"),
+        ({"model_type": "STABLE_DIFFUSION_99"}, "model_type", "STABLE_DIFFUSION_15"),
+        ({"model_type": "FLUX_DEV_1"}, "model_type", "not supported"),
+        ({"unet": {"weight_dtype": "NFLOAT_4"}}, "unet.weight_dtype", "not supported yet"),
+        ({"unet": {"train": "yes"}}, "unet.train", "true or false"),
+        ({"concepts": [{"path": 3.5, "balancing": -1}]}, "concepts.0.balancing", "0 or more"),
+        ({"resolution": "512x"}, "resolution", "WIDTHxHEIGHT"),
+        ({"training_method": "LORA"}, "output_model_format", "KOHYA_LORA"),
+        ({"samples": [{"width": 100}]}, "samples.0.width", "multiple of 8"),
+    ],
+)
+def test_invalid_values_are_errors_naming_the_field(data, path, fragment):
+    _, problems = config_from_dict(data)
+    found = [p for p in errors(problems) if p.path == path]
+    assert found, problems
+    assert fragment in found[0].message
+
+
+def test_all_problems_are_reported_at_once():
+    _, problems = config_from_dict({"batch_size": 0, "epochs": -3, "resolution": "big", "foo": 1})
+    assert {p.path for p in errors(problems)} == {"batch_size", "epochs", "resolution"}
+    assert [p.path for p in warnings(problems)] == ["foo"]
+
+
+def test_numbers_are_accepted_for_text_fields():
+    config, problems = config_from_dict({"resolution": 768})
+    assert problems == [] and config.resolution == "768"
+
+
+def test_infinity_is_written_and_read_like_onetrainer():
+    config = TrainConfig()
+    config.optimizer.growth_rate = float("inf")
+    data = config.to_dict()
+    assert data["optimizer"]["growth_rate"] == "inf"
+    again, problems = config_from_dict(data)
+    assert problems == [] and again.optimizer.growth_rate == float("inf")
+
+
+def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
+    _, quiet = config_from_dict({"multi_gpu": False, "cloud": {"enabled": False, "type": "RUNPOD"}})
+    assert quiet == []
+    _, loud = config_from_dict({"multi_gpu": True, "cloud": {"enabled": True}})
+    assert {p.path for p in loud} == {"multi_gpu", "cloud"}
+    assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
+
+
+def test_set_path_converts_and_validates():
+    config = TrainConfig()
+    assert set_path(config, "unet.learning_rate", 1e-5) == []
+    assert config.unet.learning_rate == 1e-5
+    assert set_path(config, "concepts.0.path", "/data") == []  # creates the list and its first item
+    assert get_path(config, "concepts.0.path") == "/data"
+    assert set_path(config, "concepts.1.image.enable_random_flip", True) == []
+    assert len(config.concepts) == 2
+    problems = set_path(config, "concepts.5.path", "x")
+    assert problems and "out of range" in problems[0].message
+    problems = set_path(config, "unet.wieght_dtype", "FLOAT_16")
+    assert problems and "weight_dtype" in problems[0].message
+    assert set_path(config, "optimizer_defaults.PRODIGY.d_coef", 0.5) == []
+    assert config.optimizer_defaults["PRODIGY"].d_coef == 0.5
+
+
+def test_walk_reports_tabs_groups_and_parts():
+    by_path = {b.path: b for b in walk(TrainConfig())}
+    assert by_path["unet.train"].tab == "training" and by_path["unet.train"].part == "unet"
+    assert by_path["unet.weight_dtype"].tab == "model" and by_path["unet.weight_dtype"].group == "UNet"
+    assert by_path["learning_rate"].group == "Optimizer"
+
+
+def test_field_applicability_follows_family_and_method():
+    from onetrainer.config.validation import context_of
+
+    config = TrainConfig()
+    fields = {b.path: b for b in walk(config)}
+    ctx = context_of(config)  # SD 1.5 fine-tune
+    assert fields["unet.train"].applies(ctx)
+    assert not fields["prior.train"].applies(ctx)
+    assert not fields["text_encoder_2.train"].applies(ctx)
+    assert not fields["lora_rank"].applies(ctx)
+    config.model_type = ModelType.STABLE_DIFFUSION_XL_10_BASE
+    config.training_method = TrainingMethod.LORA
+    ctx = context_of(config)
+    assert fields["text_encoder_2.train"].applies(ctx)
+    assert fields["text_encoder_2_layer_skip"].applies(ctx)
+    assert fields["lora_rank"].applies(ctx)
+    assert not fields["vae.train"].applies(ctx)  # auxiliary parts are not trained
+    assert fields["text_encoder.dropout_probability"].applies(ctx)
+    assert not fields["unet.dropout_probability"].applies(ctx)
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    target = tmp_path / "config.json"
+    save_config(TrainConfig(), target)
+    before = target.read_text()
+    changed = TrainConfig(learning_rate=0.5)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        save_config(changed, target)
+    monkeypatch.undo()
+    assert target.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary file left behind
+    config, problems = load_config(target)
+    assert problems == [] and config.learning_rate == TrainConfig().learning_rate
+
+
+def test_load_errors_name_the_file(tmp_path):
+    from onetrainer.config import ConfigFileError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    with pytest.raises(ConfigFileError, match=r"bad\.json.*line 1"):
+        load_config(bad)
+    with pytest.raises(ConfigFileError, match="not found"):
+        load_config(tmp_path / "missing.json")
+
+
+def test_output_format_must_fit_method_and_family():
+    _, problems = config_from_dict({"training_method": "EMBEDDING", "output_model_format": "KOHYA_LORA"})
+    [problem] = errors(problems)
+    assert problem.path == "output_model_format" and "SAFETENSORS" in problem.message
+    _, problems = config_from_dict(
+        {"model_type": "WUERSTCHEN_2", "training_method": "FINE_TUNE", "output_model_format": "ORIGINAL_SINGLE_FILE"}
+    )
+    assert [p.path for p in errors(problems)] == ["output_model_format"]
+    _, problems = config_from_dict({"model_type": "STABLE_DIFFUSION_21", "output_model_format": "DIFFUSERS"})
+    assert problems == []
+    assert ModelFormat.DIFFUSERS.is_directory and DataType.FLOAT_16.value == "FLOAT_16"

@@ -1,0 +1,32 @@
+"""Shared fixtures. Tiny models are built once per test run (see tests/tiny/conftest.py and tests/helpers.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory, monkeypatch):
+    """Keep tests away from the user's cache and app state (tiny models are cached per test run instead)."""
+    cache = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("ONETRAINER_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Run the test with the working directory in a fresh temporary folder (relative paths resolve there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def onetrainer_presets_dir() -> Path:
+    return Path(os.environ.get("ONETRAINER_SHARED_PRESETS", SHARED / "onetrainer-presets"))
