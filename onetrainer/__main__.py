@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "ui":
         from gui.app import main as ui_main
 
-        return ui_main(rest) or 0
+        return ui_main(rest, prog=prog) or 0
     import importlib
 
     module = importlib.import_module(COMMANDS[command][0])

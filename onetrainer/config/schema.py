@@ -274,9 +274,12 @@ class ConfigNode:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any, problems: list[Problem], path: str = ""):
-        """Build a node from (sparse) JSON data. Missing keys keep their defaults; every problem is appended."""
-        instance = cls()
+    def from_dict(cls, data: Any, problems: list[Problem], path: str = "", base: ConfigNode | None = None):
+        """Build a node from (sparse) JSON data. Missing keys keep their defaults; every problem is appended.
+
+        `base` is the node to start from (changed in place), e.g. a model part with its own defaults.
+        """
+        instance = base if base is not None else cls()
         if not isinstance(data, dict):
             problems.append(Problem(path, f"expected an object, got {_json_type(data)}"))
             return instance
@@ -290,7 +293,8 @@ class ConfigNode:
             if spec is None:
                 problems.append(Problem(field_path, _unknown_key_message(key, specs), Severity.WARNING))
                 continue
-            ok, converted = convert(value, spec.type, field_path, problems, spec.meta.choices)
+            start = getattr(instance, key) if spec.type.kind == "node" else None
+            ok, converted = convert(value, spec.type, field_path, problems, spec.meta.choices, start)
             if not ok:
                 continue
             if spec.meta.ignored:
@@ -375,11 +379,17 @@ def json_text(value: Any) -> str:
 
 
 def convert(
-    value: Any, ftype: FieldType, path: str, problems: list[Problem], choices: tuple | None = None
+    value: Any,
+    ftype: FieldType,
+    path: str,
+    problems: list[Problem],
+    choices: tuple | None = None,
+    base: Any = None,
 ) -> tuple[bool, Any]:
     """Convert a JSON value to the field's type; on failure append an error naming `path` and return (False, None).
 
-    `choices`, when given, is what the error message offers for an enum instead of every member.
+    `choices`, when given, is what the error message offers for an enum instead of every member. `base`, for a node,
+    is the node the data is applied to (so a sparse block keeps that field's own defaults).
     """
 
     def fail(allowed: str) -> tuple[bool, Any]:
@@ -426,7 +436,8 @@ def convert(
         assert ftype.cls is not None
         if not isinstance(value, dict):
             return fail("an object")
-        return True, ftype.cls.from_dict(value, problems, path)
+        start = base if isinstance(base, ftype.cls) else None
+        return True, ftype.cls.from_dict(value, problems, path, start)
     if kind == "list":
         if not isinstance(value, list):
             return fail(ftype.describe())

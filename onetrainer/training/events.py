@@ -39,6 +39,7 @@ class Metrics:
     loss: float
     smooth_loss: float
     learning_rates: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)  # other scalars by TensorBoard tag
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,13 @@ def test_output_format_must_fit_method_and_family():
     _, problems = config_from_dict({"model_type": "STABLE_DIFFUSION_21", "output_model_format": "DIFFUSERS"})
     assert problems == []
     assert ModelFormat.DIFFUSERS.is_directory and DataType.FLOAT_16.value == "FLOAT_16"
+
+
+def test_a_partial_part_block_keeps_that_parts_defaults():
+    config, problems = config_from_dict({"text_encoder": {"train": False}, "text_encoder_2": {"learning_rate": 1e-6}})
+    assert problems == []
+    assert config.text_encoder.train is False
+    assert config.text_encoder.stop_training_after == 30  # the text encoder's own default survives
+    assert config.text_encoder.stop_training_after_unit is TimeUnit.EPOCH
+    assert config.text_encoder_2.stop_training_after == 30 and config.text_encoder_2.learning_rate == 1e-6
+    assert config.vae.train is False

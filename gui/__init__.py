@@ -1,0 +1,1 @@
+"""The desktop app (customtkinter): a client of the `onetrainer` library that edits one config and runs it."""

@@ -1,0 +1,99 @@
+"""Every question and message the app puts to the user, in one object.
+
+Keeping them together lets tests swap the blocking ones (file pickers, yes/no) for scripted answers while the
+message windows stay real. Messages open non-modal windows and are also kept in `history`.
+"""
+
+from __future__ import annotations
+
+import tkinter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from tkinter import filedialog, messagebox
+from typing import Any
+
+import customtkinter as ctk
+
+JSON_FILES = (("JSON", "*.json"), ("All files", "*"))
+MODEL_FILES = (("Models", "*.safetensors *.ckpt *.pt *.pth *.bin"), ("All files", "*"))
+
+
+@dataclass(frozen=True)
+class Message:
+    title: str
+    text: str
+    error: bool
+
+
+class TextWindow(ctk.CTkToplevel):
+    """A message that may be long (a list of problems, a traceback): scrollable, selectable, with Copy."""
+
+    def __init__(self, master: Any, title: str, text: str, error: bool = False) -> None:
+        super().__init__(master)
+        self.title(title)
+        self.geometry("720x420")
+        self.minsize(420, 240)
+        self.grid_columnconfigure(0, weight=1)
+        self.grid_rowconfigure(1, weight=1)
+        heading = ctk.CTkLabel(
+            self,
+            text=title,
+            font=ctk.CTkFont(size=15, weight="bold"),
+            text_color=("#b03a2e", "#ff7b72") if error else None,
+            anchor="w",
+        )
+        heading.grid(row=0, column=0, sticky="ew", padx=12, pady=(10, 4))
+        self.textbox = ctk.CTkTextbox(self, wrap="word")
+        self.textbox.insert("1.0", text)
+        self.textbox.configure(state="disabled")
+        self.textbox.grid(row=1, column=0, sticky="nsew", padx=12)
+        buttons = ctk.CTkFrame(self, fg_color="transparent")
+        buttons.grid(row=2, column=0, sticky="e", padx=12, pady=10)
+        ctk.CTkButton(buttons, text="Copy", width=90, command=lambda: self._copy(text)).pack(side="left", padx=4)
+        ctk.CTkButton(buttons, text="Close", width=90, command=self.destroy).pack(side="left", padx=4)
+        self.text = text
+
+    def _copy(self, text: str) -> None:
+        self.clipboard_clear()
+        self.clipboard_append(text)
+
+
+class Dialogs:
+    def __init__(self, parent: Any) -> None:
+        self.parent = parent
+        self.history: list[Message] = []
+        self.windows: list[TextWindow] = []
+
+    # -- questions (blocking) ------------------------------------------------------------------------------------
+
+    def open_file(self, title: str, filetypes: Sequence[tuple[str, str]] = ()) -> str:
+        """A chosen file's path, or "" when cancelled."""
+        return filedialog.askopenfilename(parent=self.parent, title=title, filetypes=list(filetypes) or None) or ""
+
+    def open_dir(self, title: str) -> str:
+        return filedialog.askdirectory(parent=self.parent, title=title, mustexist=False) or ""
+
+    def save_file(self, title: str, default_ext: str = ".json", filetypes: Sequence[tuple[str, str]] = ()) -> str:
+        return (
+            filedialog.asksaveasfilename(
+                parent=self.parent, title=title, defaultextension=default_ext, filetypes=list(filetypes) or None
+            )
+            or ""
+        )
+
+    def ask_yes_no(self, title: str, text: str) -> bool:
+        return bool(messagebox.askyesno(title, text, parent=self.parent))
+
+    # -- messages (non-blocking) ---------------------------------------------------------------------------------
+
+    def show_text(self, title: str, text: str, error: bool = False) -> TextWindow | None:
+        self.history.append(Message(title, text, error))
+        try:
+            window = TextWindow(self.parent, title, text, error)
+        except tkinter.TclError:  # the main window is closing
+            return None
+        self.windows = [w for w in self.windows if w.winfo_exists()] + [window]
+        return window
+
+    def show_error(self, title: str, text: str) -> TextWindow | None:
+        return self.show_text(title, text, error=True)

@@ -1,0 +1,190 @@
+"""The footer: progress of the run (epoch and step bars, it/s, ETA, loss), a status line, and the run's buttons."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import customtkinter as ctk
+
+from onetrainer.training.events import (
+    Event,
+    Failed,
+    Finished,
+    Metrics,
+    Progress,
+    SampleReady,
+    Started,
+    Status,
+    Warning_,
+)
+
+STATUS_COLORS = {
+    "info": ("gray10", "#DCE4EE"),
+    "warning": ("#9a6700", "#e3b341"),
+    "error": ("#b03a2e", "#ff7b72"),
+    "ok": ("#1a7f37", "#56d364"),
+}
+STOP_COLOR = ("#b03a2e", "#a8322a")
+STOP_HOVER = ("#8e2c23", "#8a2822")
+
+
+def format_duration(seconds: float | None) -> str:
+    """`3725` → `1:02:05`, `65` → `1:05`; an unknown duration is `–`."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "–"
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_speed(steps_per_second: float) -> str:
+    if steps_per_second <= 0:
+        return "– it/s"
+    if steps_per_second < 1:
+        return f"{1 / steps_per_second:.2f} s/it"
+    return f"{steps_per_second:.2f} it/s"
+
+
+class Footer(ctk.CTkFrame):
+    def __init__(
+        self,
+        master: Any,
+        *,
+        on_start: Callable[[], None],
+        on_sample: Callable[[], None],
+        on_save: Callable[[], None],
+        on_backup: Callable[[], None],
+        on_tensorboard: Callable[[], None],
+        on_export: Callable[[], None],
+    ) -> None:
+        super().__init__(master, corner_radius=0)
+        self.grid_columnconfigure(1, weight=1)
+        self.grid_columnconfigure(4, weight=1)
+
+        ctk.CTkLabel(self, text="Epoch").grid(row=0, column=0, padx=(10, 6), pady=(8, 2), sticky="w")
+        self.epoch_bar = ctk.CTkProgressBar(self)
+        self.epoch_bar.grid(row=0, column=1, sticky="ew", pady=(8, 2))
+        self.epoch_text = ctk.CTkLabel(self, text="–", width=90, anchor="w")
+        self.epoch_text.grid(row=0, column=2, padx=6, pady=(8, 2), sticky="w")
+        ctk.CTkLabel(self, text="Step").grid(row=0, column=3, padx=(10, 6), pady=(8, 2), sticky="w")
+        self.step_bar = ctk.CTkProgressBar(self)
+        self.step_bar.grid(row=0, column=4, sticky="ew", pady=(8, 2))
+        self.step_text = ctk.CTkLabel(self, text="–", width=110, anchor="w")
+        self.step_text.grid(row=0, column=5, padx=6, pady=(8, 2), sticky="w")
+
+        figures = ctk.CTkFrame(self, fg_color="transparent")
+        figures.grid(row=0, column=6, columnspan=2, sticky="e", padx=(6, 10), pady=(8, 2))
+        self.speed_label = ctk.CTkLabel(figures, text="– it/s", width=90)
+        self.eta_label = ctk.CTkLabel(figures, text="ETA –", width=100)
+        self.loss_label = ctk.CTkLabel(figures, text="loss –", width=190, anchor="w")
+        for label in (self.speed_label, self.eta_label, self.loss_label):
+            label.pack(side="left", padx=4)
+
+        self.status_label = ctk.CTkLabel(self, text="Ready.", anchor="w", justify="left", wraplength=560)
+        self.status_label.grid(row=1, column=0, columnspan=5, sticky="ew", padx=10, pady=(2, 8))
+        self._status_level = "info"
+
+        buttons = ctk.CTkFrame(self, fg_color="transparent")
+        buttons.grid(row=1, column=5, columnspan=3, sticky="e", padx=(6, 10), pady=(2, 8))
+        self.start_button = ctk.CTkButton(buttons, text="Start training", width=130, command=on_start)
+        self._start_colors = (self.start_button.cget("fg_color"), self.start_button.cget("hover_color"))
+        self.sample_button = ctk.CTkButton(buttons, text="Sample now", width=100, command=on_sample)
+        self.save_button = ctk.CTkButton(buttons, text="Save now", width=90, command=on_save)
+        self.backup_button = ctk.CTkButton(buttons, text="Backup now", width=100, command=on_backup)
+        self.tensorboard_button = ctk.CTkButton(buttons, text="TensorBoard", width=100, command=on_tensorboard)
+        self.export_button = ctk.CTkButton(buttons, text="Export config", width=110, command=on_export)
+        for button in (
+            self.tensorboard_button,
+            self.export_button,
+            self.sample_button,
+            self.save_button,
+            self.backup_button,
+            self.start_button,
+        ):
+            button.pack(side="left", padx=3)
+
+        self.running = False
+        self.last_log_path = ""
+        self.totals: tuple[int, int, int] = (0, 0, 0)  # total steps, epochs, steps per epoch
+        self.reset_progress()
+        self.set_running(False)
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    def set_running(self, running: bool) -> None:
+        self.running = running
+        fg, hover = (STOP_COLOR, STOP_HOVER) if running else self._start_colors
+        self.start_button.configure(
+            text="Stop training" if running else "Start training", state="normal", fg_color=fg, hover_color=hover
+        )
+        for button in (self.sample_button, self.save_button, self.backup_button):
+            button.configure(state="normal" if running else "disabled")
+
+    def set_stopping(self) -> None:
+        self.start_button.configure(text="Stopping…", state="disabled")
+        self.set_status("Stopping at the next step…")
+
+    def set_status(self, text: str, level: str = "info") -> None:
+        self._status_level = level
+        self.status_label.configure(text=text, text_color=STATUS_COLORS[level])
+
+    @property
+    def status(self) -> str:
+        return self.status_label.cget("text")
+
+    @property
+    def status_level(self) -> str:
+        return self._status_level
+
+    def reset_progress(self) -> None:
+        self.epoch_bar.set(0)
+        self.step_bar.set(0)
+        self.epoch_text.configure(text="–")
+        self.step_text.configure(text="–")
+        self.speed_label.configure(text="– it/s")
+        self.eta_label.configure(text="ETA –")
+        self.loss_label.configure(text="loss –")
+
+    # -- events from the trainer ---------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Started):
+            self.reset_progress()
+            self.totals = (event.total_steps, event.total_epochs, event.steps_per_epoch)
+            self.last_log_path = event.log_path
+            self.epoch_text.configure(text=f"0 / {event.total_epochs}")
+            self.step_text.configure(text=f"0 / {event.steps_per_epoch}")
+            self.set_status(f"Training started: {event.run_name}")
+        elif isinstance(event, Progress):
+            self._progress(event)
+        elif isinstance(event, Metrics):
+            self.loss_label.configure(text=f"loss {event.loss:.4f}  (smooth {event.smooth_loss:.4f})")
+        elif isinstance(event, SampleReady):
+            self.set_status(f"Sample ready: {event.path}")
+        elif isinstance(event, Status):
+            self.set_status(event.text)
+        elif isinstance(event, Warning_):
+            self.set_status(f"Warning: {event.text}", "warning")
+        elif isinstance(event, Finished):
+            if event.reason == "completed":
+                self.epoch_bar.set(1)
+                self.step_bar.set(1)
+            where = f" → {event.output_path}" if event.output_path else ""
+            self.set_status(f"Finished ({event.reason}){where}", "ok")
+        elif isinstance(event, Failed):
+            first_line = event.message.strip().splitlines()[0] if event.message.strip() else "unknown error"
+            self.set_status(f"Training failed: {first_line}", "error")
+            if event.log_path:
+                self.last_log_path = event.log_path
+
+    def _progress(self, event: Progress) -> None:
+        steps_per_epoch = max(1, event.steps_per_epoch)
+        epochs = max(1, event.total_epochs)
+        self.epoch_bar.set(min(1.0, (event.epoch + event.epoch_step / steps_per_epoch) / epochs))
+        self.step_bar.set(min(1.0, event.epoch_step / steps_per_epoch))
+        self.epoch_text.configure(text=f"{event.epoch + 1} / {event.total_epochs}")
+        self.step_text.configure(text=f"{event.epoch_step} / {event.steps_per_epoch}")
+        self.speed_label.configure(text=format_speed(event.steps_per_second))
+        self.eta_label.configure(text=f"ETA {format_duration(event.eta_seconds)}")

@@ -1,0 +1,128 @@
+"""A generated form: the fields of one tab that apply now, in titled groups laid out in balanced columns.
+
+Views are created the first time their field applies and then only shown or hidden, so switching the model type
+or training method is cheap and keeps what was typed. No family or method is named here: `FieldInfo.applies`
+(the config's metadata) decides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import customtkinter as ctk
+
+from gui.forms.fields import LABEL_WIDTH, FieldView, make_view
+from gui.forms.selection import FieldInfo, arrange_groups, form_fields, split_columns
+
+if TYPE_CHECKING:
+    from gui.dialogs import Dialogs
+    from gui.model import ConfigModel
+
+
+class Group:
+    """A titled frame holding the rows of one group."""
+
+    def __init__(self, parent: Any, title: str) -> None:
+        self.title = title
+        self.frame = ctk.CTkFrame(parent)
+        self.frame.grid_columnconfigure(0, minsize=LABEL_WIDTH + 18)
+        self.frame.grid_columnconfigure(1, weight=1)
+        heading = ctk.CTkLabel(self.frame, text=title, font=ctk.CTkFont(size=14, weight="bold"), anchor="w")
+        # The title takes row 0; field views use rows from 2 on (two grid rows each: the field and its error line).
+        heading.grid(row=0, column=0, columnspan=2, sticky="w", padx=10, pady=(6, 2))
+        self.visible_rows = 0
+
+
+class Form:
+    def __init__(
+        self,
+        parent: Any,
+        model: ConfigModel,
+        dialogs: Dialogs | None,
+        tab: str,
+        columns: int = 3,
+        default_group: str | None = None,
+    ) -> None:
+        self.model = model
+        self.dialogs = dialogs
+        self.tab = tab
+        self.default_group = default_group or tab.replace("_", " ").capitalize()
+        self.frame = ctk.CTkFrame(parent, fg_color="transparent")
+        self.fields = form_fields(model.config, tab)
+        self._rows = {info.path: i + 1 for i, info in enumerate(self.fields)}
+        self.views: dict[str, FieldView] = {}
+        self.groups: dict[str, Group] = {}
+        self.columns: list[ctk.CTkFrame] = []
+        for c in range(columns):
+            self.frame.grid_columnconfigure(c, weight=1, uniform="form-column")
+            column = ctk.CTkFrame(self.frame, fg_color="transparent", width=0, height=0)  # empty: no 200 px default
+            column.grid(row=0, column=c, sticky="new", padx=4)
+            self.columns.append(column)
+        self.update()
+
+    def visible_fields(self) -> list[FieldInfo]:
+        ctx = self.model.context()
+        return [info for info in self.fields if info.applies(ctx)]
+
+    def update(self) -> None:
+        """Show the fields that apply to the config's current context, hide the rest, and lay the groups out."""
+        visible = self.visible_fields()
+        shown = {info.path for info in visible}
+        for path, view in self.views.items():
+            if path not in shown and view.visible:
+                view.hide()
+        arranged = arrange_groups(visible, self.default_group)
+        for title, members in arranged:
+            group = self._group(title)
+            for info in members:
+                view = self._view(info, group)
+                if view is not None and not view.visible:
+                    view.place(self._rows[info.path])
+            group.visible_rows = len(members)
+        self._layout([self.groups[title] for title, _ in arranged])
+
+    def refresh(self) -> None:
+        """Pull every shown value from the config (after it was replaced or edited elsewhere)."""
+        for view in self.views.values():
+            view.refresh()
+
+    def mark(self, problems: dict[str, str]) -> None:
+        """Show validation's message (by path) on each field; fields not named are cleared."""
+        for path, view in self.views.items():
+            view.set_config_problem(problems.get(path))
+            unit = getattr(view, "unit_view", None)
+            if unit is not None:
+                unit.set_config_problem(problems.get(unit.path))
+
+    def view(self, path: str) -> FieldView | None:
+        return self.views.get(path)
+
+    def shown_paths(self) -> list[str]:
+        return [path for path, view in self.views.items() if view.visible]
+
+    # -- internals ---------------------------------------------------------------------------------------------
+
+    def _group(self, title: str) -> Group:
+        group = self.groups.get(title)
+        if group is None:
+            group = Group(self.frame, title)
+            self.groups[title] = group
+        return group
+
+    def _view(self, info: FieldInfo, group: Group) -> FieldView | None:
+        view = self.views.get(info.path)
+        if view is None:
+            view = make_view(group.frame, info, self.model, self.dialogs)
+            if view is None:
+                return None
+            self.views[info.path] = view
+        return view
+
+    def _layout(self, groups: list[Group]) -> None:
+        for group in self.groups.values():
+            group.frame.pack_forget()
+        # A group's height is about its rows plus its title.
+        sizes = [group.visible_rows + 1 for group in groups]
+        for column, indexes in zip(self.columns, split_columns(sizes, len(self.columns))):
+            for i in indexes:
+                groups[i].frame.pack(in_=column, fill="x", pady=(0, 8))

@@ -1,0 +1,106 @@
+"""Training in a background thread: events come back through a queue, commands go out through the control.
+
+The thread never touches a widget. The app polls `drain()` from its Tk main loop (`after`), and notices the end of a
+run by the thread finishing, so even a training function that forgets its final event cannot hang the window.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+
+from onetrainer.config import TrainConfig
+from onetrainer.training.control import TrainingControl
+from onetrainer.training.events import Event, EventSink, Failed, Finished, QueueSink
+
+TrainFunction = Callable[[TrainConfig, TrainingControl, list[EventSink]], "Finished | Failed"]
+
+
+def default_train_function() -> TrainFunction:
+    # Imported late: the training module pulls in more than the window needs to open.
+    from onetrainer.training.runner import run_training
+
+    return run_training
+
+
+def training_threads() -> int:
+    """The torch threads a run may use: all cores but one, so the window stays responsive."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def limit_torch_threads() -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(training_threads())
+
+
+class TrainingRunner:
+    def __init__(self, train_function: TrainFunction | None = None, limit_threads: bool = True) -> None:
+        self.train_function = train_function
+        self._limit_threads = limit_threads
+        self.queue: queue.Queue[Event] = queue.Queue()
+        self.control: TrainingControl | None = None
+        self.outcome: Finished | Failed | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, config: TrainConfig) -> None:
+        """Train `config` (the caller's own copy: the thread reads it while the window goes on editing another)."""
+        if self.is_alive():
+            raise RuntimeError("a training run is already in progress")
+        self.queue = queue.Queue()
+        self.control = TrainingControl()
+        self.outcome = None
+        train = self.train_function or default_train_function()
+        self._thread = threading.Thread(
+            target=self._run, args=(train, config, self.control, self.queue), name="onetrainer-training", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, train: TrainFunction, config: TrainConfig, control: TrainingControl, events: queue.Queue) -> None:
+        try:
+            if self._limit_threads:
+                limit_torch_threads()
+            self.outcome = train(config, control, [QueueSink(events)])
+        except Exception as e:  # run_training never raises; a replacement might, and the window must hear of it
+            self.outcome = Failed(f"{type(e).__name__}: {e}", traceback.format_exc())
+            events.put(self.outcome)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def drain(self) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread (at most `timeout` seconds); True when it has ended."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.is_alive()
+
+    # -- commands, taken by the trainer at its next step boundary ------------------------------------------------
+
+    def request_stop(self) -> None:
+        if self.control is not None:
+            self.control.request_stop()
+
+    def request_sample(self) -> None:
+        if self.control is not None:
+            self.control.request_sample()
+
+    def request_save(self) -> None:
+        if self.control is not None:
+            self.control.request_save()
+
+    def request_backup(self) -> None:
+        if self.control is not None:
+            self.control.request_backup()

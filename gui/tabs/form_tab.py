@@ -1,0 +1,39 @@
+"""A tab whose content is the generated form of its fields, in a scrollable frame."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import customtkinter as ctk
+
+from gui.forms.form import Form
+
+if TYPE_CHECKING:
+    from gui.dialogs import Dialogs
+    from gui.model import ConfigModel
+
+
+class FormTab:
+    columns = 3
+    default_group: str | None = None  # the frame title for fields without a group (None: the tab's name)
+
+    def __init__(self, page: Any, model: ConfigModel, dialogs: Dialogs | None, key: str) -> None:
+        self.key = key
+        self.model = model
+        self.dialogs = dialogs
+        self.scroll = ctk.CTkScrollableFrame(page, fg_color="transparent")
+        self.scroll.grid(row=0, column=0, sticky="nsew")
+        self.scroll.grid_columnconfigure(0, weight=1)
+        self.form = Form(self.scroll, model, dialogs, key, columns=self.columns, default_group=self.default_group)
+        self.form.frame.grid(row=0, column=0, sticky="ew")
+
+    def update_context(self) -> None:
+        """The model type or training method changed: show the fields that apply now."""
+        self.form.update()
+
+    def refresh(self) -> None:
+        """The config was replaced: show its values."""
+        self.form.refresh()
+
+    def mark(self, problems: dict[str, str]) -> None:
+        self.form.mark(problems)

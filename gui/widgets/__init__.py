@@ -1,0 +1,1 @@
+"""Small reusable widgets: tooltips, a tab view whose tabs come and go."""

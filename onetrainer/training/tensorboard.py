@@ -1,0 +1,130 @@
+"""TensorBoard: the event sink that writes scalars and samples, and the local server users open in a browser."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from onetrainer.training.events import Event, Metrics, SampleReady
+
+log = logging.getLogger(__name__)
+
+
+class TensorBoardSink:
+    """Writes `loss/train_step`, `smooth_loss/train_step`, `lr/<group>` and sample images, x-axis = step."""
+
+    def __init__(self, log_dir: Path, samples: bool = True) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.samples = samples
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, Metrics):
+            self.writer.add_scalar("loss/train_step", event.loss, event.global_step)
+            self.writer.add_scalar("smooth_loss/train_step", event.smooth_loss, event.global_step)
+            for name, value in event.learning_rates.items():
+                self.writer.add_scalar(f"lr/{name}", value, event.global_step)
+            for name, value in event.extra.items():
+                self.writer.add_scalar(name, value, event.global_step)
+        elif isinstance(event, SampleReady) and self.samples:
+            self._add_image(event)
+
+    def _add_image(self, event: SampleReady) -> None:
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(event.path) as image:
+            array = np.asarray(image.convert("RGB"))
+        self.writer.add_image(f"sample/{event.index} - {event.prompt}", array, event.global_step, dataformats="HWC")
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def find_free_port(start: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+    for port in range(start, min(start + attempts, 65536)):
+        if port_is_free(port, host):
+            return port
+    raise RuntimeError(f"no free port for TensorBoard between {start} and {start + attempts - 1}")
+
+
+class TensorBoardServer:
+    """A `tensorboard` process serving a log directory on 127.0.0.1 (or all interfaces when exposed)."""
+
+    def __init__(self, log_dir: Path, port: int, expose: bool = False) -> None:
+        self.log_dir = Path(log_dir)
+        self.requested_port = port
+        self.expose = expose
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.port}/"
+
+    def start(self, wait_seconds: float = 0.0) -> str:
+        """Start the server on the requested port or the next free one; returns a line saying where it runs."""
+        host = "0.0.0.0" if self.expose else "127.0.0.1"
+        self.port = find_free_port(self.requested_port, host)
+        args = [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(self.log_dir),
+            "--port",
+            str(self.port),
+            "--samples_per_plugin=images=100,scalars=10000",
+        ]
+        args += ["--bind_all"] if self.expose else ["--host", "127.0.0.1"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait_seconds:
+            self.wait_until_serving(wait_seconds)
+        moved = "" if self.port == self.requested_port else f" (port {self.requested_port} was busy)"
+        return f"TensorBoard: {self.url}{moved}"
+
+    def wait_until_serving(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                return False
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+            time.sleep(0.2)
+        return False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None

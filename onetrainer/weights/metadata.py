@@ -1,0 +1,63 @@
+"""Safetensors header metadata that A1111, Forge and ComfyUI read: kohya's `ss_*` and Stability's `modelspec.*`."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+# modelspec architecture names and kohya base-model versions per model kind.
+ARCHITECTURES = {
+    "sd1": ("stable-diffusion-v1", "sd_v1"),
+    "sd2": ("stable-diffusion-v2-512", "sd_v2"),
+    "sd2-v": ("stable-diffusion-v2-768-v", "sd_v2_v"),
+    "sdxl": ("stable-diffusion-xl-v1-base", "sdxl_base_v1-0"),
+}
+
+
+def model_metadata(
+    kind: str,
+    title: str,
+    resolution: tuple[int, int],
+    v_prediction: bool,
+    adapter: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """modelspec metadata for a model (`adapter` None), a LoRA ("lora") or an embedding ("textual-inversion")."""
+    architecture, base_version = ARCHITECTURES[kind]
+    meta = {
+        "modelspec.sai_model_spec": "1.0.0",
+        "modelspec.architecture": architecture + (f"/{adapter}" if adapter else ""),
+        "modelspec.implementation": "https://github.com/Stability-AI/generative-models"
+        if kind == "sdxl"
+        else "diffusers",
+        "modelspec.title": title,
+        "modelspec.resolution": f"{resolution[0]}x{resolution[1]}",
+        "modelspec.prediction_type": "v" if v_prediction else "epsilon",
+        "modelspec.date": datetime.date.today().isoformat(),
+        "ss_base_model_version": base_version,
+    }
+    if kind.startswith("sd2"):
+        meta["ss_v2"] = "True"
+        if v_prediction:
+            meta["ss_v_parameterization"] = "True"
+    meta.update(extra or {})
+    return meta
+
+
+def lora_metadata(kind: str, title: str, resolution, v_prediction: bool, rank: int, alpha: float, config=None) -> dict:
+    meta = model_metadata(kind, title, resolution, v_prediction, adapter="lora")
+    meta.update(
+        {
+            "ss_network_module": "networks.lora",
+            "ss_network_dim": str(rank),
+            "ss_network_alpha": _number(alpha),
+            "ss_training_comment": "trained with onetrainer",
+        }
+    )
+    if config is not None:
+        meta["ss_resolution"] = json.dumps([resolution[0], resolution[1]])
+    return meta
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

@@ -1,0 +1,273 @@
+"""scripts/install_torch.py: which torch build is chosen (no real install), and the install scripts' basics."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_install_torch():
+    path = ROOT / "scripts" / "install_torch.py"
+    spec = importlib.util.spec_from_file_location("install_torch", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+it = _load_install_torch()
+
+PIN = "torch==2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def smi(cuda: str, driver: str = "570.86.15") -> str:
+    """A realistic nvidia-smi header for a driver that supports CUDA `cuda`."""
+    return f"""Sat Nov 22 03:31:07 2025
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI {driver}              Driver Version: {driver}      CUDA Version: {cuda}     |
+|-----------------------------------------+------------------------+----------------------+
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+|=========================================+========================+======================|
+|   0  NVIDIA GeForce RTX 4090        Off |   00000000:01:00.0  On |                  Off |
++-----------------------------------------+------------------------+----------------------+
+"""
+
+
+# --- the pure decision -------------------------------------------------------------------------------------
+
+
+def test_pin():
+    assert it.TORCH_VERSION == "2.13.0"
+    assert it.TORCH_REQUIREMENT == PIN
+
+
+@pytest.mark.parametrize("cuda", ["12.8", "12.9"])
+def test_driver_cuda_12_8_or_later_picks_cu128(cuda):
+    choice = it.choose_torch("linux", smi(cuda), {})
+    assert choice.variant == "cu128"
+    assert choice.pip_args == (PIN, "--index-url", "https://download.pytorch.org/whl/cu128")
+    assert choice.index_url == "https://download.pytorch.org/whl/cu128"
+    assert cuda in choice.reason
+    assert choice.warning is None
+
+
+@pytest.mark.parametrize("cuda", ["13.0", "13.1", "13.2"])
+def test_driver_cuda_13_picks_cu130(cuda):
+    choice = it.choose_torch("linux", smi(cuda, "580.65.06"), {})
+    assert choice.variant == "cu130"
+    assert choice.pip_args == (PIN, "--index-url", "https://download.pytorch.org/whl/cu130")
+
+
+@pytest.mark.parametrize("cuda", ["12.6", "12.7"])
+def test_driver_cuda_12_6_picks_cu126(cuda):
+    assert it.choose_torch("linux", smi(cuda), {}).variant == "cu126"
+
+
+def test_windows_with_driver_picks_cuda_too():
+    choice = it.choose_torch("win32", smi("12.8"), {})
+    assert choice.pip_args == (PIN, "--index-url", "https://download.pytorch.org/whl/cu128")
+
+
+def test_future_driver_picks_newest_variant():
+    assert it.choose_torch("linux", smi("14.1"), {}).variant == it.CUDA_VARIANTS[0][0]
+
+
+@pytest.mark.parametrize("cuda", ["12.4", "11.8", "12.5"])
+def test_too_old_driver_falls_back_to_cpu_with_message(cuda):
+    choice = it.choose_torch("linux", smi(cuda, "550.54.14"), {})
+    assert choice.variant == "cpu"
+    assert choice.pip_args == (PIN, "--extra-index-url", CPU_INDEX)
+    assert choice.warning is not None
+    assert cuda in choice.warning
+    assert "CPU" in choice.warning
+    assert "driver" in choice.warning.lower()
+    assert "too old" in choice.reason
+
+
+@pytest.mark.parametrize("platform", ["linux", "win32"])
+def test_no_nvidia_smi_gives_cpu_build_from_cpu_index(platform):
+    choice = it.choose_torch(platform, None, {})
+    assert choice.variant == "cpu"
+    assert choice.pip_args == (PIN, "--extra-index-url", CPU_INDEX)
+    assert choice.index_url == CPU_INDEX
+    assert choice.warning is None
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",
+        "No devices were found\n",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+    ],
+)
+def test_nvidia_smi_without_gpu_gives_cpu(output):
+    choice = it.choose_torch("linux", output, {})
+    assert choice.variant == "cpu"
+    assert choice.pip_args == (PIN, "--extra-index-url", CPU_INDEX)
+
+
+def test_driver_reporting_no_cuda_version_gives_cpu_with_message():
+    choice = it.choose_torch("linux", smi("N/A"), {})
+    assert choice.variant == "cpu"
+    assert choice.warning is not None
+    assert "ONETRAINER_TORCH=cuda" in choice.warning
+
+
+@pytest.mark.parametrize("output", [None, smi("12.8")])
+def test_macos_gets_plain_pinned_torch(output):
+    choice = it.choose_torch("darwin", output, {})
+    assert choice.pip_args == (PIN,)
+    assert choice.index_url is None
+    assert choice.variant == "default"
+
+
+def test_override_cpu_ignores_the_driver():
+    choice = it.choose_torch("linux", smi("13.0"), {"ONETRAINER_TORCH": "cpu"})
+    assert choice.pip_args == (PIN, "--extra-index-url", CPU_INDEX)
+    assert "ONETRAINER_TORCH" in choice.reason
+
+
+def test_override_cuda_uses_the_best_variant_the_driver_supports():
+    assert it.choose_torch("linux", smi("12.8"), {"ONETRAINER_TORCH": "CUDA"}).variant == "cu128"
+
+
+@pytest.mark.parametrize("output", [None, smi("12.4")])
+def test_override_cuda_without_a_fitting_driver_uses_the_oldest_variant(output):
+    choice = it.choose_torch("linux", output, {"ONETRAINER_TORCH": "cuda"})
+    assert choice.variant == "cu126"
+    assert choice.pip_args == (PIN, "--index-url", "https://download.pytorch.org/whl/cu126")
+
+
+def test_override_exact_variant():
+    choice = it.choose_torch("linux", smi("13.0"), {"ONETRAINER_TORCH": "cu126"})
+    assert choice.pip_args == (PIN, "--index-url", "https://download.pytorch.org/whl/cu126")
+
+
+def test_override_cuda_on_macos_is_ignored_with_a_message():
+    choice = it.choose_torch("darwin", None, {"ONETRAINER_TORCH": "cuda"})
+    assert choice.pip_args == (PIN,)
+    assert choice.warning is not None
+
+
+def test_override_index_wins_over_everything():
+    url = "https://mirror.example/whl/cu128"
+    for platform, output in [("linux", None), ("linux", smi("13.0")), ("darwin", None)]:
+        choice = it.choose_torch(platform, output, {"ONETRAINER_TORCH_INDEX": url, "ONETRAINER_TORCH": "cpu"})
+        assert choice.pip_args == (PIN, "--index-url", url)
+        assert "ONETRAINER_TORCH_INDEX" in choice.reason
+
+
+@pytest.mark.parametrize("value", ["", "auto", "  "])
+def test_empty_or_auto_override_means_automatic(value):
+    env = {"ONETRAINER_TORCH": value, "ONETRAINER_TORCH_INDEX": ""}
+    assert it.choose_torch("linux", smi("12.8"), env).variant == "cu128"
+
+
+def test_unknown_override_is_an_error():
+    with pytest.raises(ValueError, match="ONETRAINER_TORCH"):
+        it.choose_torch("linux", None, {"ONETRAINER_TORCH": "rocm"})
+
+
+def test_the_pin_is_always_the_requirement():
+    cases = [None, "", smi("11.8"), smi("12.4"), smi("12.6"), smi("12.8"), smi("13.0"), smi("N/A")]
+    envs = [{}, {"ONETRAINER_TORCH": "cpu"}, {"ONETRAINER_TORCH": "cuda"}, {"ONETRAINER_TORCH_INDEX": "https://x/y"}]
+    for platform in ("linux", "win32", "darwin"):
+        for output in cases:
+            for env in envs:
+                choice = it.choose_torch(platform, output, env)
+                requirements = [a for a in choice.pip_args if not a.startswith("-") and "://" not in a]
+                assert requirements == [PIN], (platform, output, env, choice)
+                assert choice.reason
+
+
+def test_parse_driver_cuda_version():
+    assert it.parse_driver_cuda_version(smi("12.8")) == (12, 8)
+    assert it.parse_driver_cuda_version(smi("13.0")) == (13, 0)
+    assert it.parse_driver_cuda_version("CUDA Version:12.10") == (12, 10)
+    assert it.parse_driver_cuda_version(smi("N/A")) is None
+    assert it.parse_driver_cuda_version(None) is None
+
+
+# --- already installed? ---------------------------------------------------------------------------------------
+
+
+def test_installed_matches():
+    cpu = it.choose_torch("linux", None, {})
+    cuda = it.choose_torch("linux", smi("12.8"), {})
+    mac = it.choose_torch("darwin", None, {})
+    assert it.installed_matches("2.13.0+cpu", cpu)
+    assert it.installed_matches("2.13.0", cpu)  # PyPI's Linux build (CUDA) also runs on CPU
+    assert it.installed_matches("2.13.0+cu128", cuda)
+    assert it.installed_matches("2.13.0+cu126", cuda)
+    assert it.installed_matches("2.13.0", mac)
+    assert not it.installed_matches("2.13.0+cpu", cuda)  # would leave the GPU unused
+    assert not it.installed_matches(None, cpu)
+    assert not it.installed_matches("2.12.1+cpu", cpu)
+    assert not it.installed_matches("2.15.0", mac)
+
+
+def test_unreachable_cpu_index_is_dropped_but_cuda_index_kept():
+    cpu = it.choose_torch("linux", None, {})
+    assert it.drop_unreachable_index(cpu, True) == cpu
+    dropped = it.drop_unreachable_index(cpu, False)
+    assert dropped.pip_args == (PIN,)
+    assert dropped.warning is not None and "download.pytorch.org" in dropped.warning
+    cuda = it.choose_torch("linux", smi("12.8"), {})
+    assert it.drop_unreachable_index(cuda, False) == cuda
+
+
+def test_dry_run_prints_the_command_and_installs_nothing(tmp_path):
+    """main() end to end against this interpreter, without nvidia-smi and forcing a CUDA build: only prints."""
+    env = {**os.environ, "ONETRAINER_TORCH": "cu128", "PATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "install_torch.py"), "--python", sys.executable, "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "cu128" in proc.stdout
+    if "already installed" not in proc.stdout:
+        assert "-m pip install torch==2.13.0" in proc.stdout
+        assert "--index-url https://download.pytorch.org/whl/cu128" in proc.stdout
+
+
+# --- the scripts ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["install.sh", "start-ui.sh", "scripts/test.sh", ".ci/run"])
+def test_shell_scripts_are_executable_and_parse(script):
+    path = ROOT / script
+    assert path.is_file(), script
+    assert os.access(path, os.X_OK), f"{script} is not executable (chmod +x)"
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    proc = subprocess.run([bash, "-n", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_ci_runs_the_test_script():
+    text = (ROOT / ".ci" / "run").read_text()
+    assert "./scripts/test.sh" in text
+    assert "xvfb" in text
+
+
+def test_windows_scripts_exist_with_crlf():
+    for name in ("install.bat", "start-ui.bat"):
+        data = (ROOT / name).read_bytes()
+        assert b"\r\n" in data and data.count(b"\n") == data.count(b"\r\n"), f"{name} needs CRLF line endings"
+    assert b"scripts\\install_torch.py" in (ROOT / "install.bat").read_bytes()
