@@ -1,0 +1,162 @@
+"""Tiny versions of the parts the pipelines share: UNets, VAEs, CLIP text encoders and tokenizers, schedulers.
+
+Each tiny config is its real reference config with width fields replaced (`reference.TINY_WIDTH_FIELDS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import diffusers
+import torch
+import transformers
+from diffusers import AutoencoderKL, UNet2DConditionModel
+from diffusers.pipelines.deprecated import wuerstchen as deprecated_wuerstchen
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+from onetrainer.tiny import reference
+from onetrainer.tiny.reference import Config
+from onetrainer.tiny.tokenizer import build_clip_tokenizer
+
+# Tiny channel counts keep the real ratios (UNet 320:640:1280:1280, VAE 128:256:512:512): a resnet whose input and
+# output widths differ has a `conv_shortcut`, so making neighbours equal where the real ones differ would drop keys.
+FIRST_CHANNELS = 16
+# Divides every tiny width.
+NORM_GROUPS = 8
+# Every attention head is this wide; the head counts follow from the block widths.
+HEAD_WIDTH = 8
+# Tiny text encoder width by real width: distinct per encoder like the real ones (CLIP-L, OpenCLIP-H, OpenCLIP-bigG),
+# for code that tells encoders apart by width.
+TEXT_WIDTHS = {768: 32, 1024: 48, 1280: 64}
+TEXT_HEADS = 4
+
+
+@contextlib.contextmanager
+def seeded(seed: int, component: str) -> Iterator[None]:
+    """Seed the global torch RNG for one component without disturbing the caller's RNG state.
+
+    Each component gets its own stream, so building (or not building) one part never changes another's weights.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(zlib.crc32(f"{seed}:{component}".encode()))
+        yield
+
+
+def tiny_config(kind: str, real: Config, **widths: Any) -> Config:
+    """`real` with some width fields replaced; refuses anything that would change the topology."""
+    extra = set(widths) - reference.TINY_WIDTH_FIELDS[kind]
+    if extra:
+        raise ValueError(f"not a width field of a {kind}: {sorted(extra)}")
+    return {**real, **widths}
+
+
+def init_kwargs(config: Config) -> Config:
+    """A diffusers config without its bookkeeping entries (`_class_name`, ...), ready for the class's __init__."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def model_class(config: Config) -> type[torch.nn.Module]:
+    """The class a reference or tiny config describes: `_class_name` for diffusers, `architectures` for transformers."""
+    if "_class_name" in config:
+        name = config["_class_name"]
+        # Würstchen's models live among diffusers' deprecated pipelines.
+        return getattr(diffusers, name, None) or getattr(deprecated_wuerstchen, name)
+    return getattr(transformers, config["architectures"][0])
+
+
+def instantiate(config: Config) -> torch.nn.Module:
+    """A model with freshly initialised weights from a config dict (under `torch.device("meta")`, without any)."""
+    cls = model_class(config)
+    if "_class_name" in config:
+        return cls(**init_kwargs(config))
+    return cls(cls.config_class(**config))
+
+
+def build(config: Config, seed: int, component: str) -> Any:
+    """`instantiate` with this component's own random stream, in eval mode like a loaded model."""
+    with seeded(seed, component):
+        return instantiate(config).eval()
+
+
+def tiny_channels(real_channels: list[int]) -> list[int]:
+    return [c * FIRST_CHANNELS // real_channels[0] for c in real_channels]
+
+
+def latent_size(vae_config: Config, resolution: int) -> int:
+    return resolution // 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+
+def tiny_unet_config(real: Config, cross_attention_dim: int, sample_size: int, pooled_dim: int | None = None) -> Config:
+    channels = tiny_channels(real["block_out_channels"])
+    # A scalar head count applies to every block (SD 1.x); per-block lists (SD 2.x, SDXL) stay lists.
+    if isinstance(real["attention_head_dim"], int):
+        heads: int | list[int] = channels[0] // HEAD_WIDTH
+    else:
+        heads = [c // HEAD_WIDTH for c in channels]
+    widths: dict[str, Any] = {
+        "block_out_channels": channels,
+        "attention_head_dim": heads,
+        "cross_attention_dim": cross_attention_dim,
+        "norm_num_groups": NORM_GROUPS,
+        "sample_size": sample_size,
+    }
+    if real.get("addition_embed_type") == "text_time":
+        # Six micro-conditioning numbers (original size, crop offset, target size), each sinusoidally embedded,
+        # plus the pooled text embedding.
+        widths["projection_class_embeddings_input_dim"] = 6 * real["addition_time_embed_dim"] + pooled_dim
+    return tiny_config("unet", real, **widths)
+
+
+def tiny_vae_config(real: Config, sample_size: int) -> Config:
+    return tiny_config(
+        "vae",
+        real,
+        block_out_channels=tiny_channels(real["block_out_channels"]),
+        norm_num_groups=NORM_GROUPS,
+        sample_size=sample_size,
+    )
+
+
+def tiny_clip_text_config(real: Config, tokenizer: CLIPTokenizer) -> Config:
+    width = TEXT_WIDTHS[real["hidden_size"]]
+    # Real CLIP configs say eos_token_id=2 (a legacy value that makes transformers pool at the highest token id);
+    # the tiny vocabulary has its own ids, so give the true ones.
+    return tiny_config(
+        "text_encoder",
+        real,
+        hidden_size=width,
+        intermediate_size=width * 2,
+        num_attention_heads=TEXT_HEADS,
+        projection_dim=width,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_unet(config: Config, seed: int) -> UNet2DConditionModel:
+    return build(config, seed, "unet")
+
+
+def build_vae(config: Config, seed: int) -> AutoencoderKL:
+    return build(config, seed, "vae")
+
+
+def build_clip_text(
+    references: dict[str, Config], seed: int, suffix: str = ""
+) -> tuple[CLIPTokenizer, CLIPTextModel | CLIPTextModelWithProjection]:
+    """The tokenizer and text encoder named `tokenizer<suffix>` / `text_encoder<suffix>` in `references`."""
+    tokenizer = build_clip_tokenizer(pad_token=references[f"tokenizer{suffix}"]["pad_token"])
+    config = tiny_clip_text_config(references[f"text_encoder{suffix}"], tokenizer)
+    encoder = build(config, seed, f"text_encoder{suffix}")
+    return tokenizer, encoder
+
+
+def build_scheduler(config: Config) -> Any:
+    """A diffusers scheduler from a config dict naming its class in `_class_name`, like scheduler_config.json."""
+    scheduler_class = getattr(diffusers, config["_class_name"])
+    return scheduler_class.from_config(init_kwargs(config))

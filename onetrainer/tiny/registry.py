@@ -1,0 +1,237 @@
+"""The tiny model variants, by name, and the real models they imitate.
+
+Listing the variants is cheap: diffusers is imported only when one is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from onetrainer.config.enums import ModelType
+from onetrainer.tiny import reference as ref
+from onetrainer.tiny.reference import Config
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+# Every variant samples at 64 px by default: 8x8 latents, small enough for a CPU and still divisible by every
+# UNet's downsampling.
+DEFAULT_RESOLUTION = 64
+# Würstchen and Stable Cascade work at 1/42.67 (prior) and 1/4 (decoder) of the image size: 128 px gives a 3x3
+# prior latent and a 32x32 decoder latent, the smallest sizes that pass cleanly through both.
+CASCADE_RESOLUTION = 128
+
+
+@dataclass(frozen=True)
+class TinyVariant:
+    """One tiny model: the real model it imitates and how to build it."""
+
+    name: str
+    model_type: ModelType
+    pipeline_class: str  # the diffusers pipeline class, as in model_index.json
+    description: str
+    # Builder module under onetrainer.tiny, with `build_pipeline(variant, seed)`.
+    family: str
+    # Real (full-size) config of each pipeline component; the tiny ones differ only in width fields.
+    references: Mapping[str, Config]
+    resolution: int = DEFAULT_RESOLUTION
+
+    @property
+    def prediction_type(self) -> str:
+        # Würstchen's scheduler has no such setting: its models predict the noise.
+        return self.references["scheduler"].get("prediction_type", "epsilon")
+
+    def build(self, seed: int = 0) -> DiffusionPipeline:
+        module = importlib.import_module(f"onetrainer.tiny.{self.family}")
+        return module.build_pipeline(self, seed)
+
+
+def _sd1(unet: Config, scheduler: Config) -> dict[str, Config]:
+    return {
+        "unet": unet,
+        "vae": ref.SD_VAE,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "tokenizer": ref.CLIP_TOKENIZER,
+        "scheduler": scheduler,
+    }
+
+
+def _sd2(unet: Config, scheduler: Config) -> dict[str, Config]:
+    return {
+        "unet": unet,
+        "vae": ref.SD_VAE,
+        "text_encoder": ref.OPEN_CLIP_H_TEXT,
+        "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+        "scheduler": scheduler,
+    }
+
+
+def _sdxl(unet: Config) -> dict[str, Config]:
+    return {
+        "unet": unet,
+        "vae": ref.SDXL_VAE,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "tokenizer": ref.CLIP_TOKENIZER,
+        "text_encoder_2": ref.OPEN_CLIP_BIGG_TEXT,
+        "tokenizer_2": ref.OPEN_CLIP_TOKENIZER,
+        "scheduler": ref.EULER_EPSILON,
+    }
+
+
+TINY_VARIANTS: dict[str, TinyVariant] = {
+    "sd15": TinyVariant(
+        name="sd15",
+        model_type=ModelType.STABLE_DIFFUSION_15,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 1.5: CLIP-L text encoder (12 layers), PNDM, epsilon prediction",
+        family="sd",
+        references=_sd1(ref.SD15_UNET, ref.PNDM_EPSILON),
+    ),
+    "sd15-inpainting": TinyVariant(
+        name="sd15-inpainting",
+        model_type=ModelType.STABLE_DIFFUSION_15_INPAINTING,
+        pipeline_class="StableDiffusionInpaintPipeline",
+        description="Stable Diffusion 1.5 inpainting: sd15 with a 9-channel UNet input (latent, masked latent, mask)",
+        family="sd",
+        references=_sd1(ref.SD15_INPAINTING_UNET, ref.DDIM_EPSILON),
+    ),
+    "sd20-base": TinyVariant(
+        name="sd20-base",
+        model_type=ModelType.STABLE_DIFFUSION_20_BASE,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.0 base (512 px): OpenCLIP-H text encoder (23 layers), linear projections, "
+        "per-block head counts, epsilon prediction",
+        family="sd",
+        references=_sd2(ref.SD2_BASE_UNET, ref.PNDM_EPSILON),
+    ),
+    "sd20": TinyVariant(
+        name="sd20",
+        model_type=ModelType.STABLE_DIFFUSION_20,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.0 (768 px): the SD 2 topology with v-prediction",
+        family="sd",
+        references=_sd2(ref.SD2_768_UNET, ref.DDIM_V_PREDICTION),
+    ),
+    "sd20-inpainting": TinyVariant(
+        name="sd20-inpainting",
+        model_type=ModelType.STABLE_DIFFUSION_20_INPAINTING,
+        pipeline_class="StableDiffusionInpaintPipeline",
+        description="Stable Diffusion 2.0 inpainting: sd20-base with a 9-channel UNet input",
+        family="sd",
+        references=_sd2(ref.SD2_INPAINTING_UNET, ref.PNDM_EPSILON),
+    ),
+    "sd21-base": TinyVariant(
+        name="sd21-base",
+        model_type=ModelType.STABLE_DIFFUSION_21_BASE,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.1 base (512 px): the SD 2 topology, epsilon prediction",
+        family="sd",
+        references=_sd2(ref.SD2_BASE_UNET, ref.PNDM_EPSILON),
+    ),
+    "sd21": TinyVariant(
+        name="sd21",
+        model_type=ModelType.STABLE_DIFFUSION_21,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.1 (768 px): the SD 2 topology, v-prediction, attention upcast to fp32",
+        family="sd",
+        references=_sd2(ref.SD21_768_UNET, ref.DDIM_V_PREDICTION),
+    ),
+    "sdxl": TinyVariant(
+        name="sdxl",
+        model_type=ModelType.STABLE_DIFFUSION_XL_10_BASE,
+        pipeline_class="StableDiffusionXLPipeline",
+        description="SDXL 1.0 base: CLIP-L (12 layers) + OpenCLIP-bigG with projection (32 layers), transformer "
+        "depths 1/2/10, text_time added embeddings, Euler, epsilon prediction",
+        family="sdxl",
+        references=_sdxl(ref.SDXL_UNET),
+    ),
+    "sdxl-inpainting": TinyVariant(
+        name="sdxl-inpainting",
+        model_type=ModelType.STABLE_DIFFUSION_XL_10_BASE_INPAINTING,
+        pipeline_class="StableDiffusionXLInpaintPipeline",
+        description="SDXL 1.0 inpainting: sdxl with a 9-channel UNet input",
+        family="sdxl",
+        references=_sdxl(ref.SDXL_INPAINTING_UNET),
+    ),
+    "pixart": TinyVariant(
+        name="pixart",
+        model_type=ModelType.PIXART_ALPHA,
+        pipeline_class="PixArtAlphaPipeline",
+        description="PixArt-alpha XL-2 1024-MS: 28-layer DiT with resolution micro-conditioning (sample_size stays "
+        "128: pass height/width and use_resolution_binning=False), T5 v1.1 XXL encoder (24 layers), DPM-Solver++",
+        family="pixart",
+        references={
+            "transformer": ref.PIXART_ALPHA_TRANSFORMER,
+            "vae": ref.SD_VAE,
+            "text_encoder": ref.T5_XXL_ENCODER,
+            "tokenizer": ref.T5_TOKENIZER,
+            "scheduler": ref.DPM_SOLVER_PIXART,
+        },
+    ),
+    "wuerstchen": TinyVariant(
+        name="wuerstchen",
+        model_type=ModelType.WUERSTCHEN_2,
+        pipeline_class="WuerstchenPriorPipeline",
+        description="Würstchen v2 prior (stage C, like warp-ai/wuerstchen-prior): 32 blocks, OpenCLIP-bigG text "
+        "encoder (32 layers); its decoder is wuerstchen-decoder",
+        family="wuerstchen",
+        references={
+            "prior": ref.WUERSTCHEN_PRIOR,
+            "text_encoder": ref.LAION_BIGG_TEXT,
+            "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+            "scheduler": ref.DDPM_WUERSTCHEN,
+        },
+        resolution=CASCADE_RESOLUTION,
+    ),
+    "wuerstchen-decoder": TinyVariant(
+        name="wuerstchen-decoder",
+        model_type=ModelType.WUERSTCHEN_2,
+        pipeline_class="WuerstchenDecoderPipeline",
+        description="Würstchen v2 decoder (stages B and A, like warp-ai/wuerstchen): DiffNeXt blocks 4/4/14/4, "
+        "OpenCLIP-H text encoder (24 layers), Paella VQGAN",
+        family="wuerstchen",
+        references={
+            "decoder": ref.WUERSTCHEN_DECODER,
+            "vqgan": ref.PAELLA_VQGAN,
+            "text_encoder": ref.LAION_H_TEXT,
+            "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+            "scheduler": ref.DDPM_WUERSTCHEN,
+        },
+        resolution=CASCADE_RESOLUTION,
+    ),
+    "cascade": TinyVariant(
+        name="cascade",
+        model_type=ModelType.STABLE_CASCADE_1,
+        pipeline_class="StableCascadePriorPipeline",
+        description="Stable Cascade prior (stage C, like stabilityai/stable-cascade-prior): 8+24 blocks, "
+        "OpenCLIP-bigG with projection (32 layers), CLIP-L image encoder; its decoder is cascade-decoder",
+        family="cascade",
+        references={
+            "prior": ref.CASCADE_PRIOR_UNET,
+            "text_encoder": ref.OPEN_CLIP_BIGG_TEXT,
+            "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+            "image_encoder": ref.CLIP_L_VISION,
+            "scheduler": ref.DDPM_WUERSTCHEN,
+        },
+        resolution=CASCADE_RESOLUTION,
+    ),
+    "cascade-decoder": TinyVariant(
+        name="cascade-decoder",
+        model_type=ModelType.STABLE_CASCADE_1,
+        pipeline_class="StableCascadeDecoderPipeline",
+        description="Stable Cascade decoder (stages B and A, like stabilityai/stable-cascade): blocks 2/6/28/6, "
+        "OpenCLIP-bigG with projection (32 layers), Paella VQGAN",
+        family="cascade",
+        references={
+            "decoder": ref.CASCADE_DECODER_UNET,
+            "vqgan": ref.PAELLA_VQGAN,
+            "text_encoder": ref.OPEN_CLIP_BIGG_TEXT,
+            "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+            "scheduler": ref.DDPM_WUERSTCHEN,
+        },
+        resolution=CASCADE_RESOLUTION,
+    ),
+}

@@ -1,0 +1,48 @@
+"""Tiny Stable Diffusion XL pipelines, text-to-image and inpainting."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import diffusers
+from diffusers import StableDiffusionXLPipeline
+
+from onetrainer.tiny import components
+
+if TYPE_CHECKING:
+    from onetrainer.tiny.registry import TinyVariant
+
+
+def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionXLPipeline:
+    """The pipeline for `variant`, whose references name the real unet, vae, both text encoders and tokenizers, and
+    scheduler."""
+    refs = variant.references
+    tokenizer, text_encoder = components.build_clip_text(refs, seed)
+    tokenizer_2, text_encoder_2 = components.build_clip_text(refs, seed, suffix="_2")
+    vae_config = components.tiny_vae_config(refs["vae"], variant.resolution)
+    unet_config = components.tiny_unet_config(
+        refs["unet"],
+        # The UNet attends to both encoders' hidden states, concatenated along the feature axis ...
+        cross_attention_dim=text_encoder.config.hidden_size + text_encoder_2.config.hidden_size,
+        sample_size=components.latent_size(vae_config, variant.resolution),
+        # ... and gets the second encoder's pooled, projected output through its added embedding.
+        pooled_dim=text_encoder_2.config.projection_dim,
+    )
+    kwargs = {}
+    if variant.pipeline_class == "StableDiffusionXLInpaintPipeline":
+        # The SDXL inpainting model was not trained with the refiner's aesthetic-score conditioning.
+        kwargs["requires_aesthetics_score"] = False
+    pipeline_class = getattr(diffusers, variant.pipeline_class)
+    return pipeline_class(
+        vae=components.build_vae(vae_config, seed),
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=components.build_unet(unet_config, seed),
+        scheduler=components.build_scheduler(refs["scheduler"]),
+        force_zeros_for_empty_prompt=True,
+        # The invisible-watermark package is optional, and tests want plain, deterministic images.
+        add_watermarker=False,
+        **kwargs,
+    )

@@ -1,0 +1,73 @@
+"""Tiny Würstchen v2 pipelines: the prior (stage C, what OneTrainer trains) and the decoder (stages B and A).
+
+OneTrainer also needs Würstchen's EfficientNet encoder, which is not a diffusers model; it is not built here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from diffusers import DiffusionPipeline, WuerstchenDecoderPipeline, WuerstchenPriorPipeline
+from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
+
+from onetrainer.tiny import components
+
+if TYPE_CHECKING:
+    from onetrainer.tiny.reference import Config
+    from onetrainer.tiny.registry import TinyVariant
+
+PRIOR_WIDTH = 32
+DECODER_CONDITIONING_WIDTH = 32
+VQGAN_WIDTH = 32
+VQGAN_CODEBOOK = 64
+
+
+def build_vqgan(real: Config, seed: int) -> PaellaVQModel:
+    config = components.tiny_config("vqgan", real, embed_dim=VQGAN_WIDTH, num_vq_embeddings=VQGAN_CODEBOOK)
+    return components.build(config, seed, "vqgan")
+
+
+def build_prior_pipeline(variant: TinyVariant, seed: int) -> WuerstchenPriorPipeline:
+    refs = variant.references
+    tokenizer, text_encoder = components.build_clip_text(refs, seed)
+    config = components.tiny_config(
+        "prior",
+        refs["prior"],
+        c=PRIOR_WIDTH,
+        c_cond=text_encoder.config.hidden_size,
+        nhead=PRIOR_WIDTH // components.HEAD_WIDTH,
+    )
+    return WuerstchenPriorPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        prior=components.build(config, seed, "prior"),
+        scheduler=components.build_scheduler(refs["scheduler"]),
+    )
+
+
+def build_decoder_pipeline(variant: TinyVariant, seed: int) -> WuerstchenDecoderPipeline:
+    refs = variant.references
+    tokenizer, text_encoder = components.build_clip_text(refs, seed)
+    channels = components.tiny_channels(refs["decoder"]["c_hidden"])
+    config = components.tiny_config(
+        "decoder",
+        refs["decoder"],
+        c_hidden=channels,
+        # -1: no attention at that level, as in the real model.
+        nhead=[-1 if n < 0 else c // components.HEAD_WIDTH for n, c in zip(refs["decoder"]["nhead"], channels)],
+        c_cond=DECODER_CONDITIONING_WIDTH,
+        clip_embd=text_encoder.config.hidden_size,
+    )
+    return WuerstchenDecoderPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        decoder=components.build(config, seed, "decoder"),
+        scheduler=components.build_scheduler(refs["scheduler"]),
+        vqgan=build_vqgan(refs["vqgan"], seed),
+    )
+
+
+def build_pipeline(variant: TinyVariant, seed: int) -> DiffusionPipeline:
+    if "prior" in variant.references:
+        return build_prior_pipeline(variant, seed)
+    return build_decoder_pipeline(variant, seed)

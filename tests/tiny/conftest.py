@@ -1,0 +1,70 @@
+"""Shared fixtures for the tiny-model tests: one cache of saved tiny models per test session."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from onetrainer.tiny import TINY_VARIANTS, build_tiny_pipeline, tiny_model_dir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_progress_bars() -> None:
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="session")
+def tiny_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+@pytest.fixture(scope="session")
+def saved_tiny_model(tiny_cache_root: Path) -> Callable[[str], Path]:
+    """variant name -> its diffusers folder, built once per session."""
+    return lambda variant: tiny_model_dir(variant, cache_root=tiny_cache_root)
+
+
+@cache
+def _built(variant: str) -> Any:
+    return build_tiny_pipeline(variant, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline() -> Callable[[str], Any]:
+    """variant name -> its pipeline (seed 0), built once per session and shared: do not modify it."""
+    return _built
+
+
+def _real_on_meta(config: dict[str, Any]) -> torch.nn.Module:
+    """The full-size model, without allocating its weights."""
+    from onetrainer.tiny.components import instantiate
+
+    with torch.device("meta"):
+        return instantiate(config)
+
+
+@cache
+def _real_shapes_of(config_json: str) -> dict[str, torch.Size]:
+    model = _real_on_meta(json.loads(config_json))
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def _real_shapes(variant: str, component: str) -> dict[str, torch.Size]:
+    # Keyed by the config itself: many variants share a component (the SD VAE, CLIP-L, ...).
+    return _real_shapes_of(json.dumps(TINY_VARIANTS[variant].references[component], sort_keys=True))
+
+
+@pytest.fixture(scope="session")
+def real_shapes() -> Callable[[str, str], dict[str, torch.Size]]:
+    """(variant, component) -> state-dict key -> shape of the real, full-size model (built on the meta device)."""
+    return _real_shapes

@@ -1,0 +1,253 @@
+"""Saved tiny models load through diffusers like users' models, and the pipelines run."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+import transformers
+from diffusers.pipelines.deprecated import wuerstchen as deprecated_wuerstchen
+from PIL import Image
+from safetensors import safe_open
+
+from onetrainer.tiny import TINY_MODEL_VERSION, TINY_VARIANTS, build_tiny_pipeline, save_tiny_model
+
+DENOISERS = ("unet", "transformer", "prior", "decoder")
+PRIOR_LATENT = (3, 3)  # Würstchen / Stable Cascade stage C latent at 128 px
+DECODER_LATENT = (32, 32)  # their stage B latent at 128 px
+
+
+def _denoiser(pipeline: Any) -> torch.nn.Module:
+    return next(getattr(pipeline, name) for name in DENOISERS if getattr(pipeline, name, None) is not None)
+
+
+def _sample(output: Any) -> torch.Tensor:
+    return output.sample if hasattr(output, "sample") else output
+
+
+def _denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
+    """A batch of two for the model, with every conditioning input it takes, at the tests' resolution."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    config = model.config
+    kind = type(model).__name__
+    timesteps = torch.tensor([10, 500])
+    ratios = torch.tensor([0.1, 0.7])  # Würstchen and Stable Cascade take the timestep as a fraction
+    if kind == "UNet2DConditionModel":
+        size = config.sample_size
+        inputs = {
+            "sample": randn(2, config.in_channels, size, size),
+            "timestep": timesteps,
+            "encoder_hidden_states": randn(2, 77, config.cross_attention_dim),
+        }
+        if config.addition_embed_type == "text_time":
+            pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+            inputs["added_cond_kwargs"] = {
+                "text_embeds": randn(2, pooled),
+                "time_ids": torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]] * 2),
+            }
+        return inputs
+    if kind == "PixArtTransformer2DModel":  # 8x8 latents (64 px), 120 T5 tokens, resolution micro-conditioning
+        return {
+            "hidden_states": randn(2, config.in_channels, 8, 8),
+            "timestep": timesteps,
+            "encoder_hidden_states": randn(2, 120, config.caption_channels),
+            "added_cond_kwargs": {"resolution": torch.tensor([[64.0, 64.0]] * 2), "aspect_ratio": torch.ones(2, 1)},
+        }
+    if kind == "WuerstchenPrior":
+        return {"x": randn(2, config.c_in, *PRIOR_LATENT), "r": ratios, "c": randn(2, 77, config.c_cond)}
+    if kind == "WuerstchenDiffNeXt":
+        return {
+            "x": randn(2, config.c_in, *DECODER_LATENT),
+            "r": ratios,
+            "effnet": randn(2, config.effnet_embd, *PRIOR_LATENT),
+            "clip": randn(2, 77, config.clip_embd),
+        }
+    assert kind == "StableCascadeUNet", kind
+    is_prior = config.effnet_in_channels is None
+    inputs = {
+        "sample": randn(2, config.in_channels, *(PRIOR_LATENT if is_prior else DECODER_LATENT)),
+        "timestep_ratio": ratios,
+        "clip_text_pooled": randn(2, 1, config.clip_text_pooled_in_channels),
+    }
+    if is_prior:
+        inputs["clip_text"] = randn(2, 77, config.clip_text_in_channels)
+        inputs["clip_img"] = randn(2, 1, config.clip_image_in_channels)
+    else:
+        inputs["effnet"] = randn(2, config.effnet_in_channels, *PRIOR_LATENT)
+    return inputs
+
+
+def _load(path: Path, pipeline_class: str) -> Any:
+    index = json.loads((path / "model_index.json").read_text())
+    parts = {k: v for k, v in index.items() if isinstance(v, list) and len(v) == 2}
+    if all(library != "wuerstchen" for library, _ in parts.values()):
+        return getattr(diffusers, pipeline_class).from_pretrained(path, local_files_only=True)
+    # Real Würstchen folders name their models' library "wuerstchen", a module diffusers has since moved to its
+    # deprecated pipelines and no longer resolves in from_pretrained: assemble the pipeline part by part instead.
+    libraries = {"diffusers": diffusers, "transformers": transformers, "wuerstchen": deprecated_wuerstchen}
+    loaded = {name: getattr(libraries[lib], cls).from_pretrained(path / name) for name, (lib, cls) in parts.items()}
+    settings = {k: v for k, v in index.items() if not k.startswith("_") and k not in parts}
+    return getattr(diffusers, pipeline_class)(**loaded, **settings)
+
+
+def _generate(variant: str, pipeline: Any) -> np.ndarray:
+    """Two denoising steps; image embeddings from a prior, an image from anything else."""
+    spec = TINY_VARIANTS[variant]
+    common = {"num_inference_steps": 2, "generator": torch.Generator().manual_seed(0)}
+    prompt = "a red circle on a blue background"
+    if spec.pipeline_class.endswith("PriorPipeline"):
+        size = spec.resolution
+        return pipeline(prompt, height=size, width=size, **common).image_embeddings.numpy()
+    if spec.pipeline_class.endswith("DecoderPipeline"):
+        embeddings = torch.randn(1, 16, *PRIOR_LATENT, generator=torch.Generator().manual_seed(1))
+        return pipeline(image_embeddings=embeddings, prompt=prompt, output_type="np", **common).images
+    extra: dict[str, Any] = {}
+    if "Inpaint" in spec.pipeline_class:
+        extra = {"image": Image.new("RGB", (64, 64), (200, 30, 30)), "mask_image": Image.new("L", (64, 64), 255)}
+    if spec.pipeline_class.startswith("PixArt"):
+        # Binning would snap 64 px to the 1024 px aspect-ratio table; caption cleaning needs BeautifulSoup.
+        extra = {"use_resolution_binning": False, "clean_caption": False}
+    size = spec.resolution
+    return pipeline(prompt, height=size, width=size, output_type="np", **common, **extra).images
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_saved_folder_loads_and_matches_the_built_pipeline(
+    variant: str, saved_tiny_model: Callable[[str], Path], tiny_pipeline: Callable[[str], Any]
+) -> None:
+    spec = TINY_VARIANTS[variant]
+    path = saved_tiny_model(variant)
+    index = json.loads((path / "model_index.json").read_text())
+    assert index["_class_name"] == spec.pipeline_class
+    assert not list(path.rglob("*.bin"))
+    if spec.references["tokenizer"]["tokenizer_class"] == "CLIPTokenizer":
+        assert (path / "tokenizer" / "vocab.json").is_file()
+        assert (path / "tokenizer" / "merges.txt").is_file()
+
+    loaded = _load(path, spec.pipeline_class)
+    built = tiny_pipeline(variant)
+    with torch.no_grad():
+        expected = _sample(_denoiser(built)(**_denoiser_inputs(_denoiser(built))))
+        actual = _sample(_denoiser(loaded)(**_denoiser_inputs(_denoiser(loaded))))
+    assert torch.equal(actual, expected)
+    assert torch.isfinite(actual).all()
+
+    prompt = "a red circle on a blue background, <embedding> ünïcödé"
+    for suffix in ("", "_2"):
+        tokenizer = getattr(loaded, f"tokenizer{suffix}", None)
+        if tokenizer is not None:
+            assert tokenizer(prompt).input_ids == getattr(built, f"tokenizer{suffix}")(prompt).input_ids
+            assert tokenizer.pad_token == getattr(built, f"tokenizer{suffix}").pad_token
+    assert loaded.scheduler.config.get("prediction_type", "epsilon") == spec.prediction_type
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_weight_files_use_the_real_checkpoint_key_names(
+    variant: str, saved_tiny_model: Callable[[str], Path], real_shapes: Callable[[str, str], dict[str, torch.Size]]
+) -> None:
+    path = saved_tiny_model(variant)
+    references = TINY_VARIANTS[variant].references
+    for component, reference in references.items():
+        if component in ("tokenizer", "tokenizer_2", "scheduler"):
+            continue
+        (weights,) = (path / component).glob("*.safetensors")
+        with safe_open(weights, "pt") as f:
+            keys = set(f.keys())
+        expected = set(real_shapes(variant, component))
+        if reference.get("architectures") == ["T5EncoderModel"]:
+            expected.remove("encoder.embed_tokens.weight")  # tied to shared.weight, never stored
+        elif component.startswith("text_encoder"):
+            # Real text encoder files name everything under `text_model.` (and `text_projection.` for SDXL's second),
+            # whatever module tree the installed transformers builds.
+            expected = {k if k.startswith(("text_model.", "text_projection.")) else f"text_model.{k}" for k in expected}
+        assert keys == expected
+
+
+def test_text_encoder_landmark_keys(saved_tiny_model: Callable[[str], Path]) -> None:
+    with safe_open(saved_tiny_model("sd21") / "text_encoder" / "model.safetensors", "pt") as f:
+        sd21 = set(f.keys())
+    assert "text_model.encoder.layers.22.mlp.fc2.weight" in sd21  # OpenCLIP-H minus its last layer: 23
+    assert "text_model.encoder.layers.23.mlp.fc2.weight" not in sd21
+    with safe_open(saved_tiny_model("sdxl") / "text_encoder_2" / "model.safetensors", "pt") as f:
+        sdxl_2 = set(f.keys())
+    assert "text_model.encoder.layers.31.self_attn.q_proj.weight" in sdxl_2
+    assert "text_projection.weight" in sdxl_2
+
+
+def test_generic_pipeline_loader_picks_the_right_class(saved_tiny_model: Callable[[str], Path]) -> None:
+    pipeline = diffusers.DiffusionPipeline.from_pretrained(saved_tiny_model("sdxl"), local_files_only=True)
+    assert isinstance(pipeline, diffusers.StableDiffusionXLPipeline)
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_pipeline_generates(variant: str, tiny_pipeline: Callable[[str], Any]) -> None:
+    output = _generate(variant, tiny_pipeline(variant))
+    size = TINY_VARIANTS[variant].resolution
+    if TINY_VARIANTS[variant].pipeline_class.endswith("PriorPipeline"):
+        assert output.shape == (1, 16, *PRIOR_LATENT)
+    else:
+        assert output.shape == (1, size, size, 3)
+    assert np.isfinite(output).all()
+
+
+def test_same_seed_same_weights_other_seed_other_weights() -> None:
+    a = build_tiny_pipeline("sd15", seed=0)
+    b = build_tiny_pipeline("sd15", seed=0)
+    c = build_tiny_pipeline("sd15", seed=1)
+    for component in ("unet", "vae", "text_encoder"):
+        sa, sb, sc = (getattr(p, component).state_dict() for p in (a, b, c))
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+        assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_building_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_pipeline("sd15", seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"])
+def test_training_step_is_fast(variant: str) -> None:
+    model = _denoiser(build_tiny_pipeline(variant, seed=0)).train()
+    inputs = _denoiser_inputs(model)
+    timings = []
+    for _ in range(3):  # the first call pays one-off setup costs; the best of three ignores a busy moment
+        model.zero_grad()
+        start = time.perf_counter()
+        _sample(model(**inputs)).square().mean().backward()
+        timings.append(time.perf_counter() - start)
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    # Typically 0.05-0.2 s on two CPU cores; the bound leaves room for a loaded machine.
+    assert min(timings) < 1.0, timings
+
+
+def test_save_tiny_model_writes_atomically_and_replaces(tmp_path: Path) -> None:
+    dest = tmp_path / "model"
+    dest.mkdir()
+    (dest / "stale.txt").write_text("old")
+    assert save_tiny_model("sd15", dest, seed=3) == dest
+    assert not (dest / "stale.txt").exists()
+    marker = json.loads((dest / "tiny_model.json").read_text())
+    assert marker == {"variant": "sd15", "model_type": "STABLE_DIFFUSION_15", "seed": 3, "version": TINY_MODEL_VERSION}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary siblings left
+    assert diffusers.StableDiffusionPipeline.from_pretrained(dest, local_files_only=True).unet is not None
+
+
+def test_unknown_variant_is_a_clear_error() -> None:
+    with pytest.raises(KeyError, match="sd15"):
+        build_tiny_pipeline("sd99")

@@ -1,0 +1,181 @@
+"""The tiny models have the real models' topology: same state-dict keys and structure, only smaller widths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from onetrainer.config.enums import ModelType
+from onetrainer.tiny import TINY_VARIANTS
+from onetrainer.tiny import reference as ref
+from onetrainer.tiny.components import tiny_config
+
+RealShapes = Callable[[str, str], dict[str, torch.Size]]
+PipelineOf = Callable[[str], Any]
+MODEL_COMPONENTS = (
+    "unet",
+    "transformer",
+    "prior",
+    "decoder",
+    "vae",
+    "vqgan",
+    "text_encoder",
+    "text_encoder_2",
+    "image_encoder",
+)
+CASES = [
+    (variant.name, component)
+    for variant in TINY_VARIANTS.values()
+    for component in MODEL_COMPONENTS
+    if component in variant.references
+]
+
+
+def _normalise(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize(("variant", "component"), CASES)
+def test_state_dict_keys_equal_the_real_models(
+    variant: str, component: str, real_shapes: RealShapes, tiny_pipeline: PipelineOf
+) -> None:
+    tiny = getattr(tiny_pipeline(variant), component).state_dict()
+    real = real_shapes(variant, component)
+    assert set(tiny) == set(real)
+    # Only widths shrink: every tensor keeps its rank (a conv stays a conv, a linear projection stays linear).
+    assert {k: len(v.shape) for k, v in tiny.items()} == {k: len(v) for k, v in real.items()}
+    assert sum(v.numel() for v in tiny.values()) < 10_000_000
+
+
+@pytest.mark.parametrize(("variant", "component"), CASES)
+def test_configs_differ_from_the_real_ones_in_width_fields_only(
+    variant: str, component: str, tiny_pipeline: PipelineOf
+) -> None:
+    config = getattr(tiny_pipeline(variant), component).config
+    config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    real = TINY_VARIANTS[variant].references[component]
+    width_fields = ref.TINY_WIDTH_FIELDS[component.removesuffix("_2")]
+    differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
+    bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
+    # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
+    bookkeeping |= (
+        {"is_encoder_decoder", "tie_word_embeddings"} if "T5EncoderModel" in real.get("architectures", ()) else set()
+    )
+    assert differing - bookkeeping <= width_fields
+
+
+def test_real_key_counts_match_the_published_checkpoints(real_shapes: RealShapes) -> None:
+    # Guards the reference configs themselves: these are the key counts of the real diffusers checkpoints.
+    assert len(real_shapes("sd15", "unet")) == 686
+    assert len(real_shapes("sd21", "unet")) == 686
+    assert len(real_shapes("sdxl", "unet")) == 1680
+    assert len(real_shapes("sd15", "vae")) == 248
+    assert len(real_shapes("sd15", "text_encoder")) == 196
+    assert len(real_shapes("sd21", "text_encoder")) == 372
+    assert len(real_shapes("sdxl", "text_encoder_2")) == 517
+
+
+def test_landmark_keys(tiny_pipeline: PipelineOf) -> None:
+    sd15 = tiny_pipeline("sd15").unet.state_dict()
+    sd21 = tiny_pipeline("sd21").unet.state_dict()
+    sdxl = tiny_pipeline("sdxl").unet.state_dict()
+    # SD 1.x projects into its transformers with 1x1 convs, SD 2.x and SDXL with linear layers.
+    assert sd15["down_blocks.0.attentions.0.proj_in.weight"].dim() == 4
+    assert sd21["down_blocks.0.attentions.0.proj_in.weight"].dim() == 2
+    assert "down_blocks.3.attentions.0.proj_in.weight" not in sd15
+    # SDXL: no attention in the first block, 10 transformer layers deep in the last and in the middle.
+    assert "down_blocks.0.attentions.0.proj_in.weight" not in sdxl
+    assert "down_blocks.2.attentions.1.transformer_blocks.9.attn2.to_k.weight" in sdxl
+    assert "mid_block.attentions.0.transformer_blocks.9.ff.net.2.weight" in sdxl
+    assert "up_blocks.0.attentions.2.transformer_blocks.9.attn1.to_out.0.weight" in sdxl
+    assert "add_embedding.linear_1.weight" in sdxl
+    assert "down_blocks.2.resnets.0.conv_shortcut.weight" in sdxl
+
+
+CLIP_VARIANTS = [
+    name for name, v in TINY_VARIANTS.items() if v.references["tokenizer"]["tokenizer_class"] == "CLIPTokenizer"
+]
+
+
+@pytest.mark.parametrize("variant", CLIP_VARIANTS)
+def test_clip_text_encoders_match_their_tokenizers(variant: str, tiny_pipeline: PipelineOf) -> None:
+    pipeline = tiny_pipeline(variant)
+    for suffix in ("", "_2"):
+        encoder = getattr(pipeline, f"text_encoder{suffix}", None)
+        if encoder is None:
+            continue
+        tokenizer = getattr(pipeline, f"tokenizer{suffix}")
+        real = TINY_VARIANTS[variant].references[f"text_encoder{suffix}"]
+        assert encoder.config.vocab_size == len(tokenizer)
+        assert encoder.config.max_position_embeddings == tokenizer.model_max_length == 77
+        assert encoder.config.num_hidden_layers == real["num_hidden_layers"]
+        assert encoder.config.hidden_act == real["hidden_act"]
+        assert encoder.config.eos_token_id == tokenizer.eos_token_id
+        assert tokenizer.pad_token == TINY_VARIANTS[variant].references[f"tokenizer{suffix}"]["pad_token"]
+
+
+def test_family_details(tiny_pipeline: PipelineOf) -> None:
+    sd15 = tiny_pipeline("sd15")
+    assert sd15.text_encoder.config.hidden_act == "quick_gelu"
+    assert sd15.tokenizer.pad_token == "<|endoftext|>"
+    assert sd15.vae.config.scaling_factor == 0.18215
+    sd21 = tiny_pipeline("sd21")
+    assert sd21.text_encoder.config.num_hidden_layers == 23
+    assert sd21.tokenizer.pad_token == "!"
+    assert sd21.unet.config.use_linear_projection
+    assert sd21.unet.config.upcast_attention
+    assert sd21.unet.config.cross_attention_dim == sd21.text_encoder.config.hidden_size
+    sdxl = tiny_pipeline("sdxl")
+    widths = (sdxl.text_encoder.config.hidden_size, sdxl.text_encoder_2.config.hidden_size)
+    assert widths[0] != widths[1]
+    assert sdxl.unet.config.cross_attention_dim == sum(widths)
+    assert list(sdxl.unet.config.transformer_layers_per_block) == [1, 2, 10]
+    assert sdxl.unet.config.addition_time_embed_dim == 256
+    assert sdxl.unet.config.projection_class_embeddings_input_dim == 6 * 256 + sdxl.text_encoder_2.config.projection_dim
+    assert sdxl.vae.config.scaling_factor == 0.13025
+    assert tiny_pipeline("sdxl-inpainting").unet.config.in_channels == 9
+    for variant in ("sd15-inpainting", "sd20-inpainting"):
+        assert tiny_pipeline(variant).unet.config.in_channels == 9
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_schedulers(variant: str, tiny_pipeline: PipelineOf) -> None:
+    spec = TINY_VARIANTS[variant]
+    scheduler = tiny_pipeline(variant).scheduler
+    assert type(scheduler).__name__ == spec.references["scheduler"]["_class_name"]
+    assert scheduler.config.get("prediction_type", "epsilon") == spec.prediction_type
+    for key, value in spec.references["scheduler"].items():
+        if not key.startswith("_"):
+            assert scheduler.config[key] == value, key
+    expected = "v_prediction" if variant in ("sd20", "sd21") else "epsilon"
+    assert spec.prediction_type == expected
+
+
+def test_variants_describe_themselves(tiny_pipeline: PipelineOf) -> None:
+    for name, variant in TINY_VARIANTS.items():
+        assert variant.name == name
+        assert isinstance(variant.model_type, ModelType)
+        assert variant.description
+        assert variant.resolution == (128 if variant.family in ("wuerstchen", "cascade") else 64)
+        assert type(tiny_pipeline(name)).__name__ == variant.pipeline_class
+
+
+def test_pixart_details(tiny_pipeline: PipelineOf) -> None:
+    pipeline = tiny_pipeline("pixart")
+    assert pipeline.text_encoder.config.vocab_size == len(pipeline.tokenizer)
+    assert pipeline.text_encoder.config.num_layers == 24
+    assert pipeline.text_encoder.config.is_gated_act
+    assert pipeline.transformer.config.caption_channels == pipeline.text_encoder.config.d_model
+    assert pipeline.transformer.config.num_layers == 28
+    assert pipeline.transformer.use_additional_conditions
+    assert "adaln_single.emb.resolution_embedder.linear_1.weight" in pipeline.transformer.state_dict()
+    assert pipeline.tokenizer("a red circle").input_ids[-1] == pipeline.tokenizer.eos_token_id == 1
+    assert pipeline.tokenizer.pad_token_id == 0
+
+
+def test_tiny_config_refuses_topology_changes() -> None:
+    with pytest.raises(ValueError, match="layers_per_block"):
+        tiny_config("unet", ref.SD15_UNET, layers_per_block=1)
