@@ -8,6 +8,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "train": ("onetrainer.cli.train", "train a config headless"),
     "create-train-files": ("onetrainer.cli.create_train_files", "write a default config, concepts and samples"),
+    "sample": ("onetrainer.cli.sample", "render images from a model, with a LoRA or embeddings"),
     "ui": (None, "open the app"),
 }
 

@@ -99,7 +99,7 @@ def _train(config) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt) if _main_thread() else None
     try:
-        outcome = run_training(config, control, [ConsoleSink()])
+        outcome = run_training(config, control, [ConsoleSink()], checked=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -35,6 +35,66 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_concepts(packed)
     problems += _check_output(config)
     problems += _check_optional_files(config)
+    problems += not_yet_implemented(packed)
+    return problems
+
+
+# Settings that exist (OneTrainer has them, and the config keeps them) but that this trainer does not implement yet.
+# A value that would change the result is an error, so nobody trains believing it was applied; one that only
+# affects convenience is a warning. Entries leave this table as the features land.
+def not_yet_implemented(config: TrainConfig) -> list[Problem]:
+    from onetrainer.config.enums import ConceptType, EMAMode, TimestepDistribution
+
+    problems: list[Problem] = []
+
+    def error(path: str, what: str) -> None:
+        problems.append(Problem(path, f"{what} is not implemented yet"))
+
+    def warning(path: str, what: str) -> None:
+        problems.append(Problem(path, f"{what} is not implemented yet; ignored", Severity.WARNING))
+
+    from onetrainer.training.optim import OPTIMIZERS
+
+    if config.optimizer.optimizer not in OPTIMIZERS:
+        error("optimizer.optimizer", f"the {config.optimizer.optimizer.value} optimizer")
+    if config.ema is not EMAMode.OFF:
+        error("ema", "EMA")
+    if config.timestep_distribution is not TimestepDistribution.UNIFORM:
+        error("timestep_distribution", f"the {config.timestep_distribution.value} timestep distribution")
+    if config.timestep_shift != 1.0:
+        error("timestep_shift", "timestep shift")
+    if config.generalized_offset_noise:
+        error("generalized_offset_noise", "generalized offset noise")
+    if config.masked_prior_preservation_weight:
+        error("masked_prior_preservation_weight", "masked prior preservation")
+    if config.custom_conditioning_image:
+        error("custom_conditioning_image", "a custom conditioning image")
+    if config.preserve_embedding_norm:
+        error("preserve_embedding_norm", "preserving the embedding norm")
+    if config.force_circular_padding:
+        error("force_circular_padding", "circular padding")
+    if config.only_cache:
+        error("only_cache", "'only cache' (the on-disk cache)")
+    if config.validation:
+        warning("validation", "validation")
+    if config.debug_mode:
+        warning("debug_mode", "debug mode")
+    if config.include_train_config.value != "NONE":
+        warning("include_train_config", "storing the config in the output file")
+    resolution = config.resolution.replace(" ", "")
+    if "," in resolution or "x" in resolution.lower():
+        warning("resolution", "multi-resolution and exact sizes (training at the largest size, square)")
+    for i, concept in enumerate(config.concepts or []):
+        if concept.type is ConceptType.PRIOR_PREDICTION:
+            error(f"concepts.{i}.type", "a PRIOR_PREDICTION concept")
+        image = concept.image
+        augmentations = [name for name in vars(image) if name.startswith("enable_") and getattr(image, name)]
+        augmentations = [a for a in augmentations if a != "enable_crop_jitter"]
+        if augmentations:
+            warning(f"concepts.{i}.image", "image augmentation (" + ", ".join(augmentations) + ")")
+        text = concept.text
+        if text.enable_tag_shuffling or text.tag_dropout_enable or text.caps_randomize_enable:
+            warning(f"concepts.{i}.text", "text augmentation")
     return problems
 
 

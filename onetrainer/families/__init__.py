@@ -11,7 +11,9 @@ import importlib
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import MODEL_TYPES
 
-FAMILY_CLASSES: dict[str, str] = {}
+FAMILY_CLASSES: dict[str, str] = {
+    "sd": "onetrainer.families.sd:StableDiffusionFamily",
+}
 
 
 def is_trainable(model_type: ModelType) -> bool:

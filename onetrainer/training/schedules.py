@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import math
+import warnings
 from dataclasses import dataclass
 
 from onetrainer.config.enums import LearningRateScheduler
@@ -73,8 +74,10 @@ def build_lr_scheduler(optimizer, config, total_steps: int, steps_per_epoch: int
         return _custom_scheduler(optimizer, config, total_steps, steps_per_epoch, warmup)
     schedule = Schedule(kind, total_steps, warmup, config.learning_rate_min_factor, config.learning_rate_cycles)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
-    for _ in range(last_step):
-        scheduler.step()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")  # fast-forwarding before any update is meant
+        for _ in range(last_step):
+            scheduler.step()
     return scheduler
 
 

@@ -115,4 +115,5 @@ class LogFileSink:
 
     def close(self) -> None:
         logging.getLogger().removeHandler(self.handler)
+        logging.captureWarnings(False)
         self.file.close()

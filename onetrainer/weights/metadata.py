@@ -44,7 +44,7 @@ def model_metadata(
     return meta
 
 
-def lora_metadata(kind: str, title: str, resolution, v_prediction: bool, rank: int, alpha: float, config=None) -> dict:
+def lora_metadata(kind: str, title: str, resolution, v_prediction: bool, rank: int, alpha: float) -> dict:
     meta = model_metadata(kind, title, resolution, v_prediction, adapter="lora")
     meta.update(
         {
@@ -54,8 +54,7 @@ def lora_metadata(kind: str, title: str, resolution, v_prediction: bool, rank: i
             "ss_training_comment": "trained with onetrainer",
         }
     )
-    if config is not None:
-        meta["ss_resolution"] = json.dumps([resolution[0], resolution[1]])
+    meta["ss_resolution"] = json.dumps([resolution[0], resolution[1]])
     return meta
 
 

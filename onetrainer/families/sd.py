@@ -1,0 +1,391 @@
+"""Stable Diffusion 1.5 and 2.x (512 epsilon, 768 v-prediction, inpainting): one UNet, one CLIP text encoder, a VAE."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.model_types import SD, model_type_info
+from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.loading import (
+    ModelLoadError,
+    cast_parts,
+    checked_load,
+    load_diffusers_component,
+    load_tokenizer,
+    training_scheduler,
+)
+from onetrainer.families.sources import ModelSource, cache_root, resolve_local, resolve_source
+from onetrainer.tiny import reference
+from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.weights import ldm_keys
+from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.metadata import model_metadata
+
+log = logging.getLogger(__name__)
+
+UNET_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+TEXT_PREFIX = "cond_stage_model."
+CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
+TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
+
+
+def is_sd2(model_type: ModelType) -> bool:
+    return model_type.value.startswith("STABLE_DIFFUSION_2")
+
+
+class StableDiffusionFamily(Family):
+    info = SD
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config) -> LoadedModel:
+        model_type = config.model_type
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            parts, tokenizer, scheduler_config, extra = self._load_single_file(source.path, model_type)
+        else:
+            if source.kind == "backup":
+                source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+            parts, tokenizer, scheduler_config = self._load_diffusers(source, config)
+            extra = {}
+        _check_model_type(parts["unet"].config, model_type, config.base_model_name)
+        if config.vae.model_name:
+            parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
+        cast_parts(parts, config)
+        v_prediction = _v_prediction(config, model_type)
+        slot = TextEncoderSlot(
+            "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder_layer_skip
+        )
+        scheduler = training_scheduler(
+            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
+        )
+        return LoadedModel(model_type, parts, [slot], scheduler, v_prediction, config.base_model_name, extra)
+
+    def _load_diffusers(self, source: ModelSource, config):
+        from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+        from transformers import CLIPTextModel
+
+        hub = source.kind == "hub"
+        options = {"local_files_only": config.offline_mode or not hub}
+        if hub and config.huggingface_cache_dir:
+            options["cache_dir"] = config.huggingface_cache_dir
+        where = source.location
+        parts = {
+            "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
+            "text_encoder": load_diffusers_component(CLIPTextModel, where, "text_encoder", options),
+            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+        }
+        tokenizer = load_tokenizer(where, options)
+        scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
+        return parts, tokenizer, scheduler_config
+
+    def _load_vae_override(self, name: str, base_config) -> torch.nn.Module:
+        from diffusers import AutoencoderKL
+
+        path = resolve_local(name)
+        if path.is_dir():
+            subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
+            return AutoencoderKL.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        if path.is_file():
+            state = load_state_dict(path)
+            vae = AutoencoderKL.from_config(dict(base_config))
+            prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in state) else ""
+            converted = _convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
+            checked_load(vae, converted, f"VAE {path}")
+            return vae
+        raise ModelLoadError(f"VAE override not found: {name}")
+
+    def _load_single_file(self, path: Path, model_type: ModelType):
+        from diffusers import AutoencoderKL, UNet2DConditionModel
+        from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+        from transformers import CLIPTextConfig, CLIPTextModel
+
+        state = load_state_dict(path)
+        metadata = read_safetensors_metadata(path) if path.suffix.lower() == ".safetensors" else {}
+        detected = _detect_checkpoint(state, path)
+        expected_v2 = is_sd2(model_type)
+        if detected["v2"] != expected_v2:
+            kind = "SD 2.x" if detected["v2"] else "SD 1.x"
+            raise ModelLoadError(
+                f"{path} is an {kind} checkpoint, which does not fit the model type {model_type.value}"
+            )
+        if detected["inpainting"] != model_type_info(model_type).inpainting:
+            which = "an inpainting" if detected["inpainting"] else "not an inpainting"
+            raise ModelLoadError(f"{path} is {which} checkpoint, which does not fit the model type {model_type.value}")
+
+        configs = json.loads(metadata[CONFIGS_KEY]) if CONFIGS_KEY in metadata else _reference_configs(model_type)
+        unet = UNet2DConditionModel.from_config(configs["unet"])
+        checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
+        vae = AutoencoderKL.from_config(configs["vae"])
+        vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
+        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
+        checked_load(
+            text_encoder, _convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
+        )
+        tokenizer = _single_file_tokenizer(metadata, detected["v2"])
+        scheduler_config = dict(reference.DDIM_EPSILON)
+        kept = {k: v for k, v in state.items() if k.startswith(TEXT_PREFIX + "model.transformer.resblocks.23.")}
+        return {"unet": unet, "text_encoder": text_encoder, "vae": vae}, tokenizer, scheduler_config, {"kept": kept}
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def tokenize(self, model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
+        tokenizer = model.text_encoders[0].tokenizer
+        ids = tokenizer(
+            captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids
+        return [ids]
+
+    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+        slot = model.text_encoders[0]
+        encoder = slot.encoder
+        device = next(encoder.parameters()).device
+        output = encoder(tokens[0].to(device), output_hidden_states=slot.layer_skip > 0)
+        if slot.layer_skip > 0:
+            # Clip skip: an earlier layer's output, through the final layer norm (as AUTOMATIC1111 does).
+            hidden = encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
+        else:
+            hidden = output.last_hidden_state
+        return Conditioning(hidden)
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        vae = model.part("vae")
+        latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+        return latents * vae.config.scaling_factor
+
+    def inpainting_inputs(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
+        """The extra UNet inputs of inpainting models: the mask at latent size and the latents of the masked image."""
+        keep = (masks < 0.5).to(pixels.dtype)
+        masked_latents = self.encode_images(model, pixels * keep)
+        small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
+        return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+        unet = model.part("unet")
+        sample = noisy_latents
+        if "mask" in extra:
+            sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
+        return unet(sample.to(unet.dtype), timesteps, conditioning.hidden_states.to(unet.dtype)).sample
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
+
+        cls = StableDiffusionInpaintPipeline if model.info.inpainting else StableDiffusionPipeline
+        return cls(
+            vae=model.part("vae"),
+            text_encoder=model.part("text_encoder"),
+            tokenizer=model.text_encoders[0].tokenizer,
+            unet=model.part("unet"),
+            scheduler=sampler,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
+        if fmt is ModelFormat.DIFFUSERS:
+            self.save_diffusers(model, destination, dtype)
+        elif fmt in (ModelFormat.ORIGINAL_SINGLE_FILE, ModelFormat.LEGACY_SAFETENSORS):
+            self.save_single_file(model, destination, dtype)
+        else:
+            raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
+
+    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+        from diffusers import DDIMScheduler
+
+        scheduler = DDIMScheduler.from_config(model.noise_scheduler.config)
+        pipe = self.pipeline(model, scheduler)
+        with atomic_directory(destination) as tmp:
+            pipe.save_pretrained(str(tmp), safe_serialization=True)
+            if dtype != torch.float32:
+                _cast_saved_weights(tmp, dtype)
+
+    def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The whole model in the original (LDM) key layout, as A1111, Forge and ComfyUI read it."""
+        unet, vae, text_encoder = model.part("unet"), model.part("vae"), model.part("text_encoder")
+        out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(_plain(unet), unet.config).items()}
+        out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(_plain(vae), vae.config).items()})
+        if is_sd2(model.model_type):
+            text = {TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(_plain(text_encoder)).items()}
+            text.update(model.extra.get("kept", {}))
+        else:
+            text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(_plain(text_encoder)).items()}
+        out.update(text)
+        if model.v_prediction:
+            out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints
+        return {
+            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
+        }
+
+    def save_single_file(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+        from safetensors.torch import save_file
+
+        state = self.original_state_dict(model, dtype)
+        info = model.info
+        metadata = model_metadata(
+            self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
+        )
+        metadata[CONFIGS_KEY] = json.dumps(
+            {
+                "unet": dict(model.part("unet").config),
+                "vae": dict(model.part("vae").config),
+                "text_encoder": model.part("text_encoder").config.to_dict(),
+            },
+            default=str,
+        )
+        tokenizer = model.text_encoders[0].tokenizer
+        if len(tokenizer) != 49408:
+            # Only non-standard tokenizers (the tiny test models) travel inside the file.
+            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
+        with atomic_file(destination) as tmp:
+            save_file(state, str(tmp), metadata=metadata)
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, part: str, module_path: str) -> str:
+        if part == "unet":
+            return "lora_unet_" + module_path.replace(".", "_")
+        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
+        return "lora_te_" + body.replace(".", "_")
+
+    def metadata_kind(self, model: LoadedModel) -> str:
+        if is_sd2(model.model_type):
+            return "sd2-v" if model.v_prediction else "sd2"
+        return "sd1"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _v_prediction(config, model_type: ModelType) -> bool:
+    if config.force_epsilon_prediction:
+        return False
+    if config.force_v_prediction or config.rescale_noise_scheduler_to_zero_terminal_snr:
+        return True
+    return model_type_info(model_type).v_prediction
+
+
+def _backup_model_dir(backup: Path) -> Path:
+    folder = backup / "model"
+    if (folder / "model_index.json").is_file():
+        return folder
+    raise ModelLoadError(
+        f"{backup} is a backup of a LoRA or embedding run, not a whole model: resume it with 'Continue from last "
+        "backup', or use its LoRA / embedding file"
+    )
+
+
+def _check_model_type(unet_config, model_type: ModelType, source: str) -> None:
+    """The model must be what the model type says: SD 2.x UNets use linear projections, inpainting ones 9 inputs."""
+    v2 = bool(unet_config.get("use_linear_projection"))
+    inpainting = unet_config.get("in_channels") == 9
+    if v2 != is_sd2(model_type):
+        kind = "an SD 2.x" if v2 else "an SD 1.x"
+        raise ModelLoadError(f"{source} is {kind} model, which does not fit the model type {model_type.value}")
+    if inpainting != model_type_info(model_type).inpainting:
+        which = "an inpainting" if inpainting else "not an inpainting"
+        raise ModelLoadError(f"{source} is {which} model, which does not fit the model type {model_type.value}")
+
+
+def _detect_checkpoint(state: dict, path: Path) -> dict:
+    conv_in = state.get(UNET_PREFIX + "input_blocks.0.0.weight")
+    if conv_in is None:
+        raise ModelLoadError(f"{path} is not a Stable Diffusion checkpoint (no UNet weights in the original layout)")
+    return {
+        "v2": any(k.startswith(TEXT_PREFIX + "model.") for k in state),
+        "inpainting": conv_in.shape[1] == 9,
+    }
+
+
+def _reference_configs(model_type: ModelType) -> dict:
+    unets = {
+        ModelType.STABLE_DIFFUSION_15: reference.SD15_UNET,
+        ModelType.STABLE_DIFFUSION_15_INPAINTING: reference.SD15_INPAINTING_UNET,
+        ModelType.STABLE_DIFFUSION_20_BASE: reference.SD2_BASE_UNET,
+        ModelType.STABLE_DIFFUSION_21_BASE: reference.SD2_BASE_UNET,
+        ModelType.STABLE_DIFFUSION_20: reference.SD2_768_UNET,
+        ModelType.STABLE_DIFFUSION_21: reference.SD21_768_UNET,
+        ModelType.STABLE_DIFFUSION_20_INPAINTING: reference.SD2_INPAINTING_UNET,
+    }
+    text = reference.OPEN_CLIP_H_TEXT if is_sd2(model_type) else reference.CLIP_L_TEXT
+    return {"unet": unets[model_type], "vae": reference.SD_VAE, "text_encoder": text}
+
+
+def _clip_config(config: dict) -> dict:
+    return {
+        k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")
+    }
+
+
+def _convert_vae(state: dict, vae) -> dict:
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    return convert_ldm_vae_checkpoint(state, vae.config)
+
+
+def _convert_text_encoder(state: dict, text_encoder, v2: bool) -> dict:
+    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint, convert_open_clip_checkpoint
+
+    if v2:
+        converted = convert_open_clip_checkpoint(text_encoder, state, prefix=TEXT_PREFIX + "model.")
+    else:
+        converted = convert_ldm_clip_checkpoint(state)
+    # transformers 5 names CLIPTextModel's weights without the `text_model.` level the converters produce.
+    own = set(text_encoder.state_dict())
+    out = {}
+    for key, value in converted.items():
+        short = key[len("text_model.") :] if key.startswith("text_model.") else key
+        if short in own:
+            out[short] = value
+        elif key in own:
+            out[key] = value
+    return out
+
+
+def _single_file_tokenizer(metadata: dict, v2: bool):
+    pad = reference.OPEN_CLIP_TOKENIZER["pad_token"] if v2 else reference.CLIP_TOKENIZER["pad_token"]
+    if TOKENIZER_KEY in metadata:
+        import tempfile
+
+        from transformers import CLIPTokenizer
+
+        data = json.loads(metadata[TOKENIZER_KEY])
+        with tempfile.TemporaryDirectory(prefix="onetrainer-tokenizer-") as tmp:
+            folder = Path(tmp)
+            (folder / "vocab.json").write_text(json.dumps(data["vocab"]), encoding="utf-8")
+            (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in data["merges"]), "utf-8")
+            config = {**reference.CLIP_TOKENIZER, "pad_token": pad}
+            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+            return CLIPTokenizer.from_pretrained(str(folder))
+    from onetrainer.families.clip_tokenizer import load_clip_tokenizer
+
+    return load_clip_tokenizer(cache_root(), pad)
+
+
+def _merges_of(tokenizer) -> list[str]:
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    return [m if isinstance(m, str) else " ".join(m) for m in merges]
+
+
+def _plain(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
+    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
+
+
+def _cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for file in folder.rglob("*.safetensors"):
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})

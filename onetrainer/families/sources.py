@@ -1,0 +1,67 @@
+"""Where a model comes from: a diffusers folder, a single file, a hub repo, a backup folder, or a tiny local model."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from onetrainer.config.checks import TINY_PREFIX
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth")
+BACKUP_MARKER = "meta.json"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "diffusers", "single_file", "hub", "backup"
+    location: str  # a path, or the hub repo id
+
+    @property
+    def path(self) -> Path:
+        return Path(self.location)
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+def cache_root() -> Path:
+    from onetrainer.tiny import default_cache_root
+
+    return default_cache_root()
+
+
+def resolve_local(name: str) -> Path:
+    """A `tiny:` name built locally (models: `tiny:sd15`; the demo images: `tiny:images`), or a plain path."""
+    if name.startswith(TINY_PREFIX):
+        what = name[len(TINY_PREFIX) :]
+        if what == "images":
+            from onetrainer.tiny.images import demo_images_dir
+
+            return demo_images_dir(cache_root())
+        from onetrainer.tiny import TINY_VARIANTS, tiny_model_dir
+
+        if what not in TINY_VARIANTS:
+            raise ModelNotFound(f"unknown tiny model '{what}'; available: {', '.join(TINY_VARIANTS)}")
+        return tiny_model_dir(what)
+    return Path(name).expanduser()
+
+
+def resolve_source(name: str) -> ModelSource:
+    name = name.strip()
+    local = resolve_local(name)
+    if local.is_dir():
+        if (local / BACKUP_MARKER).is_file():
+            return ModelSource("backup", str(local))
+        if (local / "model_index.json").is_file():
+            return ModelSource("diffusers", str(local))
+        raise ModelNotFound(f"{local} is a folder but not a diffusers model (no model_index.json) or a backup")
+    if local.is_file():
+        if local.suffix.lower() not in SINGLE_FILE_SUFFIXES:
+            raise ModelNotFound(f"{local} is not a model file (.safetensors or .ckpt expected)")
+        return ModelSource("single_file", str(local))
+    if _HUB_ID.match(name):
+        return ModelSource("hub", name)
+    raise ModelNotFound(f"model not found: {name}")

@@ -1,0 +1,167 @@
+"""What every training method provides to the loop: parameter groups, freezing, backups and the output file."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from onetrainer.config.enums import TrainingMethod
+from onetrainer.config.resolution import parse_resolution
+from onetrainer.families.base import Family, LoadedModel
+from onetrainer.methods.embedding import EmbeddingSet, bundled_embeddings, embedding_file_path
+from onetrainer.training.timing import stop_after_reached
+from onetrainer.util.dtypes import torch_dtype
+from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.embedding_file import save_embedding
+from onetrainer.weights.metadata import model_metadata
+
+
+class Method(ABC):
+    """A training method bound to a loaded model."""
+
+    def __init__(self, config, family: Family, model: LoadedModel, device: torch.device) -> None:
+        self.config = config
+        self.family = family
+        self.model = model
+        self.device = device
+        embedding_configs = self._embedding_configs()
+        bundled = {}
+        if config.training_method is TrainingMethod.LORA and config.lora_model_name:
+            bundled = bundled_embeddings(load_state_dict(config.lora_model_name))
+        self.embeddings = EmbeddingSet(
+            model, embedding_configs, torch_dtype(config.embedding_weight_dtype), device, bundled
+        )
+
+    def _embedding_configs(self) -> list:
+        if self.config.training_method is TrainingMethod.EMBEDDING:
+            return [self.config.embedding]
+        return list(self.config.additional_embeddings)
+
+    # -- what trains ----------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def param_groups(self) -> list[dict]:
+        """Named parameter groups (`name`, `params`, `lr`), one per trained part, adapter set or embedding."""
+
+    def trained_parts(self) -> list[str]:
+        """The model parts whose own weights or adapters train (their modules run in train mode)."""
+        return []
+
+    def backward_parts(self) -> list[str]:
+        """The parts gradients flow through: the denoiser always, text encoders when they or embeddings train."""
+        parts = [self.family.denoiser_part]
+        for slot in self.model.text_encoders:
+            if slot.part in self.trained_parts() or self.embeddings.parameters():
+                parts.append(slot.part)
+        return parts
+
+    def enable_gradient_checkpointing(self) -> list[str]:
+        """Recompute activations in the backward pass of the parts that ask for it; returns their names."""
+        enabled = []
+        for part in self.backward_parts():
+            if not self.config.part(part).gradient_checkpointing:
+                continue
+            module = self.model.part(part)
+            if hasattr(module, "enable_gradient_checkpointing"):  # diffusers models
+                module.enable_gradient_checkpointing()
+            elif hasattr(module, "gradient_checkpointing_enable"):  # transformers models
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                continue
+            enabled.append(part)
+        return enabled
+
+    def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
+        """Freeze what has reached its "stop training after"; returns the names of what was frozen now."""
+        frozen = []
+        for embedding in self.embeddings.embeddings:
+            c = embedding.config
+            if embedding.trainable and stop_after_reached(
+                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
+            ):
+                self.embeddings.freeze(embedding)
+                frozen.append(f"embedding {embedding.placeholder}")
+        return frozen
+
+    def base_lr(self, part: str | None = None) -> float:
+        if part is not None and self.config.part(part).learning_rate is not None:
+            return self.config.part(part).learning_rate
+        return self.config.learning_rate
+
+    def embedding_lr(self) -> float:
+        lr = self.config.embedding_learning_rate
+        return lr if lr is not None else self.config.learning_rate
+
+    # -- backups --------------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def save_backup(self, folder: Path) -> None:
+        """Write what trains (adapters, weights, embeddings) into a backup folder."""
+
+    @abstractmethod
+    def load_backup(self, folder: Path) -> None:
+        """Restore what `save_backup` wrote."""
+
+    def _save_embedding_state(self, folder: Path) -> None:
+        if self.embeddings.embeddings:
+            from safetensors.torch import save_file
+
+            save_file(self.embeddings.state(), str(folder / "embeddings.safetensors"))
+
+    def _load_embedding_state(self, folder: Path) -> None:
+        path = folder / "embeddings.safetensors"
+        if path.is_file():
+            from safetensors.torch import load_file
+
+            self.embeddings.load_state(load_file(str(path)))
+
+    # -- the result -----------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def save_output(self, destination: Path) -> list[Path]:
+        """Write the trained result in the configured format at `destination`; returns the files written."""
+
+    def save_additional_embeddings(self, destination: Path) -> list[Path]:
+        written = []
+        dtype = torch_dtype(self.config.output_dtype)
+        for embedding in self.embeddings.embeddings:
+            path = embedding_file_path(destination, embedding.placeholder)
+            save_embedding(path, self.embeddings.file_tensors(embedding, dtype), self._embedding_metadata(embedding))
+            written.append(path)
+        return written
+
+    def training_resolution(self) -> tuple[int, int]:
+        resolution = parse_resolution(self.config.resolution)
+        if resolution.exact:
+            return resolution.exact
+        return (resolution.largest, resolution.largest)
+
+    def _embedding_metadata(self, embedding) -> dict[str, str]:
+        meta = model_metadata(
+            self.family.metadata_kind(self.model),
+            embedding.placeholder,
+            self.training_resolution(),
+            self.model.v_prediction,
+            adapter="textual-inversion",
+        )
+        meta["onetrainer.placeholder"] = embedding.placeholder
+        return meta
+
+
+def layer_filter_patterns(config, family: Family) -> tuple[list[str], bool]:
+    """The layer filter as (patterns, is_regex); no patterns means every layer."""
+    custom = [p.strip() for p in config.layer_filter.split(",") if p.strip()]
+    if config.layer_filter_preset == "custom" or custom:
+        return custom, config.layer_filter_regex
+    return list(family.info.layer_presets.get(config.layer_filter_preset, ())), False
+
+
+def name_matches(name: str, patterns: list[str], regex: bool) -> bool:
+    if not patterns:
+        return True
+    if regex:
+        return any(re.search(p, name) for p in patterns)
+    return any(p in name for p in patterns)

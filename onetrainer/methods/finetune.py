@@ -1,0 +1,77 @@
+"""Fine-tuning: the model's own weights train, per part, with per-part learning rates and stop-after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
+from onetrainer.training.timing import stop_after_reached
+from onetrainer.util.dtypes import torch_dtype
+
+
+class FineTuneMethod(Method):
+    def __init__(self, config, family, model, device) -> None:
+        super().__init__(config, family, model, device)
+        candidates = [family.denoiser_part] + [slot.part for slot in model.text_encoders]
+        self.parts = [p for p in candidates if config.part(p).train]
+        patterns, regex = layer_filter_patterns(config, family)
+        for name, module in model.parts.items():
+            trains = name in self.parts
+            for param_name, param in module.named_parameters():
+                # The layer filter narrows what trains in the denoiser; frozen weights keep their dtype.
+                selected = name != family.denoiser_part or name_matches(param_name, patterns, regex)
+                param.requires_grad_(trains and selected)
+        self._frozen: set[str] = set()
+
+    def trained_parts(self) -> list[str]:
+        return list(self.parts)
+
+    def param_groups(self) -> list[dict]:
+        groups = []
+        for part in self.parts:
+            params = [p for p in self.model.part(part).parameters() if p.requires_grad]
+            if params:
+                groups.append({"name": part, "params": params, "lr": self.base_lr(part)})
+        return groups + self.embeddings.param_groups(self.embedding_lr())
+
+    def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
+        frozen = super().update_freezing(global_step, epochs_done)
+        for part in self.parts:
+            c = self.config.part(part)
+            if part not in self._frozen and stop_after_reached(
+                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
+            ):
+                self.model.part(part).requires_grad_(False)
+                self._frozen.add(part)
+                frozen.append(part)
+        return frozen
+
+    def save_backup(self, folder: Path) -> None:
+        # A whole diffusers folder: the backup can also be used as a base model.
+        self.family.save_diffusers(self.model, folder / "model", torch.float32)
+        self._save_embedding_state(folder)
+
+    def load_backup(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        model_dir = folder / "model"
+        for part in self.parts:
+            files = sorted((model_dir / part).glob("*.safetensors"))
+            state: dict[str, torch.Tensor] = {}
+            for file in files:
+                state.update(load_file(str(file)))
+            module = self.model.part(part)
+            own = module.state_dict()
+            with torch.no_grad():
+                for key, value in state.items():
+                    target_key = key if key in own else key.removeprefix("text_model.")
+                    if target_key in own:
+                        own[target_key].copy_(value.to(own[target_key].dtype))
+        self._load_embedding_state(folder)
+
+    def save_output(self, destination: Path) -> list[Path]:
+        dtype = torch_dtype(self.config.output_dtype)
+        self.family.save(self.model, self.config.output_model_format, destination, dtype)
+        return [destination, *self.save_additional_embeddings(destination)]

@@ -1,0 +1,230 @@
+"""LoRA with peft for any family: adapters on the denoiser and/or text encoders, saved as kohya or diffusers files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
+from onetrainer.training.timing import stop_after_reached
+from onetrainer.util.dtypes import torch_dtype
+from onetrainer.util.fs import atomic_file
+from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.kohya_lora import LORA_A, LORA_B, kohya_to_peft, peft_to_kohya
+from onetrainer.weights.metadata import lora_metadata
+
+log = logging.getLogger(__name__)
+ADAPTER = "default"
+_ADAPTABLE = (torch.nn.Linear, torch.nn.Conv2d)
+
+
+class LoraMethod(Method):
+    def __init__(self, config, family, model, device) -> None:
+        super().__init__(config, family, model, device)
+        self.alphas: dict[str, dict[str, float]] = {}  # part -> module -> alpha
+        self.ranks: dict[str, dict[str, int]] = {}
+        self.parts = [p for p in self._candidate_parts() if config.part(p).train]
+        existing = self._read_existing(config.lora_model_name) if config.lora_model_name else {}
+        for part in sorted(set(self.parts) | set(existing)):
+            self._add_adapters(part, existing.get(part))
+        self._frozen: set[str] = set()
+
+    def _candidate_parts(self) -> list[str]:
+        return [self.family.denoiser_part] + [slot.part for slot in self.model.text_encoders]
+
+    def _target_modules(self, part: str) -> list[str]:
+        module = self.model.part(part)
+        if part == self.family.denoiser_part:
+            patterns, regex = layer_filter_patterns(self.config, self.family)
+            return [
+                n for n, m in module.named_modules() if isinstance(m, _ADAPTABLE) and name_matches(n, patterns, regex)
+            ]
+        # Text encoders: every linear layer of the transformer (attention and MLP), as kohya trains them.
+        return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
+
+    def _add_adapters(self, part: str, existing: dict | None) -> None:
+        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+        module = self.model.part(part)
+        rank, alpha = self.config.lora_rank, self.config.lora_alpha
+        if existing is not None:
+            targets = sorted(existing["ranks"])
+            ranks, alphas = existing["ranks"], existing["alphas"]
+        else:
+            targets = self._target_modules(part)
+            ranks = dict.fromkeys(targets, rank)
+            alphas = dict.fromkeys(targets, float(alpha))
+        if not targets:
+            raise ValueError(f"the layer filter selects no layer of the {part} for LoRA")
+        base_rank = max(set(ranks.values()), key=list(ranks.values()).count)
+        base_alpha = max(set(alphas.values()), key=list(alphas.values()).count)
+        lora_config = LoraConfig(
+            r=base_rank,
+            lora_alpha=base_alpha,
+            lora_dropout=self.config.dropout_probability,
+            target_modules=targets,
+            rank_pattern={f"^{k}$": v for k, v in ranks.items() if v != base_rank},
+            alpha_pattern={f"^{k}$": v for k, v in alphas.items() if v != base_alpha},
+            init_lora_weights=True,
+        )
+        inject_adapter_in_model(lora_config, module, adapter_name=ADAPTER)
+        dtype = torch_dtype(self.config.lora_weight_dtype)
+        for name, param in module.named_parameters():
+            is_adapter = "lora_" in name
+            param.requires_grad_(is_adapter and part in self.parts)
+            if is_adapter:
+                param.data = param.data.to(device=self.device, dtype=dtype)
+        if existing is not None:
+            result = set_peft_model_state_dict(module, existing["weights"], adapter_name=ADAPTER)
+            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+            if missing:
+                raise ValueError(f"{self.config.lora_model_name} does not fit the {part}: e.g. {missing[0]}")
+        self.ranks[part], self.alphas[part] = ranks, alphas
+
+    def _read_existing(self, path: str) -> dict[str, dict]:
+        """An existing LoRA (kohya or diffusers names) as adapter weights, ranks and alphas per part."""
+        state = load_state_dict(path)
+        out: dict[str, dict] = {}
+        if any(k.startswith("lora_") for k in state):
+            for part in self._candidate_parts():
+                names = {
+                    self.family.kohya_name(part, n): n
+                    for n, m in self.model.part(part).named_modules()
+                    if isinstance(m, _ADAPTABLE)
+                }
+                prefix = self.family.kohya_name(part, "x")[:-1]
+                mine = {k: v for k, v in state.items() if k.startswith(prefix)}
+                if not mine:
+                    continue
+                weights, alphas, ranks, unknown = kohya_to_peft(mine, names)
+                if unknown:
+                    raise ValueError(
+                        f"{path}: {len(unknown)} LoRA modules do not exist in this model, e.g. {unknown[0]}"
+                    )
+                out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks}
+            if not out:
+                raise ValueError(f"{path} holds no LoRA weights for this model")
+            return out
+        for part in self._candidate_parts():
+            prefix = f"{part}."
+            mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix) and "lora_" in k}
+            if mine:
+                ranks = {k[: -len(LORA_A)]: int(v.shape[0]) for k, v in mine.items() if k.endswith(LORA_A)}
+                # Diffusers-format files fold alpha into lora_B, so alpha equals the rank.
+                out[part] = {"weights": mine, "alphas": {k: float(r) for k, r in ranks.items()}, "ranks": ranks}
+        if not out:
+            raise ValueError(f"{path} holds no LoRA weights this trainer can read")
+        return out
+
+    # -- training -------------------------------------------------------------------------------------------------
+
+    def trained_parts(self) -> list[str]:
+        return list(self.parts)
+
+    def param_groups(self) -> list[dict]:
+        groups = []
+        for part in self.parts:
+            params = [p for n, p in self.model.part(part).named_parameters() if "lora_" in n]
+            groups.append({"name": f"{part}_lora", "params": params, "lr": self.base_lr(part)})
+        return groups + self.embeddings.param_groups(self.embedding_lr())
+
+    def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
+        frozen = super().update_freezing(global_step, epochs_done)
+        for part in self.parts:
+            c = self.config.part(part)
+            if part not in self._frozen and stop_after_reached(
+                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
+            ):
+                for name, param in self.model.part(part).named_parameters():
+                    if "lora_" in name:
+                        param.requires_grad_(False)
+                self._frozen.add(part)
+                frozen.append(part)
+        return frozen
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    def adapter_state(self, part: str) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.model.part(part), adapter_name=ADAPTER)
+        return {k: v.detach().to("cpu") for k, v in state.items()}
+
+    def save_backup(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        lora = folder / "lora"
+        lora.mkdir(parents=True, exist_ok=True)
+        for part in self.ranks:
+            save_file(self.adapter_state(part), str(lora / f"{part}.safetensors"))
+        (lora / "structure.json").write_text(json.dumps({"ranks": self.ranks, "alphas": self.alphas}), encoding="utf-8")
+        self._save_embedding_state(folder)
+
+    def load_backup(self, folder: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        for part in self.ranks:
+            path = folder / "lora" / f"{part}.safetensors"
+            if path.is_file():
+                set_peft_model_state_dict(self.model.part(part), load_file(str(path)), adapter_name=ADAPTER)
+        self._load_embedding_state(folder)
+
+    # -- output ---------------------------------------------------------------------------------------------------
+
+    def output_state(self) -> dict[str, torch.Tensor]:
+        dtype = torch_dtype(self.config.output_dtype)
+        fmt = self.config.output_model_format
+        out: dict[str, torch.Tensor] = {}
+        for part in self.ranks:
+            state = self.adapter_state(part)
+            if fmt is ModelFormat.DIFFUSERS_LORA:
+                out.update(_diffusers_lora(part, state, self.ranks[part], self.alphas[part]))
+            else:
+                out.update(peft_to_kohya(state, lambda m, p=part: self.family.kohya_name(p, m), self.alphas[part]))
+        if self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA:
+            for embedding in self.embeddings.embeddings:
+                for key, tensor in self.embeddings.file_tensors(embedding, dtype).items():
+                    out[f"bundle_emb.{embedding.placeholder}.{key}"] = tensor
+        return {
+            k: (v.to(dtype) if v.is_floating_point() and not k.endswith(".alpha") else v).contiguous()
+            for k, v in out.items()
+        }
+
+    def save_output(self, destination: Path) -> list[Path]:
+        from safetensors.torch import save_file
+
+        rank = max((r for ranks in self.ranks.values() for r in ranks.values()), default=self.config.lora_rank)
+        metadata = lora_metadata(
+            self.family.metadata_kind(self.model),
+            destination.stem,
+            self.training_resolution(),
+            self.model.v_prediction,
+            rank,
+            self.config.lora_alpha,
+        )
+        with atomic_file(destination) as tmp:
+            save_file(self.output_state(), str(tmp), metadata=metadata)
+        written = [destination]
+        bundled = (
+            self.config.bundle_additional_embeddings
+            and self.config.output_model_format is not ModelFormat.DIFFUSERS_LORA
+        )
+        if not bundled:
+            written += self.save_additional_embeddings(destination)
+        return written
+
+
+def _diffusers_lora(part: str, state: dict, ranks: dict[str, int], alphas: dict[str, float]) -> dict[str, torch.Tensor]:
+    """diffusers/peft names (`unet.<module>.lora_A.weight`) with alpha folded into lora_B, as diffusers expects."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith(LORA_B):
+            module = key[: -len(LORA_B)]
+            value = value * (alphas[module] / ranks[module])
+        out[f"{part}.{key}"] = value
+    return out

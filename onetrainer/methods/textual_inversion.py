@@ -1,0 +1,34 @@
+"""The EMBEDDING method: only the embedding's vectors train; the result is an A1111-style embedding file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onetrainer.methods.base import Method
+from onetrainer.util.dtypes import torch_dtype
+from onetrainer.weights.embedding_file import save_embedding
+
+
+class EmbeddingMethod(Method):
+    def __init__(self, config, family, model, device) -> None:
+        super().__init__(config, family, model, device)
+        for module in model.parts.values():
+            module.requires_grad_(False)
+
+    @property
+    def embedding(self):
+        return self.embeddings.embeddings[0]
+
+    def param_groups(self) -> list[dict]:
+        return self.embeddings.param_groups(self.embedding_lr())
+
+    def save_backup(self, folder: Path) -> None:
+        self._save_embedding_state(folder)
+
+    def load_backup(self, folder: Path) -> None:
+        self._load_embedding_state(folder)
+
+    def save_output(self, destination: Path) -> list[Path]:
+        tensors = self.embeddings.file_tensors(self.embedding, torch_dtype(self.config.output_dtype))
+        save_embedding(destination, tensors, self._embedding_metadata(self.embedding))
+        return [destination]

@@ -1,0 +1,33 @@
+"""The training device and mixed precision."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from onetrainer.config.enums import DataType
+from onetrainer.util.dtypes import torch_dtype
+
+
+def select_device(name: str, warn: Callable[[str], None]) -> torch.device:
+    """The configured device; without CUDA (or MPS) the CPU, with a warning that says so."""
+    device = torch.device(name.strip() or "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        warn(f"device '{name}': no CUDA device is available; using the CPU (much slower)")
+        return torch.device("cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        warn(f"device '{name}': MPS is not available; using the CPU")
+        return torch.device("cpu")
+    return device
+
+
+def autocast(device: torch.device, train_dtype: DataType):
+    """Mixed precision for the forward pass; FLOAT_32 (and TFLOAT_32) run without autocast."""
+    if train_dtype in (DataType.FLOAT_32, DataType.TFLOAT_32):
+        if train_dtype is DataType.TFLOAT_32 and device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch_dtype(train_dtype))

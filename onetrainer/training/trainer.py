@@ -1,0 +1,365 @@
+"""The training loop. `Trainer.run()` reads top to bottom: set up, then epochs of steps, then the final save.
+
+A step is one optimizer update (after gradient accumulation): intervals, totals, the LR schedule, TensorBoard's x-axis
+and resume all count these. Every step draws its randomness from a generator seeded by the step number, so a run
+resumed from a backup continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from onetrainer.data.dataset import TrainingDataset, hash_seed
+from onetrainer.families import load_family_class
+from onetrainer.families.sources import resolve_local
+from onetrainer.methods import create_method
+from onetrainer.sampling.sampler import looks_broken, render, save_image
+from onetrainer.training import diffusion
+from onetrainer.training.checkpoint import TrainProgress, list_backups, restore_backup, write_backup
+from onetrainer.training.control import TrainingControl
+from onetrainer.training.devices import autocast, select_device
+from onetrainer.training.events import (
+    Broadcast,
+    Finished,
+    Metrics,
+    Progress,
+    SampleReady,
+    Started,
+    Status,
+    Warning_,
+)
+from onetrainer.training.optim import create_optimizer, effective_learning_rates
+from onetrainer.training.schedules import build_lr_scheduler
+from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
+from onetrainer.training.timing import Interval
+from onetrainer.training.workspace import Workspace, safe_name
+from onetrainer.util.fs import atomic_write_json
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, config, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
+        self.config = config
+        self.control = control
+        self.events = events
+        self.workspace = workspace
+        self.progress = TrainProgress()
+        self.tensorboard_server: TensorBoardServer | None = None
+
+    # =================================================================================================================
+    def run(self) -> Finished:
+        config = self.config
+        atomic_write_json(self.workspace.config_path, config.to_dict())
+        self.device = select_device(config.train_device, self.warn)
+
+        self.status("loading the model")
+        self.family = load_family_class(config.model_type)()
+        self.model = self.family.load(config)
+        for module in self.model.parts.values():
+            module.to(self.device)
+        self.status("reading the training images")
+        self.dataset = TrainingDataset(config, resolve_local)
+        torch.manual_seed(hash_seed(self.dataset.config_seed, 0x5EED))  # adapters initialise the same way every run
+        self.method = create_method(config, self.family, self.model, self.device)
+        for problem in self.dataset.problems:
+            self.warn(problem)
+        self._check_placeholders()
+
+        steps_per_epoch = self.dataset.steps_per_epoch
+        total_steps = steps_per_epoch * config.epochs
+        self.method.enable_gradient_checkpointing()
+        self.param_groups = self.method.param_groups()
+        lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config))
+        for group in self.param_groups:
+            group["lr"] *= lr_scale
+        self.optimizer = create_optimizer(config.optimizer, self.param_groups, config.learning_rate)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, config, total_steps, steps_per_epoch)
+        if config.continue_last_backup:
+            self._resume()
+        if self.progress.epoch >= config.epochs:
+            message = f"all {config.epochs} epochs are already trained; raise 'epochs' to train further"
+            self.status(message)
+            return Finished("nothing to do", global_step=self.progress.global_step)
+
+        self._start_tensorboard()
+        self.events.emit(
+            Started(
+                self.workspace.run_name,
+                total_steps,
+                config.epochs,
+                steps_per_epoch,
+                str(self.workspace.log_path),
+                str(self.workspace.root),
+            )
+        )
+        sample_every = Interval(config.sample_after, config.sample_after_unit, config.sample_skip_first)
+        backup_every = Interval(config.backup_after, config.backup_after_unit)
+        save_every = Interval(config.save_every, config.save_every_unit, config.save_skip_first)
+        for interval in (sample_every, backup_every, save_every):
+            interval.start()
+        self.method.update_freezing(self.progress.global_step, self.progress.epoch)
+        self._set_train_mode()
+        smooth_loss = None
+        step_times: list[float] = []
+
+        for epoch in range(self.progress.epoch, config.epochs):
+            self.progress.epoch = epoch
+            batches = self.dataset.epoch_order(epoch)
+            accumulation = config.gradient_accumulation_steps
+            while self.progress.epoch_step < steps_per_epoch and not self.control.stop_requested:
+                started = time.monotonic()
+                first = self.progress.epoch_step * accumulation
+                loss = self.train_step(batches[first : first + accumulation], epoch)
+                self.progress.epoch_step += 1
+                self.progress.global_step += 1
+                step_times = [*step_times[-19:], time.monotonic() - started]
+
+                n = self.progress.global_step
+                smooth_loss = (
+                    loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * (1 - min(0.99, 1 - 1 / n))
+                )
+                self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer)))
+                self._emit_progress(total_steps, steps_per_epoch, step_times)
+
+                frozen = self.method.update_freezing(n, epoch)
+                if frozen:
+                    self.status(f"stopped training: {', '.join(frozen)}")
+                if sample_every.after_step(n) or self.control.take("sample"):
+                    self.sample()
+                if backup_every.after_step(n) or self.control.take("backup"):
+                    self.backup()
+                if save_every.after_step(n) or self.control.take("save"):
+                    self.save_intermediate()
+            if self.progress.epoch_step >= steps_per_epoch:
+                self.progress.epoch, self.progress.epoch_step = epoch + 1, 0
+                if sample_every.after_epoch(epoch + 1):
+                    self.sample()
+                if backup_every.after_epoch(epoch + 1):
+                    self.backup()
+                if save_every.after_epoch(epoch + 1):
+                    self.save_intermediate()
+            if self.control.stop_requested:
+                break
+
+        reason = "stopped" if self.control.stop_requested else "completed"
+        if config.backup_before_save:
+            self.backup()
+        output = self.save_final()
+        return Finished(reason, str(output), self.progress.global_step)
+
+    # =================================================================================================================
+    def train_step(self, batches: list[list[int]], epoch: int) -> float:
+        """One optimizer step over `batches` (gradient accumulation); returns the mean loss of the micro-batches."""
+        seed = hash_seed(self.dataset.config_seed, self.progress.global_step)
+        torch.manual_seed(seed)  # adapter dropout and anything else that uses torch's global generator
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        total = 0.0
+        for indices in batches:
+            batch = self.dataset.load_batch(indices, epoch, self.config.masked_training or self.model.info.inpainting)
+            with autocast(self.device, self.config.train_dtype):
+                loss = self.batch_loss(batch, generator) / len(batches)
+            if not torch.isfinite(loss):
+                raise NonFiniteLoss(self._nan_advice())
+            if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
+                loss.backward()
+            total += float(loss.detach())
+        if self.config.clip_grad_norm is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def batch_loss(self, batch, generator: torch.Generator) -> torch.Tensor:
+        config, family, model = self.config, self.family, self.model
+        pixels = batch.pixels.to(self.device)
+        with torch.no_grad():
+            latents = family.encode_images(model, pixels).float()
+
+        captions = [self.method.embeddings.apply(c) for c in batch.captions]
+        dropout = config.part(model.text_encoders[0].part).dropout_probability
+        if dropout > 0:
+            drops = torch.rand(len(captions), generator=generator) < dropout
+            captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
+        conditioning = family.encode_text(model, family.tokenize(model, captions))
+
+        noise = diffusion.sample_noise(latents, generator, config)
+        timesteps = diffusion.sample_timesteps(
+            len(latents), model.noise_scheduler.config.num_train_timesteps, generator, config, self.device
+        )
+        noisy = model.noise_scheduler.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
+
+        keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
+        extra = {}
+        if model.info.inpainting:
+            input_masks = batch.masks.clone()
+            input_masks[keep_unmasked] = 1.0  # trained as if unmasked: the whole image is to be painted
+            extra = family.inpainting_inputs(model, pixels, input_masks.to(self.device))
+        prediction = family.predict(model, noisy, timesteps, conditioning, extra).float()
+        target = diffusion.training_target(model.noise_scheduler, latents, noise, timesteps, model.v_prediction)
+
+        weights = None
+        if config.masked_training and batch.masks is not None:
+            small = torch.nn.functional.interpolate(batch.masks, size=latents.shape[-2:], mode="area").to(self.device)
+            weights = diffusion.mask_weights(small, keep_unmasked.to(self.device), config.unmasked_weight)
+        pixel_loss = diffusion.per_pixel_loss(prediction, target.float(), config)
+        per_sample = diffusion.reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
+        per_sample = per_sample * diffusion.timestep_weights(
+            config.loss_weight_fn,
+            config.loss_weight_strength,
+            model.noise_scheduler.alphas_cumprod,
+            timesteps,
+            model.v_prediction,
+        )
+        loss = (per_sample * batch.loss_weights.to(self.device)).mean()
+        return loss * _scaler_factor(config.loss_scaler.value, config)
+
+    # =================================================================================================================
+    def sample(self) -> None:
+        samples = [s for s in (self.config.samples or []) if s.enabled]
+        if not samples:
+            return
+        self.status("sampling")
+        p = self.progress
+        ext = self.config.sample_image_format.extension
+        for index, sample in enumerate(self.config.samples or []):
+            if not sample.enabled:
+                continue
+            image = render(
+                self.family,
+                self.model,
+                sample,
+                self.method.embeddings.apply,
+                self.device,
+                self.config.rescale_noise_scheduler_to_zero_terminal_snr,
+            )
+            folder = self.workspace.dir("samples") / f"{index} - {safe_name(sample.prompt)}"
+            name = f"{self.workspace.run_name}-training-sample-{p.global_step}-{p.epoch}-{p.epoch_step}{ext}"
+            path = save_image(image, folder / name, self.config.sample_image_format.value)
+            broken = looks_broken(image)
+            if broken:
+                self.warn(
+                    f"{broken} ({path}): the usual fix is to set the VAE's weight data type to FLOAT_32 or BFLOAT_16"
+                )
+            self.events.emit(SampleReady(p.global_step, index, sample.prompt, str(path)))
+        self._set_train_mode()
+
+    def backup(self) -> None:
+        self.status("writing a backup")
+        keep = self.config.rolling_backup_count if self.config.rolling_backup else None
+        path = write_backup(
+            self.workspace.dir("backup"), self.method, self.optimizer, self.lr_scheduler, self.progress, self.config,
+            keep=keep,
+        )  # fmt: skip
+        self.status(f"backup written: {path}")
+
+    def save_intermediate(self) -> None:
+        fmt = self.config.output_model_format
+        suffix = "" if fmt.is_directory else ".safetensors"
+        name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
+        self.method.save_output(self.workspace.dir("save") / name)
+        self.status(f"saved {name}")
+
+    def save_final(self) -> Path:
+        self.status("saving the model")
+        destination = Path(self.config.output_model_destination).expanduser()
+        self.method.save_output(destination)
+        self.status(f"model saved: {destination}")
+        return destination
+
+    # =================================================================================================================
+    def _resume(self) -> None:
+        backups = list_backups(self.workspace.dir("backup"))
+        if not backups:
+            self.warn(
+                f"'Continue from last backup' is on but {self.workspace.dir('backup')} has no backup: starting fresh"
+            )
+            return
+        latest = backups[-1]
+        self.progress, _, warnings = restore_backup(latest, self.method, self.optimizer, self.lr_scheduler)
+        for warning in warnings:
+            self.warn(warning)
+        p = self.progress
+        self.status(f"resumed from {latest.name}: epoch {p.epoch + 1}, step {p.global_step}")
+
+    def _check_placeholders(self) -> None:
+        """An embedding whose placeholder appears in no caption or prompt learns nothing: say so before training."""
+        captions = [c for sample in self.dataset.samples for c in sample.captions]
+        prompts = [s.prompt for s in (self.config.samples or [])]
+        for placeholder, found in self.method.embeddings.mentioned_in(captions).items():
+            if not found:
+                self.warn(
+                    f"no caption contains the embedding placeholder {placeholder}: the embedding will not learn. "
+                    "Put it in the captions (or use the 'filename' / 'concept' prompt source with it)"
+                )
+        for placeholder, found in self.method.embeddings.mentioned_in(prompts).items():
+            if prompts and not found:
+                self.warn(f"no sample prompt contains {placeholder}: the samples will not show the embedding")
+
+    def _set_train_mode(self) -> None:
+        trained = set(self.method.trained_parts())
+        for name, module in self.model.parts.items():
+            module.train(name in trained)
+
+    def _start_tensorboard(self) -> None:
+        self.events.sinks.append(TensorBoardSink(self.workspace.tensorboard_dir, self.config.samples_to_tensorboard))
+        if self.config.tensorboard:
+            server = TensorBoardServer(
+                self.workspace.dir("tensorboard"), self.config.tensorboard_port, self.config.tensorboard_expose
+            )
+            try:
+                self.status(server.start())
+                self.tensorboard_server = server
+            except (OSError, RuntimeError) as e:
+                self.warn(f"TensorBoard could not start: {e}")
+
+    def stop_tensorboard(self) -> None:
+        if self.tensorboard_server is not None and not self.config.tensorboard_always_on:
+            self.tensorboard_server.stop()
+
+    def _emit_progress(self, total_steps: int, steps_per_epoch: int, step_times: list[float]) -> None:
+        p = self.progress
+        rate = len(step_times) / sum(step_times) if step_times and sum(step_times) > 0 else 0.0
+        eta = (total_steps - p.global_step) / rate if rate > 0 else None
+        self.events.emit(
+            Progress(p.global_step, total_steps, p.epoch, self.config.epochs, p.epoch_step, steps_per_epoch, rate, eta)
+        )
+
+    def _nan_advice(self) -> str:
+        c = self.config
+        hints = []
+        dtypes = {c.part(p).weight_dtype.value for p in self.model.parts}
+        if "FLOAT_16" in dtypes or c.train_dtype.value == "FLOAT_16":
+            hints.append("FLOAT_16 weights or training (try BFLOAT_16 or FLOAT_32, and a FLOAT_32 VAE)")
+        hints.append(f"a learning rate that is too high ({c.learning_rate:g})")
+        if c.optimizer.optimizer.is_adaptive:
+            hints.append(f"the adaptive optimizer {c.optimizer.optimizer.value} (set the learning rate to 1)")
+        return (
+            f"the loss became NaN or infinite at step {self.progress.global_step + 1}; usual causes: "
+            + "; ".join(hints)
+            + ". The last backup is kept unchanged."
+        )
+
+    def status(self, text: str) -> None:
+        self.events.emit(Status(text))
+
+    def warn(self, text: str) -> None:
+        self.events.emit(Warning_(text))
+
+
+def _scaler_factor(kind: str, config) -> float:
+    """LR and loss scalers: BATCH scales by the batch size, GRADIENT_ACCUMULATION by the accumulation steps."""
+    factor = 1.0
+    if kind in ("BATCH", "BOTH"):
+        factor *= config.batch_size
+    if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
+        factor *= config.gradient_accumulation_steps
+    return factor

@@ -1,0 +1,101 @@
+"""Helpers shared by the training tests: tiny configs, synthetic data, reading TensorBoard files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from onetrainer.tiny.images import write_demo_images
+
+VARIANT_MODEL_TYPES = {
+    "sd15": "STABLE_DIFFUSION_15",
+    "sd15-inpainting": "STABLE_DIFFUSION_15_INPAINTING",
+    "sd21": "STABLE_DIFFUSION_21",
+    "sd21-base": "STABLE_DIFFUSION_21_BASE",
+    "sd20-inpainting": "STABLE_DIFFUSION_20_INPAINTING",
+}
+OUTPUTS = {
+    "LORA": ("KOHYA_LORA", "lora.safetensors"),
+    "FINE_TUNE": ("ORIGINAL_SINGLE_FILE", "model.safetensors"),
+    "EMBEDDING": ("SAFETENSORS", "embedding.safetensors"),
+}
+
+
+def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> Path:
+    folder = root / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_demo_images(folder, count=count, size=72)
+    if placeholder:
+        for caption in folder.glob("*.txt"):
+            caption.write_text(f"{placeholder}, " + caption.read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+def tiny_config(root: Path, variant: str = "sd15", method: str = "LORA", **overrides) -> dict:
+    """A small, fast config: 64 px, batch 2, 2 epochs, no TensorBoard server, everything under `root`."""
+    fmt, name = OUTPUTS[method]
+    config = {
+        "model_type": VARIANT_MODEL_TYPES[variant],
+        "training_method": method,
+        "base_model_name": f"tiny:{variant}",
+        "workspace_dir": str(root / "workspace"),
+        "cache_dir": str(root / "cache"),
+        "output_model_destination": str(root / "out" / name),
+        "output_model_format": fmt,
+        "resolution": "64",
+        "batch_size": 2,
+        "epochs": 2,
+        "learning_rate": 1e-3,
+        "learning_rate_warmup_steps": 0,
+        "train_dtype": "FLOAT_32",
+        "train_device": "cpu",
+        "dataloader_threads": 0,
+        "tensorboard": False,
+        "lora_rank": 4,
+        "lora_alpha": 2.0,
+        "sample_after": 0,
+        "sample_after_unit": "NEVER",
+        "backup_after": 0,
+        "backup_after_unit": "NEVER",
+        "backup_before_save": False,
+        "concepts": [{"name": "shapes", "path": str(root / "images"), "seed": 7}],
+        "samples": [],
+    }
+    if method == "EMBEDDING":
+        config["embedding"] = {"placeholder": "<shape>", "token_count": 2, "initial_embedding_text": "shape"}
+        config["learning_rate"] = 5e-2
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def write_config(root: Path, config: dict) -> Path:
+    path = root / "config.json"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return path
+
+
+def read_scalars(tensorboard_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for run in sorted(p for p in tensorboard_dir.iterdir() if p.is_dir()):
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
+    return out
+
+
+def image_tags(tensorboard_dir: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: list[str] = []
+    for run in sorted(p for p in tensorboard_dir.iterdir() if p.is_dir()):
+        events = EventAccumulator(str(run), size_guidance={"images": 0})
+        events.Reload()
+        tags += events.Tags()["images"]
+    return tags
