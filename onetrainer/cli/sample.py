@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -303,16 +302,15 @@ def _sample(args: argparse.Namespace, config: TrainConfig, jobs: list[_Job]) -> 
     for path, what in [(args.lora, "LoRA"), *((e, "embedding") for e in args.embedding)]:
         if path and not Path(path).expanduser().is_file():
             raise SampleError(f"{what} file not found: {path}")
-    # The bundled embeddings' files only need to exist while the method reads them, when it is created.
-    with tempfile.TemporaryDirectory(prefix="onetrainer-sample-") as tmp:
-        given = [_embedding(path, i, args.placeholder) for i, path in enumerate(args.embedding)]
-        texts = [text for job in jobs for text in (job.sample.prompt, job.sample.negative_prompt)]
-        for embedding in given:
-            if not any(embedding.placeholder in text for text in texts):
-                _warn(f"no prompt contains {embedding.placeholder}: the embedding {embedding.model_name} has no effect")
-        embeddings = [*_bundled_embeddings(args.lora, Path(tmp)), *given]
-        _use_method(config, args.lora, embeddings)
-        family, model, method, device = _load(config, args)
+    given = [_embedding(path, i, args.placeholder) for i, path in enumerate(args.embedding)]
+    texts = [text for job in jobs for text in (job.sample.prompt, job.sample.negative_prompt)]
+    for embedding in given:
+        if not any(embedding.placeholder in text for text in texts):
+            _warn(f"no prompt contains {embedding.placeholder}: the embedding {embedding.model_name} has no effect")
+    # Embeddings bundled in the LoRA file name no file: the LoRA method takes their vectors from it.
+    bundled = [TrainEmbeddingConfig(placeholder=p, train=False) for p in _bundled_placeholders(args.lora)]
+    _use_method(config, args.lora, [*bundled, *given])
+    family, model, method, device = _load(config, args)
     _render_all(family, model, method, device, config, jobs)
 
 
@@ -335,35 +333,19 @@ def _stored_placeholder(path: Path) -> str | None:
         raise SampleError(f"cannot read the embedding file {path}: {e}") from None
 
 
-def _bundled_embeddings(lora: str | None, folder: Path) -> list[TrainEmbeddingConfig]:
-    """Embeddings the trainer (or kohya) bundled into a LoRA file (`bundle_emb.<placeholder>.<key>`).
-
-    Each is written out as an ordinary embedding file, so the trainer's embedding code applies it like any other.
-    """
+def _bundled_placeholders(lora: str | None) -> list[str]:
+    """The placeholders of embeddings bundled into a LoRA file (`bundle_emb.<placeholder>.<key>`)."""
     if not lora or Path(lora).suffix.lower() != ".safetensors":
         return []
     from safetensors import safe_open
 
-    from onetrainer.weights.embedding_file import save_embedding
-
-    bundles: dict[str, dict] = {}
     try:
-        with safe_open(str(Path(lora).expanduser()), "pt") as f:
-            names = f.keys()  # safe_open reads the header only: the LoRA's own tensors are not loaded here
-            for key in names:
-                if key.startswith(BUNDLE_PREFIX):
-                    name, _, tensor_key = key[len(BUNDLE_PREFIX) :].partition(".")
-                    # A1111 bundles store SD 1.x/2.x vectors as `string_to_param.*`; ours as `emb_params`.
-                    tensor_key = "emb_params" if tensor_key.startswith("string_to_param") else tensor_key
-                    bundles.setdefault(name, {})[tensor_key] = f.get_tensor(key)
+        with safe_open(str(Path(lora).expanduser()), "pt") as f:  # reads the header only
+            keys = list(f.keys())
     except Exception as e:  # safetensors raises its own error type for a damaged file
         raise SampleError(f"cannot read the LoRA file {lora}: {e}") from None
-    configs = []
-    for index, (placeholder, tensors) in enumerate(bundles.items()):
-        path = folder / f"bundled-{index}.safetensors"
-        save_embedding(path, tensors, {PLACEHOLDER_KEY: placeholder})
-        configs.append(TrainEmbeddingConfig(model_name=str(path), placeholder=placeholder, train=False))
-    return configs
+    found = dict.fromkeys(k[len(BUNDLE_PREFIX) :].partition(".")[0] for k in keys if k.startswith(BUNDLE_PREFIX))
+    return list(found)
 
 
 def _use_method(config: TrainConfig, lora: str | None, embeddings: list[TrainEmbeddingConfig]) -> None:
@@ -411,23 +393,7 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     except Exception as e:
         files = ([f"the LoRA {args.lora}"] if args.lora else []) + [f"the embedding {p}" for p in args.embedding]
         raise SampleError(f"cannot apply {' and '.join(files) or 'the model'}: {_reason(e)}") from e
-    _check_embedding_widths(model, method)
     return family, model, method, device
-
-
-def _check_embedding_widths(model, method) -> None:
-    """An embedding made for another model has vectors of another width; it would only fail once its placeholder is
-    rendered, with a shape error, so it is refused here with a message that says what does not fit."""
-    for slot in model.text_encoders:
-        width = slot.encoder.get_input_embeddings().embedding_dim
-        for embedding in method.embeddings.embeddings:
-            vectors = embedding.vectors.get(slot.part)
-            if vectors is not None and vectors.shape[-1] != width:
-                raise SampleError(
-                    f"the embedding {embedding.config.model_name} ({embedding.placeholder}) has {vectors.shape[-1]}-"
-                    f"wide vectors, but the {slot.part} of {model_type_info(model.model_type).label} needs {width}: "
-                    "it was made for another model type"
-                )
 
 
 def _load_message(error: Exception, name: str) -> str:

@@ -185,8 +185,9 @@ def bundled_embeddings(state: dict[str, torch.Tensor]) -> dict[str, dict[str, to
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in state.items():
         if key.startswith("bundle_emb."):
-            placeholder, _, name = key[len("bundle_emb.") :].rpartition(".")
-            out.setdefault(placeholder, {})[name] = value
+            placeholder, _, name = key[len("bundle_emb.") :].partition(".")
+            # AUTOMATIC1111's bundles of SD 1.x / 2.x vectors are `string_to_param.*`; ours are `emb_params`.
+            out.setdefault(placeholder, {})["emb_params" if name.startswith("string_to_param") else name] = value
     return out
 
 

@@ -13,10 +13,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from onetrainer.cli.sample import EXIT_FAILED, EXIT_INVALID, EXIT_OK, _bundled_embeddings, main
+from onetrainer.cli.sample import EXIT_FAILED, EXIT_INVALID, EXIT_OK, main
 from onetrainer.config import ModelFormat, ModelType, TrainConfig, TrainingMethod
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.weights.checkpoint_files import read_safetensors_metadata
 from onetrainer.weights.embedding_file import save_embedding
 from tests.conftest import ROOT
 
@@ -112,14 +111,14 @@ def test_an_embedding_changes_only_prompts_with_its_placeholder_and_a_config_ren
     assert not differ(in_tmp / "plain" / "1-a blue square-3.png", in_tmp / "emb" / "1-a blue square-3.png")
 
 
-def test_bundled_embeddings_become_embedding_files(tmp_path):
-    lora = tmp_path / "lora.safetensors"
-    vectors = torch.ones(1, 32)
-    save_file({"lora_unet_x.alpha": torch.tensor(4.0), "bundle_emb.<thing>.emb_params": vectors}, str(lora))
-    (config,) = _bundled_embeddings(str(lora), tmp_path)
-    assert config.placeholder == "<thing>" and not config.train
-    assert torch.equal(load_file(config.model_name)["emb_params"], vectors)
-    assert read_safetensors_metadata(config.model_name)["onetrainer.placeholder"] == "<thing>"
+def test_embeddings_bundled_in_a_lora_file_are_applied(in_tmp, base):
+    write_lora(base, in_tmp / "lora.safetensors")
+    state = load_file(str(in_tmp / "lora.safetensors"))
+    state["bundle_emb.<thing>.emb_params"] = torch.randn(2, 32, generator=torch.Generator().manual_seed(2)) * 3
+    save_file(state, str(in_tmp / "bundled.safetensors"))
+    for name, lora in (("plain", "lora.safetensors"), ("bundled", "bundled.safetensors")):
+        assert sample(base, "--prompt", "a photo of <thing>", "--lora", lora, "--output", f"{name}.png") == EXIT_OK
+    assert differ(in_tmp / "plain.png", in_tmp / "bundled.png")  # the bundled vectors stand for <thing>
 
 
 def test_a_missing_base_model_fails_with_the_reason(in_tmp, capsys):
@@ -155,7 +154,7 @@ def _write_unusable(folder: Path) -> None:
         (["--lora", "gone.safetensors"], "LoRA file not found: gone.safetensors"),
         (["--lora", "damaged.safetensors"], "cannot read the LoRA file damaged.safetensors"),
         (["--lora", "other.safetensors"], "1 LoRA modules do not exist in this model, e.g. lora_unet_no_such_layer"),
-        (["--embedding", "sd2.safetensors"], "has 48-wide vectors, but the text_encoder of SD 1.5 needs 32"),
+        (["--embedding", "sd2.safetensors"], "its vectors are (1, 48), but the text_encoder of this model needs [tokens, 32]"),
     ],
 )
 def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, capsys, args, message):
