@@ -43,7 +43,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 # A value that would change the result is an error, so nobody trains believing it was applied; one that only
 # affects convenience is a warning. Entries leave this table as the features land.
 def not_yet_implemented(config: TrainConfig) -> list[Problem]:
-    from onetrainer.config.enums import ConceptType, EMAMode, TimestepDistribution
+    from onetrainer.config.enums import ConceptType
 
     problems: list[Problem] = []
 
@@ -57,12 +57,6 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
 
     if config.optimizer.optimizer not in OPTIMIZERS:
         error("optimizer.optimizer", f"the {config.optimizer.optimizer.value} optimizer")
-    if config.ema is not EMAMode.OFF:
-        error("ema", "EMA")
-    if config.timestep_distribution is not TimestepDistribution.UNIFORM:
-        error("timestep_distribution", f"the {config.timestep_distribution.value} timestep distribution")
-    if config.timestep_shift != 1.0:
-        error("timestep_shift", "timestep shift")
     if config.generalized_offset_noise:
         error("generalized_offset_noise", "generalized offset noise")
     if config.masked_prior_preservation_weight:

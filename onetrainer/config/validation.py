@@ -113,6 +113,10 @@ def _cross_field(config) -> list[Problem]:
             except re.error as e:
                 problems.append(Problem("layer_filter", f"'{pattern}' is not a valid regular expression: {e}"))
 
+    if config.timestep_distribution.value == "BETA" and (config.noising_weight <= 0 or config.noising_bias <= 0):
+        problems.append(
+            Problem("noising_weight", "the BETA distribution needs a noising weight (alpha) and bias (beta) above 0")
+        )
     if config.min_noising_strength >= config.max_noising_strength:
         problems.append(Problem("max_noising_strength", "must be larger than min_noising_strength"))
     if config.force_v_prediction and config.force_epsilon_prediction:
@@ -124,6 +128,7 @@ def _cross_field(config) -> list[Problem]:
             Problem("custom_learning_rate_scheduler", "the CUSTOM scheduler needs a class name such as 'module.Class'")
         )
 
+    problems += _optimizer_rules(config)
     problems += _embedding_rules(config)
     for i, concept in enumerate(config.concepts or []):
         if concept.image.enable_resolution_override:
@@ -136,6 +141,60 @@ def _cross_field(config) -> list[Problem]:
         for side in ("width", "height"):
             if getattr(sample, side) % step:
                 problems.append(Problem(f"samples.{i}.{side}", f"must be a multiple of {step}"))
+    return problems
+
+
+def _optimizer_rules(config) -> list[Problem]:
+    from onetrainer.config.enums import Optimizer
+    from onetrainer.training.optim import OPTIMIZERS
+
+    problems: list[Problem] = []
+    optimizer = config.optimizer.optimizer
+    scheduler = config.learning_rate_scheduler
+    spec = OPTIMIZERS.get(optimizer)
+    if scheduler is LearningRateScheduler.ADAFACTOR and optimizer is not Optimizer.ADAFACTOR:
+        problems.append(
+            Problem("learning_rate_scheduler", "the ADAFACTOR scheduler works only with the ADAFACTOR optimizer")
+        )
+    if (
+        optimizer is Optimizer.ADAFACTOR
+        and config.optimizer.relative_step
+        and scheduler is not LearningRateScheduler.ADAFACTOR
+    ):
+        problems.append(
+            Problem(
+                "learning_rate_scheduler",
+                "Adafactor with relative step sets its own learning rate: choose the ADAFACTOR scheduler",
+            )
+        )
+    if spec is not None and spec.schedule_free and scheduler is not LearningRateScheduler.CONSTANT:
+        problems.append(
+            Problem(
+                "learning_rate_scheduler",
+                f"{optimizer.value} schedules the learning rate itself: choose the CONSTANT scheduler",
+            )
+        )
+    trust_ratio = (Optimizer.LAMB, Optimizer.LAMB_8BIT, Optimizer.LARS, Optimizer.LARS_8BIT)
+    if optimizer in trust_ratio and config.training_method is TrainingMethod.LORA:
+        problems.append(
+            Problem(
+                "optimizer.optimizer",
+                f"{optimizer.value} scales each update by the weights' norm, so a LoRA (whose up-projections start at "
+                "zero) would never change: use it for fine-tuning, or choose another optimizer",
+            )
+        )
+    needs_momentum = (Optimizer.SGD_8BIT, Optimizer.LARS, Optimizer.LARS_8BIT)
+    if optimizer in needs_momentum and config.optimizer.momentum is not None and config.optimizer.momentum <= 0:
+        problems.append(Problem("optimizer.momentum", f"{optimizer.value} keeps momentum state: it must be above 0"))
+    if spec is not None and spec.adaptive and config.learning_rate < 0.1:
+        problems.append(
+            Problem(
+                "learning_rate",
+                f"{optimizer.value} finds the step size itself and expects a learning rate around 1 "
+                f"(got {config.learning_rate:g}); the result will train very slowly",
+                Severity.WARNING,
+            )
+        )
     return problems
 
 

@@ -31,3 +31,31 @@ def autocast(device: torch.device, train_dtype: DataType):
             torch.backends.cudnn.allow_tf32 = True
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch_dtype(train_dtype))
+
+
+def fallback_dtype(config) -> DataType:
+    """The precision for parts that are unstable in FLOAT_16 (the VAE): the fallback dtype when training in FLOAT_16."""
+    return config.fallback_train_dtype if config.train_dtype is DataType.FLOAT_16 else config.train_dtype
+
+
+class _NoScaler:
+    """The grad-scaler interface for training without FLOAT_16: every call passes through."""
+
+    def scale(self, loss):
+        return loss
+
+    def unscale_(self, optimizer) -> None:
+        pass
+
+    def step(self, optimizer) -> None:
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+def grad_scaler(device: torch.device, train_dtype: DataType):
+    """FLOAT_16 training on CUDA scales the loss so small gradients do not underflow to zero."""
+    if train_dtype is DataType.FLOAT_16 and device.type == "cuda":
+        return torch.amp.GradScaler("cuda")
+    return _NoScaler()

@@ -64,8 +64,12 @@ def build_lr_scheduler(optimizer, config, total_steps: int, steps_per_epoch: int
     """The torch scheduler for `config`; it is stepped once per optimizer step and resumes at `last_step`."""
     import torch
 
+    from onetrainer.training.optim import optimizer_spec
+
     kind = config.learning_rate_scheduler
     warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
+    if optimizer_spec(config.optimizer.optimizer).schedule_free:
+        warmup = 0  # the optimizer warms up itself
     if kind is LearningRateScheduler.ADAFACTOR:
         from transformers.optimization import AdafactorSchedule
 

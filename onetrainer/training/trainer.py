@@ -7,12 +7,15 @@ resumed from a backup continues exactly as the uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from onetrainer.config.enums import EMAMode
 from onetrainer.data.dataset import TrainingDataset, hash_seed
 from onetrainer.families import load_family_class
 from onetrainer.families.sources import resolve_local
@@ -21,7 +24,8 @@ from onetrainer.sampling.sampler import looks_broken, render, save_image
 from onetrainer.training import diffusion
 from onetrainer.training.checkpoint import TrainProgress, list_backups, restore_backup, write_backup
 from onetrainer.training.control import TrainingControl
-from onetrainer.training.devices import autocast, select_device
+from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, select_device
+from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
     Broadcast,
     Finished,
@@ -32,8 +36,8 @@ from onetrainer.training.events import (
     Status,
     Warning_,
 )
-from onetrainer.training.optim import create_optimizer, effective_learning_rates
-from onetrainer.training.schedules import build_lr_scheduler
+from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
+from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
@@ -79,8 +83,12 @@ class Trainer:
         lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config))
         for group in self.param_groups:
             group["lr"] *= lr_scale
-        self.optimizer = create_optimizer(config.optimizer, self.param_groups, config.learning_rate)
+        warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
+        self.optimizer = create_optimizer(config.optimizer, self.param_groups, config.learning_rate, warmup)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config, total_steps, steps_per_epoch)
+        self.schedule_free = optimizer_spec(config.optimizer.optimizer).schedule_free
+        self.ema = self._create_ema()
+        self.grad_scaler = grad_scaler(self.device, config.train_dtype)
         if config.continue_last_backup:
             self._resume()
         if self.progress.epoch >= config.epochs:
@@ -106,6 +114,8 @@ class Trainer:
             interval.start()
         self.method.update_freezing(self.progress.global_step, self.progress.epoch)
         self._set_train_mode()
+        if self.schedule_free:
+            self.optimizer.train()
         smooth_loss = None
         step_times: list[float] = []
 
@@ -125,7 +135,8 @@ class Trainer:
                 smooth_loss = (
                     loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * (1 - min(0.99, 1 - 1 / n))
                 )
-                self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer)))
+                extra = {"ema_decay": self.ema.current_decay()} if self.ema else {}
+                self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer), extra))
                 self._emit_progress(total_steps, steps_per_epoch, step_times)
 
                 frozen = self.method.update_freezing(n, epoch)
@@ -168,20 +179,24 @@ class Trainer:
             if not torch.isfinite(loss):
                 raise NonFiniteLoss(self._nan_advice())
             if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
-                loss.backward()
+                self.grad_scaler.scale(loss).backward()
             total += float(loss.detach())
+        self.grad_scaler.unscale_(self.optimizer)
         if self.config.clip_grad_norm is not None:
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad_norm)
-        self.optimizer.step()
+        self.grad_scaler.step(self.optimizer)
+        self.grad_scaler.update()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.after_step(self.progress.global_step + 1)
         return total
 
     def batch_loss(self, batch, generator: torch.Generator) -> torch.Tensor:
         config, family, model = self.config, self.family, self.model
         pixels = batch.pixels.to(self.device)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.device, fallback_dtype(config)):
             latents = family.encode_images(model, pixels).float()
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
@@ -224,10 +239,17 @@ class Trainer:
 
     # =================================================================================================================
     def sample(self) -> None:
-        samples = [s for s in (self.config.samples or []) if s.enabled]
-        if not samples:
+        if not any(s.enabled for s in (self.config.samples or [])):
             return
         self.status("sampling")
+        with self._inference_weights():
+            self._render_samples("")
+        if self.ema is not None and self.config.non_ema_sampling:
+            with self._inference_weights(use_ema=False):
+                self._render_samples(" - no-ema")
+        self._set_train_mode()
+
+    def _render_samples(self, suffix: str) -> None:
         p = self.progress
         ext = self.config.sample_image_format.extension
         for index, sample in enumerate(self.config.samples or []):
@@ -241,7 +263,7 @@ class Trainer:
                 self.device,
                 self.config.rescale_noise_scheduler_to_zero_terminal_snr,
             )
-            folder = self.workspace.dir("samples") / f"{index} - {safe_name(sample.prompt)}"
+            folder = self.workspace.dir("samples") / f"{index} - {safe_name(sample.prompt)}{suffix}"
             name = f"{self.workspace.run_name}-training-sample-{p.global_step}-{p.epoch}-{p.epoch_step}{ext}"
             path = save_image(image, folder / name, self.config.sample_image_format.value)
             broken = looks_broken(image)
@@ -249,15 +271,27 @@ class Trainer:
                 self.warn(
                     f"{broken} ({path}): the usual fix is to set the VAE's weight data type to FLOAT_32 or BFLOAT_16"
                 )
-            self.events.emit(SampleReady(p.global_step, index, sample.prompt, str(path)))
-        self._set_train_mode()
+            self.events.emit(SampleReady(p.global_step, index, sample.prompt + suffix, str(path)))
+
+    @contextlib.contextmanager
+    def _inference_weights(self, use_ema: bool = True) -> Iterator[None]:
+        """The weights to sample and save with: the EMA's when it is on; schedule-free optimizers' evaluation point."""
+        if self.schedule_free:
+            self.optimizer.eval()
+        try:
+            with self.ema.swapped_in() if (self.ema is not None and use_ema) else contextlib.nullcontext():
+                yield
+        finally:
+            if self.schedule_free:
+                self.optimizer.train()
 
     def backup(self) -> None:
         self.status("writing a backup")
         keep = self.config.rolling_backup_count if self.config.rolling_backup else None
+        extra = {"ema": self.ema.state_dict()} if self.ema is not None else None
         path = write_backup(
             self.workspace.dir("backup"), self.method, self.optimizer, self.lr_scheduler, self.progress, self.config,
-            keep=keep,
+            extra, keep,
         )  # fmt: skip
         self.status(f"backup written: {path}")
 
@@ -265,13 +299,17 @@ class Trainer:
         fmt = self.config.output_model_format
         suffix = "" if fmt.is_directory else ".safetensors"
         name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
-        self.method.save_output(self.workspace.dir("save") / name)
+        with self._inference_weights():
+            self.method.save_output(self.workspace.dir("save") / name)
         self.status(f"saved {name}")
 
     def save_final(self) -> Path:
         self.status("saving the model")
         destination = Path(self.config.output_model_destination).expanduser()
-        self.method.save_output(destination)
+        if self.ema is not None:
+            self.ema.copy_to_params()  # the final model takes the averaged weights
+        with self._inference_weights(use_ema=False):
+            self.method.save_output(destination)
         self.status(f"model saved: {destination}")
         return destination
 
@@ -284,11 +322,20 @@ class Trainer:
             )
             return
         latest = backups[-1]
-        self.progress, _, warnings = restore_backup(latest, self.method, self.optimizer, self.lr_scheduler)
+        self.progress, state, warnings = restore_backup(latest, self.method, self.optimizer, self.lr_scheduler)
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
         for warning in warnings:
             self.warn(warning)
         p = self.progress
         self.status(f"resumed from {latest.name}: epoch {p.epoch + 1}, step {p.global_step}")
+
+    def _create_ema(self) -> EMA | None:
+        if self.config.ema is EMAMode.OFF:
+            return None
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        device = self.device if self.config.ema is EMAMode.GPU else torch.device("cpu")
+        return EMA(params, self.config.ema_decay, self.config.ema_update_step_interval, device)
 
     def _check_placeholders(self) -> None:
         """An embedding whose placeholder appears in no caption or prompt learns nothing: say so before training."""

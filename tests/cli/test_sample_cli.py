@@ -154,7 +154,10 @@ def _write_unusable(folder: Path) -> None:
         (["--lora", "gone.safetensors"], "LoRA file not found: gone.safetensors"),
         (["--lora", "damaged.safetensors"], "cannot read the LoRA file damaged.safetensors"),
         (["--lora", "other.safetensors"], "1 LoRA modules do not exist in this model, e.g. lora_unet_no_such_layer"),
-        (["--embedding", "sd2.safetensors"], "its vectors are (1, 48), but the text_encoder of this model needs [tokens, 32]"),
+        (
+            ["--embedding", "sd2.safetensors"],
+            "its vectors are (1, 48), but the text_encoder of this model needs [tokens, 32]",
+        ),
     ],
 )
 def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, capsys, args, message):
