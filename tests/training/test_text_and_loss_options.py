@@ -1,0 +1,71 @@
+"""Text-encoder options (clip skip, caption dropout), per-concept loss weight and gradient checkpointing."""
+
+from __future__ import annotations
+
+import torch
+
+from onetrainer.config import config_from_dict
+from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.methods import create_method
+from onetrainer.training.control import TrainingControl
+from onetrainer.training.events import Finished, ListSink, Metrics
+from onetrainer.training.runner import run_training
+from tests.helpers import image_folder, tiny_config
+
+FAMILY = StableDiffusionFamily()
+
+
+def run(config_dict):
+    config, problems = config_from_dict(config_dict)
+    assert [p for p in problems if p.is_error] == []
+    sink = ListSink()
+    return run_training(config, TrainingControl(), [sink]), sink
+
+
+def test_clip_skip_uses_an_earlier_layer_through_the_final_norm():
+    config, _ = config_from_dict({"base_model_name": "tiny:sd15", "text_encoder_layer_skip": 1})
+    model = FAMILY.load(config)
+    tokens = FAMILY.tokenize(model, ["a red circle"])
+    encoder = model.part("text_encoder")
+    with torch.no_grad():
+        skipped = FAMILY.encode_text(model, tokens).hidden_states
+        states = encoder(tokens[0], output_hidden_states=True).hidden_states
+        assert torch.allclose(skipped, encoder.final_layer_norm(states[-2]))
+        model.text_encoders[0].layer_skip = 0
+        assert not torch.allclose(skipped, FAMILY.encode_text(model, tokens).hidden_states)
+
+
+def test_caption_dropout_of_one_hides_every_caption(tmp_path):
+    image_folder(tmp_path, placeholder="<shape>")
+    common = {"method": "EMBEDDING", "epochs": 1}
+    outcome, sink = run(tiny_config(tmp_path, text_encoder={"dropout_probability": 1.0}, **common))
+    assert isinstance(outcome, Finished)
+    from safetensors.torch import load_file
+
+    trained = load_file(str(tmp_path / "out" / "embedding.safetensors"))["emb_params"]
+    config, _ = config_from_dict(tiny_config(tmp_path, **common))
+    model = FAMILY.load(config)
+    initial = create_method(config, FAMILY, model, torch.device("cpu")).embeddings.embeddings[0].vectors
+    # Every caption was dropped, so the placeholder was never seen and its vectors never changed.
+    assert torch.allclose(trained.float(), initial["text_encoder"].float())
+
+
+def test_a_concept_loss_weight_of_zero_trains_nothing(tmp_path):
+    image_folder(tmp_path)
+    config = tiny_config(tmp_path, epochs=1)
+    config["concepts"][0]["loss_weight"] = 0.0
+    outcome, sink = run(config)
+    assert isinstance(outcome, Finished)
+    assert all(m.loss == 0.0 for m in sink.of(Metrics))
+
+
+def test_gradient_checkpointing_is_enabled_per_part():
+    config, _ = config_from_dict(
+        {"base_model_name": "tiny:sd15", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
+         "text_encoder": {"train": True, "gradient_checkpointing": False}}
+    )  # fmt: skip
+    model = FAMILY.load(config)
+    method = create_method(config, FAMILY, model, torch.device("cpu"))
+    assert method.enable_gradient_checkpointing() == ["unet"]
+    assert model.part("unet").is_gradient_checkpointing
+    assert not model.part("text_encoder").is_gradient_checkpointing
