@@ -20,13 +20,17 @@ import customtkinter as ctk
 
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
+from gui.gallery import SampleGallery
 from gui.model import CONTEXT_PATHS, ConfigModel
 from gui.runner import TrainFunction, TrainingRunner
 from gui.state import load_last_config, save_last_config
 from gui.tabs import visible_tabs
+from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
 from gui.tabs.concepts import ConceptsTab
 from gui.tabs.form_tab import FormTab
 from gui.tabs.sampling import SamplingTab
+from gui.tabs.tools import ToolsTab
+from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
 from gui.widgets.tabview import TabView
 from onetrainer.config import (
@@ -45,7 +49,7 @@ from onetrainer.config import (
 )
 from onetrainer.config.checks import run_checks
 from onetrainer.families import not_trainable_reason
-from onetrainer.training.events import Event, Failed, Finished
+from onetrainer.training.events import Event, Failed, Finished, SampleReady
 
 POLL_MS = 100
 VALIDATE_DELAY_MS = 250
@@ -53,7 +57,13 @@ AUTOSAVE_DELAY_MS = 1000
 CLOSE_TIMEOUT_S = 30.0
 FOOTER_PROBLEMS = 3  # problems listed in the footer; the dialog lists all
 
-TAB_CLASSES: dict[str, type[FormTab]] = {"concepts": ConceptsTab, "sampling": SamplingTab}
+TAB_CLASSES: dict[str, type[FormTab]] = {
+    "concepts": ConceptsTab,
+    "training": TrainingTab,
+    "sampling": SamplingTab,
+    "additional_embeddings": AdditionalEmbeddingsTab,
+    "tools": ToolsTab,
+}
 
 
 def summarize(problems: list[Problem], limit: int = FOOTER_PROBLEMS) -> str:
@@ -95,6 +105,7 @@ class App(ctk.CTk):
         self._stale_values: set[str] = set()
         self.problems: list[Problem] = []
         self.tabs: dict[str, FormTab] = {}
+        self.gallery = SampleGallery()  # the newest image of each sample, shown on the sampling tab
 
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
@@ -134,7 +145,7 @@ class App(ctk.CTk):
         """The content of tab `key`, built on first use."""
         tab = self.tabs.get(key)
         if tab is None:
-            tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key)
+            tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
             self.tabs[key] = tab
             tab.mark(self._problems_by_path())
         self._bring_up_to_date(key)
@@ -321,6 +332,9 @@ class App(ctk.CTk):
             self.footer.set_stopping()
 
     def sample_now(self) -> None:
+        if not self.runner.is_alive():
+            self.footer.set_status("Sampling now needs a running training: start it first.", "warning")
+            return
         self.runner.request_sample()
         self.footer.set_status("A sample will be made at the next step.")
 
@@ -352,6 +366,8 @@ class App(ctk.CTk):
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        if isinstance(event, SampleReady):
+            self.gallery.add(event)
         if isinstance(event, Finished | Failed):
             self._terminal_seen = True
         if isinstance(event, Failed) and not self._closing:

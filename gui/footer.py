@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import customtkinter as ctk
@@ -162,7 +163,8 @@ class Footer(ctk.CTkFrame):
         elif isinstance(event, Metrics):
             self.loss_label.configure(text=f"loss {event.loss:.4f}  (smooth {event.smooth_loss:.4f})")
         elif isinstance(event, SampleReady):
-            self.set_status(f"Sample ready: {event.path}")
+            # The file's name only: a full path wraps the status line (the sampling tab shows the image).
+            self.set_status(f"Sample ready (step {event.global_step}): {Path(event.path).name}")
         elif isinstance(event, Status):
             self.set_status(event.text)
         elif isinstance(event, Warning_):

@@ -13,6 +13,8 @@ VARIANT_MODEL_TYPES = {
     "sd21": "STABLE_DIFFUSION_21",
     "sd21-base": "STABLE_DIFFUSION_21_BASE",
     "sd20-inpainting": "STABLE_DIFFUSION_20_INPAINTING",
+    "sdxl": "STABLE_DIFFUSION_XL_10_BASE",
+    "sdxl-inpainting": "STABLE_DIFFUSION_XL_10_BASE_INPAINTING",
 }
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),

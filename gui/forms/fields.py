@@ -10,6 +10,7 @@ A view writes into the config as soon as its input is a valid value and never ot
 from __future__ import annotations
 
 import tkinter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
@@ -125,6 +126,22 @@ class FieldView:
             self._loading = False
         self.input_error = None
         self._show_error()
+
+    def watches(self, path: str) -> bool:
+        """Whether a change at `path` (a field, or a node holding it) may change what this view shows."""
+        return self.path == path or self.path.startswith(path + ".")
+
+    def sync(self) -> None:
+        """Show the config's value after it changed elsewhere (another window, "load defaults").
+
+        An input already showing that value is left alone, so the view being typed in keeps its text and cursor.
+        """
+        if not self.shows(self.model.get(self.path)):
+            self.refresh()
+
+    def shows(self, value: Any) -> bool:
+        """Whether the input shows `value` (views that cannot tell say no and are simply reloaded)."""
+        return False
 
     def write(self, value: Any) -> bool:
         """Write a (JSON-ish) value into the config when it is valid for this field; else mark the input."""
@@ -248,6 +265,21 @@ class EntryView(FieldView):
     def _tooltip_targets(self) -> list[Any]:
         return [w for w in (self.entry, self.browse_button) if w is not None]
 
+    def watches(self, path: str) -> bool:
+        return super().watches(path) or (self.unit_view is not None and self.unit_view.watches(path))
+
+    def sync(self) -> None:
+        super().sync()
+        if self.unit_view is not None:
+            self.unit_view.sync()
+
+    def shows(self, value: Any) -> bool:
+        text = self.var.get()
+        if not self.is_number:
+            return text == display_text(value)
+        ok, parsed, _ = parse_number(text, self.info.spec.type)
+        return ok and parsed == value
+
     def _load(self, value: Any) -> None:
         self.var.set(display_text(value))
         if self.unit_view is not None:
@@ -308,6 +340,15 @@ class EntryView(FieldView):
     def _chosen_path(self, path: str) -> None:
         if path:
             self.set_text(path)
+
+
+def sync_views(views: Iterable[FieldView], path: str | None) -> None:
+    """Bring the views showing `path` (or anything under it) up to date after the config changed there."""
+    if path is None:
+        return
+    for view in views:
+        if view.watches(path):
+            view.sync()
 
 
 def make_view(

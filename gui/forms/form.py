@@ -7,12 +7,15 @@ or training method is cheap and keeps what was typed. No family or method is nam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
 
-from gui.forms.fields import LABEL_WIDTH, FieldView, make_view
+from gui.forms.fields import LABEL_WIDTH, FieldView, make_view, sync_views
 from gui.forms.selection import FieldInfo, arrange_groups, form_fields, split_columns
+from gui.widgets.binding import bind_self
+from gui.widgets.tooltip import add_tooltip
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -42,16 +45,23 @@ class Form:
         tab: str,
         columns: int = 3,
         default_group: str | None = None,
+        fields: list[FieldInfo] | None = None,
     ) -> None:
         self.model = model
         self.dialogs = dialogs
         self.tab = tab
         self.default_group = default_group or tab.replace("_", " ").capitalize()
         self.frame = ctk.CTkFrame(parent, fg_color="transparent")
-        self.fields = form_fields(model.config, tab)
+        # A tab's form shows the fields declared for that tab; windows pass their own (a concept's, a sample's).
+        self.fields = fields if fields is not None else form_fields(model.config, tab)
         self._rows = {info.path: i + 1 for i, info in enumerate(self.fields)}
         self.views: dict[str, FieldView] = {}
         self.groups: dict[str, Group] = {}
+        self._buttons: dict[str, list[tuple[str, Callable[[], None], str]]] = {}
+        self.buttons: dict[str, ctk.CTkButton] = {}
+        # The same field may be shown twice (the timestep window and the training tab): follow edits made elsewhere.
+        self._unsubscribe: Callable[[], None] | None = model.subscribe(self._config_changed)
+        bind_self(self.frame, "<Destroy>", self._destroyed)
         self.columns: list[ctk.CTkFrame] = []
         for c in range(columns):
             self.frame.grid_columnconfigure(c, weight=1, uniform="form-column")
@@ -94,6 +104,36 @@ class Form:
             if unit is not None:
                 unit.set_config_problem(problems.get(unit.path))
 
+    def attach_button(self, path: str, text: str, command: Callable[[], None], tooltip: str = "") -> None:
+        """A button beside a field's input ("…" opening a dialog); added when the field's view exists."""
+        self._buttons.setdefault(path, []).append((text, command, tooltip))
+        view = self.views.get(path)
+        if view is not None:
+            self._add_buttons(view)
+
+    def _add_buttons(self, view: FieldView) -> None:
+        for text, command, tooltip in self._buttons.get(view.path, []):
+            key = f"{view.path}:{text}"
+            if key in self.buttons:
+                continue
+            button = ctk.CTkButton(view.input, text=text, width=30, command=command)
+            button.grid(row=0, column=view.input.grid_size()[0], padx=(4, 0))
+            if tooltip:
+                add_tooltip(button, tooltip)
+            self.buttons[key] = button
+
+    def button(self, path: str, text: str = "…") -> ctk.CTkButton:
+        return self.buttons[f"{path}:{text}"]
+
+    def _config_changed(self, path: str | None) -> None:
+        if self._unsubscribe is not None:  # a listener may still be called in the round that destroyed the form
+            sync_views(self.views.values(), path)
+
+    def _destroyed(self, event: Any) -> None:
+        if event.widget is self.frame and self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
     def view(self, path: str) -> FieldView | None:
         return self.views.get(path)
 
@@ -116,6 +156,7 @@ class Form:
             if view is None:
                 return None
             self.views[info.path] = view
+            self._add_buttons(view)
         return view
 
     def _layout(self, groups: list[Group]) -> None:

@@ -6,7 +6,8 @@ Nothing here knows a model family or a training method by name; the `Meta` of ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from onetrainer.config.schema import BoundField, ConfigNode, Context, FieldSpec, Meta, join_path, walk
@@ -62,12 +63,33 @@ def form_fields(config: ConfigNode, tab: str) -> list[FieldInfo]:
     The config's structure is the same for every model type, so this is computed once per form; which of these
     apply is decided later with `FieldInfo.applies`.
     """
-    bounds = list(walk(config, into_lists=False))
+    return _field_infos(list(walk(config, into_lists=False)), lambda bound: bound.tab == tab)
+
+
+def node_fields(node: ConfigNode, base_path: str, under: str | None = None) -> list[FieldInfo]:
+    """The form fields of a node inside the config (a concept: `concepts.2`), with paths from the config's root.
+
+    `under` picks a nested node's fields (`"image"`); without it, only the node's own fields (no nested nodes).
+    """
+
+    def rebased(bound: BoundField) -> BoundField:
+        return dataclasses.replace(bound, path=join_path(base_path, bound.path))
+
+    def wanted(bound: BoundField) -> bool:
+        relative = bound.path[len(base_path) + 1 :]
+        if under is None:
+            return "." not in relative
+        return relative.startswith(under + ".")
+
+    return _field_infos([rebased(b) for b in walk(node, into_lists=False)], wanted)
+
+
+def _field_infos(bounds: list[BoundField], wanted: Callable[[BoundField], bool]) -> list[FieldInfo]:
     by_path = {b.path: b for b in bounds}
     unit_paths = {sibling_path(b.path, b.spec.meta.unit) for b in bounds if b.spec.meta.unit}
     out = []
     for order, bound in enumerate(bounds):
-        if bound.tab != tab or bound.path in unit_paths or not shown_in_ui(bound):
+        if not wanted(bound) or bound.path in unit_paths or not shown_in_ui(bound):
             continue
         if bound.spec.type.kind not in RENDERABLE_KINDS:
             continue
@@ -78,11 +100,15 @@ def form_fields(config: ConfigNode, tab: str) -> list[FieldInfo]:
 
 def item_field(item: ConfigNode, list_path: str, index: int, name: str, tab: str | None = None) -> FieldInfo:
     """A field of one list item (`concepts.3.path`), for the row editors."""
-    spec = item.spec(name)
+    return node_field(item, join_path(list_path, index), name, tab)
+
+
+def node_field(node: ConfigNode, base_path: str, name: str, tab: str | None = None) -> FieldInfo:
+    """One field of a node at `base_path` (`optimizer` + `beta1` → `optimizer.beta1`), shown outside the forms."""
+    spec = node.spec(name)
     if spec is None:
-        raise KeyError(f"{type(item).__name__} has no field '{name}'")
-    path = join_path(join_path(list_path, index), name)
-    return FieldInfo(BoundField(path, spec, item, tab, None, None))
+        raise KeyError(f"{type(node).__name__} has no field '{name}'")
+    return FieldInfo(BoundField(join_path(base_path, name), spec, node, tab, None, None))
 
 
 def arrange_groups(fields: Sequence[FieldInfo], default_group: str) -> list[tuple[str, list[FieldInfo]]]:

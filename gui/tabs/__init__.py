@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onetrainer.config import TrainConfig
 from onetrainer.config.enums import TrainingMethod
 from onetrainer.config.schema import Context
 
@@ -25,6 +26,9 @@ TABS: tuple[TabSpec, ...] = (
     TabSpec("backup", "backup"),
     TabSpec("lora", "LoRA", frozenset({TrainingMethod.LORA})),
     TabSpec("embedding", "embedding", frozenset({TrainingMethod.EMBEDDING})),
+    # Shown for the methods the list's declaration names (LoRA and fine-tune).
+    TabSpec("additional_embeddings", "additional embeddings", TrainConfig.spec("additional_embeddings").meta.methods),
+    TabSpec("tools", "tools"),
 )
 
 

@@ -1,11 +1,13 @@
-"""The sampling tab: the sampling settings, and a row per sample prompt (enabled, size, seed, prompt)."""
+"""The sampling tab: the sampling settings, a row per sample prompt, and the latest sample images."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gui.tabs.form_tab import FormTab
-from gui.tabs.rows import RowColumn, RowsEditor
+from gui.tabs.form_tab import FormTab, TabHost
+from gui.tabs.rows import RowAction, RowColumn, RowsEditor
+from gui.widgets.gallery_view import GalleryView
+from gui.windows.sample_editor import SampleEditorWindow
 from onetrainer.config import SampleConfig
 from onetrainer.config.model_types import MODEL_TYPES
 
@@ -15,10 +17,10 @@ if TYPE_CHECKING:
 
 SAMPLE_COLUMNS = (
     RowColumn("enabled", "Enabled"),
+    RowColumn("prompt", "Prompt", stretch=True),
     RowColumn("width", "Width"),
     RowColumn("height", "Height"),
     RowColumn("seed", "Seed"),
-    RowColumn("prompt", "Prompt", stretch=True),
 )
 
 
@@ -35,8 +37,11 @@ def new_sample(model: ConfigModel) -> SampleConfig:
 
 
 class SamplingTab(FormTab):
-    def __init__(self, page: Any, model: ConfigModel, dialogs: Dialogs | None, key: str = "sampling") -> None:
-        super().__init__(page, model, dialogs, key)
+    def __init__(
+        self, page: Any, model: ConfigModel, dialogs: Dialogs | None, key: str = "sampling", host: TabHost | None = None
+    ) -> None:
+        super().__init__(page, model, dialogs, key, host)
+        self.editor_window: SampleEditorWindow | None = None
         self.editor = RowsEditor(
             self.scroll,
             model,
@@ -47,8 +52,22 @@ class SamplingTab(FormTab):
             new_item=lambda: new_sample(model),
             title="Samples",
             add_text="+ Add sample",
+            actions=[RowAction("…", "All of this sample's settings", self.open_editor)],
+            clone_item=lambda sample: sample.copy(),
         )
         self.editor.frame.grid(row=1, column=0, sticky="ew", padx=4, pady=(4, 8))
+        self.gallery: GalleryView | None = None
+        if host is not None:
+            self.gallery = GalleryView(
+                self.scroll, host.gallery, lambda: model.config.workspace_dir, sample_now=host.sample_now
+            )
+            self.gallery.frame.grid(row=2, column=0, sticky="ew", padx=4, pady=(0, 8))
+
+    def open_editor(self, index: int) -> SampleEditorWindow:
+        if self.editor_window is not None and self.editor_window.winfo_exists():
+            self.editor_window.close()
+        self.editor_window = SampleEditorWindow(self.page, self.model, self.dialogs, index)
+        return self.editor_window
 
     def update_context(self) -> None:
         super().update_context()

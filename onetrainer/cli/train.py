@@ -51,6 +51,9 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         help="override one setting (repeatable)",
     )
     parser.add_argument("--check", action="store_true", help="validate the config and the files it names, then exit")
+    parser.add_argument(
+        "--preflight", action="store_true", help="report the images, buckets, steps and cache, then exit"
+    )
     return parser
 
 
@@ -80,7 +83,20 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     if args.check:
         print("The config is valid.")
         return EXIT_OK
+    if args.preflight:
+        return _preflight(config)
     return _train(config)
+
+
+def _preflight(config) -> int:
+    from onetrainer.config.io import pack
+    from onetrainer.data.preflight import preflight_report
+    from onetrainer.families.sources import resolve_local
+
+    packed, _ = pack(config)
+    report = preflight_report(packed, resolve_local)
+    print(report.text())
+    return EXIT_INVALID if report.errors else EXIT_OK
 
 
 def _train(config) -> int:

@@ -43,7 +43,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 # A value that would change the result is an error, so nobody trains believing it was applied; one that only
 # affects convenience is a warning. Entries leave this table as the features land.
 def not_yet_implemented(config: TrainConfig) -> list[Problem]:
-    from onetrainer.config.enums import ConceptType
+    from onetrainer.config.enums import ConceptType, TrainingMethod
 
     problems: list[Problem] = []
 
@@ -67,28 +67,13 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
         error("preserve_embedding_norm", "preserving the embedding norm")
     if config.force_circular_padding:
         error("force_circular_padding", "circular padding")
-    if config.only_cache:
-        error("only_cache", "'only cache' (the on-disk cache)")
-    if config.validation:
-        warning("validation", "validation")
     if config.debug_mode:
         warning("debug_mode", "debug mode")
     if config.include_train_config.value != "NONE":
         warning("include_train_config", "storing the config in the output file")
-    resolution = config.resolution.replace(" ", "")
-    if "," in resolution or "x" in resolution.lower():
-        warning("resolution", "multi-resolution and exact sizes (training at the largest size, square)")
     for i, concept in enumerate(config.concepts or []):
-        if concept.type is ConceptType.PRIOR_PREDICTION:
-            error(f"concepts.{i}.type", "a PRIOR_PREDICTION concept")
-        image = concept.image
-        augmentations = [name for name in vars(image) if name.startswith("enable_") and getattr(image, name)]
-        augmentations = [a for a in augmentations if a != "enable_crop_jitter"]
-        if augmentations:
-            warning(f"concepts.{i}.image", "image augmentation (" + ", ".join(augmentations) + ")")
-        text = concept.text
-        if text.enable_tag_shuffling or text.tag_dropout_enable or text.caps_randomize_enable:
-            warning(f"concepts.{i}.text", "text augmentation")
+        if concept.type is ConceptType.PRIOR_PREDICTION and config.training_method is not TrainingMethod.LORA:
+            problems.append(Problem(f"concepts.{i}.type", "PRIOR_PREDICTION concepts need the LORA training method"))
     return problems
 
 

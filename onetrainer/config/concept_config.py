@@ -52,9 +52,9 @@ class ConceptImageConfig(ConfigNode):
     random_hue_max_strength: float = setting(
         0.0,
         "Hue max strength",
-        "The largest hue shift, as a fraction of the colour wheel (0–0.5).",
+        "The largest hue shift: 1 = up to half the colour wheel either way.",
         minimum=0,
-        maximum=0.5,
+        maximum=1,
     )
     enable_random_circular_mask_shrink: bool = setting(
         False,
@@ -93,8 +93,8 @@ class ConceptTextConfig(ConfigNode):
     tag_dropout_mode: str = setting(
         "FULL",
         "Dropout mode",
-        "FULL drops each tag with the probability; RANDOM first draws a probability up to it; RANDOM WEIGHTED "
-        "drops later tags more often.",
+        "FULL drops all droppable tags at once, with the probability; RANDOM drops each tag with the probability; "
+        "RANDOM WEIGHTED drops later tags more often.",
         choices=TAG_DROPOUT_MODES,
     )
     tag_dropout_probability: float = setting(
@@ -103,7 +103,8 @@ class ConceptTextConfig(ConfigNode):
     tag_dropout_special_tags_mode: str = setting(
         "NONE",
         "Special tags mode",
-        "BLACKLIST: the special tags are never dropped; WHITELIST: only the special tags may be dropped.",
+        "WHITELIST: the special tags are never dropped (all others may be); BLACKLIST: only the special tags may be "
+        "dropped.",
         choices=SPECIAL_TAG_MODES,
     )
     tag_dropout_special_tags: str = setting(
@@ -123,7 +124,7 @@ class ConceptTextConfig(ConfigNode):
         "The modes to choose from, comma separated: capslock, title, first, random.",
     )
     caps_randomize_probability: float = setting(
-        0.0, "Capitalization probability", "The chance a caption is changed.", minimum=0, maximum=1
+        0.0, "Capitalization probability", "The chance each tag's capitalization is changed.", minimum=0, maximum=1
     )
     caps_randomize_lowercase: bool = setting(False, "Lowercase first", "Lowercase the caption before randomizing.")
 

@@ -311,6 +311,15 @@ class TrainConfig(ConfigNode):
         tab="data",
         group="Data",
     )
+    drop_incomplete_batches: bool = setting(
+        False,
+        "Drop incomplete batches",
+        "OneTrainer's behaviour: images left over when a bucket's image count is not a multiple of the batch size are "
+        "dropped for that epoch (and listed). Off: the last batch of a bucket is filled with other images of the "
+        "bucket, so every image trains at least once per epoch.",
+        tab="data",
+        group="Data",
+    )
     clear_cache_before_training: bool = setting(
         False,
         "Clear cache before training",

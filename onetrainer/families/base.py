@@ -87,6 +87,12 @@ class Family(ABC):
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels in [-1, 1] → scaled latents."""
 
+    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor, input_masks: torch.Tensor | None) -> dict:
+        """Per-batch denoiser inputs beyond latents, timesteps and text (SDXL's size and crop ids, the inpainting mask
+        and masked image). `batch` carries `original_sizes` and `crop_offsets` ((top, left) in the resized image);
+        `input_masks` is the inpainting input mask (None for other models)."""
+        return {}
+
     @abstractmethod
     def predict(
         self,
@@ -101,6 +107,11 @@ class Family(ABC):
     @abstractmethod
     def pipeline(self, model: LoadedModel, sampler: Any) -> Any:
         """A diffusers pipeline over the live modules, for sampling."""
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
+        with a clip skip per text encoder, which the pipeline cannot express)."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt}
 
     @abstractmethod
     def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:

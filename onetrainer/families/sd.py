@@ -160,12 +160,10 @@ class StableDiffusionFamily(Family):
         latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
         return latents * vae.config.scaling_factor
 
-    def inpainting_inputs(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
-        """The extra UNet inputs of inpainting models: the mask at latent size and the latents of the masked image."""
-        keep = (masks < 0.5).to(pixels.dtype)
-        masked_latents = self.encode_images(model, pixels * keep)
-        small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
-        return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
+    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
+        if not model.info.inpainting or input_masks is None:
+            return {}
+        return inpainting_inputs(self, model, pixels, input_masks, batch.masked_latents)
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
         unet = model.part("unet")
@@ -266,6 +264,18 @@ class StableDiffusionFamily(Family):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def inpainting_inputs(family, model, pixels, masks: torch.Tensor, cached_masked_latents=None) -> dict:
+    """The extra inputs of inpainting UNets: the mask at latent size and the latents of the image with the masked
+    (white) area blanked, encoded now from `pixels` or taken from the cache."""
+    if pixels is not None:
+        keep = (masks < 0.5).to(pixels.dtype)
+        masked_latents = family.encode_images(model, pixels * keep)
+    else:
+        masked_latents = cached_masked_latents.to(masks.device)
+    small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
+    return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
 
 
 def _v_prediction(config, model_type: ModelType) -> bool:

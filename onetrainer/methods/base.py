@@ -31,8 +31,10 @@ class Method(ABC):
         bundled = {}
         if config.training_method is TrainingMethod.LORA and config.lora_model_name:
             bundled = bundled_embeddings(load_state_dict(config.lora_model_name))
+        # Each text encoder's "train embedding" switch decides whether its vectors of every embedding train.
+        trained = [s.part for s in model.text_encoders if config.part(s.part).train_embedding]
         self.embeddings = EmbeddingSet(
-            model, embedding_configs, torch_dtype(config.embedding_weight_dtype), device, bundled
+            model, embedding_configs, torch_dtype(config.embedding_weight_dtype), device, bundled, trained
         )
 
     def _embedding_configs(self) -> list:
@@ -54,7 +56,7 @@ class Method(ABC):
         """The parts gradients flow through: the denoiser always, text encoders when they or embeddings train."""
         parts = [self.family.denoiser_part]
         for slot in self.model.text_encoders:
-            if slot.part in self.trained_parts() or self.embeddings.parameters():
+            if slot.part in self.trained_parts() or self.embeddings.parameters(slot.part):
                 parts.append(slot.part)
         return parts
 
@@ -73,6 +75,10 @@ class Method(ABC):
                 continue
             enabled.append(part)
         return enabled
+
+    def adapters_disabled(self):
+        """A context in which the model predicts as the base model (prior-prediction concepts); LoRA only."""
+        raise NotImplementedError("prior-prediction concepts need the LORA training method")
 
     def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
         """Freeze what has reached its "stop training after"; returns the names of what was frozen now."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +71,13 @@ class EmbeddingSet:
         dtype: torch.dtype,
         device: torch.device | str,
         bundled: dict[str, dict[str, torch.Tensor]] | None = None,
+        trained_parts: Collection[str] | None = None,
     ) -> None:
-        """`bundled`: vectors by placeholder from a LoRA file, used for embeddings that name no file of their own."""
+        """`bundled`: vectors by placeholder from a LoRA file, used for embeddings that name no file of their own.
+        `trained_parts`: the text encoders whose vectors train (None: all); the others' vectors stay as loaded."""
         self.model = model
         self._bundled = bundled or {}
+        self.trained_parts = {s.part for s in model.text_encoders} if trained_parts is None else set(trained_parts)
         self.embeddings: list[Embedding] = []
         self._hooks: dict[str, _LookupHook] = {}
         self._handles = []
@@ -108,7 +112,8 @@ class EmbeddingSet:
                     )
             else:
                 initial = self._initial_vectors(slot, config.initial_embedding_text, count)
-            vector = torch.nn.Parameter(initial.to(device=device, dtype=dtype), requires_grad=bool(config.train))
+            trains = bool(config.train) and slot.part in self.trained_parts
+            vector = torch.nn.Parameter(initial.to(device=device, dtype=dtype), requires_grad=trains)
             embedding.vectors[slot.part] = vector
             self._hooks[slot.part].tables.append(vector)
         return embedding
@@ -142,15 +147,22 @@ class EmbeddingSet:
     def mentioned_in(self, texts: list[str]) -> dict[str, bool]:
         return {e.placeholder: any(e.placeholder in t for t in texts) for e in self.embeddings}
 
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return [v for e in self.embeddings if e.trainable for v in e.vectors.values()]
+    def parameters(self, part: str | None = None) -> list[torch.nn.Parameter]:
+        """The vectors that train (of one text encoder `part`, or of all)."""
+        return [v for e in self.embeddings for p in e.vectors if (v := self._trained_vector(e, p, part)) is not None]
+
+    def _trained_vector(self, embedding: Embedding, part: str, only: str | None) -> torch.nn.Parameter | None:
+        if not embedding.trainable or part not in self.trained_parts or (only is not None and part != only):
+            return None
+        return embedding.vectors[part]
 
     def param_groups(self, default_lr: float) -> list[dict]:
         groups = []
         for e in self.embeddings:
-            if e.trainable:
+            params = [v for p in e.vectors if (v := self._trained_vector(e, p, None)) is not None]
+            if params:
                 lr = e.config.learning_rate if e.config.learning_rate is not None else default_lr
-                groups.append({"name": f"embedding/{e.placeholder}", "params": list(e.vectors.values()), "lr": lr})
+                groups.append({"name": f"embedding/{e.placeholder}", "params": params, "lr": lr})
         return groups
 
     def freeze(self, embedding: Embedding) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -90,22 +92,24 @@ class LoraMethod(Method):
         state = load_state_dict(path)
         out: dict[str, dict] = {}
         if any(k.startswith("lora_") for k in state):
+            # Each kohya module name belongs to the part whose module it names (`family.kohya_name`).
+            left = {k.partition(".")[0] for k in state if not k.startswith("bundle_emb.")}
             for part in self._candidate_parts():
                 names = {
                     self.family.kohya_name(part, n): n
                     for n, m in self.model.part(part).named_modules()
                     if isinstance(m, _ADAPTABLE)
                 }
-                prefix = self.family.kohya_name(part, "x")[:-1]
-                mine = {k: v for k, v in state.items() if k.startswith(prefix)}
+                mine = {k: v for k, v in state.items() if k.partition(".")[0] in names}
                 if not mine:
                     continue
                 weights, alphas, ranks, unknown = kohya_to_peft(mine, names)
                 if unknown:
-                    raise ValueError(
-                        f"{path}: {len(unknown)} LoRA modules do not exist in this model, e.g. {unknown[0]}"
-                    )
+                    raise ValueError(f"{path}: unknown LoRA weights, e.g. {unknown[0]}")
+                left -= {k.partition(".")[0] for k in mine}
                 out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks}
+            if left:
+                raise ValueError(f"{path}: {len(left)} LoRA modules do not exist in this model, e.g. {sorted(left)[0]}")
             if not out:
                 raise ValueError(f"{path} holds no LoRA weights for this model")
             return out
@@ -145,6 +149,20 @@ class LoraMethod(Method):
                 self._frozen.add(part)
                 frozen.append(part)
         return frozen
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for part in self.ranks for m in self.model.part(part).modules() if isinstance(m, BaseTunerLayer)]
+        # peft's enable_adapters() also resets requires_grad, which would unfreeze stopped parts: flip the switch only.
+        for layer in layers:
+            layer._disable_adapters = True
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer._disable_adapters = False
 
     # -- state ----------------------------------------------------------------------------------------------------
 

@@ -14,6 +14,10 @@ class EmbeddingMethod(Method):
         super().__init__(config, family, model, device)
         for module in model.parts.values():
             module.requires_grad_(False)
+        if self.embedding.trainable and not self.embeddings.parameters():
+            raise ValueError(
+                "no text encoder trains the embedding: turn on 'Train embedding' for at least one text encoder"
+            )
 
     @property
     def embedding(self):

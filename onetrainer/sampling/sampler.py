@@ -13,6 +13,7 @@ from PIL import Image
 from onetrainer.sampling.schedulers import create_sampler
 
 log = logging.getLogger(__name__)
+NOT_FINITE = "onetrainer.not_finite"  # Image.info key: the decoded sample held NaN or infinite values
 
 
 def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=False):
@@ -23,13 +24,12 @@ def render(family, model, sample, apply_embeddings=lambda text: text, device="cp
     seed = random.randint(0, 2**31 - 1) if sample.random_seed else sample.seed
     generator = torch.Generator(device="cpu").manual_seed(seed)
     arguments = {
-        "prompt": apply_embeddings(sample.prompt),
-        "negative_prompt": apply_embeddings(sample.negative_prompt) or None,
         "width": sample.width,
         "height": sample.height,
         "num_inference_steps": sample.diffusion_steps,
         "guidance_scale": sample.cfg_scale,
         "generator": generator,
+        "output_type": "np",
     }
     if model.info.inpainting:
         arguments.update(_inpainting_inputs(sample))
@@ -40,10 +40,23 @@ def render(family, model, sample, apply_embeddings=lambda text: text, device="cp
         module.eval()
     try:
         with torch.no_grad():
-            return pipe(**arguments).images[0]
+            negative = apply_embeddings(sample.negative_prompt) or None
+            arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
+            array = pipe(**arguments).images[0]
     finally:
         for name, module in model.parts.items():
             module.train(training[name])
+    return to_image(array)
+
+
+def to_image(array: np.ndarray) -> Image.Image:
+    """A pipeline's float image in [0, 1] as a PIL image; one with NaN values is marked for `looks_broken`."""
+    not_finite = not bool(np.isfinite(array).all())
+    pixels = (np.nan_to_num(np.clip(array, 0.0, 1.0), nan=0.0) * 255).round().astype(np.uint8)
+    image = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
+    if not_finite:
+        image.info[NOT_FINITE] = True
+    return image
 
 
 def _inpainting_inputs(sample) -> dict:
@@ -54,11 +67,14 @@ def _inpainting_inputs(sample) -> dict:
         mask = Image.open(sample.mask_image_path).convert("L").resize(size) if sample.mask_image_path else None
     else:
         image, mask = Image.new("RGB", size, (127, 127, 127)), None
-    return {"image": image, "mask_image": mask or Image.new("L", size, 255)}
+    # Painting starts from pure noise (SDXL's inpainting pipeline defaults to 0.9999, which leaves 0 of 1 step).
+    return {"image": image, "mask_image": mask or Image.new("L", size, 255), "strength": 1.0}
 
 
 def looks_broken(image: Image.Image) -> str | None:
     """A reason when a sample is all black or not a number (usually an fp16 VAE), else None."""
+    if image.info.get(NOT_FINITE):
+        return "the sample decoded to NaN (not a number)"
     array = np.asarray(image)
     if array.size and array.max() == 0:
         return "the sample is all black"

@@ -43,6 +43,29 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class Scalars:
+    """Other measurements at a step, by TensorBoard tag (validation losses, …)."""
+
+    global_step: int
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CacheFilled:
+    """The cache is ready before training: how many items the run needs, how many had to be encoded, how long it took
+    (`kind`: "latents" or "captions")."""
+
+    kind: str
+    needed: int
+    encoded: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.encoded / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class SampleReady:
     global_step: int
     index: int
@@ -76,7 +99,7 @@ class Failed:
     log_path: str = ""
 
 
-Event = Started | Progress | Metrics | SampleReady | Status | Warning_ | Finished | Failed
+Event = Started | Progress | Metrics | Scalars | CacheFilled | SampleReady | Status | Warning_ | Finished | Failed
 
 
 class EventSink(Protocol):

@@ -64,7 +64,7 @@ def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> 
 
 
 def _user_message(error: Exception) -> str:
-    from onetrainer.data.dataset import DatasetError
+    from onetrainer.data.training_data import DatasetError
     from onetrainer.families.loading import ModelLoadError
     from onetrainer.families.sources import ModelNotFound
     from onetrainer.training.trainer import NonFiniteLoss

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from onetrainer.training.events import Event, Metrics, SampleReady
+from onetrainer.training.events import Event, Metrics, SampleReady, Scalars
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ class TensorBoardSink:
             for name, value in event.learning_rates.items():
                 self.writer.add_scalar(f"lr/{name}", value, event.global_step)
             for name, value in event.extra.items():
+                self.writer.add_scalar(name, value, event.global_step)
+        elif isinstance(event, Scalars):
+            for name, value in event.values.items():
                 self.writer.add_scalar(name, value, event.global_step)
         elif isinstance(event, SampleReady) and self.samples:
             self._add_image(event)

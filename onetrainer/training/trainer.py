@@ -15,8 +15,11 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.config.enums import EMAMode
-from onetrainer.data.dataset import TrainingDataset, hash_seed
+from onetrainer.config.enums import ConceptType, EMAMode
+from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
+from onetrainer.data.loader import step_batches
+from onetrainer.data.plan import hash_seed
+from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
@@ -28,10 +31,12 @@ from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, s
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
     Broadcast,
+    CacheFilled,
     Finished,
     Metrics,
     Progress,
     SampleReady,
+    Scalars,
     Started,
     Status,
     Warning_,
@@ -69,15 +74,21 @@ class Trainer:
         for module in self.model.parts.values():
             module.to(self.device)
         self.status("reading the training images")
-        self.dataset = TrainingDataset(config, resolve_local)
-        torch.manual_seed(hash_seed(self.dataset.config_seed, 0x5EED))  # adapters initialise the same way every run
+        self.data = TrainingData(config, self.model.info.family.bucket_step, resolve_local)
+        self._report_scan()
+        torch.manual_seed(hash_seed(self.data.seed, 0x5EED))  # adapters initialise the same way every run
         self.method = create_method(config, self.family, self.model, self.device)
-        for problem in self.dataset.problems:
-            self.warn(problem)
         self._check_placeholders()
+        self.with_masks = config.masked_training or self.model.info.inpainting
+        self.text_cache = None
+        if config.latent_caching:
+            self._fill_caches()
+        if config.only_cache:
+            self.status("the cache is filled ('only cache' is on)")
+            return Finished("cached")
 
-        steps_per_epoch = self.dataset.steps_per_epoch
-        total_steps = steps_per_epoch * config.epochs
+        total_steps = self.data.total_steps()
+        steps_per_epoch = self.data.steps_in_epoch(self.progress.epoch)
         self.method.enable_gradient_checkpointing()
         self.param_groups = self.method.param_groups()
         lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config))
@@ -110,7 +121,10 @@ class Trainer:
         sample_every = Interval(config.sample_after, config.sample_after_unit, config.sample_skip_first)
         backup_every = Interval(config.backup_after, config.backup_after_unit)
         save_every = Interval(config.save_every, config.save_every_unit, config.save_skip_first)
-        for interval in (sample_every, backup_every, save_every):
+        validate_every = Interval(config.validate_after, config.validate_after_unit)
+        if not (config.validation and self.data.validation_images):
+            validate_every = Interval(0, validate_every.unit)
+        for interval in (sample_every, backup_every, save_every, validate_every):
             interval.start()
         self.method.update_freezing(self.progress.global_step, self.progress.epoch)
         self._set_train_mode()
@@ -121,20 +135,22 @@ class Trainer:
 
         for epoch in range(self.progress.epoch, config.epochs):
             self.progress.epoch = epoch
-            batches = self.dataset.epoch_order(epoch)
-            accumulation = config.gradient_accumulation_steps
-            while self.progress.epoch_step < steps_per_epoch and not self.control.stop_requested:
+            steps_per_epoch = self.data.steps_in_epoch(epoch)
+            text_cached = self.text_cache is not None
+            steps = step_batches(
+                self.data, epoch, self.progress.epoch_step, self.with_masks, text_cached, config.dataloader_threads
+            )
+            for batches in steps:
+                if self.control.stop_requested:
+                    break
                 started = time.monotonic()
-                first = self.progress.epoch_step * accumulation
-                loss = self.train_step(batches[first : first + accumulation], epoch)
+                loss = self.train_step(batches)
                 self.progress.epoch_step += 1
                 self.progress.global_step += 1
                 step_times = [*step_times[-19:], time.monotonic() - started]
 
                 n = self.progress.global_step
-                smooth_loss = (
-                    loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * (1 - min(0.99, 1 - 1 / n))
-                )
+                smooth_loss = loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * max(0.01, 1 / n)
                 extra = {"ema_decay": self.ema.current_decay()} if self.ema else {}
                 self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer), extra))
                 self._emit_progress(total_steps, steps_per_epoch, step_times)
@@ -148,6 +164,8 @@ class Trainer:
                     self.backup()
                 if save_every.after_step(n) or self.control.take("save"):
                     self.save_intermediate()
+                if validate_every.after_step(n):
+                    self.validate()
             if self.progress.epoch_step >= steps_per_epoch:
                 self.progress.epoch, self.progress.epoch_step = epoch + 1, 0
                 if sample_every.after_epoch(epoch + 1):
@@ -156,6 +174,8 @@ class Trainer:
                     self.backup()
                 if save_every.after_epoch(epoch + 1):
                     self.save_intermediate()
+                if validate_every.after_epoch(epoch + 1):
+                    self.validate()
             if self.control.stop_requested:
                 break
 
@@ -166,14 +186,15 @@ class Trainer:
         return Finished(reason, str(output), self.progress.global_step)
 
     # =================================================================================================================
-    def train_step(self, batches: list[list[int]], epoch: int) -> float:
+    def train_step(self, batches: list[Batch]) -> float:
         """One optimizer step over `batches` (gradient accumulation); returns the mean loss of the micro-batches."""
-        seed = hash_seed(self.dataset.config_seed, self.progress.global_step)
+        seed = hash_seed(self.data.seed, self.progress.global_step)
         torch.manual_seed(seed)  # adapter dropout and anything else that uses torch's global generator
         generator = torch.Generator(device="cpu").manual_seed(seed)
         total = 0.0
-        for indices in batches:
-            batch = self.dataset.load_batch(indices, epoch, self.config.masked_training or self.model.info.inpainting)
+        for batch in batches:
+            for problem in batch.problems:
+                self.warn(problem)
             with autocast(self.device, self.config.train_dtype):
                 loss = self.batch_loss(batch, generator) / len(batches)
             if not torch.isfinite(loss):
@@ -193,33 +214,42 @@ class Trainer:
             self.ema.after_step(self.progress.global_step + 1)
         return total
 
-    def batch_loss(self, batch, generator: torch.Generator) -> torch.Tensor:
+    def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
         config, family, model = self.config, self.family, self.model
-        pixels = batch.pixels.to(self.device)
-        with torch.no_grad(), autocast(self.device, fallback_dtype(config)):
-            latents = family.encode_images(model, pixels).float()
+        latents = self._latents(batch)
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
         dropout = config.part(model.text_encoders[0].part).dropout_probability
         if dropout > 0:
             drops = torch.rand(len(captions), generator=generator) < dropout
             captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
-        conditioning = family.encode_text(model, family.tokenize(model, captions))
+        if self.text_cache is not None:
+            conditioning = self.text_cache.conditioning(captions, self.device)
+        else:
+            conditioning = family.encode_text(model, family.tokenize(model, captions))
 
         noise = diffusion.sample_noise(latents, generator, config)
-        timesteps = diffusion.sample_timesteps(
-            len(latents), model.noise_scheduler.config.num_train_timesteps, generator, config, self.device
-        )
+        if timesteps is None:
+            timesteps = diffusion.sample_timesteps(
+                len(latents), model.noise_scheduler.config.num_train_timesteps, generator, config, self.device
+            )
         noisy = model.noise_scheduler.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
 
         keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
-        extra = {}
-        if model.info.inpainting:
-            input_masks = batch.masks.clone()
-            input_masks[keep_unmasked] = 1.0  # trained as if unmasked: the whole image is to be painted
-            extra = family.inpainting_inputs(model, pixels, input_masks.to(self.device))
+        extra = family.batch_inputs(model, batch, self._pixels(batch), self._input_masks(batch, keep_unmasked))
+        if "masked_latents" in extra and batch.blank_latents is not None:
+            # Cached inputs: a sample trained as if unmasked gets the latents of a blank image.
+            blank = batch.blank_latents.to(self.device, extra["masked_latents"].dtype)
+            unmasked = keep_unmasked.to(self.device).view(-1, 1, 1, 1)
+            extra["masked_latents"] = torch.where(unmasked, blank, extra["masked_latents"])
         prediction = family.predict(model, noisy, timesteps, conditioning, extra).float()
         target = diffusion.training_target(model.noise_scheduler, latents, noise, timesteps, model.v_prediction)
+        prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
+        if any(prior):
+            # Prior-prediction concepts learn the base model's own prediction: the LoRA must not drift there.
+            with torch.no_grad(), self.method.adapters_disabled():
+                base = family.predict(model, noisy, timesteps, conditioning, extra).float()
+            target = torch.where(torch.tensor(prior, device=self.device).view(-1, 1, 1, 1), base, target.float())
 
         weights = None
         if config.masked_training and batch.masks is not None:
@@ -236,6 +266,43 @@ class Trainer:
         )
         loss = (per_sample * batch.loss_weights.to(self.device)).mean()
         return loss * _scaler_factor(config.loss_scaler.value, config)
+
+    def _latents(self, batch: Batch) -> torch.Tensor:
+        if batch.latents is not None:
+            return batch.latents.to(self.device).float()
+        with torch.no_grad(), autocast(self.device, fallback_dtype(self.config)):
+            return self.family.encode_images(self.model, batch.pixels.to(self.device)).float()
+
+    def _pixels(self, batch: Batch) -> torch.Tensor | None:
+        return batch.pixels.to(self.device) if batch.pixels is not None else None
+
+    def _input_masks(self, batch: Batch, keep_unmasked: torch.Tensor) -> torch.Tensor | None:
+        """The inpainting input masks; a sample trained as if unmasked gets an all-white one (paint everything)."""
+        if not self.model.info.inpainting or batch.masks is None:
+            return None
+        masks = batch.masks.clone()
+        masks[keep_unmasked] = 1.0
+        return masks.to(self.device)
+
+    # =================================================================================================================
+    def validate(self) -> None:
+        """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
+        self.status("validating")
+        losses: dict[str, list[float]] = {}
+        timestep = self.model.noise_scheduler.config.num_train_timesteps // 2 - 1
+        with torch.no_grad():
+            for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
+                generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
+                fixed = torch.full((batch.size,), timestep, dtype=torch.long, device=self.device)
+                with autocast(self.device, self.config.train_dtype):
+                    loss = float(self.batch_loss(batch, generator, fixed))
+                name = self.config.concepts[self.data.validation_images[batch.samples[0].image].concept]
+                losses.setdefault(name.name or name.path, []).append(loss)
+        scalars = {f"loss/validation_step/{name}": sum(v) / len(v) for name, v in losses.items()}
+        if scalars:
+            scalars["loss/validation_step/total_average"] = sum(scalars.values()) / len(scalars)
+            self.events.emit(Scalars(self.progress.global_step, scalars))
+        self._set_train_mode()
 
     # =================================================================================================================
     def sample(self) -> None:
@@ -330,6 +397,43 @@ class Trainer:
         p = self.progress
         self.status(f"resumed from {latest.name}: epoch {p.epoch + 1}, step {p.global_step}")
 
+    def _report_scan(self) -> None:
+        """Say what the scan found that will not be trained as it is: nothing is left out silently."""
+        for scan in self.data.scans:
+            for problem in scan.problems:
+                self.warn(f"concept '{scan.name}': {problem}")
+            for path, reason in scan.unreadable:
+                self.warn(f"{path}: skipped ({reason})")
+            for path in scan.resized_masks:
+                self.warn(f"{path}: the mask's size differs from its image; it is resized")
+            for text in scan.caption_warnings:
+                self.warn(text)
+            if scan.missing_captions:
+                self.warn(f"concept '{scan.name}': {len(scan.missing_captions)} images have no caption file")
+            if scan.missing_masks and self.config.masked_training:
+                self.status(f"concept '{scan.name}': {len(scan.missing_masks)} images have no mask (trained whole)")
+        dropped = sorted({s.image for e in range(self.config.epochs) for s in self.data.plan(e).dropped})
+        if dropped:
+            names = ", ".join(str(self.data.images[i].path.name) for i in dropped[:10])
+            self.warn(f"drop_incomplete_batches: {len(dropped)} images are left out of some epochs ({names}…)")
+
+    def _fill_caches(self) -> None:
+        config = self.config
+        stats = fill_latent_cache(self.data, self.family, self.model, config, self.with_masks, self.status)
+        for failure in stats.failed:
+            self.warn(f"{failure}; skipped")
+        if not self.data.images:
+            raise DatasetError("no training image could be decoded")
+        rate = f"{stats.per_second:.1f}/s"
+        self.status(f"latents: {stats.needed - stats.encoded} cached, {stats.encoded} encoded ({rate})")
+        self.events.emit(CacheFilled("latents", stats.needed, stats.encoded, stats.seconds))
+        if text_encoders_frozen(config):
+            self.text_cache, text_stats = fill_text_cache(
+                self.data, self.family, self.model, config, self.method.embeddings.apply, self.status
+            )
+            self.status(f"captions: {text_stats.needed - text_stats.encoded} cached, {text_stats.encoded} encoded")
+            self.events.emit(CacheFilled("captions", text_stats.needed, text_stats.encoded, text_stats.seconds))
+
     def _create_ema(self) -> EMA | None:
         if self.config.ema is EMAMode.OFF:
             return None
@@ -339,7 +443,7 @@ class Trainer:
 
     def _check_placeholders(self) -> None:
         """An embedding whose placeholder appears in no caption or prompt learns nothing: say so before training."""
-        captions = [c for sample in self.dataset.samples for c in sample.captions]
+        captions = [c for entry in self.data.images for c in entry.captions]
         prompts = [s.prompt for s in (self.config.samples or [])]
         for placeholder, found in self.method.embeddings.mentioned_in(captions).items():
             if not found:

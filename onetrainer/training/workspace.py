@@ -16,6 +16,7 @@ from onetrainer.training.events import (
     Metrics,
     Progress,
     SampleReady,
+    Scalars,
     Started,
     Status,
     Warning_,
@@ -97,6 +98,8 @@ class LogFileSink:
         if isinstance(event, Metrics):
             rates = " ".join(f"lr/{k}={v:.3g}" for k, v in event.learning_rates.items())
             return f"step {event.global_step}: loss={event.loss:.6f} smooth={event.smooth_loss:.6f} {rates}"
+        if isinstance(event, Scalars):
+            return f"step {event.global_step}: " + " ".join(f"{k}={v:.6f}" for k, v in event.values.items())
         if isinstance(event, SampleReady):
             return f"sample {event.index} ({event.prompt!r}): {event.path}"
         if isinstance(event, Status):

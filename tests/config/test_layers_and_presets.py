@@ -19,6 +19,7 @@ from onetrainer.config import (
 from onetrainer.config.concept_config import ConceptConfig
 from onetrainer.config.enums import ModelType, TrainingMethod
 from onetrainer.config.io import ConfigFileError, parse_set_value, preset_path, read_config_dict, save_side_file
+from onetrainer.config.model_types import family_of
 from onetrainer.families import is_trainable
 
 REQUIRED_PRESETS = {
@@ -34,6 +35,11 @@ REQUIRED_PRESETS = {
     "sd21/finetune-768",
     "sd21/lora-768",
     "sd21/embedding-768",
+    "sdxl/finetune",
+    "sdxl/lora",
+    "sdxl/lora-low-vram",
+    "sdxl/embedding",
+    "sdxl/inpainting-lora",
     "pixart/finetune",
     "wuerstchen/finetune",
     "cascade/finetune",
@@ -63,10 +69,13 @@ def test_sd21_768_presets_train_at_768():
         assert config.model_type is ModelType.STABLE_DIFFUSION_21 and config.resolution == "768"
 
 
-def test_low_vram_preset_uses_the_memory_savers():
-    config, _ = load_preset("sd15/lora-low-vram")
+@pytest.mark.parametrize("name", ["sd15/lora-low-vram", "sdxl/lora-low-vram"])
+def test_low_vram_preset_uses_the_memory_savers(name):
+    config, _ = load_preset(name)
     assert config.unet.weight_dtype.value == "FLOAT_16" and config.unet.gradient_checkpointing
     assert config.latent_caching and config.optimizer.optimizer.value == "ADAMW_8BIT" and config.batch_size == 1
+    encoders = [p for p in family_of(config.model_type).parts if p.startswith("text_encoder")]
+    assert encoders and not any(config.part(p).train for p in encoders)  # their outputs are cached
 
 
 def test_later_families_are_offered_as_not_trainable_yet():

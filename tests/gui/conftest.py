@@ -3,7 +3,6 @@ and fake training functions that emit a realistic event sequence."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gui.display import NoDisplayError
+from gui.display import display as virtual_display
 from onetrainer.config import ConceptConfig, SampleConfig, TrainConfig
 from onetrainer.config.enums import ModelFormat, TrainingMethod
 from onetrainer.training.control import TrainingControl
@@ -30,66 +31,22 @@ from onetrainer.training.events import (
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT_DIR = REPO / "test-artifacts" / "screenshots"
-XVFB_SCREEN = "1600x1000x24"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Display
 
 
-def _start_xvfb(binary: str) -> tuple[subprocess.Popen, str]:
-    """Start Xvfb on a free display number (Xvfb picks it and reports it through -displayfd)."""
-    read_fd, write_fd = os.pipe()
-    process = subprocess.Popen(
-        [binary, "-displayfd", str(write_fd), "-screen", "0", XVFB_SCREEN, "-nolisten", "tcp"],
-        pass_fds=(write_fd,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(write_fd)
-    data = b""
-    deadline = time.monotonic() + 20
-    while not data.endswith(b"\n") and time.monotonic() < deadline:
-        chunk = os.read(read_fd, 32)
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_fd)
-    number = data.strip().decode()
-    if not number.isdigit():
-        process.terminate()
-        raise RuntimeError("Xvfb did not report a display number")
-    return process, f":{number}"
-
-
 @pytest.fixture(scope="session")
 def display() -> Iterator[str]:
     """A display for Tk: $DISPLAY when set, else an Xvfb started for the session, else every GUI test is skipped."""
-    existing = os.environ.get("DISPLAY")
-    if existing:
-        yield existing
-        return
-    binary = shutil.which("Xvfb")
-    if binary is None:
-        reason = "GUI tests skipped: no display and Xvfb is not installed (apt-get install xvfb, or set DISPLAY)"
+    try:
+        with virtual_display() as name:
+            yield name
+    except NoDisplayError as e:
+        reason = f"GUI tests skipped: {e}"
         print(reason, file=sys.stderr)
         pytest.skip(reason)
-    try:
-        process, name = _start_xvfb(binary)
-    except (OSError, RuntimeError) as e:
-        reason = f"GUI tests skipped: no display and Xvfb could not start ({e})"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
-    os.environ["DISPLAY"] = name
-    try:
-        yield name
-    finally:
-        os.environ.pop("DISPLAY", None)
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,6 +240,7 @@ def app(shared_app, tmp_path: Path):
     shared_app.dialogs.answers.clear()
     shared_app.dialogs.asked.clear()
     shared_app.runner.train_function = FakeTrainer()
+    shared_app.gallery.clear()
     shared_app.model.replace(default_config(tmp_path))
     shared_app.select_tab("general")
     shared_app.footer.set_status("Ready.")

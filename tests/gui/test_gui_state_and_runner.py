@@ -12,7 +12,7 @@ import pytest
 
 from gui.runner import TrainingRunner, training_threads
 from gui.state import STATE_DIR_ENV, last_config_path, load_last_config, save_last_config, state_dir
-from onetrainer.config import TrainConfig
+from onetrainer.config import TrainConfig, errors
 from onetrainer.config.enums import Optimizer
 from onetrainer.training.events import Failed, Finished, Metrics, Progress, Started
 
@@ -35,7 +35,7 @@ def test_autosave_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert path == last_config_path() and path.is_file()
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # written atomically
     restored, problems = load_last_config()
-    assert problems == []
+    assert errors(problems) == []  # (Prodigy with this learning rate earns a warning)
     assert restored is not None and restored.to_dict() == config.to_dict()
 
 

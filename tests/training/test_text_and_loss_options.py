@@ -38,7 +38,7 @@ def test_clip_skip_uses_an_earlier_layer_through_the_final_norm():
 def test_caption_dropout_of_one_hides_every_caption(tmp_path):
     image_folder(tmp_path, placeholder="<shape>")
     common = {"method": "EMBEDDING", "epochs": 1}
-    outcome, sink = run(tiny_config(tmp_path, text_encoder={"dropout_probability": 1.0}, **common))
+    outcome, _ = run(tiny_config(tmp_path, text_encoder={"dropout_probability": 1.0}, **common))
     assert isinstance(outcome, Finished)
     from safetensors.torch import load_file
 

@@ -1,0 +1,66 @@
+"""The statistics tab's content, read from the preflight report (`onetrainer.data.preflight`): no Tk here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFLIGHT_MISSING = "The statistics are not available yet (onetrainer.data.preflight is missing)."
+LISTED_FILES = 5
+BUCKET_HEADERS = ["Bucket", "Images", "Batches", "Repeated", "Dropped"]
+
+
+@dataclass
+class ConceptStatistics:
+    facts: list[tuple[str, str]] = field(default_factory=list)  # (label, value)
+    notes: list[str] = field(default_factory=list)  # files named by the report, problems, errors
+    bucket_headers: list[str] = field(default_factory=list)
+    bucket_rows: list[list[str]] = field(default_factory=list)
+    bucket_labels: list[str] = field(default_factory=list)  # per bucket, for the chart
+    bucket_images: list[float] = field(default_factory=list)  # images per bucket, for the chart
+
+
+def _names(paths: list[str]) -> str:
+    shown = ", ".join(Path(p).name for p in paths[:LISTED_FILES])
+    return shown + (f" … and {len(paths) - LISTED_FILES} more" if len(paths) > LISTED_FILES else "")
+
+
+def concept_statistics(report: Any, index: int) -> ConceptStatistics:
+    """The facts, notes and bucket table of concept `index` (of the config's list), and the run's totals."""
+    stats = ConceptStatistics()
+    entry = next((c for c in report.concepts if c.index == index), None)
+    if entry is None:
+        stats.notes.append("This concept is not in the report: it is disabled.")
+    else:
+        stats.facts += [
+            ("Folder", entry.folder),
+            ("Trained on", "yes" if entry.trained else "no (validation)"),
+            ("Images found", str(entry.images)),
+            ("Captions missing", str(len(entry.missing_captions))),
+            ("Masks missing", str(len(entry.missing_masks))),
+            ("Masks resized", str(len(entry.resized_masks))),
+            ("Unreadable files", str(len(entry.unreadable))),
+        ]
+        for label, items in (
+            ("Captions missing (trained with an empty caption)", entry.missing_captions),
+            ("Masks missing (trained whole)", entry.missing_masks),
+            ("Masks of another size (resized)", entry.resized_masks),
+        ):
+            if items:
+                stats.notes.append(f"{label}: {_names(items)}")
+        stats.notes += [f"Unreadable, skipped: {Path(path).name} ({reason})" for path, reason in entry.unreadable]
+        stats.notes += [f"Problem: {problem}" for problem in entry.problems]
+        if entry.buckets:
+            stats.bucket_headers = list(BUCKET_HEADERS)
+        for row in entry.buckets:
+            counts = (row.images, row.batches, row.repeated, row.dropped)
+            stats.bucket_rows.append([row.bucket, *(str(n) for n in counts)])
+            stats.bucket_labels.append(row.bucket)
+            stats.bucket_images.append(float(row.images))
+    stats.facts += [
+        ("Steps per epoch (all concepts)", str(report.steps_per_epoch)),
+        ("Total steps (all concepts)", str(report.total_steps)),
+    ]
+    stats.notes += [f"Error: {error}" for error in report.errors]
+    return stats

@@ -1,0 +1,62 @@
+"""The tools tab: the tools that exist, each opening its own window (today: the dataset tool)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import customtkinter as ctk
+
+from gui.tabs.form_tab import FormTab, TabHost
+from gui.windows.dataset_tool import DatasetToolWindow
+
+if TYPE_CHECKING:
+    from gui.dialogs import Dialogs
+    from gui.model import ConfigModel
+
+MUTED_TEXT = ("gray40", "gray60")
+DATASET_TOOL_TEXT = (
+    "Walk through a folder of training images: edit each caption (<image>.txt) and paint the training mask "
+    "(<image>-masklabel.png, white = trained)."
+)
+
+
+class ToolsTab(FormTab):
+    columns = 1
+
+    def __init__(
+        self, page: Any, model: ConfigModel, dialogs: Dialogs | None, key: str = "tools", host: TabHost | None = None
+    ) -> None:
+        super().__init__(page, model, dialogs, key, host)
+        self.dataset_tool: DatasetToolWindow | None = None
+        box = ctk.CTkFrame(self.scroll)
+        box.grid(row=1, column=0, sticky="ew", padx=4, pady=(4, 8))
+        box.grid_columnconfigure(1, weight=1)
+        ctk.CTkLabel(box, text="Tools", font=ctk.CTkFont(size=14, weight="bold"), anchor="w").grid(
+            row=0, column=0, columnspan=2, sticky="w", padx=10, pady=(6, 4)
+        )
+        self.dataset_button = ctk.CTkButton(box, text="Dataset tool", width=160, command=self.open_dataset_tool)
+        self.dataset_button.grid(row=1, column=0, sticky="nw", padx=10, pady=(2, 12))
+        about = ctk.CTkLabel(box, text=DATASET_TOOL_TEXT, text_color=MUTED_TEXT, justify="left", wraplength=700)
+        about.grid(row=1, column=1, sticky="w", padx=6, pady=(2, 12))
+
+    def open_dataset_tool(self, folder: str | None = None) -> DatasetToolWindow:
+        """The dataset tool, opened on `folder` (else on the first concept's folder, when there is one)."""
+        window = self.dataset_tool
+        if window is None or not window.winfo_exists():
+            window = DatasetToolWindow(self.page, self.dialogs, folder or self._first_concept_folder())
+            self.dataset_tool = window
+        else:
+            window.lift()
+            if folder:
+                window.open_folder(folder)
+        return window
+
+    def _first_concept_folder(self) -> str | None:
+        from gui.concept_preview import concept_folder
+
+        for concept in self.model.config.concepts or []:
+            if concept.path.strip() and not concept.path.startswith("tiny:"):
+                folder = concept_folder(concept.path)
+                if folder.is_dir():
+                    return str(folder)
+        return None

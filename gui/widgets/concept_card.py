@@ -1,0 +1,135 @@
+"""A concept's card on the concepts tab: thumbnail, name, folder, enabled switch, clone and delete; a click opens it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import customtkinter as ctk
+
+from gui.concept_preview import concept_folder, first_image
+from gui.forms.fields import ERROR_COLOR, BoolView
+from gui.forms.selection import item_field
+from gui.widgets.pictures import set_picture, thumbnail
+from gui.widgets.tooltip import add_tooltip
+from onetrainer.config import ConceptConfig
+
+if TYPE_CHECKING:
+    from gui.dialogs import Dialogs
+    from gui.model import ConfigModel
+
+CARD_WIDTH = 200
+THUMBNAIL_BOX = (176, 132)
+MUTED_TEXT = ("gray40", "gray60")
+
+# Thumbnails by (folder, subfolders included) → (the folder's modification time, picture): the tab is rebuilt often.
+_thumbnails: dict[tuple[str, bool], tuple[int, ctk.CTkImage | None]] = {}
+
+
+def concept_thumbnail(concept: ConceptConfig) -> ctk.CTkImage | None:
+    """The first image of the concept's folder, small; cached until the folder changes."""
+    folder = concept_folder(concept.path) if concept.path.strip() else None
+    if folder is None or not folder.is_dir():
+        return None
+    key = (str(folder), concept.include_subdirectories)
+    stamp = folder.stat().st_mtime_ns
+    cached = _thumbnails.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    image = first_image(concept)
+    picture = thumbnail(image, THUMBNAIL_BOX) if image is not None else None
+    _thumbnails[key] = (stamp, picture)
+    return picture
+
+
+class ConceptCard:
+    def __init__(
+        self,
+        parent: Any,
+        model: ConfigModel,
+        dialogs: Dialogs | None,
+        index: int,
+        on_open: Callable[[int], None],
+        on_clone: Callable[[int], None],
+        on_remove: Callable[[int], None],
+    ) -> None:
+        self.model = model
+        self.index = index
+        self.path = f"concepts.{index}"
+        self.problem: str | None = None
+        self.frame = ctk.CTkFrame(parent, width=CARD_WIDTH, border_width=2, border_color=self._normal_border())
+        self.frame.grid_columnconfigure(0, weight=1)
+        self.picture = ctk.CTkLabel(self.frame, text="", width=THUMBNAIL_BOX[0], height=THUMBNAIL_BOX[1])
+        self.picture.grid(row=0, column=0, columnspan=3, padx=10, pady=(10, 4))
+        self.name_label = ctk.CTkLabel(
+            self.frame, text="", font=ctk.CTkFont(size=14, weight="bold"), anchor="w", width=CARD_WIDTH - 24
+        )
+        self.name_label.grid(row=1, column=0, columnspan=3, sticky="w", padx=10)
+        self.folder_label = ctk.CTkLabel(
+            self.frame, text="", text_color=MUTED_TEXT, anchor="w", width=CARD_WIDTH - 24, height=18
+        )
+        self.folder_label.grid(row=2, column=0, columnspan=3, sticky="w", padx=10)
+        enabled = item_field(self.concept, "concepts", index, "enabled")
+        self.enabled = BoolView(self.frame, enabled, model, dialogs, with_label=False)
+        self.enabled.input.grid(row=3, column=0, sticky="w", padx=(10, 0), pady=(4, 10))
+        self.enabled.visible = True
+        self.clone_button = ctk.CTkButton(self.frame, text="+", width=28, command=lambda: on_clone(index))
+        self.clone_button.grid(row=3, column=1, padx=2, pady=(4, 10))
+        self.remove_button = ctk.CTkButton(self.frame, text="✕", width=28, command=lambda: on_remove(index))
+        self.remove_button.grid(row=3, column=2, padx=(2, 10), pady=(4, 10))
+        add_tooltip(self.clone_button, "Clone this concept")
+        add_tooltip(self.remove_button, "Delete this concept")
+        self.tooltips = add_tooltip([self.picture, self.name_label, self.folder_label], self._tooltip_text)
+        for widget in (self.frame, self.picture, self.name_label, self.folder_label):
+            widget.bind("<Button-1>", lambda _e: on_open(index))
+        self.show_texts()
+        self.show_thumbnail()
+
+    @property
+    def concept(self) -> ConceptConfig:
+        return self.model.config.concepts[self.index]
+
+    def show_texts(self) -> None:
+        concept = self.concept
+        folder = concept.path.strip()
+        self.name_label.configure(text=_shorten(concept.name or Path(folder).name or "(unnamed)", 22))
+        self.folder_label.configure(text=_shorten_start(folder, 28) if folder else "no folder chosen")
+
+    def show_thumbnail(self) -> None:
+        picture = concept_thumbnail(self.concept)
+        empty = "no images found" if self.concept.path.strip() else "no folder chosen"
+        set_picture(self.picture, picture, "" if picture is not None else empty)
+
+    def sync(self, path: str) -> None:
+        """The config changed at `path`: show what changed on this card."""
+        field = path[len(self.path) + 1 :]
+        if field in ("name", "path"):
+            self.show_texts()
+        if field in ("path", "include_subdirectories"):
+            self.show_thumbnail()
+        if self.enabled.watches(path):
+            self.enabled.sync()
+
+    def set_problem(self, message: str | None) -> None:
+        self.problem = message
+        self.frame.configure(border_color=ERROR_COLOR if message else self._normal_border())
+
+    def _tooltip_text(self) -> str:
+        text = f"{self.concept.path or 'No folder chosen.'}\nClick to edit the concept."
+        return f"⚠ {self.problem}\n\n{text}" if self.problem else text
+
+    def _normal_border(self) -> Any:
+        return ctk.ThemeManager.theme["CTkFrame"]["top_fg_color"]
+
+    def destroy(self) -> None:
+        self.frame.destroy()
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shorten_start(text: str, limit: int) -> str:
+    """Paths lose their start: the folder's own name matters most."""
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]

@@ -1,0 +1,87 @@
+"""The latest samples on the sampling tab: a tile per sample (its newest image); a click shows it large."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import customtkinter as ctk
+
+from gui.gallery import SampleGallery, SampleImage
+from gui.widgets.pictures import set_picture, thumbnail
+from gui.windows.sample_viewer import SampleViewerWindow
+
+TILE_BOX = (150, 150)
+TILES_PER_ROW = 7
+MUTED_TEXT = ("gray40", "gray60")
+
+
+class GalleryView:
+    def __init__(
+        self,
+        parent: Any,
+        gallery: SampleGallery,
+        workspace_dir: Callable[[], str],
+        sample_now: Callable[[], None] | None,
+    ) -> None:
+        self.gallery = gallery
+        self.workspace_dir = workspace_dir
+        self.tiles: list[ctk.CTkFrame] = []
+        self.viewer: SampleViewerWindow | None = None
+        self.frame = ctk.CTkFrame(parent)
+        self.frame.grid_columnconfigure(0, weight=1)
+        header = ctk.CTkFrame(self.frame, fg_color="transparent")
+        header.grid(row=0, column=0, sticky="ew", padx=10, pady=(6, 2))
+        ctk.CTkLabel(header, text="Latest samples", font=ctk.CTkFont(size=14, weight="bold")).pack(side="left")
+        self.sample_now_button = ctk.CTkButton(
+            header, text="Sample now", width=110, command=sample_now or (lambda: None)
+        )
+        self.sample_now_button.pack(side="left", padx=(12, 4))
+        self.refresh_button = ctk.CTkButton(header, text="Load from workspace", width=150, command=self.scan)
+        self.refresh_button.pack(side="left", padx=4)
+        self.tiles_frame = ctk.CTkFrame(self.frame, fg_color="transparent")
+        self.tiles_frame.grid(row=1, column=0, sticky="ew", padx=6, pady=(4, 10))
+        self.empty_label = ctk.CTkLabel(
+            self.tiles_frame, text="No samples yet: they appear here while training.", text_color=MUTED_TEXT
+        )
+        self._unsubscribe = gallery.subscribe(self.show)
+        self.show()
+
+    def scan(self) -> None:
+        self.gallery.scan(self.workspace_dir())
+
+    def show(self) -> None:
+        if not self.tiles_frame.winfo_exists():
+            self._unsubscribe()
+            return
+        for tile in self.tiles:
+            tile.destroy()
+        self.tiles = [self._tile(i, image) for i, image in enumerate(self.gallery.images())]
+        if self.tiles:
+            self.empty_label.grid_remove()
+        else:
+            self.empty_label.grid(row=0, column=0, sticky="w", padx=4)
+
+    def open(self, image: SampleImage) -> SampleViewerWindow:
+        if self.viewer is not None and self.viewer.winfo_exists():
+            self.viewer.destroy()
+        self.viewer = SampleViewerWindow(self.frame, image)
+        return self.viewer
+
+    def _tile(self, position: int, image: SampleImage) -> ctk.CTkFrame:
+        tile = ctk.CTkFrame(self.tiles_frame)
+        tile.grid(row=position // TILES_PER_ROW, column=position % TILES_PER_ROW, padx=4, pady=4, sticky="n")
+        picture = ctk.CTkLabel(tile, text="", width=TILE_BOX[0], height=TILE_BOX[1])
+        picture.grid(row=0, column=0, padx=6, pady=(6, 2))
+        set_picture(picture, thumbnail(image.path, TILE_BOX), "" if image.path.is_file() else "(file missing)")
+        step = f"step {image.step}" if image.step is not None else _shorten(image.path.stem, 18)
+        caption = f"#{image.index + 1} · {step}\n{_shorten(image.prompt, 22)}"
+        text = ctk.CTkLabel(tile, text=caption, justify="left", anchor="w", text_color=MUTED_TEXT)
+        text.grid(row=1, column=0, sticky="w", padx=6, pady=(0, 6))
+        for widget in (tile, picture, text):
+            widget.bind("<Button-1>", lambda _e, image=image: self.open(image))
+        return tile
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,1 @@
+"""The app's secondary windows: concept, sample editor, optimizer and scheduler dialogs, timestep preview, tools."""

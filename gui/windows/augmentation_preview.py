@@ -1,0 +1,198 @@
+"""The concept window's live previews: an image and its mask as augmented, and the augmented captions.
+
+Both walk the concept's images with previous / next (one shared position) and redraw when the concept's settings
+change. The augmentation itself comes from `onetrainer.data` (see `gui.concept_preview`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import customtkinter as ctk
+from PIL import UnidentifiedImageError
+
+from gui.concept_preview import augmented_captions, augmented_image, captions_of, concept_images
+from gui.widgets.pictures import fitted, set_picture
+from onetrainer.config import ConceptConfig
+
+PREVIEW_BOX = (300, 300)
+NOTE_COLOR = ("#9a6700", "#e3b341")
+MUTED_TEXT = ("gray40", "gray60")
+CAPTION_VARIATIONS = 4
+
+
+class PreviewCursor:
+    """The concept's images and the one being previewed; listeners redraw when it moves."""
+
+    def __init__(self, concept: Callable[[], ConceptConfig]) -> None:
+        self._concept = concept
+        self._images: list[Path] | None = None
+        self.position = 0
+        self.listeners: list[Callable[[], None]] = []
+
+    @property
+    def concept(self) -> ConceptConfig:
+        return self._concept()
+
+    def images(self) -> list[Path]:
+        if self._images is None:
+            self._images = concept_images(self.concept)
+        return self._images
+
+    def current(self) -> Path | None:
+        images = self.images()
+        return images[self.position % len(images)] if images else None
+
+    def label(self) -> str:
+        images = self.images()
+        current = self.current()
+        return f"{current.name}  ({self.position % len(images) + 1} / {len(images)})" if current else ""
+
+    def move(self, delta: int) -> None:
+        if self.images():
+            self.position = (self.position + delta) % len(self.images())
+        for listener in list(self.listeners):
+            listener()
+
+    def reload(self) -> None:
+        """The concept's folder changed: list its images again."""
+        self._images = None
+        self.position = 0
+
+
+class _PreviewPane:
+    """The shared frame: a title, the file's name, previous / next / another seed buttons, and a note line."""
+
+    title = ""
+
+    def __init__(self, parent: Any, cursor: PreviewCursor) -> None:
+        self.cursor = cursor
+        self.seed = cursor.concept.seed
+        self.frame = ctk.CTkFrame(parent)
+        self.frame.grid_columnconfigure(0, weight=1)
+        ctk.CTkLabel(self.frame, text=self.title, font=ctk.CTkFont(size=14, weight="bold"), anchor="w").grid(
+            row=0, column=0, sticky="w", padx=10, pady=(8, 2)
+        )
+        bar = ctk.CTkFrame(self.frame, fg_color="transparent")
+        bar.grid(row=1, column=0, sticky="ew", padx=10)
+        self.previous_button = ctk.CTkButton(bar, text="◀ Previous", width=96, command=lambda: cursor.move(-1))
+        self.next_button = ctk.CTkButton(bar, text="Next ▶", width=80, command=lambda: cursor.move(1))
+        self.reroll_button = ctk.CTkButton(bar, text="Another seed", width=110, command=self.reroll)
+        for button in (self.previous_button, self.next_button, self.reroll_button):
+            button.pack(side="left", padx=(0, 6))
+        self.file_label = ctk.CTkLabel(self.frame, text="", anchor="w", text_color=MUTED_TEXT)
+        self.file_label.grid(row=2, column=0, sticky="w", padx=10, pady=(4, 0))
+        self.note = ctk.CTkLabel(self.frame, text="", anchor="w", justify="left", text_color=NOTE_COLOR, wraplength=440)
+        self.note.grid(row=4, column=0, sticky="ew", padx=10, pady=(4, 10))
+        cursor.listeners.append(self.update_preview)
+
+    def reroll(self) -> None:
+        """Show another random draw of the same settings."""
+        self.seed = random.randrange(2**31)
+        self.update_preview()
+
+    def update_preview(self) -> None:
+        raise NotImplementedError
+
+    def _note(self, text: str) -> None:
+        self.note.configure(text=text)
+
+
+class ImagePreview(_PreviewPane):
+    title = "Preview"
+
+    def __init__(self, parent: Any, cursor: PreviewCursor) -> None:
+        super().__init__(parent, cursor)
+        pictures = ctk.CTkFrame(self.frame, fg_color="transparent")
+        pictures.grid(row=3, column=0, sticky="nsew", padx=10, pady=(6, 0))
+        self.frame.grid_rowconfigure(3, weight=1)
+        self.image_label = ctk.CTkLabel(pictures, text="", width=PREVIEW_BOX[0], height=PREVIEW_BOX[1])
+        self.mask_label = ctk.CTkLabel(pictures, text="", width=PREVIEW_BOX[0] // 2, height=PREVIEW_BOX[1] // 2)
+        self.image_label.grid(row=0, column=0, sticky="nw")
+        self.mask_label.grid(row=0, column=1, sticky="nw", padx=(8, 0))
+        ctk.CTkLabel(pictures, text="augmented image", text_color=MUTED_TEXT).grid(row=1, column=0, sticky="w")
+        ctk.CTkLabel(pictures, text="its mask (white = trained)", text_color=MUTED_TEXT).grid(
+            row=1, column=1, sticky="w", padx=(8, 0)
+        )
+        self.last = None  # the last AugmentedImage shown (tests look at it)
+
+    def update_preview(self) -> None:
+        path = self.cursor.current()
+        self.file_label.configure(text=self.cursor.label())
+        if path is None:
+            self._clear("No images in the concept's folder." if self.cursor.concept.path else "Choose a folder first.")
+            return
+        try:
+            result = augmented_image(path, self.cursor.concept, self.seed)
+        except (OSError, UnidentifiedImageError) as e:
+            self._clear(f"Cannot read {path.name}: {e}")
+            return
+        except Exception as e:  # a setting the augmentation refuses: say which, keep the window alive
+            self._clear(f"The augmentation failed: {e}")
+            return
+        self.last = result
+        set_picture(self.image_label, fitted(result.image, PREVIEW_BOX))
+        if result.mask is not None:
+            box = (PREVIEW_BOX[0] // 2, PREVIEW_BOX[1] // 2)
+            set_picture(self.mask_label, fitted(result.mask.convert("RGB"), box))
+        else:
+            set_picture(self.mask_label, None, "no mask file:\nthe whole image trains")
+        self._note(result.note)
+
+    def _clear(self, message: str) -> None:
+        self.last = None
+        set_picture(self.image_label, None)
+        set_picture(self.mask_label, None)
+        self._note(message)
+
+
+class CaptionPreview(_PreviewPane):
+    title = "Captions"
+
+    def __init__(self, parent: Any, cursor: PreviewCursor) -> None:
+        super().__init__(parent, cursor)
+        box = ctk.CTkFrame(self.frame, fg_color="transparent")
+        box.grid(row=3, column=0, sticky="nsew", padx=10, pady=(6, 0))
+        box.grid_columnconfigure(0, weight=1)
+        self.frame.grid_rowconfigure(3, weight=1)
+        ctk.CTkLabel(box, text="caption lines (one is drawn per epoch)", text_color=MUTED_TEXT).grid(
+            row=0, column=0, sticky="w"
+        )
+        self.original = ctk.CTkTextbox(box, height=90, wrap="word", activate_scrollbars=False)
+        self.original.grid(row=1, column=0, sticky="ew")
+        ctk.CTkLabel(box, text="as augmented, a few draws", text_color=MUTED_TEXT).grid(
+            row=2, column=0, sticky="w", pady=(8, 0)
+        )
+        self.augmented = ctk.CTkTextbox(box, height=170, wrap="word", activate_scrollbars=False)
+        self.augmented.grid(row=3, column=0, sticky="nsew")
+        self.captions: list[str] = []
+        self.variations: list[str] = []
+
+    def update_preview(self) -> None:
+        path = self.cursor.current()
+        self.file_label.configure(text=self.cursor.label())
+        concept = self.cursor.concept
+        self.captions, self.variations, note = [], [], ""
+        if path is None:
+            note = "No images in the concept's folder." if concept.path else "Choose a folder first."
+        else:
+            try:
+                self.captions = captions_of(path, concept)
+                self.variations, note = augmented_captions(self.captions, concept, self.seed, CAPTION_VARIATIONS)
+            except Exception as e:  # an unreadable caption file or a refused setting: shown, not raised
+                note = f"Cannot make the captions: {e}"
+            if not self.captions and not note:
+                note = "This image has no caption (it trains with an empty prompt)."
+        _set_text(self.original, "\n".join(self.captions))
+        _set_text(self.augmented, "\n".join(f"• {line}" for line in self.variations))
+        self._note(note)
+
+
+def _set_text(box: ctk.CTkTextbox, text: str) -> None:
+    box.configure(state="normal")
+    box.delete("1.0", "end")
+    box.insert("1.0", text)
+    box.configure(state="disabled")

@@ -1,0 +1,261 @@
+"""`scripts/benchmark.py`: the trainer-overhead table, the caching figures, with a CUDA device the GPU figures, and
+the GUI's responsiveness (measured by `gui.latency`, handed in by the script: the core never imports the GUI)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = (
+    "Measure what the trainer adds per step (tiny SD 1.5 LoRA through run_training vs a bare diffusers+peft loop, "
+    "same process, same maths), how fast the cache fills and how soon a fully cached run starts, the window's "
+    "responsiveness while the demo trains (--gui), and, with a CUDA device, SD 1.5- and SDXL-size UNet LoRA steps "
+    "(it/s, peak VRAM)."
+)
+EPILOG = """\
+Parts: 'overhead', 'caching' (any machine), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs
+a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
+Figures and what they mean: docs/benchmarks.md."""
+PARTS = ("overhead", "caching", "gpu", "gui")
+
+
+def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=20, metavar="N", help="timed steps per run (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed steps first (default 3)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, metavar="R", help="alternating repetitions; medians are reported (default 3)"
+    )
+    parser.add_argument("--part", choices=("all", *PARTS), default="all", help="what to run (default all)")
+    parser.add_argument("--gui", action="store_true", help="only the GUI's responsiveness (same as --part gui)")
+    parser.add_argument(
+        "--images", type=int, default=64, metavar="N", help="images for the caching measurement (default 64)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch CPU threads (default 1; 0 = torch's default, one per core: see docs/benchmarks.md); "
+        "the GUI part trains as the app does (cores - 1)",
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the CPU peak-RSS runs (each variant once more in a process of its own)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None, prog: str = "benchmark.py", gui_part: Callable[[bool], Any] | None = None
+) -> int:
+    """`gui_part(required)` measures the GUI and returns its figures, None when it cannot and was not required, or
+    False when it cannot and was (the exit status is then 1)."""
+    args = build_parser(prog).parse_args(argv)
+    if args.steps < 1 or args.warmup < 1 or args.repeat < 1 or args.threads < 0 or args.images < 1:
+        print(
+            f"{prog}: error: --steps, --warmup, --repeat and --images must be at least 1, --threads at least 0",
+            file=sys.stderr,
+        )
+        return 2
+    parts = ["gui"] if args.gui else (list(PARTS) if args.part == "all" else [args.part])
+
+    import torch
+
+    from onetrainer.benchmark.memory import process_peak_rss
+    from onetrainer.util.quiet import quiet_libraries
+
+    quiet_libraries()
+    if args.threads > 0:
+        # With one thread per core, any other busy process makes OpenMP's waiting threads spin and the tiny model's
+        # steps slow down 10-30x at random; one thread is as fast on an idle machine and time-shares fairly.
+        torch.set_num_threads(args.threads)
+    report: dict = {"machine": machine_info(), "date": datetime.date.today().isoformat()}
+    print(f"machine: {report['machine']['summary']}; load average {report['machine']['load_average_before']}")
+    if "overhead" in parts:
+        from onetrainer.benchmark.overhead import compare_overhead
+
+        print(f"\nTrainer overhead ({args.repeat} alternating repetitions, {args.steps} timed steps each):")
+        overhead = compare_overhead(args.steps, args.warmup, args.repeat, memory=not args.no_memory)
+        print()
+        print(format_overhead(overhead))
+        report["overhead"] = overhead.to_dict()
+    if "caching" in parts:
+        from onetrainer.benchmark.caching import measure_caching
+
+        print(f"\nCaching ({args.images} images, an empty cache and then a full one):")
+        caching = measure_caching(args.images)
+        print(format_caching(caching))
+        report["caching"] = caching.to_dict()
+    if "gpu" in parts:
+        report["gpu"] = run_gpu_part(args.steps, args.warmup)
+    if "gui" in parts:
+        required = args.gui or args.part == "gui"
+        if gui_part is None:
+            print("\nGUI responsiveness: not measured: run scripts/benchmark.py, which brings the GUI")
+            report["gui"] = False if required else None
+        else:
+            report["gui"] = gui_part(required)
+    report["process_peak_rss_bytes"] = process_peak_rss()
+    report["machine"]["load_average_after"] = _load_average()
+    peak = _gib(report["process_peak_rss_bytes"])
+    print(f"\nprocess peak RSS (ru_maxrss: the whole process, every run above together): {peak}")
+    print(f"load average after: {report['machine']['load_average_after']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        print(f"figures written to {args.json}")
+    return 0 if report.get("gui") is not False else 1
+
+
+def run_gpu_part(steps: int, warmup: int) -> dict:
+    """Both GPU cases on the first CUDA device; each None ("not measured") without one."""
+    import torch
+
+    from onetrainer.benchmark.gpu import CASES, unet_lora_benchmark
+
+    figures: dict = {}
+    for key, case in CASES.items():
+        print()
+        label = f"{case.label}, {case.resolution} px, batch 1"
+        if not torch.cuda.is_available():
+            print(f"{label}: not measured: no CUDA device")
+            figures[key] = None
+            continue
+        run = unet_lora_benchmark(key, torch.device("cuda"), steps=steps, warmup=warmup)
+        print(format_gpu(run))
+        figures[key] = run.to_dict()
+        torch.cuda.empty_cache()
+    return figures
+
+
+def machine_info() -> dict:
+    import diffusers
+    import peft
+    import torch
+    import transformers
+
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    cores = _cpu_count()
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
+    summary = f"{cores}-core {platform.machine()} CPU, " + (f"GPU {cuda}" if cuda else "no GPU") + ", "
+    summary += ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python")
+    return {
+        "load_average_before": _load_average(),
+        "cpu_cores": cores,
+        "platform": platform.platform(),
+        "gpu": cuda,
+        "versions": versions,
+        "summary": summary,
+    }
+
+
+def format_overhead(result) -> str:
+    from onetrainer.benchmark.overhead import BARE, GOAL_RATIO, LABELS, OURS
+
+    s = result.settings
+    lines = [
+        f"tiny SD 1.5 {s['method']} rank {s['lora_rank']} ({s['layer_filter_preset']} layers), {s['resolution']} px, "
+        f"batch {s['batch_size']}, {s['optimizer']}, gradient checkpointing {_on(s['gradient_checkpointing'])}, "
+        f"latent caching {_on(s['latent_caching'])}",
+        f"device {result.device}, torch threads {s['torch_threads']}; median of {s['repeat']} alternating repetitions "
+        f"of {s['steps']} steps after {s['warmup']} warm-up steps",
+        f"{'run':<28}{'steps/s':>9}   {'all runs':<24}{'peak memory':>12}",
+    ]
+    kinds = set()
+    for variant, runs in result.runs.items():
+        each = " ".join(f"{r.steps_per_second:.2f}" for r in runs)
+        peak, kind = result.peak_memory(variant)
+        kinds.add(kind)
+        above = result.memory_above_baseline(variant)
+        extra = f" (+{above / 1024**2:.0f} MiB)" if above is not None else ""
+        lines.append(f"{LABELS[variant]:<28}{result.median_rate(variant):>9.2f}   {each:<24}{_gib(peak):>12}{extra}")
+    lines.append(
+        f"(peak memory: {', '.join(sorted(kinds))}, model loading included; "
+        "(+N MiB): above that process's RSS with the libraries imported)"
+    )
+    if OURS in result.runs and BARE in result.runs:
+        ratio = result.ratio(BARE)
+        verdict = "met" if ratio >= GOAL_RATIO else "NOT met"
+        robust = result.ratio(BARE, per_step=True)
+        lines.append(
+            f"ratio ours / bare: {ratio:.3f} (goal >= {GOAL_RATIO}: {verdict}); from median step times: {robust:.3f}"
+        )
+    return "\n".join(lines)
+
+
+def format_gpu(run) -> str:
+    from onetrainer.benchmark.gpu import CASES
+
+    case = CASES[run.case]
+    reserved = f", {_gib(run.peak_reserved_bytes)} reserved" if run.peak_reserved_bytes is not None else ""
+    verdict = "met" if run.goal_met else "NOT met"
+    return "\n".join(
+        [
+            f"{case.label} on {run.device}: rank {run.rank} on {run.lora_targets} layers, "
+            f"{run.weight_dtype} weights, gradient checkpointing {_on(run.gradient_checkpointing)}, "
+            f"{run.resolution} px, batch {run.batch_size}, cached latents and text, {run.optimizer}",
+            f"  {run.steps_per_second:.2f} it/s; peak VRAM {_gib(run.peak_allocated_bytes)} allocated{reserved} "
+            f"(goal <= {_gib(run.goal_peak_bytes)}: {verdict}; {case.reference})",
+        ]
+    )
+
+
+def format_caching(result) -> str:
+    cold, warm = result.cold, result.warm
+    return "\n".join(
+        [
+            f"tiny SD 1.5, demo preset ({result.resolution} px), {result.images} images of 4 sizes, {result.device}",
+            f"  filling the cache: {cold.latents_encoded} latents in {cold.latent_seconds:.2f} s = "
+            f"{cold.images_per_second:.1f} images/s; {cold.captions_encoded} captions encoded",
+            f"  start to first step: {cold.seconds_to_first_step:.2f} s with an empty cache, "
+            f"{warm.seconds_to_first_step:.2f} s fully cached ({warm.latents_encoded} latents and "
+            f"{warm.captions_encoded} captions encoded the second time)",
+        ]
+    )
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1024**3:.2f} GiB"
+
+
+def _load_average() -> list[float] | None:
+    """Other work on the machine skews every figure: the load average before and after says how quiet it was."""
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_count() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Filling the cache before training: encode every image variation and caption the run will use that is not cached.
+
+Encoding is batched (one bucket at a time) and reports its progress (count, images per second, time left). An image
+that cannot be decoded is reported by name and left out of the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from onetrainer.data.cache import DiskCache, cache_key, model_identity
+from onetrainer.data.plan import PlannedSample
+from onetrainer.data.samples import caption_for, load_sample
+from onetrainer.data.training_data import TrainingData
+from onetrainer.families.base import Conditioning
+
+ENCODE_BATCH = 4
+
+
+@dataclass
+class CacheStats:
+    needed: int = 0
+    encoded: int = 0
+    seconds: float = 0.0
+    failed: list[str] = None  # type: ignore[assignment]
+
+    @property
+    def per_second(self) -> float:
+        return self.encoded / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Progress:
+    """Progress lines at most once a second: done / total, rate and time left."""
+
+    def __init__(self, what: str, total: int, report: Callable[[str], None]) -> None:
+        self.what, self.total, self.report = what, total, report
+        self.started = self.last = time.monotonic()
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 1.0 and done < self.total:
+            return
+        self.last = now
+        rate = done / (now - self.started) if now > self.started else 0.0
+        eta = f", {((self.total - done) / rate):.0f} s left" if rate > 0 and done < self.total else ""
+        self.report(f"caching {self.what}: {done}/{self.total} ({rate:.1f}/s{eta})")
+
+
+def latent_identity(config) -> dict:
+    """What the latents of a run depend on besides the image: the model (its VAE) and the model type."""
+    from onetrainer.config.model_types import model_type_info
+
+    info = model_type_info(config.model_type)
+    return {
+        "kind": "latents",
+        "family": info.family.key,
+        "inpainting": info.inpainting,
+        **model_identity(config, "vae"),
+    }
+
+
+def fill_latent_cache(data: TrainingData, family, model, config, with_masks: bool, report) -> CacheStats:
+    """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache."""
+    data.latent_cache = DiskCache(config.cache_dir, "latents")
+    data.latent_key_base = latent_identity(config)
+    stats = CacheStats(failed=[])
+    started = time.monotonic()
+    while True:
+        needed = needed_samples(data, config, with_masks)
+        missing = [(k, s) for k, s in needed.items() if k not in data.latent_cache] if needed else []
+        stats.needed = len(needed)
+        failed = _encode_latents(data, family, model, missing, with_masks, report, stats)
+        if not failed:
+            break
+        # Leave out the images that cannot be decoded and plan again without them.
+        stats.failed += [f"{data.images[i].path}: {reason}" for i, reason in failed.items()]
+        data.images = [e for i, e in enumerate(data.images) if i not in failed]
+        data._plans.clear()
+        if not data.images:
+            break
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def needed_samples(data: TrainingData, config, masked: bool) -> dict[str, PlannedSample]:
+    """Every image variation the run's epochs use, by cache key."""
+    needed: dict[str, PlannedSample] = {}
+    for epoch in range(config.epochs):
+        for batch in data.plan(epoch).batches:
+            for sample in batch:
+                plain = PlannedSample(sample.image, sample.bucket, sample.variation)
+                needed.setdefault(data.latent_key(plain, masked), plain)
+    return needed
+
+
+def _encode_latents(data, family, model, missing, with_masks, report, stats) -> dict[int, str]:
+    by_bucket: dict = defaultdict(list)
+    for key, sample in missing:
+        by_bucket[sample.bucket].append((key, sample))
+    progress = _Progress("latents", len(missing), report)
+    failed: dict[int, str] = {}
+    done = 0
+    for items in by_bucket.values():
+        blank = None
+        for start in range(0, len(items), ENCODE_BATCH):
+            chunk = items[start : start + ENCODE_BATCH]
+            loaded, keys = [], []
+            for key, sample in chunk:
+                try:
+                    loaded.append(load_sample(data.images[sample.image], sample, data.concept(sample), with_masks))
+                    keys.append(key)
+                except (OSError, ValueError, SyntaxError) as e:
+                    failed[sample.image] = f"cannot be decoded ({e})"
+            if loaded:
+                pixels = torch.stack([s.pixels for s in loaded])
+                with torch.no_grad():
+                    latents = family.encode_images(model, pixels).float().cpu()
+                    extra = {}
+                    if model.info.inpainting and with_masks:
+                        masks = torch.stack([s.mask for s in loaded])
+                        keep = (masks < 0.5).to(pixels.dtype)
+                        extra["masked_latents"] = family.encode_images(model, pixels * keep).float().cpu()
+                        if blank is None:
+                            blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()[0]
+                for i, (key, sample) in enumerate(zip(keys, loaded)):
+                    entry = {
+                        "latents": latents[i],
+                        "original_size": torch.tensor(sample.original_size),
+                        "crop_offset": torch.tensor(sample.crop_offset),
+                    }
+                    if with_masks:
+                        entry["mask"] = sample.mask
+                    if "masked_latents" in extra:
+                        entry["masked_latents"] = extra["masked_latents"][i]
+                        entry["blank_latents"] = blank
+                    data.latent_cache.put(key, entry)
+                stats.encoded += len(loaded)
+            done += len(chunk)
+            progress.update(done)
+    return failed
+
+
+# -- text ---------------------------------------------------------------------------------------------------------
+
+
+def text_encoders_frozen(config) -> bool:
+    """Text-encoder outputs can be cached when no text encoder (nor adapter on it) and no embedding trains."""
+    from onetrainer.config.enums import TrainingMethod
+    from onetrainer.config.model_types import model_type_info
+
+    if config.training_method is TrainingMethod.EMBEDDING or any(e.train for e in config.additional_embeddings):
+        return False
+    encoders = [p for p in model_type_info(config.model_type).family.parts if p.startswith("text_encoder")]
+    return not any(config.part(p).train for p in encoders)
+
+
+class TextCache:
+    """Text-encoder outputs by caption, for runs whose text encoders are frozen."""
+
+    def __init__(self, config, family, model) -> None:
+        self.cache = DiskCache(config.cache_dir, "text")
+        self.identity = {
+            "kind": "text",
+            "family": family.info.key,
+            "skips": [slot.layer_skip for slot in model.text_encoders],
+            **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
+        }
+
+    def key(self, caption: str) -> str:
+        return cache_key({**self.identity, "caption": caption})
+
+    def conditioning(self, captions: list[str], device) -> Conditioning:
+        entries = [self.cache.get(self.key(c)) for c in captions]
+        if any(e is None for e in entries):
+            raise KeyError("a caption is missing from the text cache")
+        hidden = torch.stack([e["hidden"] for e in entries]).to(device)
+        pooled = torch.stack([e["pooled"] for e in entries]).to(device) if "pooled" in entries[0] else None
+        return Conditioning(hidden, pooled)
+
+
+def fill_text_cache(
+    data: TrainingData, family, model, config, apply_embeddings, report
+) -> tuple[TextCache, CacheStats]:
+    text_cache = TextCache(config, family, model)
+    stats = CacheStats(failed=[])
+    started = time.monotonic()
+    captions = {""}  # caption dropout trains with the empty caption
+    seen: set[tuple[int, int]] = set()
+    for epoch in range(config.epochs):
+        for batch in data.plan(epoch).batches:
+            for sample in batch:
+                variation = data.text_variation(sample, epoch, True)
+                if (sample.image, variation) in seen:
+                    continue
+                seen.add((sample.image, variation))
+                entry = data.images[sample.image]
+                captions.add(apply_embeddings(caption_for(entry, sample, data.concept(sample), variation)))
+    stats.needed = len(captions)
+    missing = sorted(c for c in captions if text_cache.key(c) not in text_cache.cache)
+    progress = _Progress("captions", len(missing), report)
+    for start in range(0, len(missing), 16):
+        chunk = missing[start : start + 16]
+        with torch.no_grad():
+            conditioning = family.encode_text(model, family.tokenize(model, chunk))
+        for i, caption in enumerate(chunk):
+            entry = {"hidden": conditioning.hidden_states[i].float().cpu()}
+            if conditioning.pooled is not None:
+                entry["pooled"] = conditioning.pooled[i].float().cpu()
+            text_cache.cache.put(text_cache.key(caption), entry)
+        stats.encoded += len(chunk)
+        progress.update(stats.encoded)
+    stats.seconds = time.monotonic() - started
+    return text_cache, stats

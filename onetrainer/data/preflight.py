@@ -1,0 +1,165 @@
+"""The preflight report: what a run will train, before anything loads.
+
+Per concept: the images found, captions missing, masks missing or resized, unreadable files (named), the bucket table
+(size, images, batches, images repeated to fill batches or dropped); the steps per epoch and in total; what will be
+cached. `scripts/train.py --preflight` prints it; the GUI shows it in the concept window.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onetrainer.config.model_types import model_type_info
+from onetrainer.data.training_data import DatasetError, TrainingData
+
+
+@dataclass
+class BucketRow:
+    bucket: str  # "WIDTHxHEIGHT"
+    images: int
+    batches: int
+    repeated: int  # filler samples added to complete batches
+    dropped: int  # samples left out (drop_incomplete_batches)
+
+
+@dataclass
+class ConceptReport:
+    index: int  # into config.concepts
+    name: str
+    folder: str
+    trained: bool
+    images: int
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    missing_captions: list[str] = field(default_factory=list)
+    missing_masks: list[str] = field(default_factory=list)
+    resized_masks: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    buckets: list[BucketRow] = field(default_factory=list)
+
+
+@dataclass
+class PreflightReport:
+    concepts: list[ConceptReport]
+    steps_per_epoch: int = 0
+    total_steps: int = 0
+    fillers: list[str] = field(default_factory=list)  # image files repeated to fill a batch (epoch 1)
+    dropped: list[str] = field(default_factory=list)  # image files left out of a batch (epoch 1)
+    cached_latents: int = 0  # image variations already in the cache
+    latents_to_encode: int = 0
+    text_cached: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = []
+        for c in self.concepts:
+            kind = "" if c.trained else " (validation)"
+            lines.append(f"Concept '{c.name}'{kind}: {c.folder}")
+            lines.append(f"  images: {c.images}")
+            for label, items in (
+                ("captions missing (trained with an empty caption)", c.missing_captions),
+                ("masks missing (trained whole)", c.missing_masks),
+                ("masks of another size (resized)", c.resized_masks),
+            ):
+                if items:
+                    lines.append(f"  {label}: {len(items)}: {_names(items)}")
+            for path, reason in c.unreadable:
+                lines.append(f"  unreadable, skipped: {path} ({reason})")
+            for problem in c.problems:
+                lines.append(f"  problem: {problem}")
+            if c.buckets:
+                lines.append("  bucket        images  batches  repeated  dropped")
+                for b in c.buckets:
+                    lines.append(f"  {b.bucket:<12}{b.images:>7}{b.batches:>9}{b.repeated:>10}{b.dropped:>9}")
+        lines.append(f"Steps per epoch: {self.steps_per_epoch}; total steps: {self.total_steps}")
+        if self.fillers:
+            lines.append(f"Repeated to fill batches (epoch 1): {_names(self.fillers)}")
+        if self.dropped:
+            lines.append(f"Dropped (drop_incomplete_batches, epoch 1): {_names(self.dropped)}")
+        if self.cached_latents or self.latents_to_encode:
+            lines.append(
+                f"Latent cache: {self.cached_latents} image variations cached, {self.latents_to_encode} to encode"
+            )
+        lines.append("Text-encoder outputs: " + ("cached" if self.text_cached else "computed every step"))
+        lines += [f"error: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+def _names(paths: list[str], limit: int = 8) -> str:
+    shown = ", ".join(Path(p).name for p in paths[:limit])
+    return shown + (f" … and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def preflight_report(config, resolve=None) -> PreflightReport:
+    """The report for `config` (packed: concepts inline). Reads image headers only; loads no model.
+
+    `resolve` turns a concept path into a folder; by default `tiny:images` (the demo's images) is resolved too.
+    """
+    if resolve is None:
+        from onetrainer.families.sources import resolve_local as resolve
+    step = model_type_info(config.model_type).family.bucket_step
+    try:
+        data = TrainingData(config, step, resolve)
+    except DatasetError as e:
+        from onetrainer.data.scan import scan_concepts
+
+        report = PreflightReport([_concept_report(s, None, None) for s in scan_concepts(config, resolve)])
+        report.errors.append(str(e))
+        return report
+    plan = data.plan(0)
+    samples_by_concept: dict[int, list] = defaultdict(list)
+    for sample in [s for batch in plan.batches for s in batch] + plan.dropped:
+        samples_by_concept[data.images[sample.image].concept].append(sample)
+    batches_per_bucket = Counter(str(batch[0].bucket) for batch in plan.batches)
+    report = PreflightReport(
+        [_concept_report(s, data, samples_by_concept.get(s.index, [])) for s in data.scans],
+        steps_per_epoch=data.steps_in_epoch(0),
+        total_steps=data.total_steps(),
+        fillers=[str(data.images[i].path) for i in plan.fillers],
+        dropped=[str(data.images[s.image].path) for s in plan.dropped],
+    )
+    dropped = Counter((data.images[s.image].concept, str(s.bucket)) for s in plan.dropped)
+    for scan, concept in zip(data.scans, report.concepts):
+        for row in concept.buckets:
+            row.batches = batches_per_bucket.get(row.bucket, 0)
+            row.dropped = dropped.get((scan.index, row.bucket), 0)
+    if config.latent_caching:
+        _count_cache(report, data, config)
+    return report
+
+
+def _concept_report(scan, data: TrainingData | None, samples: list | None) -> ConceptReport:
+    report = ConceptReport(
+        index=scan.index,
+        name=scan.name,
+        folder=str(scan.folder),
+        trained=scan.kind.value != "VALIDATION",
+        images=len(scan.images),
+        unreadable=[(str(p), r) for p, r in scan.unreadable],
+        missing_captions=[str(p) for p in scan.missing_captions],
+        missing_masks=[str(p) for p in scan.missing_masks],
+        resized_masks=[str(p) for p in scan.resized_masks],
+        problems=list(scan.problems),
+    )
+    if samples:
+        by_bucket: dict[str, list] = defaultdict(list)
+        for sample in samples:
+            by_bucket[str(sample.bucket)].append(sample)
+        for bucket, items in sorted(by_bucket.items()):
+            real = {s.image for s in items if not s.filler}
+            report.buckets.append(BucketRow(bucket, len(real), 0, sum(1 for s in items if s.filler), 0))
+    return report
+
+
+def _count_cache(report: PreflightReport, data: TrainingData, config) -> None:
+    from onetrainer.data.cache import DiskCache
+    from onetrainer.data.caching import latent_identity, needed_samples, text_encoders_frozen
+
+    data.latent_key_base = latent_identity(config)
+    with_masks = config.masked_training or model_type_info(config.model_type).inpainting
+    cache = DiskCache(config.cache_dir, "latents")
+    keys = needed_samples(data, config, with_masks)
+    report.cached_latents = sum(1 for k in keys if k in cache)
+    report.latents_to_encode = len(keys) - report.cached_latents
+    report.text_cached = text_encoders_frozen(config)

@@ -1,0 +1,84 @@
+"""Turning a planned sample into tensors: decode, augment, scale to cover the bucket, crop; the caption for the epoch.
+
+Every random choice comes from generators seeded by the concept seed, the sample's variation (or the epoch) and the
+image, so a sample looks the same whenever it is loaded: in a worker process, after a resume, or when it is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from onetrainer.data.buckets import cover_size
+from onetrainer.data.images import open_mask, open_rgb
+from onetrainer.data.plan import PlannedSample, hash_seed
+from onetrainer.data.scan import ImageEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedSample:
+    pixels: torch.Tensor  # [3, H, W] in [-1, 1]
+    mask: torch.Tensor | None  # [1, H, W] in [0, 1], white = train
+    original_size: tuple[int, int]  # (height, width) before scaling
+    crop_offset: tuple[int, int]  # (top, left) in the scaled image
+
+
+def image_rng(concept, planned: PlannedSample) -> random.Random:
+    return random.Random(hash_seed(concept.seed, planned.variation, planned.image, 3))
+
+
+def load_sample(entry: ImageEntry, planned: PlannedSample, concept, with_mask: bool) -> LoadedSample:
+    from onetrainer.data.image_augment import augment_image, circular_mask_shrink, crop_box, random_mask_rotate_crop
+
+    rng = image_rng(concept, planned)
+    image = open_rgb(entry.path)
+    original = (image.height, image.width)
+    mask = None
+    if with_mask:
+        if entry.mask is not None:
+            mask = open_mask(entry.mask)
+            if mask.size != image.size:
+                mask = mask.resize(image.size, Image.Resampling.BILINEAR)
+        else:
+            mask = Image.new("L", image.size, 255)  # no mask: the whole image trains
+    settings = concept.image
+    # OneTrainer's order: mask-driven crops first, then the bucket's scale and crop, then the augmentations.
+    if mask is not None and settings.enable_random_circular_mask_shrink:
+        mask = circular_mask_shrink(mask, rng)
+    if mask is not None and settings.enable_random_mask_rotate_crop:
+        image, mask = random_mask_rotate_crop(
+            image, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
+        )
+    bucket = planned.bucket
+    scaled = cover_size(image.width, image.height, bucket)
+    left, top, right, bottom = crop_box(scaled, (bucket.width, bucket.height), settings.enable_crop_jitter, rng)
+    image = image.resize(scaled, Image.Resampling.BICUBIC).crop((left, top, right, bottom))
+    if mask is not None:
+        mask = mask.resize(scaled, Image.Resampling.BILINEAR).crop((left, top, right, bottom))
+    image, mask = augment_image(image, mask, settings, rng)
+    pixels = _to_tensor(image) * 2.0 - 1.0
+    mask_tensor = _to_tensor(mask) if mask is not None else None
+    return LoadedSample(pixels, mask_tensor, original, (top, left))
+
+
+def caption_for(entry: ImageEntry, planned: PlannedSample, concept, text_variation: int) -> str:
+    """The caption of this sample: one of its lines, then the concept's text augmentation."""
+    from onetrainer.data.text_augment import augment_caption
+
+    rng = random.Random(hash_seed(concept.seed, text_variation, planned.image, 4))
+    line = rng.choice(entry.captions)
+    return augment_caption(line, concept.text, rng)
+
+
+def _to_tensor(image: Image.Image) -> torch.Tensor:
+    array = np.asarray(image, dtype=np.float32) / 255.0
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()

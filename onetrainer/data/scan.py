@@ -1,0 +1,148 @@
+"""Scanning the concepts: every image with its caption lines and mask, and every file that cannot be used, named.
+
+Nothing is dropped silently: unreadable images, missing captions, missing or mis-sized masks, empty or missing folders
+all end up in the scan's lists, which the preflight report shows and the trainer logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from onetrainer.config.enums import ConceptType
+from onetrainer.data.images import caption_lines, list_images, mask_path_of, read_text
+
+log = logging.getLogger(__name__)
+
+_ROTATED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    path: Path
+    concept: int  # index into config.concepts
+    width: int  # as displayed (EXIF orientation applied)
+    height: int
+    captions: tuple[str, ...]  # candidate lines; one is drawn per epoch
+    mask: Path | None
+    fingerprint: str  # changes whenever the file changes (size and modification time)
+
+
+@dataclass
+class ConceptScan:
+    index: int
+    name: str
+    folder: Path
+    kind: ConceptType
+    images: list[ImageEntry] = field(default_factory=list)
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+    missing_captions: list[Path] = field(default_factory=list)
+    missing_masks: list[Path] = field(default_factory=list)
+    resized_masks: list[Path] = field(default_factory=list)
+    caption_warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the concept as a whole: folder missing, empty, …
+
+
+def fingerprint(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
+def scan_concept(index: int, concept, folder: Path, masked: bool) -> ConceptScan:
+    label = concept.name or concept.path
+    scan = ConceptScan(index, label, folder, concept.type)
+    if not folder.is_dir():
+        scan.problems.append(f"folder not found: {folder}")
+        return scan
+    images = list_images(folder, concept.include_subdirectories)
+    if not images:
+        scan.problems.append(f"no images in {folder}")
+        return scan
+    shared_lines: tuple[str, ...] = ()
+    if concept.text.prompt_source == "concept":
+        prompt_file = Path(concept.text.prompt_path).expanduser()
+        if prompt_file.is_file():
+            shared_lines = tuple(_read_caption(prompt_file, scan))
+        else:
+            scan.problems.append(f"caption file not found: {concept.text.prompt_path or '(empty)'}")
+    for path in images:
+        size = _image_size(path, scan)
+        if size is None:
+            continue
+        captions = _captions_of(path, concept, shared_lines, scan)
+        mask = mask_path_of(path)
+        if mask.is_file():
+            mask_size = _image_size(mask, None)
+            if mask_size is not None and mask_size != size:
+                scan.resized_masks.append(mask)
+        else:
+            mask = None
+            if masked:
+                scan.missing_masks.append(path)
+        scan.images.append(ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path)))
+    return scan
+
+
+def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
+    """The displayed size, from the header only; a file PIL cannot identify or verify is reported, not used."""
+    try:
+        if path.stat().st_size == 0:
+            raise ValueError("the file is empty")
+        with Image.open(path) as image:
+            image.verify()  # must come right after opening; it catches truncated and damaged files cheaply
+        with Image.open(path) as image:
+            width, height = image.size
+            orientation = image.getexif().get(0x0112, 1)
+        if orientation in _ROTATED_ORIENTATIONS:
+            width, height = height, width
+        return width, height
+    except (OSError, ValueError, UnidentifiedImageError, SyntaxError) as e:
+        if scan is not None:
+            scan.unreadable.append((path, _reason(e)))
+        return None
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image PIL can read"
+    return str(error) or type(error).__name__
+
+
+def _captions_of(path: Path, concept, shared: tuple[str, ...], scan: ConceptScan) -> tuple[str, ...]:
+    source = concept.text.prompt_source
+    if source == "filename":
+        return (path.stem.replace("_", " "),)
+    if source == "concept":
+        return shared or ("",)
+    caption_file = path.with_suffix(".txt")
+    if not caption_file.is_file():
+        scan.missing_captions.append(path)
+        return ("",)
+    lines = _read_caption(caption_file, scan)
+    return tuple(lines) or ("",)
+
+
+def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        scan.caption_warnings.append(f"{path} is not UTF-8; read as Latin-1")
+    return caption_lines(read_text(path))
+
+
+def scan_concepts(config, resolve=lambda p: Path(p)) -> list[ConceptScan]:
+    """Scan every enabled concept (training, validation and prior-prediction ones)."""
+    out = []
+    for index, concept in enumerate(config.concepts or []):
+        if not concept.enabled:
+            continue
+        out.append(scan_concept(index, concept, Path(resolve(concept.path)), config.masked_training))
+    return out
+
+
+def is_trained(scan: ConceptScan) -> bool:
+    return scan.kind is not ConceptType.VALIDATION

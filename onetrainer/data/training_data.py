@@ -1,0 +1,202 @@
+"""The training set of a run: scanned concepts, the plan of every epoch, and batches loaded from files or the cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from onetrainer.config.enums import ConceptType
+from onetrainer.data.cache import DiskCache, cache_key
+from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
+from onetrainer.data.samples import caption_for, load_sample
+from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts
+
+log = logging.getLogger(__name__)
+
+
+class DatasetError(Exception):
+    pass
+
+
+@dataclass
+class Batch:
+    samples: list[PlannedSample]
+    captions: list[str]
+    loss_weights: torch.Tensor  # [B]
+    concept_types: list[ConceptType]
+    original_sizes: list[tuple[int, int]]  # (height, width) of each image before scaling
+    crop_offsets: list[tuple[int, int]]  # (top, left) of the crop in the scaled image
+    pixels: torch.Tensor | None = None  # [B, 3, H, W] in [-1, 1] (None when the latents come from the cache)
+    masks: torch.Tensor | None = None  # [B, 1, H, W] in [0, 1]
+    latents: torch.Tensor | None = None  # cached latents [B, C, h, w]
+    masked_latents: torch.Tensor | None = None  # inpainting: latents of the image with the masked area blanked
+    blank_latents: torch.Tensor | None = None  # inpainting: latents of a blank image (a sample trained unmasked)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.samples)
+
+
+class TrainingData:
+    def __init__(self, config, bucket_step: int, resolve=lambda p: Path(p)) -> None:
+        self.config = config
+        self.bucket_step = bucket_step
+        self.scans: list[ConceptScan] = scan_concepts(config, resolve)
+        self.images: list[ImageEntry] = [e for s in self.scans if is_trained(s) for e in s.images]
+        self.validation_images: list[ImageEntry] = [
+            e for s in self.scans if s.kind is ConceptType.VALIDATION for e in s.images
+        ]
+        if not self.images:
+            details = "; ".join(f"{s.name}: {p}" for s in self.scans for p in s.problems)
+            unreadable = sum(len(s.unreadable) for s in self.scans)
+            extra = f" ({unreadable} unreadable files)" if unreadable else ""
+            raise DatasetError(
+                f"no valid training image in the enabled concepts{extra}" + (f": {details}" if details else "")
+            )
+        self.seed = hash_seed(*[c.seed for c in config.concepts or []])
+        self._plans: dict[int, EpochPlan] = {}
+        self.latent_cache: DiskCache | None = None
+        self.latent_key_base: dict | None = None
+
+    # -- the plan -------------------------------------------------------------------------------------------------
+
+    def plan(self, epoch: int) -> EpochPlan:
+        if epoch not in self._plans:
+            self._plans[epoch] = plan_epoch(self.images, self.config, epoch, self.bucket_step, self.seed)
+        return self._plans[epoch]
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return self.plan(epoch).steps(self.config.gradient_accumulation_steps)
+
+    def total_steps(self) -> int:
+        return sum(self.steps_in_epoch(e) for e in range(self.config.epochs))
+
+    def step_batches(self, epoch: int, step: int) -> list[list[PlannedSample]]:
+        """The micro-batches of optimizer step `step` of `epoch` (the last step of an epoch may have fewer)."""
+        accumulation = self.config.gradient_accumulation_steps
+        return self.plan(epoch).batches[step * accumulation : (step + 1) * accumulation]
+
+    def concept(self, sample: PlannedSample):
+        return self.config.concepts[self.images[sample.image].concept]
+
+    def text_variation(self, sample: PlannedSample, epoch: int, text_cached: bool) -> int:
+        variations = max(1, self.concept(sample).text_variations)
+        return epoch % variations if text_cached else epoch
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def latent_key(self, sample: PlannedSample, masked: bool) -> str:
+        entry = self.images[sample.image]
+        concept = self.config.concepts[entry.concept]
+        parts = {
+            **(self.latent_key_base or {}),
+            "file": entry.fingerprint,
+            "mask": _mask_fingerprint(entry) if masked else None,
+            "bucket": str(sample.bucket),
+            "variation": sample.variation,
+            "seed": concept.seed,
+            "augmentation": concept.image.to_dict(),
+        }
+        return cache_key(parts)
+
+    def load_batch(
+        self, samples: list[PlannedSample], epoch: int, with_masks: bool, text_cached: bool = False
+    ) -> Batch:
+        """A batch from the latent cache when every sample is in it, else decoded from the files."""
+        cached = self._cached(samples, with_masks)
+        captions = [
+            caption_for(self.images[s.image], s, self.concept(s), self.text_variation(s, epoch, text_cached))
+            for s in samples
+        ]
+        batch = Batch(
+            samples=list(samples),
+            captions=captions,
+            loss_weights=torch.tensor([self.concept(s).loss_weight for s in samples], dtype=torch.float32),
+            concept_types=[self.concept(s).type for s in samples],
+            original_sizes=[],
+            crop_offsets=[],
+        )
+        if cached is not None:
+            batch.latents = torch.stack([c["latents"] for c in cached])
+            batch.original_sizes = [tuple(c["original_size"].tolist()) for c in cached]
+            batch.crop_offsets = [tuple(c["crop_offset"].tolist()) for c in cached]
+            if with_masks:
+                batch.masks = torch.stack([c["mask"] for c in cached])
+                if "masked_latents" in cached[0]:
+                    batch.masked_latents = torch.stack([c["masked_latents"] for c in cached])
+                    batch.blank_latents = torch.stack([c["blank_latents"] for c in cached])
+            return batch
+        loaded = [self._load_one(samples, s, with_masks, batch.problems) for s in samples]
+        batch.pixels = torch.stack([s.pixels for s in loaded])
+        batch.original_sizes = [s.original_size for s in loaded]
+        batch.crop_offsets = [s.crop_offset for s in loaded]
+        if with_masks:
+            batch.masks = torch.stack([s.mask for s in loaded])
+        return batch
+
+    def _cached(self, samples: list[PlannedSample], with_masks: bool) -> list[dict] | None:
+        if self.latent_cache is None:
+            return None
+        entries = []
+        for sample in samples:
+            entry = self.latent_cache.get(self.latent_key(sample, with_masks))
+            if entry is None:
+                return None  # e.g. removed meanwhile: this batch is decoded from the files
+            entries.append(entry)
+        return entries
+
+    def validation_batches(self, with_masks: bool) -> list[Batch]:
+        """One batch per validation image, at the first resolution, with its first caption line."""
+        from onetrainer.config.resolution import parse_resolution
+        from onetrainer.data.buckets import buckets_for, nearest_bucket
+
+        config = self.config
+        grid = buckets_for(parse_resolution(config.resolution), self.bucket_step, config.aspect_ratio_bucketing)[0]
+        batches = []
+        for index, entry in enumerate(self.validation_images):
+            concept = config.concepts[entry.concept]
+            sample = PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), 0)
+            try:
+                loaded = load_sample(entry, sample, concept, with_masks)
+            except (OSError, ValueError, SyntaxError):
+                continue  # reported by the scan's preflight; a validation image never stops training
+            batches.append(
+                Batch(
+                    samples=[sample],
+                    captions=[entry.captions[0]],
+                    loss_weights=torch.ones(1),
+                    concept_types=[concept.type],
+                    original_sizes=[loaded.original_size],
+                    crop_offsets=[loaded.crop_offset],
+                    pixels=loaded.pixels[None],
+                    masks=loaded.mask[None] if loaded.mask is not None else None,
+                )
+            )
+        return batches
+
+    def _load_one(self, batch: list[PlannedSample], sample: PlannedSample, with_mask: bool, problems: list[str]):
+        """Load a sample; an image that fails to decode is reported and replaced by another of the same batch."""
+        candidates = [sample] + [s for s in batch if s.image != sample.image]
+        for candidate in candidates:
+            entry = self.images[candidate.image]
+            try:
+                return load_sample(
+                    entry,
+                    PlannedSample(candidate.image, sample.bucket, sample.variation),
+                    self.concept(candidate),
+                    with_mask,
+                )
+            except (OSError, ValueError, SyntaxError) as e:
+                problems.append(f"{entry.path}: cannot be decoded ({e}); another image of the batch is used instead")
+        raise DatasetError(f"no image of a batch could be decoded: {[str(self.images[s.image].path) for s in batch]}")
+
+
+def _mask_fingerprint(entry: ImageEntry) -> str | None:
+    if entry.mask is None:
+        return None
+    stat = entry.mask.stat()
+    return f"{entry.mask}|{stat.st_size}|{stat.st_mtime_ns}"

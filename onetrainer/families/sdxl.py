@@ -1,0 +1,434 @@
+"""Stable Diffusion XL 1.0 (+ inpainting): a UNet conditioned on two CLIP text encoders, a pooled embedding and the
+image's size and crop (the "time ids"), and a VAE.
+
+Text: CLIP-L and OpenCLIP-bigG each give the penultimate layer's hidden states (clip skip counts from there, as in
+diffusers' SDXL pipeline); they are concatenated along the feature axis. The pooled, projected output of the second
+encoder and six numbers (original height and width, crop top and left, target height and width) form the UNet's
+added conditioning.
+
+Files: diffusers folders, hub ids, and original (SGM) single files, read offline with diffusers' converters on models
+built from the bundled full-size configs (or the configs embedded in single files we write).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.model_types import SDXL, model_type_info
+from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.loading import (
+    ModelLoadError,
+    cast_parts,
+    checked_load,
+    load_diffusers_component,
+    load_tokenizer,
+    training_scheduler,
+)
+from onetrainer.families.sd import (
+    StableDiffusionFamily,
+    _backup_model_dir,
+    _cast_saved_weights,
+    _clip_config,
+    _convert_text_encoder,
+    _convert_vae,
+    _merges_of,
+    _plain,
+    _single_file_tokenizer,
+    _v_prediction,
+    inpainting_inputs,
+)
+from onetrainer.families.sources import ModelSource, resolve_source
+from onetrainer.tiny import reference
+from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.weights import ldm_keys
+from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.metadata import model_metadata
+
+log = logging.getLogger(__name__)
+
+UNET_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+CLIP_L_PREFIX = "conditioner.embedders.0."  # + transformer.text_model.…
+CLIP_G_PREFIX = "conditioner.embedders.1.model."  # OpenCLIP layout: transformer.resblocks.N.…, text_projection
+CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
+TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
+KOHYA_PREFIXES = {"unet": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
+
+
+class StableDiffusionXLFamily(Family):
+    info = SDXL
+    # The UNet block layout that kohya names follow; set from the loaded model (SDXL's layout is fixed).
+    _unet_config: Mapping = reference.SDXL_UNET
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config) -> LoadedModel:
+        model_type = config.model_type
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            parts, tokenizers, scheduler_config, extra = self._load_single_file(source.path, model_type)
+        else:
+            if source.kind == "backup":
+                source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+            parts, tokenizers, scheduler_config, extra = self._load_diffusers(source, config)
+        _check_model_type(parts["unet"].config, model_type, config.base_model_name)
+        if config.vae.model_name:
+            parts["vae"] = StableDiffusionFamily()._load_vae_override(config.vae.model_name, parts["vae"].config)
+        cast_parts(parts, config)
+        for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
+            _pool_at_end_token(parts[part], tokenizer)
+        self._unet_config = dict(parts["unet"].config)
+        v_prediction = _v_prediction(config, model_type)
+        slots = [
+            TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
+            TextEncoderSlot("text_encoder_2", parts["text_encoder_2"], tokenizers[1], "lora_te2", "clip_g"),
+        ]
+        slots[0].layer_skip, slots[1].layer_skip = config.text_encoder_layer_skip, config.text_encoder_2_layer_skip
+        scheduler = training_scheduler(
+            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
+        )
+        return LoadedModel(model_type, parts, slots, scheduler, v_prediction, config.base_model_name, extra)
+
+    def _load_diffusers(self, source: ModelSource, config):
+        from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
+        from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+        hub = source.kind == "hub"
+        options = {"local_files_only": config.offline_mode or not hub}
+        if hub and config.huggingface_cache_dir:
+            options["cache_dir"] = config.huggingface_cache_dir
+        where = source.location
+        if not hub:
+            _check_folder(Path(where), config.model_type)
+        parts = {
+            "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
+            "text_encoder": load_diffusers_component(CLIPTextModel, where, "text_encoder", options),
+            "text_encoder_2": load_diffusers_component(CLIPTextModelWithProjection, where, "text_encoder_2", options),
+            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+        }
+        tokenizers = (load_tokenizer(where, options), load_tokenizer(where, options, subfolder="tokenizer_2"))
+        scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
+        try:
+            index = DiffusionPipeline.load_config(where, **options)
+        except (OSError, ValueError):
+            index = {}
+        extra = {"force_zeros_for_empty_prompt": bool(index.get("force_zeros_for_empty_prompt", True))}
+        return parts, tokenizers, scheduler_config, extra
+
+    def _load_single_file(self, path: Path, model_type: ModelType):
+        from diffusers import AutoencoderKL, UNet2DConditionModel
+        from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+        state = load_state_dict(path)
+        metadata = read_safetensors_metadata(path) if path.suffix.lower() == ".safetensors" else {}
+        _check_checkpoint(state, path, model_type)
+        configs = json.loads(metadata[CONFIGS_KEY]) if CONFIGS_KEY in metadata else _reference_configs(model_type)
+
+        unet = UNet2DConditionModel.from_config(configs["unet"])
+        checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
+        vae = AutoencoderKL.from_config(configs["vae"])
+        vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
+        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
+        checked_load(text_encoder, _convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
+        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**_clip_config(configs["text_encoder_2"])))
+        checked_load(text_encoder_2, _convert_open_clip_g(state, text_encoder_2), f"text encoder 2 of {path}")
+
+        # The two tokenizers share CLIP's vocabulary; the first pads with the end token, the second with "!".
+        tokenizers = (_single_file_tokenizer(metadata, False), _single_file_tokenizer(metadata, True))
+        parts = {"unet": unet, "text_encoder": text_encoder, "text_encoder_2": text_encoder_2, "vae": vae}
+        return parts, tokenizers, dict(reference.EULER_EPSILON), {"force_zeros_for_empty_prompt": True}
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def tokenize(self, model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
+        out = []
+        for slot in model.text_encoders:
+            tokenizer = slot.tokenizer
+            out.append(
+                tokenizer(
+                    captions,
+                    padding="max_length",
+                    max_length=tokenizer.model_max_length,
+                    truncation=True,
+                    return_tensors="pt",
+                ).input_ids
+            )
+        return out
+
+    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+        hidden, pooled = [], None
+        for slot, ids in zip(model.text_encoders, tokens):
+            encoder = slot.encoder
+            output = encoder(ids.to(next(encoder.parameters()).device), output_hidden_states=True)
+            # SDXL conditions on the penultimate layer, without the final layer norm; clip skip counts from there.
+            hidden.append(output.hidden_states[-(slot.layer_skip + 2)])
+            if slot.part == "text_encoder_2":
+                pooled = output.text_embeds
+        dtype = torch.promote_types(hidden[0].dtype, hidden[1].dtype)
+        return Conditioning(torch.cat([h.to(dtype) for h in hidden], dim=-1), pooled)
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        vae = model.part("vae")
+        latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+        return latents * vae.config.scaling_factor
+
+    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
+        if pixels is not None:
+            (height, width), count, device = pixels.shape[-2:], len(pixels), pixels.device
+        else:  # cached latents: the training size is theirs times the VAE's scale
+            scale = _vae_scale(model)
+            latents = batch.latents
+            height, width, count, device = latents.shape[-2] * scale, latents.shape[-1] * scale, len(latents), "cpu"
+            if input_masks is not None:
+                device = input_masks.device
+        sizes = getattr(batch, "original_sizes", None) or [(height, width)] * count
+        offsets = getattr(batch, "crop_offsets", None) or [(0, 0)] * count
+        extra = {"time_ids": time_ids(sizes, offsets, (height, width), device)}
+        if model.info.inpainting and input_masks is not None:
+            # The VAE runs in its own weight dtype (FLOAT_32 by default): SDXL's VAE overflows in FLOAT_16.
+            with torch.no_grad(), torch.autocast(input_masks.device.type, enabled=False):
+                cached = getattr(batch, "masked_latents", None)
+                extra.update(inpainting_inputs(self, model, pixels, input_masks, cached))
+            extra["masked_latents"] = extra["masked_latents"].float()
+        return extra
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+        unet = model.part("unet")
+        sample = noisy_latents
+        if "mask" in extra:
+            sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
+        ids = extra.get("time_ids")
+        if ids is None:  # no batch information: the image is its own original size, uncropped
+            scale = _vae_scale(model)
+            size = (noisy_latents.shape[-2] * scale, noisy_latents.shape[-1] * scale)
+            ids = time_ids([size] * len(noisy_latents), [(0, 0)] * len(noisy_latents), size, noisy_latents.device)
+        added = {"text_embeds": conditioning.pooled.to(unet.dtype), "time_ids": ids.to(unet.dtype)}
+        hidden = conditioning.hidden_states.to(unet.dtype)
+        return unet(sample.to(unet.dtype), timesteps, hidden, added_cond_kwargs=added).sample
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline
+
+        kwargs = {}
+        if model.info.inpainting:
+            cls = StableDiffusionXLInpaintPipeline
+            kwargs["requires_aesthetics_score"] = False  # SDXL inpainting has no refiner-style aesthetic score
+        else:
+            cls = StableDiffusionXLPipeline
+        return cls(
+            vae=model.part("vae"),
+            text_encoder=model.part("text_encoder"),
+            text_encoder_2=model.part("text_encoder_2"),
+            tokenizer=model.text_encoders[0].tokenizer,
+            tokenizer_2=model.text_encoders[1].tokenizer,
+            unet=model.part("unet"),
+            scheduler=sampler,
+            force_zeros_for_empty_prompt=model.extra.get("force_zeros_for_empty_prompt", True),
+            add_watermarker=False,
+            **kwargs,
+        )
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The prompts as the pipeline takes them. With clip skip, the embeddings are ours: diffusers' SDXL pipeline
+        has one clip skip for both encoders and ignores it for the negative prompt."""
+        if not any(slot.layer_skip for slot in model.text_encoders):
+            return super().prompt_arguments(model, prompt, negative_prompt)
+        with torch.no_grad():
+            positive = self.encode_text(model, self.tokenize(model, [prompt]))
+            if negative_prompt is None and model.extra.get("force_zeros_for_empty_prompt", True):
+                negative = Conditioning(torch.zeros_like(positive.hidden_states), torch.zeros_like(positive.pooled))
+            else:
+                negative = self.encode_text(model, self.tokenize(model, [negative_prompt or ""]))
+        return {
+            "prompt_embeds": positive.hidden_states,
+            "pooled_prompt_embeds": positive.pooled,
+            "negative_prompt_embeds": negative.hidden_states,
+            "negative_pooled_prompt_embeds": negative.pooled,
+        }
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
+        if fmt is ModelFormat.DIFFUSERS:
+            self.save_diffusers(model, destination, dtype)
+        elif fmt in (ModelFormat.ORIGINAL_SINGLE_FILE, ModelFormat.LEGACY_SAFETENSORS):
+            self.save_single_file(model, destination, dtype)
+        else:
+            raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
+
+    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+        from diffusers import EulerDiscreteScheduler
+
+        pipe = self.pipeline(model, EulerDiscreteScheduler.from_config(model.noise_scheduler.config))
+        with atomic_directory(destination) as tmp:
+            pipe.save_pretrained(str(tmp), safe_serialization=True)
+            if dtype != torch.float32:
+                _cast_saved_weights(tmp, dtype)
+
+    def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The whole model in the original (SGM) key layout, as A1111, Forge and ComfyUI read it."""
+        unet, vae = model.part("unet"), model.part("vae")
+        out = to_original(
+            _plain(unet),
+            unet.config,
+            _plain(vae),
+            vae.config,
+            _plain(model.part("text_encoder")),
+            _plain(model.part("text_encoder_2")),
+        )
+        if model.v_prediction:
+            out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints
+        return {
+            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
+        }
+
+    def save_single_file(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+        from safetensors.torch import save_file
+
+        state = self.original_state_dict(model, dtype)
+        info = model.info
+        metadata = model_metadata(
+            self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
+        )
+        metadata[CONFIGS_KEY] = json.dumps(
+            {
+                "unet": dict(model.part("unet").config),
+                "vae": dict(model.part("vae").config),
+                "text_encoder": model.part("text_encoder").config.to_dict(),
+                "text_encoder_2": model.part("text_encoder_2").config.to_dict(),
+            },
+            default=str,
+        )
+        tokenizer = model.text_encoders[0].tokenizer
+        if len(tokenizer) != 49408:
+            # Only non-standard tokenizers (the tiny test models) travel inside the file.
+            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
+        with atomic_file(destination) as tmp:
+            save_file(state, str(tmp), metadata=metadata)
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, part: str, module_path: str) -> str:
+        if part == "unet":
+            # kohya trains SDXL on the original UNet: its LoRA names are the SGM module names.
+            return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, self._unet_config).replace(".", "_")
+        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
+        return f"{KOHYA_PREFIXES[part]}_{body.replace('.', '_')}"
+
+    def metadata_kind(self, model: LoadedModel) -> str:
+        return "sdxl"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def to_original(
+    unet: Mapping, unet_config: Mapping, vae: Mapping, vae_config: Mapping, clip_l: Mapping, clip_g: Mapping
+) -> dict:
+    """diffusers / transformers state dicts of the four parts → one state dict in the original SGM layout."""
+    out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(unet, unet_config).items()}
+    out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(vae, vae_config).items()})
+    out.update({CLIP_L_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(clip_l).items()})
+    out.update({CLIP_G_PREFIX + k: v for k, v in ldm_keys.openclip_to_ldm(clip_g, with_projection=True).items()})
+    return out
+
+
+def time_ids(sizes, offsets, target: tuple[int, int], device) -> torch.Tensor:
+    """SDXL's micro-conditioning per image: original (height, width), crop (top, left), target (height, width)."""
+    rows = [[*map(float, size), *map(float, offset), float(target[0]), float(target[1])] for size, offset in
+            zip(sizes, offsets)]  # fmt: skip
+    return torch.tensor(rows, dtype=torch.float32, device=device)
+
+
+def _vae_scale(model: LoadedModel) -> int:
+    return 2 ** (len(model.part("vae").config.block_out_channels) - 1)
+
+
+def _pool_at_end_token(encoder: torch.nn.Module, tokenizer) -> None:
+    """Pool at the end token, not at the highest token id.
+
+    Real CLIP configs carry the legacy `eos_token_id` 2, with which transformers pools at the highest id in the
+    sequence: the end token for CLIP's own vocabulary, but an embedding's token once one is added. With the
+    tokenizer's real end token both give the same result for plain prompts, and embeddings do not move the pooling.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None or encoder.config.eos_token_id == eos:
+        return
+    encoder.config.eos_token_id = eos
+    for module in encoder.modules():
+        if "eos_token_id" in vars(module):
+            module.eos_token_id = eos
+            if hasattr(module, "config"):
+                module.config.eos_token_id = eos
+
+
+def _check_model_type(unet_config, model_type: ModelType, source: str) -> None:
+    if unet_config.get("addition_embed_type") != "text_time":
+        raise ModelLoadError(f"{source} is not an SDXL model, which does not fit the model type {model_type.value}")
+    inpainting = unet_config.get("in_channels") == 9
+    if inpainting != model_type_info(model_type).inpainting:
+        which = "an inpainting" if inpainting else "not an inpainting"
+        raise ModelLoadError(f"{source} is {which} model, which does not fit the model type {model_type.value}")
+
+
+def _check_folder(folder: Path, model_type: ModelType) -> None:
+    """A diffusers folder of another model is refused before its parts are read."""
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return
+    data = json.loads(index.read_text(encoding="utf-8"))
+    if not (data.get("text_encoder_2") or [None])[0]:
+        raise ModelLoadError(f"{folder} is not an SDXL model, which does not fit the model type {model_type.value}")
+    if not (data.get("text_encoder") or [None])[0]:
+        raise ModelLoadError(f"{folder} has no first text encoder (the SDXL refiner?): only SDXL base models train")
+
+
+def _check_checkpoint(state: dict, path: Path, model_type: ModelType) -> None:
+    conv_in = state.get(UNET_PREFIX + "input_blocks.0.0.weight")
+    if conv_in is None:
+        raise ModelLoadError(f"{path} is not a Stable Diffusion checkpoint (no UNet weights in the original layout)")
+    if CLIP_G_PREFIX + "positional_embedding" not in state:
+        if "conditioner.embedders.0.model.text_projection" in state:
+            raise ModelLoadError(f"{path} is the SDXL refiner: only SDXL base models can be trained")
+        raise ModelLoadError(
+            f"{path} is an SD 1.x / 2.x checkpoint, which does not fit the model type {model_type.value}"
+        )
+    inpainting = conv_in.shape[1] == 9
+    if inpainting != model_type_info(model_type).inpainting:
+        which = "an inpainting" if inpainting else "not an inpainting"
+        raise ModelLoadError(f"{path} is {which} checkpoint, which does not fit the model type {model_type.value}")
+
+
+def _reference_configs(model_type: ModelType) -> dict:
+    unet = reference.SDXL_INPAINTING_UNET if model_type_info(model_type).inpainting else reference.SDXL_UNET
+    return {
+        "unet": unet,
+        "vae": reference.SDXL_VAE,
+        "text_encoder": reference.CLIP_L_TEXT,
+        "text_encoder_2": reference.OPEN_CLIP_BIGG_TEXT,
+    }
+
+
+def _convert_open_clip_g(state: dict, text_encoder) -> dict:
+    from diffusers.loaders.single_file_utils import convert_open_clip_checkpoint
+
+    converted = convert_open_clip_checkpoint(text_encoder, state, prefix=CLIP_G_PREFIX)
+    own = set(text_encoder.state_dict())
+    # CLIPTextModelWithProjection keeps its `text_model.` level in transformers 5; match either spelling.
+    out = {}
+    for key, value in converted.items():
+        if key in own:
+            out[key] = value
+        elif f"text_model.{key}" in own:
+            out[f"text_model.{key}"] = value
+    return out

@@ -1,0 +1,70 @@
+"""The real trainer from the window: Start with the demo preset trains to the end; Stop ends a run cleanly.
+
+Both run the library's `run_training` on the tiny SD 1.5 model in a temporary working directory (the demo preset's
+relative paths land there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onetrainer.config import errors
+from tests.gui.helpers import pump, view_of
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+RUN_TIMEOUT = 600  # seconds; the demo takes well under a minute on two idle cores
+
+
+@pytest.fixture
+def demo_app(app, in_tmp: Path, trainable_sd):
+    app.runner.train_function = None  # the real one
+    assert app.load_preset("demo")
+    switch = view_of(app, "general", "tensorboard").switch
+    if switch.get():
+        switch.toggle()  # no TensorBoard process in a test
+    assert app.model.config.tensorboard is False
+    return app
+
+
+def test_start_with_the_demo_preset_trains_to_the_end(demo_app, in_tmp: Path, screenshot) -> None:
+    app = demo_app
+    app.footer.start_button.invoke()
+    assert app.footer.start_button.cget("text") == "Stop training"
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    footer = app.footer
+    assert footer.status.startswith("Finished (completed)"), footer.status
+    assert footer.epoch_bar.get() == 1 and footer.step_bar.get() == 1
+    assert footer.epoch_text.cget("text") == "6 / 6" and footer.loss_label.cget("text").startswith("loss ")
+    assert (in_tmp / "models" / "demo-lora.safetensors").stat().st_size > 0
+    samples = app.gallery.images()
+    assert samples and all(s.path.is_file() for s in samples)  # a sample appeared, and the viewer has it
+    assert samples[0].path.is_relative_to(in_tmp / "workspace" / "demo" / "samples")
+    app.select_tab("training")
+    screenshot(app, "main-window-trained")
+    tab = app.select_tab("sampling")
+    assert len(tab.gallery.tiles) == len(samples)
+    screenshot(app, "tab-sampling-after-training")
+
+    # The config the run wrote (as the command line would) loads back into the window.
+    (written,) = (in_tmp / "workspace" / "demo" / "config").glob("*.json")
+    trained = app.model.config.to_dict()
+    assert app.load_config_file(written)
+    assert not errors(app.problems)
+    loaded = app.model.config
+    assert (loaded.learning_rate, loaded.lora_rank, loaded.epochs) == (trained["learning_rate"], 4, 6)
+    assert [c.name for c in loaded.concepts] == ["demo shapes"]
+
+
+def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
+    app = demo_app
+    assert app.start()
+    pump(app, lambda: app.footer.step_text.cget("text") not in ("–", "0 / 6") or not app.footer.running, 300)
+    app.footer.start_button.invoke()  # "Stop training"
+    assert app.footer.start_button.cget("text") == "Stopping…"
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (stopped)"), app.footer.status
+    assert app.footer.epoch_bar.get() < 1
+    assert (in_tmp / "models" / "demo-lora.safetensors").is_file()  # a stopped run still saves its model
+    assert not app.runner.is_alive() and not app.dialogs.history  # no failure reported

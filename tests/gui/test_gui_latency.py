@@ -1,0 +1,37 @@
+"""The Tk loop's latency while training runs (the measurement `scripts/benchmark.py --gui` reports); no speed goal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gui.latency import benchmark_gui_latency, measure_latency, percentile
+
+pytestmark = pytest.mark.gui
+
+
+def test_percentile() -> None:
+    assert percentile([], 0.5) == 0.0
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5) == 3.0
+    assert percentile(list(map(float, range(1, 101))), 0.95) == 95.0
+
+
+def test_latency_is_measured_while_a_run_holds_the_trainer_thread(app, trainable, fake_trainer, pump_until) -> None:
+    trainer = fake_trainer(hold=True)
+    app.runner.train_function = trainer
+    app.model.replace(trainable)
+    assert app.start()
+    pump_until(app, lambda: trainer.control is not None)
+    report = measure_latency(app, duration_s=0.5, interval_ms=10)
+    trainer.release.set()
+    pump_until(app, lambda: not app.footer.running)
+    assert report.samples >= 5 and 0.4 <= report.seconds < 5
+    assert 0 <= report.p50_ms <= report.p95_ms <= report.max_ms
+    assert "p50" in report.text()
+
+
+def test_the_benchmark_runs_a_window_until_training_ends(display, tmp_path: Path, trainable_sd, fake_trainer) -> None:
+    result = benchmark_gui_latency(tmp_path, max_seconds=60, train_function=fake_trainer(epochs=1, steps_per_epoch=3))
+    assert result.outcome.startswith("Finished (completed)")
+    assert result.latency.samples >= 1 and result.latency.seconds < 60

@@ -1,0 +1,79 @@
+"""The sampling tab: sample rows with the full editor, clone, and the latest samples viewer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from onetrainer.config.enums import NoiseScheduler
+from onetrainer.training.events import SampleReady
+from tests.gui.helpers import choose_in_menu
+
+pytestmark = pytest.mark.gui
+
+
+def test_the_sample_editor_shows_every_field_and_rows_clone(app) -> None:
+    tab = app.select_tab("sampling")
+    editor = tab.editor
+    editor.add_button.invoke()
+    editor.view(0, "prompt").set_text("a cat")
+    editor.button(0, "…").invoke()
+    window = tab.editor_window
+    form = window.form
+    assert form.view("samples.0.prompt").var.get() == "a cat"
+    form.view("samples.0.negative_prompt").set_text("blurry")
+    form.view("samples.0.prompt").set_text("a dog")
+    choose_in_menu(form.view("samples.0.noise_scheduler").menu, "DDIM")
+    sample = app.model.config.samples[0]
+    assert (sample.prompt, sample.negative_prompt, sample.noise_scheduler) == ("a dog", "blurry", NoiseScheduler.DDIM)
+    assert editor.view(0, "prompt").var.get() == "a dog"  # the row follows the editor
+    # Fields that do not apply to this model type are not shown (SD 1.5 is no inpainting model).
+    assert "samples.0.base_image_path" not in form.shown_paths()
+    assert "samples.0.cfg_scale" in form.shown_paths()
+
+    editor.button(0, "+").invoke()
+    samples = app.model.config.samples
+    assert [s.prompt for s in samples] == ["a dog", "a dog"] and samples[0] is not samples[1]
+    assert not window.winfo_exists()  # the rows moved: the editor closed rather than edit another sample
+    editor.button(1, "✕").invoke()
+    assert len(app.model.config.samples) == 1
+
+
+def _image(path: Path, color: str, age: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (64, 64), color).save(path)
+    stamp = 1_700_000_000 + age
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_the_latest_samples_come_from_events_and_the_workspace(app, tmp_path: Path, screenshot) -> None:
+    workspace = tmp_path / "workspace"
+    folder = workspace / "samples" / "0 - a red circle"
+    _image(folder / "run-training-sample-6-1-0.jpg", "blue", 1)
+    newest = _image(folder / "run-training-sample-12-2-0.jpg", "red", 2)
+    app.model.config.workspace_dir = str(workspace)
+    tab = app.select_tab("sampling")
+    gallery = tab.gallery
+    assert not gallery.tiles and gallery.empty_label.winfo_manager() == "grid"
+    gallery.refresh_button.invoke()
+    assert [image.path for image in app.gallery.images()] == [newest] and len(gallery.tiles) == 1
+
+    other = _image(workspace / "samples" / "1 - a green square" / "run-training-sample-12-2-0.jpg", "green", 3)
+    app._handle(SampleReady(12, 1, "a green square", str(other)))  # what the poll does with the trainer's event
+    assert [image.index for image in app.gallery.images()] == [0, 1] and len(gallery.tiles) == 2
+    assert "step 12" in gallery.tiles[1].winfo_children()[1].cget("text")
+
+    screenshot(app, "tab-sampling-latest-samples")
+    viewer = gallery.open(app.gallery.images()[0])
+    assert viewer.history == [folder / "run-training-sample-6-1-0.jpg", newest] and viewer.position == 1
+    viewer.move(-1)
+    assert viewer.position == 0 and viewer.caption.cget("text").startswith("run-training-sample-6")
+    screenshot(viewer, "sample-viewer")
+    viewer.destroy()
+
+    gallery.sample_now_button.invoke()  # nothing runs: said so, nothing sent
+    assert "start it first" in app.footer.status

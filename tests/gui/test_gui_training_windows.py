@@ -1,0 +1,95 @@
+"""The training tab's "…" windows: optimizer parameters, custom scheduler, timestep distribution preview."""
+
+from __future__ import annotations
+
+import pytest
+
+from onetrainer.config.enums import LearningRateScheduler, Optimizer, TimestepDistribution
+from onetrainer.training import optim
+from tests.gui.helpers import choose_in_menu, pump, view_of
+
+pytestmark = pytest.mark.gui
+
+
+def test_the_optimizer_dialog_lists_the_parameters_and_loads_defaults(app, screenshot) -> None:
+    tab = app.select_tab("training")
+    tab.form.button("optimizer.optimizer").invoke()
+    dialog = tab.optimizer_dialog
+    app.update()
+    expected = optim.dialog_parameters(Optimizer.ADAMW)
+    assert list(dialog.views) == [p.name for p in expected]
+    assert dialog.views["beta1"].label.cget("text") == "Beta 1"
+    assert dialog.views["beta1"].var.get() == ""  # None: the table's default, shown beside it
+    dialog.views["beta1"].set_text("0.5")
+    dialog.views["amsgrad"].switch.toggle()
+    config = app.model.config
+    assert (config.optimizer.beta1, config.optimizer.amsgrad) == (0.5, True)
+    screenshot(dialog, "optimizer-dialog")
+
+    dialog.defaults_button.invoke()
+    defaults = {p.name: p.default for p in expected}
+    assert app.model.config.optimizer.beta1 == defaults["beta1"] and app.model.config.optimizer.amsgrad is False
+    assert dialog.views["beta1"].var.get() == str(defaults["beta1"])
+    assert dialog.views["amsgrad"].switch.get() == 0
+
+    dialog.views["eps"].set_text("1e-6")
+    dialog.close()  # remembers the settings of this optimizer
+    assert not dialog.winfo_exists()
+    assert app.model.config.optimizer_defaults["ADAMW"].eps == 1e-6
+
+
+def test_switching_optimizers_remembers_each_ones_settings(app) -> None:
+    menu = view_of(app, "training", "optimizer.optimizer").menu
+    app.model.config.optimizer.weight_decay = 0.123
+    choose_in_menu(menu, "PRODIGY")
+    config = app.model.config
+    assert config.optimizer.optimizer is Optimizer.PRODIGY
+    assert config.optimizer.weight_decay == optim.table_defaults(Optimizer.PRODIGY).weight_decay
+    dialog = app.select_tab("training").open_optimizer_dialog()
+    assert list(dialog.views) == [p.name for p in optim.dialog_parameters(Optimizer.PRODIGY)]
+    choose_in_menu(menu, "ADAMW")  # back: the earlier settings return, and the open dialog follows
+    assert app.model.config.optimizer.weight_decay == 0.123
+    assert list(dialog.views) == [p.name for p in optim.dialog_parameters(Optimizer.ADAMW)]
+    assert dialog.views["weight_decay"].var.get() == "0.123"
+    dialog.close()
+
+
+def test_the_scheduler_dialog_edits_a_custom_scheduler(app) -> None:
+    choose_in_menu(view_of(app, "training", "learning_rate_scheduler").menu, "CUSTOM")
+    assert app.model.config.learning_rate_scheduler is LearningRateScheduler.CUSTOM
+    tab = app.select_tab("training")
+    tab.form.button("learning_rate_scheduler").invoke()
+    dialog = tab.scheduler_dialog
+    dialog.class_view.set_text("torch.optim.lr_scheduler.StepLR")
+    dialog.parameters.add_button.invoke()
+    dialog.parameters.view(0, "key").set_text("step_size")
+    dialog.parameters.view(0, "value").set_text("%STEPS_PER_EPOCH%")
+    config = app.model.config
+    assert config.custom_learning_rate_scheduler == "torch.optim.lr_scheduler.StepLR"
+    assert [(p.key, p.value) for p in config.scheduler_params] == [("step_size", "%STEPS_PER_EPOCH%")]
+    dialog.parameters.button(0, "✕").invoke()
+    assert config.scheduler_params == []
+    dialog.close()
+
+
+def test_the_timestep_window_draws_the_histogram_of_its_settings(app, screenshot) -> None:
+    tab = app.select_tab("training")
+    tab.form.button("timestep_distribution").invoke()
+    window = tab.timestep_window
+    pump(window, lambda: window.chart.bar_count == 100, timeout=90)  # the first draw imports torch
+    uniform = list(window.counts)
+    assert abs(max(uniform) - min(uniform)) < 0.3 * max(uniform)  # flat
+
+    # Settings edited here show on the training tab too, and the histogram follows.
+    window.form.view("max_noising_strength").set_text("0.5")
+    assert app.model.config.max_noising_strength == 0.5
+    assert view_of(app, "training", "max_noising_strength").var.get() == "0.5"
+    pump(window, lambda: window.job is None and window.counts != uniform and window.chart.bar_count == 100, 60)
+    assert sum(window.counts[60:]) == 0  # nothing above half the noise
+    choose_in_menu(window.form.view("timestep_distribution").menu, "LOGIT_NORMAL")
+    assert app.model.config.timestep_distribution is TimestepDistribution.LOGIT_NORMAL
+    shaped = list(window.counts)
+    pump(window, lambda: window.job is None and window.counts != shaped and window.chart.bar_count == 100, 60)
+    screenshot(window, "timestep-window")
+    window.close()
+    assert not window.winfo_exists()

@@ -1,0 +1,121 @@
+"""scripts/benchmark.py: the measurements run and report their figures (no speed is asserted: that is the docs' job)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from onetrainer.benchmark.cli import format_caching, format_gpu, format_overhead, main
+from onetrainer.benchmark.gpu import CASES, unet_lora_benchmark
+from onetrainer.benchmark.overhead import BARE, OURS, VARIANTS, compare_overhead, prepare
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """As the benchmark itself runs: on a busy 2-core machine two threads per process spin and crawl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_overhead_times_ours_and_the_bare_loop_and_computes_the_ratio(tmp_path):
+    result = compare_overhead(steps=2, warmup=1, repeat=1, workdir=tmp_path, device=CPU, memory=False, progress=None)
+
+    assert set(result.runs) == set(VARIANTS)
+    for variant in VARIANTS:
+        (run,) = result.runs[variant]
+        assert run.steps == 2 and run.seconds > 0
+        assert result.median_rate(variant) > 0
+    assert result.ratio(BARE) == pytest.approx(result.median_rate(OURS) / result.median_rate(BARE))
+    figures = json.loads(json.dumps(result.to_dict()))  # everything the --json file holds is plain JSON
+    assert figures["ratio_ours_over_bare"] == pytest.approx(result.ratio(BARE))
+    assert figures["settings"]["batch_size"] == 2 and figures["settings"]["resolution"] == "64"
+    table = format_overhead(result)
+    assert "ratio ours / bare:" in table and "goal >= 0.95" in table
+
+
+def test_the_bare_loop_trains_the_same_lora_as_our_method(tmp_path):
+    """Same maths needs the same adapters: the bare loop's trained parameter count equals our LoRA method's."""
+    from onetrainer.benchmark.overhead import run_bare
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+
+    setup = prepare(tmp_path, CPU)
+    family = load_family_class(setup.config.model_type)()
+    model = family.load(setup.config)
+    method = create_method(setup.config, family, model, CPU)
+    ours = sum(p.numel() for group in method.param_groups() for p in group["params"])
+
+    _, bare = run_bare(setup, steps=1, warmup=1)
+    assert bare == ours > 0
+
+
+@pytest.mark.parametrize("case", ["sd15", "sdxl"])
+def test_the_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_unet(case):
+    from onetrainer.tiny import tiny_model_dir
+
+    unet_config = json.loads((tiny_model_dir(case) / "unet" / "config.json").read_text(encoding="utf-8"))
+    run = unet_lora_benchmark(
+        case, CPU, steps=1, warmup=1, unet_config=unet_config, resolution=64, weight_dtype=torch.float32,
+        optimizer="adamw",
+    )  # fmt: skip
+    assert run.steps_per_second > 0
+    assert run.lora_targets > 0 and run.trained_parameters > 0
+    assert run.peak_allocated_bytes is None and not run.goal_met  # nothing measured on a CPU meets a VRAM goal
+    assert run.goal_peak_bytes == CASES[case].goal_peak_bytes
+    table = format_gpu(run)
+    assert "it/s" in table and CASES[case].label in table and json.dumps(run.to_dict())
+
+
+def test_caching_reports_throughput_and_a_fully_cached_second_start(tmp_path):
+    from onetrainer.benchmark.caching import measure_caching
+
+    result = measure_caching(count=6, workdir=tmp_path, device=CPU)
+    assert result.cold.latents_needed == result.cold.latents_encoded >= 6  # every image, some in two variations
+    assert result.cold.captions_encoded >= 6 and result.cold.images_per_second > 0
+    assert result.warm.latents_encoded == 0 and result.warm.captions_encoded == 0  # the second start encodes nothing
+    assert result.warm.latents_needed == result.cold.latents_needed
+    assert result.cold.seconds_to_first_step > 0 and result.warm.seconds_to_first_step > 0
+    figures = json.loads(json.dumps(result.to_dict()))
+    assert figures["caching_images_per_second"] == pytest.approx(result.cold.images_per_second)
+    assert "images/s" in format_caching(result) and "fully cached" in format_caching(result)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")
+def test_without_cuda_the_gpu_part_says_not_measured(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    assert main(["--part", "gpu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("not measured: no CUDA device") == 2 and "SDXL-size" in printed
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["gpu"] == {"sd15": None, "sdxl": None} and figures["process_peak_rss_bytes"] > 0
+
+
+def test_the_gui_part_is_handed_in_and_fails_the_run_when_asked_for_and_impossible(capsys):
+    asked = []
+
+    def gui_part(required: bool):
+        asked.append(required)
+        return False
+
+    assert main(["--gui"], gui_part=gui_part) == 1 and asked == [True]
+    assert main(["--part", "gui"]) == 1  # without the GUI handed in, the part cannot run
+    assert "not measured" in capsys.readouterr().out
+
+
+def test_invalid_counts_are_refused(capsys):
+    assert main(["--steps", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_memory_probe_reports_the_peak_of_a_process_of_its_own():
+    from onetrainer.benchmark.overhead import probe_variant_memory
+
+    figures = probe_variant_memory(BARE, steps=1, warmup=1)
+    assert figures["peak_rss_bytes"] >= figures["baseline_rss_bytes"] > 0
