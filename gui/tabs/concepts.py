@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.tabs.form_tab import FormTab, TabHost
-from gui.tabs.rows import WARNING_COLOR, inline_items
+from gui.tabs.rows import WARNING_COLOR, inline_items, show_load_problems
 from gui.widgets.binding import bind_self
 from gui.widgets.concept_card import CARD_WIDTH, ConceptCard
 from gui.windows.concept_window import ConceptWindow
@@ -162,8 +162,4 @@ class ConceptsTab(FormTab):
             self.empty_label.grid(row=0, column=0, sticky="w", padx=4)
 
     def _show_message(self) -> None:
-        if self.load_problems:
-            self.message.configure(text="\n".join(str(p) for p in self.load_problems))
-            self.message.grid(row=1, column=0, sticky="w", padx=10)
-        else:
-            self.message.grid_remove()
+        show_load_problems(self.message, self.load_problems)

@@ -205,8 +205,13 @@ class RowsEditor:
         return out
 
     def _show_message(self) -> None:
-        if self.load_problems:
-            self.message.configure(text="\n".join(str(p) for p in self.load_problems))
-            self.message.grid(row=1, column=0, sticky="w", padx=10)
-        else:
-            self.message.grid_remove()
+        show_load_problems(self.message, self.load_problems)
+
+
+def show_load_problems(message, problems: list) -> None:
+    """Show why a list file (concepts, samples) could not be read fully under its table, or hide the label."""
+    if problems:
+        message.configure(text="\n".join(str(p) for p in problems))
+        message.grid(row=1, column=0, sticky="w", padx=10)
+    else:
+        message.grid_remove()

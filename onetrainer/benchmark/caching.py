@@ -97,26 +97,13 @@ def write_mixed_images(folder: Path, count: int, seed: int = 0) -> Path:
 
 
 def start_once(workdir: Path, images: Path, name: str, device: torch.device) -> StartRun:
-    from onetrainer.config import errors, load_layers
+    from onetrainer.benchmark.overhead import demo_config
     from onetrainer.training.control import TrainingControl
     from onetrainer.training.events import Failed
     from onetrainer.training.runner import run_training
 
-    overrides = [
-        f"concepts.0.path={images}",
-        f"workspace_dir={workdir / 'workspace' / name}",
-        f"cache_dir={workdir / 'cache'}",
-        f"output_model_destination={workdir / 'out' / f'{name}.safetensors'}",
-        f"train_device={device.type}",
-        "tensorboard=false",
-        "sample_after_unit=NEVER",
-        "backup_after_unit=NEVER",
-        "save_every_unit=NEVER",
-        "epochs=1",
-    ]
-    config, problems = load_layers("demo", None, overrides)
-    if errors(problems):
-        raise ValueError("the caching benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
+    output = workdir / "out" / f"{name}.safetensors"
+    config = demo_config(images, workdir / "workspace" / name, workdir / "cache", output, device, "epochs=1")
     control = TrainingControl()
     clock = _FirstStepClock(control)
     start = time.perf_counter()

@@ -153,31 +153,39 @@ def default_device() -> torch.device:
 
 def prepare(workdir: Path, device: torch.device | None = None) -> Setup:
     """Write the demo's synthetic images into `workdir` and build the demo preset's config around them."""
-    from onetrainer.config import errors, load_layers
     from onetrainer.tiny.images import write_demo_images
 
     device = device or default_device()
     images = workdir / "images"
     images.mkdir(parents=True, exist_ok=True)
     write_demo_images(images)
+    config = demo_config(images, workdir / "workspace", workdir / "cache", workdir / "out" / "lora.safetensors", device)
+    different = _beyond_the_bare_loop(config)
+    if different:
+        raise ValueError(f"the bare loop does not do what the demo preset now asks for: {', '.join(different)}")
+    return Setup(workdir, images, config, device)
+
+
+def demo_config(images: Path, workspace: Path, cache: Path, output: Path, device: torch.device, *extra: str):
+    """The demo preset's config on `images`, writing under the given folders, with nothing but training to time."""
+    from onetrainer.config import errors, load_layers
+
     overrides = [
         f"concepts.0.path={images}",
-        f"workspace_dir={workdir / 'workspace'}",
-        f"cache_dir={workdir / 'cache'}",
-        f"output_model_destination={workdir / 'out' / 'lora.safetensors'}",
+        f"workspace_dir={workspace}",
+        f"cache_dir={cache}",
+        f"output_model_destination={output}",
         f"train_device={device.type}",
         "tensorboard=false",  # no server process; the TensorBoard event writer still runs, as in every real run
         "sample_after_unit=NEVER",
         "backup_after_unit=NEVER",
         "save_every_unit=NEVER",
+        *extra,
     ]
     config, problems = load_layers("demo", None, overrides)
     if errors(problems):
         raise ValueError("the benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
-    different = _beyond_the_bare_loop(config)
-    if different:
-        raise ValueError(f"the bare loop does not do what the demo preset now asks for: {', '.join(different)}")
-    return Setup(workdir, images, config, device)
+    return config
 
 
 # The settings the bare loop implements, at the values it implements them with. Should the demo preset or the

@@ -15,6 +15,15 @@ class ModelLoadError(Exception):
     """A model that cannot be loaded, with a message that says why and what to do."""
 
 
+def hub_options(source, config) -> dict:
+    """from_pretrained options for a model source: local folders never reach the hub, hub ids only when online."""
+    hub = source.kind == "hub"
+    options = {"local_files_only": config.offline_mode or not hub}
+    if hub and config.huggingface_cache_dir:
+        options["cache_dir"] = config.huggingface_cache_dir
+    return options
+
+
 def load_diffusers_component(cls, where: str, subfolder: str, options: dict, config_only: bool = False):
     try:
         if config_only:

@@ -15,6 +15,7 @@ from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
     checked_load,
+    hub_options,
     load_diffusers_component,
     load_tokenizer,
     training_scheduler,
@@ -41,6 +42,7 @@ def is_sd2(model_type: ModelType) -> bool:
 
 class StableDiffusionFamily(Family):
     info = SD
+    saved_scheduler = "DDIMScheduler"  # the sampler a saved diffusers folder names (what the model's authors ship)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -71,10 +73,7 @@ class StableDiffusionFamily(Family):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
-        hub = source.kind == "hub"
-        options = {"local_files_only": config.offline_mode or not hub}
-        if hub and config.huggingface_cache_dir:
-            options["cache_dir"] = config.huggingface_cache_dir
+        options = hub_options(source, config)
         where = source.location
         parts = {
             "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
@@ -200,9 +199,9 @@ class StableDiffusionFamily(Family):
             raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
 
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        from diffusers import DDIMScheduler
+        import diffusers
 
-        scheduler = DDIMScheduler.from_config(model.noise_scheduler.config)
+        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.noise_scheduler.config)
         pipe = self.pipeline(model, scheduler)
         with atomic_directory(destination) as tmp:
             pipe.save_pretrained(str(tmp), safe_serialization=True)
@@ -234,14 +233,7 @@ class StableDiffusionFamily(Family):
         metadata = model_metadata(
             self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
         )
-        metadata[CONFIGS_KEY] = json.dumps(
-            {
-                "unet": dict(model.part("unet").config),
-                "vae": dict(model.part("vae").config),
-                "text_encoder": model.part("text_encoder").config.to_dict(),
-            },
-            default=str,
-        )
+        metadata[CONFIGS_KEY] = json.dumps({name: _config_of(part) for name, part in model.parts.items()}, default=str)
         tokenizer = model.text_encoders[0].tokenizer
         if len(tokenizer) != 49408:
             # Only non-standard tokenizers (the tiny test models) travel inside the file.
@@ -276,6 +268,12 @@ def inpainting_inputs(family, model, pixels, masks: torch.Tensor, cached_masked_
         masked_latents = cached_masked_latents.to(masks.device)
     small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
     return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
+
+
+def _config_of(part: torch.nn.Module) -> dict:
+    """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
+    config = part.config
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def _v_prediction(config, model_type: ModelType) -> bool:

@@ -19,25 +19,27 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
-from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.base import Conditioning, LoadedModel, TextEncoderSlot
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
     checked_load,
+    hub_options,
     load_diffusers_component,
     load_tokenizer,
     training_scheduler,
 )
 from onetrainer.families.sd import (
+    CONFIGS_KEY,
+    UNET_PREFIX,
+    VAE_PREFIX,
     StableDiffusionFamily,
     _backup_model_dir,
-    _cast_saved_weights,
     _clip_config,
     _convert_text_encoder,
     _convert_vae,
-    _merges_of,
     _plain,
     _single_file_tokenizer,
     _v_prediction,
@@ -45,24 +47,21 @@ from onetrainer.families.sd import (
 )
 from onetrainer.families.sources import ModelSource, resolve_source
 from onetrainer.tiny import reference
-from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
-from onetrainer.weights.metadata import model_metadata
 
 log = logging.getLogger(__name__)
 
-UNET_PREFIX = "model.diffusion_model."
-VAE_PREFIX = "first_stage_model."
 CLIP_L_PREFIX = "conditioner.embedders.0."  # + transformer.text_model.…
 CLIP_G_PREFIX = "conditioner.embedders.1.model."  # OpenCLIP layout: transformer.resblocks.N.…, text_projection
-CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
-TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
 KOHYA_PREFIXES = {"unet": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
 
 
-class StableDiffusionXLFamily(Family):
+class StableDiffusionXLFamily(StableDiffusionFamily):
+    """Shares SD's image encoding, VAE override and saving; the rest is SDXL's own."""
+
     info = SDXL
+    saved_scheduler = "EulerDiscreteScheduler"
     # The UNet block layout that kohya names follow; set from the loaded model (SDXL's layout is fixed).
     _unet_config: Mapping = reference.SDXL_UNET
 
@@ -79,7 +78,7 @@ class StableDiffusionXLFamily(Family):
             parts, tokenizers, scheduler_config, extra = self._load_diffusers(source, config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
-            parts["vae"] = StableDiffusionFamily()._load_vae_override(config.vae.model_name, parts["vae"].config)
+            parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)
@@ -99,12 +98,9 @@ class StableDiffusionXLFamily(Family):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-        hub = source.kind == "hub"
-        options = {"local_files_only": config.offline_mode or not hub}
-        if hub and config.huggingface_cache_dir:
-            options["cache_dir"] = config.huggingface_cache_dir
+        options = hub_options(source, config)
         where = source.location
-        if not hub:
+        if source.kind != "hub":
             _check_folder(Path(where), config.model_type)
         parts = {
             "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
@@ -174,11 +170,6 @@ class StableDiffusionXLFamily(Family):
                 pooled = output.text_embeds
         dtype = torch.promote_types(hidden[0].dtype, hidden[1].dtype)
         return Conditioning(torch.cat([h.to(dtype) for h in hidden], dim=-1), pooled)
-
-    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        vae = model.part("vae")
-        latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
-        return latents * vae.config.scaling_factor
 
     def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
         if pixels is not None:
@@ -258,23 +249,6 @@ class StableDiffusionXLFamily(Family):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
-        if fmt is ModelFormat.DIFFUSERS:
-            self.save_diffusers(model, destination, dtype)
-        elif fmt in (ModelFormat.ORIGINAL_SINGLE_FILE, ModelFormat.LEGACY_SAFETENSORS):
-            self.save_single_file(model, destination, dtype)
-        else:
-            raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
-
-    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        from diffusers import EulerDiscreteScheduler
-
-        pipe = self.pipeline(model, EulerDiscreteScheduler.from_config(model.noise_scheduler.config))
-        with atomic_directory(destination) as tmp:
-            pipe.save_pretrained(str(tmp), safe_serialization=True)
-            if dtype != torch.float32:
-                _cast_saved_weights(tmp, dtype)
-
     def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole model in the original (SGM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae = model.part("unet"), model.part("vae")
@@ -291,30 +265,6 @@ class StableDiffusionXLFamily(Family):
         return {
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }
-
-    def save_single_file(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        from safetensors.torch import save_file
-
-        state = self.original_state_dict(model, dtype)
-        info = model.info
-        metadata = model_metadata(
-            self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
-        )
-        metadata[CONFIGS_KEY] = json.dumps(
-            {
-                "unet": dict(model.part("unet").config),
-                "vae": dict(model.part("vae").config),
-                "text_encoder": model.part("text_encoder").config.to_dict(),
-                "text_encoder_2": model.part("text_encoder_2").config.to_dict(),
-            },
-            default=str,
-        )
-        tokenizer = model.text_encoders[0].tokenizer
-        if len(tokenizer) != 49408:
-            # Only non-standard tokenizers (the tiny test models) travel inside the file.
-            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
-        with atomic_file(destination) as tmp:
-            save_file(state, str(tmp), metadata=metadata)
 
     # -- names ----------------------------------------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ class Method(ABC):
         self.family = family
         self.model = model
         self.device = device
+        self.parts: list[str] = []  # the model parts this method trains (LoRA and fine-tune set them)
+        self._frozen_parts: set[str] = set()
         embedding_configs = self._embedding_configs()
         bundled = {}
         if config.training_method is TrainingMethod.LORA and config.lora_model_name:
@@ -90,7 +92,19 @@ class Method(ABC):
             ):
                 self.embeddings.freeze(embedding)
                 frozen.append(f"embedding {embedding.placeholder}")
+        for part in self.parts:
+            c = self.config.part(part)
+            if part not in self._frozen_parts and stop_after_reached(
+                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
+            ):
+                self.freeze_part(part)
+                self._frozen_parts.add(part)
+                frozen.append(part)
         return frozen
+
+    def freeze_part(self, part: str) -> None:
+        """Stop training a model part whose "stop training after" is reached (methods that train parts)."""
+        raise NotImplementedError
 
     def base_lr(self, part: str | None = None) -> float:
         if part is not None and self.config.part(part).learning_rate is not None:

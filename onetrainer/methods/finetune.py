@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 
 from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
-from onetrainer.training.timing import stop_after_reached
 from onetrainer.util.dtypes import torch_dtype
 
 
@@ -23,7 +22,6 @@ class FineTuneMethod(Method):
                 # The layer filter narrows what trains in the denoiser; frozen weights keep their dtype.
                 selected = name != family.denoiser_part or name_matches(param_name, patterns, regex)
                 param.requires_grad_(trains and selected)
-        self._frozen: set[str] = set()
 
     def trained_parts(self) -> list[str]:
         return list(self.parts)
@@ -36,17 +34,8 @@ class FineTuneMethod(Method):
                 groups.append({"name": part, "params": params, "lr": self.base_lr(part)})
         return groups + self.embeddings.param_groups(self.embedding_lr())
 
-    def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
-        frozen = super().update_freezing(global_step, epochs_done)
-        for part in self.parts:
-            c = self.config.part(part)
-            if part not in self._frozen and stop_after_reached(
-                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
-            ):
-                self.model.part(part).requires_grad_(False)
-                self._frozen.add(part)
-                frozen.append(part)
-        return frozen
+    def freeze_part(self, part: str) -> None:
+        self.model.part(part).requires_grad_(False)
 
     def save_backup(self, folder: Path) -> None:
         # A whole diffusers folder: the backup can also be used as a base model.

@@ -12,7 +12,6 @@ import torch
 
 from onetrainer.config.enums import ModelFormat
 from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
-from onetrainer.training.timing import stop_after_reached
 from onetrainer.util.dtypes import torch_dtype
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights.checkpoint_files import load_state_dict
@@ -33,7 +32,6 @@ class LoraMethod(Method):
         existing = self._read_existing(config.lora_model_name) if config.lora_model_name else {}
         for part in sorted(set(self.parts) | set(existing)):
             self._add_adapters(part, existing.get(part))
-        self._frozen: set[str] = set()
 
     def _candidate_parts(self) -> list[str]:
         return [self.family.denoiser_part] + [slot.part for slot in self.model.text_encoders]
@@ -136,19 +134,10 @@ class LoraMethod(Method):
             groups.append({"name": f"{part}_lora", "params": params, "lr": self.base_lr(part)})
         return groups + self.embeddings.param_groups(self.embedding_lr())
 
-    def update_freezing(self, global_step: int, epochs_done: int) -> list[str]:
-        frozen = super().update_freezing(global_step, epochs_done)
-        for part in self.parts:
-            c = self.config.part(part)
-            if part not in self._frozen and stop_after_reached(
-                c.stop_training_after, c.stop_training_after_unit, global_step, epochs_done
-            ):
-                for name, param in self.model.part(part).named_parameters():
-                    if "lora_" in name:
-                        param.requires_grad_(False)
-                self._frozen.add(part)
-                frozen.append(part)
-        return frozen
+    def freeze_part(self, part: str) -> None:
+        for name, param in self.model.part(part).named_parameters():
+            if "lora_" in name:
+                param.requires_grad_(False)
 
     @contextlib.contextmanager
     def adapters_disabled(self) -> Iterator[None]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from onetrainer.training.events import (
     Started,
     Status,
 )
+from tests.gui.helpers import pump
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT_DIR = REPO / "test-artifacts" / "screenshots"
@@ -198,16 +199,6 @@ class OpenedUrls(list):
     def __call__(self, url: str) -> bool:
         self.append(url)
         return True
-
-
-def pump(app, until: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Run the Tk loop until `until()` holds (the app's `after` polling included)."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the window")
-        app.update()
-        time.sleep(0.005)
 
 
 @pytest.fixture(scope="session")

@@ -19,20 +19,9 @@ from onetrainer.config.enums import ModelFormat, ModelType, Optimizer, TimeUnit,
 from onetrainer.config.model_types import MODEL_TYPES, SUPPORTED_MODEL_TYPES
 from onetrainer.config.validation import context_of
 from onetrainer.families import is_trainable
+from tests.gui.helpers import choose_in_menu, view_of
 
 pytestmark = pytest.mark.gui
-
-
-def _view(app, tab: str, path: str):
-    view = app.select_tab(tab).form.view(path)
-    assert view is not None and view.visible, f"{path} is not shown on the {tab} tab"
-    return view
-
-
-def _choose_in_menu(menu, label: str) -> None:
-    """Pick an entry of a CTkOptionMenu as a click in its dropdown does."""
-    assert label in menu.cget("values"), (label, menu.cget("values"))
-    menu._dropdown_callback(label)
 
 
 # -- generated forms -----------------------------------------------------------------------------------------------
@@ -41,12 +30,12 @@ def _choose_in_menu(menu, label: str) -> None:
 def test_every_tab_builds_for_every_model_type_and_method(app) -> None:
     topbar = app.topbar
     for model_type in SUPPORTED_MODEL_TYPES:
-        _choose_in_menu(topbar.model_type_menu, model_type_label(model_type))
+        choose_in_menu(topbar.model_type_menu, model_type_label(model_type))
         assert app.model.config.model_type is model_type
         methods = offered_methods(model_type)
         assert topbar.method_menu.cget("values") == [method_label(m) for m in methods]
         for method in methods:
-            _choose_in_menu(topbar.method_menu, method_label(method))
+            choose_in_menu(topbar.method_menu, method_label(method))
             config = app.model.config
             assert config.training_method is method
             ctx = context_of(config)
@@ -67,28 +56,28 @@ def test_every_tab_builds_for_every_model_type_and_method(app) -> None:
 def test_lora_and_embedding_tabs_follow_the_method(app) -> None:
     app.topbar.choose_method(TrainingMethod.LORA)
     assert "lora" in app.tabview.keys and "embedding" not in app.tabview.keys
-    assert _view(app, "lora", "lora_rank").var.get() == "16"
+    assert view_of(app, "lora", "lora_rank").var.get() == "16"
     app.topbar.choose_method(TrainingMethod.EMBEDDING)
     assert "lora" not in app.tabview.keys and "embedding" in app.tabview.keys
-    assert _view(app, "embedding", "embedding.placeholder").var.get() == "<embedding>"
+    assert view_of(app, "embedding", "embedding.placeholder").var.get() == "<embedding>"
     # SDXL's second text encoder brings its own field to the embedding tab, with no family code in the view.
     app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_XL_10_BASE)
-    assert _view(app, "embedding", "text_encoder_2.train_embedding") is not None
+    assert view_of(app, "embedding", "text_encoder_2.train_embedding") is not None
     app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
     assert app.select_tab("embedding").form.view("text_encoder_2.train_embedding").visible is False
 
 
 def test_widget_kinds_follow_the_field_types(app) -> None:
-    assert isinstance(_view(app, "general", "only_cache"), BoolView)
-    assert isinstance(_view(app, "training", "optimizer.optimizer"), ChoiceView)
-    learning_rate = _view(app, "training", "learning_rate")
+    assert isinstance(view_of(app, "general", "only_cache"), BoolView)
+    assert isinstance(view_of(app, "training", "optimizer.optimizer"), ChoiceView)
+    learning_rate = view_of(app, "training", "learning_rate")
     assert isinstance(learning_rate, EntryView) and learning_rate.is_number
-    workspace = _view(app, "general", "workspace_dir")
+    workspace = view_of(app, "general", "workspace_dir")
     assert workspace.browse_button is not None and not workspace.is_number
-    sample_after = _view(app, "sampling", "sample_after")
+    sample_after = view_of(app, "sampling", "sample_after")
     assert sample_after.unit_view is not None and sample_after.unit_view.menu.get() == "MINUTE"
     # The offered choices only, from the metadata.
-    output_dtype = _view(app, "model", "output_dtype")
+    output_dtype = view_of(app, "model", "output_dtype")
     assert output_dtype.menu.cget("values") == ["FLOAT_32", "FLOAT_16", "BFLOAT_16"]
     # The tooltip shows the help text.
     assert learning_rate.tooltip_text().startswith(TrainConfig.spec("learning_rate").meta.help)
@@ -96,31 +85,31 @@ def test_widget_kinds_follow_the_field_types(app) -> None:
 
 def test_typing_toggling_and_choosing_change_the_config(app) -> None:
     config = app.model.config
-    learning_rate = _view(app, "training", "learning_rate")
+    learning_rate = view_of(app, "training", "learning_rate")
     learning_rate.entry.delete(0, "end")
     learning_rate.entry.insert(0, "0.0004")
     assert config.learning_rate == 0.0004
-    workspace = _view(app, "general", "workspace_dir")
+    workspace = view_of(app, "general", "workspace_dir")
     workspace.set_text("/tmp/my-run")
     assert config.workspace_dir == "/tmp/my-run"
 
-    only_cache = _view(app, "general", "only_cache")
+    only_cache = view_of(app, "general", "only_cache")
     only_cache.switch.toggle()
     assert config.only_cache is True
     only_cache.switch.toggle()
     assert config.only_cache is False
 
-    optimizer = _view(app, "training", "optimizer.optimizer")
-    _choose_in_menu(optimizer.menu, "PRODIGY")
+    optimizer = view_of(app, "training", "optimizer.optimizer")
+    choose_in_menu(optimizer.menu, "PRODIGY")
     assert config.optimizer.optimizer is Optimizer.PRODIGY
 
-    sample_after = _view(app, "sampling", "sample_after")
+    sample_after = view_of(app, "sampling", "sample_after")
     sample_after.set_text("3")
-    _choose_in_menu(sample_after.unit_view.menu, "EPOCH")
+    choose_in_menu(sample_after.unit_view.menu, "EPOCH")
     assert (config.sample_after, config.sample_after_unit) == (3, TimeUnit.EPOCH)
 
     # A part's field writes into its block.
-    unet_lr = _view(app, "training", "unet.learning_rate")
+    unet_lr = view_of(app, "training", "unet.learning_rate")
     unet_lr.set_text("1e-4")
     assert config.unet.learning_rate == 1e-4
     unet_lr.set_text("")  # float_or_empty: empty means "use the base learning rate"
@@ -129,7 +118,7 @@ def test_typing_toggling_and_choosing_change_the_config(app) -> None:
 
 def test_an_invalid_number_is_marked_and_not_written(app) -> None:
     config = app.model.config
-    view = _view(app, "training", "learning_rate")
+    view = view_of(app, "training", "learning_rate")
     before = config.learning_rate
     view.set_text("1e-4x")
     app.update_idletasks()
@@ -139,10 +128,10 @@ def test_an_invalid_number_is_marked_and_not_written(app) -> None:
     assert view.error_label.winfo_ismapped() and "not a number" in view.error_label.cget("text")
     assert view.tooltip_text().startswith("⚠")
 
-    factor = _view(app, "training", "learning_rate_min_factor")
+    factor = view_of(app, "training", "learning_rate_min_factor")
     factor.set_text("2")
     assert config.learning_rate_min_factor == 0.0 and "out of range" in factor.input_error
-    epochs = _view(app, "training", "epochs")
+    epochs = view_of(app, "training", "epochs")
     epochs.set_text("2.5")
     assert config.epochs == 100 and "whole number" in epochs.input_error
     epochs.set_text("")
@@ -157,15 +146,15 @@ def test_an_invalid_number_is_marked_and_not_written(app) -> None:
 def test_cross_field_problems_are_marked(app) -> None:
     app.topbar.choose_method(TrainingMethod.LORA)
     app.validate_now()
-    view = _view(app, "model", "output_model_format")
+    view = view_of(app, "model", "output_model_format")
     assert view.error and "does not fit" in view.error  # ORIGINAL_SINGLE_FILE is no LoRA format
-    _choose_in_menu(view.menu, "KOHYA_LORA")
+    choose_in_menu(view.menu, "KOHYA_LORA")
     app.validate_now()
     assert view.error is None
 
 
 def test_loading_a_preset_updates_the_widgets(app) -> None:
-    learning_rate = _view(app, "training", "learning_rate")
+    learning_rate = view_of(app, "training", "learning_rate")
     assert learning_rate.var.get() == "3e-06"
     # Through the menu a user opens: folders are cascades.
     menu = app.topbar.build_preset_menu()
@@ -181,13 +170,13 @@ def test_loading_a_preset_updates_the_widgets(app) -> None:
     assert app.topbar.method_menu.get() == "LoRA"
     assert app.topbar.model_type_menu.get() == model_type_label(ModelType.STABLE_DIFFUSION_15)
     assert learning_rate.var.get() == "0.0003"
-    assert _view(app, "training", "layer_filter_preset").menu.get() == "attn-mlp"
-    assert _view(app, "model", "unet.weight_dtype").menu.get() == "FLOAT_16"
-    assert _view(app, "lora", "lora_alpha").var.get() == "16.0"
+    assert view_of(app, "training", "layer_filter_preset").menu.get() == "attn-mlp"
+    assert view_of(app, "model", "unet.weight_dtype").menu.get() == "FLOAT_16"
+    assert view_of(app, "lora", "lora_alpha").var.get() == "16.0"
     assert "Preset 'sd15/lora' loaded" in app.footer.status
 
     app.load_preset("wuerstchen/lora")
-    assert _view(app, "model", "prior.weight_dtype").visible
+    assert view_of(app, "model", "prior.weight_dtype").visible
     assert app.select_tab("model").form.view("unet.weight_dtype").visible is False
 
 
@@ -224,7 +213,7 @@ def test_save_load_and_export(app, tmp_path: Path, trainable_sd) -> None:
     config.concepts = [ConceptConfig(name="shapes", path="tiny:images", seed=3)]
     config.base_model_name = "tiny:sd15"
     config.output_model_destination = str(tmp_path / "out.safetensors")
-    _view(app, "training", "learning_rate").set_text("0.005")
+    view_of(app, "training", "learning_rate").set_text("0.005")
 
     saved = app.save_config_file(tmp_path / "saved.json")
     assert saved and load_config(saved)[0].to_dict() == config.to_dict()
@@ -247,14 +236,14 @@ def test_save_load_and_export(app, tmp_path: Path, trainable_sd) -> None:
     cli_config, _ = load_layers("demo", None, ["learning_rate=0.0123", "lora_rank=8"])
     save_config(cli_config, tmp_path / "from-cli.json")
     assert app.load_config_file(tmp_path / "from-cli.json")
-    assert _view(app, "training", "learning_rate").var.get() == "0.0123"
-    assert _view(app, "lora", "lora_rank").var.get() == "8"
+    assert view_of(app, "training", "learning_rate").var.get() == "0.0123"
+    assert view_of(app, "lora", "lora_rank").var.get() == "8"
     assert app.model.config.to_dict() == cli_config.to_dict()
 
     app.model.replace(TrainConfig())
     assert app.load_config_file(saved)
     assert app.model.config.learning_rate == 0.005
-    assert _view(app, "training", "learning_rate").var.get() == "0.005"
+    assert view_of(app, "training", "learning_rate").var.get() == "0.005"
 
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]", encoding="utf-8")
@@ -263,7 +252,7 @@ def test_save_load_and_export(app, tmp_path: Path, trainable_sd) -> None:
 
 
 def test_tensorboard_button_opens_the_port(app) -> None:
-    _view(app, "general", "tensorboard_port").set_text("6123")
+    view_of(app, "general", "tensorboard_port").set_text("6123")
     app.footer.tensorboard_button.invoke()
     assert app._open_url[-1] == "http://localhost:6123"
 
@@ -314,7 +303,7 @@ def test_start_lists_every_problem(app, trainable_sd, screenshot) -> None:
     assert f"{len(expected)} problem" in app.footer.status and app.footer.status_level == "error"
     assert not app.runner.is_alive()
     # The fields with problems are marked.
-    assert _view(app, "model", "base_model_name").error
+    assert view_of(app, "model", "base_model_name").error
     assert "/no/such/folder" in app.select_tab("concepts").cards[0].problem
     screenshot(app.dialogs.windows[-1], "start-refused-problems")
 
@@ -334,7 +323,7 @@ def test_start_runs_in_a_thread_and_the_footer_follows(app, trainable, fake_trai
     assert trainer.thread_name == "onetrainer-training"
     # The thread got a packed copy: editing the window's config does not reach it.
     assert trainer.config is not app.model.config and trainer.config.concepts[0].name == "shapes"
-    _view(app, "training", "learning_rate").set_text("0.9")
+    view_of(app, "training", "learning_rate").set_text("0.9")
     assert trainer.config.learning_rate != 0.9
 
     footer.sample_button.invoke()
@@ -458,7 +447,7 @@ def test_screenshots_of_every_tab(app, screenshot, method: TrainingMethod) -> No
     app.select_tab("sampling").editor.view(0, "prompt").set_text("a photo of a cat wearing a hat")
     if method is TrainingMethod.LORA:
         app.select_tab("additional_embeddings").editor.add()
-    _view(app, "training", "learning_rate").set_text("1e-4x")  # one invalid input, to show its marking
+    view_of(app, "training", "learning_rate").set_text("1e-4x")  # one invalid input, to show its marking
     app.footer.reset_progress()  # what an earlier test's run left there is not part of the picture
     app.footer.set_status("Ready.")
     keys = app.tabview.keys if method is TrainingMethod.LORA else ["embedding"]
@@ -484,7 +473,7 @@ def _center(widget) -> tuple[str, str]:
 @pytest.mark.skipif(shutil.which("xdotool") is None, reason="xdotool is not installed")
 def test_real_clicks_and_typing(app, pump_until) -> None:
     config = app.model.config
-    port = _view(app, "general", "tensorboard_port")
+    port = view_of(app, "general", "tensorboard_port")
     app.lift()
     app.update()
     _xdotool("mousemove", *_center(port.entry), "click", "1")
@@ -496,12 +485,12 @@ def test_real_clicks_and_typing(app, pump_until) -> None:
     pump_until(app, lambda: port.input_error is not None)
     assert config.tensorboard_port == 7007
 
-    switch = _view(app, "general", "only_cache").switch
+    switch = view_of(app, "general", "only_cache").switch
     _xdotool("mousemove", *_center(switch), "click", "1")
     pump_until(app, lambda: config.only_cache is True)
 
     # Resting the pointer on a label shows its tooltip.
-    label = _view(app, "general", "prevent_overwrites").label
+    label = view_of(app, "general", "prevent_overwrites").label
     _xdotool("mousemove", *_center(label))
-    pump_until(app, lambda: any(t.window is not None for t in _view(app, "general", "prevent_overwrites").tooltips))
+    pump_until(app, lambda: any(t.window is not None for t in view_of(app, "general", "prevent_overwrites").tooltips))
     _xdotool("mousemove", "5", "995")

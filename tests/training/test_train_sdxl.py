@@ -205,3 +205,28 @@ def test_inpainting_lora_with_cached_text_loads_in_diffusers(tmp_path):
     pipe = diffusers_pipeline("sdxl-inpainting")
     pipe.load_lora_weights(str(path))
     assert torch.allclose(ours, latents(pipe, image=image, mask_image=mask, strength=1.0), atol=1e-4)
+
+
+def test_low_vram_preset_through_scripts_train_py(tmp_path):
+    """The low-VRAM preset as shipped (fp16 weights, 8-bit AdamW, cached latents and text), only pointed at the tiny
+    model and a small folder, through a real `scripts/train.py` process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    image_folder(tmp_path, count=2)
+    overrides = ["base_model_name=tiny:sdxl", "resolution=64", f"concepts.0.path={tmp_path / 'images'}", "epochs=1",
+                 "tensorboard=false", "train_device=cpu"]  # fmt: skip
+    command = [sys.executable, str(root / "scripts" / "train.py"), "--preset", "sdxl/lora-low-vram"]
+    for override in overrides:
+        command += ["--set", override]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Finished (completed)" in result.stderr and "captions: 0 cached" in result.stderr
+    path = tmp_path / "models" / "lora.safetensors"
+    with safe_open(str(path), "pt") as f:
+        keys, metadata = list(f.keys()), f.metadata()
+    assert any(k.startswith("lora_unet_input_blocks_") for k in keys)
+    assert metadata["ss_base_model_version"] == "sdxl_base_v1-0"
+    assert metadata["modelspec.architecture"] == "stable-diffusion-xl-v1-base/lora"
