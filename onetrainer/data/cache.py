@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,18 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+MEMORY_LIMIT_BYTES = 512 * 1024**2
+
+
 class DiskCache:
-    def __init__(self, root: Path, kind: str) -> None:
+    """Entries on disk, with the most recently read ones also kept in memory (up to `memory_limit` bytes): an entry
+    never changes under its key, so a copy in memory saves deserialising it again every epoch."""
+
+    def __init__(self, root: Path, kind: str, memory_limit: int = MEMORY_LIMIT_BYTES) -> None:
         self.root = Path(root) / kind
+        self.memory_limit = memory_limit
+        self._memory: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self._memory_bytes = 0
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pt"
@@ -37,13 +48,29 @@ class DiskCache:
         return self.path(key).is_file()
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The entry (callers must not change its tensors in place), or None when it is missing or unreadable."""
+        if key in self._memory:
+            self._memory.move_to_end(key)
+            return self._memory[key]
         path = self.path(key)
         if not path.is_file():
             return None
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError):
+            entry = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
             return None  # an unreadable entry is encoded again
+        self._remember(key, entry)
+        return entry
+
+    def _remember(self, key: str, entry: dict[str, torch.Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in entry.values())
+        if size > self.memory_limit:
+            return
+        self._memory[key] = entry
+        self._memory_bytes += size
+        while self._memory_bytes > self.memory_limit:
+            _, dropped = self._memory.popitem(last=False)
+            self._memory_bytes -= sum(t.numel() * t.element_size() for t in dropped.values())
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         with atomic_file(self.path(key)) as tmp:

@@ -124,3 +124,9 @@ class Family(ABC):
     @abstractmethod
     def metadata_kind(self, model: LoadedModel) -> str:
         """The model kind for file metadata: "sd1", "sd2", "sd2-v", "sdxl"."""
+
+
+def first_weight(module: torch.nn.Module) -> torch.Tensor:
+    """The module's first parameter, whose dtype and device are the module's own (a base weight: adapters come after
+    it). diffusers' `.dtype` / `.device` walk every submodule, which costs milliseconds per call on a UNet."""
+    return next(module.parameters())

@@ -10,7 +10,7 @@ import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD, model_type_info
-from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -156,7 +156,8 @@ class StableDiffusionFamily(Family):
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         vae = model.part("vae")
-        latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+        weight = first_weight(vae)
+        latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
         return latents * vae.config.scaling_factor
 
     def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
@@ -169,7 +170,8 @@ class StableDiffusionFamily(Family):
         sample = noisy_latents
         if "mask" in extra:
             sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
-        return unet(sample.to(unet.dtype), timesteps, conditioning.hidden_states.to(unet.dtype)).sample
+        dtype = first_weight(unet).dtype
+        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

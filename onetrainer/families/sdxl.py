@@ -21,7 +21,7 @@ import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
-from onetrainer.families.base import Conditioning, LoadedModel, TextEncoderSlot
+from onetrainer.families.base import Conditioning, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -201,9 +201,9 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             scale = _vae_scale(model)
             size = (noisy_latents.shape[-2] * scale, noisy_latents.shape[-1] * scale)
             ids = time_ids([size] * len(noisy_latents), [(0, 0)] * len(noisy_latents), size, noisy_latents.device)
-        added = {"text_embeds": conditioning.pooled.to(unet.dtype), "time_ids": ids.to(unet.dtype)}
-        hidden = conditioning.hidden_states.to(unet.dtype)
-        return unet(sample.to(unet.dtype), timesteps, hidden, added_cond_kwargs=added).sample
+        dtype = first_weight(unet).dtype
+        added = {"text_embeds": conditioning.pooled.to(dtype), "time_ids": ids.to(dtype)}
+        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype), added_cond_kwargs=added).sample
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

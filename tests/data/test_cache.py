@@ -1,0 +1,47 @@
+"""The disk cache: atomic entries on disk, recently read ones kept in memory within a byte limit."""
+
+from __future__ import annotations
+
+import torch
+
+from onetrainer.data.cache import DiskCache, cache_key
+
+
+def entry(value: float, count: int = 256) -> dict[str, torch.Tensor]:
+    return {"latents": torch.full((count,), value)}  # 1 KiB in float32
+
+
+def test_entries_round_trip_and_a_missing_or_broken_one_is_none(tmp_path):
+    cache = DiskCache(tmp_path, "latents")
+    key = cache_key({"image": "a.png", "bucket": (64, 64)})
+    assert cache.get(key) is None and key not in cache
+    cache.put(key, entry(1.0))
+    assert key in cache and torch.equal(cache.get(key)["latents"], entry(1.0)["latents"])
+
+    broken = cache_key({"image": "b.png"})
+    cache.path(broken).parent.mkdir(parents=True, exist_ok=True)
+    cache.path(broken).write_bytes(b"not a tensor file")
+    assert cache.get(broken) is None  # encoded again rather than failing the run
+
+
+def test_read_entries_are_served_from_memory_within_the_limit(tmp_path, monkeypatch):
+    cache = DiskCache(tmp_path, "latents", memory_limit=2 * 1024)  # room for two 1 KiB entries
+    keys = [cache_key({"image": f"{i}.png"}) for i in range(3)]
+    for i, key in enumerate(keys):
+        cache.put(key, entry(float(i)))
+    loads = []
+    real_load = torch.load
+
+    def counting_load(*args, **kwargs):
+        loads.append(args[0])
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    cache.get(keys[0])
+    cache.get(keys[1])
+    cache.get(keys[0])  # from memory
+    assert len(loads) == 2
+    cache.get(keys[2])  # over the limit: the least recently read (keys[1]) leaves memory
+    cache.get(keys[0])
+    assert len(loads) == 3
+    assert cache.get(keys[1])["latents"][0] == 1.0 and len(loads) == 4
