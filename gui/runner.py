@@ -6,7 +6,6 @@ run by the thread finishing, so even a training function that forgets its final 
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import traceback
@@ -26,14 +25,12 @@ def default_train_function() -> TrainFunction:
     return run_training
 
 
-def training_threads() -> int:
-    """The torch threads a run may use: all cores but one, so the window stays responsive."""
-    return max(1, (os.cpu_count() or 1) - 1)
-
-
 def limit_torch_threads() -> None:
+    """All cores but one for training, so the window stays responsive."""
     try:
         import torch
+
+        from onetrainer.training.devices import training_threads
     except ImportError:
         return
     torch.set_num_threads(training_threads())

@@ -102,6 +102,7 @@ def _preflight(config) -> int:
 def _train(config) -> int:
     from onetrainer.training.console import ConsoleSink
     from onetrainer.training.control import TrainingControl
+    from onetrainer.training.devices import torch_threads, training_threads
     from onetrainer.training.events import Failed
     from onetrainer.training.runner import run_training
 
@@ -115,7 +116,8 @@ def _train(config) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt) if _main_thread() else None
     try:
-        outcome = run_training(config, control, [ConsoleSink()], checked=True)
+        with torch_threads(training_threads()):  # as the app trains
+            outcome = run_training(config, control, [ConsoleSink()], checked=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -48,14 +48,7 @@ class StableDiffusionFamily(Family):
 
     def load(self, config) -> LoadedModel:
         model_type = config.model_type
-        source = resolve_source(config.base_model_name)
-        if source.kind == "single_file":
-            parts, tokenizer, scheduler_config, extra = self._load_single_file(source.path, model_type)
-        else:
-            if source.kind == "backup":
-                source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
-            parts, tokenizer, scheduler_config = self._load_diffusers(source, config)
-            extra = {}
+        parts, tokenizer, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
@@ -68,6 +61,15 @@ class StableDiffusionFamily(Family):
             scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
         )
         return LoadedModel(model_type, parts, [slot], scheduler, v_prediction, config.base_model_name, extra)
+
+    def _read_source(self, config):
+        """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            return self._load_single_file(source.path, config.model_type)
+        if source.kind == "backup":
+            source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+        return self._load_diffusers(source, config)
 
     def _load_diffusers(self, source: ModelSource, config):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
@@ -82,7 +84,7 @@ class StableDiffusionFamily(Family):
         }
         tokenizer = load_tokenizer(where, options)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
-        return parts, tokenizer, scheduler_config
+        return parts, tokenizer, scheduler_config, {}
 
     def _load_vae_override(self, name: str, base_config) -> torch.nn.Module:
         from diffusers import AutoencoderKL

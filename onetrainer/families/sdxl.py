@@ -36,7 +36,6 @@ from onetrainer.families.sd import (
     UNET_PREFIX,
     VAE_PREFIX,
     StableDiffusionFamily,
-    _backup_model_dir,
     _clip_config,
     _convert_text_encoder,
     _convert_vae,
@@ -45,7 +44,7 @@ from onetrainer.families.sd import (
     _v_prediction,
     inpainting_inputs,
 )
-from onetrainer.families.sources import ModelSource, resolve_source
+from onetrainer.families.sources import ModelSource
 from onetrainer.tiny import reference
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
@@ -69,13 +68,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     def load(self, config) -> LoadedModel:
         model_type = config.model_type
-        source = resolve_source(config.base_model_name)
-        if source.kind == "single_file":
-            parts, tokenizers, scheduler_config, extra = self._load_single_file(source.path, model_type)
-        else:
-            if source.kind == "backup":
-                source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
-            parts, tokenizers, scheduler_config, extra = self._load_diffusers(source, config)
+        parts, tokenizers, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)

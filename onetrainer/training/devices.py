@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import torch
 
 from onetrainer.config.enums import DataType
 from onetrainer.util.dtypes import torch_dtype
+
+
+def training_threads() -> int:
+    """The torch CPU threads a run uses: all cores but one. The TensorBoard server, data loading, the GUI and the rest
+    of the machine keep a core; with every core busy, OpenMP's waiting threads spin against them and steps slow down.
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """Run with `count` torch CPU threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def select_device(name: str, warn: Callable[[str], None]) -> torch.device:

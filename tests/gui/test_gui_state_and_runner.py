@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gui.runner import TrainingRunner, training_threads
+from gui.runner import TrainingRunner
 from gui.state import STATE_DIR_ENV, last_config_path, load_last_config, save_last_config, state_dir
 from onetrainer.config import TrainConfig, errors
 from onetrainer.config.enums import Optimizer
+from onetrainer.training.devices import training_threads
 from onetrainer.training.events import Failed, Finished, Metrics, Progress, Started
 
 
