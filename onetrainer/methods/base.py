@@ -71,7 +71,9 @@ class Method(ABC):
             module = self.model.part(part)
             if hasattr(module, "enable_gradient_checkpointing"):  # diffusers models
                 module.enable_gradient_checkpointing()
-            elif hasattr(module, "gradient_checkpointing_enable"):  # transformers models
+            elif hasattr(module, "activation_checkpointing_enable"):  # transformers models (the name since 5.x)
+                module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            elif hasattr(module, "gradient_checkpointing_enable"):  # older transformers
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             else:
                 continue

@@ -68,4 +68,8 @@ def test_gradient_checkpointing_is_enabled_per_part():
     method = create_method(config, FAMILY, model, torch.device("cpu"))
     assert method.enable_gradient_checkpointing() == ["unet"]
     assert model.part("unet").is_gradient_checkpointing
-    assert not model.part("text_encoder").is_gradient_checkpointing
+    assert not model.part("text_encoder").is_activation_checkpointing
+
+    config.text_encoder.gradient_checkpointing = True
+    assert method.enable_gradient_checkpointing() == ["unet", "text_encoder"]
+    assert model.part("text_encoder").is_activation_checkpointing
