@@ -6,6 +6,7 @@ run by the thread finishing, so even a training function that forgets its final 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import traceback
@@ -23,17 +24,6 @@ def default_train_function() -> TrainFunction:
     from onetrainer.training.runner import run_training
 
     return run_training
-
-
-def limit_torch_threads() -> None:
-    """All cores but one for training, so the window stays responsive."""
-    try:
-        import torch
-
-        from onetrainer.training.devices import training_threads
-    except ImportError:
-        return
-    torch.set_num_threads(training_threads())
 
 
 class TrainingRunner:
@@ -60,9 +50,15 @@ class TrainingRunner:
 
     def _run(self, train: TrainFunction, config: TrainConfig, control: TrainingControl, events: queue.Queue) -> None:
         try:
+            threads = contextlib.nullcontext()
             if self._limit_threads:
-                limit_torch_threads()
-            self.outcome = train(config, control, [QueueSink(events)])
+                # Imported here: torch loads with the first run, not with the window. All cores but one train, so
+                # the window stays responsive.
+                from onetrainer.training.devices import torch_threads, training_threads
+
+                threads = torch_threads(training_threads())
+            with threads:
+                self.outcome = train(config, control, [QueueSink(events)])
         except Exception as e:  # run_training never raises; a replacement might, and the window must hear of it
             self.outcome = Failed(f"{type(e).__name__}: {e}", traceback.format_exc())
             events.put(self.outcome)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from gui.tabs.form_tab import FormTab, TabHost
-from gui.tabs.rows import RowColumn, RowsEditor
+from gui.tabs.form_tab import TabHost
+from gui.tabs.rows import RowColumn, RowsEditor, RowsFormTab
 from onetrainer.config.embedding_config import TrainEmbeddingConfig
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def clone_embedding(embedding: TrainEmbeddingConfig) -> TrainEmbeddingConfig:
     return copy
 
 
-class AdditionalEmbeddingsTab(FormTab):
+class AdditionalEmbeddingsTab(RowsFormTab):
     columns = 1
 
     def __init__(
@@ -68,11 +68,3 @@ class AdditionalEmbeddingsTab(FormTab):
     def new_embedding(self) -> TrainEmbeddingConfig:
         taken = {e.placeholder for e in self.model.config.additional_embeddings or []}
         return TrainEmbeddingConfig(placeholder=unique_placeholder(taken))
-
-    def refresh(self) -> None:
-        super().refresh()
-        self.editor.refresh()
-
-    def mark(self, problems: dict[str, str]) -> None:
-        super().mark(problems)
-        self.editor.mark(problems)

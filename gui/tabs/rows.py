@@ -15,6 +15,7 @@ import customtkinter as ctk
 
 from gui.forms.fields import FieldView, make_view, sync_views
 from gui.forms.selection import item_field
+from gui.tabs.form_tab import FormTab
 from gui.widgets.binding import bind_self
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import pack
@@ -121,9 +122,6 @@ class RowsEditor:
         self._show_message()
         self._rebuild()
 
-    def update_context(self) -> None:
-        pass
-
     def add(self) -> None:
         self.items().append(self.new_item())
         self.model.changed(self.list_path)  # the editor rebuilds its rows when it hears of it
@@ -206,6 +204,21 @@ class RowsEditor:
 
     def _show_message(self) -> None:
         show_load_problems(self.message, self.load_problems)
+
+
+class RowsFormTab(FormTab):
+    """A form tab with a list of rows under its fields (samples, additional embeddings): the rows follow the tab's
+    refreshes and problem marks. Subclasses set `self.editor`."""
+
+    editor: RowsEditor
+
+    def refresh(self) -> None:
+        super().refresh()
+        self.editor.refresh()
+
+    def mark(self, problems: dict[str, str]) -> None:
+        super().mark(problems)
+        self.editor.mark(problems)
 
 
 def show_load_problems(message, problems: list) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gui.tabs.form_tab import FormTab, TabHost
-from gui.tabs.rows import RowAction, RowColumn, RowsEditor
+from gui.tabs.form_tab import TabHost
+from gui.tabs.rows import RowAction, RowColumn, RowsEditor, RowsFormTab
 from gui.widgets.gallery_view import GalleryView
 from gui.windows.sample_editor import SampleEditorWindow
 from onetrainer.config import SampleConfig
@@ -36,7 +36,7 @@ def new_sample(model: ConfigModel) -> SampleConfig:
     return sample
 
 
-class SamplingTab(FormTab):
+class SamplingTab(RowsFormTab):
     def __init__(
         self, page: Any, model: ConfigModel, dialogs: Dialogs | None, key: str = "sampling", host: TabHost | None = None
     ) -> None:
@@ -68,15 +68,3 @@ class SamplingTab(FormTab):
             self.editor_window.close()
         self.editor_window = SampleEditorWindow(self.page, self.model, self.dialogs, index)
         return self.editor_window
-
-    def update_context(self) -> None:
-        super().update_context()
-        self.editor.update_context()
-
-    def refresh(self) -> None:
-        super().refresh()
-        self.editor.refresh()
-
-    def mark(self, problems: dict[str, str]) -> None:
-        super().mark(problems)
-        self.editor.mark(problems)

@@ -38,7 +38,7 @@ class DiskCache:
     def __init__(self, root: Path, kind: str, memory_limit: int = MEMORY_LIMIT_BYTES) -> None:
         self.root = Path(root) / kind
         self.memory_limit = memory_limit
-        self._memory: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self._memory: OrderedDict[str, tuple[dict[str, torch.Tensor], int]] = OrderedDict()  # key -> entry, bytes
         self._memory_bytes = 0
 
     def path(self, key: str) -> Path:
@@ -51,7 +51,7 @@ class DiskCache:
         """The entry (callers must not change its tensors in place), or None when it is missing or unreadable."""
         if key in self._memory:
             self._memory.move_to_end(key)
-            return self._memory[key]
+            return self._memory[key][0]
         path = self.path(key)
         if not path.is_file():
             return None
@@ -66,11 +66,11 @@ class DiskCache:
         size = sum(t.numel() * t.element_size() for t in entry.values())
         if size > self.memory_limit:
             return
-        self._memory[key] = entry
+        self._memory[key] = (entry, size)
         self._memory_bytes += size
         while self._memory_bytes > self.memory_limit:
-            _, dropped = self._memory.popitem(last=False)
-            self._memory_bytes -= sum(t.numel() * t.element_size() for t in dropped.values())
+            _, (_, dropped) = self._memory.popitem(last=False)
+            self._memory_bytes -= dropped
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         with atomic_file(self.path(key)) as tmp:

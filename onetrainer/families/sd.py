@@ -147,7 +147,7 @@ class StableDiffusionFamily(Family):
     def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
         slot = model.text_encoders[0]
         encoder = slot.encoder
-        device = next(encoder.parameters()).device
+        device = first_weight(encoder).device
         output = encoder(tokens[0].to(device), output_hidden_states=slot.layer_skip > 0)
         if slot.layer_skip > 0:
             # Clip skip: an earlier layer's output, through the final layer norm (as AUTOMATIC1111 does).

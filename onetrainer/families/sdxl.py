@@ -156,7 +156,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         hidden, pooled = [], None
         for slot, ids in zip(model.text_encoders, tokens):
             encoder = slot.encoder
-            output = encoder(ids.to(next(encoder.parameters()).device), output_hidden_states=True)
+            output = encoder(ids.to(first_weight(encoder).device), output_hidden_states=True)
             # SDXL conditions on the penultimate layer, without the final layer norm; clip skip counts from there.
             hidden.append(output.hidden_states[-(slot.layer_skip + 2)])
             if slot.part == "text_encoder_2":
