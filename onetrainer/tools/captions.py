@@ -162,12 +162,18 @@ class WD14Captioner(Captioner):
         self.tags, self.general = [], []
         try:
             with open(tags, newline="", encoding="utf-8") as f:
-                for i, row in enumerate(csv.DictReader(f)):
+                reader = csv.DictReader(f)
+                if not {"name", "category"} <= set(reader.fieldnames or ()):
+                    raise ValueError("it has no 'name' and 'category' columns")
+                for i, row in enumerate(reader):
                     self.tags.append(row["name"])
                     if row["category"] == "0":
                         self.general.append(i)
-        except (OSError, KeyError, csv.Error) as e:
+        except (OSError, ValueError, csv.Error) as e:
             raise ModelLoadError(f"cannot read the tag list {tags}: {e}") from None
+        outputs = self.session.get_outputs()[0].shape[-1]
+        if isinstance(outputs, int) and outputs != len(self.tags):
+            raise ModelLoadError(f"the tag list {tags} names {len(self.tags)} tags; the model gives {outputs}")
 
     def release(self) -> None:
         self.session = None
