@@ -187,3 +187,27 @@ def test_captions_on_cuda_release_the_cache(tmp_path, monkeypatch):
     image(tmp_path / "a.png")
     run_pass(CaptionTask(_Fixed(), mode="replace"), folder_images(tmp_path))
     assert calls == [1]
+
+
+def test_u2net_download_is_checked_cached_and_atomic(tmp_path, monkeypatch, tiny_tool_model):
+    import hashlib
+
+    from onetrainer.tools import masks
+    from onetrainer.tools.folder_pass import ModelLoadError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = tiny_tool_model("u2net")
+    md5 = hashlib.md5(source.read_bytes()).hexdigest()
+    good = masks.U2NetFile("u2net.onnx", source.as_uri(), md5)
+    path = masks.download_u2net(good)
+    assert path.read_bytes() == source.read_bytes() and path.is_relative_to(tmp_path / "cache")
+    path.write_bytes(b"cached")  # a second call reuses the file instead of downloading again
+    assert masks.download_u2net(good).read_bytes() == b"cached"
+
+    damaged = masks.U2NetFile("u2net_human_seg.onnx", source.as_uri(), "0" * 32)
+    with pytest.raises(ModelLoadError, match="MD5"):
+        masks.download_u2net(damaged)
+    assert [p.name for p in path.parent.iterdir()] == ["u2net.onnx"]  # no half-written file left
+    missing = masks.U2NetFile("other.onnx", (tmp_path / "nothing.onnx").as_uri(), md5)
+    with pytest.raises(ModelLoadError, match="--model-path"):
+        masks.download_u2net(missing)
