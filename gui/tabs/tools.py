@@ -1,4 +1,5 @@
-"""The tools tab: the tools that exist, each opening its own window (dataset tool, masks, captions, conversion)."""
+"""The tools tab: the tools that exist, each opening its own window (dataset tool, masks, captions, conversion,
+sampling)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ AUTOMATIC_TOOLS = (
     ("masks", "Generate masks", "Masks for a folder of images: ClipSeg from prompts, background removal, a colour."),
     ("captions", "Generate captions", "Captions for a folder of images: BLIP, BLIP-2, WD14 tags, Florence-2."),
     ("convert", "Convert model", "A model between a diffusers folder and a single file; a LoRA between layouts."),
+    ("sampling", "Sample a model", "Render images from a model with a LoRA and embeddings, outside training."),
 )
 
 
@@ -77,6 +79,10 @@ class ToolsTab(FormTab):
 
         if key == "convert":
             window = ConvertWindow(self.page, self.dialogs)
+        elif key == "sampling":
+            from gui.windows.sampling_tool import SamplingWindow
+
+            window = SamplingWindow(self.page, self.dialogs)
         else:
             window = {"masks": MaskWindow, "captions": CaptionWindow}[key](
                 self.page, self.dialogs, self._first_concept_folder()

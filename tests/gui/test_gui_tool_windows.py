@@ -130,3 +130,33 @@ def test_convert_window_writes_a_single_file(app, tmp_path):
     assert window.written == [destination] and destination.is_file()
     assert not window.convert() and "exists" in window.status.cget("text")
     window.destroy()
+
+
+def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_path, screenshot):
+    from onetrainer.tiny import tiny_model_dir
+    from tests.cli.test_sample_cli import write_lora
+
+    base = str(tiny_model_dir("sd15"))
+    lora = tmp_path / "lora.safetensors"
+    write_lora(base, lora)
+    window = app.select_tab("tools").open_tool("sampling")
+    choose_in_menu(window.model_type, "STABLE_DIFFUSION_15")
+    values = {"base_model": base, "lora": str(lora), "prompt": "a red circle", "width": "64", "height": "64",
+              "steps": "2", "count": "2", "device": "cpu", "output": str(tmp_path / "out")}  # fmt: skip
+    for key, value in values.items():
+        set_entry(window.entries[key], value)
+    set_entry(window.entries["steps"], "two")
+    assert not window.render() and "Steps" in window.status.cget("text")
+    set_entry(window.entries["steps"], "2")
+    assert window.render()
+    pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+    assert len(window.images) == 2 and all(p.is_file() for p in window.images), window.status.cget("text")
+    assert len(window.gallery.winfo_children()) == 2
+    screenshot(window, "tools-sampling")
+    window.destroy()
+
+    reopened = app.select_tab("tools").open_tool("sampling")
+    assert reopened is not window
+    assert {k: reopened.entries[k].get() for k in values} == values
+    assert reopened.model_type.get() == "STABLE_DIFFUSION_15"
+    reopened.destroy()
