@@ -61,6 +61,9 @@ class ToolsTab(FormTab):
         window = self.dataset_tool
         if window is None or not window.winfo_exists():
             window = DatasetToolWindow(self.page, self.dialogs, folder or self._first_concept_folder())
+            from gui.windows.dataset_tool_auto import attach_automation
+
+            attach_automation(window)  # automatic masks and captions for the shown image or the folder
             self.dataset_tool = window
         else:
             window.lift()

@@ -21,11 +21,11 @@ def set_entry(entry, text: str) -> None:
     entry.insert(0, text)
 
 
-def backdrop_folder(tmp_path: Path, count: int = 3) -> Path:
+def backdrop_folder(tmp_path: Path, count: int = 3, size: tuple[int, int] = (32, 24)) -> Path:
     folder = tmp_path / "images"
     folder.mkdir()
     for i in range(count):
-        pixels = np.zeros((24, 32, 3), dtype=np.uint8)
+        pixels = np.zeros((size[1], size[0], 3), dtype=np.uint8)
         pixels[:] = (0, 255, 0)
         pixels[6:18, 8 + i : 20 + i] = (200, 30, 30)
         Image.fromarray(pixels).save(folder / f"{i}.png")
@@ -160,3 +160,57 @@ def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_pat
     assert {k: reopened.entries[k].get() for k in values} == values
     assert reopened.model_type.get() == "STABLE_DIFFUSION_15"
     reopened.destroy()
+
+
+def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_undo(app, tmp_path, screenshot):
+    from onetrainer.data.images import mask_path_of
+    from onetrainer.tiny.tools import write_tiny_wd14
+
+    folder = backdrop_folder(tmp_path, size=(64, 48))  # room around the subject for the default 10 px expansion
+    images = sorted(folder.glob("*.png"))
+    painted = np.zeros((48, 64), dtype=np.uint8)
+    painted[:4] = 255
+    Image.fromarray(painted).save(mask_path_of(images[0]))
+    (folder / "0.txt").write_text("my caption", encoding="utf-8")
+    tool = app.select_tab("tools").open_dataset_tool(str(folder))
+    auto = tool.automation
+    assert tool.position == 0 and tool.document.has_mask
+
+    def wait() -> None:
+        pump(tool, lambda: not auto.runner.is_alive() and auto.mask_image_button.cget("state") == "normal")
+
+    # the shown image, by colour: replaced and shown at once; undo brings the painted mask back
+    choose_in_menu(auto.mask_model, "COLOR")
+    auto.mask_prompt.insert(0, "#00ff00")
+    assert auto.mask(folder=False)
+    wait()
+    new = np.asarray(tool.document.mask)
+    assert new[12, 12] == 255 and new[40, 60] == 0 and new[2, 60] == 0  # the subject, not the painted strip
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), new)
+    assert "Undo auto" in tool.status.cget("text")
+    screenshot(tool, "dataset-tool-auto-mask")
+    assert auto.undo()
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), painted)
+    assert np.array_equal(np.asarray(tool.document.mask), painted)
+
+    # the folder: fill mode, the painted mask is kept; undo removes what the pass wrote
+    assert auto.mask(folder=True)
+    wait()
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), painted)
+    assert mask_path_of(images[1]).exists() and mask_path_of(images[2]).exists()
+    assert auto.undo()
+    assert not mask_path_of(images[1]).exists() and mask_path_of(images[0]).exists()
+
+    # captions: the shown image's caption is replaced and shown; undo restores the user's text
+    choose_in_menu(auto.caption_model, "WD14_VIT_2")
+    auto.caption_path.insert(0, str(write_tiny_wd14(tmp_path / "wd14")))
+    assert auto.caption(folder=False)
+    wait()
+    assert tool.caption_text() == "simple background, outdoors" == (folder / "0.txt").read_text(encoding="utf-8")
+    assert auto.undo()
+    assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption" == tool.caption_text()
+    assert auto.caption(folder=True)
+    wait()
+    assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption"
+    assert (folder / "1.txt").read_text(encoding="utf-8") == "simple background, outdoors"
+    tool.close()
