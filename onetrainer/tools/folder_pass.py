@@ -139,6 +139,7 @@ def run_pass(
     loaded = False
     try:
         if todo and not control.cancelled:
+            emit(PassStatus(f"loading the model for {task.what} (a first use downloads it)"))
             task.load()
             loaded = True
         started = time.monotonic()

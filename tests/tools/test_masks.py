@@ -17,6 +17,7 @@ from onetrainer.tools.folder_pass import (
     PassFailed,
     PassFinished,
     PassStarted,
+    PassStatus,
     PassThread,
     folder_images,
     run_pass,
@@ -252,6 +253,9 @@ def test_model_loaded_once_per_pass_released_after_and_progress_reported(tmp_pat
     done = sink.of(ImageDone)
     assert [(e.done, e.total) for e in done] == [(1, 3), (2, 3), (3, 3)]
     assert done[-1].eta_seconds == 0 and all(e.eta_seconds is not None for e in done)
+    kinds = [type(e) for e in sink.events]
+    assert kinds[:3] == [PassStarted, PassStatus, ImageDone] and kinds[-1] is PassFinished
+    assert "loading the model" in sink.of(PassStatus)[0].text
 
 
 def test_nothing_to_do_loads_no_model(tmp_path):
