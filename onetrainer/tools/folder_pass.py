@@ -116,6 +116,8 @@ class PassControl:
 
 def folder_images(folder: str | Path, include_subdirectories: bool = False) -> list[Path]:
     """The training images of a folder (masks and conditioning images excluded), sorted."""
+    if not str(folder).strip():
+        raise FileNotFoundError("choose a folder of images")
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"the folder {folder} does not exist")
@@ -132,7 +134,8 @@ def run_pass(
     emit = Broadcast(list(sinks)).emit
     control = control or PassControl()
     todo = [Path(p) for p in images if task.needs_work(Path(p))]
-    kept = [str(p) for p in images if Path(p) not in set(todo)]
+    chosen = set(todo)
+    kept = [str(p) for p in images if Path(p) not in chosen]
     emit(PassStarted(task.what, len(todo), len(kept)))
     written: list[str] = []
     skipped: list[tuple[str, str]] = []

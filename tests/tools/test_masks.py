@@ -191,6 +191,8 @@ def test_subdirectories_only_when_asked(tmp_path):
     assert (tmp_path / "sub" / "b-masklabel.png").exists()
     with pytest.raises(FileNotFoundError, match="missing"):
         folder_images(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="choose a folder"):
+        folder_images(" ")  # not the working directory
 
 
 # -- the runner -----------------------------------------------------------------------------------------------------
