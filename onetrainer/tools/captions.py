@@ -182,7 +182,8 @@ class WD14Captioner(Captioner):
         import numpy as np
 
         model_input = self.session.get_inputs()[0]
-        _, height, width, _ = model_input.shape
+        # NHWC; a dynamic side (a name instead of a number) falls back to the WD14 taggers' 448 px.
+        height, width = (d if isinstance(d, int) else 448 for d in model_input.shape[1:3])
         pixels = np.asarray(image.convert("RGB").resize((width, height), Image.BICUBIC), dtype=np.float32)
         batch = np.ascontiguousarray(pixels[:, :, ::-1])[None]  # RGB → BGR, 0..255
         probabilities = self.session.run(None, {model_input.name: batch})[0][0]
