@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,7 @@ def resolve_device(name: str | None) -> torch.device:
 
     if not name:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return select_device(name, lambda text: print(f"warning: {text}"))
+    return select_device(name, lambda text: print(f"warning: {text}", file=sys.stderr))
 
 
 def onnx_session(path: Path, device: torch.device):

@@ -316,3 +316,11 @@ def test_create_masker_checks_its_arguments():
         create_masker("CLIPSEG", [" "], device="cpu")
     with pytest.raises(ValueError, match="mode"):
         MaskTask(ColorMasker("#000000"), MaskSettings(mode="invert"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_missing_cuda_device_falls_back_to_the_cpu_with_a_warning_on_stderr(capsys):
+    masker = create_masker("COLOR", ["#00ff00"], device="cuda")
+    assert masker.device.type == "cpu"
+    captured = capsys.readouterr()
+    assert "no CUDA device" in captured.err and captured.out == ""  # stdout lists the files written
