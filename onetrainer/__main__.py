@@ -1,4 +1,4 @@
-"""`python -m onetrainer train|create-train-files|ui|sample ...`"""
+"""`python -m onetrainer train|create-train-files|sample|generate-masks|generate-captions|convert-model|ui ...`"""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ COMMANDS = {
     "train": ("onetrainer.cli.train", "train a config headless"),
     "create-train-files": ("onetrainer.cli.create_train_files", "write a default config, concepts and samples"),
     "sample": ("onetrainer.cli.sample", "render images from a model, with a LoRA or embeddings"),
+    "generate-masks": ("onetrainer.cli.generate_masks", "write masks for a folder of images"),
+    "generate-captions": ("onetrainer.cli.generate_captions", "write captions for a folder of images"),
+    "convert-model": ("onetrainer.cli.convert_model", "convert a model or LoRA between file layouts"),
     "ui": (None, "open the app"),
 }
 

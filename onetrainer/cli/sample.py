@@ -11,7 +11,7 @@ import argparse
 import random
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,7 +295,34 @@ def _apply_arguments(sample: SampleConfig, args: argparse.Namespace) -> None:
 # -- loading and rendering ----------------------------------------------------------------------------------------
 
 
-def _sample(args: argparse.Namespace, config: TrainConfig, jobs: list[_Job]) -> None:
+def render_images(argv: Sequence[str], report: Callable[[Path], None] | None = None) -> list[Path]:
+    """The script's work for another caller (the app's sampling window): the same arguments, the same loading and
+    rendering; raises UsageError for arguments that cannot work and SampleError for a failed load or render."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit:
+        raise UsageError(f"invalid arguments: {' '.join(argv)}") from None
+    config = _config(args)
+    jobs = _jobs(args, config)
+    written: list[Path] = []
+
+    def collect(path: Path) -> None:
+        written.append(path)
+        if report is not None:
+            report(path)
+
+    _sample(args, config, jobs, collect)
+    return written
+
+
+def _print_path(path: Path) -> None:
+    print(path, flush=True)
+
+
+def _sample(
+    args: argparse.Namespace, config: TrainConfig, jobs: list[_Job], report: Callable[[Path], None] = _print_path
+) -> None:
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
@@ -311,7 +338,7 @@ def _sample(args: argparse.Namespace, config: TrainConfig, jobs: list[_Job]) -> 
     bundled = [TrainEmbeddingConfig(placeholder=p, train=False) for p in _bundled_placeholders(args.lora)]
     _use_method(config, args.lora, [*bundled, *given])
     family, model, method, device = _load(config, args)
-    _render_all(family, model, method, device, config, jobs)
+    _render_all(family, model, method, device, config, jobs, report)
 
 
 def _embedding(path: str, index: int, placeholders: list[str]) -> TrainEmbeddingConfig:
@@ -409,7 +436,9 @@ def _reason(error: Exception) -> str:
     return str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
 
 
-def _render_all(family, model, method, device, config: TrainConfig, jobs: list[_Job]) -> None:
+def _render_all(
+    family, model, method, device, config: TrainConfig, jobs: list[_Job], report: Callable[[Path], None]
+) -> None:
     from onetrainer.sampling.sampler import looks_broken, render, save_image
 
     for number, job in enumerate(jobs, start=1):
@@ -434,7 +463,7 @@ def _render_all(family, model, method, device, config: TrainConfig, jobs: list[_
         broken = looks_broken(image)
         if broken:
             _warn(f"{broken} ({path}): the usual fix is a FLOAT_32 or BFLOAT_16 VAE (--dtype FLOAT_32)")
-        print(path, flush=True)
+        report(path)
 
 
 def _warn(message: str) -> None:

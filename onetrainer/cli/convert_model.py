@@ -1,0 +1,101 @@
+"""`scripts/convert_model.py`: a model or LoRA into another file layout, with OneTrainer's arguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter
+from onetrainer.config import ModelFormat, ModelType, TrainingMethod
+from onetrainer.config.enums import DataType
+from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES
+from onetrainer.tools.convert import CONVERTIBLE_METHODS, OUTPUT_DTYPES
+
+DESCRIPTION = """\
+Convert a model between a diffusers folder and a single file (ORIGINAL_SINGLE_FILE,
+the layout AUTOMATIC1111, Forge and ComfyUI load), or a LoRA between kohya and
+diffusers names, with an output data type."""
+_MODEL_TYPES = textwrap.fill(
+    "Model types: " + ", ".join(m.value for m in SUPPORTED_MODEL_TYPES), width=80, subsequent_indent="  "
+)
+EPILOG = f"""\
+Models (--training-method FINE_TUNE): --input-name is a diffusers folder, a
+.safetensors/.ckpt file or a hub repo id; --output-model-format DIFFUSERS
+writes a folder, ORIGINAL_SINGLE_FILE a .safetensors file.
+LoRAs (--training-method LORA): --input-name is the LoRA file, in kohya or
+diffusers names; --base-model-name is its base model (its module names decide
+which weights belong where); --output-model-format KOHYA_LORA or DIFFUSERS_LORA.
+An existing destination is only replaced with --overwrite; the output is written
+to a temporary name and renamed into place.
+Exit codes: 0 done, 1 the input cannot be read or the output written,
+2 invalid arguments.
+{_MODEL_TYPES}"""
+
+
+def build_parser(prog: str = "convert_model.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("--model-type", required=True, metavar="TYPE", help="e.g. STABLE_DIFFUSION_15 (list below)")
+    parser.add_argument("--training-method", default=TrainingMethod.FINE_TUNE.value, metavar="METHOD",
+                        choices=[m.value for m in CONVERTIBLE_METHODS],
+                        help="FINE_TUNE (a model, the default) or LORA")  # fmt: skip
+    parser.add_argument("--input-name", required=True, metavar="PATH_OR_ID", help="the model or LoRA to convert")
+    parser.add_argument("--base-model-name", default="", metavar="PATH_OR_ID", help="a LoRA's base model")
+    parser.add_argument("--output-dtype", default=DataType.FLOAT_16.value, metavar="DTYPE",
+                        choices=[d.value for d in OUTPUT_DTYPES],
+                        help="FLOAT_32, FLOAT_16 (default) or BFLOAT_16")  # fmt: skip
+    parser.add_argument("--output-model-format", required=True, metavar="FORMAT",
+                        help="DIFFUSERS, ORIGINAL_SINGLE_FILE, KOHYA_LORA or DIFFUSERS_LORA")  # fmt: skip
+    parser.add_argument("--output-model-destination", required=True, metavar="PATH", help="the file or folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> int:
+    args = build_parser(prog).parse_args(argv)
+    from onetrainer.tools.convert import Conversion, ConversionError, convert
+
+    try:
+        conversion = Conversion(
+            model_type=_enum(ModelType, args.model_type, "--model-type"),
+            input_name=args.input_name,
+            output_format=_enum(ModelFormat, args.output_model_format, "--output-model-format"),
+            destination=Path(args.output_model_destination),
+            output_dtype=DataType(args.output_dtype),
+            training_method=TrainingMethod(args.training_method),
+            base_model_name=args.base_model_name,
+            overwrite=args.overwrite,
+        )
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    problems = conversion.problems()
+    if problems:
+        for problem in problems:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    from onetrainer.util.quiet import quiet_libraries
+
+    quiet_libraries()
+    print(f"converting {args.input_name}", file=sys.stderr)
+    try:
+        written = convert(conversion)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path, flush=True)
+    return EXIT_OK
+
+
+def _enum(cls, value: str, option: str):
+    try:
+        return cls(value.strip().upper())
+    except ValueError:
+        raise ValueError(f"{option}: unknown value '{value}'") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

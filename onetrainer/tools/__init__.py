@@ -1,0 +1,1 @@
+"""The tools tab's library: automatic masks, automatic captions and model conversion (no GUI imports)."""

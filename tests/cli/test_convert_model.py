@@ -1,0 +1,180 @@
+"""scripts/convert_model.py: tiny models and LoRAs converted between layouts reload with the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from onetrainer.cli.convert_model import EXIT_FAILED, EXIT_INVALID, EXIT_OK, build_parser, main
+from onetrainer.config import ModelType, TrainConfig, TrainingMethod
+from onetrainer.tiny import tiny_model_dir
+from tests.conftest import ROOT
+
+TYPES = {"sd15": "STABLE_DIFFUSION_15", "sdxl": "STABLE_DIFFUSION_XL_10_BASE"}
+
+
+def load(variant: str, source: str | Path, lora: str = ""):
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+
+    config = TrainConfig()
+    config.model_type = ModelType(TYPES[variant])
+    config.base_model_name = str(source)
+    family = load_family_class(config.model_type)()
+    model = family.load(config)
+    if lora:
+        config.training_method = TrainingMethod.LORA
+        config.lora_model_name = lora
+        for part in ("unet", "text_encoder", "text_encoder_2"):
+            if part in model.parts:
+                config.part(part).train = False
+        create_method(config, family, model, torch.device("cpu"))
+    return model
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {f"{p}.{k}": v for p, m in model.parts.items() for k, v in m.state_dict().items()}
+
+
+def unet_output(model) -> torch.Tensor:
+    unet = model.part("unet")
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randn(1, unet.config.in_channels, 8, 8, generator=generator)
+    hidden = torch.randn(1, 4, unet.config.cross_attention_dim, generator=generator)
+    extra = {}
+    if unet.config.addition_embed_type == "text_time":
+        pooled = model.part("text_encoder_2").config.projection_dim
+        extra["added_cond_kwargs"] = {
+            "text_embeds": torch.randn(1, pooled, generator=generator),
+            "time_ids": torch.zeros(1, 6),
+        }
+    with torch.no_grad():
+        return unet(sample, 10, hidden, **extra).sample
+
+
+def convert(*args: str) -> int:
+    return main([*args])
+
+
+@pytest.mark.parametrize("variant", ["sd15", "sdxl"])
+def test_diffusers_to_single_file_and_back_keeps_every_weight(tmp_path, variant):
+    source = tiny_model_dir(variant)
+    single = tmp_path / "model.safetensors"
+    common = ["--model-type", TYPES[variant], "--output-dtype", "FLOAT_32"]
+    assert convert(*common, "--input-name", str(source), "--output-model-format", "ORIGINAL_SINGLE_FILE",
+                   "--output-model-destination", str(single)) == EXIT_OK  # fmt: skip
+    back = tmp_path / "diffusers"
+    assert convert(*common, "--input-name", str(single), "--output-model-format", "DIFFUSERS",
+                   "--output-model-destination", str(back)) == EXIT_OK  # fmt: skip
+    original = load(variant, source)
+    expected = weights(original)
+    for converted in (load(variant, single), load(variant, back)):
+        got = weights(converted)
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+        assert torch.allclose(unet_output(converted), unet_output(original), atol=1e-5)
+
+
+def test_output_dtype_is_applied(tmp_path):
+    single = tmp_path / "model.safetensors"
+    args = ["--model-type", "STABLE_DIFFUSION_15", "--input-name", str(tiny_model_dir("sd15")),
+            "--output-model-format", "ORIGINAL_SINGLE_FILE", "--output-model-destination", str(single)]  # fmt: skip
+    assert convert(*args) == EXIT_OK  # FLOAT_16 is the default, as in OneTrainer
+    dtypes = {v.dtype for v in load_file(str(single)).values() if v.is_floating_point() and v.numel() > 0}
+    assert dtypes == {torch.float16}
+    # the destination exists now: replaced only when asked
+    assert convert(*args, "--output-dtype", "BFLOAT_16") == EXIT_INVALID
+    assert convert(*args, "--output-dtype", "BFLOAT_16", "--overwrite") == EXIT_OK
+    dtypes = {v.dtype for v in load_file(str(single)).values() if v.is_floating_point() and v.numel() > 0}
+    assert dtypes == {torch.bfloat16}
+
+
+def write_kohya_lora(base: Path, path: Path) -> None:
+    """A kohya LoRA for the tiny SD 1.5 model (UNet and text encoder), random up and down weights, alpha != rank."""
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+
+    config = TrainConfig()
+    config.model_type = ModelType.STABLE_DIFFUSION_15
+    config.base_model_name = str(base)
+    config.training_method = TrainingMethod.LORA
+    config.lora_rank, config.lora_alpha = 4, 2.0
+    config.text_encoder.train = True
+    family = load_family_class(config.model_type)()
+    model = family.load(config)
+    method = create_method(config, family, model, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for part in ("unet", "text_encoder"):
+            for name, param in model.part(part).named_parameters():
+                if "lora_" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    config.output_dtype = config.output_dtype.FLOAT_32
+    save_file(method.output_state(), str(path))
+
+
+def lora_deltas(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """kohya file → the weight change of each module (up @ down × alpha / rank), what the LoRA does."""
+    out = {}
+    for key in state:
+        if key.endswith(".lora_down.weight"):
+            name = key[: -len(".lora_down.weight")]
+            down, up = state[key].flatten(1), state[f"{name}.lora_up.weight"].flatten(1)
+            out[name] = up @ down * (float(state[f"{name}.alpha"]) / down.shape[0])
+    return out
+
+
+def test_lora_kohya_to_diffusers_and_back(tmp_path):
+    base = tiny_model_dir("sd15")
+    kohya = tmp_path / "lora.safetensors"
+    write_kohya_lora(base, kohya)
+    diffusers_file = tmp_path / "lora-diffusers.safetensors"
+    common = ["--model-type", "STABLE_DIFFUSION_15", "--training-method", "LORA", "--base-model-name", str(base),
+              "--output-dtype", "FLOAT_32"]  # fmt: skip
+    assert convert(*common, "--input-name", str(kohya), "--output-model-format", "DIFFUSERS_LORA",
+                   "--output-model-destination", str(diffusers_file)) == EXIT_OK  # fmt: skip
+    keys = load_file(str(diffusers_file)).keys()
+    assert all(k.startswith(("unet.", "text_encoder.")) and ".lora_" in k for k in keys)
+    # diffusers' own loader reads it
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(base), safety_checker=None)
+    pipe.load_lora_weights(str(diffusers_file))
+
+    back = tmp_path / "lora-kohya.safetensors"
+    assert convert(*common, "--input-name", str(diffusers_file), "--output-model-format", "KOHYA_LORA",
+                   "--output-model-destination", str(back)) == EXIT_OK  # fmt: skip
+    original, round_trip = lora_deltas(load_file(str(kohya))), lora_deltas(load_file(str(back)))
+    assert original.keys() == round_trip.keys() and original
+    assert all(torch.allclose(original[k], round_trip[k], atol=1e-6) for k in original)
+    # both reload onto the model with the same outputs
+    assert torch.allclose(unet_output(load("sd15", base, str(kohya))), unet_output(load("sd15", base, str(back))))
+
+
+def test_arguments_that_cannot_work(tmp_path, capsys):
+    base = str(tiny_model_dir("sd15"))
+    out = str(tmp_path / "out.safetensors")
+    cases = [
+        (["--model-type", "STABLE_DIFFUSION_15", "--input-name", base, "--output-model-format", "KOHYA_LORA"],
+         "not a FINE_TUNE format"),
+        (["--model-type", "STABLE_DIFFUSION_15", "--training-method", "LORA", "--input-name", base,
+          "--output-model-format", "KOHYA_LORA"], "needs its base model"),
+        (["--model-type", "FLUX_DEV_1", "--input-name", base, "--output-model-format", "DIFFUSERS"],
+         "FLUX_DEV_1"),
+        (["--model-type", "SD99", "--input-name", base, "--output-model-format", "DIFFUSERS"], "unknown value"),
+    ]  # fmt: skip
+    for args, message in cases:
+        assert convert(*args, "--output-model-destination", out) == EXIT_INVALID, args
+        assert message in capsys.readouterr().err
+    missing = str(tmp_path / "missing.safetensors")
+    args = ["--model-type", "STABLE_DIFFUSION_15", "--input-name", missing, "--output-model-format", "DIFFUSERS"]
+    assert convert(*args, "--output-model-destination", str(tmp_path / "d")) == EXIT_FAILED
+    assert "missing.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_readme_shows_the_usage_text():
+    assert build_parser().format_help().strip() in (ROOT / "README.md").read_text(encoding="utf-8")

@@ -1,0 +1,216 @@
+"""The tools tab's mask, caption and conversion windows: filled in, started, followed to the end, cancelled."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from onetrainer.tools.folder_pass import PassFinished
+from onetrainer.tools.masks import Masker, MaskSettings, MaskTask
+from tests.gui.helpers import choose_in_menu, pump
+
+pytestmark = pytest.mark.gui
+
+
+def set_entry(entry, text: str) -> None:
+    entry.delete(0, "end")
+    entry.insert(0, text)
+
+
+def backdrop_folder(tmp_path: Path, count: int = 3, size: tuple[int, int] = (32, 24)) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(count):
+        pixels = np.zeros((size[1], size[0], 3), dtype=np.uint8)
+        pixels[:] = (0, 255, 0)
+        pixels[6:18, 8 + i : 20 + i] = (200, 30, 30)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    return folder
+
+
+def test_mask_window_masks_a_folder_by_colour(app, tmp_path, screenshot):
+    folder = backdrop_folder(tmp_path)
+    Image.new("L", (32, 24), 99).save(folder / "0-masklabel.png")
+    window = app.select_tab("tools").open_tool("masks")
+    assert app.select_tab("tools").open_tool("masks") is window  # one window, shown again
+    set_entry(window.folder, str(folder))
+    choose_in_menu(window.model, "COLOR")
+    set_entry(window.prompts, "#00ff00")
+    set_entry(window.smooth, "0")
+    set_entry(window.expand, "0")
+    assert window.start()
+    pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+    assert isinstance(window.outcome, PassFinished) and len(window.outcome.written) == 2
+    assert window.progress.get() == pytest.approx(1.0)
+    assert "done: 2 written, 1 kept" in window.status.cget("text")
+    assert set(np.unique(np.asarray(Image.open(folder / "0-masklabel.png")))) == {99}  # fill keeps it
+    mask = np.asarray(Image.open(folder / "1-masklabel.png"))
+    assert mask[12, 15] == 255 and mask[0, 0] == 0
+    screenshot(window, "tools-generate-masks")
+
+    set_entry(window.prompts, "green")
+    assert not window.start()
+    assert "not a hex colour" in window.status.cget("text")
+    window.close()
+
+
+class _Slow(Masker):
+    name = "SLOW"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def predict(self, image):
+        import torch
+
+        self.calls += 1
+        self.gate.wait(5)
+        return torch.ones(image.height, image.width)
+
+
+def test_mask_window_cancel_stops_between_images(app, tmp_path):
+    folder = backdrop_folder(tmp_path, count=4)
+    window = app.select_tab("tools").open_tool("masks")
+    set_entry(window.folder, str(folder))
+    slow = _Slow()
+    window.make_task = lambda: lambda: MaskTask(slow, MaskSettings(mode="replace"))
+    assert window.start()
+    pump(window, lambda: slow.calls == 1)
+    window.cancel_button.invoke()
+    slow.gate.set()
+    pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+    assert window.outcome.cancelled and len(window.outcome.written) == 1
+    assert "cancelled" in window.status.cget("text")
+    window.close()
+
+
+def test_caption_window_tags_a_folder_with_a_local_wd14_model(app, tmp_path, screenshot):
+    from onetrainer.tiny.tools import write_tiny_wd14
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (20, 20), (0, 0, 255)).save(folder / "a.png")
+    (folder / "b.png").write_bytes(b"broken")
+    model = write_tiny_wd14(tmp_path / "wd14")
+    window = app.select_tab("tools").open_tool("captions")
+    set_entry(window.folder, str(folder))
+    choose_in_menu(window.model, "WD14_VIT_2")
+    set_entry(window.model_path, str(model))
+    set_entry(window.device, "cpu")
+    set_entry(window.prefix, "photo, ")
+    assert window.start()
+    pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+    assert (folder / "a.txt").read_text(encoding="utf-8") == "photo, blue sky, simple background, outdoors"
+    assert "b.png" in window.log.get("1.0", "end")  # the unreadable image is named
+    screenshot(window, "tools-generate-captions")
+    set_entry(window.initial, "a photo of")
+    assert not window.start() and "initial caption" in window.status.cget("text")
+    window.close()
+
+
+def test_convert_window_writes_a_single_file(app, tmp_path):
+    from onetrainer.tiny import tiny_model_dir
+
+    window = app.select_tab("tools").open_tool("convert")
+    assert window.output_format.cget("values") == ["ORIGINAL_SINGLE_FILE", "DIFFUSERS", "LEGACY_SAFETENSORS"]
+    choose_in_menu(window.method, "LORA")
+    assert "KOHYA_LORA" in window.output_format.cget("values") and window.output_format.get() == "KOHYA_LORA"
+    choose_in_menu(window.method, "FINE_TUNE")
+    choose_in_menu(window.output_format, "ORIGINAL_SINGLE_FILE")
+    set_entry(window.input_name, str(tiny_model_dir("sd15")))
+    destination = tmp_path / "model.safetensors"
+    set_entry(window.destination, str(destination))
+    assert window.convert()
+    pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
+    assert window.written == [destination] and destination.is_file()
+    assert not window.convert() and "exists" in window.status.cget("text")
+    window.destroy()
+
+
+def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_path, screenshot):
+    from onetrainer.tiny import tiny_model_dir
+    from tests.cli.test_sample_cli import write_lora
+
+    base = str(tiny_model_dir("sd15"))
+    lora = tmp_path / "lora.safetensors"
+    write_lora(base, lora)
+    window = app.select_tab("tools").open_tool("sampling")
+    choose_in_menu(window.model_type, "STABLE_DIFFUSION_15")
+    values = {"base_model": base, "lora": str(lora), "prompt": "a red circle", "width": "64", "height": "64",
+              "steps": "2", "count": "2", "device": "cpu", "output": str(tmp_path / "out")}  # fmt: skip
+    for key, value in values.items():
+        set_entry(window.entries[key], value)
+    set_entry(window.entries["steps"], "two")
+    assert not window.render() and "Steps" in window.status.cget("text")
+    set_entry(window.entries["steps"], "2")
+    assert window.render()
+    pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+    assert len(window.images) == 2 and all(p.is_file() for p in window.images), window.status.cget("text")
+    assert len(window.gallery.winfo_children()) == 2
+    screenshot(window, "tools-sampling")
+    window.destroy()
+
+    reopened = app.select_tab("tools").open_tool("sampling")
+    assert reopened is not window
+    assert {k: reopened.entries[k].get() for k in values} == values
+    assert reopened.model_type.get() == "STABLE_DIFFUSION_15"
+    reopened.destroy()
+
+
+def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_undo(app, tmp_path, screenshot):
+    from onetrainer.data.images import mask_path_of
+    from onetrainer.tiny.tools import write_tiny_wd14
+
+    folder = backdrop_folder(tmp_path, size=(64, 48))  # room around the subject for the default 10 px expansion
+    images = sorted(folder.glob("*.png"))
+    painted = np.zeros((48, 64), dtype=np.uint8)
+    painted[:4] = 255
+    Image.fromarray(painted).save(mask_path_of(images[0]))
+    (folder / "0.txt").write_text("my caption", encoding="utf-8")
+    tool = app.select_tab("tools").open_dataset_tool(str(folder))
+    auto = tool.automation
+    assert tool.position == 0 and tool.document.has_mask
+
+    def wait() -> None:
+        pump(tool, lambda: not auto.runner.is_alive() and auto.mask_image_button.cget("state") == "normal")
+
+    # the shown image, by colour: replaced and shown at once; undo brings the painted mask back
+    choose_in_menu(auto.mask_model, "COLOR")
+    auto.mask_prompt.insert(0, "#00ff00")
+    assert auto.mask(folder=False)
+    wait()
+    new = np.asarray(tool.document.mask)
+    assert new[12, 12] == 255 and new[40, 60] == 0 and new[2, 60] == 0  # the subject, not the painted strip
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), new)
+    assert "Undo auto" in tool.status.cget("text")
+    screenshot(tool, "dataset-tool-auto-mask")
+    assert auto.undo()
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), painted)
+    assert np.array_equal(np.asarray(tool.document.mask), painted)
+
+    # the folder: fill mode, the painted mask is kept; undo removes what the pass wrote
+    assert auto.mask(folder=True)
+    wait()
+    assert np.array_equal(np.asarray(Image.open(mask_path_of(images[0]))), painted)
+    assert mask_path_of(images[1]).exists() and mask_path_of(images[2]).exists()
+    assert auto.undo()
+    assert not mask_path_of(images[1]).exists() and mask_path_of(images[0]).exists()
+
+    # captions: the shown image's caption is replaced and shown; undo restores the user's text
+    choose_in_menu(auto.caption_model, "WD14_VIT_2")
+    auto.caption_path.insert(0, str(write_tiny_wd14(tmp_path / "wd14")))
+    assert auto.caption(folder=False)
+    wait()
+    assert tool.caption_text() == "simple background, outdoors" == (folder / "0.txt").read_text(encoding="utf-8")
+    assert auto.undo()
+    assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption" == tool.caption_text()
+    assert auto.caption(folder=True)
+    wait()
+    assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption"
+    assert (folder / "1.txt").read_text(encoding="utf-8") == "simple background, outdoors"
+    tool.close()
