@@ -18,6 +18,13 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("ONETRAINER_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads its environment once, at import (often before this fixture first runs): never the hub or
+    # the user's hub cache, whatever the machine (tests/families/test_hub_models.py makes the hub unreachable instead).
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path_factory.getbasetemp() / "hf-hub"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf-home"))
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
