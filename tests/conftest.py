@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture(autouse=True)
@@ -36,4 +34,5 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 
 
 def onetrainer_presets_dir() -> Path:
-    return Path(os.environ.get("ONETRAINER_SHARED_PRESETS", SHARED / "onetrainer-presets"))
+    """OneTrainer's own presets, vendored as test data (tests never read anything outside the clone)."""
+    return ROOT / "tests" / "config" / "onetrainer_presets"
