@@ -45,10 +45,12 @@ def is_cached(repo_id: str, cache_dir: str | None = None) -> bool:
     if isinstance(index, str):
         snapshot = Path(index).parent
         try:
-            components = [k for k, v in json.loads(Path(index).read_text()).items() if isinstance(v, list) and v[0]]
+            index_data = json.loads(Path(index).read_text())
         except (OSError, ValueError):
             return False
-        return all((snapshot / name).is_dir() for name in components if not name.startswith("_"))
+        # A component is ["library", "class"]; [null, null] marks one the pipeline does without.
+        components = [k for k, v in index_data.items() if not k.startswith("_") and isinstance(v, list) and v and v[0]]
+        return all((snapshot / name).is_dir() for name in components)
     return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=folder), str)
 
 
