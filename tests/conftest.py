@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +16,13 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("ONETRAINER_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads its environment once, at import (often before this fixture first runs): never the hub or
+    # the user's hub cache, whatever the machine (tests/families/test_hub_models.py makes the hub unreachable instead).
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path_factory.getbasetemp() / "hf-hub"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf-home"))
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -29,4 +34,5 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 
 
 def onetrainer_presets_dir() -> Path:
-    return Path(os.environ.get("ONETRAINER_SHARED_PRESETS", SHARED / "onetrainer-presets"))
+    """OneTrainer's own presets, vendored as test data (tests never read anything outside the clone)."""
+    return ROOT / "tests" / "config" / "onetrainer_presets"

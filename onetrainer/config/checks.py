@@ -26,7 +26,9 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     reason = not_trainable_reason(config.model_type)
     if reason:
         problems.append(Problem("model_type", reason))
-    problems += check_model_source(config.base_model_name, config.offline_mode, "base_model_name")
+    problems += check_model_source(
+        config.base_model_name, config.offline_mode, "base_model_name", config.huggingface_cache_dir
+    )
     try:
         packed, found = pack(config)
     except ConfigFileError as e:
@@ -77,8 +79,9 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
     return problems
 
 
-def check_model_source(name: str, offline: bool, path: str) -> list[Problem]:
-    """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id."""
+def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "") -> list[Problem]:
+    """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id that is in the
+    local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`)."""
     name = name.strip()
     if not name:
         return [Problem(path, "no model given")]
@@ -90,21 +93,12 @@ def check_model_source(name: str, offline: bool, path: str) -> list[Problem]:
             return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
         return []
     if _HUB_ID.match(name) and not name.startswith((".", "/")) and "\\" not in name:
-        if offline and not _in_hub_cache(name):
-            return [Problem(path, f"'{name}' is not in the local Hugging Face cache and offline mode is on")]
-        return []
+        from onetrainer.util.hub import hub_access
+
+        what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
+        problem = hub_access(name, cache_dir or None, offline, what).problem
+        return [Problem(path, problem)] if problem else []
     return [Problem(path, f"model not found: {name} (a file, a folder or a Hugging Face repo id such as 'org/name')")]
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return False
-    for filename in ("model_index.json", "config.json"):
-        if isinstance(try_to_load_from_cache(repo_id, filename), str):
-            return True
-    return False
 
 
 def _check_concepts(config: TrainConfig) -> list[Problem]:
@@ -166,5 +160,7 @@ def _check_optional_files(config: TrainConfig) -> list[Problem]:
     for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer"):
         name = config.part(part).model_name
         if name:
-            problems += check_model_source(name, config.offline_mode, f"{part}.model_name")
+            problems += check_model_source(
+                name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir
+            )
     return problems

@@ -16,11 +16,19 @@ class ModelLoadError(Exception):
 
 
 def hub_options(source, config) -> dict:
-    """from_pretrained options for a model source: local folders never reach the hub, hub ids only when online."""
-    hub = source.kind == "hub"
-    options = {"local_files_only": config.offline_mode or not hub}
-    if hub and config.huggingface_cache_dir:
-        options["cache_dir"] = config.huggingface_cache_dir
+    """from_pretrained options for a model source: local folders never reach the hub; a hub id is loaded from the cache
+    alone when offline or when the hub cannot be reached, and refused at once when it is in neither (`util/hub.py`)."""
+    if source.kind != "hub":
+        return {"local_files_only": True}
+    from onetrainer.util.hub import hub_access
+
+    cache_dir = config.huggingface_cache_dir or None
+    access = hub_access(source.location, cache_dir, config.offline_mode, "the base model")
+    if access.problem:
+        raise ModelLoadError(access.problem)
+    options = {"local_files_only": access.local_files_only}
+    if cache_dir:
+        options["cache_dir"] = cache_dir
     return options
 
 
@@ -45,16 +53,17 @@ def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer"):
 def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str:
     from pathlib import Path
 
+    from onetrainer.util.hub import unavailable_message
+
     if Path(where).exists():
         return f"cannot load the {subfolder} of {where}: {error}"
     if options.get("local_files_only"):
-        return (
-            f"'{where}' is not in the local Hugging Face cache and cannot be downloaded (offline mode is on, or "
-            f"the hub is unreachable): {type(error).__name__}"
-        )
+        # hub_options found the model in the cache, but not this part of it
+        reason = f"its {subfolder} is missing there, and the hub cannot be used now (offline, or unreachable)"
+        return unavailable_message(where, options.get("cache_dir"), reason, "the base model")
     return (
-        f"could not download '{where}' from the Hugging Face hub ({type(error).__name__}: {error}). Without a "
-        "connection, use a local folder or .safetensors file"
+        f"could not download the {subfolder} of '{where}' from the Hugging Face hub ({type(error).__name__}: {error}). "
+        "Without a connection, use a local folder or .safetensors file"
     )
 
 

@@ -223,8 +223,7 @@ class StableDiffusionFamily(Family):
         else:
             text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(_plain(text_encoder)).items()}
         out.update(text)
-        if model.v_prediction:
-            out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints
+        out.update(_schedule_markers(model))
         return {
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }
@@ -278,6 +277,18 @@ def _config_of(part: torch.nn.Module) -> dict:
     """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
     config = part.config
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
+    """Empty tensors that tell other tools how the model was trained, where the file's weights cannot: `v_pred`
+    (ComfyUI for SDXL; A1111/Forge for SDXL and SD 2.x) and `ztsnr`, zero terminal SNR (ComfyUI with `v_pred`, A1111
+    and Forge). SD 1.x files are read as epsilon whatever they carry: see docs/outputs.md."""
+    markers = {}
+    if model.v_prediction:
+        markers["v_pred"] = torch.tensor([])
+    if model.noise_scheduler.config.get("rescale_betas_zero_snr"):
+        markers["ztsnr"] = torch.tensor([])
+    return markers
 
 
 def _v_prediction(config, model_type: ModelType) -> bool:

@@ -40,6 +40,7 @@ from onetrainer.families.sd import (
     _convert_text_encoder,
     _convert_vae,
     _plain,
+    _schedule_markers,
     _single_file_tokenizer,
     _v_prediction,
     inpainting_inputs,
@@ -253,8 +254,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             _plain(model.part("text_encoder")),
             _plain(model.part("text_encoder_2")),
         )
-        if model.v_prediction:
-            out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints
+        out.update(_schedule_markers(model))
         return {
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }

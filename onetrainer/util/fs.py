@@ -1,4 +1,9 @@
-"""Atomic writes: a crash mid-write never leaves a broken file or folder behind (write, then rename)."""
+"""Atomic writes: a crash mid-write never leaves a broken file or folder behind (write, then rename).
+
+Every file and folder written here ends with the permissions the user's umask gives new files (0644 / 0755 for the
+usual 022): temporary files and safetensors' writer create them owner-only (0600), which an AUTOMATIC1111 or ComfyUI
+running as another user (a container, a shared model folder) cannot read.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +28,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        readable_by_others(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -45,6 +52,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         yield tmp
+        readable_by_others(tmp)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
@@ -64,6 +72,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        readable_by_others(tmp)
         replace_path(tmp, path)
     finally:
         if tmp.exists():
@@ -81,3 +90,40 @@ def replace_path(new: Path, target: Path) -> None:
         if target.exists() and new.is_dir():
             target.unlink()
         os.replace(new, target)
+
+
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask. Linux reports it; elsewhere it can only be read by setting it, briefly and to the
+    stricter 077 so that a file another thread creates meanwhile is never more open than intended."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def readable_by_others(path: Path) -> None:
+    """Give a written file, or a folder and everything in it, the modes the umask gives new files and folders."""
+    if os.name == "nt" or not path.exists():  # Windows has no such modes; a writer may have written nothing
+        return
+    mask = current_umask()
+    file_mode, folder_mode = 0o666 & ~mask, 0o777 & ~mask
+    if not path.is_dir():
+        os.chmod(path, file_mode)
+        return
+    os.chmod(path, folder_mode)
+    for root, folders, files in os.walk(path):
+        for names, mode in ((folders, folder_mode), (files, file_mode)):
+            for name in names:
+                entry = Path(root) / name
+                if not entry.is_symlink():  # chmod would change the link's target, which is not ours
+                    os.chmod(entry, mode)

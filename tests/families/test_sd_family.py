@@ -126,6 +126,22 @@ def test_sd2_single_file_round_trip(tmp_path):
     assert torch.allclose(unet_output(again), unet_output(model), atol=2e-2)
 
 
+@pytest.mark.parametrize(("variant", "model_type"), [("sd15", "STABLE_DIFFUSION_15"), ("sd21", "STABLE_DIFFUSION_21")])
+def test_zero_terminal_snr_single_file_carries_the_ztsnr_marker(tmp_path, variant, model_type):
+    plain = FAMILY.load(config(base_model_name=f"tiny:{variant}", model_type=model_type))
+    FAMILY.save_single_file(plain, tmp_path / "plain.safetensors", torch.float32)
+    assert "ztsnr" not in load_state_dict(tmp_path / "plain.safetensors")
+    zsnr = config(
+        base_model_name=f"tiny:{variant}", model_type=model_type, rescale_noise_scheduler_to_zero_terminal_snr=True
+    )
+    model = FAMILY.load(zsnr)
+    FAMILY.save_single_file(model, tmp_path / "zsnr.safetensors", torch.float32)
+    state = load_state_dict(tmp_path / "zsnr.safetensors")
+    assert state["v_pred"].numel() == 0 and state["ztsnr"].numel() == 0  # zero terminal SNR implies v-prediction
+    zsnr.base_model_name = str(tmp_path / "zsnr.safetensors")
+    assert torch.allclose(unet_output(FAMILY.load(zsnr)), unet_output(model), atol=1e-5)
+
+
 def test_backup_of_a_finetune_is_a_base_model(tmp_path):
     model = FAMILY.load(config())
     backup = tmp_path / "backup"

@@ -195,6 +195,19 @@ def test_fp16_single_file(tmp_path, model):
     assert torch.allclose(unet_output(again), unet_output(model), atol=2e-2)
 
 
+def test_zero_terminal_snr_single_file_carries_the_markers_comfyui_reads(tmp_path, single_file, model):
+    # ComfyUI's SDXL loader: "v_pred" → v-prediction, and with it "ztsnr" → the zero-terminal-SNR schedule.
+    plain = load_state_dict(single_file)
+    assert "v_pred" not in plain and "ztsnr" not in plain
+    zsnr = FAMILY.load(config(rescale_noise_scheduler_to_zero_terminal_snr=True))
+    path = tmp_path / "zsnr.safetensors"
+    FAMILY.save_single_file(zsnr, path, torch.float32)
+    state = load_state_dict(path)
+    assert state["v_pred"].numel() == 0 and state["ztsnr"].numel() == 0
+    again = FAMILY.load(config(base_model_name=str(path), rescale_noise_scheduler_to_zero_terminal_snr=True))
+    assert torch.allclose(unet_output(again), unet_output(model), atol=1e-5)
+
+
 def test_checkpoints_of_another_kind_are_refused(tmp_path, single_file):
     with pytest.raises(ModelLoadError, match="not an inpainting checkpoint"):
         FAMILY.load(config(base_model_name=str(single_file), model_type=INPAINTING))

@@ -1,0 +1,134 @@
+"""Hugging Face hub models: is a repo in the local cache, can the hub be reached, and what to tell the user if neither.
+
+Without this, a hub id with no connection spends half a minute in huggingface_hub's download retries and then reports
+a missing config.json. Here the cache is looked at first and the hub is asked once, with a short timeout, so the answer
+comes within seconds and names the model, the cache folder and what to do. No torch is imported (the GUI's Start
+checks call this).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Long enough for a slow connection to answer, short enough that a dropped one is reported while the user waits.
+PROBE_TIMEOUT_S = 4.0
+# Start's checks and the model loading that follows ask about the same repo within seconds: ask the hub once.
+_PROBE_MEMORY_S = 30.0
+_probes: dict[tuple[str, str], tuple[float, Probe]] = {}
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """How a hub model can be loaded: from the cache only, with downloads, or not at all (`problem` says why)."""
+
+    local_files_only: bool
+    problem: str = ""
+
+
+def cache_folder(cache_dir: str | None = None) -> Path:
+    """Where hub files are looked for: the configured folder, or huggingface_hub's (from HF_HOME / HF_HUB_CACHE)."""
+    from huggingface_hub import constants
+
+    return Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
+
+
+def is_cached(repo_id: str, cache_dir: str | None = None) -> bool:
+    """Whether the repo's files are in the local cache: a diffusers model's index and each of its components' folders,
+    or another model's config.json."""
+    from huggingface_hub import try_to_load_from_cache
+
+    folder = str(cache_folder(cache_dir))
+    index = try_to_load_from_cache(repo_id, "model_index.json", cache_dir=folder)
+    if isinstance(index, str):
+        snapshot = Path(index).parent
+        try:
+            index_data = json.loads(Path(index).read_text())
+        except (OSError, ValueError):
+            return False
+        # A component is ["library", "class"]; [null, null] marks one the pipeline does without.
+        components = [k for k, v in index_data.items() if not k.startswith("_") and isinstance(v, list) and v and v[0]]
+        return all((snapshot / name).is_dir() for name in components)
+    return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=folder), str)
+
+
+def offline_reason(offline_setting: bool) -> str:
+    """Why the hub must not be contacted ("" when it may be)."""
+    from huggingface_hub import constants
+
+    if offline_setting:
+        return "the Offline setting is on"
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    return ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The hub's answer about a repo: `answered` False when it could not be reached; `reason` says what went wrong."""
+
+    answered: bool
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.answered and not self.reason
+
+
+def probe(repo_id: str, timeout: float = PROBE_TIMEOUT_S) -> Probe:
+    """Ask the hub about the repo once, with a short timeout and without retries."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    key = (constants.ENDPOINT, repo_id)
+    remembered = _probes.get(key)
+    if remembered and time.monotonic() - remembered[0] < _PROBE_MEMORY_S:
+        return remembered[1]
+    try:
+        HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, timeout=timeout)
+        result = Probe(True)
+    except GatedRepoError:
+        result = Probe(True)  # it exists; the download says whether this user has been granted access
+    except RepositoryNotFoundError:
+        result = Probe(True, f"the hub has no repo '{repo_id}' (or it is private: log in with `hf auth login`)")
+    except HfHubHTTPError as e:
+        result = Probe(False, f"the hub ({constants.ENDPOINT}) answered with an error ({e})")
+    except Exception as e:  # any transport failure (DNS, refused, timeout, proxy) means "unreachable"
+        result = Probe(False, f"the hub ({constants.ENDPOINT}) cannot be reached ({type(e).__name__}: {e})")
+    _probes[key] = (time.monotonic(), result)
+    return result
+
+
+def unavailable_message(repo_id: str, cache_dir: str | None, reason: str, what: str = "") -> str:
+    """The one message for a hub model that is not in the cache and cannot be downloaded now."""
+    return (
+        f"{what or 'the model'} '{repo_id}' is not in the local Hugging Face cache ({cache_folder(cache_dir)}) and "
+        f"cannot be downloaded: {reason}. To download it, connect to the internet (with Offline off) and start again: "
+        "its files go into that folder once, and later runs work offline. Or set the model to a local .safetensors "
+        "file or diffusers folder."
+    )
+
+
+def hub_access(repo_id: str, cache_dir: str | None, offline_setting: bool, what: str = "") -> HubAccess:
+    """Decide, within seconds, how a hub model can be loaded.
+
+    Cached and offline (or the hub unreachable): from the cache only, so no download is attempted and retried.
+    Not cached and offline or unreachable: a problem naming the model, the cache folder and what to do.
+    """
+    cached = is_cached(repo_id, cache_dir)
+    reason = offline_reason(offline_setting)
+    if not reason:
+        answer = probe(repo_id)
+        if answer.ok:
+            return HubAccess(False)
+        if answer.answered and not cached:
+            where = cache_folder(cache_dir)
+            return HubAccess(
+                False, f"{what or 'the model'} '{repo_id}' is not in the local cache ({where}), and {answer.reason}"
+            )
+        reason = answer.reason
+    if cached:
+        return HubAccess(True)
+    return HubAccess(True, unavailable_message(repo_id, cache_dir, reason, what))

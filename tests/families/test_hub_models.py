@@ -1,0 +1,153 @@
+"""Hub model ids with no connection: answered within seconds, from the cache when it has them, else refused clearly.
+
+The hub is made unreachable deterministically (an endpoint on a closed local port refuses at once) and the cache is a
+temporary folder, so these tests never touch the network or the user's cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+
+from onetrainer.cli.train import EXIT_INVALID, main
+from onetrainer.config import config_from_dict
+from onetrainer.config.checks import check_model_source, run_checks
+from onetrainer.families.loading import ModelLoadError
+from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.util import hub
+from tests.conftest import ROOT
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+REPO = "someone/sd15-model"
+FAST_S = 3.0
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache and an unreachable hub, with offline mode off (as for a user whose connection is down)."""
+    cache = tmp_path / "hf-hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_probes", {})
+    return cache
+
+
+def put_in_cache(cache: Path, repo_id: str, model_dir: Path) -> Path:
+    """Lay a model out as huggingface_hub's cache does: refs/main names the snapshot folder holding the files."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    return snapshot
+
+
+def config(**data):
+    cfg, problems = config_from_dict({"train_device": "cpu", **data})
+    assert [p for p in problems if p.is_error] == []
+    return cfg
+
+
+def assert_names_model_cache_and_remedy(message: str, cache: Path) -> None:
+    assert f"'{REPO}'" in message
+    assert f"not in the local Hugging Face cache ({cache})" in message
+    assert "connect to the internet" in message and "local .safetensors file" in message
+
+
+def test_check_refuses_an_uncached_model_within_seconds_when_the_hub_is_unreachable(hub_cache):
+    start = time.monotonic()
+    problems = check_model_source(REPO, False, "base_model_name")
+    assert time.monotonic() - start < FAST_S
+    assert [p.path for p in problems] == ["base_model_name"]
+    assert_names_model_cache_and_remedy(problems[0].message, hub_cache)
+    assert f"the hub ({UNREACHABLE}) cannot be reached (ConnectError" in problems[0].message
+
+
+def test_check_refuses_an_uncached_model_in_offline_mode_without_asking_the_hub(hub_cache, monkeypatch):
+    monkeypatch.setattr(hub, "probe", lambda *a, **k: pytest.fail("offline mode must not contact the hub"))
+    problems = check_model_source(REPO, True, "base_model_name")
+    assert_names_model_cache_and_remedy(problems[0].message, hub_cache)
+    assert "the Offline setting is on" in problems[0].message
+
+
+def test_check_accepts_a_cached_model_offline_and_refuses_a_partly_cached_one(hub_cache):
+    snapshot = put_in_cache(hub_cache, REPO, tiny_model_dir("sd15"))
+    assert check_model_source(REPO, True, "base_model_name") == []
+    assert check_model_source(REPO, False, "base_model_name") == []  # the hub is unreachable, the cache suffices
+    shutil.rmtree(snapshot / "unet")
+    assert "not in the local Hugging Face cache" in check_model_source(REPO, True, "base_model_name")[0].message
+
+
+def test_the_configured_cache_folder_is_the_one_looked_in(hub_cache, tmp_path):
+    own = tmp_path / "my-cache"
+    put_in_cache(own, REPO, tiny_model_dir("sd15"))
+    assert check_model_source(REPO, True, "base_model_name", str(own)) == []
+    problems = run_checks(config(base_model_name=REPO, offline_mode=True))
+    assert_names_model_cache_and_remedy(next(p for p in problems if p.path == "base_model_name").message, hub_cache)
+
+
+def test_cli_check_refuses_the_sd15_preset_when_its_model_is_neither_cached_nor_reachable(hub_cache, in_tmp, capsys):
+    (in_tmp / "images").mkdir()
+    code = main(["--check", "--preset", "sd15/lora", "--set", "concepts.0.path=images"])
+    err = capsys.readouterr().err
+    assert code == EXIT_INVALID
+    assert "error: base_model_name: the base model 'stable-diffusion-v1-5/stable-diffusion-v1-5'" in err
+    assert str(hub_cache) in err
+
+
+def test_loading_an_uncached_model_fails_within_seconds_with_the_same_message(hub_cache):
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError) as raised:
+        StableDiffusionFamily().load(config(base_model_name=REPO))
+    assert time.monotonic() - start < FAST_S
+    assert_names_model_cache_and_remedy(str(raised.value), hub_cache)
+
+
+def test_a_cached_model_loads_from_the_cache_when_the_hub_is_unreachable(hub_cache, tmp_path):
+    own = tmp_path / "my-cache"
+    put_in_cache(own, REPO, tiny_model_dir("sd15"))
+    start = time.monotonic()
+    model = StableDiffusionFamily().load(config(base_model_name=REPO, huggingface_cache_dir=str(own)))
+    assert time.monotonic() - start < 20  # no download retries (they alone took over 20 s)
+    assert model.part("unet") is not None
+
+
+def test_a_partly_cached_model_names_the_missing_part(hub_cache, tmp_path):
+    own = tmp_path / "my-cache"
+    snapshot = put_in_cache(own, REPO, tiny_model_dir("sd15"))
+    (snapshot / "vae" / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match=r"its vae is missing there") as raised:
+        StableDiffusionFamily().load(config(base_model_name=REPO, huggingface_cache_dir=str(own), offline_mode=True))
+    assert f"({own})" in str(raised.value)
+
+
+@pytest.mark.slow
+def test_train_script_check_answers_within_seconds_from_the_environment(tmp_path):
+    """The real entry point with only environment variables: HF_HOME decides the cache, HF_ENDPOINT the hub."""
+    (tmp_path / "images").mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))},
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_ENDPOINT": UNREACHABLE,
+    }
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--check", "--preset", "sd15/lora"]
+    start = time.monotonic()
+    result = subprocess.run(
+        [*command, "--set", f"concepts.0.path={tmp_path / 'images'}"], capture_output=True, text=True, env=env
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == EXIT_INVALID, result.stderr
+    assert f"not in the local Hugging Face cache ({tmp_path / 'hf-home' / 'hub'})" in result.stderr
+    assert f"the hub ({UNREACHABLE}) cannot be reached" in result.stderr
+    assert elapsed < 20, elapsed
