@@ -21,7 +21,7 @@ import customtkinter as ctk
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
 from gui.gallery import SampleGallery
-from gui.model import CONTEXT_PATHS, ConfigModel
+from gui.model import CONTEXT_PATHS, ConfigModel, InputError
 from gui.runner import TrainFunction, TrainingRunner
 from gui.state import load_last_config, save_last_config
 from gui.tabs import visible_tabs
@@ -32,6 +32,7 @@ from gui.tabs.sampling import SamplingTab
 from gui.tabs.tools import ToolsTab
 from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
+from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
 from onetrainer.config import (
     ConfigFileError,
@@ -48,6 +49,7 @@ from onetrainer.config import (
     warnings,
 )
 from onetrainer.config.checks import run_checks
+from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.events import Event, Failed, Finished, SampleReady
 
@@ -66,9 +68,9 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
 }
 
 
-def summarize(problems: list[Problem], limit: int = FOOTER_PROBLEMS) -> str:
+def summarize(problems: list[Problem], config: TrainConfig, limit: int = FOOTER_PROBLEMS) -> str:
     """A footer-sized list of problems: the first few, and how many more the dialog shows."""
-    listed = "; ".join(str(p) for p in problems[:limit])
+    listed = "; ".join(describe(p, config) for p in problems[:limit])
     more = f"; and {len(problems) - limit} more (see the list)" if len(problems) > limit else ""
     return listed + more
 
@@ -89,6 +91,7 @@ class App(ctk.CTk):
         self.title("OneTrainer")
         self.geometry("1280x800")
         self.minsize(1000, 620)
+        bind_select_all(self)
         restore_problems: list[Problem] = []
         if config is None:
             config, restore_problems = load_last_config()
@@ -132,12 +135,16 @@ class App(ctk.CTk):
         self.footer.grid(row=2, column=0, sticky="ew")
 
         self.model.subscribe(self._config_changed)
+        self.model.subscribe_inputs(self._input_changed)
+        self._input_status: str | None = None  # the footer shows this input's error
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._show_tabs()
         self.validate_now()
         if restore_problems:
             # At start-up a note is enough: the fields with problems are marked, and a dialog would greet every launch.
-            self.footer.set_status(f"Last session's config: {summarize(restore_problems)}", "warning")
+            self.footer.set_status(
+                f"Last session's config: {summarize(restore_problems, self.model.config)}", "warning"
+            )
 
     # -- tabs ----------------------------------------------------------------------------------------------------
 
@@ -198,8 +205,26 @@ class App(ctk.CTk):
     def _mark(self, problems: list[Problem]) -> None:
         self.problems = problems
         by_path = self._problems_by_path()
+        self.model.set_marks(by_path)  # the forms of open windows
         for tab in self.tabs.values():
             tab.mark(by_path)
+
+    def input_problems(self) -> list[Problem]:
+        """The inputs (in any window) whose text the config did not take: the config holds their last valid value."""
+        return [Problem(e.path, f"{e.message} (not applied)") for e in self.model.input_errors()]
+
+    def _input_changed(self, error: InputError) -> None:
+        # The form itself shows no message (a line appearing under a field would move the form): the footer does.
+        if error.message:
+            self._input_status = error.path
+            self.footer.set_status(f"{field_name(self.model.config, error.path)}: {error.message}", "error")
+        elif self._input_status == error.path:
+            self._input_status = None
+            others = self.model.input_errors()
+            if others:
+                self._input_changed(others[0])
+            else:
+                self.footer.set_status("Ready.")
 
     def _problems_by_path(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -245,15 +270,21 @@ class App(ctk.CTk):
         return True
 
     def report_loaded(self, text: str, problems: list[Problem]) -> None:
+        config = self.model.config
         if errors(problems):
             self.footer.set_status(f"{text} {len(errors(problems))} problem(s) need fixing (marked in red).", "warning")
-            self.dialogs.show_text("Problems in the loaded config", "\n".join(str(p) for p in problems))
+            self.dialogs.show_text("Problems in the loaded config", "\n".join(describe(p, config) for p in problems))
         elif problems:
-            self.footer.set_status(f"{text} {summarize(problems)}", "warning")
+            self.footer.set_status(f"{text} {summarize(problems, config)}", "warning")
         else:
             self.footer.set_status(text)
 
     def save_config_file(self, path: str | Path | None = None) -> Path | None:
+        """Save the config; refused, with every invalid field listed, while a field holds an invalid value."""
+        invalid = self.input_problems() + errors(validate(self.model.config))
+        if invalid:
+            self._refuse(invalid, "save the config")
+            return None
         path = path or self.dialogs.save_file("Save config", ".json", JSON_FILES)
         if not path:
             return None
@@ -262,6 +293,7 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot save the config", str(e))
             return None
+        self.model.mark_saved()
         self.footer.set_status(f"Config saved to {path}.")
         return Path(path)
 
@@ -276,7 +308,7 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot export the config", str(e))
             return None
-        notes = f" ({summarize(problems)})" if problems else ""
+        notes = f" ({summarize(problems, self.model.config)})" if problems else ""
         self.footer.set_status(f"Config exported to {path}{notes}.", "warning" if problems else "info")
         return Path(path)
 
@@ -300,8 +332,9 @@ class App(ctk.CTk):
         packed, _ = pack(config)  # run_checks reports problems reading the side files itself
         problems = run_checks(packed)
         self._mark(problems)
-        if errors(problems):
-            self._refuse(problems)
+        typed = self.input_problems()  # text in a field that is no valid value: the config holds an older one
+        if typed or errors(problems):
+            self._refuse(typed + problems, "start")
             return False
         self._terminal_seen = False
         # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl. Collect them here, on the
@@ -318,12 +351,14 @@ class App(ctk.CTk):
         self._schedule("poll", POLL_MS, self._poll)
         return True
 
-    def _refuse(self, problems: list[Problem]) -> None:
+    def _refuse(self, problems: list[Problem], what: str) -> None:
+        config = self.model.config
         errs = errors(problems)
-        self.footer.set_status(f"Cannot start, {len(errs)} problem(s): {summarize(errs)}", "error")
+        self.footer.set_status(f"Cannot {what}, {len(errs)} problem(s): {summarize(errs, config)}", "error")
         ordered = errs + warnings(problems)
+        title = "Cannot start training" if what == "start" else f"Cannot {what}"
         self.dialogs.show_error(
-            "Cannot start training", f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(str(p) for p in ordered)
+            title, f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(describe(p, config) for p in ordered)
         )
 
     def stop(self) -> None:
