@@ -23,7 +23,15 @@ from gui.footer import Footer
 from gui.gallery import SampleGallery
 from gui.model import CONTEXT_PATHS, ConfigModel, InputError
 from gui.runner import TrainFunction, TrainingRunner
-from gui.state import load_last_config, save_last_config
+from gui.state import (
+    DATA_FIELDS,
+    list_user_presets,
+    load_last_config,
+    preset_name_problem,
+    save_last_config,
+    save_user_preset,
+    user_preset_path,
+)
 from gui.tabs import visible_tabs
 from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
 from gui.tabs.concepts import ConceptsTab
@@ -75,6 +83,10 @@ def summarize(problems: list[Problem], config: TrainConfig, limit: int = FOOTER_
     return listed + more
 
 
+def _count(n: int, plural: str) -> str:
+    return f"{n} {plural if n != 1 else plural.removesuffix('s')}"
+
+
 class App(ctk.CTk):
     def __init__(
         self,
@@ -85,6 +97,7 @@ class App(ctk.CTk):
         autosave: bool = True,
         open_url: Callable[[str], object] = webbrowser.open,
         presets: Callable[[], list[str]] = list_presets,
+        user_presets: Callable[[], list[str]] = list_user_presets,
         limit_threads: bool = True,
     ) -> None:
         super().__init__()
@@ -104,6 +117,9 @@ class App(ctk.CTk):
         self._closing = False
         self._close_deadline = 0.0
         self._terminal_seen = False
+        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
+        # user's, and the next preset replaces them without asking.
+        self._preset_data: dict[str, list[dict] | None] = {}
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
         self.problems: list[Problem] = []
@@ -119,6 +135,9 @@ class App(ctk.CTk):
             on_preset=self.load_preset,
             on_load=self.load_config_file,
             on_save=self.save_config_file,
+            list_user_presets=user_presets,
+            on_user_preset=lambda name: self.load_preset(name, user=True),
+            on_save_preset=self.save_preset,
         )
         self.topbar.grid(row=0, column=0, sticky="ew")
         self.tabview = TabView(self, command=self._tab_selected, fg_color="transparent")
@@ -240,23 +259,91 @@ class App(ctk.CTk):
 
     # -- presets and config files --------------------------------------------------------------------------------
 
-    def load_preset(self, name: str) -> bool:
+    def keep_changes(self, what: str) -> bool:
+        """Before `what` replaces the config: offer to save unsaved changes. False when the user cancels."""
+        if not self.model.unsaved:
+            return True
+        answer = self.dialogs.ask_save_changes(
+            "Unsaved changes", f"The config has changes that are not saved in a file. Save them before {what}?"
+        )
+        if answer is None:
+            return False
+        return answer == "discard" or self.save_config_file() is not None
+
+    def load_preset(self, name: str, user: bool = False) -> bool:
+        """Load a preset's settings. The concepts and samples being edited stay unless the preset brings its own, and
+        then the user is asked before they are replaced."""
+        if not self.keep_changes(f"loading the preset '{name}'"):
+            return False
         try:
-            config, problems = load_preset(name)
+            config, problems = load_preset(user_preset_path(name) if user else name)
         except ConfigFileError as e:
             self.dialogs.show_error("Cannot load the preset", str(e))
             return False
-        # Presets hold settings, not data: the concepts and samples being edited stay unless the preset has its own.
         current = self.model.config
-        if config.concepts is None:
-            config.concepts = current.concepts
-        if config.samples is None:
-            config.samples = current.samples
+        packed, _ = pack(current)
+        mine = {field: getattr(current, field) for field in DATA_FIELDS}
+        # A list the last preset brought and nobody edited is that preset's: replaced, or dropped (back to the side
+        # file, the user's own list) without asking.
+        presets_own = {
+            field: mine[field] is not None
+            and self._preset_data.get(field) is not None
+            and [item.to_dict() for item in mine[field]] == self._preset_data[field]
+            for field in DATA_FIELDS
+        }
+        users = {field: [] if presets_own[field] else (getattr(packed, field) or []) for field in DATA_FIELDS}
+        clashing = [f for f in DATA_FIELDS if getattr(config, f) is not None and users[f]]
+        replace = True
+        if clashing:
+            theirs = " and ".join(_count(len(getattr(config, f)), f) for f in clashing)
+            yours = " and ".join(_count(len(users[f]), f) for f in clashing)
+            replace = self.dialogs.ask_yes_no(
+                "The preset brings its own data",
+                f"The preset '{name}' brings its own {theirs}. Replace your {yours} with them?\n\n"
+                "No loads only its settings and keeps yours.",
+            )
+        brought: dict[str, list[dict] | None] = {}
+        for field in DATA_FIELDS:
+            items = getattr(config, field)
+            if items is not None and (replace or field not in clashing):
+                brought[field] = [item.to_dict() for item in items]
+                continue
+            setattr(config, field, None if presets_own[field] else mine[field])
+            brought[field] = None
         self.model.replace(config)
+        self._preset_data = brought
+        if not self.running:
+            self.footer.reset_progress()  # the last run's figures are not this config's
         self.report_loaded(f"Preset '{name}' loaded.", problems)
         return True
 
+    def save_preset(self, name: str | None = None) -> Path | None:
+        """Save the current settings (not the concepts and samples) as one of the user's presets."""
+        name = name if name is not None else self.dialogs.ask_string("Save as my preset", "Name of the preset:")
+        if not name:
+            return None
+        problem = preset_name_problem(name)
+        if problem:
+            self.dialogs.show_error("Cannot save the preset", problem)
+            return None
+        invalid = self.input_problems() + errors(validate(self.model.config))
+        if invalid:
+            self._refuse(invalid, "save the preset")
+            return None
+        path = user_preset_path(name)
+        if path.exists() and not self.dialogs.ask_yes_no("Replace the preset?", f"'{name}' exists. Replace it?"):
+            return None
+        try:
+            save_user_preset(self.model.config, name)
+        except OSError as e:
+            self.dialogs.show_error("Cannot save the preset", str(e))
+            return None
+        self.footer.set_status(f"Preset '{name}' saved to {path}; it is under Load preset ▸ My presets.", "ok")
+        return path
+
     def load_config_file(self, path: str | Path | None = None) -> bool:
+        if not self.keep_changes("loading another config"):
+            return False
         path = path or self.dialogs.open_file("Load config", JSON_FILES)
         if not path:
             return False
@@ -266,6 +353,9 @@ class App(ctk.CTk):
             self.dialogs.show_error("Cannot load the config", str(e))
             return False
         self.model.replace(config)
+        self._preset_data = {}
+        if not self.running:
+            self.footer.reset_progress()
         self.report_loaded(f"Config loaded from {path}.", problems)
         return True
 
@@ -418,6 +508,8 @@ class App(ctk.CTk):
     def close(self) -> None:
         """The window's close button: while training, ask, then stop cleanly before closing."""
         if self._closing:
+            return
+        if not self.keep_changes("quitting"):
             return
         if self.runner.is_alive():
             if not self.dialogs.ask_yes_no("Quit", "Training is running. Stop it and quit?"):

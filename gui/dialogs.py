@@ -84,6 +84,18 @@ class Dialogs:
     def ask_yes_no(self, title: str, text: str) -> bool:
         return bool(messagebox.askyesno(title, text, parent=self.parent))
 
+    def ask_save_changes(self, title: str, text: str) -> str | None:
+        """ "save", "discard", or None to cancel what was about to replace the changes."""
+        answer = messagebox.askyesnocancel(title, text, parent=self.parent)
+        if answer is None:
+            return None
+        return "save" if answer else "discard"
+
+    def ask_string(self, title: str, text: str) -> str:
+        """A line of text the user types, or "" when cancelled."""
+        dialog = ctk.CTkInputDialog(title=title, text=text)
+        return (dialog.get_input() or "").strip()
+
     # -- messages (non-blocking) ---------------------------------------------------------------------------------
 
     def show_text(self, title: str, text: str, error: bool = False) -> TextWindow | None:

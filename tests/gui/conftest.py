@@ -186,6 +186,12 @@ def make_scripted_dialogs():
         def ask_yes_no(self, title, text):
             return self._answer(f"yes/no: {title}: {text}", False)
 
+        def ask_save_changes(self, title, text):
+            return self._answer(f"save changes: {title}: {text}", "discard")
+
+        def ask_string(self, title, text):
+            return self._answer(f"text: {title}: {text}", "")
+
         def close_windows(self) -> None:
             for window in self.windows:
                 if window.winfo_exists():

@@ -372,21 +372,24 @@ def test_a_failed_run_shows_the_message_and_the_log(app, trainable, fake_trainer
 # -- autosave and closing ------------------------------------------------------------------------------------------
 
 
-def test_autosave_restores_the_last_config(display, state_dir: Path, tmp_path: Path, pump_until) -> None:
+def test_autosave_restores_the_last_config(
+    display, state_dir: Path, tmp_path: Path, pump_until, scripted_dialogs
+) -> None:
     from gui.app import App
 
     config = TrainConfig()
     config.concept_file_name = str(tmp_path / "concepts.json")
     config.sample_definition_file_name = str(tmp_path / "samples.json")
-    first = App(config, autosave=True)
+    first = App(config, autosave=True, dialogs=scripted_dialogs)
     try:
         view = first.select_tab("training").form.view("learning_rate")
         view.set_text("0.0007")
         first.topbar.choose_method(TrainingMethod.LORA)
         saved = state_dir / "last-config.json"
         pump_until(first, lambda: saved.is_file() and json.loads(saved.read_text())["learning_rate"] == 0.0007)
-        first.close()  # saves once more, then closes
+        first.close()  # offers to save the changes in a file ("discard"), autosaves once more, then closes
         assert not _exists(first)
+        assert any(q.startswith("save changes:") for q in first.dialogs.asked)
     finally:
         if _exists(first):
             first.destroy()

@@ -3,6 +3,7 @@ presets that keep the user's data, a footer that tells the truth, messages that 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -145,3 +146,98 @@ def test_the_optimizer_dialogs_columns_stay_put_on_an_error(app, screenshot) -> 
     screenshot(dialog, "optimizer-dialog-error")
     dialog.close()
     assert app.model.input_errors() == []  # a closed dialog holds nothing back
+
+
+# -- 3. Presets keep the user's data; unsaved changes are offered for saving; the user's own presets ---------------
+
+
+def _menu_entries(menu) -> dict[str, int]:
+    return {menu.entrycget(i, "label"): i for i in range(menu.index("end") + 1) if menu.type(i) != "separator"}
+
+
+def _invoke_preset(app, *labels: str) -> None:
+    """Open the Load preset menu and click through its cascades to the preset, as a user does."""
+    menu = app.topbar.build_preset_menu()
+    for label in labels[:-1]:
+        menu = menu.nametowidget(menu.entrycget(_menu_entries(menu)[label], "menu"))
+    menu.invoke(_menu_entries(menu)[labels[-1]])
+    app.update()
+
+
+def test_a_preset_after_the_demo_drops_the_demos_data(app) -> None:
+    _invoke_preset(app, "demo")
+    assert app.model.config.concepts[0].name == "demo shapes" and app.model.config.samples[0].width == 64
+    _invoke_preset(app, "sd15", "lora")
+    config = app.model.config
+    assert config.learning_rate == 0.0003
+    # The demo's synthetic concept and 64 px sample were the demo's, not the user's: back to the user's side files.
+    assert config.concepts is None and config.samples is None
+    assert app.select_tab("concepts").cards == []
+    assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
+
+
+def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None:
+    tab = app.select_tab("concepts")
+    tab.add_button.invoke()
+    app.model.set("concepts.0.name", "cats")
+    app.model.mark_saved()
+    app.dialogs.answers.append(False)  # "No": only the settings
+    _invoke_preset(app, "demo")
+    assert any("brings its own 1 concept." in q and "your 1 concept with" in q for q in app.dialogs.asked)
+    config = app.model.config
+    assert config.learning_rate == 0.001 and [c.name for c in config.concepts] == ["cats"]
+    assert config.samples[0].prompt == "a red circle on a blue background"  # the user had no samples: no question
+
+    app.model.set("concepts.0.name", "cats")
+    app.model.mark_saved()
+    app.dialogs.answers.append(True)
+    _invoke_preset(app, "demo")
+    assert [c.name for c in app.model.config.concepts] == ["demo shapes"]
+
+
+def test_unsaved_changes_are_offered_for_saving(app, tmp_path: Path) -> None:
+    view_of(app, "training", "learning_rate").set_text("0.0005")
+    assert app.model.unsaved
+    app.dialogs.answers.append(None)  # cancel: nothing is replaced
+    assert app.load_preset("sd15/lora") is False
+    assert app.model.config.learning_rate == 0.0005
+
+    target = tmp_path / "mine.json"
+    app.dialogs.answers.extend(["save", str(target)])
+    assert app.load_preset("sd15/lora") is True
+    assert json.loads(target.read_text())["learning_rate"] == 0.0005
+    assert app.model.config.learning_rate == 0.0003 and not app.model.unsaved
+
+    view_of(app, "training", "learning_rate").set_text("0.0006")
+    app.dialogs.answers.append(None)
+    assert app.load_config_file(target) is False and app.model.config.learning_rate == 0.0006
+    app.dialogs.answers.append(None)
+    app.close()  # cancelled: the window stays
+    assert app.winfo_exists()
+    assert sum(q.startswith("save changes:") for q in app.dialogs.asked) == 4
+
+
+def test_users_save_their_own_presets_and_find_them_in_the_menu(app, state_dir: Path) -> None:
+    view_of(app, "training", "learning_rate").set_text("0.00042")
+    app.select_tab("concepts").add_button.invoke()
+    app.model.set("concepts.0.name", "cats")
+    menu = app.topbar.build_preset_menu()
+    assert menu.entrycget(_menu_entries(menu)["My presets: none saved yet"], "state") == "disabled"
+    app.dialogs.answers.append("styles/fast lora")
+    menu.invoke(_menu_entries(menu)["Save current settings as my preset…"])
+    path = state_dir / "presets" / "styles" / "fast lora.json"
+    saved = json.loads(path.read_text())
+    assert saved["learning_rate"] == 0.00042 and saved["concepts"] is None  # settings, not the user's data
+
+    app.dialogs.answers.append("../escape")
+    app.save_preset()
+    assert app.dialogs.history[-1].title == "Cannot save the preset"
+
+    app.model.mark_saved()
+    _invoke_preset(app, "sd15", "lora")
+    assert app.model.config.learning_rate == 0.0003
+    app.model.mark_saved()
+    _invoke_preset(app, "My presets", "styles", "fast lora")
+    assert app.model.config.learning_rate == 0.00042
+    assert [c.name for c in app.model.config.concepts] == ["cats"]  # kept
+    assert "Preset 'styles/fast lora' loaded" in app.footer.status
