@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gc
+import logging
 import sys
 import time
 import tkinter
 import webbrowser
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 import customtkinter as ctk
 
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
 from gui.gallery import SampleGallery
+from gui.log_view import EventLines, LogBuffer, LogHandler, LogWindow
 from gui.model import CONTEXT_PATHS, ConfigModel, InputError
 from gui.runner import TrainFunction, TrainingRunner
 from gui.state import (
@@ -59,12 +63,17 @@ from onetrainer.config import (
 from onetrainer.config.checks import run_checks
 from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
-from onetrainer.training.events import Event, Failed, Finished, SampleReady
+from onetrainer.training.console import ConsoleSink
+from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
 
 POLL_MS = 100
 VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
 CLOSE_TIMEOUT_S = 30.0
+TENSORBOARD_POLL_MS = 250
+TENSORBOARD_START_S = 30.0
+TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
+_MISSING = object()
 FOOTER_PROBLEMS = 3  # problems listed in the footer; the dialog lists all
 
 TAB_CLASSES: dict[str, type[FormTab]] = {
@@ -99,6 +108,8 @@ class App(ctk.CTk):
         presets: Callable[[], list[str]] = list_presets,
         user_presets: Callable[[], list[str]] = list_user_presets,
         limit_threads: bool = True,
+        console: TextIO | None = None,
+        tensorboard_server: Callable[[Path, int], Any] | None = None,
     ) -> None:
         super().__init__()
         self.title("OneTrainer")
@@ -110,7 +121,23 @@ class App(ctk.CTk):
             config, restore_problems = load_last_config()
         self.model = ConfigModel(config or TrainConfig())
         self.dialogs = dialogs(self) if dialogs is not None else Dialogs(self)
-        self.runner = TrainingRunner(train_function, limit_threads=limit_threads)
+        # Started from a terminal (start-ui.sh), the terminal shows the run's progress as `train.py` does.
+        self.runner = TrainingRunner(
+            train_function,
+            limit_threads=limit_threads,
+            extra_sinks=lambda: [ConsoleSink(console)] if console is not None else [],
+        )
+        # The Log window shows what the console shows: the run's events and warnings logged by any library.
+        self.log = LogBuffer()
+        self._event_lines = EventLines()
+        self._log_handler = LogHandler(self.log)
+        logging.getLogger().addHandler(self._log_handler)
+        self.log_window: LogWindow | None = None
+        self._tensorboard_factory = tensorboard_server or _default_tensorboard_server
+        self.tensorboard: Any = None  # the server the TensorBoard button started (None: none yet)
+        self._run_tensorboard_url: str | None = None  # the running trainer's own server
+        # The problems a refused start named, with their field's value then (to notice fixes).
+        self._refused: list[tuple[Problem, Any]] | None = None
         self.autosave_enabled = autosave
         self._open_url = open_url
         self._after_ids: dict[str, str] = {}
@@ -150,6 +177,7 @@ class App(ctk.CTk):
             on_backup=self.backup_now,
             on_tensorboard=self.open_tensorboard,
             on_export=self.export_config,
+            on_log=self.open_log,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
 
@@ -173,6 +201,8 @@ class App(ctk.CTk):
         if tab is None:
             tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
             self.tabs[key] = tab
+            if isinstance(tab, SamplingTab):
+                tab.set_running(self.running)
             tab.mark(self._problems_by_path())
         self._bring_up_to_date(key)
         return tab
@@ -219,6 +249,7 @@ class App(ctk.CTk):
         """Mark every field whose value validation finds wrong (cross-field rules included)."""
         self.problems = validate(self.model.config)
         self._mark(self.problems)
+        self._recheck_refusal()
         return self.problems
 
     def _mark(self, problems: list[Problem]) -> None:
@@ -242,6 +273,8 @@ class App(ctk.CTk):
             others = self.model.input_errors()
             if others:
                 self._input_changed(others[0])
+            elif self._refused is not None:
+                self._recheck_refusal()
             else:
                 self.footer.set_status("Ready.")
 
@@ -311,6 +344,7 @@ class App(ctk.CTk):
             setattr(config, field, None if presets_own[field] else mine[field])
             brought[field] = None
         self.model.replace(config)
+        self._refused = None
         self._preset_data = brought
         if not self.running:
             self.footer.reset_progress()  # the last run's figures are not this config's
@@ -353,6 +387,7 @@ class App(ctk.CTk):
             self.dialogs.show_error("Cannot load the config", str(e))
             return False
         self.model.replace(config)
+        self._refused = None
         self._preset_data = {}
         if not self.running:
             self.footer.reset_progress()
@@ -431,8 +466,10 @@ class App(ctk.CTk):
         # Tk thread; else the trainer thread's garbage collection runs those finalizers from the wrong thread.
         gc.collect()
         self.runner.start(packed)
+        self._run_tensorboard_url = None
+        self._refused = None
         self.footer.reset_progress()
-        self.footer.set_running(True)
+        self._set_running(True)
         found = warnings(problems)
         if found:
             self.footer.set_status(f"Starting… ({len(found)} warning(s): {found[0].message})", "warning")
@@ -444,12 +481,37 @@ class App(ctk.CTk):
     def _refuse(self, problems: list[Problem], what: str) -> None:
         config = self.model.config
         errs = errors(problems)
+        if what == "start":
+            self._refused = [(p, _value_at(config, p.path)) for p in errs]
         self.footer.set_status(f"Cannot {what}, {len(errs)} problem(s): {summarize(errs, config)}", "error")
         ordered = errs + warnings(problems)
         title = "Cannot start training" if what == "start" else f"Cannot {what}"
         self.dialogs.show_error(
             title, f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(describe(p, config) for p in ordered)
         )
+
+    def _recheck_refusal(self) -> None:
+        """A refused start's message follows the fixes: fewer problems, then none (without touching the disk: the
+        run checks' problems count as fixed once their field changed; Start checks everything again)."""
+        if self._refused is None:
+            return
+        if self.running:
+            self._refused = None
+            return
+        config = self.model.config
+        remaining = self.input_problems() + errors(self.problems)
+        paths = {p.path for p in remaining}
+        for problem, value in self._refused:
+            if problem.path not in paths and _value_at(config, problem.path) == value:
+                remaining.append(problem)
+                paths.add(problem.path)
+        if remaining:
+            self.footer.set_status(
+                f"Cannot start, {len(remaining)} problem(s) left: {summarize(remaining, config)}", "error"
+            )
+        else:
+            self._refused = None
+            self.footer.set_status("The problems that stopped the start were fixed: Start checks again.", "ok")
 
     def stop(self) -> None:
         if self.runner.is_alive():
@@ -471,11 +533,58 @@ class App(ctk.CTk):
         self.runner.request_backup()
         self.footer.set_status("A backup will be written at the next step.")
 
-    def open_tensorboard(self) -> str:
-        url = f"http://localhost:{self.model.config.tensorboard_port}"
-        self._open_url(url)
-        self.footer.set_status(f"Opened {url} (TensorBoard runs while training when it is switched on).")
+    def open_tensorboard(self) -> str | None:
+        """Open TensorBoard in the browser: the running trainer's server, else one this button started on the
+        workspace's event files (started now when none runs; the browser opens once it serves)."""
+        if self.running and self._run_tensorboard_url:
+            return self._open_in_browser(self._run_tensorboard_url)
+        server = self.tensorboard
+        if server is not None and server.running:
+            return self._open_in_browser(server.url)
+        log_dir = Path(self.model.config.workspace_dir) / "tensorboard"
+        server = self._tensorboard_factory(log_dir, self.model.config.tensorboard_port)
+        try:
+            server.start()
+        except (OSError, RuntimeError) as e:
+            self.footer.set_status(f"TensorBoard could not start: {e}", "error")
+            return None
+        self.tensorboard = server
+        self.footer.set_status(f"Starting TensorBoard on {log_dir}…")
+        self._wait_for_tensorboard(server, time.monotonic() + TENSORBOARD_START_S)
+        return server.url
+
+    def _wait_for_tensorboard(self, server: Any, deadline: float) -> None:
+        if server is not self.tensorboard:
+            return
+        if server.wait_until_serving(0.05):
+            self._open_in_browser(server.url)
+        elif not server.running:
+            self.footer.set_status("TensorBoard could not start (is the tensorboard package installed?).", "error")
+        elif time.monotonic() > deadline:
+            self.footer.set_status(f"TensorBoard did not answer at {server.url} within 30 s.", "error")
+        else:
+            self._schedule("tensorboard", TENSORBOARD_POLL_MS, lambda: self._wait_for_tensorboard(server, deadline))
+
+    def _open_in_browser(self, url: str) -> str:
+        try:
+            opened = bool(self._open_url(url))
+        except Exception as e:  # webbrowser raises webbrowser.Error, or OSError from a broken launcher
+            opened = False
+            self.log.add(f"opening a browser failed: {e}")
+        if opened:
+            self.footer.set_status(f"TensorBoard: opened {url} in the browser.")
+        else:
+            self.footer.set_status(
+                f"TensorBoard runs at {url}, but no web browser could be opened: open it yourself.", "error"
+            )
         return url
+
+    def open_log(self) -> LogWindow:
+        if self.log_window is not None and self.log_window.winfo_exists():
+            self.log_window.lift()
+            return self.log_window
+        self.log_window = LogWindow(self, self.log)
+        return self.log_window
 
     def _poll(self) -> None:
         for event in self.runner.drain():
@@ -487,10 +596,21 @@ class App(ctk.CTk):
             self._handle(event)
         if not self._terminal_seen:
             self._handle(self.runner.outcome or Failed("the training thread ended without a result"))
-        self.footer.set_running(False)
+        self._set_running(False)
+
+    def _set_running(self, running: bool) -> None:
+        self.footer.set_running(running)
+        sampling = self.tabs.get("sampling")
+        if isinstance(sampling, SamplingTab):
+            sampling.set_running(running)
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        line = self._event_lines.line(event)
+        if line is not None:
+            self.log.add(line)
+        if isinstance(event, Status) and event.text.startswith(TENSORBOARD_STATUS):
+            self._run_tensorboard_url = event.text[len(TENSORBOARD_STATUS) :].split()[0]
         if isinstance(event, SampleReady):
             self.gallery.add(event)
         if isinstance(event, Finished | Failed):
@@ -535,6 +655,10 @@ class App(ctk.CTk):
         self.destroy()
 
     def destroy(self) -> None:
+        logging.getLogger().removeHandler(self._log_handler)
+        if self.tensorboard is not None:
+            self.tensorboard.stop()
+            self.tensorboard = None
         for after_id in self._after_ids.values():
             with contextlib.suppress(tkinter.TclError):
                 self.after_cancel(after_id)
@@ -552,6 +676,27 @@ class App(ctk.CTk):
             callback()
 
         self._after_ids[name] = self.after(delay_ms, run)
+
+
+def _default_tensorboard_server(log_dir: Path, port: int) -> Any:
+    from onetrainer.training.tensorboard import TensorBoardServer
+
+    return TensorBoardServer(log_dir, port)
+
+
+def _value_at(config: TrainConfig, path: str) -> Any:
+    """A copy of the value at `path` (to notice later whether it changed); a marker when there is none."""
+    value: Any = config
+    for part in path.split(".") if path else []:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        elif not isinstance(value, list | dict) and hasattr(value, part):
+            value = getattr(value, part)  # never get_path: it creates missing nodes and list items
+        else:
+            return _MISSING
+    return copy.deepcopy(value) if path else _MISSING
 
 
 def build_parser(prog: str = "train_ui.py") -> argparse.ArgumentParser:
@@ -575,7 +720,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "train_ui.py") -> int:
     ctk.set_appearance_mode(args.appearance)
     ctk.set_default_color_theme("blue")
     try:
-        app = App(config)
+        # The terminal it was started from shows the run's progress too (as `train.py` does).
+        app = App(config, console=sys.stderr if sys.stderr is not None and sys.stderr.isatty() else None)
     except tkinter.TclError as e:
         print(f"error: cannot open a window ({e}); is a display available (DISPLAY)?", file=sys.stderr)
         return 1

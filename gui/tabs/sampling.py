@@ -63,6 +63,11 @@ class SamplingTab(RowsFormTab):
             )
             self.gallery.frame.grid(row=2, column=0, sticky="ew", padx=4, pady=(0, 8))
 
+    def set_running(self, running: bool) -> None:
+        """ "Sample now" asks the running trainer: without one there is nothing to ask."""
+        if self.gallery is not None:
+            self.gallery.sample_now_button.configure(state="normal" if running else "disabled")
+
     def open_editor(self, index: int) -> SampleEditorWindow:
         if self.editor_window is not None and self.editor_window.winfo_exists():
             self.editor_window.close()

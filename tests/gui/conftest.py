@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -201,6 +202,33 @@ def make_scripted_dialogs():
     return ScriptedDialogs
 
 
+class FakeTensorBoard:
+    """A TensorBoard server that serves at once, without a process: records what it was started on."""
+
+    started: ClassVar[list[FakeTensorBoard]] = []
+
+    def __init__(self, log_dir: Path, port: int) -> None:
+        self.log_dir, self.port = Path(log_dir), port
+        self.running = False
+        self.checks = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.port}/"
+
+    def start(self, wait_seconds: float = 0.0) -> str:
+        self.running = True
+        FakeTensorBoard.started.append(self)
+        return f"TensorBoard: {self.url}"
+
+    def wait_until_serving(self, timeout: float) -> bool:
+        self.checks += 1
+        return self.running and self.checks > 1  # serving from the second look on, as a real one takes a moment
+
+    def stop(self) -> None:
+        self.running = False
+
+
 class OpenedUrls(list):
     def __call__(self, url: str) -> bool:
         self.append(url)
@@ -222,6 +250,7 @@ def shared_app(display: str, tmp_path_factory: pytest.TempPathFactory):
         dialogs=make_scripted_dialogs(),
         autosave=False,
         open_url=OpenedUrls(),
+        tensorboard_server=FakeTensorBoard,
     )
     app.update()
     yield app
@@ -238,6 +267,10 @@ def app(shared_app, tmp_path: Path):
     shared_app.dialogs.asked.clear()
     shared_app.runner.train_function = FakeTrainer()
     shared_app.gallery.clear()
+    if shared_app.tensorboard is not None:
+        shared_app.tensorboard.stop()
+        shared_app.tensorboard = None
+    FakeTensorBoard.started.clear()
     shared_app.model.replace(default_config(tmp_path))
     shared_app.select_tab("general")
     shared_app.footer.set_status("Ready.")

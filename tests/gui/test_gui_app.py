@@ -253,10 +253,10 @@ def test_save_load_and_export(app, tmp_path: Path, trainable_sd) -> None:
     assert app.dialogs.history[-1].error and "JSON object" in app.dialogs.history[-1].text
 
 
-def test_tensorboard_button_opens_the_port(app) -> None:
+def test_tensorboard_button_opens_the_port(app, pump_until) -> None:
     view_of(app, "general", "tensorboard_port").set_text("6123")
     app.footer.tensorboard_button.invoke()
-    assert app._open_url[-1] == "http://localhost:6123"
+    pump_until(app, lambda: app._open_url and app._open_url[-1] == "http://localhost:6123/")
 
 
 # -- Start, the footer, Stop ---------------------------------------------------------------------------------------

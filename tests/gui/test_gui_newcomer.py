@@ -241,3 +241,173 @@ def test_users_save_their_own_presets_and_find_them_in_the_menu(app, state_dir: 
     assert app.model.config.learning_rate == 0.00042
     assert [c.name for c in app.model.config.concepts] == ["cats"]  # kept
     assert "Preset 'styles/fast lora' loaded" in app.footer.status
+
+
+# -- 7. The footer and status tell the truth -----------------------------------------------------------------------
+
+
+def _run_until_loss(app, trainer, pump_until) -> None:
+    app.runner.train_function = trainer
+    assert app.start() is True
+    pump_until(app, lambda: app.footer.loss_label.cget("text").startswith("loss 0.5000"))
+
+
+def test_stop_and_a_preset_reset_the_rate_eta_and_loss(app, trainable, fake_trainer, pump_until) -> None:
+    app.model.replace(trainable)
+    footer = app.footer
+    _run_until_loss(app, fake_trainer(hold=True), pump_until)
+    assert footer.speed_label.cget("text") == "4.00 it/s"
+    footer.start_button.invoke()  # Stop
+    pump_until(app, lambda: not footer.running)
+    assert "Finished (stopped)" in footer.status
+    assert (footer.speed_label.cget("text"), footer.eta_label.cget("text"), footer.loss_label.cget("text")) == (
+        "– it/s",
+        "ETA –",
+        "loss –",
+    )
+
+    app.runner.train_function = fake_trainer()
+    assert app.start() is True
+    pump_until(app, lambda: not footer.running)
+    assert footer.eta_label.cget("text") == "ETA –" and footer.loss_label.cget("text") != "loss –"
+    app.load_preset("sd15/lora")
+    assert footer.loss_label.cget("text") == "loss –" and footer.epoch_text.cget("text") == "–"
+
+
+def test_a_cannot_start_message_clears_once_fixed(app, trainable, pump_until) -> None:
+    trainable.concepts[0].path = "/no/such/folder"
+    app.model.replace(trainable)
+    learning_rate = view_of(app, "training", "learning_rate")
+    learning_rate.set_text("abc")
+    assert app.start() is False
+    assert app.footer.status.startswith("Cannot start, 2 problem(s)")
+    learning_rate.set_text("0.0001")
+    assert app.footer.status.startswith("Cannot start, 1 problem(s) left: error: concept 'shapes'")
+    app.model.set("concepts.0.path", "tiny:images")
+    pump_until(app, lambda: not app.footer.status.startswith("Cannot start"))
+    assert "fixed" in app.footer.status and app.footer.status_level == "ok"
+    assert app.start() is True
+
+
+def test_the_footer_is_not_clipped_at_1024_px(app, trainable, fake_trainer, pump_until, screenshot) -> None:
+    app.geometry("1024x700")
+    settle(app, 0.5)
+    app.model.replace(trainable)
+    _run_until_loss(app, fake_trainer(hold=True), pump_until)
+    footer = app.footer
+    footer.set_status(
+        "Sample ready (step 12): 2026-11-23_21-30-00-sample-0-a red circle on a blue background.jpg, and more words "
+        "so that the line is longer than the window is wide at 1024 pixels, which used to cut it off at the buttons",
+        "warning",
+    )
+    footer.add_warning("no CUDA device: training on the CPU, much slower (train device 'cuda')")
+    settle(app, 0.5)
+    width = footer.winfo_width()
+    assert width <= 1024
+    for widget in (footer.status_label, footer.notice_label, footer.buttons, footer.loss_label):
+        right = widget.winfo_rootx() - footer.winfo_rootx() + widget.winfo_width()
+        assert right <= width, widget
+        assert widget.winfo_width() >= widget.winfo_reqwidth() - 1, widget  # got the room it asked for
+    screenshot(app, "footer-at-1024")
+    app.runner.train_function.release.set()
+
+
+def test_the_cpu_fallback_shows_in_the_app(app, trainable, pump_until, monkeypatch) -> None:
+    import torch
+
+    from onetrainer.training.devices import select_device
+    from onetrainer.training.events import Finished, Started, Status, Warning_
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def train(config, control, sinks):
+        def emit(event):
+            for sink in sinks:
+                sink.emit(event)
+
+        select_device("cuda", lambda text: emit(Warning_(text)))
+        emit(Started("cpu-run", 1, 1, 1))
+        emit(Status("caching latents"))
+        emit(Status("caching text"))
+        outcome = Finished("completed", "/tmp/x.safetensors", 1)
+        emit(outcome)
+        return outcome
+
+    app.runner.train_function = train
+    app.model.replace(trainable)
+    assert app.start()
+    pump_until(app, lambda: not app.footer.running)
+    assert "no CUDA device: training on the CPU, much slower" in app.footer.notice  # still shown at the end
+    app.open_log()
+    app.log_window.update()
+    assert "warning: no CUDA device: training on the CPU, much slower" in app.log_window.text
+    app.log_window.destroy()
+
+
+def test_the_tensorboard_button_starts_tensorboard_and_reports_a_browser_failure(app, pump_until) -> None:
+    from tests.gui.conftest import FakeTensorBoard
+
+    workspace = app.model.config.workspace_dir
+    app.footer.tensorboard_button.invoke()
+    assert [s.log_dir for s in FakeTensorBoard.started] == [Path(workspace) / "tensorboard"]
+    pump_until(app, lambda: app._open_url and app._open_url[-1] == "http://localhost:6006/")
+    assert "opened http://localhost:6006/" in app.footer.status
+    app.footer.tensorboard_button.invoke()  # running: reused
+    assert len(FakeTensorBoard.started) == 1
+
+    opener = app._open_url
+    app._open_url = lambda url: False  # no browser
+    try:
+        app.footer.tensorboard_button.invoke()
+    finally:
+        app._open_url = opener
+    assert app.footer.status_level == "error" and "no web browser could be opened" in app.footer.status
+
+
+def test_sample_now_is_disabled_when_idle(app, trainable, fake_trainer, pump_until) -> None:
+    gallery_button = app.select_tab("sampling").gallery.sample_now_button
+    assert app.footer.sample_button.cget("state") == "disabled" and gallery_button.cget("state") == "disabled"
+    app.model.replace(trainable)
+    _run_until_loss(app, fake_trainer(hold=True), pump_until)
+    assert app.footer.sample_button.cget("state") == "normal" and gallery_button.cget("state") == "normal"
+    app.stop()
+    pump_until(app, lambda: not app.footer.running)
+    assert gallery_button.cget("state") == "disabled"
+
+
+def test_the_log_window_shows_what_the_console_shows(app, trainable, fake_trainer, pump_until) -> None:
+    import logging
+
+    app.model.replace(trainable)
+    app.footer.log_button.invoke()
+    window = app.log_window
+    app.runner.train_function = fake_trainer()
+    assert app.start() is True
+    logging.getLogger("some.library").warning("a library's warning")
+    pump_until(app, lambda: not app.footer.running)
+    start = app.log.total
+    pump_until(app, lambda: window._shown == start)  # the window caught up
+    run = window.text[window.text.rindex("Training fake-run") :]
+    for line in ("caching latents", "epoch 1/2 done", "epoch 2/2 done", "Finished (completed)"):
+        assert line in run
+    assert "WARNING some.library: a library's warning" in window.text
+    window.destroy()
+
+
+def test_started_from_a_terminal_the_terminal_shows_progress(
+    display, state_dir, trainable, fake_trainer, pump_until, scripted_dialogs
+) -> None:
+    import io
+
+    from gui.app import App
+
+    terminal = io.StringIO()
+    window = App(trainable, train_function=fake_trainer(), dialogs=scripted_dialogs, autosave=False, console=terminal)
+    try:
+        assert window.start()
+        pump_until(window, lambda: not window.footer.running)
+        text = terminal.getvalue()
+        assert "Training fake-run: 2 epochs x 3 steps" in text and "Finished (completed)" in text
+        assert "6/6" in text  # the progress bar
+    finally:
+        window.destroy()
