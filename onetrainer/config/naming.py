@@ -79,8 +79,14 @@ def field_name(config: ConfigNode, path: str) -> str:
     return " › ".join(words) if words else path
 
 
-def describe(problem: Problem, config: ConfigNode, severity: bool = True) -> str:
-    """One problem as a user reads it: `error: concept 'cats': folder not found: /data/cats`."""
+def describe(problem: Problem, config: ConfigNode, severity: bool = True, with_path: bool = False) -> str:
+    """One problem as a user reads it: `error: concept 'cats': folder not found: /data/cats`.
+
+    `with_path` adds the dotted path where it differs from the words (for the command line, where `--set` takes it):
+    `error: concept 'cats' (concepts.1.path): folder not found: /data/cats`.
+    """
     where = field_name(config, problem.path) if problem.path else ""
+    if with_path and where and where != problem.path:
+        where = f"{where} ({problem.path})"
     text = f"{where}: {problem.message}" if where else problem.message
     return f"{problem.severity.value}: {text}" if severity else text

@@ -411,3 +411,23 @@ def test_started_from_a_terminal_the_terminal_shows_progress(
         assert "6/6" in text  # the progress bar
     finally:
         window.destroy()
+
+
+# -- 8. Messages name what the user named --------------------------------------------------------------------------
+
+
+def test_a_card_whose_folder_does_not_exist_says_so(app, tmp_path: Path) -> None:
+    tab = app.select_tab("concepts")
+    tab.add_button.invoke()
+    card = tab.cards[0]
+    assert card.picture.cget("text") == "no folder chosen"
+    app.model.set("concepts.0.path", str(tmp_path / "cats"))
+    assert card.picture.cget("text") == "folder not found"
+    (tmp_path / "cats").mkdir()
+    app.model.set("concepts.0.path", str(tmp_path / "cats") + "/")
+    assert card.picture.cget("text") == "no images found"
+    app.model.set("concepts.0.name", "cats")
+    app.model.set("concepts.0.path", "/no/such/cats")
+    app.start()
+    assert "concept 'cats': folder not found: /no/such/cats" in app.dialogs.history[-1].text
+    assert "concepts.0.path" not in app.dialogs.history[-1].text
