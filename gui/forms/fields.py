@@ -306,22 +306,27 @@ class EntryView(FieldView):
         dialogs = self.dialogs
         kind = self.info.meta.widget
         title = self.info.meta.label or self.info.spec.name
+        current = self.var.get()  # the dialogs open where the value points
         if kind == "dir":
-            self._chosen_path(dialogs.open_dir(title))
+            self._chosen_path(dialogs.open_dir(title, initial=current))
             return
         if kind == "file":
-            self._chosen_path(dialogs.open_file(title))
+            self._chosen_path(dialogs.open_file(title, initial=current))
             return
         # Models and output paths may be a file or a folder: a small menu at the button asks which.
         assert self.browse_button is not None
         menu = tkinter.Menu(self.browse_button, tearoff=False)
         if kind == "model":
             menu.add_command(
-                label="Model file…", command=lambda: self._chosen_path(dialogs.open_file(title, MODEL_FILES))
+                label="Model file…",
+                command=lambda: self._chosen_path(dialogs.open_file(title, MODEL_FILES, initial=current)),
             )
         else:
-            menu.add_command(label="File…", command=lambda: self._chosen_path(dialogs.save_file(title, ".safetensors")))
-        menu.add_command(label="Folder…", command=lambda: self._chosen_path(dialogs.open_dir(title)))
+            menu.add_command(
+                label="File…",
+                command=lambda: self._chosen_path(dialogs.save_file(title, ".safetensors", initial=current)),
+            )
+        menu.add_command(label="Folder…", command=lambda: self._chosen_path(dialogs.open_dir(title, initial=current)))
         self.browse_menu = menu
         x = self.browse_button.winfo_rootx()
         y = self.browse_button.winfo_rooty() + self.browse_button.winfo_height()

@@ -170,18 +170,22 @@ def make_scripted_dialogs():
             super().__init__(parent)
             self.answers: list = []
             self.asked: list[str] = []
+            self.initials: list[str] = []  # the `initial` value each file dialog was given
 
         def _answer(self, question: str, default):
             self.asked.append(question)
             return self.answers.pop(0) if self.answers else default
 
-        def open_file(self, title, filetypes=()):
+        def open_file(self, title, filetypes=(), initial=""):
+            self.initials.append(initial)
             return self._answer(f"open file: {title}", "")
 
-        def open_dir(self, title):
+        def open_dir(self, title, initial=""):
+            self.initials.append(initial)
             return self._answer(f"open dir: {title}", "")
 
-        def save_file(self, title, default_ext=".json", filetypes=()):
+        def save_file(self, title, default_ext=".json", filetypes=(), initial=""):
+            self.initials.append(initial)
             return self._answer(f"save file: {title}", "")
 
         def ask_yes_no(self, title, text):

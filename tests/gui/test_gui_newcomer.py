@@ -431,3 +431,46 @@ def test_a_card_whose_folder_does_not_exist_says_so(app, tmp_path: Path) -> None
     app.start()
     assert "concept 'cats': folder not found: /no/such/cats" in app.dialogs.history[-1].text
     assert "concepts.0.path" not in app.dialogs.history[-1].text
+
+
+# -- 9. Smaller things ----------------------------------------------------------------------------------------------
+
+
+def test_ctrl_a_selects_everything_in_an_entry(app) -> None:
+    view = view_of(app, "training", "learning_rate")
+    view.set_text("0.0003")
+    entry = view.entry._entry
+    entry.icursor(2)
+    press(entry, "<Control-a>")
+    assert entry.selection_present() and entry.index("sel.first") == 0 and entry.index("sel.last") == len("0.0003")
+    press(entry, "<Key-5>")  # typing replaces the selection, as everywhere else
+    assert view.var.get() == "5"
+
+
+def test_deleting_a_concept_asks_first(app) -> None:
+    tab = app.select_tab("concepts")
+    tab.add_button.invoke()
+    app.model.set("concepts.0.name", "cats")
+    tab.cards[0].remove_button.invoke()
+    assert [c.name for c in app.model.config.concepts] == ["cats"]  # "no"
+    assert "Delete the concept 'cats'?" in app.dialogs.asked[-1] and "stay on disk" in app.dialogs.asked[-1]
+    app.dialogs.answers.append(True)
+    tab.cards[0].remove_button.invoke()
+    assert app.model.config.concepts == []
+
+
+def test_file_dialogs_start_near_the_value_and_hide_dot_folders(app, tmp_path: Path) -> None:
+    from gui.dialogs import start_dir
+
+    # Tk's file dialog on Linux lists .git and .venv unless its "show hidden" switch is off.
+    if app.tk.call("tk", "windowingsystem") == "x11":
+        assert str(app.tk.call("set", "::tk::dialog::file::showHiddenVar")) == "0"
+    view = view_of(app, "general", "workspace_dir")
+    wanted = tmp_path / "runs" / "new"
+    view.set_text(str(wanted))
+    view.browse_button.invoke()
+    assert app.dialogs.initials[-1] == str(wanted)
+    assert start_dir(str(wanted)) == str(tmp_path)  # the nearest folder that exists
+    assert start_dir("") == str(Path.home()) and start_dir("tiny:images") == str(Path.home())
+    (tmp_path / "cats").mkdir()
+    assert start_dir(str(tmp_path / "cats")) == str(tmp_path / "cats")
