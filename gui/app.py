@@ -40,7 +40,7 @@ from gui.tabs import visible_tabs
 from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
 from gui.tabs.concepts import ConceptsTab
 from gui.tabs.form_tab import FormTab
-from gui.tabs.sampling import SamplingTab
+from gui.tabs.sampling import SamplingTab, random_weights_note
 from gui.tabs.tools import ToolsTab
 from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
@@ -136,6 +136,7 @@ class App(ctk.CTk):
         self._tensorboard_factory = tensorboard_server or _default_tensorboard_server
         self.tensorboard: Any = None  # the server the TensorBoard button started (None: none yet)
         self._run_tensorboard_url: str | None = None  # the running trainer's own server
+        self._run_note = ""  # said with each sample of the run (the demo's model draws noise)
         # The problems a refused start named, with their field's value then (to notice fixes).
         self._refused: list[tuple[Problem, Any]] | None = None
         self.autosave_enabled = autosave
@@ -466,6 +467,7 @@ class App(ctk.CTk):
         # Tk thread; else the trainer thread's garbage collection runs those finalizers from the wrong thread.
         gc.collect()
         self.runner.start(packed)
+        self._run_note = random_weights_note(packed.base_model_name)
         self._run_tensorboard_url = None
         self._refused = None
         self.footer.reset_progress()
@@ -606,6 +608,8 @@ class App(ctk.CTk):
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        if isinstance(event, SampleReady) and self._run_note:
+            self.footer.set_status(f"{self.footer.status} ({self._run_note})")
         line = self._event_lines.line(event)
         if line is not None:
             self.log.add(line)

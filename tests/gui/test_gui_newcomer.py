@@ -474,3 +474,32 @@ def test_file_dialogs_start_near_the_value_and_hide_dot_folders(app, tmp_path: P
     assert start_dir("") == str(Path.home()) and start_dir("tiny:images") == str(Path.home())
     (tmp_path / "cats").mkdir()
     assert start_dir(str(tmp_path / "cats")) == str(tmp_path / "cats")
+
+
+def test_the_demos_samples_say_a_random_weight_model_draws_noise(app, trainable, pump_until) -> None:
+    import time
+
+    from onetrainer.training.events import Finished, SampleReady, Started
+
+    gallery = app.select_tab("sampling").gallery
+    assert gallery.note_label.cget("text") == ""  # the defaults' real base model
+    app.load_preset("demo")
+    assert "random weights" in gallery.note_label.cget("text") and "noise" in gallery.note_label.cget("text")
+
+    def train(config, control, sinks):
+        for event in (Started("demo", 1, 1, 1), SampleReady(1, 0, "a red circle", "/tmp/demo-sample.jpg")):
+            for sink in sinks:
+                sink.emit(event)
+        while not control.stop_requested:
+            time.sleep(0.01)
+        return Finished("stopped", "", 1)
+
+    app.model.replace(trainable)  # tiny:sd15, as the demo
+    app.runner.train_function = train
+    assert app.start()
+    pump_until(app, lambda: "Sample ready" in app.footer.status)
+    assert "random weights" in app.footer.status and "noise" in app.footer.status
+    app.stop()
+    pump_until(app, lambda: not app.footer.running)
+    app.model.set("base_model_name", "runwayml/stable-diffusion-v1-5")
+    assert gallery.note_label.cget("text") == ""
