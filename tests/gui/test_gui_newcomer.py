@@ -196,6 +196,9 @@ def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None
 
 
 def test_unsaved_changes_are_offered_for_saving(app, tmp_path: Path) -> None:
+    for key in app.tabview.keys:  # building and showing every tab is no edit
+        app.select_tab(key)
+    assert not app.model.unsaved
     view_of(app, "training", "learning_rate").set_text("0.0005")
     assert app.model.unsaved
     app.dialogs.answers.append(None)  # cancel: nothing is replaced
