@@ -31,6 +31,10 @@ VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 STAMP="$VENV/.onetrainer-install-stamp"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# dadaptation ships only a source archive whose setup.py still names its license by classifier; building its wheel
+# makes setuptools print a deprecation box ("!! … License classifiers are deprecated … !!") that is the package's
+# business, not the user's. Only that warning is ignored (pip's build processes inherit the filter).
+export PYTHONWARNINGS="ignore:License classifiers are deprecated"
 
 say() { printf '==> %s\n' "$*"; }
 die() {

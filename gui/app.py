@@ -8,30 +8,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gc
+import logging
 import sys
 import time
 import tkinter
 import webbrowser
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 import customtkinter as ctk
 
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
 from gui.gallery import SampleGallery
-from gui.model import CONTEXT_PATHS, ConfigModel
+from gui.log_view import EventLines, LogBuffer, LogHandler, LogWindow
+from gui.model import CONTEXT_PATHS, ConfigModel, InputError
 from gui.runner import TrainFunction, TrainingRunner
-from gui.state import load_last_config, save_last_config
+from gui.state import (
+    DATA_FIELDS,
+    list_user_presets,
+    load_last_config,
+    preset_name_problem,
+    save_last_config,
+    save_user_preset,
+    user_preset_path,
+)
 from gui.tabs import visible_tabs
 from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
 from gui.tabs.concepts import ConceptsTab
 from gui.tabs.form_tab import FormTab
-from gui.tabs.sampling import SamplingTab
+from gui.tabs.sampling import SamplingTab, random_weights_note
 from gui.tabs.tools import ToolsTab
 from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
+from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
 from onetrainer.config import (
     ConfigFileError,
@@ -48,13 +61,19 @@ from onetrainer.config import (
     warnings,
 )
 from onetrainer.config.checks import run_checks
+from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
-from onetrainer.training.events import Event, Failed, Finished, SampleReady
+from onetrainer.training.console import ConsoleSink
+from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
 
 POLL_MS = 100
 VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
 CLOSE_TIMEOUT_S = 30.0
+TENSORBOARD_POLL_MS = 250
+TENSORBOARD_START_S = 30.0
+TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
+_MISSING = object()
 FOOTER_PROBLEMS = 3  # problems listed in the footer; the dialog lists all
 
 TAB_CLASSES: dict[str, type[FormTab]] = {
@@ -66,11 +85,15 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
 }
 
 
-def summarize(problems: list[Problem], limit: int = FOOTER_PROBLEMS) -> str:
+def summarize(problems: list[Problem], config: TrainConfig, limit: int = FOOTER_PROBLEMS) -> str:
     """A footer-sized list of problems: the first few, and how many more the dialog shows."""
-    listed = "; ".join(str(p) for p in problems[:limit])
+    listed = "; ".join(describe(p, config) for p in problems[:limit])
     more = f"; and {len(problems) - limit} more (see the list)" if len(problems) > limit else ""
     return listed + more
+
+
+def _count(n: int, plural: str) -> str:
+    return f"{n} {plural if n != 1 else plural.removesuffix('s')}"
 
 
 class App(ctk.CTk):
@@ -83,24 +106,48 @@ class App(ctk.CTk):
         autosave: bool = True,
         open_url: Callable[[str], object] = webbrowser.open,
         presets: Callable[[], list[str]] = list_presets,
+        user_presets: Callable[[], list[str]] = list_user_presets,
         limit_threads: bool = True,
+        console: TextIO | None = None,
+        tensorboard_server: Callable[[Path, int], Any] | None = None,
     ) -> None:
         super().__init__()
         self.title("OneTrainer")
         self.geometry("1280x800")
         self.minsize(1000, 620)
+        bind_select_all(self)
         restore_problems: list[Problem] = []
         if config is None:
             config, restore_problems = load_last_config()
         self.model = ConfigModel(config or TrainConfig())
         self.dialogs = dialogs(self) if dialogs is not None else Dialogs(self)
-        self.runner = TrainingRunner(train_function, limit_threads=limit_threads)
+        # Started from a terminal (start-ui.sh), the terminal shows the run's progress as `train.py` does.
+        self.runner = TrainingRunner(
+            train_function,
+            limit_threads=limit_threads,
+            extra_sinks=lambda: [ConsoleSink(console)] if console is not None else [],
+        )
+        # The Log window shows what the console shows: the run's events and warnings logged by any library.
+        self.log = LogBuffer()
+        self._event_lines = EventLines()
+        self._log_handler = LogHandler(self.log)
+        logging.getLogger().addHandler(self._log_handler)
+        self.log_window: LogWindow | None = None
+        self._tensorboard_factory = tensorboard_server or _default_tensorboard_server
+        self.tensorboard: Any = None  # the server the TensorBoard button started (None: none yet)
+        self._run_tensorboard_url: str | None = None  # the running trainer's own server
+        self._run_note = ""  # said with each sample of the run (the demo's model draws noise)
+        # The problems a refused start named, with their field's value then (to notice fixes).
+        self._refused: list[tuple[Problem, Any]] | None = None
         self.autosave_enabled = autosave
         self._open_url = open_url
         self._after_ids: dict[str, str] = {}
         self._closing = False
         self._close_deadline = 0.0
         self._terminal_seen = False
+        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
+        # user's, and the next preset replaces them without asking.
+        self._preset_data: dict[str, list[dict] | None] = {}
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
         self.problems: list[Problem] = []
@@ -116,6 +163,9 @@ class App(ctk.CTk):
             on_preset=self.load_preset,
             on_load=self.load_config_file,
             on_save=self.save_config_file,
+            list_user_presets=user_presets,
+            on_user_preset=lambda name: self.load_preset(name, user=True),
+            on_save_preset=self.save_preset,
         )
         self.topbar.grid(row=0, column=0, sticky="ew")
         self.tabview = TabView(self, command=self._tab_selected, fg_color="transparent")
@@ -128,16 +178,21 @@ class App(ctk.CTk):
             on_backup=self.backup_now,
             on_tensorboard=self.open_tensorboard,
             on_export=self.export_config,
+            on_log=self.open_log,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
 
         self.model.subscribe(self._config_changed)
+        self.model.subscribe_inputs(self._input_changed)
+        self._input_status: str | None = None  # the footer shows this input's error
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._show_tabs()
         self.validate_now()
         if restore_problems:
             # At start-up a note is enough: the fields with problems are marked, and a dialog would greet every launch.
-            self.footer.set_status(f"Last session's config: {summarize(restore_problems)}", "warning")
+            self.footer.set_status(
+                f"Last session's config: {summarize(restore_problems, self.model.config)}", "warning"
+            )
 
     # -- tabs ----------------------------------------------------------------------------------------------------
 
@@ -147,6 +202,8 @@ class App(ctk.CTk):
         if tab is None:
             tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
             self.tabs[key] = tab
+            if isinstance(tab, SamplingTab):
+                tab.set_running(self.running)
             tab.mark(self._problems_by_path())
         self._bring_up_to_date(key)
         return tab
@@ -193,13 +250,34 @@ class App(ctk.CTk):
         """Mark every field whose value validation finds wrong (cross-field rules included)."""
         self.problems = validate(self.model.config)
         self._mark(self.problems)
+        self._recheck_refusal()
         return self.problems
 
     def _mark(self, problems: list[Problem]) -> None:
         self.problems = problems
         by_path = self._problems_by_path()
+        self.model.set_marks(by_path)  # the forms of open windows
         for tab in self.tabs.values():
             tab.mark(by_path)
+
+    def input_problems(self) -> list[Problem]:
+        """The inputs (in any window) whose text the config did not take: the config holds their last valid value."""
+        return [Problem(e.path, f"{e.message} (not applied)") for e in self.model.input_errors()]
+
+    def _input_changed(self, error: InputError) -> None:
+        # The form itself shows no message (a line appearing under a field would move the form): the footer does.
+        if error.message:
+            self._input_status = error.path
+            self.footer.set_status(f"{field_name(self.model.config, error.path)}: {error.message}", "error")
+        elif self._input_status == error.path:
+            self._input_status = None
+            others = self.model.input_errors()
+            if others:
+                self._input_changed(others[0])
+            elif self._refused is not None:
+                self._recheck_refusal()
+            else:
+                self.footer.set_status("Ready.")
 
     def _problems_by_path(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -215,23 +293,92 @@ class App(ctk.CTk):
 
     # -- presets and config files --------------------------------------------------------------------------------
 
-    def load_preset(self, name: str) -> bool:
+    def keep_changes(self, what: str) -> bool:
+        """Before `what` replaces the config: offer to save unsaved changes. False when the user cancels."""
+        if not self.model.unsaved:
+            return True
+        answer = self.dialogs.ask_save_changes(
+            "Unsaved changes", f"The config has changes that are not saved in a file. Save them before {what}?"
+        )
+        if answer is None:
+            return False
+        return answer == "discard" or self.save_config_file() is not None
+
+    def load_preset(self, name: str, user: bool = False) -> bool:
+        """Load a preset's settings. The concepts and samples being edited stay unless the preset brings its own, and
+        then the user is asked before they are replaced."""
+        if not self.keep_changes(f"loading the preset '{name}'"):
+            return False
         try:
-            config, problems = load_preset(name)
+            config, problems = load_preset(user_preset_path(name) if user else name)
         except ConfigFileError as e:
             self.dialogs.show_error("Cannot load the preset", str(e))
             return False
-        # Presets hold settings, not data: the concepts and samples being edited stay unless the preset has its own.
         current = self.model.config
-        if config.concepts is None:
-            config.concepts = current.concepts
-        if config.samples is None:
-            config.samples = current.samples
+        packed, _ = pack(current)
+        mine = {field: getattr(current, field) for field in DATA_FIELDS}
+        # A list the last preset brought and nobody edited is that preset's: replaced, or dropped (back to the side
+        # file, the user's own list) without asking.
+        presets_own = {
+            field: mine[field] is not None
+            and self._preset_data.get(field) is not None
+            and [item.to_dict() for item in mine[field]] == self._preset_data[field]
+            for field in DATA_FIELDS
+        }
+        users = {field: [] if presets_own[field] else (getattr(packed, field) or []) for field in DATA_FIELDS}
+        clashing = [f for f in DATA_FIELDS if getattr(config, f) is not None and users[f]]
+        replace = True
+        if clashing:
+            theirs = " and ".join(_count(len(getattr(config, f)), f) for f in clashing)
+            yours = " and ".join(_count(len(users[f]), f) for f in clashing)
+            replace = self.dialogs.ask_yes_no(
+                "The preset brings its own data",
+                f"The preset '{name}' brings its own {theirs}. Replace your {yours} with them?\n\n"
+                "No loads only its settings and keeps yours.",
+            )
+        brought: dict[str, list[dict] | None] = {}
+        for field in DATA_FIELDS:
+            items = getattr(config, field)
+            if items is not None and (replace or field not in clashing):
+                brought[field] = [item.to_dict() for item in items]
+                continue
+            setattr(config, field, None if presets_own[field] else mine[field])
+            brought[field] = None
         self.model.replace(config)
+        self._refused = None
+        self._preset_data = brought
+        if not self.running:
+            self.footer.reset_progress()  # the last run's figures are not this config's
         self.report_loaded(f"Preset '{name}' loaded.", problems)
         return True
 
+    def save_preset(self, name: str | None = None) -> Path | None:
+        """Save the current settings (not the concepts and samples) as one of the user's presets."""
+        name = name if name is not None else self.dialogs.ask_string("Save as my preset", "Name of the preset:")
+        if not name:
+            return None
+        problem = preset_name_problem(name)
+        if problem:
+            self.dialogs.show_error("Cannot save the preset", problem)
+            return None
+        invalid = self.input_problems() + errors(validate(self.model.config))
+        if invalid:
+            self._refuse(invalid, "save the preset")
+            return None
+        path = user_preset_path(name)
+        if path.exists() and not self.dialogs.ask_yes_no("Replace the preset?", f"'{name}' exists. Replace it?"):
+            return None
+        try:
+            save_user_preset(self.model.config, name)
+        except OSError as e:
+            self.dialogs.show_error("Cannot save the preset", str(e))
+            return None
+        self.footer.set_status(f"Preset '{name}' saved to {path}; it is under Load preset ▸ My presets.", "ok")
+        return path
+
     def load_config_file(self, path: str | Path | None = None) -> bool:
+        if not self.keep_changes("loading another config"):
+            return False
         path = path or self.dialogs.open_file("Load config", JSON_FILES)
         if not path:
             return False
@@ -241,19 +388,29 @@ class App(ctk.CTk):
             self.dialogs.show_error("Cannot load the config", str(e))
             return False
         self.model.replace(config)
+        self._refused = None
+        self._preset_data = {}
+        if not self.running:
+            self.footer.reset_progress()
         self.report_loaded(f"Config loaded from {path}.", problems)
         return True
 
     def report_loaded(self, text: str, problems: list[Problem]) -> None:
+        config = self.model.config
         if errors(problems):
             self.footer.set_status(f"{text} {len(errors(problems))} problem(s) need fixing (marked in red).", "warning")
-            self.dialogs.show_text("Problems in the loaded config", "\n".join(str(p) for p in problems))
+            self.dialogs.show_text("Problems in the loaded config", "\n".join(describe(p, config) for p in problems))
         elif problems:
-            self.footer.set_status(f"{text} {summarize(problems)}", "warning")
+            self.footer.set_status(f"{text} {summarize(problems, config)}", "warning")
         else:
             self.footer.set_status(text)
 
     def save_config_file(self, path: str | Path | None = None) -> Path | None:
+        """Save the config; refused, with every invalid field listed, while a field holds an invalid value."""
+        invalid = self.input_problems() + errors(validate(self.model.config))
+        if invalid:
+            self._refuse(invalid, "save the config")
+            return None
         path = path or self.dialogs.save_file("Save config", ".json", JSON_FILES)
         if not path:
             return None
@@ -262,6 +419,7 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot save the config", str(e))
             return None
+        self.model.mark_saved()
         self.footer.set_status(f"Config saved to {path}.")
         return Path(path)
 
@@ -276,7 +434,7 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot export the config", str(e))
             return None
-        notes = f" ({summarize(problems)})" if problems else ""
+        notes = f" ({summarize(problems, self.model.config)})" if problems else ""
         self.footer.set_status(f"Config exported to {path}{notes}.", "warning" if problems else "info")
         return Path(path)
 
@@ -300,16 +458,20 @@ class App(ctk.CTk):
         packed, _ = pack(config)  # run_checks reports problems reading the side files itself
         problems = run_checks(packed)
         self._mark(problems)
-        if errors(problems):
-            self._refuse(problems)
+        typed = self.input_problems()  # text in a field that is no valid value: the config holds an older one
+        if typed or errors(problems):
+            self._refuse(typed + problems, "start")
             return False
         self._terminal_seen = False
         # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl. Collect them here, on the
         # Tk thread; else the trainer thread's garbage collection runs those finalizers from the wrong thread.
         gc.collect()
         self.runner.start(packed)
+        self._run_note = random_weights_note(packed.base_model_name)
+        self._run_tensorboard_url = None
+        self._refused = None
         self.footer.reset_progress()
-        self.footer.set_running(True)
+        self._set_running(True)
         found = warnings(problems)
         if found:
             self.footer.set_status(f"Starting… ({len(found)} warning(s): {found[0].message})", "warning")
@@ -318,13 +480,40 @@ class App(ctk.CTk):
         self._schedule("poll", POLL_MS, self._poll)
         return True
 
-    def _refuse(self, problems: list[Problem]) -> None:
+    def _refuse(self, problems: list[Problem], what: str) -> None:
+        config = self.model.config
         errs = errors(problems)
-        self.footer.set_status(f"Cannot start, {len(errs)} problem(s): {summarize(errs)}", "error")
+        if what == "start":
+            self._refused = [(p, _value_at(config, p.path)) for p in errs]
+        self.footer.set_status(f"Cannot {what}, {len(errs)} problem(s): {summarize(errs, config)}", "error")
         ordered = errs + warnings(problems)
+        title = "Cannot start training" if what == "start" else f"Cannot {what}"
         self.dialogs.show_error(
-            "Cannot start training", f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(str(p) for p in ordered)
+            title, f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(describe(p, config) for p in ordered)
         )
+
+    def _recheck_refusal(self) -> None:
+        """A refused start's message follows the fixes: fewer problems, then none (without touching the disk: the
+        run checks' problems count as fixed once their field changed; Start checks everything again)."""
+        if self._refused is None:
+            return
+        if self.running:
+            self._refused = None
+            return
+        config = self.model.config
+        remaining = self.input_problems() + errors(self.problems)
+        paths = {p.path for p in remaining}
+        for problem, value in self._refused:
+            if problem.path not in paths and _value_at(config, problem.path) == value:
+                remaining.append(problem)
+                paths.add(problem.path)
+        if remaining:
+            self.footer.set_status(
+                f"Cannot start, {len(remaining)} problem(s) left: {summarize(remaining, config)}", "error"
+            )
+        else:
+            self._refused = None
+            self.footer.set_status("The problems that stopped the start were fixed: Start checks again.", "ok")
 
     def stop(self) -> None:
         if self.runner.is_alive():
@@ -346,11 +535,58 @@ class App(ctk.CTk):
         self.runner.request_backup()
         self.footer.set_status("A backup will be written at the next step.")
 
-    def open_tensorboard(self) -> str:
-        url = f"http://localhost:{self.model.config.tensorboard_port}"
-        self._open_url(url)
-        self.footer.set_status(f"Opened {url} (TensorBoard runs while training when it is switched on).")
+    def open_tensorboard(self) -> str | None:
+        """Open TensorBoard in the browser: the running trainer's server, else one this button started on the
+        workspace's event files (started now when none runs; the browser opens once it serves)."""
+        if self.running and self._run_tensorboard_url:
+            return self._open_in_browser(self._run_tensorboard_url)
+        server = self.tensorboard
+        if server is not None and server.running:
+            return self._open_in_browser(server.url)
+        log_dir = Path(self.model.config.workspace_dir) / "tensorboard"
+        server = self._tensorboard_factory(log_dir, self.model.config.tensorboard_port)
+        try:
+            server.start()
+        except (OSError, RuntimeError) as e:
+            self.footer.set_status(f"TensorBoard could not start: {e}", "error")
+            return None
+        self.tensorboard = server
+        self.footer.set_status(f"Starting TensorBoard on {log_dir}…")
+        self._wait_for_tensorboard(server, time.monotonic() + TENSORBOARD_START_S)
+        return server.url
+
+    def _wait_for_tensorboard(self, server: Any, deadline: float) -> None:
+        if server is not self.tensorboard:
+            return
+        if server.wait_until_serving(0.05):
+            self._open_in_browser(server.url)
+        elif not server.running:
+            self.footer.set_status("TensorBoard could not start (is the tensorboard package installed?).", "error")
+        elif time.monotonic() > deadline:
+            self.footer.set_status(f"TensorBoard did not answer at {server.url} within 30 s.", "error")
+        else:
+            self._schedule("tensorboard", TENSORBOARD_POLL_MS, lambda: self._wait_for_tensorboard(server, deadline))
+
+    def _open_in_browser(self, url: str) -> str:
+        try:
+            opened = bool(self._open_url(url))
+        except Exception as e:  # webbrowser raises webbrowser.Error, or OSError from a broken launcher
+            opened = False
+            self.log.add(f"opening a browser failed: {e}")
+        if opened:
+            self.footer.set_status(f"TensorBoard: opened {url} in the browser.")
+        else:
+            self.footer.set_status(
+                f"TensorBoard runs at {url}, but no web browser could be opened: open it yourself.", "error"
+            )
         return url
+
+    def open_log(self) -> LogWindow:
+        if self.log_window is not None and self.log_window.winfo_exists():
+            self.log_window.lift()
+            return self.log_window
+        self.log_window = LogWindow(self, self.log)
+        return self.log_window
 
     def _poll(self) -> None:
         for event in self.runner.drain():
@@ -362,10 +598,23 @@ class App(ctk.CTk):
             self._handle(event)
         if not self._terminal_seen:
             self._handle(self.runner.outcome or Failed("the training thread ended without a result"))
-        self.footer.set_running(False)
+        self._set_running(False)
+
+    def _set_running(self, running: bool) -> None:
+        self.footer.set_running(running)
+        sampling = self.tabs.get("sampling")
+        if isinstance(sampling, SamplingTab):
+            sampling.set_running(running)
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        if isinstance(event, SampleReady) and self._run_note:
+            self.footer.set_status(f"{self.footer.status} ({self._run_note})")
+        line = self._event_lines.line(event)
+        if line is not None:
+            self.log.add(line)
+        if isinstance(event, Status) and event.text.startswith(TENSORBOARD_STATUS):
+            self._run_tensorboard_url = event.text[len(TENSORBOARD_STATUS) :].split()[0]
         if isinstance(event, SampleReady):
             self.gallery.add(event)
         if isinstance(event, Finished | Failed):
@@ -383,6 +632,8 @@ class App(ctk.CTk):
     def close(self) -> None:
         """The window's close button: while training, ask, then stop cleanly before closing."""
         if self._closing:
+            return
+        if not self.keep_changes("quitting"):
             return
         if self.runner.is_alive():
             if not self.dialogs.ask_yes_no("Quit", "Training is running. Stop it and quit?"):
@@ -408,6 +659,10 @@ class App(ctk.CTk):
         self.destroy()
 
     def destroy(self) -> None:
+        logging.getLogger().removeHandler(self._log_handler)
+        if self.tensorboard is not None:
+            self.tensorboard.stop()
+            self.tensorboard = None
         for after_id in self._after_ids.values():
             with contextlib.suppress(tkinter.TclError):
                 self.after_cancel(after_id)
@@ -425,6 +680,27 @@ class App(ctk.CTk):
             callback()
 
         self._after_ids[name] = self.after(delay_ms, run)
+
+
+def _default_tensorboard_server(log_dir: Path, port: int) -> Any:
+    from onetrainer.training.tensorboard import TensorBoardServer
+
+    return TensorBoardServer(log_dir, port)
+
+
+def _value_at(config: TrainConfig, path: str) -> Any:
+    """A copy of the value at `path` (to notice later whether it changed); a marker when there is none."""
+    value: Any = config
+    for part in path.split(".") if path else []:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        elif not isinstance(value, list | dict) and hasattr(value, part):
+            value = getattr(value, part)  # never get_path: it creates missing nodes and list items
+        else:
+            return _MISSING
+    return copy.deepcopy(value) if path else _MISSING
 
 
 def build_parser(prog: str = "train_ui.py") -> argparse.ArgumentParser:
@@ -448,7 +724,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "train_ui.py") -> int:
     ctk.set_appearance_mode(args.appearance)
     ctk.set_default_color_theme("blue")
     try:
-        app = App(config)
+        # The terminal it was started from shows the run's progress too (as `train.py` does).
+        app = App(config, console=sys.stderr if sys.stderr is not None and sys.stderr.isatty() else None)
     except tkinter.TclError as e:
         print(f"error: cannot open a window ({e}); is a display available (DISPLAY)?", file=sys.stderr)
         return 1

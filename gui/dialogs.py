@@ -6,9 +6,11 @@ message windows stay real. Messages open non-modal windows and are also kept in 
 
 from __future__ import annotations
 
+import re
 import tkinter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from tkinter import filedialog, messagebox
 from typing import Any
 
@@ -58,31 +60,92 @@ class TextWindow(ctk.CTkToplevel):
         self.clipboard_append(text)
 
 
+def start_dir(current: str = "") -> str:
+    """Where a file dialog opens: the folder of the field's current value (or its nearest existing parent; relative
+    values are relative to the folder the app runs in), else the home folder. A model name (`tiny:sd15`, a hub id)
+    is no folder: home."""
+    text = current.strip()
+    if text and not re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", text):
+        path = Path(text).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        for candidate in (path, *path.parents):
+            if candidate.is_dir():
+                if candidate.parent == candidate:  # the file system's root says nothing about the value
+                    break
+                return str(candidate)
+    return str(Path.home())
+
+
+def hide_hidden_files(root: Any) -> None:
+    """Tk's own file dialog (Linux) lists hidden files and folders (.git, .venv, .cache) unless told not to; it keeps
+    a "Show hidden" switch for whoever wants them."""
+    if root.tk.call("tk", "windowingsystem") != "x11":
+        return
+    try:
+        root.tk.call("catch", "tk_getOpenFile -no-such-option")  # loads the dialog's code without opening it
+        root.tk.call("set", "::tk::dialog::file::showHiddenBtn", "1")
+        root.tk.call("set", "::tk::dialog::file::showHiddenVar", "0")
+    except tkinter.TclError:  # another Tk: its own dialogs
+        pass
+
+
 class Dialogs:
     def __init__(self, parent: Any) -> None:
         self.parent = parent
         self.history: list[Message] = []
         self.windows: list[TextWindow] = []
+        hide_hidden_files(parent)
 
     # -- questions (blocking) ------------------------------------------------------------------------------------
 
-    def open_file(self, title: str, filetypes: Sequence[tuple[str, str]] = ()) -> str:
-        """A chosen file's path, or "" when cancelled."""
-        return filedialog.askopenfilename(parent=self.parent, title=title, filetypes=list(filetypes) or None) or ""
+    def open_file(self, title: str, filetypes: Sequence[tuple[str, str]] = (), initial: str = "") -> str:
+        """A chosen file's path, or "" when cancelled; the dialog opens near `initial` (the field's value)."""
+        return (
+            filedialog.askopenfilename(
+                parent=self.parent, title=title, filetypes=list(filetypes) or None, initialdir=start_dir(initial)
+            )
+            or ""
+        )
 
-    def open_dir(self, title: str) -> str:
-        return filedialog.askdirectory(parent=self.parent, title=title, mustexist=False) or ""
+    def open_dir(self, title: str, initial: str = "") -> str:
+        return (
+            filedialog.askdirectory(parent=self.parent, title=title, mustexist=False, initialdir=start_dir(initial))
+            or ""
+        )
 
-    def save_file(self, title: str, default_ext: str = ".json", filetypes: Sequence[tuple[str, str]] = ()) -> str:
+    def save_file(
+        self,
+        title: str,
+        default_ext: str = ".json",
+        filetypes: Sequence[tuple[str, str]] = (),
+        initial: str = "",
+    ) -> str:
         return (
             filedialog.asksaveasfilename(
-                parent=self.parent, title=title, defaultextension=default_ext, filetypes=list(filetypes) or None
+                parent=self.parent,
+                title=title,
+                defaultextension=default_ext,
+                filetypes=list(filetypes) or None,
+                initialdir=start_dir(initial),
             )
             or ""
         )
 
     def ask_yes_no(self, title: str, text: str) -> bool:
         return bool(messagebox.askyesno(title, text, parent=self.parent))
+
+    def ask_save_changes(self, title: str, text: str) -> str | None:
+        """ "save", "discard", or None to cancel what was about to replace the changes."""
+        answer = messagebox.askyesnocancel(title, text, parent=self.parent)
+        if answer is None:
+            return None
+        return "save" if answer else "discard"
+
+    def ask_string(self, title: str, text: str) -> str:
+        """A line of text the user types, or "" when cancelled."""
+        dialog = ctk.CTkInputDialog(title=title, text=text)
+        return (dialog.get_input() or "").strip()
 
     # -- messages (non-blocking) ---------------------------------------------------------------------------------
 

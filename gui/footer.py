@@ -1,4 +1,9 @@
-"""The footer: progress of the run (epoch and step bars, it/s, ETA, loss), a status line, and the run's buttons."""
+"""The footer: progress of the run (epoch and step bars, it/s, ETA, loss), a status line, the run's warnings, and the
+run's buttons.
+
+The status line has a row of its own, wrapped to the window's width, so no text is clipped at 1024 px. Warnings of the
+run (the CPU fallback) stay shown beside the buttons: the next status line does not wipe them.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ class Footer(ctk.CTkFrame):
         on_backup: Callable[[], None],
         on_tensorboard: Callable[[], None],
         on_export: Callable[[], None],
+        on_log: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(master, corner_radius=0)
         self.grid_columnconfigure(1, weight=1)
@@ -84,11 +90,17 @@ class Footer(ctk.CTkFrame):
             label.pack(side="left", padx=4)
 
         self.status_label = ctk.CTkLabel(self, text="Ready.", anchor="w", justify="left", wraplength=560)
-        self.status_label.grid(row=1, column=0, columnspan=5, sticky="ew", padx=10, pady=(2, 8))
+        self.status_label.grid(row=1, column=0, columnspan=8, sticky="ew", padx=10, pady=(2, 0))
         self._status_level = "info"
+        self.warnings: list[str] = []  # this run's warnings, the newest shown in `notice_label`
+        self.notice_label = ctk.CTkLabel(
+            self, text="", anchor="w", justify="left", text_color=STATUS_COLORS["warning"], wraplength=300
+        )
+        self.notice_label.grid(row=2, column=0, columnspan=5, sticky="ew", padx=10, pady=(2, 8))
 
         buttons = ctk.CTkFrame(self, fg_color="transparent")
-        buttons.grid(row=1, column=5, columnspan=3, sticky="e", padx=(6, 10), pady=(2, 8))
+        self.buttons = buttons
+        buttons.grid(row=2, column=5, columnspan=3, sticky="e", padx=(6, 10), pady=(2, 8))
         self.start_button = ctk.CTkButton(buttons, text="Start training", width=130, command=on_start)
         self._start_colors = (self.start_button.cget("fg_color"), self.start_button.cget("hover_color"))
         self.sample_button = ctk.CTkButton(buttons, text="Sample now", width=100, command=on_sample)
@@ -96,7 +108,9 @@ class Footer(ctk.CTkFrame):
         self.backup_button = ctk.CTkButton(buttons, text="Backup now", width=100, command=on_backup)
         self.tensorboard_button = ctk.CTkButton(buttons, text="TensorBoard", width=100, command=on_tensorboard)
         self.export_button = ctk.CTkButton(buttons, text="Export config", width=110, command=on_export)
+        self.log_button = ctk.CTkButton(buttons, text="Log", width=60, command=on_log or (lambda: None))
         for button in (
+            self.log_button,
             self.tensorboard_button,
             self.export_button,
             self.sample_button,
@@ -111,6 +125,14 @@ class Footer(ctk.CTkFrame):
         self.totals: tuple[int, int, int] = (0, 0, 0)  # total steps, epochs, steps per epoch
         self.reset_progress()
         self.set_running(False)
+        self.bind("<Configure>", self._resized, add="+")
+
+    def _resized(self, _event: Any = None) -> None:
+        width = self.winfo_width()
+        if width <= 1:
+            return
+        self.status_label.configure(wraplength=max(200, width - 30))
+        self.notice_label.configure(wraplength=max(150, width - self.buttons.winfo_reqwidth() - 40))
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -140,19 +162,39 @@ class Footer(ctk.CTkFrame):
         return self._status_level
 
     def reset_progress(self) -> None:
+        """No run's figures (before a run, and after a preset or config replaced the one that ran)."""
         self.epoch_bar.set(0)
         self.step_bar.set(0)
         self.epoch_text.configure(text="–")
         self.step_text.configure(text="–")
+        self._reset_figures(loss=True)
+        self.warnings = []
+        self.notice_label.configure(text="")
+
+    def _reset_figures(self, loss: bool) -> None:
         self.speed_label.configure(text="– it/s")
         self.eta_label.configure(text="ETA –")
-        self.loss_label.configure(text="loss –")
+        if loss:
+            self.loss_label.configure(text="loss –")
+
+    def add_warning(self, text: str) -> None:
+        """A warning that stays shown for the rest of the run (the status line moves on)."""
+        self.warnings.append(text)
+        more = f" (+{len(self.warnings) - 1} more, see Log)" if len(self.warnings) > 1 else ""
+        self.notice_label.configure(text=f"⚠ {text}{more}")
+
+    @property
+    def notice(self) -> str:
+        return self.notice_label.cget("text")
 
     # -- events from the trainer ---------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Started):
+            warnings = self.warnings  # those before the start (the device) belong to this run
             self.reset_progress()
+            for text in warnings:
+                self.add_warning(text)
             self.totals = (event.total_steps, event.total_epochs, event.steps_per_epoch)
             self.last_log_path = event.log_path
             self.epoch_text.configure(text=f"0 / {event.total_epochs}")
@@ -169,13 +211,17 @@ class Footer(ctk.CTkFrame):
             self.set_status(event.text)
         elif isinstance(event, Warning_):
             self.set_status(f"Warning: {event.text}", "warning")
+            self.add_warning(event.text)
         elif isinstance(event, Finished):
+            # A speed and time left of a run that no longer runs would be false; a stopped run's loss too.
+            self._reset_figures(loss=event.reason != "completed")
             if event.reason == "completed":
                 self.epoch_bar.set(1)
                 self.step_bar.set(1)
             where = f" → {event.output_path}" if event.output_path else ""
             self.set_status(f"Finished ({event.reason}){where}", "ok")
         elif isinstance(event, Failed):
+            self._reset_figures(loss=True)
             first_line = event.message.strip().splitlines()[0] if event.message.strip() else "unknown error"
             self.set_status(f"Training failed: {first_line}", "error")
             if event.log_path:

@@ -27,9 +27,15 @@ def default_train_function() -> TrainFunction:
 
 
 class TrainingRunner:
-    def __init__(self, train_function: TrainFunction | None = None, limit_threads: bool = True) -> None:
+    def __init__(
+        self,
+        train_function: TrainFunction | None = None,
+        limit_threads: bool = True,
+        extra_sinks: Callable[[], list[EventSink]] = list,
+    ) -> None:
         self.train_function = train_function
         self._limit_threads = limit_threads
+        self.extra_sinks = extra_sinks  # e.g. the terminal's progress bar when the app was started from one
         self.queue: queue.Queue[Event] = queue.Queue()
         self.control: TrainingControl | None = None
         self.outcome: Finished | Failed | None = None
@@ -44,11 +50,21 @@ class TrainingRunner:
         self.outcome = None
         train = self.train_function or default_train_function()
         self._thread = threading.Thread(
-            target=self._run, args=(train, config, self.control, self.queue), name="onetrainer-training", daemon=True
+            target=self._run,
+            args=(train, config, self.control, self.queue, self.extra_sinks()),
+            name="onetrainer-training",
+            daemon=True,
         )
         self._thread.start()
 
-    def _run(self, train: TrainFunction, config: TrainConfig, control: TrainingControl, events: queue.Queue) -> None:
+    def _run(
+        self,
+        train: TrainFunction,
+        config: TrainConfig,
+        control: TrainingControl,
+        events: queue.Queue,
+        extra: list[EventSink],
+    ) -> None:
         try:
             threads = contextlib.nullcontext()
             if self._limit_threads:
@@ -58,7 +74,7 @@ class TrainingRunner:
 
                 threads = torch_threads(training_threads())
             with threads:
-                self.outcome = train(config, control, [QueueSink(events)])
+                self.outcome = train(config, control, [QueueSink(events), *extra])
         except Exception as e:  # run_training never raises; a replacement might, and the window must hear of it
             self.outcome = Failed(f"{type(e).__name__}: {e}", traceback.format_exc())
             events.put(self.outcome)

@@ -6,12 +6,16 @@ It lives in `$ONETRAINER_STATE_DIR` when set (tests), else `$XDG_CONFIG_HOME/one
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from onetrainer.config import ConfigFileError, Problem, TrainConfig, load_config, save_config
 
 STATE_DIR_ENV = "ONETRAINER_STATE_DIR"
 LAST_CONFIG_NAME = "last-config.json"
+USER_PRESETS = "presets"
+# What a preset leaves alone: the user's data (see App.load_preset).
+DATA_FIELDS = ("concepts", "samples")
 
 
 def state_dir() -> Path:
@@ -42,3 +46,42 @@ def load_last_config() -> tuple[TrainConfig | None, list[Problem]]:
         return load_config(path)
     except ConfigFileError as e:
         return None, [Problem("", f"the last session's config could not be restored: {e}")]
+
+
+# -- the user's own presets ----------------------------------------------------------------------------------------
+
+
+def user_presets_dir() -> Path:
+    """Where "Save as my preset" writes: `presets/` in the state folder (`~/.config/onetrainer/presets`)."""
+    return state_dir() / USER_PRESETS
+
+
+def list_user_presets() -> list[str]:
+    folder = user_presets_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.json"))
+
+
+def user_preset_path(name: str) -> Path:
+    return user_presets_dir() / f"{name}.json"
+
+
+def preset_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a preset file (None when it can): letters, digits, spaces, - _ . and / for folders."""
+    if not name.strip():
+        return "the name is empty"
+    if not re.fullmatch(r"[\w .\-/]+", name) or any(part in ("", ".", "..") for part in name.split("/")):
+        return f"'{name}' cannot be a file name (use letters, digits, spaces, - _ . and / for folders)"
+    return None
+
+
+def save_user_preset(config: TrainConfig, name: str) -> Path:
+    """The config's settings as a preset the Load preset menu lists; concepts and samples are the user's data and
+    stay out (loading the preset keeps whatever concepts and samples are being edited then)."""
+    preset = config.copy()
+    for field in DATA_FIELDS:
+        setattr(preset, field, None)
+    path = user_preset_path(name)
+    save_config(preset, path)
+    return path

@@ -15,6 +15,9 @@ from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import TrainConfig
 from onetrainer.config.enums import ModelType, TrainingMethod
 
+MY_PRESETS = "My presets"
+SAVE_PRESET = "Save current settings as my preset…"
+
 
 class TopBar(ctk.CTkFrame):
     def __init__(
@@ -26,11 +29,17 @@ class TopBar(ctk.CTkFrame):
         on_preset: Callable[[str], None],
         on_load: Callable[[], None],
         on_save: Callable[[], None],
+        list_user_presets: Callable[[], list[str]] = list,
+        on_user_preset: Callable[[str], None] | None = None,
+        on_save_preset: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(master, corner_radius=0)
         self.model = model
         self._list_presets = list_presets
         self._on_preset = on_preset
+        self._list_user_presets = list_user_presets
+        self._on_user_preset = on_user_preset
+        self._on_save_preset = on_save_preset
         self.preset_menu: tkinter.Menu | None = None
 
         self.preset_button = ctk.CTkButton(self, text="Load preset ▾", width=130, command=self.open_preset_menu)
@@ -61,11 +70,24 @@ class TopBar(ctk.CTkFrame):
     # -- presets -----------------------------------------------------------------------------------------------
 
     def build_preset_menu(self) -> tkinter.Menu:
-        """Built on each opening, so presets added while the app runs appear."""
+        """Built on each opening, so presets added while the app runs appear: the bundled ones, then the user's own
+        ("My presets") and the entry that saves one."""
         if self.preset_menu is not None:
             self.preset_menu.destroy()
-        self.preset_menu = build_preset_menu(self, preset_tree(self._list_presets()), self._on_preset)
-        return self.preset_menu
+        menu = build_preset_menu(self, preset_tree(self._list_presets()), self._on_preset)
+        if self._on_user_preset is not None:
+            menu.add_separator()
+            mine = self._list_user_presets()
+            if mine:
+                menu.add_cascade(
+                    label=MY_PRESETS, menu=build_preset_menu(menu, preset_tree(mine), self._on_user_preset)
+                )
+            else:
+                menu.add_command(label=f"{MY_PRESETS}: none saved yet", state="disabled")
+        if self._on_save_preset is not None:
+            menu.add_command(label=SAVE_PRESET, command=self._on_save_preset)
+        self.preset_menu = menu
+        return menu
 
     def open_preset_menu(self) -> None:
         menu = self.build_preset_menu()

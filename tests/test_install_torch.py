@@ -271,3 +271,23 @@ def test_windows_scripts_exist_with_crlf():
         data = (ROOT / name).read_bytes()
         assert b"\r\n" in data and data.count(b"\n") == data.count(b"\r\n"), f"{name} needs CRLF line endings"
     assert b"scripts\\install_torch.py" in (ROOT / "install.bat").read_bytes()
+
+
+def test_install_silences_only_setuptools_license_classifier_box():
+    """dadaptation's source build makes setuptools print a deprecation box; the install scripts' filter hides it."""
+    pytest.importorskip("setuptools.warnings")  # a venv of Python 3.12+ may have no setuptools of its own
+    line = next(ln for ln in (ROOT / "install.sh").read_text().splitlines() if ln.startswith("export PYTHONWARNINGS="))
+    value = line.split("=", 1)[1].strip('"')
+    assert f'set "PYTHONWARNINGS={value}"' in (ROOT / "install.bat").read_text()
+    emit = (
+        "from setuptools.warnings import SetuptoolsDeprecationWarning as W\n"
+        "W.emit('License classifiers are deprecated.', 'Please consider removing the following classifiers')\n"
+        "W.emit('Another deprecation.', 'still shown')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    loud = subprocess.run([sys.executable, "-c", emit], capture_output=True, text=True, env=env, check=True)
+    assert "!!" in loud.stderr and "License classifiers" in loud.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-c", emit], capture_output=True, text=True, env={**env, "PYTHONWARNINGS": value}, check=True
+    )
+    assert "License classifiers" not in quiet.stderr and "Another deprecation" in quiet.stderr

@@ -4,7 +4,9 @@ bool → switch; enum or `choices` → option menu; int / float → validated en
 str → entry; `widget` file / dir / path / model → entry + "…" browse button; a `unit` → value entry + unit menu.
 
 A view writes into the config as soon as its input is a valid value and never otherwise; an invalid input is marked
-(red border, a message under the field, the message in the tooltip) and the config keeps its last valid value.
+(red border, the message in the tooltip and in the window's status line) and the config keeps its last valid value.
+The model keeps the list of such inputs: Start and Save refuse while it is not empty. No message is put into the form
+itself: a line appearing under a field would move every field below it while the user types.
 """
 
 from __future__ import annotations
@@ -40,11 +42,10 @@ PATH_WIDGETS = frozenset({"file", "dir", "path", "model"})
 
 
 class FieldView:
-    """One field: an optional label, its input widgets and an optional error line, in a grid `parent`.
+    """One field: an optional label and its input widgets, in a grid `parent`.
 
-    With `with_label` (forms), `place(row)` grids the label in column 0, the input in column 1 and the error line
-    under it. Without (the rows of the list editors), the caller grids `input` itself and errors show as the border
-    and in the tooltip.
+    With `with_label` (forms), `place(row)` grids the label in column 0 and the input in column 1. Without (the rows
+    of the list editors), the caller grids `input` itself. Errors show as the border and in the tooltip.
     """
 
     def __init__(
@@ -60,13 +61,9 @@ class FieldView:
         self._row: int | None = None
         self.visible = False
         self.label: ctk.CTkLabel | None = None
-        self.error_label: ctk.CTkLabel | None = None
         if with_label:
             self.label = ctk.CTkLabel(
                 parent, text=info.meta.label or info.spec.name, anchor="w", justify="left", wraplength=LABEL_WIDTH
-            )
-            self.error_label = ctk.CTkLabel(
-                parent, text="", text_color=ERROR_COLOR, anchor="w", justify="left", wraplength=2 * LABEL_WIDTH
             )
         self.input = ctk.CTkFrame(parent, fg_color="transparent")
         self._build(self.input)
@@ -100,18 +97,21 @@ class FieldView:
         if self._row is None:
             return
         if self.label is not None:
-            self.label.grid(row=2 * self._row, column=0, sticky="w", padx=(10, 8), pady=3)
-        self.input.grid(row=2 * self._row, column=1, sticky="ew", padx=(0, 10), pady=3)
+            self.label.grid(row=self._row, column=0, sticky="w", padx=(10, 8), pady=3)
+        self.input.grid(row=self._row, column=1, sticky="ew", padx=(0, 10), pady=3)
         self._show_error()
 
     def hide(self) -> None:
+        """Hidden fields do not apply: their input's text does not stop a start."""
         self.visible = False
-        for widget in (self.label, self.input, self.error_label):
+        for widget in (self.label, self.input):
             if widget is not None:
                 widget.grid_remove()
+        self.model.report_input(self, self.path, None)
 
     def destroy(self) -> None:
-        for widget in (self.label, self.input, self.error_label):
+        self.model.report_input(self, self.path, None)
+        for widget in (self.label, self.input):
             if widget is not None:
                 widget.destroy()
 
@@ -177,15 +177,8 @@ class FieldView:
         return text
 
     def _show_error(self) -> None:
-        error = self.error
-        self._mark(error is not None)
-        if self.error_label is None:
-            return
-        if error and self.visible and self._row is not None:
-            self.error_label.configure(text=error)
-            self.error_label.grid(row=2 * self._row + 1, column=1, sticky="w", padx=(0, 10), pady=(0, 3))
-        else:
-            self.error_label.grid_remove()
+        self._mark(self.error is not None)
+        self.model.report_input(self, self.path, self.input_error if self.visible else None)
 
 
 def _from_json(info: FieldInfo, value: Any) -> Any:
@@ -313,22 +306,27 @@ class EntryView(FieldView):
         dialogs = self.dialogs
         kind = self.info.meta.widget
         title = self.info.meta.label or self.info.spec.name
+        current = self.var.get()  # the dialogs open where the value points
         if kind == "dir":
-            self._chosen_path(dialogs.open_dir(title))
+            self._chosen_path(dialogs.open_dir(title, initial=current))
             return
         if kind == "file":
-            self._chosen_path(dialogs.open_file(title))
+            self._chosen_path(dialogs.open_file(title, initial=current))
             return
         # Models and output paths may be a file or a folder: a small menu at the button asks which.
         assert self.browse_button is not None
         menu = tkinter.Menu(self.browse_button, tearoff=False)
         if kind == "model":
             menu.add_command(
-                label="Model file…", command=lambda: self._chosen_path(dialogs.open_file(title, MODEL_FILES))
+                label="Model file…",
+                command=lambda: self._chosen_path(dialogs.open_file(title, MODEL_FILES, initial=current)),
             )
         else:
-            menu.add_command(label="File…", command=lambda: self._chosen_path(dialogs.save_file(title, ".safetensors")))
-        menu.add_command(label="Folder…", command=lambda: self._chosen_path(dialogs.open_dir(title)))
+            menu.add_command(
+                label="File…",
+                command=lambda: self._chosen_path(dialogs.save_file(title, ".safetensors", initial=current)),
+            )
+        menu.add_command(label="Folder…", command=lambda: self._chosen_path(dialogs.open_dir(title, initial=current)))
         self.browse_menu = menu
         x = self.browse_button.winfo_rootx()
         y = self.browse_button.winfo_rooty() + self.browse_button.winfo_height()

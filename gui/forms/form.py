@@ -31,7 +31,7 @@ class Group:
         self.frame.grid_columnconfigure(0, minsize=LABEL_WIDTH + 18)
         self.frame.grid_columnconfigure(1, weight=1)
         heading = ctk.CTkLabel(self.frame, text=title, font=ctk.CTkFont(size=14, weight="bold"), anchor="w")
-        # The title takes row 0; field views use rows from 2 on (two grid rows each: the field and its error line).
+        # The title takes row 0; field views use rows from 1 on.
         heading.grid(row=0, column=0, columnspan=2, sticky="w", padx=10, pady=(6, 2))
         self.visible_rows = 0
 
@@ -61,6 +61,8 @@ class Form:
         self.buttons: dict[str, ctk.CTkButton] = {}
         # The same field may be shown twice (the timestep window and the training tab): follow edits made elsewhere.
         self._unsubscribe: Callable[[], None] | None = model.subscribe(self._config_changed)
+        # Validation's marks reach every form, a window's too (the sample editor marks what the samples row marks).
+        self._unsubscribe_marks = model.subscribe_marks(self.mark)
         bind_self(self.frame, "<Destroy>", self._destroyed)
         self.columns: list[ctk.CTkFrame] = []
         for c in range(columns):
@@ -133,6 +135,12 @@ class Form:
         if event.widget is self.frame and self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+            self._unsubscribe_marks()
+            for view in self.views.values():  # a closed window's inputs no longer hold anything back
+                self.model.report_input(view, view.path, None)
+                unit = getattr(view, "unit_view", None)
+                if unit is not None:
+                    self.model.report_input(unit, unit.path, None)
 
     def view(self, path: str) -> FieldView | None:
         return self.views.get(path)
@@ -157,6 +165,7 @@ class Form:
                 return None
             self.views[info.path] = view
             self._add_buttons(view)
+            view.set_config_problem(self.model.marks.get(info.path))
         return view
 
     def _layout(self, groups: list[Group]) -> None:

@@ -77,10 +77,18 @@ class ConceptsTab(FormTab):
         items.insert(index + 1, copy)
         self.model.changed(LIST_PATH)
 
-    def remove(self, index: int) -> None:
+    def remove(self, index: int) -> bool:
+        """Delete a concept, after asking (a blank one, never set up, goes without a question)."""
+        concept = self.items()[index]
+        label = concept.name or concept.path
+        if label and self.dialogs is not None:
+            question = f"Delete the concept '{label}'?\n\nIts folder and images stay on disk."
+            if not self.dialogs.ask_yes_no("Delete concept", question):
+                return False
         self._changing()
         del self.items()[index]
         self.model.changed(LIST_PATH)
+        return True
 
     def _changing(self) -> None:
         # The concepts move: an open concept window's paths would point at another concept.

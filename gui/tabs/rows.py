@@ -107,6 +107,7 @@ class RowsEditor:
         self.add_button = ctk.CTkButton(self.frame, text=add_text, width=140, command=self.add)
         self.add_button.grid(row=3, column=0, sticky="w", padx=10, pady=(4, 10))
         self._unsubscribe: Callable[[], None] | None = model.subscribe(self._config_changed)
+        self._unsubscribe_marks = model.subscribe_marks(self.mark)
         bind_self(self.frame, "<Destroy>", self._destroyed)
         self.refresh()
 
@@ -151,6 +152,10 @@ class RowsEditor:
         if event.widget is self.frame and self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+            self._unsubscribe_marks()
+            for row in self.rows:
+                for view in row:
+                    self.model.report_input(view, view.path, None)
 
     def _config_changed(self, path: str | None) -> None:
         if self._unsubscribe is None:  # destroyed in this round of notifications
@@ -182,6 +187,7 @@ class RowsEditor:
                 row.append(view)
             self.rows.append(row)
             self.row_buttons.append(self._row_buttons(i))
+        self.mark(self.model.marks)
         if items:
             self.empty_label.grid_remove()
         else:

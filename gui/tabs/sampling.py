@@ -24,6 +24,17 @@ SAMPLE_COLUMNS = (
 )
 
 
+RANDOM_WEIGHTS_NOTE = (
+    "The demo's tiny model has random weights: its samples are coloured noise, whatever the prompt. "
+    "A real base model draws the prompt."
+)
+
+
+def random_weights_note(base_model_name: str) -> str:
+    """What to expect of the samples of a `tiny:` model (the demo): noise, not a picture of the prompt."""
+    return RANDOM_WEIGHTS_NOTE if base_model_name.strip().startswith("tiny:") else ""
+
+
 def new_sample(model: ConfigModel) -> SampleConfig:
     """A sample with the model type's own defaults (size, steps, guidance, sampler)."""
     sample = SampleConfig()
@@ -59,9 +70,23 @@ class SamplingTab(RowsFormTab):
         self.gallery: GalleryView | None = None
         if host is not None:
             self.gallery = GalleryView(
-                self.scroll, host.gallery, lambda: model.config.workspace_dir, sample_now=host.sample_now
+                self.scroll,
+                host.gallery,
+                lambda: model.config.workspace_dir,
+                sample_now=host.sample_now,
+                note=lambda: random_weights_note(model.config.base_model_name),
             )
             self.gallery.frame.grid(row=2, column=0, sticky="ew", padx=4, pady=(0, 8))
+            model.subscribe(self._config_changed)
+
+    def _config_changed(self, path: str | None) -> None:
+        if self.gallery is not None and path in (None, "base_model_name"):
+            self.gallery.show_note()
+
+    def set_running(self, running: bool) -> None:
+        """ "Sample now" asks the running trainer: without one there is nothing to ask."""
+        if self.gallery is not None:
+            self.gallery.sample_now_button.configure(state="normal" if running else "disabled")
 
     def open_editor(self, index: int) -> SampleEditorWindow:
         if self.editor_window is not None and self.editor_window.winfo_exists():

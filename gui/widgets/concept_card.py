@@ -98,8 +98,16 @@ class ConceptCard:
 
     def show_thumbnail(self) -> None:
         picture = concept_thumbnail(self.concept)
-        empty = "no images found" if self.concept.path.strip() else "no folder chosen"
-        set_picture(self.picture, picture, "" if picture is not None else empty)
+        set_picture(self.picture, picture, "" if picture is not None else self.empty_text())
+
+    def empty_text(self) -> str:
+        """Why there is no thumbnail: no folder, a folder that does not exist, or one without images."""
+        path = self.concept.path.strip()
+        if not path:
+            return "no folder chosen"
+        if not concept_folder(path).is_dir():
+            return "folder not found"
+        return "no images found"
 
     def sync(self, path: str) -> None:
         """The config changed at `path`: show what changed on this card."""

@@ -23,9 +23,11 @@ class GalleryView:
         gallery: SampleGallery,
         workspace_dir: Callable[[], str],
         sample_now: Callable[[], None] | None,
+        note: Callable[[], str] = str,
     ) -> None:
         self.gallery = gallery
         self.workspace_dir = workspace_dir
+        self.note = note  # a word about what the samples show (the demo's random-weight model draws noise)
         self.tiles: list[ctk.CTkFrame] = []
         self.viewer: SampleViewerWindow | None = None
         self.frame = ctk.CTkFrame(parent)
@@ -39,8 +41,10 @@ class GalleryView:
         self.sample_now_button.pack(side="left", padx=(12, 4))
         self.refresh_button = ctk.CTkButton(header, text="Load from workspace", width=150, command=self.scan)
         self.refresh_button.pack(side="left", padx=4)
+        self.note_label = ctk.CTkLabel(self.frame, text="", text_color=MUTED_TEXT, anchor="w", justify="left")
+        self.note_label.grid(row=1, column=0, sticky="ew", padx=10)
         self.tiles_frame = ctk.CTkFrame(self.frame, fg_color="transparent")
-        self.tiles_frame.grid(row=1, column=0, sticky="ew", padx=6, pady=(4, 10))
+        self.tiles_frame.grid(row=2, column=0, sticky="ew", padx=6, pady=(4, 10))
         self.empty_label = ctk.CTkLabel(
             self.tiles_frame, text="No samples yet: they appear here while training.", text_color=MUTED_TEXT
         )
@@ -54,6 +58,7 @@ class GalleryView:
         if not self.tiles_frame.winfo_exists():
             self._unsubscribe()
             return
+        self.show_note()
         for tile in self.tiles:
             tile.destroy()
         self.tiles = [self._tile(i, image) for i, image in enumerate(self.gallery.images())]
@@ -61,6 +66,9 @@ class GalleryView:
             self.empty_label.grid_remove()
         else:
             self.empty_label.grid(row=0, column=0, sticky="w", padx=4)
+
+    def show_note(self) -> None:
+        self.note_label.configure(text=self.note())
 
     def open(self, image: SampleImage) -> SampleViewerWindow:
         if self.viewer is not None and self.viewer.winfo_exists():

@@ -14,6 +14,7 @@ import customtkinter as ctk
 
 from gui.forms.form import Form
 from gui.forms.selection import FieldInfo, node_fields
+from gui.widgets.problem_line import ProblemLine
 from gui.widgets.tabview import TabView
 from gui.windows.augmentation_preview import CaptionPreview, ImagePreview, PreviewCursor
 from gui.windows.concept_statistics import StatisticsPane
@@ -55,8 +56,12 @@ class ConceptWindow(ctk.CTkToplevel):
         self.grid_rowconfigure(0, weight=1)
         self.tabview = TabView(self, command=self._page_selected, fg_color="transparent")
         self.tabview.grid(row=0, column=0, sticky="nsew", padx=8, pady=(0, 4))
-        close = ctk.CTkButton(self, text="Close", width=100, command=self.close)
-        close.grid(row=1, column=0, sticky="e", padx=12, pady=(0, 10))
+        bottom = ctk.CTkFrame(self, fg_color="transparent")
+        bottom.grid(row=1, column=0, sticky="ew", padx=12, pady=(0, 10))
+        bottom.grid_columnconfigure(0, weight=1)
+        self.problem_line = ProblemLine(bottom, model, self.base)
+        self.problem_line.label.grid(row=0, column=0, sticky="ew")
+        ctk.CTkButton(bottom, text="Close", width=100, command=self.close).grid(row=0, column=1, sticky="e")
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._show_title()
         self.tabview.set_tabs(PAGES)

@@ -13,6 +13,7 @@ import customtkinter as ctk
 from gui.forms.fields import BoolView, FieldView, make_view
 from gui.forms.selection import node_field
 from gui.forms.values import display_text
+from gui.widgets.problem_line import ProblemLine
 
 if TYPE_CHECKING:
     from gui.model import ConfigModel
@@ -53,6 +54,9 @@ class OptimizerDialog(ctk.CTkToplevel):
         self.defaults_button = ctk.CTkButton(buttons, text="Load defaults", width=120, command=self.load_defaults)
         self.defaults_button.pack(side="left")
         ctk.CTkButton(buttons, text="Close", width=100, command=self.close).pack(side="right")
+        # Messages go to this line, never into the table: its columns stay where they are.
+        self.problem_line = ProblemLine(buttons, model, BLOCK)
+        self.problem_line.label.pack(side="left", fill="x", expand=True, padx=10)
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._optimizer = None
         self.build()
@@ -61,6 +65,8 @@ class OptimizerDialog(ctk.CTkToplevel):
         """Rows for the chosen optimizer's parameters (again after the optimizer changed)."""
         from onetrainer.training import optim
 
+        for view in self.views.values():
+            view.destroy()
         for child in self.scroll.winfo_children():
             child.destroy()
         self.views, self.defaults = {}, {}
@@ -85,7 +91,7 @@ class OptimizerDialog(ctk.CTkToplevel):
             view.place(row)
             text = f"default {display_text(parameter.default)}"
             default = ctk.CTkLabel(self.scroll, text=text, text_color=MUTED_TEXT)
-            default.grid(row=2 * row, column=2, sticky="w", padx=(12, 10))
+            default.grid(row=row, column=2, sticky="w", padx=(12, 10))
             self.views[parameter.name] = view
             self.defaults[parameter.name] = parameter.default
 
@@ -103,6 +109,8 @@ class OptimizerDialog(ctk.CTkToplevel):
 
         self._closed = True
         self._unsubscribe()
+        for view in self.views.values():  # its inputs no longer hold anything back
+            view.destroy()
         optim.remember_optimizer_settings(self.model.config)
         self.destroy()
 

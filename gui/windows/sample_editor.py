@@ -8,6 +8,7 @@ import customtkinter as ctk
 
 from gui.forms.form import Form
 from gui.forms.selection import node_fields
+from gui.widgets.problem_line import ProblemLine
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -36,9 +37,12 @@ class SampleEditorWindow(ctk.CTkToplevel):
         fields = node_fields(sample, f"{LIST_PATH}.{index}")
         self.form = Form(scroll, model, dialogs, "sample", columns=1, default_group="Sample", fields=fields)
         self.form.frame.grid(row=0, column=0, sticky="ew")
-        ctk.CTkButton(self, text="Close", width=100, command=self.close).grid(
-            row=1, column=0, sticky="e", padx=12, pady=(0, 10)
-        )
+        bottom = ctk.CTkFrame(self, fg_color="transparent")
+        bottom.grid(row=1, column=0, sticky="ew", padx=12, pady=(0, 10))
+        bottom.grid_columnconfigure(0, weight=1)
+        self.problem_line = ProblemLine(bottom, model, f"{LIST_PATH}.{index}")
+        self.problem_line.label.grid(row=0, column=0, sticky="ew")
+        ctk.CTkButton(bottom, text="Close", width=100, command=self.close).grid(row=0, column=1, sticky="e")
         self.protocol("WM_DELETE_WINDOW", self.close)
 
     def close(self) -> None:

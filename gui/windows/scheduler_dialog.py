@@ -65,6 +65,7 @@ class SchedulerDialog(ctk.CTkToplevel):
     def close(self) -> None:
         if self.winfo_exists():
             self._unsubscribe()
+            self.class_view.destroy()  # its input no longer holds anything back
             self.destroy()
 
     def _config_changed(self, path: str | None) -> None:

@@ -28,6 +28,7 @@ TIMESTEP_FIELDS = (
     "timestep_shift",
 )
 BINS = 100
+NUM_TIMESTEPS = 1000
 SAMPLES = 200_000  # enough for a smooth histogram, fast enough to follow typing
 REDRAW_DELAY_MS = 200
 MUTED_TEXT = ("gray40", "gray60")
@@ -89,7 +90,8 @@ class TimestepWindow(ctk.CTkToplevel):
             self.chart.show_message(f"These settings cannot be drawn: {result.error}")
         else:
             self.counts = result.value
-            self.chart.draw(self.counts, [str(round(i * 999 / (BINS - 1))) for i in range(BINS)])
+            # The bins cover the timesteps 0–1000 evenly: round ticks under them, not the bins' odd edges.
+            self.chart.draw(self.counts, x_range=(0, NUM_TIMESTEPS))
 
     def close(self) -> None:
         if self._closed:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from onetrainer.config import ConfigFileError, errors, load_layers
 from onetrainer.config.checks import run_checks
+from onetrainer.config.naming import describe
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -57,6 +58,12 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
     return parser
 
 
+def _packed(config):
+    from onetrainer.config.io import pack
+
+    return pack(config)[0]
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -71,14 +78,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     problems += run_checks(config, include_schema=False)
+    # Problems name the concept or sample (from the side files too) and the field, then the path --set takes.
+    named = _packed(config) if problems else config
     for problem in problems:
         if not problem.is_error:
-            print(problem, file=sys.stderr)
+            print(describe(problem, named, with_path=True), file=sys.stderr)
     if errors(problems):
         count = len(errors(problems))
         print(f"The config is invalid ({count} problem{'s' if count > 1 else ''}):", file=sys.stderr)
         for problem in errors(problems):
-            print(f"  {problem}", file=sys.stderr)
+            print(f"  {describe(problem, named, with_path=True)}", file=sys.stderr)
         return EXIT_INVALID
     if args.check:
         print("The config is valid.")

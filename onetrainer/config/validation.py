@@ -141,6 +141,9 @@ def _cross_field(config) -> list[Problem]:
         for side in ("width", "height"):
             if getattr(sample, side) % step:
                 problems.append(Problem(f"samples.{i}.{side}", f"must be a multiple of {step}"))
+    if config.learning_rate == 0:
+        # Allowed (a part may set its own rate), but mostly a field typed over and left at 0.
+        problems.append(Problem("learning_rate", "is 0: what uses it learns nothing", Severity.WARNING))
     return problems
 
 

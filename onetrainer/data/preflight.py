@@ -19,7 +19,7 @@ from onetrainer.data.training_data import DatasetError, TrainingData
 class BucketRow:
     bucket: str  # "WIDTHxHEIGHT"
     images: int
-    batches: int
+    batches: int  # batches holding this concept's images (a batch may also hold other concepts' of the bucket)
     repeated: int  # filler samples added to complete batches
     dropped: int  # samples left out (drop_incomplete_batches)
 
@@ -48,7 +48,7 @@ class PreflightReport:
     dropped: list[str] = field(default_factory=list)  # image files left out of a batch (epoch 1)
     cached_latents: int = 0  # image variations already in the cache
     latents_to_encode: int = 0
-    text_cached: bool = False
+    text_cached: bool = False  # the text encoders are frozen, so their outputs will be cached (not: are cached now)
     errors: list[str] = field(default_factory=list)
 
     def text(self) -> str:
@@ -78,12 +78,23 @@ class PreflightReport:
         if self.dropped:
             lines.append(f"Dropped (drop_incomplete_batches, epoch 1): {_names(self.dropped)}")
         if self.cached_latents or self.latents_to_encode:
-            lines.append(
-                f"Latent cache: {self.cached_latents} image variations cached, {self.latents_to_encode} to encode"
-            )
-        lines.append("Text-encoder outputs: " + ("cached" if self.text_cached else "computed every step"))
+            lines.append(self.latent_cache_text())
+        lines.append("Text-encoder outputs: " + self.text_cache_text())
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
+
+    def latent_cache_text(self) -> str:
+        """What the latent cache holds now (nothing is called cached before it is)."""
+        total = self.cached_latents + self.latents_to_encode
+        if not self.cached_latents:
+            return f"Latent cache: nothing cached yet; {total} image variations are encoded at the start"
+        cached, missing = self.cached_latents, self.latents_to_encode
+        return f"Latent cache: {cached} of {total} image variations cached, {missing} to encode"
+
+    def text_cache_text(self) -> str:
+        if self.text_cached:
+            return "encoded once at the start and cached (the text encoders are frozen)"
+        return "computed every step (a text encoder is trained)"
 
 
 def _names(paths: list[str], limit: int = 8) -> str:
@@ -111,7 +122,12 @@ def preflight_report(config, resolve=None) -> PreflightReport:
     samples_by_concept: dict[int, list] = defaultdict(list)
     for sample in [s for batch in plan.batches for s in batch] + plan.dropped:
         samples_by_concept[data.images[sample.image].concept].append(sample)
-    batches_per_bucket = Counter(str(batch[0].bucket) for batch in plan.batches)
+    # Per concept: the batches that hold its images, not every concept's batches of the bucket.
+    batches_per_bucket = Counter(
+        (concept, str(batch[0].bucket))
+        for batch in plan.batches
+        for concept in {data.images[s.image].concept for s in batch}
+    )
     report = PreflightReport(
         [_concept_report(s, data, samples_by_concept.get(s.index, [])) for s in data.scans],
         steps_per_epoch=data.steps_in_epoch(0),
@@ -122,7 +138,7 @@ def preflight_report(config, resolve=None) -> PreflightReport:
     dropped = Counter((data.images[s.image].concept, str(s.bucket)) for s in plan.dropped)
     for scan, concept in zip(data.scans, report.concepts):
         for row in concept.buckets:
-            row.batches = batches_per_bucket.get(row.bucket, 0)
+            row.batches = batches_per_bucket.get((scan.index, row.bucket), 0)
             row.dropped = dropped.get((scan.index, row.bucket), 0)
     if config.latent_caching:
         _count_cache(report, data, config)

@@ -34,7 +34,7 @@ def select_device(name: str, warn: Callable[[str], None]) -> torch.device:
     """The configured device; without CUDA (or MPS) the CPU, with a warning that says so."""
     device = torch.device(name.strip() or "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
-        warn(f"device '{name}': no CUDA device is available; using the CPU (much slower)")
+        warn(f"no CUDA device: training on the CPU, much slower (train device '{name}')")
         return torch.device("cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():
         warn(f"device '{name}': MPS is not available; using the CPU")

@@ -8,6 +8,7 @@ import traceback
 from onetrainer.config import TrainConfig
 from onetrainer.config.checks import run_checks
 from onetrainer.config.io import pack
+from onetrainer.config.naming import describe
 from onetrainer.config.schema import errors
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
@@ -28,9 +29,11 @@ def run_training(
         problems = run_checks(config)
         for problem in problems:
             if not problem.is_error:
-                events.emit(Warning_(str(problem)))
+                events.emit(Warning_(describe(problem, config, severity=False)))
         if errors(problems):
-            outcome = Failed("The config cannot be trained:\n" + "\n".join(str(p) for p in errors(problems)))
+            outcome = Failed(
+                "The config cannot be trained:\n" + "\n".join(describe(p, config) for p in errors(problems))
+            )
             events.emit(outcome)
             events.close()
             return outcome

@@ -21,7 +21,9 @@ def test_invalid_config_exits_2_listing_every_problem(in_tmp, capsys):
     err = capsys.readouterr().err
     assert code == EXIT_INVALID
     for path in ("batch_size", "resolution", "lora_rank", "concepts.0.path"):
-        assert f"error: {path}:" in err
+        assert f"({path}):" in err  # after the words a user knows, the path --set takes
+    assert "error: Batch size (batch_size): " in err
+    assert "error: concept 'missing-folder' (concepts.0.path): folder not found: missing-folder" in err
     assert "warning: mystery: unknown setting" in err
 
 
@@ -53,7 +55,7 @@ def test_a_real_subprocess_reports_an_invalid_config(in_tmp):
         timeout=120,
     )
     assert result.returncode == EXIT_INVALID
-    assert "error: epochs: 0 is out of range" in result.stderr
+    assert "error: Epochs (epochs): 0 is out of range" in result.stderr
 
 
 def test_python_dash_m_dispatches(in_tmp):

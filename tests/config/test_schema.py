@@ -184,3 +184,13 @@ def test_a_partial_part_block_keeps_that_parts_defaults():
     assert config.text_encoder.stop_training_after_unit is TimeUnit.EPOCH
     assert config.text_encoder_2.stop_training_after == 30 and config.text_encoder_2.learning_rate == 1e-6
     assert config.vae.train is False
+
+
+def test_a_learning_rate_of_zero_is_a_warning():
+    """Backspacing "0.0003" passes through "0": a run at learning rate 0 learns nothing, and says so."""
+    from onetrainer.config import validate
+
+    config = TrainConfig(learning_rate=0.0)
+    found = [p for p in validate(config) if p.path == "learning_rate"]
+    assert len(found) == 1 and not found[0].is_error and "learns nothing" in found[0].message
+    assert not [p for p in validate(TrainConfig()) if p.path == "learning_rate"]

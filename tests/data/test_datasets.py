@@ -190,6 +190,28 @@ def test_preflight_report(odd_folder, tmp_path):
     assert "empty.png" in text and "bucket" in text and "folder not found" in text and "Steps per epoch" in text
 
 
+def test_preflight_counts_each_concepts_own_batches_and_calls_nothing_cached_before_it_is(tmp_path):
+    many, few = tmp_path / "many", tmp_path / "few"
+    for i in range(30):
+        save(many / f"{i}.png", Image.new("RGB", (64, 64), (i, 0, 0)))
+    for i in range(3):
+        save(few / f"{i}.png", Image.new("RGB", (64, 64), (0, i, 0)))
+    config, _ = config_from_dict({
+        "resolution": "64", "batch_size": 3, "cache_dir": str(tmp_path / "cache"),
+        "concepts": [{"name": "many", "path": str(many)}, {"name": "few", "path": str(few)}],
+        "text_encoder": {"train": False},
+    })  # fmt: skip
+    report = preflight_report(config)
+    many_report, few_report = report.concepts
+    assert [r.images for r in many_report.buckets] == [30]
+    # "few" has 3 images: at most 3 batches hold them, not the bucket's 11 batches of both concepts.
+    assert 1 <= few_report.buckets[0].batches <= 3 < report.steps_per_epoch == 11
+    assert many_report.buckets[0].batches >= 10
+    text = report.text()
+    assert "nothing cached yet" in text and "Text-encoder outputs: encoded once at the start" in text
+    assert report.cached_latents == 0
+
+
 # -- training with the cache -----------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -169,22 +170,32 @@ def make_scripted_dialogs():
             super().__init__(parent)
             self.answers: list = []
             self.asked: list[str] = []
+            self.initials: list[str] = []  # the `initial` value each file dialog was given
 
         def _answer(self, question: str, default):
             self.asked.append(question)
             return self.answers.pop(0) if self.answers else default
 
-        def open_file(self, title, filetypes=()):
+        def open_file(self, title, filetypes=(), initial=""):
+            self.initials.append(initial)
             return self._answer(f"open file: {title}", "")
 
-        def open_dir(self, title):
+        def open_dir(self, title, initial=""):
+            self.initials.append(initial)
             return self._answer(f"open dir: {title}", "")
 
-        def save_file(self, title, default_ext=".json", filetypes=()):
+        def save_file(self, title, default_ext=".json", filetypes=(), initial=""):
+            self.initials.append(initial)
             return self._answer(f"save file: {title}", "")
 
         def ask_yes_no(self, title, text):
             return self._answer(f"yes/no: {title}: {text}", False)
+
+        def ask_save_changes(self, title, text):
+            return self._answer(f"save changes: {title}: {text}", "discard")
+
+        def ask_string(self, title, text):
+            return self._answer(f"text: {title}: {text}", "")
 
         def close_windows(self) -> None:
             for window in self.windows:
@@ -193,6 +204,33 @@ def make_scripted_dialogs():
             self.windows = []
 
     return ScriptedDialogs
+
+
+class FakeTensorBoard:
+    """A TensorBoard server that serves at once, without a process: records what it was started on."""
+
+    started: ClassVar[list[FakeTensorBoard]] = []
+
+    def __init__(self, log_dir: Path, port: int) -> None:
+        self.log_dir, self.port = Path(log_dir), port
+        self.running = False
+        self.checks = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.port}/"
+
+    def start(self, wait_seconds: float = 0.0) -> str:
+        self.running = True
+        FakeTensorBoard.started.append(self)
+        return f"TensorBoard: {self.url}"
+
+    def wait_until_serving(self, timeout: float) -> bool:
+        self.checks += 1
+        return self.running and self.checks > 1  # serving from the second look on, as a real one takes a moment
+
+    def stop(self) -> None:
+        self.running = False
 
 
 class OpenedUrls(list):
@@ -216,6 +254,7 @@ def shared_app(display: str, tmp_path_factory: pytest.TempPathFactory):
         dialogs=make_scripted_dialogs(),
         autosave=False,
         open_url=OpenedUrls(),
+        tensorboard_server=FakeTensorBoard,
     )
     app.update()
     yield app
@@ -232,6 +271,10 @@ def app(shared_app, tmp_path: Path):
     shared_app.dialogs.asked.clear()
     shared_app.runner.train_function = FakeTrainer()
     shared_app.gallery.clear()
+    if shared_app.tensorboard is not None:
+        shared_app.tensorboard.stop()
+        shared_app.tensorboard = None
+    FakeTensorBoard.started.clear()
     shared_app.model.replace(default_config(tmp_path))
     shared_app.select_tab("general")
     shared_app.footer.set_status("Ready.")

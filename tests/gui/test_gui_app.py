@@ -17,6 +17,7 @@ from onetrainer.config import ConceptConfig, TrainConfig, load_config, pack
 from onetrainer.config.checks import run_checks
 from onetrainer.config.enums import ModelFormat, ModelType, Optimizer, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES, SUPPORTED_MODEL_TYPES
+from onetrainer.config.naming import describe
 from onetrainer.config.validation import context_of
 from onetrainer.families import is_trainable
 from tests.gui.helpers import choose_in_menu, view_of
@@ -125,7 +126,7 @@ def test_an_invalid_number_is_marked_and_not_written(app) -> None:
     assert config.learning_rate == before
     assert view.input_error and "not a number" in view.input_error
     assert view.entry.cget("border_color") == ERROR_COLOR
-    assert view.error_label.winfo_ismapped() and "not a number" in view.error_label.cget("text")
+    assert "not a number" in app.footer.status  # the status line, not a line that would move the form
     assert view.tooltip_text().startswith("⚠")
 
     factor = view_of(app, "training", "learning_rate_min_factor")
@@ -140,7 +141,8 @@ def test_an_invalid_number_is_marked_and_not_written(app) -> None:
     view.set_text("0.0002")  # fixed: written and unmarked
     app.update_idletasks()
     assert config.learning_rate == 0.0002 and view.error is None
-    assert view.entry.cget("border_color") != ERROR_COLOR and not view.error_label.winfo_ismapped()
+    assert view.entry.cget("border_color") != ERROR_COLOR
+    assert "learning_rate" not in [e.path for e in app.model.input_errors()]
 
 
 def test_cross_field_problems_are_marked(app) -> None:
@@ -251,10 +253,10 @@ def test_save_load_and_export(app, tmp_path: Path, trainable_sd) -> None:
     assert app.dialogs.history[-1].error and "JSON object" in app.dialogs.history[-1].text
 
 
-def test_tensorboard_button_opens_the_port(app) -> None:
+def test_tensorboard_button_opens_the_port(app, pump_until) -> None:
     view_of(app, "general", "tensorboard_port").set_text("6123")
     app.footer.tensorboard_button.invoke()
-    assert app._open_url[-1] == "http://localhost:6123"
+    pump_until(app, lambda: app._open_url and app._open_url[-1] == "http://localhost:6123/")
 
 
 # -- Start, the footer, Stop ---------------------------------------------------------------------------------------
@@ -299,7 +301,10 @@ def test_start_lists_every_problem(app, trainable_sd, screenshot) -> None:
     assert app.start() is False
     message = app.dialogs.history[-1]
     for problem in expected:
-        assert str(problem) in message.text
+        assert describe(problem, config) in message.text
+    # Named as the user named them, not by path (concepts.0.path).
+    assert "concept 'missing': folder not found: /no/such/folder" in message.text
+    assert "Output destination: no output destination given" in message.text
     assert f"{len(expected)} problem" in app.footer.status and app.footer.status_level == "error"
     assert not app.runner.is_alive()
     # The fields with problems are marked.
@@ -367,21 +372,24 @@ def test_a_failed_run_shows_the_message_and_the_log(app, trainable, fake_trainer
 # -- autosave and closing ------------------------------------------------------------------------------------------
 
 
-def test_autosave_restores_the_last_config(display, state_dir: Path, tmp_path: Path, pump_until) -> None:
+def test_autosave_restores_the_last_config(
+    display, state_dir: Path, tmp_path: Path, pump_until, scripted_dialogs
+) -> None:
     from gui.app import App
 
     config = TrainConfig()
     config.concept_file_name = str(tmp_path / "concepts.json")
     config.sample_definition_file_name = str(tmp_path / "samples.json")
-    first = App(config, autosave=True)
+    first = App(config, autosave=True, dialogs=scripted_dialogs)
     try:
         view = first.select_tab("training").form.view("learning_rate")
         view.set_text("0.0007")
         first.topbar.choose_method(TrainingMethod.LORA)
         saved = state_dir / "last-config.json"
         pump_until(first, lambda: saved.is_file() and json.loads(saved.read_text())["learning_rate"] == 0.0007)
-        first.close()  # saves once more, then closes
+        first.close()  # offers to save the changes in a file ("discard"), autosaves once more, then closes
         assert not _exists(first)
+        assert any(q.startswith("save changes:") for q in first.dialogs.asked)
     finally:
         if _exists(first):
             first.destroy()

@@ -59,6 +59,10 @@ def test_cards_show_edit_clone_and_remove_concepts(app, tmp_path: Path) -> None:
     assert clone.path == str(folder) and clone.seed == 5 and clone is not app.model.config.concepts[0]
     assert tab.cards[1].name_label.cget("text") == "shapes (copy)"
 
+    tab.cards[0].remove_button.invoke()  # asked: "no" keeps it
+    assert [c.name for c in app.model.config.concepts] == ["shapes", "shapes (copy)", ""]
+    assert app.dialogs.asked[-1].startswith("yes/no: Delete concept: Delete the concept 'shapes'?")
+    app.dialogs.answers.append(True)
     tab.cards[0].remove_button.invoke()
     assert [c.name for c in app.model.config.concepts] == ["shapes (copy)", ""]
     assert [c.name_label.cget("text") for c in tab.cards] == ["shapes (copy)", "(unnamed)"]
@@ -129,6 +133,7 @@ def test_the_concept_window_edits_and_previews_the_augmentation(app, tmp_path: P
     screenshot(window, "concept-window-statistics")
 
     # Removing a concept moves the others: the open window closes rather than edit the wrong one.
+    app.dialogs.answers.append(True)
     tab.cards[0].remove_button.invoke()
     assert not window.winfo_exists()
 

@@ -184,6 +184,16 @@ def test_embedding_rows_get_their_own_placeholder_and_uuid() -> None:
     assert clone.placeholder == "<cat>" and clone.uuid != original.uuid and clone is not original
 
 
+def test_axis_ticks_are_round() -> None:
+    from gui.widgets.bar_chart import nice_ticks
+
+    assert nice_ticks(3240) == [0, 1000, 2000, 3000, 4000]
+    assert nice_ticks(1000) == [0, 200, 400, 600, 800, 1000]
+    assert nice_ticks(0.37) == [0, 0.1, 0.2, 0.3, 0.4]
+    assert nice_ticks(7) == [0, 2, 4, 6, 8]
+    assert nice_ticks(0) == [0, 1]
+
+
 def test_axis_labels_stay_short() -> None:
     from gui.widgets.bar_chart import format_count
 

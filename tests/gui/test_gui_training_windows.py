@@ -90,6 +90,14 @@ def test_the_timestep_window_draws_the_histogram_of_its_settings(app, screenshot
     assert app.model.config.timestep_distribution is TimestepDistribution.LOGIT_NORMAL
     shaped = list(window.counts)
     pump(window, lambda: window.job is None and window.counts != shaped and window.chart.bar_count == 100, 60)
+    # Round axis labels: timesteps in steps of 200, counts in steps of 1, 2 or 5 × 10^k.
+    chart = window.chart
+    x_ticks = [chart.itemcget(i, "text") for i in chart.find_withtag("x-tick")]
+    assert x_ticks == ["0", "200", "400", "600", "800", "1000"]
+    y_ticks = [float(chart.itemcget(i, "text").replace("k", "e3")) for i in chart.find_withtag("y-tick")]
+    step = y_ticks[1]
+    assert y_ticks == [i * step for i in range(len(y_ticks))] and f"{step:e}"[0] in "125"
+    assert y_ticks[-1] >= max(window.counts) > y_ticks[-2]
     screenshot(window, "timestep-window")
     window.close()
     assert not window.winfo_exists()
