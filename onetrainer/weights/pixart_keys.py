@@ -11,6 +11,7 @@ layers, and whether the resolution/aspect-ratio embedders exist (the 1024 models
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -172,6 +173,28 @@ def native_to_diffusers(
     for diffusers_key, native_key in parameter_map(config).items():
         out[diffusers_key] = weights[native_key]
     return out, extras
+
+
+def native_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """What a native checkpoint says about its transformer config: `num_layers`, `patch_size`, `sample_size` (from
+    `pos_embed`'s patch count, else 128 when it has the micro-conditioning embedders and 64 otherwise),
+    `use_additional_conditions`, and `caption_tokens` (y_embedding's rows, 120 Alpha / 300 Sigma) when present."""
+    if "x_embedder.proj.weight" not in state_dict:
+        raise ValueError("not a native PixArt checkpoint: it has no x_embedder.proj.weight")
+    layers = {int(key.split(".")[1]) for key in state_dict if key.startswith("blocks.")}
+    patch = int(state_dict["x_embedder.proj.weight"].shape[-1])
+    micro = "csize_embedder.mlp.0.weight" in state_dict
+    topology: dict[str, Any] = {
+        "num_layers": max(layers) + 1 if layers else 0,
+        "patch_size": patch,
+        "use_additional_conditions": micro,
+        "sample_size": 128 if micro else 64,
+    }
+    if POS_EMBED in state_dict:
+        topology["sample_size"] = math.isqrt(state_dict[POS_EMBED].shape[1]) * patch
+    if Y_EMBEDDING in state_dict:
+        topology["caption_tokens"] = int(state_dict[Y_EMBEDDING].shape[0])
+    return topology
 
 
 def read_native_checkpoint(

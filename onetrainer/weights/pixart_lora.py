@@ -123,7 +123,9 @@ def _adapters(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.T
     return {module: (downs[module], ups[module]) for module in downs}
 
 
-def _fuse(adapters: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]], parts: int) -> tuple:
+def _fuse(
+    adapters: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]], parts: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One LoRA for a layer whose output rows are `parts` equal slices; slices without an adapter stay unchanged."""
     if parts == 1:
         return adapters[0]
@@ -148,7 +150,9 @@ def _fuse(adapters: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]], part
     return down, up, float(alpha)
 
 
-def _split(name: str, down: torch.Tensor, up: torch.Tensor, alpha: float, parts: int) -> list[tuple]:
+def _split(
+    name: str, down: torch.Tensor, up: torch.Tensor, alpha: float, parts: int
+) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     """A fused LoRA → one (down, up, alpha) per output slice, keeping every slice's scale alpha / rank."""
     rank = down.shape[0]
     if up.shape[0] % parts:

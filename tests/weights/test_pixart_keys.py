@@ -209,3 +209,15 @@ def test_a_512_checkpoint_with_the_1024_config_names_the_file(tmp_path: Path) ->
     save_file({k: v.contiguous() for k, v in native.items()}, path)
     with pytest.raises(ValueError, match=r"PixArt-XL-2-512x512\.safetensors: .*missing ar_embedder\.mlp\.0\.bias"):
         pixart_keys.read_native_checkpoint(path, _tiny(REAL_1024))
+
+
+def test_topology_is_read_from_a_native_checkpoint(model: torch.nn.Module) -> None:
+    config = _config(model)
+    native = pixart_keys.diffusers_to_native(model.state_dict(), config)
+    micro = config["sample_size"] == 128
+    expected = {"num_layers": 28, "patch_size": 2, "sample_size": config["sample_size"], "caption_tokens": 120}
+    assert pixart_keys.native_topology(native) == {**expected, "use_additional_conditions": micro}
+    del native["pos_embed"], native["y_embedder.y_embedding"]
+    assert pixart_keys.native_topology(native)["sample_size"] == config["sample_size"]
+    with pytest.raises(ValueError, match="x_embedder"):
+        pixart_keys.native_topology({"blocks.0.attn.qkv.weight": torch.zeros(1)})
