@@ -149,11 +149,15 @@ class EfficientNetEncoder(nn.Module):
         return self.mapper(self.backbone(pixels))
 
 
+def _resize(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    # OneTrainer scales with torchvision's Resize (bilinear, antialiased), which is this interpolation.
+    return F.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
 def preprocess(images: torch.Tensor) -> torch.Tensor:
     """RGB in [0, 1], (B, 3, H, W) → the encoder's input: 3/4 of the size, ImageNet-normalised."""
     height, width = images.shape[-2:]
-    size = (round(height * IMAGE_SCALE), round(width * IMAGE_SCALE))
-    scaled = F.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
+    scaled = _resize(images, (round(height * IMAGE_SCALE), round(width * IMAGE_SCALE)))
     mean = torch.tensor(IMAGENET_MEAN, dtype=scaled.dtype, device=scaled.device).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD, dtype=scaled.dtype, device=scaled.device).view(1, 3, 1, 1)
     return (scaled - mean) / std
@@ -169,6 +173,11 @@ def latent_size(height: int, width: int) -> tuple[int, int]:
         return n
 
     return after(height), after(width)
+
+
+def scale_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A loss mask (B, 1, H, W) at image size → the latents' size, for masked training."""
+    return _resize(mask, latent_size(*mask.shape[-2:]))
 
 
 def to_wuerstchen_latents(latents: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,13 @@ the tiny encoder's state dict loads through the same code (`encoder_from_state_d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import save
 
 from onetrainer.families.effnet import EfficientNetEncoder
+from onetrainer.util.fs import atomic_write_bytes
 
 # Stem, then each stage's output; torchvision rounds widths to multiples of 8, so these are the smallest it builds.
 TINY_CHANNELS = (8, 8, 16, 16, 32, 32, 48)
@@ -34,3 +38,10 @@ def build_effnet_encoder(wuerstchen: bool, seed: int = 0) -> EfficientNetEncoder
             else:
                 tensor.copy_(0.1 * torch.randn(tensor.shape, generator=generator))
     return encoder.eval().requires_grad_(False)
+
+
+def save_effnet_encoder(path: str | Path, wuerstchen: bool, seed: int = 0) -> Path:
+    """The tiny encoder as a safetensors file with the published files' keys (what a config's effnet part names)."""
+    state = {k: v.contiguous() for k, v in build_effnet_encoder(wuerstchen, seed).state_dict().items()}
+    atomic_write_bytes(path, save(state))
+    return Path(path)

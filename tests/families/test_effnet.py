@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from onetrainer.families import effnet
-from onetrainer.tiny.effnet import TINY_CHANNELS, TINY_HEAD_CHANNELS, build_effnet_encoder
+from onetrainer.tiny.effnet import TINY_CHANNELS, TINY_HEAD_CHANNELS, build_effnet_encoder, save_effnet_encoder
 from tests.families.effnet_weights import seeded_input, seeded_state_dict
 
 DATA = Path(__file__).parent / "data"
@@ -80,10 +80,23 @@ def test_latent_size_and_preprocessing() -> None:
     torch.testing.assert_close(pixels[0, :, 5, 7], torch.tensor(expected))
 
 
+def test_masks_scale_to_the_latents() -> None:
+    mask = torch.zeros(1, 1, 128, 256)
+    mask[..., 128:] = 1
+    scaled = effnet.scale_mask(mask)
+    assert scaled.shape == (1, 1, *effnet.latent_size(128, 256))
+    # Antialiasing blurs the edge a little; each side keeps its value.
+    assert scaled[..., :2].max() == 0 and scaled[..., 4:].min() > 0.999
+    assert scaled[..., 2].max() < 0.5 < scaled[..., 3].min()
+    torch.testing.assert_close(effnet.scale_mask(torch.ones(2, 1, 1024, 768)), torch.ones(2, 1, 24, 18))
+
+
 @pytest.mark.parametrize("wuerstchen", [True, False])
-def test_tiny_encoder_gives_16_channel_latents(wuerstchen: bool) -> None:
+def test_tiny_encoder_gives_16_channel_latents(wuerstchen: bool, tmp_path: Path) -> None:
     encoder = build_effnet_encoder(wuerstchen)
-    reloaded = effnet.encoder_from_state_dict(encoder.state_dict())
+    path = save_effnet_encoder(tmp_path / "effnet_encoder.safetensors", wuerstchen)
+    reloaded = effnet.encoder_from_state_dict(load_file(path), str(path))
+    assert ("mapper.1.weight" in load_file(path)) is wuerstchen
     images = torch.rand(1, 3, 64, 128, generator=torch.Generator().manual_seed(3))
     latents = effnet.encode(encoder, images, wuerstchen)
     assert latents.shape == (1, 16, *effnet.latent_size(64, 128)) == (1, 16, 2, 3)
