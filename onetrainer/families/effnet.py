@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -220,6 +221,18 @@ def encoder_from_state_dict(
             f"unexpected {result.unexpected_keys[:5]}"
         )
     return encoder.eval().requires_grad_(False)
+
+
+def load_encoder(path: str | Path) -> EfficientNetEncoder:
+    """The encoder from Stability's `effnet_encoder.safetensors` or a diffusers-style folder such as
+    warp-ai/EfficientNetEncoder (`diffusion_pytorch_model.safetensors` beside its config.json)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    file = path / "diffusion_pytorch_model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"EfficientNet encoder not found: {file} (a .safetensors file or a folder with one)")
+    return encoder_from_state_dict(load_file(file), str(file))
 
 
 def _last_conv(state_dict: Mapping[str, torch.Tensor], stage: int) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from onetrainer.families import effnet
 from onetrainer.tiny.effnet import TINY_CHANNELS, TINY_HEAD_CHANNELS, build_effnet_encoder, save_effnet_encoder
@@ -107,3 +107,15 @@ def test_tiny_encoder_gives_16_channel_latents(wuerstchen: bool, tmp_path: Path)
         torch.testing.assert_close(effnet.from_wuerstchen_latents(latents), raw)
     else:
         torch.testing.assert_close(latents, raw)
+
+
+def test_load_encoder_from_file_or_folder_without_batch_counters(tmp_path: Path) -> None:
+    # Exported files may lack BatchNorm's num_batches_tracked; torch fills it in, so they still load strictly.
+    state = {k: v for k, v in build_effnet_encoder(wuerstchen=False).state_dict().items() if "num_batches" not in k}
+    folder = tmp_path / "effnet"
+    folder.mkdir()
+    save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))
+    for source in (folder, folder / "diffusion_pytorch_model.safetensors"):
+        assert not effnet.load_encoder(source).mapper[1].affine
+    with pytest.raises(FileNotFoundError, match=r"missing\.safetensors"):
+        effnet.load_encoder(tmp_path / "missing.safetensors")
