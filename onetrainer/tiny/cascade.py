@@ -1,13 +1,14 @@
 """Tiny Stable Cascade pipelines: the prior (stage C, what OneTrainer trains) and the decoder (stages B and A).
 
-OneTrainer also needs Stable Cascade's EfficientNet encoder, which is not a diffusers model; it is not built here.
+OneTrainer also needs Stable Cascade's EfficientNet encoder, which is not a diffusers model: see
+onetrainer/tiny/effnet.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diffusers import DiffusionPipeline, StableCascadeDecoderPipeline, StableCascadePriorPipeline
+from diffusers import DiffusionPipeline, StableCascadeDecoderPipeline, StableCascadePriorPipeline, StableCascadeUNet
 from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
 from onetrainer.tiny import components
@@ -40,20 +41,37 @@ def build_image_encoder(real: Config, seed: int) -> CLIPVisionModelWithProjectio
     return components.build(config, seed, "image_encoder")
 
 
+def tiny_prior_config(real: Config, text_width: int, pooled_width: int, image_width: int) -> Config:
+    """A stage C config (3.6B or lite) at the tiny width, with the given conditioning widths."""
+    channels = [PRIOR_WIDTH] * len(real["block_out_channels"])
+    return components.tiny_config(
+        "prior",
+        real,
+        block_out_channels=channels,
+        num_attention_heads=_heads(real, channels),
+        conditioning_dim=PRIOR_WIDTH,
+        clip_text_in_channels=text_width,
+        clip_text_pooled_in_channels=pooled_width,
+        clip_image_in_channels=image_width,
+    )
+
+
+def build_prior_unet(real: Config, seed: int = 0) -> StableCascadeUNet:
+    """A tiny stage C alone (no pipeline), e.g. from the lite config, for key-layout tests."""
+    width = components.TEXT_WIDTHS[real["clip_text_in_channels"]]
+    config = tiny_prior_config(real, text_width=width, pooled_width=width, image_width=IMAGE_ENCODER_WIDTH)
+    return components.build(config, seed, "prior")
+
+
 def build_prior_pipeline(variant: TinyVariant, seed: int) -> StableCascadePriorPipeline:
     refs = variant.references
     tokenizer, text_encoder = components.build_clip_text(refs, seed)
     image_encoder = build_image_encoder(refs["image_encoder"], seed)
-    channels = [PRIOR_WIDTH] * len(refs["prior"]["block_out_channels"])
-    config = components.tiny_config(
-        "prior",
+    config = tiny_prior_config(
         refs["prior"],
-        block_out_channels=channels,
-        num_attention_heads=_heads(refs["prior"], channels),
-        conditioning_dim=PRIOR_WIDTH,
-        clip_text_in_channels=text_encoder.config.hidden_size,
-        clip_text_pooled_in_channels=text_encoder.config.projection_dim,
-        clip_image_in_channels=image_encoder.config.projection_dim,
+        text_width=text_encoder.config.hidden_size,
+        pooled_width=text_encoder.config.projection_dim,
+        image_width=image_encoder.config.projection_dim,
     )
     return StableCascadePriorPipeline(
         tokenizer=tokenizer,

@@ -483,3 +483,12 @@ EULER_EPSILON: Config = {
     "timestep_spacing": "leading",
     "use_karras_sigmas": False,
 }
+# Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
+CASCADE_PRIOR_LITE_UNET: Config = {
+    **CASCADE_PRIOR_UNET,
+    "conditioning_dim": 1536,
+    "block_out_channels": [1536, 1536],
+    "num_attention_heads": [24, 24],
+    "down_num_layers_per_block": [4, 12],
+    "up_num_layers_per_block": [12, 4],
+}

@@ -1,6 +1,7 @@
 """Tiny Würstchen v2 pipelines: the prior (stage C, what OneTrainer trains) and the decoder (stages B and A).
 
-OneTrainer also needs Würstchen's EfficientNet encoder, which is not a diffusers model; it is not built here.
+OneTrainer also needs Würstchen's EfficientNet encoder, which is not a diffusers model: see
+onetrainer/tiny/effnet.py.
 """
 
 from __future__ import annotations
