@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -12,11 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# Temporary names carry the writing process's id, so a later run can tell a killed write's leftovers from a write
+# that another process is doing right now.
+_TAG = f"pid{os.getpid()}-"
+_LEFTOVER = re.compile(r"^\..+\.pid(\d+)-[^.]+\.(tmp|old)$")
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_TAG}", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -42,7 +48,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; when the block succeeds it replaces `path` in one rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(f".{path.name}.{_TAG}{uuid.uuid4().hex[:8]}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
@@ -60,7 +66,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(f".{path.name}.{_TAG}{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()
     try:
         yield tmp
@@ -73,7 +79,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 def replace_path(new: Path, target: Path) -> None:
     """Move `new` (a file or folder) to `target`, replacing whatever is there."""
     if target.is_dir() and not target.is_symlink():
-        old = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.old")
+        old = target.with_name(f".{target.name}.{_TAG}{uuid.uuid4().hex[:8]}.old")
         os.replace(target, old)
         os.replace(new, target)
         shutil.rmtree(old, ignore_errors=True)
@@ -81,3 +87,43 @@ def replace_path(new: Path, target: Path) -> None:
         if target.exists() and new.is_dir():
             target.unlink()
         os.replace(new, target)
+
+
+def remove_leftovers(folder: str | os.PathLike, recursive: bool = False) -> list[Path]:
+    """Delete the temporary files and folders that killed writes left in `folder` (those of processes that no longer
+    run); returns what was removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in folder.rglob(".*") if recursive else folder.glob(".*"):
+        match = _LEFTOVER.match(path.name)
+        if not match or _process_running(int(match.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
+def _process_running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":
+        import ctypes
+
+        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        ctypes.windll.kernel32.CloseHandle(handle)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
