@@ -75,7 +75,7 @@ def find_free_port(start: int, host: str = "127.0.0.1", attempts: int = 100) -> 
 class TensorBoardServer:
     """A `tensorboard` process serving a log directory on 127.0.0.1 (or all interfaces when exposed).
 
-    The process never outlives ours: it runs under `onetrainer.training.tensorboard_child`, which ends it when the
+    The process never outlives ours: it runs under `tensorboard_child.py`, which ends it when the
     pipe from this process closes (also when this process is killed). It has a session of its own, so a Ctrl+C in
     the terminal does not end it before the run has saved; the run stops it. Its output goes to `output_path` (when
     given), so a server that dies can say why.
@@ -99,8 +99,7 @@ class TensorBoardServer:
         self.port = find_free_port(self.requested_port, host)
         args = [
             sys.executable,
-            "-m",
-            "onetrainer.training.tensorboard_child",
+            str(Path(__file__).with_name("tensorboard_child.py")),
             "--logdir",
             str(self.log_dir),
             "--port",
