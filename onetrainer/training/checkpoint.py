@@ -167,8 +167,9 @@ def backup_settings(backup: Path) -> dict:
 def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[TrainProgress, dict, list[str]]:
     """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings.
 
-    Raises `BackupDamaged` before changing anything when a file is missing or cut short. The learning rates stay the
-    config's: the backup brings the weights, the optimizer's moments, the schedule's position and the random state.
+    Raises `BackupDamaged` (before loading anything when a file is missing or cut short). The learning rates stay the
+    config's (LR schedules of ours): the backup brings the weights, the optimizer's moments, the schedule's position
+    and the random state.
     """
     check_complete(backup)
     warnings: list[str] = []
@@ -214,6 +215,11 @@ def _restore_configured_rates(optimizer, lr_scheduler, configured: tuple[list, l
     from the restored step with the configured base rates."""
     import warnings
 
+    active = lr_scheduler
+    if hasattr(lr_scheduler, "_schedulers"):
+        active = lr_scheduler._schedulers[sum(lr_scheduler.last_epoch >= m for m in lr_scheduler._milestones)]
+    if not isinstance(active, torch.optim.lr_scheduler.LambdaLR):
+        return  # a custom or optimizer-driven schedule (Adafactor) keeps the state it saved
     initial, base_lrs = configured
     for group, value in zip(optimizer.param_groups, initial):
         if value is not None:
@@ -221,11 +227,6 @@ def _restore_configured_rates(optimizer, lr_scheduler, configured: tuple[list, l
     for scheduler, rates in zip(_schedulers(lr_scheduler), base_lrs):
         if rates:
             scheduler.base_lrs = rates
-    active = lr_scheduler
-    if hasattr(lr_scheduler, "_schedulers"):
-        active = lr_scheduler._schedulers[sum(lr_scheduler.last_epoch >= m for m in lr_scheduler._milestones)]
-    if not hasattr(active, "get_lr"):
-        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # get_lr outside step() is what we mean here
         rates = active.get_lr()

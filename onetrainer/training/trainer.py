@@ -91,10 +91,14 @@ class Trainer:
         try:
             return self._run()
         except _StoppedEarly:
-            destination = Path(self.config.output_model_destination).expanduser()
-            kept = f" ({destination} is unchanged)" if destination.exists() else ""
-            self.status(f"stopped before the first step: no step was trained, no model is written{kept}")
-            return Finished("stopped", "", self.progress.global_step)
+            return self._nothing_trained("stopped")
+
+    def _nothing_trained(self, reason: str) -> Finished:
+        # An untrained model (an all-zero LoRA) must never replace a trained one: nothing is written.
+        destination = Path(self.config.output_model_destination).expanduser()
+        kept = f" ({destination} is unchanged)" if destination.exists() else ""
+        self.status(f"stopped before the first step: no step was trained, no model is written{kept}")
+        return Finished(reason, "", 0)
 
     def _run(self) -> Finished:
         config = self.config
@@ -173,7 +177,6 @@ class Trainer:
             self.optimizer.train()
         smooth_loss = None
         step_times: list[float] = []
-        first_step = self.progress.global_step
 
         for epoch in range(self.progress.epoch, config.epochs):
             self.progress.epoch = epoch
@@ -224,12 +227,8 @@ class Trainer:
 
         reason = "stopped" if self.control.stop_requested else "completed"
         if self.progress.global_step == 0:
-            # Nothing trained (stopped before the first step): an untrained model must not replace a trained one.
-            destination = Path(config.output_model_destination).expanduser()
-            kept = f" ({destination} is unchanged)" if destination.exists() else ""
-            self.status(f"no step was trained: no model is written{kept}")
-            return Finished(reason, "", 0)
-        if config.backup_before_save and self.progress.global_step > first_step:
+            return self._nothing_trained(reason)
+        if config.backup_before_save and self._backup_step != self.progress.global_step:
             self.backup()
         output = self.save_final()
         return Finished(reason, str(output), self.progress.global_step)

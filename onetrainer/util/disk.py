@@ -10,20 +10,24 @@ from pathlib import Path
 
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 # What torch's zip writer says when the disk fills up under it (it reports no errno).
-_TORCH_WRITE_FAILURES = ("inline_container", "file write failed", "unexpected pos", "no space left")
+_TORCH_WRITE_FAILURES = ("inline_container", "file write failed", "unexpected pos")
+# safetensors' writer raises its own SafetensorError with Rust's words for a full disk.
+_FULL_WORDS = ("no space left", "storagefull", "disk quota exceeded")
 
 
 def is_write_error(error: BaseException) -> bool:
     if isinstance(error, OSError):
         return True
-    return isinstance(error, RuntimeError) and any(t in str(error).lower() for t in _TORCH_WRITE_FAILURES)
+    text = str(error).lower()
+    if any(w in text for w in _FULL_WORDS):
+        return True
+    return isinstance(error, RuntimeError) and any(t in text for t in _TORCH_WRITE_FAILURES)
 
 
 def is_disk_full(error: BaseException) -> bool:
-    if isinstance(error, OSError) and error.errno in _FULL:
-        return True
-    text = str(error).lower()
-    return "no space left" in text or (isinstance(error, RuntimeError) and is_write_error(error))
+    if isinstance(error, OSError):
+        return error.errno in _FULL
+    return is_write_error(error)
 
 
 def write_error_message(error: BaseException, path: str | os.PathLike | None = None) -> str:

@@ -126,6 +126,8 @@ def test_disk_full_is_said_in_words_with_the_path(tmp_path):
     assert write_error_message(torch_error, tmp_path / "x.pt").startswith(f"disk full: cannot write {tmp_path}")
     os_error = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "y"))
     assert write_error_message(os_error).startswith(f"disk full: cannot write {tmp_path / 'y'}")
+    rust_error = Exception('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
+    assert write_error_message(rust_error, tmp_path / "z").startswith(f"disk full: cannot write {tmp_path / 'z'}")
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
@@ -200,3 +202,31 @@ def test_resume_skips_a_damaged_backup_and_reports_changed_settings(tmp_path):
     assert "learning_rate: 0.001 in the backup, 0.0005 now" in warnings and "config's values are used" in warnings
     rates = {m.global_step: next(iter(m.learning_rates.values())) for m in sink.of(Metrics)}
     assert min(rates) == 2 and rates[2] == pytest.approx(5e-4)  # the configured rate, not the backup's
+
+
+def test_a_tensorboard_server_that_lost_its_port_is_started_again_then_reported(tmp_path):
+    class DeadServer:
+        port = 6006
+
+        def failure(self) -> str:
+            return "TensorBoard on port 6006 stopped (exit code 1): it was already in use"
+
+    trainer = object.__new__(trainer_module.Trainer)  # only the TensorBoard bookkeeping is exercised
+    trainer.config = config_from_dict(tiny_config(tmp_path))[0]
+    sink = ListSink()
+    trainer.warn = lambda text: sink.emit(Warning_(text))
+    launched: list[int] = []
+
+    def launch(port: int) -> None:
+        launched.append(port)
+        trainer.tensorboard_server = DeadServer()
+
+    trainer._launch_tensorboard = launch
+    trainer.tensorboard_server = DeadServer()
+    trainer._check_tensorboard()
+    assert launched == [6007] and "starting it on another port" in texts(sink, Warning_)
+    trainer._check_tensorboard()  # the second failure is reported, not retried forever
+    assert launched == [6007] and "not available for this run" in texts(sink, Warning_)
+    assert "already in use" in texts(sink, Warning_)
+    trainer._check_tensorboard()
+    assert launched == [6007]
