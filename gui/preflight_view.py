@@ -51,6 +51,7 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
                 stats.notes.append(f"{label}: {_names(items)}")
         stats.notes += [f"Unreadable, skipped: {Path(path).name} ({reason})" for path, reason in entry.unreadable]
         stats.notes += [f"Problem: {problem}" for problem in entry.problems]
+        stats.notes += [f"Warning: {warning}" for warning in entry.warnings]
         if entry.buckets:
             stats.bucket_headers = list(BUCKET_HEADERS)
         for row in entry.buckets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from onetrainer.config.naming import describe
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
+EXIT_ABORTED = 130  # a second Ctrl+C, as shells report an interrupted command
 
 DESCRIPTION = "Train a diffusion model (LoRA, fine-tune or embedding) from a config, without the GUI."
 EPILOG = """\
@@ -22,7 +24,8 @@ A preset NAME is its path under presets/ without .json (e.g. sd15/lora, demo).
 --set keys are dotted, with list indexes (concepts.0.path=/data/cats); values are
 parsed as JSON when they parse (3, 1e-4, true, null, [1,2]), else taken as text.
 Exit codes: 0 finished (also after a requested stop), 1 training failed,
-2 invalid config (every problem is listed).
+2 invalid config (every problem is listed), 130 aborted by a second Ctrl+C.
+Ctrl+C, SIGTERM and SIGHUP stop after the current step: backup, save, exit 0.
 Outputs: the model at output_model_destination; logs, samples, TensorBoard
 files, backups and saves under workspace_dir."""
 
@@ -113,29 +116,57 @@ def _train(config) -> int:
     from onetrainer.training.control import TrainingControl
     from onetrainer.training.devices import torch_threads, training_threads
     from onetrainer.training.events import Failed
-    from onetrainer.training.runner import run_training
+    from onetrainer.training.runner import ABORTED, run_training
 
     control = TrainingControl()
-
-    def on_interrupt(signum, frame):
-        if control.stop_requested:
-            raise KeyboardInterrupt
-        print("\nStopping after this step (the model is saved); press Ctrl+C again to abort.", file=sys.stderr)
-        control.request_stop()
-
-    previous = signal.signal(signal.SIGINT, on_interrupt) if _main_thread() else None
+    previous = _install_stop_signals(control) if _main_thread() else {}
     try:
         with torch_threads(training_threads()):  # as the app trains
             outcome = run_training(config, control, [ConsoleSink()], checked=True)
+    except KeyboardInterrupt:  # the second Ctrl+C arrived outside the run (after its last event)
+        _say(f"Training aborted: {ABORTED}")
+        return EXIT_ABORTED
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if isinstance(outcome, Failed):
-        print(f"Training failed: {outcome.message}", file=sys.stderr)
-        if outcome.log_path:
-            print(f"The log with the full traceback: {outcome.log_path}", file=sys.stderr)
+        if outcome.message == ABORTED:
+            _say(f"Training aborted: {outcome.message}")
+            return EXIT_ABORTED
+        _say(f"Training failed: {outcome.message}")
+        if outcome.log_path and outcome.traceback:
+            _say(f"The log with the full traceback: {outcome.log_path}")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _install_stop_signals(control) -> dict:
+    """Ctrl+C, SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal or SSH session) stop like the app's Stop
+    button: the current step ends, a backup and the model are written, the exit code is 0. A second Ctrl+C aborts."""
+
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if control.stop_requested:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            _say(f"{name}: already stopping (the model is being saved); Ctrl+C aborts without saving")
+            return
+        again = "; press Ctrl+C again to abort" if signum == signal.SIGINT else ""
+        _say(f"\n{name}: stopping after this step (a backup and the model are written){again}.")
+        control.request_stop()
+
+    previous = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None:  # SIGHUP does not exist on Windows
+            previous[signum] = signal.signal(signum, on_signal)
+    return previous
+
+
+def _say(text: str) -> None:
+    """A line on stderr; after SIGHUP the terminal may be gone, and that must not end the run."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
 
 
 def _main_thread() -> bool:

@@ -71,8 +71,6 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
         error("force_circular_padding", "circular padding")
     if config.debug_mode:
         warning("debug_mode", "debug mode")
-    if config.include_train_config.value != "NONE":
-        warning("include_train_config", "storing the config in the output file")
     for i, concept in enumerate(config.concepts or []):
         if concept.type is ConceptType.PRIOR_PREDICTION and config.training_method is not TrainingMethod.LORA:
             problems.append(Problem(f"concepts.{i}.type", "PRIOR_PREDICTION concepts need the LORA training method"))
@@ -125,14 +123,35 @@ def _check_concepts(config: TrainConfig) -> list[Problem]:
 
 
 def _check_output(config: TrainConfig) -> list[Problem]:
+    from onetrainer.util.disk import unwritable_reason
+
+    problems: list[Problem] = []
+    folders = [("workspace_dir", config.workspace_dir)]
+    if config.latent_caching:
+        folders.append(("cache_dir", config.cache_dir))
+    for path, folder in folders:
+        reason = unwritable_reason(folder, directory=True) if folder.strip() else None
+        if reason:
+            problems.append(Problem(path, f"the folder {folder} cannot be written: {reason}"))
     destination = config.output_model_destination.strip()
     if not destination:
-        return [Problem("output_model_destination", "no output destination given")]
+        return [*problems, Problem("output_model_destination", "no output destination given")]
     target = Path(destination).expanduser()
-    problems: list[Problem] = []
+    reason = unwritable_reason(target)
+    if reason:
+        problems.append(Problem("output_model_destination", f"the model cannot be saved at {destination}: {reason}"))
     if config.prevent_overwrites and target.exists():
         problems.append(
             Problem("output_model_destination", f"{destination} already exists and 'Prevent overwrites' is on")
+        )
+    if config.output_model_format.is_directory and config.include_train_config.value != "NONE":
+        problems.append(
+            Problem(
+                "include_train_config",
+                "a DIFFUSERS folder has no file header to store the config in; the run's config is in the workspace's "
+                "config folder",
+                Severity.WARNING,
+            )
         )
     if config.output_model_format.is_directory:
         if target.is_file():

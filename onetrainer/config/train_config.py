@@ -134,7 +134,8 @@ class TrainConfig(ConfigNode):
     prevent_overwrites: bool = setting(
         False,
         "Prevent overwrites",
-        "Refuse to start when the output model already exists, instead of replacing it at the end.",
+        "Refuse to start when the output model already exists, instead of replacing it at the end; one that appears "
+        "during training is kept too, and the model is saved beside it under the run's name.",
         tab="general",
         group="Workspace",
     )

@@ -3,13 +3,19 @@
 Entries are keyed by everything that changes them: the file (path, size and modification time), the bucket and crop,
 the augmentation and its variation, the family, the model and the VAE's data type, the caption text. So a second run
 with nothing changed encodes nothing, changing one image re-encodes only that image, and clearing the cache is never
-needed for correctness. Entries are written atomically, so concurrent runs sharing a cache cannot corrupt it.
+needed for correctness. Entries are written atomically, so concurrent runs sharing a cache cannot corrupt it. An entry
+damaged anyway (a disk error, a copy cut short) counts as missing: the fill pass encodes it again and rewrites it, and
+one that fails to load during training is deleted (and its batch decoded from the image files).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
+import os
 import pickle
 import shutil
 from collections import OrderedDict
@@ -18,9 +24,13 @@ from typing import Any
 
 import torch
 
+from onetrainer.util.disk import is_write_error
 from onetrainer.util.fs import atomic_file
 
+log = logging.getLogger(__name__)
+
 CACHE_FORMAT = 1
+_ZIP_END = b"PK\x05\x06"  # the zip end-of-directory record that closes every file torch.save writes
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -45,7 +55,8 @@ class DiskCache:
         return self.root / key[:2] / f"{key}.pt"
 
     def __contains__(self, key: str) -> bool:
-        return self.path(key).is_file()
+        """The entry is there and complete (a file cut short lacks the end record torch writes last)."""
+        return key in self._memory or _looks_complete(self.path(key))
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
         """The entry (callers must not change its tensors in place), or None when it is missing or unreadable."""
@@ -57,8 +68,12 @@ class DiskCache:
             return None
         try:
             entry = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
-            return None  # an unreadable entry is encoded again
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+            # Damaged: delete it, so that the next fill encodes it again instead of failing on it every run.
+            log.warning("cache entry %s is damaged (%s); it is removed and will be encoded again", path, e)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
         self._remember(key, entry)
         return entry
 
@@ -73,8 +88,24 @@ class DiskCache:
             self._memory_bytes -= dropped
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
-        with atomic_file(self.path(key)) as tmp:
-            torch.save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp)
+        path = self.path(key)
+        try:
+            with atomic_file(path) as tmp:
+                torch.save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp)
+        except RuntimeError as e:
+            if not is_write_error(e):
+                raise
+            # torch's zip writer reports a full disk as "enforce fail at inline_container.cc": say what it is.
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+
+
+def _looks_complete(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            f.seek(-22, os.SEEK_END)
+            return f.read(4) == _ZIP_END
+    except OSError:  # missing, or shorter than the record itself
+        return False
 
 
 def clear_cache(cache_dir: str | Path) -> None:

@@ -164,6 +164,7 @@ class TextCache:
 
     def __init__(self, config, family, model) -> None:
         self.cache = DiskCache(config.cache_dir, "text")
+        self.family, self.model = family, model
         self.identity = {
             "kind": "text",
             "family": family.info.key,
@@ -176,11 +177,27 @@ class TextCache:
 
     def conditioning(self, captions: list[str], device) -> Conditioning:
         entries = [self.cache.get(self.key(c)) for c in captions]
-        if any(e is None for e in entries):
-            raise KeyError("a caption is missing from the text cache")
+        missing = [c for c, e in zip(captions, entries) if e is None]
+        if missing:  # damaged or deleted meanwhile (another run cleared the cache): encode again and repair
+            encoded = dict(zip(missing, encode_text_entries(self.family, self.model, missing)))
+            for caption, entry in encoded.items():
+                self.cache.put(self.key(caption), entry)
+            entries = [e if e is not None else encoded[c] for c, e in zip(captions, entries)]
         hidden = torch.stack([e["hidden"] for e in entries]).to(device)
         pooled = torch.stack([e["pooled"] for e in entries]).to(device) if "pooled" in entries[0] else None
         return Conditioning(hidden, pooled)
+
+
+def encode_text_entries(family, model, captions: list[str]) -> list[dict[str, torch.Tensor]]:
+    with torch.no_grad():
+        conditioning = family.encode_text(model, family.tokenize(model, captions))
+    entries = []
+    for i in range(len(captions)):
+        entry = {"hidden": conditioning.hidden_states[i].float().cpu()}
+        if conditioning.pooled is not None:
+            entry["pooled"] = conditioning.pooled[i].float().cpu()
+        entries.append(entry)
+    return entries
 
 
 def fill_text_cache(
@@ -205,12 +222,7 @@ def fill_text_cache(
     progress = _Progress("captions", len(missing), report)
     for start in range(0, len(missing), 16):
         chunk = missing[start : start + 16]
-        with torch.no_grad():
-            conditioning = family.encode_text(model, family.tokenize(model, chunk))
-        for i, caption in enumerate(chunk):
-            entry = {"hidden": conditioning.hidden_states[i].float().cpu()}
-            if conditioning.pooled is not None:
-                entry["pooled"] = conditioning.pooled[i].float().cpu()
+        for caption, entry in zip(chunk, encode_text_entries(family, model, chunk)):
             text_cache.cache.put(text_cache.key(caption), entry)
         stats.encoded += len(chunk)
         progress.update(stats.encoded)

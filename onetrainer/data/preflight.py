@@ -36,6 +36,7 @@ class ConceptReport:
     missing_masks: list[str] = field(default_factory=list)
     resized_masks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
     buckets: list[BucketRow] = field(default_factory=list)
 
 
@@ -68,6 +69,8 @@ class PreflightReport:
                 lines.append(f"  unreadable, skipped: {path} ({reason})")
             for problem in c.problems:
                 lines.append(f"  problem: {problem}")
+            for warning in c.warnings:
+                lines.append(f"  warning: {warning}")
             if c.buckets:
                 lines.append("  bucket        images  batches  repeated  dropped")
                 for b in c.buckets:
@@ -157,6 +160,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         missing_masks=[str(p) for p in scan.missing_masks],
         resized_masks=[str(p) for p in scan.resized_masks],
         problems=list(scan.problems),
+        warnings=[*scan.caption_warnings, *scan.image_warnings],
     )
     if samples:
         by_bucket: dict[str, list] = defaultdict(list)

@@ -18,6 +18,8 @@ from onetrainer.data.images import caption_lines, list_images, mask_path_of, rea
 log = logging.getLogger(__name__)
 
 _ROTATED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+SMALL_IMAGE = 16  # pixels on the shorter side: scaled up to the bucket, such an image trains mostly blur
+LONG_CAPTION = 10_000  # characters; CLIP reads 77 tokens (a few hundred characters), so a longer file is a mistake
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ConceptScan:
     missing_masks: list[Path] = field(default_factory=list)
     resized_masks: list[Path] = field(default_factory=list)
     caption_warnings: list[str] = field(default_factory=list)
+    image_warnings: list[str] = field(default_factory=list)  # used, but probably not what the user meant
     problems: list[str] = field(default_factory=list)  # the concept as a whole: folder missing, empty, …
 
 
@@ -72,6 +75,8 @@ def scan_concept(index: int, concept, folder: Path, masked: bool) -> ConceptScan
         size = _image_size(path, scan)
         if size is None:
             continue
+        if min(size) < SMALL_IMAGE:
+            scan.image_warnings.append(f"{path} is only {size[0]}x{size[1]} pixels: scaled up, it trains mostly blur")
         captions = _captions_of(path, concept, shared_lines, scan)
         mask = mask_path_of(path)
         if mask.is_file():
@@ -99,7 +104,7 @@ def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
         if orientation in _ROTATED_ORIENTATIONS:
             width, height = height, width
         return width, height
-    except (OSError, ValueError, UnidentifiedImageError, SyntaxError) as e:
+    except (OSError, ValueError, UnidentifiedImageError, SyntaxError, Image.DecompressionBombError) as e:
         if scan is not None:
             scan.unreadable.append((path, _reason(e)))
         return None
@@ -108,6 +113,9 @@ def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
 def _reason(error: Exception) -> str:
     if isinstance(error, UnidentifiedImageError):
         return "not an image PIL can read"
+    if isinstance(error, Image.DecompressionBombError):
+        limit = Image.MAX_IMAGE_PIXELS or 0
+        return f"more than twice Pillow's limit of {limit:,} pixels, which guards against decompression bombs"
     return str(error) or type(error).__name__
 
 
@@ -127,6 +135,11 @@ def _captions_of(path: Path, concept, shared: tuple[str, ...], scan: ConceptScan
 
 def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
     data = path.read_bytes()
+    if len(data) > LONG_CAPTION:
+        scan.caption_warnings.append(
+            f"{path} is {len(data):,} bytes long: a caption is read up to 77 tokens (a few hundred characters); "
+            "is it the right file?"
+        )
     try:
         data.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -114,8 +114,11 @@ class Family(ABC):
         return {"prompt": prompt, "negative_prompt": negative_prompt}
 
     @abstractmethod
-    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
-        """Write the whole model (fine-tune result) in `fmt` at `destination`."""
+    def save(
+        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """Write the whole model (fine-tune result) in `fmt` at `destination`; `metadata` joins a single file's
+        header."""
 
     @abstractmethod
     def kohya_name(self, part: str, module_path: str) -> str:

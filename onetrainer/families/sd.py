@@ -194,11 +194,13 @@ class StableDiffusionFamily(Family):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
+    def save(
+        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
         if fmt is ModelFormat.DIFFUSERS:
             self.save_diffusers(model, destination, dtype)
         elif fmt in (ModelFormat.ORIGINAL_SINGLE_FILE, ModelFormat.LEGACY_SAFETENSORS):
-            self.save_single_file(model, destination, dtype)
+            self.save_single_file(model, destination, dtype, metadata)
         else:
             raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
 
@@ -228,7 +230,9 @@ class StableDiffusionFamily(Family):
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }
 
-    def save_single_file(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+    def save_single_file(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
         from safetensors.torch import save_file
 
         state = self.original_state_dict(model, dtype)
@@ -241,6 +245,7 @@ class StableDiffusionFamily(Family):
         if len(tokenizer) != 49408:
             # Only non-standard tokenizers (the tiny test models) travel inside the file.
             metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
+        metadata.update(extra_metadata or {})
         with atomic_file(destination) as tmp:
             save_file(state, str(tmp), metadata=metadata)
 

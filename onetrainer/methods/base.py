@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -17,6 +18,8 @@ from onetrainer.util.dtypes import torch_dtype
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.embedding_file import save_embedding
 from onetrainer.weights.metadata import model_metadata
+
+OT_CONFIG_KEY = "ot_config"  # OneTrainer's header key for the training config
 
 
 class Method(ABC):
@@ -155,6 +158,19 @@ class Method(ABC):
             written.append(path)
         return written
 
+    def config_metadata(self) -> dict[str, str]:
+        """`include_train_config` as in OneTrainer: the config as JSON under `ot_config` in the file's header, without
+        the concepts and samples (SETTINGS) or with them inline (ALL); never the secrets."""
+        part = self.config.include_train_config.value
+        if part == "NONE":
+            return {}
+        data = self.config.to_dict()
+        data.pop("secrets", None)
+        if part == "SETTINGS":
+            data.pop("concepts", None)
+            data.pop("samples", None)
+        return {OT_CONFIG_KEY: json.dumps(data, ensure_ascii=False)}
+
     def training_resolution(self) -> tuple[int, int]:
         resolution = parse_resolution(self.config.resolution)
         if resolution.exact:
@@ -170,6 +186,7 @@ class Method(ABC):
             adapter="textual-inversion",
         )
         meta["onetrainer.placeholder"] = embedding.placeholder
+        meta.update(self.config_metadata())
         return meta
 
 

@@ -62,5 +62,5 @@ class FineTuneMethod(Method):
 
     def save_output(self, destination: Path) -> list[Path]:
         dtype = torch_dtype(self.config.output_dtype)
-        self.family.save(self.model, self.config.output_model_format, destination, dtype)
+        self.family.save(self.model, self.config.output_model_format, destination, dtype, self.config_metadata())
         return [destination, *self.save_additional_embeddings(destination)]

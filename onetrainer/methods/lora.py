@@ -214,6 +214,7 @@ class LoraMethod(Method):
             rank,
             self.config.lora_alpha,
         )
+        metadata.update(self.config_metadata())
         with atomic_file(destination) as tmp:
             save_file(self.output_state(), str(tmp), metadata=metadata)
         written = [destination]

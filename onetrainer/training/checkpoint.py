@@ -2,17 +2,24 @@
 
 A backup folder `workspace/backup/<time>-backup-<step>-<epoch>-<epoch step>/` holds the trained weights (adapters,
 weights or embeddings, written by the method), `optimizer.pt` (optimizer and LR-scheduler state), `rng.pt`,
-`config.json` and `meta.json` with the progress. It is written into a temporary folder and renamed, so a crash never
-leaves a half backup that resume would pick up.
+`config.json` and `meta.json` with the progress, the run's identity and the size of every file. It is written into a
+temporary folder and renamed, so a crash never leaves a half backup that resume would pick up; a backup damaged later
+(a copy cut short, a file deleted) fails the size check and is skipped for the next older one.
+
+A backup belongs to a run identity (`run_identity`: model type, method, base model and concept folders), so runs
+sharing a workspace never resume from, or clean up, each other's backups. `optimizer.pt` and `rng.pt` are read with
+`weights_only=True`: a crafted file cannot run code.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import random
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +31,11 @@ from onetrainer.util.fs import atomic_directory
 log = logging.getLogger(__name__)
 
 META = "meta.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+
+class BackupDamaged(Exception):
+    """A backup that cannot be restored (a file missing, cut short or unreadable); the message names it."""
 
 
 @dataclass
@@ -35,6 +46,15 @@ class TrainProgress:
 
     def suffix(self) -> str:
         return f"{self.global_step}-{self.epoch}-{self.epoch_step}"
+
+
+def run_identity(config) -> str:
+    """What makes backups "this run's": the model type, training method, base model and concept folders. Settings
+    (the learning rate, the output path after a failed save…) may change between a run and its resumption; they are
+    compared and reported separately."""
+    folders = sorted(c.path for c in (config.concepts or []) if c.enabled)
+    text = json.dumps([config.model_type.value, config.training_method.value, config.base_model_name, folders])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def write_backup(
@@ -49,6 +69,11 @@ def write_backup(
 ) -> Path:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     target = backup_root / f"{stamp}-backup-{progress.suffix()}"
+    suffix = 1
+    while target.exists():  # two backups in one second (a tiny model, "backup now")
+        suffix += 1
+        target = backup_root / f"{stamp}-backup-{progress.suffix()}-{suffix}"
+    identity = run_identity(config)
     with atomic_directory(target) as tmp:
         method.save_backup(tmp)
         torch.save(
@@ -62,43 +87,106 @@ def write_backup(
         )
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
+        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         meta = {
             "format": FORMAT_VERSION,
             "progress": asdict(progress),
+            "run_identity": identity,
+            "written_at": time.time(),
             "model_type": config.model_type.value,
             "training_method": config.training_method.value,
             "base_model_name": config.base_model_name,
+            "files": files,
         }
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if keep:
-        for old in list_backups(backup_root)[:-keep]:
+        # Only this run's backups take part in the rolling window: another config's backups are never deleted.
+        for old in list_backups(backup_root, identity)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return target
 
 
-def list_backups(backup_root: Path) -> list[Path]:
-    """Complete backups, oldest first (their names start with the time they were written)."""
+def read_meta(backup: Path) -> dict:
+    return json.loads((backup / META).read_text(encoding="utf-8"))
+
+
+def list_backups(backup_root: Path, identity: str | None = None) -> list[Path]:
+    """Complete backups, oldest first (by the time they were written, then by step: `backup-9` before `backup-10`).
+
+    With `identity`, only the backups of that run identity (`run_identity`); backups written before identities were
+    recorded count as anyone's.
+    """
     if not backup_root.is_dir():
         return []
-    return sorted(
-        p for p in backup_root.iterdir() if p.is_dir() and (p / META).is_file() and not p.name.startswith(".")
-    )
+    found = []
+    for path in backup_root.iterdir():
+        if not path.is_dir() or path.name.startswith(".") or not (path / META).is_file():
+            continue
+        try:
+            meta = read_meta(path)
+        except (OSError, ValueError) as e:
+            log.warning("%s: unreadable %s (%s); ignored", path, META, e)
+            continue
+        if identity is not None and meta.get("run_identity", identity) != identity:
+            continue
+        written = meta.get("written_at")
+        if not isinstance(written, int | float):
+            written = (path / META).stat().st_mtime
+        step = meta.get("progress", {}).get("global_step", 0)
+        found.append((written, step, path.name, path))
+    return [entry[-1] for entry in sorted(found)]
 
 
 def read_progress(backup: Path) -> TrainProgress:
-    meta = json.loads((backup / META).read_text(encoding="utf-8"))
-    return TrainProgress(**meta["progress"])
+    return TrainProgress(**read_meta(backup)["progress"])
+
+
+def check_complete(backup: Path) -> None:
+    """Raise `BackupDamaged` naming the first file that is missing or has another size than when it was written."""
+    try:
+        meta = read_meta(backup)
+    except (OSError, ValueError) as e:
+        raise BackupDamaged(f"{backup / META} cannot be read ({e})") from e
+    expected = meta.get("files") or {"optimizer.pt": None}
+    for name, size in expected.items():
+        path = backup / name
+        if not path.is_file():
+            raise BackupDamaged(f"{path} is missing")
+        if size is not None and path.stat().st_size != size:
+            raise BackupDamaged(f"{path} is cut short or damaged ({path.stat().st_size} bytes, {size} written)")
+
+
+def backup_settings(backup: Path) -> dict:
+    """The config the backup was written with (empty when it cannot be read)."""
+    try:
+        return json.loads((backup / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[TrainProgress, dict, list[str]]:
-    """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings."""
+    """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings.
+
+    Raises `BackupDamaged` (before loading anything when a file is missing or cut short). The learning rates stay the
+    config's (LR schedules of ours): the backup brings the weights, the optimizer's moments, the schedule's position
+    and the random state.
+    """
+    check_complete(backup)
     warnings: list[str] = []
-    method.load_backup(backup)
-    state = torch.load(backup / "optimizer.pt", map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(backup / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a damaged zip, or a pickle that asks for more than tensors and plain values
+        raise BackupDamaged(f"{backup / 'optimizer.pt'} cannot be read safely ({e})") from e
+    try:
+        method.load_backup(backup)
+    except Exception as e:
+        raise BackupDamaged(f"the trained weights in {backup} cannot be read ({e})") from e
     names = [g.get("name") for g in optimizer.param_groups]
     if state.get("group_names") == names:
+        configured = _configured_rates(optimizer, lr_scheduler)
         optimizer.load_state_dict(state["optimizer"])
         lr_scheduler.load_state_dict(state["lr_scheduler"])
+        _restore_configured_rates(optimizer, lr_scheduler, configured)
     else:
         warnings.append(
             f"the optimizer state in {backup.name} is for other parameter groups ({state.get('group_names')}); "
@@ -106,20 +194,82 @@ def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[Train
         )
     rng = backup / "rng.pt"
     if rng.is_file():
-        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+        try:
+            _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
+        except Exception as e:
+            warnings.append(f"{rng} cannot be read safely ({type(e).__name__}); the random state starts fresh")
     return read_progress(backup), state, warnings
 
 
+def _schedulers(lr_scheduler) -> list:
+    return [lr_scheduler, *getattr(lr_scheduler, "_schedulers", [])]  # SequentialLR holds the warmup and the main one
+
+
+def _configured_rates(optimizer, lr_scheduler) -> tuple[list, list]:
+    initial = [g.get("initial_lr") for g in optimizer.param_groups]
+    return initial, [list(getattr(s, "base_lrs", [])) for s in _schedulers(lr_scheduler)]
+
+
+def _restore_configured_rates(optimizer, lr_scheduler, configured: tuple[list, list]) -> None:
+    """Put the config's learning rates back after loading states that carry the backup's: the schedule continues
+    from the restored step with the configured base rates."""
+    import warnings
+
+    active = lr_scheduler
+    if hasattr(lr_scheduler, "_schedulers"):
+        active = lr_scheduler._schedulers[sum(lr_scheduler.last_epoch >= m for m in lr_scheduler._milestones)]
+    if not isinstance(active, torch.optim.lr_scheduler.LambdaLR):
+        return  # a custom or optimizer-driven schedule (Adafactor) keeps the state it saved
+    initial, base_lrs = configured
+    for group, value in zip(optimizer.param_groups, initial):
+        if value is not None:
+            group["initial_lr"] = value
+    for scheduler, rates in zip(_schedulers(lr_scheduler), base_lrs):
+        if rates:
+            scheduler.base_lrs = rates
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # get_lr outside step() is what we mean here
+        rates = active.get_lr()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    for scheduler in _schedulers(lr_scheduler):
+        scheduler._last_lr = list(rates)
+
+
+def differing_settings(saved: dict, current: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(path, backup's value, config's value) for every setting that differs, skipping run bookkeeping."""
+    skip = {"continue_last_backup", "concepts", "samples", "__version"}
+    out: list[tuple[str, object, object]] = []
+    for key in sorted(set(saved) | set(current)):
+        if not prefix and key in skip:
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differing_settings(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out
+
+
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # Only tensors and plain values, so that the file loads with weights_only=True.
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

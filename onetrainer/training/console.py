@@ -22,8 +22,17 @@ class ConsoleSink:
         self.stream = stream or sys.stderr
         self._bar = None
         self._loss: float | None = None
+        self._gone = False
 
     def emit(self, event: Event) -> None:
+        if self._gone:
+            return
+        try:
+            self._show(event)
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP, a closed SSH session): the log still has it all
+            self._gone = True
+
+    def _show(self, event: Event) -> None:
         if isinstance(event, Started):
             self._write(
                 f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "

@@ -12,8 +12,11 @@ from onetrainer.config.naming import describe
 from onetrainer.config.schema import errors
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
+from onetrainer.util.disk import is_write_error, write_error_message
 
 log = logging.getLogger(__name__)
+
+ABORTED = "aborted by a second interrupt (Ctrl+C): nothing was saved after the last backup"
 
 
 def run_training(
@@ -50,15 +53,19 @@ def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> 
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
+    workspace = None
     try:
         workspace = Workspace.create(config.workspace_dir, config.save_filename_prefix)
+        log_sink = LogFileSink(workspace.log_path)
     except OSError as e:
-        return Failed(f"cannot create the workspace {config.workspace_dir}: {e.strerror or e}")
-    log_sink = LogFileSink(workspace.log_path)
+        where = workspace.log_path if workspace is not None else config.workspace_dir
+        return Failed(f"cannot create the workspace {config.workspace_dir}: {write_error_message(e, where)}")
     events.sinks.insert(0, log_sink)
     trainer = Trainer(config, control, events, workspace)
     try:
         return trainer.run()
+    except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback
+        return Failed(ABORTED, "", str(workspace.log_path))
     except Exception as e:
         log.debug("training failed", exc_info=True)
         return Failed(_user_message(e), traceback.format_exc(), str(workspace.log_path))
@@ -70,10 +77,14 @@ def _user_message(error: Exception) -> str:
     from onetrainer.data.training_data import DatasetError
     from onetrainer.families.loading import ModelLoadError
     from onetrainer.families.sources import ModelNotFound
-    from onetrainer.training.trainer import NonFiniteLoss
+    from onetrainer.training.trainer import NonFiniteLoss, SaveFailed
 
-    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | NotImplementedError):
+    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed):
         return str(error)
+    if isinstance(error, NotImplementedError):
+        return str(error)
+    if is_write_error(error):  # a full disk, a folder that cannot be written (the cache, the config copy)
+        return write_error_message(error)
     if isinstance(error, MemoryError) or "out of memory" in str(error).lower():
         return (
             "out of memory: lower the batch size or the resolution, use FLOAT_16 / BFLOAT_16 weights, turn on "

@@ -73,12 +73,19 @@ def find_free_port(start: int, host: str = "127.0.0.1", attempts: int = 100) -> 
 
 
 class TensorBoardServer:
-    """A `tensorboard` process serving a log directory on 127.0.0.1 (or all interfaces when exposed)."""
+    """A `tensorboard` process serving a log directory on 127.0.0.1 (or all interfaces when exposed).
 
-    def __init__(self, log_dir: Path, port: int, expose: bool = False) -> None:
+    The process never outlives ours: it runs under `tensorboard_child.py`, which ends it when the
+    pipe from this process closes (also when this process is killed). It has a session of its own, so a Ctrl+C in
+    the terminal does not end it before the run has saved; the run stops it. Its output goes to `output_path` (when
+    given), so a server that dies can say why.
+    """
+
+    def __init__(self, log_dir: Path, port: int, expose: bool = False, output_path: Path | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.requested_port = port
         self.expose = expose
+        self.output_path = output_path
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
 
@@ -92,8 +99,7 @@ class TensorBoardServer:
         self.port = find_free_port(self.requested_port, host)
         args = [
             sys.executable,
-            "-m",
-            "tensorboard.main",
+            str(Path(__file__).with_name("tensorboard_child.py")),
             "--logdir",
             str(self.log_dir),
             "--port",
@@ -101,7 +107,17 @@ class TensorBoardServer:
             "--samples_per_plugin=images=100,scalars=10000",
         ]
         args += ["--bind_all"] if self.expose else ["--host", "127.0.0.1"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        output = subprocess.DEVNULL
+        if self.output_path is not None:
+            self.output_path.parent.mkdir(parents=True, exist_ok=True)
+            output = self.output_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            if output is not subprocess.DEVNULL:
+                output.close()
         if wait_seconds:
             self.wait_until_serving(wait_seconds)
         moved = "" if self.port == self.requested_port else f" (port {self.requested_port} was busy)"
@@ -121,9 +137,22 @@ class TensorBoardServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def failure(self) -> str | None:
+        """Why the server has ended on its own (its last output line), or None while it runs or was never started."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        last = ""
+        if self.output_path is not None and self.output_path.is_file():
+            lines = [ln.strip() for ln in self.output_path.read_text(errors="replace").splitlines() if ln.strip()]
+            last = lines[-1] if lines else ""
+        reason = f": {last}" if last else ""
+        return f"TensorBoard on port {self.port} stopped (exit code {self.process.returncode}){reason}"
+
     def stop(self) -> None:
         if self.process is None:
             return
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # the child's watchdog ends it; terminate below in case it does not
         self.process.terminate()
         try:
             self.process.wait(timeout=10)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from onetrainer.config.enums import ConceptType, EMAMode
+from onetrainer.data.cache import clear_cache
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
 from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
@@ -25,7 +26,17 @@ from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.sampling.sampler import looks_broken, render, save_image
 from onetrainer.training import diffusion
-from onetrainer.training.checkpoint import TrainProgress, list_backups, restore_backup, write_backup
+from onetrainer.training.checkpoint import (
+    BackupDamaged,
+    TrainProgress,
+    backup_settings,
+    differing_settings,
+    list_backups,
+    read_meta,
+    restore_backup,
+    run_identity,
+    write_backup,
+)
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, select_device
 from onetrainer.training.ema import EMA
@@ -46,11 +57,20 @@ from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
-from onetrainer.util.fs import atomic_write_json
+from onetrainer.util.disk import is_write_error, write_error_message
+from onetrainer.util.fs import atomic_write_json, remove_leftovers
 
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+class SaveFailed(RuntimeError):
+    """The final model could not be written; the message says where the trained state is kept."""
+
+
+class _StoppedEarly(Exception):
+    """Stop was requested before the first step (while the model loads, the data is read or the cache fills)."""
 
 
 class Trainer:
@@ -61,10 +81,28 @@ class Trainer:
         self.workspace = workspace
         self.progress = TrainProgress()
         self.tensorboard_server: TensorBoardServer | None = None
+        self.resumed_from: Path | None = None
+        self.last_backup: Path | None = None
+        self._backup_step = -1  # the step of the last backup written by this run
 
     # =================================================================================================================
     def run(self) -> Finished:
+        """The whole run; a stop before the first step ends it without writing anything."""
+        try:
+            return self._run()
+        except _StoppedEarly:
+            return self._nothing_trained("stopped")
+
+    def _nothing_trained(self, reason: str) -> Finished:
+        # An untrained model (an all-zero LoRA) must never replace a trained one: nothing is written.
+        destination = Path(self.config.output_model_destination).expanduser()
+        kept = f" ({destination} is unchanged)" if destination.exists() else ""
+        self.status(f"stopped before the first step: no step was trained, no model is written{kept}")
+        return Finished(reason, "", 0)
+
+    def _run(self) -> Finished:
         config = self.config
+        self._remove_leftovers()
         atomic_write_json(self.workspace.config_path, config.to_dict())
         self.device = select_device(config.train_device, self.warn)
 
@@ -73,6 +111,7 @@ class Trainer:
         self.model = self.family.load(config)
         for module in self.model.parts.values():
             module.to(self.device)
+        self._stop_point()
         self.status("reading the training images")
         self.data = TrainingData(config, self.model.info.family.bucket_step, resolve_local)
         self._report_scan()
@@ -81,6 +120,7 @@ class Trainer:
         self._check_placeholders()
         self.with_masks = config.masked_training or self.model.info.inpainting
         self.text_cache = None
+        self._stop_point()
         if config.latent_caching:
             self._fill_caches()
         if config.only_cache:
@@ -102,6 +142,11 @@ class Trainer:
         self.grad_scaler = grad_scaler(self.device, config.train_dtype)
         if config.continue_last_backup:
             self._resume()
+        self._stop_point()
+        if self.progress.epoch >= config.epochs and self._output_behind_backup():
+            self.status(f"all {config.epochs} epochs are trained; the model was never saved from this backup: saving")
+            output = self.save_final()
+            return Finished("completed", str(output), self.progress.global_step)
         if self.progress.epoch >= config.epochs:
             message = f"all {config.epochs} epochs are already trained; raise 'epochs' to train further"
             self.status(message)
@@ -154,6 +199,7 @@ class Trainer:
                 extra = {"ema_decay": self.ema.current_decay()} if self.ema else {}
                 self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer), extra))
                 self._emit_progress(total_steps, steps_per_epoch, step_times)
+                self._check_tensorboard()
 
                 frozen = self.method.update_freezing(n, epoch)
                 if frozen:
@@ -180,7 +226,9 @@ class Trainer:
                 break
 
         reason = "stopped" if self.control.stop_requested else "completed"
-        if config.backup_before_save:
+        if self.progress.global_step == 0:
+            return self._nothing_trained(reason)
+        if config.backup_before_save and self._backup_step != self.progress.global_step:
             self.backup()
         output = self.save_final()
         return Finished(reason, str(output), self.progress.global_step)
@@ -352,50 +400,152 @@ class Trainer:
             if self.schedule_free:
                 self.optimizer.train()
 
-    def backup(self) -> None:
+    def backup(self) -> Path | None:
+        """Write a backup; a failure (a full disk) is a warning and training goes on."""
         self.status("writing a backup")
         keep = self.config.rolling_backup_count if self.config.rolling_backup else None
         extra = {"ema": self.ema.state_dict()} if self.ema is not None else None
-        path = write_backup(
-            self.workspace.dir("backup"), self.method, self.optimizer, self.lr_scheduler, self.progress, self.config,
-            extra, keep,
-        )  # fmt: skip
+        folder = self.workspace.dir("backup")
+        try:
+            path = write_backup(
+                folder, self.method, self.optimizer, self.lr_scheduler, self.progress, self.config, extra, keep
+            )
+        except Exception as e:
+            if not is_write_error(e):
+                raise
+            self.warn(f"the backup at step {self.progress.global_step} failed: {write_error_message(e, folder)}")
+            return None
+        self.last_backup, self._backup_step = path, self.progress.global_step
         self.status(f"backup written: {path}")
+        return path
 
     def save_intermediate(self) -> None:
         fmt = self.config.output_model_format
         suffix = "" if fmt.is_directory else ".safetensors"
         name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
-        with self._inference_weights():
-            self.method.save_output(self.workspace.dir("save") / name)
+        path = self.workspace.dir("save") / name
+        try:
+            with self._inference_weights():
+                self.method.save_output(path)
+        except Exception as e:
+            if not is_write_error(e):
+                raise
+            self.warn(f"the intermediate save failed: {write_error_message(e, path)}; training goes on")
+            return
         self.status(f"saved {name}")
 
     def save_final(self) -> Path:
+        """Write the model. When that fails, the trained state is kept in a backup and the message says how to save
+        it (resume saves a model that is missing or older than the last backup)."""
         self.status("saving the model")
-        destination = Path(self.config.output_model_destination).expanduser()
+        destination = self._final_destination()
         if self.ema is not None:
             self.ema.copy_to_params()  # the final model takes the averaged weights
-        with self._inference_weights(use_ema=False):
-            self.method.save_output(destination)
+        try:
+            with self._inference_weights(use_ema=False):
+                self.method.save_output(destination)
+        except Exception as e:
+            if not is_write_error(e):
+                raise
+            raise SaveFailed(self._save_failed_message(write_error_message(e, destination))) from e
         self.status(f"model saved: {destination}")
         return destination
 
+    def _final_destination(self) -> Path:
+        """The output path; with 'Prevent overwrites', a file that appeared during training (another run's) is kept
+        and the model gets a name of its own beside it."""
+        destination = Path(self.config.output_model_destination).expanduser()
+        if not (self.config.prevent_overwrites and destination.exists()):
+            return destination
+        suffix = "" if self.config.output_model_format.is_directory else destination.suffix
+        stem = destination.name[: len(destination.name) - len(suffix)] if suffix else destination.name
+        alternative = destination.with_name(f"{stem}-{self.workspace.run_name}{suffix}")
+        self.warn(
+            f"{destination} appeared during training and 'Prevent overwrites' is on: it is kept, and this run's model "
+            f"is saved as {alternative}"
+        )
+        return alternative
+
+    def _save_failed_message(self, reason: str) -> str:
+        if self._backup_step != self.progress.global_step:
+            self.backup()  # the trained state must survive a failed save (a bad output path, a full disk)
+        if self._backup_step == self.progress.global_step and self.last_backup is not None:
+            return (
+                f"the model could not be saved: {reason}. The trained state is in the backup {self.last_backup}: fix "
+                "the output location (or free space) and run again with 'Continue from last backup' to save it"
+            )
+        return f"the model could not be saved, nor a backup written: {reason}"
+
     # =================================================================================================================
     def _resume(self) -> None:
-        backups = list_backups(self.workspace.dir("backup"))
+        """Continue from the newest intact backup of this run's identity (other configs' backups are not looked at);
+        a damaged one is named and the next older one is tried."""
+        folder = self.workspace.dir("backup")
+        backups = list_backups(folder, run_identity(self.config))
         if not backups:
+            others = len(list_backups(folder))
+            also = f" ({others} there are of other model types, methods, base models or concepts)" if others else ""
             self.warn(
-                f"'Continue from last backup' is on but {self.workspace.dir('backup')} has no backup: starting fresh"
+                f"'Continue from last backup' is on but {folder} has no backup of this config{also}: starting fresh"
             )
             return
-        latest = backups[-1]
-        self.progress, state, warnings = restore_backup(latest, self.method, self.optimizer, self.lr_scheduler)
+        for backup in reversed(backups):
+            try:
+                self.progress, state, warnings = restore_backup(backup, self.method, self.optimizer, self.lr_scheduler)
+            except BackupDamaged as e:
+                self.warn(f"backup {backup.name} is damaged and skipped: {e}")
+                continue
+            break
+        else:
+            self.warn(f"no intact backup of this config in {folder}: starting fresh")
+            self.progress = TrainProgress()
+            return
         if self.ema is not None and "ema" in state:
             self.ema.load_state_dict(state["ema"])
         for warning in warnings:
             self.warn(warning)
+        self._warn_changed_settings(backup)
+        self.resumed_from = self.last_backup = backup
         p = self.progress
-        self.status(f"resumed from {latest.name}: epoch {p.epoch + 1}, step {p.global_step}")
+        self._backup_step = p.global_step
+        self.status(f"resumed from {backup.name}: epoch {p.epoch + 1}, step {p.global_step}")
+
+    def _warn_changed_settings(self, backup: Path) -> None:
+        changed = differing_settings(backup_settings(backup), self.config.to_dict())
+        if not changed:
+            return
+        shown = "; ".join(f"{path}: {old!r} in the backup, {new!r} now" for path, old, new in changed[:8])
+        more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+        self.warn(
+            f"the config differs from the one {backup.name} was written with ({shown}{more}). The config's values "
+            "are used (learning rates included); the backup brings the trained weights, the optimizer's state, the "
+            "progress and the random state"
+        )
+
+    def _output_behind_backup(self) -> bool:
+        """True when the resumed backup is complete but the output is missing or older: a run that trained to the
+        end but whose final save never happened (killed, disk full, a bad output path)."""
+        if self.resumed_from is None:
+            return False
+        destination = Path(self.config.output_model_destination).expanduser()
+        if not destination.exists():
+            return True
+        written = read_meta(self.resumed_from).get("written_at", self.resumed_from.stat().st_mtime)
+        return destination.stat().st_mtime < written
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files and folders of writes that a kill interrupted (ours carry the writer's process id)."""
+        destination = Path(self.config.output_model_destination).expanduser()
+        folders = [self.workspace.dir(sub) for sub in ("backup", "save", "config")] + [destination.parent]
+        removed = [p for folder in folders for p in remove_leftovers(folder)]
+        for sub in ("latents", "text"):
+            removed += remove_leftovers(Path(self.config.cache_dir).expanduser() / sub, recursive=True)
+        for path in removed:
+            self.status(f"removed {path}, left over from an interrupted write")
+
+    def _stop_point(self) -> None:
+        if self.control.stop_requested and self.progress.global_step == 0:
+            raise _StoppedEarly
 
     def _report_scan(self) -> None:
         """Say what the scan found that will not be trained as it is: nothing is left out silently."""
@@ -406,7 +556,7 @@ class Trainer:
                 self.warn(f"{path}: skipped ({reason})")
             for path in scan.resized_masks:
                 self.warn(f"{path}: the mask's size differs from its image; it is resized")
-            for text in scan.caption_warnings:
+            for text in [*scan.caption_warnings, *scan.image_warnings]:
                 self.warn(text)
             if scan.missing_captions:
                 self.warn(f"concept '{scan.name}': {len(scan.missing_captions)} images have no caption file")
@@ -419,7 +569,10 @@ class Trainer:
 
     def _fill_caches(self) -> None:
         config = self.config
-        stats = fill_latent_cache(self.data, self.family, self.model, config, self.with_masks, self.status)
+        if config.clear_cache_before_training:
+            clear_cache(config.cache_dir)
+            self.status(f"cleared the cache in {config.cache_dir} ('Clear cache before training' is on)")
+        stats = fill_latent_cache(self.data, self.family, self.model, config, self.with_masks, self._caching_status)
         for failure in stats.failed:
             self.warn(f"{failure}; skipped")
         if not self.data.images:
@@ -429,10 +582,15 @@ class Trainer:
         self.events.emit(CacheFilled("latents", stats.needed, stats.encoded, stats.seconds))
         if text_encoders_frozen(config):
             self.text_cache, text_stats = fill_text_cache(
-                self.data, self.family, self.model, config, self.method.embeddings.apply, self.status
+                self.data, self.family, self.model, config, self.method.embeddings.apply, self._caching_status
             )
             self.status(f"captions: {text_stats.needed - text_stats.encoded} cached, {text_stats.encoded} encoded")
             self.events.emit(CacheFilled("captions", text_stats.needed, text_stats.encoded, text_stats.seconds))
+
+    def _caching_status(self, text: str) -> None:
+        """Caching's progress lines, which are also where a stop during caching is noticed."""
+        self.status(text)
+        self._stop_point()
 
     def _create_ema(self) -> EMA | None:
         if self.config.ema is EMAMode.OFF:
@@ -463,14 +621,31 @@ class Trainer:
     def _start_tensorboard(self) -> None:
         self.events.sinks.append(TensorBoardSink(self.workspace.tensorboard_dir, self.config.samples_to_tensorboard))
         if self.config.tensorboard:
-            server = TensorBoardServer(
-                self.workspace.dir("tensorboard"), self.config.tensorboard_port, self.config.tensorboard_expose
-            )
-            try:
-                self.status(server.start())
-                self.tensorboard_server = server
-            except (OSError, RuntimeError) as e:
-                self.warn(f"TensorBoard could not start: {e}")
+            self._launch_tensorboard(self.config.tensorboard_port)
+
+    def _launch_tensorboard(self, port: int) -> None:
+        output = self.workspace.dir("logs") / f"{self.workspace.run_name}-tensorboard.log"
+        server = TensorBoardServer(self.workspace.dir("tensorboard"), port, self.config.tensorboard_expose, output)
+        try:
+            self.status(server.start())
+            self.tensorboard_server = server
+        except (OSError, RuntimeError) as e:
+            self.warn(f"TensorBoard could not start: {e}")
+
+    def _check_tensorboard(self) -> None:
+        """A server that ended on its own (another run's server took the port between our check and its start) is
+        started once more on the next free port; a second failure is reported with TensorBoard's own words."""
+        server = self.tensorboard_server
+        failure = server.failure() if server is not None else None
+        if failure is None:
+            return
+        self.tensorboard_server = None
+        if getattr(self, "_tensorboard_retried", False):
+            self.warn(f"{failure}; TensorBoard is not available for this run")
+            return
+        self._tensorboard_retried = True
+        self.warn(f"{failure}; starting it on another port")
+        self._launch_tensorboard((server.port or self.config.tensorboard_port) + 1)
 
     def stop_tensorboard(self) -> None:
         if self.tensorboard_server is not None and not self.config.tensorboard_always_on:

@@ -60,6 +60,11 @@ class Workspace:
         return self.root / "config" / f"{self.run_name}.json"
 
 
+class _QuietStreamHandler(logging.StreamHandler):
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass  # a log file that cannot be written (disk full) must not print logging's own traceback on every line
+
+
 def safe_name(text: str, limit: int = 60) -> str:
     """A prompt made safe as a folder name on every platform."""
     cleaned = re.sub(r'[<>:"/\\|?*\x00-\x1f]', "", text).strip().strip(".")
@@ -73,8 +78,12 @@ class LogFileSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.file = path.open("a", encoding="utf-8")
+        # Written and flushed now, so that a full disk is an error at start rather than a failing sink later.
+        self.file.write(f"[{datetime.datetime.now():%H:%M:%S}] log of {path.stem}\n")
+        self.file.flush()
         self._last_progress = -1
-        self.handler = logging.StreamHandler(self.file)
+        self.failed = False
+        self.handler = _QuietStreamHandler(self.file)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         self.handler.setLevel(logging.INFO)
         logging.getLogger().addHandler(self.handler)
@@ -82,10 +91,14 @@ class LogFileSink:
 
     def emit(self, event: Event) -> None:
         text = self._text(event)
-        if text:
+        if text and not self.failed:
             stamp = datetime.datetime.now().strftime("%H:%M:%S")
-            self.file.write(f"[{stamp}] {text}\n")
-            self.file.flush()
+            try:
+                self.file.write(f"[{stamp}] {text}\n")
+                self.file.flush()
+            except OSError as e:  # the disk filled up during the run: say so once, training goes on
+                self.failed = True
+                logging.getLogger(__name__).warning("the log %s cannot be written any more: %s", self.path, e)
 
     def _text(self, event: Event) -> str | None:
         if isinstance(event, Started):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -18,11 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# Temporary names carry the writing process's id, so a later run can tell a killed write's leftovers from a write
+# that another process is doing right now.
+_TAG = f"pid{os.getpid()}-"
+_LEFTOVER = re.compile(r"^\..+\.pid(\d+)-[^.]+\.(tmp|old)$")
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_TAG}", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -49,7 +55,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; when the block succeeds it replaces `path` in one rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(f".{path.name}.{_TAG}{uuid.uuid4().hex[:8]}.tmp")
     try:
         yield tmp
         readable_by_others(tmp)
@@ -68,7 +74,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(f".{path.name}.{_TAG}{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()
     try:
         yield tmp
@@ -82,7 +88,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 def replace_path(new: Path, target: Path) -> None:
     """Move `new` (a file or folder) to `target`, replacing whatever is there."""
     if target.is_dir() and not target.is_symlink():
-        old = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.old")
+        old = target.with_name(f".{target.name}.{_TAG}{uuid.uuid4().hex[:8]}.old")
         os.replace(target, old)
         os.replace(new, target)
         shutil.rmtree(old, ignore_errors=True)
@@ -127,3 +133,43 @@ def readable_by_others(path: Path) -> None:
                 entry = Path(root) / name
                 if not entry.is_symlink():  # chmod would change the link's target, which is not ours
                     os.chmod(entry, mode)
+
+
+def remove_leftovers(folder: str | os.PathLike, recursive: bool = False) -> list[Path]:
+    """Delete the temporary files and folders that killed writes left in `folder` (those of processes that no longer
+    run); returns what was removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in folder.rglob(".*") if recursive else folder.glob(".*"):
+        match = _LEFTOVER.match(path.name)
+        if not match or _process_running(int(match.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
+def _process_running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":
+        import ctypes
+
+        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        ctypes.windll.kernel32.CloseHandle(handle)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

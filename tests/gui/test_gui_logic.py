@@ -161,8 +161,9 @@ def test_statistics_come_from_the_preflight_report() -> None:
     preflight = pytest.importorskip("onetrainer.data.preflight")
     row = preflight.BucketRow("512x512", 4, 2, 1, 0)
     entry = preflight.ConceptReport(
-        1, "cats", "/data/cats", True, 4, missing_captions=["/data/cats/a.png"], buckets=[row]
-    )  # concept 0 is disabled: the report skips it
+        1, "cats", "/data/cats", True, 4, missing_captions=["/data/cats/a.png"], buckets=[row],
+        warnings=["/data/cats/dot.png is only 1x1 pixels"],
+    )  # concept 0 is disabled: the report skips it  # fmt: skip
     report = preflight.PreflightReport([entry], steps_per_epoch=2, total_steps=200, errors=["something odd"])
     stats = concept_statistics(report, 1)
     facts = dict(stats.facts)
@@ -170,6 +171,7 @@ def test_statistics_come_from_the_preflight_report() -> None:
     assert facts["Total steps (all concepts)"] == "200"
     assert stats.bucket_rows == [["512x512", "4", "2", "1", "0"]] and stats.bucket_images == [4.0]
     assert any("a.png" in note for note in stats.notes) and "Error: something odd" in stats.notes
+    assert "Warning: /data/cats/dot.png is only 1x1 pixels" in stats.notes  # tiny images, huge captions
     assert concept_statistics(report, 0).notes[0].startswith("This concept is not in the report")
 
 

@@ -1,0 +1,139 @@
+"""Backups belong to their run, sort by step, are checked before use and load without running code."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+from onetrainer.config import config_from_dict
+from onetrainer.training.checkpoint import (
+    BackupDamaged,
+    TrainProgress,
+    check_complete,
+    list_backups,
+    read_progress,
+    restore_backup,
+    run_identity,
+    write_backup,
+)
+from onetrainer.util.fs import remove_leftovers
+from tests.helpers import tiny_config
+
+
+class FakeMethod:
+    """Writes and reads one weight file, as the real methods do."""
+
+    def __init__(self) -> None:
+        self.weight = torch.nn.Parameter(torch.ones(3))
+
+    def save_backup(self, folder: Path) -> None:
+        torch.save({"w": self.weight.detach()}, folder / "weights.pt")
+
+    def load_backup(self, folder: Path) -> None:
+        self.weight.data.copy_(torch.load(folder / "weights.pt", weights_only=True)["w"])
+
+
+def setup(tmp_path: Path, lr: float = 1e-3, concept: str = "images"):
+    config, _ = config_from_dict(tiny_config(tmp_path, learning_rate=lr, concepts=[{"path": str(tmp_path / concept)}]))
+    method = FakeMethod()
+    optimizer = torch.optim.AdamW([{"params": [method.weight], "lr": lr, "name": "w"}])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return config, method, optimizer, scheduler
+
+
+def backup(root: Path, setup_, step: int, keep: int | None = None) -> Path:
+    config, method, optimizer, scheduler = setup_
+    return write_backup(root, method, optimizer, scheduler, TrainProgress(0, step, step), config, None, keep)
+
+
+def fake_backup(root: Path, name: str, step: int, written_at: float, identity: str | None = None) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    meta = {"progress": {"epoch": 0, "epoch_step": step, "global_step": step}, "written_at": written_at}
+    if identity:
+        meta["run_identity"] = identity
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_backups_sort_by_time_then_numeric_step_not_by_name(tmp_path):
+    # Written in the same second: by name, backup-10 would come before backup-9.
+    fake_backup(tmp_path, "2026-01-01_00-00-00-backup-10-1-0", 10, 2.0)
+    fake_backup(tmp_path, "2026-01-01_00-00-00-backup-9-0-9", 9, 1.0)
+    assert [read_progress(b).global_step for b in list_backups(tmp_path)] == [9, 10]
+
+
+def test_resume_and_rolling_cleanup_see_only_their_own_runs_backups(tmp_path):
+    root = tmp_path / "backup"
+    mine, other = setup(tmp_path, concept="cats"), setup(tmp_path, concept="dogs")
+    assert run_identity(mine[0]) != run_identity(other[0])
+    theirs = [backup(root, other, step) for step in (1, 2)]
+    for step in (1, 2, 3):
+        backup(root, mine, step, keep=2)
+    own = list_backups(root, run_identity(mine[0]))
+    assert [read_progress(b).global_step for b in own] == [2, 3]  # the rolling window of this run only
+    assert all(p.is_dir() for p in theirs)  # the other run's backups are untouched
+    assert list_backups(root, run_identity(other[0])) == theirs
+
+
+def test_a_cut_short_or_missing_file_is_named(tmp_path):
+    folder = backup(tmp_path, setup(tmp_path), 1)
+    check_complete(folder)
+    weights = folder / "weights.pt"
+    weights.write_bytes(weights.read_bytes()[:20])
+    try:
+        check_complete(folder)
+        raise AssertionError("a cut-short file must be found")
+    except BackupDamaged as e:
+        assert str(weights) in str(e) and "cut short" in str(e)
+    weights.unlink()
+    try:
+        restore_backup(folder, *setup(tmp_path)[1:])
+        raise AssertionError("a missing file must be found")
+    except BackupDamaged as e:
+        assert str(weights) in str(e) and "missing" in str(e)
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = ""
+
+
+def test_a_crafted_rng_file_does_not_run_code_and_the_configured_learning_rate_wins(tmp_path):
+    global MARKER
+    MARKER = str(tmp_path / "pwned")
+    folder = backup(tmp_path / "backup", setup(tmp_path, lr=1e-3), 5)
+    (folder / "rng.pt").write_bytes(pickle.dumps(Exploit()))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"]["rng.pt"] = (folder / "rng.pt").stat().st_size  # an attacker can write the sizes too
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+    _, method, optimizer, scheduler = setup(tmp_path, lr=5e-4)  # the user lowered the learning rate
+    progress, _, warnings = restore_backup(folder, method, optimizer, scheduler)
+    assert progress.global_step == 5
+    assert not Path(MARKER).exists()
+    assert any("rng.pt" in w and "cannot be read safely" in w for w in warnings)
+    # The schedule continues at its step with the configured base rate (5e-4 / (1 + 0): the fake backup's scheduler
+    # was never stepped), not the backup's 1e-3.
+    assert optimizer.param_groups[0]["lr"] == 5e-4 and scheduler.base_lrs == [5e-4]
+
+
+def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    dead = tmp_path / ".lora.safetensors.pid999999999-ab12cd34.tmp"
+    dead.write_bytes(b"half")
+    dead_dir = tmp_path / ".2026-backup-1-0-1.pid999999999-ab12cd34.tmp"
+    dead_dir.mkdir()
+    (dead_dir / "optimizer.pt").write_bytes(b"half")
+    live = tmp_path / f".model.safetensors.pid{os.getpid()}-ab12cd34.tmp"
+    live.write_bytes(b"being written")
+    user = tmp_path / ".hidden.tmp"
+    user.write_bytes(b"not ours")
+    assert sorted(remove_leftovers(tmp_path)) == sorted([dead, dead_dir])
+    assert live.exists() and user.exists() and not dead.exists() and not dead_dir.exists()
