@@ -99,13 +99,12 @@ def _output_digest(path: Path) -> dict[str, float]:
 
 
 def _sample_digest(workspace: Path) -> list[float]:
-    """The mean pixel value of each rendered sample, in file name order."""
+    """The mean and the standard deviation of each rendered sample's pixels, in file name order."""
     import numpy as np
     from PIL import Image
 
-    return [
-        float(np.asarray(Image.open(p), dtype=np.float64).mean()) for p in sorted(workspace.rglob("samples/*/*.png"))
-    ]
+    arrays = [np.asarray(Image.open(p), dtype=np.float64) for p in sorted(workspace.rglob("samples/*/*.png"))]
+    return [float(f(a)) for a in arrays for f in (np.mean, np.std)]
 
 
 def run_case(name: str, root: Path) -> dict:
