@@ -16,6 +16,7 @@ import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
+from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
 
 
 @dataclass
@@ -37,10 +38,13 @@ class LoadedModel:
     model_type: ModelType
     parts: dict[str, torch.nn.Module]
     text_encoders: list[TextEncoderSlot]
-    noise_scheduler: Any  # a diffusers scheduler used for training (add_noise, get_velocity, alphas)
-    v_prediction: bool
+    schedule: NoiseSchedule  # the training noise process (created by the family)
     source: str
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific state (e.g. original keys to keep)
+
+    @property
+    def v_prediction(self) -> bool:
+        return self.schedule.prediction is PredictionType.V
 
     @property
     def info(self) -> ModelTypeInfo:
@@ -101,8 +105,9 @@ class Family(ABC):
         timesteps: torch.Tensor,
         conditioning: Conditioning,
         extra: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """The denoiser's prediction; `extra` holds per-batch inputs such as the inpainting mask and image."""
+    ) -> Prediction:
+        """The denoiser's prediction (plus any family loss terms) at the schedule's `model_time`; `extra` holds
+        per-batch inputs such as the inpainting mask and image."""
 
     @abstractmethod
     def pipeline(self, model: LoadedModel, sampler: Any) -> Any:

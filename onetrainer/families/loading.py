@@ -77,13 +77,3 @@ def checked_load(module: torch.nn.Module, state: dict, what: str) -> None:
         if result.unexpected_keys:
             details.append(f"{len(result.unexpected_keys)} unexpected (e.g. {result.unexpected_keys[0]})")
         raise ModelLoadError(f"{what} does not match the model layout: {', '.join(details)}")
-
-
-def training_scheduler(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool):
-    """A DDPM scheduler with the model's noise schedule, used for adding noise and computing targets."""
-    from diffusers import DDPMScheduler
-
-    overrides = {"prediction_type": "v_prediction" if v_prediction else "epsilon"}
-    if zero_terminal_snr:
-        overrides["rescale_betas_zero_snr"] = True
-    return DDPMScheduler.from_config(dict(scheduler_config), **overrides)

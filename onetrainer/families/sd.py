@@ -18,10 +18,10 @@ from onetrainer.families.loading import (
     hub_options,
     load_diffusers_component,
     load_tokenizer,
-    training_scheduler,
 )
 from onetrainer.families.sources import ModelSource, cache_root, resolve_local, resolve_source
 from onetrainer.tiny import reference
+from onetrainer.training.noise_schedules import DiscreteSchedule, Prediction, PredictionType
 from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
@@ -57,10 +57,9 @@ class StableDiffusionFamily(Family):
         slot = TextEncoderSlot(
             "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder_layer_skip
         )
-        scheduler = training_scheduler(
-            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
-        )
-        return LoadedModel(model_type, parts, [slot], scheduler, v_prediction, config.base_model_name, extra)
+        zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
+        schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
+        return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, extra)
 
     def _read_source(self, config):
         """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
@@ -167,13 +166,13 @@ class StableDiffusionFamily(Family):
             return {}
         return inpainting_inputs(self, model, pixels, input_masks, batch.masked_latents)
 
-    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         unet = model.part("unet")
         sample = noisy_latents
         if "mask" in extra:
             sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
         dtype = first_weight(unet).dtype
-        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample
+        return Prediction(unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample)
 
     # -- sampling -------------------------------------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ class StableDiffusionFamily(Family):
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
         import diffusers
 
-        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.noise_scheduler.config)
+        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.schedule.scheduler_config)
         pipe = self.pipeline(model, scheduler)
         with atomic_directory(destination) as tmp:
             pipe.save_pretrained(str(tmp), safe_serialization=True)
@@ -278,6 +277,12 @@ def _config_of(part: torch.nn.Module) -> dict:
     """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
     config = part.config
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool) -> DiscreteSchedule:
+    """The model's DDPM betas, with the prediction type the run trains."""
+    prediction = PredictionType.V if v_prediction else PredictionType.EPSILON
+    return DiscreteSchedule(scheduler_config, prediction, zero_terminal_snr)
 
 
 def _v_prediction(config, model_type: ModelType) -> bool:

@@ -29,7 +29,6 @@ from onetrainer.families.loading import (
     hub_options,
     load_diffusers_component,
     load_tokenizer,
-    training_scheduler,
 )
 from onetrainer.families.sd import (
     CONFIGS_KEY,
@@ -42,10 +41,12 @@ from onetrainer.families.sd import (
     _plain,
     _single_file_tokenizer,
     _v_prediction,
+    discrete_schedule,
     inpainting_inputs,
 )
 from onetrainer.families.sources import ModelSource
 from onetrainer.tiny import reference
+from onetrainer.training.noise_schedules import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 
@@ -82,10 +83,9 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             TextEncoderSlot("text_encoder_2", parts["text_encoder_2"], tokenizers[1], "lora_te2", "clip_g"),
         ]
         slots[0].layer_skip, slots[1].layer_skip = config.text_encoder_layer_skip, config.text_encoder_2_layer_skip
-        scheduler = training_scheduler(
-            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
-        )
-        return LoadedModel(model_type, parts, slots, scheduler, v_prediction, config.base_model_name, extra)
+        zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
+        schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
+        return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
 
     def _load_diffusers(self, source: ModelSource, config):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
@@ -184,7 +184,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             extra["masked_latents"] = extra["masked_latents"].float()
         return extra
 
-    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         unet = model.part("unet")
         sample = noisy_latents
         if "mask" in extra:
@@ -196,7 +196,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             ids = time_ids([size] * len(noisy_latents), [(0, 0)] * len(noisy_latents), size, noisy_latents.device)
         dtype = first_weight(unet).dtype
         added = {"text_embeds": conditioning.pooled.to(dtype), "time_ids": ids.to(dtype)}
-        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype), added_cond_kwargs=added).sample
+        output = unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype), added_cond_kwargs=added).sample
+        return Prediction(output)
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

@@ -10,15 +10,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from onetrainer.sampling.schedulers import create_sampler
-
 log = logging.getLogger(__name__)
 NOT_FINITE = "onetrainer.not_finite"  # Image.info key: the decoded sample held NaN or infinite values
 
 
 def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=False):
     """One image for a sample definition; the model's modules are used as they are (adapters included)."""
-    sampler = create_sampler(sample.noise_scheduler, model.noise_scheduler.config, zero_terminal_snr)
+    sampler = model.schedule.sampler(sample.noise_scheduler, zero_terminal_snr)
     pipe = family.pipeline(model, sampler)
     pipe.set_progress_bar_config(disable=True)
     seed = random.randint(0, 2**31 - 1) if sample.random_seed else sample.seed

@@ -1,4 +1,5 @@
-"""The diffusion maths shared by the families: noise, timesteps, targets, loss and its weighting.
+"""The diffusion maths shared by the families: noise, the timestep distributions, the loss and its weighting (the
+noise process itself, targets and SNR, is the family's `NoiseSchedule`, see `noise_schedules.py`).
 
 Everything takes explicit tensors and generators, so the same inputs always give the same result (resume and
 tests depend on it).
@@ -6,10 +7,15 @@ tests depend on it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import LossWeight, TimestepDistribution
+
+if TYPE_CHECKING:
+    from onetrainer.training.noise_schedules import NoiseSchedule
 
 
 def sample_noise(latents: torch.Tensor, generator: torch.Generator, config) -> torch.Tensor:
@@ -93,13 +99,6 @@ def timestep_histogram(config, bins: int = 100, samples: int = 1_000_000, num_ti
     return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)
 
 
-def training_target(scheduler, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor, v_prediction: bool):
-    """What the model learns to predict: the noise (epsilon) or the velocity (v-prediction)."""
-    if v_prediction:
-        return scheduler.get_velocity(latents, noise, timesteps)
-    return noise
-
-
 def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config) -> torch.Tensor:
     """The sum of the enabled loss functions, per element (not reduced)."""
     prediction = prediction.float()
@@ -137,16 +136,13 @@ def reduce_loss(pixel_loss: torch.Tensor, weights: torch.Tensor | None, normaliz
     return weighted
 
 
-def snr(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-    a = alphas_cumprod.to(timesteps.device)[timesteps].float()
-    return a / (1.0 - a)
-
-
-def timestep_weights(fn: LossWeight, strength: float, alphas_cumprod, timesteps, v_prediction: bool) -> torch.Tensor:
-    """Loss weight per sample by noise level (min-SNR-gamma, debiased estimation, P2)."""
+def timestep_weights(fn: LossWeight, strength: float, schedule: NoiseSchedule, times: torch.Tensor) -> torch.Tensor:
+    """Loss weight per sample by noise level (min-SNR-gamma, debiased estimation, P2), from the schedule's SNR at
+    `times`; a v-prediction model's loss is an SNR + 1 weighted epsilon loss, which the weightings account for."""
     if fn is LossWeight.CONSTANT:
-        return torch.ones(timesteps.shape, device=timesteps.device)
-    s = snr(alphas_cumprod, timesteps)
+        return torch.ones(times.shape, device=times.device)
+    s = schedule.snr(times)
+    v_prediction = schedule.v_prediction
     if fn is LossWeight.MIN_SNR_GAMMA:
         return torch.minimum(s, torch.full_like(s, strength)) / (s + 1.0 if v_prediction else s)
     if fn is LossWeight.DEBIASED_ESTIMATION:

@@ -61,6 +61,8 @@ class Trainer:
         self.workspace = workspace
         self.progress = TrainProgress()
         self.tensorboard_server: TensorBoardServer | None = None
+        self._family_losses: dict[str, list[float]] = {}  # the family's loss terms of the micro-batches of a step
+        self.family_losses: dict[str, float] = {}  # their means over the last step, by TensorBoard tag
 
     # =================================================================================================================
     def run(self) -> Finished:
@@ -152,6 +154,7 @@ class Trainer:
                 n = self.progress.global_step
                 smooth_loss = loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * max(0.01, 1 / n)
                 extra = {"ema_decay": self.ema.current_decay()} if self.ema else {}
+                extra.update(self.family_losses)
                 self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer), extra))
                 self._emit_progress(total_steps, steps_per_epoch, step_times)
 
@@ -192,6 +195,7 @@ class Trainer:
         torch.manual_seed(seed)  # adapter dropout and anything else that uses torch's global generator
         generator = torch.Generator(device="cpu").manual_seed(seed)
         total = 0.0
+        self._family_losses = {}
         for batch in batches:
             for problem in batch.problems:
                 self.warn(problem)
@@ -202,6 +206,7 @@ class Trainer:
             if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
                 self.grad_scaler.scale(loss).backward()
             total += float(loss.detach())
+        self.family_losses = {f"loss/{k}": sum(v) / len(batches) for k, v in self._family_losses.items()}
         self.grad_scaler.unscale_(self.optimizer)
         if self.config.clip_grad_norm is not None:
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -228,12 +233,11 @@ class Trainer:
         else:
             conditioning = family.encode_text(model, family.tokenize(model, captions))
 
+        schedule = model.schedule
         noise = diffusion.sample_noise(latents, generator, config)
         if timesteps is None:
-            timesteps = diffusion.sample_timesteps(
-                len(latents), model.noise_scheduler.config.num_train_timesteps, generator, config, self.device
-            )
-        noisy = model.noise_scheduler.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
+            timesteps = schedule.sample_times(len(latents), generator, config, self.device)
+        noisy = schedule.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
 
         keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
         extra = family.batch_inputs(model, batch, self._pixels(batch), self._input_masks(batch, keep_unmasked))
@@ -242,13 +246,15 @@ class Trainer:
             blank = batch.blank_latents.to(self.device, extra["masked_latents"].dtype)
             unmasked = keep_unmasked.to(self.device).view(-1, 1, 1, 1)
             extra["masked_latents"] = torch.where(unmasked, blank, extra["masked_latents"])
-        prediction = family.predict(model, noisy, timesteps, conditioning, extra).float()
-        target = diffusion.training_target(model.noise_scheduler, latents, noise, timesteps, model.v_prediction)
+        model_time = schedule.model_time(timesteps)
+        predicted = family.predict(model, noisy, model_time, conditioning, extra)
+        prediction = predicted.output.float()
+        target = schedule.target(latents, noise, timesteps)
         prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
         if any(prior):
             # Prior-prediction concepts learn the base model's own prediction: the LoRA must not drift there.
             with torch.no_grad(), self.method.adapters_disabled():
-                base = family.predict(model, noisy, timesteps, conditioning, extra).float()
+                base = family.predict(model, noisy, model_time, conditioning, extra).output.float()
             target = torch.where(torch.tensor(prior, device=self.device).view(-1, 1, 1, 1), base, target.float())
 
         weights = None
@@ -258,14 +264,17 @@ class Trainer:
         pixel_loss = diffusion.per_pixel_loss(prediction, target.float(), config)
         per_sample = diffusion.reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
         per_sample = per_sample * diffusion.timestep_weights(
-            config.loss_weight_fn,
-            config.loss_weight_strength,
-            model.noise_scheduler.alphas_cumprod,
-            timesteps,
-            model.v_prediction,
+            config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
         )
-        loss = (per_sample * batch.loss_weights.to(self.device)).mean()
-        return loss * _scaler_factor(config.loss_scaler.value, config)
+        sample_weights = batch.loss_weights.to(self.device)
+        scale = _scaler_factor(config.loss_scaler.value, config)
+        loss = (per_sample * sample_weights).mean()
+        for name, term in predicted.losses.items():
+            # The family's own terms (already at their strength), with the same per-concept weights and scaler.
+            term_loss = (term.float() * sample_weights).mean()
+            self._family_losses.setdefault(name, []).append(float(term_loss.detach()) * scale)
+            loss = loss + term_loss
+        return loss * scale
 
     def _latents(self, batch: Batch) -> torch.Tensor:
         if batch.latents is not None:
@@ -289,11 +298,10 @@ class Trainer:
         """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
         self.status("validating")
         losses: dict[str, list[float]] = {}
-        timestep = self.model.noise_scheduler.config.num_train_timesteps // 2 - 1
         with torch.no_grad():
             for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
                 generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
-                fixed = torch.full((batch.size,), timestep, dtype=torch.long, device=self.device)
+                fixed = self.model.schedule.validation_times(batch.size, self.device)
                 with autocast(self.device, self.config.train_dtype):
                     loss = float(self.batch_loss(batch, generator, fixed))
                 name = self.config.concepts[self.data.validation_images[batch.samples[0].image].concept]

@@ -112,7 +112,7 @@ def test_v_prediction_comes_from_the_model_type():
     assert FAMILY.load(config(base_model_name="tiny:sd21", model_type="STABLE_DIFFUSION_21")).v_prediction
     assert not FAMILY.load(config(base_model_name="tiny:sd21-base", model_type="STABLE_DIFFUSION_21_BASE")).v_prediction
     forced = FAMILY.load(config(force_v_prediction=True))
-    assert forced.v_prediction and forced.noise_scheduler.config.prediction_type == "v_prediction"
+    assert forced.v_prediction and forced.schedule.scheduler_config["prediction_type"] == "v_prediction"
 
 
 def test_sd2_single_file_round_trip(tmp_path):

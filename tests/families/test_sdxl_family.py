@@ -58,7 +58,7 @@ def unet_output(m, caption: str = "a photo") -> torch.Tensor:
     with torch.no_grad():
         conditioning = FAMILY.encode_text(m, FAMILY.tokenize(m, [caption]))
         extra = FAMILY.batch_inputs(m, batch, torch.zeros(1, 3, 64, 64), None)
-        return FAMILY.predict(m, x, torch.tensor([321]), conditioning, extra)
+        return FAMILY.predict(m, x, torch.tensor([321]), conditioning, extra).output
 
 
 def latents(pipe, prompt: str = "a red circle", **kwargs) -> torch.Tensor:
@@ -72,7 +72,7 @@ def latents(pipe, prompt: str = "a red circle", **kwargs) -> torch.Tensor:
 def ours(m):
     for module in m.parts.values():
         module.eval()
-    return FAMILY.pipeline(m, DDIMScheduler.from_config(m.noise_scheduler.config))
+    return FAMILY.pipeline(m, DDIMScheduler.from_config(m.schedule.scheduler_config))
 
 
 # -- conditioning ------------------------------------------------------------------------------------------------
@@ -240,7 +240,8 @@ def test_inpainting_inputs_and_sample():
     extra = FAMILY.batch_inputs(m, batch, pixels, masks)
     assert extra["mask"].shape == (2, 1, 8, 8) and extra["masked_latents"].shape == (2, 4, 8, 8)
     conditioning = FAMILY.encode_text(m, FAMILY.tokenize(m, ["a", "b"]))
-    assert FAMILY.predict(m, torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), conditioning, extra).shape == (2, 4, 8, 8)
+    prediction = FAMILY.predict(m, torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), conditioning, extra)
+    assert prediction.output.shape == (2, 4, 8, 8)
     sample = config(samples=[{"prompt": "x", "width": 64, "height": 64, "diffusion_steps": 1}]).samples[0]
     assert render(FAMILY, m, sample).size == (64, 64)
 

@@ -202,5 +202,5 @@ def test_zero_terminal_snr_rescales_the_schedule_and_predicts_v(tmp_path):
 
     config, _ = config_from_dict({"base_model_name": "tiny:sd15", "rescale_noise_scheduler_to_zero_terminal_snr": True})
     model = StableDiffusionFamily().load(config)
-    assert model.v_prediction and model.noise_scheduler.alphas_cumprod[-1].item() == pytest.approx(0.0, abs=1e-6)
-    assert math.isclose(model.noise_scheduler.alphas_cumprod[0].item(), 0.99915, rel_tol=1e-3)
+    assert model.v_prediction and model.schedule.alphas_cumprod[-1].item() == pytest.approx(0.0, abs=1e-6)
+    assert math.isclose(model.schedule.alphas_cumprod[0].item(), 0.99915, rel_tol=1e-3)
