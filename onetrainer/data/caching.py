@@ -16,10 +16,11 @@ import torch
 from onetrainer.data.cache import DiskCache, cache_key, model_identity
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.training_data import TrainingData
+from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData
 from onetrainer.families.base import Conditioning
 
 ENCODE_BATCH = 4
+CACHE_LAYOUT = 2  # 2: named family extras and text tensors (entries of older layouts are encoded again)
 
 
 @dataclass
@@ -58,6 +59,7 @@ def latent_identity(config) -> dict:
     info = model_type_info(config.model_type)
     return {
         "kind": "latents",
+        "layout": CACHE_LAYOUT,
         "family": info.family.key,
         "inpainting": info.inpainting,
         **model_identity(config, "vae"),
@@ -106,7 +108,6 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
     failed: dict[int, str] = {}
     done = 0
     for items in by_bucket.values():
-        blank = None
         for start in range(0, len(items), ENCODE_BATCH):
             chunk = items[start : start + ENCODE_BATCH]
             loaded, keys = [], []
@@ -120,13 +121,8 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                 pixels = torch.stack([s.pixels for s in loaded])
                 with torch.no_grad():
                     latents = family.encode_images(model, pixels).float().cpu()
-                    extra = {}
-                    if model.info.inpainting and with_masks:
-                        masks = torch.stack([s.mask for s in loaded])
-                        keep = (masks < 0.5).to(pixels.dtype)
-                        extra["masked_latents"] = family.encode_images(model, pixels * keep).float().cpu()
-                        if blank is None:
-                            blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()[0]
+                    masks = torch.stack([s.mask for s in loaded]) if with_masks else None
+                    extra = family.cache_extras(model, pixels, masks)
                 for i, (key, sample) in enumerate(zip(keys, loaded)):
                     entry = {
                         "latents": latents[i],
@@ -135,9 +131,7 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                     }
                     if with_masks:
                         entry["mask"] = sample.mask
-                    if "masked_latents" in extra:
-                        entry["masked_latents"] = extra["masked_latents"][i]
-                        entry["blank_latents"] = blank
+                    entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
                     data.latent_cache.put(key, entry)
                 stats.encoded += len(loaded)
             done += len(chunk)
@@ -166,6 +160,7 @@ class TextCache:
         self.cache = DiskCache(config.cache_dir, "text")
         self.identity = {
             "kind": "text",
+            "layout": CACHE_LAYOUT,
             "family": family.info.key,
             "skips": [slot.layer_skip for slot in model.text_encoders],
             **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
@@ -178,9 +173,7 @@ class TextCache:
         entries = [self.cache.get(self.key(c)) for c in captions]
         if any(e is None for e in entries):
             raise KeyError("a caption is missing from the text cache")
-        hidden = torch.stack([e["hidden"] for e in entries]).to(device)
-        pooled = torch.stack([e["pooled"] for e in entries]).to(device) if "pooled" in entries[0] else None
-        return Conditioning(hidden, pooled)
+        return Conditioning.stack(entries, device)
 
 
 def fill_text_cache(
@@ -206,12 +199,9 @@ def fill_text_cache(
     for start in range(0, len(missing), 16):
         chunk = missing[start : start + 16]
         with torch.no_grad():
-            conditioning = family.encode_text(model, family.tokenize(model, chunk))
+            conditioning = family.encode_text(model, chunk)
         for i, caption in enumerate(chunk):
-            entry = {"hidden": conditioning.hidden_states[i].float().cpu()}
-            if conditioning.pooled is not None:
-                entry["pooled"] = conditioning.pooled[i].float().cpu()
-            text_cache.cache.put(text_cache.key(caption), entry)
+            text_cache.cache.put(text_cache.key(caption), conditioning.row(i))
         stats.encoded += len(chunk)
         progress.update(stats.encoded)
     stats.seconds = time.monotonic() - started

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +59,71 @@ class LoadedModel:
         return self.parts[self.info.family.parts[0]]
 
 
+class CaptionDropout(Enum):
+    """How a family trains without its caption (caption dropout): encode the empty caption, or zero every tensor of
+    the conditioning (the attention mask included)."""
+
+    EMPTY_CAPTION = "empty_caption"
+    ZEROS = "zeros"
+
+
 @dataclass
 class Conditioning:
-    """What the denoiser is conditioned on for a batch of captions."""
+    """What the denoiser is conditioned on for a batch of captions: named tensors, each [B, ...] with one row per
+    caption (e.g. "hidden_states" [B, L, D], "pooled" [B, D], "attention_mask" [B, L]). The text cache stores and
+    stacks every tensor of it, so a family may add any it needs."""
 
-    hidden_states: torch.Tensor
-    pooled: torch.Tensor | None = None
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def hidden_states(self) -> torch.Tensor:
+        return self.tensors["hidden_states"]
+
+    @property
+    def pooled(self) -> torch.Tensor | None:
+        return self.tensors.get("pooled")
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.tensors.get(name)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def row(self, index: int) -> dict[str, torch.Tensor]:
+        """One caption's tensors (float32 on the CPU for floating ones), as the text cache stores them."""
+        return {k: (v[index].float() if v.is_floating_point() else v[index]).cpu() for k, v in self.tensors.items()}
+
+    @classmethod
+    def stack(cls, rows: list[dict[str, torch.Tensor]], device) -> Conditioning:
+        return cls({name: torch.stack([r[name] for r in rows]).to(device) for name in rows[0]})
+
+    def zeroed(self, drop: torch.Tensor) -> Conditioning:
+        """The rows where `drop` ([B] bool) is true set to zero (caption dropout by zeros)."""
+        out = {}
+        for name, value in self.tensors.items():
+            keep = (~drop).to(value.device).view(-1, *([1] * (value.dim() - 1)))
+            out[name] = value * keep.to(value.dtype)
+        return Conditioning(out)
+
+
+@dataclass
+class BatchInputs:
+    """What a family may use to build a batch's extra denoiser inputs (all on the training device)."""
+
+    latents: torch.Tensor  # [B, C, h, w], the clean latents
+    pixels: torch.Tensor | None  # [B, 3, H, W] in [-1, 1]; None when the latents come from the cache
+    original_sizes: list[tuple[int, int]]  # (height, width) of each image before scaling
+    crop_offsets: list[tuple[int, int]]  # (top, left) of the crop in the scaled image
+    input_masks: torch.Tensor | None  # inpainting models: [B, 1, H, W], 1 = paint; all ones for unmasked samples
+    keep_unmasked: torch.Tensor  # [B] bool: samples trained as if they had no mask
+    cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
 
 
 class Family(ABC):
     """One model family. Subclasses set `info` and implement the calls below."""
 
     info: FamilyInfo
+    caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
 
     @property
     def denoiser_part(self) -> str:
@@ -80,21 +134,21 @@ class Family(ABC):
         """Load from a diffusers folder, a single file, a hub id or one of our backup folders."""
 
     @abstractmethod
-    def tokenize(self, model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
-        """Token ids per text encoder, each [B, L]."""
-
-    @abstractmethod
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
-        """Run the text encoders (with their clip skip) on token ids."""
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        """Tokenize the captions and run the text encoders (with their clip skip): one row per caption."""
 
     @abstractmethod
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels in [-1, 1] → scaled latents."""
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor, input_masks: torch.Tensor | None) -> dict:
-        """Per-batch denoiser inputs beyond latents, timesteps and text (SDXL's size and crop ids, the inpainting mask
-        and masked image). `batch` carries `original_sizes` and `crop_offsets` ((top, left) in the resized image);
-        `input_masks` is the inpainting input mask (None for other models)."""
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        """Per-sample tensors to cache with the latents of `pixels` ([B, 3, H, W] in [-1, 1]; `masks` [B, 1, H, W]
+        in [0, 1] when the run uses masks): each value [B, ...]. They come back in `BatchInputs.cached`."""
+        return {}
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        """Per-batch denoiser inputs beyond latents, time and text (SDXL's size and crop ids, the inpainting mask and
+        masked image); they reach `predict` as its `extra` mapping."""
         return {}
 
     @abstractmethod

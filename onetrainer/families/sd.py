@@ -10,7 +10,7 @@ import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD, model_type_info
-from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import BatchInputs, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -143,7 +143,8 @@ class StableDiffusionFamily(Family):
         ).input_ids
         return [ids]
 
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        tokens = self.tokenize(model, captions)
         slot = model.text_encoders[0]
         encoder = slot.encoder
         device = first_weight(encoder).device
@@ -153,7 +154,7 @@ class StableDiffusionFamily(Family):
             hidden = encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
         else:
             hidden = output.last_hidden_state
-        return Conditioning(hidden)
+        return Conditioning({"hidden_states": hidden})
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         vae = model.part("vae")
@@ -161,10 +162,15 @@ class StableDiffusionFamily(Family):
         latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
         return latents * vae.config.scaling_factor
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
-        if not model.info.inpainting or input_masks is None:
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        if not model.info.inpainting or masks is None:
             return {}
-        return inpainting_inputs(self, model, pixels, input_masks, batch.masked_latents)
+        return inpainting_cache(self, model, pixels, masks)
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        if not model.info.inpainting or inputs.input_masks is None:
+            return {}
+        return inpainting_inputs(self, model, inputs)
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         unet = model.part("unet")
@@ -261,15 +267,30 @@ class StableDiffusionFamily(Family):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def inpainting_inputs(family, model, pixels, masks: torch.Tensor, cached_masked_latents=None) -> dict:
+def inpainting_cache(family: Family, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
+    """What inpainting UNets need cached per sample: the latents of the image with the masked (white) area blanked,
+    and those of a blank image (for samples trained as if unmasked)."""
+    keep = (masks < 0.5).to(pixels.dtype)
+    masked = family.encode_images(model, pixels * keep).float().cpu()
+    blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()
+    return {"masked_latents": masked, "blank_latents": blank.expand_as(masked).clone()}
+
+
+def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -> dict:
     """The extra inputs of inpainting UNets: the mask at latent size and the latents of the image with the masked
-    (white) area blanked, encoded now from `pixels` or taken from the cache."""
-    if pixels is not None:
-        keep = (masks < 0.5).to(pixels.dtype)
-        masked_latents = family.encode_images(model, pixels * keep)
+    (white) area blanked, encoded now from the pixels or taken from the cache (where a sample trained as if unmasked
+    takes the latents of a blank image)."""
+    masks = inputs.input_masks
+    if inputs.pixels is not None:
+        keep = (masks < 0.5).to(inputs.pixels.dtype)
+        masked_latents = family.encode_images(model, inputs.pixels * keep)
     else:
-        masked_latents = cached_masked_latents.to(masks.device)
+        masked_latents = inputs.cached["masked_latents"].to(masks.device)
     small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
+    if inputs.pixels is None and "blank_latents" in inputs.cached:
+        blank = inputs.cached["blank_latents"].to(masked_latents.device, masked_latents.dtype)
+        unmasked = inputs.keep_unmasked.to(masked_latents.device).view(-1, 1, 1, 1)
+        masked_latents = torch.where(unmasked, blank, masked_latents)
     return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
 
 

@@ -21,7 +21,7 @@ import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
-from onetrainer.families.base import Conditioning, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -152,7 +152,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             )
         return out
 
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        tokens = self.tokenize(model, captions)
         hidden, pooled = [], None
         for slot, ids in zip(model.text_encoders, tokens):
             encoder = slot.encoder
@@ -162,25 +163,23 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             if slot.part == "text_encoder_2":
                 pooled = output.text_embeds
         dtype = torch.promote_types(hidden[0].dtype, hidden[1].dtype)
-        return Conditioning(torch.cat([h.to(dtype) for h in hidden], dim=-1), pooled)
+        return Conditioning({"hidden_states": torch.cat([h.to(dtype) for h in hidden], dim=-1), "pooled": pooled})
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        latents, pixels = inputs.latents, inputs.pixels
         if pixels is not None:
-            (height, width), count, device = pixels.shape[-2:], len(pixels), pixels.device
+            height, width = pixels.shape[-2:]
         else:  # cached latents: the training size is theirs times the VAE's scale
             scale = _vae_scale(model)
-            latents = batch.latents
-            height, width, count, device = latents.shape[-2] * scale, latents.shape[-1] * scale, len(latents), "cpu"
-            if input_masks is not None:
-                device = input_masks.device
-        sizes = getattr(batch, "original_sizes", None) or [(height, width)] * count
-        offsets = getattr(batch, "crop_offsets", None) or [(0, 0)] * count
-        extra = {"time_ids": time_ids(sizes, offsets, (height, width), device)}
-        if model.info.inpainting and input_masks is not None:
+            height, width = latents.shape[-2] * scale, latents.shape[-1] * scale
+        count = len(latents)
+        sizes = inputs.original_sizes or [(height, width)] * count
+        offsets = inputs.crop_offsets or [(0, 0)] * count
+        extra = {"time_ids": time_ids(sizes, offsets, (height, width), latents.device)}
+        if model.info.inpainting and inputs.input_masks is not None:
             # The VAE runs in its own weight dtype (FLOAT_32 by default): SDXL's VAE overflows in FLOAT_16.
-            with torch.no_grad(), torch.autocast(input_masks.device.type, enabled=False):
-                cached = getattr(batch, "masked_latents", None)
-                extra.update(inpainting_inputs(self, model, pixels, input_masks, cached))
+            with torch.no_grad(), torch.autocast(inputs.input_masks.device.type, enabled=False):
+                extra.update(inpainting_inputs(self, model, inputs))
             extra["masked_latents"] = extra["masked_latents"].float()
         return extra
 
@@ -229,11 +228,11 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         if not any(slot.layer_skip for slot in model.text_encoders):
             return super().prompt_arguments(model, prompt, negative_prompt)
         with torch.no_grad():
-            positive = self.encode_text(model, self.tokenize(model, [prompt]))
+            positive = self.encode_text(model, [prompt])
             if negative_prompt is None and model.extra.get("force_zeros_for_empty_prompt", True):
-                negative = Conditioning(torch.zeros_like(positive.hidden_states), torch.zeros_like(positive.pooled))
+                negative = positive.zeroed(torch.ones(1, dtype=torch.bool))
             else:
-                negative = self.encode_text(model, self.tokenize(model, [negative_prompt or ""]))
+                negative = self.encode_text(model, [negative_prompt or ""])
         return {
             "prompt_embeds": positive.hidden_states,
             "pooled_prompt_embeds": positive.pooled,

@@ -21,6 +21,7 @@ from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
+from onetrainer.families.base import BatchInputs, CaptionDropout
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.sampling.sampler import looks_broken, render, save_image
@@ -225,13 +226,17 @@ class Trainer:
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
         dropout = config.part(model.text_encoders[0].part).dropout_probability
+        drops = None
         if dropout > 0:
             drops = torch.rand(len(captions), generator=generator) < dropout
-            captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
+            if family.caption_dropout is CaptionDropout.EMPTY_CAPTION:
+                captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
         if self.text_cache is not None:
             conditioning = self.text_cache.conditioning(captions, self.device)
         else:
-            conditioning = family.encode_text(model, family.tokenize(model, captions))
+            conditioning = family.encode_text(model, captions)
+        if drops is not None and family.caption_dropout is CaptionDropout.ZEROS:
+            conditioning = conditioning.zeroed(drops)
 
         schedule = model.schedule
         noise = diffusion.sample_noise(latents, generator, config)
@@ -240,12 +245,16 @@ class Trainer:
         noisy = schedule.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
 
         keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
-        extra = family.batch_inputs(model, batch, self._pixels(batch), self._input_masks(batch, keep_unmasked))
-        if "masked_latents" in extra and batch.blank_latents is not None:
-            # Cached inputs: a sample trained as if unmasked gets the latents of a blank image.
-            blank = batch.blank_latents.to(self.device, extra["masked_latents"].dtype)
-            unmasked = keep_unmasked.to(self.device).view(-1, 1, 1, 1)
-            extra["masked_latents"] = torch.where(unmasked, blank, extra["masked_latents"])
+        inputs = BatchInputs(
+            latents=latents,
+            pixels=self._pixels(batch),
+            original_sizes=batch.original_sizes,
+            crop_offsets=batch.crop_offsets,
+            input_masks=self._input_masks(batch, keep_unmasked),
+            keep_unmasked=keep_unmasked,
+            cached={k: v.to(self.device) for k, v in batch.cached_extras.items()},
+        )
+        extra = family.batch_extras(model, inputs)
         model_time = schedule.model_time(timesteps)
         predicted = family.predict(model, noisy, model_time, conditioning, extra)
         prediction = predicted.output.float()
