@@ -8,15 +8,18 @@ single-file and kohya-style files.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
+from onetrainer.config.sample_config import SampleConfig
 from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
 
 
@@ -57,6 +60,15 @@ class LoadedModel:
     @property
     def denoiser(self) -> torch.nn.Module:
         return self.parts[self.info.family.parts[0]]
+
+
+class PartRole(Enum):
+    """What a model part does in training, which decides when it sits on the training device."""
+
+    DENOISER = "denoiser"  # runs every step
+    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
+    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
+    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
 
 
 class CaptionDropout(Enum):
@@ -124,6 +136,8 @@ class Family(ABC):
 
     info: FamilyInfo
     caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
+    part_roles: dict[str, PartRole]  # every part of `info.parts`
+    sampling_parts: frozenset[str]  # the parts `sample` runs
 
     @property
     def denoiser_part(self) -> str:
@@ -164,13 +178,16 @@ class Family(ABC):
         per-batch inputs such as the inpainting mask and image."""
 
     @abstractmethod
-    def pipeline(self, model: LoadedModel, sampler: Any) -> Any:
-        """A diffusers pipeline over the live modules, for sampling."""
-
-    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
-        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
-        with a clip skip per text encoder, which the pipeline cannot express)."""
-        return {"prompt": prompt, "negative_prompt": negative_prompt}
+    def sample(
+        self,
+        model: LoadedModel,
+        sample: SampleConfig,
+        apply_embeddings: Callable[[str], str],
+        zero_terminal_snr: bool,
+    ) -> Image.Image:
+        """Render one sample (prompt, size, steps, CFG, sampler, seed) with the live modules, in one or several
+        stages. Called under `torch.no_grad()` with every part in eval mode and the sampling parts on the device;
+        `apply_embeddings` turns placeholders into the embedding tokens."""
 
     @abstractmethod
     def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:

@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD, model_type_info
-from onetrainer.families.base import BatchInputs, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import (
+    BatchInputs,
+    Conditioning,
+    Family,
+    LoadedModel,
+    PartRole,
+    TextEncoderSlot,
+    first_weight,
+)
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -43,6 +52,12 @@ def is_sd2(model_type: ModelType) -> bool:
 class StableDiffusionFamily(Family):
     info = SD
     saved_scheduler = "DDIMScheduler"  # the sampler a saved diffusers folder names (what the model's authors ship)
+    part_roles: ClassVar[dict[str, PartRole]] = {
+        "unet": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    }
+    sampling_parts = frozenset(part_roles)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -181,6 +196,16 @@ class StableDiffusionFamily(Family):
         return Prediction(unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample)
 
     # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, zero_terminal_snr)
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
+        with a clip skip per text encoder, which the pipeline cannot express)."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt}
 
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline

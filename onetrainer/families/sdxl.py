@@ -16,12 +16,13 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
-from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, PartRole, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -62,6 +63,11 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     info = SDXL
     saved_scheduler = "EulerDiscreteScheduler"
+    part_roles: ClassVar[dict[str, PartRole]] = {
+        **StableDiffusionFamily.part_roles,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+    }
+    sampling_parts = frozenset(part_roles)
     # The UNet block layout that kohya names follow; set from the loaded model (SDXL's layout is fixed).
     _unet_config: Mapping = reference.SDXL_UNET
 

@@ -52,6 +52,7 @@ class NoiseSchedule(ABC):
     discrete schedule, floats in (0, 1] for a continuous one."""
 
     prediction: PredictionType
+    zero_terminal_snr: bool = False  # the betas are rescaled so the last step is pure noise (samplers follow)
 
     @abstractmethod
     def alpha_bar(self, times: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
-from onetrainer.families.base import BatchInputs, CaptionDropout
+from onetrainer.families.base import BatchInputs, CaptionDropout, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.sampling.sampler import looks_broken, render, save_image
@@ -43,6 +43,7 @@ from onetrainer.training.events import (
     Warning_,
 )
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
+from onetrainer.training.placement import Placement
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.timing import Interval
@@ -74,8 +75,9 @@ class Trainer:
         self.status("loading the model")
         self.family = load_family_class(config.model_type)()
         self.model = self.family.load(config)
-        for module in self.model.parts.values():
-            module.to(self.device)
+        family = self.family
+        self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
+        self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
         self.status("reading the training images")
         self.data = TrainingData(config, self.model.info.family.bucket_step, resolve_local)
         self._report_scan()
@@ -86,6 +88,9 @@ class Trainer:
         self.text_cache = None
         if config.latent_caching:
             self._fill_caches()
+        # Frozen encoders whose outputs are cached leave the device (they come back to sample and validate).
+        trained = self.method.trained_parts()
+        self.placement.place(self.placement.per_step(trained, config.latent_caching, self.text_cache is not None))
         if config.only_cache:
             self.status("the cache is filled ('only cache' is on)")
             return Finished("cached")
@@ -289,7 +294,7 @@ class Trainer:
         if batch.latents is not None:
             return batch.latents.to(self.device).float()
         with torch.no_grad(), autocast(self.device, fallback_dtype(self.config)):
-            return self.family.encode_images(self.model, batch.pixels.to(self.device)).float()
+            return self.family.encode_images(self.model, batch.pixels.to(self.device)).float().to(self.device)
 
     def _pixels(self, batch: Batch) -> torch.Tensor | None:
         return batch.pixels.to(self.device) if batch.pixels is not None else None
@@ -307,7 +312,7 @@ class Trainer:
         """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
         self.status("validating")
         losses: dict[str, list[float]] = {}
-        with torch.no_grad():
+        with torch.no_grad(), self.placement.for_encoding():
             for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
                 generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
                 fixed = self.model.schedule.validation_times(batch.size, self.device)
@@ -326,10 +331,10 @@ class Trainer:
         if not any(s.enabled for s in (self.config.samples or [])):
             return
         self.status("sampling")
-        with self._inference_weights():
+        with self._inference_weights(), self.placement.for_sampling():
             self._render_samples("")
         if self.ema is not None and self.config.non_ema_sampling:
-            with self._inference_weights(use_ema=False):
+            with self._inference_weights(use_ema=False), self.placement.for_sampling():
                 self._render_samples(" - no-ema")
         self._set_train_mode()
 
