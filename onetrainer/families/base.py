@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from PIL import Image
@@ -21,6 +21,10 @@ from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+    from onetrainer.weights.metadata import ModelKind
 
 
 @dataclass
@@ -33,6 +37,9 @@ class TextEncoderSlot:
     kohya_prefix: str  # "lora_te", "lora_te1", …
     embedding_key: str  # the tensor name in embedding files: "emb_params", "clip_l", "clip_g"
     layer_skip: int = 0
+    # The embedding module the encoder's forward looks token ids up in, where it is not `get_input_embeddings()`
+    # (transformers' T5EncoderModel: `encoder.embed_tokens`, a module of its own that shares the weight).
+    token_embedding: torch.nn.Embedding | None = None
 
 
 @dataclass
@@ -132,20 +139,33 @@ class BatchInputs:
 
 
 class Family(ABC):
-    """One model family. Subclasses set `info` and implement the calls below."""
+    """One model family: what the loop, the methods, the cache, the sampler and the savers call.
+
+    Declarations: `info` (parts, bucket step, methods, formats, layer presets), `part_roles` and `sampling_parts`
+    (placement), `caption_dropout`. See `families/README.md` for who calls what in which order.
+    """
 
     info: FamilyInfo
     caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
-    part_roles: dict[str, PartRole]  # every part of `info.parts`
-    sampling_parts: frozenset[str]  # the parts `sample` runs
+    part_roles: ClassVar[dict[str, PartRole]]  # every part of `info.parts`
+    sampling_parts: ClassVar[frozenset[str]]  # the parts `sample` runs
+    # Text-encoder modules that get a LoRA: every linear layer inside a transformer block (CLIP's
+    # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
 
     @property
     def denoiser_part(self) -> str:
+        """The trained network: the first of `info.parts`."""
         return self.info.parts[0]
 
+    # -- loading (Trainer.run, scripts/sample.py) -----------------------------------------------------------------
+
     @abstractmethod
-    def load(self, source: str, model_type: ModelType, dtypes: dict[str, torch.dtype], offline: bool) -> LoadedModel:
-        """Load from a diffusers folder, a single file, a hub id or one of our backup folders."""
+    def load(self, config: TrainConfig) -> LoadedModel:
+        """Load the base model of `config` (a diffusers folder, a single file, a hub id or one of our backups), each
+        part in its configured weight dtype, on the CPU; with its noise schedule."""
+
+    # -- encoders (the caching pass, and every step whose inputs are not cached) ----------------------------------
 
     @abstractmethod
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
@@ -153,12 +173,14 @@ class Family(ABC):
 
     @abstractmethod
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels in [-1, 1] → scaled latents."""
+        """Pixels [B, 3, H, W] in [-1, 1] → latents [B, C, h, w] as the denoiser takes them (scaled)."""
 
     def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
         """Per-sample tensors to cache with the latents of `pixels` ([B, 3, H, W] in [-1, 1]; `masks` [B, 1, H, W]
         in [0, 1] when the run uses masks): each value [B, ...]. They come back in `BatchInputs.cached`."""
         return {}
+
+    # -- a training step ------------------------------------------------------------------------------------------
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
         """Per-batch denoiser inputs beyond latents, time and text (SDXL's size and crop ids, the inpainting mask and
@@ -174,8 +196,10 @@ class Family(ABC):
         conditioning: Conditioning,
         extra: dict[str, torch.Tensor],
     ) -> Prediction:
-        """The denoiser's prediction (plus any family loss terms) at the schedule's `model_time`; `extra` holds
-        per-batch inputs such as the inpainting mask and image."""
+        """The denoiser's prediction (plus any family loss terms) for `noisy_latents` at `timesteps` (the schedule's
+        `model_time`); `extra` is `batch_extras`' mapping."""
+
+    # -- sampling -------------------------------------------------------------------------------------------------
 
     @abstractmethod
     def sample(
@@ -189,17 +213,59 @@ class Family(ABC):
         stages. Called under `torch.no_grad()` with every part in eval mode and the sampling parts on the device;
         `apply_embeddings` turns placeholders into the embedding tokens."""
 
+    # -- methods: LoRA targets and names --------------------------------------------------------------------------
+
+    def lora_targets(self, model: LoadedModel, part: str, patterns: list[str], regex: bool) -> list[str]:
+        """The module names of `part` that get a LoRA. The denoiser: its linear and (ungrouped) conv layers that the
+        layer filter (`patterns`) selects; peft cannot put a rank-r LoRA on a grouped or depthwise conv. A text
+        encoder: every linear layer of its transformer blocks (`text_encoder_blocks`)."""
+        import re
+
+        from onetrainer.methods.base import name_matches
+
+        module = model.part(part)
+        if part == self.denoiser_part:
+            return [
+                n
+                for n, m in module.named_modules()
+                if (isinstance(m, torch.nn.Linear) or (isinstance(m, torch.nn.Conv2d) and m.groups == 1))
+                and name_matches(n, patterns, regex)
+            ]
+        blocks = re.compile(self.text_encoder_blocks)
+        return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and blocks.search(n)]
+
+    @abstractmethod
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
+
+    @abstractmethod
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        """What file metadata says the model is (`modelspec.architecture`, `ss_base_model_version`, …)."""
+
+    # -- savers ---------------------------------------------------------------------------------------------------
+
     @abstractmethod
     def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
         """Write the whole model (fine-tune result) in `fmt` at `destination`."""
 
-    @abstractmethod
-    def kohya_name(self, part: str, module_path: str) -> str:
-        """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """The whole model into a fine-tune backup's `folder` (float32); default: one safetensors file per part."""
+        from safetensors.torch import save_file
 
-    @abstractmethod
-    def metadata_kind(self, model: LoadedModel) -> str:
-        """The model kind for file metadata: "sd1", "sd2", "sd2-v", "sdxl"."""
+        for name, module in model.parts.items():
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            # clone: tied weights (T5's shared token table) must not share memory in a safetensors file
+            state = {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+            save_file(state, str(folder / name / "model.safetensors"))
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        """The weights of `part` from a backup that `save_backup` wrote, named as the module's own state dict."""
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted((folder / part).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        return state
 
 
 def first_weight(module: torch.nn.Module) -> torch.Tensor:

@@ -34,7 +34,7 @@ from onetrainer.training.noise_schedules import DiscreteSchedule, Prediction, Pr
 from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
-from onetrainer.weights.metadata import model_metadata
+from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,16 @@ class StableDiffusionFamily(Family):
             if dtype != torch.float32:
                 _cast_saved_weights(tmp, dtype)
 
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        # transformers saves CLIPTextModel's weights with a `text_model.` level its state dict may not have.
+        own = set(model.part(part).state_dict())
+        state = super().backup_state(model, folder, part)
+        return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+
     def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole model in the original (LDM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae, text_encoder = model.part("unet"), model.part("vae"), model.part("text_encoder")
@@ -277,16 +287,16 @@ class StableDiffusionFamily(Family):
 
     # -- names ----------------------------------------------------------------------------------------------------
 
-    def kohya_name(self, part: str, module_path: str) -> str:
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "unet":
             return "lora_unet_" + module_path.replace(".", "_")
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
         return "lora_te_" + body.replace(".", "_")
 
-    def metadata_kind(self, model: LoadedModel) -> str:
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
         if is_sd2(model.model_type):
-            return "sd2-v" if model.v_prediction else "sd2"
-        return "sd1"
+            return KINDS["sd2-v" if model.v_prediction else "sd2"]
+        return KINDS["sd1"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

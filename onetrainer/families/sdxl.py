@@ -50,6 +50,7 @@ from onetrainer.tiny import reference
 from onetrainer.training.noise_schedules import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.metadata import KINDS, ModelKind
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         "text_encoder_2": PartRole.TEXT_ENCODER,
     }
     sampling_parts = frozenset(part_roles)
-    # The UNet block layout that kohya names follow; set from the loaded model (SDXL's layout is fixed).
-    _unet_config: Mapping = reference.SDXL_UNET
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -82,7 +81,6 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)
-        self._unet_config = dict(parts["unet"].config)
         v_prediction = _v_prediction(config, model_type)
         slots = [
             TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
@@ -267,15 +265,16 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     # -- names ----------------------------------------------------------------------------------------------------
 
-    def kohya_name(self, part: str, module_path: str) -> str:
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "unet":
             # kohya trains SDXL on the original UNet: its LoRA names are the SGM module names.
-            return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, self._unet_config).replace(".", "_")
+            unet_config = model.parts["unet"].config
+            return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, unet_config).replace(".", "_")
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
         return f"{KOHYA_PREFIXES[part]}_{body.replace('.', '_')}"
 
-    def metadata_kind(self, model: LoadedModel) -> str:
-        return "sdxl"
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return KINDS["sdxl"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
