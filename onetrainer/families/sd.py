@@ -11,6 +11,7 @@ import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD, model_type_info
+from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import (
     BatchInputs,
     Conditioning,
@@ -28,21 +29,31 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sources import ModelSource, cache_root, resolve_local, resolve_source
-from onetrainer.tiny import reference
-from onetrainer.training.noise_schedules import DiscreteSchedule, Prediction, PredictionType
+from onetrainer.families.sd_common import (
+    CONFIGS_KEY,
+    TEXT_PREFIX,
+    TOKENIZER_KEY,
+    UNET_PREFIX,
+    VAE_PREFIX,
+    clip_config,
+    convert_text_encoder,
+    convert_vae,
+    discrete_schedule,
+    inpainting_cache,
+    inpainting_inputs,
+    merges_of,
+    plain_state,
+    single_file_tokenizer,
+    wants_v_prediction,
+)
+from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
+from onetrainer.training.noise_schedules import Prediction
 from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
 
 log = logging.getLogger(__name__)
-
-UNET_PREFIX = "model.diffusion_model."
-VAE_PREFIX = "first_stage_model."
-TEXT_PREFIX = "cond_stage_model."
-CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
-TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
 
 
 def is_sd2(model_type: ModelType) -> bool:
@@ -68,7 +79,7 @@ class StableDiffusionFamily(Family):
         if config.vae.model_name:
             parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
         cast_parts(parts, config)
-        v_prediction = _v_prediction(config, model_type)
+        v_prediction = wants_v_prediction(config, model_type)
         slot = TextEncoderSlot(
             "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder_layer_skip
         )
@@ -111,7 +122,7 @@ class StableDiffusionFamily(Family):
             state = load_state_dict(path)
             vae = AutoencoderKL.from_config(dict(base_config))
             prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in state) else ""
-            converted = _convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
+            converted = convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
             checked_load(vae, converted, f"VAE {path}")
             return vae
         raise ModelLoadError(f"VAE override not found: {name}")
@@ -139,12 +150,12 @@ class StableDiffusionFamily(Family):
         checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
         vae = AutoencoderKL.from_config(configs["vae"])
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
+        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
         checked_load(
-            text_encoder, _convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
+            text_encoder, convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
         )
-        tokenizer = _single_file_tokenizer(metadata, detected["v2"])
+        tokenizer = single_file_tokenizer(metadata, detected["v2"])
         scheduler_config = dict(reference.DDIM_EPSILON)
         kept = {k: v for k, v in state.items() if k.startswith(TEXT_PREFIX + "model.transformer.resblocks.23.")}
         return {"unet": unet, "text_encoder": text_encoder, "vae": vae}, tokenizer, scheduler_config, {"kept": kept}
@@ -255,13 +266,15 @@ class StableDiffusionFamily(Family):
     def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole model in the original (LDM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae, text_encoder = model.part("unet"), model.part("vae"), model.part("text_encoder")
-        out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(_plain(unet), unet.config).items()}
-        out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(_plain(vae), vae.config).items()})
+        out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(plain_state(unet), unet.config).items()}
+        out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(plain_state(vae), vae.config).items()})
         if is_sd2(model.model_type):
-            text = {TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(_plain(text_encoder)).items()}
+            text = {
+                TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(plain_state(text_encoder)).items()
+            }
             text.update(model.extra.get("kept", {}))
         else:
-            text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(_plain(text_encoder)).items()}
+            text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(plain_state(text_encoder)).items()}
         out.update(text)
         if model.v_prediction:
             out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints
@@ -281,7 +294,7 @@ class StableDiffusionFamily(Family):
         tokenizer = model.text_encoders[0].tokenizer
         if len(tokenizer) != 49408:
             # Only non-standard tokenizers (the tiny test models) travel inside the file.
-            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
+            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": merges_of(tokenizer)})
         with atomic_file(destination) as tmp:
             save_file(state, str(tmp), metadata=metadata)
 
@@ -302,51 +315,10 @@ class StableDiffusionFamily(Family):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def inpainting_cache(family: Family, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
-    """What inpainting UNets need cached per sample: the latents of the image with the masked (white) area blanked,
-    and those of a blank image (for samples trained as if unmasked)."""
-    keep = (masks < 0.5).to(pixels.dtype)
-    masked = family.encode_images(model, pixels * keep).float().cpu()
-    blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()
-    return {"masked_latents": masked, "blank_latents": blank.expand_as(masked).clone()}
-
-
-def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -> dict:
-    """The extra inputs of inpainting UNets: the mask at latent size and the latents of the image with the masked
-    (white) area blanked, encoded now from the pixels or taken from the cache (where a sample trained as if unmasked
-    takes the latents of a blank image)."""
-    masks = inputs.input_masks
-    if inputs.pixels is not None:
-        keep = (masks < 0.5).to(inputs.pixels.dtype)
-        masked_latents = family.encode_images(model, inputs.pixels * keep)
-    else:
-        masked_latents = inputs.cached["masked_latents"].to(masks.device)
-    small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
-    if inputs.pixels is None and "blank_latents" in inputs.cached:
-        blank = inputs.cached["blank_latents"].to(masked_latents.device, masked_latents.dtype)
-        unmasked = inputs.keep_unmasked.to(masked_latents.device).view(-1, 1, 1, 1)
-        masked_latents = torch.where(unmasked, blank, masked_latents)
-    return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
-
-
 def _config_of(part: torch.nn.Module) -> dict:
     """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
     config = part.config
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool) -> DiscreteSchedule:
-    """The model's DDPM betas, with the prediction type the run trains."""
-    prediction = PredictionType.V if v_prediction else PredictionType.EPSILON
-    return DiscreteSchedule(scheduler_config, prediction, zero_terminal_snr)
-
-
-def _v_prediction(config, model_type: ModelType) -> bool:
-    if config.force_epsilon_prediction:
-        return False
-    if config.force_v_prediction or config.rescale_noise_scheduler_to_zero_terminal_snr:
-        return True
-    return model_type_info(model_type).v_prediction
 
 
 def _backup_model_dir(backup: Path) -> Path:
@@ -393,67 +365,6 @@ def _reference_configs(model_type: ModelType) -> dict:
     }
     text = reference.OPEN_CLIP_H_TEXT if is_sd2(model_type) else reference.CLIP_L_TEXT
     return {"unet": unets[model_type], "vae": reference.SD_VAE, "text_encoder": text}
-
-
-def _clip_config(config: dict) -> dict:
-    return {
-        k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")
-    }
-
-
-def _convert_vae(state: dict, vae) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    return convert_ldm_vae_checkpoint(state, vae.config)
-
-
-def _convert_text_encoder(state: dict, text_encoder, v2: bool) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint, convert_open_clip_checkpoint
-
-    if v2:
-        converted = convert_open_clip_checkpoint(text_encoder, state, prefix=TEXT_PREFIX + "model.")
-    else:
-        converted = convert_ldm_clip_checkpoint(state)
-    # transformers 5 names CLIPTextModel's weights without the `text_model.` level the converters produce.
-    own = set(text_encoder.state_dict())
-    out = {}
-    for key, value in converted.items():
-        short = key[len("text_model.") :] if key.startswith("text_model.") else key
-        if short in own:
-            out[short] = value
-        elif key in own:
-            out[key] = value
-    return out
-
-
-def _single_file_tokenizer(metadata: dict, v2: bool):
-    pad = reference.OPEN_CLIP_TOKENIZER["pad_token"] if v2 else reference.CLIP_TOKENIZER["pad_token"]
-    if TOKENIZER_KEY in metadata:
-        import tempfile
-
-        from transformers import CLIPTokenizer
-
-        data = json.loads(metadata[TOKENIZER_KEY])
-        with tempfile.TemporaryDirectory(prefix="onetrainer-tokenizer-") as tmp:
-            folder = Path(tmp)
-            (folder / "vocab.json").write_text(json.dumps(data["vocab"]), encoding="utf-8")
-            (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in data["merges"]), "utf-8")
-            config = {**reference.CLIP_TOKENIZER, "pad_token": pad}
-            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-            return CLIPTokenizer.from_pretrained(str(folder))
-    from onetrainer.families.clip_tokenizer import load_clip_tokenizer
-
-    return load_clip_tokenizer(cache_root(), pad)
-
-
-def _merges_of(tokenizer) -> list[str]:
-    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
-    return [m if isinstance(m, str) else " ".join(m) for m in merges]
-
-
-def _plain(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
-    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
 
 
 def _cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
+from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, PartRole, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
@@ -31,22 +32,21 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd import (
+from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.families.sd_common import (
     CONFIGS_KEY,
     UNET_PREFIX,
     VAE_PREFIX,
-    StableDiffusionFamily,
-    _clip_config,
-    _convert_text_encoder,
-    _convert_vae,
-    _plain,
-    _single_file_tokenizer,
-    _v_prediction,
+    clip_config,
+    convert_text_encoder,
+    convert_vae,
     discrete_schedule,
     inpainting_inputs,
+    plain_state,
+    single_file_tokenizer,
+    wants_v_prediction,
 )
 from onetrainer.families.sources import ModelSource
-from onetrainer.tiny import reference
 from onetrainer.training.noise_schedules import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
@@ -81,7 +81,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)
-        v_prediction = _v_prediction(config, model_type)
+        v_prediction = wants_v_prediction(config, model_type)
         slots = [
             TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
             TextEncoderSlot("text_encoder_2", parts["text_encoder_2"], tokenizers[1], "lora_te2", "clip_g"),
@@ -128,14 +128,14 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
         vae = AutoencoderKL.from_config(configs["vae"])
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
-        checked_load(text_encoder, _convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
-        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**_clip_config(configs["text_encoder_2"])))
+        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
+        checked_load(text_encoder, convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
+        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**clip_config(configs["text_encoder_2"])))
         checked_load(text_encoder_2, _convert_open_clip_g(state, text_encoder_2), f"text encoder 2 of {path}")
 
         # The two tokenizers share CLIP's vocabulary; the first pads with the end token, the second with "!".
-        tokenizers = (_single_file_tokenizer(metadata, False), _single_file_tokenizer(metadata, True))
+        tokenizers = (single_file_tokenizer(metadata, False), single_file_tokenizer(metadata, True))
         parts = {"unet": unet, "text_encoder": text_encoder, "text_encoder_2": text_encoder_2, "vae": vae}
         return parts, tokenizers, dict(reference.EULER_EPSILON), {"force_zeros_for_empty_prompt": True}
 
@@ -250,12 +250,12 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         """The whole model in the original (SGM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae = model.part("unet"), model.part("vae")
         out = to_original(
-            _plain(unet),
+            plain_state(unet),
             unet.config,
-            _plain(vae),
+            plain_state(vae),
             vae.config,
-            _plain(model.part("text_encoder")),
-            _plain(model.part("text_encoder_2")),
+            plain_state(model.part("text_encoder")),
+            plain_state(model.part("text_encoder_2")),
         )
         if model.v_prediction:
             out["v_pred"] = torch.tensor([])  # ComfyUI's marker for v-prediction checkpoints

@@ -72,7 +72,7 @@ def test_legacy_ckpt_loads_without_running_pickled_code(tmp_path, sd15_single_fi
     configs["text_encoder"] = tiny.part("text_encoder").config.to_dict()
     monkeypatch.setattr("onetrainer.families.sd._reference_configs", lambda model_type: configs)
     monkeypatch.setattr(
-        "onetrainer.families.sd._single_file_tokenizer", lambda meta, v2: tiny.text_encoders[0].tokenizer
+        "onetrainer.families.sd.single_file_tokenizer", lambda meta, v2: tiny.text_encoders[0].tokenizer
     )
     ckpt = tmp_path / "old.ckpt"
     # Old checkpoints pickle trainer objects (callbacks) beside the weights; this one runs code when unpickled.
