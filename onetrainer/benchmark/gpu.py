@@ -1,6 +1,6 @@
 """A full-size UNet LoRA step on a GPU, as the low-VRAM recipes train it: it/s and peak VRAM.
 
-Two cases, each a UNet of the real topology (`onetrainer/tiny/reference.py`) with random weights, so nothing is
+Two cases, each a UNet of the real topology (`onetrainer/families/reference_configs.py`) with random weights, so nothing is
 downloaded:
 
 - "sd15": SD 1.5's UNet at 512 px (goal <= 2.5 GB; the low-VRAM recipe users follow today reports 2.8 GB);
