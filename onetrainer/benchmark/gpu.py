@@ -1,7 +1,7 @@
 """A full-size UNet LoRA step on a GPU, as the low-VRAM recipes train it: it/s and peak VRAM.
 
-Two cases, each a UNet of the real topology (`onetrainer/families/reference_configs.py`) with random weights, so nothing is
-downloaded:
+Two cases, each a UNet of the real topology (`onetrainer/families/reference_configs.py`) with random weights, so
+nothing is downloaded:
 
 - "sd15": SD 1.5's UNet at 512 px (goal <= 2.5 GB; the low-VRAM recipe users follow today reports 2.8 GB);
 - "sdxl": SDXL 1.0's UNet at 1024 px (goal <= 4.5 GB; OneTrainer users report 4.5-4.9 GB with fp8 weights at best,

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
 from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData
 from onetrainer.families.base import Conditioning
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 ENCODE_BATCH = 4
 CACHE_LAYOUT = 2  # 2: named family extras and text tensors (entries of older layouts are encoded again)
@@ -52,7 +56,7 @@ class _Progress:
         self.report(f"caching {self.what}: {done}/{self.total} ({rate:.1f}/s{eta})")
 
 
-def latent_identity(config) -> dict:
+def latent_identity(config: TrainConfig) -> dict:
     """What the latents of a run depend on besides the image: the model (its VAE) and the model type."""
     from onetrainer.config.model_types import model_type_info
 
@@ -66,7 +70,7 @@ def latent_identity(config) -> dict:
     }
 
 
-def fill_latent_cache(data: TrainingData, family, model, config, with_masks: bool, report) -> CacheStats:
+def fill_latent_cache(data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report) -> CacheStats:
     """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache."""
     data.latent_cache = DiskCache(config.cache_dir, "latents")
     data.latent_key_base = latent_identity(config)
@@ -89,7 +93,7 @@ def fill_latent_cache(data: TrainingData, family, model, config, with_masks: boo
     return stats
 
 
-def needed_samples(data: TrainingData, config, masked: bool) -> dict[str, PlannedSample]:
+def needed_samples(data: TrainingData, config: TrainConfig, masked: bool) -> dict[str, PlannedSample]:
     """Every image variation the run's epochs use, by cache key."""
     needed: dict[str, PlannedSample] = {}
     for epoch in range(config.epochs):
@@ -142,7 +146,7 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
 # -- text ---------------------------------------------------------------------------------------------------------
 
 
-def text_encoders_frozen(config) -> bool:
+def text_encoders_frozen(config: TrainConfig) -> bool:
     """Text-encoder outputs can be cached when no text encoder (nor adapter on it) and no embedding trains."""
     from onetrainer.config.enums import TrainingMethod
     from onetrainer.config.model_types import model_type_info
@@ -156,7 +160,7 @@ def text_encoders_frozen(config) -> bool:
 class TextCache:
     """Text-encoder outputs by caption, for runs whose text encoders are frozen."""
 
-    def __init__(self, config, family, model) -> None:
+    def __init__(self, config: TrainConfig, family, model) -> None:
         self.cache = DiskCache(config.cache_dir, "text")
         self.identity = {
             "kind": "text",

@@ -58,15 +58,12 @@ class LoadedModel:
         return self.schedule.prediction is PredictionType.V
 
     @property
-    def info(self) -> ModelTypeInfo:
+    def type_info(self) -> ModelTypeInfo:
+        """The model type's facts (resolution, inpainting, its family's `FamilyInfo`)."""
         return model_type_info(self.model_type)
 
     def part(self, name: str) -> torch.nn.Module:
         return self.parts[name]
-
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.parts[self.info.family.parts[0]]
 
 
 class PartRole(Enum):

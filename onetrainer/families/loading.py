@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.util.dtypes import torch_dtype
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +19,7 @@ class ModelLoadError(Exception):
     """A model that cannot be loaded, with a message that says why and what to do."""
 
 
-def hub_options(source, config) -> dict:
+def hub_options(source, config: TrainConfig) -> dict:
     """from_pretrained options for a model source: local folders never reach the hub, hub ids only when online."""
     hub = source.kind == "hub"
     options = {"local_files_only": config.offline_mode or not hub}
@@ -33,11 +37,13 @@ def load_diffusers_component(cls, where: str, subfolder: str, options: dict, con
         raise ModelLoadError(_explain(where, subfolder, options, e)) from e
 
 
-def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer"):
-    from transformers import CLIPTokenizer
+def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer", cls=None):
+    """A tokenizer of a diffusers folder or hub id: `cls` (a transformers tokenizer class, CLIPTokenizer by default)."""
+    if cls is None:
+        from transformers import CLIPTokenizer as cls
 
     try:
-        return CLIPTokenizer.from_pretrained(where, subfolder=subfolder, **options)
+        return cls.from_pretrained(where, subfolder=subfolder, **options)
     except (OSError, ValueError) as e:
         raise ModelLoadError(_explain(where, subfolder, options, e)) from e
 
@@ -58,7 +64,7 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
     )
 
 
-def cast_parts(parts: dict[str, torch.nn.Module], config) -> None:
+def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
     """Put each part in its configured weight dtype."""
     for name, module in parts.items():
         dtype = torch_dtype(config.part(name).weight_dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -53,6 +53,9 @@ from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +75,7 @@ class StableDiffusionFamily(Family):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, config) -> LoadedModel:
+    def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts, tokenizer, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
@@ -87,7 +90,7 @@ class StableDiffusionFamily(Family):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, extra)
 
-    def _read_source(self, config):
+    def _read_source(self, config: TrainConfig):
         """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
@@ -96,7 +99,7 @@ class StableDiffusionFamily(Family):
             source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
         return self._load_diffusers(source, config)
 
-    def _load_diffusers(self, source: ModelSource, config):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
@@ -189,12 +192,12 @@ class StableDiffusionFamily(Family):
         return latents * vae.config.scaling_factor
 
     def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
-        if not model.info.inpainting or masks is None:
+        if not model.type_info.inpainting or masks is None:
             return {}
         return inpainting_cache(self, model, pixels, masks)
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
-        if not model.info.inpainting or inputs.input_masks is None:
+        if not model.type_info.inpainting or inputs.input_masks is None:
             return {}
         return inpainting_inputs(self, model, inputs)
 
@@ -221,7 +224,7 @@ class StableDiffusionFamily(Family):
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
-        cls = StableDiffusionInpaintPipeline if model.info.inpainting else StableDiffusionPipeline
+        cls = StableDiffusionInpaintPipeline if model.type_info.inpainting else StableDiffusionPipeline
         return cls(
             vae=model.part("vae"),
             text_encoder=model.part("text_encoder"),
@@ -286,7 +289,7 @@ class StableDiffusionFamily(Family):
         from safetensors.torch import save_file
 
         state = self.original_state_dict(model, dtype)
-        info = model.info
+        info = model.type_info
         metadata = model_metadata(
             self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Family, LoadedModel
 from onetrainer.families.sources import cache_root
 from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
@@ -55,7 +59,7 @@ def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_
     return DiscreteSchedule(scheduler_config, prediction, zero_terminal_snr)
 
 
-def wants_v_prediction(config, model_type: ModelType) -> bool:
+def wants_v_prediction(config: TrainConfig, model_type: ModelType) -> bool:
     """v-prediction: forced by the config (zero terminal SNR needs it), else the model type's."""
     if config.force_epsilon_prediction:
         return False

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -52,6 +52,9 @@ from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 log = logging.getLogger(__name__)
 
 CLIP_L_PREFIX = "conditioner.embedders.0."  # + transformer.text_model.…
@@ -72,7 +75,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, config) -> LoadedModel:
+    def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts, tokenizers, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
@@ -91,7 +94,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
 
-    def _load_diffusers(self, source: ModelSource, config):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -180,7 +183,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         sizes = inputs.original_sizes or [(height, width)] * count
         offsets = inputs.crop_offsets or [(0, 0)] * count
         extra = {"time_ids": time_ids(sizes, offsets, (height, width), latents.device)}
-        if model.info.inpainting and inputs.input_masks is not None:
+        if model.type_info.inpainting and inputs.input_masks is not None:
             # The VAE runs in its own weight dtype (FLOAT_32 by default): SDXL's VAE overflows in FLOAT_16.
             with torch.no_grad(), torch.autocast(inputs.input_masks.device.type, enabled=False):
                 extra.update(inpainting_inputs(self, model, inputs))
@@ -208,7 +211,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline
 
         kwargs = {}
-        if model.info.inpainting:
+        if model.type_info.inpainting:
             cls = StableDiffusionXLInpaintPipeline
             kwargs["requires_aesthetics_score"] = False  # SDXL inpainting has no refiner-style aesthetic score
         else:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
 from onetrainer.util.dtypes import torch_dtype
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 
 class FineTuneMethod(Method):
-    def __init__(self, config, family, model, device) -> None:
+    def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
         candidates = [family.denoiser_part] + [slot.part for slot in model.text_encoders]
         self.parts = [p for p in candidates if config.part(p).train]

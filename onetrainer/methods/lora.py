@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,13 +19,16 @@ from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.kohya_lora import LORA_A, LORA_B, kohya_to_peft, peft_to_kohya
 from onetrainer.weights.metadata import lora_metadata
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 log = logging.getLogger(__name__)
 ADAPTER = "default"
 _ADAPTABLE = (torch.nn.Linear, torch.nn.Conv2d)
 
 
 class LoraMethod(Method):
-    def __init__(self, config, family, model, device) -> None:
+    def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
         self.alphas: dict[str, dict[str, float]] = {}  # part -> module -> alpha
         self.ranks: dict[str, dict[str, int]] = {}

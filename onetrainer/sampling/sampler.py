@@ -46,7 +46,7 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
         "generator": generator,
         "output_type": "np",
     }
-    if model.info.inpainting:
+    if model.type_info.inpainting:
         arguments.update(_inpainting_inputs(sample))
     if zero_terminal_snr:
         arguments["guidance_rescale"] = 0.7

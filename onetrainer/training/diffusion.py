@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from onetrainer.config.enums import LossWeight, TimestepDistribution
 
 if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
     from onetrainer.training.noise_schedules import NoiseSchedule
 
 
-def sample_noise(latents: torch.Tensor, generator: torch.Generator, config) -> torch.Tensor:
+def sample_noise(latents: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
     """Gaussian noise, plus offset noise (a per-sample, per-channel constant).
 
     Drawn on the CPU from `generator` (a CPU generator), so a run gives the same noise on every device.
@@ -30,7 +31,7 @@ def sample_noise(latents: torch.Tensor, generator: torch.Generator, config) -> t
     return noise.to(latents.device, latents.dtype)
 
 
-def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config) -> torch.Tensor:
+def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
     """Input perturbation: the model sees slightly different noise than its target (arXiv 2301.11706)."""
     if config.perturbation_noise_weight <= 0:
         return noise
@@ -49,7 +50,7 @@ def sample_timesteps(batch: int, num_timesteps: int, generator: torch.Generator,
 _TABLE_SIZE = 1000
 
 
-def unit_timesteps(count: int, config, generator: torch.Generator) -> torch.Tensor:
+def unit_timesteps(count: int, config: TrainConfig, generator: torch.Generator) -> torch.Tensor:
     """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted."""
     kind, w, b = config.timestep_distribution, config.noising_weight, config.noising_bias
     if kind is TimestepDistribution.UNIFORM:
@@ -99,7 +100,7 @@ def timestep_histogram(config, bins: int = 100, samples: int = 1_000_000, num_ti
     return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)
 
 
-def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config) -> torch.Tensor:
+def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config: TrainConfig) -> torch.Tensor:
     """The sum of the enabled loss functions, per element (not reduced)."""
     prediction = prediction.float()
     target = target.float()

@@ -20,11 +20,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from onetrainer.training import diffusion
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 
 class PredictionType(Enum):
@@ -59,7 +62,7 @@ class NoiseSchedule(ABC):
         """ᾱ per time (float32, on the times' device): the share of the signal's variance left at that time."""
 
     @abstractmethod
-    def sample_times(self, count: int, generator: torch.Generator, config, device) -> torch.Tensor:
+    def sample_times(self, count: int, generator: torch.Generator, config: TrainConfig, device) -> torch.Tensor:
         """`count` training times drawn from the configured distribution (`config`: the TrainConfig)."""
 
     @abstractmethod
@@ -128,7 +131,7 @@ class DiscreteSchedule(NoiseSchedule):
         shape = (-1,) + (1,) * (like.dim() - 1)
         return (a**0.5).reshape(shape), ((1 - a) ** 0.5).reshape(shape)
 
-    def sample_times(self, count: int, generator: torch.Generator, config, device) -> torch.Tensor:
+    def sample_times(self, count: int, generator: torch.Generator, config: TrainConfig, device) -> torch.Tensor:
         return diffusion.sample_timesteps(count, self.num_train_timesteps, generator, config, device)
 
     def validation_times(self, count: int, device) -> torch.Tensor:
@@ -176,7 +179,7 @@ class ContinuousCosineSchedule(NoiseSchedule):
         a = torch.cos((t + self.s) / (1 + self.s) * math.pi / 2) ** 2 / self._norm
         return a.clamp(*self.clamp)
 
-    def sample_times(self, count: int, generator: torch.Generator, config, device) -> torch.Tensor:
+    def sample_times(self, count: int, generator: torch.Generator, config: TrainConfig, device) -> torch.Tensor:
         x = diffusion.unit_timesteps(count, config, generator)
         t = config.min_noising_strength + (config.max_noising_strength - config.min_noising_strength) * x
         bins = (t * CONTINUOUS_BINS).long().clamp(0, CONTINUOUS_BINS - 1)

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,13 +51,16 @@ from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.fs import atomic_write_json
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 
 class NonFiniteLoss(RuntimeError):
     pass
 
 
 class Trainer:
-    def __init__(self, config, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
+    def __init__(self, config: TrainConfig, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
         self.config = config
         self.control = control
         self.events = events
@@ -79,12 +83,12 @@ class Trainer:
         self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
         self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
         self.status("reading the training images")
-        self.data = TrainingData(config, self.model.info.family.bucket_step, resolve_local)
+        self.data = TrainingData(config, self.model.type_info.family.bucket_step, resolve_local)
         self._report_scan()
         torch.manual_seed(hash_seed(self.data.seed, 0x5EED))  # adapters initialise the same way every run
         self.method = create_method(config, self.family, self.model, self.device)
         self._check_placeholders()
-        self.with_masks = config.masked_training or self.model.info.inpainting
+        self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None
         if config.latent_caching:
             self._fill_caches()
@@ -301,7 +305,7 @@ class Trainer:
 
     def _input_masks(self, batch: Batch, keep_unmasked: torch.Tensor) -> torch.Tensor | None:
         """The inpainting input masks; a sample trained as if unmasked gets an all-white one (paint everything)."""
-        if not self.model.info.inpainting or batch.masks is None:
+        if not self.model.type_info.inpainting or batch.masks is None:
             return None
         masks = batch.masks.clone()
         masks[keep_unmasked] = 1.0
@@ -528,7 +532,7 @@ class Trainer:
         self.events.emit(Warning_(text))
 
 
-def _scaler_factor(kind: str, config) -> float:
+def _scaler_factor(kind: str, config: TrainConfig) -> float:
     """LR and loss scalers: BATCH scales by the batch size, GRADIENT_ACCUMULATION by the accumulation steps."""
     factor = 1.0
     if kind in ("BATCH", "BOTH"):
