@@ -1,8 +1,10 @@
-"""The small interface every model family implements; the training methods and the loop use only this.
+"""The contract every model family implements: exactly what the loop, the methods, the cache, the sampler and the
+savers call, with the data they exchange. `families/README.md` says who calls what in which order and the tensor
+conventions.
 
-A family is declarative facts (from `onetrainer.config.model_types`) plus a handful of calls: load, encode_text,
-encode_images, predict (all extra conditioning lives here), pipeline (for sampling), save, and the key maps for
-single-file and kohya-style files.
+A family is declarative facts (`FamilyInfo` from `onetrainer.config.model_types`, part roles, caption dropout) plus
+the calls of `Family`: load (with the noise schedule), encode_text, encode_images, cache_extras, batch_extras,
+predict, sample, lora_targets, kohya_name, metadata_kind, save, save_backup / backup_state.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class TextEncoderSlot:
 
 @dataclass
 class LoadedModel:
-    """A loaded model: its parts by name, text encoders, noise scheduler and prediction type."""
+    """A loaded model: its parts by name, its text encoders and its noise schedule (which carries the prediction
+    type: `v_prediction` is derived from it)."""
 
     model_type: ModelType
     parts: dict[str, torch.nn.Module]
