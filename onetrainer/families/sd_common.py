@@ -42,7 +42,8 @@ def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -
     masks = inputs.input_masks
     if inputs.pixels is not None:
         keep = (masks < 0.5).to(inputs.pixels.dtype)
-        masked_latents = family.encode_images(model, inputs.pixels * keep)
+        # On the mask's device: the VAE may sit off the training device once the latents are cached.
+        masked_latents = family.encode_images(model, inputs.pixels * keep).to(masks.device)
     else:
         masked_latents = inputs.cached["masked_latents"].to(masks.device)
     small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
