@@ -1,7 +1,7 @@
 """A full-size UNet LoRA step on a GPU, as the low-VRAM recipes train it: it/s and peak VRAM.
 
-Two cases, each a UNet of the real topology (`onetrainer/tiny/reference.py`) with random weights, so nothing is
-downloaded:
+Two cases, each a UNet of the real topology (`onetrainer/families/reference_configs.py`) with random weights, so
+nothing is downloaded:
 
 - "sd15": SD 1.5's UNet at 512 px (goal <= 2.5 GB; the low-VRAM recipe users follow today reports 2.8 GB);
 - "sdxl": SDXL 1.0's UNet at 1024 px (goal <= 4.5 GB; OneTrainer users report 4.5-4.9 GB with fp8 weights at best,
@@ -112,9 +112,9 @@ def unet_lora_benchmark(
     from peft import LoraConfig
 
     from onetrainer.config.model_types import FAMILIES
-    from onetrainer.families.loading import training_scheduler
     from onetrainer.methods.base import name_matches
     from onetrainer.tiny import reference
+    from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")
@@ -146,7 +146,7 @@ def unet_lora_benchmark(
     opt, opt_name = _optimizer(params, 1e-4, device, optimizer)
     fp16_autocast = device.type == "cuda" and weight_dtype == torch.float16
     scaler = torch.amp.GradScaler("cuda") if fp16_autocast else None
-    scheduler = training_scheduler(reference.DDIM_EPSILON, v_prediction=False, zero_terminal_snr=False)
+    scheduler = DiscreteSchedule(reference.DDIM_EPSILON, PredictionType.EPSILON)
     size = resolution // 8  # the VAE's downscale
     latents = torch.randn(batch_size, config["in_channels"], size, size, device=device, dtype=weight_dtype)
     text = torch.randn(batch_size, TEXT_TOKENS, config["cross_attention_dim"], device=device, dtype=weight_dtype)
@@ -156,7 +156,7 @@ def unet_lora_benchmark(
     with PeakMemory(device) as memory:
         for _ in range(warmup + steps):
             noise = torch.randn_like(latents)
-            timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch_size,), device=device)
+            timesteps = torch.randint(0, scheduler.num_train_timesteps, (batch_size,), device=device)
             noisy = scheduler.add_noise(latents, noise, timesteps)
             context = torch.autocast("cuda", dtype=torch.float16) if fp16_autocast else contextlib.nullcontext()
             with context:

@@ -10,16 +10,21 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.data.cache import DiskCache, cache_key, model_identity
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.training_data import TrainingData
+from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData
 from onetrainer.families.base import Conditioning
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 ENCODE_BATCH = 4
+CACHE_LAYOUT = 2  # 2: named family extras and text tensors (entries of older layouts are encoded again)
 
 
 @dataclass
@@ -51,20 +56,21 @@ class _Progress:
         self.report(f"caching {self.what}: {done}/{self.total} ({rate:.1f}/s{eta})")
 
 
-def latent_identity(config) -> dict:
+def latent_identity(config: TrainConfig) -> dict:
     """What the latents of a run depend on besides the image: the model (its VAE) and the model type."""
     from onetrainer.config.model_types import model_type_info
 
     info = model_type_info(config.model_type)
     return {
         "kind": "latents",
+        "layout": CACHE_LAYOUT,
         "family": info.family.key,
         "inpainting": info.inpainting,
         **model_identity(config, "vae"),
     }
 
 
-def fill_latent_cache(data: TrainingData, family, model, config, with_masks: bool, report) -> CacheStats:
+def fill_latent_cache(data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report) -> CacheStats:
     """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache."""
     data.latent_cache = DiskCache(config.cache_dir, "latents")
     data.latent_key_base = latent_identity(config)
@@ -87,7 +93,7 @@ def fill_latent_cache(data: TrainingData, family, model, config, with_masks: boo
     return stats
 
 
-def needed_samples(data: TrainingData, config, masked: bool) -> dict[str, PlannedSample]:
+def needed_samples(data: TrainingData, config: TrainConfig, masked: bool) -> dict[str, PlannedSample]:
     """Every image variation the run's epochs use, by cache key."""
     needed: dict[str, PlannedSample] = {}
     for epoch in range(config.epochs):
@@ -106,7 +112,6 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
     failed: dict[int, str] = {}
     done = 0
     for items in by_bucket.values():
-        blank = None
         for start in range(0, len(items), ENCODE_BATCH):
             chunk = items[start : start + ENCODE_BATCH]
             loaded, keys = [], []
@@ -120,13 +125,8 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                 pixels = torch.stack([s.pixels for s in loaded])
                 with torch.no_grad():
                     latents = family.encode_images(model, pixels).float().cpu()
-                    extra = {}
-                    if model.info.inpainting and with_masks:
-                        masks = torch.stack([s.mask for s in loaded])
-                        keep = (masks < 0.5).to(pixels.dtype)
-                        extra["masked_latents"] = family.encode_images(model, pixels * keep).float().cpu()
-                        if blank is None:
-                            blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()[0]
+                    masks = torch.stack([s.mask for s in loaded]) if with_masks else None
+                    extra = family.cache_extras(model, pixels, masks)
                 for i, (key, sample) in enumerate(zip(keys, loaded)):
                     entry = {
                         "latents": latents[i],
@@ -135,9 +135,7 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                     }
                     if with_masks:
                         entry["mask"] = sample.mask
-                    if "masked_latents" in extra:
-                        entry["masked_latents"] = extra["masked_latents"][i]
-                        entry["blank_latents"] = blank
+                    entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
                     data.latent_cache.put(key, entry)
                 stats.encoded += len(loaded)
             done += len(chunk)
@@ -148,7 +146,7 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
 # -- text ---------------------------------------------------------------------------------------------------------
 
 
-def text_encoders_frozen(config) -> bool:
+def text_encoders_frozen(config: TrainConfig) -> bool:
     """Text-encoder outputs can be cached when no text encoder (nor adapter on it) and no embedding trains."""
     from onetrainer.config.enums import TrainingMethod
     from onetrainer.config.model_types import model_type_info
@@ -162,11 +160,12 @@ def text_encoders_frozen(config) -> bool:
 class TextCache:
     """Text-encoder outputs by caption, for runs whose text encoders are frozen."""
 
-    def __init__(self, config, family, model) -> None:
+    def __init__(self, config: TrainConfig, family, model) -> None:
         self.cache = DiskCache(config.cache_dir, "text")
         self.family, self.model = family, model
         self.identity = {
             "kind": "text",
+            "layout": CACHE_LAYOUT,
             "family": family.info.key,
             "skips": [slot.layer_skip for slot in model.text_encoders],
             **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
@@ -177,27 +176,20 @@ class TextCache:
 
     def conditioning(self, captions: list[str], device) -> Conditioning:
         entries = [self.cache.get(self.key(c)) for c in captions]
-        missing = [c for c, e in zip(captions, entries) if e is None]
-        if missing:  # damaged or deleted meanwhile (another run cleared the cache): encode again and repair
+        missing = sorted({c for c, e in zip(captions, entries) if e is None})
+        if missing:  # damaged, deleted meanwhile (another run cleared the cache) or never cached: encode and repair
             encoded = dict(zip(missing, encode_text_entries(self.family, self.model, missing)))
             for caption, entry in encoded.items():
                 self.cache.put(self.key(caption), entry)
             entries = [e if e is not None else encoded[c] for c, e in zip(captions, entries)]
-        hidden = torch.stack([e["hidden"] for e in entries]).to(device)
-        pooled = torch.stack([e["pooled"] for e in entries]).to(device) if "pooled" in entries[0] else None
-        return Conditioning(hidden, pooled)
+        return Conditioning.stack(entries, device)
 
 
 def encode_text_entries(family, model, captions: list[str]) -> list[dict[str, torch.Tensor]]:
+    """The text cache's entries of `captions`: each caption's named tensors, float32 on the CPU."""
     with torch.no_grad():
-        conditioning = family.encode_text(model, family.tokenize(model, captions))
-    entries = []
-    for i in range(len(captions)):
-        entry = {"hidden": conditioning.hidden_states[i].float().cpu()}
-        if conditioning.pooled is not None:
-            entry["pooled"] = conditioning.pooled[i].float().cpu()
-        entries.append(entry)
-    return entries
+        conditioning = family.encode_text(model, captions)
+    return [conditioning.row(i) for i in range(len(captions))]
 
 
 def fill_text_cache(

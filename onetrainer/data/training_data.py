@@ -15,6 +15,7 @@ from onetrainer.data.samples import caption_for, load_sample
 from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts
 
 log = logging.getLogger(__name__)
+EXTRA_PREFIX = "extra/"  # the family's `cache_extras` in a latent cache entry
 
 
 class DatasetError(Exception):
@@ -32,8 +33,7 @@ class Batch:
     pixels: torch.Tensor | None = None  # [B, 3, H, W] in [-1, 1] (None when the latents come from the cache)
     masks: torch.Tensor | None = None  # [B, 1, H, W] in [0, 1]
     latents: torch.Tensor | None = None  # cached latents [B, C, h, w]
-    masked_latents: torch.Tensor | None = None  # inpainting: latents of the image with the masked area blanked
-    blank_latents: torch.Tensor | None = None  # inpainting: latents of a blank image (a sample trained unmasked)
+    cached_extras: dict[str, torch.Tensor] = field(default_factory=dict)  # the family's cached extras, stacked
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -126,9 +126,8 @@ class TrainingData:
             batch.crop_offsets = [tuple(c["crop_offset"].tolist()) for c in cached]
             if with_masks:
                 batch.masks = torch.stack([c["mask"] for c in cached])
-                if "masked_latents" in cached[0]:
-                    batch.masked_latents = torch.stack([c["masked_latents"] for c in cached])
-                    batch.blank_latents = torch.stack([c["blank_latents"] for c in cached])
+            names = [k for k in cached[0] if k.startswith(EXTRA_PREFIX)]
+            batch.cached_extras = {k[len(EXTRA_PREFIX) :]: torch.stack([c[k] for c in cached]) for k in names}
             return batch
         loaded = [self._load_one(samples, s, with_masks, batch.problems) for s in samples]
         batch.pixels = torch.stack([s.pixels for s in loaded])

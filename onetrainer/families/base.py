@@ -1,21 +1,32 @@
-"""The small interface every model family implements; the training methods and the loop use only this.
+"""The contract every model family implements: exactly what the loop, the methods, the cache, the sampler and the
+savers call, with the data they exchange. `families/README.md` says who calls what in which order and the tensor
+conventions.
 
-A family is declarative facts (from `onetrainer.config.model_types`) plus a handful of calls: load, encode_text,
-encode_images, predict (all extra conditioning lives here), pipeline (for sampling), save, and the key maps for
-single-file and kohya-style files.
+A family is declarative facts (`FamilyInfo` from `onetrainer.config.model_types`, part roles, caption dropout) plus
+the calls of `Family`: load (with the noise schedule), encode_text, encode_images, cache_extras, batch_extras,
+predict, sample, lora_targets, kohya_name, metadata_kind, save, save_backup / backup_state.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from PIL import Image
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
+from onetrainer.config.sample_config import SampleConfig
+from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+    from onetrainer.weights.metadata import ModelKind
 
 
 @dataclass
@@ -28,69 +39,152 @@ class TextEncoderSlot:
     kohya_prefix: str  # "lora_te", "lora_te1", …
     embedding_key: str  # the tensor name in embedding files: "emb_params", "clip_l", "clip_g"
     layer_skip: int = 0
+    # The embedding module the encoder's forward looks token ids up in, where it is not `get_input_embeddings()`
+    # (transformers' T5EncoderModel: `encoder.embed_tokens`, a module of its own that shares the weight).
+    token_embedding: torch.nn.Embedding | None = None
 
 
 @dataclass
 class LoadedModel:
-    """A loaded model: its parts by name, text encoders, noise scheduler and prediction type."""
+    """A loaded model: its parts by name, its text encoders and its noise schedule (which carries the prediction
+    type: `v_prediction` is derived from it)."""
 
     model_type: ModelType
     parts: dict[str, torch.nn.Module]
     text_encoders: list[TextEncoderSlot]
-    noise_scheduler: Any  # a diffusers scheduler used for training (add_noise, get_velocity, alphas)
-    v_prediction: bool
+    schedule: NoiseSchedule  # the training noise process (created by the family)
     source: str
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific state (e.g. original keys to keep)
 
     @property
-    def info(self) -> ModelTypeInfo:
+    def v_prediction(self) -> bool:
+        return self.schedule.prediction is PredictionType.V
+
+    @property
+    def type_info(self) -> ModelTypeInfo:
+        """The model type's facts (resolution, inpainting, its family's `FamilyInfo`)."""
         return model_type_info(self.model_type)
 
     def part(self, name: str) -> torch.nn.Module:
         return self.parts[name]
 
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.parts[self.info.family.parts[0]]
+
+class PartRole(Enum):
+    """What a model part does in training, which decides when it sits on the training device."""
+
+    DENOISER = "denoiser"  # runs every step
+    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
+    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
+    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
+
+
+class CaptionDropout(Enum):
+    """How a family trains without its caption (caption dropout): encode the empty caption, or zero every tensor of
+    the conditioning (the attention mask included)."""
+
+    EMPTY_CAPTION = "empty_caption"
+    ZEROS = "zeros"
 
 
 @dataclass
 class Conditioning:
-    """What the denoiser is conditioned on for a batch of captions."""
+    """What the denoiser is conditioned on for a batch of captions: named tensors, each [B, ...] with one row per
+    caption (e.g. "hidden_states" [B, L, D], "pooled" [B, D], "attention_mask" [B, L]). The text cache stores and
+    stacks every tensor of it, so a family may add any it needs."""
 
-    hidden_states: torch.Tensor
-    pooled: torch.Tensor | None = None
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def hidden_states(self) -> torch.Tensor:
+        return self.tensors["hidden_states"]
+
+    @property
+    def pooled(self) -> torch.Tensor | None:
+        return self.tensors.get("pooled")
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.tensors.get(name)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def row(self, index: int) -> dict[str, torch.Tensor]:
+        """One caption's tensors (float32 on the CPU for floating ones), as the text cache stores them."""
+        return {k: (v[index].float() if v.is_floating_point() else v[index]).cpu() for k, v in self.tensors.items()}
+
+    @classmethod
+    def stack(cls, rows: list[dict[str, torch.Tensor]], device) -> Conditioning:
+        return cls({name: torch.stack([r[name] for r in rows]).to(device) for name in rows[0]})
+
+    def zeroed(self, drop: torch.Tensor) -> Conditioning:
+        """The rows where `drop` ([B] bool) is true set to zero (caption dropout by zeros)."""
+        out = {}
+        for name, value in self.tensors.items():
+            keep = (~drop).to(value.device).view(-1, *([1] * (value.dim() - 1)))
+            out[name] = value * keep.to(value.dtype)
+        return Conditioning(out)
+
+
+@dataclass
+class BatchInputs:
+    """What a family may use to build a batch's extra denoiser inputs (all on the training device)."""
+
+    latents: torch.Tensor  # [B, C, h, w], the clean latents
+    pixels: torch.Tensor | None  # [B, 3, H, W] in [-1, 1]; None when the latents come from the cache
+    original_sizes: list[tuple[int, int]]  # (height, width) of each image before scaling
+    crop_offsets: list[tuple[int, int]]  # (top, left) of the crop in the scaled image
+    input_masks: torch.Tensor | None  # inpainting models: [B, 1, H, W], 1 = paint; all ones for unmasked samples
+    keep_unmasked: torch.Tensor  # [B] bool: samples trained as if they had no mask
+    cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
 
 
 class Family(ABC):
-    """One model family. Subclasses set `info` and implement the calls below."""
+    """One model family: what the loop, the methods, the cache, the sampler and the savers call.
+
+    Declarations: `info` (parts, bucket step, methods, formats, layer presets), `part_roles` and `sampling_parts`
+    (placement), `caption_dropout`. See `families/README.md` for who calls what in which order.
+    """
 
     info: FamilyInfo
+    caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
+    part_roles: ClassVar[dict[str, PartRole]]  # every part of `info.parts`
+    sampling_parts: ClassVar[frozenset[str]]  # the parts `sample` runs
+    # Text-encoder modules that get a LoRA: every linear layer inside a transformer block (CLIP's
+    # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
 
     @property
     def denoiser_part(self) -> str:
+        """The trained network: the first of `info.parts`."""
         return self.info.parts[0]
 
-    @abstractmethod
-    def load(self, source: str, model_type: ModelType, dtypes: dict[str, torch.dtype], offline: bool) -> LoadedModel:
-        """Load from a diffusers folder, a single file, a hub id or one of our backup folders."""
+    # -- loading (Trainer.run, scripts/sample.py) -----------------------------------------------------------------
 
     @abstractmethod
-    def tokenize(self, model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
-        """Token ids per text encoder, each [B, L]."""
+    def load(self, config: TrainConfig) -> LoadedModel:
+        """Load the base model of `config` (a diffusers folder, a single file, a hub id or one of our backups), each
+        part in its configured weight dtype, on the CPU; with its noise schedule."""
+
+    # -- encoders (the caching pass, and every step whose inputs are not cached) ----------------------------------
 
     @abstractmethod
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
-        """Run the text encoders (with their clip skip) on token ids."""
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        """Tokenize the captions and run the text encoders (with their clip skip): one row per caption."""
 
     @abstractmethod
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels in [-1, 1] → scaled latents."""
+        """Pixels [B, 3, H, W] in [-1, 1] → latents [B, C, h, w] as the denoiser takes them (scaled)."""
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor, input_masks: torch.Tensor | None) -> dict:
-        """Per-batch denoiser inputs beyond latents, timesteps and text (SDXL's size and crop ids, the inpainting mask
-        and masked image). `batch` carries `original_sizes` and `crop_offsets` ((top, left) in the resized image);
-        `input_masks` is the inpainting input mask (None for other models)."""
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        """Per-sample tensors to cache with the latents of `pixels` ([B, 3, H, W] in [-1, 1]; `masks` [B, 1, H, W]
+        in [0, 1] when the run uses masks): each value [B, ...]. They come back in `BatchInputs.cached`."""
+        return {}
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        """Per-batch denoiser inputs beyond latents, time and text (SDXL's size and crop ids, the inpainting mask and
+        masked image); they reach `predict` as its `extra` mapping."""
         return {}
 
     @abstractmethod
@@ -101,17 +195,54 @@ class Family(ABC):
         timesteps: torch.Tensor,
         conditioning: Conditioning,
         extra: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """The denoiser's prediction; `extra` holds per-batch inputs such as the inpainting mask and image."""
+    ) -> Prediction:
+        """The denoiser's prediction (plus any family loss terms) for `noisy_latents` at `timesteps` (the schedule's
+        `model_time`); `extra` is `batch_extras`' mapping."""
+
+    # -- sampling -------------------------------------------------------------------------------------------------
 
     @abstractmethod
-    def pipeline(self, model: LoadedModel, sampler: Any) -> Any:
-        """A diffusers pipeline over the live modules, for sampling."""
+    def sample(
+        self,
+        model: LoadedModel,
+        sample: SampleConfig,
+        apply_embeddings: Callable[[str], str],
+        zero_terminal_snr: bool,
+    ) -> Image.Image:
+        """Render one sample (prompt, size, steps, CFG, sampler, seed) with the live modules, in one or several
+        stages. Called under `torch.no_grad()` with every part in eval mode and the sampling parts on the device;
+        `apply_embeddings` turns placeholders into the embedding tokens."""
 
-    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
-        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
-        with a clip skip per text encoder, which the pipeline cannot express)."""
-        return {"prompt": prompt, "negative_prompt": negative_prompt}
+    # -- methods: LoRA targets and names --------------------------------------------------------------------------
+
+    def lora_targets(self, model: LoadedModel, part: str, patterns: list[str], regex: bool) -> list[str]:
+        """The module names of `part` that get a LoRA. The denoiser: its linear and (ungrouped) conv layers that the
+        layer filter (`patterns`) selects; peft cannot put a rank-r LoRA on a grouped or depthwise conv. A text
+        encoder: every linear layer of its transformer blocks (`text_encoder_blocks`)."""
+        import re
+
+        from onetrainer.methods.base import name_matches
+
+        module = model.part(part)
+        if part == self.denoiser_part:
+            return [
+                n
+                for n, m in module.named_modules()
+                if (isinstance(m, torch.nn.Linear) or (isinstance(m, torch.nn.Conv2d) and m.groups == 1))
+                and name_matches(n, patterns, regex)
+            ]
+        blocks = re.compile(self.text_encoder_blocks)
+        return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and blocks.search(n)]
+
+    @abstractmethod
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
+
+    @abstractmethod
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        """What file metadata says the model is (`modelspec.architecture`, `ss_base_model_version`, …)."""
+
+    # -- savers ---------------------------------------------------------------------------------------------------
 
     @abstractmethod
     def save(
@@ -120,13 +251,24 @@ class Family(ABC):
         """Write the whole model (fine-tune result) in `fmt` at `destination`; `metadata` joins a single file's
         header."""
 
-    @abstractmethod
-    def kohya_name(self, part: str, module_path: str) -> str:
-        """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """The whole model into a fine-tune backup's `folder` (float32); default: one safetensors file per part."""
+        from safetensors.torch import save_file
 
-    @abstractmethod
-    def metadata_kind(self, model: LoadedModel) -> str:
-        """The model kind for file metadata: "sd1", "sd2", "sd2-v", "sdxl"."""
+        for name, module in model.parts.items():
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            # clone: tied weights (T5's shared token table) must not share memory in a safetensors file
+            state = {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+            save_file(state, str(folder / name / "model.safetensors"))
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        """The weights of `part` from a backup that `save_backup` wrote, named as the module's own state dict."""
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted((folder / part).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        return state
 
 
 def first_weight(module: torch.nn.Module) -> torch.Tensor:

@@ -11,9 +11,24 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from onetrainer.tiny.reference import CLIP_TOKENIZER
-from onetrainer.tiny.tokenizer import END_OF_WORD, bytes_to_unicode
+from onetrainer.families.reference_configs import CLIP_TOKENIZER
 from onetrainer.util.fs import atomic_directory
+
+END_OF_WORD = "</w>"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """CLIP's (and GPT-2's) reversible byte -> printable character table, in its canonical order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    bytes_, chars = list(printable), list(printable)
+    shift = 0
+    for b in range(256):
+        if b not in printable:
+            bytes_.append(b)
+            chars.append(256 + shift)
+            shift += 1
+    return {b: chr(c) for b, c in zip(bytes_, chars)}
+
 
 VOCAB_FILE = Path(__file__).resolve().parents[1] / "resources" / "clip" / "bpe_simple_vocab_16e6.txt.gz"
 VOCAB_SIZE = 49408

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.util.dtypes import torch_dtype
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +19,7 @@ class ModelLoadError(Exception):
     """A model that cannot be loaded, with a message that says why and what to do."""
 
 
-def hub_options(source, config) -> dict:
+def hub_options(source, config: TrainConfig) -> dict:
     """from_pretrained options for a model source: local folders never reach the hub; a hub id is loaded from the cache
     alone when offline or when the hub cannot be reached, and refused at once when it is in neither (`util/hub.py`)."""
     if source.kind != "hub":
@@ -41,11 +45,13 @@ def load_diffusers_component(cls, where: str, subfolder: str, options: dict, con
         raise ModelLoadError(_explain(where, subfolder, options, e)) from e
 
 
-def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer"):
-    from transformers import CLIPTokenizer
+def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer", cls=None):
+    """A tokenizer of a diffusers folder or hub id: `cls` (a transformers tokenizer class, CLIPTokenizer by default)."""
+    if cls is None:
+        from transformers import CLIPTokenizer as cls
 
     try:
-        return CLIPTokenizer.from_pretrained(where, subfolder=subfolder, **options)
+        return cls.from_pretrained(where, subfolder=subfolder, **options)
     except (OSError, ValueError) as e:
         raise ModelLoadError(_explain(where, subfolder, options, e)) from e
 
@@ -67,7 +73,7 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
     )
 
 
-def cast_parts(parts: dict[str, torch.nn.Module], config) -> None:
+def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
     """Put each part in its configured weight dtype."""
     for name, module in parts.items():
         dtype = torch_dtype(config.part(name).weight_dtype)
@@ -86,13 +92,3 @@ def checked_load(module: torch.nn.Module, state: dict, what: str) -> None:
         if result.unexpected_keys:
             details.append(f"{len(result.unexpected_keys)} unexpected (e.g. {result.unexpected_keys[0]})")
         raise ModelLoadError(f"{what} does not match the model layout: {', '.join(details)}")
-
-
-def training_scheduler(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool):
-    """A DDPM scheduler with the model's noise schedule, used for adding noise and computing targets."""
-    from diffusers import DDPMScheduler
-
-    overrides = {"prediction_type": "v_prediction" if v_prediction else "epsilon"}
-    if zero_terminal_snr:
-        overrides["rescale_betas_zero_snr"] = True
-    return DDPMScheduler.from_config(dict(scheduler_config), **overrides)

@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD, model_type_info
-from onetrainer.families.base import Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families import reference_configs as reference
+from onetrainer.families.base import (
+    BatchInputs,
+    Conditioning,
+    Family,
+    LoadedModel,
+    PartRole,
+    TextEncoderSlot,
+    first_weight,
+)
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -18,22 +28,36 @@ from onetrainer.families.loading import (
     hub_options,
     load_diffusers_component,
     load_tokenizer,
-    training_scheduler,
 )
-from onetrainer.families.sources import ModelSource, cache_root, resolve_local, resolve_source
-from onetrainer.tiny import reference
+from onetrainer.families.sd_common import (
+    CONFIGS_KEY,
+    TEXT_PREFIX,
+    TOKENIZER_KEY,
+    UNET_PREFIX,
+    VAE_PREFIX,
+    clip_config,
+    convert_text_encoder,
+    convert_vae,
+    discrete_schedule,
+    inpainting_cache,
+    inpainting_inputs,
+    merges_of,
+    plain_state,
+    schedule_markers,
+    single_file_tokenizer,
+    wants_v_prediction,
+)
+from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
+from onetrainer.training.noise_schedules import Prediction
 from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
-from onetrainer.weights.metadata import model_metadata
+from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-UNET_PREFIX = "model.diffusion_model."
-VAE_PREFIX = "first_stage_model."
-TEXT_PREFIX = "cond_stage_model."
-CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
-TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
 
 
 def is_sd2(model_type: ModelType) -> bool:
@@ -43,26 +67,31 @@ def is_sd2(model_type: ModelType) -> bool:
 class StableDiffusionFamily(Family):
     info = SD
     saved_scheduler = "DDIMScheduler"  # the sampler a saved diffusers folder names (what the model's authors ship)
+    part_roles: ClassVar[dict[str, PartRole]] = {
+        "unet": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    }
+    sampling_parts = frozenset(part_roles)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, config) -> LoadedModel:
+    def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts, tokenizer, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
         cast_parts(parts, config)
-        v_prediction = _v_prediction(config, model_type)
+        v_prediction = wants_v_prediction(config, model_type)
         slot = TextEncoderSlot(
             "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder_layer_skip
         )
-        scheduler = training_scheduler(
-            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
-        )
-        return LoadedModel(model_type, parts, [slot], scheduler, v_prediction, config.base_model_name, extra)
+        zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
+        schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
+        return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, extra)
 
-    def _read_source(self, config):
+    def _read_source(self, config: TrainConfig):
         """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
@@ -71,7 +100,7 @@ class StableDiffusionFamily(Family):
             source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
         return self._load_diffusers(source, config)
 
-    def _load_diffusers(self, source: ModelSource, config):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
@@ -97,7 +126,7 @@ class StableDiffusionFamily(Family):
             state = load_state_dict(path)
             vae = AutoencoderKL.from_config(dict(base_config))
             prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in state) else ""
-            converted = _convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
+            converted = convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
             checked_load(vae, converted, f"VAE {path}")
             return vae
         raise ModelLoadError(f"VAE override not found: {name}")
@@ -125,12 +154,12 @@ class StableDiffusionFamily(Family):
         checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
         vae = AutoencoderKL.from_config(configs["vae"])
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
+        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
         checked_load(
-            text_encoder, _convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
+            text_encoder, convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
         )
-        tokenizer = _single_file_tokenizer(metadata, detected["v2"])
+        tokenizer = single_file_tokenizer(metadata, detected["v2"])
         scheduler_config = dict(reference.DDIM_EPSILON)
         kept = {k: v for k, v in state.items() if k.startswith(TEXT_PREFIX + "model.transformer.resblocks.23.")}
         return {"unet": unet, "text_encoder": text_encoder, "vae": vae}, tokenizer, scheduler_config, {"kept": kept}
@@ -144,7 +173,8 @@ class StableDiffusionFamily(Family):
         ).input_ids
         return [ids]
 
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        tokens = self.tokenize(model, captions)
         slot = model.text_encoders[0]
         encoder = slot.encoder
         device = first_weight(encoder).device
@@ -154,7 +184,7 @@ class StableDiffusionFamily(Family):
             hidden = encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
         else:
             hidden = output.last_hidden_state
-        return Conditioning(hidden)
+        return Conditioning({"hidden_states": hidden})
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         vae = model.part("vae")
@@ -162,25 +192,40 @@ class StableDiffusionFamily(Family):
         latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
         return latents * vae.config.scaling_factor
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
-        if not model.info.inpainting or input_masks is None:
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        if not model.type_info.inpainting or masks is None:
             return {}
-        return inpainting_inputs(self, model, pixels, input_masks, batch.masked_latents)
+        return inpainting_cache(self, model, pixels, masks)
 
-    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        if not model.type_info.inpainting or inputs.input_masks is None:
+            return {}
+        return inpainting_inputs(self, model, inputs)
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         unet = model.part("unet")
         sample = noisy_latents
         if "mask" in extra:
             sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
         dtype = first_weight(unet).dtype
-        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample
+        return Prediction(unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample)
 
     # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, zero_terminal_snr)
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
+        with a clip skip per text encoder, which the pipeline cannot express)."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt}
 
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
-        cls = StableDiffusionInpaintPipeline if model.info.inpainting else StableDiffusionPipeline
+        cls = StableDiffusionInpaintPipeline if model.type_info.inpainting else StableDiffusionPipeline
         return cls(
             vae=model.part("vae"),
             text_encoder=model.part("text_encoder"),
@@ -207,25 +252,37 @@ class StableDiffusionFamily(Family):
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
         import diffusers
 
-        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.noise_scheduler.config)
+        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.schedule.scheduler_config)
         pipe = self.pipeline(model, scheduler)
         with atomic_directory(destination) as tmp:
             pipe.save_pretrained(str(tmp), safe_serialization=True)
             if dtype != torch.float32:
                 _cast_saved_weights(tmp, dtype)
 
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        # transformers saves CLIPTextModel's weights with a `text_model.` level its state dict may not have.
+        own = set(model.part(part).state_dict())
+        state = super().backup_state(model, folder, part)
+        return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+
     def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole model in the original (LDM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae, text_encoder = model.part("unet"), model.part("vae"), model.part("text_encoder")
-        out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(_plain(unet), unet.config).items()}
-        out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(_plain(vae), vae.config).items()})
+        out = {UNET_PREFIX + k: v for k, v in ldm_keys.unet_to_ldm(plain_state(unet), unet.config).items()}
+        out.update({VAE_PREFIX + k: v for k, v in ldm_keys.vae_to_ldm(plain_state(vae), vae.config).items()})
         if is_sd2(model.model_type):
-            text = {TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(_plain(text_encoder)).items()}
+            text = {
+                TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(plain_state(text_encoder)).items()
+            }
             text.update(model.extra.get("kept", {}))
         else:
-            text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(_plain(text_encoder)).items()}
+            text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(plain_state(text_encoder)).items()}
         out.update(text)
-        out.update(_schedule_markers(model))
+        out.update(schedule_markers(model))
         return {
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }
@@ -236,7 +293,7 @@ class StableDiffusionFamily(Family):
         from safetensors.torch import save_file
 
         state = self.original_state_dict(model, dtype)
-        info = model.info
+        info = model.type_info
         metadata = model_metadata(
             self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
         )
@@ -244,64 +301,32 @@ class StableDiffusionFamily(Family):
         tokenizer = model.text_encoders[0].tokenizer
         if len(tokenizer) != 49408:
             # Only non-standard tokenizers (the tiny test models) travel inside the file.
-            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": _merges_of(tokenizer)})
+            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": merges_of(tokenizer)})
         metadata.update(extra_metadata or {})
         with atomic_file(destination) as tmp:
             save_file(state, str(tmp), metadata=metadata)
 
     # -- names ----------------------------------------------------------------------------------------------------
 
-    def kohya_name(self, part: str, module_path: str) -> str:
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "unet":
             return "lora_unet_" + module_path.replace(".", "_")
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
         return "lora_te_" + body.replace(".", "_")
 
-    def metadata_kind(self, model: LoadedModel) -> str:
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
         if is_sd2(model.model_type):
-            return "sd2-v" if model.v_prediction else "sd2"
-        return "sd1"
+            return KINDS["sd2-v" if model.v_prediction else "sd2"]
+        return KINDS["sd1"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def inpainting_inputs(family, model, pixels, masks: torch.Tensor, cached_masked_latents=None) -> dict:
-    """The extra inputs of inpainting UNets: the mask at latent size and the latents of the image with the masked
-    (white) area blanked, encoded now from `pixels` or taken from the cache."""
-    if pixels is not None:
-        keep = (masks < 0.5).to(pixels.dtype)
-        masked_latents = family.encode_images(model, pixels * keep)
-    else:
-        masked_latents = cached_masked_latents.to(masks.device)
-    small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
-    return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
 
 
 def _config_of(part: torch.nn.Module) -> dict:
     """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
     config = part.config
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def _schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
-    """Empty tensors that tell other tools how the model was trained, where the file's weights cannot: `v_pred`
-    (ComfyUI for SDXL; A1111/Forge for SDXL and SD 2.x) and `ztsnr`, zero terminal SNR (ComfyUI with `v_pred`, A1111
-    and Forge). SD 1.x files are read as epsilon whatever they carry: see docs/outputs.md."""
-    markers = {}
-    if model.v_prediction:
-        markers["v_pred"] = torch.tensor([])
-    if model.noise_scheduler.config.get("rescale_betas_zero_snr"):
-        markers["ztsnr"] = torch.tensor([])
-    return markers
-
-
-def _v_prediction(config, model_type: ModelType) -> bool:
-    if config.force_epsilon_prediction:
-        return False
-    if config.force_v_prediction or config.rescale_noise_scheduler_to_zero_terminal_snr:
-        return True
-    return model_type_info(model_type).v_prediction
 
 
 def _backup_model_dir(backup: Path) -> Path:
@@ -348,67 +373,6 @@ def _reference_configs(model_type: ModelType) -> dict:
     }
     text = reference.OPEN_CLIP_H_TEXT if is_sd2(model_type) else reference.CLIP_L_TEXT
     return {"unet": unets[model_type], "vae": reference.SD_VAE, "text_encoder": text}
-
-
-def _clip_config(config: dict) -> dict:
-    return {
-        k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")
-    }
-
-
-def _convert_vae(state: dict, vae) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    return convert_ldm_vae_checkpoint(state, vae.config)
-
-
-def _convert_text_encoder(state: dict, text_encoder, v2: bool) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint, convert_open_clip_checkpoint
-
-    if v2:
-        converted = convert_open_clip_checkpoint(text_encoder, state, prefix=TEXT_PREFIX + "model.")
-    else:
-        converted = convert_ldm_clip_checkpoint(state)
-    # transformers 5 names CLIPTextModel's weights without the `text_model.` level the converters produce.
-    own = set(text_encoder.state_dict())
-    out = {}
-    for key, value in converted.items():
-        short = key[len("text_model.") :] if key.startswith("text_model.") else key
-        if short in own:
-            out[short] = value
-        elif key in own:
-            out[key] = value
-    return out
-
-
-def _single_file_tokenizer(metadata: dict, v2: bool):
-    pad = reference.OPEN_CLIP_TOKENIZER["pad_token"] if v2 else reference.CLIP_TOKENIZER["pad_token"]
-    if TOKENIZER_KEY in metadata:
-        import tempfile
-
-        from transformers import CLIPTokenizer
-
-        data = json.loads(metadata[TOKENIZER_KEY])
-        with tempfile.TemporaryDirectory(prefix="onetrainer-tokenizer-") as tmp:
-            folder = Path(tmp)
-            (folder / "vocab.json").write_text(json.dumps(data["vocab"]), encoding="utf-8")
-            (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in data["merges"]), "utf-8")
-            config = {**reference.CLIP_TOKENIZER, "pad_token": pad}
-            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-            return CLIPTokenizer.from_pretrained(str(folder))
-    from onetrainer.families.clip_tokenizer import load_clip_tokenizer
-
-    return load_clip_tokenizer(cache_root(), pad)
-
-
-def _merges_of(tokenizer) -> list[str]:
-    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
-    return [m if isinstance(m, str) else " ".join(m) for m in merges]
-
-
-def _plain(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
-    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
 
 
 def _cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:

@@ -16,12 +16,14 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
-from onetrainer.families.base import Conditioning, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families import reference_configs as reference
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, PartRole, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -29,26 +31,30 @@ from onetrainer.families.loading import (
     hub_options,
     load_diffusers_component,
     load_tokenizer,
-    training_scheduler,
 )
-from onetrainer.families.sd import (
+from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.families.sd_common import (
     CONFIGS_KEY,
     UNET_PREFIX,
     VAE_PREFIX,
-    StableDiffusionFamily,
-    _clip_config,
-    _convert_text_encoder,
-    _convert_vae,
-    _plain,
-    _schedule_markers,
-    _single_file_tokenizer,
-    _v_prediction,
+    clip_config,
+    convert_text_encoder,
+    convert_vae,
+    discrete_schedule,
     inpainting_inputs,
+    plain_state,
+    schedule_markers,
+    single_file_tokenizer,
+    wants_v_prediction,
 )
 from onetrainer.families.sources import ModelSource
-from onetrainer.tiny import reference
+from onetrainer.training.noise_schedules import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.metadata import KINDS, ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +68,15 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     info = SDXL
     saved_scheduler = "EulerDiscreteScheduler"
-    # The UNet block layout that kohya names follow; set from the loaded model (SDXL's layout is fixed).
-    _unet_config: Mapping = reference.SDXL_UNET
+    part_roles: ClassVar[dict[str, PartRole]] = {
+        **StableDiffusionFamily.part_roles,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+    }
+    sampling_parts = frozenset(part_roles)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, config) -> LoadedModel:
+    def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts, tokenizers, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
@@ -76,19 +85,17 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)
-        self._unet_config = dict(parts["unet"].config)
-        v_prediction = _v_prediction(config, model_type)
+        v_prediction = wants_v_prediction(config, model_type)
         slots = [
             TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
             TextEncoderSlot("text_encoder_2", parts["text_encoder_2"], tokenizers[1], "lora_te2", "clip_g"),
         ]
         slots[0].layer_skip, slots[1].layer_skip = config.text_encoder_layer_skip, config.text_encoder_2_layer_skip
-        scheduler = training_scheduler(
-            scheduler_config, v_prediction, config.rescale_noise_scheduler_to_zero_terminal_snr
-        )
-        return LoadedModel(model_type, parts, slots, scheduler, v_prediction, config.base_model_name, extra)
+        zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
+        schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
+        return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
 
-    def _load_diffusers(self, source: ModelSource, config):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -125,14 +132,14 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
         vae = AutoencoderKL.from_config(configs["vae"])
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, _convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**_clip_config(configs["text_encoder"])))
-        checked_load(text_encoder, _convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
-        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**_clip_config(configs["text_encoder_2"])))
+        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
+        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
+        checked_load(text_encoder, convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
+        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**clip_config(configs["text_encoder_2"])))
         checked_load(text_encoder_2, _convert_open_clip_g(state, text_encoder_2), f"text encoder 2 of {path}")
 
         # The two tokenizers share CLIP's vocabulary; the first pads with the end token, the second with "!".
-        tokenizers = (_single_file_tokenizer(metadata, False), _single_file_tokenizer(metadata, True))
+        tokenizers = (single_file_tokenizer(metadata, False), single_file_tokenizer(metadata, True))
         parts = {"unet": unet, "text_encoder": text_encoder, "text_encoder_2": text_encoder_2, "vae": vae}
         return parts, tokenizers, dict(reference.EULER_EPSILON), {"force_zeros_for_empty_prompt": True}
 
@@ -153,7 +160,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             )
         return out
 
-    def encode_text(self, model: LoadedModel, tokens: list[torch.Tensor]) -> Conditioning:
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        tokens = self.tokenize(model, captions)
         hidden, pooled = [], None
         for slot, ids in zip(model.text_encoders, tokens):
             encoder = slot.encoder
@@ -163,29 +171,27 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             if slot.part == "text_encoder_2":
                 pooled = output.text_embeds
         dtype = torch.promote_types(hidden[0].dtype, hidden[1].dtype)
-        return Conditioning(torch.cat([h.to(dtype) for h in hidden], dim=-1), pooled)
+        return Conditioning({"hidden_states": torch.cat([h.to(dtype) for h in hidden], dim=-1), "pooled": pooled})
 
-    def batch_inputs(self, model: LoadedModel, batch, pixels: torch.Tensor | None, input_masks: torch.Tensor | None):
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        latents, pixels = inputs.latents, inputs.pixels
         if pixels is not None:
-            (height, width), count, device = pixels.shape[-2:], len(pixels), pixels.device
+            height, width = pixels.shape[-2:]
         else:  # cached latents: the training size is theirs times the VAE's scale
             scale = _vae_scale(model)
-            latents = batch.latents
-            height, width, count, device = latents.shape[-2] * scale, latents.shape[-1] * scale, len(latents), "cpu"
-            if input_masks is not None:
-                device = input_masks.device
-        sizes = getattr(batch, "original_sizes", None) or [(height, width)] * count
-        offsets = getattr(batch, "crop_offsets", None) or [(0, 0)] * count
-        extra = {"time_ids": time_ids(sizes, offsets, (height, width), device)}
-        if model.info.inpainting and input_masks is not None:
+            height, width = latents.shape[-2] * scale, latents.shape[-1] * scale
+        count = len(latents)
+        sizes = inputs.original_sizes or [(height, width)] * count
+        offsets = inputs.crop_offsets or [(0, 0)] * count
+        extra = {"time_ids": time_ids(sizes, offsets, (height, width), latents.device)}
+        if model.type_info.inpainting and inputs.input_masks is not None:
             # The VAE runs in its own weight dtype (FLOAT_32 by default): SDXL's VAE overflows in FLOAT_16.
-            with torch.no_grad(), torch.autocast(input_masks.device.type, enabled=False):
-                cached = getattr(batch, "masked_latents", None)
-                extra.update(inpainting_inputs(self, model, pixels, input_masks, cached))
+            with torch.no_grad(), torch.autocast(inputs.input_masks.device.type, enabled=False):
+                extra.update(inpainting_inputs(self, model, inputs))
             extra["masked_latents"] = extra["masked_latents"].float()
         return extra
 
-    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> torch.Tensor:
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         unet = model.part("unet")
         sample = noisy_latents
         if "mask" in extra:
@@ -197,7 +203,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             ids = time_ids([size] * len(noisy_latents), [(0, 0)] * len(noisy_latents), size, noisy_latents.device)
         dtype = first_weight(unet).dtype
         added = {"text_embeds": conditioning.pooled.to(dtype), "time_ids": ids.to(dtype)}
-        return unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype), added_cond_kwargs=added).sample
+        output = unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype), added_cond_kwargs=added).sample
+        return Prediction(output)
 
     # -- sampling -------------------------------------------------------------------------------------------------
 
@@ -205,7 +212,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline
 
         kwargs = {}
-        if model.info.inpainting:
+        if model.type_info.inpainting:
             cls = StableDiffusionXLInpaintPipeline
             kwargs["requires_aesthetics_score"] = False  # SDXL inpainting has no refiner-style aesthetic score
         else:
@@ -229,11 +236,11 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         if not any(slot.layer_skip for slot in model.text_encoders):
             return super().prompt_arguments(model, prompt, negative_prompt)
         with torch.no_grad():
-            positive = self.encode_text(model, self.tokenize(model, [prompt]))
+            positive = self.encode_text(model, [prompt])
             if negative_prompt is None and model.extra.get("force_zeros_for_empty_prompt", True):
-                negative = Conditioning(torch.zeros_like(positive.hidden_states), torch.zeros_like(positive.pooled))
+                negative = positive.zeroed(torch.ones(1, dtype=torch.bool))
             else:
-                negative = self.encode_text(model, self.tokenize(model, [negative_prompt or ""]))
+                negative = self.encode_text(model, [negative_prompt or ""])
         return {
             "prompt_embeds": positive.hidden_states,
             "pooled_prompt_embeds": positive.pooled,
@@ -247,29 +254,30 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         """The whole model in the original (SGM) key layout, as A1111, Forge and ComfyUI read it."""
         unet, vae = model.part("unet"), model.part("vae")
         out = to_original(
-            _plain(unet),
+            plain_state(unet),
             unet.config,
-            _plain(vae),
+            plain_state(vae),
             vae.config,
-            _plain(model.part("text_encoder")),
-            _plain(model.part("text_encoder_2")),
+            plain_state(model.part("text_encoder")),
+            plain_state(model.part("text_encoder_2")),
         )
-        out.update(_schedule_markers(model))
+        out.update(schedule_markers(model))
         return {
             k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
         }
 
     # -- names ----------------------------------------------------------------------------------------------------
 
-    def kohya_name(self, part: str, module_path: str) -> str:
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "unet":
             # kohya trains SDXL on the original UNet: its LoRA names are the SGM module names.
-            return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, self._unet_config).replace(".", "_")
+            unet_config = model.parts["unet"].config
+            return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, unet_config).replace(".", "_")
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
         return f"{KOHYA_PREFIXES[part]}_{body.replace('.', '_')}"
 
-    def metadata_kind(self, model: LoadedModel) -> str:
-        return "sdxl"
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return KINDS["sdxl"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

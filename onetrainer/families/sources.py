@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +29,10 @@ class ModelNotFound(Exception):
 
 
 def cache_root() -> Path:
-    from onetrainer.tiny import default_cache_root
-
-    return default_cache_root()
+    """Where derived files are kept (the CLIP tokenizer folder, tiny models): $XDG_CACHE_HOME/onetrainer or
+    ~/.cache/onetrainer."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "onetrainer"
 
 
 def resolve_local(name: str) -> Path:

@@ -6,6 +6,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,13 +20,16 @@ from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.embedding_file import save_embedding
 from onetrainer.weights.metadata import model_metadata
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 OT_CONFIG_KEY = "ot_config"  # OneTrainer's header key for the training config
 
 
 class Method(ABC):
     """A training method bound to a loaded model."""
 
-    def __init__(self, config, family: Family, model: LoadedModel, device: torch.device) -> None:
+    def __init__(self, config: TrainConfig, family: Family, model: LoadedModel, device: torch.device) -> None:
         self.config = config
         self.family = family
         self.model = model
@@ -190,7 +194,7 @@ class Method(ABC):
         return meta
 
 
-def layer_filter_patterns(config, family: Family) -> tuple[list[str], bool]:
+def layer_filter_patterns(config: TrainConfig, family: Family) -> tuple[list[str], bool]:
     """The layer filter as (patterns, is_regex); no patterns means every layer."""
     custom = [p.strip() for p in config.layer_filter.split(",") if p.strip()]
     if config.layer_filter_preset == "custom" or custom:

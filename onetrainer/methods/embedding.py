@@ -204,7 +204,7 @@ def bundled_embeddings(state: dict[str, torch.Tensor]) -> dict[str, dict[str, to
 
 
 def _token_embedding(slot: TextEncoderSlot) -> torch.nn.Embedding:
-    return slot.encoder.get_input_embeddings()
+    return slot.token_embedding if slot.token_embedding is not None else slot.encoder.get_input_embeddings()
 
 
 def embedding_file_path(destination: Path, placeholder: str) -> Path:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
 from onetrainer.util.dtypes import torch_dtype
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 
 class FineTuneMethod(Method):
-    def __init__(self, config, family, model, device) -> None:
+    def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
         candidates = [family.denoiser_part] + [slot.part for slot in model.text_encoders]
         self.parts = [p for p in candidates if config.part(p).train]
@@ -39,25 +43,18 @@ class FineTuneMethod(Method):
 
     def save_backup(self, folder: Path) -> None:
         # A whole diffusers folder: the backup can also be used as a base model.
-        self.family.save_diffusers(self.model, folder / "model", torch.float32)
+        self.family.save_backup(self.model, folder / "model")
         self._save_embedding_state(folder)
 
     def load_backup(self, folder: Path) -> None:
-        from safetensors.torch import load_file
 
-        model_dir = folder / "model"
         for part in self.parts:
-            files = sorted((model_dir / part).glob("*.safetensors"))
-            state: dict[str, torch.Tensor] = {}
-            for file in files:
-                state.update(load_file(str(file)))
-            module = self.model.part(part)
-            own = module.state_dict()
+            state = self.family.backup_state(self.model, folder / "model", part)
+            own = self.model.part(part).state_dict()
             with torch.no_grad():
                 for key, value in state.items():
-                    target_key = key if key in own else key.removeprefix("text_model.")
-                    if target_key in own:
-                        own[target_key].copy_(value.to(own[target_key].dtype))
+                    if key in own:
+                        own[key].copy_(value.to(own[key].dtype))
         self._load_embedding_state(folder)
 
     def save_output(self, destination: Path) -> list[Path]:

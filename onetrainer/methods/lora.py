@@ -7,16 +7,20 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
+from onetrainer.methods.base import Method, layer_filter_patterns
 from onetrainer.util.dtypes import torch_dtype
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.kohya_lora import LORA_A, LORA_B, kohya_to_peft, peft_to_kohya
 from onetrainer.weights.metadata import lora_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 ADAPTER = "default"
@@ -24,7 +28,7 @@ _ADAPTABLE = (torch.nn.Linear, torch.nn.Conv2d)
 
 
 class LoraMethod(Method):
-    def __init__(self, config, family, model, device) -> None:
+    def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
         self.alphas: dict[str, dict[str, float]] = {}  # part -> module -> alpha
         self.ranks: dict[str, dict[str, int]] = {}
@@ -37,14 +41,8 @@ class LoraMethod(Method):
         return [self.family.denoiser_part] + [slot.part for slot in self.model.text_encoders]
 
     def _target_modules(self, part: str) -> list[str]:
-        module = self.model.part(part)
-        if part == self.family.denoiser_part:
-            patterns, regex = layer_filter_patterns(self.config, self.family)
-            return [
-                n for n, m in module.named_modules() if isinstance(m, _ADAPTABLE) and name_matches(n, patterns, regex)
-            ]
-        # Text encoders: every linear layer of the transformer (attention and MLP), as kohya trains them.
-        return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
+        patterns, regex = layer_filter_patterns(self.config, self.family)
+        return self.family.lora_targets(self.model, part, patterns, regex)
 
     def _add_adapters(self, part: str, existing: dict | None) -> None:
         from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
@@ -94,7 +92,7 @@ class LoraMethod(Method):
             left = {k.partition(".")[0] for k in state if not k.startswith("bundle_emb.")}
             for part in self._candidate_parts():
                 names = {
-                    self.family.kohya_name(part, n): n
+                    self.family.kohya_name(self.model, part, n): n
                     for n, m in self.model.part(part).named_modules()
                     if isinstance(m, _ADAPTABLE)
                 }
@@ -192,7 +190,9 @@ class LoraMethod(Method):
             if fmt is ModelFormat.DIFFUSERS_LORA:
                 out.update(_diffusers_lora(part, state, self.ranks[part], self.alphas[part]))
             else:
-                out.update(peft_to_kohya(state, lambda m, p=part: self.family.kohya_name(p, m), self.alphas[part]))
+                out.update(
+                    peft_to_kohya(state, lambda m, p=part: self.family.kohya_name(self.model, p, m), self.alphas[part])
+                )
         if self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA:
             for embedding in self.embeddings.embeddings:
                 for key, tensor in self.embeddings.file_tensors(embedding, dtype).items():

@@ -10,15 +10,30 @@ import numpy as np
 import torch
 from PIL import Image
 
-from onetrainer.sampling.schedulers import create_sampler
-
 log = logging.getLogger(__name__)
 NOT_FINITE = "onetrainer.not_finite"  # Image.info key: the decoded sample held NaN or infinite values
 
 
-def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=False):
-    """One image for a sample definition; the model's modules are used as they are (adapters included)."""
-    sampler = create_sampler(sample.noise_scheduler, model.noise_scheduler.config, zero_terminal_snr)
+def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=None):
+    """One image for a sample definition, rendered by the family (`family.sample`) with every part in eval mode; the
+    model's modules are used as they are (adapters included). `zero_terminal_snr`: None = the model's schedule's."""
+    if zero_terminal_snr is None:
+        zero_terminal_snr = model.schedule.zero_terminal_snr
+    training = {name: module.training for name, module in model.parts.items()}
+    for module in model.parts.values():
+        module.eval()
+    try:
+        with torch.no_grad():
+            return family.sample(model, sample, apply_embeddings, zero_terminal_snr)
+    finally:
+        for name, module in model.parts.items():
+            module.train(training[name])
+
+
+def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: bool) -> Image.Image:
+    """A sample through the family's diffusers pipeline (`family.pipeline(model, sampler)`, with the prompt arguments
+    of `family.prompt_arguments`): the one-stage families' `sample`."""
+    sampler = model.schedule.sampler(sample.noise_scheduler, zero_terminal_snr)
     pipe = family.pipeline(model, sampler)
     pipe.set_progress_bar_config(disable=True)
     seed = random.randint(0, 2**31 - 1) if sample.random_seed else sample.seed
@@ -31,22 +46,13 @@ def render(family, model, sample, apply_embeddings=lambda text: text, device="cp
         "generator": generator,
         "output_type": "np",
     }
-    if model.info.inpainting:
+    if model.type_info.inpainting:
         arguments.update(_inpainting_inputs(sample))
     if zero_terminal_snr:
         arguments["guidance_rescale"] = 0.7
-    training = {name: module.training for name, module in model.parts.items()}
-    for module in model.parts.values():
-        module.eval()
-    try:
-        with torch.no_grad():
-            negative = apply_embeddings(sample.negative_prompt) or None
-            arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
-            array = pipe(**arguments).images[0]
-    finally:
-        for name, module in model.parts.items():
-            module.train(training[name])
-    return to_image(array)
+    negative = apply_embeddings(sample.negative_prompt) or None
+    arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
+    return to_image(pipe(**arguments).images[0])
 
 
 def to_image(array: np.ndarray) -> Image.Image:

@@ -108,9 +108,9 @@ def save_tiny_model(variant: str, dest_dir: str | os.PathLike, seed: int = 0) ->
 
 
 def default_cache_root() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "onetrainer"
+    from onetrainer.families.sources import cache_root
+
+    return cache_root()
 
 
 def tiny_model_dir(variant: str, cache_root: str | os.PathLike | None = None) -> Path:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import CLIPTokenizer
 
+from onetrainer.families.clip_tokenizer import END_OF_WORD, bytes_to_unicode
 from onetrainer.tiny.reference import CLIP_TOKENIZER, OPEN_CLIP_TOKENIZER
 
 BOS_TOKEN = CLIP_TOKENIZER["bos_token"]
 EOS_TOKEN = CLIP_TOKENIZER["eos_token"]
-END_OF_WORD = "</w>"
 # SD 1.x and SDXL's first tokenizer pad with the end token; OpenCLIP (SD 2.x, SDXL's second tokenizer) pads with "!".
 CLIP_PAD_TOKEN = CLIP_TOKENIZER["pad_token"]
 OPEN_CLIP_PAD_TOKEN = OPEN_CLIP_TOKENIZER["pad_token"]
@@ -43,19 +43,6 @@ girl, boy, person, people, face, eyes, smile, standing, looking at the viewer, b
 the quick brown fox jumps over the lazy dog, and, with, from, into, under, above, left, right, top, bottom, style,
 anime, cartoon, drawing, sketch, render, 3d, art by an artist, picture, image, scene, light, dark, bright, color,
 """
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """CLIP's (and GPT-2's) reversible byte -> printable character table, in its canonical order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    bytes_, chars = list(printable), list(printable)
-    shift = 0
-    for b in range(256):
-        if b not in printable:
-            bytes_.append(b)
-            chars.append(256 + shift)
-            shift += 1
-    return {b: chr(c) for b, c in zip(bytes_, chars)}
 
 
 def _word_symbols(word: str, byte_chars: dict[int, str]) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""The diffusion maths shared by the families: noise, timesteps, targets, loss and its weighting.
+"""The diffusion maths shared by the families: noise, the timestep distributions, the loss and its weighting (the
+noise process itself, targets and SNR, is the family's `NoiseSchedule`, see `noise_schedules.py`).
 
 Everything takes explicit tensors and generators, so the same inputs always give the same result (resume and
 tests depend on it).
@@ -6,13 +7,19 @@ tests depend on it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import LossWeight, TimestepDistribution
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+    from onetrainer.training.noise_schedules import NoiseSchedule
 
-def sample_noise(latents: torch.Tensor, generator: torch.Generator, config) -> torch.Tensor:
+
+def sample_noise(latents: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
     """Gaussian noise, plus offset noise (a per-sample, per-channel constant).
 
     Drawn on the CPU from `generator` (a CPU generator), so a run gives the same noise on every device.
@@ -24,7 +31,7 @@ def sample_noise(latents: torch.Tensor, generator: torch.Generator, config) -> t
     return noise.to(latents.device, latents.dtype)
 
 
-def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config) -> torch.Tensor:
+def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
     """Input perturbation: the model sees slightly different noise than its target (arXiv 2301.11706)."""
     if config.perturbation_noise_weight <= 0:
         return noise
@@ -43,7 +50,7 @@ def sample_timesteps(batch: int, num_timesteps: int, generator: torch.Generator,
 _TABLE_SIZE = 1000
 
 
-def unit_timesteps(count: int, config, generator: torch.Generator) -> torch.Tensor:
+def unit_timesteps(count: int, config: TrainConfig, generator: torch.Generator) -> torch.Tensor:
     """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted."""
     kind, w, b = config.timestep_distribution, config.noising_weight, config.noising_bias
     if kind is TimestepDistribution.UNIFORM:
@@ -93,14 +100,7 @@ def timestep_histogram(config, bins: int = 100, samples: int = 1_000_000, num_ti
     return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)
 
 
-def training_target(scheduler, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor, v_prediction: bool):
-    """What the model learns to predict: the noise (epsilon) or the velocity (v-prediction)."""
-    if v_prediction:
-        return scheduler.get_velocity(latents, noise, timesteps)
-    return noise
-
-
-def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config) -> torch.Tensor:
+def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config: TrainConfig) -> torch.Tensor:
     """The sum of the enabled loss functions, per element (not reduced)."""
     prediction = prediction.float()
     target = target.float()
@@ -137,16 +137,13 @@ def reduce_loss(pixel_loss: torch.Tensor, weights: torch.Tensor | None, normaliz
     return weighted
 
 
-def snr(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-    a = alphas_cumprod.to(timesteps.device)[timesteps].float()
-    return a / (1.0 - a)
-
-
-def timestep_weights(fn: LossWeight, strength: float, alphas_cumprod, timesteps, v_prediction: bool) -> torch.Tensor:
-    """Loss weight per sample by noise level (min-SNR-gamma, debiased estimation, P2)."""
+def timestep_weights(fn: LossWeight, strength: float, schedule: NoiseSchedule, times: torch.Tensor) -> torch.Tensor:
+    """Loss weight per sample by noise level (min-SNR-gamma, debiased estimation, P2), from the schedule's SNR at
+    `times`; a v-prediction model's loss is an SNR + 1 weighted epsilon loss, which the weightings account for."""
     if fn is LossWeight.CONSTANT:
-        return torch.ones(timesteps.shape, device=timesteps.device)
-    s = snr(alphas_cumprod, timesteps)
+        return torch.ones(times.shape, device=times.device)
+    s = schedule.snr(times)
+    v_prediction = schedule.v_prediction
     if fn is LossWeight.MIN_SNR_GAMMA:
         return torch.minimum(s, torch.full_like(s, strength)) / (s + 1.0 if v_prediction else s)
     if fn is LossWeight.DEBIASED_ESTIMATION:

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,7 @@ from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
+from onetrainer.families.base import BatchInputs, CaptionDropout, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.sampling.sampler import looks_broken, render, save_image
@@ -53,12 +55,16 @@ from onetrainer.training.events import (
     Warning_,
 )
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
+from onetrainer.training.placement import Placement
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 
 class NonFiniteLoss(RuntimeError):
@@ -74,7 +80,7 @@ class _StoppedEarly(Exception):
 
 
 class Trainer:
-    def __init__(self, config, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
+    def __init__(self, config: TrainConfig, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
         self.config = config
         self.control = control
         self.events = events
@@ -84,6 +90,8 @@ class Trainer:
         self.resumed_from: Path | None = None
         self.last_backup: Path | None = None
         self._backup_step = -1  # the step of the last backup written by this run
+        self._family_losses: dict[str, list[float]] = {}  # the family's loss terms of the micro-batches of a step
+        self.family_losses: dict[str, float] = {}  # their means over the last step, by TensorBoard tag
 
     # =================================================================================================================
     def run(self) -> Finished:
@@ -109,20 +117,24 @@ class Trainer:
         self.status("loading the model")
         self.family = load_family_class(config.model_type)()
         self.model = self.family.load(config)
-        for module in self.model.parts.values():
-            module.to(self.device)
+        family = self.family
+        self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
+        self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
         self._stop_point()
         self.status("reading the training images")
-        self.data = TrainingData(config, self.model.info.family.bucket_step, resolve_local)
+        self.data = TrainingData(config, self.model.type_info.family.bucket_step, resolve_local)
         self._report_scan()
         torch.manual_seed(hash_seed(self.data.seed, 0x5EED))  # adapters initialise the same way every run
         self.method = create_method(config, self.family, self.model, self.device)
         self._check_placeholders()
-        self.with_masks = config.masked_training or self.model.info.inpainting
+        self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None
         self._stop_point()
         if config.latent_caching:
             self._fill_caches()
+        # Frozen encoders whose outputs are cached leave the device (they come back to sample and validate).
+        trained = self.method.trained_parts()
+        self.placement.place(self.placement.per_step(trained, config.latent_caching, self.text_cache is not None))
         if config.only_cache:
             self.status("the cache is filled ('only cache' is on)")
             return Finished("cached")
@@ -197,6 +209,7 @@ class Trainer:
                 n = self.progress.global_step
                 smooth_loss = loss if smooth_loss is None else smooth_loss + (loss - smooth_loss) * max(0.01, 1 / n)
                 extra = {"ema_decay": self.ema.current_decay()} if self.ema else {}
+                extra.update(self.family_losses)
                 self.events.emit(Metrics(n, loss, smooth_loss, effective_learning_rates(self.optimizer), extra))
                 self._emit_progress(total_steps, steps_per_epoch, step_times)
                 self._check_tensorboard()
@@ -240,6 +253,7 @@ class Trainer:
         torch.manual_seed(seed)  # adapter dropout and anything else that uses torch's global generator
         generator = torch.Generator(device="cpu").manual_seed(seed)
         total = 0.0
+        self._family_losses = {}
         for batch in batches:
             for problem in batch.problems:
                 self.warn(problem)
@@ -250,6 +264,7 @@ class Trainer:
             if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
                 self.grad_scaler.scale(loss).backward()
             total += float(loss.detach())
+        self.family_losses = {f"loss/{k}": sum(v) / len(batches) for k, v in self._family_losses.items()}
         self.grad_scaler.unscale_(self.optimizer)
         if self.config.clip_grad_norm is not None:
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -268,35 +283,44 @@ class Trainer:
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
         dropout = config.part(model.text_encoders[0].part).dropout_probability
+        drops = None
         if dropout > 0:
             drops = torch.rand(len(captions), generator=generator) < dropout
-            captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
+            if family.caption_dropout is CaptionDropout.EMPTY_CAPTION:
+                captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
         if self.text_cache is not None:
             conditioning = self.text_cache.conditioning(captions, self.device)
         else:
-            conditioning = family.encode_text(model, family.tokenize(model, captions))
+            conditioning = family.encode_text(model, captions)
+        if drops is not None and family.caption_dropout is CaptionDropout.ZEROS:
+            conditioning = conditioning.zeroed(drops)
 
+        schedule = model.schedule
         noise = diffusion.sample_noise(latents, generator, config)
         if timesteps is None:
-            timesteps = diffusion.sample_timesteps(
-                len(latents), model.noise_scheduler.config.num_train_timesteps, generator, config, self.device
-            )
-        noisy = model.noise_scheduler.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
+            timesteps = schedule.sample_times(len(latents), generator, config, self.device)
+        noisy = schedule.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
 
         keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
-        extra = family.batch_inputs(model, batch, self._pixels(batch), self._input_masks(batch, keep_unmasked))
-        if "masked_latents" in extra and batch.blank_latents is not None:
-            # Cached inputs: a sample trained as if unmasked gets the latents of a blank image.
-            blank = batch.blank_latents.to(self.device, extra["masked_latents"].dtype)
-            unmasked = keep_unmasked.to(self.device).view(-1, 1, 1, 1)
-            extra["masked_latents"] = torch.where(unmasked, blank, extra["masked_latents"])
-        prediction = family.predict(model, noisy, timesteps, conditioning, extra).float()
-        target = diffusion.training_target(model.noise_scheduler, latents, noise, timesteps, model.v_prediction)
+        inputs = BatchInputs(
+            latents=latents,
+            pixels=self._pixels(batch),
+            original_sizes=batch.original_sizes,
+            crop_offsets=batch.crop_offsets,
+            input_masks=self._input_masks(batch, keep_unmasked),
+            keep_unmasked=keep_unmasked,
+            cached={k: v.to(self.device) for k, v in batch.cached_extras.items()},
+        )
+        extra = family.batch_extras(model, inputs)
+        model_time = schedule.model_time(timesteps)
+        predicted = family.predict(model, noisy, model_time, conditioning, extra)
+        prediction = predicted.output.float()
+        target = schedule.target(latents, noise, timesteps)
         prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
         if any(prior):
             # Prior-prediction concepts learn the base model's own prediction: the LoRA must not drift there.
             with torch.no_grad(), self.method.adapters_disabled():
-                base = family.predict(model, noisy, timesteps, conditioning, extra).float()
+                base = family.predict(model, noisy, model_time, conditioning, extra).output.float()
             target = torch.where(torch.tensor(prior, device=self.device).view(-1, 1, 1, 1), base, target.float())
 
         weights = None
@@ -306,27 +330,30 @@ class Trainer:
         pixel_loss = diffusion.per_pixel_loss(prediction, target.float(), config)
         per_sample = diffusion.reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
         per_sample = per_sample * diffusion.timestep_weights(
-            config.loss_weight_fn,
-            config.loss_weight_strength,
-            model.noise_scheduler.alphas_cumprod,
-            timesteps,
-            model.v_prediction,
+            config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
         )
-        loss = (per_sample * batch.loss_weights.to(self.device)).mean()
-        return loss * _scaler_factor(config.loss_scaler.value, config)
+        sample_weights = batch.loss_weights.to(self.device)
+        scale = _scaler_factor(config.loss_scaler.value, config)
+        loss = (per_sample * sample_weights).mean()
+        for name, term in predicted.losses.items():
+            # The family's own terms (already at their strength), with the same per-concept weights and scaler.
+            term_loss = (term.float() * sample_weights).mean()
+            self._family_losses.setdefault(name, []).append(float(term_loss.detach()) * scale)
+            loss = loss + term_loss
+        return loss * scale
 
     def _latents(self, batch: Batch) -> torch.Tensor:
         if batch.latents is not None:
             return batch.latents.to(self.device).float()
         with torch.no_grad(), autocast(self.device, fallback_dtype(self.config)):
-            return self.family.encode_images(self.model, batch.pixels.to(self.device)).float()
+            return self.family.encode_images(self.model, batch.pixels.to(self.device)).float().to(self.device)
 
     def _pixels(self, batch: Batch) -> torch.Tensor | None:
         return batch.pixels.to(self.device) if batch.pixels is not None else None
 
     def _input_masks(self, batch: Batch, keep_unmasked: torch.Tensor) -> torch.Tensor | None:
         """The inpainting input masks; a sample trained as if unmasked gets an all-white one (paint everything)."""
-        if not self.model.info.inpainting or batch.masks is None:
+        if not self.model.type_info.inpainting or batch.masks is None:
             return None
         masks = batch.masks.clone()
         masks[keep_unmasked] = 1.0
@@ -337,11 +364,10 @@ class Trainer:
         """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
         self.status("validating")
         losses: dict[str, list[float]] = {}
-        timestep = self.model.noise_scheduler.config.num_train_timesteps // 2 - 1
-        with torch.no_grad():
+        with torch.no_grad(), self.placement.for_encoding():
             for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
                 generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
-                fixed = torch.full((batch.size,), timestep, dtype=torch.long, device=self.device)
+                fixed = self.model.schedule.validation_times(batch.size, self.device)
                 with autocast(self.device, self.config.train_dtype):
                     loss = float(self.batch_loss(batch, generator, fixed))
                 name = self.config.concepts[self.data.validation_images[batch.samples[0].image].concept]
@@ -357,10 +383,10 @@ class Trainer:
         if not any(s.enabled for s in (self.config.samples or [])):
             return
         self.status("sampling")
-        with self._inference_weights():
+        with self._inference_weights(), self.placement.for_sampling():
             self._render_samples("")
         if self.ema is not None and self.config.non_ema_sampling:
-            with self._inference_weights(use_ema=False):
+            with self._inference_weights(use_ema=False), self.placement.for_sampling():
                 self._render_samples(" - no-ema")
         self._set_train_mode()
 
@@ -681,7 +707,7 @@ class Trainer:
         self.events.emit(Warning_(text))
 
 
-def _scaler_factor(kind: str, config) -> float:
+def _scaler_factor(kind: str, config: TrainConfig) -> float:
     """LR and loss scalers: BATCH scales by the batch size, GRADIENT_ACCUMULATION by the accumulation steps."""
     factor = 1.0
     if kind in ("BATCH", "BOTH"):

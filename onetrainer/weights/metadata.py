@@ -4,39 +4,60 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import dataclass
 
-# modelspec architecture names and kohya base-model versions per model kind.
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a family writes into file metadata to say which model a file belongs to."""
+
+    architecture: str  # modelspec.architecture
+    base_model_version: str  # ss_base_model_version (kohya)
+    implementation: str = "diffusers"  # modelspec.implementation
+    sd2: bool = False  # kohya's ss_v2 flag
+
+
+# modelspec architecture names and kohya base-model versions of the Stable Diffusion kinds.
 ARCHITECTURES = {
     "sd1": ("stable-diffusion-v1", "sd_v1"),
     "sd2": ("stable-diffusion-v2-512", "sd_v2"),
     "sd2-v": ("stable-diffusion-v2-768-v", "sd_v2_v"),
     "sdxl": ("stable-diffusion-xl-v1-base", "sdxl_base_v1-0"),
 }
+KINDS = {
+    name: ModelKind(
+        architecture,
+        version,
+        "https://github.com/Stability-AI/generative-models" if name == "sdxl" else "diffusers",
+        name.startswith("sd2"),
+    )
+    for name, (architecture, version) in ARCHITECTURES.items()
+}
 
 
 def model_metadata(
-    kind: str,
+    kind: ModelKind | str,
     title: str,
     resolution: tuple[int, int],
     v_prediction: bool,
     adapter: str | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """modelspec metadata for a model (`adapter` None), a LoRA ("lora") or an embedding ("textual-inversion")."""
-    architecture, base_version = ARCHITECTURES[kind]
+    """modelspec metadata for a model (`adapter` None), a LoRA ("lora") or an embedding ("textual-inversion");
+    `kind`: the family's `ModelKind`, or the name of a Stable Diffusion one ("sd1", "sd2", "sd2-v", "sdxl")."""
+    if isinstance(kind, str):
+        kind = KINDS[kind]
     meta = {
         "modelspec.sai_model_spec": "1.0.0",
-        "modelspec.architecture": architecture + (f"/{adapter}" if adapter else ""),
-        "modelspec.implementation": "https://github.com/Stability-AI/generative-models"
-        if kind == "sdxl"
-        else "diffusers",
+        "modelspec.architecture": kind.architecture + (f"/{adapter}" if adapter else ""),
+        "modelspec.implementation": kind.implementation,
         "modelspec.title": title,
         "modelspec.resolution": f"{resolution[0]}x{resolution[1]}",
         "modelspec.prediction_type": "v" if v_prediction else "epsilon",
         "modelspec.date": datetime.date.today().isoformat(),
-        "ss_base_model_version": base_version,
+        "ss_base_model_version": kind.base_model_version,
     }
-    if kind.startswith("sd2"):
+    if kind.sd2:
         meta["ss_v2"] = "True"
         if v_prediction:
             meta["ss_v_parameterization"] = "True"
@@ -44,7 +65,7 @@ def model_metadata(
     return meta
 
 
-def lora_metadata(kind: str, title: str, resolution, v_prediction: bool, rank: int, alpha: float) -> dict:
+def lora_metadata(kind: ModelKind | str, title: str, resolution, v_prediction: bool, rank: int, alpha: float) -> dict:
     meta = model_metadata(kind, title, resolution, v_prediction, adapter="lora")
     meta.update(
         {

@@ -228,9 +228,9 @@ class CountingEncoder:
             self.images += len(pixels)
             return original_images(family, model, pixels)
 
-        def encode_text(family, model, tokens):
-            self.captions += len(tokens[0])
-            return original_text(family, model, tokens)
+        def encode_text(family, model, captions):
+            self.captions += len(captions)
+            return original_text(family, model, captions)
 
         monkeypatch.setattr(StableDiffusionFamily, "encode_images", encode_images)
         monkeypatch.setattr(StableDiffusionFamily, "encode_text", encode_text)

@@ -30,9 +30,8 @@ def unet_output(model) -> torch.Tensor:
     torch.manual_seed(0)
     unet = model.part("unet")
     x = torch.randn(1, unet.config.in_channels, 8, 8)
-    tokens = FAMILY.tokenize(model, ["a photo"])
     with torch.no_grad():
-        return unet(x, torch.tensor([321]), FAMILY.encode_text(model, tokens).hidden_states).sample
+        return unet(x, torch.tensor([321]), FAMILY.encode_text(model, ["a photo"]).hidden_states).sample
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,7 @@ def test_legacy_ckpt_loads_without_running_pickled_code(tmp_path, sd15_single_fi
     configs["text_encoder"] = tiny.part("text_encoder").config.to_dict()
     monkeypatch.setattr("onetrainer.families.sd._reference_configs", lambda model_type: configs)
     monkeypatch.setattr(
-        "onetrainer.families.sd._single_file_tokenizer", lambda meta, v2: tiny.text_encoders[0].tokenizer
+        "onetrainer.families.sd.single_file_tokenizer", lambda meta, v2: tiny.text_encoders[0].tokenizer
     )
     ckpt = tmp_path / "old.ckpt"
     # Old checkpoints pickle trainer objects (callbacks) beside the weights; this one runs code when unpickled.
@@ -112,7 +111,7 @@ def test_v_prediction_comes_from_the_model_type():
     assert FAMILY.load(config(base_model_name="tiny:sd21", model_type="STABLE_DIFFUSION_21")).v_prediction
     assert not FAMILY.load(config(base_model_name="tiny:sd21-base", model_type="STABLE_DIFFUSION_21_BASE")).v_prediction
     forced = FAMILY.load(config(force_v_prediction=True))
-    assert forced.v_prediction and forced.noise_scheduler.config.prediction_type == "v_prediction"
+    assert forced.v_prediction and forced.schedule.scheduler_config["prediction_type"] == "v_prediction"
 
 
 def test_sd2_single_file_round_trip(tmp_path):

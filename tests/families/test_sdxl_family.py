@@ -3,14 +3,13 @@ conditioning, and our denoiser inputs checked against diffusers' own SDXL pipeli
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, StableDiffusionXLPipeline
 
 from onetrainer.config import config_from_dict
+from onetrainer.families.base import BatchInputs
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.families.sdxl import StableDiffusionXLFamily, _pool_at_end_token
@@ -51,14 +50,21 @@ def single_file(tmp_path_factory, model):
     return path
 
 
+def batch_inputs(sizes, offsets, pixels, masks=None, latents=None) -> BatchInputs:
+    """A batch's inputs as the trainer gives them to `batch_extras` (latents at 1/8 of the pixels)."""
+    if latents is None:
+        latents = torch.zeros(len(pixels), 4, pixels.shape[-2] // 8, pixels.shape[-1] // 8)
+    keep_unmasked = torch.zeros(len(latents), dtype=torch.bool)
+    return BatchInputs(latents, pixels, sizes, offsets, masks, keep_unmasked)
+
+
 def unet_output(m, caption: str = "a photo") -> torch.Tensor:
     torch.manual_seed(0)
     x = torch.randn(1, m.part("unet").config.in_channels, 8, 8)
-    batch = types.SimpleNamespace(original_sizes=[(96, 64)], crop_offsets=[(16, 0)])
     with torch.no_grad():
-        conditioning = FAMILY.encode_text(m, FAMILY.tokenize(m, [caption]))
-        extra = FAMILY.batch_inputs(m, batch, torch.zeros(1, 3, 64, 64), None)
-        return FAMILY.predict(m, x, torch.tensor([321]), conditioning, extra)
+        conditioning = FAMILY.encode_text(m, [caption])
+        extra = FAMILY.batch_extras(m, batch_inputs([(96, 64)], [(16, 0)], torch.zeros(1, 3, 64, 64)))
+        return FAMILY.predict(m, x, torch.tensor([321]), conditioning, extra).output
 
 
 def latents(pipe, prompt: str = "a red circle", **kwargs) -> torch.Tensor:
@@ -72,7 +78,7 @@ def latents(pipe, prompt: str = "a red circle", **kwargs) -> torch.Tensor:
 def ours(m):
     for module in m.parts.values():
         module.eval()
-    return FAMILY.pipeline(m, DDIMScheduler.from_config(m.noise_scheduler.config))
+    return FAMILY.pipeline(m, DDIMScheduler.from_config(m.schedule.scheduler_config))
 
 
 # -- conditioning ------------------------------------------------------------------------------------------------
@@ -89,7 +95,7 @@ def test_prediction_matches_diffusers_conditioning(model, diffusers_pipe):
         torch.manual_seed(0)
         x = torch.randn(1, 4, 8, 8)
         theirs = pipe.unet(x, torch.tensor([321]), embeds, added_cond_kwargs={"text_embeds": pooled, "time_ids": ids})
-    conditioning = FAMILY.encode_text(model, FAMILY.tokenize(model, ["a photo"]))
+    conditioning = FAMILY.encode_text(model, ["a photo"])
     assert conditioning.hidden_states.shape == (1, 77, 32 + 64) and conditioning.pooled.shape == (1, 64)
     assert torch.allclose(conditioning.hidden_states, embeds, atol=1e-6)
     assert torch.allclose(conditioning.pooled, pooled, atol=1e-6)
@@ -102,12 +108,12 @@ def test_our_pipeline_is_diffusers_pipeline(model, diffusers_pipe):
 
 def test_time_ids_come_from_the_batch(model):
     m = model
-    batch = types.SimpleNamespace(original_sizes=[(100, 80), (64, 64)], crop_offsets=[(3, 0), (0, 5)], latents=None)
-    extra = FAMILY.batch_inputs(m, batch, torch.zeros(2, 3, 64, 64), None)
+    sizes, offsets = [(100, 80), (64, 64)], [(3, 0), (0, 5)]
+    extra = FAMILY.batch_extras(m, batch_inputs(sizes, offsets, torch.zeros(2, 3, 64, 64)))
     assert extra["time_ids"].tolist() == [[100, 80, 3, 0, 64, 64], [64, 64, 0, 5, 64, 64]]
     # Cached latents (no pixels): the target size is the latents' size times the VAE's scale.
-    batch.latents = torch.zeros(2, 4, 8, 16)
-    assert FAMILY.batch_inputs(m, batch, None, None)["time_ids"][:, 4:].tolist() == [[64, 128], [64, 128]]
+    cached = batch_inputs(sizes, offsets, None, latents=torch.zeros(2, 4, 8, 16))
+    assert FAMILY.batch_extras(m, cached)["time_ids"][:, 4:].tolist() == [[64, 128], [64, 128]]
 
 
 def test_clip_skip_per_encoder_counts_from_the_penultimate_layer():
@@ -115,7 +121,7 @@ def test_clip_skip_per_encoder_counts_from_the_penultimate_layer():
     assert [slot.layer_skip for slot in m.text_encoders] == [1, 2]
     tokens = FAMILY.tokenize(m, ["a photo"])
     with torch.no_grad():
-        hidden = FAMILY.encode_text(m, tokens).hidden_states
+        hidden = FAMILY.encode_text(m, ["a photo"]).hidden_states
         one = m.part("text_encoder")(tokens[0], output_hidden_states=True).hidden_states
         two = m.part("text_encoder_2")(tokens[1], output_hidden_states=True).hidden_states
     assert torch.equal(hidden[..., :32], one[-3]) and torch.equal(hidden[..., 32:], two[-4])
@@ -249,11 +255,11 @@ def test_inpainting_inputs_and_sample():
     pixels = torch.rand(2, 3, 64, 64) * 2 - 1
     masks = torch.zeros(2, 1, 64, 64)
     masks[:, :, 16:48, 16:48] = 1.0
-    batch = types.SimpleNamespace(original_sizes=[(64, 64)] * 2, crop_offsets=[(0, 0)] * 2)
-    extra = FAMILY.batch_inputs(m, batch, pixels, masks)
+    extra = FAMILY.batch_extras(m, batch_inputs([(64, 64)] * 2, [(0, 0)] * 2, pixels, masks))
     assert extra["mask"].shape == (2, 1, 8, 8) and extra["masked_latents"].shape == (2, 4, 8, 8)
-    conditioning = FAMILY.encode_text(m, FAMILY.tokenize(m, ["a", "b"]))
-    assert FAMILY.predict(m, torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), conditioning, extra).shape == (2, 4, 8, 8)
+    conditioning = FAMILY.encode_text(m, ["a", "b"])
+    prediction = FAMILY.predict(m, torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), conditioning, extra)
+    assert prediction.output.shape == (2, 4, 8, 8)
     sample = config(samples=[{"prompt": "x", "width": 64, "height": 64, "diffusion_steps": 1}]).samples[0]
     assert render(FAMILY, m, sample).size == (64, 64)
 

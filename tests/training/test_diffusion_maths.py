@@ -8,6 +8,16 @@ import torch
 from onetrainer.config import TrainConfig
 from onetrainer.config.enums import LossWeight
 from onetrainer.training import diffusion
+from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+
+SD_BETAS = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012}
+
+
+def schedule_with(alphas: torch.Tensor, prediction: PredictionType) -> DiscreteSchedule:
+    """A discrete schedule with the given ᾱ table."""
+    schedule = DiscreteSchedule(SD_BETAS, prediction)
+    schedule.alphas_cumprod = alphas
+    return schedule
 
 
 def test_v_prediction_target_is_the_velocity():
@@ -18,8 +28,9 @@ def test_v_prediction_target_is_the_velocity():
     t = torch.tensor([10, 900])
     a = scheduler.alphas_cumprod[t].view(-1, 1, 1, 1)
     expected = a.sqrt() * noise - (1 - a).sqrt() * latents
-    assert torch.allclose(diffusion.training_target(scheduler, latents, noise, t, True), expected, atol=1e-6)
-    assert diffusion.training_target(scheduler, latents, noise, t, False) is noise
+    v_schedule = DiscreteSchedule(SD_BETAS, PredictionType.V)
+    assert torch.allclose(v_schedule.target(latents, noise, t), expected, atol=1e-6)
+    assert DiscreteSchedule(SD_BETAS, PredictionType.EPSILON).target(latents, noise, t) is noise
 
 
 def test_masked_loss_weights_and_normalisation():
@@ -51,15 +62,16 @@ def test_timestep_weights():
     t = torch.tensor([0, 1, 2])
     snr = alphas / (1 - alphas)
     gamma = 5.0
-    min_snr = diffusion.timestep_weights(LossWeight.MIN_SNR_GAMMA, gamma, alphas, t, v_prediction=False)
+    eps, v = schedule_with(alphas, PredictionType.EPSILON), schedule_with(alphas, PredictionType.V)
+    min_snr = diffusion.timestep_weights(LossWeight.MIN_SNR_GAMMA, gamma, eps, t)
     assert torch.allclose(min_snr, torch.minimum(snr, torch.tensor(gamma)) / snr)
-    min_snr_v = diffusion.timestep_weights(LossWeight.MIN_SNR_GAMMA, gamma, alphas, t, v_prediction=True)
+    min_snr_v = diffusion.timestep_weights(LossWeight.MIN_SNR_GAMMA, gamma, v, t)
     assert torch.allclose(min_snr_v, torch.minimum(snr, torch.tensor(gamma)) / (snr + 1))
-    debiased = diffusion.timestep_weights(LossWeight.DEBIASED_ESTIMATION, gamma, alphas, t, v_prediction=False)
+    debiased = diffusion.timestep_weights(LossWeight.DEBIASED_ESTIMATION, gamma, eps, t)
     assert torch.allclose(debiased, 1 / snr.sqrt())
-    p2 = diffusion.timestep_weights(LossWeight.P2, 1.0, alphas, t, v_prediction=False)
+    p2 = diffusion.timestep_weights(LossWeight.P2, 1.0, eps, t)
     assert torch.allclose(p2, 1 / (1 + snr))
-    assert torch.all(diffusion.timestep_weights(LossWeight.CONSTANT, gamma, alphas, t, False) == 1)
+    assert torch.all(diffusion.timestep_weights(LossWeight.CONSTANT, gamma, eps, t) == 1)
 
 
 def test_timesteps_stay_within_the_noising_strength_range():

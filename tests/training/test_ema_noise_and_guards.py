@@ -162,6 +162,7 @@ def test_weight_dtypes_not_yet_supported_are_refused():
 def test_nan_loss_stops_with_advice_and_keeps_the_last_backup(tmp_path, monkeypatch):
     image_folder(tmp_path, count=8)
     from onetrainer.families.sd import StableDiffusionFamily
+    from onetrainer.training.noise_schedules import Prediction
 
     original = StableDiffusionFamily.predict
     calls = []
@@ -169,7 +170,7 @@ def test_nan_loss_stops_with_advice_and_keeps_the_last_backup(tmp_path, monkeypa
     def predict(self, *args, **kwargs):
         calls.append(1)
         out = original(self, *args, **kwargs)
-        return out * float("nan") if len(calls) > 5 else out
+        return Prediction(out.output * float("nan"), out.losses) if len(calls) > 5 else out
 
     monkeypatch.setattr(StableDiffusionFamily, "predict", predict)
     config = tiny_config(tmp_path, epochs=2, backup_after=1, backup_after_unit="EPOCH", backup_before_save=True,
@@ -202,5 +203,5 @@ def test_zero_terminal_snr_rescales_the_schedule_and_predicts_v(tmp_path):
 
     config, _ = config_from_dict({"base_model_name": "tiny:sd15", "rescale_noise_scheduler_to_zero_terminal_snr": True})
     model = StableDiffusionFamily().load(config)
-    assert model.v_prediction and model.noise_scheduler.alphas_cumprod[-1].item() == pytest.approx(0.0, abs=1e-6)
-    assert math.isclose(model.noise_scheduler.alphas_cumprod[0].item(), 0.99915, rel_tol=1e-3)
+    assert model.v_prediction and model.schedule.alphas_cumprod[-1].item() == pytest.approx(0.0, abs=1e-6)
+    assert math.isclose(model.schedule.alphas_cumprod[0].item(), 0.99915, rel_tol=1e-3)

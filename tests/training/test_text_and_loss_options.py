@@ -28,11 +28,11 @@ def test_clip_skip_uses_an_earlier_layer_through_the_final_norm():
     tokens = FAMILY.tokenize(model, ["a red circle"])
     encoder = model.part("text_encoder")
     with torch.no_grad():
-        skipped = FAMILY.encode_text(model, tokens).hidden_states
+        skipped = FAMILY.encode_text(model, ["a red circle"]).hidden_states
         states = encoder(tokens[0], output_hidden_states=True).hidden_states
         assert torch.allclose(skipped, encoder.final_layer_norm(states[-2]))
         model.text_encoders[0].layer_skip = 0
-        assert not torch.allclose(skipped, FAMILY.encode_text(model, tokens).hidden_states)
+        assert not torch.allclose(skipped, FAMILY.encode_text(model, ["a red circle"]).hidden_states)
 
 
 def test_caption_dropout_of_one_hides_every_caption(tmp_path):

@@ -62,7 +62,7 @@ def ours_pipeline(family, model):
 
     for module in model.parts.values():
         module.eval()
-    return family.pipeline(model, DDIMScheduler.from_config(model.noise_scheduler.config))
+    return family.pipeline(model, DDIMScheduler.from_config(model.schedule.scheduler_config))
 
 
 def assert_loss_trained(root, steps: int):

@@ -50,7 +50,7 @@ def our_model(config: dict, **changes):
 def ours_pipeline(family, model):
     from diffusers import DDIMScheduler
 
-    return family.pipeline(model, DDIMScheduler.from_config(model.noise_scheduler.config))
+    return family.pipeline(model, DDIMScheduler.from_config(model.schedule.scheduler_config))
 
 
 def diffusers_pipeline(variant: str = "sdxl"):

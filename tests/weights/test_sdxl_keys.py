@@ -3,6 +3,8 @@ the meta device) against diffusers' own readers: its single-file converters and 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
@@ -42,6 +44,11 @@ def full_size():
             "text_encoder": CLIPTextModel(text_config(reference.CLIP_L_TEXT)),
             "text_encoder_2": CLIPTextModelWithProjection(text_config(reference.OPEN_CLIP_BIGG_TEXT)),
         }
+
+
+def loaded(parts) -> types.SimpleNamespace:
+    """What `kohya_name` reads of a loaded model: its parts."""
+    return types.SimpleNamespace(parts=parts)
 
 
 def original_of(parts, unet_name: str = "unet") -> dict:
@@ -131,7 +138,7 @@ def test_inpainting_layout_is_recognised(full_size):
 )  # fmt: skip
 def test_kohya_names(full_size, part, module, kohya):
     assert dict(full_size[part].named_modules())[module] is not None  # a module of the real topology
-    assert FAMILY.kohya_name(part, module) == kohya
+    assert FAMILY.kohya_name(loaded(full_size), part, module) == kohya
 
 
 def test_every_kohya_unet_name_maps_back_in_diffusers(full_size):
@@ -140,7 +147,7 @@ def test_every_kohya_unet_name_maps_back_in_diffusers(full_size):
     modules = [n for n, m in unet.named_modules() if isinstance(m, ADAPTABLE)]
     state = {}
     for name in modules:
-        kohya = FAMILY.kohya_name("unet", name)
+        kohya = FAMILY.kohya_name(loaded(full_size), "unet", name)
         state.update({f"{kohya}.lora_down.weight": torch.zeros(1), f"{kohya}.lora_up.weight": torch.zeros(1)})
         state[f"{kohya}.alpha"] = torch.tensor(1.0)
     converted, _ = StableDiffusionXLPipeline.lora_state_dict(state, unet_config=unet.config)

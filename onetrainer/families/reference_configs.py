@@ -1,0 +1,433 @@
+"""The full-size configs of the real models, as they appear in their diffusers folders on the hub (the families
+build single-file checkpoints on them; the tiny test models are derived from them in `onetrainer/tiny/`).
+
+Like the config.json files, diffusers configs name their class in `_class_name`, transformers configs in
+`architectures`; schedulers' dicts are their scheduler_config.json.
+
+The tiny models are derived from these by replacing width fields only (see `TINY_WIDTH_FIELDS`), so their module
+trees, and therefore their state-dict key names, are those of the real checkpoints. The tests build the real
+topologies from here on the meta device to check exactly that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Config = dict[str, Any]
+
+
+# --- UNets -------------------------------------------------------------------------------------------------------
+
+SD15_UNET: Config = {
+    "_class_name": "UNet2DConditionModel",
+    "act_fn": "silu",
+    "attention_head_dim": 8,
+    "block_out_channels": [320, 640, 1280, 1280],
+    "center_input_sample": False,
+    "cross_attention_dim": 768,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "downsample_padding": 1,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_scale_factor": 1,
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "out_channels": 4,
+    "sample_size": 64,
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+}
+
+# Inpainting UNets take the noisy latent, the masked image's latent and the mask: 4 + 4 + 1 channels.
+SD15_INPAINTING_UNET: Config = {**SD15_UNET, "in_channels": 9}
+
+# SD 2.x: OpenCLIP-H conditioning (1024 wide), per-block head counts and linear transformer projections.
+SD2_BASE_UNET: Config = {
+    **SD15_UNET,
+    "attention_head_dim": [5, 10, 20, 20],
+    "cross_attention_dim": 1024,
+    "use_linear_projection": True,
+    "sample_size": 64,
+}
+SD2_768_UNET: Config = {**SD2_BASE_UNET, "sample_size": 96}
+# SD 2.1 768 runs its attention in fp32, the other 2.x UNets do not.
+SD21_768_UNET: Config = {**SD2_768_UNET, "upcast_attention": True}
+SD2_INPAINTING_UNET: Config = {**SD2_BASE_UNET, "in_channels": 9}
+
+SDXL_UNET: Config = {
+    "_class_name": "UNet2DConditionModel",
+    "act_fn": "silu",
+    "addition_embed_type": "text_time",
+    "addition_embed_type_num_heads": 64,
+    "addition_time_embed_dim": 256,
+    "attention_head_dim": [5, 10, 20],
+    "block_out_channels": [320, 640, 1280],
+    "center_input_sample": False,
+    "class_embed_type": None,
+    "class_embeddings_concat": False,
+    "conv_in_kernel": 3,
+    "conv_out_kernel": 3,
+    "cross_attention_dim": 2048,
+    "cross_attention_norm": None,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "downsample_padding": 1,
+    "dual_cross_attention": False,
+    "encoder_hid_dim": None,
+    "encoder_hid_dim_type": None,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_only_cross_attention": None,
+    "mid_block_scale_factor": 1,
+    "mid_block_type": "UNetMidBlock2DCrossAttn",
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "num_attention_heads": None,
+    "num_class_embeds": None,
+    "only_cross_attention": False,
+    "out_channels": 4,
+    # 6 micro-conditioning values (original size, crop offset, target size) x 256 + the pooled CLIP-bigG embedding.
+    "projection_class_embeddings_input_dim": 2816,
+    "resnet_out_scale_factor": 1.0,
+    "resnet_skip_time_act": False,
+    "resnet_time_scale_shift": "default",
+    "sample_size": 128,
+    "time_cond_proj_dim": None,
+    "time_embedding_act_fn": None,
+    "time_embedding_dim": None,
+    "time_embedding_type": "positional",
+    "timestep_post_act": None,
+    "transformer_layers_per_block": [1, 2, 10],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "upcast_attention": False,
+    "use_linear_projection": True,
+}
+SDXL_INPAINTING_UNET: Config = {**SDXL_UNET, "in_channels": 9}
+
+# --- VAEs --------------------------------------------------------------------------------------------------------
+
+SD_VAE: Config = {
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "in_channels": 3,
+    "latent_channels": 4,
+    "layers_per_block": 2,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "sample_size": 512,
+    "scaling_factor": 0.18215,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+}
+SDXL_VAE: Config = {**SD_VAE, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
+
+# --- Text encoders -----------------------------------------------------------------------------------------------
+
+CLIP_VOCAB_SIZE = 49408
+
+# OpenAI CLIP ViT-L/14: SD 1.x, and SDXL's first encoder.
+CLIP_L_TEXT: Config = {
+    "architectures": ["CLIPTextModel"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "hidden_act": "quick_gelu",
+    "hidden_size": 768,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 1,
+    "projection_dim": 768,
+    "vocab_size": CLIP_VOCAB_SIZE,
+}
+# OpenCLIP ViT-H/14 as shipped with SD 2.x: the last of its 24 layers is dropped (SD 2 conditions on the
+# penultimate layer), so the diffusers checkpoint holds 23.
+OPEN_CLIP_H_TEXT: Config = {
+    **CLIP_L_TEXT,
+    "hidden_act": "gelu",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 23,
+    "projection_dim": 512,
+}
+# OpenCLIP ViT-bigG/14: SDXL's second encoder, whose pooled, projected output feeds the UNet's added embedding.
+OPEN_CLIP_BIGG_TEXT: Config = {
+    **CLIP_L_TEXT,
+    "architectures": ["CLIPTextModelWithProjection"],
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_attention_heads": 20,
+    "num_hidden_layers": 32,
+    "projection_dim": 1280,
+}
+
+# LAION's OpenCLIP text towers as Würstchen v2 uses them: bigG (all 32 layers, no projection) for the prior, H (all
+# 24 layers) for the decoder.
+LAION_BIGG_TEXT: Config = {**OPEN_CLIP_BIGG_TEXT, "architectures": ["CLIPTextModel"]}
+LAION_H_TEXT: Config = {**OPEN_CLIP_H_TEXT, "num_hidden_layers": 24, "projection_dim": 1024}
+
+# OpenAI CLIP ViT-L/14's vision tower: Stable Cascade's image encoder, for image-conditioned prior runs.
+CLIP_L_VISION: Config = {
+    "architectures": ["CLIPVisionModelWithProjection"],
+    "attention_dropout": 0.0,
+    "hidden_act": "quick_gelu",
+    "hidden_size": 1024,
+    "image_size": 224,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 4096,
+    "layer_norm_eps": 1e-05,
+    "num_attention_heads": 16,
+    "num_channels": 3,
+    "num_hidden_layers": 24,
+    "patch_size": 14,
+    "projection_dim": 768,
+}
+
+# T5 v1.1 XXL's encoder, PixArt's text encoder.
+T5_XXL_ENCODER: Config = {
+    "architectures": ["T5EncoderModel"],
+    "d_ff": 10240,
+    "d_kv": 64,
+    "d_model": 4096,
+    "decoder_start_token_id": 0,
+    "dense_act_fn": "gelu_new",
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu",
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "is_gated_act": True,
+    "layer_norm_epsilon": 1e-06,
+    "num_decoder_layers": 24,
+    "num_heads": 64,
+    "num_layers": 24,
+    "pad_token_id": 0,
+    "relative_attention_max_distance": 128,
+    "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": False,
+    "vocab_size": 32128,
+}
+
+# --- Transformers ------------------------------------------------------------------------------------------------
+
+# PixArt-XL-2-1024-MS. sample_size 128 (1024 px) switches on the resolution and aspect-ratio micro-conditioning.
+PIXART_ALPHA_TRANSFORMER: Config = {
+    "_class_name": "PixArtTransformer2DModel",
+    "activation_fn": "gelu-approximate",
+    "attention_bias": True,
+    "attention_head_dim": 72,
+    "attention_type": "default",
+    "caption_channels": 4096,
+    "cross_attention_dim": 1152,
+    "dropout": 0.0,
+    "in_channels": 4,
+    "interpolation_scale": None,
+    "norm_elementwise_affine": False,
+    "norm_eps": 1e-06,
+    "norm_num_groups": 32,
+    "norm_type": "ada_norm_single",
+    "num_attention_heads": 16,
+    "num_embeds_ada_norm": 1000,
+    "num_layers": 28,
+    # The model also predicts the variance: 4 noise channels + 4 variance channels.
+    "out_channels": 8,
+    "patch_size": 2,
+    "sample_size": 128,
+    "upcast_attention": False,
+    "use_additional_conditions": None,
+}
+
+# --- Würstchen v2 and Stable Cascade ------------------------------------------------------------------------------
+
+# Stage C of Würstchen v2 (warp-ai/wuerstchen-prior): text -> 16-channel image embedding at 1/42.67 resolution.
+WUERSTCHEN_PRIOR: Config = {
+    "_class_name": "WuerstchenPrior",
+    "c_in": 16,
+    "c": 1536,
+    "c_cond": 1280,
+    "c_r": 64,
+    "depth": 32,
+    "nhead": 24,
+    "dropout": 0.1,
+}
+# Stage B of Würstchen v2 (warp-ai/wuerstchen): image embedding + text -> VQGAN latents.
+WUERSTCHEN_DECODER: Config = {
+    "_class_name": "WuerstchenDiffNeXt",
+    "c_in": 4,
+    "c_out": 4,
+    "c_r": 64,
+    "patch_size": 2,
+    "c_cond": 1024,
+    "c_hidden": [320, 640, 1280, 1280],
+    "nhead": [-1, 10, 20, 20],
+    "blocks": [4, 4, 14, 4],
+    "level_config": ["CT", "CTA", "CTA", "CTA"],
+    "inject_effnet": [False, True, True, True],
+    "effnet_embd": 16,
+    "clip_embd": 1024,
+    "kernel_size": 3,
+    "dropout": 0.1,
+}
+# Stage A, shared by Würstchen v2 and Stable Cascade: a 4x VQGAN.
+PAELLA_VQGAN: Config = {
+    "_class_name": "PaellaVQModel",
+    "in_channels": 3,
+    "out_channels": 3,
+    "up_down_scale_factor": 2,
+    "levels": 2,
+    "bottleneck_blocks": 12,
+    "embed_dim": 384,
+    "latent_channels": 4,
+    "num_vq_embeddings": 8192,
+    "scale_factor": 0.3764,
+}
+_CASCADE_PRIOR_BLOCK = ["SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock"]
+# Stage C of Stable Cascade (stabilityai/stable-cascade-prior).
+CASCADE_PRIOR_UNET: Config = {
+    "_class_name": "StableCascadeUNet",
+    "in_channels": 16,
+    "out_channels": 16,
+    "timestep_ratio_embedding_dim": 64,
+    "patch_size": 1,
+    "conditioning_dim": 2048,
+    "block_out_channels": [2048, 2048],
+    "num_attention_heads": [32, 32],
+    "down_num_layers_per_block": [8, 24],
+    "up_num_layers_per_block": [24, 8],
+    "down_blocks_repeat_mappers": [1, 1],
+    "up_blocks_repeat_mappers": [1, 1],
+    "block_types_per_layer": [_CASCADE_PRIOR_BLOCK, _CASCADE_PRIOR_BLOCK],
+    "clip_text_in_channels": 1280,
+    "clip_text_pooled_in_channels": 1280,
+    "clip_image_in_channels": 768,
+    "clip_seq": 4,
+    "kernel_size": 3,
+    "dropout": [0.1, 0.1],
+    "self_attn": True,
+    "timestep_conditioning_type": ["sca", "crp"],
+    "switch_level": [False],
+}
+# Stage B of Stable Cascade (stabilityai/stable-cascade).
+CASCADE_DECODER_UNET: Config = {
+    "_class_name": "StableCascadeUNet",
+    "in_channels": 4,
+    "out_channels": 4,
+    "timestep_ratio_embedding_dim": 64,
+    "patch_size": 2,
+    "conditioning_dim": 1280,
+    "block_out_channels": [320, 640, 1280, 1280],
+    "down_num_layers_per_block": [2, 6, 28, 6],
+    "up_num_layers_per_block": [6, 28, 6, 2],
+    "down_blocks_repeat_mappers": [1, 1, 1, 1],
+    "up_blocks_repeat_mappers": [3, 3, 2, 2],
+    "num_attention_heads": [0, 0, 20, 20],
+    "block_types_per_layer": [
+        ["SDCascadeResBlock", "SDCascadeTimestepBlock"],
+        ["SDCascadeResBlock", "SDCascadeTimestepBlock"],
+        _CASCADE_PRIOR_BLOCK,
+        _CASCADE_PRIOR_BLOCK,
+    ],
+    "clip_text_pooled_in_channels": 1280,
+    "clip_seq": 4,
+    "effnet_in_channels": 16,
+    "pixel_mapper_in_channels": 3,
+    "kernel_size": 3,
+    "dropout": [0, 0, 0.1, 0.1],
+    "self_attn": True,
+    "timestep_conditioning_type": ["sca"],
+}
+
+# --- Tokenizers --------------------------------------------------------------------------------------------------
+
+# tokenizer_config.json of the CLIP tokenizers. OpenAI's pads with the end token; OpenCLIP's (SD 2.x, SDXL's second
+# tokenizer) pads with "!", token id 0.
+CLIP_TOKENIZER: Config = {
+    "tokenizer_class": "CLIPTokenizer",
+    "model_max_length": 77,
+    "do_lower_case": True,
+    "add_prefix_space": False,
+    "errors": "replace",
+    "bos_token": "<|startoftext|>",
+    "eos_token": "<|endoftext|>",
+    "unk_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+}
+OPEN_CLIP_TOKENIZER: Config = {**CLIP_TOKENIZER, "pad_token": "!"}
+# The PixArt pipeline truncates prompts to 120 tokens itself.
+T5_TOKENIZER: Config = {
+    "tokenizer_class": "T5Tokenizer",
+    "model_max_length": 512,
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<pad>",
+    "extra_ids": 100,
+}
+
+# --- Schedulers --------------------------------------------------------------------------------------------------
+
+_SD_BETAS: Config = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "num_train_timesteps": 1000,
+    "trained_betas": None,
+    "clip_sample": False,
+    "set_alpha_to_one": False,
+    "steps_offset": 1,
+    "skip_prk_steps": True,
+}
+PNDM_EPSILON: Config = {"_class_name": "PNDMScheduler", **_SD_BETAS, "prediction_type": "epsilon"}
+DDIM_EPSILON: Config = {"_class_name": "DDIMScheduler", **_SD_BETAS, "prediction_type": "epsilon"}
+# The 768 px SD 2.x models predict v instead of the noise.
+DDIM_V_PREDICTION: Config = {"_class_name": "DDIMScheduler", **_SD_BETAS, "prediction_type": "v_prediction"}
+# PixArt-alpha's: DPM-Solver++ on the original DDPM's linear betas.
+DPM_SOLVER_PIXART: Config = {
+    "_class_name": "DPMSolverMultistepScheduler",
+    "algorithm_type": "dpmsolver++",
+    "beta_start": 0.0001,
+    "beta_end": 0.02,
+    "beta_schedule": "linear",
+    "dynamic_thresholding_ratio": 0.995,
+    "lower_order_final": True,
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "sample_max_value": 1.0,
+    "solver_order": 2,
+    "solver_type": "midpoint",
+    "steps_offset": 0,
+    "thresholding": False,
+    "timestep_spacing": "linspace",
+    "trained_betas": None,
+    "use_karras_sigmas": False,
+    "variance_type": None,
+}
+# Würstchen and Stable Cascade: continuous-time DDPM with a cosine schedule; the models predict the noise.
+DDPM_WUERSTCHEN: Config = {"_class_name": "DDPMWuerstchenScheduler", "scaler": 1.0, "s": 0.008}
+EULER_EPSILON: Config = {
+    "_class_name": "EulerDiscreteScheduler",
+    **_SD_BETAS,
+    "interpolation_type": "linear",
+    "prediction_type": "epsilon",
+    "sample_max_value": 1.0,
+    "timestep_spacing": "leading",
+    "use_karras_sigmas": False,
+}
+# Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
+CASCADE_PRIOR_LITE_UNET: Config = {
+    **CASCADE_PRIOR_UNET,
+    "conditioning_dim": 1536,
+    "block_out_channels": [1536, 1536],
+    "num_attention_heads": [24, 24],
+    "down_num_layers_per_block": [4, 12],
+    "up_num_layers_per_block": [12, 4],
+}

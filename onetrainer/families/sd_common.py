@@ -1,0 +1,142 @@
+"""What Stable Diffusion 1.x / 2.x and SDXL share: single-file key prefixes and converters, the CLIP text-encoder
+config and tokenizer of single files, the DDPM schedule from a model's scheduler config, inpainting inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from onetrainer.config.enums import ModelType
+from onetrainer.config.model_types import model_type_info
+from onetrainer.families import reference_configs as reference
+from onetrainer.families.base import BatchInputs, Family, LoadedModel
+from onetrainer.families.sources import cache_root
+from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+UNET_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+TEXT_PREFIX = "cond_stage_model."
+CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
+TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
+
+
+def inpainting_cache(family: Family, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
+    """What inpainting UNets need cached per sample: the latents of the image with the masked (white) area blanked,
+    and those of a blank image (for samples trained as if unmasked)."""
+    keep = (masks < 0.5).to(pixels.dtype)
+    masked = family.encode_images(model, pixels * keep).float().cpu()
+    blank = family.encode_images(model, torch.zeros_like(pixels[:1])).float().cpu()
+    return {"masked_latents": masked, "blank_latents": blank.expand_as(masked).clone()}
+
+
+def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -> dict:
+    """The extra inputs of inpainting UNets: the mask at latent size and the latents of the image with the masked
+    (white) area blanked, encoded now from the pixels or taken from the cache (where a sample trained as if unmasked
+    takes the latents of a blank image)."""
+    masks = inputs.input_masks
+    if inputs.pixels is not None:
+        keep = (masks < 0.5).to(inputs.pixels.dtype)
+        # On the mask's device: the VAE may sit off the training device once the latents are cached.
+        masked_latents = family.encode_images(model, inputs.pixels * keep).to(masks.device)
+    else:
+        masked_latents = inputs.cached["masked_latents"].to(masks.device)
+    small_mask = torch.nn.functional.interpolate(masks, size=masked_latents.shape[-2:], mode="nearest")
+    if inputs.pixels is None and "blank_latents" in inputs.cached:
+        blank = inputs.cached["blank_latents"].to(masked_latents.device, masked_latents.dtype)
+        unmasked = inputs.keep_unmasked.to(masked_latents.device).view(-1, 1, 1, 1)
+        masked_latents = torch.where(unmasked, blank, masked_latents)
+    return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
+
+
+def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool) -> DiscreteSchedule:
+    """The model's DDPM betas, with the prediction type the run trains."""
+    prediction = PredictionType.V if v_prediction else PredictionType.EPSILON
+    return DiscreteSchedule(scheduler_config, prediction, zero_terminal_snr)
+
+
+def wants_v_prediction(config: TrainConfig, model_type: ModelType) -> bool:
+    """v-prediction: forced by the config (zero terminal SNR needs it), else the model type's."""
+    if config.force_epsilon_prediction:
+        return False
+    if config.force_v_prediction or config.rescale_noise_scheduler_to_zero_terminal_snr:
+        return True
+    return model_type_info(model_type).v_prediction
+
+
+def clip_config(config: dict) -> dict:
+    return {
+        k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")
+    }
+
+
+def convert_vae(state: dict, vae) -> dict:
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    return convert_ldm_vae_checkpoint(state, vae.config)
+
+
+def convert_text_encoder(state: dict, text_encoder, v2: bool) -> dict:
+    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint, convert_open_clip_checkpoint
+
+    if v2:
+        converted = convert_open_clip_checkpoint(text_encoder, state, prefix=TEXT_PREFIX + "model.")
+    else:
+        converted = convert_ldm_clip_checkpoint(state)
+    # transformers 5 names CLIPTextModel's weights without the `text_model.` level the converters produce.
+    own = set(text_encoder.state_dict())
+    out = {}
+    for key, value in converted.items():
+        short = key[len("text_model.") :] if key.startswith("text_model.") else key
+        if short in own:
+            out[short] = value
+        elif key in own:
+            out[key] = value
+    return out
+
+
+def single_file_tokenizer(metadata: dict, v2: bool):
+    pad = reference.OPEN_CLIP_TOKENIZER["pad_token"] if v2 else reference.CLIP_TOKENIZER["pad_token"]
+    if TOKENIZER_KEY in metadata:
+        import tempfile
+
+        from transformers import CLIPTokenizer
+
+        data = json.loads(metadata[TOKENIZER_KEY])
+        with tempfile.TemporaryDirectory(prefix="onetrainer-tokenizer-") as tmp:
+            folder = Path(tmp)
+            (folder / "vocab.json").write_text(json.dumps(data["vocab"]), encoding="utf-8")
+            (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in data["merges"]), "utf-8")
+            config = {**reference.CLIP_TOKENIZER, "pad_token": pad}
+            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+            return CLIPTokenizer.from_pretrained(str(folder))
+    from onetrainer.families.clip_tokenizer import load_clip_tokenizer
+
+    return load_clip_tokenizer(cache_root(), pad)
+
+
+def merges_of(tokenizer) -> list[str]:
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    return [m if isinstance(m, str) else " ".join(m) for m in merges]
+
+
+def plain_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
+    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
+
+
+def schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
+    """Empty tensors that tell other tools how the model was trained, where the file's weights cannot: `v_pred`
+    (ComfyUI for SDXL; A1111/Forge for SDXL and SD 2.x) and `ztsnr`, zero terminal SNR (ComfyUI with `v_pred`, A1111
+    and Forge). SD 1.x files are read as epsilon whatever they carry: see docs/outputs.md."""
+    markers = {}
+    if model.v_prediction:
+        markers["v_pred"] = torch.tensor([])
+    if getattr(model.schedule, "zero_terminal_snr", False):
+        markers["ztsnr"] = torch.tensor([])
+    return markers

@@ -1,0 +1,79 @@
+"""Which model parts sit on the training device, and when they move.
+
+A family declares each part's role (`Family.part_roles`) and the parts its samples need (`Family.sampling_parts`).
+During training the device holds what a step runs: the trained parts, the denoiser, and the encoders whose outputs
+are not cached. Parts only used for samples (a decoder, a VQGAN, its own text encoder) stay off the device until a
+sample is rendered and go back afterwards; frozen encoders go off the device once their outputs are cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from onetrainer.families.base import PartRole
+
+DEVICE, OFFLOAD = "device", "offload"
+
+
+class Placement:
+    """Moves the parts of a model between the training device and the offload device (the CPU), and remembers where
+    each is (`location`) and every move made (`moves`: (part, where) in order)."""
+
+    def __init__(
+        self,
+        parts: dict[str, torch.nn.Module],
+        roles: dict[str, PartRole],
+        sampling_parts: Iterable[str],
+        device: torch.device | str,
+        offload: torch.device | str = "cpu",
+    ) -> None:
+        self.parts, self.roles = parts, roles
+        self.sampling_parts = set(sampling_parts)
+        self.device, self.offload = torch.device(device), torch.device(offload)
+        self.location: dict[str, str] = {}
+        self.moves: list[tuple[str, str]] = []
+
+    def per_step(self, trained: Iterable[str], latents_cached: bool, text_cached: bool) -> set[str]:
+        """The parts a training step runs."""
+        needed = set(trained)
+        skipped = {PartRole.SAMPLING}
+        if text_cached:
+            skipped.add(PartRole.TEXT_ENCODER)
+        if latents_cached:
+            skipped.add(PartRole.IMAGE_ENCODER)
+        needed |= {name for name, role in self.roles.items() if role not in skipped}
+        return needed & set(self.parts)
+
+    def place(self, on_device: Iterable[str]) -> None:
+        """Put exactly `on_device` on the training device, every other part on the offload device."""
+        wanted = set(on_device)
+        for name, module in self.parts.items():
+            where = DEVICE if name in wanted else OFFLOAD
+            if self.location.get(name) != where:
+                module.to(self.device if where == DEVICE else self.offload)
+                self.location[name] = where
+                self.moves.append((name, where))
+
+    def on_device(self) -> set[str]:
+        return {name for name, where in self.location.items() if where == DEVICE}
+
+    @contextlib.contextmanager
+    def using(self, names: Iterable[str]) -> Iterator[None]:
+        """`names` on the device as well for the duration (sampling, validation); then back where they were."""
+        before = self.on_device()
+        self.place(before | set(names))
+        try:
+            yield
+        finally:
+            self.place(before)
+
+    def for_sampling(self) -> contextlib.AbstractContextManager[None]:
+        return self.using(self.sampling_parts)
+
+    def for_encoding(self) -> contextlib.AbstractContextManager[None]:
+        """The encoders on the device (validation encodes its images and captions)."""
+        encoders = {n for n, r in self.roles.items() if r in (PartRole.TEXT_ENCODER, PartRole.IMAGE_ENCODER)}
+        return self.using(encoders)

@@ -1,0 +1,135 @@
+"""The noise schedules: the continuous cosine maths, the discrete one against diffusers, and family loss terms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from onetrainer.config import TrainConfig, config_from_dict
+from onetrainer.config.enums import LossWeight, NoiseScheduler, TimestepDistribution
+from onetrainer.training import diffusion
+from onetrainer.training.noise_schedules import (
+    CONTINUOUS_BINS,
+    ContinuousCosineSchedule,
+    DiscreteSchedule,
+    Prediction,
+    PredictionType,
+)
+
+
+def wuerstchen_remap(t: torch.Tensor) -> torch.Tensor:
+    return (1.08 * t + 0.001).clamp(0.001, 1.0)
+
+
+def cosine_alpha_bar(t: float, s: float = 0.008) -> float:
+    value = math.cos((t + s) / (1 + s) * math.pi / 2) ** 2 / math.cos(s / (1 + s) * math.pi / 2) ** 2
+    return min(max(value, 1e-4), 0.9999)
+
+
+def test_cosine_alpha_bar_follows_the_formula_and_is_clamped():
+    schedule = ContinuousCosineSchedule()
+    t = torch.tensor([0.0, 0.001, 0.25, 0.5, 0.75, 0.999, 1.0])
+    expected = torch.tensor([cosine_alpha_bar(float(x)) for x in t])
+    assert torch.allclose(schedule.alpha_bar(t), expected, atol=1e-6)
+    assert schedule.alpha_bar(torch.tensor([0.0])).item() == pytest.approx(0.9999)  # clamped at the top
+    assert schedule.alpha_bar(torch.tensor([1.0])).item() == pytest.approx(1e-4)  # and at the bottom
+    assert schedule.snr(torch.tensor([0.5])).item() == pytest.approx(
+        cosine_alpha_bar(0.5) / (1 - cosine_alpha_bar(0.5))
+    )
+
+
+def test_continuous_noise_and_target():
+    schedule = ContinuousCosineSchedule(wuerstchen_remap)
+    latents, noise = torch.randn(2, 16, 3, 3), torch.randn(2, 16, 3, 3)
+    t = torch.tensor([0.1, 0.9])
+    a = torch.tensor([cosine_alpha_bar(0.1), cosine_alpha_bar(0.9)]).view(-1, 1, 1, 1)
+    assert torch.allclose(schedule.add_noise(latents, noise, t), a.sqrt() * latents + (1 - a).sqrt() * noise, atol=1e-6)
+    assert schedule.target(latents, noise, t) is noise
+    v = ContinuousCosineSchedule(prediction=PredictionType.V)
+    assert torch.allclose(v.target(latents, noise, t), a.sqrt() * noise - (1 - a).sqrt() * latents, atol=1e-6)
+
+
+def test_continuous_times_are_binned_remapped_and_respect_the_noising_range():
+    schedule = ContinuousCosineSchedule(wuerstchen_remap)
+    config = TrainConfig(min_noising_strength=0.2, max_noising_strength=0.5)
+    t = schedule.sample_times(20000, torch.Generator().manual_seed(0), config, "cpu")
+    assert t.dtype == torch.float32
+    raw = (t - 0.001) / 1.08  # undo the remap: the draws lie on the 10000 bins inside [0.2, 0.5)
+    bins = raw * CONTINUOUS_BINS
+    assert torch.allclose(bins, bins.round(), atol=1e-2)
+    assert raw.min().item() >= 0.2 - 1e-4 and raw.max().item() < 0.5 and raw.max().item() > 0.49
+    assert schedule.model_time(t) is t  # the model takes the remapped t as its ratio input
+    assert schedule.validation_times(3, "cpu").tolist() == pytest.approx([1.08 * 0.5 + 0.001] * 3)
+
+
+@pytest.mark.parametrize("kind", list(TimestepDistribution))
+def test_every_distribution_works_on_both_schedules(kind):
+    config = TrainConfig(timestep_distribution=kind, noising_weight=1.0, noising_bias=0.5, timestep_shift=2.0)
+    continuous = ContinuousCosineSchedule(wuerstchen_remap).sample_times(
+        500, torch.Generator().manual_seed(1), config, "cpu"
+    )
+    assert continuous.min().item() >= 0.001 and continuous.max().item() <= 1.0
+    discrete = DiscreteSchedule({}, PredictionType.EPSILON).sample_times(
+        500, torch.Generator().manual_seed(1), config, "cpu"
+    )
+    assert discrete.dtype == torch.long and discrete.min().item() >= 0 and discrete.max().item() < 1000
+    # The same draw, in the two time scales: the discrete step is the continuous bin / 10.
+    plain = ContinuousCosineSchedule().sample_times(500, torch.Generator().manual_seed(1), config, "cpu")
+    assert torch.equal((plain * 1000 + 1e-3).long(), discrete)
+
+
+@pytest.mark.parametrize("fn", [LossWeight.MIN_SNR_GAMMA, LossWeight.DEBIASED_ESTIMATION, LossWeight.P2])
+def test_loss_weightings_work_on_the_continuous_schedule(fn):
+    schedule = ContinuousCosineSchedule(wuerstchen_remap)
+    t = torch.tensor([0.05, 0.5, 0.95])
+    weights = diffusion.timestep_weights(fn, 1.0, schedule, t)
+    snr = schedule.snr(t)
+    assert torch.isfinite(weights).all() and (weights > 0).all()
+    if fn is LossWeight.P2:
+        assert torch.allclose(weights, 1 / (1 + snr))  # the Würstchen / Cascade presets' weighting
+
+
+def test_discrete_schedule_matches_diffusers_ddpm():
+    from diffusers import DDPMScheduler
+
+    betas = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012}
+    ddpm = DDPMScheduler(**betas, prediction_type="v_prediction", rescale_betas_zero_snr=True)
+    ours = DiscreteSchedule(betas, PredictionType.V, zero_terminal_snr=True)
+    latents, noise, t = torch.randn(3, 4, 5, 5), torch.randn(3, 4, 5, 5), torch.tensor([0, 500, 999])
+    assert torch.equal(ours.add_noise(latents, noise, t), ddpm.add_noise(latents, noise, t))
+    assert torch.equal(ours.target(latents, noise, t), ddpm.get_velocity(latents, noise, t))
+    assert ours.validation_times(2, "cpu").tolist() == [499, 499]
+    assert ours.sampler(NoiseScheduler.DDIM).config["prediction_type"] == "v_prediction"
+
+
+def test_family_loss_terms_are_added_and_logged(tmp_path, monkeypatch):
+    """A family's extra loss term (e.g. PixArt's variance bound) adds to the loss and gets its own scalar."""
+    from onetrainer.families.sd import StableDiffusionFamily
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import ListSink, Metrics
+    from onetrainer.training.runner import run_training
+    from tests.helpers import image_folder, read_scalars, tiny_config
+
+    original = StableDiffusionFamily.predict
+
+    def with_term(self, model, noisy, times, conditioning, extra):
+        prediction = original(self, model, noisy, times, conditioning, extra)
+        term = torch.full((len(noisy),), 10.0) + 0 * prediction.output.float().mean()
+        return Prediction(prediction.output, {"vb": term})
+
+    def losses(patched: bool) -> list[float]:
+        root = tmp_path / str(patched)
+        image_folder(root)
+        config, _ = config_from_dict(tiny_config(root, epochs=1))
+        sink = ListSink()
+        run_training(config, TrainingControl(), [sink])
+        return root, [e.loss for e in sink.events if isinstance(e, Metrics)]
+
+    _, plain = losses(False)
+    monkeypatch.setattr(StableDiffusionFamily, "predict", with_term)
+    root, with_vb = losses(True)
+    assert [b - a for a, b in zip(plain, with_vb)] == pytest.approx([10.0] * len(plain), rel=1e-4)
+    scalars = read_scalars(root / "workspace" / "tensorboard")
+    assert [v for _, v in scalars["loss/vb"]] == pytest.approx([10.0] * len(plain))
