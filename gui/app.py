@@ -32,6 +32,7 @@ from gui.tabs.sampling import SamplingTab
 from gui.tabs.tools import ToolsTab
 from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
+from gui.widgets.estimate import attach_estimate
 from gui.widgets.tabview import TabView
 from onetrainer.config import (
     ConfigFileError,
@@ -130,6 +131,7 @@ class App(ctk.CTk):
             on_export=self.export_config,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
+        self.estimate = attach_estimate(self.footer, self.model)  # peak VRAM and s/step beside Start
 
         self.model.subscribe(self._config_changed)
         self.protocol("WM_DELETE_WINDOW", self.close)
