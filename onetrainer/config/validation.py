@@ -240,6 +240,16 @@ def _adapter_rules(config) -> list[Problem]:
                 f"diffusers loads only plain LoRA in its own layout; save {kind} as KOHYA_LORA (the LyCORIS layout)",
             )
         )
+    nf4 = [part for part in model_type_info(config.model_type).family.parts
+           if config.part(part).weight_dtype is DataType.NFLOAT_4 and part != "vae"]  # fmt: skip
+    if nf4 and (not plain or config.lora_decompose):
+        kind = "DoRA" if plain else config.peft_type.value
+        problems.append(
+            Problem(
+                f"{nf4[0]}.weight_dtype",
+                f"{kind} cannot wrap bitsandbytes' 4-bit layers (only plain LoRA can); use FLOAT_8 for this part",
+            )
+        )
     return problems
 
 

@@ -237,3 +237,13 @@ def test_adapter_rules_name_the_field():
         {"training_method": "LORA", "peft_type": "OFT_2", "oft_block_size": 8, "output_model_format": "KOHYA_LORA"}
     )
     assert [p for p in validate(cfg) if p.is_error] == []
+
+
+def test_nf4_base_weights_take_plain_lora_only():
+    from onetrainer.config.validation import validate
+
+    data = {"training_method": "LORA", "output_model_format": "KOHYA_LORA", "unet": {"weight_dtype": "NFLOAT_4"}}
+    cfg, _ = config_from_dict({**data, "peft_type": "LOHA"})
+    assert any(p.path == "unet.weight_dtype" and "LOHA cannot wrap" in p.message for p in validate(cfg))
+    cfg, _ = config_from_dict(data)
+    assert not [p for p in validate(cfg) if p.is_error]
