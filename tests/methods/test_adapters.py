@@ -107,6 +107,9 @@ def patched_weight(weight: torch.Tensor, keys: dict[str, torch.Tensor]) -> torch
             w1, dim = _mm(keys["lokr_w1_a"], keys["lokr_w1_b"]), keys["lokr_w1_b"].shape[0]
         if "lokr_w2" in keys:
             w2 = keys["lokr_w2"]
+        elif "lokr_t2" in keys:  # Tucker: w2 = einsum("i j k l, j r, i p -> p r k l", t2, w2_b, w2_a)
+            w2 = torch.einsum("i j k l, j r, i p -> p r k l", keys["lokr_t2"], keys["lokr_w2_b"], keys["lokr_w2_a"])
+            dim = keys["lokr_w2_b"].shape[0]
         else:
             w2, dim = keys["lokr_w2_a"] @ keys["lokr_w2_b"], keys["lokr_w2_b"].shape[0]
             if weight.dim() == 4:
@@ -114,7 +117,7 @@ def patched_weight(weight: torch.Tensor, keys: dict[str, torch.Tensor]) -> torch
         scale = alpha.item() / dim if (dim is not None and alpha is not None) else 1.0
         if w2.dim() == 4:
             w1 = w1[:, :, None, None]
-        return weight + torch.kron(w1, w2).reshape(weight.shape) * scale
+        return weight + torch.kron(w1, w2.contiguous()).reshape(weight.shape) * scale
     raise AssertionError(f"unknown adapter keys {sorted(keys)}")
 
 
@@ -247,3 +250,44 @@ def test_nf4_base_weights_take_plain_lora_only():
     assert any(p.path == "unet.weight_dtype" and "LOHA cannot wrap" in p.message for p in validate(cfg))
     cfg, _ = config_from_dict(data)
     assert not [p for p in validate(cfg) if p.is_error]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"decompose_both": True, "use_effective_conv2d": False},
+        {"decompose_both": True, "use_effective_conv2d": True},  # lokr_t2, ComfyUI's Tucker formula
+        {"decompose_both": False, "use_effective_conv2d": True},
+    ],
+)
+def test_lokr_structures_convert_to_what_comfyui_computes(options):
+    from peft import LoKrConfig, inject_adapter_in_model
+
+    from onetrainer.methods.adapters import LOKR, adapter_state
+    from onetrainer.weights.lycoris_keys import to_kohya
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Linear(32, 64))
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    inject_adapter_in_model(LoKrConfig(r=2, alpha=3, target_modules=["0", "1"], **options), model)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lokr_" in name:
+                param.normal_(0, 0.1)
+    state = adapter_state(LOKR, model)
+    assert options["use_effective_conv2d"] == any(k.endswith("lokr_t2") for k in state)
+    ranks, alphas = {"0": 2, "1": 2}, {"0": 3.0, "1": 3.0}
+    kohya = to_kohya(LOKR, state, lambda m: f"lora_unet_{m}", alphas, ranks)
+
+    for index, layer in ((0, model[0]), (1, model[1])):
+        keys = {k.partition(".")[2]: v for k, v in kohya.items() if k.startswith(f"lora_unet_{index}.")}
+        weight = base[f"{index}.weight"]
+        merged = patched_weight(weight, keys)
+        x = torch.randn(2, 16, 6, 6) if index == 0 else torch.randn(2, 32)
+        expected = layer(x)
+        ours = (
+            torch.nn.functional.conv2d(x, merged, base["0.bias"], padding=1)
+            if index == 0
+            else torch.nn.functional.linear(x, merged, base["1.bias"])
+        )
+        assert torch.allclose(ours, expected, atol=1e-5)
