@@ -53,3 +53,28 @@ def test_nfloat4_without_cuda_is_refused_before_training(tmp_path, monkeypatch, 
 def test_trained_part_cannot_be_quantized(tmp_path, dtype):
     cfg, _ = config_from_dict(tiny_config(tmp_path, method="FINE_TUNE", unet={"weight_dtype": dtype, "train": True}))
     assert any(p.path == "unet.weight_dtype" and "frozen weights only" in p.message for p in validate(cfg))
+
+
+def test_adapters_train_on_float8_layers():
+    from peft import LoHaConfig, inject_adapter_in_model
+
+    from onetrainer.methods.adapters import DoraLayer
+    from onetrainer.util.quantize import to_float8
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 6))
+    to_float8(model)
+    assert model[0].weight.dtype == torch.float8_e4m3fn and model[2].weight.dtype == torch.float8_e4m3fn
+    inject_adapter_in_model(LoHaConfig(r=2, alpha=2, target_modules=["0"]), model)
+    for name, param in model.named_parameters():
+        if "hada_" in name:  # peft casts a new adapter to its base layer's dtype; the LoRA method casts it back
+            param.data = param.data.float()
+    # (peft freezes every other parameter when it injects, so DoRA comes second.)
+    dora = DoraLayer(model[2], rank=2, alpha=1.0, dropout=0.0, output_axis=False, eps=True)
+    model[2] = dora
+    x = torch.randn(3, 4, 4, 4, requires_grad=True)
+    out = model(x)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all() and x.grad is not None and torch.isfinite(x.grad).all()
+    assert dora.dora_scale.grad is not None and dora.lora_A.weight.grad is not None
+    assert all(p.grad is None for n, p in model.named_parameters() if "base_layer" in n)  # the base stays frozen
