@@ -125,6 +125,8 @@ def _rank(kind: str, tensors: Mapping[str, torch.Tensor]) -> int:
     if kind == LOHA:
         return int(tensors["hada_w1_b"].shape[0])
     if kind == LOKR:
+        if "lokr_t2" in tensors:  # Tucker: w2_a is [rank, out], w2_b [rank, in], t2 [rank, rank, kh, kw]
+            return int(tensors["lokr_t2"].shape[0])
         if "lokr_w2_a" in tensors:
             return int(tensors["lokr_w2_a"].shape[1])
         if "lokr_w1_a" in tensors:

@@ -291,3 +291,45 @@ def test_lokr_structures_convert_to_what_comfyui_computes(options):
             else torch.nn.functional.linear(x, merged, base["1.bias"])
         )
         assert torch.allclose(ours, expected, atol=1e-5)
+
+
+def _effective_deltas(module) -> dict[str, torch.Tensor]:
+    from onetrainer.methods.adapters import DoraLayer
+
+    out = {}
+    for name, layer in module.named_modules():
+        if isinstance(layer, DoraLayer):
+            out[name] = layer.merged_weight().detach()
+        elif hasattr(layer, "get_delta_weight") and hasattr(layer, "base_layer"):
+            out[name] = layer.get_delta_weight("default").detach()
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"peft_type": "LOKR", "lokr_dim": 2, "lokr_decompose_both": True, "lokr_use_tucker": True},
+        {"peft_type": "LOKR", "lokr_full_matrix": True},
+        {"peft_type": "LOHA"},
+        {"lora_decompose": True},
+    ],
+    ids=["lokr-both-tucker", "lokr-full", "loha", "dora"],
+)
+def test_saved_file_continues_with_the_same_adapter(tmp_path, options):
+    from safetensors.torch import save_file
+
+    image_folder(tmp_path)
+    config = tiny_config(tmp_path, **options)
+    _, model, method = load(config, "sd15")
+    with torch.no_grad():
+        for group in method.param_groups():
+            for param in group["params"]:
+                param.add_(torch.randn_like(param) * 0.05)
+    path = tmp_path / "adapter.safetensors"
+    save_file(method.output_state(), str(path))
+    # Continuing reads the structure from the file, whatever the LoKr options say now.
+    plain = {k: v for k, v in options.items() if not k.startswith("lokr_")}
+    _, again, _ = load(config | plain, "sd15", lora_model_name=str(path))
+    expected, found = _effective_deltas(model.part("unet")), _effective_deltas(again.part("unet"))
+    assert expected.keys() == found.keys() and expected
+    assert all(torch.allclose(expected[k], found[k], atol=1e-5) for k in expected)
