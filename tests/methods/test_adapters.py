@@ -4,6 +4,8 @@ model's result; backups restore each kind."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -118,7 +120,27 @@ def patched_weight(weight: torch.Tensor, keys: dict[str, torch.Tensor]) -> torch
         if w2.dim() == 4:
             w1 = w1[:, :, None, None]
         return weight + torch.kron(w1, w2.contiguous()).reshape(weight.shape) * scale
+    if "oft_R.weight" in keys:
+        return oft_v2_weight(weight, keys["oft_R.weight"])
     raise AssertionError(f"unknown adapter keys {sorted(keys)}")
+
+
+def oft_v2_weight(weight: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """OFT v2 (peft's OFT, as OneTrainer trains it) on a Linear, written from its definition: each block's vector is
+    the upper triangle of a skew-symmetric Q; R is Cayley's (I + Q)(I − Q)⁻¹ by its 5-term Neumann series
+    I + 2Q + 2Q² + 2Q³ + Q⁴; the input is rotated block-wise (x·R), so W' = W · blockdiag(R)ᵀ."""
+    blocks, count = vectors.shape
+    size = round((1 + math.sqrt(1 + 8 * count)) / 2)
+    rows, cols = torch.triu_indices(size, size, 1)
+    q = torch.zeros(blocks, size, size)
+    q[:, rows, cols] = vectors
+    q = q - q.transpose(1, 2)
+    eye = torch.eye(size).expand(blocks, size, size)
+    q2 = q @ q
+    rotation = eye + 2 * q + 2 * q2 + 2 * (q2 @ q) + q2 @ q2
+    n = weight.shape[1] // size
+    rotation = rotation.expand(n, size, size) if blocks == 1 else rotation
+    return weight @ torch.block_diag(*rotation).T
 
 
 def apply_file(family, model, state: dict[str, torch.Tensor]) -> int:
@@ -185,6 +207,9 @@ def test_oft_trains_and_reloads(tmp_path, variant):
         base = unet_output(family, ours)
     assert torch.isfinite(reloaded).all()
     assert not torch.allclose(base, reloaded, atol=1e-5)  # the rotations trained and were read back
+    family, plain, _ = load(config, variant, method=False)
+    assert apply_file(family, plain, state) > 0
+    assert torch.allclose(unet_output(family, plain), reloaded, atol=1e-4)  # the file, by OFT v2's definition
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
