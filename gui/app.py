@@ -44,6 +44,7 @@ from gui.tabs.sampling import SamplingTab, random_weights_note
 from gui.tabs.tools import ToolsTab
 from gui.tabs.training import TrainingTab
 from gui.topbar import TopBar
+from gui.widgets.estimate import attach_estimate
 from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
 from onetrainer.config import (
@@ -181,6 +182,7 @@ class App(ctk.CTk):
             on_log=self.open_log,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
+        self.estimate = attach_estimate(self.footer, self.model)  # peak VRAM and s/step beside Start
 
         self.model.subscribe(self._config_changed)
         self.model.subscribe_inputs(self._input_changed)

@@ -19,10 +19,11 @@ DESCRIPTION = (
     "(it/s, peak VRAM)."
 )
 EPILOG = """\
-Parts: 'overhead', 'caching' (any machine), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs
-a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
+Parts: 'overhead', 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'gpu' (only with CUDA;
+otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display
+can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "caching", "gpu", "gui")
+PARTS = ("overhead", "caching", "weights", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -97,6 +98,13 @@ def main(
         caching = measure_caching(args.images)
         print(format_caching(caching))
         report["caching"] = caching.to_dict()
+    if "weights" in parts:
+        from onetrainer.benchmark.weights import format_weight_dtypes, measure_weight_dtypes
+
+        print("\nBase weights, FLOAT_8 vs FLOAT_16 (each in a process of its own):")
+        weights = measure_weight_dtypes()
+        print(format_weight_dtypes(weights))
+        report["weights"] = weights
     if "gpu" in parts:
         report["gpu"] = run_gpu_part(args.steps, args.warmup)
     if "gui" in parts:

@@ -108,7 +108,19 @@ def _preflight(config) -> int:
     packed, _ = pack(config)
     report = preflight_report(packed, resolve_local)
     print(report.text())
+    print(_estimate_text(packed))
     return EXIT_INVALID if report.errors else EXIT_OK
+
+
+def _estimate_text(config) -> str:
+    """Peak VRAM and time per step (`training/estimate.py`), against the training device's free memory."""
+    from onetrainer.training.estimate import device_throughput, estimate, free_memory
+
+    try:
+        result = estimate(config, free_memory(config.train_device), device_throughput(config.train_device))
+    except ValueError as e:
+        return f"estimate: {e}"
+    return "estimate: " + result.text()
 
 
 def _train(config) -> int:

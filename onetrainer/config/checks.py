@@ -38,6 +38,25 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_output(config)
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
+    problems += _check_quantized_parts(config)
+    return problems
+
+
+def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
+    """A quantized weight dtype this machine cannot run (NFLOAT_4 without CUDA), before anything loads."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    problems = []
+    for part in info.family.parts if info else ():
+        if config.part(part).weight_dtype is not DataType.NFLOAT_4:
+            continue  # only NFLOAT_4 depends on the machine (and asking torch costs its import)
+        from onetrainer.util.quantize import unsupported_reason
+
+        reason = unsupported_reason(config.part(part).weight_dtype, part, config.train_device)
+        if reason:
+            problems.append(Problem(f"{part}.weight_dtype", reason))
     return problems
 
 

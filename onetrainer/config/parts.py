@@ -9,7 +9,7 @@ from onetrainer.config.model_types import AUXILIARY, DENOISER, TEXT_ENCODER
 from onetrainer.config.schema import ConfigNode, setting
 
 TRAINED_ROLES = frozenset({DENOISER, TEXT_ENCODER})
-WEIGHT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
+WEIGHT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16, DataType.FLOAT_8, DataType.NFLOAT_4)
 TRAINING = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
 STOP_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP)
 
@@ -65,7 +65,8 @@ class ModelPartConfig(ConfigNode):
         DataType.FLOAT_32,
         "Weight data type",
         "The data type this part's weights are kept in. FLOAT_16 / BFLOAT_16 halve the memory; trained weights in "
-        "FLOAT_16 can be unstable.",
+        "FLOAT_16 can be unstable. FLOAT_8 (a quarter) and NFLOAT_4 (bitsandbytes, CUDA only) hold frozen weights, "
+        "computed in the training data type layer by layer.",
         tab="model",
         choices=WEIGHT_DTYPES,
     )

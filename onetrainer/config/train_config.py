@@ -888,7 +888,13 @@ class TrainConfig(ConfigNode):
 
     # -- LoRA -----------------------------------------------------------------------------------------------------
     peft_type: PeftType = setting(
-        PeftType.LORA, "Type", "The adapter type.", tab="lora", group="LoRA", methods=LORA, choices=(PeftType.LORA,)
+        PeftType.LORA,
+        "Type",
+        "The adapter type: LoRA (with DoRA below), LoHa (Hadamard product of two low-rank pairs), LoKr (Kronecker "
+        "product) or OFT v2 (block-wise rotations of the input; loads in OneTrainer and this trainer only).",
+        tab="lora",
+        group="LoRA",
+        methods=LORA,
     )
     lora_model_name: str = setting(
         "",
@@ -938,6 +944,61 @@ class TrainConfig(ConfigNode):
         choices=(DataType.FLOAT_32, DataType.BFLOAT_16),
         methods=LORA,
     )
+    lora_decompose: bool = setting(
+        False,
+        "Decompose weights (DoRA)",
+        "Train a magnitude beside the LoRA (DoRA), per input column as OneTrainer and AUTOMATIC1111 do; LoRA "
+        "type only.",
+        tab="lora",
+        group="DoRA",
+        methods=LORA,
+    )
+    lora_decompose_norm_epsilon: bool = setting(
+        True, "Use norm epsilon (DoRA)", "Add a tiny epsilon to DoRA's norm, as the loaders do.", tab="lora",
+        group="DoRA", methods=LORA,
+    )  # fmt: skip
+    lora_decompose_output_axis: bool = setting(
+        False,
+        "Apply on output axis (DoRA)",
+        "Keep DoRA's magnitude per output row instead of per input column (ComfyUI normalises this variant by the "
+        "base weight only, so its result differs slightly there).",
+        tab="lora",
+        group="DoRA",
+        methods=LORA,
+    )
+    oft_block_size: int = setting(
+        32, "OFT block size", "The size of OFT v2's rotation blocks; must divide each adapted layer's inputs.",
+        tab="lora", group="OFT", minimum=1, methods=LORA,
+    )  # fmt: skip
+    oft_block_share: bool = setting(
+        False, "OFT block share", "All blocks of a layer share one rotation.", tab="lora", group="OFT", methods=LORA
+    )
+    oft_scaled: bool = _ot("oft_scaled", False)
+    lokr_dim: int = setting(
+        16, "LoKr rank", "The rank of LoKr's decomposed factor (and its alpha / rank scale).", tab="lora",
+        group="LoKr", minimum=1, maximum=1024, methods=LORA,
+    )  # fmt: skip
+    lokr_decompose_factor: int = setting(
+        -1, "LoKr factor", "The size of the small Kronecker factor; -1 picks the most balanced.", tab="lora",
+        group="LoKr", minimum=-1, methods=LORA,
+    )  # fmt: skip
+    lokr_decompose_both: bool = setting(
+        False, "LoKr decompose both", "Also decompose the small factor.", tab="lora", group="LoKr", methods=LORA
+    )
+    lokr_use_tucker: bool = setting(
+        False, "LoKr Tucker", "A Tucker core for convolutions with kernels larger than 1.", tab="lora", group="LoKr",
+        methods=LORA,
+    )  # fmt: skip
+    lokr_full_matrix: bool = setting(
+        False, "LoKr full matrix", "Keep both factors full (no rank; scale 1).", tab="lora", group="LoKr",
+        methods=LORA,
+    )  # fmt: skip
+    lokr_weight_decompose: bool = _ot("lokr_weight_decompose", False)
+    lokr_dora_on_output: bool = _ot("lokr_dora_on_output", True)
+    lokr_vec_trick: bool = setting(
+        True, "LoKr vector trick", "A computation shortcut in OneTrainer; the result is the same here.", tab="lora",
+        group="LoKr", methods=LORA, ui=False,
+    )  # fmt: skip
     bundle_additional_embeddings: bool = setting(
         True,
         "Bundle embeddings",
@@ -991,20 +1052,6 @@ class TrainConfig(ConfigNode):
     dynamic_timestep_shifting: bool = _ot("dynamic_timestep_shifting", False)
     sample_video_format: str = _ot("sample_video_format", "MP4")
     sample_audio_format: str = _ot("sample_audio_format", "MP3")
-    lora_decompose: bool = _ot("lora_decompose", False)
-    lora_decompose_norm_epsilon: bool = _ot("lora_decompose_norm_epsilon", True)
-    lora_decompose_output_axis: bool = _ot("lora_decompose_output_axis", False)
-    oft_block_size: int = _ot("oft_block_size", 32)
-    oft_block_share: bool = _ot("oft_block_share", False)
-    oft_scaled: bool = _ot("oft_scaled", False)
-    lokr_dim: int = _ot("lokr_dim", 16)
-    lokr_decompose_factor: int = _ot("lokr_decompose_factor", -1)
-    lokr_decompose_both: bool = _ot("lokr_decompose_both", False)
-    lokr_use_tucker: bool = _ot("lokr_use_tucker", False)
-    lokr_full_matrix: bool = _ot("lokr_full_matrix", False)
-    lokr_weight_decompose: bool = _ot("lokr_weight_decompose", False)
-    lokr_dora_on_output: bool = _ot("lokr_dora_on_output", True)
-    lokr_vec_trick: bool = _ot("lokr_vec_trick", True)
     unconditional_transformer: dict | None = _ot_dict("unconditional_transformer")
     text_encoder_3: dict | None = _ot_dict("text_encoder_3")
     text_encoder_4: dict | None = _ot_dict("text_encoder_4")

@@ -5,16 +5,13 @@ from __future__ import annotations
 import enum
 import re
 
-from onetrainer.config.enums import DataType, LearningRateScheduler, ModelType, TrainingMethod
+from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES, model_type_info
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
 # Values that exist in OneTrainer and are planned here, with what to say until they arrive.
-_NOT_YET = {
-    DataType.FLOAT_8: "FLOAT_8 weights are not supported yet",
-    DataType.NFLOAT_4: "NFLOAT_4 weights are not supported yet",
-}
+_NOT_YET: dict = {}
 
 
 def context_of(config) -> Context:
@@ -95,6 +92,10 @@ def _cross_field(config) -> list[Problem]:
                 f"allowed: {allowed}",
             )
         )
+
+    if method is TrainingMethod.LORA:
+        problems += _adapter_rules(config)
+    problems += _quantized_parts(config, family)
 
     try:
         parse_resolution(config.resolution)
@@ -224,3 +225,50 @@ def _split_filter(text: str) -> list[str]:
 
 
 __all__ = ["Severity", "check_field", "context_of", "validate"]
+
+
+def _adapter_rules(config) -> list[Problem]:
+    """Adapter kinds and the options and formats they go with."""
+    problems = []
+    plain = config.peft_type is PeftType.LORA
+    if config.lora_decompose and not plain:
+        problems.append(
+            Problem("lora_decompose", f"DoRA decomposes LoRA only; it cannot be combined with {config.peft_type.value}")
+        )
+    if config.output_model_format is ModelFormat.DIFFUSERS_LORA and (not plain or config.lora_decompose):
+        kind = "DoRA" if plain else config.peft_type.value
+        problems.append(
+            Problem(
+                "output_model_format",
+                f"diffusers loads only plain LoRA in its own layout; save {kind} as KOHYA_LORA (the LyCORIS layout)",
+            )
+        )
+    nf4 = [part for part in model_type_info(config.model_type).family.parts
+           if config.part(part).weight_dtype is DataType.NFLOAT_4 and part != "vae"]  # fmt: skip
+    if nf4 and (not plain or config.lora_decompose):
+        kind = "DoRA" if plain else config.peft_type.value
+        problems.append(
+            Problem(
+                f"{nf4[0]}.weight_dtype",
+                f"{kind} cannot wrap bitsandbytes' 4-bit layers (only plain LoRA can); use FLOAT_8 for this part",
+            )
+        )
+    return problems
+
+
+def _quantized_parts(config, family) -> list[Problem]:
+    """FLOAT_8 / NFLOAT_4 hold frozen weights only: a part a fine-tune trains needs a trainable dtype."""
+    problems = []
+    if config.training_method is not TrainingMethod.FINE_TUNE:
+        return problems
+    for part in family.parts:
+        part_config = config.part(part)
+        if part_config.weight_dtype in (DataType.FLOAT_8, DataType.NFLOAT_4) and part_config.train:
+            problems.append(
+                Problem(
+                    f"{part}.weight_dtype",
+                    f"{part_config.weight_dtype.value} holds frozen weights only; a trained part needs FLOAT_32, "
+                    "FLOAT_16 or BFLOAT_16",
+                )
+            )
+    return problems

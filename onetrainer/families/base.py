@@ -274,4 +274,8 @@ class Family(ABC):
 def first_weight(module: torch.nn.Module) -> torch.Tensor:
     """The module's first parameter, whose dtype and device are the module's own (a base weight: adapters come after
     it). diffusers' `.dtype` / `.device` walk every submodule, which costs milliseconds per call on a UNet."""
-    return next(module.parameters())
+    # Weights stored as float8 (FLOAT_8 parts) compute in another dtype: the first weight that is not float8 tells it.
+    return next((p for p in module.parameters() if p.dtype not in _FLOAT8), next(module.parameters()))
+
+
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)

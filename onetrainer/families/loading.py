@@ -75,7 +75,11 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
 
 def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
     """Put each part in its configured weight dtype."""
+    from onetrainer.util.quantize import quantize_part
+
     for name, module in parts.items():
+        if quantize_part(name, module, config):  # FLOAT_8 / NFLOAT_4: stored quantized, computed in the train dtype
+            continue
         dtype = torch_dtype(config.part(name).weight_dtype)
         if next(module.parameters()).dtype != dtype:
             module.to(dtype=dtype)

@@ -1,4 +1,5 @@
-"""LoRA with peft for any family: adapters on the denoiser and/or text encoders, saved as kohya or diffusers files."""
+"""LoRA-type adapters for any family (LoRA, DoRA, LoHa, LoKr, OFT v2: `methods/adapters.py`) on the denoiser and/or
+text encoders, saved as kohya / LyCORIS or diffusers files."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ModelFormat
+from onetrainer.methods import adapters
 from onetrainer.methods.base import Method, layer_filter_patterns
 from onetrainer.util.dtypes import torch_dtype
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights.checkpoint_files import load_state_dict
-from onetrainer.weights.kohya_lora import LORA_A, LORA_B, kohya_to_peft, peft_to_kohya
+from onetrainer.weights.kohya_lora import LORA_A, LORA_B
+from onetrainer.weights.lycoris_keys import detect_kind, from_kohya, to_kohya
 from onetrainer.weights.metadata import lora_metadata
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ class LoraMethod(Method):
         super().__init__(config, family, model, device)
         self.alphas: dict[str, dict[str, float]] = {}  # part -> module -> alpha
         self.ranks: dict[str, dict[str, int]] = {}
+        self.kind = adapters.adapter_kind(config)
         self.parts = [p for p in self._candidate_parts() if config.part(p).train]
         existing = self._read_existing(config.lora_model_name) if config.lora_model_name else {}
         for part in sorted(set(self.parts) | set(existing)):
@@ -45,49 +49,61 @@ class LoraMethod(Method):
         return self.family.lora_targets(self.model, part, patterns, regex)
 
     def _add_adapters(self, part: str, existing: dict | None) -> None:
-        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
-
         module = self.model.part(part)
-        rank, alpha = self.config.lora_rank, self.config.lora_alpha
         if existing is not None:
             targets = sorted(existing["ranks"])
             ranks, alphas = existing["ranks"], existing["alphas"]
         else:
             targets = self._target_modules(part)
-            ranks = dict.fromkeys(targets, rank)
-            alphas = dict.fromkeys(targets, float(alpha))
+            ranks, alphas = self._new_ranks(module, targets)
         if not targets:
             raise ValueError(f"the layer filter selects no layer of the {part} for LoRA")
-        base_rank = max(set(ranks.values()), key=list(ranks.values()).count)
-        base_alpha = max(set(alphas.values()), key=list(alphas.values()).count)
-        lora_config = LoraConfig(
-            r=base_rank,
-            lora_alpha=base_alpha,
-            lora_dropout=self.config.dropout_probability,
-            target_modules=targets,
-            rank_pattern={f"^{k}$": v for k, v in ranks.items() if v != base_rank},
-            alpha_pattern={f"^{k}$": v for k, v in alphas.items() if v != base_alpha},
-            init_lora_weights=True,
-        )
-        inject_adapter_in_model(lora_config, module, adapter_name=ADAPTER)
+        structure = existing.get("structure") if existing is not None else None
+        adapters.inject(self.kind, self.config, module, targets, ranks, alphas, structure)
         dtype = torch_dtype(self.config.lora_weight_dtype)
         for name, param in module.named_parameters():
-            is_adapter = "lora_" in name
+            is_adapter = adapters.is_adapter_name(self.kind, name)
             param.requires_grad_(is_adapter and part in self.parts)
             if is_adapter:
                 param.data = param.data.to(device=self.device, dtype=dtype)
         if existing is not None:
-            result = set_peft_model_state_dict(module, existing["weights"], adapter_name=ADAPTER)
-            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-            if missing:
-                raise ValueError(f"{self.config.lora_model_name} does not fit the {part}: e.g. {missing[0]}")
+            self._load_part_state(part, existing["weights"], str(self.config.lora_model_name))
         self.ranks[part], self.alphas[part] = ranks, alphas
+
+    def _new_ranks(self, module: torch.nn.Module, targets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
+        alpha = float(self.config.lora_alpha)
+        if self.kind == adapters.LOKR and self.config.lokr_full_matrix:
+            # Full Kronecker factors have no rank; like LyCORIS, their scale is 1 (alpha = rank).
+            ranks = {t: adapters.full_lokr_rank(module.get_submodule(t)) for t in targets}
+            return ranks, {t: float(r) for t, r in ranks.items()}
+        rank = self.config.lokr_dim if self.kind == adapters.LOKR else self.config.lora_rank
+        if self.kind == adapters.OFT:
+            rank = self.config.oft_block_size
+        return dict.fromkeys(targets, rank), dict.fromkeys(targets, alpha)
+
+    def _load_part_state(self, part: str, state: dict[str, torch.Tensor], source: str) -> None:
+        try:
+            problems = adapters.load_adapter_state(self.kind, self.model.part(part), state)
+        except RuntimeError as e:  # peft's size mismatch
+            problems = [str(e).splitlines()[-1].strip()]
+        if problems:
+            raise ValueError(
+                f"{source} does not fit the {part} with these {adapters.KIND_LABELS[self.kind]} settings "
+                f"(rank, lokr_* / oft_* options): e.g. {problems[0]}"
+            )
 
     def _read_existing(self, path: str) -> dict[str, dict]:
         """An existing LoRA (kohya or diffusers names) as adapter weights, ranks and alphas per part."""
         state = load_state_dict(path)
         out: dict[str, dict] = {}
         if any(k.startswith("lora_") for k in state):
+            kind = detect_kind({k: v for k, v in state.items() if not k.startswith("bundle_emb.")})
+            if kind != self.kind:
+                found = adapters.KIND_LABELS.get(kind, "no known adapter")
+                raise ValueError(
+                    f"{path} holds {found} weights, but the LoRA tab asks for {adapters.KIND_LABELS[self.kind]}: "
+                    "set the type (and decomposition) the file was trained with"
+                )
             # Each kohya module name belongs to the part whose module it names (`family.kohya_name`).
             left = {k.partition(".")[0] for k in state if not k.startswith("bundle_emb.")}
             for part in self._candidate_parts():
@@ -99,16 +115,18 @@ class LoraMethod(Method):
                 mine = {k: v for k, v in state.items() if k.partition(".")[0] in names}
                 if not mine:
                     continue
-                weights, alphas, ranks, unknown = kohya_to_peft(mine, names)
+                weights, alphas, ranks, structure, unknown = from_kohya(kind, mine, names)
                 if unknown:
                     raise ValueError(f"{path}: unknown LoRA weights, e.g. {unknown[0]}")
                 left -= {k.partition(".")[0] for k in mine}
-                out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks}
+                out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks, "structure": structure}
             if left:
                 raise ValueError(f"{path}: {len(left)} LoRA modules do not exist in this model, e.g. {sorted(left)[0]}")
             if not out:
                 raise ValueError(f"{path} holds no LoRA weights for this model")
             return out
+        if self.kind != adapters.LORA:
+            raise ValueError(f"{path}: only plain LoRA files are read in the diffusers layout")
         for part in self._candidate_parts():
             prefix = f"{part}."
             mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix) and "lora_" in k}
@@ -128,20 +146,17 @@ class LoraMethod(Method):
     def param_groups(self) -> list[dict]:
         groups = []
         for part in self.parts:
-            params = [p for n, p in self.model.part(part).named_parameters() if "lora_" in n]
+            params = [p for _, p in adapters.iter_adapter_params(self.kind, self.model.part(part))]
             groups.append({"name": f"{part}_lora", "params": params, "lr": self.base_lr(part)})
         return groups + self.embeddings.param_groups(self.embedding_lr())
 
     def freeze_part(self, part: str) -> None:
-        for name, param in self.model.part(part).named_parameters():
-            if "lora_" in name:
-                param.requires_grad_(False)
+        for _, param in adapters.iter_adapter_params(self.kind, self.model.part(part)):
+            param.requires_grad_(False)
 
     @contextlib.contextmanager
     def adapters_disabled(self) -> Iterator[None]:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        layers = [m for part in self.ranks for m in self.model.part(part).modules() if isinstance(m, BaseTunerLayer)]
+        layers = [m for part in self.ranks for m in adapters.adapter_layers(self.model.part(part))]
         # peft's enable_adapters() also resets requires_grad, which would unfreeze stopped parts: flip the switch only.
         for layer in layers:
             layer._disable_adapters = True
@@ -154,10 +169,7 @@ class LoraMethod(Method):
     # -- state ----------------------------------------------------------------------------------------------------
 
     def adapter_state(self, part: str) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-
-        state = get_peft_model_state_dict(self.model.part(part), adapter_name=ADAPTER)
-        return {k: v.detach().to("cpu") for k, v in state.items()}
+        return adapters.adapter_state(self.kind, self.model.part(part))
 
     def save_backup(self, folder: Path) -> None:
         from safetensors.torch import save_file
@@ -166,17 +178,18 @@ class LoraMethod(Method):
         lora.mkdir(parents=True, exist_ok=True)
         for part in self.ranks:
             save_file(self.adapter_state(part), str(lora / f"{part}.safetensors"))
-        (lora / "structure.json").write_text(json.dumps({"ranks": self.ranks, "alphas": self.alphas}), encoding="utf-8")
+        (lora / "structure.json").write_text(
+            json.dumps({"kind": self.kind, "ranks": self.ranks, "alphas": self.alphas}), encoding="utf-8"
+        )
         self._save_embedding_state(folder)
 
     def load_backup(self, folder: Path) -> None:
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         for part in self.ranks:
             path = folder / "lora" / f"{part}.safetensors"
             if path.is_file():
-                set_peft_model_state_dict(self.model.part(part), load_file(str(path)), adapter_name=ADAPTER)
+                self._load_part_state(part, load_file(str(path)), str(path))
         self._load_embedding_state(folder)
 
     # -- output ---------------------------------------------------------------------------------------------------
@@ -190,9 +203,8 @@ class LoraMethod(Method):
             if fmt is ModelFormat.DIFFUSERS_LORA:
                 out.update(_diffusers_lora(part, state, self.ranks[part], self.alphas[part]))
             else:
-                out.update(
-                    peft_to_kohya(state, lambda m, p=part: self.family.kohya_name(self.model, p, m), self.alphas[part])
-                )
+                name_of = lambda m, p=part: self.family.kohya_name(self.model, p, m)  # noqa: E731
+                out.update(to_kohya(self.kind, state, name_of, self.alphas[part], self.ranks[part]))
         if self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA:
             for embedding in self.embeddings.embeddings:
                 for key, tensor in self.embeddings.file_tensors(embedding, dtype).items():

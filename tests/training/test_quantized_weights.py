@@ -1,0 +1,80 @@
+"""FLOAT_8 base weights train on the CPU (stored as float8, computed in the training dtype); NFLOAT_4 refuses clearly
+where bitsandbytes has no CUDA device."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from onetrainer.cli.train import main
+from onetrainer.config import config_from_dict
+from onetrainer.config.checks import run_checks
+from onetrainer.config.validation import validate
+from onetrainer.families.sd import StableDiffusionFamily
+from tests.helpers import image_folder, read_scalars, tiny_config, write_config
+
+FP8 = {"weight_dtype": "FLOAT_8", "gradient_checkpointing": False}
+
+
+def test_float8_lora_trains_on_cpu_with_finite_loss(tmp_path):
+    image_folder(tmp_path)
+    config = tiny_config(tmp_path, epochs=1, unet=FP8, text_encoder={**FP8, "train": False})
+    assert main(["--config-path", str(write_config(tmp_path, config))]) == 0
+    losses = [v for _, v in read_scalars(tmp_path / "workspace" / "tensorboard")["loss/train_step"]]
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+
+    cfg, _ = config_from_dict(config)
+    model = StableDiffusionFamily().load(cfg)
+    unet = model.part("unet")
+    assert unet.get_submodule("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q").weight.dtype == (
+        torch.float8_e4m3fn
+    )
+    assert unet.get_submodule("conv_norm_out").weight.dtype == torch.float32  # norms keep the compute dtype
+    stored = sum(p.numel() * p.element_size() for p in unet.parameters())
+    assert stored < 0.5 * sum(p.numel() * 4 for p in unet.parameters())
+
+
+def test_nfloat4_without_cuda_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    image_folder(tmp_path)
+    config = tiny_config(tmp_path, unet={"weight_dtype": "NFLOAT_4"})
+    cfg, _ = config_from_dict(config)
+    problems = [p for p in run_checks(cfg) if p.path == "unet.weight_dtype"]
+    assert problems and "NFLOAT_4 weights need bitsandbytes' CUDA kernels" in problems[0].message
+    assert "FLOAT_8" in problems[0].message
+    assert main(["--config-path", str(write_config(tmp_path, config))]) != 0
+    assert "NFLOAT_4" in capsys.readouterr().err
+    assert not (tmp_path / "workspace" / "logs").exists() or not list((tmp_path / "workspace").rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("dtype", ["FLOAT_8", "NFLOAT_4"])
+def test_trained_part_cannot_be_quantized(tmp_path, dtype):
+    cfg, _ = config_from_dict(tiny_config(tmp_path, method="FINE_TUNE", unet={"weight_dtype": dtype, "train": True}))
+    assert any(p.path == "unet.weight_dtype" and "frozen weights only" in p.message for p in validate(cfg))
+
+
+def test_adapters_train_on_float8_layers():
+    from peft import LoHaConfig, inject_adapter_in_model
+
+    from onetrainer.methods.adapters import DoraLayer
+    from onetrainer.util.quantize import to_float8
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 6))
+    to_float8(model)
+    assert model[0].weight.dtype == torch.float8_e4m3fn and model[2].weight.dtype == torch.float8_e4m3fn
+    inject_adapter_in_model(LoHaConfig(r=2, alpha=2, target_modules=["0"]), model)
+    for name, param in model.named_parameters():
+        if "hada_" in name:  # peft casts a new adapter to its base layer's dtype; the LoRA method casts it back
+            param.data = param.data.float()
+    # (peft freezes every other parameter when it injects, so DoRA comes second.)
+    dora = DoraLayer(model[2], rank=2, alpha=1.0, dropout=0.0, output_axis=False, eps=True)
+    model[2] = dora
+    x = torch.randn(3, 4, 4, 4, requires_grad=True)
+    out = model(x)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all() and x.grad is not None and torch.isfinite(x.grad).all()
+    assert dora.dora_scale.grad is not None and dora.lora_A.weight.grad is not None
+    assert all(p.grad is None for n, p in model.named_parameters() if "base_layer" in n)  # the base stays frozen
