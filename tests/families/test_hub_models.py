@@ -102,7 +102,7 @@ def test_cli_check_refuses_the_sd15_preset_when_its_model_is_neither_cached_nor_
     code = main(["--check", "--preset", "sd15/lora", "--set", "concepts.0.path=images"])
     err = capsys.readouterr().err
     assert code == EXIT_INVALID
-    assert "error: base_model_name: the base model 'stable-diffusion-v1-5/stable-diffusion-v1-5'" in err
+    assert "error: Base model (base_model_name): the base model 'stable-diffusion-v1-5/stable-diffusion-v1-5'" in err
     assert str(hub_cache) in err
 
 
