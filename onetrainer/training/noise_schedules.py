@@ -15,7 +15,6 @@ methods of `NoiseSchedule`; nothing outside this module reads a diffusers schedu
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from onetrainer.training import diffusion
+from onetrainer.training import cosine_schedule, diffusion
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -143,8 +142,7 @@ class DiscreteSchedule(NoiseSchedule):
         return create_sampler(kind, self.scheduler_config, zero_terminal_snr)
 
 
-COSINE_S = 0.008
-CONTINUOUS_BINS = 10000
+CONTINUOUS_BINS = cosine_schedule.TIMESTEP_BINS
 
 
 def identity_remap(t: torch.Tensor) -> torch.Tensor:
@@ -152,45 +150,39 @@ def identity_remap(t: torch.Tensor) -> torch.Tensor:
 
 
 class ContinuousCosineSchedule(NoiseSchedule):
-    """ᾱ(t) = clamp(cos²((t+s)/(1+s)·π/2) / cos²(s/(1+s)·π/2), 1e-4, 0.9999) for t in (0, 1].
+    """ᾱ(t) = clamp(cos²((t+s)/(1+s)·π/2) / cos²(s/(1+s)·π/2), 1e-4, 0.9999) for t in (0, 1], s = 0.008 (the
+    formulas live in `cosine_schedule.py`).
 
     The training time is a draw of the configured distribution, placed in [min, max] noising strength, quantised to
-    `CONTINUOUS_BINS` bins and then passed through the family's `remap` (Würstchen: clamp(1.08·t + 0.001, 0.001, 1));
-    the model gets the remapped t as its time input. `sampler_factory` builds the family's sampling scheduler.
+    `CONTINUOUS_BINS` bins (bin k is t = (k + 1)/10000, never 0) and then passed through the family's `remap`
+    (Würstchen: clamp(1.08·t + 0.001, 0.001, 1)); the model gets the remapped t as its time input.
+    `sampler_factory` builds the family's sampling scheduler.
     """
 
     def __init__(
         self,
         remap: Callable[[torch.Tensor], torch.Tensor] = identity_remap,
         prediction: PredictionType = PredictionType.EPSILON,
-        s: float = COSINE_S,
-        clamp: tuple[float, float] = (1e-4, 0.9999),
         sampler_factory: Callable[[Any, bool], Any] | None = None,
     ) -> None:
         self.remap = remap
         self.prediction = prediction
-        self.s = s
-        self.clamp = clamp
         self.sampler_factory = sampler_factory
-        self._norm = math.cos(s / (1 + s) * math.pi / 2) ** 2
 
     def alpha_bar(self, times: torch.Tensor) -> torch.Tensor:
-        t = times.float()
-        a = torch.cos((t + self.s) / (1 + self.s) * math.pi / 2) ** 2 / self._norm
-        return a.clamp(*self.clamp)
+        return cosine_schedule.alpha_bar(times)
 
     def sample_times(self, count: int, generator: torch.Generator, config: TrainConfig, device) -> torch.Tensor:
         x = diffusion.unit_timesteps(count, config, generator)
         t = config.min_noising_strength + (config.max_noising_strength - config.min_noising_strength) * x
-        bins = (t * CONTINUOUS_BINS).long().clamp(0, CONTINUOUS_BINS - 1)
-        return self.remap(bins.float() / CONTINUOUS_BINS).to(device)
+        return self.remap(cosine_schedule.t_from_bins(cosine_schedule.bins_from_unit(t))).to(device)
 
     def validation_times(self, count: int, device) -> torch.Tensor:
-        return self.remap(torch.full((count,), 0.5)).to(device)
+        return self.remap(torch.full((count,), cosine_schedule.DETERMINISTIC_T)).to(device)
 
     def sampler(self, kind, zero_terminal_snr: bool = False) -> Any:
         if self.sampler_factory is not None:
             return self.sampler_factory(kind, zero_terminal_snr)
         from diffusers import DDPMWuerstchenScheduler
 
-        return DDPMWuerstchenScheduler(s=self.s, scaler=1.0)
+        return DDPMWuerstchenScheduler(s=cosine_schedule.S, scaler=1.0)

@@ -257,7 +257,9 @@ class TinyDiTFamily(Family):
         array = ((pixels.permute(1, 2, 0).numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8)
         return Image.fromarray(array)
 
-    def save(self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype) -> None:
+    def save(
+        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
         from safetensors.torch import save_file
 
         state = {
@@ -267,7 +269,7 @@ class TinyDiTFamily(Family):
             if "lora_" not in k
         }
         Path(destination).parent.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(destination))
+        save_file(state, str(destination), metadata=metadata)
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         prefix = "lora_unet_" if part == self.denoiser_part else "lora_te_"
