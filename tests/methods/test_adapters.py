@@ -65,7 +65,7 @@ def load(config: dict, variant: str, method: bool = True, **changes):
 def unet_output(family, model) -> torch.Tensor:
     from diffusers import DDIMScheduler
 
-    pipe = family.pipeline(model, DDIMScheduler.from_config(model.noise_scheduler.config))
+    pipe = family.pipeline(model, DDIMScheduler.from_config(model.schedule.scheduler_config))
     pipe.set_progress_bar_config(disable=True)
     with torch.no_grad():
         return pipe(
@@ -154,7 +154,7 @@ def apply_file(family, model, state: dict[str, torch.Tensor]) -> int:
         for path, layer in module.named_modules():
             if not isinstance(layer, torch.nn.Linear | torch.nn.Conv2d):
                 continue
-            keys = groups.pop(family.kohya_name(part, path), None) if part != "vae" else None
+            keys = groups.pop(family.kohya_name(model, part, path), None) if part != "vae" else None
             if keys:
                 with torch.no_grad():
                     layer.weight.copy_(patched_weight(layer.weight.float(), keys))

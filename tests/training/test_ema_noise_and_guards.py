@@ -151,9 +151,15 @@ def test_mixed_precision_trains(tmp_path, dtype):
     assert isinstance(outcome, Finished)
 
 
-def test_weight_dtypes_not_yet_supported_are_refused():
-    _, problems = config_from_dict({"unet": {"weight_dtype": "FLOAT_8"}, "vae": {"weight_dtype": "NFLOAT_4"}})
-    assert {p.path for p in problems if "not supported yet" in p.message} == {"unet.weight_dtype", "vae.weight_dtype"}
+def test_quantized_weight_dtypes_hold_frozen_weights_only():
+    _, problems = config_from_dict(
+        {"training_method": "LORA", "unet": {"weight_dtype": "FLOAT_8"}, "vae": {"weight_dtype": "NFLOAT_4"}}
+    )
+    assert not [p for p in problems if p.path.endswith("weight_dtype")]  # frozen under LoRA: accepted
+    _, problems = config_from_dict(
+        {"training_method": "FINE_TUNE", "unet": {"weight_dtype": "FLOAT_8"}, "vae": {"weight_dtype": "NFLOAT_4"}}
+    )
+    assert {p.path for p in problems if "frozen weights only" in p.message} == {"unet.weight_dtype"}
 
 
 # -- guards -----------------------------------------------------------------------------------------------------------
