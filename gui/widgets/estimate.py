@@ -87,7 +87,10 @@ class EstimateLabel(ctk.CTkLabel):
 
 
 def attach_estimate(footer, model) -> EstimateLabel:
-    """Put the estimate beside the footer's Start button."""
+    """Put the estimate beside the footer's Start button: right-aligned just above the buttons, in their frame (the
+    buttons' row itself has no room left at 1024 px)."""
     label = EstimateLabel(footer.start_button.master, model)
-    label.pack(side="left", padx=6, before=footer.start_button)
+    first = footer.start_button.master.pack_slaves()[0]
+    label.configure(wraplength=420)
+    label.pack(side="top", anchor="e", padx=6, before=first)
     return label

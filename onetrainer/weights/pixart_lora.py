@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from onetrainer.weights import kohya_lora
+from onetrainer.weights import kohya_lora, lycoris_keys
 from onetrainer.weights.kohya_lora import LORA_A, LORA_B
 from onetrainer.weights.pixart_keys import NativeModule, module_map
 
@@ -99,14 +99,17 @@ def text_encoder_to_kohya(
     state_dict: Mapping[str, torch.Tensor], alphas: Mapping[str, float] | float
 ) -> dict[str, torch.Tensor]:
     """peft LoRA weights of T5 (module paths of `T5EncoderModel`) → `lora_te1_…` keys."""
-    return kohya_lora.peft_to_kohya(state_dict, text_encoder_kohya_name, alphas)
+    ranks = {k[: -len(LORA_A)]: int(v.shape[0]) for k, v in state_dict.items() if k.endswith(LORA_A)}
+    per_module = alphas if isinstance(alphas, Mapping) else dict.fromkeys(ranks, float(alphas))
+    return lycoris_keys.to_kohya(lycoris_keys.LORA, state_dict, text_encoder_kohya_name, per_module, ranks)
 
 
 def kohya_to_text_encoder(state_dict: Mapping[str, torch.Tensor], module_paths: Iterable[str]) -> LoraParts:
     """`lora_te1_…` keys → peft weights of T5; `module_paths` are the encoder's module names (underscores alone are
     ambiguous, so names are matched against the real modules)."""
     module_of = {text_encoder_kohya_name(path): path for path in module_paths}
-    return kohya_lora.kohya_to_peft(state_dict, module_of)
+    weights, alphas, ranks, _, unknown = lycoris_keys.from_kohya(lycoris_keys.LORA, state_dict, module_of)
+    return weights, alphas, ranks, unknown
 
 
 def _adapters(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
