@@ -160,6 +160,7 @@ def _install_stop_signals(control) -> dict:
         name = signal.Signals(signum).name
         if control.stop_requested:
             if signum == signal.SIGINT:
+                control.request_abort()
                 raise KeyboardInterrupt
             _say(f"{name}: already stopping (the model is being saved); Ctrl+C aborts without saving")
             return

@@ -12,11 +12,17 @@ class TrainingControl:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._pending: set[str] = set()
 
     # -- from the GUI / signal handler ----------------------------------------------------------------------------
     def request_stop(self) -> None:
         self._stop.set()
+
+    def request_abort(self) -> None:
+        """A second Ctrl+C: the run ends now (the signal handler then raises KeyboardInterrupt in the loop)."""
+        self._stop.set()
+        self._abort.set()
 
     def request_sample(self) -> None:
         self._request("sample")
@@ -31,6 +37,10 @@ class TrainingControl:
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def abort_requested(self) -> bool:
+        return self._abort.is_set()
 
     def take(self, command: str) -> bool:
         """True once per request of `command` ("sample", "save", "backup")."""

@@ -67,6 +67,11 @@ def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> 
     except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback
         return Failed(ABORTED, "", str(workspace.log_path))
     except Exception as e:
+        if control.abort_requested:
+            # The interrupt can surface wrapped in another error (e.g. diffusers' lazy imports turn it into a
+            # RuntimeError): the user asked to abort, so it is an abort, not a failure.
+            log.debug("aborted", exc_info=True)
+            return Failed(ABORTED, "", str(workspace.log_path))
         log.debug("training failed", exc_info=True)
         return Failed(_user_message(e), traceback.format_exc(), str(workspace.log_path))
     finally:

@@ -230,3 +230,27 @@ def test_a_tensorboard_server_that_lost_its_port_is_started_again_then_reported(
     assert "already in use" in texts(sink, Warning_)
     trainer._check_tensorboard()
     assert launched == [6007]
+
+
+def test_a_second_interrupt_wrapped_by_a_library_is_an_abort_not_a_failure(tmp_path, monkeypatch):
+    """diffusers' lazy imports turn a KeyboardInterrupt into a RuntimeError: after a second Ctrl+C it still reads as
+    the user's abort (exit 130, one line), not as 'Training failed' with a traceback."""
+    from onetrainer.training.runner import ABORTED
+
+    image_folder(tmp_path)
+    control = TrainingControl()
+
+    def interrupted_in_an_import(self):
+        control.request_abort()  # what the CLI's signal handler does before raising KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Failed to import diffusers.pipelines.onnx_utils: initialization failed") from e
+
+    monkeypatch.setattr(trainer_module.Trainer, "run", interrupted_in_an_import)
+    outcome, _ = run(tiny_config(tmp_path), control, checked=True)
+    assert isinstance(outcome, Failed) and outcome.message == ABORTED and outcome.traceback == ""
+
+    monkeypatch.setattr(trainer_module.Trainer, "run", lambda self: (_ for _ in ()).throw(RuntimeError("real")))
+    outcome, _ = run(tiny_config(tmp_path), TrainingControl(), checked=True)
+    assert isinstance(outcome, Failed) and "RuntimeError: real" in outcome.message  # a real error stays a failure
