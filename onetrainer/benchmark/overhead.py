@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ from onetrainer.benchmark.memory import (
     process_peak_rss,
     reset_peak_rss,
 )
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 OURS = "ours"
 BARE = "bare"
@@ -215,7 +219,7 @@ _BARE_LOOP_SETTINGS = {
 }
 
 
-def _beyond_the_bare_loop(config) -> list[str]:
+def _beyond_the_bare_loop(config: TrainConfig) -> list[str]:
     values = config.to_dict()
     different = []
     for path, expected in _BARE_LOOP_SETTINGS.items():
@@ -280,7 +284,7 @@ def run_ours(setup: Setup, steps: int, warmup: int, name: str = "ours") -> Run:
 # Bare: diffusers + peft, written as the diffusers LoRA example would be.
 
 
-def lora_targets(unet: torch.nn.Module, config) -> list[str]:
+def lora_targets(unet: torch.nn.Module, config: TrainConfig) -> list[str]:
     """The UNet layers our LoRA method adapts for `config`: the same layer filter, applied as methods/lora.py does."""
     from onetrainer.families import load_family_class
     from onetrainer.methods.base import layer_filter_patterns, name_matches

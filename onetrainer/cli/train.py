@@ -7,10 +7,14 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from onetrainer.config import ConfigFileError, errors, load_layers
 from onetrainer.config.checks import run_checks
 from onetrainer.config.naming import describe
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -61,7 +65,7 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
     return parser
 
 
-def _packed(config):
+def _packed(config: TrainConfig):
     from onetrainer.config.io import pack
 
     return pack(config)[0]
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     return _train(config)
 
 
-def _preflight(config) -> int:
+def _preflight(config: TrainConfig) -> int:
     from onetrainer.config.io import pack
     from onetrainer.data.preflight import preflight_report
     from onetrainer.families.sources import resolve_local
@@ -112,7 +116,7 @@ def _preflight(config) -> int:
     return EXIT_INVALID if report.errors else EXIT_OK
 
 
-def _estimate_text(config) -> str:
+def _estimate_text(config: TrainConfig) -> str:
     """Peak VRAM and time per step (`training/estimate.py`), against the training device's free memory."""
     from onetrainer.training.estimate import device_throughput, estimate, free_memory
 
@@ -123,7 +127,7 @@ def _estimate_text(config) -> str:
     return "estimate: " + result.text()
 
 
-def _train(config) -> int:
+def _train(config: TrainConfig) -> int:
     from onetrainer.training.console import ConsoleSink
     from onetrainer.training.control import TrainingControl
     from onetrainer.training.devices import torch_threads, training_threads

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES, model_type_info
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 # Values that exist in OneTrainer and are planned here, with what to say until they arrive.
 _NOT_YET: dict = {}
 
 
-def context_of(config) -> Context:
+def context_of(config: TrainConfig) -> Context:
     """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
     info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
     text_encoders = sum(1 for p in info.family.parts if p.startswith("text_encoder"))
@@ -27,7 +31,7 @@ def context_of(config) -> Context:
     )
 
 
-def validate(config) -> list[Problem]:
+def validate(config: TrainConfig) -> list[Problem]:
     """Check a loaded or edited config: each field's value, then the rules between fields."""
     problems: list[Problem] = []
     for bound in walk(config):
@@ -69,7 +73,7 @@ def _num(x) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _cross_field(config) -> list[Problem]:
+def _cross_field(config: TrainConfig) -> list[Problem]:
     problems: list[Problem] = []
     if config.model_type not in MODEL_TYPES:
         return problems  # already reported by the choices check
@@ -148,7 +152,7 @@ def _cross_field(config) -> list[Problem]:
     return problems
 
 
-def _optimizer_rules(config) -> list[Problem]:
+def _optimizer_rules(config: TrainConfig) -> list[Problem]:
     from onetrainer.config.enums import Optimizer
     from onetrainer.training.optim import OPTIMIZERS
 
@@ -202,7 +206,7 @@ def _optimizer_rules(config) -> list[Problem]:
     return problems
 
 
-def _embedding_rules(config) -> list[Problem]:
+def _embedding_rules(config: TrainConfig) -> list[Problem]:
     problems: list[Problem] = []
     named: list[tuple[str, str]] = []
     if config.training_method is TrainingMethod.EMBEDDING:
@@ -227,7 +231,7 @@ def _split_filter(text: str) -> list[str]:
 __all__ = ["Severity", "check_field", "context_of", "validate"]
 
 
-def _adapter_rules(config) -> list[Problem]:
+def _adapter_rules(config: TrainConfig) -> list[Problem]:
     """Adapter kinds and the options and formats they go with."""
     problems = []
     plain = config.peft_type is PeftType.LORA
@@ -256,7 +260,7 @@ def _adapter_rules(config) -> list[Problem]:
     return problems
 
 
-def _quantized_parts(config, family) -> list[Problem]:
+def _quantized_parts(config: TrainConfig, family) -> list[Problem]:
     """FLOAT_8 / NFLOAT_4 hold frozen weights only: a part a fine-tune trains needs a trainable dtype."""
     problems = []
     if config.training_method is not TrainingMethod.FINE_TUNE:

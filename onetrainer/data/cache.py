@@ -20,12 +20,15 @@ import pickle
 import shutil
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from onetrainer.util.disk import is_write_error
 from onetrainer.util.fs import atomic_file
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def clear_cache(cache_dir: str | Path) -> None:
         shutil.rmtree(Path(cache_dir) / kind, ignore_errors=True)
 
 
-def model_identity(config, part: str) -> dict[str, Any]:
+def model_identity(config: TrainConfig, part: str) -> dict[str, Any]:
     """What identifies the weights that produce a cache entry: the model source (with its file's size and time),
     the part's override and data type."""
     source = config.base_model_name

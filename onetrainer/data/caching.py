@@ -193,7 +193,7 @@ def encode_text_entries(family, model, captions: list[str]) -> list[dict[str, to
 
 
 def fill_text_cache(
-    data: TrainingData, family, model, config, apply_embeddings, report
+    data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report
 ) -> tuple[TextCache, CacheStats]:
     text_cache = TextCache(config, family, model)
     stats = CacheStats(failed=[])

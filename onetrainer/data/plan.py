@@ -12,11 +12,15 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import BalancingStrategy
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.data.buckets import Bucket, buckets_for, nearest_bucket
 from onetrainer.data.scan import ImageEntry
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 
 def hash_seed(*parts: int) -> int:
@@ -48,7 +52,7 @@ class EpochPlan:
         return -(-len(self.batches) // accumulation)
 
 
-def plan_epoch(images: list[ImageEntry], config, epoch: int, step: int, seed: int) -> EpochPlan:
+def plan_epoch(images: list[ImageEntry], config: TrainConfig, epoch: int, step: int, seed: int) -> EpochPlan:
     """The plan of one epoch over the trained images (`images`), for a family with bucket step `step`."""
     by_concept: dict[int, list[int]] = defaultdict(list)
     for index, entry in enumerate(images):
@@ -87,7 +91,7 @@ def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:
     return out or [rng.choice(members)]
 
 
-def _batched(samples: list[PlannedSample], config, epoch: int, seed: int) -> EpochPlan:
+def _batched(samples: list[PlannedSample], config: TrainConfig, epoch: int, seed: int) -> EpochPlan:
     size = config.batch_size
     rng = random.Random(hash_seed(seed, epoch, 2))
     by_bucket: dict[Bucket, list[PlannedSample]] = defaultdict(list)

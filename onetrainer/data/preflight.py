@@ -10,9 +10,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onetrainer.config.model_types import model_type_info
 from onetrainer.data.training_data import DatasetError, TrainingData
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 
 @dataclass
@@ -105,7 +109,7 @@ def _names(paths: list[str], limit: int = 8) -> str:
     return shown + (f" … and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def preflight_report(config, resolve=None) -> PreflightReport:
+def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     """The report for `config` (packed: concepts inline). Reads image headers only; loads no model.
 
     `resolve` turns a concept path into a folder; by default `tiny:images` (the demo's images) is resolved too.
@@ -172,7 +176,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
     return report
 
 
-def _count_cache(report: PreflightReport, data: TrainingData, config) -> None:
+def _count_cache(report: PreflightReport, data: TrainingData, config: TrainConfig) -> None:
     from onetrainer.data.cache import DiskCache
     from onetrainer.data.caching import latent_identity, needed_samples, text_encoders_frozen
 

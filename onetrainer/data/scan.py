@@ -9,11 +9,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image, UnidentifiedImageError
 
 from onetrainer.config.enums import ConceptType
 from onetrainer.data.images import caption_lines, list_images, mask_path_of, read_text
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +151,7 @@ def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
     return caption_lines(read_text(path))
 
 
-def scan_concepts(config, resolve=lambda p: Path(p)) -> list[ConceptScan]:
+def scan_concepts(config: TrainConfig, resolve=lambda p: Path(p)) -> list[ConceptScan]:
     """Scan every enabled concept (training, validation and prior-prediction ones)."""
     out = []
     for index, concept in enumerate(config.concepts or []):

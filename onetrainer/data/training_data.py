@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +14,9 @@ from onetrainer.data.cache import DiskCache, cache_key
 from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
 from onetrainer.data.samples import caption_for, load_sample
 from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 EXTRA_PREFIX = "extra/"  # the family's `cache_extras` in a latent cache entry
@@ -42,7 +46,7 @@ class Batch:
 
 
 class TrainingData:
-    def __init__(self, config, bucket_step: int, resolve=lambda p: Path(p)) -> None:
+    def __init__(self, config: TrainConfig, bucket_step: int, resolve=lambda p: Path(p)) -> None:
         self.config = config
         self.bucket_step = bucket_step
         self.scans: list[ConceptScan] = scan_concepts(config, resolve)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from onetrainer.config.enums import TrainingMethod
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
-def create_method(config, family, model, device):
+
+def create_method(config: TrainConfig, family, model, device):
     from onetrainer.methods.finetune import FineTuneMethod
     from onetrainer.methods.lora import LoraMethod
     from onetrainer.methods.textual_inversion import EmbeddingMethod

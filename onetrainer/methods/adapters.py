@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import PeftType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 LORA, DORA, LOHA, LOKR, OFT = "lora", "dora", "loha", "lokr", "oft"
 # The substrings that mark an adapter's parameters (and state keys) for each kind.
@@ -29,7 +33,7 @@ MARKERS = {
 KIND_LABELS = {LORA: "LoRA", DORA: "DoRA", LOHA: "LoHa", LOKR: "LoKr", OFT: "OFT v2"}
 
 
-def adapter_kind(config) -> str:
+def adapter_kind(config: TrainConfig) -> str:
     """The adapter kind the config asks for."""
     if config.peft_type is PeftType.LOHA:
         return LOHA
@@ -52,7 +56,7 @@ def full_lokr_rank(module: torch.nn.Module) -> int:
 
 def inject(
     kind: str,
-    config,
+    config: TrainConfig,
     module: torch.nn.Module,
     targets: list[str],
     ranks: dict[str, int],
@@ -76,7 +80,7 @@ def inject(
     inject_adapter_in_model(_peft_config(kind, config, base_rank, base_alpha, common, lokr_structure), module)
 
 
-def _peft_config(kind: str, config, rank: int, alpha: float, common: dict, lokr_structure: dict | None):
+def _peft_config(kind: str, config: TrainConfig, rank: int, alpha: float, common: dict, lokr_structure: dict | None):
     from peft import LoHaConfig, LoKrConfig, LoraConfig, OFTConfig
 
     dropout = config.dropout_probability
@@ -240,7 +244,7 @@ class DoraLayer(torch.nn.Module):
         return {key: self.tensor(key) for key in self.STATE_KEYS}
 
 
-def _wrap_dora(module: torch.nn.Module, name: str, rank: int, alpha: float, config) -> None:
+def _wrap_dora(module: torch.nn.Module, name: str, rank: int, alpha: float, config: TrainConfig) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = module.get_submodule(parent_name) if parent_name else module
     base = getattr(parent, child)

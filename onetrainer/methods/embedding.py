@@ -12,11 +12,15 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.families.base import LoadedModel, TextEncoderSlot
 from onetrainer.weights.embedding_file import load_embedding
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainEmbeddingConfig
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ class EmbeddingSet:
         for config in configs:
             self.embeddings.append(self._create(config, dtype, device))
 
-    def _create(self, config, dtype, device) -> Embedding:
+    def _create(self, config: TrainEmbeddingConfig, dtype, device) -> Embedding:
         existing = load_embedding(config.model_name) if config.model_name else self._bundled.get(config.placeholder)
         count = self._token_count(config, existing)
         tag = re.sub(r"[^0-9a-zA-Z]", "", config.uuid)[:12] or "emb"
@@ -118,7 +122,7 @@ class EmbeddingSet:
             self._hooks[slot.part].tables.append(vector)
         return embedding
 
-    def _token_count(self, config, existing) -> int:
+    def _token_count(self, config: TrainEmbeddingConfig, existing) -> int:
         if existing is not None:
             return int(next(iter(existing.values())).shape[0])
         if config.token_count:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onetrainer.methods.base import Method
 from onetrainer.util.dtypes import torch_dtype
 from onetrainer.weights.embedding_file import save_embedding
 
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
 
 class EmbeddingMethod(Method):
-    def __init__(self, config, family, model, device) -> None:
+    def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
         for module in model.parts.values():
             module.requires_grad_(False)

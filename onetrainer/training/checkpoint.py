@@ -22,11 +22,15 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from onetrainer.util.fs import atomic_directory
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class TrainProgress:
         return f"{self.global_step}-{self.epoch}-{self.epoch_step}"
 
 
-def run_identity(config) -> str:
+def run_identity(config: TrainConfig) -> str:
     """What makes backups "this run's": the model type, training method, base model and concept folders. Settings
     (the learning rate, the output path after a failed save…) may change between a run and its resumption; they are
     compared and reported separately."""
@@ -63,7 +67,7 @@ def write_backup(
     optimizer,
     lr_scheduler,
     progress: TrainProgress,
-    config,
+    config: TrainConfig,
     extra_state: dict | None = None,
     keep: int | None = None,
 ) -> Path:

@@ -39,7 +39,9 @@ def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config: Train
     return noise + config.perturbation_noise_weight * extra
 
 
-def sample_timesteps(batch: int, num_timesteps: int, generator: torch.Generator, config, device) -> torch.Tensor:
+def sample_timesteps(
+    batch: int, num_timesteps: int, generator: torch.Generator, config: TrainConfig, device
+) -> torch.Tensor:
     """Integer timesteps: a draw from the configured distribution on [0, 1], shifted, then placed in
     [min, max] noising strength x T."""
     x = unit_timesteps(batch, config, generator)
@@ -94,7 +96,9 @@ def shift_timesteps(x: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * x / ((shift - 1.0) * x + 1.0)
 
 
-def timestep_histogram(config, bins: int = 100, samples: int = 1_000_000, num_timesteps: int = 1000) -> torch.Tensor:
+def timestep_histogram(
+    config: TrainConfig, bins: int = 100, samples: int = 1_000_000, num_timesteps: int = 1000
+) -> torch.Tensor:
     """How often each range of timesteps is drawn with these settings (for the GUI's preview): `bins` counts."""
     t = sample_timesteps(samples, num_timesteps, torch.Generator().manual_seed(0), config, "cpu")
     return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)

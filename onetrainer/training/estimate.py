@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, Optimizer, TrainingMethod
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 GIB = 1024**3
 BYTES = {
@@ -111,7 +115,7 @@ def optimizer_state_bytes(optimizer: Optimizer) -> float:
     return 8.0  # Adam-like: two fp32 moments
 
 
-def settings_of(config, family: str) -> Settings:
+def settings_of(config: TrainConfig, family: str) -> Settings:
     from onetrainer.config.resolution import parse_resolution
 
     denoiser = "unet"
@@ -128,7 +132,7 @@ def settings_of(config, family: str) -> Settings:
     )
 
 
-def counts_of(config, shapes: dict[str, dict]) -> dict[str, PartCount]:
+def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCount]:
     """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it."""
     counts = {}
     text_cached = config.latent_caching
@@ -146,7 +150,7 @@ def counts_of(config, shapes: dict[str, dict]) -> dict[str, PartCount]:
     return counts
 
 
-def _adapter_params(config, layers: list[tuple[str, int, int, int]], denoiser: bool) -> int:
+def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool) -> int:
     """Adapter parameters over the layers the LoRA tab adapts (Linear: k = 1; Conv2d: k = kernel area)."""
     from onetrainer.config.enums import PeftType
 
@@ -243,7 +247,7 @@ def free_memory(device: str) -> float | None:
     return float(free)
 
 
-def estimate(config, free_bytes: float | None = None, flops_per_second: float | None = None) -> Estimate:
+def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_second: float | None = None) -> Estimate:
     """The estimate for a config, with advice when it does not fit in `free_bytes`."""
     from onetrainer.config.model_types import model_type_info
 
@@ -259,7 +263,7 @@ def estimate(config, free_bytes: float | None = None, flops_per_second: float | 
     return result
 
 
-def advice(counts: dict[str, PartCount], settings: Settings, free: float, flops, config) -> list[str]:
+def advice(counts: dict[str, PartCount], settings: Settings, free: float, flops, config: TrainConfig) -> list[str]:
     """The single changes that bring the estimate under `free`, each with its new peak; else the best ones."""
     options = []
     frozen = {k: c for k, c in counts.items() if k != "vae" and c.on_device and BYTES[c.dtype] > 1}

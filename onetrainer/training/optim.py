@@ -13,10 +13,13 @@ import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onetrainer.config.enums import Optimizer
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 Kwargs = dict[str, Any]
 
@@ -225,7 +228,7 @@ def table_defaults(optimizer: Optimizer) -> TrainOptimizerConfig:
     return block
 
 
-def switch_optimizer(config, optimizer: Optimizer) -> None:
+def switch_optimizer(config: TrainConfig, optimizer: Optimizer) -> None:
     """Choose another optimizer: keep the current settings for the one left, restore the last ones of the new one."""
     current = config.optimizer
     config.optimizer_defaults[current.optimizer.value] = copy.deepcopy(current)
@@ -234,13 +237,13 @@ def switch_optimizer(config, optimizer: Optimizer) -> None:
     config.optimizer.optimizer = optimizer
 
 
-def load_optimizer_defaults(config) -> None:
+def load_optimizer_defaults(config: TrainConfig) -> None:
     """ "Load defaults": the table's values for the chosen optimizer, forgetting the remembered ones."""
     config.optimizer_defaults.pop(config.optimizer.optimizer.value, None)
     config.optimizer = table_defaults(config.optimizer.optimizer)
 
 
-def remember_optimizer_settings(config) -> None:
+def remember_optimizer_settings(config: TrainConfig) -> None:
     """Store the current block as the last settings of its optimizer (when the dialog closes)."""
     config.optimizer_defaults[config.optimizer.optimizer.value] = copy.deepcopy(config.optimizer)
 

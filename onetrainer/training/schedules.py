@@ -12,8 +12,12 @@ import importlib
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import LearningRateScheduler
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 REX_D = 0.9  # REX's curvature: (1 - p) / ((1 - d) + d (1 - p)), arXiv 2107.04197 with d = 0.9 as OneTrainer uses
 
@@ -60,7 +64,7 @@ def warmup_steps_of(value: float, total_steps: int) -> int:
     return int(value)
 
 
-def build_lr_scheduler(optimizer, config, total_steps: int, steps_per_epoch: int, last_step: int = 0):
+def build_lr_scheduler(optimizer, config: TrainConfig, total_steps: int, steps_per_epoch: int, last_step: int = 0):
     """The torch scheduler for `config`; it is stepped once per optimizer step and resumes at `last_step`."""
     import torch
 
@@ -85,7 +89,7 @@ def build_lr_scheduler(optimizer, config, total_steps: int, steps_per_epoch: int
     return scheduler
 
 
-def _custom_scheduler(optimizer, config, total_steps: int, steps_per_epoch: int, warmup: int):
+def _custom_scheduler(optimizer, config: TrainConfig, total_steps: int, steps_per_epoch: int, warmup: int):
     import torch
 
     path = (config.custom_learning_rate_scheduler or "").strip()

@@ -12,9 +12,14 @@ quantized, and trained adapters keep their own dtype.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from onetrainer.config.enums import DataType
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 QUANTIZED = frozenset({DataType.FLOAT_8, DataType.NFLOAT_4})
 FLOAT8 = torch.float8_e4m3fn
@@ -28,7 +33,7 @@ def is_quantized(data_type: DataType) -> bool:
     return data_type in QUANTIZED
 
 
-def compute_dtype(config) -> torch.dtype:
+def compute_dtype(config: TrainConfig) -> torch.dtype:
     from onetrainer.util.dtypes import torch_dtype
 
     return torch_dtype(config.train_dtype)
@@ -43,7 +48,7 @@ def unsupported_reason(data_type: DataType, part: str, device: str | torch.devic
     return None
 
 
-def quantize_part(name: str, module: torch.nn.Module, config) -> bool:
+def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bool:
     """Store a frozen part's weights quantized when its weight dtype asks for it; False when it does not."""
     data_type = config.part(name).weight_dtype
     if not is_quantized(data_type):
