@@ -48,43 +48,58 @@ def run_training(
 
 
 def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> Finished | Failed:
+    from onetrainer.training.distributed import Distributed
     from onetrainer.training.trainer import Trainer
     from onetrainer.training.workspace import LogFileSink, Workspace
+
+    join_group = Distributed.from_environment
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
+    try:
+        dist = join_group(config)
+    except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
+        return Failed(f"cannot join the other training processes: {type(e).__name__}: {e}", traceback.format_exc())
     workspace = None
     try:
         workspace = Workspace.create(config.workspace_dir, config.save_filename_prefix)
-        log_sink = LogFileSink(workspace.log_path)
+        if dist is not None:  # one run name for all ranks; rank 0's log is the run's, the others' carry their rank
+            workspace = Workspace(workspace.root, dist.broadcast_object(workspace.run_name))
+        log_path = workspace.log_path
+        if dist is not None and not dist.is_main:
+            log_path = log_path.with_name(f"{workspace.run_name}-rank{dist.rank}.log")
+        log_sink = LogFileSink(log_path)
     except OSError as e:
         where = workspace.log_path if workspace is not None else config.workspace_dir
         return Failed(f"cannot create the workspace {config.workspace_dir}: {write_error_message(e, where)}")
     events.sinks.insert(0, log_sink)
-    trainer = Trainer(config, control, events, workspace)
+    trainer = Trainer(config, control, events, workspace, dist)
     try:
         return trainer.run()
     except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback
-        return Failed(ABORTED, "", str(workspace.log_path))
+        return Failed(ABORTED, "", str(log_path))
     except Exception as e:
         if control.abort_requested:
             # The interrupt can surface wrapped in another error (e.g. diffusers' lazy imports turn it into a
             # RuntimeError): the user asked to abort, so it is an abort, not a failure.
             log.debug("aborted", exc_info=True)
-            return Failed(ABORTED, "", str(workspace.log_path))
+            return Failed(ABORTED, "", str(log_path))
         log.debug("training failed", exc_info=True)
-        return Failed(_user_message(e), traceback.format_exc(), str(workspace.log_path))
+        return Failed(_user_message(e), traceback.format_exc(), str(log_path))
     finally:
         trainer.stop_tensorboard()
+        if dist is not None:
+            dist.close()
 
 
 def _user_message(error: Exception) -> str:
     from onetrainer.data.training_data import DatasetError
     from onetrainer.families.loading import ModelLoadError
     from onetrainer.families.sources import ModelNotFound
+    from onetrainer.training.distributed import RankFailed
     from onetrainer.training.trainer import NonFiniteLoss, SaveFailed
 
-    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed):
+    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed | RankFailed):
         return str(error)
     if isinstance(error, NotImplementedError):
         return str(error)
