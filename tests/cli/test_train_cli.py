@@ -37,7 +37,7 @@ def test_unreadable_config_exits_2(in_tmp, capsys):
 
 def test_not_yet_trainable_family_is_refused_clearly(in_tmp, capsys):
     (in_tmp / "images").mkdir()
-    code = main(["--preset", "pixart/finetune", "--set", "concepts.0.path=images"])
+    code = main(["--preset", "cascade/finetune", "--set", "concepts.0.path=images"])
     assert code == EXIT_INVALID
     assert "cannot be trained yet" in capsys.readouterr().err
 
