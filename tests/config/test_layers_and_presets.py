@@ -41,6 +41,11 @@ REQUIRED_PRESETS = {
     "sdxl/embedding",
     "sdxl/inpainting-lora",
     "pixart/finetune",
+    "pixart/finetune-512",
+    "pixart/lora",
+    "pixart/lora-512",
+    "pixart/embedding",
+    "pixart/embedding-512",
     "wuerstchen/finetune",
     "cascade/finetune",
 }
