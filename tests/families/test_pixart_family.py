@@ -200,3 +200,20 @@ def test_kohya_lora_fuses_qkv_and_applies_on_the_native_checkpoint_as_comfyui_do
     patched, _ = pixart_keys.native_to_diffusers(native, transformer.config)
     transformer.load_state_dict(patched, strict=False)
     assert torch.allclose(transformer_output(plain), expected, atol=1e-5)
+
+
+def test_sigma_takes_300_tokens_and_samples_through_its_pipeline(tmp_path):
+    from onetrainer.sampling.sampler import render
+
+    base = tmp_path / "pixart-sigma"  # Sigma's transformer has no resolution / aspect-ratio embedders
+    shutil.copytree(tiny_model_dir("pixart"), base)
+    config_file = base / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "use_additional_conditions": False}))
+    config = tiny_config(tmp_path, variant="pixart", model_type="PIXART_SIGMA", base_model_name=str(base))
+    family, model = load(config, method=False)
+    conditioning = family.encode_text(model, ["a red circle", ""])
+    assert conditioning.hidden_states.shape[:2] == (2, 300) and conditioning.get("attention_mask").shape == (2, 300)
+    assert type(family.pipeline(model, None)).__name__ == "PixArtSigmaPipeline"
+    image = render(family, model, SampleConfig(prompt="a red circle", width=64, height=64, diffusion_steps=2, seed=1))
+    assert image.size == (64, 64)
+    assert family.metadata_kind(model).architecture == "pixart-sigma"

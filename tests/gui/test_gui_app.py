@@ -68,6 +68,17 @@ def test_lora_and_embedding_tabs_follow_the_method(app) -> None:
     assert app.select_tab("embedding").form.view("text_encoder_2.train_embedding").visible is False
 
 
+def test_pixart_fields_show_for_pixart_only(app) -> None:
+    app.topbar.choose_model_type(ModelType.PIXART_ALPHA)
+    assert view_of(app, "training", "vb_loss_strength").var.get() == "1.0"
+    assert view_of(app, "model", "transformer.weight_dtype") is not None
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
+    assert app.select_tab("training").form.view("vb_loss_strength").visible is False
+    app.topbar.choose_model_type(ModelType.PIXART_SIGMA)
+    assert view_of(app, "training", "vb_loss_strength") is not None
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
+
+
 def test_widget_kinds_follow_the_field_types(app) -> None:
     assert isinstance(view_of(app, "general", "only_cache"), BoolView)
     assert isinstance(view_of(app, "training", "optimizer.optimizer"), ChoiceView)
