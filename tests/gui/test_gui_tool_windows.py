@@ -158,6 +158,29 @@ def test_convert_window_writes_a_single_file(app, tmp_path):
     window.destroy()
 
 
+def test_convert_window_converts_an_a1111_embedding(app, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from onetrainer.tiny import tiny_model_dir
+
+    legacy = tmp_path / "style.pt"
+    vectors = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))
+    torch.save({"string_to_param": {"*": vectors}, "name": "style"}, legacy)
+    window = app.select_tab("tools").open_tool("convert")
+    choose_in_menu(window.method, "EMBEDDING")
+    assert window.output_format.cget("values") == ["SAFETENSORS"]
+    set_entry(window.input_name, str(legacy))
+    set_entry(window.base_model, str(tiny_model_dir("sd15")))
+    destination = tmp_path / "style.safetensors"
+    set_entry(window.destination, str(destination))
+    assert window.convert()
+    pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
+    assert window.written == [destination]
+    assert torch.equal(load_file(str(destination))["emb_params"], vectors.half())
+    window.destroy()
+
+
 def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_path, screenshot):
     from onetrainer.tiny import tiny_model_dir
     from tests.cli.test_sample_cli import write_lora
