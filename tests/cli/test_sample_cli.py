@@ -172,7 +172,10 @@ def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, ca
     [
         (["--prompt", "x", "--output", "x.png"], "give --model-type and --base-model"),
         (["--model-type", "SD9", "--base-model", "m", "--prompt", "x", "--output", "x.png"], "unknown model type"),
-        (["--model-type", "PIXART_ALPHA", "--base-model", "m", "--prompt", "x", "--output", "o"], "cannot be sampled"),
+        (
+            ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"],
+            "cannot be sampled",
+        ),
         (["--model-type", "STABLE_DIFFUSION_15", "--base-model", "m", "--output", "o"], "give --prompt"),
         (["--preset", "demo", "--count", "2", "--output", "two.png"], "--output must be a folder"),
         (["--preset", "demo", "--width", "60", "--output", "o"], "multiples of 8"),

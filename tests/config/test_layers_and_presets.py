@@ -41,6 +41,11 @@ REQUIRED_PRESETS = {
     "sdxl/embedding",
     "sdxl/inpainting-lora",
     "pixart/finetune",
+    "pixart/finetune-512",
+    "pixart/lora",
+    "pixart/lora-512",
+    "pixart/embedding",
+    "pixart/embedding-512",
     "wuerstchen/finetune",
     "cascade/finetune",
 }
@@ -78,10 +83,12 @@ def test_low_vram_preset_uses_the_memory_savers(name):
     assert encoders and not any(config.part(p).train for p in encoders)  # their outputs are cached
 
 
-def test_later_families_are_offered_as_not_trainable_yet():
+def test_presets_of_every_family_load_and_say_whether_it_trains():
     for name in ("pixart/finetune", "wuerstchen/finetune", "cascade/finetune"):
-        config, problems = load_preset(name)
-        assert problems == [] and not is_trainable(config.model_type)
+        _, problems = load_preset(name)
+        assert problems == []
+    assert is_trainable(load_preset("pixart/finetune")[0].model_type)
+    assert not is_trainable(load_preset("cascade/finetune")[0].model_type)
 
 
 def test_layers_apply_in_order(in_tmp):
