@@ -22,6 +22,7 @@ from onetrainer.training.events import (
     Started,
     Status,
     Warning_,
+    describe,
 )
 
 MAX_LINES = 5000
@@ -82,14 +83,24 @@ class EventLines:
         self._loss: float | None = None
 
     def line(self, event: Event) -> str | None:
-        if isinstance(event, Started):
-            return (
-                f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
-                f"= {event.total_steps} steps" + (f" (log: {event.log_path})" if event.log_path else "")
-            )
         if isinstance(event, Metrics):
             self._loss = event.smooth_loss
             return None
+        if isinstance(event, Progress):
+            if event.epoch_step != event.steps_per_epoch:
+                return None
+            loss = f", loss {self._loss:.4f}" if self._loss is not None else ""
+            return (
+                f"epoch {event.epoch + 1}/{event.total_epochs} done: step {event.global_step}/{event.total_steps}, "
+                f"{event.steps_per_second:.2f} it/s{loss}"
+            )
+        text = describe(event)
+        if isinstance(event, Started) and event.log_path:
+            return f"{text} (log: {event.log_path})"
+        if isinstance(event, Failed):
+            lines = [text, event.traceback.rstrip()] if event.traceback else [text]
+            return "\n".join(lines + ([f"Log: {event.log_path}"] if event.log_path else []))
+        return text
         if isinstance(event, Progress):
             if event.epoch_step != event.steps_per_epoch:
                 return None

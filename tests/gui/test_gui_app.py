@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,36 @@ def test_start_runs_in_a_thread_and_the_footer_follows(app, trainable, fake_trai
     assert footer.sample_button.cget("state") == "disabled"
     assert footer.epoch_bar.get() == 1 and footer.loss_label.cget("text").startswith("loss 0.0833")
     assert not app.dialogs.history  # nothing to report
+
+
+def test_start_asks_the_hub_on_a_worker_thread_and_then_starts(
+    app, trainable, fake_trainer, pump_until, monkeypatch
+) -> None:
+    import huggingface_hub
+
+    from onetrainer.util import hub
+
+    def slow_hub(*args, **kwargs):  # a connection that takes its time to answer
+        time.sleep(1.5)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite runs offline
+    monkeypatch.setattr(hub, "_probes", {})
+    monkeypatch.setattr(hub, "is_cached", lambda *a, **k: True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", slow_hub)
+    trainer = fake_trainer(hold=True)
+    app.runner.train_function = trainer
+    trainable.base_model_name = "someone/hub-model"
+    trainable.offline_mode = False
+    app.model.replace(trainable)
+    began = time.monotonic()
+    assert app.start() is False  # not refused: asking first
+    assert time.monotonic() - began < 0.5  # the Tk thread did not wait for the hub
+    assert "Checking the model on the Hugging Face hub (someone/hub-model)" in app.footer.status
+    assert app.start() is False and not app.runner.is_alive()  # a second press while asking asks nothing more
+    pump_until(app, lambda: app.runner.is_alive())
+    assert app.footer.start_button.cget("text") == "Stop training"
+    trainer.release.set()
+    pump_until(app, lambda: not app.footer.running)
 
 
 def test_stop_requests_a_stop(app, trainable, fake_trainer, pump_until) -> None:
