@@ -94,7 +94,7 @@ def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: in
 
 def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> Run:
     from diffusers import DDPMScheduler, PixArtAlphaPipeline
-    from peft import LoraConfig
+    from peft import LoraConfig, inject_adapter_in_model
 
     from onetrainer.benchmark.overhead import lora_targets
     from onetrainer.families.sources import resolve_local
@@ -110,9 +110,10 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
         for module in (transformer, vae, t5):
             module.requires_grad_(False)
             module.to(device)
-        transformer.add_adapter(
-            LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=lora_targets(transformer, config))
-        )
+        # PixArt's transformer has no diffusers adapter mixin: peft's injection, as our LoRA method does.
+        targets = lora_targets(transformer, config)
+        lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets)
+        inject_adapter_in_model(lora, transformer)
         params = [p for p in transformer.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
         transformer.train()
@@ -128,7 +129,9 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             }
             text_of = {}
             for caption in {c for _, c in samples}:
-                tokens = tokenizer([caption], padding="max_length", max_length=120, truncation=True, return_tensors="pt")
+                tokens = tokenizer(
+                    [caption], padding="max_length", max_length=120, truncation=True, return_tensors="pt"
+                )
                 mask = tokens.attention_mask.to(device)
                 text_of[caption] = (t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state[0], mask[0])
         rng = random.Random(0)
@@ -186,5 +189,6 @@ def compare_pixart_overhead(steps: int = 10, warmup: int = 2, repeat: int = 3, p
                 if progress is not None:
                     progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
     ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
-    return {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates,
-            "ours_steps_per_second": ours, "bare_steps_per_second": bare, "ratio": ours / bare if bare else 0.0}  # fmt: skip
+    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
+    figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
+    return figures
