@@ -217,3 +217,26 @@ def test_sigma_takes_300_tokens_and_samples_through_its_pipeline(tmp_path):
     image = render(family, model, SampleConfig(prompt="a red circle", width=64, height=64, diffusion_steps=2, seed=1))
     assert image.size == (64, 64)
     assert family.metadata_kind(model).architecture == "pixart-sigma"
+
+
+def test_fine_tune_backup_is_a_base_model_and_restores_t5_whole(tmp_path):
+    config = tiny_config(tmp_path, variant="pixart", method="FINE_TUNE", output_model_format="DIFFUSERS")
+    family, model = load(config, method=False)
+    backup = tmp_path / "backup"
+    family.save_backup(model, backup / "model")
+    (backup / "meta.json").write_text("{}")
+    for part in ("transformer", "text_encoder", "vae"):
+        state = family.backup_state(model, backup / "model", part)
+        model.part(part).load_state_dict(state, strict=True)  # every weight there, T5's tied table included
+    _, again = load(config, method=False, base_model_name=str(backup))
+    assert torch.allclose(transformer_output(again), transformer_output(model))
+
+
+def test_lora_files_say_they_are_pixart(tmp_path):
+    from safetensors import safe_open
+
+    config, _ = train(tmp_path, "LORA", output_model_format="KOHYA_LORA", epochs=1, text_encoder={"train": False})
+    with safe_open(config["output_model_destination"], "pt") as opened:
+        metadata = opened.metadata()
+    assert metadata["modelspec.architecture"].startswith("pixart-alpha")
+    assert metadata["ss_base_model_version"] == "pixart_alpha"
