@@ -226,3 +226,20 @@ def test_arguments_that_cannot_work(tmp_path, capsys):
 
 def test_readme_shows_the_usage_text():
     assert build_parser().format_help().strip() in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_pixart_to_its_original_transformer_and_back(tmp_path):
+    from diffusers import PixArtAlphaPipeline
+
+    base = tiny_model_dir("pixart")
+    native = tmp_path / "PixArt-tiny.safetensors"
+    common = ["--model-type", "PIXART_ALPHA", "--output-dtype", "FLOAT_32"]
+    assert convert(*common, "--input-name", str(base), "--output-model-format", "ORIGINAL_TRANSFORMER",
+                   "--output-model-destination", str(native)) == EXIT_OK  # fmt: skip
+    assert "blocks.0.attn.qkv.weight" in load_file(str(native))
+    back = tmp_path / "pixart-diffusers"
+    assert convert(*common, "--input-name", str(native), "--base-model-name", str(base), "--output-model-format",
+                   "DIFFUSERS", "--output-model-destination", str(back)) == EXIT_OK  # fmt: skip
+    original = PixArtAlphaPipeline.from_pretrained(str(base)).transformer.state_dict()
+    again = PixArtAlphaPipeline.from_pretrained(str(back)).transformer.state_dict()
+    assert again.keys() == original.keys() and all(torch.equal(again[k], original[k]) for k in original)
