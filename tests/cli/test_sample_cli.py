@@ -194,3 +194,9 @@ def test_the_script_runs_as_a_subprocess():
         [sys.executable, str(ROOT / "scripts" / "sample.py"), "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "--embedding FILE" in result.stdout
+
+
+def test_pixart_samples_from_the_script(in_tmp):
+    args = ["--model-type", "PIXART_ALPHA", "--base-model", "tiny:pixart", *FAST, "--prompt", "a <x> cat"]
+    assert main([*args, "--width", "96", "--height", "64", "--output", "wide.png"]) == 0
+    assert Image.open(in_tmp / "wide.png").size == (96, 64)
