@@ -15,13 +15,9 @@ import customtkinter as ctk
 from onetrainer.training.events import (
     Event,
     Failed,
-    Finished,
     Metrics,
     Progress,
-    SampleReady,
     Started,
-    Status,
-    Warning_,
     describe,
 )
 
@@ -101,30 +97,6 @@ class EventLines:
             lines = [text, event.traceback.rstrip()] if event.traceback else [text]
             return "\n".join(lines + ([f"Log: {event.log_path}"] if event.log_path else []))
         return text
-        if isinstance(event, Progress):
-            if event.epoch_step != event.steps_per_epoch:
-                return None
-            loss = f", loss {self._loss:.4f}" if self._loss is not None else ""
-            return (
-                f"epoch {event.epoch + 1}/{event.total_epochs} done: step {event.global_step}/{event.total_steps}, "
-                f"{event.steps_per_second:.2f} it/s{loss}"
-            )
-        if isinstance(event, SampleReady):
-            return f"sample {event.index} ({event.prompt!r}): {event.path}"
-        if isinstance(event, Status):
-            return event.text
-        if isinstance(event, Warning_):
-            return f"warning: {event.text}"
-        if isinstance(event, Finished):
-            return f"Finished ({event.reason})" + (f": {event.output_path}" if event.output_path else "")
-        if isinstance(event, Failed):
-            lines = [f"Training failed: {event.message}"]
-            if event.traceback:
-                lines.append(event.traceback.rstrip())
-            if event.log_path:
-                lines.append(f"Log: {event.log_path}")
-            return "\n".join(lines)
-        return None
 
 
 class LogWindow(ctk.CTkToplevel):
