@@ -20,14 +20,20 @@ from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Finished, ListSink, Metrics
 from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, tiny_config
+from tests.helpers import image_folder, tiny_config, write_config
 
 CPU = torch.device("cpu")
 
 
-def train(root: Path, method: str, **overrides) -> tuple[dict, list[Metrics]]:
+def train(root: Path, method: str, cli: bool = False, **overrides) -> tuple[dict, list[Metrics]]:
+    """Train on the tiny model in process (the events come back), or through `scripts/train.py`'s main (`cli`)."""
     image_folder(root)
     config = tiny_config(root, variant="pixart", method=method, **overrides)
+    if cli:
+        from onetrainer.cli.train import main
+
+        assert main(["--config-path", str(write_config(root, config))]) == 0
+        return config, []
     cfg, problems = config_from_dict(config)
     assert [p for p in problems if p.is_error] == []
     sink = ListSink()
@@ -96,7 +102,9 @@ def test_fine_tune_writes_a_pipeline_folder_and_the_original_transformer(tmp_pat
     from diffusers import PixArtAlphaPipeline
 
     folder = tmp_path / "out" / "model"
-    config, _ = train(tmp_path, "FINE_TUNE", output_model_format="DIFFUSERS", output_model_destination=str(folder))
+    config, _ = train(
+        tmp_path, "FINE_TUNE", cli=True, output_model_format="DIFFUSERS", output_model_destination=str(folder)
+    )
     pipe = PixArtAlphaPipeline.from_pretrained(str(folder))  # diffusers' own loader
     family, trained = load(config, method=False, base_model_name=str(folder))
     state = trained.part("transformer").state_dict()
@@ -125,7 +133,7 @@ def test_an_original_checkpoint_alone_as_base_model_says_what_to_do(tmp_path):
 
 
 def test_embedding_trains_under_the_t5_key_and_continues(tmp_path):
-    config, _ = train(tmp_path, "EMBEDDING", epochs=1)
+    config, _ = train(tmp_path, "EMBEDDING", cli=True, epochs=1)
     path = Path(config["output_model_destination"])
     vectors = load_file(str(path))
     assert vectors.keys() == {"t5"} and vectors["t5"].shape == (2, 32)
@@ -159,15 +167,20 @@ def test_samples_render_at_several_aspect_ratios(tmp_path):
         assert torch.tensor(list(image.getdata())).float().std() > 0
 
 
-def test_the_512_model_trains_without_micro_conditioning(tmp_path):
+@pytest.mark.parametrize(
+    ("method", "fmt"), [("LORA", "DIFFUSERS_LORA"), ("FINE_TUNE", "DIFFUSERS"), ("EMBEDDING", "SAFETENSORS")]
+)
+def test_the_512_model_trains_each_method_without_micro_conditioning(tmp_path, method, fmt):
     base = tmp_path / "pixart-512"
     shutil.copytree(tiny_model_dir("pixart"), base)
     config_file = base / "transformer" / "config.json"
     transformer_config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**transformer_config, "sample_size": 64}))
-    config, metrics = train(tmp_path, "LORA", base_model_name=str(base), output_model_format="DIFFUSERS_LORA",
-                            epochs=1)  # fmt: skip
+    destination = str(tmp_path / "out" / ("model" if fmt == "DIFFUSERS" else "result.safetensors"))
+    config, metrics = train(tmp_path, method, base_model_name=str(base), output_model_format=fmt, epochs=1,
+                            output_model_destination=destination)  # fmt: skip
     assert metrics and all(torch.isfinite(torch.tensor([m.loss for m in metrics])))
+    assert Path(destination).exists()
     _, model = load(config, method=False)
     names = model.part("transformer").state_dict()
     assert not any("resolution_embedder" in k for k in names)  # no micro-conditioning embedders to feed
@@ -177,7 +190,7 @@ def test_kohya_lora_fuses_qkv_and_applies_on_the_native_checkpoint_as_comfyui_do
     from onetrainer.families.sd_common import plain_state
     from onetrainer.weights import pixart_keys
 
-    config, _ = train(tmp_path, "LORA", output_model_format="KOHYA_LORA", epochs=1, lora_alpha=3.0)
+    config, _ = train(tmp_path, "LORA", cli=True, output_model_format="KOHYA_LORA", epochs=1, lora_alpha=3.0)
     state = load_file(str(Path(config["output_model_destination"])))
     assert "lora_unet_blocks_0_attn_qkv.lora_down.weight" in state
     assert "lora_unet_blocks_0_cross_attn_kv_linear.lora_up.weight" in state
