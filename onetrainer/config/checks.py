@@ -15,6 +15,10 @@ from onetrainer.config.train_config import TrainConfig
 from onetrainer.config.validation import validate
 
 TINY_PREFIX = "tiny:"
+# OneTrainer's Stable Cascade preset ships this placeholder instead of a path: the effnet encoder is a single file that
+# no diffusers repo holds, so the user downloads it by hand.
+EFFNET_PLACEHOLDER = "TODO"
+EFFNET_DOWNLOAD = "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -110,6 +114,16 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
     return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
 
 
+def placeholder_message(path: str, name: str) -> str:
+    """What to do about a model field still holding a preset's "TODO" placeholder (OneTrainer's Cascade preset)."""
+    if path.startswith("effnet_encoder"):
+        return (
+            f"{path} is still the preset's placeholder {name!r}: download the effnet encoder file "
+            f"effnet_encoder.safetensors from {EFFNET_DOWNLOAD} and enter its path in {path}"
+        )
+    return f"{path} is still a preset's placeholder {name!r}: enter a model file, folder or Hugging Face repo id"
+
+
 def _is_hub_id(name: str) -> bool:
     if name.startswith(TINY_PREFIX) or Path(name).expanduser().exists():
         return False
@@ -124,6 +138,8 @@ def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "")
         return [Problem(path, "no model given")]
     if name.startswith(TINY_PREFIX):
         return []
+    if name.upper().startswith(EFFNET_PLACEHOLDER):
+        return [Problem(path, placeholder_message(path, name))]
     local = Path(name).expanduser()
     if local.exists():
         if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):

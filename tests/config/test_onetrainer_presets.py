@@ -34,3 +34,16 @@ def test_onetrainer_preset_loads_cleanly(path):
     for part in ("unet", "text_encoder", "text_encoder_2", "vae", "prior", "decoder", "effnet_encoder"):
         if part in raw and "weight_dtype" in raw[part]:
             assert config.part(part).weight_dtype.value == raw[part]["weight_dtype"]
+
+
+def test_cascade_effnet_placeholder_says_where_to_download_the_file():
+    # OneTrainer's Cascade preset names no effnet encoder, only "TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS": the check
+    # names the field and says which file to fetch from where, instead of "model not found".
+    from onetrainer.config.checks import EFFNET_DOWNLOAD, run_checks
+
+    config, _ = load_config(onetrainer_presets_dir() / "Stable Cascade" / "#stable cascade.json")
+    assert config.effnet_encoder.model_name.startswith("TODO")
+    config.offline_mode = True  # no hub questions for the other models
+    [problem] = [p for p in run_checks(config) if p.path == "effnet_encoder.model_name"]
+    assert "effnet_encoder.safetensors" in problem.message and EFFNET_DOWNLOAD in problem.message
+    assert problem.message.count("effnet_encoder.model_name") >= 1 and "not found" not in problem.message
