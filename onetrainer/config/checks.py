@@ -12,13 +12,13 @@ from onetrainer.config.enums import ConceptType, ModelFormat
 from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
-from onetrainer.config.validation import validate
+from onetrainer.config.validation import (
+    EFFNET_PLACEHOLDER,
+    placeholder_message,
+    validate,
+)
 
 TINY_PREFIX = "tiny:"
-# OneTrainer's Stable Cascade preset ships this placeholder instead of a path: the effnet encoder is a single file that
-# no diffusers repo holds, so the user downloads it by hand.
-EFFNET_PLACEHOLDER = "TODO"
-EFFNET_DOWNLOAD = "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -43,7 +43,13 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
-    return problems
+    return _without_superseded(problems)
+
+
+def _without_superseded(problems: list[Problem]) -> list[Problem]:
+    """Drop a validation warning that a disk check repeats as an error (a preset's placeholder model path)."""
+    errors = {(p.path, p.message) for p in problems if p.is_error}
+    return [p for p in problems if p.is_error or (p.path, p.message) not in errors]
 
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
@@ -112,16 +118,6 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
     ]
     ids = [n.strip() for n in names if n and _is_hub_id(n.strip())]
     return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
-
-
-def placeholder_message(path: str, name: str) -> str:
-    """What to do about a model field still holding a preset's "TODO" placeholder (OneTrainer's Cascade preset)."""
-    if path.startswith("effnet_encoder"):
-        return (
-            f"{path} is still the preset's placeholder {name!r}: download the effnet encoder file "
-            f"effnet_encoder.safetensors from {EFFNET_DOWNLOAD} and enter its path in {path}"
-        )
-    return f"{path} is still a preset's placeholder {name!r}: enter a model file, folder or Hugging Face repo id"
 
 
 def _is_hub_id(name: str) -> bool:

@@ -237,7 +237,7 @@ def _model_types_section() -> str:
 
 
 def _family_notes() -> dict[str, str]:
-    from onetrainer.config.checks import EFFNET_DOWNLOAD
+    from onetrainer.config.validation import EFFNET_DOWNLOAD
 
     effnet = (
         "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "

@@ -22,7 +22,7 @@ def test_every_shown_field_has_a_label_and_help():
 
 def test_presets_and_family_fields_are_documented():
     from onetrainer.config import list_presets, load_preset
-    from onetrainer.config.checks import EFFNET_DOWNLOAD
+    from onetrainer.config.validation import EFFNET_DOWNLOAD
 
     text = render()
     presets = text.split("## Presets", 1)[1]

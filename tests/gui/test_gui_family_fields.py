@@ -59,3 +59,15 @@ def test_model_type_menu_follows_the_family_registry(app, monkeypatch) -> None:
     monkeypatch.undo()
     app.topbar.refresh()  # back to the real registry for the next tests
     assert model_type_label(ModelType.STABLE_CASCADE_1) in app.topbar.model_type_menu.cget("values")
+
+
+def test_onetrainers_cascade_preset_says_where_to_get_the_effnet_file(app) -> None:
+    from onetrainer.config.validation import EFFNET_DOWNLOAD
+    from tests.conftest import onetrainer_presets_dir
+
+    assert app.load_config_file(onetrainer_presets_dir() / "Stable Cascade" / "#stable cascade.json")
+    assert app.model.config.model_type is ModelType.STABLE_CASCADE_1
+    status = app.footer.status
+    assert "effnet_encoder.safetensors" in status and EFFNET_DOWNLOAD in status and app.footer.status_level == "warning"
+    assert shown(app, "model", "effnet_encoder.model_name")
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
