@@ -87,12 +87,22 @@ def test_low_vram_preset_uses_the_memory_savers(name):
     assert encoders and not any(config.part(p).train for p in encoders)  # their outputs are cached
 
 
-def test_presets_of_every_family_load_and_say_whether_it_trains():
+def test_presets_of_every_family_load_and_say_whether_it_trains(monkeypatch):
+    # Written to hold before and after the Würstchen / Cascade families are registered: trainability follows the
+    # registry, and an unregistered family is refused with a reason naming it.
+    from onetrainer import families
+
     for name in ("pixart/finetune", "wuerstchen/finetune", "cascade/finetune"):
-        _, problems = load_preset(name)
+        config, problems = load_preset(name)
         assert problems == []
+        key = family_of(config.model_type).key
+        monkeypatch.delitem(families.FAMILY_CLASSES, key, raising=False)
+        reason = families.not_trainable_reason(config.model_type)
+        assert not is_trainable(config.model_type) and reason and "cannot be trained yet" in reason
+        monkeypatch.setitem(families.FAMILY_CLASSES, key, "never.loaded:Family")
+        assert is_trainable(config.model_type) and families.not_trainable_reason(config.model_type) is None
+        monkeypatch.undo()
     assert is_trainable(load_preset("pixart/finetune")[0].model_type)
-    assert not is_trainable(load_preset("cascade/finetune")[0].model_type)
 
 
 @pytest.mark.parametrize("family", ["wuerstchen", "cascade"])
