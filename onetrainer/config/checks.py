@@ -12,7 +12,11 @@ from onetrainer.config.enums import ConceptType, ModelFormat
 from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
-from onetrainer.config.validation import validate
+from onetrainer.config.validation import (
+    EFFNET_PLACEHOLDER,
+    placeholder_message,
+    validate,
+)
 
 TINY_PREFIX = "tiny:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -39,7 +43,13 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
-    return problems
+    return _without_superseded(problems)
+
+
+def _without_superseded(problems: list[Problem]) -> list[Problem]:
+    """Drop a validation warning that a disk check repeats as an error (a preset's placeholder model path)."""
+    errors = {(p.path, p.message) for p in problems if p.is_error}
+    return [p for p in problems if p.is_error or (p.path, p.message) not in errors]
 
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
@@ -124,6 +134,8 @@ def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "")
         return [Problem(path, "no model given")]
     if name.startswith(TINY_PREFIX):
         return []
+    if name.upper().startswith(EFFNET_PLACEHOLDER):
+        return [Problem(path, placeholder_message(path, name))]
     local = Path(name).expanduser()
     if local.exists():
         if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from onetrainer.cli.train import EXIT_INVALID, build_parser, main
+from onetrainer.config.enums import ModelType
+from onetrainer.families import is_trainable
 from tests.conftest import ROOT
 
 
@@ -97,3 +100,25 @@ def test_onetrainers_pixart_preset_passes_check_on_a_local_model(in_tmp, capsys)
     args = ["--check", "--config-path", str(preset), "--set", "base_model_name=tiny:pixart",
             "--set", "concepts.0.path=tiny:images"]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
+
+
+def _check_prior_preset(tmp: Path, preset: str) -> list[str]:
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    family = preset.split("/")[0]
+    effnet = save_effnet_encoder(tmp / "effnet_encoder.safetensors", wuerstchen=family == "wuerstchen")
+    return ["--check", "--preset", preset, "--set", f"base_model_name=tiny:{family}",
+            "--set", f"decoder.model_name=tiny:{family}-decoder", "--set", f"effnet_encoder.model_name={effnet}",
+            "--set", "concepts.0.path=tiny:images"]  # fmt: skip
+
+
+@pytest.mark.skipif(not is_trainable(ModelType.WUERSTCHEN_2), reason="family not merged yet")
+@pytest.mark.parametrize("method", ["lora", "finetune", "embedding"])
+def test_wuerstchen_presets_pass_check_on_local_models(in_tmp, capsys, method):
+    assert main(_check_prior_preset(in_tmp, f"wuerstchen/{method}")) == 0, capsys.readouterr().err
+
+
+@pytest.mark.skipif(not is_trainable(ModelType.STABLE_CASCADE_1), reason="family not merged yet")
+@pytest.mark.parametrize("method", ["lora", "finetune", "embedding"])
+def test_cascade_presets_pass_check_on_local_models(in_tmp, capsys, method):
+    assert main(_check_prior_preset(in_tmp, f"cascade/{method}")) == 0, capsys.readouterr().err
