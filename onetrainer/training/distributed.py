@@ -136,9 +136,17 @@ class Distributed:
         world = world_size_from_environment()
         if world <= 1:
             return None
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        return cls.join(config, rank, world, local_rank)
+
+    @classmethod
+    def join(
+        cls, config: TrainConfig, rank: int, world: int, local_rank: int, init_method: str | None = None
+    ) -> Distributed:
+        """Join the group as `rank` of `world` (NCCL on CUDA, gloo on a CPU); `init_method` None reads torchrun's
+        MASTER_ADDR / MASTER_PORT, the app's rank 0 (`launcher.py`) gives its own tcp:// address."""
         import torch.distributed as dist
 
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         use_cuda = config.train_device.startswith("cuda") and torch.cuda.is_available()
         if use_cuda:
             indexes = device_indexes(config) or list(range(torch.cuda.device_count()))
@@ -154,7 +162,12 @@ class Distributed:
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
         if not dist.is_initialized():
             dist.init_process_group(
-                "nccl" if use_cuda else "gloo", timeout=timeout, device_id=device if use_cuda else None
+                "nccl" if use_cuda else "gloo",
+                init_method=init_method,
+                rank=rank,
+                world_size=world,
+                timeout=timeout,
+                device_id=device if use_cuda else None,
             )
         return cls(rank, world, local_rank, device)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import TYPE_CHECKING
 
 from onetrainer.config import TrainConfig
 from onetrainer.config.checks import run_checks
@@ -13,6 +14,9 @@ from onetrainer.config.schema import errors
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
 from onetrainer.util.disk import is_write_error, write_error_message
+
+if TYPE_CHECKING:
+    from onetrainer.training.distributed import Distributed
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +45,33 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
-    outcome = _train(config, control, events)
+    from onetrainer.training.launcher import launch_wanted, run_ranks
+
+    if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several
+        outcome = run_ranks(config, events, lambda dist: _train(config, control, events, dist))
+    else:
+        outcome = _train(config, control, events)
     events.emit(outcome)
     events.close()
     return outcome
 
 
-def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> Finished | Failed:
+def _train(
+    config: TrainConfig, control: TrainingControl, events: Broadcast, dist: Distributed | None = None
+) -> Finished | Failed:
+    """One process's run; `dist` is the group the launcher joined, else torchrun's (or none) is joined here."""
     from onetrainer.training.distributed import Distributed
     from onetrainer.training.trainer import Trainer
     from onetrainer.training.workspace import LogFileSink, Workspace
-
-    join_group = Distributed.from_environment
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
-    try:
-        dist = join_group(config)
-    except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
-        return Failed(f"cannot join the other training processes: {type(e).__name__}: {e}", traceback.format_exc())
+    if dist is None:
+        try:
+            dist = Distributed.from_environment(config)
+        except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
+            message = f"cannot join the other training processes: {type(e).__name__}: {e}"
+            return Failed(message, traceback.format_exc())
     workspace = None
     try:
         workspace = Workspace.create(config.workspace_dir, config.save_filename_prefix)
