@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from onetrainer.config import config_from_dict
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.control import TrainingControl
+from onetrainer.training.devices import torch_threads, training_threads
 from onetrainer.training.events import Finished
 from onetrainer.training.runner import run_training
 from tests.helpers import image_folder, tiny_config
@@ -66,7 +67,8 @@ def _torchrun(root: Path, config: dict, env: dict | None = None, timeout: float 
 
 
 def _one_process(root: Path, config: dict) -> Finished:
-    outcome = run_training(config_from_dict(config)[0], TrainingControl(), [])
+    with torch_threads(training_threads()):  # as the CLI and the app train (torch's default spins on a busy machine)
+        outcome = run_training(config_from_dict(config)[0], TrainingControl(), [])
     assert isinstance(outcome, Finished), outcome
     return outcome
 
@@ -142,3 +144,18 @@ def test_a_nan_on_one_rank_stops_every_rank_with_its_message(tmp_path):
     assert "rank 1 of 2 failed: NonFiniteLoss: the loss became NaN or infinite at step 2" in output, output
     assert not (tmp_path / "out" / "lora.safetensors").exists()
     assert time.monotonic() - started < 90
+
+
+SDXL_PARTS = ("unet", "text_encoder", "text_encoder_2")
+
+
+@pytest.mark.slow
+def test_an_sdxl_lora_on_two_processes_trains_what_one_process_trains_at_2b(tmp_path_factory):
+    tiny_model_dir("sdxl", cache_root=XDG / "onetrainer")
+    two, one = tmp_path_factory.mktemp("ddp-sdxl"), tmp_path_factory.mktemp("one-sdxl")
+    fast = {"epochs": 1, **{part: {"gradient_checkpointing": False} for part in SDXL_PARTS}}  # no recomputing on a CPU
+    done = _torchrun(two, _config(two, "sdxl", **fast))
+    assert done.returncode == 0, done.stdout + done.stderr
+    _one_process(one, _config(one, "sdxl", batch_size=2, **fast))
+    _assert_same(_weights(two / "out" / "lora.safetensors"), _weights(one / "out" / "lora.safetensors"))
+    assert (done.stdout + done.stderr).count("model saved:") == 1
