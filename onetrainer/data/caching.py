@@ -86,6 +86,9 @@ def fill_latent_cache(
         missing = [(k, s) for k, s in needed.items() if k not in data.latent_cache] if needed else []
         stats.needed = len(needed)
         if ranks is not None:
+            # Every rank has listed what is missing before any writes: a rank that ran ahead and wrote entries would
+            # shorten a slower rank's list, and the ranks' every-N-th slices would then skip entries or repeat them.
+            ranks.barrier()
             missing = missing[ranks.rank :: ranks.world_size]
         failed = _encode_latents(data, family, model, missing, with_masks, report, stats)
         if ranks is not None:
@@ -221,7 +224,8 @@ def fill_text_cache(
                 captions.add(apply_embeddings(caption_for(entry, sample, data.concept(sample), variation)))
     stats.needed = len(captions)
     missing = sorted(c for c in captions if text_cache.key(c) not in text_cache.cache)
-    if ranks is not None:  # each rank encodes every N-th caption; all meet before training reads them
+    if ranks is not None:  # each rank encodes every N-th caption of the same list; all meet before training reads
+        ranks.barrier()  # every rank has listed the missing captions before any writes (see fill_latent_cache)
         missing = missing[ranks.rank :: ranks.world_size]
     progress = _Progress("captions", len(missing), report)
     for start in range(0, len(missing), 16):
