@@ -3,6 +3,10 @@ gloo). Rank 0's events reach the caller's sinks; the window's commands reach bot
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import pytest
 
 from onetrainer.config import config_from_dict
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training import launcher
+from onetrainer.training import launcher, rank_worker
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Failed, Finished, Metrics, SampleReady, Started
 from onetrainer.training.runner import run_training
@@ -111,3 +115,33 @@ def test_a_child_rank_killed_mid_run_ends_the_run_with_its_end(tmp_path, monkeyp
     assert isinstance(outcome, Failed)
     assert outcome.message == "rank 1 of 2 failed: the process ended (killed by SIGKILL)", outcome.message
     assert not (tmp_path / "out" / "lora.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_child_rank_ends_when_the_process_that_started_it_is_gone(tmp_path):
+    """Waiting to join a rank 0 that never comes (the app was killed): its standard input closes and it ends."""
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(_config(tmp_path).to_dict()), encoding="utf-8")
+    ready = tmp_path / "rank1.ready"
+    env = {
+        **os.environ,
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(launcher.free_port()),
+        "PYTHONPATH": str(launcher.PACKAGE_ROOT),
+    }
+    command = [sys.executable, "-m", "onetrainer.training.rank_worker", "--config-path", str(config_path)]
+    child = subprocess.Popen([*command, "--ready-path", str(ready)], stdin=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists() and child.poll() is None  # now waiting for rank 0
+        child.stdin.close()  # what the parent's end does, however it ends
+        assert child.wait(timeout=20) == rank_worker.PARENT_GONE
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
