@@ -163,13 +163,14 @@ def _join(config: TrainConfig, world: int, port: int, children: list[RankProcess
     rank 0 waiting for the group's timeout, and a join cannot be interrupted."""
     from onetrainer.training.distributed import TIMEOUT_ENV, Distributed
 
-    deadline = time.monotonic() + float(os.environ.get(TIMEOUT_ENV, "1800"))
+    seconds = float(os.environ.get(TIMEOUT_ENV, "1800"))
+    deadline = time.monotonic() + seconds
     while not all(child.ready for child in children):
         for child in children:
             if child.exit_code is not None:
                 return Failed(f"rank {child.rank} of {world} failed: {child.failure() or 'it ended before starting'}")
         if time.monotonic() > deadline:
-            return Failed(f"the other training processes did not start within {TIMEOUT_ENV} seconds")
+            return Failed(f"the other training processes did not start within {seconds:.0f} s ({TIMEOUT_ENV})")
         time.sleep(0.1)
     # NCCL's default on an error or a timeout tears the process down: here that would be the app. Abort the
     # communicators only, so the run ends with a message (read when the NCCL group is made; unmeasured: no GPU).

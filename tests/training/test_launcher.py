@@ -145,3 +145,17 @@ def test_a_child_rank_ends_when_the_process_that_started_it_is_gone(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+@pytest.mark.slow
+def test_a_child_rank_that_never_gets_ready_ends_the_run_after_the_timeout(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("ONETRAINER_DIST_TIMEOUT", "2")
+    started = time.monotonic()
+    outcome = run_training(_config(tmp_path), TrainingControl(), [])
+    assert isinstance(outcome, Failed)
+    assert outcome.message == "the other training processes did not start within 2 s (ONETRAINER_DIST_TIMEOUT)"
+    assert time.monotonic() - started < 30  # and the sleeping child was ended, not waited for
