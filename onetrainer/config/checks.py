@@ -39,6 +39,24 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
+    problems += _check_float16(config)
+    return problems
+
+
+def _check_float16(config: TrainConfig) -> list[Problem]:
+    """FLOAT_16 for a part that overflows in it (Stable Cascade's prior gives NaN), as weights or as training dtype."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    problems = []
+    for part in info.family.float16_unsafe_parts if info else ():
+        label = f"the {info.family.label} {part}"
+        advice = "gives NaN in FLOAT_16: use BFLOAT_16 or FLOAT_32"
+        if config.part(part).weight_dtype is DataType.FLOAT_16:
+            problems.append(Problem(f"{part}.weight_dtype", f"{label} {advice}"))
+        if config.train_dtype is DataType.FLOAT_16:
+            problems.append(Problem("train_dtype", f"{label} {advice} (training dtype)"))
     return problems
 
 

@@ -61,6 +61,8 @@ class FamilyInfo:
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Parts that overflow in float16 (NaN losses): FLOAT_16 weights or training dtype are refused before training.
+    float16_unsafe_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,12 +135,8 @@ WUERSTCHEN = FamilyInfo(
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
-    layer_presets={
-        "attn-only": ("attention",),
-        "full": (),
-        "down-blocks": ("down_blocks",),
-        "up-blocks": ("up_blocks",),
-    },
+    # The prior is a flat list of blocks: no down/up blocks to offer.
+    layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
 )
 CASCADE = FamilyInfo(
     key="cascade",
@@ -156,7 +154,9 @@ CASCADE = FamilyInfo(
         "full": (),
         "down-blocks": ("down_blocks",),
         "up-blocks": ("up_blocks",),
+        "mapper-only": ("mapper",),
     },
+    float16_unsafe_parts=("prior",),
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}

@@ -1,0 +1,118 @@
+"""Würstchen v2 and Stable Cascade (one family module, two variants) on their tiny models: text conditioning and
+latents as the diffusers pipelines and the published encoders make them, the schedule's remap, the precision check,
+the layer presets, and a sample through prior → decoder → VQGAN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from onetrainer.config import config_from_dict
+from onetrainer.config.checks import run_checks
+from onetrainer.families import effnet
+from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
+from onetrainer.sampling.sampler import render
+
+VARIANTS = {"WUERSTCHEN_2": ("tiny:wuerstchen", WuerstchenFamily), "STABLE_CASCADE_1": ("tiny:cascade", CascadeFamily)}
+SAMPLE = {"prompt": "a red square", "negative_prompt": "blue", "width": 128, "height": 128, "diffusion_steps": 2}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def loaded(request):
+    base, cls = VARIANTS[request.param]
+    config, _ = config_from_dict({"model_type": request.param, "base_model_name": base})
+    family = cls()
+    return family, family.load(config)
+
+
+def cascade(model) -> bool:
+    return model.model_type.value == "STABLE_CASCADE_1"
+
+
+def prior_pipeline(family, model):
+    from diffusers import DDPMWuerstchenScheduler, StableCascadePriorPipeline
+    from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPriorPipeline
+
+    parts = {
+        "prior": model.part("prior"),
+        "text_encoder": model.part("text_encoder"),
+        "tokenizer": model.text_encoders[0].tokenizer,
+        "scheduler": DDPMWuerstchenScheduler(),
+    }
+    if cascade(model):
+        return StableCascadePriorPipeline(**parts, image_encoder=None, feature_extractor=None)
+    return WuerstchenPriorPipeline(**parts)
+
+
+def test_text_conditioning_is_what_the_prior_pipeline_computes(loaded):
+    family, model = loaded
+    pipe = prior_pipeline(family, model)
+    with torch.no_grad():
+        ours = family.encode_text(model, ["a red square", "x"])
+        if cascade(model):
+            hidden, pooled, _, _ = pipe.encode_prompt("cpu", 2, 1, False, prompt=["a red square", "x"])
+            torch.testing.assert_close(ours.pooled[:, None], pooled)
+        else:
+            hidden, _ = pipe.encode_prompt("cpu", 1, False, prompt=["a red square", "x"])
+    torch.testing.assert_close(ours.hidden_states, hidden)
+    assert ours.get("attention_mask").shape == (2, 77) and ours.get("attention_mask")[1].sum() == 3  # bos, x, eos
+
+
+def test_latents_come_from_the_effnet_scaled_per_variant(loaded):
+    family, model = loaded
+    pixels = torch.rand(2, 3, 128, 128) * 2 - 1
+    latents = family.encode_images(model, pixels)
+    assert latents.shape == (2, 16, *effnet.latent_size(128, 128)) == (2, 16, 3, 3)
+    encoder = model.part("effnet_encoder")
+    raw = encoder(effnet.preprocess((pixels + 1) / 2))
+    expected = raw if cascade(model) else (raw + 1) / 42
+    torch.testing.assert_close(latents, expected)
+
+
+def test_prediction_and_the_remapped_schedule(loaded):
+    family, model = loaded
+    t = model.schedule.validation_times(2, "cpu")
+    # The schedule's fixed validation time t = 0.5, remapped per variant.
+    assert torch.allclose(t, torch.tensor(0.501 if cascade(model) else 1.08 * 0.5 + 0.001))
+    latents = torch.randn(2, 16, 3, 3)
+    with torch.no_grad():
+        conditioning = family.encode_text(model, ["a", "b"])
+        output = family.predict(model, latents, t, conditioning, {}).output
+        prior = model.part("prior")
+        if cascade(model):
+            clip_img = torch.zeros(2, 1, prior.config.clip_image_in_channels)
+            direct = prior(latents, t, conditioning.pooled[:, None], conditioning.hidden_states, clip_img).sample
+        else:
+            direct = prior(latents, t, conditioning.hidden_states)
+    assert output.shape == latents.shape and torch.equal(output, direct)
+
+
+def test_layer_presets_each_select_lora_targets_and_never_a_depthwise_conv(loaded):
+    family, model = loaded
+    for name, patterns in family.info.layer_presets.items():
+        targets = family.lora_targets(model, "prior", list(patterns), False)
+        assert targets, f"preset {name} selects nothing"
+        assert not any(n.endswith("depthwise") for n in targets)
+    assert ("down-blocks" in family.info.layer_presets) == cascade(model)  # Würstchen's prior is flat
+    assert family.lora_targets(model, "text_encoder", [], False)
+
+
+def test_sample_renders_through_prior_decoder_and_vqgan(loaded):
+    family, model = loaded
+    sample = config_from_dict({"samples": [SAMPLE]})[0].samples[0]
+    image = render(family, model, sample)
+    assert image.size == (128, 128)
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32))
+    assert pixels.std() > 0  # the VQGAN's output, not a blank image
+
+
+@pytest.mark.parametrize("where", ["prior.weight_dtype", "train_dtype"])
+def test_float16_is_refused_for_the_cascade_prior_before_training(where):
+    data = {"model_type": "STABLE_CASCADE_1", "base_model_name": "tiny:cascade"}
+    data.update({"prior": {"weight_dtype": "FLOAT_16"}} if where != "train_dtype" else {"train_dtype": "FLOAT_16"})
+    config, _ = config_from_dict(data)
+    problems = [p for p in run_checks(config) if p.path == where]
+    assert problems and "BFLOAT_16" in problems[0].message and "FLOAT_32" in problems[0].message
+    wuerstchen, _ = config_from_dict({**data, "model_type": "WUERSTCHEN_2", "base_model_name": "tiny:wuerstchen"})
+    assert not [p for p in run_checks(wuerstchen) if p.path == where]
