@@ -116,3 +116,45 @@ def test_float16_is_refused_for_the_cascade_prior_before_training(where):
     assert problems and "BFLOAT_16" in problems[0].message and "FLOAT_32" in problems[0].message
     wuerstchen, _ = config_from_dict({**data, "model_type": "WUERSTCHEN_2", "base_model_name": "tiny:wuerstchen"})
     assert not [p for p in run_checks(wuerstchen) if p.path == where]
+
+
+# -- training in process (the generic trainer, methods and cache) ----------------------------------------------------
+
+
+def train(root, model_type: str, method: str, **overrides) -> tuple[dict, list]:
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink
+    from onetrainer.training.runner import run_training
+    from tests.helpers import image_folder, tiny_config
+
+    image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else None)
+    data = tiny_config(root, "sd15", method, **overrides)
+    data.update(model_type=model_type, base_model_name=VARIANTS[model_type][0], resolution="128")
+    data.update(loss_weight_fn="P2", loss_weight_strength=1.0, layer_filter_preset="full")
+    config, problems = config_from_dict(data)
+    assert [p for p in problems if p.is_error] == []
+    sink = ListSink()
+    outcome = run_training(config, TrainingControl(), [sink])
+    assert isinstance(outcome, Finished), outcome
+    return data, sink.events
+
+
+def losses_of(events) -> list[float]:
+    from onetrainer.training.events import Metrics
+
+    return [e.loss for e in events if isinstance(e, Metrics)]
+
+
+@pytest.mark.slow  # minutes on a loaded 2-core machine: the 32-block priors train with a LoRA on every layer
+@pytest.mark.parametrize("model_type", list(VARIANTS))
+def test_lora_on_the_prior_and_its_text_encoder(tmp_path, model_type):
+    from safetensors import safe_open
+
+    data, events = train(tmp_path, model_type, "LORA", text_encoder={"train": True})
+    assert losses_of(events) and all(torch.isfinite(torch.tensor(losses_of(events))))
+    with safe_open(data["output_model_destination"], "pt") as f:
+        keys = list(f.keys())
+    modules = {k.partition(".")[0] for k in keys}
+    assert any(m.startswith("lora_unet_") and "attention" in m for m in modules)
+    assert any(m.startswith("lora_te_text_model_encoder_layers_0_") for m in modules)
+    assert not any("depthwise" in m for m in modules)
