@@ -11,6 +11,7 @@ import torch
 from onetrainer.config import config_from_dict
 from onetrainer.config.checks import run_checks
 from onetrainer.families import effnet
+from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
 from onetrainer.sampling.sampler import render
 
@@ -158,3 +159,27 @@ def test_lora_on_the_prior_and_its_text_encoder(tmp_path, model_type):
     assert any(m.startswith("lora_unet_") and "attention" in m for m in modules)
     assert any(m.startswith("lora_te_text_model_encoder_layers_0_") for m in modules)
     assert not any("depthwise" in m for m in modules)
+
+
+def test_fine_tune_saved_as_the_prior_pipeline_folder_loads_back(loaded, tmp_path):
+    from onetrainer.config.enums import ModelFormat
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    family, model = loaded
+    family.save(model, ModelFormat.DIFFUSERS, tmp_path / "prior", torch.float32)
+    effnet_file = save_effnet_encoder(tmp_path / "effnet.safetensors", wuerstchen=not cascade(model))
+    data = {
+        "model_type": model.model_type.value,
+        "base_model_name": str(tmp_path / "prior"),
+        "decoder": {"model_name": model.source + "-decoder"},
+        "effnet_encoder": {"model_name": str(effnet_file)},
+    }
+    reloaded = family.load(config_from_dict(data)[0])
+    latents, t = torch.randn(1, 16, 3, 3), torch.tensor([0.3])
+    with torch.no_grad():
+        ours = family.predict(model, latents, t, family.encode_text(model, ["a"]), {}).output
+        theirs = family.predict(reloaded, latents, t, family.encode_text(reloaded, ["a"]), {}).output
+    torch.testing.assert_close(ours, theirs)
+    data["effnet_encoder"] = {"model_name": ""}
+    with pytest.raises(ModelLoadError, match=r"effnet_encoder\.model_name"):
+        family.load(config_from_dict(data)[0])
