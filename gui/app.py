@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 import customtkinter as ctk
 
+from gui.background import BackgroundResult, run_in_background
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
 from gui.gallery import SampleGallery
@@ -61,7 +62,7 @@ from onetrainer.config import (
     validate,
     warnings,
 )
-from onetrainer.config.checks import run_checks
+from onetrainer.config.checks import hub_ids_to_ask, run_checks
 from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.console import ConsoleSink
@@ -138,6 +139,7 @@ class App(ctk.CTk):
         self.tensorboard: Any = None  # the server the TensorBoard button started (None: none yet)
         self._run_tensorboard_url: str | None = None  # the running trainer's own server
         self._run_note = ""  # said with each sample of the run (the demo's model draws noise)
+        self._hub_question = None  # the background question to the hub that Start waits for (see _ask_hub_first)
         # The problems a refused start named, with their field's value then (to notice fixes).
         self._refused: list[tuple[Problem, Any]] | None = None
         self.autosave_enabled = autosave
@@ -457,6 +459,8 @@ class App(ctk.CTk):
             self.footer.set_status(f"Cannot start: {reason}", "error")
             self.dialogs.show_error("Cannot start training", reason)
             return False
+        if self._ask_hub_first(config):
+            return False
         packed, _ = pack(config)  # run_checks reports problems reading the side files itself
         problems = run_checks(packed)
         self._mark(problems)
@@ -481,6 +485,27 @@ class App(ctk.CTk):
             self.footer.set_status("Starting…")
         self._schedule("poll", POLL_MS, self._poll)
         return True
+
+    def _ask_hub_first(self, config: TrainConfig) -> bool:
+        """The checks ask the hub about hub model ids, which can take seconds on a bad connection: ask on a worker
+        thread first and start again with the answers remembered. True while the question is out."""
+        to_ask = hub_ids_to_ask(config)
+        if not to_ask:
+            return False
+        if self._hub_question is None:
+            from onetrainer.util.hub import probe
+
+            self.footer.set_status(f"Checking the model on the Hugging Face hub ({', '.join(to_ask)})…")
+            self._hub_question = run_in_background(self, lambda: [probe(i) for i in to_ask], self._hub_answered)
+        return True
+
+    def _hub_answered(self, result: BackgroundResult) -> None:
+        self._hub_question = None
+        if result.error is not None:
+            self.footer.set_status(f"Cannot start: asking the hub failed: {result.error}", "error")
+            return
+        if not self.running:
+            self.start()
 
     def _refuse(self, problems: list[Problem], what: str) -> None:
         config = self.model.config

@@ -15,13 +15,10 @@ import customtkinter as ctk
 from onetrainer.training.events import (
     Event,
     Failed,
-    Finished,
     Metrics,
     Progress,
-    SampleReady,
     Started,
-    Status,
-    Warning_,
+    describe,
 )
 
 MAX_LINES = 5000
@@ -82,11 +79,6 @@ class EventLines:
         self._loss: float | None = None
 
     def line(self, event: Event) -> str | None:
-        if isinstance(event, Started):
-            return (
-                f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
-                f"= {event.total_steps} steps" + (f" (log: {event.log_path})" if event.log_path else "")
-            )
         if isinstance(event, Metrics):
             self._loss = event.smooth_loss
             return None
@@ -98,22 +90,13 @@ class EventLines:
                 f"epoch {event.epoch + 1}/{event.total_epochs} done: step {event.global_step}/{event.total_steps}, "
                 f"{event.steps_per_second:.2f} it/s{loss}"
             )
-        if isinstance(event, SampleReady):
-            return f"sample {event.index} ({event.prompt!r}): {event.path}"
-        if isinstance(event, Status):
-            return event.text
-        if isinstance(event, Warning_):
-            return f"warning: {event.text}"
-        if isinstance(event, Finished):
-            return f"Finished ({event.reason})" + (f": {event.output_path}" if event.output_path else "")
+        text = describe(event)
+        if isinstance(event, Started) and event.log_path:
+            return f"{text} (log: {event.log_path})"
         if isinstance(event, Failed):
-            lines = [f"Training failed: {event.message}"]
-            if event.traceback:
-                lines.append(event.traceback.rstrip())
-            if event.log_path:
-                lines.append(f"Log: {event.log_path}")
-            return "\n".join(lines)
-        return None
+            lines = [text, event.traceback.rstrip()] if event.traceback else [text]
+            return "\n".join(lines + ([f"Log: {event.log_path}"] if event.log_path else []))
+        return text
 
 
 class LogWindow(ctk.CTkToplevel):

@@ -103,6 +103,11 @@ class TopBar(ctk.CTkFrame):
     def refresh(self) -> None:
         """Show the config's model type and method, and offer the methods of its family."""
         config = self.model.config
+        # The labels say which families train (the registry), so they are read again rather than kept from startup.
+        choices = model_type_choices()
+        if choices != self._model_types:
+            self._model_types = choices
+            self.model_type_menu.configure(values=[label for label, _ in choices])
         self.model_type_menu.set(model_type_label(config.model_type))
         self._methods = list(offered_methods(config.model_type))
         self.method_menu.configure(values=[method_label(m) for m in self._methods])

@@ -15,6 +15,7 @@ VARIANT_MODEL_TYPES = {
     "sd20-inpainting": "STABLE_DIFFUSION_20_INPAINTING",
     "sdxl": "STABLE_DIFFUSION_XL_10_BASE",
     "sdxl-inpainting": "STABLE_DIFFUSION_XL_10_BASE_INPAINTING",
+    "pixart": "PIXART_ALPHA",
 }
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),

@@ -119,3 +119,21 @@ def test_the_memory_probe_reports_the_peak_of_a_process_of_its_own():
 
     figures = probe_variant_memory(BARE, steps=1, warmup=1)
     assert figures["peak_rss_bytes"] >= figures["baseline_rss_bytes"] > 0
+
+
+def test_the_tiny_part_times_every_tiny_denoiser_step(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    assert main(["--part", "tiny", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["tiny"]
+    assert set(figures) == {"sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"}
+    for variant, figure in figures.items():
+        assert len(figure["seconds"]) == 3 and figure["best_seconds"] == min(figure["seconds"]) > 0, variant
+    assert "cascade" in capsys.readouterr().out
+
+
+def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
+    from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
+
+    figures = compare_pixart_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])

@@ -32,7 +32,7 @@ class ConvertWindow(ctk.CTkToplevel):
         self.model_type = self._menu("Model type", types, ModelType.STABLE_DIFFUSION_15.value)
         self.method = self._menu("Method", [m.value for m in CONVERTIBLE_METHODS], TrainingMethod.FINE_TUNE.value)
         self.input_name = self._entry("Input (model or LoRA)")
-        self.base_model = self._entry("Base model (LoRA)")
+        self.base_model = self._entry("Base model (LoRA, embedding)")
         self.output_format = self._menu("Output format", [], ModelFormat.ORIGINAL_SINGLE_FILE.value)
         self.output_dtype = self._menu("Output data type", [d.value for d in OUTPUT_DTYPES], DataType.FLOAT_16.value)
         self.destination = self._entry("Destination")

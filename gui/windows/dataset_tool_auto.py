@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
 
+from gui.windows.tool_pass_window import describe_download
+from onetrainer.tools.downloads import DownloadProgress
 from onetrainer.tools.folder_pass import ImageDone, ImageSkipped, PassFailed, PassFinished, PassThread
 from onetrainer.util.fs import atomic_write_bytes
 
@@ -158,7 +160,9 @@ class DatasetAutomation:
         self._finish()
 
     def _handle(self, event: Any) -> None:
-        if isinstance(event, ImageDone | ImageSkipped):
+        if isinstance(event, DownloadProgress):
+            self.tool._show_status(f"Auto {self._pending[0]}: {describe_download(event)}")
+        elif isinstance(event, ImageDone | ImageSkipped):
             note = f" — skipped {Path(event.path).name}: {event.reason}" if isinstance(event, ImageSkipped) else ""
             self.tool._show_status(f"Auto {self._pending[0]}: {event.done} / {event.total}{note}")
         elif isinstance(event, PassFinished | PassFailed):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
 
+from onetrainer.tools.downloads import DownloadProgress
 from onetrainer.tools.folder_pass import (
     ImageDone,
     ImageSkipped,
@@ -30,6 +31,18 @@ if TYPE_CHECKING:
 POLL_MS = 100
 ERROR_TEXT = ("#b00020", "#ff6b6b")
 MUTED_TEXT = ("gray40", "gray60")
+
+
+def describe_download(event: DownloadProgress) -> str:
+    """ "downloading model.safetensors: 120 / 850 MB — 0:42 left" (files for a repo's file count)."""
+    if event.unit == "B":
+        scale = 1024**2
+        done = f"{event.done / scale:.0f}"
+        amount = f"{done} / {event.total / scale:.0f} MB" if event.total else f"{done} MB"
+    else:
+        amount = f"{event.done} / {event.total} files" if event.total else f"{event.done} files"
+    eta = format_eta(event.eta_seconds)
+    return f"downloading {event.what}: {amount}" + (f" — {eta} left" if eta else "")
 
 
 def format_eta(seconds: float | None) -> str:
@@ -155,7 +168,7 @@ class FolderPassWindow(ctk.CTkToplevel):
 
     def cancel(self) -> None:
         self.runner.cancel()
-        self._show("cancelling after the current image…")
+        self._show("cancelling after the current image (or download chunk)…")
 
     def close(self) -> None:
         self.runner.cancel()
@@ -186,6 +199,9 @@ class FolderPassWindow(ctk.CTkToplevel):
             self._show(f"{event.what}: {event.total} images{kept}")
         elif isinstance(event, PassStatus):
             self._show(event.text)
+        elif isinstance(event, DownloadProgress):
+            self.progress.set(event.done / event.total if event.total else 0)
+            self._show(describe_download(event))
         elif isinstance(event, ImageDone | ImageSkipped):
             self.progress.set(event.done / max(event.total, 1))
             eta = format_eta(event.eta_seconds) if isinstance(event, ImageDone) else ""

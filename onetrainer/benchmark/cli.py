@@ -19,11 +19,13 @@ DESCRIPTION = (
     "(it/s, peak VRAM)."
 )
 EPILOG = """\
-Parts: 'overhead', 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'gpu' (only with CUDA;
+Parts: 'overhead', 'pixart' (the same comparison on the tiny PixArt model: T5 mask, micro-conditions, the
+variance term), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step
+of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'gpu' (only with CUDA;
 otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display
 can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "caching", "weights", "gpu", "gui")
+PARTS = ("overhead", "pixart", "caching", "weights", "tiny", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -91,6 +93,16 @@ def main(
         print()
         print(format_overhead(overhead))
         report["overhead"] = overhead.to_dict()
+    if "pixart" in parts:
+        from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
+
+        print(f"\nTrainer overhead on tiny PixArt-Alpha ({args.repeat} alternating repetitions):")
+        pixart = compare_pixart_overhead(max(args.steps // 2, 1), args.warmup, args.repeat)
+        print(
+            f"ours {pixart['ours_steps_per_second']:.2f} steps/s, bare {pixart['bare_steps_per_second']:.2f} steps/s: "
+            f"ratio {pixart['ratio']:.3f} (goal ≥ 0.95)"
+        )
+        report["pixart"] = pixart
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 
@@ -105,6 +117,9 @@ def main(
         weights = measure_weight_dtypes()
         print(format_weight_dtypes(weights))
         report["weights"] = weights
+    if "tiny" in parts:
+        print("\nTiny models, one denoiser training step (forward + backward, batch 2; best of 3):")
+        report["tiny"] = measure_tiny_steps()
     if "gpu" in parts:
         report["gpu"] = run_gpu_part(args.steps, args.warmup)
     if "gui" in parts:
@@ -123,6 +138,20 @@ def main(
         Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
         print(f"figures written to {args.json}")
     return 0 if report.get("gui") is not False else 1
+
+
+def measure_tiny_steps() -> dict[str, dict]:
+    """Per tiny variant: every repetition's seconds and the best (the first repetition pays one-off setup)."""
+    from onetrainer.tiny import build_tiny_pipeline
+    from onetrainer.tiny.denoiser_step import time_training_step
+
+    figures = {}
+    for variant in ("sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"):
+        timings = time_training_step(build_tiny_pipeline(variant, seed=0))
+        figures[variant] = {"seconds": timings, "best_seconds": min(timings)}
+        each = " ".join(f"{t:.3f}" for t in timings)
+        print(f"{variant:<12}{min(timings):>8.3f} s   (runs: {each})")
+    return figures
 
 
 def run_gpu_part(steps: int, warmup: int) -> dict:

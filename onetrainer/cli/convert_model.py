@@ -16,18 +16,24 @@ from onetrainer.tools.convert import CONVERTIBLE_METHODS, OUTPUT_DTYPES
 
 DESCRIPTION = """\
 Convert a model between a diffusers folder and a single file (ORIGINAL_SINGLE_FILE,
-the layout AUTOMATIC1111, Forge and ComfyUI load), or a LoRA between kohya and
-diffusers names, with an output data type."""
+the layout AUTOMATIC1111, Forge and ComfyUI load), a LoRA between kohya and
+diffusers names, or an embedding (an AUTOMATIC1111 .pt or a .safetensors file)
+into the safetensors layout those tools load, with an output data type."""
 _MODEL_TYPES = textwrap.fill(
     "Model types: " + ", ".join(m.value for m in SUPPORTED_MODEL_TYPES), width=80, subsequent_indent="  "
 )
 EPILOG = f"""\
 Models (--training-method FINE_TUNE): --input-name is a diffusers folder, a
 .safetensors/.ckpt file or a hub repo id; --output-model-format DIFFUSERS
-writes a folder, ORIGINAL_SINGLE_FILE a .safetensors file.
+writes a folder, ORIGINAL_SINGLE_FILE a .safetensors file. A PixArt transformer
+file (ORIGINAL_TRANSFORMER) holds the transformer alone: convert it back with
+--base-model-name naming a diffusers PixArt model for the other parts.
 LoRAs (--training-method LORA): --input-name is the LoRA file, in kohya or
 diffusers names; --base-model-name is its base model (its module names decide
 which weights belong where); --output-model-format KOHYA_LORA or DIFFUSERS_LORA.
+Embeddings (--training-method EMBEDDING): --input-name is the embedding file;
+--base-model-name is its base model (its text encoders decide the tensor names
+and widths); --output-model-format SAFETENSORS.
 An existing destination is only replaced with --overwrite; the output is written
 to a temporary name and renamed into place.
 Exit codes: 0 done, 1 the input cannot be read or the output written,
@@ -40,14 +46,16 @@ def build_parser(prog: str = "convert_model.py") -> argparse.ArgumentParser:
     parser.add_argument("--model-type", required=True, metavar="TYPE", help="e.g. STABLE_DIFFUSION_15 (list below)")
     parser.add_argument("--training-method", default=TrainingMethod.FINE_TUNE.value, metavar="METHOD",
                         choices=[m.value for m in CONVERTIBLE_METHODS],
-                        help="FINE_TUNE (a model, the default) or LORA")  # fmt: skip
+                        help="FINE_TUNE (a model, the default), LORA or EMBEDDING")  # fmt: skip
     parser.add_argument("--input-name", required=True, metavar="PATH_OR_ID", help="the model or LoRA to convert")
-    parser.add_argument("--base-model-name", default="", metavar="PATH_OR_ID", help="a LoRA's base model")
+    parser.add_argument("--base-model-name", default="", metavar="PATH_OR_ID",
+                        help="a LoRA's or an embedding's base model")  # fmt: skip
     parser.add_argument("--output-dtype", default=DataType.FLOAT_16.value, metavar="DTYPE",
                         choices=[d.value for d in OUTPUT_DTYPES],
                         help="FLOAT_32, FLOAT_16 (default) or BFLOAT_16")  # fmt: skip
     parser.add_argument("--output-model-format", required=True, metavar="FORMAT",
-                        help="DIFFUSERS, ORIGINAL_SINGLE_FILE, KOHYA_LORA or DIFFUSERS_LORA")  # fmt: skip
+                        help="DIFFUSERS, ORIGINAL_SINGLE_FILE, KOHYA_LORA, DIFFUSERS_LORA or "
+                        "SAFETENSORS (an embedding)")  # fmt: skip
     parser.add_argument("--output-model-destination", required=True, metavar="PATH", help="the file or folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     return parser

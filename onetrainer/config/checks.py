@@ -12,7 +12,11 @@ from onetrainer.config.enums import ConceptType, ModelFormat
 from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
-from onetrainer.config.validation import validate
+from onetrainer.config.validation import (
+    EFFNET_PLACEHOLDER,
+    placeholder_message,
+    validate,
+)
 
 TINY_PREFIX = "tiny:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -40,7 +44,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
     problems += _check_float16(config)
-    return problems
+    return _without_superseded(problems)
 
 
 def _check_float16(config: TrainConfig) -> list[Problem]:
@@ -58,6 +62,12 @@ def _check_float16(config: TrainConfig) -> list[Problem]:
         if config.train_dtype is DataType.FLOAT_16:
             problems.append(Problem("train_dtype", f"{label} {advice} (training dtype)"))
     return problems
+
+
+def _without_superseded(problems: list[Problem]) -> list[Problem]:
+    """Drop a validation warning that a disk check repeats as an error (a preset's placeholder model path)."""
+    errors = {(p.path, p.message) for p in problems if p.is_error}
+    return [p for p in problems if p.is_error or (p.path, p.message) not in errors]
 
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
@@ -114,6 +124,26 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
     return problems
 
 
+def hub_ids_to_ask(config: TrainConfig) -> list[str]:
+    """The hub repo ids the checks would ask the hub about now (not offline, no answer remembered): asking can take
+    seconds, so the GUI asks on a worker thread before it runs the checks."""
+    from onetrainer.util.hub import answer_remembered, offline_reason
+
+    if offline_reason(config.offline_mode):
+        return []
+    names = [config.base_model_name] + [
+        config.part(part).model_name for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer")
+    ]
+    ids = [n.strip() for n in names if n and _is_hub_id(n.strip())]
+    return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
+
+
+def _is_hub_id(name: str) -> bool:
+    if name.startswith(TINY_PREFIX) or Path(name).expanduser().exists():
+        return False
+    return bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and "\\" not in name
+
+
 def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "") -> list[Problem]:
     """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id that is in the
     local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`)."""
@@ -122,12 +152,14 @@ def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "")
         return [Problem(path, "no model given")]
     if name.startswith(TINY_PREFIX):
         return []
+    if name.upper().startswith(EFFNET_PLACEHOLDER):
+        return [Problem(path, placeholder_message(path, name))]
     local = Path(name).expanduser()
     if local.exists():
         if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):
             return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
         return []
-    if _HUB_ID.match(name) and not name.startswith((".", "/")) and "\\" not in name:
+    if _is_hub_id(name):
         from onetrainer.util.hub import hub_access
 
         what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"

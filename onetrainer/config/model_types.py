@@ -104,7 +104,7 @@ SDXL = FamilyInfo(
 )
 PIXART = FamilyInfo(
     key="pixart",
-    label="PixArt-Alpha",
+    label="PixArt-Alpha / Sigma",
     parts=("transformer", "text_encoder", "vae"),
     bucket_step=16,
     methods=_METHODS,
@@ -194,6 +194,7 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
             _SDXL_SAMPLE,
         ),
         _info(ModelType.PIXART_ALPHA, "PixArt-Alpha", PIXART, 1024, False, False, _PIXART_SAMPLE),
+        _info(ModelType.PIXART_SIGMA, "PixArt-Sigma", PIXART, 1024, False, False, _PIXART_SAMPLE),
         _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
         _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),
     )

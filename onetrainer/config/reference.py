@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterator
 
 from onetrainer.config.concept_config import ConceptConfig
-from onetrainer.config.model_types import FAMILIES, MODEL_TYPES, PART_LABELS, PART_ROLES
+from onetrainer.config.model_types import DENOISER, FAMILIES, MODEL_TYPES, PART_LABELS, PART_ROLES
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import ModelPartConfig
 from onetrainer.config.sample_config import SampleConfig
@@ -65,6 +65,8 @@ def render() -> str:
         _list_section("Optimizer parameters", "optimizer", TrainOptimizerConfig, _OPTIMIZER_TEXT, parameters=True)
     )
     out.append(_model_types_section())
+    out.append(_family_notes_section())
+    out.append(_presets_section())
     out.append(_ignored_section())
     return "".join(out).rstrip() + "\n"
 
@@ -230,6 +232,64 @@ def _model_types_section() -> str:
         prediction = "v" if info.v_prediction else "epsilon"
         lines.append(
             f"| `{mt.value}` | {info.label} | {info.family.label} | {info.resolution} | {prediction} | {formats} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _family_notes() -> dict[str, str]:
+    from onetrainer.config.validation import EFFNET_DOWNLOAD
+
+    effnet = (
+        "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
+        "latents: a file, a folder or a Hugging Face repo id. "
+        "`decoder.model_name` names the decoder (stages B and A) that samples turn the prior's output into images with."
+    )
+    return {
+        "pixart": "`vb_loss_strength` (Training tab, Loss; PixArt only) weights the loss on the transformer's learned "
+        "variance (OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is "
+        "the `transformer` block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The "
+        "512 presets start from PixArt-XL-2-512x512, the others from PixArt-XL-2-1024-MS.",
+        "wuerstchen": "Only the prior (stage C, the `prior` block) trains. "
+        + effnet
+        + " Würstchen's decoder has its own text encoder (`decoder_text_encoder`). As in OneTrainer, the presets "
+        "weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1.",
+        "cascade": "Only the prior (stage C, the `prior` block) trains. "
+        + effnet
+        + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "
+        "`effnet_encoder.model_name`; `--check` and Start then say to download `effnet_encoder.safetensors` from "
+        f"{EFFNET_DOWNLOAD} and enter its path in that field. As in OneTrainer, the presets weight the loss with "
+        "`loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1.",
+    }
+
+
+def _family_notes_section() -> str:
+    lines = ["\n## Family notes\n", "Fields shown only for some families (the Applies to column above) and why:\n"]
+    for key, text in _family_notes().items():
+        lines.append(f"- **{FAMILIES[key].label}**: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def _presets_section() -> str:
+    from onetrainer.config.io import list_presets, load_preset
+
+    lines = [
+        "\n## Presets\n",
+        "The bundled presets (`presets/`, the top bar's Load preset menu, `scripts/train.py --preset NAME`). Each is a "
+        "sparse overlay of the defaults; your config and `--set` apply over it.\n",
+        "| Preset | Model type | Method | Resolution | Trained block, weights | Text encoder trained | Loss weight |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in list_presets():
+        config, _ = load_preset(name)
+        family = MODEL_TYPES[config.model_type].family
+        denoiser = next(p for p in family.parts if PART_ROLES.get(p) == DENOISER)
+        loss = config.loss_weight_fn.value
+        if loss != "CONSTANT":
+            loss += f" ({config.loss_weight_strength:g})"
+        lines.append(
+            f"| `{name}` | `{config.model_type.value}` | {config.training_method.value} | {config.resolution} | "
+            f"`{denoiser}`, {config.part(denoiser).weight_dtype.value} | "
+            f"{'yes' if config.text_encoder.train else 'no'} | {loss} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -973,7 +973,11 @@ class TrainConfig(ConfigNode):
     oft_block_share: bool = setting(
         False, "OFT block share", "All blocks of a layer share one rotation.", tab="lora", group="OFT", methods=LORA
     )
-    oft_scaled: bool = _ot("oft_scaled", False)
+    oft_scaled: bool = setting(
+        False, "Scaled OFT", "Scaled OFT (SOFT): the rotation parameters are divided by 2·√(block size − 1), which "
+        "keeps the rotation's step size alike across block sizes (a larger learning rate suits it). Files say so with "
+        "a `scaled_oft` entry.", tab="lora", group="OFT", methods=LORA,
+    )  # fmt: skip
     lokr_dim: int = setting(
         16, "LoKr rank", "The rank of LoKr's decomposed factor (and its alpha / rank scale).", tab="lora",
         group="LoKr", minimum=1, maximum=1024, methods=LORA,
@@ -993,8 +997,16 @@ class TrainConfig(ConfigNode):
         False, "LoKr full matrix", "Keep both factors full (no rank; scale 1).", tab="lora", group="LoKr",
         methods=LORA,
     )  # fmt: skip
-    lokr_weight_decompose: bool = _ot("lokr_weight_decompose", False)
-    lokr_dora_on_output: bool = _ot("lokr_dora_on_output", True)
+    lokr_weight_decompose: bool = setting(
+        False, "LoKr weight decompose (DoRA)", "DoRA on top of LoKr: the adapted weight keeps a trained magnitude "
+        "(`dora_scale`) and the LoKr product sets only its direction.", tab="lora", group="LoKr", methods=LORA,
+    )  # fmt: skip
+    lokr_dora_on_output: bool = setting(
+        True, "LoKr DoRA on output axis", "Keep the LoKr DoRA magnitude per output row (LyCORIS's default) instead "
+        "of per input column. AUTOMATIC1111 applies only the input-column variant exactly; ComfyUI normalises the "
+        "output-row variant by the base weight alone, so its result differs slightly.", tab="lora", group="LoKr",
+        methods=LORA,
+    )  # fmt: skip
     lokr_vec_trick: bool = setting(
         True, "LoKr vector trick", "A computation shortcut in OneTrainer; the result is the same here.", tab="lora",
         group="LoKr", methods=LORA, ui=False,

@@ -31,12 +31,40 @@ def context_of(config: TrainConfig) -> Context:
     )
 
 
+# OneTrainer's Stable Cascade preset ships this placeholder instead of a path: the effnet encoder is a single file that
+# no diffusers repo holds, so the user downloads it by hand.
+EFFNET_PLACEHOLDER = "TODO"
+EFFNET_DOWNLOAD = "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
+
+
+def placeholder_message(path: str, name: str) -> str:
+    """What to do about a model field still holding a preset's "TODO" placeholder (OneTrainer's Cascade preset)."""
+    if path.startswith("effnet_encoder"):
+        return (
+            f"{path} is still the preset's placeholder {name!r}: download the effnet encoder file "
+            f"effnet_encoder.safetensors from {EFFNET_DOWNLOAD} and enter its path in {path}"
+        )
+    return f"{path} is still a preset's placeholder {name!r}: enter a model file, folder or Hugging Face repo id"
+
+
+def _placeholders(config: TrainConfig) -> list[Problem]:
+    """Warn on load already (the GUI marks the field): the run checks make it an error at Start and `--check`."""
+    problems = []
+    for part in model_type_info(config.model_type).family.parts if config.model_type in MODEL_TYPES else ():
+        name = config.part(part).model_name.strip()
+        if name.upper().startswith(EFFNET_PLACEHOLDER):
+            path = f"{part}.model_name"
+            problems.append(Problem(path, placeholder_message(path, name), Severity.WARNING))
+    return problems
+
+
 def validate(config: TrainConfig) -> list[Problem]:
     """Check a loaded or edited config: each field's value, then the rules between fields."""
     problems: list[Problem] = []
     for bound in walk(config):
         problems += check_field(bound)
     problems += _cross_field(config)
+    problems += _placeholders(config)
     return problems
 
 

@@ -14,6 +14,7 @@ from onetrainer.config.model_types import MODEL_TYPES
 FAMILY_CLASSES: dict[str, str] = {
     "sd": "onetrainer.families.sd:StableDiffusionFamily",
     "sdxl": "onetrainer.families.sdxl:StableDiffusionXLFamily",
+    "pixart": "onetrainer.families.pixart:PixArtFamily",
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
     "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
 }

@@ -234,6 +234,19 @@ class Family(ABC):
         blocks = re.compile(self.text_encoder_blocks)
         return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and blocks.search(n)]
 
+    def lora_file_state(
+        self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor], alphas: dict, ranks: dict
+    ) -> dict[str, torch.Tensor] | None:
+        """A family's own kohya / LyCORIS layout for one part's adapter state (peft names), e.g. adapters on separate
+        projections written as one LoRA on the fused layer of the original checkpoint; None: the generic layout
+        (`weights/lycoris_keys.to_kohya` over `kohya_name`)."""
+        return None
+
+    def read_lora_file(self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor]):
+        """The inverse of `lora_file_state` for a kohya file: (peft weights, alphas, ranks, LoKr structure, the file
+        keys used) for `part`, or None for the generic reading."""
+        return None
+
     @abstractmethod
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""

@@ -19,7 +19,7 @@ class ModelLoadError(Exception):
     """A model that cannot be loaded, with a message that says why and what to do."""
 
 
-def hub_options(source, config: TrainConfig) -> dict:
+def hub_options(source, config: TrainConfig, what: str = "the base model") -> dict:
     """from_pretrained options for a model source: local folders never reach the hub; a hub id is loaded from the cache
     alone when offline or when the hub cannot be reached, and refused at once when it is in neither (`util/hub.py`)."""
     if source.kind != "hub":
@@ -27,7 +27,7 @@ def hub_options(source, config: TrainConfig) -> dict:
     from onetrainer.util.hub import hub_access
 
     cache_dir = config.huggingface_cache_dir or None
-    access = hub_access(source.location, cache_dir, config.offline_mode, "the base model")
+    access = hub_access(source.location, cache_dir, config.offline_mode, what)
     if access.problem:
         raise ModelLoadError(access.problem)
     options = {"local_files_only": access.local_files_only}

@@ -47,7 +47,7 @@ from onetrainer.families.sd_common import (
     single_file_tokenizer,
     wants_v_prediction,
 )
-from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
+from onetrainer.families.sources import ModelNotFound, ModelSource, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import Prediction
 from onetrainer.util.fs import atomic_directory, atomic_file
 from onetrainer.weights import ldm_keys
@@ -81,7 +81,7 @@ class StableDiffusionFamily(Family):
         parts, tokenizer, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
-            parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
+            parts["vae"] = self._load_vae_override(config, parts["vae"].config)
         cast_parts(parts, config)
         v_prediction = wants_v_prediction(config, model_type)
         slot = TextEncoderSlot(
@@ -115,9 +115,12 @@ class StableDiffusionFamily(Family):
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         return parts, tokenizer, scheduler_config, {}
 
-    def _load_vae_override(self, name: str, base_config) -> torch.nn.Module:
+    def _load_vae_override(self, config: TrainConfig, base_config) -> torch.nn.Module:
+        """The VAE named in the config: a diffusers folder (a VAE's, or a pipeline's with a vae/ subfolder), a single
+        file, or a hub id (a VAE repo or a pipeline repo), loaded like the base model (from the cache when offline)."""
         from diffusers import AutoencoderKL
 
+        name = config.vae.model_name.strip()
         path = resolve_local(name)
         if path.is_dir():
             subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
@@ -129,7 +132,15 @@ class StableDiffusionFamily(Family):
             converted = convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
             checked_load(vae, converted, f"VAE {path}")
             return vae
-        raise ModelLoadError(f"VAE override not found: {name}")
+        try:
+            source = resolve_source(name)
+        except ModelNotFound as e:
+            raise ModelLoadError(f"VAE override (vae.model_name) not found: {e}") from e
+        options = hub_options(source, config, "the VAE override")
+        try:  # a VAE repo keeps its config at the top; a pipeline repo in vae/
+            return AutoencoderKL.from_pretrained(name, **options)
+        except (OSError, ValueError):
+            return load_diffusers_component(AutoencoderKL, name, "vae", options)
 
     def _load_single_file(self, path: Path, model_type: ModelType):
         from diffusers import AutoencoderKL, UNet2DConditionModel

@@ -81,7 +81,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         parts, tokenizers, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
-            parts["vae"] = self._load_vae_override(config.vae.model_name, parts["vae"].config)
+            parts["vae"] = self._load_vae_override(config, parts["vae"].config)
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)

@@ -5,6 +5,11 @@ AUTOMATIC1111 keep the magnitude per *input column* (`dora_scale` of shape `[1, 
 `lora_decompose_output_axis` is on, while peft's DoRA keeps it per output row, which no conversion turns into the
 default. Every kind names its state like peft (`<module>.<weight name>`), so backups, continuing and the file
 formats (`weights/lycoris_keys.py`) treat them alike.
+
+Two of OneTrainer's options extend peft's layers in place: `lokr_weight_decompose` puts DoRA's weight decomposition
+on top of LoKr (a `dora_scale` per output row with `lokr_dora_on_output`, LyCORIS's default, else per input column),
+and `oft_scaled` is Scaled OFT: the trained block parameters are divided by 2·√(block size − 1) before Cayley's
+transform, and a `scaled_oft` marker is saved beside them so that loaders know.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ MARKERS = {
     LORA: ("lora_",),
     DORA: ("lora_", "dora_scale"),
     LOHA: ("hada_",),
-    LOKR: ("lokr_",),
+    LOKR: ("lokr_", "dora_scale"),
     OFT: ("oft_",),
 }
 KIND_LABELS = {LORA: "LoRA", DORA: "DoRA", LOHA: "LoHa", LOKR: "LoKr", OFT: "OFT v2"}
@@ -78,6 +83,12 @@ def inject(
         "alpha_pattern": {f"^{k}$": v for k, v in alphas.items() if v != base_alpha},
     }
     inject_adapter_in_model(_peft_config(kind, config, base_rank, base_alpha, common, lokr_structure), module)
+    for name in targets:
+        layer = module.get_submodule(name)
+        if kind == LOKR and config.lokr_weight_decompose:
+            _decompose_lokr(layer, config.lokr_dora_on_output, config.dropout_probability)
+        if kind == OFT and config.oft_scaled:
+            _scale_oft(layer)
 
 
 def _peft_config(kind: str, config: TrainConfig, rank: int, alpha: float, common: dict, lokr_structure: dict | None):
@@ -93,7 +104,7 @@ def _peft_config(kind: str, config: TrainConfig, rank: int, alpha: float, common
         return LoKrConfig(
             r=rank,
             alpha=alpha,
-            rank_dropout=dropout,
+            rank_dropout=0.0 if config.lokr_weight_decompose else dropout,  # decomposed: dropout on the input instead
             decompose_both=structure.get("decompose_both", config.lokr_decompose_both),
             decompose_factor=structure.get("decompose_factor", config.lokr_decompose_factor),
             use_effective_conv2d=structure.get("use_tucker", config.lokr_use_tucker),
@@ -131,6 +142,8 @@ def adapter_state(kind: str, module: torch.nn.Module) -> dict[str, torch.Tensor]
         from peft import get_peft_model_state_dict
 
         state = get_peft_model_state_dict(module)
+        if kind == LOKR:
+            state.update(_decomposition_state(module))
     return {k: v.detach().to("cpu") for k, v in state.items()}
 
 
@@ -141,9 +154,13 @@ def load_adapter_state(kind: str, module: torch.nn.Module, state: dict[str, torc
         from peft import set_peft_model_state_dict
 
         mine = {k for k in adapter_state(kind, module)}
+        given = set(state)
+        problems = []
+        if kind == LOKR:
+            state, problems = _load_decomposition_state(module, state)
         result = set_peft_model_state_dict(module, state)
         unexpected = [k for k in getattr(result, "unexpected_keys", []) if is_adapter_name(kind, k)]
-        return unexpected + sorted(mine - set(state))
+        return problems + unexpected + sorted(mine - given)
     layers = {name: layer for name, layer in module.named_modules() if isinstance(layer, DoraLayer)}
     problems = []
     for key, value in state.items():
@@ -265,3 +282,77 @@ def iter_adapter_params(kind: str, module: torch.nn.Module) -> Iterator[tuple[st
     for name, param in module.named_parameters():
         if is_adapter_name(kind, name):
             yield name, param
+
+
+# -- LoKr with weight decomposition, Scaled OFT ----------------------------------------------------------------------
+
+
+def _decompose_lokr(layer: torch.nn.Module, on_output: bool, dropout: float) -> None:
+    """DoRA on a peft LoKr layer, as OneTrainer and LyCORIS define it: W' = m · (W + ΔW) / ‖W + ΔW‖, the norm per
+    output row (`on_output`) or per input column, a constant for backpropagation; dropout acts on the input."""
+    weight = layer.get_base_layer().weight
+    layer.dora_on_output = on_output
+    layer.dora_dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
+    with torch.no_grad():
+        layer.dora_scale = torch.nn.Parameter(_axis_norm(weight.detach().float(), on_output))
+    layer.forward = _decomposed_lokr_forward.__get__(layer)
+
+
+def _axis_norm(weight: torch.Tensor, on_output: bool) -> torch.Tensor:
+    dims = tuple(range(1, weight.dim())) if on_output else (0, *range(2, weight.dim()))
+    return torch.linalg.vector_norm(weight, dim=dims, keepdim=True) + torch.finfo(weight.dtype).eps
+
+
+def _decomposed_lokr_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    base = self.get_base_layer()
+    if self.disable_adapters or not self.active_adapters:
+        return base(x, *args, **kwargs)
+    delta = self.get_delta_weight(self.active_adapters[0])
+    adapted = base.weight.to(delta.dtype) + delta
+    weight = (self.dora_scale * (adapted / _axis_norm(adapted.detach(), self.dora_on_output))).to(x.dtype)
+    x = self.dora_dropout(x)
+    if isinstance(base, torch.nn.Conv2d):
+        return F.conv2d(x, weight, base.bias, base.stride, base.padding, base.dilation, base.groups)
+    return F.linear(x, weight, base.bias)
+
+
+def _decomposition_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {f"{name}.dora_scale": layer.dora_scale for name, layer in module.named_modules() if _is_decomposed(layer)}
+
+
+def _is_decomposed(layer: torch.nn.Module) -> bool:
+    return isinstance(getattr(layer, "dora_scale", None), torch.nn.Parameter) and not isinstance(layer, DoraLayer)
+
+
+def _load_decomposition_state(
+    module: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Copy the `dora_scale` entries into the decomposed LoKr layers; the rest is for peft."""
+    rest, problems = {}, []
+    for key, value in state.items():
+        if not key.endswith(".dora_scale"):
+            rest[key] = value
+            continue
+        layer = module.get_submodule(key[: -len(".dora_scale")])
+        if not _is_decomposed(layer):
+            problems.append(f"{key} (the file was trained with lokr_weight_decompose on)")
+        elif layer.dora_scale.shape != value.shape:
+            axis = "output rows" if layer.dora_on_output else "input columns"
+            problems.append(f"{key} {tuple(value.shape)} (lokr_dora_on_output: this run keeps it per {axis})")
+        else:
+            with torch.no_grad():
+                layer.dora_scale.copy_(value)
+    return rest, problems
+
+
+def _scale_oft(layer: torch.nn.Module) -> None:
+    """Scaled OFT (OneTrainer's `oft_scaled`): Cayley's transform takes the parameters / 2·√(block size − 1)."""
+    for rotation in layer.oft_R.values():
+        factor = 2 * math.sqrt(rotation.block_size - 1)
+        cayley = rotation._cayley_batch
+
+        def scaled_cayley(q: torch.Tensor, *args, _cayley=cayley, _factor=factor, **kwargs) -> torch.Tensor:
+            return _cayley(q / _factor, *args, **kwargs)
+
+        rotation._cayley_batch = scaled_cayley
+        rotation.register_buffer("scaled_oft", torch.tensor(True))

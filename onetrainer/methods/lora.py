@@ -107,6 +107,13 @@ class LoraMethod(Method):
             # Each kohya module name belongs to the part whose module it names (`family.kohya_name`).
             left = {k.partition(".")[0] for k in state if not k.startswith("bundle_emb.")}
             for part in self._candidate_parts():
+                own = self.family.read_lora_file(self.model, part, kind, state)
+                if own is not None:
+                    weights, alphas, ranks, structure, used = own
+                    if weights:
+                        out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks, "structure": structure}
+                    left -= {k.partition(".")[0] for k in used}
+                    continue
                 names = {
                     self.family.kohya_name(self.model, part, n): n
                     for n, m in self.model.part(part).named_modules()
@@ -203,8 +210,13 @@ class LoraMethod(Method):
             if fmt is ModelFormat.DIFFUSERS_LORA:
                 out.update(_diffusers_lora(part, state, self.ranks[part], self.alphas[part]))
             else:
+                own = self.family.lora_file_state(
+                    self.model, part, self.kind, state, self.alphas[part], self.ranks[part]
+                )  # fmt: skip
                 name_of = lambda m, p=part: self.family.kohya_name(self.model, p, m)  # noqa: E731
-                out.update(to_kohya(self.kind, state, name_of, self.alphas[part], self.ranks[part]))
+                out.update(
+                    own if own is not None else to_kohya(self.kind, state, name_of, self.alphas[part], self.ranks[part])
+                )
         if self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA:
             for embedding in self.embeddings.embeddings:
                 for key, tensor in self.embeddings.file_tensors(embedding, dtype).items():

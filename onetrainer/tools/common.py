@@ -82,10 +82,14 @@ def hub_file(repo_or_path: str, filename: str) -> Path:
         if not found.is_file():
             raise ModelLoadError(f"{found} does not exist")
         return found
+    from onetrainer.tools.downloads import DownloadCancelled, progress_bar
+
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo_or_path, filename))
+        return Path(hf_hub_download(repo_or_path, filename, tqdm_class=progress_bar()))
+    except DownloadCancelled:
+        raise
     except Exception as e:
         raise ModelLoadError(
             f"cannot find {filename} of {repo_or_path} (not a local path, and the hub says: {e})"
@@ -93,8 +97,14 @@ def hub_file(repo_or_path: str, filename: str) -> Path:
 
 
 def from_pretrained(cls, name: str, what: str, **kwargs):
-    """`cls.from_pretrained(name)` with a message a user can act on when the name is neither a folder nor on the hub."""
+    """`cls.from_pretrained(name)` with a message a user can act on when the name is neither a folder nor on the hub.
+    A hub id is downloaded first with progress shown and cancellable (`tools/downloads.py`)."""
+    from onetrainer.tools.downloads import DownloadCancelled, hub_snapshot, is_hub_id
+
     try:
-        return cls.from_pretrained(name, **kwargs)
+        source = hub_snapshot(name) if is_hub_id(name) else name
+        return cls.from_pretrained(source, **kwargs)
+    except DownloadCancelled:
+        raise
     except Exception as e:
         raise ModelLoadError(f"cannot load the {what} {name}: {type(e).__name__}: {e}") from None

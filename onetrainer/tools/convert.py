@@ -1,5 +1,6 @@
 """Model conversion: a model between a diffusers folder and the single-file layout, a LoRA between kohya and
-diffusers names, with an output data type.
+diffusers names, an embedding (an AUTOMATIC1111 `.pt`, or a safetensors file) into the safetensors layout the tools
+load, each with an output data type.
 
 Reading and writing go through the family's own `load` and `save` and the LoRA method's own reading and writing, so
 a converted file is exactly what training would have written for the same weights.
@@ -14,7 +15,7 @@ from onetrainer.config import ModelType, TrainConfig, TrainingMethod
 from onetrainer.config.enums import DataType, ModelFormat
 from onetrainer.config.model_types import all_parts, model_type_info
 
-CONVERTIBLE_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA)
+CONVERTIBLE_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING)
 OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
 
 
@@ -30,7 +31,7 @@ class Conversion:
     destination: Path
     output_dtype: DataType = DataType.FLOAT_16
     training_method: TrainingMethod = TrainingMethod.FINE_TUNE
-    base_model_name: str = ""  # a LoRA's base model: its module names decide which weights are whose
+    base_model_name: str = ""  # a LoRA's / embedding's base model: its module names and text encoders decide
     overwrite: bool = False
 
     def problems(self) -> list[str]:
@@ -52,8 +53,9 @@ class Conversion:
             out.append(f"{self.output_format.value} is not a {self.training_method.value} format here ({names})")
         if self.output_dtype not in OUTPUT_DTYPES:
             out.append(f"the output data type {self.output_dtype.value} is not one of FLOAT_32, FLOAT_16, BFLOAT_16")
-        if self.training_method is TrainingMethod.LORA and not self.base_model_name:
-            out.append("converting a LoRA needs its base model (--base-model-name)")
+        if self.training_method is not TrainingMethod.FINE_TUNE and not self.base_model_name:
+            what = "a LoRA" if self.training_method is TrainingMethod.LORA else "an embedding"
+            out.append(f"converting {what} needs its base model (--base-model-name)")
         source = Path(self.input_name).expanduser()
         destination = self.destination.expanduser()
         if source.exists() and destination.exists() and source.resolve() == destination.resolve():
@@ -82,24 +84,33 @@ def convert(conversion: Conversion) -> list[Path]:
         config.part(part).weight_dtype = DataType.FLOAT_32  # converted once, at the end, to the output's type
         config.part(part).train = False
     is_lora = conversion.training_method is TrainingMethod.LORA
-    config.base_model_name = conversion.base_model_name if is_lora else conversion.input_name
-    config.lora_model_name = conversion.input_name if is_lora else ""
+    is_embedding = conversion.training_method is TrainingMethod.EMBEDDING
+    on_base = is_lora or is_embedding
+    config.base_model_name = conversion.base_model_name if on_base else conversion.input_name
     family = load_family_class(config.model_type)()
+    if not on_base and conversion.base_model_name:
+        # A denoiser-only file (PixArt's original transformer checkpoint) over a base that has the other parts.
+        config.base_model_name = conversion.base_model_name
+        config.part(family.denoiser_part).model_name = conversion.input_name
+    config.lora_model_name = conversion.input_name if is_lora else ""
+    if is_embedding:
+        config.embedding.model_name = conversion.input_name
     try:
         model = family.load(config)
     except Exception as e:
         raise ConversionError(f"cannot load {config.base_model_name}: {_reason(e)}") from e
     destination = conversion.destination.expanduser()
-    if is_lora:
+    if on_base:
         from onetrainer.methods import create_method
 
+        what = "LoRA" if is_lora else "embedding"
         if not Path(conversion.input_name).expanduser().is_file():
-            raise ConversionError(f"the LoRA file {conversion.input_name} does not exist")
+            raise ConversionError(f"the {what} file {conversion.input_name} does not exist")
         config.lora_weight_dtype = DataType.FLOAT_32
         try:
             method = create_method(config, family, model, torch.device("cpu"))
         except Exception as e:
-            raise ConversionError(f"cannot read the LoRA {conversion.input_name}: {_reason(e)}") from e
+            raise ConversionError(f"cannot read the {what} {conversion.input_name}: {_reason(e)}") from e
         try:
             return method.save_output(destination)
         except OSError as e:

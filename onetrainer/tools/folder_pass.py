@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from onetrainer.data.images import list_images
+from onetrainer.tools.downloads import DownloadCancelled, DownloadProgress, reported
 from onetrainer.training.events import Broadcast, EventSink, QueueSink
 
 
@@ -73,7 +74,7 @@ class PassFailed:
     traceback: str = ""
 
 
-PassEvent = PassStarted | PassStatus | ImageDone | ImageSkipped | PassFinished | PassFailed
+PassEvent = PassStarted | PassStatus | DownloadProgress | ImageDone | ImageSkipped | PassFinished | PassFailed
 
 
 class SkipImage(Exception):
@@ -143,8 +144,9 @@ def run_pass(
     try:
         if todo and not control.cancelled:
             emit(PassStatus(f"loading the model for {task.what} (a first use downloads it)"))
-            task.load()
-            loaded = True
+            loaded = True  # released below even when loading stops half-way
+            with reported(emit, lambda: control.cancelled):
+                task.load()
         started = time.monotonic()
         for number, image in enumerate(todo, start=1):
             if control.cancelled:
@@ -159,6 +161,8 @@ def run_pass(
             elapsed = time.monotonic() - started
             eta = elapsed / number * (len(todo) - number)
             emit(ImageDone(number, len(todo), str(image), str(result), eta))
+    except DownloadCancelled:
+        pass  # finished below, as cancelled
     except ModelLoadError as e:
         return _failed(emit, str(e), "")
     except Exception as e:
@@ -205,6 +209,8 @@ class ConsolePassSink:
                 self._bar = tqdm(total=event.total, file=self.stream, unit="image", dynamic_ncols=True)
         elif isinstance(event, PassStatus):
             self._write(event.text)
+        elif isinstance(event, DownloadProgress):
+            pass  # the downloader's own tqdm bar shows it in the terminal
         elif isinstance(event, ImageDone | ImageSkipped):
             if isinstance(event, ImageSkipped):
                 self._write(f"skipped {event.path}: {event.reason}")

@@ -263,13 +263,14 @@ def download_u2net(file: U2NetFile) -> Path:
     dest = cache_root() / "models" / "rembg" / file.filename
     if dest.is_file():
         return dest
-    from tqdm import tqdm
+    from onetrainer.tools.downloads import progress_bar
 
     digest = hashlib.md5()
     try:
         with atomic_file(dest) as tmp, urllib.request.urlopen(file.url, timeout=60) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=file.filename) as bar:
+            bar = progress_bar()(total=total, unit="B", unit_scale=True, desc=file.filename)
+            with open(tmp, "wb") as out, bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     digest.update(chunk)

@@ -10,10 +10,8 @@ from onetrainer.training.events import (
     Finished,
     Metrics,
     Progress,
-    SampleReady,
     Started,
-    Status,
-    Warning_,
+    describe,
 )
 
 
@@ -33,13 +31,7 @@ class ConsoleSink:
             self._gone = True
 
     def _show(self, event: Event) -> None:
-        if isinstance(event, Started):
-            self._write(
-                f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
-                f"= {event.total_steps} steps"
-            )
-            self._open_bar(event.total_steps)
-        elif isinstance(event, Progress):
+        if isinstance(event, Progress):
             if self._bar is not None:
                 self._bar.n = event.global_step
                 postfix = {"epoch": f"{event.epoch + 1}/{event.total_epochs}"}
@@ -47,20 +39,19 @@ class ConsoleSink:
                     postfix["loss"] = f"{self._loss:.4f}"
                 self._bar.set_postfix(postfix, refresh=False)
                 self._bar.refresh()
-        elif isinstance(event, Metrics):
+            return
+        if isinstance(event, Metrics):
             self._loss = event.smooth_loss
-        elif isinstance(event, SampleReady):
-            self._write(f"sample {event.index} ({event.prompt!r}): {event.path}")
-        elif isinstance(event, Status):
-            self._write(event.text)
-        elif isinstance(event, Warning_):
-            self._write(f"warning: {event.text}")
-        elif isinstance(event, Finished):
+            return
+        if isinstance(event, Finished | Failed):
             self._close_bar()
-            where = f": {event.output_path}" if event.output_path else ""
-            self._write(f"Finished ({event.reason}){where}")
-        elif isinstance(event, Failed):
-            self._close_bar()
+            if isinstance(event, Failed):
+                return  # the caller prints the failure with the log's path
+        text = describe(event)
+        if text is not None:
+            self._write(text)
+        if isinstance(event, Started):
+            self._open_bar(event.total_steps)
 
     def close(self) -> None:
         self._close_bar()

@@ -102,6 +102,27 @@ class Failed:
 Event = Started | Progress | Metrics | Scalars | CacheFilled | SampleReady | Status | Warning_ | Finished | Failed
 
 
+def describe(event: Event) -> str | None:
+    """The one line the console, the log file and the GUI's Log window all write for an event; None for the events each
+    shows its own way (progress and losses: a bar, a line per step, a line per epoch)."""
+    if isinstance(event, Started):
+        return (
+            f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
+            f"= {event.total_steps} steps"
+        )
+    if isinstance(event, SampleReady):
+        return f"sample {event.index} ({event.prompt!r}): {event.path}"
+    if isinstance(event, Status):
+        return event.text
+    if isinstance(event, Warning_):
+        return f"warning: {event.text}"
+    if isinstance(event, Finished):
+        return f"Finished ({event.reason})" + (f": {event.output_path}" if event.output_path else "")
+    if isinstance(event, Failed):
+        return f"Training failed: {event.message}"
+    return None
+
+
 class EventSink(Protocol):
     def emit(self, event: Event) -> None: ...
 

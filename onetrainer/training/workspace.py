@@ -12,14 +12,10 @@ from pathlib import Path
 from onetrainer.training.events import (
     Event,
     Failed,
-    Finished,
     Metrics,
     Progress,
-    SampleReady,
     Scalars,
-    Started,
-    Status,
-    Warning_,
+    describe,
 )
 
 SUBDIRS = ("config", "logs", "samples", "tensorboard", "backup", "save")
@@ -101,11 +97,6 @@ class LogFileSink:
                 logging.getLogger(__name__).warning("the log %s cannot be written any more: %s", self.path, e)
 
     def _text(self, event: Event) -> str | None:
-        if isinstance(event, Started):
-            return (
-                f"started {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
-                f"= {event.total_steps} steps"
-            )
         if isinstance(event, Progress):
             return None  # the loss lines below carry the step
         if isinstance(event, Metrics):
@@ -113,17 +104,9 @@ class LogFileSink:
             return f"step {event.global_step}: loss={event.loss:.6f} smooth={event.smooth_loss:.6f} {rates}"
         if isinstance(event, Scalars):
             return f"step {event.global_step}: " + " ".join(f"{k}={v:.6f}" for k, v in event.values.items())
-        if isinstance(event, SampleReady):
-            return f"sample {event.index} ({event.prompt!r}): {event.path}"
-        if isinstance(event, Status):
-            return event.text
-        if isinstance(event, Warning_):
-            return f"warning: {event.text}"
-        if isinstance(event, Finished):
-            return f"finished ({event.reason}) {event.output_path}".rstrip()
         if isinstance(event, Failed):
-            return f"FAILED: {event.message}\n{event.traceback}".rstrip()
-        return None
+            return f"{describe(event)}\n{event.traceback}".rstrip()
+        return describe(event)
 
     def write_exception(self) -> None:
         self.file.write(traceback.format_exc())

@@ -77,6 +77,14 @@ class Probe:
         return self.answered and not self.reason
 
 
+def answer_remembered(repo_id: str) -> bool:
+    """Whether `probe(repo_id)` would answer at once, from a recent question (no network)."""
+    from huggingface_hub import constants
+
+    remembered = _probes.get((constants.ENDPOINT, repo_id))
+    return remembered is not None and time.monotonic() - remembered[0] < _PROBE_MEMORY_S
+
+
 def probe(repo_id: str, timeout: float = PROBE_TIMEOUT_S) -> Probe:
     """Ask the hub about the repo once, with a short timeout and without retries."""
     from huggingface_hub import HfApi, constants

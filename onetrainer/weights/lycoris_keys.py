@@ -8,9 +8,14 @@ Module names are kohya's (`lora_unet_…`, `lora_te1_…`); the weight names are
 - LoKr: `lokr_w1` or `lokr_w1_a/_b`, `lokr_w2` or `lokr_w2_a/_b` (+ `lokr_t2`), `.alpha`; ΔW = w1 ⊗ w2 · alpha/rank.
   The consumers apply alpha/rank only when a factor is decomposed (the rank is the `_b` factor's first side);
   with both factors full they apply scale 1, so the scale is folded into `lokr_w1` and no alpha is written.
+  With `lokr_weight_decompose`, `dora_scale` beside them ([out, 1] on the output axis, LyCORIS's default; [1, in]
+  otherwise): AUTOMATIC1111 applies it only per input column, ComfyUI both ways (normalising the output-axis variant
+  by the base weight alone, so its result differs slightly there).
 - OFT v2 (peft's OFT, OneTrainer's `OFT_2`): `oft_R.weight`, the blocks' skew-symmetric parameters as peft keeps
   them. Only OneTrainer and this trainer load it; upstream ComfyUI and AUTOMATIC1111 load LyCORIS OFT
-  (`oft_blocks`), a different adapter (rotating the output side), so no conversion is offered.
+  (`oft_blocks`), a different adapter (rotating the output side), so no conversion is offered. Scaled OFT
+  (`oft_scaled`) adds `oft_R.scaled_oft` (true), as OneTrainer writes it: the parameters are divided by
+  2·√(block size − 1) before use.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ _NAMES = {
     LORA: {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight"},
     DORA: {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight", "dora_scale": "dora_scale"},
     LOHA: {k: k for k in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")},
-    LOKR: {k: k for k in ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")},
-    OFT: {"oft_R.weight": "oft_R.weight"},
+    LOKR: {
+        k: k
+        for k in ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2", "dora_scale")
+    },
+    OFT: {"oft_R.weight": "oft_R.weight", "oft_R.scaled_oft": "oft_R.scaled_oft"},
 }
 _HAS_ALPHA = {LORA, DORA, LOHA, LOKR}
 

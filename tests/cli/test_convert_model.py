@@ -92,23 +92,24 @@ def test_output_dtype_is_applied(tmp_path):
     assert dtypes == {torch.bfloat16}
 
 
-def write_kohya_lora(base: Path, path: Path) -> None:
-    """A kohya LoRA for the tiny SD 1.5 model (UNet and text encoder), random up and down weights, alpha != rank."""
+def write_kohya_lora(base: Path, path: Path, variant: str = "sd15") -> None:
+    """A kohya LoRA for a tiny model (UNet and text encoders), random up and down weights, alpha != rank."""
     from onetrainer.families import load_family_class
     from onetrainer.methods import create_method
 
     config = TrainConfig()
-    config.model_type = ModelType.STABLE_DIFFUSION_15
+    config.model_type = ModelType(TYPES[variant])
     config.base_model_name = str(base)
     config.training_method = TrainingMethod.LORA
     config.lora_rank, config.lora_alpha = 4, 2.0
     config.text_encoder.train = True
+    config.text_encoder_2.train = variant == "sdxl"
     family = load_family_class(config.model_type)()
     model = family.load(config)
     method = create_method(config, family, model, torch.device("cpu"))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for part in ("unet", "text_encoder"):
+        for part in method.ranks:
             for name, param in model.part(part).named_parameters():
                 if "lora_" in name:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
@@ -127,21 +128,25 @@ def lora_deltas(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_lora_kohya_to_diffusers_and_back(tmp_path):
-    base = tiny_model_dir("sd15")
+@pytest.mark.parametrize("variant", ["sd15", "sdxl"])
+def test_lora_kohya_to_diffusers_and_back(tmp_path, variant):
+    base = tiny_model_dir(variant)
     kohya = tmp_path / "lora.safetensors"
-    write_kohya_lora(base, kohya)
+    write_kohya_lora(base, kohya, variant)
     diffusers_file = tmp_path / "lora-diffusers.safetensors"
-    common = ["--model-type", "STABLE_DIFFUSION_15", "--training-method", "LORA", "--base-model-name", str(base),
+    common = ["--model-type", TYPES[variant], "--training-method", "LORA", "--base-model-name", str(base),
               "--output-dtype", "FLOAT_32"]  # fmt: skip
     assert convert(*common, "--input-name", str(kohya), "--output-model-format", "DIFFUSERS_LORA",
                    "--output-model-destination", str(diffusers_file)) == EXIT_OK  # fmt: skip
     keys = load_file(str(diffusers_file)).keys()
-    assert all(k.startswith(("unet.", "text_encoder.")) and ".lora_" in k for k in keys)
+    prefixes = ("unet.", "text_encoder.", "text_encoder_2.")
+    assert all(k.startswith(prefixes) and ".lora_" in k for k in keys)
+    assert variant == "sd15" or any(k.startswith("text_encoder_2.") for k in keys)
     # diffusers' own loader reads it
-    from diffusers import StableDiffusionPipeline
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    pipe = StableDiffusionPipeline.from_pretrained(str(base), safety_checker=None)
+    pipeline_class = StableDiffusionXLPipeline if variant == "sdxl" else StableDiffusionPipeline
+    pipe = pipeline_class.from_pretrained(str(base), **({} if variant == "sdxl" else {"safety_checker": None}))
     pipe.load_lora_weights(str(diffusers_file))
 
     back = tmp_path / "lora-kohya.safetensors"
@@ -151,7 +156,50 @@ def test_lora_kohya_to_diffusers_and_back(tmp_path):
     assert original.keys() == round_trip.keys() and original
     assert all(torch.allclose(original[k], round_trip[k], atol=1e-6) for k in original)
     # both reload onto the model with the same outputs
-    assert torch.allclose(unet_output(load("sd15", base, str(kohya))), unet_output(load("sd15", base, str(back))))
+    assert torch.allclose(unet_output(load(variant, base, str(kohya))), unet_output(load(variant, base, str(back))))
+
+
+def embedding_widths(variant: str) -> dict[str, int]:
+    model = load(variant, tiny_model_dir(variant))
+    return {slot.embedding_key: slot.encoder.get_input_embeddings().embedding_dim for slot in model.text_encoders}
+
+
+def test_an_a1111_pt_embedding_converts_to_safetensors(tmp_path):
+    width = embedding_widths("sd15")["emb_params"]
+    vectors = torch.randn(3, width, generator=torch.Generator().manual_seed(0))
+    legacy = tmp_path / "style.pt"
+    torch.save({"string_to_param": {"*": vectors}, "name": "style", "step": 500}, legacy)
+    out = tmp_path / "style.safetensors"
+    args = ["--model-type", "STABLE_DIFFUSION_15", "--training-method", "EMBEDDING", "--base-model-name",
+            str(tiny_model_dir("sd15")), "--input-name", str(legacy), "--output-model-format", "SAFETENSORS",
+            "--output-model-destination", str(out)]  # fmt: skip
+    assert convert(*args) == EXIT_OK
+    written = load_file(str(out))
+    assert written.keys() == {"emb_params"} and written["emb_params"].dtype == torch.float16
+    assert torch.equal(written["emb_params"], vectors.half())
+
+
+def test_an_sdxl_embedding_converts_dtype_and_a_wrong_one_is_named(tmp_path, capsys):
+    widths = embedding_widths("sdxl")
+    generator = torch.Generator().manual_seed(1)
+    vectors = {key: torch.randn(2, width, generator=generator) for key, width in widths.items()}
+    source = tmp_path / "subject.safetensors"
+    save_file(vectors, str(source))
+    out = tmp_path / "subject-bf16.safetensors"
+    args = ["--model-type", TYPES["sdxl"], "--training-method", "EMBEDDING", "--base-model-name",
+            str(tiny_model_dir("sdxl")), "--output-model-format", "SAFETENSORS",
+            "--output-dtype", "BFLOAT_16"]  # fmt: skip
+    assert convert(*args, "--input-name", str(source), "--output-model-destination", str(out)) == EXIT_OK
+    written = load_file(str(out))
+    assert written.keys() == {"clip_l", "clip_g"}
+    assert all(torch.equal(written[k], vectors[k].bfloat16()) for k in vectors)
+
+    wrong = tmp_path / "sd15-embedding.safetensors"
+    save_file({"emb_params": torch.zeros(2, 8)}, str(wrong))
+    bad_out = tmp_path / "never.safetensors"
+    assert convert(*args, "--input-name", str(wrong), "--output-model-destination", str(bad_out)) == EXIT_FAILED
+    assert "sd15-embedding.safetensors" in capsys.readouterr().err
+    assert not bad_out.exists()
 
 
 def test_arguments_that_cannot_work(tmp_path, capsys):
@@ -178,3 +226,20 @@ def test_arguments_that_cannot_work(tmp_path, capsys):
 
 def test_readme_shows_the_usage_text():
     assert build_parser().format_help().strip() in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_pixart_to_its_original_transformer_and_back(tmp_path):
+    from diffusers import PixArtAlphaPipeline
+
+    base = tiny_model_dir("pixart")
+    native = tmp_path / "PixArt-tiny.safetensors"
+    common = ["--model-type", "PIXART_ALPHA", "--output-dtype", "FLOAT_32"]
+    assert convert(*common, "--input-name", str(base), "--output-model-format", "ORIGINAL_TRANSFORMER",
+                   "--output-model-destination", str(native)) == EXIT_OK  # fmt: skip
+    assert "blocks.0.attn.qkv.weight" in load_file(str(native))
+    back = tmp_path / "pixart-diffusers"
+    assert convert(*common, "--input-name", str(native), "--base-model-name", str(base), "--output-model-format",
+                   "DIFFUSERS", "--output-model-destination", str(back)) == EXIT_OK  # fmt: skip
+    original = PixArtAlphaPipeline.from_pretrained(str(base)).transformer.state_dict()
+    again = PixArtAlphaPipeline.from_pretrained(str(back)).transformer.state_dict()
+    assert again.keys() == original.keys() and all(torch.equal(again[k], original[k]) for k in original)

@@ -172,7 +172,10 @@ def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, ca
     [
         (["--prompt", "x", "--output", "x.png"], "give --model-type and --base-model"),
         (["--model-type", "SD9", "--base-model", "m", "--prompt", "x", "--output", "x.png"], "unknown model type"),
-        (["--model-type", "PIXART_ALPHA", "--base-model", "m", "--prompt", "x", "--output", "o"], "cannot be sampled"),
+        (
+            ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"],
+            "cannot be sampled",
+        ),
         (["--model-type", "STABLE_DIFFUSION_15", "--base-model", "m", "--output", "o"], "give --prompt"),
         (["--preset", "demo", "--count", "2", "--output", "two.png"], "--output must be a folder"),
         (["--preset", "demo", "--width", "60", "--output", "o"], "multiples of 8"),
@@ -191,3 +194,9 @@ def test_the_script_runs_as_a_subprocess():
         [sys.executable, str(ROOT / "scripts" / "sample.py"), "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "--embedding FILE" in result.stdout
+
+
+def test_pixart_samples_from_the_script(in_tmp):
+    args = ["--model-type", "PIXART_ALPHA", "--base-model", "tiny:pixart", *FAST, "--prompt", "a <x> cat"]
+    assert main([*args, "--width", "96", "--height", "64", "--output", "wide.png"]) == 0
+    assert Image.open(in_tmp / "wide.png").size == (96, 64)

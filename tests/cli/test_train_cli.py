@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from onetrainer.cli.train import EXIT_INVALID, build_parser, main
+from onetrainer.config.enums import ModelType
+from onetrainer.families import is_trainable
 from tests.conftest import ROOT
 
 
@@ -37,7 +42,7 @@ def test_unreadable_config_exits_2(in_tmp, capsys):
 
 def test_not_yet_trainable_family_is_refused_clearly(in_tmp, capsys):
     (in_tmp / "images").mkdir()
-    code = main(["--preset", "pixart/finetune", "--set", "concepts.0.path=images"])
+    code = main(["--preset", "cascade/finetune", "--set", "concepts.0.path=images"])
     assert code == EXIT_INVALID
     assert "cannot be trained yet" in capsys.readouterr().err
 
@@ -69,3 +74,51 @@ def test_python_dash_m_dispatches(in_tmp):
     assert result.returncode == EXIT_INVALID and "epochs" in result.stderr
     result = subprocess.run([sys.executable, "-m", "onetrainer", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "create-train-files" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "preset", ["pixart/lora", "pixart/lora-512", "pixart/finetune", "pixart/finetune-512", "pixart/embedding",
+               "pixart/embedding-512"],
+)  # fmt: skip
+def test_pixart_presets_pass_check_on_a_local_model(in_tmp, capsys, preset):
+    args = [
+        "--check",
+        "--preset",
+        preset,
+        "--set",
+        "base_model_name=tiny:pixart",
+        "--set",
+        "concepts.0.path=tiny:images",
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+
+
+def test_onetrainers_pixart_preset_passes_check_on_a_local_model(in_tmp, capsys):
+    from tests.conftest import onetrainer_presets_dir
+
+    preset = onetrainer_presets_dir() / "PixArt Alpha" / "#pixart alpha 1.0.json"
+    args = ["--check", "--config-path", str(preset), "--set", "base_model_name=tiny:pixart",
+            "--set", "concepts.0.path=tiny:images"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+
+
+def _check_prior_preset(tmp: Path, preset: str) -> list[str]:
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    family = preset.split("/")[0]
+    effnet = save_effnet_encoder(tmp / "effnet_encoder.safetensors", wuerstchen=family == "wuerstchen")
+    return ["--check", "--preset", preset, "--set", f"base_model_name=tiny:{family}",
+            "--set", f"decoder.model_name=tiny:{family}-decoder", "--set", f"effnet_encoder.model_name={effnet}",
+            "--set", "concepts.0.path=tiny:images"]  # fmt: skip
+
+
+@pytest.mark.skipif(not is_trainable(ModelType.WUERSTCHEN_2), reason="family not merged yet")
+@pytest.mark.parametrize("method", ["lora", "finetune", "embedding"])
+def test_wuerstchen_presets_pass_check_on_local_models(in_tmp, capsys, method):
+    assert main(_check_prior_preset(in_tmp, f"wuerstchen/{method}")) == 0, capsys.readouterr().err
+
+
+@pytest.mark.skipif(not is_trainable(ModelType.STABLE_CASCADE_1), reason="family not merged yet")
+@pytest.mark.parametrize("method", ["lora", "finetune", "embedding"])
+def test_cascade_presets_pass_check_on_local_models(in_tmp, capsys, method):
+    assert main(_check_prior_preset(in_tmp, f"cascade/{method}")) == 0, capsys.readouterr().err

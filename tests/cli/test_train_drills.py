@@ -139,7 +139,10 @@ def test_a_second_ctrl_c_aborts_promptly_with_one_line(tmp_path):
     assert time.monotonic() - started < 30
     assert "Training aborted: aborted by a second interrupt" in trainer.text and "Traceback" not in trainer.text
     [log] = (tmp_path / "workspace" / "logs").glob("*.log")
-    assert "FAILED: aborted by a second interrupt (Ctrl+C)" in log.read_text() and "Traceback" not in log.read_text()
+    assert (
+        "Training failed: aborted by a second interrupt (Ctrl+C)" in log.read_text()
+        and "Traceback" not in log.read_text()
+    )
     assert not Path(config["output_model_destination"]).exists()  # nothing half-written
     assert not [p for p in (tmp_path / "workspace" / "backup").iterdir() if p.name.startswith(".")]
 

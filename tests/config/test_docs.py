@@ -18,3 +18,17 @@ def test_every_shown_field_has_a_label_and_help():
         meta = bound.spec.meta
         assert meta.label and meta.help, bound.path
         assert bound.path.split(".")[-1] in render() or bound.path in render()
+
+
+def test_presets_and_family_fields_are_documented():
+    from onetrainer.config import list_presets, load_preset
+    from onetrainer.config.validation import EFFNET_DOWNLOAD
+
+    text = render()
+    presets = text.split("## Presets", 1)[1]
+    for name in list_presets():
+        config, _ = load_preset(name)
+        assert f"| `{name}` | `{config.model_type.value}` | {config.training_method.value} |" in presets, name
+    notes = text.split("## Family notes", 1)[1].split("## Presets", 1)[0]
+    assert "`vb_loss_strength`" in notes and "`effnet_encoder.model_name`" in notes and EFFNET_DOWNLOAD in notes
+    assert "`P2`" in notes and "**Würstchen v2**" in notes and "**Stable Cascade**" in notes

@@ -41,8 +41,17 @@ REQUIRED_PRESETS = {
     "sdxl/embedding",
     "sdxl/inpainting-lora",
     "pixart/finetune",
+    "pixart/finetune-512",
+    "pixart/lora",
+    "pixart/lora-512",
+    "pixart/embedding",
+    "pixart/embedding-512",
     "wuerstchen/finetune",
+    "wuerstchen/lora",
+    "wuerstchen/embedding",
     "cascade/finetune",
+    "cascade/lora",
+    "cascade/embedding",
 }
 
 
@@ -78,13 +87,49 @@ def test_low_vram_preset_uses_the_memory_savers(name):
     assert encoders and not any(config.part(p).train for p in encoders)  # their outputs are cached
 
 
-def test_later_families_are_offered_as_not_trainable_yet():
-    for name in ("pixart/finetune",):
+def test_presets_of_every_family_load_and_say_whether_it_trains(monkeypatch):
+    # Written to hold before and after the Würstchen / Cascade families are registered: trainability follows the
+    # registry, and an unregistered family is refused with a reason naming it.
+    from onetrainer import families
+
+    for name in ("pixart/finetune", "wuerstchen/finetune", "cascade/finetune"):
         config, problems = load_preset(name)
-        assert problems == [] and not is_trainable(config.model_type)
-    for name in ("wuerstchen/finetune", "cascade/finetune"):
-        config, problems = load_preset(name)
-        assert problems == [] and is_trainable(config.model_type)
+        assert problems == []
+        key = family_of(config.model_type).key
+        monkeypatch.delitem(families.FAMILY_CLASSES, key, raising=False)
+        reason = families.not_trainable_reason(config.model_type)
+        assert not is_trainable(config.model_type) and reason and "cannot be trained yet" in reason
+        monkeypatch.setitem(families.FAMILY_CLASSES, key, "never.loaded:Family")
+        assert is_trainable(config.model_type) and families.not_trainable_reason(config.model_type) is None
+        monkeypatch.undo()
+    assert is_trainable(load_preset("pixart/finetune")[0].model_type)
+
+
+@pytest.mark.parametrize("family", ["wuerstchen", "cascade"])
+def test_prior_presets_train_a_bf16_prior_with_p2_loss_and_a_frozen_text_encoder(family):
+    methods = set()
+    for method in ("finetune", "lora", "embedding"):
+        config, _ = load_preset(f"{family}/{method}")
+        assert family_of(config.model_type).key == family
+        assert config.prior.weight_dtype.value == "BFLOAT_16"
+        assert config.loss_weight_fn.value == "P2" and config.loss_weight_strength == 1.0  # OneTrainer's gamma = 1
+        assert config.text_encoder.train is False
+        assert config.effnet_encoder.model_name and config.decoder.model_name
+        methods.add(config.training_method)
+    assert methods == {TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING}
+
+
+@pytest.mark.parametrize("resolution", ["512", "1024"])
+def test_pixart_presets_cover_every_method_in_bf16_with_t5_frozen(resolution):
+    suffix = "-512" if resolution == "512" else ""
+    methods = set()
+    for method in ("finetune", "lora", "embedding"):
+        config, _ = load_preset(f"pixart/{method}{suffix}")
+        assert config.model_type is ModelType.PIXART_ALPHA and config.resolution == resolution
+        assert resolution in config.base_model_name  # the 512 presets start from the 512 checkpoint
+        assert config.transformer.weight_dtype.value == "BFLOAT_16" and config.text_encoder.train is False
+        methods.add(config.training_method)
+    assert methods == {TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING}
 
 
 def test_layers_apply_in_order(in_tmp):

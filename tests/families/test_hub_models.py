@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+import diffusers
 import pytest
+import torch
 from huggingface_hub import constants
 
 from onetrainer.cli.train import EXIT_INVALID, main
@@ -151,3 +153,24 @@ def test_train_script_check_answers_within_seconds_from_the_environment(tmp_path
     assert f"not in the local Hugging Face cache ({tmp_path / 'hf-home' / 'hub'})" in result.stderr
     assert f"the hub ({UNREACHABLE}) cannot be reached" in result.stderr
     assert elapsed < 20, elapsed
+
+
+@pytest.mark.parametrize("layout", ["vae repo", "pipeline repo"])
+def test_a_hub_vae_override_loads_from_the_cache_offline(hub_cache, tmp_path, layout):
+    vae_repo = "someone/better-vae"
+    model_dir = tiny_model_dir("sd15")
+    source = model_dir / "vae" if layout == "vae repo" else model_dir
+    put_in_cache(hub_cache, vae_repo, source)
+    cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": vae_repo})
+    assert check_model_source(vae_repo, True, "vae.model_name") == []
+    model = StableDiffusionFamily().load(cfg)
+    expected = diffusers.AutoencoderKL.from_pretrained(model_dir / "vae")
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.part("vae").state_dict().values(), expected.state_dict().values())
+    )
+
+
+def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(hub_cache):
+    cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": "someone/missing-vae"})
+    with pytest.raises(ModelLoadError, match=r"the VAE override 'someone/missing-vae' is not in the local"):
+        StableDiffusionFamily().load(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,17 @@ def test_lora_and_embedding_tabs_follow_the_method(app) -> None:
     assert view_of(app, "embedding", "text_encoder_2.train_embedding") is not None
     app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
     assert app.select_tab("embedding").form.view("text_encoder_2.train_embedding").visible is False
+
+
+def test_pixart_fields_show_for_pixart_only(app) -> None:
+    app.topbar.choose_model_type(ModelType.PIXART_ALPHA)
+    assert view_of(app, "training", "vb_loss_strength").var.get() == "1.0"
+    assert view_of(app, "model", "transformer.weight_dtype") is not None
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
+    assert app.select_tab("training").form.view("vb_loss_strength").visible is False
+    app.topbar.choose_model_type(ModelType.PIXART_SIGMA)
+    assert view_of(app, "training", "vb_loss_strength") is not None
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
 
 
 def test_widget_kinds_follow_the_field_types(app) -> None:
@@ -344,6 +356,36 @@ def test_start_runs_in_a_thread_and_the_footer_follows(app, trainable, fake_trai
     assert footer.sample_button.cget("state") == "disabled"
     assert footer.epoch_bar.get() == 1 and footer.loss_label.cget("text").startswith("loss 0.0833")
     assert not app.dialogs.history  # nothing to report
+
+
+def test_start_asks_the_hub_on_a_worker_thread_and_then_starts(
+    app, trainable, fake_trainer, pump_until, monkeypatch
+) -> None:
+    import huggingface_hub
+
+    from onetrainer.util import hub
+
+    def slow_hub(*args, **kwargs):  # a connection that takes its time to answer
+        time.sleep(1.5)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite runs offline
+    monkeypatch.setattr(hub, "_probes", {})
+    monkeypatch.setattr(hub, "is_cached", lambda *a, **k: True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", slow_hub)
+    trainer = fake_trainer(hold=True)
+    app.runner.train_function = trainer
+    trainable.base_model_name = "someone/hub-model"
+    trainable.offline_mode = False
+    app.model.replace(trainable)
+    began = time.monotonic()
+    assert app.start() is False  # not refused: asking first
+    assert time.monotonic() - began < 0.5  # the Tk thread did not wait for the hub
+    assert "Checking the model on the Hugging Face hub (someone/hub-model)" in app.footer.status
+    assert app.start() is False and not app.runner.is_alive()  # a second press while asking asks nothing more
+    pump_until(app, lambda: app.runner.is_alive())
+    assert app.footer.start_button.cget("text") == "Stop training"
+    trainer.release.set()
+    pump_until(app, lambda: not app.footer.running)
 
 
 def test_stop_requests_a_stop(app, trainable, fake_trainer, pump_until) -> None:

@@ -68,3 +68,21 @@ def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     assert app.footer.epoch_bar.get() < 1
     assert (in_tmp / "models" / "demo-lora.safetensors").is_file()  # a stopped run still saves its model
     assert not app.runner.is_alive() and not app.dialogs.history  # no failure reported
+
+
+def test_start_trains_a_pixart_lora_from_the_window(app, in_tmp: Path) -> None:
+    from onetrainer.config import config_from_dict
+    from tests.helpers import image_folder, tiny_config
+
+    app.runner.train_function = None  # the real one
+    image_folder(in_tmp)
+    sample = {"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}
+    settings = tiny_config(in_tmp, variant="pixart", epochs=1, samples=[sample], sample_after=1)
+    config, problems = config_from_dict({**settings, "sample_after_unit": "EPOCH"})
+    assert errors(problems) == []
+    app.model.replace(config)
+    app.footer.start_button.invoke()
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (completed)"), app.footer.status
+    assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
+    assert app.gallery.images()  # the PixArt sample reached the window

@@ -89,6 +89,32 @@ def test_mask_window_cancel_stops_between_images(app, tmp_path):
     window.close()
 
 
+def test_mask_window_shows_the_model_download_and_cancels_it(app, tmp_path, monkeypatch, screenshot):
+    from onetrainer.tiny.tools import write_tiny_clipseg
+    from tests.tools.test_downloads import REPO, FakeHub
+
+    gate = threading.Semaphore(0)
+    hub = FakeHub(write_tiny_clipseg(tmp_path / "clipseg"), gate=gate)
+    hub.install(monkeypatch)
+    folder = backdrop_folder(tmp_path, count=2)
+    window = app.select_tab("tools").open_tool("masks")
+    set_entry(window.folder, str(folder))
+    choose_in_menu(window.model, "CLIPSEG")
+    set_entry(window.prompts, "a cat")
+    set_entry(window.model_path, REPO)
+    assert window.start()
+    gate.release(3)  # three of ten MB arrive
+    pump(window, lambda: "downloading model.safetensors: 3 / 10 MB" in window.status.cget("text"))
+    assert window.progress.get() == pytest.approx(0.3, abs=0.01)
+    screenshot(window, "tools-model-download")
+    window.cancel_button.invoke()
+    gate.release(7)
+    pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+    assert window.outcome.cancelled and window.outcome.written == [] and not hub.downloaded
+    assert "cancelled" in window.status.cget("text")
+    window.close()
+
+
 def test_caption_window_tags_a_folder_with_a_local_wd14_model(app, tmp_path, screenshot):
     from onetrainer.tiny.tools import write_tiny_wd14
 
@@ -129,6 +155,29 @@ def test_convert_window_writes_a_single_file(app, tmp_path):
     pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
     assert window.written == [destination] and destination.is_file()
     assert not window.convert() and "exists" in window.status.cget("text")
+    window.destroy()
+
+
+def test_convert_window_converts_an_a1111_embedding(app, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from onetrainer.tiny import tiny_model_dir
+
+    legacy = tmp_path / "style.pt"
+    vectors = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))
+    torch.save({"string_to_param": {"*": vectors}, "name": "style"}, legacy)
+    window = app.select_tab("tools").open_tool("convert")
+    choose_in_menu(window.method, "EMBEDDING")
+    assert window.output_format.cget("values") == ["SAFETENSORS"]
+    set_entry(window.input_name, str(legacy))
+    set_entry(window.base_model, str(tiny_model_dir("sd15")))
+    destination = tmp_path / "style.safetensors"
+    set_entry(window.destination, str(destination))
+    assert window.convert()
+    pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
+    assert window.written == [destination]
+    assert torch.equal(load_file(str(destination))["emb_params"], vectors.half())
     window.destroy()
 
 

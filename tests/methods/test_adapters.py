@@ -27,7 +27,17 @@ KINDS = {
     # peft's OFT unfolds convolution inputs by the kernel: the tiny model's 2×2 maps are smaller than 3×3 kernels
     # (real models' maps are 8×8 and larger), so the tiny runs adapt the attention layers.
     "oft": {"peft_type": "OFT_2", "oft_block_size": 4, "layer_filter_preset": "attn-only"},
+    "oft-scaled": {"peft_type": "OFT_2", "oft_block_size": 4, "layer_filter_preset": "attn-only", "oft_scaled": True},
+    "lokr-dora": {"peft_type": "LOKR", "lokr_dim": 2, "lokr_weight_decompose": True},  # on the output axis
+    "lokr-dora-input": {
+        "peft_type": "LOKR",
+        "lokr_dim": 2,
+        "lokr_weight_decompose": True,
+        "lokr_dora_on_output": False,
+    },
 }
+# Options of a kind: trained on SD 1.5 only, the kind itself on both families.
+SD15_ONLY = {"lokr-dora-input", "oft-scaled"}
 FAMILIES = {"sd15": StableDiffusionFamily, "sdxl": StableDiffusionXLFamily}
 NO_CHECKPOINTING = {"gradient_checkpointing": False}
 
@@ -81,23 +91,25 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.flatten(1) @ b.flatten(1)
 
 
+def decomposed(weight: torch.Tensor, diff: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """DoRA's W' = m · (W + ΔW) / ‖W + ΔW‖; the axis told by dora_scale's shape, as the consumers do."""
+    combined = weight + diff
+    if scale.shape[0] == weight.shape[0] and scale.shape[1] == 1:
+        # Output axis: the norm of each output row of W + ΔW (OneTrainer's and LyCORIS's definition).
+        norm = combined.flatten(1).norm(dim=1).reshape(-1, *[1] * (weight.dim() - 1))
+    else:
+        # Input axis (ComfyUI / A1111): the norm of each input column over all outputs.
+        norm = combined.transpose(0, 1).flatten(1).norm(dim=1).reshape(1, -1, *[1] * (weight.dim() - 2))
+    return combined * (scale / (norm + torch.finfo(weight.dtype).eps))
+
+
 def patched_weight(weight: torch.Tensor, keys: dict[str, torch.Tensor]) -> torch.Tensor:
     """W' for one module from its LyCORIS keys (strength 1)."""
     alpha = keys.get("alpha")
     if "lora_down.weight" in keys:
         down, up = keys["lora_down.weight"], keys["lora_up.weight"]
         diff = _mm(up, down).reshape(weight.shape) * (alpha.item() / down.shape[0])
-        if "dora_scale" not in keys:
-            return weight + diff
-        scale = keys["dora_scale"]
-        combined = weight + diff
-        if scale.shape[0] == weight.shape[0] and scale.shape[1] == 1:
-            # Output axis: the norm of each output row of W + ΔW (OneTrainer's definition).
-            norm = combined.flatten(1).norm(dim=1).reshape(-1, *[1] * (weight.dim() - 1))
-        else:
-            # Input axis (ComfyUI / A1111): the norm of each input column over all outputs.
-            norm = combined.transpose(0, 1).flatten(1).norm(dim=1).reshape(1, -1, *[1] * (weight.dim() - 2))
-        return combined * (scale / (norm + torch.finfo(weight.dtype).eps))
+        return decomposed(weight, diff, keys["dora_scale"]) if "dora_scale" in keys else weight + diff
     if "hada_w1_a" in keys:
         diff = _mm(keys["hada_w1_a"], keys["hada_w1_b"]) * _mm(keys["hada_w2_a"], keys["hada_w2_b"])
         return weight + diff.reshape(weight.shape) * (alpha.item() / keys["hada_w1_b"].shape[0])
@@ -119,9 +131,14 @@ def patched_weight(weight: torch.Tensor, keys: dict[str, torch.Tensor]) -> torch
         scale = alpha.item() / dim if (dim is not None and alpha is not None) else 1.0
         if w2.dim() == 4:
             w1 = w1[:, :, None, None]
-        return weight + torch.kron(w1, w2.contiguous()).reshape(weight.shape) * scale
+        diff = torch.kron(w1, w2.contiguous()).reshape(weight.shape) * scale
+        return decomposed(weight, diff, keys["dora_scale"]) if "dora_scale" in keys else weight + diff
     if "oft_R.weight" in keys:
-        return oft_v2_weight(weight, keys["oft_R.weight"])
+        vectors = keys["oft_R.weight"]
+        if "oft_R.scaled_oft" in keys:  # Scaled OFT: the parameters / 2·√(block size − 1)
+            size = round((1 + math.sqrt(1 + 8 * vectors.shape[1])) / 2)
+            vectors = vectors / (2 * math.sqrt(size - 1))
+        return oft_v2_weight(weight, vectors)
     raise AssertionError(f"unknown adapter keys {sorted(keys)}")
 
 
@@ -163,8 +180,10 @@ def apply_file(family, model, state: dict[str, torch.Tensor]) -> int:
     return patched
 
 
-@pytest.mark.parametrize("variant", ["sd15", "sdxl"])
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "oft"])
+@pytest.mark.parametrize(
+    ("variant", "kind"),
+    [(v, k) for k in KINDS if not k.startswith("oft") for v in ("sd15", "sdxl") if v == "sd15" or k not in SD15_ONLY],
+)
 def test_lycoris_file_applied_by_consumer_maths_gives_our_result(tmp_path, variant, kind):
     config = train(tmp_path, variant, **KINDS[kind])
     path = tmp_path / "out" / "lora.safetensors"
@@ -176,13 +195,15 @@ def test_lycoris_file_applied_by_consumer_maths_gives_our_result(tmp_path, varia
         "lokr-full": {"lokr_w1", "lokr_w2"},
         "dora": {"lora_down.weight", "lora_up.weight", "dora_scale", "alpha"},
         "dora-output-axis": {"lora_down.weight", "lora_up.weight", "dora_scale", "alpha"},
+        "lokr-dora": {"lokr_w1", "lokr_w2_a", "lokr_w2_b", "alpha", "dora_scale"},
+        "lokr-dora-input": {"lokr_w1", "lokr_w2_a", "lokr_w2_b", "alpha", "dora_scale"},
     }[kind]
     assert expected <= suffixes
-    if kind.startswith("dora"):
+    if "dora" in kind:
         scale = next(v for k, v in state.items() if k.endswith("attn1_to_q.dora_scale"))
-        down = next(v for k, v in state.items() if k.endswith("attn1_to_q.lora_down.weight"))
-        width = down.shape[1]  # the layer's inputs
-        assert tuple(scale.shape) == ((1, width) if kind == "dora" else (scale.shape[0], 1))
+        width = next(v for k, v in state.items() if k.endswith("attn1_to_k.dora_scale")).numel()  # to_q's inputs too
+        on_input = kind in ("dora", "lokr-dora-input")
+        assert tuple(scale.shape) == ((1, width) if on_input else (scale.shape[0], 1))
 
     family, ours, _ = load(config, variant, lora_model_name=str(path))  # continue from the file: our reading
     expected_latents = unet_output(family, ours)
@@ -194,12 +215,15 @@ def test_lycoris_file_applied_by_consumer_maths_gives_our_result(tmp_path, varia
     assert not torch.allclose(before, theirs, atol=1e-5)  # the adapter trained
 
 
-@pytest.mark.parametrize("variant", ["sd15", "sdxl"])
-def test_oft_trains_and_reloads(tmp_path, variant):
-    config = train(tmp_path, variant, **KINDS["oft"])
+@pytest.mark.parametrize(("variant", "kind"), [("sd15", "oft"), ("sdxl", "oft"), ("sd15", "oft-scaled")])
+def test_oft_trains_and_reloads(tmp_path, variant, kind):
+    config = train(tmp_path, variant, **KINDS[kind])
     path = tmp_path / "out" / "lora.safetensors"
     state = load_file(str(path))
-    assert state and all(k.endswith(".oft_R.weight") for k in state)
+    weights = [k for k in state if k.endswith(".oft_R.weight")]
+    markers = [k for k in state if k.endswith(".oft_R.scaled_oft")]
+    assert weights and len(weights) + len(markers) == len(state)
+    assert len(markers) == (len(weights) if kind == "oft-scaled" else 0)
     assert any(k.startswith("lora_unet_") for k in state)
     family, ours, method = load(config, variant, lora_model_name=str(path))
     reloaded = unet_output(family, ours)
@@ -358,3 +382,18 @@ def test_saved_file_continues_with_the_same_adapter(tmp_path, options):
     expected, found = _effective_deltas(model.part("unet")), _effective_deltas(again.part("unet"))
     assert expected.keys() == found.keys() and expected
     assert all(torch.allclose(expected[k], found[k], atol=1e-5) for k in expected)
+
+
+def test_a_decomposed_lokr_file_names_the_setting_it_needs(tmp_path):
+    from safetensors.torch import save_file
+
+    image_folder(tmp_path)
+    config = tiny_config(tmp_path, **KINDS["lokr-dora"])
+    _, _, method = load(config, "sd15")
+    path = tmp_path / "adapter.safetensors"
+    save_file(method.output_state(), str(path))
+    load(config, "sd15", lora_model_name=str(path))  # the same settings continue
+    with pytest.raises(ValueError, match="trained with lokr_weight_decompose on"):
+        load(config, "sd15", lora_model_name=str(path), lokr_weight_decompose=False)
+    with pytest.raises(ValueError, match="lokr_dora_on_output"):
+        load(config, "sd15", lora_model_name=str(path), lokr_dora_on_output=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,74 +17,10 @@ from PIL import Image
 from safetensors import safe_open
 
 from onetrainer.tiny import TINY_MODEL_VERSION, TINY_VARIANTS, build_tiny_pipeline, save_tiny_model
-
-DENOISERS = ("unet", "transformer", "prior", "decoder")
-PRIOR_LATENT = (3, 3)  # Würstchen / Stable Cascade stage C latent at 128 px
-DECODER_LATENT = (32, 32)  # their stage B latent at 128 px
-
-
-def _denoiser(pipeline: Any) -> torch.nn.Module:
-    return next(getattr(pipeline, name) for name in DENOISERS if getattr(pipeline, name, None) is not None)
-
-
-def _sample(output: Any) -> torch.Tensor:
-    return output.sample if hasattr(output, "sample") else output
-
-
-def _denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
-    """A batch of two for the model, with every conditioning input it takes, at the tests' resolution."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator)
-
-    config = model.config
-    kind = type(model).__name__
-    timesteps = torch.tensor([10, 500])
-    ratios = torch.tensor([0.1, 0.7])  # Würstchen and Stable Cascade take the timestep as a fraction
-    if kind == "UNet2DConditionModel":
-        size = config.sample_size
-        inputs = {
-            "sample": randn(2, config.in_channels, size, size),
-            "timestep": timesteps,
-            "encoder_hidden_states": randn(2, 77, config.cross_attention_dim),
-        }
-        if config.addition_embed_type == "text_time":
-            pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
-            inputs["added_cond_kwargs"] = {
-                "text_embeds": randn(2, pooled),
-                "time_ids": torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]] * 2),
-            }
-        return inputs
-    if kind == "PixArtTransformer2DModel":  # 8x8 latents (64 px), 120 T5 tokens, resolution micro-conditioning
-        return {
-            "hidden_states": randn(2, config.in_channels, 8, 8),
-            "timestep": timesteps,
-            "encoder_hidden_states": randn(2, 120, config.caption_channels),
-            "added_cond_kwargs": {"resolution": torch.tensor([[64.0, 64.0]] * 2), "aspect_ratio": torch.ones(2, 1)},
-        }
-    if kind == "WuerstchenPrior":
-        return {"x": randn(2, config.c_in, *PRIOR_LATENT), "r": ratios, "c": randn(2, 77, config.c_cond)}
-    if kind == "WuerstchenDiffNeXt":
-        return {
-            "x": randn(2, config.c_in, *DECODER_LATENT),
-            "r": ratios,
-            "effnet": randn(2, config.effnet_embd, *PRIOR_LATENT),
-            "clip": randn(2, 77, config.clip_embd),
-        }
-    assert kind == "StableCascadeUNet", kind
-    is_prior = config.effnet_in_channels is None
-    inputs = {
-        "sample": randn(2, config.in_channels, *(PRIOR_LATENT if is_prior else DECODER_LATENT)),
-        "timestep_ratio": ratios,
-        "clip_text_pooled": randn(2, 1, config.clip_text_pooled_in_channels),
-    }
-    if is_prior:
-        inputs["clip_text"] = randn(2, 77, config.clip_text_in_channels)
-        inputs["clip_img"] = randn(2, 1, config.clip_image_in_channels)
-    else:
-        inputs["effnet"] = randn(2, config.effnet_in_channels, *PRIOR_LATENT)
-    return inputs
+from onetrainer.tiny.denoiser_step import PRIOR_LATENT
+from onetrainer.tiny.denoiser_step import denoiser as _denoiser
+from onetrainer.tiny.denoiser_step import denoiser_inputs as _denoiser_inputs
+from onetrainer.tiny.denoiser_step import prediction as _sample
 
 
 def _load(path: Path, pipeline_class: str) -> Any:
@@ -220,20 +155,13 @@ def test_building_leaves_the_global_rng_alone() -> None:
 
 
 @pytest.mark.parametrize("variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"])
-def test_training_step_is_fast(variant: str) -> None:
+def test_training_step_reaches_every_parameter(variant: str) -> None:
+    # How long the step takes is measured by `scripts/benchmark.py --part tiny`, not asserted here.
     model = _denoiser(build_tiny_pipeline(variant, seed=0)).train()
-    inputs = _denoiser_inputs(model)
-    timings = []
-    for _ in range(3):  # the first call pays one-off setup costs; the best of three ignores a busy moment
-        model.zero_grad()
-        start = time.perf_counter()
-        _sample(model(**inputs)).square().mean().backward()
-        timings.append(time.perf_counter() - start)
+    _sample(model(**_denoiser_inputs(model))).square().mean().backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None]
     assert not missing
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
-    # Typically 0.05-0.2 s on two CPU cores; the bound leaves room for a loaded machine.
-    assert min(timings) < 1.0, timings
 
 
 def test_save_tiny_model_writes_atomically_and_replaces(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_events_of_a_normal_run(tmp_path):
     assert isinstance(sink.events[-1], Finished)
     log = (tmp_path / "workspace" / "logs").glob("*.log")
     text = next(log).read_text()
-    assert "step 2: loss=" in text and "finished (completed)" in text
+    assert "step 2: loss=" in text and "Finished (completed)" in text
     saved = json.loads(next((tmp_path / "workspace" / "config").glob("*.json")).read_text())
     assert saved["concepts"][0]["path"] == str(tmp_path / "images")  # the packed config of the run
 
@@ -133,7 +133,7 @@ def test_failure_is_an_event_with_a_message_and_the_log(tmp_path):
     assert isinstance(outcome, Failed) and sink.events[-1] is outcome
     assert "Traceback" in outcome.traceback
     log = Path(outcome.log_path).read_text()
-    assert "FAILED" in log and "Traceback" in log
+    assert "Training failed: " in log and "Traceback" in log
 
 
 def test_invalid_config_fails_before_training(tmp_path):

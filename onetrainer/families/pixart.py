@@ -1,0 +1,340 @@
+"""PixArt-Alpha (512 and 1024 models) and PixArt-Sigma: a DiT (`PixArtTransformer2DModel`) conditioned on T5 with an
+attention mask, the SD VAE (Sigma: the SDXL VAE), linear betas, epsilon prediction with learned variance.
+
+- The transformer predicts 8 channels: the noise (the configured losses apply to it) and 4 variance values, trained
+  by IDDPM's variational bound (`training/variance_loss.py`) at `vb_loss_strength`, the noise half detached.
+- Text: 120 T5 tokens (Sigma: 300), padded, the mask passed to T5 and to the transformer; clip skip takes an earlier
+  hidden state through T5's final layer norm. T5 never runs under fp16 autocast (it overflows). Caption dropout
+  zeroes the hidden states and the mask, as OneTrainer does.
+- The 1024 models (`sample_size == 128`) take the bucket's resolution (h, w in pixels) and aspect ratio (h / w).
+- The original checkpoint layout (`PixArt-XL-2-*.pth`, fused q/k/v) holds the transformer alone: it is read as the
+  transformer part's model (`transformer.model_name`) over a diffusers base (`weights/pixart_keys.py`), and written
+  as ORIGINAL_TRANSFORMER / LEGACY_SAFETENSORS.
+- Sampling goes through diffusers' PixArt pipeline with our own prompt embeddings (so no caption cleaning, which
+  would strip `<placeholder>` tokens) and without resolution binning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.model_types import PIXART
+from onetrainer.families.base import (
+    BatchInputs,
+    CaptionDropout,
+    Conditioning,
+    Family,
+    LoadedModel,
+    PartRole,
+    TextEncoderSlot,
+    first_weight,
+)
+from onetrainer.families.loading import (
+    ModelLoadError,
+    cast_parts,
+    checked_load,
+    hub_options,
+    load_diffusers_component,
+    load_tokenizer,
+)
+from onetrainer.families.sd_common import discrete_schedule, plain_state
+from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
+from onetrainer.training.noise_schedules import Prediction
+from onetrainer.training.variance_loss import split_learned_variance, variational_bound
+from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.weights import pixart_keys, pixart_lora
+from onetrainer.weights.metadata import ModelKind, model_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+CAPTION_TOKENS = {ModelType.PIXART_ALPHA: 120, ModelType.PIXART_SIGMA: 300}
+KIND = ModelKind("pixart-alpha", "pixart_alpha")
+SIGMA_KIND = ModelKind("pixart-sigma", "pixart_sigma")
+VAE_FACTOR = 8
+
+
+class PixArtFamily(Family):
+    info = PIXART
+    caption_dropout = CaptionDropout.ZEROS
+    part_roles: ClassVar[dict[str, PartRole]] = {
+        "transformer": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    }
+    sampling_parts = frozenset(part_roles)
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)block\.\d+\."
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKL, DDPMScheduler
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            raise ModelLoadError(
+                f"{source.location} is a single file: a PixArt checkpoint holds the transformer alone. Set the base "
+                "model to a diffusers PixArt folder or hub id (for T5, the VAE and the tokenizer) and the "
+                "transformer's model (transformer.model_name) to this file"
+            )
+        if source.kind == "backup":
+            from onetrainer.families.sd import _backup_model_dir
+
+            source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+        options = hub_options(source, config)
+        where = source.location
+        transformer, extra = self._load_transformer(config, where, options)
+        parts = {
+            "transformer": transformer,
+            "text_encoder": load_diffusers_component(T5EncoderModel, where, "text_encoder", options),
+            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+        }
+        if config.vae.model_name:
+            from onetrainer.families.sd import StableDiffusionFamily
+
+            parts["vae"] = StableDiffusionFamily._load_vae_override(self, config, parts["vae"].config)
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
+        cast_parts(parts, config)
+        t5 = parts["text_encoder"]
+        slot = TextEncoderSlot(
+            "text_encoder", t5, tokenizer, pixart_lora.TEXT_ENCODER_PREFIX, "t5", config.text_encoder_layer_skip,
+            token_embedding=t5.encoder.embed_tokens,
+        )  # fmt: skip
+        extra["tokens"] = CAPTION_TOKENS.get(config.model_type, 120)
+        extra["vb_loss_strength"] = float(config.vb_loss_strength)
+        schedule = discrete_schedule(scheduler_config, False, config.rescale_noise_scheduler_to_zero_terminal_snr)
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+
+    def _load_transformer(self, config: TrainConfig, where: str, options: dict):
+        """The base's transformer, or the transformer part's own model: a diffusers folder, or an original PixArt
+        checkpoint (.pth / .safetensors) read with the base transformer's config."""
+        from diffusers import PixArtTransformer2DModel
+
+        override = config.transformer.model_name.strip()
+        if not override:
+            return load_diffusers_component(PixArtTransformer2DModel, where, "transformer", options), {}
+        path = resolve_local(override)
+        if path.is_dir():
+            subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+            return PixArtTransformer2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True), {}
+        if not path.is_file():
+            raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
+        transformer_config = load_diffusers_component(
+            PixArtTransformer2DModel, where, "transformer", options, config_only=True
+        )
+        try:
+            state, native_only = pixart_keys.read_native_checkpoint(path, transformer_config)
+        except ValueError as e:
+            raise ModelLoadError(f"cannot read the transformer (transformer.model_name): {e}") from e
+        transformer = PixArtTransformer2DModel.from_config(transformer_config)
+        checked_load(transformer, state, f"the PixArt transformer {path}")
+        return transformer, {"y_embedding": native_only.get(pixart_keys.Y_EMBEDDING)}
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        slot = model.text_encoders[0]
+        tokens = slot.tokenizer(
+            captions, padding="max_length", max_length=model.extra["tokens"], truncation=True, return_tensors="pt"
+        )
+        encoder = slot.encoder
+        device = first_weight(encoder).device
+        mask = tokens.attention_mask.to(device)
+        # T5 overflows in float16: never under fp16 autocast; it runs in its own weight dtype (bf16 or fp32).
+        with torch.autocast(device.type, enabled=False):
+            output = encoder(tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=slot.layer_skip > 0)
+            if slot.layer_skip > 0:
+                hidden = encoder.encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
+            else:
+                hidden = output.last_hidden_state
+        return Conditioning({"hidden_states": hidden, "attention_mask": mask})
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        vae = model.part("vae")
+        weight = first_weight(vae)
+        latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
+        return latents * vae.config.scaling_factor
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        extra = {"x_start": inputs.latents}  # for the variational bound
+        if _has_micro_conditions(model):
+            height, width = (int(s) * VAE_FACTOR for s in inputs.latents.shape[-2:])
+            extra.update(micro_conditions(height, width, len(inputs.latents), inputs.latents.device))
+        return extra
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        added = {"resolution": None, "aspect_ratio": None}
+        if _has_micro_conditions(model):
+            if "resolution" not in extra:
+                height, width = (int(s) * VAE_FACTOR for s in noisy_latents.shape[-2:])
+                extra = {**extra, **micro_conditions(height, width, len(noisy_latents), noisy_latents.device)}
+            added = {"resolution": extra["resolution"].to(dtype), "aspect_ratio": extra["aspect_ratio"].to(dtype)}
+        mask = conditioning.get("attention_mask")
+        output = transformer(
+            noisy_latents.to(dtype),
+            encoder_hidden_states=conditioning.hidden_states.to(dtype),
+            timestep=timesteps,
+            added_cond_kwargs=added,
+            encoder_attention_mask=mask,
+        ).sample
+        if output.shape[1] != 2 * noisy_latents.shape[1]:
+            return Prediction(output)
+        noise, variance = split_learned_variance(output)
+        strength = model.extra.get("vb_loss_strength", 1.0)
+        if strength == 0 or "x_start" not in extra:
+            return Prediction(noise)
+        schedule = model.schedule
+        alphas_cumprod = schedule.alphas_cumprod
+        previous = torch.cat([alphas_cumprod.new_ones(1), alphas_cumprod[:-1]])
+        betas = 1.0 - alphas_cumprod / previous
+        bound = variational_bound(
+            noise, variance, extra["x_start"], noisy_latents, timesteps, alphas_cumprod, betas
+        )  # fmt: skip
+        return Prediction(noise, {"vb": bound * strength})
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        # PixArt's pipeline takes no guidance rescale: the sampler follows the schedule as trained.
+        return render_pipeline(self, model, sample, apply_embeddings, False)
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        positive = self.encode_text(model, [prompt])
+        negative = self.encode_text(model, [negative_prompt or ""])
+        return {
+            "prompt": None,
+            "negative_prompt": None,  # the pipeline's default "" would clash with the embeddings
+            "prompt_embeds": positive.hidden_states,
+            "prompt_attention_mask": positive.get("attention_mask"),
+            "negative_prompt_embeds": negative.hidden_states,
+            "negative_prompt_attention_mask": negative.get("attention_mask"),
+            "use_resolution_binning": False,
+            "max_sequence_length": model.extra["tokens"],
+        }
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import PixArtAlphaPipeline, PixArtSigmaPipeline
+
+        cls = PixArtSigmaPipeline if model.model_type is ModelType.PIXART_SIGMA else PixArtAlphaPipeline
+        return cls(
+            tokenizer=model.text_encoders[0].tokenizer,
+            text_encoder=model.part("text_encoder"),
+            vae=model.part("vae"),
+            transformer=model.part("transformer"),
+            scheduler=sampler,
+        )
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save(
+        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        if fmt is ModelFormat.DIFFUSERS:
+            self.save_diffusers(model, destination, dtype)
+        elif fmt in (ModelFormat.ORIGINAL_TRANSFORMER, ModelFormat.LEGACY_SAFETENSORS):
+            self.save_original_transformer(model, destination, dtype, metadata)
+        else:
+            raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
+
+    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+        from diffusers import DPMSolverMultistepScheduler
+
+        from onetrainer.families.sd import _cast_saved_weights
+
+        pipe = self.pipeline(model, DPMSolverMultistepScheduler.from_config(model.schedule.scheduler_config))
+        with atomic_directory(destination) as tmp:
+            pipe.save_pretrained(str(tmp), safe_serialization=True)
+            if dtype != torch.float32:
+                _cast_saved_weights(tmp, dtype)
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in PixArt's own keys (q/k/v fused), as ComfyUI and PixArt's scripts load it."""
+        from safetensors.torch import save_file
+
+        transformer = model.part("transformer")
+        state = pixart_keys.diffusers_to_native(
+            plain_state(transformer), transformer.config, model.extra.get("y_embedding"), model.extra["tokens"]
+        )
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+        resolution = model.type_info.resolution if _has_micro_conditions(model) else 512
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        with atomic_file(destination) as tmp:
+            save_file(state, str(tmp), metadata=metadata)
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        state = super().backup_state(model, folder, part)
+        # transformers writes T5's tied token table once (`shared.weight`); the module also names it in the encoder.
+        if part == "text_encoder" and "shared.weight" in state:
+            state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
+        return state
+
+    # -- LoRA files -----------------------------------------------------------------------------------------------
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+        """KOHYA_LORA over PixArt's native names: LoRAs on to_q/to_k/to_v (to_k/to_v) become one exact LoRA on the
+        fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS kinds have no exact
+        fused form: they keep one entry per projection (our own reading only)."""
+        from onetrainer.methods.adapters import LORA
+
+        if part != "transformer" or kind != LORA:
+            return None
+        return pixart_lora.transformer_to_kohya(state, alphas, model.part("transformer").config)
+
+    def read_lora_file(self, model, part, kind, state):
+        from onetrainer.methods.adapters import LORA
+
+        prefix = pixart_lora.TRANSFORMER_PREFIX + "_"
+        mine = {k: v for k, v in state.items() if k.startswith(prefix)}
+        if part != "transformer" or kind != LORA or not mine:
+            return None
+        fused = {pixart_lora.transformer_kohya_name(n.path) for n in self._native_modules(model).values()}
+        if not any(k.partition(".")[0] in fused for k in mine):
+            return None  # per-projection names: the generic reading
+        weights, alphas, ranks, unknown = pixart_lora.kohya_to_transformer(mine, model.part("transformer").config)
+        used = [k for k in mine if k.partition(".")[0] not in set(unknown)]
+        return weights, alphas, ranks, {}, used
+
+    def _native_modules(self, model: LoadedModel) -> dict:
+        return pixart_keys.module_map(model.part("transformer").config)
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        if part == "transformer":
+            native = pixart_keys.module_map(model.part("transformer").config).get(module_path)
+            path = native.path if native is not None and native.parts == 1 else module_path
+            return pixart_lora.transformer_kohya_name(path)
+        return pixart_lora.text_encoder_kohya_name(module_path)
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return SIGMA_KIND if model.model_type is ModelType.PIXART_SIGMA else KIND
+
+
+def _has_micro_conditions(model: LoadedModel) -> bool:
+    return pixart_keys.has_micro_conditions(model.part("transformer").config)
+
+
+def micro_conditions(height: int, width: int, count: int, device) -> dict[str, torch.Tensor]:
+    """The 1024 models' resolution (h, w in pixels) and aspect ratio (h / w) inputs for `count` samples."""
+    resolution = torch.tensor([[float(height), float(width)]] * count, device=device)
+    aspect = torch.tensor([[height / width]] * count, device=device)
+    return {"resolution": resolution, "aspect_ratio": aspect}

@@ -1,0 +1,49 @@
+"""One wording for an event wherever it is written: the console, the run's log file and the GUI's Log window."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gui.log_view import EventLines
+from onetrainer.training.console import ConsoleSink
+from onetrainer.training.events import Failed, Finished, SampleReady, Started, Status, Warning_, describe
+from onetrainer.training.workspace import LogFileSink
+
+SHARED = [
+    (
+        Started("run-1", total_steps=6, total_epochs=2, steps_per_epoch=3),
+        "Training run-1: 2 epochs x 3 steps = 6 steps",
+    ),
+    (SampleReady(5, 0, "a <cat>", "/s/0.png"), "sample 0 ('a <cat>'): /s/0.png"),
+    (Status("caching 4 images"), "caching 4 images"),
+    (Warning_("no captions"), "warning: no captions"),
+    (Finished("completed", "/m/out.safetensors"), "Finished (completed): /m/out.safetensors"),
+    (Finished("stopped"), "Finished (stopped)"),
+]
+
+
+@pytest.mark.parametrize(("event", "line"), SHARED)
+def test_each_output_writes_the_shared_line(tmp_path, event, line):
+    assert describe(event) == line
+    assert EventLines().line(event) == line
+    console = io.StringIO()
+    sink = ConsoleSink(console)
+    sink.emit(event)
+    sink.close()
+    assert line in console.getvalue()
+    log = LogFileSink(tmp_path / "run.log")
+    log.emit(event)
+    log.close()
+    assert line in (tmp_path / "run.log").read_text(encoding="utf-8")
+
+
+def test_a_failure_adds_its_traceback_in_the_log_and_the_log_window(tmp_path):
+    event = Failed("CUDA out of memory", "Traceback: here", "/w/logs/run.log")
+    assert describe(event) == "Training failed: CUDA out of memory"
+    assert EventLines().line(event) == "Training failed: CUDA out of memory\nTraceback: here\nLog: /w/logs/run.log"
+    log = LogFileSink(tmp_path / "run.log")
+    log.emit(event)
+    log.close()
+    assert "Training failed: CUDA out of memory\nTraceback: here" in (tmp_path / "run.log").read_text(encoding="utf-8")
