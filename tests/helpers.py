@@ -16,6 +16,8 @@ VARIANT_MODEL_TYPES = {
     "sdxl": "STABLE_DIFFUSION_XL_10_BASE",
     "sdxl-inpainting": "STABLE_DIFFUSION_XL_10_BASE_INPAINTING",
     "pixart": "PIXART_ALPHA",
+    "wuerstchen": "WUERSTCHEN_2",
+    "cascade": "STABLE_CASCADE_1",
 }
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),

@@ -48,20 +48,20 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 
 
 def _check_float16(config: TrainConfig) -> list[Problem]:
-    """FLOAT_16 for a part that overflows in it (Stable Cascade's prior gives NaN), as weights or as training dtype."""
+    """FLOAT_16 weights for a part that overflows in them (Stable Cascade's prior gives NaN). A FLOAT_16 training
+    dtype is fine: such a part computes in `fallback_train_dtype` (BFLOAT_16 or FLOAT_32), never under fp16 autocast."""
     from onetrainer.config.enums import DataType
     from onetrainer.config.model_types import MODEL_TYPES
 
     info = MODEL_TYPES.get(config.model_type)
-    problems = []
-    for part in info.family.float16_unsafe_parts if info else ():
-        label = f"the {info.family.label} {part}"
-        advice = "gives NaN in FLOAT_16: use BFLOAT_16 or FLOAT_32"
-        if config.part(part).weight_dtype is DataType.FLOAT_16:
-            problems.append(Problem(f"{part}.weight_dtype", f"{label} {advice}"))
-        if config.train_dtype is DataType.FLOAT_16:
-            problems.append(Problem("train_dtype", f"{label} {advice} (training dtype)"))
-    return problems
+    return [
+        Problem(
+            f"{part}.weight_dtype",
+            f"the {info.family.label} {part} gives NaN in FLOAT_16: use BFLOAT_16 or FLOAT_32 for its weights",
+        )
+        for part in (info.family.float16_unsafe_parts if info else ())
+        if config.part(part).weight_dtype is DataType.FLOAT_16
+    ]
 
 
 def _without_superseded(problems: list[Problem]) -> list[Problem]:

@@ -8,6 +8,7 @@ The public warp-ai folders do not load as a diffusers pipeline (their model_inde
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -31,14 +32,17 @@ from onetrainer.families.base import (
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
+    checked_load,
     hub_options,
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sources import resolve_source
+from onetrainer.families.sd_common import plain_state
+from onetrainer.families.sources import resolve_local, resolve_source
 from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
-from onetrainer.util.fs import atomic_directory
-from onetrainer.weights.metadata import ModelKind
+from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.weights import cascade_keys, cascade_lora
+from onetrainer.weights.metadata import ModelKind, model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -92,7 +96,7 @@ class WuerstchenFamily(Family):
             )
         options = hub_options(source, config)
         where = source.location
-        parts = {"prior": self._load_prior(where, options, cascade)}
+        parts = {"prior": self._load_prior(config, where, options, cascade)}
         text_cls = _text_encoder_class(cascade)
         parts["text_encoder"] = load_diffusers_component(text_cls, where, "text_encoder", options)
         tokenizer = load_tokenizer(where, options)
@@ -104,20 +108,37 @@ class WuerstchenFamily(Family):
         cast_parts(parts, config)
         slot = TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizer, "lora_te", "clip_g")
         schedule = ContinuousCosineSchedule(cascade_remap if cascade else wuerstchen_remap)
-        extra = {"decoder_tokenizer": decoder_tokenizer}
+        extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": _prior_autocast(config, cascade)}
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
 
-    def _load_prior(self, where: str, options: dict, cascade: bool) -> torch.nn.Module:
+    def _load_prior(self, config: TrainConfig, where: str, options: dict, cascade: bool) -> torch.nn.Module:
+        """The base's prior, or (Stable Cascade) the prior part's own model: a diffusers folder or a single stage C
+        file in Stability's layout (`stage_c.safetensors`, `stage_c_lite.safetensors`) or diffusers'."""
         if cascade:
             from diffusers import StableCascadeUNet as cls
         else:
             from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior as cls
-        return load_diffusers_component(cls, where, "prior", options)
+        override = config.part("prior").model_name.strip()
+        if not override:
+            return load_diffusers_component(cls, where, "prior", options)
+        if not cascade:
+            raise ModelLoadError(
+                "prior.model_name: a separate prior model is read for Stable Cascade only; set the Würstchen prior "
+                "folder as the base model"
+            )
+        path = resolve_local(override)
+        if path.is_dir():
+            subfolder = "prior" if (path / "prior" / "config.json").is_file() else None
+            return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True})
+        if not path.is_file():
+            raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
+        base_config = load_diffusers_component(cls, where, "prior", options, config_only=True)
+        return _stage_c_from_file(path, base_config)
 
     def _load_decoder(self, config: TrainConfig, cascade: bool) -> tuple[dict[str, torch.nn.Module], object]:
         name = config.part("decoder").model_name or _default_decoder(config.base_model_name, cascade)
         source = resolve_source(name)
-        options = hub_options(source, config)
+        options = hub_options(source, config, "the decoder (decoder.model_name)")
         where = source.location
         if cascade:
             from diffusers import StableCascadeUNet as decoder_cls
@@ -178,7 +199,9 @@ class WuerstchenFamily(Family):
         pooled = conditioning.pooled.to(dtype)[:, None]
         clip_img = torch.zeros(len(x), 1, CLIP_IMAGE_WIDTH, device=x.device, dtype=dtype)
         clip_img = clip_img[..., : prior.config.clip_image_in_channels]
-        output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
+        # The Cascade prior gives NaN in float16: under a FLOAT_16 training dtype it computes in the fallback dtype.
+        with _prior_precision(x.device, model.extra.get("prior_autocast")):
+            output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
         return Prediction(output)
 
     # -- sampling -------------------------------------------------------------------------------------------------
@@ -252,9 +275,27 @@ class WuerstchenFamily(Family):
     def save(
         self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
-        if fmt is not ModelFormat.DIFFUSERS:
-            raise ValueError(f"{fmt.value} is not a fine-tune format of {self.info.label} yet")
-        self.save_diffusers(model, destination, dtype)
+        if fmt is ModelFormat.DIFFUSERS:
+            self.save_diffusers(model, destination, dtype)
+        elif fmt is ModelFormat.LEGACY_SAFETENSORS and is_cascade(model.model_type):
+            self.save_stage_c(model, destination, dtype, metadata)
+        else:
+            raise ValueError(f"{fmt.value} is not a fine-tune format of {self.info.label}")
+
+    def save_stage_c(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The prior alone in Stability's stage C layout (fused attention), what ComfyUI and
+        `StableCascadeUNet.from_single_file` load."""
+        from safetensors.torch import save_file
+
+        prior = model.part("prior")
+        state = cascade_keys.to_stability(plain_state(prior), prior.config)
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (1024, 1024), False)
+        metadata.update(extra_metadata or {})
+        with atomic_file(destination) as tmp:
+            save_file(state, str(tmp), metadata=metadata)
 
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
         """The prior pipeline folder (prior, text encoder, tokenizer, scheduler), each part saved on its own."""
@@ -279,10 +320,19 @@ class WuerstchenFamily(Family):
     # -- names ----------------------------------------------------------------------------------------------------
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        return self.lora_file_name(model, part, module_path, ModelFormat.KOHYA_LORA)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """Würstchen: `lora_unet_<diffusers path>`. Stable Cascade: the native stage C path (split attention, as
+        ComfyUI loads it), `lora_unet_` for KOHYA_LORA, `lora_prior_unet_` for LEGACY_LORA (ComfyUI's stage C map).
+        The text encoder: `lora_te_` (`lora_prior_te_` for Cascade's LEGACY_LORA) over transformers' path."""
+        legacy = fmt is ModelFormat.LEGACY_LORA and is_cascade(model.model_type)
         if part == "prior":
+            if is_cascade(model.model_type):
+                return cascade_lora.prior_lora_name(module_path, legacy)
             return "lora_unet_" + module_path.replace(".", "_")
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
-        return "lora_te_" + body.replace(".", "_")
+        return cascade_lora.text_encoder_lora_name(body, legacy)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         if is_cascade(model.model_type):
@@ -309,6 +359,25 @@ def _text_encoder_class(cascade: bool):
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     return CLIPTextModelWithProjection if cascade else CLIPTextModel
+
+
+def _prior_autocast(config: TrainConfig, cascade: bool) -> torch.dtype | None:
+    """The autocast dtype of the Cascade prior when training in FLOAT_16 (`fallback_train_dtype`), else None."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.training.devices import fallback_dtype
+    from onetrainer.util.dtypes import torch_dtype
+
+    if not cascade or config.train_dtype is not DataType.FLOAT_16:
+        return None
+    return torch_dtype(fallback_dtype(config))
+
+
+def _prior_precision(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    if dtype == torch.float32:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def _default_decoder(base: str, cascade: bool) -> str:
@@ -339,6 +408,44 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
         return effnet.load_encoder(name)
     except (FileNotFoundError, ValueError) as error:
         raise ModelLoadError(f"effnet_encoder.model_name: {error}") from error
+
+
+def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
+    """A stage C single file on the config it fits: the base model's prior, else the 3.6B or the lite prior (a lite
+    file over the full-size prior pipeline, as OneTrainer's "Prior Model" override allows)."""
+    from diffusers import StableCascadeUNet
+    from safetensors.torch import load_file
+
+    from onetrainer.families.reference_configs import CASCADE_PRIOR_LITE_UNET, CASCADE_PRIOR_UNET
+
+    if path.suffix != ".safetensors":
+        raise ModelLoadError(f"prior.model_name: {path} is not a .safetensors stage C file")
+    try:
+        state = load_file(str(path))
+    except Exception as error:  # safetensors raises its own error types for a damaged header
+        raise ModelLoadError(f"prior.model_name: cannot read {path}: {error}") from error
+    stability = cascade_keys.is_stability_stage_c(state)
+    for candidate in (base_config, CASCADE_PRIOR_UNET, CASCADE_PRIOR_LITE_UNET):
+        try:
+            converted = cascade_keys.to_diffusers(state, candidate) if stability else state
+        except ValueError:
+            continue
+        if _fits(converted, candidate):
+            prior = StableCascadeUNet.from_config(candidate)
+            checked_load(prior, converted, f"the stage C file {path} (prior.model_name)")
+            return prior
+    raise ModelLoadError(
+        f"prior.model_name: {path} is no stage C model this trainer knows: it fits neither the base model's prior "
+        "nor Stable Cascade's 3.6B or lite prior"
+    )
+
+
+def _fits(state: dict[str, torch.Tensor], config: dict) -> bool:
+    from diffusers import StableCascadeUNet
+
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in StableCascadeUNet.from_config(dict(config)).state_dict().items()}
+    return expected.keys() == state.keys() and all(state[k].shape == shape for k, shape in expected.items())
 
 
 def _write_model_index(folder: Path, cascade: bool) -> None:

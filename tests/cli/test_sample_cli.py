@@ -172,10 +172,6 @@ def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, ca
     [
         (["--prompt", "x", "--output", "x.png"], "give --model-type and --base-model"),
         (["--model-type", "SD9", "--base-model", "m", "--prompt", "x", "--output", "x.png"], "unknown model type"),
-        (
-            ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"],
-            "cannot be sampled",
-        ),
         (["--model-type", "STABLE_DIFFUSION_15", "--base-model", "m", "--output", "o"], "give --prompt"),
         (["--preset", "demo", "--count", "2", "--output", "two.png"], "--output must be a folder"),
         (["--preset", "demo", "--width", "60", "--output", "o"], "multiples of 8"),
@@ -187,6 +183,15 @@ def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, ca
 def test_bad_arguments_exit_2(in_tmp, capsys, args, message):
     assert main(args) == EXIT_INVALID
     assert message in capsys.readouterr().err
+
+
+def test_a_family_without_a_module_cannot_be_sampled(in_tmp, capsys, monkeypatch):
+    from onetrainer import families
+
+    monkeypatch.delitem(families.FAMILY_CLASSES, "cascade")  # every family of the menu samples today
+    args = ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"]
+    assert main(args) == EXIT_INVALID
+    assert "cannot be sampled" in capsys.readouterr().err
 
 
 def test_the_script_runs_as_a_subprocess():

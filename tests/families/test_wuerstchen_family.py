@@ -108,15 +108,30 @@ def test_sample_renders_through_prior_decoder_and_vqgan(loaded):
     assert pixels.std() > 0  # the VQGAN's output, not a blank image
 
 
-@pytest.mark.parametrize("where", ["prior.weight_dtype", "train_dtype"])
-def test_float16_is_refused_for_the_cascade_prior_before_training(where):
-    data = {"model_type": "STABLE_CASCADE_1", "base_model_name": "tiny:cascade"}
-    data.update({"prior": {"weight_dtype": "FLOAT_16"}} if where != "train_dtype" else {"train_dtype": "FLOAT_16"})
+def test_float16_weights_are_refused_for_the_cascade_prior_before_training():
+    data = {"model_type": "STABLE_CASCADE_1", "base_model_name": "tiny:cascade", "prior": {"weight_dtype": "FLOAT_16"}}
     config, _ = config_from_dict(data)
-    problems = [p for p in run_checks(config) if p.path == where]
-    assert problems and "BFLOAT_16" in problems[0].message and "FLOAT_32" in problems[0].message
+    problems = [p for p in run_checks(config) if p.path == "prior.weight_dtype"]
+    assert problems and problems[0].is_error
+    assert "BFLOAT_16" in problems[0].message and "FLOAT_32" in problems[0].message
     wuerstchen, _ = config_from_dict({**data, "model_type": "WUERSTCHEN_2", "base_model_name": "tiny:wuerstchen"})
-    assert not [p for p in run_checks(wuerstchen) if p.path == where]
+    assert not [p for p in run_checks(wuerstchen) if p.path == "prior.weight_dtype"]
+
+
+@pytest.mark.parametrize(("fallback", "expected"), [("BFLOAT_16", torch.bfloat16), ("FLOAT_32", torch.float32)])
+def test_a_float16_training_dtype_runs_the_cascade_prior_in_the_fallback_dtype(fallback, expected):
+    data = {"model_type": "STABLE_CASCADE_1", "base_model_name": "tiny:cascade", "train_dtype": "FLOAT_16"}
+    config, _ = config_from_dict({**data, "fallback_train_dtype": fallback})
+    assert not [p for p in run_checks(config) if p.is_error and "FLOAT_16" in p.message]
+    family = CascadeFamily()
+    model = family.load(config)
+    seen = []
+    first_linear = next(m for m in model.part("prior").modules() if isinstance(m, torch.nn.Linear))
+    first_linear.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):  # what the trainer enters for FLOAT_16
+        conditioning = family.encode_text(model, ["a"])
+        output = family.predict(model, torch.randn(1, 16, 3, 3), torch.tensor([0.5]), conditioning, {}).output
+    assert seen and set(seen) == {expected} and torch.isfinite(output).all()
 
 
 # -- training in process (the generic trainer, methods and cache) ----------------------------------------------------
