@@ -26,7 +26,8 @@ FAMILIES = {"wuerstchen": WuerstchenFamily, "cascade": CascadeFamily}
 
 def train(root: Path, variant: str, method: str, cli: bool = True, **overrides) -> tuple[dict, list[Metrics]]:
     """Train on the tiny model through the CLI's main (`cli`) or in process (the metrics come back)."""
-    image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else None)
+    if not (root / "images").exists():
+        image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else None)
     settings = {"resolution": "128", "epochs": 1, "loss_weight_fn": "P2", "layer_filter_preset": "full"}
     config = tiny_config(root, variant, method, **{**settings, **overrides})
     if cli:
@@ -246,3 +247,35 @@ def test_the_loss_falls_on_an_overfit_set(tmp_path, variant):
     losses = torch.tensor([m.loss for m in metrics])
     assert len(losses) == 16 and torch.isfinite(losses).all()
     assert losses[-6:].mean() < losses[:6].mean(), losses
+
+
+def test_cascade_caches_effnet_latents_and_clip_hidden_pooled_and_mask(tmp_path, monkeypatch):
+    calls = {"images": 0, "captions": 0}
+    seen = []
+    original_images, original_text = CascadeFamily.encode_images, CascadeFamily.encode_text
+    original_predict = CascadeFamily.predict
+
+    def encode_images(family, model, pixels):
+        calls["images"] += len(pixels)
+        return original_images(family, model, pixels)
+
+    def encode_text(family, model, captions):
+        calls["captions"] += len(captions)
+        return original_text(family, model, captions)
+
+    def predict(family, model, noisy, times, conditioning, extra):
+        seen.append(conditioning)
+        return original_predict(family, model, noisy, times, conditioning, extra)
+
+    monkeypatch.setattr(CascadeFamily, "encode_images", encode_images)
+    monkeypatch.setattr(CascadeFamily, "encode_text", encode_text)
+    monkeypatch.setattr(CascadeFamily, "predict", predict)
+    frozen_text = {"text_encoder": {"train": False}}
+    train(tmp_path, "cascade", "LORA", cli=False, only_cache=True, **frozen_text)
+    assert calls == {"images": 4, "captions": 5}  # 4 captions and the empty one (caption dropout)
+    calls.update(images=0, captions=0)
+    _, metrics = train(tmp_path, "cascade", "LORA", cli=False, **frozen_text)
+    assert metrics and calls == {"images": 0, "captions": 0}  # everything from the cache
+    assert seen and all(c.pooled is not None and c.get("attention_mask") is not None for c in seen)
+    assert seen[0].pooled.shape[0] == seen[0].hidden_states.shape[0] == seen[0].get("attention_mask").shape[0]
+    assert seen[0].get("attention_mask").shape[1] == 77
