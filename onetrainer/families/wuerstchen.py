@@ -373,7 +373,9 @@ def _prior_autocast(config: TrainConfig, cascade: bool) -> torch.dtype | None:
 
 
 def _prior_precision(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
+    """Leaves an active float16 autocast for `dtype` (float32: no autocast); anything else stays as it is."""
+    fp16_autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == torch.float16
+    if dtype is None or not fp16_autocast:
         return contextlib.nullcontext()
     if dtype == torch.float32:
         return torch.autocast(device.type, enabled=False)
