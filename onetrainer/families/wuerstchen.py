@@ -406,10 +406,50 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
             "effnet_encoder.model_name is empty: name the EfficientNet encoder file (Stable Cascade: "
             "effnet_encoder.safetensors from stabilityai/stable-cascade; Würstchen: warp-ai/EfficientNetEncoder)"
         )
+    source = resolve_source(name)
+    where = _hub_effnet_file(source, config) if source.kind == "hub" else resolve_local(name)
     try:
-        return effnet.load_encoder(name)
+        return effnet.load_encoder(where)
     except (FileNotFoundError, ValueError) as error:
         raise ModelLoadError(f"effnet_encoder.model_name: {error}") from error
+
+
+# The file an EfficientNet encoder repository holds: warp-ai/EfficientNetEncoder's diffusers-style weights, or
+# Stability's effnet_encoder.safetensors beside the decoder in stabilityai/stable-cascade.
+EFFNET_HUB_FILES = ("diffusion_pytorch_model.safetensors", "effnet_encoder.safetensors")
+
+
+def _hub_effnet_file(source, config: TrainConfig) -> Path:
+    """The encoder's file from the hub cache, else downloaded (the repository's other files are not needed)."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    from onetrainer.util.hub import cache_folder, offline_reason, probe, unavailable_message
+
+    repo, cache_dir = source.location, config.huggingface_cache_dir or None
+    folder = str(cache_folder(cache_dir))
+    for filename in EFFNET_HUB_FILES:
+        cached = try_to_load_from_cache(repo, filename, cache_dir=folder)
+        if isinstance(cached, str):
+            return Path(cached)
+    what = "the EfficientNet encoder (effnet_encoder.model_name)"
+    reason = offline_reason(config.offline_mode)
+    if not reason:
+        answer = probe(repo)
+        reason = answer.reason if not answer.ok else ""
+    if reason:
+        raise ModelLoadError(unavailable_message(repo, cache_dir, reason, what))
+    for filename in EFFNET_HUB_FILES:
+        try:
+            return Path(hf_hub_download(repo, filename, cache_dir=folder))
+        except EntryNotFoundError:
+            continue
+        except (OSError, HfHubHTTPError) as error:
+            raise ModelLoadError(unavailable_message(repo, cache_dir, str(error), what)) from error
+    raise ModelLoadError(
+        f"effnet_encoder.model_name: {repo} holds none of {', '.join(EFFNET_HUB_FILES)}: name the EfficientNet "
+        "encoder's repository or a local .safetensors file"
+    )
 
 
 def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:

@@ -17,6 +17,7 @@ import diffusers
 import pytest
 import torch
 from huggingface_hub import constants
+from safetensors.torch import load_file
 
 from onetrainer.cli.train import EXIT_INVALID, main
 from onetrainer.config import config_from_dict
@@ -174,3 +175,31 @@ def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(hub_cache):
     cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": "someone/missing-vae"})
     with pytest.raises(ModelLoadError, match=r"the VAE override 'someone/missing-vae' is not in the local"):
         StableDiffusionFamily().load(cfg)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "repo", "filename"),
+    [
+        ("WUERSTCHEN_2", "warp-ai/EfficientNetEncoder", "diffusion_pytorch_model.safetensors"),
+        ("STABLE_CASCADE_1", "stabilityai/stable-cascade", "effnet_encoder.safetensors"),
+    ],
+)
+def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache, tmp_path, model_type, repo, filename):
+    from onetrainer.families.wuerstchen import CascadeFamily
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    wuerstchen = model_type == "WUERSTCHEN_2"
+    local = tmp_path / "effnet"
+    local.mkdir()
+    save_effnet_encoder(local / filename, wuerstchen=wuerstchen)
+    put_in_cache(hub_cache, repo, local)
+    base = "tiny:wuerstchen" if wuerstchen else "tiny:cascade"
+    common = {"model_type": model_type, "base_model_name": base, "output_model_format": "DIFFUSERS"}
+    cfg = config(**common, offline_mode=True, effnet_encoder={"model_name": repo})
+    encoder = CascadeFamily().load(cfg).part("effnet_encoder")
+    expected = load_file(str(local / filename))
+    assert all(torch.equal(v, expected[k]) for k, v in encoder.state_dict().items() if k in expected)
+
+    missing = config(**common, effnet_encoder={"model_name": "someone/no-effnet"})  # the hub unreachable
+    with pytest.raises(ModelLoadError, match=r"EfficientNet encoder \(effnet_encoder.model_name\)"):
+        CascadeFamily().load(missing)
