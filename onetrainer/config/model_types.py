@@ -63,6 +63,12 @@ class FamilyInfo:
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Parts that overflow in float16 (NaN losses): FLOAT_16 weights or training dtype are refused before training.
     float16_unsafe_parts: tuple[str, ...] = ()
+    # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
+    hub_parts: tuple[str, ...] = ()
+
+    @property
+    def hub_files(self) -> tuple[str, ...]:
+        return tuple(f"{part}/config.json" for part in self.hub_parts)
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ PIXART = FamilyInfo(
         "blocks": ("transformer_block",),
         "full": (),
     },
+    hub_parts=("transformer", "text_encoder", "vae"),
 )
 WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
@@ -137,6 +144,7 @@ WUERSTCHEN = FamilyInfo(
     },
     # The prior is a flat list of blocks: no down/up blocks to offer.
     layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
+    hub_parts=("prior", "text_encoder"),
 )
 CASCADE = FamilyInfo(
     key="cascade",
@@ -157,6 +165,7 @@ CASCADE = FamilyInfo(
         "mapper-only": ("mapper",),
     },
     float16_unsafe_parts=("prior",),
+    hub_parts=("prior", "text_encoder"),
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}

@@ -38,9 +38,10 @@ from onetrainer.families.loading import (
     load_tokenizer,
 )
 from onetrainer.families.sd_common import plain_state
-from onetrainer.families.sources import resolve_local, resolve_source
+from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
 from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.util.hub import EFFNET_FILES, PART_FILES
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
@@ -127,6 +128,11 @@ class WuerstchenFamily(Family):
                 "folder as the base model"
             )
         path = resolve_local(override)
+        if not path.exists() and is_hub_id(override):
+            options = hub_options(
+                ModelSource("hub", override), config, "the prior (prior.model_name)", PART_FILES["prior"]
+            )
+            return load_diffusers_component(cls, override, "prior", options)
         if path.is_dir():
             subfolder = "prior" if (path / "prior" / "config.json").is_file() else None
             return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True})
@@ -138,7 +144,7 @@ class WuerstchenFamily(Family):
     def _load_decoder(self, config: TrainConfig, cascade: bool) -> tuple[dict[str, torch.nn.Module], object]:
         name = config.part("decoder").model_name or _default_decoder(config.base_model_name, cascade)
         source = resolve_source(name)
-        options = hub_options(source, config, "the decoder (decoder.model_name)")
+        options = hub_options(source, config, "the decoder (decoder.model_name)", PART_FILES["decoder"])
         where = source.location
         if cascade:
             from diffusers import StableCascadeUNet as decoder_cls
@@ -406,8 +412,9 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
             "effnet_encoder.model_name is empty: name the EfficientNet encoder file (Stable Cascade: "
             "effnet_encoder.safetensors from stabilityai/stable-cascade; Würstchen: warp-ai/EfficientNetEncoder)"
         )
-    source = resolve_source(name)
-    where = _hub_effnet_file(source, config) if source.kind == "hub" else resolve_local(name)
+    where = resolve_local(name)
+    if not where.exists() and is_hub_id(name):
+        where = _hub_effnet_file(ModelSource("hub", name), config)
     try:
         return effnet.load_encoder(where)
     except (FileNotFoundError, ValueError) as error:
@@ -416,7 +423,7 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
 
 # The file an EfficientNet encoder repository holds: warp-ai/EfficientNetEncoder's diffusers-style weights, or
 # Stability's effnet_encoder.safetensors beside the decoder in stabilityai/stable-cascade.
-EFFNET_HUB_FILES = ("diffusion_pytorch_model.safetensors", "effnet_encoder.safetensors")
+EFFNET_HUB_FILES = EFFNET_FILES
 
 
 def _hub_effnet_file(source, config: TrainConfig) -> Path:

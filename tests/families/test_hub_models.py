@@ -203,3 +203,34 @@ def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache
     missing = config(**common, effnet_encoder={"model_name": "someone/no-effnet"})  # the hub unreachable
     with pytest.raises(ModelLoadError, match=r"EfficientNet encoder \(effnet_encoder.model_name\)"):
         CascadeFamily().load(missing)
+
+
+def test_a_part_wise_download_counts_as_cached_offline(hub_cache, tmp_path):
+    """Würstchen / Cascade (and PixArt) read a pipeline repository part by part, so their cache holds subfolders
+    without model_index.json: offline, the check and the load take it, and they name a part that is missing."""
+    from onetrainer.families.wuerstchen import CascadeFamily
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    for repo, variant, parts in (
+        ("someone/cascade-prior", "cascade", ("prior", "text_encoder", "tokenizer")),
+        ("someone/cascade", "cascade-decoder", ("decoder", "vqgan")),
+    ):
+        partial = tmp_path / variant
+        for part in parts:
+            shutil.copytree(tiny_model_dir(variant) / part, partial / part)
+        put_in_cache(hub_cache, repo, partial)
+    effnet = save_effnet_encoder(tmp_path / "effnet_encoder.safetensors", wuerstchen=False)
+    data = {
+        "model_type": "STABLE_CASCADE_1", "base_model_name": "someone/cascade-prior", "offline_mode": True,
+        "output_model_format": "DIFFUSERS", "decoder": {"model_name": "someone/cascade"},
+        "effnet_encoder": {"model_name": str(effnet)}, "concepts": [{"path": str(tmp_path)}],
+    }  # fmt: skip
+    assert not [p for p in run_checks(config(**data)) if "model_name" in p.path and p.is_error]
+    model = CascadeFamily().load(config(**data))
+    assert model.part("decoder") is not None and model.part("prior") is not None
+
+    shutil.rmtree(hub_cache / "models--someone--cascade")  # the decoder's repository gone
+    problems = [p for p in run_checks(config(**data)) if p.path == "decoder.model_name"]
+    assert problems and "someone/cascade" in problems[0].message
+    with pytest.raises(ModelLoadError, match=r"decoder \(decoder.model_name\)"):
+        CascadeFamily().load(config(**data))
