@@ -20,12 +20,13 @@ DESCRIPTION = (
 )
 EPILOG = """\
 Parts: 'overhead', 'pixart' (the same comparison on the tiny PixArt model: T5 mask, micro-conditions, the
-variance term), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step
-of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'gpu' (only with CUDA;
+variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden + pooled, the
+cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny'
+(one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'gpu' (only with CUDA;
 otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display
 can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "pixart", "caching", "weights", "tiny", "gpu", "gui")
+PARTS = ("overhead", "pixart", "cascade", "caching", "weights", "tiny", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -103,6 +104,16 @@ def main(
             f"ratio {pixart['ratio']:.3f} (goal ≥ 0.95)"
         )
         report["pixart"] = pixart
+    if "cascade" in parts:
+        from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
+
+        print(f"\nTrainer overhead on the tiny Stable Cascade prior ({args.repeat} alternating repetitions):")
+        cascade = compare_cascade_overhead(max(args.steps // 2, 1), args.warmup, args.repeat)
+        print(
+            f"ours {cascade['ours_steps_per_second']:.2f} steps/s, bare {cascade['bare_steps_per_second']:.2f} "
+            f"steps/s: ratio {cascade['ratio']:.3f} (goal ≥ 0.95)"
+        )
+        report["cascade"] = cascade
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 
