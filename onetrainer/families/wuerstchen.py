@@ -460,12 +460,9 @@ def _hub_effnet_file(source, config: TrainConfig) -> Path:
 
 
 def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
-    """A stage C single file on the config it fits: the base model's prior, else the 3.6B or the lite prior (a lite
-    file over the full-size prior pipeline, as OneTrainer's "Prior Model" override allows)."""
+    """A stage C single file (prior.model_name) as a StableCascadeUNet on the config it fits."""
     from diffusers import StableCascadeUNet
     from safetensors.torch import load_file
-
-    from onetrainer.families.reference_configs import CASCADE_PRIOR_LITE_UNET, CASCADE_PRIOR_UNET
 
     if path.suffix != ".safetensors":
         raise ModelLoadError(f"prior.model_name: {path} is not a .safetensors stage C file")
@@ -473,6 +470,24 @@ def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
         state = load_file(str(path))
     except Exception as error:  # safetensors raises its own error types for a damaged header
         raise ModelLoadError(f"prior.model_name: cannot read {path}: {error}") from error
+    found = stage_c_config(state, base_config)
+    if found is None:
+        raise ModelLoadError(
+            f"prior.model_name: {path} is no stage C model this trainer knows: it fits neither the base model's prior "
+            "nor Stable Cascade's 3.6B or lite prior"
+        )
+    config, converted = found
+    prior = StableCascadeUNet.from_config(config)
+    checked_load(prior, converted, f"the stage C file {path} (prior.model_name)")
+    return prior
+
+
+def stage_c_config(state: dict[str, torch.Tensor], base_config: dict) -> tuple[dict, dict] | None:
+    """The config a stage C state dict (Stability's layout or diffusers') fits, and the state in diffusers' names: the
+    base model's prior, else the 3.6B or the lite prior (a lite file over the full-size prior pipeline, as
+    OneTrainer's "Prior Model" override allows). None: it fits none of them."""
+    from onetrainer.families.reference_configs import CASCADE_PRIOR_LITE_UNET, CASCADE_PRIOR_UNET
+
     stability = cascade_keys.is_stability_stage_c(state)
     for candidate in (base_config, CASCADE_PRIOR_UNET, CASCADE_PRIOR_LITE_UNET):
         try:
@@ -480,13 +495,8 @@ def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
         except ValueError:
             continue
         if _fits(converted, candidate):
-            prior = StableCascadeUNet.from_config(candidate)
-            checked_load(prior, converted, f"the stage C file {path} (prior.model_name)")
-            return prior
-    raise ModelLoadError(
-        f"prior.model_name: {path} is no stage C model this trainer knows: it fits neither the base model's prior "
-        "nor Stable Cascade's 3.6B or lite prior"
-    )
+            return dict(candidate), converted
+    return None
 
 
 def _fits(state: dict[str, torch.Tensor], config: dict) -> bool:

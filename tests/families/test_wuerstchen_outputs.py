@@ -24,10 +24,12 @@ CPU = torch.device("cpu")
 FAMILIES = {"wuerstchen": WuerstchenFamily, "cascade": CascadeFamily}
 
 
-def train(root: Path, variant: str, method: str, cli: bool = True, **overrides) -> tuple[dict, list[Metrics]]:
+def train(
+    root: Path, variant: str, method: str, cli: bool = True, placeholder: str | None = None, **overrides
+) -> tuple[dict, list[Metrics]]:
     """Train on the tiny model through the CLI's main (`cli`) or in process (the metrics come back)."""
     if not (root / "images").exists():
-        image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else None)
+        image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else placeholder)
     settings = {"resolution": "128", "epochs": 1, "loss_weight_fn": "P2", "layer_filter_preset": "full"}
     config = tiny_config(root, variant, method, **{**settings, **overrides})
     if cli:
@@ -135,10 +137,14 @@ def test_cascade_legacy_and_kohya_loras_apply_on_stability_stage_c_as_comfyui_do
     from onetrainer.weights import cascade_keys
 
     config, _ = train(
-        tmp_path, "cascade", "LORA", output_model_format="LEGACY_LORA", text_encoder={"train": True}, lora_alpha=3.0
-    )
+        tmp_path, "cascade", "LORA", output_model_format="LEGACY_LORA", text_encoder={"train": True}, lora_alpha=3.0,
+        placeholder="<thing>", bundle_additional_embeddings=True,
+        additional_embeddings=[{"placeholder": "<thing>", "token_count": 1, "initial_embedding_text": "shape"}],
+    )  # fmt: skip
     legacy_path = Path(config["output_model_destination"])
     legacy = load_file(str(legacy_path))
+    # the additional embedding on the prior's text encoder, bundled as OneTrainer does (A1111's `bundle_emb.` keys)
+    assert legacy["bundle_emb.<thing>.clip_g"].shape == (1, 64)
     assert "lora_prior_unet_down_blocks_0_2_attention_attn_to_q.lora_down.weight" in legacy
     assert "lora_prior_unet_down_blocks_0_2_attention_attn_out_proj.lora_up.weight" in legacy
     assert "lora_prior_te_text_model_encoder_layers_0_self_attn_q_proj.alpha" in legacy
@@ -279,3 +285,26 @@ def test_cascade_caches_effnet_latents_and_clip_hidden_pooled_and_mask(tmp_path,
     assert seen and all(c.pooled is not None and c.get("attention_mask") is not None for c in seen)
     assert seen[0].pooled.shape[0] == seen[0].hidden_states.shape[0] == seen[0].get("attention_mask").shape[0]
     assert seen[0].get("attention_mask").shape[1] == 77
+
+
+@pytest.mark.parametrize("size", ["3.6B", "lite"])
+def test_a_full_size_stage_c_file_is_read_on_the_config_its_shapes_fit(size):
+    """Stability's stage_c.safetensors / stage_c_lite.safetensors over any base prior: built on the meta device at
+    the real sizes (no weights), converted to Stability's layout, recognised by shape."""
+    from diffusers import StableCascadeUNet
+
+    from onetrainer.families.reference_configs import CASCADE_PRIOR_LITE_UNET, CASCADE_PRIOR_UNET
+    from onetrainer.families.wuerstchen import stage_c_config
+    from onetrainer.tiny import tiny_model_dir
+    from onetrainer.weights import cascade_keys
+
+    real = CASCADE_PRIOR_UNET if size == "3.6B" else CASCADE_PRIOR_LITE_UNET
+    with torch.device("meta"):
+        state = StableCascadeUNet.from_config(real).state_dict()
+    stability = cascade_keys.to_stability(state, real)
+    tiny_base = StableCascadeUNet.load_config(str(tiny_model_dir("cascade")), subfolder="prior")
+    config, converted = stage_c_config(stability, tiny_base)
+    assert config["block_out_channels"] == real["block_out_channels"]
+    assert config["down_num_layers_per_block"] == real["down_num_layers_per_block"]
+    assert converted.keys() == state.keys()
+    assert stage_c_config({"clip_txt_mapper.weight": torch.zeros(1)}, tiny_base) is None
