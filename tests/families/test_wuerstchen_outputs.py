@@ -308,3 +308,29 @@ def test_a_full_size_stage_c_file_is_read_on_the_config_its_shapes_fit(size):
     assert config["down_num_layers_per_block"] == real["down_num_layers_per_block"]
     assert converted.keys() == state.keys()
     assert stage_c_config({"clip_txt_mapper.weight": torch.zeros(1)}, tiny_base) is None
+
+
+def test_cascade_fine_tune_resumes_from_its_backup_as_the_uninterrupted_run(tmp_path):
+    # The fine-tune backup is the family's own (the prior pipeline folder); LoRA backups are the method's, as for SD.
+    method = "FINE_TUNE"
+    from onetrainer.training.checkpoint import list_backups
+    from tests.training.test_resume_and_control import StopAfter, losses, run
+
+    image_folder(tmp_path)
+    common = {"resolution": "128", "epochs": 2, "backup_before_save": True, "text_encoder": {"train": True}}
+    common.update(learning_rate=1e-4, output_model_format="DIFFUSERS")
+    concepts = [{"path": str(tmp_path / "images"), "seed": 7}]
+    straight, sink = run(tiny_config(tmp_path / "a", "cascade", method, **common, concepts=concepts))
+    expected = losses(sink)
+    assert isinstance(straight, Finished) and len(expected) == 4
+
+    b = tiny_config(tmp_path / "b", "cascade", method, **common, concepts=concepts)
+    control = TrainingControl()
+    stopped, first = run(b, control, StopAfter(control, 2))  # after epoch 1: a backup of the prior and CLIP
+    assert isinstance(stopped, Finished) and len(list_backups(tmp_path / "b" / "workspace" / "backup")) == 1
+    resumed, second = run({**b, "continue_last_backup": True})
+    assert isinstance(resumed, Finished) and resumed.reason == "completed"
+    got = {**losses(first), **losses(second)}
+    assert sorted(got) == sorted(expected)
+    for step, value in expected.items():
+        assert got[step] == pytest.approx(value, rel=1e-4, abs=1e-6), step
