@@ -121,3 +121,20 @@ def test_wuerstchen_presets_pass_check_on_local_models(in_tmp, capsys, method):
 @pytest.mark.parametrize("method", ["lora", "finetune", "embedding"])
 def test_cascade_presets_pass_check_on_local_models(in_tmp, capsys, method):
     assert main(_check_prior_preset(in_tmp, f"cascade/{method}")) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["Wuerstchen v2/#wuerstchen 2.0.json", "Wuerstchen v2/#wuerstchen 2.0 LoRA.json",
+     "Wuerstchen v2/#wuerstchen 2.0 embedding.json", "Stable Cascade/#stable cascade.json"],
+)  # fmt: skip
+def test_onetrainers_prior_presets_pass_check_on_local_models(in_tmp, capsys, preset):
+    from onetrainer.tiny.effnet import save_effnet_encoder
+    from tests.conftest import onetrainer_presets_dir
+
+    family = "cascade" if preset.startswith("Stable") else "wuerstchen"
+    effnet = save_effnet_encoder(in_tmp / "effnet_encoder.safetensors", wuerstchen=family == "wuerstchen")
+    args = ["--check", "--config-path", str(onetrainer_presets_dir() / preset),
+            "--set", f"base_model_name=tiny:{family}", "--set", f"decoder.model_name=tiny:{family}-decoder",
+            "--set", f"effnet_encoder.model_name={effnet}", "--set", "concepts.0.path=tiny:images"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
