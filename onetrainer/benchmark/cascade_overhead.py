@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from onetrainer.benchmark.family_overhead import compare_with_bare
 from onetrainer.benchmark.memory import PeakMemory
-from onetrainer.benchmark.overhead import BARE, OURS, Run, _check_counts, _load_pixels, _training_images, step_durations
-from onetrainer.benchmark.pixart_overhead import run_ours
+from onetrainer.benchmark.overhead import BARE, Run, _check_counts, _load_pixels, _training_images, step_durations
 
 RESOLUTION = 128
 COSINE_S = 0.008
@@ -155,22 +153,4 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
 
 def compare_cascade_overhead(steps: int = 10, warmup: int = 2, repeat: int = 3, progress=print) -> dict:
     """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rates: dict[str, list[float]] = {OURS: [], BARE: []}
-    with tempfile.TemporaryDirectory(prefix="onetrainer-benchmark-cascade-") as tmp:
-        workdir = Path(tmp)
-        config, images = cascade_config(workdir, device)
-        for rep in range(repeat):
-            order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
-            for variant in order:
-                if variant == OURS:
-                    run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
-                else:
-                    run = run_bare(config, images, device, steps, warmup)
-                rates[variant].append(run.steps_per_second)
-                if progress is not None:
-                    progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
-    ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
-    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
-    figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
-    return figures
+    return compare_with_bare("cascade", cascade_config, run_bare, steps, warmup, repeat, progress)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import platform
 import sys
@@ -94,26 +95,18 @@ def main(
         print()
         print(format_overhead(overhead))
         report["overhead"] = overhead.to_dict()
-    if "pixart" in parts:
-        from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
-
-        print(f"\nTrainer overhead on tiny PixArt-Alpha ({args.repeat} alternating repetitions):")
-        pixart = compare_pixart_overhead(max(args.steps // 2, 1), args.warmup, args.repeat)
-        print(
-            f"ours {pixart['ours_steps_per_second']:.2f} steps/s, bare {pixart['bare_steps_per_second']:.2f} steps/s: "
-            f"ratio {pixart['ratio']:.3f} (goal ≥ 0.95)"
-        )
-        report["pixart"] = pixart
-    if "cascade" in parts:
-        from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
-
-        print(f"\nTrainer overhead on the tiny Stable Cascade prior ({args.repeat} alternating repetitions):")
-        cascade = compare_cascade_overhead(max(args.steps // 2, 1), args.warmup, args.repeat)
-        print(
-            f"ours {cascade['ours_steps_per_second']:.2f} steps/s, bare {cascade['bare_steps_per_second']:.2f} "
-            f"steps/s: ratio {cascade['ratio']:.3f} (goal ≥ 0.95)"
-        )
-        report["cascade"] = cascade
+    for part, label in (("pixart", "tiny PixArt-Alpha"), ("cascade", "the tiny Stable Cascade prior")):
+        if part in parts:
+            compare = importlib.import_module(f"onetrainer.benchmark.{part}_overhead").__dict__[
+                f"compare_{part}_overhead"
+            ]
+            print(f"\nTrainer overhead on {label} ({args.repeat} alternating repetitions):")
+            figures = compare(max(args.steps // 2, 1), args.warmup, args.repeat)
+            print(
+                f"ours {figures['ours_steps_per_second']:.2f} steps/s, bare {figures['bare_steps_per_second']:.2f} "
+                f"steps/s: ratio {figures['ratio']:.3f} (goal ≥ 0.95)"
+            )
+            report[part] = figures
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 

@@ -10,24 +10,14 @@ bound (`training/variance_loss.py`, the noise detached), as our PixArt family do
 from __future__ import annotations
 
 import random
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from onetrainer.benchmark.family_overhead import compare_with_bare
 from onetrainer.benchmark.memory import PeakMemory
-from onetrainer.benchmark.overhead import (
-    BARE,
-    OURS,
-    Run,
-    _check_counts,
-    _load_pixels,
-    _StepClock,
-    _training_images,
-    step_durations,
-)
+from onetrainer.benchmark.overhead import BARE, Run, _check_counts, _load_pixels, _training_images, step_durations
 
 RESOLUTION = 64
 
@@ -71,25 +61,6 @@ def pixart_config(workdir: Path, device: torch.device):
     if errors(problems):
         raise ValueError("the PixArt benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
     return config, images
-
-
-def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: int, name: str) -> Run:
-    from onetrainer.config import TrainConfig
-    from onetrainer.training.control import TrainingControl
-    from onetrainer.training.events import Failed
-    from onetrainer.training.runner import run_training
-
-    _check_counts(steps, warmup)
-    config = TrainConfig.from_dict(config.to_dict(), [])
-    config.workspace_dir = str(workdir / "workspace" / name)
-    config.epochs = warmup + steps
-    control = TrainingControl()
-    clock = _StepClock(control, warmup + steps)
-    with PeakMemory(device) as memory:
-        outcome = run_training(config, control, [clock], checked=False)
-    if isinstance(outcome, Failed):
-        raise RuntimeError(f"our trainer failed: {outcome.message}\n{outcome.traceback}")
-    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes)
 
 
 def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> Run:
@@ -173,22 +144,4 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
 
 def compare_pixart_overhead(steps: int = 10, warmup: int = 2, repeat: int = 3, progress=print) -> dict:
     """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rates: dict[str, list[float]] = {OURS: [], BARE: []}
-    with tempfile.TemporaryDirectory(prefix="onetrainer-benchmark-pixart-") as tmp:
-        workdir = Path(tmp)
-        config, images = pixart_config(workdir, device)
-        for rep in range(repeat):
-            order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
-            for variant in order:
-                if variant == OURS:
-                    run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
-                else:
-                    run = run_bare(config, images, device, steps, warmup)
-                rates[variant].append(run.steps_per_second)
-                if progress is not None:
-                    progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
-    ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
-    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
-    figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
-    return figures
+    return compare_with_bare("pixart", pixart_config, run_bare, steps, warmup, repeat, progress)

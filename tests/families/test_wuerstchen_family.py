@@ -138,21 +138,13 @@ def test_a_float16_training_dtype_runs_the_cascade_prior_in_the_fallback_dtype(f
 
 
 def train(root, model_type: str, method: str, **overrides) -> tuple[dict, list]:
-    from onetrainer.training.control import TrainingControl
-    from onetrainer.training.events import Finished, ListSink
-    from onetrainer.training.runner import run_training
-    from tests.helpers import image_folder, tiny_config
+    from tests.helpers import image_folder, run_config, tiny_config
 
     image_folder(root, placeholder="<shape>" if method == "EMBEDDING" else None)
-    data = tiny_config(root, "sd15", method, **overrides)
-    data.update(model_type=model_type, base_model_name=VARIANTS[model_type][0], resolution="128")
-    data.update(loss_weight_fn="P2", loss_weight_strength=1.0, layer_filter_preset="full")
-    config, problems = config_from_dict(data)
-    assert [p for p in problems if p.is_error] == []
-    sink = ListSink()
-    outcome = run_training(config, TrainingControl(), [sink])
-    assert isinstance(outcome, Finished), outcome
-    return data, sink.events
+    variant = VARIANTS[model_type][0].removeprefix("tiny:")
+    settings = {"resolution": "128", "loss_weight_fn": "P2", "layer_filter_preset": "full"}
+    data = tiny_config(root, variant, method, **{**settings, **overrides})
+    return data, run_config(data)
 
 
 def losses_of(events) -> list[float]:

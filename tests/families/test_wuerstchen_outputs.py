@@ -16,9 +16,8 @@ from onetrainer.config import config_from_dict
 from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
 from onetrainer.methods import create_method
 from onetrainer.training.control import TrainingControl
-from onetrainer.training.events import Finished, ListSink, Metrics
-from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, tiny_config, write_config
+from onetrainer.training.events import Finished, Metrics
+from tests.helpers import image_folder, run_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 FAMILIES = {"wuerstchen": WuerstchenFamily, "cascade": CascadeFamily}
@@ -37,12 +36,7 @@ def train(
 
         assert main(["--config-path", str(write_config(root, config))]) == 0
         return config, []
-    cfg, problems = config_from_dict(config)
-    assert [p for p in problems if p.is_error] == []
-    sink = ListSink()
-    outcome = run_training(cfg, TrainingControl(), [sink])
-    assert isinstance(outcome, Finished), outcome
-    return config, [e for e in sink.events if isinstance(e, Metrics)]
+    return config, [e for e in run_config(config) if isinstance(e, Metrics)]
 
 
 def load(config: dict, variant: str, method: bool = True, **changes):
