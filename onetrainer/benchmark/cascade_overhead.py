@@ -12,13 +12,12 @@ library has one). Timing as `overhead.py`.
 from __future__ import annotations
 
 import math
-import random
 import time
 from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import compare_with_bare
+from onetrainer.benchmark.family_overhead import batch_order, compare_with_bare, lora_config, optimizer_step
 from onetrainer.benchmark.memory import PeakMemory
 from onetrainer.benchmark.overhead import BARE, Run, _check_counts, _load_pixels, _training_images, step_durations
 
@@ -27,46 +26,20 @@ COSINE_S = 0.008
 
 
 def cascade_config(workdir: Path, device: torch.device):
-    from onetrainer.config import config_from_dict, errors
-    from onetrainer.tiny.images import write_demo_images
-
-    images = workdir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    write_demo_images(images)
-    config, problems = config_from_dict(
+    return lora_config(
+        workdir,
+        device,
+        "Cascade",
         {
             "model_type": "STABLE_CASCADE_1",
             "base_model_name": "tiny:cascade",
-            "training_method": "LORA",
-            "output_model_format": "DIFFUSERS_LORA",
-            "output_model_destination": str(workdir / "out" / "lora.safetensors"),
-            "workspace_dir": str(workdir / "workspace"),
-            "cache_dir": str(workdir / "cache"),
             "resolution": str(RESOLUTION),
-            "batch_size": 2,
-            "learning_rate": 1e-3,
-            "lora_rank": 4,
-            "lora_alpha": 4.0,
             "layer_filter_preset": "full",
             "loss_weight_fn": "P2",
             "loss_weight_strength": 1.0,
-            "train_dtype": "FLOAT_32",
-            "train_device": device.type,
-            "latent_caching": True,
-            "tensorboard": False,
-            "sample_after_unit": "NEVER",
-            "backup_after_unit": "NEVER",
-            "save_every_unit": "NEVER",
-            "dataloader_threads": 0,
             "prior": {"gradient_checkpointing": False, "weight_dtype": "FLOAT_32"},
-            "text_encoder": {"train": False},
-            "concepts": [{"name": "shapes", "path": str(images), "seed": 7}],
-            "samples": [],
-        }
+        },
     )
-    if errors(problems):
-        raise ValueError("the Cascade benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
-    return config, images
 
 
 def _alpha_bar(t: torch.Tensor) -> torch.Tensor:
@@ -119,17 +92,12 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
                 mask = tokens.attention_mask.to(device)
                 out = text_encoder(tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True)
                 text_of[caption] = (out.hidden_states[-1][0], out.text_embeds[0])
-        rng = random.Random(0)
-        order: list[int] = []
+        batches = batch_order(len(samples), config.batch_size)
         times: list[float] = []
         batch_size = config.batch_size
         clip_img = torch.zeros(batch_size, 1, prior.config.clip_image_in_channels, device=device)
         for _ in range(warmup + steps):
-            while len(order) < batch_size:
-                epoch = list(range(len(samples)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = [samples[i] for i in order[:batch_size]], order[batch_size:]
+            batch = [samples[i] for i in next(batches)]
             latents = torch.stack([latents_of[p] for p, _ in batch])
             hidden = torch.stack([text_of[c][0] for _, c in batch])
             pooled = torch.stack([text_of[c][1] for _, c in batch])[:, None]
@@ -141,12 +109,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             per_sample = (predicted.float() - noise.float()).pow(2).mean(dim=(1, 2, 3))
             snr = alpha_bar.flatten() / (1 - alpha_bar.flatten())
             loss = (per_sample / (1 + snr) ** config.loss_weight_strength).mean()
-            loss.backward()
-            if config.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss.item()
+            optimizer_step(loss, params, optimizer, config.clip_grad_norm)
             times.append(time.perf_counter())
     return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes)
 

@@ -9,13 +9,12 @@ bound (`training/variance_loss.py`, the noise detached), as our PixArt family do
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import compare_with_bare
+from onetrainer.benchmark.family_overhead import batch_order, compare_with_bare, lora_config, optimizer_step
 from onetrainer.benchmark.memory import PeakMemory
 from onetrainer.benchmark.overhead import BARE, Run, _check_counts, _load_pixels, _training_images, step_durations
 
@@ -23,44 +22,18 @@ RESOLUTION = 64
 
 
 def pixart_config(workdir: Path, device: torch.device):
-    from onetrainer.config import config_from_dict, errors
-    from onetrainer.tiny.images import write_demo_images
-
-    images = workdir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    write_demo_images(images)
-    config, problems = config_from_dict(
+    return lora_config(
+        workdir,
+        device,
+        "PixArt",
         {
             "model_type": "PIXART_ALPHA",
             "base_model_name": "tiny:pixart",
-            "training_method": "LORA",
-            "output_model_format": "DIFFUSERS_LORA",
-            "output_model_destination": str(workdir / "out" / "lora.safetensors"),
-            "workspace_dir": str(workdir / "workspace"),
-            "cache_dir": str(workdir / "cache"),
             "resolution": str(RESOLUTION),
-            "batch_size": 2,
-            "learning_rate": 1e-3,
-            "lora_rank": 4,
-            "lora_alpha": 4.0,
             "layer_filter_preset": "attn-mlp",
-            "train_dtype": "FLOAT_32",
-            "train_device": device.type,
-            "latent_caching": True,
-            "tensorboard": False,
-            "sample_after_unit": "NEVER",
-            "backup_after_unit": "NEVER",
-            "save_every_unit": "NEVER",
-            "dataloader_threads": 0,
             "transformer": {"gradient_checkpointing": False},
-            "text_encoder": {"train": False},
-            "concepts": [{"name": "shapes", "path": str(images), "seed": 7}],
-            "samples": [],
-        }
+        },
     )
-    if errors(problems):
-        raise ValueError("the PixArt benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
-    return config, images
 
 
 def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> Run:
@@ -105,8 +78,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
                 )
                 mask = tokens.attention_mask.to(device)
                 text_of[caption] = (t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state[0], mask[0])
-        rng = random.Random(0)
-        order: list[int] = []
+        batches = batch_order(len(samples), config.batch_size)
         times: list[float] = []
         batch_size = config.batch_size
         added = {
@@ -114,11 +86,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             "aspect_ratio": torch.ones(batch_size, 1, device=device),
         }
         for _ in range(warmup + steps):
-            while len(order) < batch_size:
-                epoch = list(range(len(samples)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = [samples[i] for i in order[:batch_size]], order[batch_size:]
+            batch = [samples[i] for i in next(batches)]
             latents = torch.stack([latents_of[p] for p, _ in batch])
             hidden = torch.stack([text_of[c][0] for _, c in batch])
             mask = torch.stack([text_of[c][1] for _, c in batch])
@@ -132,12 +100,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             predicted, variance = split_learned_variance(output)
             vb = variational_bound(predicted, variance, latents, noisy, timesteps, alphas_cumprod, betas)
             loss = torch.nn.functional.mse_loss(predicted.float(), noise.float()) + vb.mean()
-            loss.backward()
-            if config.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss.item()
+            optimizer_step(loss, params, optimizer, config.clip_grad_norm)
             times.append(time.perf_counter())
     return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes)
 
