@@ -113,8 +113,9 @@ class WuerstchenFamily(Family):
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
 
     def _load_prior(self, config: TrainConfig, where: str, options: dict, cascade: bool) -> torch.nn.Module:
-        """The base's prior, or (Stable Cascade) the prior part's own model: a diffusers folder or a single stage C
-        file in Stability's layout (`stage_c.safetensors`, `stage_c_lite.safetensors`) or diffusers'."""
+        """The base's prior, or the prior part's own model (`prior.model_name`): a diffusers folder or hub id, or
+        (Stable Cascade) a single stage C file in Stability's layout (`stage_c.safetensors`, `stage_c_lite`) or
+        diffusers'."""
         if cascade:
             from diffusers import StableCascadeUNet as cls
         else:
@@ -122,11 +123,6 @@ class WuerstchenFamily(Family):
         override = config.part("prior").model_name.strip()
         if not override:
             return load_diffusers_component(cls, where, "prior", options)
-        if not cascade:
-            raise ModelLoadError(
-                "prior.model_name: a separate prior model is read for Stable Cascade only; set the Würstchen prior "
-                "folder as the base model"
-            )
         path = resolve_local(override)
         if not path.exists() and is_hub_id(override):
             options = hub_options(
@@ -138,6 +134,11 @@ class WuerstchenFamily(Family):
             return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True})
         if not path.is_file():
             raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
+        if not cascade:
+            raise ModelLoadError(
+                f"prior.model_name: {path} is a single file; a Würstchen v2 prior is read from a diffusers folder or "
+                "hub id (single stage C files are Stable Cascade's)"
+            )
         base_config = load_diffusers_component(cls, where, "prior", options, config_only=True)
         return _stage_c_from_file(path, base_config)
 

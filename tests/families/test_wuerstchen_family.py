@@ -189,3 +189,22 @@ def test_fine_tune_saved_as_the_prior_pipeline_folder_loads_back(loaded, tmp_pat
     data["effnet_encoder"] = {"model_name": ""}
     with pytest.raises(ModelLoadError, match=r"effnet_encoder\.model_name"):
         family.load(config_from_dict(data)[0])
+
+
+def test_the_prior_part_may_come_from_its_own_folder_but_a_single_file_only_for_cascade(tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from onetrainer.tiny import tiny_model_dir
+
+    base = {"model_type": "WUERSTCHEN_2", "base_model_name": "tiny:wuerstchen"}
+    shutil.copytree(tiny_model_dir("wuerstchen") / "prior", tmp_path / "prior")  # a prior folder of its own
+    family = WuerstchenFamily()
+    model = family.load(config_from_dict({**base, "prior": {"model_name": str(tmp_path / "prior")}})[0])
+    expected = family.load(config_from_dict(base)[0]).part("prior").state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in model.part("prior").state_dict().items())
+    single = tmp_path / "stage_c.safetensors"
+    save_file({"x": torch.zeros(1)}, str(single))
+    with pytest.raises(ModelLoadError, match=r"prior\.model_name: .* single file"):
+        family.load(config_from_dict({**base, "prior": {"model_name": str(single)}})[0])
