@@ -205,3 +205,11 @@ def test_pixart_samples_from_the_script(in_tmp):
     args = ["--model-type", "PIXART_ALPHA", "--base-model", "tiny:pixart", *FAST, "--prompt", "a <x> cat"]
     assert main([*args, "--width", "96", "--height", "64", "--output", "wide.png"]) == 0
     assert Image.open(in_tmp / "wide.png").size == (96, 64)
+
+
+@pytest.mark.parametrize(("variant", "size"), [("wuerstchen", (128, 128)), ("cascade", (128, 256))])
+def test_prior_families_sample_through_the_decoder_from_the_script(in_tmp, variant, size):
+    model_type = "WUERSTCHEN_2" if variant == "wuerstchen" else "STABLE_CASCADE_1"
+    args = ["--model-type", model_type, "--base-model", f"tiny:{variant}", *FAST, "--prompt", "a red circle"]
+    assert main([*args, "--width", str(size[0]), "--height", str(size[1]), "--output", "out.png"]) == 0
+    assert Image.open(in_tmp / "out.png").size == size
