@@ -137,3 +137,11 @@ def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
     figures = compare_pixart_overhead(steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
+
+
+def test_the_cascade_part_times_ours_and_the_bare_loop():
+    from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
+
+    figures = compare_cascade_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])

@@ -70,14 +70,15 @@ def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     assert not app.runner.is_alive() and not app.dialogs.history  # no failure reported
 
 
-def test_start_trains_a_pixart_lora_from_the_window(app, in_tmp: Path) -> None:
+@pytest.mark.parametrize(("variant", "size"), [("pixart", 64), ("cascade", 128), ("wuerstchen", 128)])
+def test_start_trains_a_lora_of_the_newer_families_from_the_window(app, in_tmp: Path, variant, size) -> None:
     from onetrainer.config import config_from_dict
     from tests.helpers import image_folder, tiny_config
 
     app.runner.train_function = None  # the real one
     image_folder(in_tmp)
-    sample = {"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}
-    settings = tiny_config(in_tmp, variant="pixart", epochs=1, samples=[sample], sample_after=1)
+    sample = {"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2}
+    settings = tiny_config(in_tmp, variant, epochs=1, samples=[sample], sample_after=1, resolution=str(size))
     config, problems = config_from_dict({**settings, "sample_after_unit": "EPOCH"})
     assert errors(problems) == []
     app.model.replace(config)
@@ -85,4 +86,4 @@ def test_start_trains_a_pixart_lora_from_the_window(app, in_tmp: Path) -> None:
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
     assert app.footer.status.startswith("Finished (completed)"), app.footer.status
     assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
-    assert app.gallery.images()  # the PixArt sample reached the window
+    assert app.gallery.images()  # the sample (Cascade, Würstchen: prior → decoder → VQGAN) reached the window
