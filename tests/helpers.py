@@ -16,6 +16,8 @@ VARIANT_MODEL_TYPES = {
     "sdxl": "STABLE_DIFFUSION_XL_10_BASE",
     "sdxl-inpainting": "STABLE_DIFFUSION_XL_10_BASE_INPAINTING",
     "pixart": "PIXART_ALPHA",
+    "wuerstchen": "WUERSTCHEN_2",
+    "cascade": "STABLE_CASCADE_1",
 }
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),
@@ -73,6 +75,21 @@ def tiny_config(root: Path, variant: str = "sd15", method: str = "LORA", **overr
         else:
             config[key] = value
     return config
+
+
+def run_config(data: dict) -> list:
+    """Train a config dict in process (it must be valid and the run must finish); the run's events."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink
+    from onetrainer.training.runner import run_training
+
+    config, problems = config_from_dict(data)
+    assert [p for p in problems if p.is_error] == []
+    sink = ListSink()
+    outcome = run_training(config, TrainingControl(), [sink])
+    assert isinstance(outcome, Finished), outcome
+    return sink.events
 
 
 def write_config(root: Path, config: dict) -> Path:

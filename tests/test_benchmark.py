@@ -154,3 +154,11 @@ def test_the_ddp_part_times_one_and_two_processes(tmp_path, capsys):
 def test_the_ddp_part_needs_two_processes(capsys):
     assert main(["--part", "ddp", "--processes", "1"]) == 2
     assert "--processes at least 2" in capsys.readouterr().err
+
+
+def test_the_cascade_part_times_ours_and_the_bare_loop():
+    from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
+
+    figures = compare_cascade_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import platform
 import sys
@@ -20,13 +21,14 @@ DESCRIPTION = (
 )
 EPILOG = """\
 Parts: 'overhead', 'pixart' (the same comparison on the tiny PixArt model: T5 mask, micro-conditions, the
-variance term), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step
-of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch
-per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA;
-otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display
-can be had).
+variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden + pooled, the
+cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny'
+(one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a
+fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only
+with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where
+a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "pixart", "caching", "weights", "tiny", "ddp", "gpu", "gui")
+PARTS = ("overhead", "pixart", "cascade", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -102,16 +104,18 @@ def main(
         print()
         print(format_overhead(overhead))
         report["overhead"] = overhead.to_dict()
-    if "pixart" in parts:
-        from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
-
-        print(f"\nTrainer overhead on tiny PixArt-Alpha ({args.repeat} alternating repetitions):")
-        pixart = compare_pixart_overhead(max(args.steps // 2, 1), args.warmup, args.repeat)
-        print(
-            f"ours {pixart['ours_steps_per_second']:.2f} steps/s, bare {pixart['bare_steps_per_second']:.2f} steps/s: "
-            f"ratio {pixart['ratio']:.3f} (goal ≥ 0.95)"
-        )
-        report["pixart"] = pixart
+    for part, label in (("pixart", "tiny PixArt-Alpha"), ("cascade", "the tiny Stable Cascade prior")):
+        if part in parts:
+            compare = importlib.import_module(f"onetrainer.benchmark.{part}_overhead").__dict__[
+                f"compare_{part}_overhead"
+            ]
+            print(f"\nTrainer overhead on {label} ({args.repeat} alternating repetitions):")
+            figures = compare(max(args.steps // 2, 1), args.warmup, args.repeat)
+            print(
+                f"ours {figures['ours_steps_per_second']:.2f} steps/s, bare {figures['bare_steps_per_second']:.2f} "
+                f"steps/s: ratio {figures['ratio']:.3f} (goal ≥ 0.95)"
+            )
+            report[part] = figures
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 

@@ -9,87 +9,31 @@ bound (`training/variance_loss.py`, the noise detached), as our PixArt family do
 
 from __future__ import annotations
 
-import random
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from onetrainer.benchmark.family_overhead import batch_order, compare_with_bare, lora_config, optimizer_step
 from onetrainer.benchmark.memory import PeakMemory
-from onetrainer.benchmark.overhead import (
-    BARE,
-    OURS,
-    Run,
-    _check_counts,
-    _load_pixels,
-    _StepClock,
-    _training_images,
-    step_durations,
-)
+from onetrainer.benchmark.overhead import BARE, Run, _check_counts, _load_pixels, _training_images, step_durations
 
 RESOLUTION = 64
 
 
 def pixart_config(workdir: Path, device: torch.device):
-    from onetrainer.config import config_from_dict, errors
-    from onetrainer.tiny.images import write_demo_images
-
-    images = workdir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    write_demo_images(images)
-    config, problems = config_from_dict(
+    return lora_config(
+        workdir,
+        device,
+        "PixArt",
         {
             "model_type": "PIXART_ALPHA",
             "base_model_name": "tiny:pixart",
-            "training_method": "LORA",
-            "output_model_format": "DIFFUSERS_LORA",
-            "output_model_destination": str(workdir / "out" / "lora.safetensors"),
-            "workspace_dir": str(workdir / "workspace"),
-            "cache_dir": str(workdir / "cache"),
             "resolution": str(RESOLUTION),
-            "batch_size": 2,
-            "learning_rate": 1e-3,
-            "lora_rank": 4,
-            "lora_alpha": 4.0,
             "layer_filter_preset": "attn-mlp",
-            "train_dtype": "FLOAT_32",
-            "train_device": device.type,
-            "latent_caching": True,
-            "tensorboard": False,
-            "sample_after_unit": "NEVER",
-            "backup_after_unit": "NEVER",
-            "save_every_unit": "NEVER",
-            "dataloader_threads": 0,
             "transformer": {"gradient_checkpointing": False},
-            "text_encoder": {"train": False},
-            "concepts": [{"name": "shapes", "path": str(images), "seed": 7}],
-            "samples": [],
-        }
+        },
     )
-    if errors(problems):
-        raise ValueError("the PixArt benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
-    return config, images
-
-
-def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: int, name: str) -> Run:
-    from onetrainer.config import TrainConfig
-    from onetrainer.training.control import TrainingControl
-    from onetrainer.training.events import Failed
-    from onetrainer.training.runner import run_training
-
-    _check_counts(steps, warmup)
-    config = TrainConfig.from_dict(config.to_dict(), [])
-    config.workspace_dir = str(workdir / "workspace" / name)
-    config.epochs = warmup + steps
-    control = TrainingControl()
-    clock = _StepClock(control, warmup + steps)
-    with PeakMemory(device) as memory:
-        outcome = run_training(config, control, [clock], checked=False)
-    if isinstance(outcome, Failed):
-        raise RuntimeError(f"our trainer failed: {outcome.message}\n{outcome.traceback}")
-    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes)
 
 
 def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> Run:
@@ -134,8 +78,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
                 )
                 mask = tokens.attention_mask.to(device)
                 text_of[caption] = (t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state[0], mask[0])
-        rng = random.Random(0)
-        order: list[int] = []
+        batches = batch_order(len(samples), config.batch_size)
         times: list[float] = []
         batch_size = config.batch_size
         added = {
@@ -143,11 +86,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             "aspect_ratio": torch.ones(batch_size, 1, device=device),
         }
         for _ in range(warmup + steps):
-            while len(order) < batch_size:
-                epoch = list(range(len(samples)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = [samples[i] for i in order[:batch_size]], order[batch_size:]
+            batch = [samples[i] for i in next(batches)]
             latents = torch.stack([latents_of[p] for p, _ in batch])
             hidden = torch.stack([text_of[c][0] for _, c in batch])
             mask = torch.stack([text_of[c][1] for _, c in batch])
@@ -161,34 +100,11 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
             predicted, variance = split_learned_variance(output)
             vb = variational_bound(predicted, variance, latents, noisy, timesteps, alphas_cumprod, betas)
             loss = torch.nn.functional.mse_loss(predicted.float(), noise.float()) + vb.mean()
-            loss.backward()
-            if config.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, config.clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss.item()
+            optimizer_step(loss, params, optimizer, config.clip_grad_norm)
             times.append(time.perf_counter())
     return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes)
 
 
 def compare_pixart_overhead(steps: int = 10, warmup: int = 2, repeat: int = 3, progress=print) -> dict:
     """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rates: dict[str, list[float]] = {OURS: [], BARE: []}
-    with tempfile.TemporaryDirectory(prefix="onetrainer-benchmark-pixart-") as tmp:
-        workdir = Path(tmp)
-        config, images = pixart_config(workdir, device)
-        for rep in range(repeat):
-            order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
-            for variant in order:
-                if variant == OURS:
-                    run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
-                else:
-                    run = run_bare(config, images, device, steps, warmup)
-                rates[variant].append(run.steps_per_second)
-                if progress is not None:
-                    progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
-    ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
-    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
-    figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
-    return figures
+    return compare_with_bare("pixart", pixart_config, run_bare, steps, warmup, repeat, progress)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from onetrainer.config.enums import ConceptType, ModelFormat
 from onetrainer.config.io import ConfigFileError, pack
+from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
 from onetrainer.config.validation import (
@@ -17,6 +18,7 @@ from onetrainer.config.validation import (
     placeholder_message,
     validate,
 )
+from onetrainer.util.hub import PART_FILES
 
 TINY_PREFIX = "tiny:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -30,9 +32,11 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     reason = not_trainable_reason(config.model_type)
     if reason:
         problems.append(Problem("model_type", reason))
+    info = MODEL_TYPES.get(config.model_type)
     problems += check_model_source(
-        config.base_model_name, config.offline_mode, "base_model_name", config.huggingface_cache_dir
-    )
+        config.base_model_name, config.offline_mode, "base_model_name", config.huggingface_cache_dir,
+        info.family.hub_files if info else (),
+    )  # fmt: skip
     try:
         packed, found = pack(config)
     except ConfigFileError as e:
@@ -44,7 +48,25 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
     problems += check_devices(config)
+    problems += _check_float16(config)
     return _without_superseded(problems)
+
+
+def _check_float16(config: TrainConfig) -> list[Problem]:
+    """FLOAT_16 weights for a part that overflows in them (Stable Cascade's prior gives NaN). A FLOAT_16 training
+    dtype is fine: such a part computes in `fallback_train_dtype` (BFLOAT_16 or FLOAT_32), never under fp16 autocast."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    return [
+        Problem(
+            f"{part}.weight_dtype",
+            f"the {info.family.label} {part} gives NaN in FLOAT_16: use BFLOAT_16 or FLOAT_32 for its weights",
+        )
+        for part in (info.family.float16_unsafe_parts if info else ())
+        if config.part(part).weight_dtype is DataType.FLOAT_16
+    ]
 
 
 def _without_superseded(problems: list[Problem]) -> list[Problem]:
@@ -166,7 +188,9 @@ def _is_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and "\\" not in name
 
 
-def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "") -> list[Problem]:
+def check_model_source(
+    name: str, offline: bool, path: str, cache_dir: str = "", files: tuple[str, ...] = ()
+) -> list[Problem]:
     """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id that is in the
     local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`)."""
     name = name.strip()
@@ -185,7 +209,7 @@ def check_model_source(name: str, offline: bool, path: str, cache_dir: str = "")
         from onetrainer.util.hub import hub_access
 
         what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
-        problem = hub_access(name, cache_dir or None, offline, what).problem
+        problem = hub_access(name, cache_dir or None, offline, what, files).problem
         return [Problem(path, problem)] if problem else []
     return [Problem(path, f"model not found: {name} (a file, a folder or a Hugging Face repo id such as 'org/name')")]
 
@@ -271,6 +295,6 @@ def _check_optional_files(config: TrainConfig) -> list[Problem]:
         name = config.part(part).model_name
         if name:
             problems += check_model_source(
-                name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir
+                name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir, PART_FILES.get(part, ())
             )
     return problems

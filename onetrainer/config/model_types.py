@@ -61,6 +61,14 @@ class FamilyInfo:
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Parts that overflow in float16 (NaN losses): FLOAT_16 weights or training dtype are refused before training.
+    float16_unsafe_parts: tuple[str, ...] = ()
+    # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
+    hub_parts: tuple[str, ...] = ()
+
+    @property
+    def hub_files(self) -> tuple[str, ...]:
+        return tuple(f"{part}/config.json" for part in self.hub_parts)
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ PIXART = FamilyInfo(
         "blocks": ("transformer_block",),
         "full": (),
     },
+    hub_parts=("transformer", "text_encoder", "vae"),
 )
 WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
@@ -133,12 +142,9 @@ WUERSTCHEN = FamilyInfo(
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
-    layer_presets={
-        "attn-only": ("attention",),
-        "full": (),
-        "down-blocks": ("down_blocks",),
-        "up-blocks": ("up_blocks",),
-    },
+    # The prior is a flat list of blocks: no down/up blocks to offer.
+    layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
+    hub_parts=("prior", "text_encoder"),
 )
 CASCADE = FamilyInfo(
     key="cascade",
@@ -156,7 +162,10 @@ CASCADE = FamilyInfo(
         "full": (),
         "down-blocks": ("down_blocks",),
         "up-blocks": ("up_blocks",),
+        "mapper-only": ("mapper",),
     },
+    float16_unsafe_parts=("prior",),
+    hub_parts=("prior", "text_encoder"),
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}

@@ -22,7 +22,9 @@ class ModelPartConfig(ConfigNode):
         "Load this part from another file or folder instead of the base model (empty: from the base model).",
         tab="model",
         widget="model",
-        part_names=frozenset({"vae", "effnet_encoder", "decoder"}),
+        # the prior (Würstchen / Cascade: a folder or hub id; Cascade also Stability's stage C file) and PixArt's
+        # transformer (an original checkpoint) as OneTrainer's "Prior Model" / transformer overrides
+        part_names=frozenset({"vae", "effnet_encoder", "decoder", "prior", "transformer"}),
     )
     train: bool = setting(
         True,

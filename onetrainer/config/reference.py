@@ -257,8 +257,12 @@ def _family_notes() -> dict[str, str]:
         + effnet
         + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "
         "`effnet_encoder.model_name`; `--check` and Start then say to download `effnet_encoder.safetensors` from "
-        f"{EFFNET_DOWNLOAD} and enter its path in that field. As in OneTrainer, the presets weight the loss with "
-        "`loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1.",
+        f"{EFFNET_DOWNLOAD} and enter its path in that field (or the repo id `stabilityai/stable-cascade`, as our "
+        "presets do: only that file is downloaded). `prior.model_name` may name a stage C file of Stability's "
+        "(`stage_c.safetensors`, `stage_c_lite.safetensors`) to train instead of the base model's prior. The prior "
+        "gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, and with `train_dtype` FLOAT_16 the prior computes "
+        "in `fallback_train_dtype`. As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and "
+        "`loss_weight_strength` (γ) = 1.",
     }
 
 

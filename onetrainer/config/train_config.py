@@ -48,7 +48,7 @@ OUTPUT_FORMATS = (
     ModelFormat.LEGACY_LORA,
     ModelFormat.SAFETENSORS,
 )
-LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "custom")
+LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "mapper-only", "custom")
 SD_LIKE = frozenset({"sd", "sdxl"})
 
 

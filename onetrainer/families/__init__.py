@@ -15,6 +15,8 @@ FAMILY_CLASSES: dict[str, str] = {
     "sd": "onetrainer.families.sd:StableDiffusionFamily",
     "sdxl": "onetrainer.families.sdxl:StableDiffusionXLFamily",
     "pixart": "onetrainer.families.pixart:PixArtFamily",
+    "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
+    "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
 }
 
 

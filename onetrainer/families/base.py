@@ -251,6 +251,11 @@ class Family(ABC):
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
 
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """The module's name in a LoRA file of format `fmt` (KOHYA_LORA or LEGACY_LORA); default: the kohya name for
+        both. A family whose legacy layout has other names (Stable Cascade's `lora_prior_unet_…`) overrides this."""
+        return self.kohya_name(model, part, module_path)
+
     @abstractmethod
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         """What file metadata says the model is (`modelspec.architecture`, `ss_base_model_version`, …)."""

@@ -51,6 +51,11 @@ def resolve_local(name: str) -> Path:
     return Path(name).expanduser()
 
 
+def is_hub_id(name: str) -> bool:
+    """`org/name` as the hub spells repositories (not checked against the disk)."""
+    return bool(_HUB_ID.match(name.strip()))
+
+
 def resolve_source(name: str) -> ModelSource:
     name = name.strip()
     local = resolve_local(name)

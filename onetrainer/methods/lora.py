@@ -115,9 +115,10 @@ class LoraMethod(Method):
                     left -= {k.partition(".")[0] for k in used}
                     continue
                 names = {
-                    self.family.kohya_name(self.model, part, n): n
+                    self.family.lora_file_name(self.model, part, n, fmt): n
                     for n, m in self.model.part(part).named_modules()
                     if isinstance(m, _ADAPTABLE)
+                    for fmt in _NAMED_FORMATS
                 }
                 mine = {k: v for k, v in state.items() if k.partition(".")[0] in names}
                 if not mine:
@@ -213,7 +214,7 @@ class LoraMethod(Method):
                 own = self.family.lora_file_state(
                     self.model, part, self.kind, state, self.alphas[part], self.ranks[part]
                 )  # fmt: skip
-                name_of = lambda m, p=part: self.family.kohya_name(self.model, p, m)  # noqa: E731
+                name_of = lambda m, p=part: self.family.lora_file_name(self.model, p, m, fmt)  # noqa: E731
                 out.update(
                     own if own is not None else to_kohya(self.kind, state, name_of, self.alphas[part], self.ranks[part])
                 )
@@ -249,6 +250,10 @@ class LoraMethod(Method):
         if not bundled:
             written += self.save_additional_embeddings(destination)
         return written
+
+
+# The formats whose files name modules the kohya way (a family may name them differently per format).
+_NAMED_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA)
 
 
 def _diffusers_lora(part: str, state: dict, ranks: dict[str, int], alphas: dict[str, float]) -> dict[str, torch.Tensor]:

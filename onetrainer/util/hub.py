@@ -35,12 +35,24 @@ def cache_folder(cache_dir: str | None = None) -> Path:
     return Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
 
 
-def is_cached(repo_id: str, cache_dir: str | None = None) -> bool:
+# The files that show a model is in the cache when only some of its repository was downloaded: a family that loads
+# a pipeline part by part (PixArt, Würstchen, Cascade) never fetches its model_index.json; the decoder and prior of
+# Würstchen / Cascade are subfolders of a pipeline repository; the EfficientNet encoder is one file of one.
+EFFNET_FILES = ("diffusion_pytorch_model.safetensors", "effnet_encoder.safetensors")
+PART_FILES = {"decoder": ("decoder/config.json",), "prior": ("prior/config.json",), "effnet_encoder": EFFNET_FILES}
+
+
+def is_cached(repo_id: str, cache_dir: str | None = None, files: tuple[str, ...] = ()) -> bool:
     """Whether the repo's files are in the local cache: a diffusers model's index and each of its components' folders,
-    or another model's config.json."""
+    another model's config.json, or every one of `files` (what a part-wise load reads; for the EfficientNet encoder,
+    any one of `EFFNET_FILES`)."""
     from huggingface_hub import try_to_load_from_cache
 
     folder = str(cache_folder(cache_dir))
+    if files:
+        found = [isinstance(try_to_load_from_cache(repo_id, f, cache_dir=folder), str) for f in files]
+        if (any if files == EFFNET_FILES else all)(found):
+            return True
     index = try_to_load_from_cache(repo_id, "model_index.json", cache_dir=folder)
     if isinstance(index, str):
         snapshot = Path(index).parent
@@ -119,13 +131,15 @@ def unavailable_message(repo_id: str, cache_dir: str | None, reason: str, what: 
     )
 
 
-def hub_access(repo_id: str, cache_dir: str | None, offline_setting: bool, what: str = "") -> HubAccess:
+def hub_access(
+    repo_id: str, cache_dir: str | None, offline_setting: bool, what: str = "", files: tuple[str, ...] = ()
+) -> HubAccess:
     """Decide, within seconds, how a hub model can be loaded.
 
     Cached and offline (or the hub unreachable): from the cache only, so no download is attempted and retried.
     Not cached and offline or unreachable: a problem naming the model, the cache folder and what to do.
     """
-    cached = is_cached(repo_id, cache_dir)
+    cached = is_cached(repo_id, cache_dir, files)
     reason = offline_reason(offline_setting)
     if not reason:
         answer = probe(repo_id)

@@ -172,10 +172,6 @@ def test_unusable_lora_and_embedding_files_fail_with_the_reason(in_tmp, base, ca
     [
         (["--prompt", "x", "--output", "x.png"], "give --model-type and --base-model"),
         (["--model-type", "SD9", "--base-model", "m", "--prompt", "x", "--output", "x.png"], "unknown model type"),
-        (
-            ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"],
-            "cannot be sampled",
-        ),
         (["--model-type", "STABLE_DIFFUSION_15", "--base-model", "m", "--output", "o"], "give --prompt"),
         (["--preset", "demo", "--count", "2", "--output", "two.png"], "--output must be a folder"),
         (["--preset", "demo", "--width", "60", "--output", "o"], "multiples of 8"),
@@ -189,6 +185,15 @@ def test_bad_arguments_exit_2(in_tmp, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_family_without_a_module_cannot_be_sampled(in_tmp, capsys, monkeypatch):
+    from onetrainer import families
+
+    monkeypatch.delitem(families.FAMILY_CLASSES, "cascade")  # every family of the menu samples today
+    args = ["--model-type", "STABLE_CASCADE_1", "--base-model", "m", "--prompt", "x", "--output", "o"]
+    assert main(args) == EXIT_INVALID
+    assert "cannot be sampled" in capsys.readouterr().err
+
+
 def test_the_script_runs_as_a_subprocess():
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "sample.py"), "--help"], capture_output=True, text=True, timeout=120
@@ -200,3 +205,11 @@ def test_pixart_samples_from_the_script(in_tmp):
     args = ["--model-type", "PIXART_ALPHA", "--base-model", "tiny:pixart", *FAST, "--prompt", "a <x> cat"]
     assert main([*args, "--width", "96", "--height", "64", "--output", "wide.png"]) == 0
     assert Image.open(in_tmp / "wide.png").size == (96, 64)
+
+
+@pytest.mark.parametrize(("variant", "size"), [("wuerstchen", (128, 128)), ("cascade", (128, 256))])
+def test_prior_families_sample_through_the_decoder_from_the_script(in_tmp, variant, size):
+    model_type = "WUERSTCHEN_2" if variant == "wuerstchen" else "STABLE_CASCADE_1"
+    args = ["--model-type", model_type, "--base-model", f"tiny:{variant}", *FAST, "--prompt", "a red circle"]
+    assert main([*args, "--width", str(size[0]), "--height", str(size[1]), "--output", "out.png"]) == 0
+    assert Image.open(in_tmp / "out.png").size == size

@@ -17,6 +17,7 @@ import diffusers
 import pytest
 import torch
 from huggingface_hub import constants
+from safetensors.torch import load_file
 
 from onetrainer.cli.train import EXIT_INVALID, main
 from onetrainer.config import config_from_dict
@@ -174,3 +175,62 @@ def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(hub_cache):
     cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": "someone/missing-vae"})
     with pytest.raises(ModelLoadError, match=r"the VAE override 'someone/missing-vae' is not in the local"):
         StableDiffusionFamily().load(cfg)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "repo", "filename"),
+    [
+        ("WUERSTCHEN_2", "warp-ai/EfficientNetEncoder", "diffusion_pytorch_model.safetensors"),
+        ("STABLE_CASCADE_1", "stabilityai/stable-cascade", "effnet_encoder.safetensors"),
+    ],
+)
+def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache, tmp_path, model_type, repo, filename):
+    from onetrainer.families.wuerstchen import CascadeFamily
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    wuerstchen = model_type == "WUERSTCHEN_2"
+    local = tmp_path / "effnet"
+    local.mkdir()
+    save_effnet_encoder(local / filename, wuerstchen=wuerstchen)
+    put_in_cache(hub_cache, repo, local)
+    base = "tiny:wuerstchen" if wuerstchen else "tiny:cascade"
+    common = {"model_type": model_type, "base_model_name": base, "output_model_format": "DIFFUSERS"}
+    cfg = config(**common, offline_mode=True, effnet_encoder={"model_name": repo})
+    encoder = CascadeFamily().load(cfg).part("effnet_encoder")
+    expected = load_file(str(local / filename))
+    assert all(torch.equal(v, expected[k]) for k, v in encoder.state_dict().items() if k in expected)
+
+    missing = config(**common, effnet_encoder={"model_name": "someone/no-effnet"})  # the hub unreachable
+    with pytest.raises(ModelLoadError, match=r"EfficientNet encoder \(effnet_encoder.model_name\)"):
+        CascadeFamily().load(missing)
+
+
+def test_a_part_wise_download_counts_as_cached_offline(hub_cache, tmp_path):
+    """Würstchen / Cascade (and PixArt) read a pipeline repository part by part, so their cache holds subfolders
+    without model_index.json: offline, the check and the load take it, and they name a part that is missing."""
+    from onetrainer.families.wuerstchen import CascadeFamily
+    from onetrainer.tiny.effnet import save_effnet_encoder
+
+    for repo, variant, parts in (
+        ("someone/cascade-prior", "cascade", ("prior", "text_encoder", "tokenizer")),
+        ("someone/cascade", "cascade-decoder", ("decoder", "vqgan")),
+    ):
+        partial = tmp_path / variant
+        for part in parts:
+            shutil.copytree(tiny_model_dir(variant) / part, partial / part)
+        put_in_cache(hub_cache, repo, partial)
+    effnet = save_effnet_encoder(tmp_path / "effnet_encoder.safetensors", wuerstchen=False)
+    data = {
+        "model_type": "STABLE_CASCADE_1", "base_model_name": "someone/cascade-prior", "offline_mode": True,
+        "output_model_format": "DIFFUSERS", "decoder": {"model_name": "someone/cascade"},
+        "effnet_encoder": {"model_name": str(effnet)}, "concepts": [{"path": str(tmp_path)}],
+    }  # fmt: skip
+    assert not [p for p in run_checks(config(**data)) if "model_name" in p.path and p.is_error]
+    model = CascadeFamily().load(config(**data))
+    assert model.part("decoder") is not None and model.part("prior") is not None
+
+    shutil.rmtree(hub_cache / "models--someone--cascade")  # the decoder's repository gone
+    problems = [p for p in run_checks(config(**data)) if p.path == "decoder.model_name"]
+    assert problems and "someone/cascade" in problems[0].message
+    with pytest.raises(ModelLoadError, match=r"decoder \(decoder.model_name\)"):
+        CascadeFamily().load(config(**data))

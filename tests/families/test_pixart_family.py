@@ -17,10 +17,8 @@ from onetrainer.config.sample_config import SampleConfig
 from onetrainer.families.pixart import PixArtFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.control import TrainingControl
-from onetrainer.training.events import Finished, ListSink, Metrics
-from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, tiny_config, write_config
+from onetrainer.training.events import Metrics
+from tests.helpers import image_folder, run_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 
@@ -34,12 +32,7 @@ def train(root: Path, method: str, cli: bool = False, **overrides) -> tuple[dict
 
         assert main(["--config-path", str(write_config(root, config))]) == 0
         return config, []
-    cfg, problems = config_from_dict(config)
-    assert [p for p in problems if p.is_error] == []
-    sink = ListSink()
-    outcome = run_training(cfg, TrainingControl(), [sink])
-    assert isinstance(outcome, Finished), outcome
-    return config, [e for e in sink.events if isinstance(e, Metrics)]
+    return config, [e for e in run_config(config) if isinstance(e, Metrics)]
 
 
 def load(config: dict, method: bool = True, **changes):

@@ -10,12 +10,10 @@ from safetensors import safe_open
 
 from onetrainer.config import config_from_dict
 from onetrainer.sampling.sampler import render
-from onetrainer.training.control import TrainingControl
-from onetrainer.training.events import Finished, ListSink, SampleReady
-from onetrainer.training.runner import run_training
+from onetrainer.training.events import SampleReady
 from tests.families import tiny_dit_family
 from tests.families.tiny_dit_family import BASE_MODEL, MODEL_TYPE, TinyDiTFamily
-from tests.helpers import image_folder, tiny_config
+from tests.helpers import image_folder, run_config, tiny_config
 
 SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "height": 64, "diffusion_steps": 2}
 
@@ -33,12 +31,7 @@ def train(root, method: str, **overrides) -> tuple[dict, list]:
     data.update(sample_after=1, sample_after_unit="EPOCH", sample_image_format="PNG")
     if method == "FINE_TUNE":
         data["output_model_format"] = "SAFETENSORS"
-    config, problems = config_from_dict(data)
-    assert [p for p in problems if p.is_error] == []
-    sink = ListSink()
-    outcome = run_training(config, TrainingControl(), [sink])
-    assert isinstance(outcome, Finished), outcome
-    return data, sink.events
+    return data, run_config(data)
 
 
 def losses_of(events) -> list[float]:

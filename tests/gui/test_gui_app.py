@@ -274,11 +274,13 @@ def test_tensorboard_button_opens_the_port(app, pump_until) -> None:
 # -- Start, the footer, Stop ---------------------------------------------------------------------------------------
 
 
-def test_start_refuses_a_model_type_that_cannot_train(app) -> None:
-    untrainable = [mt for mt in SUPPORTED_MODEL_TYPES if not is_trainable(mt)]
-    if not untrainable:
-        pytest.skip("every model type can be trained")
-    model_type = ModelType.PIXART_ALPHA if ModelType.PIXART_ALPHA in untrainable else untrainable[0]
+def test_start_refuses_a_model_type_that_cannot_train(app, monkeypatch) -> None:
+    from onetrainer import families
+
+    # Every family of the menu trains today: one without its module stands for a family still to come.
+    monkeypatch.delitem(families.FAMILY_CLASSES, "cascade")
+    model_type = ModelType.STABLE_CASCADE_1
+    assert not is_trainable(model_type)
     app.topbar.choose_model_type(model_type)
     app.footer.start_button.invoke()
     message = app.dialogs.history[-1]

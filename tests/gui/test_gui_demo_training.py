@@ -70,22 +70,38 @@ def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     assert not app.runner.is_alive() and not app.dialogs.history  # no failure reported
 
 
-def test_start_trains_a_pixart_lora_from_the_window(app, in_tmp: Path) -> None:
+@pytest.mark.parametrize(
+    ("variant", "method", "size"),
+    [
+        ("pixart", "LORA", 64),
+        ("cascade", "LORA", 128),
+        ("wuerstchen", "LORA", 128),
+        ("cascade", "FINE_TUNE", 128),
+        ("wuerstchen", "FINE_TUNE", 128),
+        ("cascade", "EMBEDDING", 128),
+        ("wuerstchen", "EMBEDDING", 128),
+    ],
+)
+def test_start_trains_each_method_of_the_newer_families_from_the_window(app, in_tmp: Path, variant, method, size):
     from onetrainer.config import config_from_dict
-    from tests.helpers import image_folder, tiny_config
+    from tests.helpers import OUTPUTS, image_folder, tiny_config
 
     app.runner.train_function = None  # the real one
-    image_folder(in_tmp)
-    sample = {"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}
-    settings = tiny_config(in_tmp, variant="pixart", epochs=1, samples=[sample], sample_after=1)
+    image_folder(in_tmp, placeholder="<shape>" if method == "EMBEDDING" else None)
+    sample = {"prompt": "a red <shape>", "width": size, "height": size, "diffusion_steps": 2}
+    settings = tiny_config(in_tmp, variant, method, epochs=1, samples=[sample], sample_after=1, resolution=str(size))
+    if method == "FINE_TUNE":
+        settings.update(output_model_format="DIFFUSERS", output_model_destination=str(in_tmp / "out" / "model"))
     config, problems = config_from_dict({**settings, "sample_after_unit": "EPOCH"})
     assert errors(problems) == []
     app.model.replace(config)
     app.footer.start_button.invoke()
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
     assert app.footer.status.startswith("Finished (completed)"), app.footer.status
-    assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
-    assert app.gallery.images()  # the PixArt sample reached the window
+    output = Path(settings["output_model_destination"])
+    assert output.stat().st_size > 0 and (method != "FINE_TUNE" or (output / "model_index.json").is_file())
+    assert output.name == (OUTPUTS[method][1] if method != "FINE_TUNE" else "model")
+    assert app.gallery.images()  # the sample (Cascade, Würstchen: prior → decoder → VQGAN) reached the window
 
 
 def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> None:

@@ -12,7 +12,10 @@ from tests.gui.helpers import choose_in_menu
 
 pytestmark = pytest.mark.gui
 
-PRIOR_PARTS = ("prior.weight_dtype", "effnet_encoder.model_name", "effnet_encoder.weight_dtype", "decoder.model_name")
+PRIOR_PARTS = (
+    "prior.weight_dtype", "prior.model_name", "effnet_encoder.model_name", "effnet_encoder.weight_dtype",
+    "decoder.model_name",
+)  # fmt: skip
 
 
 def shown(app, tab: str, path: str) -> bool:
@@ -23,6 +26,7 @@ def shown(app, tab: str, path: str) -> bool:
 def test_pixart_shows_vb_loss_and_no_prior_parts(app) -> None:
     app.topbar.choose_model_type(ModelType.PIXART_ALPHA)
     assert shown(app, "training", "vb_loss_strength") and shown(app, "model", "transformer.weight_dtype")
+    assert shown(app, "model", "transformer.model_name")  # an original PixArt checkpoint over the base
     assert not any(shown(app, "model", path) for path in PRIOR_PARTS)
 
 

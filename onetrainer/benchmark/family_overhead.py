@@ -1,0 +1,126 @@
+"""The per-family overhead comparisons' shared half: our trainer's run, and the alternating repetitions against a
+family's bare diffusers + peft loop (`pixart_overhead.py`, `cascade_overhead.py`). Timing as `overhead.py`."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from onetrainer.benchmark.memory import PeakMemory
+from onetrainer.benchmark.overhead import BARE, OURS, Run, _check_counts, _StepClock, step_durations
+
+
+def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: int, name: str) -> Run:
+    from onetrainer.config import TrainConfig
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Failed
+    from onetrainer.training.runner import run_training
+
+    _check_counts(steps, warmup)
+    config = TrainConfig.from_dict(config.to_dict(), [])
+    config.workspace_dir = str(workdir / "workspace" / name)
+    config.epochs = warmup + steps
+    control = TrainingControl()
+    clock = _StepClock(control, warmup + steps)
+    with PeakMemory(device) as memory:
+        outcome = run_training(config, control, [clock], checked=False)
+    if isinstance(outcome, Failed):
+        raise RuntimeError(f"our trainer failed: {outcome.message}\n{outcome.traceback}")
+    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes)
+
+
+def lora_config(workdir: Path, device: torch.device, label: str, settings: dict):
+    """A LoRA run on demo images in `workdir` with what every overhead comparison shares (batch 2, AdamW, rank 4,
+    FLOAT_32, latents cached, nothing saved on the way), plus the family's `settings`; the config and image folder."""
+    from onetrainer.config import config_from_dict, errors
+    from onetrainer.tiny.images import write_demo_images
+
+    images = workdir / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    write_demo_images(images)
+    common = {
+        "training_method": "LORA",
+        "output_model_format": "DIFFUSERS_LORA",
+        "output_model_destination": str(workdir / "out" / "lora.safetensors"),
+        "workspace_dir": str(workdir / "workspace"),
+        "cache_dir": str(workdir / "cache"),
+        "batch_size": 2,
+        "learning_rate": 1e-3,
+        "lora_rank": 4,
+        "lora_alpha": 4.0,
+        "train_dtype": "FLOAT_32",
+        "train_device": device.type,
+        "latent_caching": True,
+        "tensorboard": False,
+        "sample_after_unit": "NEVER",
+        "backup_after_unit": "NEVER",
+        "save_every_unit": "NEVER",
+        "dataloader_threads": 0,
+        "text_encoder": {"train": False},
+        "concepts": [{"name": "shapes", "path": str(images), "seed": 7}],
+        "samples": [],
+    }
+    config, problems = config_from_dict({**common, **settings})
+    if errors(problems):
+        raise ValueError(f"the {label} benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
+    return config, images
+
+
+def batch_order(count: int, batch_size: int, seed: int = 0) -> Iterator[list[int]]:
+    """Endless batches of sample indexes, each epoch shuffled, as the bare loops draw them."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        while len(order) < batch_size:
+            epoch = list(range(count))
+            rng.shuffle(epoch)
+            order += epoch
+        batch, order = order[:batch_size], order[batch_size:]
+        yield batch
+
+
+def optimizer_step(loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer, clip: float | None) -> None:
+    """A bare loop's step after the loss: backward, clipping, AdamW, and the loss read back as the trainer does."""
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss.item()
+
+
+def compare_with_bare(
+    name: str,
+    make_config: Callable[[Path, torch.device], tuple],
+    run_bare: Callable[..., Run],
+    steps: int,
+    warmup: int,
+    repeat: int,
+    progress: Callable[[str], None] | None = print,
+) -> dict:
+    """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio. `make_config`
+    gives the config and the image folder in a work folder; `run_bare(config, images, device, steps, warmup)`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rates: dict[str, list[float]] = {OURS: [], BARE: []}
+    with tempfile.TemporaryDirectory(prefix=f"onetrainer-benchmark-{name}-") as tmp:
+        workdir = Path(tmp)
+        config, images = make_config(workdir, device)
+        for rep in range(repeat):
+            order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
+            for variant in order:
+                if variant == OURS:
+                    run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
+                else:
+                    run = run_bare(config, images, device, steps, warmup)
+                rates[variant].append(run.steps_per_second)
+                if progress is not None:
+                    progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
+    ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
+    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
+    figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
+    return figures
