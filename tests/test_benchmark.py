@@ -139,6 +139,23 @@ def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
 
+@pytest.mark.slow
+def test_the_ddp_part_times_one_and_two_processes(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    assert main(["--part", "ddp", "--steps", "2", "--warmup", "1", "--batch-size", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["ddp"]
+    one, two = figures["runs"]
+    assert (one["processes"], two["processes"]) == (1, 2) and one["batch_per_process"] == two["batch_per_process"] == 1
+    assert one["images_per_second"] > 0 and two["images_per_second"] > 0
+    assert figures["speedup"] == pytest.approx(two["images_per_second"] / one["images_per_second"])
+    assert "2 processes:" in capsys.readouterr().out
+
+
+def test_the_ddp_part_needs_two_processes(capsys):
+    assert main(["--part", "ddp", "--processes", "1"]) == 2
+    assert "--processes at least 2" in capsys.readouterr().err
+
+
 def test_the_cascade_part_times_ours_and_the_bare_loop():
     from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
 

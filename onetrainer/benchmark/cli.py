@@ -23,11 +23,12 @@ EPILOG = """\
 Parts: 'overhead', 'pixart' (the same comparison on the tiny PixArt model: T5 mask, micro-conditions, the
 variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden + pooled, the
 cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny'
-(one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'gpu' (only with CUDA;
-otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display
-can be had).
+(one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a
+fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only
+with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where
+a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "pixart", "cascade", "caching", "weights", "tiny", "gpu", "gui")
+PARTS = ("overhead", "pixart", "cascade", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -57,6 +58,12 @@ def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
         action="store_true",
         help="skip the CPU peak-RSS runs (each variant once more in a process of its own)",
     )
+    parser.add_argument(
+        "--processes", type=int, default=2, metavar="N", help="training processes for the ddp part (default 2)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=2, metavar="B", help="batch per process for the ddp part (default 2)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     return parser
 
@@ -67,9 +74,11 @@ def main(
     """`gui_part(required)` measures the GUI and returns its figures, None when it cannot and was not required, or
     False when it cannot and was (the exit status is then 1)."""
     args = build_parser(prog).parse_args(argv)
-    if args.steps < 1 or args.warmup < 1 or args.repeat < 1 or args.threads < 0 or args.images < 1:
+    counts = (args.steps, args.warmup, args.repeat, args.images, args.batch_size)
+    if min(counts) < 1 or args.threads < 0 or args.processes < 2:
         print(
-            f"{prog}: error: --steps, --warmup, --repeat and --images must be at least 1, --threads at least 0",
+            f"{prog}: error: --steps, --warmup, --repeat, --images and --batch-size must be at least 1, --threads at "
+            "least 0, --processes at least 2",
             file=sys.stderr,
         )
         return 2
@@ -124,6 +133,13 @@ def main(
     if "tiny" in parts:
         print("\nTiny models, one denoiser training step (forward + backward, batch 2; best of 3):")
         report["tiny"] = measure_tiny_steps()
+    if "ddp" in parts:
+        from onetrainer.benchmark.ddp import format_ddp, measure_ddp
+
+        print(f"\nSeveral training processes (1 and {args.processes}):")
+        ddp = measure_ddp(args.processes, args.steps, args.warmup, args.batch_size)
+        print(format_ddp(ddp))
+        report["ddp"] = ddp.to_dict()
     if "gpu" in parts:
         report["gpu"] = run_gpu_part(args.steps, args.warmup)
     if "gui" in parts:

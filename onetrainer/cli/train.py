@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -108,10 +109,12 @@ def _preflight(config: TrainConfig) -> int:
     from onetrainer.config.io import pack
     from onetrainer.data.preflight import preflight_report
     from onetrainer.families.sources import resolve_local
+    from onetrainer.training.distributed import preflight_text
 
     packed, _ = pack(config)
     report = preflight_report(packed, resolve_local)
     print(report.text())
+    print(preflight_text(packed))
     print(_estimate_text(packed))
     return EXIT_INVALID if report.errors else EXIT_OK
 
@@ -138,7 +141,9 @@ def _train(config: TrainConfig) -> int:
     previous = _install_stop_signals(control) if _main_thread() else {}
     try:
         with torch_threads(training_threads()):  # as the app trains
-            outcome = run_training(config, control, [ConsoleSink()], checked=True)
+            # Under torchrun every process runs this; rank 0 alone shows progress (the others' logs are files).
+            sinks = [ConsoleSink()] if os.environ.get("RANK", "0") == "0" else []
+            outcome = run_training(config, control, sinks, checked=True)
     except KeyboardInterrupt:  # the second Ctrl+C arrived outside the run (after its last event)
         _say(f"Training aborted: {ABORTED}")
         return EXIT_ABORTED

@@ -47,6 +47,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
     problems += _check_quantized_parts(config)
+    problems += check_devices(config)
     problems += _check_float16(config)
     return _without_superseded(problems)
 
@@ -72,6 +73,45 @@ def _without_superseded(problems: list[Problem]) -> list[Problem]:
     """Drop a validation warning that a disk check repeats as an error (a preset's placeholder model path)."""
     errors = {(p.path, p.message) for p in problems if p.is_error}
     return [p for p in problems if p.is_error or (p.path, p.message) not in errors]
+
+
+def check_devices(config: TrainConfig) -> list[Problem]:
+    """`multi_gpu` needs two devices or more: `device_indexes` lists them (CPU processes on a machine without CUDA),
+    or, empty, every visible GPU. Under torchrun the processes are torchrun's and `multi_gpu` plays no part."""
+    import os
+
+    if not config.multi_gpu or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return []
+    text = (config.device_indexes or "").strip()
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(part.isdigit() for part in parts):
+        return [Problem("device_indexes", f"{text!r} is not a comma-separated list of GPU numbers, e.g. '0,1'")]
+    indexes = [int(part) for part in parts]
+    if len(set(indexes)) != len(indexes):
+        return [Problem("device_indexes", f"{text!r} names a GPU twice; each GPU trains in one process")]
+    cuda = 0
+    if config.train_device.strip().startswith("cuda"):
+        import torch  # only for a multi-GPU run on CUDA: asking costs torch's import
+
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not indexes and cuda < 2:
+        found = f"this machine has {cuda} CUDA device{'s' if cuda != 1 else ''}"
+        message = (
+            f"multi_gpu needs 2 devices or more and {found}: list them in device_indexes (e.g. '0,1'; without "
+            "CUDA, '0,1' trains two CPU processes) or turn multi_gpu off"
+        )
+        return [Problem("device_indexes", message)]
+    if indexes and len(indexes) < 2:
+        message = (
+            f"multi_gpu needs 2 devices or more; device_indexes lists {len(indexes)} ({text!r}): list at least two, "
+            "e.g. '0,1', or turn multi_gpu off"
+        )
+        return [Problem("device_indexes", message)]
+    missing = [i for i in indexes if cuda and i >= cuda]
+    if missing:
+        names = ", ".join(map(str, missing))
+        return [Problem("device_indexes", f"GPU {names} does not exist: this machine has {cuda} (0 to {cuda - 1})")]
+    return []
 
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:

@@ -223,6 +223,58 @@ class TrainConfig(ConfigNode):
         tab="general",
         group="Device",
     )
+    multi_gpu: bool = setting(
+        False,
+        "Multi-GPU",
+        "Train on several GPUs at once, one process per GPU (data parallel). 'Batch size' is per GPU: the global "
+        "batch is batch size × GPUs. Under torchrun the processes come from torchrun and this is not needed.",
+        tab="general",
+        group="Device",
+    )
+    device_indexes: str = setting(
+        "",
+        "Device indexes",
+        "With Multi-GPU: the GPUs to train on, e.g. '0,1,3'; empty means every visible GPU. On a machine without "
+        "CUDA (or with 'cpu' as train device) '0,1' starts two CPU processes.",
+        tab="general",
+        group="Device",
+    )
+    gradient_reduce_precision: str = setting(
+        "FLOAT_32_STOCHASTIC",
+        "Gradient reduce precision",
+        "The data type gradients are averaged across GPUs in: FLOAT_32, or the weights' own type (WEIGHT_DTYPE); "
+        "_STOCHASTIC rounds the average back to bfloat16 weights stochastically.",
+        tab="general",
+        group="Device",
+        choices=("WEIGHT_DTYPE", "FLOAT_32", "WEIGHT_DTYPE_STOCHASTIC", "FLOAT_32_STOCHASTIC"),
+        ui=False,
+    )
+    fused_gradient_reduce: bool = setting(
+        True,
+        "Fused gradient reduce",
+        "Average gradients across GPUs in buckets of 'Async gradient reduce buffer' MB instead of one tensor at a "
+        "time.",
+        tab="general",
+        group="Device",
+        ui=False,
+    )
+    async_gradient_reduce: bool = setting(
+        True,
+        "Async gradient reduce",
+        "Launch every bucket's all-reduce before waiting for the first.",
+        tab="general",
+        group="Device",
+        ui=False,
+    )
+    async_gradient_reduce_buffer: int = setting(
+        100,
+        "Async gradient reduce buffer",
+        "The size of one gradient bucket, in MB.",
+        tab="general",
+        group="Device",
+        minimum=1,
+        ui=False,
+    )
 
     # -- model ----------------------------------------------------------------------------------------------------
     base_model_name: str = setting(
@@ -1047,12 +1099,6 @@ class TrainConfig(ConfigNode):
 
     # -- OneTrainer settings we accept and do not use ---------------------------------------------------------------
     async_offloading: bool = _ot("async_offloading", True)
-    multi_gpu: bool = _ot("multi_gpu", False)
-    device_indexes: str = _ot("device_indexes", "")
-    gradient_reduce_precision: str = _ot("gradient_reduce_precision", "FLOAT_32_STOCHASTIC")
-    fused_gradient_reduce: bool = _ot("fused_gradient_reduce", True)
-    async_gradient_reduce: bool = _ot("async_gradient_reduce", True)
-    async_gradient_reduce_buffer: int = _ot("async_gradient_reduce_buffer", 100)
     compile: bool = _ot("compile", False)
     frames: str = _ot("frames", "25")
     text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512)

@@ -70,8 +70,13 @@ def latent_identity(config: TrainConfig) -> dict:
     }
 
 
-def fill_latent_cache(data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report) -> CacheStats:
-    """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache."""
+def fill_latent_cache(
+    data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report, ranks=None
+) -> CacheStats:
+    """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache.
+
+    `ranks` (a `training.distributed.Distributed`, several processes): each rank encodes every N-th missing entry, so
+    no two ranks write one entry, and all wait for each other before training reads the cache."""
     data.latent_cache = DiskCache(config.cache_dir, "latents")
     data.latent_key_base = latent_identity(config)
     stats = CacheStats(failed=[])
@@ -80,7 +85,15 @@ def fill_latent_cache(data: TrainingData, family, model, config: TrainConfig, wi
         needed = needed_samples(data, config, with_masks)
         missing = [(k, s) for k, s in needed.items() if k not in data.latent_cache] if needed else []
         stats.needed = len(needed)
+        if ranks is not None:
+            # Every rank has listed what is missing before any writes: a rank that ran ahead and wrote entries would
+            # shorten a slower rank's list, and the ranks' every-N-th slices would then skip entries or repeat them.
+            ranks.barrier()
+            missing = missing[ranks.rank :: ranks.world_size]
         failed = _encode_latents(data, family, model, missing, with_masks, report, stats)
+        if ranks is not None:
+            ranks.barrier()
+            failed = {i: reason for part in ranks.all_gather_object(failed) for i, reason in part.items()}
         if not failed:
             break
         # Leave out the images that cannot be decoded and plan again without them.
@@ -193,7 +206,7 @@ def encode_text_entries(family, model, captions: list[str]) -> list[dict[str, to
 
 
 def fill_text_cache(
-    data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report
+    data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report, ranks=None
 ) -> tuple[TextCache, CacheStats]:
     text_cache = TextCache(config, family, model)
     stats = CacheStats(failed=[])
@@ -211,6 +224,9 @@ def fill_text_cache(
                 captions.add(apply_embeddings(caption_for(entry, sample, data.concept(sample), variation)))
     stats.needed = len(captions)
     missing = sorted(c for c in captions if text_cache.key(c) not in text_cache.cache)
+    if ranks is not None:  # each rank encodes every N-th caption of the same list; all meet before training reads
+        ranks.barrier()  # every rank has listed the missing captions before any writes (see fill_latent_cache)
+        missing = missing[ranks.rank :: ranks.world_size]
     progress = _Progress("captions", len(missing), report)
     for start in range(0, len(missing), 16):
         chunk = missing[start : start + 16]
@@ -218,5 +234,7 @@ def fill_text_cache(
             text_cache.cache.put(text_cache.key(caption), entry)
         stats.encoded += len(chunk)
         progress.update(stats.encoded)
+    if ranks is not None:
+        ranks.barrier()
     stats.seconds = time.monotonic() - started
     return text_cache, stats

@@ -15,7 +15,7 @@ from onetrainer.data.training_data import Batch, TrainingData
 class _EpochBatches(torch.utils.data.Dataset):
     def __init__(self, data: TrainingData, epoch: int, first: int, with_masks: bool, text_cached: bool) -> None:
         self.data, self.epoch, self.with_masks, self.text_cached = data, epoch, with_masks, text_cached
-        self.batches = data.plan(epoch).batches[first:]
+        self.batches = [data.local_part(batch) for batch in data.plan(epoch).batches[first:]]
 
     def __len__(self) -> int:
         return len(self.batches)

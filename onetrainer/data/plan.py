@@ -52,8 +52,11 @@ class EpochPlan:
         return -(-len(self.batches) // accumulation)
 
 
-def plan_epoch(images: list[ImageEntry], config: TrainConfig, epoch: int, step: int, seed: int) -> EpochPlan:
-    """The plan of one epoch over the trained images (`images`), for a family with bucket step `step`."""
+def plan_epoch(
+    images: list[ImageEntry], config: TrainConfig, epoch: int, step: int, seed: int, batch_size: int | None = None
+) -> EpochPlan:
+    """The plan of one epoch over the trained images (`images`), for a family with bucket step `step`, in batches of
+    `batch_size` (the config's; the global batch when several processes train, each taking a slice)."""
     by_concept: dict[int, list[int]] = defaultdict(list)
     for index, entry in enumerate(images):
         by_concept[entry.concept].append(index)
@@ -71,7 +74,7 @@ def plan_epoch(images: list[ImageEntry], config: TrainConfig, epoch: int, step: 
             entry = images[index]
             grid = grids[0] if len(grids) == 1 else grids[rng.randrange(len(grids))]
             chosen.append(PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), variation))
-    return _batched(chosen, config, epoch, seed)
+    return _batched(chosen, config, epoch, seed, batch_size or config.batch_size)
 
 
 def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:
@@ -91,8 +94,7 @@ def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:
     return out or [rng.choice(members)]
 
 
-def _batched(samples: list[PlannedSample], config: TrainConfig, epoch: int, seed: int) -> EpochPlan:
-    size = config.batch_size
+def _batched(samples: list[PlannedSample], config: TrainConfig, epoch: int, seed: int, size: int) -> EpochPlan:
     rng = random.Random(hash_seed(seed, epoch, 2))
     by_bucket: dict[Bucket, list[PlannedSample]] = defaultdict(list)
     for sample in samples:

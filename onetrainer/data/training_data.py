@@ -63,6 +63,7 @@ class TrainingData:
             )
         self.seed = hash_seed(*[c.seed for c in config.concepts or []])
         self._plans: dict[int, EpochPlan] = {}
+        self.rank, self.world_size = 0, 1  # several processes: plans at the global batch, each rank a slice
         self.latent_cache: DiskCache | None = None
         self.latent_key_base: dict | None = None
 
@@ -70,8 +71,19 @@ class TrainingData:
 
     def plan(self, epoch: int) -> EpochPlan:
         if epoch not in self._plans:
-            self._plans[epoch] = plan_epoch(self.images, self.config, epoch, self.bucket_step, self.seed)
+            size = self.config.batch_size * self.world_size
+            self._plans[epoch] = plan_epoch(self.images, self.config, epoch, self.bucket_step, self.seed, size)
         return self._plans[epoch]
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Train as rank `rank` of `world_size`: the plan is made at the global batch, `local_part` is this rank's."""
+        self.rank, self.world_size = rank, world_size
+        self._plans.clear()
+
+    def local_part(self, batch: list[PlannedSample]) -> list[PlannedSample]:
+        """This rank's samples of a global batch (a contiguous slice, so sample i of the batch is the i-th draw)."""
+        size = len(batch) // self.world_size
+        return batch[self.rank * size : (self.rank + 1) * size]
 
     def steps_in_epoch(self, epoch: int) -> int:
         return self.plan(epoch).steps(self.config.gradient_accumulation_steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import TYPE_CHECKING
 
 from onetrainer.config import TrainConfig
 from onetrainer.config.checks import run_checks
@@ -13,6 +14,9 @@ from onetrainer.config.schema import errors
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
 from onetrainer.util.disk import is_write_error, write_error_message
+
+if TYPE_CHECKING:
+    from onetrainer.training.distributed import Distributed
 
 log = logging.getLogger(__name__)
 
@@ -41,50 +45,73 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
-    outcome = _train(config, control, events)
+    from onetrainer.training.launcher import launch_wanted, run_ranks
+
+    if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several
+        outcome = run_ranks(config, events, lambda dist: _train(config, control, events, dist))
+    else:
+        outcome = _train(config, control, events)
     events.emit(outcome)
     events.close()
     return outcome
 
 
-def _train(config: TrainConfig, control: TrainingControl, events: Broadcast) -> Finished | Failed:
+def _train(
+    config: TrainConfig, control: TrainingControl, events: Broadcast, dist: Distributed | None = None
+) -> Finished | Failed:
+    """One process's run; `dist` is the group the launcher joined, else torchrun's (or none) is joined here."""
+    from onetrainer.training.distributed import Distributed
     from onetrainer.training.trainer import Trainer
     from onetrainer.training.workspace import LogFileSink, Workspace
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
+    if dist is None:
+        try:
+            dist = Distributed.from_environment(config)
+        except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
+            message = f"cannot join the other training processes: {type(e).__name__}: {e}"
+            return Failed(message, traceback.format_exc())
     workspace = None
     try:
         workspace = Workspace.create(config.workspace_dir, config.save_filename_prefix)
-        log_sink = LogFileSink(workspace.log_path)
+        if dist is not None:  # one run name for all ranks; rank 0's log is the run's, the others' carry their rank
+            workspace = Workspace(workspace.root, dist.broadcast_object(workspace.run_name))
+        log_path = workspace.log_path
+        if dist is not None and not dist.is_main:
+            log_path = log_path.with_name(f"{workspace.run_name}-rank{dist.rank}.log")
+        log_sink = LogFileSink(log_path)
     except OSError as e:
         where = workspace.log_path if workspace is not None else config.workspace_dir
         return Failed(f"cannot create the workspace {config.workspace_dir}: {write_error_message(e, where)}")
     events.sinks.insert(0, log_sink)
-    trainer = Trainer(config, control, events, workspace)
+    trainer = Trainer(config, control, events, workspace, dist)
     try:
         return trainer.run()
     except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback
-        return Failed(ABORTED, "", str(workspace.log_path))
+        return Failed(ABORTED, "", str(log_path))
     except Exception as e:
         if control.abort_requested:
             # The interrupt can surface wrapped in another error (e.g. diffusers' lazy imports turn it into a
             # RuntimeError): the user asked to abort, so it is an abort, not a failure.
             log.debug("aborted", exc_info=True)
-            return Failed(ABORTED, "", str(workspace.log_path))
+            return Failed(ABORTED, "", str(log_path))
         log.debug("training failed", exc_info=True)
-        return Failed(_user_message(e), traceback.format_exc(), str(workspace.log_path))
+        return Failed(_user_message(e), traceback.format_exc(), str(log_path))
     finally:
         trainer.stop_tensorboard()
+        if dist is not None:
+            dist.close()
 
 
 def _user_message(error: Exception) -> str:
     from onetrainer.data.training_data import DatasetError
     from onetrainer.families.loading import ModelLoadError
     from onetrainer.families.sources import ModelNotFound
+    from onetrainer.training.distributed import RankFailed
     from onetrainer.training.trainer import NonFiniteLoss, SaveFailed
 
-    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed):
+    if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed | RankFailed):
         return str(error)
     if isinstance(error, NotImplementedError):
         return str(error)

@@ -41,6 +41,7 @@ from onetrainer.training.checkpoint import (
 )
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, select_device
+from onetrainer.training.distributed import SINGLE, Distributed, GlobalDraws, StoppedByRank, SyncedControl
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
     Broadcast,
@@ -80,9 +81,24 @@ class _StoppedEarly(Exception):
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, control: TrainingControl, events: Broadcast, workspace: Workspace) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        control: TrainingControl,
+        events: Broadcast,
+        workspace: Workspace,
+        dist: Distributed | None = None,
+    ) -> None:
         self.config = config
         self.control = control
+        # Several processes (torchrun): commands come from the per-step sync, draws are sliced from the global batch,
+        # outputs are rank 0's (see distributed.py).
+        self.dist = dist
+        self.is_main = dist is None or dist.is_main
+        self.world_size = dist.world_size if dist is not None else 1
+        self.draws = GlobalDraws(dist.rank, dist.world_size) if dist is not None else SINGLE
+        if dist is not None:
+            self.control = SyncedControl(control)
         self.events = events
         self.workspace = workspace
         self.progress = TrainProgress()
@@ -98,8 +114,14 @@ class Trainer:
         """The whole run; a stop before the first step ends it without writing anything."""
         try:
             return self._run()
-        except _StoppedEarly:
+        except (_StoppedEarly, StoppedByRank):
+            if self.dist is not None:
+                self.dist.leave()
             return self._nothing_trained("stopped")
+        except Exception as e:
+            if self.dist is not None:
+                self.dist.leave(failure=f"{type(e).__name__}: {e}")
+            raise
 
     def _nothing_trained(self, reason: str) -> Finished:
         # An untrained model (an all-zero LoRA) must never replace a trained one: nothing is written.
@@ -110,9 +132,10 @@ class Trainer:
 
     def _run(self) -> Finished:
         config = self.config
-        self._remove_leftovers()
-        atomic_write_json(self.workspace.config_path, config.to_dict())
-        self.device = select_device(config.train_device, self.warn)
+        if self.is_main:
+            self._remove_leftovers()
+            atomic_write_json(self.workspace.config_path, config.to_dict())
+        self.device = self.dist.device if self.dist is not None else select_device(config.train_device, self.warn)
 
         self.status("loading the model")
         self.family = load_family_class(config.model_type)()
@@ -123,6 +146,8 @@ class Trainer:
         self._stop_point()
         self.status("reading the training images")
         self.data = TrainingData(config, self.model.type_info.family.bucket_step, resolve_local)
+        if self.dist is not None:
+            self.data.shard(self.dist.rank, self.dist.world_size)
         self._report_scan()
         torch.manual_seed(hash_seed(self.data.seed, 0x5EED))  # adapters initialise the same way every run
         self.method = create_method(config, self.family, self.model, self.device)
@@ -143,7 +168,7 @@ class Trainer:
         steps_per_epoch = self.data.steps_in_epoch(self.progress.epoch)
         self.method.enable_gradient_checkpointing()
         self.param_groups = self.method.param_groups()
-        lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config))
+        lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config, self.world_size))
         for group in self.param_groups:
             group["lr"] *= lr_scale
         warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
@@ -238,6 +263,8 @@ class Trainer:
             if self.control.stop_requested:
                 break
 
+        if self.dist is not None:
+            self.dist.left = True  # the ranks part here: rank 0 alone writes the backup and the model
         reason = "stopped" if self.control.stop_requested else "completed"
         if self.progress.global_step == 0:
             return self._nothing_trained(reason)
@@ -265,6 +292,8 @@ class Trainer:
                 self.grad_scaler.scale(loss).backward()
             total += float(loss.detach())
         self.family_losses = {f"loss/{k}": sum(v) / len(batches) for k, v in self._family_losses.items()}
+        if self.dist is not None:
+            total = self._sync_step(total)
         self.grad_scaler.unscale_(self.optimizer)
         if self.config.clip_grad_norm is not None:
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -277,6 +306,14 @@ class Trainer:
             self.ema.after_step(self.progress.global_step + 1)
         return total
 
+    def _sync_step(self, loss: float) -> float:
+        """Every rank's status, the commands and the loss in one all-reduce, then the averaged gradients."""
+        result = self.dist.sync(self.control.local, loss)
+        self.control.update(result)
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
+        self.dist.average_gradients(params, self.config)
+        return result.loss
+
     def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
         config, family, model = self.config, self.family, self.model
         latents = self._latents(batch)
@@ -285,7 +322,7 @@ class Trainer:
         dropout = config.part(model.text_encoders[0].part).dropout_probability
         drops = None
         if dropout > 0:
-            drops = torch.rand(len(captions), generator=generator) < dropout
+            drops = self.draws.mine(torch.rand(self.draws.size(len(captions)), generator=generator)) < dropout
             if family.caption_dropout is CaptionDropout.EMPTY_CAPTION:
                 captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
         if self.text_cache is not None:
@@ -296,12 +333,18 @@ class Trainer:
             conditioning = conditioning.zeroed(drops)
 
         schedule = model.schedule
-        noise = diffusion.sample_noise(latents, generator, config)
+        # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
+        draws = self.draws
+        global_noise = diffusion.sample_noise(draws.like(latents), generator, config)
+        noise = draws.mine(global_noise).to(latents.device, latents.dtype)
         if timesteps is None:
-            timesteps = schedule.sample_times(len(latents), generator, config, self.device)
-        noisy = schedule.add_noise(latents, diffusion.perturb_noise(noise, generator, config), timesteps)
+            timesteps = draws.mine(schedule.sample_times(draws.size(len(latents)), generator, config, self.device))
+        perturbed = draws.mine(diffusion.perturb_noise(global_noise, generator, config)).to(latents.device)
+        noisy = schedule.add_noise(latents, perturbed, timesteps)
 
-        keep_unmasked = torch.rand(len(latents), generator=generator) < config.unmasked_probability
+        keep_unmasked = (
+            draws.mine(torch.rand(draws.size(len(latents)), generator=generator)) < config.unmasked_probability
+        )
         inputs = BatchInputs(
             latents=latents,
             pixels=self._pixels(batch),
@@ -333,7 +376,7 @@ class Trainer:
             config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
         )
         sample_weights = batch.loss_weights.to(self.device)
-        scale = _scaler_factor(config.loss_scaler.value, config)
+        scale = _scaler_factor(config.loss_scaler.value, config, self.world_size)
         loss = (per_sample * sample_weights).mean()
         for name, term in predicted.losses.items():
             # The family's own terms (already at their strength), with the same per-concept weights and scaler.
@@ -362,8 +405,11 @@ class Trainer:
     # =================================================================================================================
     def validate(self) -> None:
         """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
+        if not self.is_main:
+            return
         self.status("validating")
         losses: dict[str, list[float]] = {}
+        draws, self.draws = self.draws, SINGLE  # the whole validation batch, on rank 0 alone
         with torch.no_grad(), self.placement.for_encoding():
             for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
                 generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
@@ -376,11 +422,12 @@ class Trainer:
         if scalars:
             scalars["loss/validation_step/total_average"] = sum(scalars.values()) / len(scalars)
             self.events.emit(Scalars(self.progress.global_step, scalars))
+        self.draws = draws
         self._set_train_mode()
 
     # =================================================================================================================
     def sample(self) -> None:
-        if not any(s.enabled for s in (self.config.samples or [])):
+        if not self.is_main or not any(s.enabled for s in (self.config.samples or [])):
             return
         self.status("sampling")
         with self._inference_weights(), self.placement.for_sampling():
@@ -428,6 +475,9 @@ class Trainer:
 
     def backup(self) -> Path | None:
         """Write a backup; a failure (a full disk) is a warning and training goes on."""
+        if not self.is_main:
+            self._backup_step = self.progress.global_step
+            return None
         self.status("writing a backup")
         keep = self.config.rolling_backup_count if self.config.rolling_backup else None
         extra = {"ema": self.ema.state_dict()} if self.ema is not None else None
@@ -446,6 +496,8 @@ class Trainer:
         return path
 
     def save_intermediate(self) -> None:
+        if not self.is_main:
+            return
         fmt = self.config.output_model_format
         suffix = "" if fmt.is_directory else ".safetensors"
         name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
@@ -463,6 +515,8 @@ class Trainer:
     def save_final(self) -> Path:
         """Write the model. When that fails, the trained state is kept in a backup and the message says how to save
         it (resume saves a model that is missing or older than the last backup)."""
+        if not self.is_main:
+            return Path(self.config.output_model_destination).expanduser()
         self.status("saving the model")
         destination = self._final_destination()
         if self.ema is not None:
@@ -569,7 +623,17 @@ class Trainer:
         for path in removed:
             self.status(f"removed {path}, left over from an interrupted write")
 
-    def _stop_point(self) -> None:
+    def _stop_point(self, sync: bool = True) -> None:
+        if self.dist is not None:
+            if sync:  # a phase boundary every rank passes: a stop on any rank stops all of them here
+                result = self.dist.sync(self.control.local)
+                self.control.update(result)
+                if result.stop and self.progress.global_step == 0:
+                    self.dist.left = True  # every rank ends now, knowing it
+                    raise _StoppedEarly
+            elif self.control.local.stop_requested and self.progress.global_step == 0:
+                raise _StoppedEarly  # said to the others by `leave` (run())
+            return
         if self.control.stop_requested and self.progress.global_step == 0:
             raise _StoppedEarly
 
@@ -598,7 +662,10 @@ class Trainer:
         if config.clear_cache_before_training:
             clear_cache(config.cache_dir)
             self.status(f"cleared the cache in {config.cache_dir} ('Clear cache before training' is on)")
-        stats = fill_latent_cache(self.data, self.family, self.model, config, self.with_masks, self._caching_status)
+        ranks = self.dist
+        stats = fill_latent_cache(
+            self.data, self.family, self.model, config, self.with_masks, self._caching_status, ranks
+        )
         for failure in stats.failed:
             self.warn(f"{failure}; skipped")
         if not self.data.images:
@@ -608,7 +675,7 @@ class Trainer:
         self.events.emit(CacheFilled("latents", stats.needed, stats.encoded, stats.seconds))
         if text_encoders_frozen(config):
             self.text_cache, text_stats = fill_text_cache(
-                self.data, self.family, self.model, config, self.method.embeddings.apply, self._caching_status
+                self.data, self.family, self.model, config, self.method.embeddings.apply, self._caching_status, ranks
             )
             self.status(f"captions: {text_stats.needed - text_stats.encoded} cached, {text_stats.encoded} encoded")
             self.events.emit(CacheFilled("captions", text_stats.needed, text_stats.encoded, text_stats.seconds))
@@ -616,7 +683,7 @@ class Trainer:
     def _caching_status(self, text: str) -> None:
         """Caching's progress lines, which are also where a stop during caching is noticed."""
         self.status(text)
-        self._stop_point()
+        self._stop_point(sync=False)  # ranks report different progress lines: no collective here
 
     def _create_ema(self) -> EMA | None:
         if self.config.ema is EMAMode.OFF:
@@ -645,6 +712,8 @@ class Trainer:
             module.train(name in trained)
 
     def _start_tensorboard(self) -> None:
+        if not self.is_main:
+            return
         self.events.sinks.append(TensorBoardSink(self.workspace.tensorboard_dir, self.config.samples_to_tensorboard))
         if self.config.tensorboard:
             self._launch_tensorboard(self.config.tensorboard_port)
@@ -707,11 +776,12 @@ class Trainer:
         self.events.emit(Warning_(text))
 
 
-def _scaler_factor(kind: str, config: TrainConfig) -> float:
-    """LR and loss scalers: BATCH scales by the batch size, GRADIENT_ACCUMULATION by the accumulation steps."""
+def _scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
+    """LR and loss scalers: BATCH scales by the global batch size (per GPU × processes), GRADIENT_ACCUMULATION by
+    the accumulation steps."""
     factor = 1.0
     if kind in ("BATCH", "BOTH"):
-        factor *= config.batch_size
+        factor *= config.batch_size * world_size
     if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
         factor *= config.gradient_accumulation_steps
     return factor

@@ -82,10 +82,10 @@ def test_infinity_is_written_and_read_like_onetrainer():
 
 
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
-    _, quiet = config_from_dict({"multi_gpu": False, "cloud": {"enabled": False, "type": "RUNPOD"}})
+    _, quiet = config_from_dict({"compile": False, "cloud": {"enabled": False, "type": "RUNPOD"}})
     assert quiet == []
-    _, loud = config_from_dict({"multi_gpu": True, "cloud": {"enabled": True}})
-    assert {p.path for p in loud} == {"multi_gpu", "cloud"}
+    _, loud = config_from_dict({"compile": True, "cloud": {"enabled": True}})
+    assert {p.path for p in loud} == {"compile", "cloud"}
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
 

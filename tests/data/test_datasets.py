@@ -106,6 +106,23 @@ def test_plan_keeps_every_image_fills_batches_and_never_mixes_buckets(odd_folder
     assert again.plan(1).batches == data.plan(1).batches
 
 
+def test_two_ranks_train_disjoint_halves_of_the_global_plan_keeping_every_image(odd_folder):
+    settings = {"resolution": "64", "batch_size": 2, "concepts": [{"path": str(odd_folder), "seed": 5}]}
+    one = data_for({**settings, "batch_size": 4})  # one process at the global batch
+    ranks = [data_for(settings), data_for(settings)]
+    for rank, data in enumerate(ranks):
+        data.shard(rank, 2)
+    for epoch in range(2):
+        assert ranks[0].plan(epoch).batches == one.plan(epoch).batches  # planned at the global batch
+        assert ranks[0].steps_in_epoch(epoch) == ranks[1].steps_in_epoch(epoch) == one.steps_in_epoch(epoch)
+        for batch in one.plan(epoch).batches:
+            halves = [data.local_part(batch) for data in ranks]
+            assert [len(h) for h in halves] == [2, 2] and halves[0] + halves[1] == batch  # disjoint, in order
+            assert len({s.bucket for s in batch}) == 1  # a bucket stays whole within a step
+        trained = {s.image for batch in one.plan(epoch).batches for s in batch if not s.filler}
+        assert trained == set(range(len(one.images)))  # every image kept, over the ranks together
+
+
 def test_drop_incomplete_batches_lists_the_dropped(odd_folder):
     data = data_for(
         {"resolution": "64", "batch_size": 3, "drop_incomplete_batches": True, "concepts": [{"path": str(odd_folder)}]}

@@ -102,3 +102,29 @@ def test_start_trains_each_method_of_the_newer_families_from_the_window(app, in_
     assert output.stat().st_size > 0 and (method != "FINE_TUNE" or (output / "model_index.json").is_file())
     assert output.name == (OUTPUTS[method][1] if method != "FINE_TUNE" else "model")
     assert app.gallery.images()  # the sample (Cascade, Würstchen: prior → decoder → VQGAN) reached the window
+
+
+def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> None:
+    from onetrainer.config import config_from_dict
+    from tests.helpers import image_folder, tiny_config
+
+    app.runner.train_function = None  # the real one: this window's process is rank 0, rank 1 a child process
+    image_folder(in_tmp, count=4)
+    config, problems = config_from_dict(tiny_config(in_tmp, batch_size=1, epochs=1))
+    assert errors(problems) == []
+    app.model.replace(config)
+    view_of(app, "general", "multi_gpu").switch.toggle()
+    indexes = view_of(app, "general", "device_indexes")
+    indexes.set_text("0")
+    assert not app.start()  # one device: refused, naming the field
+    assert "Device indexes" in app.footer.status or "device_indexes" in app.footer.status, app.footer.status
+    indexes.set_text("0,1")
+    assert (app.model.config.multi_gpu, app.model.config.device_indexes) == (True, "0,1")
+    app.footer.start_button.invoke()
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (completed)"), app.footer.status
+    # 4 images at a global batch of 2 (1 per process): 2 steps, shown by the footer from rank 0's events.
+    assert app.footer.step_text.cget("text") == "2 / 2" and app.footer.loss_label.cget("text")[5:6].isdigit()
+    assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
+    logs = sorted(p.name for p in (in_tmp / "workspace" / "logs").iterdir())
+    assert len(logs) == 2 and sum(name.endswith("-rank1.log") for name in logs) == 1, logs

@@ -1,0 +1,332 @@
+"""Data-parallel training over torch.distributed, one process per GPU, started by `torchrun`.
+
+`torchrun --nproc_per_node N scripts/train.py …` (or several machines with `--nnodes/--node_rank/--rdzv_*`) sets
+RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous address; `from_environment` joins the group (NCCL on CUDA, gloo on a
+CPU). The trainer stays one loop with small hooks:
+
+- the epoch plan is made at the global batch (`batch_size` × processes), so buckets stay whole per step and every
+  image is kept globally; each rank loads its slice of every batch (`TrainingData.local_part`);
+- every random draw of a step is made at the global batch's size from the step's generator and sliced
+  (`GlobalDraws`): the noise a sample gets depends on its place in the global batch, not on the rank, so N processes
+  at batch b train what one process trains at batch N·b (up to rounding of the all-reduce);
+- after the backward pass one small all-reduce (`sync`) carries every rank's status (failed), the commands (stop,
+  sample, save, backup: rank 0's window or any rank's signal) and the loss; then the trainable parameters' gradients
+  are averaged with bucketed all-reduces in `gradient_reduce_precision` (LoRA, embeddings and fine-tunes alike:
+  only trainable parameters have gradients, so no DDP wrapper is needed and the modules stay unwrapped for saving,
+  sampling and peft);
+- a rank that fails (an exception, a NaN loss) says so at the next `sync` and sends its message; the others raise
+  `RankFailed` with it, so the run ends on every rank within one step with the failing rank's words;
+- sampling, saving, backups, validation, TensorBoard and console output happen on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from onetrainer.training.control import TrainingControl
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+COMMANDS = ("sample", "save", "backup")
+TIMEOUT_ENV = "ONETRAINER_DIST_TIMEOUT"  # seconds a rank waits for the others in one collective (default 30 min)
+
+
+class RankFailed(RuntimeError):
+    """Another rank failed; the message is its own."""
+
+
+class StoppedByRank(Exception):
+    """A rank stopped before the first step; every rank ends without writing anything."""
+
+
+def world_size_from_environment() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def planned_world_size(config: TrainConfig) -> int:
+    """The number of processes a run of `config` uses: torchrun's WORLD_SIZE, or what the app launches."""
+    if world_size_from_environment() > 1:
+        return world_size_from_environment()
+    if config.multi_gpu:
+        return len(device_indexes(config)) or max(1, torch.cuda.device_count())
+    return 1
+
+
+def device_indexes(config: TrainConfig) -> list[int]:
+    """`device_indexes` ("0,1,3"): which GPU each local rank takes; empty means 0, 1, 2, …"""
+    text = (config.device_indexes or "").strip()
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"device_indexes: {text!r} is not a comma-separated list of GPU numbers") from None
+
+
+def preflight_text(config: TrainConfig) -> str:
+    """The batch per GPU, the global batch and what the LR scaler multiplies by."""
+    world = planned_world_size(config)
+    b = config.batch_size
+    scaler = config.learning_rate_scaler.value
+    factor = 1
+    if scaler in ("BATCH", "BOTH"):
+        factor *= b * world
+    if scaler in ("GRADIENT_ACCUMULATION", "BOTH"):
+        factor *= config.gradient_accumulation_steps
+    lr = f"learning rate × √{factor} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
+    processes = f"{world} processes" if world > 1 else "1 process"
+    return f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
+
+
+@dataclass
+class SyncResult:
+    stop: bool
+    commands: set[str]
+    loss: float  # the mean of the ranks' losses
+    failed: bool
+
+
+class SyncedControl:
+    """The trainer's view of the commands: what the last `sync` decided, the same on every rank."""
+
+    def __init__(self, local: TrainingControl) -> None:
+        self.local = local
+        self._stop = False
+        self._pending: set[str] = set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    @property
+    def abort_requested(self) -> bool:
+        return self.local.abort_requested
+
+    def take(self, command: str) -> bool:
+        if command in self._pending:
+            self._pending.discard(command)
+            return True
+        return False
+
+    def update(self, result: SyncResult) -> None:
+        self._stop = self._stop or result.stop
+        self._pending |= result.commands
+
+
+class Distributed:
+    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
+        self.rank, self.world_size, self.local_rank, self.device = rank, world_size, local_rank, device
+        self.left = False  # this rank has said goodbye (failed or stopped): no more collectives
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # -- the group ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_environment(cls, config: TrainConfig) -> Distributed | None:
+        """Join torchrun's group when WORLD_SIZE > 1; None for a single-process run."""
+        world = world_size_from_environment()
+        if world <= 1:
+            return None
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        return cls.join(config, rank, world, local_rank)
+
+    @classmethod
+    def join(
+        cls, config: TrainConfig, rank: int, world: int, local_rank: int, init_method: str | None = None
+    ) -> Distributed:
+        """Join the group as `rank` of `world` (NCCL on CUDA, gloo on a CPU); `init_method` None reads torchrun's
+        MASTER_ADDR / MASTER_PORT, the app's rank 0 (`launcher.py`) gives its own tcp:// address."""
+        import torch.distributed as dist
+
+        use_cuda = config.train_device.startswith("cuda") and torch.cuda.is_available()
+        if use_cuda:
+            indexes = device_indexes(config) or list(range(torch.cuda.device_count()))
+            if local_rank >= len(indexes):
+                raise ValueError(
+                    f"device_indexes: local rank {local_rank} has no GPU ({config.device_indexes or 'all GPUs'} "
+                    f"gives {len(indexes)}); start fewer processes per node"
+                )
+            device = torch.device("cuda", indexes[local_rank])
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "nccl" if use_cuda else "gloo",
+                init_method=init_method,
+                rank=rank,
+                world_size=world,
+                timeout=timeout,
+                device_id=device if use_cuda else None,
+            )
+        return cls(rank, world, local_rank, device)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def broadcast_object(self, value):
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather_object(self, value) -> list:
+        import torch.distributed as dist
+
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    # -- the per-step handshake ---------------------------------------------------------------------------------
+    def sync(
+        self, control: TrainingControl | None = None, loss: float = 0.0, failure: str | None = None, stop=False
+    ) -> SyncResult:
+        """One small all-reduce every rank makes at the same points: status, commands and the loss. A failure
+        anywhere raises `RankFailed` (on the failing rank the caller re-raises its own error)."""
+        import torch.distributed as dist
+
+        flags = [1.0 if failure is not None else 0.0, 1.0 if stop else 0.0]
+        if control is not None:
+            flags[1] = max(flags[1], 1.0 if control.stop_requested else 0.0)
+            flags += [1.0 if control.take(c) else 0.0 for c in COMMANDS]
+        else:
+            flags += [0.0] * len(COMMANDS)
+        status = torch.tensor([*flags, loss], dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(status)
+        values = status.cpu().tolist()
+        result = SyncResult(
+            values[1] > 0,
+            {c for c, v in zip(COMMANDS, values[2:5]) if v > 0},
+            values[5] / self.world_size,
+            values[0] > 0,
+        )
+        if result.failed:
+            self.left = True
+            messages = self.all_gather_object(failure)
+            if failure is None:
+                rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+                raise RankFailed(f"rank {rank} of {self.world_size} failed: {message}")
+        return result
+
+    def leave(self, failure: str | None = None) -> None:
+        """Say goodbye at the others' next `sync` (this rank failed or stopped early); once."""
+        if self.left:
+            return
+        self.left = True
+        with contextlib.suppress(Exception):  # the others may be gone already; this rank ends either way
+            self.sync(failure=failure, stop=failure is None)
+
+    def barrier(self) -> None:
+        """A `sync` that ends every rank early when one stopped."""
+        if self.sync().stop:
+            self.left = True
+            raise StoppedByRank
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    # -- gradients ----------------------------------------------------------------------------------------------
+    def average_gradients(self, params: list[torch.nn.Parameter], config: TrainConfig) -> None:
+        """Average the trainable parameters' gradients over the ranks, in `gradient_reduce_precision`, in buckets of
+        `async_gradient_reduce_buffer` MB launched together when `async_gradient_reduce` is on. A parameter no rank
+        gave a gradient keeps none (an optimizer treats that differently from a zero gradient)."""
+        import torch.distributed as dist
+
+        precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
+        stochastic = precision.endswith("_STOCHASTIC")
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in params:
+            dtype = torch.float32 if precision.startswith("FLOAT_32") else p.dtype
+            by_dtype.setdefault(dtype, []).append(p)
+        limit = max(1, int(config.async_gradient_reduce_buffer)) * 2**20 if config.fused_gradient_reduce else 0
+        pending = []
+        for dtype, group in by_dtype.items():
+            for bucket in _buckets(group, limit, dtype):
+                flat = torch.cat(
+                    [(p.grad if p.grad is not None else torch.zeros_like(p)).to(dtype).reshape(-1) for p in bucket]
+                    + [
+                        torch.tensor(
+                            [0.0 if p.grad is None else 1.0 for p in bucket], dtype=dtype, device=bucket[0].device
+                        )
+                    ]
+                )
+                work = dist.all_reduce(flat, async_op=config.async_gradient_reduce)
+                pending.append((work, flat, bucket))
+                if not config.async_gradient_reduce:
+                    self._unflatten(flat, bucket, stochastic)
+                    pending.pop()
+        for work, flat, bucket in pending:
+            work.wait()
+            self._unflatten(flat, bucket, stochastic)
+
+    def _unflatten(self, flat: torch.Tensor, bucket: list[torch.nn.Parameter], stochastic: bool) -> None:
+        flat.div_(self.world_size)
+        present = flat[-len(bucket) :]
+        offset = 0
+        for p, has in zip(bucket, present.tolist()):
+            value = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if has <= 0:
+                p.grad = None
+                continue
+            p.grad = stochastic_round(value, p.dtype) if stochastic else value.to(p.dtype)
+
+
+def _buckets(params: list[torch.nn.Parameter], limit_bytes: int, dtype: torch.dtype):
+    """Groups of parameters of at most `limit_bytes` in `dtype` (one parameter each when `limit_bytes` is 0)."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    bucket: list[torch.nn.Parameter] = []
+    used = 0
+    for p in params:
+        if bucket and (limit_bytes == 0 or used + p.numel() * size > limit_bytes or p.device != bucket[0].device):
+            yield bucket
+            bucket, used = [], 0
+        bucket.append(p)
+        used += p.numel() * size
+    if bucket:
+        yield bucket
+
+
+def stochastic_round(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 → bfloat16 with stochastic rounding (unbiased on average); other targets round to nearest."""
+    if dtype != torch.bfloat16 or value.dtype != torch.float32:
+        return value.to(dtype)
+    bits = value.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+class GlobalDraws:
+    """A step's random draws at the global batch's size, sliced to this rank's samples: sample i of the global batch
+    gets the same noise, timestep and dropout whichever rank trains it."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def size(self, local: int) -> int:
+        return local * self.world_size
+
+    def mine(self, drawn: torch.Tensor) -> torch.Tensor:
+        local = drawn.shape[0] // self.world_size
+        return drawn[self.rank * local : (self.rank + 1) * local]
+
+    def like(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An uninitialised CPU tensor shaped like the global batch of `tensor` (for draws that take a shape)."""
+        return torch.empty((tensor.shape[0] * self.world_size, *tensor.shape[1:]), dtype=tensor.dtype)
+
+
+SINGLE = GlobalDraws(0, 1)

@@ -1,0 +1,87 @@
+"""The pieces of `training/distributed.py` that need no second process: the preflight's batch line, the random draws
+sliced from the global batch, the gradient average's precision and buckets (a one-process gloo group)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from onetrainer.config import config_from_dict
+from onetrainer.training.distributed import Distributed, GlobalDraws, _buckets, preflight_text, stochastic_round
+from onetrainer.training.launcher import free_port
+
+
+def _config(**values):
+    config, problems = config_from_dict(values)
+    assert not [p for p in problems if p.is_error], problems
+    return config
+
+
+def test_the_preflight_says_per_gpu_and_global_batch_and_the_lr_scale(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # under torchrun
+    config = _config(batch_size=2, learning_rate_scaler="BATCH")
+    assert preflight_text(config) == (
+        "batch: 2 per GPU × 4 processes = 8 global per micro-batch; learning rate × √8 (learning_rate_scaler BATCH)"
+    )
+    monkeypatch.delenv("WORLD_SIZE")  # the app's multi_gpu: the processes are device_indexes'
+    config = _config(batch_size=3, multi_gpu=True, device_indexes="0,1", train_device="cpu")
+    assert preflight_text(config).startswith("batch: 3 per GPU × 2 processes = 6 global per micro-batch; LR scaler")
+
+
+def test_each_rank_gets_its_slice_of_the_global_draw():
+    generator = torch.Generator().manual_seed(3)
+    drawn = torch.randn(GlobalDraws(0, 2).size(3), generator=generator)
+    assert drawn.shape == (6,)
+    assert torch.equal(torch.cat([GlobalDraws(r, 2).mine(drawn) for r in range(2)]), drawn)
+
+
+def test_stochastic_rounding_to_bfloat16_is_unbiased():
+    value = torch.full((20000,), 1.0 + 2**-9, dtype=torch.float32)  # between bfloat16's 1.0 and 1.0078125
+    assert value.to(torch.bfloat16).float().mean() == 1.0  # round to nearest always loses it
+    rounded = stochastic_round(value, torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16 and set(rounded.float().unique().tolist()) == {1.0, 1.0078125}
+    assert rounded.float().mean().item() == pytest.approx(1.0 + 2**-9, abs=2e-4)
+
+
+def test_buckets_hold_at_most_the_configured_bytes():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (100, 100, 300, 10)]
+    sizes = [[p.numel() for p in bucket] for bucket in _buckets(params, 800, torch.float32)]
+    assert sizes == [[100, 100], [300], [10]]
+    assert [len(b) for b in _buckets(params, 0, torch.float32)] == [1, 1, 1, 1]  # not fused: one at a time
+
+
+@pytest.fixture
+def one_process_group():
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    yield Distributed(0, 1, 0, torch.device("cpu"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("precision", "fused", "asynchronous"),
+    [("FLOAT_32_STOCHASTIC", True, True), ("WEIGHT_DTYPE", False, False), ("FLOAT_32", True, False)],
+)
+def test_averaged_gradients_keep_their_dtype_and_a_missing_one_stays_missing(
+    one_process_group, precision, fused, asynchronous
+):
+    config = _config(
+        gradient_reduce_precision=precision, fused_gradient_reduce=fused, async_gradient_reduce=asynchronous
+    )
+    half = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    full = torch.nn.Parameter(torch.zeros(3))
+    unused = torch.nn.Parameter(torch.zeros(2))
+    half.grad = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)
+    full.grad = torch.tensor([0.5, -1.0, 2.0])
+    one_process_group.average_gradients([half, full, unused], config)
+    assert half.grad.dtype == torch.bfloat16 and torch.equal(half.grad.float(), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert torch.equal(full.grad, torch.tensor([0.5, -1.0, 2.0]))
+    assert unused.grad is None  # an optimizer treats no gradient differently from a zero one
