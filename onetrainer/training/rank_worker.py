@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,22 +18,14 @@ from pathlib import Path
 PARENT_GONE = 3  # the exit code when the starting process went away
 
 
-def _exit_when_parent_ends() -> None:
-    # The raw descriptor, not sys.stdin: a thread blocked in a buffered read would hold its lock at shutdown.
-    try:
-        while os.read(0, 1024):
-            pass
-    except OSError:
-        pass
-    os._exit(PARENT_GONE)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rank_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--config-path", required=True, help="the packed config rank 0 wrote")
     parser.add_argument("--ready-path", help="a file to create once ready to join the group (rank 0 waits for it)")
     args = parser.parse_args(argv)
-    threading.Thread(target=_exit_when_parent_ends, name="parent-watch", daemon=True).start()
+    from onetrainer.training.tensorboard_child import exit_when_parent_ends
+
+    threading.Thread(target=exit_when_parent_ends, args=(PARENT_GONE,), name="parent-watch", daemon=True).start()
 
     from onetrainer.config import config_from_dict
     from onetrainer.training.control import TrainingControl

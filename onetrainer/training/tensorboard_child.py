@@ -10,18 +10,19 @@ import sys
 import threading
 
 
-def _exit_when_parent_ends() -> None:
+def exit_when_parent_ends(code: int = 0) -> None:
+    """Block until standard input closes, then end the process with `code` (also used by the rank workers)."""
     # The raw descriptor, not sys.stdin: a thread blocked in a buffered read would hold its lock at shutdown.
     try:
         while os.read(0, 1024):
             pass
     except OSError:
         pass
-    os._exit(0)
+    os._exit(code)
 
 
 def main() -> None:
-    threading.Thread(target=_exit_when_parent_ends, name="parent-watch", daemon=True).start()
+    threading.Thread(target=exit_when_parent_ends, name="parent-watch", daemon=True).start()
     # Run by path, this folder comes first on sys.path, and its tensorboard.py would hide the real package.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
