@@ -2,7 +2,7 @@
 
 `torchrun --nproc_per_node N scripts/train.py …` (or several machines with `--nnodes/--node_rank/--rdzv_*`) sets
 RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous address; `from_environment` joins the group (NCCL on CUDA, gloo on a
-CPU). The trainer stays one loop with small hooks:
+CPU and on Windows, whose torch has no NCCL). The trainer stays one loop with small hooks:
 
 - the epoch plan is made at the global batch (`batch_size` × processes), so buckets stay whole per step and every
   image is kept globally; each rank loads its slice of every batch (`TrainingData.local_part`);
@@ -120,6 +120,14 @@ class SyncedControl:
         self._pending |= result.commands
 
 
+def collective_backend(use_cuda: bool) -> str:
+    """NCCL for GPUs where torch has it; gloo on the CPU and for GPUs on Windows (torch's Windows builds have no NCCL;
+    gloo all-reduces CUDA tensors too, more slowly)."""
+    import torch.distributed as dist
+
+    return "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
+
+
 class Distributed:
     def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
         self.rank, self.world_size, self.local_rank, self.device = rank, world_size, local_rank, device
@@ -160,14 +168,15 @@ class Distributed:
         else:
             device = torch.device("cpu")
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
+        backend = collective_backend(use_cuda)
         if not dist.is_initialized():
             dist.init_process_group(
-                "nccl" if use_cuda else "gloo",
+                backend,
                 init_method=init_method,
                 rank=rank,
                 world_size=world,
                 timeout=timeout,
-                device_id=device if use_cuda else None,
+                device_id=device if backend == "nccl" else None,
             )
         return cls(rank, world, local_rank, device)
 

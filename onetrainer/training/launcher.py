@@ -144,7 +144,7 @@ def run_ranks(
         joined = _join(config, world, port, children)
         if isinstance(joined, Failed):
             return joined
-        with _threads_per_rank(config, world), _watch(children, joined):
+        with _threads_per_rank(config, world), _watch(children):
             outcome = train(joined)
         for child in children:
             child.end(CHILD_GRACE_SECONDS)
@@ -182,7 +182,7 @@ def _join(config: TrainConfig, world: int, port: int, children: list[RankProcess
 
 
 @contextlib.contextmanager
-def _watch(children: list[RankProcess], dist: Distributed):
+def _watch(children: list[RankProcess]):
     """While rank 0 trains: a child that dies wakes rank 0 from a collective it would otherwise wait in until the
     timeout. gloo notices the closed connection itself; NCCL's communicators are aborted."""
     done = threading.Event()
@@ -190,10 +190,10 @@ def _watch(children: list[RankProcess], dist: Distributed):
     def watch() -> None:
         while not done.wait(0.5):
             if any(child.exit_code not in (None, 0) for child in children):
-                if dist.device.type == "cuda":
-                    import torch.distributed as torch_dist
+                import torch.distributed as torch_dist
 
-                    with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # the group may be ending already
+                    if torch_dist.get_backend() == "nccl":
                         torch_dist.distributed_c10d._abort_process_group()
                 return
 

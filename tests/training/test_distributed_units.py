@@ -85,3 +85,14 @@ def test_averaged_gradients_keep_their_dtype_and_a_missing_one_stays_missing(
     assert half.grad.dtype == torch.bfloat16 and torch.equal(half.grad.float(), torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(full.grad, torch.tensor([0.5, -1.0, 2.0]))
     assert unused.grad is None  # an optimizer treats no gradient differently from a zero one
+
+
+def test_gpus_use_nccl_where_torch_has_it_and_gloo_elsewhere(monkeypatch):
+    import torch.distributed as dist
+
+    from onetrainer.training.distributed import collective_backend
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert (collective_backend(True), collective_backend(False)) == ("nccl", "gloo")
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)  # torch's Windows builds
+    assert collective_backend(True) == "gloo"
