@@ -328,3 +328,14 @@ def test_cascade_fine_tune_resumes_from_its_backup_as_the_uninterrupted_run(tmp_
     assert sorted(got) == sorted(expected)
     for step, value in expected.items():
         assert got[step] == pytest.approx(value, rel=1e-4, abs=1e-6), step
+
+
+def test_cascade_masked_training_scales_the_masks_to_the_effnet_latents(tmp_path):
+    # The demo folder has a `-masklabel.png` for its first image: at 128 px its mask becomes the 3×3 latents' mask.
+    settings = {"epochs": 1, "text_encoder": {"train": False}}
+    _, plain = train(tmp_path / "plain", "cascade", "LORA", cli=False, **settings)
+    _, masked = train(tmp_path / "masked", "cascade", "LORA", cli=False, masked_training=True, unmasked_weight=0.0,
+                      **settings)  # fmt: skip
+    plain_losses, masked_losses = [m.loss for m in plain], [m.loss for m in masked]
+    assert len(masked_losses) == len(plain_losses) == 2 and all(torch.isfinite(torch.tensor(masked_losses)))
+    assert masked_losses != pytest.approx(plain_losses)  # the masked image's loss counts only inside its mask
