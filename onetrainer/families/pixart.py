@@ -41,11 +41,11 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd_common import discrete_schedule, plain_state
+from onetrainer.families.sd_common import discrete_schedule, plain_state, save_pipeline_folder
 from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import Prediction
 from onetrainer.training.variance_loss import split_learned_variance, variational_bound
-from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.util.fs import atomic_file
 from onetrainer.weights import pixart_keys, pixart_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
@@ -251,13 +251,8 @@ class PixArtFamily(Family):
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
         from diffusers import DPMSolverMultistepScheduler
 
-        from onetrainer.families.sd import _cast_saved_weights
-
-        pipe = self.pipeline(model, DPMSolverMultistepScheduler.from_config(model.schedule.scheduler_config))
-        with atomic_directory(destination) as tmp:
-            pipe.save_pretrained(str(tmp), safe_serialization=True)
-            if dtype != torch.float32:
-                _cast_saved_weights(tmp, dtype)
+        scheduler = DPMSolverMultistepScheduler.from_config(model.schedule.scheduler_config)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
 
     def save_original_transformer(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None

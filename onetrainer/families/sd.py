@@ -43,13 +43,14 @@ from onetrainer.families.sd_common import (
     inpainting_inputs,
     merges_of,
     plain_state,
+    save_pipeline_folder,
     schedule_markers,
     single_file_tokenizer,
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelNotFound, ModelSource, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import Prediction
-from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.util.fs import atomic_file
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
@@ -264,11 +265,7 @@ class StableDiffusionFamily(Family):
         import diffusers
 
         scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.schedule.scheduler_config)
-        pipe = self.pipeline(model, scheduler)
-        with atomic_directory(destination) as tmp:
-            pipe.save_pretrained(str(tmp), safe_serialization=True)
-            if dtype != torch.float32:
-                _cast_saved_weights(tmp, dtype)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """A diffusers folder: the backup can also be used as a base model."""
@@ -384,11 +381,3 @@ def _reference_configs(model_type: ModelType) -> dict:
     }
     text = reference.OPEN_CLIP_H_TEXT if is_sd2(model_type) else reference.CLIP_L_TEXT
     return {"unet": unets[model_type], "vae": reference.SD_VAE, "text_encoder": text}
-
-
-def _cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:
-    from safetensors.torch import load_file, save_file
-
-    for file in folder.rglob("*.safetensors"):
-        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
-        save_file(tensors, str(file), metadata={"format": "pt"})

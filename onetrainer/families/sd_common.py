@@ -140,3 +140,18 @@ def schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
     if getattr(model.schedule, "zero_terminal_snr", False):
         markers["ztsnr"] = torch.tensor([])
     return markers
+
+
+def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
+    """A diffusers pipeline written atomically as a folder, its weights in `dtype`. The weights are cast in the written
+    files, not in the live modules: casting a training model down and back would round its weights."""
+    from safetensors.torch import load_file, save_file
+
+    from onetrainer.util.fs import atomic_directory
+
+    with atomic_directory(destination) as tmp:
+        pipe.save_pretrained(str(tmp), safe_serialization=True)
+        if dtype != torch.float32:
+            for file in tmp.rglob("*.safetensors"):
+                tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
+                save_file(tensors, str(file), metadata={"format": "pt"})

@@ -37,10 +37,10 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd_common import plain_state
+from onetrainer.families.sd_common import plain_state, save_pipeline_folder
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
-from onetrainer.util.fs import atomic_directory, atomic_file
+from onetrainer.util.fs import atomic_file
 from onetrainer.util.hub import EFFNET_FILES, PART_FILES
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
@@ -305,21 +305,25 @@ class WuerstchenFamily(Family):
             save_file(state, str(tmp), metadata=metadata)
 
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        """The prior pipeline folder (prior, text encoder, tokenizer, scheduler), each part saved on its own."""
+        """The prior pipeline folder (prior, text encoder, tokenizer, scheduler) that diffusers writes."""
+        save_pipeline_folder(self._prior_pipeline(model), destination, dtype)
+
+    def _prior_pipeline(self, model: LoadedModel):
         from diffusers import DDPMWuerstchenScheduler
 
-        with atomic_directory(destination) as tmp:
-            for part in ("prior", "text_encoder"):
-                module = model.part(part)
-                original = first_weight(module).dtype
-                module.to(dtype)
-                try:
-                    module.save_pretrained(str(tmp / part), safe_serialization=True)
-                finally:
-                    module.to(original)
-            model.text_encoders[0].tokenizer.save_pretrained(str(tmp / "tokenizer"))
-            DDPMWuerstchenScheduler().save_pretrained(str(tmp / "scheduler"))
-            _write_model_index(tmp, is_cascade(model.model_type))
+        parts = {
+            "prior": model.part("prior"),
+            "text_encoder": model.part("text_encoder"),
+            "tokenizer": model.text_encoders[0].tokenizer,
+            "scheduler": DDPMWuerstchenScheduler(),
+        }
+        if is_cascade(model.model_type):
+            from diffusers import StableCascadePriorPipeline
+
+            return StableCascadePriorPipeline(**parts, image_encoder=None, feature_extractor=None)
+        from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPriorPipeline
+
+        return WuerstchenPriorPipeline(**parts)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         self.save_diffusers(model, folder, torch.float32)
@@ -506,32 +510,3 @@ def _fits(state: dict[str, torch.Tensor], config: dict) -> bool:
     with torch.device("meta"):
         expected = {k: v.shape for k, v in StableCascadeUNet.from_config(dict(config)).state_dict().items()}
     return expected.keys() == state.keys() and all(state[k].shape == shape for k, shape in expected.items())
-
-
-def _write_model_index(folder: Path, cascade: bool) -> None:
-    import json
-
-    import diffusers
-
-    if cascade:
-        index = {
-            "_class_name": "StableCascadePriorPipeline",
-            "prior": ["diffusers", "StableCascadeUNet"],
-            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
-            "image_encoder": [None, None],
-            "feature_extractor": [None, None],
-        }
-    else:
-        index = {
-            "_class_name": "WuerstchenPriorPipeline",
-            "prior": ["diffusers", "WuerstchenPrior"],
-            "text_encoder": ["transformers", "CLIPTextModel"],
-        }
-    index.update(
-        {
-            "_diffusers_version": diffusers.__version__,
-            "tokenizer": ["transformers", "CLIPTokenizer"],
-            "scheduler": ["diffusers", "DDPMWuerstchenScheduler"],
-        }
-    )
-    (folder / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")

@@ -208,3 +208,17 @@ def test_the_prior_part_may_come_from_its_own_folder_but_a_single_file_only_for_
     save_file({"x": torch.zeros(1)}, str(single))
     with pytest.raises(ModelLoadError, match=r"prior\.model_name: .* single file"):
         family.load(config_from_dict({**base, "prior": {"model_name": str(single)}})[0])
+
+
+def test_a_bfloat16_save_leaves_the_training_weights_as_they_are(loaded, tmp_path):
+    from onetrainer.config.enums import ModelFormat
+
+    family, model = loaded
+    before = {k: v.clone() for k, v in model.part("prior").state_dict().items()}
+    family.save(model, ModelFormat.DIFFUSERS, tmp_path / "prior", torch.bfloat16)
+    after = model.part("prior").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # not rounded to bfloat16 and back
+    from safetensors.torch import load_file
+
+    saved = load_file(str(next((tmp_path / "prior" / "prior").glob("*.safetensors"))))
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}
