@@ -18,7 +18,7 @@ from onetrainer.config.validation import (
     placeholder_message,
     validate,
 )
-from onetrainer.util.hub import PART_FILES
+from onetrainer.util.hub import PART_FILES, FileSets
 
 TINY_PREFIX = "tiny:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -35,7 +35,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     info = MODEL_TYPES.get(config.model_type)
     problems += check_model_source(
         config.base_model_name, config.offline_mode, "base_model_name", config.huggingface_cache_dir,
-        info.family.hub_files if info else (),
+        info.family.hub_file_sets if info else (),
     )  # fmt: skip
     try:
         packed, found = pack(config)
@@ -56,7 +56,6 @@ def _check_float16(config: TrainConfig) -> list[Problem]:
     """FLOAT_16 weights for a part that overflows in them (Stable Cascade's prior gives NaN). A FLOAT_16 training
     dtype is fine: such a part computes in `fallback_train_dtype` (BFLOAT_16 or FLOAT_32), never under fp16 autocast."""
     from onetrainer.config.enums import DataType
-    from onetrainer.config.model_types import MODEL_TYPES
 
     info = MODEL_TYPES.get(config.model_type)
     return [
@@ -189,7 +188,7 @@ def _is_hub_id(name: str) -> bool:
 
 
 def check_model_source(
-    name: str, offline: bool, path: str, cache_dir: str = "", files: tuple[str, ...] = ()
+    name: str, offline: bool, path: str, cache_dir: str = "", file_sets: FileSets = ()
 ) -> list[Problem]:
     """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id that is in the
     local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`)."""
@@ -209,7 +208,7 @@ def check_model_source(
         from onetrainer.util.hub import hub_access
 
         what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
-        problem = hub_access(name, cache_dir or None, offline, what, files).problem
+        problem = hub_access(name, cache_dir or None, offline, what, file_sets).problem
         return [Problem(path, problem)] if problem else []
     return [Problem(path, f"model not found: {name} (a file, a folder or a Hugging Face repo id such as 'org/name')")]
 

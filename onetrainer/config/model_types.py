@@ -61,14 +61,16 @@ class FamilyInfo:
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # Parts that overflow in float16 (NaN losses): FLOAT_16 weights or training dtype are refused before training.
+    # Parts that overflow in float16 (NaN losses): FLOAT_16 weights are refused before training, and under a FLOAT_16
+    # training dtype they compute in the fallback dtype.
     float16_unsafe_parts: tuple[str, ...] = ()
     # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
     hub_parts: tuple[str, ...] = ()
 
     @property
-    def hub_files(self) -> tuple[str, ...]:
-        return tuple(f"{part}/config.json" for part in self.hub_parts)
+    def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:
+        """What shows the base model in the hub cache beside a model_index.json (`util/hub.is_cached`)."""
+        return (tuple(f"{part}/config.json" for part in self.hub_parts),) if self.hub_parts else ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from onetrainer.util.dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+    from onetrainer.util.hub import FileSets
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ class ModelLoadError(Exception):
     """A model that cannot be loaded, with a message that says why and what to do."""
 
 
-def hub_options(source, config: TrainConfig, what: str = "the base model", files: tuple[str, ...] = ()) -> dict:
+def hub_options(source, config: TrainConfig, what: str = "the base model", file_sets: FileSets = ()) -> dict:
     """from_pretrained options for a model source: local folders never reach the hub; a hub id is loaded from the cache
     alone when offline or when the hub cannot be reached, and refused at once when it is in neither (`util/hub.py`)."""
     if source.kind != "hub":
@@ -27,20 +28,13 @@ def hub_options(source, config: TrainConfig, what: str = "the base model", files
     from onetrainer.util.hub import hub_access
 
     cache_dir = config.huggingface_cache_dir or None
-    access = hub_access(source.location, cache_dir, config.offline_mode, what, files or _base_files(config))
+    access = hub_access(source.location, cache_dir, config.offline_mode, what, file_sets)
     if access.problem:
         raise ModelLoadError(access.problem)
     options = {"local_files_only": access.local_files_only}
     if cache_dir:
         options["cache_dir"] = cache_dir
     return options
-
-
-def _base_files(config: TrainConfig) -> tuple[str, ...]:
-    from onetrainer.config.model_types import MODEL_TYPES
-
-    info = MODEL_TYPES.get(config.model_type)
-    return info.family.hub_files if info else ()
 
 
 def load_diffusers_component(cls, where: str, subfolder: str, options: dict, config_only: bool = False):

@@ -86,7 +86,7 @@ class PixArtFamily(Family):
             from onetrainer.families.sd import _backup_model_dir
 
             source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
-        options = hub_options(source, config)
+        options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
         transformer, extra = self._load_transformer(config, where, options)
         parts = {

@@ -95,7 +95,7 @@ class WuerstchenFamily(Family):
             raise ModelLoadError(
                 f"{config.base_model_name}: load {self.info.label} from a diffusers prior folder or hub id"
             )
-        options = hub_options(source, config)
+        options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
         parts = {"prior": self._load_prior(config, where, options, cascade)}
         text_cls = _text_encoder_class(cascade)
@@ -426,11 +426,6 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
         raise ModelLoadError(f"effnet_encoder.model_name: {error}") from error
 
 
-# The file an EfficientNet encoder repository holds: warp-ai/EfficientNetEncoder's diffusers-style weights, or
-# Stability's effnet_encoder.safetensors beside the decoder in stabilityai/stable-cascade.
-EFFNET_HUB_FILES = EFFNET_FILES
-
-
 def _hub_effnet_file(source, config: TrainConfig) -> Path:
     """The encoder's file from the hub cache, else downloaded (the repository's other files are not needed)."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -440,7 +435,7 @@ def _hub_effnet_file(source, config: TrainConfig) -> Path:
 
     repo, cache_dir = source.location, config.huggingface_cache_dir or None
     folder = str(cache_folder(cache_dir))
-    for filename in EFFNET_HUB_FILES:
+    for filename in EFFNET_FILES:
         cached = try_to_load_from_cache(repo, filename, cache_dir=folder)
         if isinstance(cached, str):
             return Path(cached)
@@ -451,7 +446,7 @@ def _hub_effnet_file(source, config: TrainConfig) -> Path:
         reason = answer.reason if not answer.ok else ""
     if reason:
         raise ModelLoadError(unavailable_message(repo, cache_dir, reason, what))
-    for filename in EFFNET_HUB_FILES:
+    for filename in EFFNET_FILES:
         try:
             return Path(hf_hub_download(repo, filename, cache_dir=folder))
         except EntryNotFoundError:
@@ -459,7 +454,7 @@ def _hub_effnet_file(source, config: TrainConfig) -> Path:
         except (OSError, HfHubHTTPError) as error:
             raise ModelLoadError(unavailable_message(repo, cache_dir, str(error), what)) from error
     raise ModelLoadError(
-        f"effnet_encoder.model_name: {repo} holds none of {', '.join(EFFNET_HUB_FILES)}: name the EfficientNet "
+        f"effnet_encoder.model_name: {repo} holds none of {', '.join(EFFNET_FILES)}: name the EfficientNet "
         "encoder's repository or a local .safetensors file"
     )
 

@@ -35,24 +35,32 @@ def cache_folder(cache_dir: str | None = None) -> Path:
     return Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
 
 
-# The files that show a model is in the cache when only some of its repository was downloaded: a family that loads
-# a pipeline part by part (PixArt, Würstchen, Cascade) never fetches its model_index.json; the decoder and prior of
-# Würstchen / Cascade are subfolders of a pipeline repository; the EfficientNet encoder is one file of one.
+# Sets of files that show a model is in the cache when only some of its repository was downloaded (any one set,
+# complete, will do): a family that loads a pipeline part by part (PixArt, Würstchen, Cascade) never fetches its
+# model_index.json; the decoder and prior of Würstchen / Cascade are subfolders of a pipeline repository; the
+# EfficientNet encoder is one file of one (warp-ai/EfficientNetEncoder's diffusion_pytorch_model.safetensors, or
+# effnet_encoder.safetensors beside Stable Cascade's decoder).
+FileSets = tuple[tuple[str, ...], ...]
 EFFNET_FILES = ("diffusion_pytorch_model.safetensors", "effnet_encoder.safetensors")
-PART_FILES = {"decoder": ("decoder/config.json",), "prior": ("prior/config.json",), "effnet_encoder": EFFNET_FILES}
+PART_FILES: dict[str, FileSets] = {
+    "decoder": (("decoder/config.json",),),
+    "prior": (("prior/config.json",),),
+    "effnet_encoder": tuple((name,) for name in EFFNET_FILES),
+}
 
 
-def is_cached(repo_id: str, cache_dir: str | None = None, files: tuple[str, ...] = ()) -> bool:
+def is_cached(repo_id: str, cache_dir: str | None = None, file_sets: FileSets = ()) -> bool:
     """Whether the repo's files are in the local cache: a diffusers model's index and each of its components' folders,
-    another model's config.json, or every one of `files` (what a part-wise load reads; for the EfficientNet encoder,
-    any one of `EFFNET_FILES`)."""
+    another model's config.json, or every file of one of `file_sets` (what a part-wise load reads)."""
     from huggingface_hub import try_to_load_from_cache
 
     folder = str(cache_folder(cache_dir))
-    if files:
-        found = [isinstance(try_to_load_from_cache(repo_id, f, cache_dir=folder), str) for f in files]
-        if (any if files == EFFNET_FILES else all)(found):
-            return True
+
+    def cached(name: str) -> bool:
+        return isinstance(try_to_load_from_cache(repo_id, name, cache_dir=folder), str)
+
+    if any(all(cached(name) for name in names) for names in file_sets):
+        return True
     index = try_to_load_from_cache(repo_id, "model_index.json", cache_dir=folder)
     if isinstance(index, str):
         snapshot = Path(index).parent
@@ -132,14 +140,14 @@ def unavailable_message(repo_id: str, cache_dir: str | None, reason: str, what: 
 
 
 def hub_access(
-    repo_id: str, cache_dir: str | None, offline_setting: bool, what: str = "", files: tuple[str, ...] = ()
+    repo_id: str, cache_dir: str | None, offline_setting: bool, what: str = "", file_sets: FileSets = ()
 ) -> HubAccess:
     """Decide, within seconds, how a hub model can be loaded.
 
     Cached and offline (or the hub unreachable): from the cache only, so no download is attempted and retried.
     Not cached and offline or unreachable: a problem naming the model, the cache folder and what to do.
     """
-    cached = is_cached(repo_id, cache_dir, files)
+    cached = is_cached(repo_id, cache_dir, file_sets)
     reason = offline_reason(offline_setting)
     if not reason:
         answer = probe(repo_id)
