@@ -70,17 +70,24 @@ def device_indexes(config: TrainConfig) -> list[int]:
         raise ValueError(f"device_indexes: {text!r} is not a comma-separated list of GPU numbers") from None
 
 
+def scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
+    """LR and loss scalers: BATCH scales by the global batch size (per GPU × processes), GRADIENT_ACCUMULATION by
+    the accumulation steps."""
+    factor = 1.0
+    if kind in ("BATCH", "BOTH"):
+        factor *= config.batch_size * world_size
+    if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
+        factor *= config.gradient_accumulation_steps
+    return factor
+
+
 def preflight_text(config: TrainConfig) -> str:
     """The batch per GPU, the global batch and what the LR scaler multiplies by."""
     world = planned_world_size(config)
     b = config.batch_size
     scaler = config.learning_rate_scaler.value
-    factor = 1
-    if scaler in ("BATCH", "BOTH"):
-        factor *= b * world
-    if scaler in ("GRADIENT_ACCUMULATION", "BOTH"):
-        factor *= config.gradient_accumulation_steps
-    lr = f"learning rate × √{factor} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
+    factor = scaler_factor(scaler, config, world)
+    lr = f"learning rate × √{factor:g} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
     processes = f"{world} processes" if world > 1 else "1 process"
     return f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
 

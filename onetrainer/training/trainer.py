@@ -41,7 +41,14 @@ from onetrainer.training.checkpoint import (
 )
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, select_device
-from onetrainer.training.distributed import SINGLE, Distributed, GlobalDraws, StoppedByRank, SyncedControl
+from onetrainer.training.distributed import (
+    SINGLE,
+    Distributed,
+    GlobalDraws,
+    StoppedByRank,
+    SyncedControl,
+    scaler_factor,
+)
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
     Broadcast,
@@ -168,7 +175,7 @@ class Trainer:
         steps_per_epoch = self.data.steps_in_epoch(self.progress.epoch)
         self.method.enable_gradient_checkpointing()
         self.param_groups = self.method.param_groups()
-        lr_scale = math.sqrt(_scaler_factor(config.learning_rate_scaler.value, config, self.world_size))
+        lr_scale = math.sqrt(scaler_factor(config.learning_rate_scaler.value, config, self.world_size))
         for group in self.param_groups:
             group["lr"] *= lr_scale
         warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
@@ -376,7 +383,7 @@ class Trainer:
             config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
         )
         sample_weights = batch.loss_weights.to(self.device)
-        scale = _scaler_factor(config.loss_scaler.value, config, self.world_size)
+        scale = scaler_factor(config.loss_scaler.value, config, self.world_size)
         loss = (per_sample * sample_weights).mean()
         for name, term in predicted.losses.items():
             # The family's own terms (already at their strength), with the same per-concept weights and scaler.
@@ -774,14 +781,3 @@ class Trainer:
 
     def warn(self, text: str) -> None:
         self.events.emit(Warning_(text))
-
-
-def _scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
-    """LR and loss scalers: BATCH scales by the global batch size (per GPU × processes), GRADIENT_ACCUMULATION by
-    the accumulation steps."""
-    factor = 1.0
-    if kind in ("BATCH", "BOTH"):
-        factor *= config.batch_size * world_size
-    if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
-        factor *= config.gradient_accumulation_steps
-    return factor
