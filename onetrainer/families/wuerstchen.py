@@ -89,8 +89,9 @@ class WuerstchenFamily(Family):
         cascade = is_cascade(config.model_type)
         source = resolve_source(config.base_model_name)
         if source.kind == "backup":
-            where = str(Path(source.location) / "model")
-            source = resolve_source(where)
+            from onetrainer.families.sd import _backup_model_dir
+
+            source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
         if source.kind not in ("diffusers", "hub"):
             raise ModelLoadError(
                 f"{config.base_model_name}: load {self.info.label} from a diffusers prior folder or hub id"
