@@ -74,6 +74,14 @@ def _without_superseded(problems: list[Problem]) -> list[Problem]:
     return [p for p in problems if p.is_error or (p.path, p.message) not in errors]
 
 
+def device_index_list(text: str) -> list[int]:
+    """`device_indexes` ("0,1,3") as GPU numbers, [] when empty; a ValueError saying why for anything else."""
+    parts = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not all(part.isdigit() for part in parts):
+        raise ValueError(f"{text.strip()!r} is not a comma-separated list of GPU numbers, e.g. '0,1'")
+    return [int(part) for part in parts]
+
+
 def check_devices(config: TrainConfig) -> list[Problem]:
     """`multi_gpu` needs two devices or more: `device_indexes` lists them (CPU processes on a machine without CUDA),
     or, empty, every visible GPU. Under torchrun the processes are torchrun's and `multi_gpu` plays no part."""
@@ -82,10 +90,10 @@ def check_devices(config: TrainConfig) -> list[Problem]:
     if not config.multi_gpu or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return []
     text = (config.device_indexes or "").strip()
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not all(part.isdigit() for part in parts):
-        return [Problem("device_indexes", f"{text!r} is not a comma-separated list of GPU numbers, e.g. '0,1'")]
-    indexes = [int(part) for part in parts]
+    try:
+        indexes = device_index_list(text)
+    except ValueError as error:
+        return [Problem("device_indexes", str(error))]
     if len(set(indexes)) != len(indexes):
         return [Problem("device_indexes", f"{text!r} names a GPU twice; each GPU trains in one process")]
     cuda = 0

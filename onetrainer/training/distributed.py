@@ -61,13 +61,12 @@ def planned_world_size(config: TrainConfig) -> int:
 
 def device_indexes(config: TrainConfig) -> list[int]:
     """`device_indexes` ("0,1,3"): which GPU each local rank takes; empty means 0, 1, 2, …"""
-    text = (config.device_indexes or "").strip()
-    if not text:
-        return []
+    from onetrainer.config.checks import device_index_list
+
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"device_indexes: {text!r} is not a comma-separated list of GPU numbers") from None
+        return device_index_list(config.device_indexes)
+    except ValueError as error:
+        raise ValueError(f"device_indexes: {error}") from None
 
 
 def scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
