@@ -12,7 +12,6 @@ code, not of a bigger thread pool).
 from __future__ import annotations
 
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,24 +52,6 @@ class DdpResult:
         }
 
 
-class _StepClock:
-    """The time of every finished step on rank 0; asks for a stop once `last` steps are done."""
-
-    def __init__(self, control, last: int) -> None:
-        self.control, self.last, self.times = control, last, []
-
-    def emit(self, event) -> None:
-        from onetrainer.training.events import Metrics
-
-        if isinstance(event, Metrics):
-            self.times.append(time.perf_counter())
-            if len(self.times) == self.last:
-                self.control.request_stop()
-
-    def close(self) -> None:
-        pass
-
-
 def _write_images(folder: Path, count: int) -> Path:
     """`count` captioned images of one size (one bucket: every step is a full batch)."""
     import numpy as np
@@ -88,7 +69,7 @@ def _write_images(folder: Path, count: int) -> Path:
 def time_processes(
     processes: int, root: Path, device: torch.device, batch_size: int, steps: int, warmup: int
 ) -> tuple[DdpRun, str]:
-    from onetrainer.benchmark.overhead import demo_config
+    from onetrainer.benchmark.overhead import _StepClock, demo_config
     from onetrainer.training.control import TrainingControl
     from onetrainer.training.devices import torch_threads, training_threads
     from onetrainer.training.events import Failed

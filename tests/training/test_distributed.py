@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,12 @@ from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import torch_threads, training_threads
 from onetrainer.training.events import Finished
+from onetrainer.training.launcher import free_port
 from onetrainer.training.runner import run_training
 from tests.helpers import image_folder, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("ddp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(root: Path, variant: str = "sd15", **overrides) -> dict:
@@ -50,7 +44,7 @@ def _torchrun(root: Path, config: dict, env: dict | None = None, timeout: float 
         "--master_addr",
         "127.0.0.1",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         str(WORKER),
         "--config-path",
         str(path),
