@@ -169,14 +169,26 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
                 parse_resolution(concept.image.resolution_override)
             except ValueError as e:
                 problems.append(Problem(f"concepts.{i}.image.resolution_override", str(e)))
-    step = 8
-    for i, sample in enumerate(config.samples or []):
-        for side in ("width", "height"):
-            if getattr(sample, side) % step:
-                problems.append(Problem(f"samples.{i}.{side}", f"must be a multiple of {step}"))
+    problems += _sample_size_rules(config)
     if config.learning_rate == 0:
         # Allowed (a part may set its own rate), but mostly a field typed over and left at 0.
         problems.append(Problem("learning_rate", "is 0: what uses it learns nothing", Severity.WARNING))
+    return problems
+
+
+def _sample_size_rules(config: TrainConfig) -> list[Problem]:
+    """Each sample side must be one the model renders (a multiple of its family's size step: Stable Cascade's stages
+    need 128 px); a side that is not is refused here, before loading, rather than failing at the first sample."""
+    family = model_type_info(config.model_type).family
+    step = family.bucket_step
+    problems = []
+    for i, sample in enumerate(config.samples or []):
+        for side in ("width", "height"):
+            pixels = getattr(sample, side)
+            if pixels % step:
+                lower = max(step, pixels // step * step)
+                message = f"must be a multiple of {step} for {family.label} (try {lower} or {lower + step})"
+                problems.append(Problem(f"samples.{i}.{side}", message))
     return problems
 
 

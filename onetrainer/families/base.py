@@ -23,6 +23,7 @@ from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
+from onetrainer.util.part_dtypes import compute_weight
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -149,6 +150,8 @@ class Family(ABC):
     caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
     part_roles: ClassVar[dict[str, PartRole]]  # every part of `info.parts`
     sampling_parts: ClassVar[frozenset[str]]  # the parts `sample` runs
+    # What a sample that decodes to black or NaN usually needs, in the family's own field names.
+    broken_sample_advice: ClassVar[str] = "set the VAE's weight data type (vae.weight_dtype) to FLOAT_32 or BFLOAT_16"
     # Text-encoder modules that get a LoRA: every linear layer inside a transformer block (CLIP's
     # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
     text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
@@ -290,10 +293,7 @@ class Family(ABC):
 
 
 def first_weight(module: torch.nn.Module) -> torch.Tensor:
-    """The module's first parameter, whose dtype and device are the module's own (a base weight: adapters come after
-    it). diffusers' `.dtype` / `.device` walk every submodule, which costs milliseconds per call on a UNet."""
-    # Weights stored as float8 (FLOAT_8 parts) compute in another dtype: the first weight that is not float8 tells it.
-    return next((p for p in module.parameters() if p.dtype not in _FLOAT8), next(module.parameters()))
-
-
-_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    """The module's first weight in its compute dtype, whose dtype and device are the module's own (a base weight:
+    adapters come after it). diffusers' `.dtype` / `.device` walk every submodule, which costs milliseconds per call on
+    a UNet."""
+    return compute_weight(module)

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onetrainer.util.part_dtypes import compute_weight
+
 LATENT_CHANNELS = 16
 # The encoder sees the image at 3/4 of its size, and the backbone downsamples by 32.
 IMAGE_SCALE = 0.75
@@ -193,7 +195,9 @@ def from_wuerstchen_latents(latents: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def encode(encoder: EfficientNetEncoder, images: torch.Tensor, wuerstchen: bool) -> torch.Tensor:
     """RGB in [0, 1] → the prior's training latents (Würstchen's shifted and scaled, Cascade's as they are)."""
-    latents = encoder(preprocess(images))
+    # The antialiased resize runs in float32: a half-precision encoder's dtype has no such kernel on a CPU, and the
+    # encoder's input is then cast to the dtype it computes in.
+    latents = encoder(preprocess(images.float()).to(compute_weight(encoder).dtype))
     return to_wuerstchen_latents(latents) if wuerstchen else latents
 
 

@@ -82,6 +82,10 @@ class WuerstchenFamily(Family):
         "effnet_encoder": PartRole.IMAGE_ENCODER,
     }
     sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan"))
+    broken_sample_advice = (
+        "set the decoder's and its VQGAN's weight data types (decoder.weight_dtype, decoder_vqgan.weight_dtype) to "
+        "FLOAT_32 or BFLOAT_16"
+    )
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class WuerstchenFamily(Family):
         images = ((pixels.float() + 1) / 2).clamp(0, 1).to(weight.device)
         # Outside any fp16 autocast: the effnet's batch norms overflow in half precision.
         with torch.autocast(weight.device.type, enabled=False):
-            latents = effnet.encode(encoder, images.to(weight.dtype), not is_cascade(model.model_type))
+            latents = effnet.encode(encoder, images, not is_cascade(model.model_type))
         return latents.float()
 
     # -- a training step ------------------------------------------------------------------------------------------

@@ -10,20 +10,24 @@ import numpy as np
 import torch
 from PIL import Image
 
+from onetrainer.util.part_dtypes import parts_meet_safely
+
 log = logging.getLogger(__name__)
 NOT_FINITE = "onetrainer.not_finite"  # Image.info key: the decoded sample held NaN or infinite values
 
 
 def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=None):
     """One image for a sample definition, rendered by the family (`family.sample`) with every part in eval mode; the
-    model's modules are used as they are (adapters included). `zero_terminal_snr`: None = the model's schedule's."""
+    model's modules are used as they are (adapters included), each computing in its own dtype (a half-precision
+    denoiser hands its latents to a float32 VAE).
+    `zero_terminal_snr`: None = the model's schedule's."""
     if zero_terminal_snr is None:
         zero_terminal_snr = model.schedule.zero_terminal_snr
     training = {name: module.training for name, module in model.parts.items()}
     for module in model.parts.values():
         module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), parts_meet_safely(model.parts.values()):
             return family.sample(model, sample, apply_embeddings, zero_terminal_snr)
     finally:
         for name, module in model.parts.items():
@@ -53,6 +57,12 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
     negative = apply_embeddings(sample.negative_prompt) or None
     arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
     return to_image(pipe(**arguments).images[0])
+
+
+def failure_reason(error: Exception) -> str:
+    """Why a sample failed, in one line (the error's type and the first line of its message)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def to_image(array: np.ndarray) -> Image.Image:

@@ -46,6 +46,12 @@ def select_device(name: str, warn: Callable[[str], None]) -> torch.device:
     return device
 
 
+def release_cached_memory(device: torch.device) -> None:
+    """Give the memory a failed step or sample left in torch's CUDA cache back, so the run goes on with room."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def autocast(device: torch.device, train_dtype: DataType):
     """Mixed precision for the forward pass; FLOAT_32 (and TFLOAT_32) run without autocast."""
     if train_dtype in (DataType.FLOAT_32, DataType.TFLOAT_32):

@@ -8,6 +8,7 @@ resumed from a backup continues exactly as the uninterrupted run would have.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from onetrainer.families import load_family_class
 from onetrainer.families.base import BatchInputs, CaptionDropout, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
-from onetrainer.sampling.sampler import looks_broken, render, save_image
+from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
 from onetrainer.training import diffusion
 from onetrainer.training.checkpoint import (
     BackupDamaged,
@@ -40,7 +41,7 @@ from onetrainer.training.checkpoint import (
     write_backup,
 )
 from onetrainer.training.control import TrainingControl
-from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, select_device
+from onetrainer.training.devices import autocast, fallback_dtype, grad_scaler, release_cached_memory, select_device
 from onetrainer.training.distributed import (
     SINGLE,
     Distributed,
@@ -70,9 +71,12 @@ from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
+from onetrainer.util.part_dtypes import parts_meet_safely
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -120,7 +124,8 @@ class Trainer:
     def run(self) -> Finished:
         """The whole run; a stop before the first step ends it without writing anything."""
         try:
-            return self._run()
+            with contextlib.ExitStack() as self._loaded:  # what the loaded model needs undone at the end
+                return self._run()
         except (_StoppedEarly, StoppedByRank):
             if self.dist is not None:
                 self.dist.leave()
@@ -147,6 +152,8 @@ class Trainer:
         self.status("loading the model")
         self.family = load_family_class(config.model_type)()
         self.model = self.family.load(config)
+        # Parts in different dtypes (a bf16 denoiser, a float32 VAE) meet in caching, the loss, validation and samples.
+        self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
         family = self.family
         self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
         self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
@@ -450,22 +457,26 @@ class Trainer:
         for index, sample in enumerate(self.config.samples or []):
             if not sample.enabled:
                 continue
-            image = render(
-                self.family,
-                self.model,
-                sample,
-                self.method.embeddings.apply,
-                self.device,
-                self.config.rescale_noise_scheduler_to_zero_terminal_snr,
-            )
             folder = self.workspace.dir("samples") / f"{index} - {safe_name(sample.prompt)}{suffix}"
             name = f"{self.workspace.run_name}-training-sample-{p.global_step}-{p.epoch}-{p.epoch_step}{ext}"
-            path = save_image(image, folder / name, self.config.sample_image_format.value)
+            try:
+                image = render(
+                    self.family,
+                    self.model,
+                    sample,
+                    self.method.embeddings.apply,
+                    self.device,
+                    self.config.rescale_noise_scheduler_to_zero_terminal_snr,
+                )
+                path = save_image(image, folder / name, self.config.sample_image_format.value)
+            except Exception as e:  # a preview is never worth the run
+                log.exception("sample %d failed", index)  # the traceback goes to the run's log file
+                self.warn(f"sample {index} ('{sample.prompt + suffix}') failed: {failure_reason(e)}; training goes on")
+                release_cached_memory(self.device)
+                continue
             broken = looks_broken(image)
             if broken:
-                self.warn(
-                    f"{broken} ({path}): the usual fix is to set the VAE's weight data type to FLOAT_32 or BFLOAT_16"
-                )
+                self.warn(f"{broken} ({path}): the usual fix is to {self.family.broken_sample_advice}")
             self.events.emit(SampleReady(p.global_step, index, sample.prompt + suffix, str(path)))
 
     @contextlib.contextmanager

@@ -52,6 +52,8 @@ def test_unknown_key_is_a_warning_naming_it():
         ({"resolution": "512x"}, "resolution", "WIDTHxHEIGHT"),
         ({"training_method": "LORA"}, "output_model_format", "KOHYA_LORA"),
         ({"samples": [{"width": 100}]}, "samples.0.width", "multiple of 8"),
+        ({"model_type": "STABLE_CASCADE_1", "samples": [{"width": 64}]}, "samples.0.width", "multiple of 128 for"),
+        ({"model_type": "STABLE_CASCADE_1", "samples": [{"height": 300}]}, "samples.0.height", "(try 256 or 384)"),
     ],
 )
 def test_invalid_values_are_errors_naming_the_field(data, path, fragment):

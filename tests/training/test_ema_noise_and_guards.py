@@ -201,6 +201,45 @@ def test_black_samples_are_reported_with_the_fix(tmp_path, monkeypatch):
     assert "FLOAT_32 or BFLOAT_16" in warning and "VAE" in warning
 
 
+def test_a_failed_sample_is_reported_and_training_goes_on(tmp_path, monkeypatch):
+    image_folder(tmp_path)
+    rendered = []
+
+    def render(family, model, sample, *args):
+        if sample.prompt == "broken":
+            raise RuntimeError("Input type (c10::Half) and bias type (float) should be the same\nmore detail")
+        rendered.append(sample.prompt)
+        return Image.new("RGB", (64, 64), (200, 10, 10))
+
+    monkeypatch.setattr("onetrainer.training.trainer.render", render)
+    samples = [{"prompt": p, "width": 64, "height": 64} for p in ("broken", "fine")]
+    config = tiny_config(tmp_path, epochs=2, sample_after=1, sample_after_unit="EPOCH", samples=samples)
+    outcome, sink = run(config)
+    assert isinstance(outcome, Finished) and (tmp_path / "out" / "lora.safetensors").exists()
+    failures = [w.text for w in sink.of(Warning_) if "failed" in w.text]
+    assert len(failures) == 2  # once per epoch: the run went on after the first
+    assert failures[0] == (
+        "sample 0 ('broken') failed: RuntimeError: Input type (c10::Half) and bias type (float) should be the same; "
+        "training goes on"
+    )
+    assert rendered == ["fine", "fine"] and [e.index for e in sink.of(SampleReady)] == [1, 1]
+    log = (tmp_path / "workspace" / "logs").rglob("*.log")
+    assert any("Traceback" in path.read_text(encoding="utf-8") for path in log)  # the details, for a bug report
+
+
+@pytest.mark.parametrize("key", ["sd", "sdxl", "pixart", "wuerstchen", "cascade"])
+def test_the_broken_sample_advice_names_the_familys_own_fields(key):
+    import re
+
+    from onetrainer.families import FAMILY_CLASSES, load_family_class
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    model_type = next(t for t, info in MODEL_TYPES.items() if info.family.key == key)
+    family = load_family_class(model_type)()
+    fields = re.findall(r"(\w+)\.weight_dtype", family.broken_sample_advice)
+    assert fields and set(fields) <= set(family.info.parts), (key, FAMILY_CLASSES[key], fields)
+
+
 def test_zero_terminal_snr_rescales_the_schedule_and_predicts_v(tmp_path):
     image_folder(tmp_path)
     outcome, _ = run(tiny_config(tmp_path, epochs=1, rescale_noise_scheduler_to_zero_terminal_snr=True))

@@ -1,0 +1,79 @@
+"""Every shipped preset trains as shipped: its dtypes, optimizer, method, checkpointing and output format, with a
+sample, on the tiny model of its type, through `scripts/train.py`'s main on the CPU.
+
+Only what a user must change to try a preset offline is set: the base model (the `tiny:` model of its type), the
+data, a sample, one epoch at a small resolution, and where things go. A preset whose half-precision parts cannot meet
+its float32 VAE, or whose encoder has no kernel on a CPU, fails here instead of at a user's first sample.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from onetrainer.cli.train import main
+from onetrainer.config import load_layers
+from onetrainer.config.model_types import model_type_info
+
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
+PRESETS = sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.json"))
+TINY_MODELS = {
+    "STABLE_DIFFUSION_15": "sd15",
+    "STABLE_DIFFUSION_15_INPAINTING": "sd15-inpainting",
+    "STABLE_DIFFUSION_20_INPAINTING": "sd20-inpainting",
+    "STABLE_DIFFUSION_21": "sd21",
+    "STABLE_DIFFUSION_XL_10_BASE": "sdxl",
+    "STABLE_DIFFUSION_XL_10_BASE_INPAINTING": "sdxl-inpainting",
+    "PIXART_ALPHA": "pixart",
+    "WUERSTCHEN_2": "wuerstchen",
+    "STABLE_CASCADE_1": "cascade",
+}
+
+
+def test_every_preset_is_covered():
+    assert len(PRESETS) >= 29  # the presets folder is read, not a stale list
+    for name in PRESETS:
+        config, _ = load_layers(name, None, [])
+        assert config.model_type.value in TINY_MODELS, f"{name}: no tiny model for {config.model_type.value}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
+    shipped, _ = load_layers(name, None, [])
+    info = model_type_info(shipped.model_type)
+    size = info.family.bucket_step if info.family.bucket_step > 64 else 64  # the smallest size the family renders
+    single_file = not shipped.output_model_format.is_directory
+    output = tmp_path / "out" / ("model.safetensors" if single_file else "model")
+    overrides = {
+        "base_model_name": f"tiny:{TINY_MODELS[shipped.model_type.value]}",
+        "resolution": str(size),
+        "epochs": 1,
+        "workspace_dir": str(tmp_path / "workspace"),
+        "cache_dir": str(tmp_path / "cache"),
+        "output_model_destination": str(output),
+        "tensorboard": False,  # no server process per preset
+        "concepts": [{"name": "shapes", "path": "tiny:images", "seed": 1}],
+        "samples": [{"prompt": "a red circle", "width": size, "height": size, "seed": 1, "diffusion_steps": 2}],
+        "sample_after": 1,
+        "sample_after_unit": "EPOCH",
+    }
+    # The presets name the hub's decoder and effnet; the tiny base brings its own.
+    for part in ("decoder", "effnet_encoder"):
+        if getattr(shipped, part, None) is not None and shipped.part(part).model_name:
+            overrides[f"{part}.model_name"] = ""
+    argv = ["--preset", name]
+    for key, value in overrides.items():
+        argv += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert "failed" not in err, err[-3000:]
+    assert output.exists() and (output.stat().st_size > 0 or any(output.iterdir()))
+    samples = list((tmp_path / "workspace" / "samples").rglob("*.png")) + list(
+        (tmp_path / "workspace" / "samples").rglob("*.jpg")
+    )
+    assert samples, f"{name}: no sample was written"
