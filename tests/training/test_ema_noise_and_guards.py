@@ -231,8 +231,8 @@ def test_a_failed_sample_is_reported_and_training_goes_on(tmp_path, monkeypatch)
 def test_the_broken_sample_advice_names_the_familys_own_fields(key):
     import re
 
-    from onetrainer.families import FAMILY_CLASSES, load_family_class
     from onetrainer.config.model_types import MODEL_TYPES
+    from onetrainer.families import FAMILY_CLASSES, load_family_class
 
     model_type = next(t for t, info in MODEL_TYPES.items() if info.family.key == key)
     family = load_family_class(model_type)()
