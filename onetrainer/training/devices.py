@@ -83,8 +83,11 @@ class _NoScaler:
         pass
 
 
-def grad_scaler(device: torch.device, train_dtype: DataType):
-    """FLOAT_16 training on CUDA scales the loss so small gradients do not underflow to zero."""
-    if train_dtype is DataType.FLOAT_16 and device.type == "cuda":
+def grad_scaler(device: torch.device, train_dtype: DataType, param_groups: list[dict] = ()):
+    """FLOAT_16 training on CUDA scales the loss so small gradients do not underflow to zero. Not when a trained
+    weight is bfloat16 (a fine-tuned BFLOAT_16 prior): torch's scaler cannot unscale bfloat16 gradients, and a part
+    stored in bfloat16 computes in it (`util/part_dtypes`), whose range needs no scaling."""
+    trains_bf16 = any(p.dtype == torch.bfloat16 for group in param_groups for p in group["params"])
+    if train_dtype is DataType.FLOAT_16 and device.type == "cuda" and not trains_bf16:
         return torch.amp.GradScaler("cuda")
     return _NoScaler()

@@ -190,7 +190,7 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config, total_steps, steps_per_epoch)
         self.schedule_free = optimizer_spec(config.optimizer.optimizer).schedule_free
         self.ema = self._create_ema()
-        self.grad_scaler = grad_scaler(self.device, config.train_dtype)
+        self.grad_scaler = grad_scaler(self.device, config.train_dtype, self.param_groups)
         if config.continue_last_backup:
             self._resume()
         self._stop_point()
@@ -308,12 +308,15 @@ class Trainer:
         self.family_losses = {f"loss/{k}": sum(v) / len(batches) for k, v in self._family_losses.items()}
         if self.dist is not None:
             total = self._sync_step(total)
-        self.grad_scaler.unscale_(self.optimizer)
-        if self.config.clip_grad_norm is not None:
-            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad_norm)
-        self.grad_scaler.step(self.optimizer)
-        self.grad_scaler.update()
+        if any(p.grad is not None for g in self.optimizer.param_groups for p in g["params"]):
+            self.grad_scaler.unscale_(self.optimizer)
+            if self.config.clip_grad_norm is not None:
+                params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+                torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad_norm)
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:  # no gradient this step (an embedding's placeholder in no caption): a grad scaler refuses to step
+            self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:

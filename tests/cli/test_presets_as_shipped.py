@@ -16,6 +16,7 @@ import pytest
 from onetrainer.cli.train import main
 from onetrainer.config import load_layers
 from onetrainer.config.model_types import model_type_info
+from tests.helpers import image_folder
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESETS = sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.json"))
@@ -45,6 +46,9 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
     shipped, _ = load_layers(name, None, [])
     info = model_type_info(shipped.model_type)
     size = info.family.bucket_step if info.family.bucket_step > 64 else 64  # the smallest size the family renders
+    # An embedding preset's placeholder is in every caption, so each step trains it (as a user's captions do).
+    placeholder = shipped.embedding.placeholder if shipped.training_method.value == "EMBEDDING" else None
+    folder = image_folder(tmp_path, count=4, placeholder=placeholder)
     single_file = not shipped.output_model_format.is_directory
     output = tmp_path / "out" / ("model.safetensors" if single_file else "model")
     overrides = {
@@ -55,7 +59,7 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
         "cache_dir": str(tmp_path / "cache"),
         "output_model_destination": str(output),
         "tensorboard": False,  # no server process per preset
-        "concepts": [{"name": "shapes", "path": "tiny:images", "seed": 1}],
+        "concepts": [{"name": "shapes", "path": str(folder), "seed": 1}],
         "samples": [{"prompt": "a red circle", "width": size, "height": size, "seed": 1, "diffusion_steps": 2}],
         "sample_after": 1,
         "sample_after_unit": "EPOCH",

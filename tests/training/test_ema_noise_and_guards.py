@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -225,6 +226,34 @@ def test_a_failed_sample_is_reported_and_training_goes_on(tmp_path, monkeypatch)
     assert rendered == ["fine", "fine"] and [e.index for e in sink.of(SampleReady)] == [1, 1]
     log = (tmp_path / "workspace" / "logs").rglob("*.log")
     assert any("Traceback" in path.read_text(encoding="utf-8") for path in log)  # the details, for a bug report
+
+
+def test_a_step_without_gradients_steps_past_a_grad_scaler(tmp_path, monkeypatch):
+    # FLOAT_16 on CUDA scales the loss; torch's scaler refuses to step an optimizer that got no gradient, which is
+    # every step of an embedding whose placeholder is in none of the batch's captions. The CPU's scaler behaves alike.
+    image_folder(tmp_path)  # captions without the placeholder
+    scalers = []
+
+    def cpu_scaler(*args):
+        scalers.append(torch.amp.GradScaler("cpu"))
+        return scalers[-1]
+
+    monkeypatch.setattr("onetrainer.training.trainer.grad_scaler", cpu_scaler)
+    outcome, _ = run(tiny_config(tmp_path, method="EMBEDDING", epochs=1))
+    assert isinstance(outcome, Finished) and scalers
+
+
+def test_no_grad_scaler_for_trained_bfloat16_weights():
+    from onetrainer.config.enums import DataType
+    from onetrainer.training.devices import _NoScaler, grad_scaler
+
+    cuda = torch.device("cuda")
+    bf16 = [{"params": [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]}]
+    fp32 = [{"params": [torch.nn.Parameter(torch.zeros(2))]}]
+    with pytest.warns(UserWarning) if not torch.cuda.is_available() else contextlib.nullcontext():
+        assert isinstance(grad_scaler(cuda, DataType.FLOAT_16, fp32), torch.amp.GradScaler)
+    assert isinstance(grad_scaler(cuda, DataType.FLOAT_16, bf16), _NoScaler)  # it cannot unscale bf16 gradients
+    assert isinstance(grad_scaler(cuda, DataType.BFLOAT_16, fp32), _NoScaler)
 
 
 @pytest.mark.parametrize("key", ["sd", "sdxl", "pixart", "wuerstchen", "cascade"])
