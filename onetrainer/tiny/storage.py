@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
 
 # Bump whenever a builder's output changes, so cached folders from older builders are not reused.
-TINY_MODEL_VERSION = 1
+TINY_MODEL_VERSION = 2
 # Written beside model_index.json; diffusers ignores it. Says what the folder is and which builder made it.
 MARKER_FILE = "tiny_model.json"
 _TOKENIZER_COMPONENTS = ("tokenizer", "tokenizer_2")

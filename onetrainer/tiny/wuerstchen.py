@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from diffusers import DiffusionPipeline, WuerstchenDecoderPipeline, WuerstchenPriorPipeline
 from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
 
@@ -21,6 +22,7 @@ PRIOR_WIDTH = 32
 DECODER_CONDITIONING_WIDTH = 32
 VQGAN_WIDTH = 32
 VQGAN_CODEBOOK = 64
+OUTPUT_LAYER_SCALE = 0.1
 
 
 def build_vqgan(real: Config, seed: int) -> PaellaVQModel:
@@ -38,10 +40,17 @@ def build_prior_pipeline(variant: TinyVariant, seed: int) -> WuerstchenPriorPipe
         c_cond=text_encoder.config.hidden_size,
         nhead=PRIOR_WIDTH // components.HEAD_WIDTH,
     )
+    prior = components.build(config, seed, "prior")
+    # The prior predicts (x - a) / |1 - b| from its output layer's (a, b). A trained prior keeps b near 0; random
+    # weights put b near 1 for some latents and the prediction explodes (losses of 1e8 within a few steps). A smaller
+    # output layer keeps the tiny model where a trained one works.
+    with torch.no_grad():
+        for tensor in prior.out[-1].parameters():
+            tensor.mul_(OUTPUT_LAYER_SCALE)
     return WuerstchenPriorPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
-        prior=components.build(config, seed, "prior"),
+        prior=prior,
         scheduler=components.build_scheduler(refs["scheduler"]),
     )
 
