@@ -32,8 +32,10 @@ from gui.state import (
     DATA_FIELDS,
     list_user_presets,
     load_last_config,
+    load_preset_data,
     preset_name_problem,
     save_last_config,
+    save_preset_data,
     save_user_preset,
     user_preset_path,
 )
@@ -98,6 +100,20 @@ def _count(n: int, plural: str) -> str:
     return f"{n} {plural if n != 1 else plural.removesuffix('s')}"
 
 
+def users_items(items: list, brought: list[dict] | None) -> list:
+    """The items of a concepts or samples list that are the user's: all but one unedited copy of each item the last
+    preset brought (an edited one differs from what it brought, so it is the user's now)."""
+    left = list(brought or [])
+    own = []
+    for item in items:
+        data = item.to_dict()
+        if data in left:
+            left.remove(data)
+        else:
+            own.append(item)
+    return own
+
+
 class App(ctk.CTk):
     def __init__(
         self,
@@ -119,8 +135,13 @@ class App(ctk.CTk):
         self.minsize(1000, 620)
         bind_select_all(self)
         restore_problems: list[Problem] = []
+        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
+        # user's, and the next preset drops them without asking. Restored with the last config.
+        self._preset_data: dict[str, list[dict] | None] = {}
         if config is None:
             config, restore_problems = load_last_config()
+            if config is not None:
+                self._preset_data = load_preset_data()
         self.model = ConfigModel(config or TrainConfig())
         self.dialogs = dialogs(self) if dialogs is not None else Dialogs(self)
         # Started from a terminal (start-ui.sh), the terminal shows the run's progress as `train.py` does.
@@ -148,9 +169,6 @@ class App(ctk.CTk):
         self._closing = False
         self._close_deadline = 0.0
         self._terminal_seen = False
-        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
-        # user's, and the next preset replaces them without asking.
-        self._preset_data: dict[str, list[dict] | None] = {}
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
         self.problems: list[Problem] = []
@@ -292,6 +310,7 @@ class App(ctk.CTk):
     def autosave_now(self) -> None:
         try:
             save_last_config(self.model.config)
+            save_preset_data(self._preset_data)
         except OSError as e:
             self.footer.set_status(f"Could not remember the config for next time: {e}", "warning")
 
@@ -310,7 +329,10 @@ class App(ctk.CTk):
 
     def load_preset(self, name: str, user: bool = False) -> bool:
         """Load a preset's settings. The concepts and samples being edited stay unless the preset brings its own, and
-        then the user is asked before they are replaced."""
+        then the user is asked before they are replaced. Those the last preset brought and nobody edited are that
+        preset's, not the user's: they go without asking, and the user's own stay beside them."""
+        if self._refuse_while_running(f"load the preset '{name}'"):
+            return False
         if not self.keep_changes(f"loading the preset '{name}'"):
             return False
         try:
@@ -320,16 +342,19 @@ class App(ctk.CTk):
             return False
         current = self.model.config
         packed, _ = pack(current)
-        mine = {field: getattr(current, field) for field in DATA_FIELDS}
-        # A list the last preset brought and nobody edited is that preset's: replaced, or dropped (back to the side
-        # file, the user's own list) without asking.
-        presets_own = {
-            field: mine[field] is not None
-            and self._preset_data.get(field) is not None
-            and [item.to_dict() for item in mine[field]] == self._preset_data[field]
-            for field in DATA_FIELDS
-        }
-        users = {field: [] if presets_own[field] else (getattr(packed, field) or []) for field in DATA_FIELDS}
+        # Per field: the user's items (None: the user's list is the side file), and whether the list held the last
+        # preset's items only (then it goes back to the side file, the user's own list, as if never replaced).
+        users: dict[str, list] = {}
+        keep: dict[str, list | None] = {}
+        for field in DATA_FIELDS:
+            items = getattr(current, field)
+            if items is None:
+                users[field] = getattr(packed, field) or []
+                keep[field] = None
+                continue
+            own = users_items(items, self._preset_data.get(field))
+            users[field] = own
+            keep[field] = None if items and not own else own
         clashing = [f for f in DATA_FIELDS if getattr(config, f) is not None and users[f]]
         replace = True
         if clashing:
@@ -346,14 +371,23 @@ class App(ctk.CTk):
             if items is not None and (replace or field not in clashing):
                 brought[field] = [item.to_dict() for item in items]
                 continue
-            setattr(config, field, None if presets_own[field] else mine[field])
+            setattr(config, field, keep[field])
             brought[field] = None
         self.model.replace(config)
         self._refused = None
-        self._preset_data = brought
-        if not self.running:
-            self.footer.reset_progress()  # the last run's figures are not this config's
+        self._preset_data = brought  # autosaved with the config (see autosave_now)
+        self.footer.reset_progress()  # the last run's figures are not this config's (no run is active: see above)
         self.report_loaded(f"Preset '{name}' loaded.", problems)
+        return True
+
+    def _refuse_while_running(self, what: str) -> bool:
+        """True (with a notice) while a run trains: replacing the config then would show settings that are not the
+        running ones (the run goes on with a copy), so the window keeps showing what trains."""
+        if not self.running:
+            return False
+        text = f"Cannot {what} while training runs: the window shows the running settings. Stop the run first."
+        self.footer.set_status(text, "error")
+        self.dialogs.show_error("Training is running", text)
         return True
 
     def save_preset(self, name: str | None = None) -> Path | None:
@@ -381,6 +415,8 @@ class App(ctk.CTk):
         return path
 
     def load_config_file(self, path: str | Path | None = None) -> bool:
+        if self._refuse_while_running("load a config file"):
+            return False
         if not self.keep_changes("loading another config"):
             return False
         path = path or self.dialogs.open_file("Load config", JSON_FILES)
@@ -394,8 +430,7 @@ class App(ctk.CTk):
         self.model.replace(config)
         self._refused = None
         self._preset_data = {}
-        if not self.running:
-            self.footer.reset_progress()
+        self.footer.reset_progress()
         self.report_loaded(f"Config loaded from {path}.", problems)
         return True
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from onetrainer.config import ConceptConfig, TrainConfig
 from tests.gui.helpers import press, settle, view_of
 
 pytestmark = pytest.mark.gui
@@ -193,6 +194,63 @@ def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None
     app.dialogs.answers.append(True)
     _invoke_preset(app, "demo")
     assert [c.name for c in app.model.config.concepts] == ["demo shapes"]
+
+
+def test_the_users_concept_beside_the_demos_stays_and_the_demos_goes(app) -> None:
+    _invoke_preset(app, "demo")
+    app.select_tab("concepts").add_button.invoke()  # the user's own concept beside the demo's unedited one
+    app.model.set("concepts.1.name", "cats")
+    app.model.mark_saved()
+    _invoke_preset(app, "sd15", "lora")
+    config = app.model.config
+    assert [c.name for c in config.concepts] == ["cats"]  # the README: the demo's go, the user's stay
+    assert config.samples is None  # the demo's unedited sample was all there was: back to the user's side file
+    assert [card.name_label.cget("text") for card in app.select_tab("concepts").cards] == ["cats"]
+    assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
+
+    # An edited item is the user's: it stays too.
+    _invoke_preset(app, "demo")
+    app.model.set("concepts.0.repeats", 3.0)
+    app.model.mark_saved()
+    _invoke_preset(app, "sd15", "lora")
+    assert [(c.name, c.repeats) for c in app.model.config.concepts] == [("demo shapes", 3.0)]
+
+
+def test_the_demos_data_is_still_the_demos_after_a_restart(
+    display, state_dir: Path, in_tmp: Path, scripted_dialogs
+) -> None:
+    from gui.app import App
+
+    first = App(TrainConfig(), autosave=True, dialogs=scripted_dialogs)
+    try:
+        assert first.load_preset("demo")
+        # (Not through the concepts tab: its pictures belong to the first Tk root, the session's shared window.)
+        first.model.config.concepts.append(ConceptConfig(name="cats", path=str(in_tmp)))
+        first.model.changed("concepts")
+        first.autosave_now()  # what closing the window does
+    finally:
+        first.destroy()
+    second = App(None, autosave=False, dialogs=scripted_dialogs)
+    try:
+        assert [c.name for c in second.model.config.concepts] == ["demo shapes", "cats"]
+        assert second.load_preset("sd15/lora")
+        assert [c.name for c in second.model.config.concepts] == ["cats"]
+        assert second.model.config.samples is None
+    finally:
+        second.destroy()
+
+
+def test_a_preset_is_refused_while_a_run_trains(app, trainable, fake_trainer, pump_until) -> None:
+    app.model.replace(trainable)
+    _run_until_loss(app, fake_trainer(hold=True), pump_until)
+    _invoke_preset(app, "sd15", "lora")
+    assert app.model.config.learning_rate == trainable.learning_rate  # the window still shows what trains
+    assert "Cannot load the preset 'sd15/lora' while training runs" in app.footer.status
+    assert app.footer.status_level == "error" and app.dialogs.history[-1].title == "Training is running"
+    assert app.load_config_file("some.json") is False  # a config file neither
+    app.runner.train_function.release.set()
+    pump_until(app, lambda: not app.footer.running)
+    assert app.load_preset("sd15/lora") and app.model.config.learning_rate == 0.0003
 
 
 def test_unsaved_changes_are_offered_for_saving(app, tmp_path: Path) -> None:
