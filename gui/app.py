@@ -78,7 +78,6 @@ TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
 TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
 _MISSING = object()
-FOOTER_PROBLEMS = 3  # problems listed in the footer; the dialog lists all
 
 TAB_CLASSES: dict[str, type[FormTab]] = {
     "concepts": ConceptsTab,
@@ -89,15 +88,23 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
 }
 
 
-def summarize(problems: list[Problem], config: TrainConfig, limit: int = FOOTER_PROBLEMS) -> str:
-    """A footer-sized list of problems: the first few, and how many more the dialog shows."""
-    listed = "; ".join(describe(p, config) for p in problems[:limit])
-    more = f"; and {len(problems) - limit} more (see the list)" if len(problems) > limit else ""
-    return listed + more
+def summarize(problems: list[Problem], config: TrainConfig) -> str:
+    """The footer's one line about a list of problems: the first, and how many more the Log window lists."""
+    return describe(problems[0], config) + more_problems(problems) if problems else ""
+
+
+def more_problems(problems: list[Problem]) -> str:
+    """What the footer says after the first problem (kept whole when the line is shortened)."""
+    return f" (and {len(problems) - 1} more; see Log)" if len(problems) > 1 else ""
 
 
 def _count(n: int, plural: str) -> str:
     return f"{n} {plural if n != 1 else plural.removesuffix('s')}"
+
+
+def listed(problems: list[Problem], config: TrainConfig) -> str:
+    """Problems for a dialog or the Log: one per line, each marked, so two never read as one paragraph."""
+    return "\n".join(f"• {describe(p, config)}" for p in problems)
 
 
 def users_items(items: list, brought: list[dict] | None) -> list:
@@ -211,6 +218,7 @@ class App(ctk.CTk):
         self._show_tabs()
         self.validate_now()
         if restore_problems:
+            self._log_problems("Last session's config:", restore_problems)
             # At start-up a note is enough: the fields with problems are marked, and a dialog would greet every launch.
             self.footer.set_status(
                 f"Last session's config: {summarize(restore_problems, self.model.config)}", "warning"
@@ -257,6 +265,8 @@ class App(ctk.CTk):
     # -- config changes ------------------------------------------------------------------------------------------
 
     def _config_changed(self, path: str | None) -> None:
+        if path is None:
+            self._refused = None  # a replaced config is not the one whose start was refused
         if path is None or path in CONTEXT_PATHS:
             # Tabs not on screen catch up when they are selected.
             self._stale_context = set(self.tabs)
@@ -436,9 +446,13 @@ class App(ctk.CTk):
 
     def report_loaded(self, text: str, problems: list[Problem]) -> None:
         config = self.model.config
+        if problems:
+            self._log_problems(text, problems)
         if errors(problems):
-            self.footer.set_status(f"{text} {len(errors(problems))} problem(s) need fixing (marked in red).", "warning")
-            self.dialogs.show_text("Problems in the loaded config", "\n".join(describe(p, config) for p in problems))
+            count = len(errors(problems))
+            needs = "needs" if count == 1 else "need"
+            self.footer.set_status(f"{text} {_count(count, 'problems')} {needs} fixing (marked in red).", "warning")
+            self.dialogs.show_text("Problems in the loaded config", listed(problems, config))
         elif problems:
             self.footer.set_status(f"{text} {summarize(problems, config)}", "warning")
         else:
@@ -473,6 +487,8 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot export the config", str(e))
             return None
+        if problems:
+            self._log_problems(f"Config exported to {path}:", problems)
         notes = f" ({summarize(problems, self.model.config)})" if problems else ""
         self.footer.set_status(f"Config exported to {path}{notes}.", "warning" if problems else "info")
         return Path(path)
@@ -542,21 +558,28 @@ class App(ctk.CTk):
         if not self.running:
             self.start()
 
+    def _log_problems(self, heading: str, problems: list[Problem]) -> None:
+        """The whole list in the Log window (the footer's one line names the first and points there)."""
+        self.log.add(heading)
+        self.log.add(listed(problems, self.model.config))
+
     def _refuse(self, problems: list[Problem], what: str) -> None:
         config = self.model.config
         errs = errors(problems)
         if what == "start":
             self._refused = [(p, _value_at(config, p.path)) for p in errs]
-        self.footer.set_status(f"Cannot {what}, {len(errs)} problem(s): {summarize(errs, config)}", "error")
         ordered = errs + warnings(problems)
+        self._log_problems(f"Cannot {what}:", ordered)
+        first = describe(errs[0], config) if errs else ""
+        self.footer.set_status(f"Cannot {what}, {_count(len(errs), 'problems')}: {first}", "error", more_problems(errs))
         title = "Cannot start training" if what == "start" else f"Cannot {what}"
-        self.dialogs.show_error(
-            title, f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(describe(p, config) for p in ordered)
-        )
+        head = "Fix this problem first:" if len(errs) == 1 else f"Fix these {len(errs)} problems first:"
+        self.dialogs.show_error(title, f"{head}\n\n{listed(ordered, config)}")
 
     def _recheck_refusal(self) -> None:
-        """A refused start's message follows the fixes: fewer problems, then none (without touching the disk: the
-        run checks' problems count as fixed once their field changed; Start checks everything again)."""
+        """A refused start's message follows the fixes: fewer problems, then none. Validation's problems are known
+        at once; a check that looks at the disk (a folder, a model file) counts as open until its field changed, and
+        then the checks run again: only when they pass does the line say that Start can go."""
         if self._refused is None:
             return
         if self.running:
@@ -569,13 +592,33 @@ class App(ctk.CTk):
             if problem.path not in paths and _value_at(config, problem.path) == value:
                 remaining.append(problem)
                 paths.add(problem.path)
+        if not remaining:
+            rechecked = self._run_checks_again(config)
+            if rechecked is None:
+                return
+            self._refused = [(p, _value_at(config, p.path)) for p in rechecked]
+            remaining = rechecked
         if remaining:
             self.footer.set_status(
-                f"Cannot start, {len(remaining)} problem(s) left: {summarize(remaining, config)}", "error"
+                f"Cannot start, {_count(len(remaining), 'problems')} left: {describe(remaining[0], config)}",
+                "error",
+                more_problems(remaining),
             )
         else:
             self._refused = None
-            self.footer.set_status("The problems that stopped the start were fixed: Start checks again.", "ok")
+            self.footer.set_status("Checked again: the problems that stopped the start are fixed. Start can go.", "ok")
+
+    def _run_checks_again(self, config: TrainConfig) -> list[Problem] | None:
+        """Start's checks on the fixed config (their errors; [] when it passes). None when they need the hub's
+        answer first (seconds on a bad connection: Start asks on a worker thread), said on the status line."""
+        if hub_ids_to_ask(config):
+            self._refused = None
+            self.footer.set_status("The fields that stopped the start changed: Start checks them again.", "info")
+            return None
+        packed, _ = pack(config)
+        problems = run_checks(packed)
+        self._mark(problems)  # a field the checks still find wrong is marked again
+        return errors(problems)
 
     def stop(self) -> None:
         if self.runner.is_alive():

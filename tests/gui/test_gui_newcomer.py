@@ -56,7 +56,7 @@ def test_start_and_save_refuse_while_a_field_holds_an_invalid_value(app, trainab
     text = app.dialogs.history[-1].text
     for label in ("Learning rate", "Epochs", "Batch size"):
         assert label in text, text
-    assert "3 problem(s)" in app.footer.status
+    assert "3 problems" in app.footer.status
 
     target = tmp_path / "saved.json"
     assert app.save_config_file(target) is None
@@ -209,11 +209,12 @@ def test_the_users_concept_beside_the_demos_stays_and_the_demos_goes(app) -> Non
     assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
 
     # An edited item is the user's: it stays too.
+    app.dialogs.answers.append(True)  # the demo's concept replaces "cats"
     _invoke_preset(app, "demo")
-    app.model.set("concepts.0.repeats", 3.0)
+    app.model.set("concepts.0.loss_weight", 0.5)
     app.model.mark_saved()
     _invoke_preset(app, "sd15", "lora")
-    assert [(c.name, c.repeats) for c in app.model.config.concepts] == [("demo shapes", 3.0)]
+    assert [(c.name, c.loss_weight) for c in app.model.config.concepts] == [("demo shapes", 0.5)]
 
 
 def test_the_demos_data_is_still_the_demos_after_a_restart(
@@ -341,13 +342,57 @@ def test_a_cannot_start_message_clears_once_fixed(app, trainable, pump_until) ->
     learning_rate = view_of(app, "training", "learning_rate")
     learning_rate.set_text("abc")
     assert app.start() is False
-    assert app.footer.status.startswith("Cannot start, 2 problem(s)")
+    assert app.footer.status.startswith("Cannot start, 2 problems")
     learning_rate.set_text("0.0001")
-    assert app.footer.status.startswith("Cannot start, 1 problem(s) left: error: concept 'shapes'")
+    assert app.footer.status.startswith("Cannot start, 1 problem left: error: concept 'shapes'")
+    # A changed field is not yet a fixed one: the checks run again and still find no folder there.
+    app.model.set("concepts.0.path", "/no/other/folder")
+    pump_until(app, lambda: "/no/other/folder" in app.footer.status)
+    assert app.footer.status.startswith("Cannot start, 1 problem left: error: concept 'shapes'")
+    assert "fixed" not in app.footer.status and app.footer.status_level == "error"
     app.model.set("concepts.0.path", "tiny:images")
     pump_until(app, lambda: not app.footer.status.startswith("Cannot start"))
-    assert "fixed" in app.footer.status and app.footer.status_level == "ok"
+    assert app.footer.status.startswith("Checked again: the problems that stopped the start are fixed")
+    assert app.footer.status_level == "ok"
     assert app.start() is True
+
+
+def test_a_long_start_refusal_keeps_the_footer_one_line_high(app, trainable, screenshot) -> None:
+    app.geometry("1024x700")
+    settle(app, 0.5)
+    trainable.concepts[0].path = "/no/such/folder"
+    trainable.base_model_name = "/no/such/model.safetensors"
+    app.model.replace(trainable)
+    footer = app.footer
+    settle(app, 0.3)
+    before = (footer.epoch_bar.winfo_rooty(), footer.winfo_height())
+    assert app.start() is False
+    settle(app, 0.3)
+    assert (footer.epoch_bar.winfo_rooty(), footer.winfo_height()) == before  # the progress row did not move
+    assert footer.status.startswith("Cannot start, 2 problems: error: Base model: model not found")
+    assert footer.status.endswith("(and 1 more; see Log)")
+    shown = footer.status_shown
+    assert "\n" not in shown and shown.endswith("… (and 1 more; see Log)")
+    assert footer.status_tooltip.text == footer.status  # the whole text on hover
+    assert footer.status_label.winfo_reqwidth() <= footer.winfo_width()
+    # The whole list, one problem a line: in the dialog and in the Log window.
+    dialog = app.dialogs.history[-1].text
+    assert dialog.startswith("Fix these 2 problems first:\n\n• error: Base model: model not found")
+    assert "\n• error: concept 'shapes': folder not found: /no/such/folder" in dialog
+    assert any(line.startswith("• error: concept 'shapes'") for line in app.log.text.splitlines())
+    screenshot(app, "footer-start-refused")
+
+    trainable.base_model_name = "tiny:sd15"
+    app.model.replace(trainable)
+    assert app.start() is False
+    assert app.dialogs.history[-1].text.startswith("Fix this problem first:")
+    assert app.footer.status.startswith("Cannot start, 1 problem: error: concept 'shapes'")
+    footer.add_warning("no CUDA device: training on the CPU, much slower (train device 'cuda'); " * 4)
+    footer.add_warning("a second warning that is long enough to need shortening at this width, " * 4)
+    settle(app, 0.3)
+    assert (footer.epoch_bar.winfo_rooty(), footer.winfo_height()) == before  # warnings keep the height too
+    assert footer.notice_label.cget("text").endswith("… (+1 more, see Log)")
+    app.geometry("1280x800")
 
 
 def test_the_footer_is_not_clipped_at_1024_px(app, trainable, fake_trainer, pump_until, screenshot) -> None:
