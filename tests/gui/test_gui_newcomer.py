@@ -609,3 +609,45 @@ def test_the_demos_samples_say_a_random_weight_model_draws_noise(app, trainable,
     pump_until(app, lambda: not app.footer.running)
     app.model.set("base_model_name", "runwayml/stable-diffusion-v1-5")
     assert gallery.note_label.cget("text") == ""
+
+
+# -- Questions follow the app's appearance -----------------------------------------------------------------------
+
+
+def _answer_question(app, label: str, seen: dict, tries: int = 100) -> None:
+    """Press `label` in the open question (as a click does), noting its colours; a Tk message box (what the app used
+    to open) is closed instead, so the test fails rather than hangs."""
+    import gui.dialogs
+
+    kind = getattr(gui.dialogs, "ConfirmDialog", None)
+    open_ = [w for w in app.winfo_children() if kind is not None and isinstance(w, kind) and w.winfo_exists()]
+    if open_:
+        dialog = open_[0]
+        seen.setdefault("backgrounds", []).append(dialog.cget("bg"))
+        seen.setdefault("texts", []).append(dialog.buttons[label].cget("text"))
+        dialog.buttons[label].invoke()
+    elif tries:
+        app.after(30, lambda: _answer_question(app, label, seen, tries - 1))
+    else:
+        for child in app.tk.call("winfo", "children", ".") or ():
+            if "__tk__messagebox" in str(child):
+                app.tk.call("destroy", child)
+
+
+def test_questions_are_drawn_in_the_apps_dark_appearance(app) -> None:
+    import customtkinter as ctk
+
+    from gui.dialogs import Dialogs
+
+    assert ctk.get_appearance_mode() == "Dark"
+    dark = ctk.ThemeManager.theme["CTkToplevel"]["fg_color"][1]
+    dialogs = Dialogs(app)  # the real questions, not the scripted ones
+    seen: dict = {}
+    app.after(50, lambda: _answer_question(app, "No", seen))
+    assert dialogs.ask_yes_no("Delete concept", "Delete the concept 'cats'?") is False
+    app.after(50, lambda: _answer_question(app, "Yes", seen))
+    assert dialogs.ask_yes_no("Delete concept", "Delete the concept 'cats'?") is True
+    for label, expected in (("Save", "save"), ("Don't save", "discard"), ("Cancel", None)):
+        app.after(50, lambda label=label: _answer_question(app, label, seen))
+        assert dialogs.ask_save_changes("Unsaved changes", "Save them first?") == expected
+    assert seen["backgrounds"] == [dark] * 5 and app.cget("bg") == dark  # the window's own dark, not Tk's grey
