@@ -189,7 +189,9 @@ def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_pat
     lora = tmp_path / "lora.safetensors"
     write_lora(base, lora)
     window = app.select_tab("tools").open_tool("sampling")
-    choose_in_menu(window.model_type, "STABLE_DIFFUSION_15")
+    assert "SD 1.5" in window.model_type.cget("values")  # the labels the main window shows, not STABLE_DIFFUSION_15
+    assert not any(v.startswith("STABLE_DIFFUSION") for v in window.model_type.cget("values"))
+    choose_in_menu(window.model_type, "SD 1.5")
     values = {"base_model": base, "lora": str(lora), "prompt": "a red circle", "width": "64", "height": "64",
               "steps": "2", "count": "2", "device": "cpu", "output": str(tmp_path / "out")}  # fmt: skip
     for key, value in values.items():
@@ -200,15 +202,66 @@ def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_pat
     assert window.render()
     pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
     assert len(window.images) == 2 and all(p.is_file() for p in window.images), window.status.cget("text")
+    assert window.status.cget("text") == f"2 images: {tmp_path / 'out'}"
     assert len(window.gallery.winfo_children()) == 2
     screenshot(window, "tools-sampling")
+
+    set_entry(window.entries["count"], "1")
+    assert window.render()
+    pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+    assert window.status.cget("text") == f"1 image: {tmp_path / 'out'}"
     window.destroy()
 
+    # Reopened: the render settings are the last use's; the model and the output folder are the config's.
     reopened = app.select_tab("tools").open_tool("sampling")
     assert reopened is not window
-    assert {k: reopened.entries[k].get() for k in values} == values
-    assert reopened.model_type.get() == "STABLE_DIFFUSION_15"
+    remembered = ("lora", "prompt", "width", "height", "steps", "count", "device")
+    assert {k: reopened.entries[k].get() for k in remembered} == {k: values[k] for k in remembered} | {"count": "1"}
+    config = app.model.config
+    assert reopened.entries["base_model"].get() == config.base_model_name
+    assert reopened.entries["output"].get() == str(Path(config.workspace_dir) / "samples" / "sampling-tool")
+    assert reopened.model_type.get() == "SD 1.5"
     reopened.destroy()
+
+
+def test_sampling_window_starts_from_the_current_config(app, trainable, tmp_path):
+    from gui.labels import model_type_label
+    from onetrainer.config import ModelType, SampleConfig, TrainingMethod
+    from onetrainer.config.enums import NoiseScheduler
+
+    trainable.model_type = ModelType.STABLE_DIFFUSION_XL_10_BASE
+    trainable.base_model_name = "tiny:sdxl"
+    trainable.training_method = TrainingMethod.LORA
+    Path(trainable.output_model_destination).parent.mkdir(parents=True)
+    Path(trainable.output_model_destination).write_bytes(b"")  # the LoRA a run wrote
+    trainable.samples = [
+        SampleConfig(prompt="off", enabled=False),
+        SampleConfig(prompt="a blue square", width=96, height=128, diffusion_steps=7, cfg_scale=5.5, seed=9,
+                     noise_scheduler=NoiseScheduler.EULER_A),
+    ]  # fmt: skip
+    app.model.replace(trainable)
+    window = app.select_tab("tools").open_tool("sampling")
+    try:
+        assert window.model_type.get() == model_type_label(ModelType.STABLE_DIFFUSION_XL_10_BASE)
+        got = {k: window.entries[k].get() for k in ("base_model", "lora", "prompt", "width", "height", "steps")}
+        assert got == {"base_model": "tiny:sdxl", "lora": trainable.output_model_destination,
+                       "prompt": "a blue square", "width": "96", "height": "128", "steps": "7"}  # fmt: skip
+        assert (window.entries["cfg_scale"].get(), window.entries["seed"].get()) == ("5.5", "9")
+        assert window.sampler.get() == "EULER_A"
+        # The images go under the config's workspace, not into the folder the app was started from.
+        assert window.entries["output"].get() == str(Path(trainable.workspace_dir) / "samples" / "sampling-tool")
+        arguments = window.arguments()
+        assert arguments[arguments.index("--model-type") + 1] == "STABLE_DIFFUSION_XL_10_BASE"
+        # Messages name the window's fields, not scripts/sample.py's options.
+        set_entry(window.entries["output"], "")
+        assert not window.render() and "Output folder" in window.status.cget("text")
+        set_entry(window.entries["output"], str(tmp_path / "out"))
+        set_entry(window.entries["count"], "0")
+        assert window.render()
+        pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+        assert window.status.cget("text") == "Images must be at least 1, not 0"
+    finally:
+        window.destroy()
 
 
 def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_undo(app, tmp_path, screenshot):
