@@ -155,7 +155,49 @@ def test_convert_window_writes_a_single_file(app, tmp_path):
     pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
     assert window.written == [destination] and destination.is_file()
     assert not window.convert() and "exists" in window.status.cget("text")
+    assert "'Replace an existing destination'" in window.status.cget("text") and "--" not in window.status.cget("text")
     window.destroy()
+
+
+def test_convert_window_clears_its_result_when_an_input_changes_and_browses(app, tmp_path):
+    from onetrainer.tiny import tiny_model_dir
+
+    window = app.select_tab("tools").open_tool("convert")
+    try:
+        set_entry(window.input_name, str(tiny_model_dir("sd15")))
+        destination = tmp_path / "model.safetensors"
+        set_entry(window.destination, str(destination))
+        assert window.convert()
+        pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
+        assert window.status.cget("text").startswith("written: ")
+
+        # Any input changed: the "written: …" of the last inputs goes.
+        set_entry(window.destination, str(tmp_path / "other.safetensors"))
+        assert window.status.cget("text") == "" and window.written == []
+        window._show("written: something")
+        choose_in_menu(window.output_dtype, "FLOAT_32")
+        assert window.status.cget("text") == ""
+        window._show("written: something")
+        window.overwrite.toggle()
+        assert window.status.cget("text") == ""
+
+        # Browse buttons beside the paths: a file or a folder for the input, where to save for the destination.
+        dialogs = app.dialogs
+        dialogs.answers.extend([str(tmp_path / "picked"), str(tmp_path / "model.ckpt"), str(tmp_path / "out.st")])
+        window.paths["input"].buttons["folder"].invoke()
+        assert window.input_name.get() == str(tmp_path / "picked")
+        window.paths["base_model"].buttons["file"].invoke()
+        assert window.base_model.get() == str(tmp_path / "model.ckpt")
+        window.paths["destination"].buttons["save"].invoke()
+        assert window.destination.get() == str(tmp_path / "out.st")
+        choose_in_menu(window.output_format, "DIFFUSERS")
+        dialogs.answers.append(str(tmp_path / "diffusers-out"))
+        window.paths["destination"].buttons["save"].invoke()  # a diffusers model is a folder: a folder is asked for
+        assert window.destination.get() == str(tmp_path / "diffusers-out")
+        kinds = [q.split(":")[0] for q in dialogs.asked[-4:]]
+        assert kinds == ["open dir", "open file", "save file", "open dir"]
+    finally:
+        window.destroy()
 
 
 def test_convert_window_converts_an_a1111_embedding(app, tmp_path):
