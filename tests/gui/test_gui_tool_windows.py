@@ -358,3 +358,36 @@ def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_und
     assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption"
     assert (folder / "1.txt").read_text(encoding="utf-8") == "simple background, outdoors"
     tool.close()
+
+
+def test_the_mask_windows_u2net_errors_name_its_model_path_field(app, tmp_path, monkeypatch):
+    import urllib.request
+
+    folder = backdrop_folder(tmp_path, count=1)
+    window = app.select_tab("tools").open_tool("masks")
+    try:
+        set_entry(window.folder, str(folder))
+        choose_in_menu(window.model, "REMBG")
+        set_entry(window.model_path, str(tmp_path / "no-such-u2net.onnx"))
+        set_entry(window.device, "cpu")
+        if window.start():
+            pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+        text = window.status.cget("text")
+        assert text.startswith("Model path for REMBG must be a .onnx file") and "--" not in text, text
+
+        # Offline, the download fails: the message says which field and button take a downloaded file.
+        def unreachable(*_args, **_kwargs):
+            raise OSError("network is unreachable")
+
+        monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+        set_entry(window.model_path, "")
+        assert window.start()
+        pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+        text = window.status.cget("text")
+        assert "choose the file with the File… button of the Model path field" in text and "--" not in text, text
+
+        app.dialogs.answers.append(str(tmp_path / "u2net.onnx"))
+        window.model_path.master.buttons["file"].invoke()  # that button, beside the field
+        assert window.model_path.get() == str(tmp_path / "u2net.onnx")
+    finally:
+        window.close()
