@@ -32,8 +32,10 @@ from gui.state import (
     DATA_FIELDS,
     list_user_presets,
     load_last_config,
+    load_preset_data,
     preset_name_problem,
     save_last_config,
+    save_preset_data,
     save_user_preset,
     user_preset_path,
 )
@@ -76,7 +78,6 @@ TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
 TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
 _MISSING = object()
-FOOTER_PROBLEMS = 3  # problems listed in the footer; the dialog lists all
 
 TAB_CLASSES: dict[str, type[FormTab]] = {
     "concepts": ConceptsTab,
@@ -87,15 +88,37 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
 }
 
 
-def summarize(problems: list[Problem], config: TrainConfig, limit: int = FOOTER_PROBLEMS) -> str:
-    """A footer-sized list of problems: the first few, and how many more the dialog shows."""
-    listed = "; ".join(describe(p, config) for p in problems[:limit])
-    more = f"; and {len(problems) - limit} more (see the list)" if len(problems) > limit else ""
-    return listed + more
+def summarize(problems: list[Problem], config: TrainConfig) -> str:
+    """The footer's one line about a list of problems: the first, and how many more the Log window lists."""
+    return describe(problems[0], config) + more_problems(problems) if problems else ""
+
+
+def more_problems(problems: list[Problem]) -> str:
+    """What the footer says after the first problem (kept whole when the line is shortened)."""
+    return f" (and {len(problems) - 1} more; see Log)" if len(problems) > 1 else ""
 
 
 def _count(n: int, plural: str) -> str:
     return f"{n} {plural if n != 1 else plural.removesuffix('s')}"
+
+
+def listed(problems: list[Problem], config: TrainConfig) -> str:
+    """Problems for a dialog or the Log: one per line, each marked, so two never read as one paragraph."""
+    return "\n".join(f"• {describe(p, config)}" for p in problems)
+
+
+def users_items(items: list, brought: list[dict] | None) -> list:
+    """The items of a concepts or samples list that are the user's: all but one unedited copy of each item the last
+    preset brought (an edited one differs from what it brought, so it is the user's now)."""
+    left = list(brought or [])
+    own = []
+    for item in items:
+        data = item.to_dict()
+        if data in left:
+            left.remove(data)
+        else:
+            own.append(item)
+    return own
 
 
 class App(ctk.CTk):
@@ -119,8 +142,13 @@ class App(ctk.CTk):
         self.minsize(1000, 620)
         bind_select_all(self)
         restore_problems: list[Problem] = []
+        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
+        # user's, and the next preset drops them without asking. Restored with the last config.
+        self._preset_data: dict[str, list[dict] | None] = {}
         if config is None:
             config, restore_problems = load_last_config()
+            if config is not None:
+                self._preset_data = load_preset_data()
         self.model = ConfigModel(config or TrainConfig())
         self.dialogs = dialogs(self) if dialogs is not None else Dialogs(self)
         # Started from a terminal (start-ui.sh), the terminal shows the run's progress as `train.py` does.
@@ -148,9 +176,6 @@ class App(ctk.CTk):
         self._closing = False
         self._close_deadline = 0.0
         self._terminal_seen = False
-        # The concepts and samples the last preset brought (as dicts): while unedited they are the preset's, not the
-        # user's, and the next preset replaces them without asking.
-        self._preset_data: dict[str, list[dict] | None] = {}
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
         self.problems: list[Problem] = []
@@ -193,6 +218,7 @@ class App(ctk.CTk):
         self._show_tabs()
         self.validate_now()
         if restore_problems:
+            self._log_problems("Last session's config:", restore_problems)
             # At start-up a note is enough: the fields with problems are marked, and a dialog would greet every launch.
             self.footer.set_status(
                 f"Last session's config: {summarize(restore_problems, self.model.config)}", "warning"
@@ -239,6 +265,8 @@ class App(ctk.CTk):
     # -- config changes ------------------------------------------------------------------------------------------
 
     def _config_changed(self, path: str | None) -> None:
+        if path is None:
+            self._refused = None  # a replaced config is not the one whose start was refused
         if path is None or path in CONTEXT_PATHS:
             # Tabs not on screen catch up when they are selected.
             self._stale_context = set(self.tabs)
@@ -292,6 +320,7 @@ class App(ctk.CTk):
     def autosave_now(self) -> None:
         try:
             save_last_config(self.model.config)
+            save_preset_data(self._preset_data)
         except OSError as e:
             self.footer.set_status(f"Could not remember the config for next time: {e}", "warning")
 
@@ -310,7 +339,10 @@ class App(ctk.CTk):
 
     def load_preset(self, name: str, user: bool = False) -> bool:
         """Load a preset's settings. The concepts and samples being edited stay unless the preset brings its own, and
-        then the user is asked before they are replaced."""
+        then the user is asked before they are replaced. Those the last preset brought and nobody edited are that
+        preset's, not the user's: they go without asking, and the user's own stay beside them."""
+        if self._refuse_while_running(f"load the preset '{name}'"):
+            return False
         if not self.keep_changes(f"loading the preset '{name}'"):
             return False
         try:
@@ -320,16 +352,19 @@ class App(ctk.CTk):
             return False
         current = self.model.config
         packed, _ = pack(current)
-        mine = {field: getattr(current, field) for field in DATA_FIELDS}
-        # A list the last preset brought and nobody edited is that preset's: replaced, or dropped (back to the side
-        # file, the user's own list) without asking.
-        presets_own = {
-            field: mine[field] is not None
-            and self._preset_data.get(field) is not None
-            and [item.to_dict() for item in mine[field]] == self._preset_data[field]
-            for field in DATA_FIELDS
-        }
-        users = {field: [] if presets_own[field] else (getattr(packed, field) or []) for field in DATA_FIELDS}
+        # Per field: the user's items (None: the user's list is the side file), and whether the list held the last
+        # preset's items only (then it goes back to the side file, the user's own list, as if never replaced).
+        users: dict[str, list] = {}
+        keep: dict[str, list | None] = {}
+        for field in DATA_FIELDS:
+            items = getattr(current, field)
+            if items is None:
+                users[field] = getattr(packed, field) or []
+                keep[field] = None
+                continue
+            own = users_items(items, self._preset_data.get(field))
+            users[field] = own
+            keep[field] = None if items and not own else own
         clashing = [f for f in DATA_FIELDS if getattr(config, f) is not None and users[f]]
         replace = True
         if clashing:
@@ -346,14 +381,23 @@ class App(ctk.CTk):
             if items is not None and (replace or field not in clashing):
                 brought[field] = [item.to_dict() for item in items]
                 continue
-            setattr(config, field, None if presets_own[field] else mine[field])
+            setattr(config, field, keep[field])
             brought[field] = None
         self.model.replace(config)
         self._refused = None
-        self._preset_data = brought
-        if not self.running:
-            self.footer.reset_progress()  # the last run's figures are not this config's
+        self._preset_data = brought  # autosaved with the config (see autosave_now)
+        self.footer.reset_progress()  # the last run's figures are not this config's (no run is active: see above)
         self.report_loaded(f"Preset '{name}' loaded.", problems)
+        return True
+
+    def _refuse_while_running(self, what: str) -> bool:
+        """True (with a notice) while a run trains: replacing the config then would show settings that are not the
+        running ones (the run goes on with a copy), so the window keeps showing what trains."""
+        if not self.running:
+            return False
+        text = f"Cannot {what} while training runs: the window shows the running settings. Stop the run first."
+        self.footer.set_status(text, "error")
+        self.dialogs.show_error("Training is running", text)
         return True
 
     def save_preset(self, name: str | None = None) -> Path | None:
@@ -381,6 +425,8 @@ class App(ctk.CTk):
         return path
 
     def load_config_file(self, path: str | Path | None = None) -> bool:
+        if self._refuse_while_running("load a config file"):
+            return False
         if not self.keep_changes("loading another config"):
             return False
         path = path or self.dialogs.open_file("Load config", JSON_FILES)
@@ -394,16 +440,19 @@ class App(ctk.CTk):
         self.model.replace(config)
         self._refused = None
         self._preset_data = {}
-        if not self.running:
-            self.footer.reset_progress()
+        self.footer.reset_progress()
         self.report_loaded(f"Config loaded from {path}.", problems)
         return True
 
     def report_loaded(self, text: str, problems: list[Problem]) -> None:
         config = self.model.config
+        if problems:
+            self._log_problems(text, problems)
         if errors(problems):
-            self.footer.set_status(f"{text} {len(errors(problems))} problem(s) need fixing (marked in red).", "warning")
-            self.dialogs.show_text("Problems in the loaded config", "\n".join(describe(p, config) for p in problems))
+            count = len(errors(problems))
+            needs = "needs" if count == 1 else "need"
+            self.footer.set_status(f"{text} {_count(count, 'problems')} {needs} fixing (marked in red).", "warning")
+            self.dialogs.show_text("Problems in the loaded config", listed(problems, config))
         elif problems:
             self.footer.set_status(f"{text} {summarize(problems, config)}", "warning")
         else:
@@ -438,6 +487,8 @@ class App(ctk.CTk):
         except OSError as e:
             self.dialogs.show_error("Cannot export the config", str(e))
             return None
+        if problems:
+            self._log_problems(f"Config exported to {path}:", problems)
         notes = f" ({summarize(problems, self.model.config)})" if problems else ""
         self.footer.set_status(f"Config exported to {path}{notes}.", "warning" if problems else "info")
         return Path(path)
@@ -507,21 +558,28 @@ class App(ctk.CTk):
         if not self.running:
             self.start()
 
+    def _log_problems(self, heading: str, problems: list[Problem]) -> None:
+        """The whole list in the Log window (the footer's one line names the first and points there)."""
+        self.log.add(heading)
+        self.log.add(listed(problems, self.model.config))
+
     def _refuse(self, problems: list[Problem], what: str) -> None:
         config = self.model.config
         errs = errors(problems)
         if what == "start":
             self._refused = [(p, _value_at(config, p.path)) for p in errs]
-        self.footer.set_status(f"Cannot {what}, {len(errs)} problem(s): {summarize(errs, config)}", "error")
         ordered = errs + warnings(problems)
+        self._log_problems(f"Cannot {what}:", ordered)
+        first = describe(errs[0], config) if errs else ""
+        self.footer.set_status(f"Cannot {what}, {_count(len(errs), 'problems')}: {first}", "error", more_problems(errs))
         title = "Cannot start training" if what == "start" else f"Cannot {what}"
-        self.dialogs.show_error(
-            title, f"Fix these {len(errs)} problem(s) first:\n\n" + "\n".join(describe(p, config) for p in ordered)
-        )
+        head = "Fix this problem first:" if len(errs) == 1 else f"Fix these {len(errs)} problems first:"
+        self.dialogs.show_error(title, f"{head}\n\n{listed(ordered, config)}")
 
     def _recheck_refusal(self) -> None:
-        """A refused start's message follows the fixes: fewer problems, then none (without touching the disk: the
-        run checks' problems count as fixed once their field changed; Start checks everything again)."""
+        """A refused start's message follows the fixes: fewer problems, then none. Validation's problems are known
+        at once; a check that looks at the disk (a folder, a model file) counts as open until its field changed, and
+        then the checks run again: only when they pass does the line say that Start can go."""
         if self._refused is None:
             return
         if self.running:
@@ -534,13 +592,33 @@ class App(ctk.CTk):
             if problem.path not in paths and _value_at(config, problem.path) == value:
                 remaining.append(problem)
                 paths.add(problem.path)
+        if not remaining:
+            rechecked = self._run_checks_again(config)
+            if rechecked is None:
+                return
+            self._refused = [(p, _value_at(config, p.path)) for p in rechecked]
+            remaining = rechecked
         if remaining:
             self.footer.set_status(
-                f"Cannot start, {len(remaining)} problem(s) left: {summarize(remaining, config)}", "error"
+                f"Cannot start, {_count(len(remaining), 'problems')} left: {describe(remaining[0], config)}",
+                "error",
+                more_problems(remaining),
             )
         else:
             self._refused = None
-            self.footer.set_status("The problems that stopped the start were fixed: Start checks again.", "ok")
+            self.footer.set_status("Checked again: the problems that stopped the start are fixed. Start can go.", "ok")
+
+    def _run_checks_again(self, config: TrainConfig) -> list[Problem] | None:
+        """Start's checks on the fixed config (their errors; [] when it passes). None when they need the hub's
+        answer first (seconds on a bad connection: Start asks on a worker thread), said on the status line."""
+        if hub_ids_to_ask(config):
+            self._refused = None
+            self.footer.set_status("The fields that stopped the start changed: Start checks them again.", "info")
+            return None
+        packed, _ = pack(config)
+        problems = run_checks(packed)
+        self._mark(problems)  # a field the checks still find wrong is marked again
+        return errors(problems)
 
     def stop(self) -> None:
         if self.runner.is_alive():

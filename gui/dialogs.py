@@ -6,12 +6,13 @@ message windows stay real. Messages open non-modal windows and are also kept in 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tkinter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from tkinter import filedialog, messagebox
+from tkinter import filedialog
 from typing import Any
 
 import customtkinter as ctk
@@ -58,6 +59,49 @@ class TextWindow(ctk.CTkToplevel):
     def _copy(self, text: str) -> None:
         self.clipboard_clear()
         self.clipboard_append(text)
+
+
+class ConfirmDialog(ctk.CTkToplevel):
+    """A question with a row of buttons, drawn by customtkinter so it follows the app's appearance (Tk's own message
+    boxes are light whatever the app's theme). Modal while open; `answer` is the value of the button pressed, or
+    `cancel` when the window is closed or Escape is pressed."""
+
+    def __init__(self, master: Any, title: str, text: str, buttons: Sequence[tuple[str, Any]], cancel: Any) -> None:
+        super().__init__(master)
+        self.title(title)
+        self.resizable(False, False)
+        self.answer = cancel
+        self.grid_columnconfigure(0, weight=1)
+        ctk.CTkLabel(self, text=text, justify="left", anchor="w", wraplength=440).grid(
+            row=0, column=0, sticky="ew", padx=16, pady=(16, 10)
+        )
+        row = ctk.CTkFrame(self, fg_color="transparent")
+        row.grid(row=1, column=0, sticky="e", padx=12, pady=(0, 12))
+        self.buttons: dict[str, ctk.CTkButton] = {}
+        for label, value in buttons:
+            button = ctk.CTkButton(row, text=label, width=100, command=lambda v=value: self._choose(v))
+            button.pack(side="left", padx=4)
+            self.buttons[label] = button
+        self.protocol("WM_DELETE_WINDOW", lambda: self._choose(cancel))
+        self.bind("<Escape>", lambda _e: self._choose(cancel))
+        first = next(iter(self.buttons.values()), None)
+        if first is not None:
+            self.bind("<Return>", lambda _e: first.invoke())
+        self.transient(master)
+
+    def _choose(self, value: Any) -> None:
+        self.answer = value
+        self.destroy()
+
+    def ask(self) -> Any:
+        """Wait (the window stays painted) until a button is pressed; its value."""
+        self.update_idletasks()
+        with contextlib.suppress(tkinter.TclError):  # not viewable yet on some window managers: modal anyway soon
+            self.wait_visibility()
+            self.grab_set()
+        self.focus_force()
+        self.wait_window()
+        return self.answer
 
 
 def start_dir(current: str = "") -> str:
@@ -133,14 +177,12 @@ class Dialogs:
         )
 
     def ask_yes_no(self, title: str, text: str) -> bool:
-        return bool(messagebox.askyesno(title, text, parent=self.parent))
+        return bool(ConfirmDialog(self.parent, title, text, [("Yes", True), ("No", False)], False).ask())
 
     def ask_save_changes(self, title: str, text: str) -> str | None:
         """ "save", "discard", or None to cancel what was about to replace the changes."""
-        answer = messagebox.askyesnocancel(title, text, parent=self.parent)
-        if answer is None:
-            return None
-        return "save" if answer else "discard"
+        buttons = [("Save", "save"), ("Don't save", "discard"), ("Cancel", None)]
+        return ConfirmDialog(self.parent, title, text, buttons, None).ask()
 
     def ask_string(self, title: str, text: str) -> str:
         """A line of text the user types, or "" when cancelled."""

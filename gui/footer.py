@@ -1,8 +1,10 @@
 """The footer: progress of the run (epoch and step bars, it/s, ETA, loss), a status line, the run's warnings, and the
 run's buttons.
 
-The status line has a row of its own, wrapped to the window's width, so no text is clipped at 1024 px. Warnings of the
-run (the CPU fallback) stay shown beside the buttons: the next status line does not wipe them.
+The status line has a row of its own and always one line: a text longer than the window is wide (or of several lines)
+is shortened with "…", and its whole text is the line's tooltip, so the footer keeps its height whatever it says and the
+progress row above never moves. Warnings of the run (the CPU fallback) stay shown beside the buttons, shortened the same
+way: the next status line does not wipe them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import customtkinter as ctk
 
+from gui.widgets.tooltip import Tooltip
 from onetrainer.training.events import (
     Event,
     Failed,
@@ -43,6 +46,26 @@ def format_duration(seconds: float | None) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def one_line(text: str, width: int, measure: Callable[[str], int], suffix: str = "") -> str:
+    """`text` as one line of at most `width` pixels (`measure` gives a text's width): its first line, cut with "…"
+    where it is too long or more lines follow; `suffix` ("(+2 more, see Log)") is always shown whole."""
+    lines = text.strip().splitlines() or [""]
+    first = lines[0].rstrip()
+    cut = len(lines) > 1
+    if not cut and measure(first + suffix) <= width:
+        return first + suffix
+    if measure(first + " …" + suffix) <= width:
+        return first + " …" + suffix
+    low, high = 0, len(first)  # the longest start of the line that fits with the ellipsis (binary search)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if measure(first[:middle].rstrip() + "…" + suffix) <= width:
+            low = middle
+        else:
+            high = middle - 1
+    return first[:low].rstrip() + "…" + suffix
 
 
 def format_speed(steps_per_second: float) -> str:
@@ -89,14 +112,19 @@ class Footer(ctk.CTkFrame):
         for label in (self.speed_label, self.eta_label, self.loss_label):
             label.pack(side="left", padx=4)
 
-        self.status_label = ctk.CTkLabel(self, text="Ready.", anchor="w", justify="left", wraplength=560)
+        # Both lines never wrap (a second line would make the footer taller and move the progress row): `one_line`
+        # shortens them to the room they have, and the tooltip holds the whole text.
+        self.status_label = ctk.CTkLabel(self, text="Ready.", anchor="w", justify="left")
         self.status_label.grid(row=1, column=0, columnspan=8, sticky="ew", padx=10, pady=(2, 0))
+        self._status_text = "Ready."
+        self._status_keep = ""
         self._status_level = "info"
         self.warnings: list[str] = []  # this run's warnings, the newest shown in `notice_label`
-        self.notice_label = ctk.CTkLabel(
-            self, text="", anchor="w", justify="left", text_color=STATUS_COLORS["warning"], wraplength=300
-        )
+        self._notice_text = ""
+        self.notice_label = ctk.CTkLabel(self, text="", anchor="w", justify="left", text_color=STATUS_COLORS["warning"])
         self.notice_label.grid(row=2, column=0, columnspan=5, sticky="ew", padx=10, pady=(2, 8))
+        self.status_tooltip = Tooltip(self.status_label, lambda: self._whole(self.status_label, self._status_text))
+        self.notice_tooltip = Tooltip(self.notice_label, lambda: self._whole(self.notice_label, self._notice_text))
 
         buttons = ctk.CTkFrame(self, fg_color="transparent")
         self.buttons = buttons
@@ -128,11 +156,41 @@ class Footer(ctk.CTkFrame):
         self.bind("<Configure>", self._resized, add="+")
 
     def _resized(self, _event: Any = None) -> None:
+        self._show_status()
+        self._show_notice()
+
+    def _room(self, label: ctk.CTkLabel) -> int:
+        """The pixels `label` may fill: the footer's width (the window's before it is laid out) less what is beside."""
         width = self.winfo_width()
         if width <= 1:
+            width = max(self.winfo_toplevel().winfo_width(), 1000)
+        if label is self.notice_label:
+            return max(150, width - self.buttons.winfo_reqwidth() - 40)
+        return max(200, width - 30)
+
+    def _measure(self, label: ctk.CTkLabel) -> Callable[[str], int]:
+        font = label.cget("font")
+        scaling = ctk.ScalingTracker.get_widget_scaling(label)
+        if isinstance(font, ctk.CTkFont):
+            return lambda text: round(font.measure(text) * scaling)
+        return lambda text: round(ctk.CTkFont().measure(text) * scaling)  # a plain font tuple: the default's size
+
+    def _whole(self, label: ctk.CTkLabel, text: str) -> str:
+        """The tooltip: the whole text where the line shows less of it."""
+        return text if label.cget("text") != text.strip() else ""
+
+    def _show_status(self) -> None:
+        label = self.status_label
+        text = self._status_text.removesuffix(self._status_keep) if self._status_keep else self._status_text
+        label.configure(text=one_line(text, self._room(label), self._measure(label), self._status_keep))
+
+    def _show_notice(self) -> None:
+        if not self.warnings:
+            self.notice_label.configure(text="")
             return
-        self.status_label.configure(wraplength=max(200, width - 30))
-        self.notice_label.configure(wraplength=max(150, width - self.buttons.winfo_reqwidth() - 40))
+        more = f" (+{len(self.warnings) - 1} more, see Log)" if len(self.warnings) > 1 else ""
+        label = self.notice_label
+        label.configure(text=one_line(f"⚠ {self.warnings[-1]}", self._room(label), self._measure(label), more))
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -149,12 +207,23 @@ class Footer(ctk.CTkFrame):
         self.start_button.configure(text="Stopping…", state="disabled")
         self.set_status("Stopping at the next step…")
 
-    def set_status(self, text: str, level: str = "info") -> None:
+    def set_status(self, text: str, level: str = "info", keep: str = "") -> None:
+        """Show `text` on the status line, shortened to one line (the whole text is its tooltip and `status`);
+        `keep` follows it and is never cut (" (and 2 more; see Log)")."""
+        self._status_text = text + keep
+        self._status_keep = keep
         self._status_level = level
-        self.status_label.configure(text=text, text_color=STATUS_COLORS[level])
+        self.status_label.configure(text_color=STATUS_COLORS[level])
+        self._show_status()
 
     @property
     def status(self) -> str:
+        """The whole status text (the line may show it shortened)."""
+        return self._status_text
+
+    @property
+    def status_shown(self) -> str:
+        """What the status line shows."""
         return self.status_label.cget("text")
 
     @property
@@ -169,7 +238,8 @@ class Footer(ctk.CTkFrame):
         self.step_text.configure(text="–")
         self._reset_figures(loss=True)
         self.warnings = []
-        self.notice_label.configure(text="")
+        self._notice_text = ""
+        self._show_notice()
 
     def _reset_figures(self, loss: bool) -> None:
         self.speed_label.configure(text="– it/s")
@@ -181,11 +251,13 @@ class Footer(ctk.CTkFrame):
         """A warning that stays shown for the rest of the run (the status line moves on)."""
         self.warnings.append(text)
         more = f" (+{len(self.warnings) - 1} more, see Log)" if len(self.warnings) > 1 else ""
-        self.notice_label.configure(text=f"⚠ {text}{more}")
+        self._notice_text = f"⚠ {text}{more}"
+        self._show_notice()
 
     @property
     def notice(self) -> str:
-        return self.notice_label.cget("text")
+        """The whole notice (the line may show the warning shortened)."""
+        return self._notice_text
 
     # -- events from the trainer ---------------------------------------------------------------------------------
 

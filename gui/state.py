@@ -5,14 +5,20 @@ It lives in `$ONETRAINER_STATE_DIR` when set (tests), else `$XDG_CONFIG_HOME/one
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from onetrainer.config import ConfigFileError, Problem, TrainConfig, load_config, save_config
+from onetrainer.util.fs import atomic_write_json
 
 STATE_DIR_ENV = "ONETRAINER_STATE_DIR"
 LAST_CONFIG_NAME = "last-config.json"
+# Which concepts and samples of the last config came with a preset (see App.load_preset): kept beside the last config
+# so that the next preset still drops them after a restart.
+PRESET_DATA_NAME = "last-preset-data.json"
 USER_PRESETS = "presets"
 # What a preset leaves alone: the user's data (see App.load_preset).
 DATA_FIELDS = ("concepts", "samples")
@@ -46,6 +52,34 @@ def load_last_config() -> tuple[TrainConfig | None, list[Problem]]:
         return load_config(path)
     except ConfigFileError as e:
         return None, [Problem("", f"the last session's config could not be restored: {e}")]
+
+
+def preset_data_path() -> Path:
+    return state_dir() / PRESET_DATA_NAME
+
+
+def save_preset_data(data: dict[str, list[dict[str, Any]] | None]) -> Path:
+    """Remember the concepts and samples (as dicts) the last preset brought, per field (None: it brought none)."""
+    path = preset_data_path()
+    atomic_write_json(path, {field: data.get(field) for field in DATA_FIELDS})
+    return path
+
+
+def load_preset_data() -> dict[str, list[dict[str, Any]] | None]:
+    """What `save_preset_data` remembered; nothing (every field None) when there is no file or it is damaged: then
+    every concept and sample counts as the user's, which never drops anything of theirs."""
+    try:
+        saved = json.loads(preset_data_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    out: dict[str, list[dict[str, Any]] | None] = {}
+    for field in DATA_FIELDS:
+        items = saved.get(field)
+        ok = isinstance(items, list) and all(isinstance(item, dict) for item in items)
+        out[field] = items if ok else None
+    return out
 
 
 # -- the user's own presets ----------------------------------------------------------------------------------------

@@ -84,8 +84,10 @@ class ToolsTab(FormTab):
             window = ConvertWindow(self.page, self.dialogs)
         elif key == "sampling":
             from gui.windows.sampling_tool import SamplingWindow
+            from onetrainer.config import pack
 
-            window = SamplingWindow(self.page, self.dialogs)
+            # Packed: the samples of the config's sample file too (the window starts from the first one).
+            window = SamplingWindow(self.page, self.dialogs, pack(self.model.config)[0])
         else:
             window = {"masks": MaskWindow, "captions": CaptionWindow}[key](
                 self.page, self.dialogs, self._first_concept_folder()

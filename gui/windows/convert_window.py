@@ -1,4 +1,6 @@
-"""The tools tab's model converter: a model or LoRA into another layout, on a worker thread."""
+"""The tools tab's model converter: a model or LoRA into another layout, on a worker thread.
+
+The status line speaks of the inputs it shows: a change to any of them clears the last conversion's "written: …"."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.background import BackgroundResult, run_in_background
+from gui.dialogs import MODEL_FILES
+from gui.widgets.path_entry import PathEntry, in_window_terms
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, model_type_info
@@ -17,6 +21,18 @@ if TYPE_CHECKING:
     from gui.dialogs import Dialogs
 
 ERROR_TEXT = ("#b00020", "#ff6b6b")
+OVERWRITE_TEXT = "Replace an existing destination"
+# The conversion's messages are written for scripts/convert_model.py: its options as this window names them.
+OPTION_FIELDS = {
+    "--model-type": "Model type",
+    "--training-method": "Method",
+    "--input-name": "Input",
+    "--base-model-name": "the Base model field",
+    "--output-model-format": "Output format",
+    "--output-dtype": "Output data type",
+    "--output-model-destination": "Destination",
+}
+OPTION_PHRASES = {"(--overwrite replaces it)": f"(tick '{OVERWRITE_TEXT}' to replace it)"}
 
 
 class ConvertWindow(ctk.CTkToplevel):
@@ -31,12 +47,15 @@ class ConvertWindow(ctk.CTkToplevel):
         types = [m.value for m in SUPPORTED_MODEL_TYPES]
         self.model_type = self._menu("Model type", types, ModelType.STABLE_DIFFUSION_15.value)
         self.method = self._menu("Method", [m.value for m in CONVERTIBLE_METHODS], TrainingMethod.FINE_TUNE.value)
-        self.input_name = self._entry("Input (model or LoRA)")
-        self.base_model = self._entry("Base model (LoRA, embedding)")
+        self.paths: dict[str, PathEntry] = {}
+        self.input_name = self._entry("input", "Input (model or LoRA)", ("file", "folder"))
+        self.base_model = self._entry("base_model", "Base model (LoRA, embedding)", ("file", "folder"))
         self.output_format = self._menu("Output format", [], ModelFormat.ORIGINAL_SINGLE_FILE.value)
         self.output_dtype = self._menu("Output data type", [d.value for d in OUTPUT_DTYPES], DataType.FLOAT_16.value)
-        self.destination = self._entry("Destination")
-        self.overwrite = ctk.CTkCheckBox(self, text="Replace an existing destination")
+        self.destination = self._entry("destination", "Destination", ("save",))
+        # A diffusers model is a folder: its destination is chosen as one.
+        self.paths["destination"].save_kind = lambda: "folder" if self.output_format.get() == "DIFFUSERS" else "save"
+        self.overwrite = ctk.CTkCheckBox(self, text=OVERWRITE_TEXT, command=self._inputs_changed)
         self.overwrite.grid(row=self._row, column=1, sticky="w", padx=(0, 12), pady=3)
         self._row += 1
         self.convert_button = ctk.CTkButton(self, text="Convert", width=120, command=self.convert)
@@ -46,6 +65,8 @@ class ConvertWindow(ctk.CTkToplevel):
         self._text_color = self.status.cget("text_color")
         self.model_type.configure(command=lambda _v: self._update_formats())
         self.method.configure(command=lambda _v: self._update_formats())
+        self.output_format.configure(command=lambda _v: self._inputs_changed())
+        self.output_dtype.configure(command=lambda _v: self._inputs_changed())
         self._update_formats()
 
     def _menu(self, label: str, values: list[str], value: str) -> ctk.CTkOptionMenu:
@@ -56,12 +77,23 @@ class ConvertWindow(ctk.CTkToplevel):
         self._row += 1
         return menu
 
-    def _entry(self, label: str) -> ctk.CTkEntry:
+    def _entry(self, key: str, label: str, kinds: tuple[str, ...]) -> ctk.CTkEntry:
         ctk.CTkLabel(self, text=label, anchor="w").grid(row=self._row, column=0, sticky="w", padx=(12, 6), pady=3)
-        entry = ctk.CTkEntry(self, width=360)
-        entry.grid(row=self._row, column=1, sticky="ew", padx=(0, 12), pady=3)
+        variable = ctk.StringVar(self)
+        field = PathEntry(self, self.dialogs, label, kinds, filetypes=MODEL_FILES, default_ext=".safetensors")
+        field.entry.configure(textvariable=variable)
+        variable.trace_add("write", lambda *_args: self._inputs_changed())  # typed, pasted or browsed
+        field.grid(row=self._row, column=1, sticky="ew", padx=(0, 12), pady=3)
+        self.paths[key] = field
         self._row += 1
-        return entry
+        return field.entry
+
+    def _inputs_changed(self) -> None:
+        """The last conversion's result (or error) is about other inputs now: cleared (not while one runs)."""
+        if self.job is not None and not self.job.done:
+            return
+        self.written = []
+        self._show("")
 
     def _update_formats(self) -> None:
         """Offer the formats the chosen model type writes for the chosen method."""
@@ -70,6 +102,7 @@ class ConvertWindow(ctk.CTkToplevel):
         self.output_format.configure(values=formats or ["-"])
         if self.output_format.get() not in formats:
             self.output_format.set(formats[0] if formats else "-")
+        self._inputs_changed()
 
     def conversion(self) -> Conversion:
         return Conversion(
@@ -95,7 +128,7 @@ class ConvertWindow(ctk.CTkToplevel):
         conversion = self.conversion()
         problems = conversion.problems()
         if problems:
-            self._show("\n".join(problems), error=True)
+            self._show("\n".join(in_window_terms(p, OPTION_FIELDS, OPTION_PHRASES) for p in problems), error=True)
             return False
         from onetrainer.tools.convert import convert
 
@@ -108,7 +141,7 @@ class ConvertWindow(ctk.CTkToplevel):
     def _done(self, result: BackgroundResult) -> None:
         self.convert_button.configure(state="normal")
         if result.error is not None:
-            self._show(str(result.error), error=True)
+            self._show(in_window_terms(str(result.error), OPTION_FIELDS, OPTION_PHRASES), error=True)
             return
         self.written = list(result.value)
         self._show("written: " + ", ".join(str(p) for p in self.written))

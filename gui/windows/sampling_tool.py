@@ -1,7 +1,10 @@
 """The tools tab's sampling window: render from a chosen model with a LoRA and embeddings, outside training.
 
 It builds `scripts/sample.py`'s arguments and renders through the same code (`onetrainer.cli.sample.render_images`)
-on a worker thread, shows the images, and keeps the settings of the last use in the app's state folder.
+on a worker thread, and shows the images. Opened from the app, it starts from the current config: its model type and
+base model, the LoRA or embedding it trains (once that file exists), its first sample's prompt and settings, and the
+workspace's `samples/sampling-tool` folder for the images; what the config does not give comes from the last use
+(kept in the app's state folder).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import customtkinter as ctk
 from PIL import Image
 
 from gui.background import BackgroundResult, run_in_background
+from gui.dialogs import MODEL_FILES
+from gui.labels import model_type_choices
 from gui.state import state_dir
-from onetrainer.config.enums import NoiseScheduler
-from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES
+from gui.widgets.path_entry import PathEntry, in_window_terms
+from onetrainer.config import TrainConfig, TrainingMethod
+from onetrainer.config.enums import ModelType, NoiseScheduler
 from onetrainer.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
@@ -40,9 +46,40 @@ TEXT_FIELDS = (
     ("seed", "Seed", "42"),
     ("count", "Images", "1"),
     ("device", "Device", ""),
-    ("output", "Output folder", "samples"),
+    ("output", "Output folder", ""),
 )
 NUMBERS = {"width": int, "height": int, "steps": int, "cfg_scale": float, "seed": int, "count": int}
+# Fields with browse buttons, and what they choose.
+BROWSE = {"base_model": ("file", "folder"), "lora": ("file",), "output": ("folder",)}
+OUTPUT_FOLDER = "sampling-tool"  # under the workspace's samples folder, beside the training's samples
+# scripts/sample.py's options as this window names them (its messages are written for the command line).
+OPTION_FIELDS = {
+    "--model-type": "Model type",
+    "--base-model": "Base model",
+    "--lora": "LoRA",
+    "--embedding": "Embeddings",
+    "--prompt": "Prompt",
+    "--negative-prompt": "Negative prompt",
+    "--width": "Width",
+    "--height": "Height",
+    "--steps": "Steps",
+    "--cfg-scale": "CFG scale",
+    "--seed": "Seed",
+    "--count": "Images",
+    "--device": "Device",
+    "--output": "Output folder",
+    "--sampler": "Sampler",
+}
+
+
+def output_folder(config: TrainConfig) -> Path:
+    """Where the window writes for `config`: `<workspace_dir>/samples/sampling-tool` (never the folder the app was
+    started from)."""
+    return Path(config.workspace_dir).expanduser() / "samples" / OUTPUT_FOLDER
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def settings_path() -> Path:
@@ -50,7 +87,7 @@ def settings_path() -> Path:
 
 
 class SamplingWindow(ctk.CTkToplevel):
-    def __init__(self, master: Any, dialogs: Dialogs | None = None) -> None:
+    def __init__(self, master: Any, dialogs: Dialogs | None = None, config: TrainConfig | None = None) -> None:
         super().__init__(master)
         self.title("Sample a model")
         self.dialogs = dialogs
@@ -59,18 +96,28 @@ class SamplingWindow(ctk.CTkToplevel):
         self._thumbnails: list[ctk.CTkImage] = []
         self.grid_columnconfigure(1, weight=1)
         row = 0
+        # The menu shows the labels the main window shows ("SD 1.5"); arguments take the model type's name.
+        self._types = {label: model_type for label, model_type in model_type_choices()}
         ctk.CTkLabel(self, text="Model type", anchor="w").grid(row=row, column=0, sticky="w", padx=(12, 6), pady=3)
-        self.model_type = ctk.CTkOptionMenu(self, values=[m.value for m in SUPPORTED_MODEL_TYPES])
+        self.model_type = ctk.CTkOptionMenu(self, values=list(self._types))
         self.model_type.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
         row += 1
         self.entries: dict[str, ctk.CTkEntry] = {}
+        self.paths: dict[str, PathEntry] = {}
         for key, label, default in TEXT_FIELDS:
             ctk.CTkLabel(self, text=label, anchor="w").grid(row=row, column=0, sticky="w", padx=(12, 6), pady=3)
-            entry = ctk.CTkEntry(self, width=380)
+            if key in BROWSE:
+                files = MODEL_FILES if key != "output" else ()
+                field = PathEntry(self, dialogs, label, BROWSE[key], filetypes=files, width=380)
+                self.paths[key] = field
+                entry, widget = field.entry, field
+            else:
+                entry = widget = ctk.CTkEntry(self, width=380)
             entry.insert(0, default)
-            entry.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
+            widget.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
             self.entries[key] = entry
             row += 1
+        self._set("output", str(output_folder(config or TrainConfig())))
         ctk.CTkLabel(self, text="Sampler", anchor="w").grid(row=row, column=0, sticky="w", padx=(12, 6), pady=3)
         self.sampler = ctk.CTkOptionMenu(self, values=[s.value for s in NoiseScheduler])
         self.sampler.set(NoiseScheduler.DDIM.value)
@@ -85,12 +132,45 @@ class SamplingWindow(ctk.CTkToplevel):
         self.gallery.grid(row=row + 2, column=0, columnspan=2, sticky="nsew", padx=12, pady=(4, 12))
         self.grid_rowconfigure(row + 2, weight=1)
         self.load_settings()
+        if config is not None:
+            self.take_config(config)
+
+    def _set(self, key: str, value: str) -> None:
+        self.entries[key].delete(0, "end")
+        self.entries[key].insert(0, value)
+
+    def _set_model_type(self, model_type: ModelType | str) -> None:
+        for label, known in self._types.items():
+            if known.value == getattr(model_type, "value", model_type) or label == model_type:
+                self.model_type.set(label)
+                return
+
+    def take_config(self, config: TrainConfig) -> None:
+        """Start from the main window's config: its model, what it trains (once written), its first enabled
+        sample, and its workspace for the images. Fields it gives nothing for keep the last use's values."""
+        self._set_model_type(config.model_type)
+        self._set("base_model", config.base_model_name)
+        self._set("output", str(output_folder(config)))
+        trained = config.output_model_destination.strip()
+        if trained and Path(trained).expanduser().is_file():
+            if config.training_method is TrainingMethod.LORA:
+                self._set("lora", trained)
+            elif config.training_method is TrainingMethod.EMBEDDING:
+                self._set("embeddings", trained)
+        sample = next((s for s in config.samples or [] if s.enabled), None)
+        if sample is not None:
+            for key, value in (("prompt", sample.prompt), ("negative_prompt", sample.negative_prompt),
+                               ("width", sample.width), ("height", sample.height),
+                               ("steps", sample.diffusion_steps), ("cfg_scale", sample.cfg_scale),
+                               ("seed", sample.seed)):  # fmt: skip
+                self._set(key, f"{value:g}" if isinstance(value, float) else str(value))
+            self.sampler.set(sample.noise_scheduler.value)
 
     # -- settings -------------------------------------------------------------------------------------------------
 
     def settings(self) -> dict[str, str]:
         values = {key: entry.get() for key, entry in self.entries.items()}
-        values.update(model_type=self.model_type.get(), sampler=self.sampler.get())
+        values.update(model_type=self._types[self.model_type.get()].value, sampler=self.sampler.get())
         return values
 
     def load_settings(self) -> None:
@@ -99,12 +179,14 @@ class SamplingWindow(ctk.CTkToplevel):
         except (OSError, ValueError):
             return  # never used yet, or a damaged file: the defaults
         for key, entry in self.entries.items():
-            if isinstance(saved.get(key), str):
+            # The output folder is never the last use's: it follows the config (see take_config).
+            if key != "output" and isinstance(saved.get(key), str):
                 entry.delete(0, "end")
                 entry.insert(0, saved[key])
-        for menu, key in ((self.model_type, "model_type"), (self.sampler, "sampler")):
-            if saved.get(key) in menu.cget("values"):
-                menu.set(saved[key])
+        if isinstance(saved.get("model_type"), str):
+            self._set_model_type(saved["model_type"])
+        if saved.get("sampler") in self.sampler.cget("values"):
+            self.sampler.set(saved["sampler"])
 
     def save_settings(self) -> None:
         with contextlib.suppress(OSError):  # remembering the settings is a convenience; rendering goes on
@@ -137,7 +219,9 @@ class SamplingWindow(ctk.CTkToplevel):
             args += [option, values[key].strip()]
         if values["device"].strip():
             args += ["--device", values["device"].strip()]
-        args += ["--output", str(Path(values["output"].strip() or "samples").expanduser())]
+        if not values["output"].strip():
+            raise ValueError("choose an Output folder")
+        args += ["--output", str(Path(values["output"].strip()).expanduser())]
         return args
 
     def _show(self, text: str, error: bool = False) -> None:
@@ -162,10 +246,11 @@ class SamplingWindow(ctk.CTkToplevel):
     def _done(self, result: BackgroundResult) -> None:
         self.render_button.configure(state="normal")
         if result.error is not None:
-            self._show(str(result.error), error=True)
+            self._show(in_window_terms(str(result.error), OPTION_FIELDS), error=True)
             return
         self.images = list(result.value)
-        self._show(f"{len(self.images)} images: {self.images[0].parent}" if self.images else "nothing rendered")
+        where = f"{_count(len(self.images), 'image')}: {self.images[0].parent}" if self.images else "nothing rendered"
+        self._show(where)
         self._show_images()
 
     def _show_images(self) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import gc
 import tkinter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import customtkinter as ctk
 
+from gui.widgets.path_entry import PathEntry, in_window_terms
 from onetrainer.tools.downloads import DownloadProgress
 from onetrainer.tools.folder_pass import (
     ImageDone,
@@ -58,6 +59,10 @@ class FolderPassWindow(ctk.CTkToplevel):
     """A form of rows (label + widget), then the folder pass controls. Subclasses add rows and `make_task`."""
 
     title_text = ""
+    # The tools' messages are written for the scripts (`--model-path`): the options as this window names them, and
+    # whole phrases that read better reworded.
+    option_fields: ClassVar[dict[str, str]] = {}
+    option_phrases: ClassVar[dict[str, str]] = {}
 
     def __init__(self, master: Any, dialogs: Dialogs | None = None, folder: str | None = None) -> None:
         super().__init__(master)
@@ -97,6 +102,15 @@ class FolderPassWindow(ctk.CTkToplevel):
         ctk.CTkButton(frame, text="…", width=30, command=lambda: self._browse(entry)).grid(row=0, column=1, padx=(4, 0))
         self._place(label, frame)
         return entry
+
+    def path_row(self, label: str, title: str, kinds: tuple[str, ...] = ("file", "folder")) -> ctk.CTkEntry:
+        """A path with File… / Folder… buttons (a model file or folder)."""
+        field = PathEntry(self, self.dialogs, title, kinds, width=320)
+        self._place(label, field)
+        return field.entry
+
+    def in_window_terms(self, text: str) -> str:
+        return in_window_terms(text, self.option_fields, self.option_phrases)
 
     def menu_row(self, label: str, values: list[str], value: str, command: Callable | None = None) -> ctk.CTkOptionMenu:
         menu = ctk.CTkOptionMenu(self, values=values, command=command)
@@ -148,7 +162,7 @@ class FolderPassWindow(ctk.CTkToplevel):
             images = folder_images(self.folder.get().strip(), bool(self.subfolders.get()))
             make_task = self.make_task()
         except (ValueError, FileNotFoundError) as e:
-            self._show(str(e), error=True)
+            self._show(self.in_window_terms(str(e)), error=True)
             return False
         if not images:
             self._show("the folder has no images", error=True)
@@ -214,7 +228,7 @@ class FolderPassWindow(ctk.CTkToplevel):
             self._show(f"{head}: {len(event.written)} written, {len(event.kept)} kept, {len(event.skipped)} skipped")
         elif isinstance(event, PassFailed):
             self.outcome = event
-            self._show(event.message, error=True)
+            self._show(self.in_window_terms(event.message), error=True)
 
 
 def _number(entry: ctk.CTkEntry, name: str, cast: type = float) -> Any:
@@ -225,8 +239,23 @@ def _number(entry: ctk.CTkEntry, name: str, cast: type = float) -> Any:
         raise ValueError(f"{name}: '{text}' is not a {'whole ' if cast is int else ''}number") from None
 
 
+MODEL_PATH_FIELD = "the Model path field"
+MODEL_PATH_PHRASES = {
+    # u2net's download failed: the file can be downloaded by hand and chosen here.
+    "pass the file with --model-path": f"choose the file with the File… button of {MODEL_PATH_FIELD}",
+    "(--model-path takes a .onnx file)": "(Model path takes a .onnx file)",
+    "--model-path for ": "Model path for ",
+}
+
+
 class MaskWindow(FolderPassWindow):
     title_text = "Generate masks"
+    option_fields: ClassVar[dict[str, str]] = {
+        "--model-path": MODEL_PATH_FIELD,
+        "--add-prompt": "Prompts",
+        "--threshold": "Threshold",
+    }
+    option_phrases: ClassVar[dict[str, str]] = MODEL_PATH_PHRASES
 
     def build_form(self) -> None:
         from onetrainer.tools.masks import MASK_MODELS, MASK_MODES
@@ -238,7 +267,7 @@ class MaskWindow(FolderPassWindow):
         self.smooth = self.entry_row("Smooth pixels", "5")
         self.expand = self.entry_row("Expand pixels", "10")
         self.alpha = self.entry_row("Alpha", "1")
-        self.model_path = self.entry_row("Model path (optional)", "")
+        self.model_path = self.path_row("Model path (optional)", "Choose the model (u2net: a .onnx file)")
         self.device = self.entry_row("Device", "")
         hint = "COLOR: the prompt is the backdrop's hex colour (#00ff00). Empty device: CUDA when there is one."
         ctk.CTkLabel(self, text=hint, text_color=MUTED_TEXT, anchor="w").grid(
@@ -270,6 +299,13 @@ class MaskWindow(FolderPassWindow):
 
 class CaptionWindow(FolderPassWindow):
     title_text = "Generate captions"
+    option_fields: ClassVar[dict[str, str]] = {
+        "--model-path": MODEL_PATH_FIELD,
+        "--initial-caption": "Initial caption",
+        "--caption-prefix": "Caption prefix",
+        "--caption-postfix": "Caption postfix",
+    }
+    option_phrases: ClassVar[dict[str, str]] = MODEL_PATH_PHRASES
 
     def build_form(self) -> None:
         from onetrainer.tools.captions import CAPTION_MODELS, CAPTION_MODES
@@ -279,7 +315,7 @@ class CaptionWindow(FolderPassWindow):
         self.prefix = self.entry_row("Caption prefix", "")
         self.postfix = self.entry_row("Caption postfix", "")
         self.mode = self.menu_row("Mode", list(CAPTION_MODES), "fill")
-        self.model_path = self.entry_row("Model path (optional)", "")
+        self.model_path = self.path_row("Model path (optional)", "Choose the model (a folder, or WD14's .onnx file)")
         self.device = self.entry_row("Device", "")
 
     def make_task(self) -> Callable[[], Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from onetrainer.config import ConceptConfig, TrainConfig
 from tests.gui.helpers import press, settle, view_of
 
 pytestmark = pytest.mark.gui
@@ -55,7 +56,7 @@ def test_start_and_save_refuse_while_a_field_holds_an_invalid_value(app, trainab
     text = app.dialogs.history[-1].text
     for label in ("Learning rate", "Epochs", "Batch size"):
         assert label in text, text
-    assert "3 problem(s)" in app.footer.status
+    assert "3 problems" in app.footer.status
 
     target = tmp_path / "saved.json"
     assert app.save_config_file(target) is None
@@ -195,6 +196,64 @@ def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None
     assert [c.name for c in app.model.config.concepts] == ["demo shapes"]
 
 
+def test_the_users_concept_beside_the_demos_stays_and_the_demos_goes(app) -> None:
+    _invoke_preset(app, "demo")
+    app.select_tab("concepts").add_button.invoke()  # the user's own concept beside the demo's unedited one
+    app.model.set("concepts.1.name", "cats")
+    app.model.mark_saved()
+    _invoke_preset(app, "sd15", "lora")
+    config = app.model.config
+    assert [c.name for c in config.concepts] == ["cats"]  # the README: the demo's go, the user's stay
+    assert config.samples is None  # the demo's unedited sample was all there was: back to the user's side file
+    assert [card.name_label.cget("text") for card in app.select_tab("concepts").cards] == ["cats"]
+    assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
+
+    # An edited item is the user's: it stays too.
+    app.dialogs.answers.append(True)  # the demo's concept replaces "cats"
+    _invoke_preset(app, "demo")
+    app.model.set("concepts.0.loss_weight", 0.5)
+    app.model.mark_saved()
+    _invoke_preset(app, "sd15", "lora")
+    assert [(c.name, c.loss_weight) for c in app.model.config.concepts] == [("demo shapes", 0.5)]
+
+
+def test_the_demos_data_is_still_the_demos_after_a_restart(
+    display, state_dir: Path, in_tmp: Path, scripted_dialogs
+) -> None:
+    from gui.app import App
+
+    first = App(TrainConfig(), autosave=True, dialogs=scripted_dialogs)
+    try:
+        assert first.load_preset("demo")
+        # (Not through the concepts tab: its pictures belong to the first Tk root, the session's shared window.)
+        first.model.config.concepts.append(ConceptConfig(name="cats", path=str(in_tmp)))
+        first.model.changed("concepts")
+        first.autosave_now()  # what closing the window does
+    finally:
+        first.destroy()
+    second = App(None, autosave=False, dialogs=scripted_dialogs)
+    try:
+        assert [c.name for c in second.model.config.concepts] == ["demo shapes", "cats"]
+        assert second.load_preset("sd15/lora")
+        assert [c.name for c in second.model.config.concepts] == ["cats"]
+        assert second.model.config.samples is None
+    finally:
+        second.destroy()
+
+
+def test_a_preset_is_refused_while_a_run_trains(app, trainable, fake_trainer, pump_until) -> None:
+    app.model.replace(trainable)
+    _run_until_loss(app, fake_trainer(hold=True), pump_until)
+    _invoke_preset(app, "sd15", "lora")
+    assert app.model.config.learning_rate == trainable.learning_rate  # the window still shows what trains
+    assert "Cannot load the preset 'sd15/lora' while training runs" in app.footer.status
+    assert app.footer.status_level == "error" and app.dialogs.history[-1].title == "Training is running"
+    assert app.load_config_file("some.json") is False  # a config file neither
+    app.runner.train_function.release.set()
+    pump_until(app, lambda: not app.footer.running)
+    assert app.load_preset("sd15/lora") and app.model.config.learning_rate == 0.0003
+
+
 def test_unsaved_changes_are_offered_for_saving(app, tmp_path: Path) -> None:
     for key in app.tabview.keys:  # building and showing every tab is no edit
         app.select_tab(key)
@@ -283,13 +342,57 @@ def test_a_cannot_start_message_clears_once_fixed(app, trainable, pump_until) ->
     learning_rate = view_of(app, "training", "learning_rate")
     learning_rate.set_text("abc")
     assert app.start() is False
-    assert app.footer.status.startswith("Cannot start, 2 problem(s)")
+    assert app.footer.status.startswith("Cannot start, 2 problems")
     learning_rate.set_text("0.0001")
-    assert app.footer.status.startswith("Cannot start, 1 problem(s) left: error: concept 'shapes'")
+    assert app.footer.status.startswith("Cannot start, 1 problem left: error: concept 'shapes'")
+    # A changed field is not yet a fixed one: the checks run again and still find no folder there.
+    app.model.set("concepts.0.path", "/no/other/folder")
+    pump_until(app, lambda: "/no/other/folder" in app.footer.status)
+    assert app.footer.status.startswith("Cannot start, 1 problem left: error: concept 'shapes'")
+    assert "fixed" not in app.footer.status and app.footer.status_level == "error"
     app.model.set("concepts.0.path", "tiny:images")
     pump_until(app, lambda: not app.footer.status.startswith("Cannot start"))
-    assert "fixed" in app.footer.status and app.footer.status_level == "ok"
+    assert app.footer.status.startswith("Checked again: the problems that stopped the start are fixed")
+    assert app.footer.status_level == "ok"
     assert app.start() is True
+
+
+def test_a_long_start_refusal_keeps_the_footer_one_line_high(app, trainable, screenshot) -> None:
+    app.geometry("1024x700")
+    settle(app, 0.5)
+    trainable.concepts[0].path = "/no/such/folder"
+    trainable.base_model_name = "/no/such/model.safetensors"
+    app.model.replace(trainable)
+    footer = app.footer
+    settle(app, 0.3)
+    before = (footer.epoch_bar.winfo_rooty(), footer.winfo_height())
+    assert app.start() is False
+    settle(app, 0.3)
+    assert (footer.epoch_bar.winfo_rooty(), footer.winfo_height()) == before  # the progress row did not move
+    assert footer.status.startswith("Cannot start, 2 problems: error: Base model: model not found")
+    assert footer.status.endswith("(and 1 more; see Log)")
+    shown = footer.status_shown
+    assert "\n" not in shown and shown.endswith("… (and 1 more; see Log)")
+    assert footer.status_tooltip.text == footer.status  # the whole text on hover
+    assert footer.status_label.winfo_reqwidth() <= footer.winfo_width()
+    # The whole list, one problem a line: in the dialog and in the Log window.
+    dialog = app.dialogs.history[-1].text
+    assert dialog.startswith("Fix these 2 problems first:\n\n• error: Base model: model not found")
+    assert "\n• error: concept 'shapes': folder not found: /no/such/folder" in dialog
+    assert any(line.startswith("• error: concept 'shapes'") for line in app.log.text.splitlines())
+    screenshot(app, "footer-start-refused")
+
+    trainable.base_model_name = "tiny:sd15"
+    app.model.replace(trainable)
+    assert app.start() is False
+    assert app.dialogs.history[-1].text.startswith("Fix this problem first:")
+    assert app.footer.status.startswith("Cannot start, 1 problem: error: concept 'shapes'")
+    footer.add_warning("no CUDA device: training on the CPU, much slower (train device 'cuda'); " * 4)
+    footer.add_warning("a second warning that is long enough to need shortening at this width, " * 4)
+    settle(app, 0.3)
+    assert (footer.epoch_bar.winfo_rooty(), footer.winfo_height()) == before  # warnings keep the height too
+    assert footer.notice_label.cget("text").endswith("… (+1 more, see Log)")
+    app.geometry("1280x800")
 
 
 def test_the_footer_is_not_clipped_at_1024_px(app, trainable, fake_trainer, pump_until, screenshot) -> None:
@@ -506,3 +609,45 @@ def test_the_demos_samples_say_a_random_weight_model_draws_noise(app, trainable,
     pump_until(app, lambda: not app.footer.running)
     app.model.set("base_model_name", "runwayml/stable-diffusion-v1-5")
     assert gallery.note_label.cget("text") == ""
+
+
+# -- Questions follow the app's appearance -----------------------------------------------------------------------
+
+
+def _answer_question(app, label: str, seen: dict, tries: int = 100) -> None:
+    """Press `label` in the open question (as a click does), noting its colours; a Tk message box (what the app used
+    to open) is closed instead, so the test fails rather than hangs."""
+    import gui.dialogs
+
+    kind = getattr(gui.dialogs, "ConfirmDialog", None)
+    open_ = [w for w in app.winfo_children() if kind is not None and isinstance(w, kind) and w.winfo_exists()]
+    if open_:
+        dialog = open_[0]
+        seen.setdefault("backgrounds", []).append(dialog.cget("bg"))
+        seen.setdefault("texts", []).append(dialog.buttons[label].cget("text"))
+        dialog.buttons[label].invoke()
+    elif tries:
+        app.after(30, lambda: _answer_question(app, label, seen, tries - 1))
+    else:
+        for child in app.tk.call("winfo", "children", ".") or ():
+            if "__tk__messagebox" in str(child):
+                app.tk.call("destroy", child)
+
+
+def test_questions_are_drawn_in_the_apps_dark_appearance(app) -> None:
+    import customtkinter as ctk
+
+    from gui.dialogs import Dialogs
+
+    assert ctk.get_appearance_mode() == "Dark"
+    dark = ctk.ThemeManager.theme["CTkToplevel"]["fg_color"][1]
+    dialogs = Dialogs(app)  # the real questions, not the scripted ones
+    seen: dict = {}
+    app.after(50, lambda: _answer_question(app, "No", seen))
+    assert dialogs.ask_yes_no("Delete concept", "Delete the concept 'cats'?") is False
+    app.after(50, lambda: _answer_question(app, "Yes", seen))
+    assert dialogs.ask_yes_no("Delete concept", "Delete the concept 'cats'?") is True
+    for label, expected in (("Save", "save"), ("Don't save", "discard"), ("Cancel", None)):
+        app.after(50, lambda label=label: _answer_question(app, label, seen))
+        assert dialogs.ask_save_changes("Unsaved changes", "Save them first?") == expected
+    assert seen["backgrounds"] == [dark] * 5 and app.cget("bg") == dark  # the window's own dark, not Tk's grey

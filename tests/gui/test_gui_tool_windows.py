@@ -155,7 +155,49 @@ def test_convert_window_writes_a_single_file(app, tmp_path):
     pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
     assert window.written == [destination] and destination.is_file()
     assert not window.convert() and "exists" in window.status.cget("text")
+    assert "'Replace an existing destination'" in window.status.cget("text") and "--" not in window.status.cget("text")
     window.destroy()
+
+
+def test_convert_window_clears_its_result_when_an_input_changes_and_browses(app, tmp_path):
+    from onetrainer.tiny import tiny_model_dir
+
+    window = app.select_tab("tools").open_tool("convert")
+    try:
+        set_entry(window.input_name, str(tiny_model_dir("sd15")))
+        destination = tmp_path / "model.safetensors"
+        set_entry(window.destination, str(destination))
+        assert window.convert()
+        pump(window, lambda: window.convert_button.cget("state") == "normal", timeout=60)
+        assert window.status.cget("text").startswith("written: ")
+
+        # Any input changed: the "written: …" of the last inputs goes.
+        set_entry(window.destination, str(tmp_path / "other.safetensors"))
+        assert window.status.cget("text") == "" and window.written == []
+        window._show("written: something")
+        choose_in_menu(window.output_dtype, "FLOAT_32")
+        assert window.status.cget("text") == ""
+        window._show("written: something")
+        window.overwrite.toggle()
+        assert window.status.cget("text") == ""
+
+        # Browse buttons beside the paths: a file or a folder for the input, where to save for the destination.
+        dialogs = app.dialogs
+        dialogs.answers.extend([str(tmp_path / "picked"), str(tmp_path / "model.ckpt"), str(tmp_path / "out.st")])
+        window.paths["input"].buttons["folder"].invoke()
+        assert window.input_name.get() == str(tmp_path / "picked")
+        window.paths["base_model"].buttons["file"].invoke()
+        assert window.base_model.get() == str(tmp_path / "model.ckpt")
+        window.paths["destination"].buttons["save"].invoke()
+        assert window.destination.get() == str(tmp_path / "out.st")
+        choose_in_menu(window.output_format, "DIFFUSERS")
+        dialogs.answers.append(str(tmp_path / "diffusers-out"))
+        window.paths["destination"].buttons["save"].invoke()  # a diffusers model is a folder: a folder is asked for
+        assert window.destination.get() == str(tmp_path / "diffusers-out")
+        kinds = [q.split(":")[0] for q in dialogs.asked[-4:]]
+        assert kinds == ["open dir", "open file", "save file", "open dir"]
+    finally:
+        window.destroy()
 
 
 def test_convert_window_converts_an_a1111_embedding(app, tmp_path):
@@ -189,7 +231,9 @@ def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_pat
     lora = tmp_path / "lora.safetensors"
     write_lora(base, lora)
     window = app.select_tab("tools").open_tool("sampling")
-    choose_in_menu(window.model_type, "STABLE_DIFFUSION_15")
+    assert "SD 1.5" in window.model_type.cget("values")  # the labels the main window shows, not STABLE_DIFFUSION_15
+    assert not any(v.startswith("STABLE_DIFFUSION") for v in window.model_type.cget("values"))
+    choose_in_menu(window.model_type, "SD 1.5")
     values = {"base_model": base, "lora": str(lora), "prompt": "a red circle", "width": "64", "height": "64",
               "steps": "2", "count": "2", "device": "cpu", "output": str(tmp_path / "out")}  # fmt: skip
     for key, value in values.items():
@@ -200,15 +244,66 @@ def test_sampling_window_renders_with_a_lora_and_keeps_its_settings(app, tmp_pat
     assert window.render()
     pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
     assert len(window.images) == 2 and all(p.is_file() for p in window.images), window.status.cget("text")
+    assert window.status.cget("text") == f"2 images: {tmp_path / 'out'}"
     assert len(window.gallery.winfo_children()) == 2
     screenshot(window, "tools-sampling")
+
+    set_entry(window.entries["count"], "1")
+    assert window.render()
+    pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+    assert window.status.cget("text") == f"1 image: {tmp_path / 'out'}"
     window.destroy()
 
+    # Reopened: the render settings are the last use's; the model and the output folder are the config's.
     reopened = app.select_tab("tools").open_tool("sampling")
     assert reopened is not window
-    assert {k: reopened.entries[k].get() for k in values} == values
-    assert reopened.model_type.get() == "STABLE_DIFFUSION_15"
+    remembered = ("lora", "prompt", "width", "height", "steps", "count", "device")
+    assert {k: reopened.entries[k].get() for k in remembered} == {k: values[k] for k in remembered} | {"count": "1"}
+    config = app.model.config
+    assert reopened.entries["base_model"].get() == config.base_model_name
+    assert reopened.entries["output"].get() == str(Path(config.workspace_dir) / "samples" / "sampling-tool")
+    assert reopened.model_type.get() == "SD 1.5"
     reopened.destroy()
+
+
+def test_sampling_window_starts_from_the_current_config(app, trainable, tmp_path):
+    from gui.labels import model_type_label
+    from onetrainer.config import ModelType, SampleConfig, TrainingMethod
+    from onetrainer.config.enums import NoiseScheduler
+
+    trainable.model_type = ModelType.STABLE_DIFFUSION_XL_10_BASE
+    trainable.base_model_name = "tiny:sdxl"
+    trainable.training_method = TrainingMethod.LORA
+    Path(trainable.output_model_destination).parent.mkdir(parents=True)
+    Path(trainable.output_model_destination).write_bytes(b"")  # the LoRA a run wrote
+    trainable.samples = [
+        SampleConfig(prompt="off", enabled=False),
+        SampleConfig(prompt="a blue square", width=96, height=128, diffusion_steps=7, cfg_scale=5.5, seed=9,
+                     noise_scheduler=NoiseScheduler.EULER_A),
+    ]  # fmt: skip
+    app.model.replace(trainable)
+    window = app.select_tab("tools").open_tool("sampling")
+    try:
+        assert window.model_type.get() == model_type_label(ModelType.STABLE_DIFFUSION_XL_10_BASE)
+        got = {k: window.entries[k].get() for k in ("base_model", "lora", "prompt", "width", "height", "steps")}
+        assert got == {"base_model": "tiny:sdxl", "lora": trainable.output_model_destination,
+                       "prompt": "a blue square", "width": "96", "height": "128", "steps": "7"}  # fmt: skip
+        assert (window.entries["cfg_scale"].get(), window.entries["seed"].get()) == ("5.5", "9")
+        assert window.sampler.get() == "EULER_A"
+        # The images go under the config's workspace, not into the folder the app was started from.
+        assert window.entries["output"].get() == str(Path(trainable.workspace_dir) / "samples" / "sampling-tool")
+        arguments = window.arguments()
+        assert arguments[arguments.index("--model-type") + 1] == "STABLE_DIFFUSION_XL_10_BASE"
+        # Messages name the window's fields, not scripts/sample.py's options.
+        set_entry(window.entries["output"], "")
+        assert not window.render() and "Output folder" in window.status.cget("text")
+        set_entry(window.entries["output"], str(tmp_path / "out"))
+        set_entry(window.entries["count"], "0")
+        assert window.render()
+        pump(window, lambda: window.render_button.cget("state") == "normal", timeout=60)
+        assert window.status.cget("text") == "Images must be at least 1, not 0"
+    finally:
+        window.destroy()
 
 
 def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_undo(app, tmp_path, screenshot):
@@ -263,3 +358,36 @@ def test_dataset_tool_masks_and_captions_the_shown_image_and_the_folder_with_und
     assert (folder / "0.txt").read_text(encoding="utf-8") == "my caption"
     assert (folder / "1.txt").read_text(encoding="utf-8") == "simple background, outdoors"
     tool.close()
+
+
+def test_the_mask_windows_u2net_errors_name_its_model_path_field(app, tmp_path, monkeypatch):
+    import urllib.request
+
+    folder = backdrop_folder(tmp_path, count=1)
+    window = app.select_tab("tools").open_tool("masks")
+    try:
+        set_entry(window.folder, str(folder))
+        choose_in_menu(window.model, "REMBG")
+        set_entry(window.model_path, str(tmp_path / "no-such-u2net.onnx"))
+        set_entry(window.device, "cpu")
+        if window.start():
+            pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+        text = window.status.cget("text")
+        assert text.startswith("Model path for REMBG must be a .onnx file") and "--" not in text, text
+
+        # Offline, the download fails: the message says which field and button take a downloaded file.
+        def unreachable(*_args, **_kwargs):
+            raise OSError("network is unreachable")
+
+        monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+        set_entry(window.model_path, "")
+        assert window.start()
+        pump(window, lambda: window.outcome is not None and window.start_button.cget("state") == "normal")
+        text = window.status.cget("text")
+        assert "choose the file with the File… button of the Model path field" in text and "--" not in text, text
+
+        app.dialogs.answers.append(str(tmp_path / "u2net.onnx"))
+        window.model_path.master.buttons["file"].invoke()  # that button, beside the field
+        assert window.model_path.get() == str(tmp_path / "u2net.onnx")
+    finally:
+        window.close()
