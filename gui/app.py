@@ -751,8 +751,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "train_ui.py") -> int:
     ctk.set_appearance_mode(args.appearance)
     ctk.set_default_color_theme("blue")
     try:
-        # The terminal it was started from shows the run's progress too (as `train.py` does).
-        app = App(config, console=sys.stderr if sys.stderr is not None and sys.stderr.isatty() else None)
+        # The terminal it was started from (or the file its output is redirected to) shows the run's progress and
+        # its outcome too, a failure with its log's path included (as `train.py` does).
+        app = App(config, console=sys.stderr)
     except tkinter.TclError as e:
         print(f"error: cannot open a window ({e}); is a display available (DISPLAY)?", file=sys.stderr)
         return 1
