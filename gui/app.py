@@ -14,7 +14,6 @@ import logging
 import sys
 import time
 import tkinter
-import webbrowser
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -67,6 +66,7 @@ from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.console import ConsoleSink
 from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
+from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
 VALIDATE_DELAY_MS = 250
@@ -106,7 +106,7 @@ class App(ctk.CTk):
         train_function: TrainFunction | None = None,
         dialogs: Callable[[App], Dialogs] | None = None,
         autosave: bool = True,
-        open_url: Callable[[str], object] = webbrowser.open,
+        open_url: Callable[[str], object] = open_in_browser,
         presets: Callable[[], list[str]] = list_presets,
         user_presets: Callable[[], list[str]] = list_user_presets,
         limit_threads: bool = True,
