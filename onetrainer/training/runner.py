@@ -47,6 +47,9 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
+    from onetrainer.families.sources import drop_tiny_base_overrides
+
+    drop_tiny_base_overrides(config)  # the packed copy; the checks have shown the notice
     from onetrainer.training.launcher import launch_wanted, run_ranks
 
     if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several
