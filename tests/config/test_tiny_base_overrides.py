@@ -63,3 +63,17 @@ def test_local_overrides_and_real_bases_keep_their_overrides(tmp_path):
     real, _ = config_from_dict({**data, "base_model_name": "someone/cascade-prior"})
     assert tiny_base_overrides(real) == {}
     assert any(p.path == "decoder.model_name" for p in run_checks(real))  # still checked against the hub
+
+
+def test_every_tiny_base_model_is_named_in_the_tooltip_and_the_readme():
+    from onetrainer.config import TrainConfig
+    from onetrainer.tiny import TINY_VARIANTS
+    from tests.conftest import ROOT
+
+    tooltip = TrainConfig.spec("base_model_name").meta.help
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bases = [name for name in TINY_VARIANTS if not name.endswith("-decoder")]  # a decoder is not a base model
+    assert bases
+    for name in bases:
+        assert f"tiny:{name}," in tooltip or f"tiny:{name}." in tooltip, name
+        assert f"`tiny:{name}`" in readme, name
