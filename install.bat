@@ -13,8 +13,9 @@ set "ROOT=%CD%"
 set "VENV_PY=%ROOT%\.venv\Scripts\python.exe"
 set "PIP_DISABLE_PIP_VERSION_CHECK=1"
 rem dadaptation's setup.py names its license by classifier: setuptools prints a deprecation box when it builds the
-rem wheel. Only that warning is ignored.
-set "PYTHONWARNINGS=ignore:License classifiers are deprecated"
+rem wheel; the editable install of OneTrainer prints another ("BuildBackendWarning: Editable installation."). Only
+rem those two warnings are ignored.
+set "PYTHONWARNINGS=ignore:License classifiers are deprecated,ignore:Editable installation"
 set "PYCHECK=import sys; v = sys.version_info[:2]; print(*v, sep='.'); sys.exit(0 if (3, 10) <= v < (3, 14) else 1)"
 
 set "DEV=0"

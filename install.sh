@@ -33,8 +33,11 @@ STAMP="$VENV/.onetrainer-install-stamp"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 # dadaptation ships only a source archive whose setup.py still names its license by classifier; building its wheel
 # makes setuptools print a deprecation box ("!! … License classifiers are deprecated … !!") that is the package's
-# business, not the user's. Only that warning is ignored (pip's build processes inherit the filter).
-export PYTHONWARNINGS="ignore:License classifiers are deprecated"
+# business, not the user's. The editable install of OneTrainer itself makes setuptools print another box, which pip
+# shows as "BuildBackendWarning: Editable installation. … folders in your working directory with the same name as
+# your package …": the clone is meant to be that folder. Only those two warnings are ignored (pip's build processes
+# inherit the filter).
+export PYTHONWARNINGS="ignore:License classifiers are deprecated,ignore:Editable installation"
 
 say() { printf '==> %s\n' "$*"; }
 die() {

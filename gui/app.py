@@ -14,7 +14,6 @@ import logging
 import sys
 import time
 import tkinter
-import webbrowser
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -69,6 +68,7 @@ from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.console import ConsoleSink
 from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
+from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
 VALIDATE_DELAY_MS = 250
@@ -129,7 +129,7 @@ class App(ctk.CTk):
         train_function: TrainFunction | None = None,
         dialogs: Callable[[App], Dialogs] | None = None,
         autosave: bool = True,
-        open_url: Callable[[str], object] = webbrowser.open,
+        open_url: Callable[[str], object] = open_in_browser,
         presets: Callable[[], list[str]] = list_presets,
         user_presets: Callable[[], list[str]] = list_user_presets,
         limit_threads: bool = True,
@@ -829,8 +829,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "train_ui.py") -> int:
     ctk.set_appearance_mode(args.appearance)
     ctk.set_default_color_theme("blue")
     try:
-        # The terminal it was started from shows the run's progress too (as `train.py` does).
-        app = App(config, console=sys.stderr if sys.stderr is not None and sys.stderr.isatty() else None)
+        # The terminal it was started from (or the file its output is redirected to) shows the run's progress and
+        # its outcome too, a failure with its log's path included (as `train.py` does).
+        app = App(config, console=sys.stderr)
     except tkinter.TclError as e:
         print(f"error: cannot open a window ({e}); is a display available (DISPLAY)?", file=sys.stderr)
         return 1

@@ -291,3 +291,26 @@ def test_install_silences_only_setuptools_license_classifier_box():
         [sys.executable, "-c", emit], capture_output=True, text=True, env={**env, "PYTHONWARNINGS": value}, check=True
     )
     assert "License classifiers" not in quiet.stderr and "Another deprecation" in quiet.stderr
+
+
+@pytest.mark.parametrize("script", ["install.sh", "install.bat"])
+def test_the_installers_warning_filter_silences_setuptools_boxes_and_nothing_else(script):
+    """The PYTHONWARNINGS the installer sets, applied to the warnings setuptools raises while pip builds (pip shows the
+    editable install's as a "BuildBackendWarning" box): those two are silent, another warning still shows."""
+    import re
+
+    text = (ROOT / script).read_text(encoding="utf-8")
+    value = re.search(r'PYTHONWARNINGS="?(ignore[^"\n]*)"', text).group(1)
+    boxes = [
+        "Editable installation.\n!!\n\n        ****\n        Please be careful with folders in your working directory "
+        "with the same\n        name as your package as they may take precedence during imports.\n",
+        "License classifiers are deprecated.\n!!\n\n        ****\n        Please consider removing the following "
+        "classifiers in favor of a SPDX license expression:\n",
+    ]
+    code = "import warnings\n" + "".join(f"warnings.warn({box!r}, UserWarning)\n" for box in boxes)
+    code += "warnings.warn('a warning that matters', UserWarning)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": value}
+    )
+    assert "Editable installation" not in result.stderr and "License classifiers" not in result.stderr
+    assert "a warning that matters" in result.stderr

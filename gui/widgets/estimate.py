@@ -33,7 +33,8 @@ def _free(device: str) -> float | None:
 
 
 class EstimateLabel(ctk.CTkLabel):
-    """ "≈ 5.1 GiB VRAM · 0.40 s/step"; in red with the first setting that helps when it exceeds free memory."""
+    """ "≈ 5.1 GiB VRAM · 0.40 s/step" ("≈ 22 MiB CPU memory (RAM)" where the CPU trains); in red with the first
+    setting that helps when it exceeds free memory."""
 
     def __init__(self, master: Any, model) -> None:
         super().__init__(master, text="VRAM –", anchor="e", justify="right")
@@ -74,9 +75,7 @@ class EstimateLabel(ctk.CTkLabel):
             self.configure(text="VRAM –", text_color=self._default_color)
             return
         result = done.value
-        text = f"≈ {result.peak_bytes / GIB:.1f} GiB VRAM"
-        if result.step_seconds is not None:
-            text += f" · {result.step_seconds:.2f} s/step"
+        text = result.summary()  # "≈ 5.1 GiB VRAM · 0.40 s/step", or the CPU's memory where the CPU trains
         if result.fits is False:
             text += f" > {result.free_bytes / GIB:.1f} GiB free"
             if result.advice:

@@ -403,12 +403,16 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     import torch
 
     from onetrainer.families import load_family_class
+    from onetrainer.families.sources import drop_tiny_base_overrides
     from onetrainer.methods import create_method
     from onetrainer.training.devices import select_device
 
     device = select_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), _warn)
     print(f"loading {config.base_model_name} ({model_type_info(config.model_type).label})", file=sys.stderr)
     family = load_family_class(config.model_type)()
+    notice = drop_tiny_base_overrides(config)
+    if notice:
+        _warn(notice)
     try:
         model = family.load(config)
     except Exception as e:

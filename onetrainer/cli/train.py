@@ -28,8 +28,9 @@ Layers: defaults <- preset <- config file <- each --set, in that order.
 A preset NAME is its path under presets/ without .json (e.g. sd15/lora, demo).
 --set keys are dotted, with list indexes (concepts.0.path=/data/cats); values are
 parsed as JSON when they parse (3, 1e-4, true, null, [1,2]), else taken as text.
-Exit codes: 0 finished (also after a requested stop), 1 training failed,
-2 invalid config (every problem is listed), 130 aborted by a second Ctrl+C.
+Exit codes: 0 finished (also after a requested stop), 1 training failed (or
+another run trains in the same workspace_dir), 2 invalid config (every problem
+is listed), 130 aborted by a second Ctrl+C.
 Ctrl+C, SIGTERM and SIGHUP stop after the current step: backup, save, exit 0.
 Outputs: the model at output_model_destination; logs, samples, TensorBoard
 files, backups and saves under workspace_dir."""
@@ -131,7 +132,7 @@ def _estimate_text(config: TrainConfig) -> str:
 
 
 def _train(config: TrainConfig) -> int:
-    from onetrainer.training.console import ConsoleSink
+    from onetrainer.training.console import ConsoleSink, failure_lines
     from onetrainer.training.control import TrainingControl
     from onetrainer.training.devices import torch_threads, training_threads
     from onetrainer.training.events import Failed
@@ -139,26 +140,35 @@ def _train(config: TrainConfig) -> int:
 
     control = TrainingControl()
     previous = _install_stop_signals(control) if _main_thread() else {}
+    # Under torchrun every process runs this; rank 0 alone shows progress (the others' logs are files).
+    sinks = [ConsoleSink()] if os.environ.get("RANK", "0") == "0" else []
     try:
         with torch_threads(training_threads()):  # as the app trains
-            # Under torchrun every process runs this; rank 0 alone shows progress (the others' logs are files).
-            sinks = [ConsoleSink()] if os.environ.get("RANK", "0") == "0" else []
             outcome = run_training(config, control, sinks, checked=True)
     except KeyboardInterrupt:  # the second Ctrl+C arrived outside the run (after its last event)
+        _end_progress(sinks)
         _say(f"Training aborted: {ABORTED}")
         return EXIT_ABORTED
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    _end_progress(sinks)
     if isinstance(outcome, Failed):
-        if outcome.message == ABORTED:
-            _say(f"Training aborted: {outcome.message}")
-            return EXIT_ABORTED
-        _say(f"Training failed: {outcome.message}")
-        if outcome.log_path and outcome.traceback:
-            _say(f"The log with the full traceback: {outcome.log_path}")
-        return EXIT_FAILED
+        if not sinks:  # the console sink has shown the failure and the log's path as the last lines
+            for line in failure_lines(outcome):
+                _say(line)
+        return EXIT_ABORTED if outcome.message == ABORTED else EXIT_FAILED
     return EXIT_OK
+
+
+def _end_progress(sinks: list) -> None:
+    """Close the console's progress bar (its line ends) and flush stdout, so the last lines on the terminal, or in a
+    file the output is redirected to, are the outcome and the log's path, never a bar stuck mid-way."""
+    for sink in sinks:
+        with contextlib.suppress(Exception):
+            sink.close()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
 
 
 def _install_stop_signals(control) -> dict:
@@ -187,8 +197,10 @@ def _install_stop_signals(control) -> dict:
 
 def _say(text: str) -> None:
     """A line on stderr; after SIGHUP the terminal may be gone, and that must not end the run."""
+    from onetrainer.training.console import write_line
+
     with contextlib.suppress(OSError, ValueError):
-        print(text, file=sys.stderr, flush=True)
+        write_line(sys.stderr, text)
 
 
 def _main_thread() -> bool:

@@ -182,8 +182,13 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
 
     if offline_reason(config.offline_mode):
         return []
+    from onetrainer.families.sources import tiny_base_overrides
+
+    ignored = tiny_base_overrides(config)
     names = [config.base_model_name] + [
-        config.part(part).model_name for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer")
+        config.part(part).model_name
+        for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer")
+        if f"{part}.model_name" not in ignored
     ]
     ids = [n.strip() for n in names if n and _is_hub_id(n.strip())]
     return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
@@ -298,9 +303,15 @@ def _check_optional_files(config: TrainConfig) -> list[Problem]:
     for i, emb in enumerate(config.additional_embeddings):
         if emb.model_name and not Path(emb.model_name).expanduser().is_file():
             problems.append(Problem(f"additional_embeddings.{i}.model_name", f"file not found: {emb.model_name}"))
+    from onetrainer.families.sources import tiny_base_notice, tiny_base_overrides
+
+    ignored = tiny_base_overrides(config)
+    if ignored:
+        notice = tiny_base_notice(config.base_model_name.strip(), ignored)
+        problems.append(Problem("base_model_name", notice, Severity.WARNING))
     for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer"):
         name = config.part(part).model_name
-        if name:
+        if name and f"{part}.model_name" not in ignored:
             problems += check_model_source(
                 name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir, PART_FILES.get(part, ())
             )

@@ -281,7 +281,10 @@ class TrainConfig(ConfigNode):
         "stable-diffusion-v1-5/stable-diffusion-v1-5",
         "Base model",
         "The model to train from: a diffusers folder, a single .safetensors / .ckpt file, a Hugging Face repo id, "
-        "or a backup folder of an earlier run.",
+        "or a backup folder of an earlier run. To try a model type offline, without a download: its tiny model with "
+        "random weights, built locally (samples are noise): tiny:sd15, tiny:sd15-inpainting, tiny:sd20-base, "
+        "tiny:sd20, tiny:sd20-inpainting, tiny:sd21-base, tiny:sd21, tiny:sdxl, tiny:sdxl-inpainting, tiny:pixart, "
+        "tiny:wuerstchen, tiny:cascade.",
         tab="model",
         group="Base model",
         widget="model",

@@ -16,6 +16,7 @@ from PIL import Image
 
 from onetrainer.data.images import read_text
 from onetrainer.tools.common import (
+    check_available,
     from_pretrained,
     hub_file,
     onnx_session,
@@ -83,10 +84,15 @@ class _TransformersCaptioner(Captioner):
         self.model = self.processor = None
 
     def load(self) -> None:
+        check_available(self.model_path, f"{self.name} model")
         import transformers
 
-        self.processor = from_pretrained(transformers.AutoProcessor, self.model_path, f"{self.name} processor")
-        model = from_pretrained(getattr(transformers, self.model_class), self.model_path, self.name, dtype=self.dtype)
+        self.processor = from_pretrained(
+            transformers.AutoProcessor, self.model_path, f"{self.name} processor", f"{self.name} model"
+        )
+        model = from_pretrained(
+            getattr(transformers, self.model_class), self.model_path, self.name, f"{self.name} model", dtype=self.dtype
+        )
         self.model = model.to(self.device).eval()
 
     def release(self) -> None:
@@ -155,9 +161,10 @@ class WD14Captioner(Captioner):
         self.general: list[int] = []
 
     def load(self) -> None:
-        model = hub_file(self.model_path, "model.onnx")
+        model = hub_file(self.model_path, "model.onnx", f"the {self.name} model")
         # The tag list lies beside the model (a folder, a hub repo, or a .onnx file given directly).
-        tags = hub_file(str(model.parent) if model.suffix == ".onnx" else self.model_path, "selected_tags.csv")
+        beside = str(model.parent) if model.suffix == ".onnx" else self.model_path
+        tags = hub_file(beside, "selected_tags.csv", f"the {self.name} tag list")
         self.session = onnx_session(model, self.device)
         self.tags, self.general = [], []
         try:

@@ -72,7 +72,7 @@ def onnx_session(path: Path, device: torch.device):
         raise ModelLoadError(f"cannot load the ONNX model {path}: {e}") from None
 
 
-def hub_file(repo_or_path: str, filename: str) -> Path:
+def hub_file(repo_or_path: str, filename: str, what: str = "") -> Path:
     """`filename` from a local folder, a local file (taken as it is) or a Hugging Face repo (downloaded, cached)."""
     local = Path(repo_or_path).expanduser()
     if local.is_file():
@@ -84,10 +84,11 @@ def hub_file(repo_or_path: str, filename: str) -> Path:
         return found
     from onetrainer.tools.downloads import DownloadCancelled, progress_bar
 
+    local_only = hub_local_only(repo_or_path, what or f"the model ({filename})", ((filename,),))
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo_or_path, filename, tqdm_class=progress_bar()))
+        return Path(hf_hub_download(repo_or_path, filename, tqdm_class=progress_bar(), local_files_only=local_only))
     except DownloadCancelled:
         raise
     except Exception as e:
@@ -96,13 +97,49 @@ def hub_file(repo_or_path: str, filename: str) -> Path:
         ) from None
 
 
-def from_pretrained(cls, name: str, what: str, **kwargs):
+def check_available(name: str, what: str) -> None:
+    """Fail within seconds when `name` is a hub repo that is neither cached nor downloadable now: called before the
+    model's library is imported, so that an offline answer does not wait for seconds of imports either."""
+    from onetrainer.tools.downloads import is_hub_id
+
+    if is_hub_id(name):
+        hub_local_only(name, f"the {what}")
+
+
+def hub_local_only(repo_id: str, what: str, file_sets: tuple[tuple[str, ...], ...] = ()) -> bool:
+    """Whether the hub repo must be read from the cache alone (it is there, and the hub is off or unreachable).
+
+    Asks the hub once with a short timeout (`util/hub.py`, as Start does for the base model): without it, an
+    unreachable hub costs minutes of download retries and ends in a message about a "local directory with the same
+    name". A repo that is neither cached nor downloadable raises ModelLoadError naming the model and the cache folder.
+    """
+    from onetrainer.util.hub import hub_access
+
+    access = hub_access(repo_id, None, False, what, file_sets)
+    if access.problem:
+        raise ModelLoadError(access.problem)
+    return access.local_files_only
+
+
+def from_pretrained(cls, name: str, what: str, model: str = "", **kwargs):
     """`cls.from_pretrained(name)` with a message a user can act on when the name is neither a folder nor on the hub.
-    A hub id is downloaded first with progress shown and cancellable (`tools/downloads.py`)."""
+    A hub id is looked for in the cache and on the hub first (within seconds, `hub_local_only`), then downloaded with
+    progress shown and cancellable (`tools/downloads.py`). `model` names the whole model in the hub's message (the
+    processor and the weights of one repo are one download)."""
     from onetrainer.tools.downloads import DownloadCancelled, hub_snapshot, is_hub_id
 
+    source = name
+    if is_hub_id(name):
+        local_only = hub_local_only(name, f"the {model or what}")
+        try:
+            source = hub_snapshot(name, local_only)
+        except DownloadCancelled:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"cannot download the {what} {name}: {type(e).__name__}: {e}") from None
+        if source == name:  # not resolved to a folder: never let the library retry downloads
+            kwargs["local_files_only"] = True
     try:
-        source = hub_snapshot(name) if is_hub_id(name) else name
         return cls.from_pretrained(source, **kwargs)
     except DownloadCancelled:
         raise

@@ -107,12 +107,15 @@ def is_hub_id(name: str) -> bool:
     return not Path(name).expanduser().exists() and bool(_HUB_ID.match(name.strip()))
 
 
-def hub_snapshot(repo_id: str) -> str:
+def hub_snapshot(repo_id: str, local_files_only: bool = False) -> str:
     """The repo's files in the local cache (downloaded now where missing, with progress): a folder path. Weights in
-    formats we never read are left out (pickled ones too when the repo has safetensors). When the hub cannot be asked
-    the id is returned as it is, for `from_pretrained` to load from the cache or say what is missing."""
+    formats we never read are left out (pickled ones too when the repo has safetensors). `local_files_only` (the hub
+    is off or unreachable, and the repo is cached) reads the cache without asking the hub. When the hub cannot be
+    asked the id is returned as it is, for `from_pretrained` to load from the cache or say what is missing."""
     from huggingface_hub import HfApi, snapshot_download
 
+    if local_files_only:
+        return snapshot_download(repo_id, local_files_only=True)
     try:
         files = HfApi().list_repo_files(repo_id)
     except Exception:

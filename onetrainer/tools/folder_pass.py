@@ -2,7 +2,8 @@
 
 The pass reports through events like training does (`training/events.py`): sinks receive small frozen dataclasses,
 the console sink draws a tqdm bar, a `QueueSink` hands them to the window, which polls it from its Tk loop while
-`PassThread` runs the pass on a worker thread. Cancelling sets a flag that is checked between images.
+`PassThread` runs the pass on a worker thread. Cancelling sets a flag that is checked between images, and ends a
+model load or download at once (`_load`).
 
 A pass loads its model once, only when at least one image needs work, and releases it at the end (and the CUDA cache
 with it), so a pass run from the app gives the VRAM back for training.
@@ -145,8 +146,9 @@ def run_pass(
         if todo and not control.cancelled:
             emit(PassStatus(f"loading the model for {task.what} (a first use downloads it)"))
             loaded = True  # released below even when loading stops half-way
-            with reported(emit, lambda: control.cancelled):
-                task.load()
+            if not _load(task, emit, control):
+                loaded = False  # still loading on its own thread, which releases the model when it arrives
+                raise DownloadCancelled("cancelled while the model loaded")
         started = time.monotonic()
         for number, image in enumerate(todo, start=1):
             if control.cancelled:
@@ -173,6 +175,45 @@ def run_pass(
     finished = PassFinished(written, kept, skipped, cancelled=control.cancelled)
     emit(finished)
     return finished
+
+
+_LOAD_POLL_S = 0.05
+
+
+def _load(task: ImageTask, emit, control: PassControl) -> bool:
+    """Load the task's model on a helper thread and wait for it, or for Cancel: False when cancelled first.
+
+    Reading weights (or a library's download retries) cannot be interrupted, so a cancelled load is left to finish
+    on its own daemon thread and releases the model there; the pass ends at once. A download in progress stops at
+    its next chunk (`downloads.progress_bar`). A load's error is raised here, as if the load ran on this thread.
+    """
+    lock = threading.Lock()
+    done = threading.Event()
+    abandoned = False
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with reported(emit, lambda: control.cancelled):
+                task.load()
+        except BaseException as e:  # handed to the pass thread, which decides what it means
+            errors.append(e)
+        with lock:
+            done.set()
+            release = abandoned
+        if release:
+            _release(task)
+
+    threading.Thread(target=work, name="onetrainer-tool-load", daemon=True).start()
+    while not done.wait(_LOAD_POLL_S):
+        if control.cancelled:
+            with lock:
+                if not done.is_set():
+                    abandoned = True
+                    return False
+    if errors:
+        raise errors[0]
+    return True
 
 
 def _failed(emit, message: str, details: str) -> PassFailed:

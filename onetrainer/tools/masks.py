@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 from PIL import Image
 
 from onetrainer.data.images import mask_path_of, open_mask
-from onetrainer.tools.common import from_pretrained, onnx_session, read_image, resolve_device, write_png
+from onetrainer.tools.common import (
+    check_available,
+    from_pretrained,
+    onnx_session,
+    read_image,
+    resolve_device,
+    write_png,
+)
 from onetrainer.tools.folder_pass import ModelLoadError, SkipImage
 
 if TYPE_CHECKING:
@@ -197,9 +204,10 @@ class ClipSegMasker(Masker):
         self.model = self.processor = None
 
     def load(self) -> None:
+        check_available(self.model_path, "ClipSeg model")
         from transformers import CLIPSegForImageSegmentation, CLIPSegProcessor
 
-        self.processor = from_pretrained(CLIPSegProcessor, self.model_path, "ClipSeg processor")
+        self.processor = from_pretrained(CLIPSegProcessor, self.model_path, "ClipSeg processor", "ClipSeg model")
         model = from_pretrained(CLIPSegForImageSegmentation, self.model_path, "ClipSeg model", dtype=self.dtype)
         self.model = model.to(self.device).eval()
 

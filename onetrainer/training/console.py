@@ -1,4 +1,5 @@
-"""The console sink: a progress bar and readable status lines for the command line."""
+"""The console sink: a progress bar and readable status lines for the command line (and for the terminal the app was
+started from)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,33 @@ from onetrainer.training.events import (
     describe,
 )
 
+ABORTED = "aborted by a second interrupt (Ctrl+C): nothing was saved after the last backup"
+
+
+def failure_lines(event: Failed) -> list[str]:
+    """What a terminal shows for a failed run: the failure, then the log with its traceback."""
+    if event.message == ABORTED:
+        return [f"Training aborted: {event.message}"]
+    lines = [f"Training failed: {event.message}"]
+    if event.log_path:
+        lines.append(f"The log {'with the full traceback' if event.traceback else 'of the run'}: {event.log_path}")
+    return lines
+
+
+def write_line(stream, text: str) -> None:
+    """A line on `stream`, flushed; a stream that cannot encode a character gets it escaped rather than nothing.
+    OSError / ValueError (a closed terminal) are the caller's to handle."""
+    try:
+        print(text, file=stream, flush=True)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream, flush=True)
+
 
 class ConsoleSink:
+    """The run on a terminal (or wherever stderr goes): status lines, a progress bar, and at the end the outcome —
+    a failure and its log's path included, after the bar is closed, so that they are the last lines shown."""
+
     def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stderr
         self._bar = None
@@ -27,6 +53,8 @@ class ConsoleSink:
             return
         try:
             self._show(event)
+        except UnicodeEncodeError:  # a stream that cannot show a character of this line: the next lines still come
+            pass
         except (OSError, ValueError):  # the terminal is gone (SIGHUP, a closed SSH session): the log still has it all
             self._gone = True
 
@@ -46,7 +74,9 @@ class ConsoleSink:
         if isinstance(event, Finished | Failed):
             self._close_bar()
             if isinstance(event, Failed):
-                return  # the caller prints the failure with the log's path
+                for line in failure_lines(event):
+                    write_line(self.stream, line)
+                return
         text = describe(event)
         if text is not None:
             self._write(text)
@@ -54,7 +84,10 @@ class ConsoleSink:
             self._open_bar(event.total_steps)
 
     def close(self) -> None:
-        self._close_bar()
+        try:
+            self._close_bar()
+        except (OSError, ValueError):
+            self._bar = None
 
     def _open_bar(self, total: int) -> None:
         from tqdm import tqdm
@@ -70,4 +103,4 @@ class ConsoleSink:
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
         else:
-            print(text, file=self.stream, flush=True)
+            write_line(self.stream, text)

@@ -11,6 +11,7 @@ from onetrainer.config.checks import run_checks
 from onetrainer.config.io import pack
 from onetrainer.config.naming import describe
 from onetrainer.config.schema import errors
+from onetrainer.training import console
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
 from onetrainer.util.disk import is_write_error, write_error_message
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ABORTED = "aborted by a second interrupt (Ctrl+C): nothing was saved after the last backup"
+# The text of a second Ctrl+C's outcome, which the console shows as an abort (not a failure).
+ABORTED = console.ABORTED
 
 
 def run_training(
@@ -45,6 +47,9 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
+    from onetrainer.families.sources import drop_tiny_base_overrides
+
+    drop_tiny_base_overrides(config)  # the packed copy; the checks have shown the notice
     from onetrainer.training.launcher import launch_wanted, run_ranks
 
     if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several
@@ -61,8 +66,7 @@ def _train(
 ) -> Finished | Failed:
     """One process's run; `dist` is the group the launcher joined, else torchrun's (or none) is joined here."""
     from onetrainer.training.distributed import Distributed
-    from onetrainer.training.trainer import Trainer
-    from onetrainer.training.workspace import LogFileSink, Workspace
+    from onetrainer.training.workspace import WorkspaceBusy, WorkspaceLock
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
@@ -72,6 +76,37 @@ def _train(
         except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
             message = f"cannot join the other training processes: {type(e).__name__}: {e}"
             return Failed(message, traceback.format_exc())
+    lock = None
+    refusal = ""
+    if dist is None or dist.is_main:  # one lock per run: rank 0 writes the run's outputs
+        try:
+            lock = WorkspaceLock.acquire(config.workspace_dir)
+        except WorkspaceBusy as e:
+            refusal = str(e)
+        except OSError as e:
+            refusal = f"cannot create the workspace {config.workspace_dir}: {write_error_message(e)}"
+    if dist is not None:  # every rank stops when rank 0 cannot have the workspace
+        refusal = dist.broadcast_object(refusal)
+    if refusal:
+        if dist is not None:
+            dist.close()
+        return Failed(refusal)
+    if lock is not None and lock.taken_over is not None:
+        dead = lock.taken_over.describe()
+        events.emit(Warning_(f"the workspace's lock was left by a run that is no longer running ({dead}): taken over"))
+    try:
+        return _train_locked(config, control, events, dist)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(
+    config: TrainConfig, control: TrainingControl, events: Broadcast, dist: Distributed | None
+) -> Finished | Failed:
+    from onetrainer.training.trainer import Trainer
+    from onetrainer.training.workspace import LogFileSink, Workspace
+
     workspace = None
     try:
         workspace = Workspace.create(config.workspace_dir, config.save_filename_prefix)

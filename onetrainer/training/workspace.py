@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import logging
+import os
 import re
+import socket
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from onetrainer.training.events import (
@@ -54,6 +59,184 @@ class Workspace:
     @property
     def config_path(self) -> Path:
         return self.root / "config" / f"{self.run_name}.json"
+
+
+LOCK_NAME = "training.lock"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a workspace: written into its lock file as JSON."""
+
+    pid: int
+    host: str
+    started: str  # local time, ISO 8601, to the second
+    process_started: float = 0.0  # the process's start time (psutil), to tell a reused pid from the holder
+
+    def describe(self) -> str:
+        return f"process {self.pid} on {self.host}, started {self.started.replace('T', ' ')}"
+
+
+class WorkspaceBusy(Exception):
+    """Another run trains in this workspace; the message names it and what to do."""
+
+
+def _process_started(pid: int) -> float:
+    """The process's start time (seconds since the epoch), or 0 when it cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:  # no psutil, no such process, or no access: the pid alone decides
+        return 0.0
+
+
+def _alive(holder: LockHolder) -> bool:
+    """Whether the lock's process still runs (a pid reused by another program since does not count)."""
+    if holder.pid <= 0:
+        return False
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        if not psutil.pid_exists(holder.pid):
+            return False
+        started = _process_started(holder.pid)
+        return not (holder.process_started and started and abs(started - holder.process_started) > 1.0)
+    if os.name == "nt":
+        return True  # without psutil there is no safe probe on Windows (os.kill would end the process)
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkspaceLock:
+    """`training.lock` in a workspace: one run at a time writes its samples, logs, TensorBoard events and backups.
+
+    The lock file holds the holder's pid, host and start time. It is created atomically with its content (a hard link
+    of a finished temporary file, so a reader never sees half of it); a lock whose process is gone (a crash, a
+    killed run) is taken over, so a dead run never leaves its workspace locked. A lock from another host cannot be
+    checked: it is refused, and the message says which file to delete once that run is known to be over.
+    """
+
+    def __init__(self, path: Path, holder: LockHolder) -> None:
+        self.path = path
+        self.holder = holder
+        self.taken_over: LockHolder | None = None  # the dead run whose lock was taken over
+
+    @classmethod
+    def acquire(cls, workspace_dir: str | Path) -> WorkspaceLock:
+        root = Path(workspace_dir).expanduser().absolute()  # named in full: a relative one depends on the start folder
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / LOCK_NAME
+        pid = os.getpid()
+        holder = LockHolder(
+            pid, socket.gethostname(), datetime.datetime.now().isoformat(timespec="seconds"), _process_started(pid)
+        )
+        lock = cls(path, holder)
+        for _ in range(20):  # each round either takes the lock, refuses, or removes a dead run's lock
+            if _create_exclusive(path, json.dumps(asdict(holder))):
+                return lock
+            current = read_lock(path)
+            if current is None:  # just released, or being replaced: look again
+                time.sleep(0.05)
+                continue
+            if current.host != holder.host or _alive(current):
+                raise WorkspaceBusy(busy_message(root, current, path, current.host != holder.host))
+            if _remove_if_unchanged(path, current):
+                lock.taken_over = current
+        raise WorkspaceBusy(f"the workspace {root} is locked by {path}, which keeps changing: another run is starting")
+
+    def release(self) -> None:
+        """Remove the lock if it is still this run's (never another run's that took over a lock thought dead)."""
+        current = read_lock(self.path)
+        if current is not None and (current.pid, current.host, current.started) == (
+            self.holder.pid,
+            self.holder.host,
+            self.holder.started,
+        ):
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def busy_message(root: Path, holder: LockHolder, path: Path, other_host: bool) -> str:
+    remedy = (
+        f"If that run is over (its machine cannot be asked from here), delete {path}."
+        if other_host
+        else "Wait for it to finish, stop it, or set another workspace_dir for this run."
+    )
+    return (
+        f"another run is training in the workspace {root} ({holder.describe()}): two runs would write their samples, "
+        f"logs, TensorBoard events and backups into the same folders. {remedy}"
+    )
+
+
+def read_lock(path: Path) -> LockHolder | None:
+    """The lock's holder; None when there is no lock. A damaged lock reads as held by an unknown, dead process."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        text = ""
+    try:
+        data = json.loads(text)
+        return LockHolder(
+            int(data["pid"]), str(data["host"]), str(data["started"]), float(data.get("process_started", 0.0))
+        )
+    except (ValueError, KeyError, TypeError):
+        # Written with its content in one step, so an unreadable lock is damaged, not half-written: taken over.
+        return LockHolder(0, socket.gethostname(), "(unreadable lock)")
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create `path` with `text` unless it exists; False when it exists."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)  # atomic, and fails when the lock exists: the lock appears with its content
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: exclusive create, then write
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove_if_unchanged(path: Path, seen: LockHolder) -> bool:
+    """Remove a dead run's lock, unless another run took it over since it was read (then it is left alone)."""
+    moved = path.with_name(f".{path.name}.{os.getpid()}.stale")
+    try:
+        os.replace(path, moved)
+    except FileNotFoundError:
+        return False
+    if read_lock(moved) != seen:  # another run's fresh lock: put it back where it was
+        if not _link_back(moved, path):
+            moved.unlink(missing_ok=True)
+        return False
+    moved.unlink(missing_ok=True)
+    return True
+
+
+def _link_back(moved: Path, path: Path) -> bool:
+    try:
+        os.link(moved, path)
+    except OSError:
+        return False
+    moved.unlink(missing_ok=True)
+    return True
 
 
 class _QuietStreamHandler(logging.StreamHandler):

@@ -193,8 +193,12 @@ def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache
     local.mkdir()
     save_effnet_encoder(local / filename, wuerstchen=wuerstchen)
     put_in_cache(hub_cache, repo, local)
-    base = "tiny:wuerstchen" if wuerstchen else "tiny:cascade"
-    common = {"model_type": model_type, "base_model_name": base, "output_model_format": "DIFFUSERS"}
+    # The tiny model's folders as a user's local model (a `tiny:` base would bring its own encoder, not the hub's).
+    variant = "wuerstchen" if wuerstchen else "cascade"
+    common = {
+        "model_type": model_type, "base_model_name": str(tiny_model_dir(variant)), "output_model_format": "DIFFUSERS",
+        "decoder": {"model_name": str(tiny_model_dir(f"{variant}-decoder"))},
+    }  # fmt: skip
     cfg = config(**common, offline_mode=True, effnet_encoder={"model_name": repo})
     encoder = CascadeFamily().load(cfg).part("effnet_encoder")
     expected = load_file(str(local / filename))

@@ -28,6 +28,13 @@ class FakeHub:
         self.downloaded = False
 
     def install(self, monkeypatch) -> None:
+        from huggingface_hub import constants
+
+        from onetrainer.util import hub
+
+        # Online, and the hub answers that the repo exists (the tools ask before downloading, as Start does).
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hub, "probe", lambda repo_id, timeout=hub.PROBE_TIMEOUT_S: hub.Probe(True))
         monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda api, repo, **k: self.files())
         monkeypatch.setattr(huggingface_hub, "snapshot_download", self.snapshot_download)
 

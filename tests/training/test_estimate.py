@@ -1,4 +1,5 @@
-"""The estimate's arithmetic on known counts, the full-size counts it builds, and its advice."""
+"""The estimate's arithmetic on known counts, the counts it reads from the model to be trained (every family), the
+full-size counts it falls back to, its CPU wording and its advice."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from onetrainer.config.enums import DataType
 from onetrainer.training.estimate import (
     FAMILY_CONSTANTS,
     GIB,
+    MIB,
     OVERHEAD,
     PartCount,
     Settings,
     estimate,
     estimate_from_counts,
     model_shapes,
+    reference_shapes,
 )
 
 SD = Settings("sd", batch_size=1, resolution=512, gradient_checkpointing=False, train_dtype_bytes=2.0,
@@ -43,7 +46,7 @@ def test_arithmetic_on_known_counts():
 
 
 def test_full_size_counts_match_the_released_models():
-    shapes = model_shapes("STABLE_DIFFUSION_15")
+    shapes = reference_shapes("STABLE_DIFFUSION_15")
     assert shapes["unet"]["params"] == 859_520_964
     assert shapes["text_encoder"]["params"] == 123_060_480
     assert shapes["vae"]["params"] == 83_653_863
@@ -63,6 +66,8 @@ def test_advice_names_settings_that_bring_it_under():
 
 
 def test_preflight_prints_the_estimate(tmp_path, capsys):
+    import torch
+
     from onetrainer.cli.train import main
     from tests.helpers import image_folder, tiny_config, write_config
 
@@ -70,4 +75,89 @@ def test_preflight_prints_the_estimate(tmp_path, capsys):
     config = tiny_config(tmp_path, resolution="512")
     assert main(["--config-path", str(write_config(tmp_path, config)), "--preflight"]) == 0
     out = capsys.readouterr().out
-    assert "estimate: estimated peak VRAM" in out and "s/step" in out and "activations" in out
+    memory = "VRAM" if torch.cuda.is_available() else "CPU memory (RAM)"
+    assert f"estimate: estimated peak {memory}" in out and "s/step" in out and "activations" in out
+
+
+def _real_params(folder) -> int:
+    """The parameters of a saved diffusers part, loaded as the trainer loads it."""
+    import json
+
+    from onetrainer.tiny.components import model_class
+
+    cls = model_class(json.loads((folder / "config.json").read_text()))
+    return sum(p.numel() for p in cls.from_pretrained(folder).parameters())
+
+
+def test_the_tiny_demo_is_estimated_from_its_own_few_megabytes(monkeypatch, capsys):
+    import torch
+
+    from onetrainer.cli.train import main
+    from onetrainer.config import load_layers
+    from onetrainer.tiny import tiny_model_dir
+    from onetrainer.training.estimate import BYTES
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, train_device 'cuda'
+    config, _ = load_layers("demo", None, [])
+    result = estimate(config)
+    unet = _real_params(tiny_model_dir("sd15") / "unet")
+    # the UNet in its weight dtype; the text encoder (outputs cached, not trained) and the VAE are not on the device
+    assert result.parts["weights"] == unet * BYTES[config.unet.weight_dtype]
+    assert result.peak_bytes < 64 * MIB  # a few MB, not the 4.1 GiB of a full-size SD 1.5
+    assert "overhead" not in result.parts  # no CUDA context on the CPU
+    assert result.counted_from == "the files of tiny:sd15"
+    assert main(["--preset", "demo", "--preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "estimate: estimated peak CPU memory (RAM)" in out and "(training on the CPU)" in out
+    assert "VRAM" not in out and " GiB" not in out.split("estimate:")[1]
+
+
+@pytest.mark.parametrize(
+    ("preset", "base", "denoiser"),
+    [("pixart/lora", "tiny:pixart", "transformer"), ("cascade/lora", "tiny:cascade", "prior"),
+     ("wuerstchen/lora", "tiny:wuerstchen", "prior"), ("sdxl/lora", "tiny:sdxl", "unet")],
+)  # fmt: skip
+def test_every_family_is_estimated_from_the_model_to_be_trained(preset, base, denoiser):
+    from onetrainer.config import load_layers
+    from onetrainer.tiny import tiny_model_dir
+
+    config, _ = load_layers(preset, None, [f"base_model_name={base}", "resolution=128"])  # a tiny run
+    shapes, counted_from = model_shapes(config)
+    assert counted_from == f"the files of {base}"
+    assert shapes[denoiser]["params"] == _real_params(tiny_model_dir(base.removeprefix("tiny:")) / denoiser)
+    result = estimate(config)
+    assert 0 < result.peak_bytes < 256 * MIB and result.parts["training state"] > 0
+
+
+def test_the_wording_follows_the_device_that_trains(monkeypatch):
+    import torch
+
+    from onetrainer.config import load_layers
+
+    config, _ = load_layers("demo", None, [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_gpu = estimate(config)
+    assert on_gpu.summary().startswith("≈ ") and "VRAM" in on_gpu.summary() and "VRAM" in on_gpu.text()
+    assert on_gpu.parts["overhead"] == OVERHEAD
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu = estimate(config)
+    assert "CPU memory (RAM)" in on_cpu.summary() and "VRAM" not in on_cpu.text() + on_cpu.summary()
+    config.train_device = "cpu"
+    assert "CPU memory (RAM)" in estimate(config).summary()
+
+
+def test_a_model_not_downloaded_is_counted_as_the_released_one():
+    config, _ = config_from_dict({"base_model_name": "someone/not-downloaded-sd15"})
+    shapes, counted_from = model_shapes(config)
+    assert shapes["unet"]["params"] == 859_520_964
+    assert counted_from.startswith("the released SD 1.5 model")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["STABLE_DIFFUSION_15", "STABLE_DIFFUSION_XL_10_BASE", "PIXART_ALPHA",
+                                        "WUERSTCHEN_2", "STABLE_CASCADE_1"])  # fmt: skip
+def test_each_familys_reference_size_is_its_released_denoiser(model_type):
+    from onetrainer.config.model_types import model_type_info
+
+    family = model_type_info(model_type).family
+    assert FAMILY_CONSTANTS[family.key]["params"] == reference_shapes(model_type)[family.parts[0]]["params"]

@@ -1,0 +1,173 @@
+"""The mask and caption tools without a hub: refused within a second naming the model and the cache folder (as Start
+refuses a base model), and Cancel ends a model load at once.
+
+The hub is made unreachable deterministically (an endpoint on a closed local port refuses at once; or HF_HUB_OFFLINE)
+and the cache is a temporary folder, so nothing leaves this machine and the user's cache is never read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+from PIL import Image
+
+from onetrainer.tools.captions import DEFAULT_MODELS, CaptionTask, create_captioner
+from onetrainer.tools.folder_pass import PassFailed, PassFinished, PassThread, folder_images, run_pass
+from onetrainer.tools.masks import CLIPSEG_DEFAULT, MaskSettings, MaskTask, create_masker
+from onetrainer.util import hub
+from tests.conftest import ROOT
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+FAST_S = 1.0
+
+
+@pytest.fixture
+def no_hub(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache and an unreachable hub, with offline mode off (a user whose connection is down)."""
+    cache = tmp_path / "hf-hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_probes", {})
+    return cache
+
+
+@pytest.fixture
+def images(tmp_path) -> list[Path]:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (40, 30), (200, 20, 20)).save(folder / "a.png")
+    return folder_images(folder)
+
+
+def _mask_task():
+    return MaskTask(create_masker("CLIPSEG", ["a cat"], device="cpu"), MaskSettings())
+
+
+def _caption_task(name: str):
+    return lambda: CaptionTask(create_captioner(name, device="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("make_task", "repo"),
+    [
+        (_mask_task, CLIPSEG_DEFAULT),
+        *[(_caption_task(name), DEFAULT_MODELS[name]) for name in ("BLIP", "BLIP2", "FLORENCE_2", "WD14_VIT_2")],
+    ],
+    ids=["CLIPSEG", "BLIP", "BLIP2", "FLORENCE_2", "WD14_VIT_2"],
+)
+def test_an_uncached_tool_model_fails_within_a_second_naming_the_model_and_the_cache(no_hub, images, make_task, repo):
+    task = make_task()
+    start = time.monotonic()
+    outcome = run_pass(task, images)
+    elapsed = time.monotonic() - start
+    assert isinstance(outcome, PassFailed), outcome
+    assert elapsed < FAST_S, elapsed
+    assert f"'{repo}' is not in the local Hugging Face cache ({no_hub})" in outcome.message
+    assert f"the hub ({UNREACHABLE}) cannot be reached" in outcome.message
+    assert "local directory with the same name" not in outcome.message
+
+
+def test_offline_mode_refuses_without_asking_the_hub(no_hub, images, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "probe", lambda *a, **k: pytest.fail("HF_HUB_OFFLINE must not contact the hub"))
+    outcome = run_pass(_mask_task(), images)
+    assert isinstance(outcome, PassFailed)
+    assert f"the ClipSeg model '{CLIPSEG_DEFAULT}' is not in the local Hugging Face cache ({no_hub})" in outcome.message
+    assert "HF_HUB_OFFLINE is set" in outcome.message
+
+
+def test_a_cached_tool_model_loads_from_the_cache_when_the_hub_is_unreachable(no_hub, images, tiny_tool_model):
+    from tests.families.test_hub_models import put_in_cache
+
+    put_in_cache(no_hub, CLIPSEG_DEFAULT, tiny_tool_model("clipseg"))
+    start = time.monotonic()
+    outcome = run_pass(MaskTask(create_masker("CLIPSEG", ["a cat"], device="cpu"), MaskSettings()), images)
+    assert isinstance(outcome, PassFinished) and len(outcome.written) == 1, outcome
+    assert time.monotonic() - start < 20  # no download retries (they alone took minutes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "args", "repo", "env"),
+    [
+        ("generate_captions.py", ["--model", "FLORENCE_2"], DEFAULT_MODELS["FLORENCE_2"], {"HF_ENDPOINT": UNREACHABLE}),
+        ("generate_masks.py", ["--model", "CLIPSEG", "--add-prompt", "cat"], CLIPSEG_DEFAULT, {"HF_HUB_OFFLINE": "1"}),
+    ],
+    ids=["florence2-unreachable", "clipseg-offline"],
+)
+def test_the_scripts_answer_offline_within_seconds(tmp_path, images, script, args, repo, env):
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))},
+        "HF_HOME": str(tmp_path / "hf-home"),
+        **env,
+    }
+    command = [sys.executable, str(ROOT / "scripts" / script), *args, "--sample-dir", str(images[0].parent)]
+    start = time.monotonic()
+    result = subprocess.run([*command, "--device", "cpu"], capture_output=True, text=True, env=environment)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, result.stderr
+    assert f"error: the {args[1].replace('CLIPSEG', 'ClipSeg')} model '{repo}'" in result.stderr
+    assert f"not in the local Hugging Face cache ({tmp_path / 'hf-home' / 'hub'})" in result.stderr
+    assert elapsed < 30, elapsed  # the imports of a cold start; it took 167 s (Florence-2) to 210 s (ClipSeg)
+
+
+class _SlowLoad:
+    """A task whose model takes as long as the test wants to load (weights being read, or hub retries)."""
+
+    what = "masks (SLOW)"
+
+    def __init__(self) -> None:
+        self.may_finish = threading.Event()
+        self.loading = threading.Event()
+        self.model = None
+        self.released = threading.Event()
+
+    def needs_work(self, image: Path) -> bool:
+        return True
+
+    def load(self) -> None:
+        self.loading.set()
+        assert self.may_finish.wait(10)
+        self.model = object()
+
+    def process(self, image: Path) -> Path:
+        raise AssertionError("a cancelled load must not process images")
+
+    def release(self) -> None:
+        self.model = None
+        if self.may_finish.is_set():
+            self.released.set()
+
+
+def test_cancel_ends_a_model_load_at_once_and_the_model_is_released_when_it_arrives(images):
+    task = _SlowLoad()
+    runner = PassThread()  # as the tool windows run a pass
+    runner.start(lambda: task, images)
+    assert task.loading.wait(10)
+    start = time.monotonic()
+    runner.cancel()
+    assert runner.join(FAST_S), "Cancel must end the pass while the model still loads"
+    assert time.monotonic() - start < FAST_S
+    assert isinstance(runner.outcome, PassFinished) and runner.outcome.cancelled and runner.outcome.written == []
+    task.may_finish.set()  # the load finishes later on its own thread: its model is dropped there
+    assert task.released.wait(10) and task.model is None
+
+
+def test_a_load_error_still_fails_the_pass_with_its_message(images):
+    from onetrainer.tools.folder_pass import ModelLoadError
+
+    class Broken(_SlowLoad):
+        def load(self) -> None:
+            raise ModelLoadError("the model 'x' is broken")
+
+    outcome = run_pass(Broken(), images)
+    assert isinstance(outcome, PassFailed) and outcome.message == "the model 'x' is broken"
