@@ -51,6 +51,7 @@ from onetrainer.families.sd_common import (
 from onetrainer.families.sources import ModelNotFound, ModelSource, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import Prediction
 from onetrainer.util.fs import atomic_file
+from onetrainer.util.threads import library_attribute
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind, model_metadata
@@ -262,9 +263,8 @@ class StableDiffusionFamily(Family):
             raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
 
     def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        import diffusers
 
-        scheduler = getattr(diffusers, self.saved_scheduler).from_config(model.schedule.scheduler_config)
+        scheduler = library_attribute("diffusers", self.saved_scheduler).from_config(model.schedule.scheduler_config)
         save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:

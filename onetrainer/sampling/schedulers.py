@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onetrainer.config.enums import NoiseScheduler
+from onetrainer.util.threads import library_attribute
 
 # (diffusers class name, extra config) per sampler. The SDE variant uses DPM-Solver++'s own SDE algorithm, which
 # needs no extra package.
@@ -28,11 +29,10 @@ _SAMPLERS: dict[NoiseScheduler, tuple[str, dict]] = {
 
 def create_sampler(kind: NoiseScheduler, base_config, zero_terminal_snr: bool = False):
     """A sampling scheduler of `kind` with the model's betas and prediction type."""
-    import diffusers
 
     class_name, extra = _SAMPLERS[kind]
     overrides = dict(extra)
     if zero_terminal_snr:
         overrides.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
-    cls = getattr(diffusers, class_name)
+    cls = library_attribute("diffusers", class_name)
     return cls.from_config(base_config, **overrides)

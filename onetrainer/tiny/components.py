@@ -6,13 +6,12 @@ Each tiny config is its real reference config with width fields replaced (`refer
 from __future__ import annotations
 
 import contextlib
+import importlib
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
-import diffusers
 import torch
-import transformers
 from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.pipelines.deprecated import wuerstchen as deprecated_wuerstchen
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
@@ -20,6 +19,7 @@ from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokeniz
 from onetrainer.tiny import reference
 from onetrainer.tiny.reference import Config
 from onetrainer.tiny.tokenizer import build_clip_tokenizer
+from onetrainer.util.threads import library_attribute
 
 # Tiny channel counts keep the real ratios (UNet 320:640:1280:1280, VAE 128:256:512:512): a resnet whose input and
 # output widths differ has a `conv_shortcut`, so making neighbours equal where the real ones differ would drop keys.
@@ -63,8 +63,8 @@ def model_class(config: Config) -> type[torch.nn.Module]:
     if "_class_name" in config:
         name = config["_class_name"]
         # Würstchen's models live among diffusers' deprecated pipelines.
-        return getattr(diffusers, name, None) or getattr(deprecated_wuerstchen, name)
-    return getattr(transformers, config["architectures"][0])
+        return getattr(importlib.import_module("diffusers"), name, None) or getattr(deprecated_wuerstchen, name)
+    return library_attribute("transformers", config["architectures"][0])
 
 
 def instantiate(config: Config) -> torch.nn.Module:
@@ -158,5 +158,5 @@ def build_clip_text(
 
 def build_scheduler(config: Config) -> Any:
     """A diffusers scheduler from a config dict naming its class in `_class_name`, like scheduler_config.json."""
-    scheduler_class = getattr(diffusers, config["_class_name"])
+    scheduler_class = library_attribute("diffusers", config["_class_name"])
     return scheduler_class.from_config(init_kwargs(config))

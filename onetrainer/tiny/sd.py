@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import diffusers
 from diffusers import StableDiffusionPipeline
 
 from onetrainer.tiny import components
+from onetrainer.util.threads import library_attribute
 
 if TYPE_CHECKING:
     from onetrainer.tiny.registry import TinyVariant
@@ -24,7 +24,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionPipeline:
         sample_size=components.latent_size(vae_config, variant.resolution),
     )
     # StableDiffusionPipeline or StableDiffusionInpaintPipeline: they take the same parts.
-    pipeline_class = getattr(diffusers, variant.pipeline_class)
+    pipeline_class = library_attribute("diffusers", variant.pipeline_class)
     return pipeline_class(
         vae=components.build_vae(vae_config, seed),
         text_encoder=text_encoder,

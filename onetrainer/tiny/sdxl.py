@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import diffusers
 from diffusers import StableDiffusionXLPipeline
 
 from onetrainer.tiny import components
+from onetrainer.util.threads import library_attribute
 
 if TYPE_CHECKING:
     from onetrainer.tiny.registry import TinyVariant
@@ -32,7 +32,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionXLPipeline
     if variant.pipeline_class == "StableDiffusionXLInpaintPipeline":
         # The SDXL inpainting model was not trained with the refiner's aesthetic-score conditioning.
         kwargs["requires_aesthetics_score"] = False
-    pipeline_class = getattr(diffusers, variant.pipeline_class)
+    pipeline_class = library_attribute("diffusers", variant.pipeline_class)
     return pipeline_class(
         vae=components.build_vae(vae_config, seed),
         text_encoder=text_encoder,

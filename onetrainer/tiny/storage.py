@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from onetrainer.tiny.registry import TINY_VARIANTS, TinyVariant
 from onetrainer.util.fs import atomic_directory
+from onetrainer.util.threads import MODEL_BUILD_LOCK
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -125,6 +126,13 @@ def tiny_model_dir(variant: str, cache_root: str | os.PathLike | None = None) ->
     target = root / "tiny-models" / f"{spec.name}-v{TINY_MODEL_VERSION}"
     if _is_complete(target):
         return target
+    with MODEL_BUILD_LOCK:
+        if _is_complete(target):  # built by another thread while this one waited
+            return target
+        return _build(spec, target)
+
+
+def _build(spec, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     pipeline = spec.build(0)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))

@@ -25,6 +25,7 @@ from onetrainer.tools.common import (
     write_text,
 )
 from onetrainer.tools.folder_pass import ModelLoadError, SkipImage
+from onetrainer.util.threads import library_attribute
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +92,11 @@ class _TransformersCaptioner(Captioner):
             transformers.AutoProcessor, self.model_path, f"{self.name} processor", f"{self.name} model"
         )
         model = from_pretrained(
-            getattr(transformers, self.model_class), self.model_path, self.name, f"{self.name} model", dtype=self.dtype
+            library_attribute("transformers", self.model_class),
+            self.model_path,
+            self.name,
+            f"{self.name} model",
+            dtype=self.dtype,
         )
         self.model = model.to(self.device).eval()
 

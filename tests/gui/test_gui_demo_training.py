@@ -128,3 +128,33 @@ def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> 
     assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
     logs = sorted(p.name for p in (in_tmp / "workspace" / "logs").iterdir())
     assert len(logs) == 2 and sum(name.endswith("-rank1.log") for name in logs) == 1, logs
+
+
+@pytest.mark.parametrize(("preset", "variant", "size"), [("sd15/lora", "sd15", 64), ("pixart/lora", "pixart", 64),
+                                                        ("cascade/lora", "cascade", 128)])  # fmt: skip
+def test_a_half_precision_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset, variant, size):
+    # As shipped (fp16/bf16 denoiser beside a float32 VAE, Cascade's fp16 effnet): only the base model, the data, a
+    # sample and the size change, through the window's own fields.
+    from tests.helpers import image_folder
+
+    app.runner.train_function = None  # the real one
+    folder = image_folder(in_tmp, count=2)
+    assert app.load_preset(preset)
+    settings = {
+        "base_model_name": f"tiny:{variant}",
+        "resolution": str(size),
+        "epochs": 1,
+        "tensorboard": False,
+        "output_model_destination": str(in_tmp / "out" / "lora.safetensors"),
+        "concepts": [{"name": "shapes", "path": str(folder)}],
+        "samples": [{"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2}],
+        "sample_after_unit": "EPOCH",
+        "sample_after": 1,
+    }
+    for path, value in settings.items():
+        assert not errors(app.model.set(path, value)), path
+    app.footer.start_button.invoke()
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (completed)"), app.footer.status
+    assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
+    assert app.gallery.images() and not app.dialogs.history
