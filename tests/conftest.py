@@ -26,6 +26,25 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+
+
+@pytest.fixture
+def no_hub(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache and an unreachable hub, with offline mode off (as for a user whose connection is down)."""
+    from huggingface_hub import constants
+
+    from onetrainer.util import hub
+
+    cache = tmp_path / "hf-hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_probes", {})
+    return cache
+
+
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run the test with the working directory in a fresh temporary folder (relative paths resolve there)."""

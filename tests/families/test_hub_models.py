@@ -16,7 +16,6 @@ from pathlib import Path
 import diffusers
 import pytest
 import torch
-from huggingface_hub import constants
 from safetensors.torch import load_file
 
 from onetrainer.cli.train import EXIT_INVALID, main
@@ -26,23 +25,10 @@ from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.util import hub
-from tests.conftest import ROOT
+from tests.conftest import ROOT, UNREACHABLE_HUB
 
-UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 REPO = "someone/sd15-model"
 FAST_S = 3.0
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache and an unreachable hub, with offline mode off (as for a user whose connection is down)."""
-    cache = tmp_path / "hf-hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub, "_probes", {})
-    return cache
 
 
 def put_in_cache(cache: Path, repo_id: str, model_dir: Path) -> Path:
@@ -68,56 +54,56 @@ def assert_names_model_cache_and_remedy(message: str, cache: Path) -> None:
     assert "connect to the internet" in message and "local .safetensors file" in message
 
 
-def test_check_refuses_an_uncached_model_within_seconds_when_the_hub_is_unreachable(hub_cache):
+def test_check_refuses_an_uncached_model_within_seconds_when_the_hub_is_unreachable(no_hub):
     start = time.monotonic()
     problems = check_model_source(REPO, False, "base_model_name")
     assert time.monotonic() - start < FAST_S
     assert [p.path for p in problems] == ["base_model_name"]
-    assert_names_model_cache_and_remedy(problems[0].message, hub_cache)
-    assert f"the hub ({UNREACHABLE}) cannot be reached (ConnectError" in problems[0].message
+    assert_names_model_cache_and_remedy(problems[0].message, no_hub)
+    assert f"the hub ({UNREACHABLE_HUB}) cannot be reached (ConnectError" in problems[0].message
 
 
-def test_check_refuses_an_uncached_model_in_offline_mode_without_asking_the_hub(hub_cache, monkeypatch):
+def test_check_refuses_an_uncached_model_in_offline_mode_without_asking_the_hub(no_hub, monkeypatch):
     monkeypatch.setattr(hub, "probe", lambda *a, **k: pytest.fail("offline mode must not contact the hub"))
     problems = check_model_source(REPO, True, "base_model_name")
-    assert_names_model_cache_and_remedy(problems[0].message, hub_cache)
+    assert_names_model_cache_and_remedy(problems[0].message, no_hub)
     assert "the Offline setting is on" in problems[0].message
 
 
-def test_check_accepts_a_cached_model_offline_and_refuses_a_partly_cached_one(hub_cache):
-    snapshot = put_in_cache(hub_cache, REPO, tiny_model_dir("sd15"))
+def test_check_accepts_a_cached_model_offline_and_refuses_a_partly_cached_one(no_hub):
+    snapshot = put_in_cache(no_hub, REPO, tiny_model_dir("sd15"))
     assert check_model_source(REPO, True, "base_model_name") == []
     assert check_model_source(REPO, False, "base_model_name") == []  # the hub is unreachable, the cache suffices
     shutil.rmtree(snapshot / "unet")
     assert "not in the local Hugging Face cache" in check_model_source(REPO, True, "base_model_name")[0].message
 
 
-def test_the_configured_cache_folder_is_the_one_looked_in(hub_cache, tmp_path):
+def test_the_configured_cache_folder_is_the_one_looked_in(no_hub, tmp_path):
     own = tmp_path / "my-cache"
     put_in_cache(own, REPO, tiny_model_dir("sd15"))
     assert check_model_source(REPO, True, "base_model_name", str(own)) == []
     problems = run_checks(config(base_model_name=REPO, offline_mode=True))
-    assert_names_model_cache_and_remedy(next(p for p in problems if p.path == "base_model_name").message, hub_cache)
+    assert_names_model_cache_and_remedy(next(p for p in problems if p.path == "base_model_name").message, no_hub)
 
 
-def test_cli_check_refuses_the_sd15_preset_when_its_model_is_neither_cached_nor_reachable(hub_cache, in_tmp, capsys):
+def test_cli_check_refuses_the_sd15_preset_when_its_model_is_neither_cached_nor_reachable(no_hub, in_tmp, capsys):
     (in_tmp / "images").mkdir()
     code = main(["--check", "--preset", "sd15/lora", "--set", "concepts.0.path=images"])
     err = capsys.readouterr().err
     assert code == EXIT_INVALID
     assert "error: Base model (base_model_name): the base model 'stable-diffusion-v1-5/stable-diffusion-v1-5'" in err
-    assert str(hub_cache) in err
+    assert str(no_hub) in err
 
 
-def test_loading_an_uncached_model_fails_within_seconds_with_the_same_message(hub_cache):
+def test_loading_an_uncached_model_fails_within_seconds_with_the_same_message(no_hub):
     start = time.monotonic()
     with pytest.raises(ModelLoadError) as raised:
         StableDiffusionFamily().load(config(base_model_name=REPO))
     assert time.monotonic() - start < FAST_S
-    assert_names_model_cache_and_remedy(str(raised.value), hub_cache)
+    assert_names_model_cache_and_remedy(str(raised.value), no_hub)
 
 
-def test_a_cached_model_loads_from_the_cache_when_the_hub_is_unreachable(hub_cache, tmp_path):
+def test_a_cached_model_loads_from_the_cache_when_the_hub_is_unreachable(no_hub, tmp_path):
     own = tmp_path / "my-cache"
     put_in_cache(own, REPO, tiny_model_dir("sd15"))
     start = time.monotonic()
@@ -126,7 +112,7 @@ def test_a_cached_model_loads_from_the_cache_when_the_hub_is_unreachable(hub_cac
     assert model.part("unet") is not None
 
 
-def test_a_partly_cached_model_names_the_missing_part(hub_cache, tmp_path):
+def test_a_partly_cached_model_names_the_missing_part(no_hub, tmp_path):
     own = tmp_path / "my-cache"
     snapshot = put_in_cache(own, REPO, tiny_model_dir("sd15"))
     (snapshot / "vae" / "config.json").unlink()
@@ -142,7 +128,7 @@ def test_train_script_check_answers_within_seconds_from_the_environment(tmp_path
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))},
         "HF_HOME": str(tmp_path / "hf-home"),
-        "HF_ENDPOINT": UNREACHABLE,
+        "HF_ENDPOINT": UNREACHABLE_HUB,
     }
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--check", "--preset", "sd15/lora"]
     start = time.monotonic()
@@ -152,16 +138,16 @@ def test_train_script_check_answers_within_seconds_from_the_environment(tmp_path
     elapsed = time.monotonic() - start
     assert result.returncode == EXIT_INVALID, result.stderr
     assert f"not in the local Hugging Face cache ({tmp_path / 'hf-home' / 'hub'})" in result.stderr
-    assert f"the hub ({UNREACHABLE}) cannot be reached" in result.stderr
+    assert f"the hub ({UNREACHABLE_HUB}) cannot be reached" in result.stderr
     assert elapsed < 20, elapsed
 
 
 @pytest.mark.parametrize("layout", ["vae repo", "pipeline repo"])
-def test_a_hub_vae_override_loads_from_the_cache_offline(hub_cache, tmp_path, layout):
+def test_a_hub_vae_override_loads_from_the_cache_offline(no_hub, tmp_path, layout):
     vae_repo = "someone/better-vae"
     model_dir = tiny_model_dir("sd15")
     source = model_dir / "vae" if layout == "vae repo" else model_dir
-    put_in_cache(hub_cache, vae_repo, source)
+    put_in_cache(no_hub, vae_repo, source)
     cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": vae_repo})
     assert check_model_source(vae_repo, True, "vae.model_name") == []
     model = StableDiffusionFamily().load(cfg)
@@ -171,7 +157,7 @@ def test_a_hub_vae_override_loads_from_the_cache_offline(hub_cache, tmp_path, la
     )
 
 
-def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(hub_cache):
+def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(no_hub):
     cfg = config(base_model_name="tiny:sd15", offline_mode=True, vae={"model_name": "someone/missing-vae"})
     with pytest.raises(ModelLoadError, match=r"the VAE override 'someone/missing-vae' is not in the local"):
         StableDiffusionFamily().load(cfg)
@@ -184,7 +170,7 @@ def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(hub_cache):
         ("STABLE_CASCADE_1", "stabilityai/stable-cascade", "effnet_encoder.safetensors"),
     ],
 )
-def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache, tmp_path, model_type, repo, filename):
+def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(no_hub, tmp_path, model_type, repo, filename):
     from onetrainer.families.wuerstchen import CascadeFamily
     from onetrainer.tiny.effnet import save_effnet_encoder
 
@@ -192,7 +178,7 @@ def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache
     local = tmp_path / "effnet"
     local.mkdir()
     save_effnet_encoder(local / filename, wuerstchen=wuerstchen)
-    put_in_cache(hub_cache, repo, local)
+    put_in_cache(no_hub, repo, local)
     # The tiny model's folders as a user's local model (a `tiny:` base would bring its own encoder, not the hub's).
     variant = "wuerstchen" if wuerstchen else "cascade"
     common = {
@@ -209,7 +195,7 @@ def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(hub_cache
         CascadeFamily().load(missing)
 
 
-def test_a_part_wise_download_counts_as_cached_offline(hub_cache, tmp_path):
+def test_a_part_wise_download_counts_as_cached_offline(no_hub, tmp_path):
     """Würstchen / Cascade (and PixArt) read a pipeline repository part by part, so their cache holds subfolders
     without model_index.json: offline, the check and the load take it, and they name a part that is missing."""
     from onetrainer.families.wuerstchen import CascadeFamily
@@ -222,7 +208,7 @@ def test_a_part_wise_download_counts_as_cached_offline(hub_cache, tmp_path):
         partial = tmp_path / variant
         for part in parts:
             shutil.copytree(tiny_model_dir(variant) / part, partial / part)
-        put_in_cache(hub_cache, repo, partial)
+        put_in_cache(no_hub, repo, partial)
     effnet = save_effnet_encoder(tmp_path / "effnet_encoder.safetensors", wuerstchen=False)
     data = {
         "model_type": "STABLE_CASCADE_1", "base_model_name": "someone/cascade-prior", "offline_mode": True,
@@ -233,7 +219,7 @@ def test_a_part_wise_download_counts_as_cached_offline(hub_cache, tmp_path):
     model = CascadeFamily().load(config(**data))
     assert model.part("decoder") is not None and model.part("prior") is not None
 
-    shutil.rmtree(hub_cache / "models--someone--cascade")  # the decoder's repository gone
+    shutil.rmtree(no_hub / "models--someone--cascade")  # the decoder's repository gone
     problems = [p for p in run_checks(config(**data)) if p.path == "decoder.model_name"]
     assert problems and "someone/cascade" in problems[0].message
     with pytest.raises(ModelLoadError, match=r"decoder \(decoder.model_name\)"):

@@ -22,22 +22,9 @@ from onetrainer.tools.captions import DEFAULT_MODELS, CaptionTask, create_captio
 from onetrainer.tools.folder_pass import PassFailed, PassFinished, PassThread, folder_images, run_pass
 from onetrainer.tools.masks import CLIPSEG_DEFAULT, MaskSettings, MaskTask, create_masker
 from onetrainer.util import hub
-from tests.conftest import ROOT
+from tests.conftest import ROOT, UNREACHABLE_HUB
 
-UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 FAST_S = 1.0
-
-
-@pytest.fixture
-def no_hub(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache and an unreachable hub, with offline mode off (a user whose connection is down)."""
-    cache = tmp_path / "hf-hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub, "_probes", {})
-    return cache
 
 
 @pytest.fixture
@@ -72,7 +59,7 @@ def test_an_uncached_tool_model_fails_within_a_second_naming_the_model_and_the_c
     assert isinstance(outcome, PassFailed), outcome
     assert elapsed < FAST_S, elapsed
     assert f"'{repo}' is not in the local Hugging Face cache ({no_hub})" in outcome.message
-    assert f"the hub ({UNREACHABLE}) cannot be reached" in outcome.message
+    assert f"the hub ({UNREACHABLE_HUB}) cannot be reached" in outcome.message
     assert "local directory with the same name" not in outcome.message
 
 
@@ -99,7 +86,12 @@ def test_a_cached_tool_model_loads_from_the_cache_when_the_hub_is_unreachable(no
 @pytest.mark.parametrize(
     ("script", "args", "repo", "env"),
     [
-        ("generate_captions.py", ["--model", "FLORENCE_2"], DEFAULT_MODELS["FLORENCE_2"], {"HF_ENDPOINT": UNREACHABLE}),
+        (
+            "generate_captions.py",
+            ["--model", "FLORENCE_2"],
+            DEFAULT_MODELS["FLORENCE_2"],
+            {"HF_ENDPOINT": UNREACHABLE_HUB},
+        ),
         ("generate_masks.py", ["--model", "CLIPSEG", "--add-prompt", "cat"], CLIPSEG_DEFAULT, {"HF_HUB_OFFLINE": "1"}),
     ],
     ids=["florence2-unreachable", "clipseg-offline"],
