@@ -165,6 +165,8 @@ class Trainer:
         self._report_scan()
         torch.manual_seed(hash_seed(self.data.seed, 0x5EED))  # adapters initialise the same way every run
         self.method = create_method(config, self.family, self.model, self.device)
+        for notice in self.method.notices:
+            self.warn(notice)
         self._check_placeholders()
         self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None
