@@ -97,7 +97,8 @@ class LoraMethod(Method):
                 f"OFT v2 leaves out {len(unfit)} conv layer(s) of the {part} whose input is smaller than their kernel "
                 f"at {where} (the smallest bucket side; peft unfolds without padding): {', '.join(unfit)}"
             )
-        return [t for t in targets if t not in set(unfit)]
+        left_out = set(unfit)
+        return [t for t in targets if t not in left_out]
 
     def _smallest_bucket(self) -> tuple[int, int]:
         """The smallest width and the smallest height of any bucket this run can train (pixels)."""
