@@ -253,6 +253,10 @@ def format_overhead(result) -> str:
         lines.append(
             f"ratio ours / bare: {ratio:.3f} (goal >= {GOAL_RATIO}: {verdict}); from median step times: {robust:.3f}"
         )
+        cpu = result.cpu_ratio(BARE)
+        if cpu is not None and result.device == "cpu":
+            # Wall time on a shared machine moves 10-20 % with the other processes' load; CPU time barely does.
+            lines.append(f"ratio from the process's CPU time per step (steady under other processes' load): {cpu:.3f}")
     return "\n".join(lines)
 
 

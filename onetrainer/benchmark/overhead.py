@@ -56,6 +56,9 @@ class Run:
     variant: str
     step_seconds: tuple[float, ...]
     peak_cuda_bytes: int | None = None
+    # The process's CPU time (all its threads) of each of those steps: on a CPU, where the step is all CPU work, what
+    # other processes on a shared machine barely move (they take turns, not work); on a GPU it is not the step time.
+    cpu_seconds: tuple[float, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -71,6 +74,12 @@ class Run:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def cpu_steps_per_second(self) -> float:
+        """Steps per second of the process's CPU time over the window (0 where not measured)."""
+        total = sum(self.cpu_seconds)
+        return len(self.cpu_seconds) / total if total > 0 else 0.0
+
+    @property
     def median_step_rate(self) -> float:
         """1 / the median step time: a burst of other work on a shared machine slows a few steps, not the median
         (but work done only every few steps is missed too, so this is the noise check, not the figure)."""
@@ -82,6 +91,7 @@ class Run:
             **asdict(self),
             "steps_per_second": self.steps_per_second,
             "median_step_rate": self.median_step_rate,
+            "cpu_steps_per_second": self.cpu_steps_per_second,
         }
 
 
@@ -124,6 +134,11 @@ class OverheadResult:
         bare = self.median_rate(variant, per_step)
         return self.median_rate(OURS, per_step) / bare if bare > 0 else 0.0
 
+    def cpu_ratio(self, variant: str = BARE) -> float | None:
+        """Our median steps per CPU-second over `variant`'s (None where CPU time was not measured)."""
+        rates = {v: statistics.median(r.cpu_steps_per_second for r in self.runs[v]) for v in (OURS, variant)}
+        return rates[OURS] / rates[variant] if min(rates.values()) > 0 else None
+
     def to_dict(self) -> dict:
         return {
             "device": self.device,
@@ -136,6 +151,7 @@ class OverheadResult:
             "ratio_ours_over_bare_per_step_medians": (
                 self.ratio(BARE, per_step=True) if BARE in self.runs and OURS in self.runs else None
             ),
+            "ratio_ours_over_bare_cpu_time": self.cpu_ratio(BARE) if BARE in self.runs and OURS in self.runs else None,
             "goal_ratio": GOAL_RATIO,
             "runs": {v: [r.to_dict() for r in runs] for v, runs in self.runs.items()},
         }
@@ -242,6 +258,7 @@ class _StepClock:
         self.control = control
         self.stop_after = stop_after
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
 
     def emit(self, event) -> None:
         from onetrainer.training.events import Metrics
@@ -250,6 +267,7 @@ class _StepClock:
         # (data loading, the maths, events, interval checks).
         if isinstance(event, Metrics):
             self.times.append(time.perf_counter())
+            self.cpu_times.append(time.process_time())
             if event.global_step >= self.stop_after:
                 self.control.request_stop()
 
@@ -277,7 +295,8 @@ def run_ours(setup: Setup, steps: int, warmup: int, name: str = "ours") -> Run:
         raise RuntimeError(f"our trainer failed: {outcome.message}\n{outcome.traceback}")
     if len(clock.times) < warmup + steps:
         raise RuntimeError(f"our trainer ran {len(clock.times)} steps, {warmup + steps} were needed")
-    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes)
+    cpu = step_durations(clock.cpu_times, warmup, steps)
+    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes, cpu)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -379,6 +398,7 @@ def run_bare(setup: Setup, steps: int, warmup: int) -> tuple[Run, int]:
         rng = random.Random(0)
         order: list[int] = []
         times: list[float] = []
+        cpu_times: list[float] = []
         for _ in range(warmup + steps):
             while len(order) < batch_size:  # a fresh shuffled epoch whenever the current one runs out
                 epoch = list(range(len(samples)))
@@ -404,8 +424,10 @@ def run_bare(setup: Setup, steps: int, warmup: int) -> tuple[Run, int]:
             optimizer.zero_grad(set_to_none=True)
             loss.item()  # the example logs the loss every step, which also waits for the device
             times.append(time.perf_counter())
+            cpu_times.append(time.process_time())
         trained = sum(p.numel() for p in params)
-    return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes), trained
+    cpu = step_durations(cpu_times, warmup, steps)
+    return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes, cpu), trained
 
 
 def _check_counts(steps: int, warmup: int) -> None:

@@ -237,6 +237,13 @@ class Family(ABC):
         blocks = re.compile(self.text_encoder_blocks)
         return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and blocks.search(n)]
 
+    def conv_input_sizes(self, model: LoadedModel, part: str, height: int, width: int) -> dict[str, tuple[int, int]]:
+        """The (height, width) of the input each Conv2d of `part` gets when the model trains on `height` × `width`
+        pixel images, by module name. Adapters that unfold a convolution's input without padding (OFT v2) cannot
+        take a layer whose input is smaller than its kernel. Empty where the family's convolutions always fit (the
+        default: only the UNets' deepest levels get that small)."""
+        return {}
+
     def lora_file_state(
         self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor], alphas: dict, ranks: dict
     ) -> dict[str, torch.Tensor] | None:

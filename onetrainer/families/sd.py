@@ -46,6 +46,7 @@ from onetrainer.families.sd_common import (
     save_pipeline_folder,
     schedule_markers,
     single_file_tokenizer,
+    unet_conv_input_sizes,
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelNotFound, ModelSource, resolve_local, resolve_source
@@ -222,6 +223,11 @@ class StableDiffusionFamily(Family):
             sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
         dtype = first_weight(unet).dtype
         return Prediction(unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample)
+
+    def conv_input_sizes(self, model: LoadedModel, part: str, height: int, width: int) -> dict[str, tuple[int, int]]:
+        if part != self.denoiser_part:
+            return {}
+        return unet_conv_input_sizes(model.part(part), model.part("vae"), height, width)
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ config and tokenizer of single files, the DDPM schedule from a model's scheduler
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
@@ -52,6 +55,47 @@ def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -
         unmasked = inputs.keep_unmasked.to(masked_latents.device).view(-1, 1, 1, 1)
         masked_latents = torch.where(unmasked, blank, masked_latents)
     return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
+
+
+def unet_conv_input_sizes(unet: torch.nn.Module, vae: torch.nn.Module, height: int, width: int) -> dict:
+    """The (height, width) of each Conv2d's input in a diffusers UNet trained on `height` × `width` pixel images.
+
+    The UNet's own forward runs on a copy built on the meta device (shapes only: no memory, no compute), so every
+    level's size comes out as the real model computes it, odd sizes included. Empty if the copy cannot run.
+    """
+    scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    config = unet.config
+    with torch.device("meta"):
+        probe = type(unet).from_config(config)
+    sizes: dict[str, tuple[int, int]] = {}
+
+    def record(name: str):
+        def hook(_layer, args) -> None:  # a pre-hook that returned something would replace the layer's input
+            sizes.setdefault(name, tuple(args[0].shape[-2:]))
+
+        return hook
+
+    for name, layer in probe.named_modules():
+        if isinstance(layer, torch.nn.Conv2d):
+            layer.register_forward_pre_hook(record(name))
+    meta = torch.device("meta")
+    sample = torch.empty(1, config.in_channels, max(1, height // scale), max(1, width // scale), device=meta)
+    hidden = torch.empty(1, 77, config.cross_attention_dim, device=meta)
+    kwargs = {}
+    if config.addition_embed_type == "text_time":  # SDXL: pooled text and the six size / crop ids
+        pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+        kwargs["added_cond_kwargs"] = {
+            "text_embeds": torch.empty(1, pooled, device=meta),
+            "time_ids": torch.empty(1, 6, device=meta),
+        }
+    try:
+        with torch.no_grad():
+            probe(sample, torch.zeros(1, dtype=torch.long, device=meta), hidden, **kwargs)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        # A UNet variant the probe does not know how to feed: nothing is left out, and the log says why.
+        log.warning("the conv input sizes of this UNet could not be worked out (%s: %s)", type(e).__name__, e)
+        return {}
+    return sizes
 
 
 def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool) -> DiscreteSchedule:

@@ -36,6 +36,7 @@ class Method(ABC):
         self.device = device
         self.parts: list[str] = []  # the model parts this method trains (LoRA and fine-tune set them)
         self._frozen_parts: set[str] = set()
+        self.notices: list[str] = []  # one-line notices for the user about what the method set up (the trainer shows)
         embedding_configs = self._embedding_configs()
         bundled = {}
         if config.training_method is TrainingMethod.LORA and config.lora_model_name:

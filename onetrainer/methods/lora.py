@@ -54,7 +54,12 @@ class LoraMethod(Method):
             targets = sorted(existing["ranks"])
             ranks, alphas = existing["ranks"], existing["alphas"]
         else:
-            targets = self._target_modules(part)
+            selected = self._target_modules(part)
+            targets = self._without_unfit_convs(part, module, selected) if self.kind == adapters.OFT else selected
+            if selected and not targets:
+                raise ValueError(
+                    f"OFT v2 can adapt none of the {part}'s selected layers at this resolution: {self.notices[-1]}"
+                )
             ranks, alphas = self._new_ranks(module, targets)
         if not targets:
             raise ValueError(f"the layer filter selects no layer of the {part} for LoRA")
@@ -69,6 +74,41 @@ class LoraMethod(Method):
         if existing is not None:
             self._load_part_state(part, existing["weights"], str(self.config.lora_model_name))
         self.ranks[part], self.alphas[part] = ranks, alphas
+
+    def _without_unfit_convs(self, part: str, module: torch.nn.Module, targets: list[str]) -> list[str]:
+        """`targets` without the conv layers whose input, at the smallest training size, is smaller than their kernel.
+
+        peft's OFT v2 unfolds a convolution's input by the kernel without padding, so such a layer fails at the first
+        step that reaches it (the tiny UNet's deepest levels at 64 px, a real SD UNet's below 128 px). Left out with a
+        notice naming them, the run trains every other selected layer.
+        """
+        width, height = self._smallest_bucket()
+        sizes = self.family.conv_input_sizes(self.model, part, height, width)
+        unfit = []
+        for name in targets:
+            layer = module.get_submodule(name)
+            if isinstance(layer, torch.nn.Conv2d) and name in sizes:
+                (h, w), (kh, kw) = sizes[name], layer.kernel_size
+                if h < kh or w < kw:
+                    unfit.append(name)
+        if unfit:
+            where = f"{width} px" if width == height else f"{width} px wide / {height} px high"
+            self.notices.append(
+                f"OFT v2 leaves out {len(unfit)} conv layer(s) of the {part} whose input is smaller than their kernel "
+                f"at {where} (the smallest bucket side; peft unfolds without padding): {', '.join(unfit)}"
+            )
+        left_out = set(unfit)
+        return [t for t in targets if t not in left_out]
+
+    def _smallest_bucket(self) -> tuple[int, int]:
+        """The smallest width and the smallest height of any bucket this run can train (pixels)."""
+        from onetrainer.config.resolution import parse_resolution
+        from onetrainer.data.buckets import buckets_for
+
+        step = self.model.type_info.family.bucket_step
+        grids = buckets_for(parse_resolution(self.config.resolution), step, self.config.aspect_ratio_bucketing)
+        buckets = [b for grid in grids for b in grid]
+        return min(b.width for b in buckets), min(b.height for b in buckets)
 
     def _new_ranks(self, module: torch.nn.Module, targets: list[str]) -> tuple[dict[str, int], dict[str, float]]:
         alpha = float(self.config.lora_alpha)

@@ -236,6 +236,35 @@ def test_oft_trains_and_reloads(tmp_path, variant, kind):
     assert torch.allclose(unet_output(family, plain), reloaded, atol=1e-4)  # the file, by OFT v2's definition
 
 
+@pytest.mark.parametrize("variant", ["sd15", "sdxl"])
+def test_oft_on_conv_layers_leaves_out_those_smaller_than_their_kernel(tmp_path, capsys, variant):
+    # At 64 px the tiny UNets' deepest levels are 1×1 and 2×2, under the 3×3 kernels peft's OFT unfolds by: those
+    # layers are left out with a notice naming them, every other selected layer (convs included) trains.
+    oft = {"peft_type": "OFT_2", "oft_block_size": 4, "layer_filter_preset": "full"}
+    config = train(tmp_path, variant, **oft)
+    output = capsys.readouterr()
+    notice = next(line for line in (output.out + output.err).splitlines() if "OFT v2 leaves out" in line)
+    assert "smallest bucket side" in notice and "mid_block.resnets.0.conv1" in notice
+    family, model, _ = load(config, variant, method=False)
+    unet = model.part("unet")
+    sizes = family.conv_input_sizes(model, "unet", 64, 64)
+    small = {n for n, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d) and sizes[n][0] < m.kernel_size[0]}
+    assert small and all(name in notice for name in small)
+    state = load_file(str(tmp_path / "out" / "lora.safetensors"))
+    adapted = {k.partition(".")[0] for k in state if k.endswith(".oft_R.weight")}
+    kohya = {family.kohya_name(model, "unet", n) for n in small}
+    assert adapted and not adapted & kohya
+    assert family.kohya_name(model, "unet", "conv_in") in adapted  # a conv whose input is large enough trains
+
+
+def test_oft_refuses_when_no_selected_layer_fits(tmp_path):
+    image_folder(tmp_path)
+    only_deep_convs = {"layer_filter": r"mid_block\.resnets\.\d+\.conv\d", "layer_filter_regex": True}
+    config = tiny_config(tmp_path, peft_type="OFT_2", oft_block_size=4, **only_deep_convs)
+    with pytest.raises(ValueError, match=r"can adapt none of the unet.s selected layers.*mid_block\.resnets\.0\.conv1"):
+        load(config, "sd15")
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_backup_restores_each_kind(tmp_path, kind):
     image_folder(tmp_path)
