@@ -47,6 +47,13 @@ class EstimateLabel(ctk.CTkLabel):
         model.subscribe(lambda _path: self.schedule())
         self.schedule()
 
+    @property
+    def busy(self) -> bool:
+        """A refresh is scheduled or its worker still runs (the first one builds a full-size model on the meta
+        device, seconds of work beside the window)."""
+        job = self._job
+        return self._pending is not None or (job is not None and not job.done and not job.cancelled)
+
     def schedule(self) -> None:
         if self._pending is not None:
             self.after_cancel(self._pending)

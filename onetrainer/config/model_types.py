@@ -61,6 +61,9 @@ class FamilyInfo:
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The step of a sample's width and height the family renders (its latent and patch downscale; Würstchen's and
+    # Cascade's stages need whole 128 px steps): `--check` refuses other sample sizes, naming the sample.
+    sample_step: int = 8
     # Parts that overflow in float16 (NaN losses): FLOAT_16 weights are refused before training, and under a FLOAT_16
     # training dtype they compute in the fallback dtype.
     float16_unsafe_parts: tuple[str, ...] = ()
@@ -112,6 +115,7 @@ SDXL = FamilyInfo(
 )
 PIXART = FamilyInfo(
     key="pixart",
+    sample_step=16,
     label="PixArt-Alpha / Sigma",
     parts=("transformer", "text_encoder", "vae"),
     bucket_step=16,
@@ -135,6 +139,7 @@ PIXART = FamilyInfo(
 )
 WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
+    sample_step=128,
     label="Würstchen v2",
     parts=("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan", "effnet_encoder"),
     bucket_step=128,
@@ -150,6 +155,7 @@ WUERSTCHEN = FamilyInfo(
 )
 CASCADE = FamilyInfo(
     key="cascade",
+    sample_step=128,
     label="Stable Cascade",
     parts=("prior", "text_encoder", "decoder", "decoder_vqgan", "effnet_encoder"),
     bucket_step=128,

@@ -177,10 +177,10 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
 
 
 def _sample_size_rules(config: TrainConfig) -> list[Problem]:
-    """Each sample side must be one the model renders (a multiple of its family's size step: Stable Cascade's stages
-    need 128 px); a side that is not is refused here, before loading, rather than failing at the first sample."""
+    """Each sample side must be one the model renders (a multiple of its family's `sample_step`: Stable Cascade's
+    stages need 128 px); a side that is not is refused here, before loading, rather than failing at the first sample."""
     family = model_type_info(config.model_type).family
-    step = family.bucket_step
+    step = family.sample_step
     problems = []
     for i, sample in enumerate(config.samples or []):
         for side in ("width", "height"):

@@ -21,6 +21,7 @@ def test_latency_is_measured_while_a_run_holds_the_trainer_thread(app, trainable
     trainer = fake_trainer(hold=True)
     app.runner.train_function = trainer
     app.model.replace(trainable)
+    pump_until(app, lambda: not app.estimate.busy)  # the loop is measured beside training, not the estimate's start
     assert app.start()
     pump_until(app, lambda: trainer.control is not None)
     report = measure_latency(app, duration_s=0.5, interval_ms=10)
