@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,7 @@ from onetrainer.data.cache import DiskCache, cache_key, model_identity
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
 from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData
-from onetrainer.families.base import Conditioning
+from onetrainer.families.base import Conditioning, PartRole
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -56,18 +56,16 @@ class _Progress:
         self.report(f"caching {self.what}: {done}/{self.total} ({rate:.1f}/s{eta})")
 
 
-def latent_identity(config: TrainConfig) -> dict:
-    """What the latents of a run depend on besides the image: the model (its VAE) and the model type."""
+def latent_identity(config: TrainConfig, part_roles: Mapping[str, PartRole]) -> dict:
+    """What the latents of a run depend on besides the image: the model type and the parts that encode images (the
+    family's IMAGE_ENCODER parts: SD's VAE, Würstchen's and Cascade's EfficientNet), each with its source and dtype."""
     from onetrainer.config.model_types import model_type_info
 
     info = model_type_info(config.model_type)
-    return {
-        "kind": "latents",
-        "layout": CACHE_LAYOUT,
-        "family": info.family.key,
-        "inpainting": info.inpainting,
-        **model_identity(config, "vae"),
-    }
+    identity = {"kind": "latents", "layout": CACHE_LAYOUT, "family": info.family.key, "inpainting": info.inpainting}
+    for part in sorted(p for p, role in part_roles.items() if role is PartRole.IMAGE_ENCODER):
+        identity.update(model_identity(config, part))
+    return identity
 
 
 def fill_latent_cache(
@@ -78,7 +76,7 @@ def fill_latent_cache(
     `ranks` (a `training.distributed.Distributed`, several processes): each rank encodes every N-th missing entry, so
     no two ranks write one entry, and all wait for each other before training reads the cache."""
     data.latent_cache = DiskCache(config.cache_dir, "latents")
-    data.latent_key_base = latent_identity(config)
+    data.latent_key_base = latent_identity(config, family.part_roles)
     stats = CacheStats(failed=[])
     started = time.monotonic()
     while True:

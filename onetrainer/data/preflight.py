@@ -179,8 +179,9 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
 def _count_cache(report: PreflightReport, data: TrainingData, config: TrainConfig) -> None:
     from onetrainer.data.cache import DiskCache
     from onetrainer.data.caching import latent_identity, needed_samples, text_encoders_frozen
+    from onetrainer.families import load_family_class
 
-    data.latent_key_base = latent_identity(config)
+    data.latent_key_base = latent_identity(config, load_family_class(config.model_type).part_roles)
     with_masks = config.masked_training or model_type_info(config.model_type).inpainting
     cache = DiskCache(config.cache_dir, "latents")
     keys = needed_samples(data, config, with_masks)

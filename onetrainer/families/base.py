@@ -216,6 +216,23 @@ class Family(ABC):
         stages. Called under `torch.no_grad()` with every part in eval mode and the sampling parts on the device;
         `apply_embeddings` turns placeholders into the embedding tokens."""
 
+    # -- sampling through one diffusers pipeline (`sampling/sampler.render_pipeline`) --------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        """The diffusers pipeline over the live modules, with `sampler` as its scheduler: for families whose `sample`
+        calls `render_pipeline`."""
+        raise NotImplementedError(f"{type(self).__name__} does not sample through one diffusers pipeline")
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
+        with a clip skip per text encoder, which the pipeline cannot express)."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt}
+
+    def pipeline_arguments(self, model: LoadedModel, sample: SampleConfig, zero_terminal_snr: bool) -> dict:
+        """The family's own arguments of the pipeline call beyond size, steps, guidance and prompts (SD's guidance
+        rescale under zero terminal SNR, an inpainting model's image and mask)."""
+        return {}
+
     # -- methods: LoRA targets and names --------------------------------------------------------------------------
 
     def lora_targets(self, model: LoadedModel, part: str, patterns: list[str], regex: bool) -> list[str]:

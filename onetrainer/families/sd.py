@@ -41,6 +41,7 @@ from onetrainer.families.sd_common import (
     discrete_schedule,
     inpainting_cache,
     inpainting_inputs,
+    inpainting_sample_inputs,
     merges_of,
     plain_state,
     save_pipeline_folder,
@@ -236,10 +237,11 @@ class StableDiffusionFamily(Family):
 
         return render_pipeline(self, model, sample, apply_embeddings, zero_terminal_snr)
 
-    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
-        """The pipeline call's prompt arguments for a sample: the texts, or embeddings a family computes itself (e.g.
-        with a clip skip per text encoder, which the pipeline cannot express)."""
-        return {"prompt": prompt, "negative_prompt": negative_prompt}
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        arguments = inpainting_sample_inputs(sample) if model.type_info.inpainting else {}
+        if zero_terminal_snr:
+            arguments["guidance_rescale"] = 0.7  # the rescale the zero-terminal-SNR paper samples with
+        return arguments
 
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline

@@ -57,6 +57,21 @@ def inpainting_inputs(family: Family, model: LoadedModel, inputs: BatchInputs) -
     return {"mask": small_mask.to(masked_latents.dtype), "masked_latents": masked_latents}
 
 
+def inpainting_sample_inputs(sample) -> dict:
+    """An inpainting model's sample paints into its base image inside its mask; without them, into a blank canvas,
+    whole."""
+    from PIL import Image
+
+    size = (sample.width, sample.height)
+    if sample.sample_inpainting and sample.base_image_path:
+        image = Image.open(sample.base_image_path).convert("RGB").resize(size)
+        mask = Image.open(sample.mask_image_path).convert("L").resize(size) if sample.mask_image_path else None
+    else:
+        image, mask = Image.new("RGB", size, (127, 127, 127)), None
+    # Painting starts from pure noise (SDXL's inpainting pipeline defaults to 0.9999, which leaves 0 of 1 step).
+    return {"image": image, "mask_image": mask or Image.new("L", size, 255), "strength": 1.0}
+
+
 def unet_conv_input_sizes(unet: torch.nn.Module, vae: torch.nn.Module, height: int, width: int) -> dict:
     """The (height, width) of each Conv2d's input in a diffusers UNet trained on `height` × `width` pixel images.
 

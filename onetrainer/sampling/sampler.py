@@ -35,8 +35,9 @@ def render(family, model, sample, apply_embeddings=lambda text: text, device="cp
 
 
 def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: bool) -> Image.Image:
-    """A sample through the family's diffusers pipeline (`family.pipeline(model, sampler)`, with the prompt arguments
-    of `family.prompt_arguments`): the one-stage families' `sample`."""
+    """A sample through the family's diffusers pipeline (`family.pipeline(model, sampler)`, called with the prompt
+    arguments of `family.prompt_arguments` and the family's own `pipeline_arguments`): the one-stage families'
+    `sample`."""
     sampler = model.schedule.sampler(sample.noise_scheduler, zero_terminal_snr)
     pipe = family.pipeline(model, sampler)
     pipe.set_progress_bar_config(disable=True)
@@ -50,10 +51,7 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
         "generator": generator,
         "output_type": "np",
     }
-    if model.type_info.inpainting:
-        arguments.update(_inpainting_inputs(sample))
-    if zero_terminal_snr:
-        arguments["guidance_rescale"] = 0.7
+    arguments.update(family.pipeline_arguments(model, sample, zero_terminal_snr))
     negative = apply_embeddings(sample.negative_prompt) or None
     arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
     return to_image(pipe(**arguments).images[0])
@@ -73,18 +71,6 @@ def to_image(array: np.ndarray) -> Image.Image:
     if not_finite:
         image.info[NOT_FINITE] = True
     return image
-
-
-def _inpainting_inputs(sample) -> dict:
-    """Inpainting samples paint into the base image inside the mask; without them, a blank canvas is painted whole."""
-    size = (sample.width, sample.height)
-    if sample.sample_inpainting and sample.base_image_path:
-        image = Image.open(sample.base_image_path).convert("RGB").resize(size)
-        mask = Image.open(sample.mask_image_path).convert("L").resize(size) if sample.mask_image_path else None
-    else:
-        image, mask = Image.new("RGB", size, (127, 127, 127)), None
-    # Painting starts from pure noise (SDXL's inpainting pipeline defaults to 0.9999, which leaves 0 of 1 step).
-    return {"image": image, "mask_image": mask or Image.new("L", size, 255), "strength": 1.0}
 
 
 def looks_broken(image: Image.Image) -> str | None:

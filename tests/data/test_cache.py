@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from onetrainer.data.cache import DiskCache, cache_key
@@ -45,3 +46,22 @@ def test_read_entries_are_served_from_memory_within_the_limit(tmp_path, monkeypa
     cache.get(keys[0])
     assert len(loads) == 3
     assert cache.get(keys[1])["latents"][0] == 1.0 and len(loads) == 4
+
+
+@pytest.mark.parametrize(("variant", "encoder"), [("cascade", "effnet_encoder"), ("sd15", "vae")])
+def test_the_latents_are_encoded_again_when_the_image_encoder_changes(tmp_path, variant, encoder):
+    # The latent cache is keyed on the family's IMAGE_ENCODER parts: Cascade's EfficientNet, SD's VAE.
+    from onetrainer.training.events import CacheFilled
+    from tests.helpers import image_folder, run_config, tiny_config
+
+    image_folder(tmp_path, count=2)
+    size = "128" if variant == "cascade" else "64"
+
+    def encoded(dtype: str) -> int:
+        config = tiny_config(tmp_path, variant, epochs=1, resolution=size, **{encoder: {"weight_dtype": dtype}})
+        events = run_config(config)
+        return next(e.encoded for e in events if isinstance(e, CacheFilled) and e.kind == "latents")
+
+    assert encoded("FLOAT_32") == 2
+    assert encoded("FLOAT_32") == 0  # the same encoder: served from the cache
+    assert encoded("BFLOAT_16") == 2  # another dtype of the encoder: not the old latents

@@ -35,3 +35,62 @@ def test_production_code_does_not_import_the_test_models():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+class _RecordingPipeline:
+    """A diffusers pipeline's call signature, recording the arguments (an image of one grey pixel)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def set_progress_bar_config(self, **kwargs) -> None:
+        pass
+
+    def __call__(self, **kwargs):
+        import numpy as np
+
+        self.calls.append(kwargs)
+        return type("Output", (), {"images": np.full((1, 1, 1, 3), 0.5)})()
+
+
+def _model(model_type):
+    from onetrainer.config.enums import ModelType
+    from onetrainer.families.base import LoadedModel
+    from onetrainer.tiny import reference
+    from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+
+    schedule = DiscreteSchedule(reference.DDIM_EPSILON, PredictionType.EPSILON)
+    return LoadedModel(ModelType[model_type], {}, [], schedule, "test")
+
+
+def test_render_pipeline_uses_only_the_calls_the_contract_declares():
+    # A family that declares only `pipeline` samples without SD's guidance rescale or inpainting inputs, also with
+    # zero terminal SNR; SD's own `pipeline_arguments` add them.
+    from onetrainer.config.sample_config import SampleConfig
+    from onetrainer.families.base import Family
+    from onetrainer.families.sd import StableDiffusionFamily
+    from onetrainer.sampling.sampler import render_pipeline
+
+    recording = _RecordingPipeline()
+    declared = {name for name in vars(Family) if not name.startswith("_")}
+    assert {"pipeline", "prompt_arguments", "pipeline_arguments"} <= declared
+
+    class OnePipeline(StableDiffusionFamily):
+        pipeline_arguments = Family.pipeline_arguments  # the contract's default, not SD's
+
+        def pipeline(self, model, sampler):
+            return recording
+
+    sample = SampleConfig(prompt="a cat", width=64, height=64)
+    render_pipeline(OnePipeline(), _model("STABLE_DIFFUSION_15_INPAINTING"), sample, lambda t: t, True)
+    assert "guidance_rescale" not in recording.calls[-1] and "mask_image" not in recording.calls[-1]
+    assert recording.calls[-1]["prompt"] == "a cat"
+
+    class Sd(StableDiffusionFamily):
+        def pipeline(self, model, sampler):
+            return recording
+
+    render_pipeline(Sd(), _model("STABLE_DIFFUSION_15_INPAINTING"), sample, lambda t: t, True)
+    assert recording.calls[-1]["guidance_rescale"] == 0.7 and recording.calls[-1]["strength"] == 1.0
+    render_pipeline(Sd(), _model("STABLE_DIFFUSION_15"), sample, lambda t: t, False)
+    assert "guidance_rescale" not in recording.calls[-1] and "image" not in recording.calls[-1]
