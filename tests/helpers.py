@@ -19,6 +19,20 @@ VARIANT_MODEL_TYPES = {
     "wuerstchen": "WUERSTCHEN_2",
     "cascade": "STABLE_CASCADE_1",
 }
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
+PRESETS = sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.json"))
+# The tiny model of each model type the shipped presets train.
+TINY_MODELS = {
+    "STABLE_DIFFUSION_15": "sd15",
+    "STABLE_DIFFUSION_15_INPAINTING": "sd15-inpainting",
+    "STABLE_DIFFUSION_20_INPAINTING": "sd20-inpainting",
+    "STABLE_DIFFUSION_21": "sd21",
+    "STABLE_DIFFUSION_XL_10_BASE": "sdxl",
+    "STABLE_DIFFUSION_XL_10_BASE_INPAINTING": "sdxl-inpainting",
+    "PIXART_ALPHA": "pixart",
+    "WUERSTCHEN_2": "wuerstchen",
+    "STABLE_CASCADE_1": "cascade",
+}
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),
     "FINE_TUNE": ("ORIGINAL_SINGLE_FILE", "model.safetensors"),

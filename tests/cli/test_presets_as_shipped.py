@@ -10,28 +10,13 @@ its float32 VAE, or whose encoder has no kernel on a CPU, fails here instead of 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from onetrainer.cli.train import main
 from onetrainer.config import load_layers
 from onetrainer.config.model_types import model_type_info
-from tests.helpers import image_folder
-
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
-PRESETS = sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.json"))
-TINY_MODELS = {
-    "STABLE_DIFFUSION_15": "sd15",
-    "STABLE_DIFFUSION_15_INPAINTING": "sd15-inpainting",
-    "STABLE_DIFFUSION_20_INPAINTING": "sd20-inpainting",
-    "STABLE_DIFFUSION_21": "sd21",
-    "STABLE_DIFFUSION_XL_10_BASE": "sdxl",
-    "STABLE_DIFFUSION_XL_10_BASE_INPAINTING": "sdxl-inpainting",
-    "PIXART_ALPHA": "pixart",
-    "WUERSTCHEN_2": "wuerstchen",
-    "STABLE_CASCADE_1": "cascade",
-}
+from tests.helpers import PRESETS, TINY_MODELS, image_folder
 
 
 def test_every_preset_is_covered():

@@ -12,6 +12,7 @@ import pytest
 
 from onetrainer.config import errors
 from tests.gui.helpers import pump, view_of
+from tests.helpers import PRESETS, TINY_MODELS
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 RUN_TIMEOUT = 600  # seconds; the demo takes well under a minute on two idle cores
@@ -130,22 +131,29 @@ def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> 
     assert len(logs) == 2 and sum(name.endswith("-rank1.log") for name in logs) == 1, logs
 
 
-@pytest.mark.parametrize(("preset", "variant", "size"), [("sd15/lora", "sd15", 64), ("pixart/lora", "pixart", 64),
-                                                        ("cascade/lora", "cascade", 128)])  # fmt: skip
-def test_a_half_precision_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset, variant, size):
-    # As shipped (fp16/bf16 denoiser beside a float32 VAE, Cascade's fp16 effnet): only the base model, the data, a
-    # sample and the size change, through the window's own fields.
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset):
+    # As shipped (fp16/bf16 denoisers beside a float32 VAE, Cascade's fp16 effnet, 8-bit optimizers): only the base
+    # model, the data, a sample and the size change, through the window's model.
+    from onetrainer.config.model_types import model_type_info
     from tests.helpers import image_folder
 
     app.runner.train_function = None  # the real one
-    folder = image_folder(in_tmp, count=2)
     assert app.load_preset(preset)
+    shipped = app.model.config
+    step = model_type_info(shipped.model_type).family.bucket_step
+    size = max(step, 64)
+    embedding = shipped.training_method.value == "EMBEDDING"
+    folder = image_folder(in_tmp, count=2, placeholder=shipped.embedding.placeholder if embedding else None)
+    output = in_tmp / "out" / ("model" if shipped.output_model_format.is_directory else "model.safetensors")
     settings = {
-        "base_model_name": f"tiny:{variant}",
+        "base_model_name": f"tiny:{TINY_MODELS[shipped.model_type.value]}",
         "resolution": str(size),
         "epochs": 1,
         "tensorboard": False,
-        "output_model_destination": str(in_tmp / "out" / "lora.safetensors"),
+        "workspace_dir": str(in_tmp / "workspace"),
+        "cache_dir": str(in_tmp / "cache"),
+        "output_model_destination": str(output),
         "concepts": [{"name": "shapes", "path": str(folder)}],
         "samples": [{"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2}],
         "sample_after_unit": "EPOCH",
@@ -156,5 +164,4 @@ def test_a_half_precision_preset_loaded_in_the_window_trains_with_a_sample(app, 
     app.footer.start_button.invoke()
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
     assert app.footer.status.startswith("Finished (completed)"), app.footer.status
-    assert (in_tmp / "out" / "lora.safetensors").stat().st_size > 0
-    assert app.gallery.images() and not app.dialogs.history
+    assert output.exists() and app.gallery.images() and not app.dialogs.history
