@@ -11,6 +11,7 @@ import torch
 
 from onetrainer.config import TrainConfig
 from onetrainer.data import caching
+from onetrainer.families.base import PartRole
 
 KEYS = [f"{i:02d}" + "k" * 30 for i in range(12)]
 
@@ -48,7 +49,8 @@ def test_two_ranks_encode_every_missing_entry_once_even_when_one_starts_late(tmp
     def rank(index: int, delay: float) -> None:
         time.sleep(delay)  # rank 1 loads its model slowly: rank 0 must not have written anything yet
         data = SimpleNamespace(rank=index, images=[])
-        caching.fill_latent_cache(data, None, None, config, False, print, _Ranks(index, 2, meeting, gathered))
+        family = SimpleNamespace(part_roles={"vae": PartRole.IMAGE_ENCODER})  # what the cache is keyed on
+        caching.fill_latent_cache(data, family, None, config, False, print, _Ranks(index, 2, meeting, gathered))
 
     threads = [threading.Thread(target=rank, args=(0, 0.0)), threading.Thread(target=rank, args=(1, 0.5))]
     for thread in threads:
