@@ -406,7 +406,6 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     from onetrainer.families.sources import drop_tiny_base_overrides
     from onetrainer.methods import create_method
     from onetrainer.training.devices import select_device
-    from onetrainer.util.threads import MODEL_BUILD_LOCK
 
     device = select_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), _warn)
     print(f"loading {config.base_model_name} ({model_type_info(config.model_type).label})", file=sys.stderr)
@@ -415,8 +414,7 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     if notice:
         _warn(notice)
     try:
-        with MODEL_BUILD_LOCK:  # the app's estimate may be building a model on its worker thread
-            model = family.load(config)
+        model = family.load(config)
     except Exception as e:
         raise SampleError(_load_message(e, config.base_model_name)) from e
     for module in model.parts.values():

@@ -7,12 +7,12 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.tiny.registry import TINY_VARIANTS, TinyVariant
 from onetrainer.util.fs import atomic_directory
-from onetrainer.util.threads import MODEL_BUILD_LOCK
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 TINY_MODEL_VERSION = 2
 # Written beside model_index.json; diffusers ignores it. Says what the folder is and which builder made it.
 MARKER_FILE = "tiny_model.json"
+# One build at a time in this process: a second thread waits and finds the folder built instead of building it again.
+TINY_BUILD_LOCK = threading.Lock()
 _TOKENIZER_COMPONENTS = ("tokenizer", "tokenizer_2")
 # model_index.json entries as the real hub folders have them. Würstchen's models were saved from the (since
 # deprecated) `diffusers.pipelines.wuerstchen` module, which model_index.json names by its short name; Stable
@@ -126,7 +128,7 @@ def tiny_model_dir(variant: str, cache_root: str | os.PathLike | None = None) ->
     target = root / "tiny-models" / f"{spec.name}-v{TINY_MODEL_VERSION}"
     if _is_complete(target):
         return target
-    with MODEL_BUILD_LOCK:
+    with TINY_BUILD_LOCK:  # the app's estimate and a starting run may both ask for a model not built yet
         if _is_complete(target):  # built by another thread while this one waited
             return target
         return _build(spec, target)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, Optimizer, TrainingMethod
-from onetrainer.util.threads import MODEL_BUILD_LOCK
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -438,11 +437,8 @@ def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_sec
     family = family_info.key
     if family not in FAMILY_CONSTANTS:
         raise ValueError(f"no estimate for the {family} family yet")
-    # Reading the model may build a tiny model and import model classes; on the app's worker thread, not while
-    # Start loads a model on the trainer thread (util/threads).
-    with MODEL_BUILD_LOCK:
-        shapes, counted_from = model_shapes(config)
-        counts = counts_of(config, shapes)
+    shapes, counted_from = model_shapes(config)
+    counts = counts_of(config, shapes)
     settings = settings_of(config, family, shapes[family_info.parts[0]]["params"])
     result = estimate_from_counts(counts, settings, flops_per_second)
     result.free_bytes = free_bytes

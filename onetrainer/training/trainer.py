@@ -79,7 +79,6 @@ from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
-from onetrainer.util.threads import MODEL_BUILD_LOCK
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -161,8 +160,7 @@ class Trainer:
 
         self.status("loading the model")
         self.family = load_family_class(config.model_type)()
-        with MODEL_BUILD_LOCK:  # the app's estimate may be building a model on its worker thread
-            self.model = self.family.load(config)
+        self.model = self.family.load(config)
         # Parts in different dtypes (a bf16 denoiser, a float32 VAE) meet in caching, the loss, validation and samples.
         self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
         family = self.family
