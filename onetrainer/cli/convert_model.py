@@ -25,9 +25,9 @@ _MODEL_TYPES = textwrap.fill(
 EPILOG = f"""\
 Models (--training-method FINE_TUNE): --input-name is a diffusers folder, a
 .safetensors/.ckpt file or a hub repo id; --output-model-format DIFFUSERS
-writes a folder, ORIGINAL_SINGLE_FILE a .safetensors file. A PixArt transformer
-file (ORIGINAL_TRANSFORMER) holds the transformer alone: convert it back with
---base-model-name naming a diffusers PixArt model for the other parts.
+writes a folder, ORIGINAL_SINGLE_FILE a .safetensors file. A transformer file
+(ORIGINAL_TRANSFORMER) holds the transformer alone: convert it back with
+--base-model-name naming a diffusers model of that type for the other parts.
 LoRAs (--training-method LORA): --input-name is the LoRA file, in kohya or
 diffusers names; --base-model-name is its base model (its module names decide
 which weights belong where); --output-model-format KOHYA_LORA or DIFFUSERS_LORA.

@@ -1,7 +1,7 @@
 """Aspect-ratio buckets: each image trains at the bucket whose shape is closest to its own.
 
 The buckets of a target resolution R have about R² pixels and the aspect ratios 1:1 … 1:4 in both orientations, with
-width and height rounded to the family's quantization step (SD 8, SDXL 64, Würstchen/Cascade 128, PixArt 16). An image
+width and height rounded to the family's quantization step (`FamilyInfo.bucket_step`: 8 to 128 px today). An image
 is scaled to cover its bucket and cropped, so small images are upscaled and never dropped for their size.
 """
 

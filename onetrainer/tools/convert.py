@@ -89,7 +89,7 @@ def convert(conversion: Conversion) -> list[Path]:
     config.base_model_name = conversion.base_model_name if on_base else conversion.input_name
     family = load_family_class(config.model_type)()
     if not on_base and conversion.base_model_name:
-        # A denoiser-only file (PixArt's original transformer checkpoint) over a base that has the other parts.
+        # A denoiser-only file (an original transformer checkpoint) over a base that has the other parts.
         config.base_model_name = conversion.base_model_name
         config.part(family.denoiser_part).model_name = conversion.input_name
     config.lora_model_name = conversion.input_name if is_lora else ""

@@ -54,7 +54,7 @@ HALF = (torch.float16, torch.bfloat16)
 def _casting_entry(module: torch.nn.Module, method: Callable) -> Callable:
     @functools.wraps(method)
     def entry(*args, **kwargs):
-        # Read at every call, not once: SDXL's pipeline upcasts an fp16 VAE to float32 for its decode and back again.
+        # Read at every call, not once: a pipeline may upcast an fp16 VAE to float32 for its decode and back again.
         weight = compute_weight(module)
         dtype, device_type = weight.dtype, weight.device.type
         args, kwargs = cast_floats(args, dtype), cast_floats(kwargs, dtype)
