@@ -7,6 +7,7 @@ torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
@@ -52,6 +53,17 @@ class SampleDefaults:
     noise_scheduler: NoiseScheduler
 
 
+# Capabilities a family declares (`FamilyInfo.capabilities`): a setting declared with `needs=` one of them applies only
+# to the model types whose family has it, so the shared config never names a family.
+CIRCULAR_PADDING = "circular_padding"  # its convolutions can pad circularly (seamless textures)
+ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be rescaled to zero terminal SNR (+ v-pred)
+GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
+LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
+CAPABILITIES: frozenset[str] = frozenset(
+    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE}
+)
+
+
 @dataclass(frozen=True)
 class FamilyInfo:
     key: str
@@ -75,6 +87,11 @@ class FamilyInfo:
         """What shows the base model in the hub cache beside a model_index.json (`util/hub.is_cached`)."""
         return (tuple(f"{part}/config.json" for part in self.hub_parts),) if self.hub_parts else ()
 
+    # What the family can do beyond the common settings (the capability names above): decides which settings apply.
+    capabilities: frozenset[str] = frozenset()
+    # The config reference's note on this family (`docs/config.md`, Family notes): its own settings and why.
+    notes: str = ""
+
 
 @dataclass(frozen=True)
 class ModelTypeInfo:
@@ -94,6 +111,15 @@ _SD_LIKE_FORMATS = {
     TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
 }
 _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
+_SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE})
+_EFFNET_NOTE = (
+    "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
+    "latents: a file, a folder or a Hugging Face repo id. "
+    "`decoder.model_name` names the decoder (stages B and A) that samples turn the prior's output into images with."
+)
+_P2_NOTE = (
+    "As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1."
+)
 
 SD = FamilyInfo(
     key="sd",
@@ -103,6 +129,7 @@ SD = FamilyInfo(
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
     layer_presets=_UNET_LAYER_PRESETS,
+    capabilities=_SD_CAPABILITIES,
 )
 SDXL = FamilyInfo(
     key="sdxl",
@@ -112,6 +139,7 @@ SDXL = FamilyInfo(
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
     layer_presets=_UNET_LAYER_PRESETS,
+    capabilities=_SD_CAPABILITIES,
 )
 PIXART = FamilyInfo(
     key="pixart",
@@ -136,6 +164,11 @@ PIXART = FamilyInfo(
         "full": (),
     },
     hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({LEARNED_VARIANCE}),
+    notes="`vb_loss_strength` (Training tab, Loss) weights the loss on the transformer's learned variance "
+    "(OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is the `transformer` "
+    "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
+    "PixArt-XL-2-512x512, the others from PixArt-XL-2-1024-MS.",
 )
 WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
@@ -152,6 +185,11 @@ WUERSTCHEN = FamilyInfo(
     # The prior is a flat list of blocks: no down/up blocks to offer.
     layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
     hub_parts=("prior", "text_encoder"),
+    capabilities=frozenset({CIRCULAR_PADDING}),
+    notes="Only the prior (stage C, the `prior` block) trains. "
+    + _EFFNET_NOTE
+    + " Würstchen's decoder has its own text encoder (`decoder_text_encoder`). "
+    + _P2_NOTE,
 )
 CASCADE = FamilyInfo(
     key="cascade",
@@ -174,6 +212,16 @@ CASCADE = FamilyInfo(
     },
     float16_unsafe_parts=("prior",),
     hub_parts=("prior", "text_encoder"),
+    notes="Only the prior (stage C, the `prior` block) trains. "
+    + _EFFNET_NOTE
+    + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "
+    "`effnet_encoder.model_name`; `--check` and Start then say to download `effnet_encoder.safetensors` from "
+    # the address `config/validation.EFFNET_DOWNLOAD` gives (that module imports this one)
+    "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors and enter its path in that "
+    "field (or the repo id `stabilityai/stable-cascade`, as our presets do: only that file is downloaded). "
+    "`prior.model_name` may name a stage C file of Stability's (`stage_c.safetensors`, `stage_c_lite.safetensors`) "
+    "to train instead of the base model's prior. The prior gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, "
+    "and with `train_dtype` FLOAT_16 the prior computes in `fallback_train_dtype`. " + _P2_NOTE,
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}
@@ -217,7 +265,24 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
     )
 }
 
-SUPPORTED_MODEL_TYPES: tuple[ModelType, ...] = tuple(MODEL_TYPES)
+
+class _SupportedModelTypes(Sequence[ModelType]):
+    """The keys of `MODEL_TYPES`, read live: the `model_type` setting's choices follow `register_model_type`."""
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return tuple(MODEL_TYPES)[index]
+
+    def __len__(self) -> int:
+        return len(MODEL_TYPES)
+
+    def __iter__(self) -> Iterator[ModelType]:
+        return iter(tuple(MODEL_TYPES))
+
+    def __contains__(self, value: object) -> bool:
+        return value in MODEL_TYPES
+
+
+SUPPORTED_MODEL_TYPES: Sequence[ModelType] = _SupportedModelTypes()
 
 
 def model_type_info(model_type: ModelType) -> ModelTypeInfo:
@@ -233,3 +298,59 @@ def family_of(model_type: ModelType) -> FamilyInfo:
 
 def all_parts() -> tuple[str, ...]:
     return tuple(PART_ROLES)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Registering at runtime: a family module declares its model types and its own parts here instead of in the tables
+# above (each call returns its undo, for tests).
+
+
+def register_part(name: str, label: str, role: str) -> Callable[[], None]:
+    """Declare a model part that is not one of OneTrainer's part blocks: its settings live in `TrainConfig.parts`.
+
+    `role` (DENOISER, TEXT_ENCODER or AUXILIARY) gives its default settings and which part settings apply to it.
+    """
+    if role not in (DENOISER, TEXT_ENCODER, AUXILIARY):
+        raise ValueError(f"part {name!r}: unknown role {role!r}")
+    if PART_ROLES.get(name, role) != role:
+        raise ValueError(f"part {name!r} is already declared with the role {PART_ROLES[name]!r}")
+    added = name not in PART_ROLES
+    old_label = PART_LABELS.get(name)
+    PART_ROLES[name] = role
+    PART_LABELS[name] = label
+
+    def undo() -> None:
+        if added:
+            PART_ROLES.pop(name, None)
+            PART_LABELS.pop(name, None)
+        elif old_label is not None:
+            PART_LABELS[name] = old_label
+
+    return undo
+
+
+def register_model_type(info: ModelTypeInfo) -> Callable[[], None]:
+    """Declare a model type (and its family's facts) at runtime, as if it stood in `MODEL_TYPES`.
+
+    The member comes from `ModelType`, OneTrainer's list of names; every part of its family must be declared (a part
+    block of `TrainConfig` or `register_part`).
+    """
+    unknown = [p for p in info.family.parts if p not in PART_ROLES]
+    if unknown:
+        raise ValueError(f"{info.label}: undeclared parts {', '.join(unknown)} (see register_part)")
+    family = FAMILIES.get(info.family.key)
+    if family is not None and family is not info.family:
+        raise ValueError(f"{info.label}: the family key {info.family.key!r} is already declared by {family.label}")
+    previous = MODEL_TYPES.get(info.model_type)
+    MODEL_TYPES[info.model_type] = info
+    FAMILIES[info.family.key] = info.family
+
+    def undo() -> None:
+        if previous is None:
+            MODEL_TYPES.pop(info.model_type, None)
+        else:
+            MODEL_TYPES[info.model_type] = previous
+        if family is None and all(i.family is not info.family for i in MODEL_TYPES.values()):
+            FAMILIES.pop(info.family.key, None)
+
+    return undo

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
-from onetrainer.config.model_types import AUXILIARY, DENOISER, TEXT_ENCODER
+from onetrainer.config.model_types import AUXILIARY, DENOISER, PART_ROLES, TEXT_ENCODER
 from onetrainer.config.schema import ConfigNode, setting
 
 TRAINED_ROLES = frozenset({DENOISER, TEXT_ENCODER})
@@ -88,8 +88,10 @@ class ModelPartConfig(ConfigNode):
         "Train the embedding vectors of this text encoder (models with two text encoders).",
         tab="embedding",
         roles=frozenset({TEXT_ENCODER}),
-        families=frozenset({"sdxl"}),
         methods=frozenset({TrainingMethod.EMBEDDING}),
+        # With one text encoder the embedding trains in it or not at all: the choice exists only with several.
+        when=lambda ctx: ctx.text_encoder_count > 1,
+        when_text="models with two or more text encoders",
     )
     gradient_checkpointing: bool = setting(
         True,
@@ -121,3 +123,8 @@ def auxiliary_part() -> ModelPartConfig:
 
 
 PART_FACTORIES = {DENOISER: denoiser_part, TEXT_ENCODER: text_encoder_part, AUXILIARY: auxiliary_part}
+
+
+def new_part_block(name: str) -> ModelPartConfig:
+    """A part's settings with the defaults of its declared role (`model_types.PART_ROLES`, `register_part`)."""
+    return PART_FACTORIES[PART_ROLES.get(name, AUXILIARY)]()

@@ -179,6 +179,9 @@ def _applies_text(spec: FieldSpec) -> str:
     parts = []
     if meta.families is not None:
         parts.append(", ".join(FAMILIES[f].label for f in sorted(meta.families)))
+    if meta.needs is not None:
+        # the families declaring the capability, so a new family's declaration shows here by itself
+        parts.append(", ".join(f.label for f in FAMILIES.values() if meta.needs in f.capabilities) or "none yet")
     if meta.methods is not None:
         parts.append(", ".join(m.value for m in sorted(meta.methods, key=lambda m: m.value)))
     if meta.roles is not None:
@@ -204,7 +207,8 @@ def _parts_section() -> str:
     lines += [
         "",
         "Text encoders default to `stop_training_after` = 30, unit `EPOCH`; the VAE and other auxiliary parts are "
-        "not trained.\n",
+        "not trained. A part of a family's own that is not among these blocks (`config.model_types.register_part`) "
+        "has its block under `parts` (`parts.<part>.weight_dtype`, …), with the defaults of its role.\n",
         _TABLE_HEAD,
     ]
     lines += [_row(f"<part>.{spec.name}", spec) for spec in ModelPartConfig.specs() if not spec.meta.ignored]
@@ -236,40 +240,9 @@ def _model_types_section() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _family_notes() -> dict[str, str]:
-    from onetrainer.config.validation import EFFNET_DOWNLOAD
-
-    effnet = (
-        "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
-        "latents: a file, a folder or a Hugging Face repo id. "
-        "`decoder.model_name` names the decoder (stages B and A) that samples turn the prior's output into images with."
-    )
-    return {
-        "pixart": "`vb_loss_strength` (Training tab, Loss; PixArt only) weights the loss on the transformer's learned "
-        "variance (OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is "
-        "the `transformer` block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The "
-        "512 presets start from PixArt-XL-2-512x512, the others from PixArt-XL-2-1024-MS.",
-        "wuerstchen": "Only the prior (stage C, the `prior` block) trains. "
-        + effnet
-        + " Würstchen's decoder has its own text encoder (`decoder_text_encoder`). As in OneTrainer, the presets "
-        "weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1.",
-        "cascade": "Only the prior (stage C, the `prior` block) trains. "
-        + effnet
-        + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "
-        "`effnet_encoder.model_name`; `--check` and Start then say to download `effnet_encoder.safetensors` from "
-        f"{EFFNET_DOWNLOAD} and enter its path in that field (or the repo id `stabilityai/stable-cascade`, as our "
-        "presets do: only that file is downloaded). `prior.model_name` may name a stage C file of Stability's "
-        "(`stage_c.safetensors`, `stage_c_lite.safetensors`) to train instead of the base model's prior. The prior "
-        "gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, and with `train_dtype` FLOAT_16 the prior computes "
-        "in `fallback_train_dtype`. As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and "
-        "`loss_weight_strength` (γ) = 1.",
-    }
-
-
 def _family_notes_section() -> str:
     lines = ["\n## Family notes\n", "Fields shown only for some families (the Applies to column above) and why:\n"]
-    for key, text in _family_notes().items():
-        lines.append(f"- **{FAMILIES[key].label}**: {text}")
+    lines += [f"- **{family.label}**: {family.notes}" for family in FAMILIES.values() if family.notes]
     return "\n".join(lines) + "\n"
 
 

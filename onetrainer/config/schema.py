@@ -2,7 +2,7 @@
 
 A config node is a dataclass deriving from `ConfigNode`; each field is declared with `setting()` (a value) or
 `node()` (a nested node or a list/dict of nodes). The metadata attached there (label, help, tab, group, range,
-choices, and which families / methods / model parts it applies to) is what the GUI forms, validation, the CLI
+choices, and which capabilities / methods / model parts it applies to) is what the GUI forms, validation, the CLI
 overrides and `docs/config.md` are generated from.
 """
 
@@ -88,10 +88,15 @@ class Meta:
     maximum: float | None = None
     choices: tuple[Any, ...] | None = None  # offered values (enum members or strings); None: any of the type
     families: frozenset[str] | None = None
+    # A capability the model type's family must declare (`FamilyInfo.capabilities`): how a setting says which model
+    # types it applies to without naming families.
+    needs: str | None = None
     methods: frozenset[TrainingMethod] | None = None
     roles: frozenset[str] | None = None  # inside a model part: the part roles this setting applies to
     part_names: frozenset[str] | None = None  # inside a model part: the parts this setting applies to
     part: str | None = None  # a model part block: applies when the family has this part
+    # A dict of model part blocks keyed by part name (`TrainConfig.parts`): each entry is walked as that part's block.
+    part_blocks: bool = False
     when: Callable[[Context], bool] | None = None  # a rarer condition, stated in `when_text` for the docs
     when_text: str = ""
     widget: str | None = None  # "file", "dir", "path", "model", "text", "float_or_empty", …
@@ -116,6 +121,8 @@ class Meta:
             if self.part_names is not None and part not in self.part_names:
                 return False
         if self.part is not None and self.part not in family_of(ctx.model_type).parts:
+            return False
+        if self.needs is not None and self.needs not in family_of(ctx.model_type).capabilities:
             return False
         return not (self.when is not None and not self.when(ctx))
 
@@ -293,7 +300,7 @@ class ConfigNode:
             if spec is None:
                 problems.append(Problem(field_path, _unknown_key_message(key, specs), Severity.WARNING))
                 continue
-            start = getattr(instance, key) if spec.type.kind == "node" else None
+            start = getattr(instance, key) if spec.type.kind == "node" or spec.meta.part_blocks else None
             ok, converted = convert(value, spec.type, field_path, problems, spec.meta.choices, start)
             if not ok:
                 continue
@@ -452,9 +459,14 @@ def convert(
     if kind == "dict":
         if not isinstance(value, dict):
             return fail("an object")
-        out_d = {}
+        item_type = ftype.item or FieldType("any")
+        # A dict of nodes read onto existing ones (model part blocks with their role's defaults) keeps the entries
+        # and fields the data leaves out, as a node does.
+        merge = item_type.kind == "node" and isinstance(base, dict)
+        out_d = dict(base) if merge else {}
         for k, item in value.items():
-            ok, converted = convert(item, ftype.item or FieldType("any"), join_path(path, k), problems)
+            start = base.get(k) if merge else None
+            ok, converted = convert(item, item_type, join_path(path, k), problems, None, start)
             if ok:
                 out_d[k] = converted
         return True, out_d
@@ -503,6 +515,15 @@ def _walk(node_: ConfigNode, path: str, tab, group, part, parents, into_lists) -
             child_group = meta.group or meta.label or group
             child_part = meta.part or part
             yield from _walk(value, fpath, ftab, child_group, child_part, (*parents, meta), into_lists)
+            continue
+        if meta.part_blocks and isinstance(value, dict):
+            from onetrainer.config.model_types import PART_LABELS
+
+            for name, block in value.items():
+                # Each block applies where its part does, grouped under the part's label as a named part block is.
+                block_meta = dataclasses.replace(meta, part=name, part_blocks=False)
+                label = PART_LABELS.get(name, name)
+                yield from _walk(block, join_path(fpath, name), ftab, label, name, (*parents, block_meta), into_lists)
             continue
         yield BoundField(fpath, spec, node_, ftab, fgroup, part, parents)
         if into_lists and spec.type.kind == "list" and spec.type.item and spec.type.item.kind == "node" and value:

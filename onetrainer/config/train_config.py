@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import ClassVar
 
 from onetrainer.config.concept_config import ConceptConfig
@@ -25,9 +26,23 @@ from onetrainer.config.enums import (
     TrainingMethod,
 )
 from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS
-from onetrainer.config.model_types import PART_LABELS, SUPPORTED_MODEL_TYPES
+from onetrainer.config.model_types import (
+    CIRCULAR_PADDING,
+    GENERALIZED_OFFSET_NOISE,
+    LEARNED_VARIANCE,
+    PART_LABELS,
+    PART_ROLES,
+    SUPPORTED_MODEL_TYPES,
+    ZERO_TERMINAL_SNR,
+)
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
-from onetrainer.config.parts import ModelPartConfig, auxiliary_part, denoiser_part, text_encoder_part
+from onetrainer.config.parts import (
+    ModelPartConfig,
+    auxiliary_part,
+    denoiser_part,
+    new_part_block,
+    text_encoder_part,
+)
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.config.schema import ConfigNode, node, setting
 
@@ -49,11 +64,23 @@ OUTPUT_FORMATS = (
     ModelFormat.SAFETENSORS,
 )
 LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "mapper-only", "custom")
-SD_LIKE = frozenset({"sd", "sdxl"})
 
 
 def _part(name: str, factory, **meta):
     return node(factory, PART_LABELS[name], f"Settings of the {PART_LABELS[name]}.", part=name, **meta)
+
+
+@cache
+def _named_parts() -> frozenset[str]:
+    """The parts with a block of their own in TrainConfig (OneTrainer's top-level keys)."""
+    return frozenset(s.name for s in TrainConfig.specs() if s.meta.part is not None)
+
+
+def _other_part_blocks() -> dict[str, ModelPartConfig]:
+    """A block for every declared part without a field of its own (`register_part`), with its role's defaults: the
+    config has the same fields whatever the model type, as the GUI's forms expect."""
+    named = _named_parts()
+    return {name: new_part_block(name) for name in PART_ROLES if name not in named}
 
 
 def _ot(label: str, default=None, **meta):
@@ -314,6 +341,13 @@ class TrainConfig(ConfigNode):
     decoder: ModelPartConfig = _part("decoder", auxiliary_part)
     decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder", auxiliary_part)
     decoder_vqgan: ModelPartConfig = _part("decoder_vqgan", auxiliary_part)
+    parts: dict[str, ModelPartConfig] = node(
+        _other_part_blocks,
+        "Other model parts",
+        "The blocks of model parts that are not among the keys above (a family's own parts), by part name, with the "
+        "same keys (`parts.<part>.weight_dtype`, …).",
+        part_blocks=True,
+    )
     output_model_destination: str = setting(
         "models/model.safetensors",
         "Output destination",
@@ -572,7 +606,7 @@ class TrainConfig(ConfigNode):
         "Pad convolutions circularly, for seamless tiling textures.",
         tab="training",
         group="Precision",
-        families=frozenset({"sd", "sdxl", "wuerstchen"}),
+        needs=CIRCULAR_PADDING,
     )
 
     # -- training: text encoder / embedding ------------------------------------------------------------------------
@@ -623,7 +657,7 @@ class TrainConfig(ConfigNode):
         "v-prediction. Lets the model learn very dark and very bright images.",
         tab="training",
         group="Noise",
-        families=SD_LIKE,
+        needs=ZERO_TERMINAL_SNR,
     )
     force_v_prediction: bool = setting(
         False, "Force v-prediction", "Train with v-prediction whatever the model type.", ui=False
@@ -648,7 +682,7 @@ class TrainConfig(ConfigNode):
         "Scale the offset noise with the timestep.",
         tab="training",
         group="Noise",
-        families=SD_LIKE,
+        needs=GENERALIZED_OFFSET_NOISE,
     )
     perturbation_noise_weight: float = setting(
         0.0,
@@ -786,7 +820,7 @@ class TrainConfig(ConfigNode):
         tab="training",
         group="Loss",
         minimum=0,
-        families=frozenset({"pixart"}),
+        needs=LEARNED_VARIANCE,
     )
     loss_weight_fn: LossWeight = setting(
         LossWeight.CONSTANT,
@@ -1123,4 +1157,13 @@ class TrainConfig(ConfigNode):
     # -- derived facts ----------------------------------------------------------------------------------------------
 
     def part(self, name: str) -> ModelPartConfig:
-        return getattr(self, name)
+        """The settings of the model part `name`: its own block (`unet`, …) or its entry in `parts`."""
+        if name in _named_parts():
+            return getattr(self, name)
+        block = self.parts.get(name)
+        if block is None:
+            if name not in PART_ROLES:
+                raise KeyError(f"'{name}' is not a declared model part (see config.model_types.register_part)")
+            # declared after this config was made: created on demand, with its role's defaults
+            block = self.parts[name] = new_part_block(name)
+        return block

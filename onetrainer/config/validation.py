@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
-from onetrainer.config.model_types import MODEL_TYPES, model_type_info
+from onetrainer.config.model_types import MODEL_TYPES, PART_ROLES, TEXT_ENCODER, model_type_info
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
@@ -21,7 +21,7 @@ _NOT_YET: dict = {}
 def context_of(config: TrainConfig) -> Context:
     """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
     info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
-    text_encoders = sum(1 for p in info.family.parts if p.startswith("text_encoder"))
+    text_encoders = sum(1 for p in info.family.parts if PART_ROLES.get(p) == TEXT_ENCODER)
     return Context(
         family=info.family.key,
         method=config.training_method,

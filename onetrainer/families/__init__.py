@@ -7,6 +7,7 @@ A family without an entry is known to the config (see `onetrainer.config.model_t
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import MODEL_TYPES
@@ -18,6 +19,27 @@ FAMILY_CLASSES: dict[str, str] = {
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
     "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
 }
+
+
+def register_family(key: str, target: str) -> Callable[[], None]:
+    """Make the family `key` trainable: `target` is its class's import path ("package.module:Class").
+
+    A family written outside this package calls this with `config.model_types.register_model_type` (and
+    `register_part` for parts of its own); returns the undo, for tests.
+    """
+    module_name, colon, class_name = target.partition(":")
+    if not (module_name and colon and class_name):
+        raise ValueError(f"family {key!r}: expected 'package.module:Class', got {target!r}")
+    previous = FAMILY_CLASSES.get(key)
+    FAMILY_CLASSES[key] = target
+
+    def undo() -> None:
+        if previous is None:
+            FAMILY_CLASSES.pop(key, None)
+        else:
+            FAMILY_CLASSES[key] = previous
+
+    return undo
 
 
 def is_trainable(model_type: ModelType) -> bool:

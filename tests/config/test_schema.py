@@ -196,3 +196,25 @@ def test_a_learning_rate_of_zero_is_a_warning():
     found = [p for p in validate(config) if p.path == "learning_rate"]
     assert len(found) == 1 and not found[0].is_error and "learns nothing" in found[0].message
     assert not [p for p in validate(TrainConfig()) if p.path == "learning_rate"]
+
+
+def test_other_parts_blocks_load_merge_and_round_trip() -> None:
+    # A config without `parts` (every OneTrainer config) loads as before; blocks of parts no family here declares
+    # (a family module not loaded) are kept and written back; a block read onto a declared one keeps its defaults.
+    from onetrainer.config.model_types import AUXILIARY, register_part
+
+    old, problems = config_from_dict({"model_type": "STABLE_DIFFUSION_15"})
+    assert not problems and old.parts == {}
+    undo = register_part("patch_autoencoder", "Patch Autoencoder", AUXILIARY)
+    try:
+        data = {"parts": {"patch_autoencoder": {"weight_dtype": "FLOAT_16"}, "elsewhere": {"train": False}}}
+        config, problems = config_from_dict(data)
+        assert not problems
+        block = config.part("patch_autoencoder")
+        assert block.weight_dtype is DataType.FLOAT_16 and not block.train  # an auxiliary part's default kept
+        again, _ = config_from_dict(json.loads(json.dumps(config.to_dict())))
+        assert again.to_dict() == config.to_dict() and not again.parts["elsewhere"].train
+    finally:
+        undo()
+    with pytest.raises(KeyError):
+        TrainConfig().part("patch_autoencoder")

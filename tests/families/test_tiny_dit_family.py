@@ -1,26 +1,37 @@
 """The family contract is general: a family defined only in `tests/families/tiny_dit_family.py` (a DiT on a
-continuous cosine schedule with a masked T5 text encoder) trains LoRA, fine-tune and embedding and samples through
-the generic trainer, methods, cache and sampler."""
+continuous cosine schedule with a masked T5 text encoder), with a model type and parts of its own that no shared module
+declares, trains LoRA, fine-tune and embedding and samples through the generic config, trainer, methods, cache and
+sampler; its parts' settings are honoured and saved."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from onetrainer.config import config_from_dict
+from onetrainer.config.enums import DataType, TrainingMethod
+from onetrainer.config.model_types import MODEL_TYPES
+from onetrainer.config.schema import errors, set_path, walk
+from onetrainer.config.validation import context_of
 from onetrainer.sampling.sampler import render
 from onetrainer.training.events import SampleReady
 from tests.families import tiny_dit_family
-from tests.families.tiny_dit_family import BASE_MODEL, MODEL_TYPE, TinyDiTFamily
+from tests.families.tiny_dit_family import BASE_MODEL, DIT, MODEL_TYPE, PATCH_AUTOENCODER, TinyDiTFamily
 from tests.helpers import image_folder, run_config, tiny_config
 
 SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "height": 64, "diffusion_steps": 2}
 
 
 @pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    tiny_dit_family.register(monkeypatch)
+def registered():
+    assert MODEL_TYPE not in MODEL_TYPES  # the proof: no shared module declares this model type
+    undo = tiny_dit_family.register()
+    yield
+    undo()
+    assert MODEL_TYPE not in MODEL_TYPES
 
 
 def train(root, method: str, **overrides) -> tuple[dict, list]:
@@ -65,9 +76,7 @@ def test_fine_tune_caches_masked_text_and_drops_captions_by_zeros(tmp_path):
     family = TinyDiTFamily()
     trained, base = family.load(config), family.load(config_from_dict({**data})[0])
     weight = "blocks.0.attn1.to_q.weight"
-    assert not torch.equal(
-        trained.part("transformer").state_dict()[weight], base.part("transformer").state_dict()[weight]
-    )
+    assert not torch.equal(trained.part(DIT).state_dict()[weight], base.part(DIT).state_dict()[weight])
 
 
 def test_embedding_on_t5(tmp_path):
@@ -83,3 +92,63 @@ def test_sampling_is_the_familys_and_follows_the_seed():
     sample = config_from_dict({"samples": [SAMPLE]})[0].samples[0]
     one, two = render(family, model, sample), render(family, model, sample)
     assert one.size == (64, 64) and (torch.tensor(list(one.getdata())) == torch.tensor(list(two.getdata()))).all()
+
+
+def test_its_parts_settings_are_honoured(tmp_path):
+    # The DiT frozen, only the T5 trained: the LoRA has no denoiser adapters.
+    data, _ = train(tmp_path, "LORA", text_encoder={"train": True}, parts={DIT: {"train": False}})
+    with safe_open(data["output_model_destination"], "pt") as f:
+        keys = list(f.keys())
+    modules = {k.partition(".")[0] for k in keys}
+    assert modules and all(m.startswith("lora_te_") for m in modules)
+    # Each part is loaded in its own weight dtype.
+    config, problems = config_from_dict(
+        {
+            "model_type": MODEL_TYPE.value,
+            "base_model_name": BASE_MODEL,
+            "output_model_format": "SAFETENSORS",
+            "parts": {DIT: {"weight_dtype": "BFLOAT_16"}, PATCH_AUTOENCODER: {"weight_dtype": "FLOAT_16"}},
+        }
+    )
+    assert not errors(problems), problems
+    model = TinyDiTFamily().load(config)
+    dtypes = {name: next(model.part(name).parameters()).dtype for name in (DIT, PATCH_AUTOENCODER, "text_encoder")}
+    assert dtypes == {DIT: torch.bfloat16, PATCH_AUTOENCODER: torch.float16, "text_encoder": torch.float32}
+
+
+def test_its_parts_settings_have_their_roles_defaults_and_round_trip_through_json():
+    data = {
+        "model_type": MODEL_TYPE.value,
+        "training_method": "LORA",
+        "output_model_format": "KOHYA_LORA",
+        "parts": {DIT: {"learning_rate": 1e-4, "weight_dtype": "BFLOAT_16"}},
+    }
+    config, problems = config_from_dict(data)
+    assert not problems, problems
+    dit, autoencoder = config.part(DIT), config.part(PATCH_AUTOENCODER)
+    assert (dit.learning_rate, dit.weight_dtype, dit.train) == (1e-4, DataType.BFLOAT_16, True)
+    assert not autoencoder.train  # an auxiliary part: frozen by default, as the VAE
+    again, problems = config_from_dict(json.loads(json.dumps(config.to_dict())))
+    assert not problems and again.to_dict() == config.to_dict()
+    assert again.part(DIT).weight_dtype is DataType.BFLOAT_16
+    # The settings of a part apply by its role, and only to the model types whose family has the part.
+    applies = {b.path: b.applies(context_of(config)) for b in walk(config)}
+    assert applies["parts.dit.train"] and applies["parts.dit.weight_dtype"]
+    assert not applies["parts.patch_autoencoder.train"] and applies["parts.patch_autoencoder.weight_dtype"]
+    assert not applies["unet.weight_dtype"] and not applies["vb_loss_strength"]
+    assert not set_path(config, "parts.patch_autoencoder.weight_dtype", "FLOAT_16")  # `--set`, the GUI
+    assert config.part(PATCH_AUTOENCODER).weight_dtype is DataType.FLOAT_16
+    config.model_type = next(m for m in MODEL_TYPES if m is not MODEL_TYPE)
+    assert not any(b.applies(context_of(config)) for b in walk(config) if b.path.startswith("parts."))
+    assert config.training_method is TrainingMethod.LORA
+
+
+def test_the_gui_forms_show_its_parts_settings_under_their_labels():
+    from gui.forms.selection import form_fields
+
+    config, _ = config_from_dict({"model_type": MODEL_TYPE.value, "training_method": "LORA"})
+    ctx = context_of(config)
+    shown = {f.path: f.group for tab in ("model", "training") for f in form_fields(config, tab) if f.applies(ctx)}
+    assert shown["parts.dit.weight_dtype"] == "DiT" and shown["parts.dit.learning_rate"] == "DiT"
+    assert shown["parts.patch_autoencoder.weight_dtype"] == "Patch Autoencoder"
+    assert "parts.patch_autoencoder.train" not in shown and "transformer.weight_dtype" not in shown

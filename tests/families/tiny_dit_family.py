@@ -1,14 +1,18 @@
 """A model family written only here, against the family contract (`onetrainer/families/base.py`): a tiny DiT-like
 denoiser on a continuous cosine schedule, conditioned on a masked T5 encoder, with an 8x patch autoencoder.
 
-It is the proof that the next families are one file each: registering it (`register`, at test time) is all it takes
-for the generic trainer, methods, cache and sampler to train LoRA, fine-tune and embeddings on it and to sample it.
+It is the proof that the next families are one file each: it declares its own model type (a `ModelType` member,
+OneTrainer's name, that no module of the trainer declares), its own parts (`dit`, `patch_autoencoder`: no
+TrainConfig field, their settings live in `TrainConfig.parts`) and its capabilities, and registering them
+(`register`, at test time) is all it takes for the generic config, trainer, methods, cache and sampler to train LoRA,
+fine-tune and embeddings on it and to sample it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,7 +22,16 @@ import torch.nn.functional as F
 from PIL import Image
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
-from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, SampleDefaults
+from onetrainer.config.model_types import (
+    AUXILIARY,
+    DENOISER,
+    FamilyInfo,
+    ModelTypeInfo,
+    SampleDefaults,
+    register_model_type,
+    register_part,
+)
+from onetrainer.families import register_family
 from onetrainer.families.base import (
     BatchInputs,
     CaptionDropout,
@@ -33,7 +46,8 @@ from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Predic
 from onetrainer.weights.metadata import ModelKind
 
 BASE_MODEL = "tiny:dit"
-MODEL_TYPE = ModelType.PIXART_ALPHA  # the model-type slot the tests lend to this family
+MODEL_TYPE = ModelType.SANA  # a name from OneTrainer's list that no module of the trainer declares
+DIT, PATCH_AUTOENCODER = "dit", "patch_autoencoder"  # parts of its own: no TrainConfig field is named so
 TOKENS = 16
 WIDTH = 32
 PATCH = 2
@@ -42,7 +56,7 @@ SCALE = 8  # pixels per latent
 INFO = FamilyInfo(
     key="tiny_dit",
     label="Tiny DiT (test family)",
-    parts=("transformer", "text_encoder", "vae"),
+    parts=(DIT, "text_encoder", PATCH_AUTOENCODER),
     bucket_step=SCALE * PATCH,
     methods=(TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING),
     output_formats={
@@ -51,19 +65,30 @@ INFO = FamilyInfo(
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     layer_presets={"attn-only": ("attn",), "full": ()},
+    sample_step=SCALE * PATCH,
+    # A continuous schedule without learned variance: none of the capabilities (`model_types.CAPABILITIES`) the
+    # settings ask for, so the discrete-schedule and VB-loss settings do not apply to it.
+    capabilities=frozenset(),
 )
 MODEL_TYPE_INFO = ModelTypeInfo(
     MODEL_TYPE, "Tiny DiT", INFO, 64, False, False, SampleDefaults(64, 64, 4, 3.0, NoiseScheduler.DDIM)
 )
 
 
-def register(monkeypatch) -> None:
-    """Make the family trainable for one test: a model-type entry and a registry line."""
-    from onetrainer.config.model_types import MODEL_TYPES
-    from onetrainer.families import FAMILY_CLASSES
+def register() -> Callable[[], None]:
+    """Make the family known and trainable: its parts, its model type and its class. Returns the undo."""
+    undos = [
+        register_part(DIT, "DiT", DENOISER),
+        register_part(PATCH_AUTOENCODER, "Patch Autoencoder", AUXILIARY),
+        register_model_type(MODEL_TYPE_INFO),
+        register_family(INFO.key, f"{__name__}:TinyDiTFamily"),
+    ]
 
-    monkeypatch.setitem(MODEL_TYPES, MODEL_TYPE, MODEL_TYPE_INFO)
-    monkeypatch.setitem(FAMILY_CLASSES, INFO.key, f"{__name__}:TinyDiTFamily")
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+
+    return undo
 
 
 def cascade_remap(t: torch.Tensor) -> torch.Tensor:
@@ -171,7 +196,7 @@ def build_parts(seed: int = 0) -> tuple[dict[str, torch.nn.Module], object]:
         vocab_size=len(tokenizer), d_model=WIDTH, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0,
     )  # fmt: skip
-    parts = {"transformer": TinyDiT(), "text_encoder": T5EncoderModel(t5), "vae": PatchAutoencoder()}
+    parts = {DIT: TinyDiT(), "text_encoder": T5EncoderModel(t5), PATCH_AUTOENCODER: PatchAutoencoder()}
     return parts, tokenizer
 
 
@@ -182,9 +207,9 @@ class TinyDiTFamily(Family):
     info = INFO
     caption_dropout = CaptionDropout.ZEROS
     part_roles: ClassVar[dict[str, PartRole]] = {
-        "transformer": PartRole.DENOISER,
+        DIT: PartRole.DENOISER,
         "text_encoder": PartRole.TEXT_ENCODER,
-        "vae": PartRole.IMAGE_ENCODER,
+        PATCH_AUTOENCODER: PartRole.IMAGE_ENCODER,
     }
     sampling_parts = frozenset(part_roles)
 
@@ -215,7 +240,7 @@ class TinyDiTFamily(Family):
         return Conditioning({"hidden_states": hidden, "attention_mask": mask})
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        vae = model.part("vae")
+        vae = model.part(PATCH_AUTOENCODER)
         weight = first_weight(vae)
         return vae.encode(pixels.to(weight.device, weight.dtype))
 
@@ -226,7 +251,7 @@ class TinyDiTFamily(Family):
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         assert "resolution" in extra
-        dit = model.part("transformer")
+        dit = model.part(DIT)
         dtype = first_weight(dit).dtype
         hidden = conditioning.hidden_states.to(dtype)
         output = dit(noisy_latents.to(dtype), timesteps, hidden, conditioning.get("attention_mask"))
@@ -235,7 +260,7 @@ class TinyDiTFamily(Family):
     def sample(self, model, sample, apply_embeddings, zero_terminal_snr) -> Image.Image:
         """DDIM on the continuous schedule, with classifier-free guidance."""
         schedule = model.schedule
-        dit = model.part("transformer")
+        dit = model.part(DIT)
         device = first_weight(dit).device
         positive = self.encode_text(model, [apply_embeddings(sample.prompt)])
         negative = self.encode_text(model, [apply_embeddings(sample.negative_prompt)])
@@ -252,7 +277,7 @@ class TinyDiTFamily(Family):
             a, a_next = schedule.alpha_bar(t_in), schedule.alpha_bar(t_next.view(1).to(device))
             x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
             x = a_next.sqrt() * x0 + (1 - a_next).sqrt() * eps
-        vae = model.part("vae")
+        vae = model.part(PATCH_AUTOENCODER)
         pixels = vae.decode(x.to(first_weight(vae).dtype))[0].float().cpu()
         array = ((pixels.permute(1, 2, 0).numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8)
         return Image.fromarray(array)

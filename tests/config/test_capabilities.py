@@ -1,0 +1,99 @@
+"""Settings say which model types they apply to through the capabilities a family declares (`FamilyInfo.capabilities`),
+never by naming families; the five families keep the applicability they had when the settings named them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from onetrainer.config import TrainConfig
+from onetrainer.config.enums import ModelType, TrainingMethod
+from onetrainer.config.model_types import (
+    CAPABILITIES,
+    FAMILIES,
+    MODEL_TYPES,
+    FamilyInfo,
+    register_model_type,
+)
+from onetrainer.config.schema import BoundField, walk
+from onetrainer.config.validation import context_of
+
+# What the settings declared before capabilities existed (`families=`), by field name, as literal data: the family keys
+# each applied to. `train_embedding` (of a text encoder block) was SDXL's only.
+BEFORE: dict[str, frozenset[str]] = {
+    "force_circular_padding": frozenset({"sd", "sdxl", "wuerstchen"}),
+    "rescale_noise_scheduler_to_zero_terminal_snr": frozenset({"sd", "sdxl"}),
+    "generalized_offset_noise": frozenset({"sd", "sdxl"}),
+    "vb_loss_strength": frozenset({"pixart"}),
+    "train_embedding": frozenset({"sdxl"}),
+}
+
+
+def _before(bound: BoundField) -> BoundField:
+    """The field as it was declared: its family set instead of `needs` (and, for train_embedding, of its `when`)."""
+    meta = bound.spec.meta
+    families = BEFORE.get(bound.spec.name)
+    if families is None:
+        return bound
+    old = dataclasses.replace(meta, families=families, needs=None)
+    if bound.spec.name == "train_embedding":
+        old = dataclasses.replace(old, when=None, when_text="")
+    return dataclasses.replace(bound, spec=dataclasses.replace(bound.spec, meta=old))
+
+
+@pytest.mark.parametrize("model_type", list(MODEL_TYPES), ids=lambda m: m.value)
+def test_every_setting_applies_where_it_did(model_type) -> None:
+    config = TrainConfig(model_type=model_type)
+    for method in (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING):
+        config.training_method = method
+        ctx = context_of(config)
+        for bound in walk(config):
+            assert bound.applies(ctx) == _before(bound).applies(ctx), (bound.path, method)
+
+
+def _applies(model_type: ModelType, path: str, method: TrainingMethod = TrainingMethod.EMBEDDING) -> bool:
+    config = TrainConfig(model_type=model_type, training_method=method)
+    return next(b for b in walk(config) if b.path == path).applies(context_of(config))
+
+
+def _families_where(path: str, method: TrainingMethod = TrainingMethod.EMBEDDING) -> set[str]:
+    return {info.family.key for mt, info in MODEL_TYPES.items() if _applies(mt, path, method)}
+
+
+def test_the_concrete_expectations() -> None:
+    assert _families_where("vb_loss_strength") == {"pixart"}
+    assert _families_where("force_circular_padding") == {"sd", "sdxl", "wuerstchen"}
+    assert _families_where("rescale_noise_scheduler_to_zero_terminal_snr") == {"sd", "sdxl"}
+    assert _families_where("generalized_offset_noise") == {"sd", "sdxl"}
+    assert _families_where("text_encoder.train_embedding") == {"sdxl"}
+    assert _families_where("text_encoder_2.train_embedding") == {"sdxl"}
+    assert not _families_where("text_encoder.train_embedding", TrainingMethod.LORA)
+
+
+def test_settings_name_capabilities_the_families_declare() -> None:
+    needed = {b.spec.meta.needs for b in walk(TrainConfig()) if b.spec.meta.needs is not None}
+    assert needed == CAPABILITIES
+    for family in FAMILIES.values():
+        assert family.capabilities <= CAPABILITIES, family.key
+
+
+def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares() -> None:
+    sd = MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
+    family = FamilyInfo(
+        key="variance_dit",
+        label="Variance DiT",
+        parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
+        bucket_step=16,
+        methods=sd.family.methods,
+        output_formats=sd.family.output_formats,
+        capabilities=frozenset({"learned_variance"}),
+    )
+    undo = register_model_type(dataclasses.replace(sd, model_type=ModelType.SANA, label="Variance DiT", family=family))
+    try:
+        assert _applies(ModelType.SANA, "vb_loss_strength")
+        assert not _applies(ModelType.SANA, "generalized_offset_noise")
+        assert _applies(ModelType.SANA, "text_encoder_2.train_embedding")  # from its two text encoders
+    finally:
+        undo()
+    assert ModelType.SANA not in MODEL_TYPES and "variance_dit" not in FAMILIES
