@@ -6,16 +6,15 @@ Each tiny config is its real reference config with width fields replaced (`refer
 from __future__ import annotations
 
 import contextlib
-import importlib
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, UNet2DConditionModel
-from diffusers.pipelines.deprecated import wuerstchen as deprecated_wuerstchen
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
+from onetrainer.families.meta_models import init_kwargs, instantiate, model_class  # noqa: F401 (re-exported)
 from onetrainer.tiny import reference
 from onetrainer.tiny.reference import Config
 from onetrainer.tiny.tokenizer import build_clip_tokenizer
@@ -51,28 +50,6 @@ def tiny_config(kind: str, real: Config, **widths: Any) -> Config:
     if extra:
         raise ValueError(f"not a width field of a {kind}: {sorted(extra)}")
     return {**real, **widths}
-
-
-def init_kwargs(config: Config) -> Config:
-    """A diffusers config without its bookkeeping entries (`_class_name`, ...), ready for the class's __init__."""
-    return {k: v for k, v in config.items() if not k.startswith("_")}
-
-
-def model_class(config: Config) -> type[torch.nn.Module]:
-    """The class a reference or tiny config describes: `_class_name` for diffusers, `architectures` for transformers."""
-    if "_class_name" in config:
-        name = config["_class_name"]
-        # Würstchen's models live among diffusers' deprecated pipelines.
-        return getattr(importlib.import_module("diffusers"), name, None) or getattr(deprecated_wuerstchen, name)
-    return library_attribute("transformers", config["architectures"][0])
-
-
-def instantiate(config: Config) -> torch.nn.Module:
-    """A model with freshly initialised weights from a config dict (under `torch.device("meta")`, without any)."""
-    cls = model_class(config)
-    if "_class_name" in config:
-        return cls(**init_kwargs(config))
-    return cls(cls.config_class(**config))
 
 
 def build(config: Config, seed: int, component: str) -> Any:

@@ -1,33 +1,41 @@
-"""An estimate of peak memory and time per step before Start, from the model's own parameter counts and the settings.
+"""An estimate of peak memory and time per step before Start, from the model to be trained and the settings.
 
 Memory = the parts' weights (each part's parameter count × the bytes of its configured weight dtype; a part that is
-not needed on the device while stepping — a frozen text encoder whose outputs are cached, the VAE with cached
-latents, a decoder used only for samples — is left out) + the trained parameters, their gradients and the optimizer's
-state + activations, which scale with batch × pixels, shrink with gradient checkpointing and grow with the denoiser's
-width + on CUDA a fixed overhead (the CUDA context, allocator slack). Time = the denoiser's training FLOPs per step
-(forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
-throughput. The activation and FLOP constants are per family, for its released denoiser at its base resolution,
-and scale with the actual denoiser's size; `docs/benchmarks.md` states how far the estimate is from measurements.
+not needed on the device while stepping — a text encoder whose outputs are cached, an image encoder with cached
+latents, a part used only for samples, as the family's `part_roles` say — is left out) + the trained parameters,
+their gradients and the optimizer's state + the activations the backward pass keeps + on CUDA a fixed overhead (the
+CUDA context, allocator slack). Time = the denoiser's training FLOPs per step (forward + backward = 3 forwards, 4 with
+checkpointing's recomputation) over the device's measured matmul throughput.
 
-The counts come from the model that will be trained (`model_shapes`): the safetensors headers of a local diffusers
-folder or single file, of a `tiny:` model, or of a hub model in the local cache (no weights are read). Only a hub
-model that is not downloaded yet is counted from its full-size reference config, built on the meta device (no
-memory, no download). Where training runs on the CPU (no CUDA device), the estimate is of RAM and says so.
+Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
+safetensors headers of a local diffusers folder, of a `tiny:` model, or of a hub model in the local cache (no
+weights are read); a hub model not downloaded yet, a single file, a backup are counted as the released model of
+their type, built on the meta device from `families/meta_models.py` (no memory, no download). The activations and
+FLOPs are measured (`measure_activations`): the model is built on the meta device from its parts' configs, and the
+family's own training step — `encode_images` on a batch of the run's resolution, `encode_text`, `batch_extras`,
+`predict`, as the trainer calls them — runs there on shapes alone, while the tensors autograd saves for the backward
+pass are added up (and, with gradient checkpointing, what checkpointing keeps). Where the family's step cannot run on
+the meta device, a per-parameter rule stands in and the estimate says so. Where training runs on the CPU (no CUDA
+device), the estimate is of RAM and says so.
 
 The arithmetic (`estimate_from_counts`) takes plain numbers so it is tested on known counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from onetrainer.config.enums import DataType, Optimizer, TrainingMethod
 
 if TYPE_CHECKING:
+    import torch
+
     from onetrainer.config import TrainConfig
+    from onetrainer.families.base import Family, LoadedModel
 
 GIB = 1024**3
 BYTES = {
@@ -40,27 +48,20 @@ BYTES = {
 }
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state).
 _STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "ADAFACTOR": 2.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
-# Per family, for the released denoiser (`params`) at its base resolution, batch 1, 16-bit: activation bytes kept for
-# the backward pass (without / with gradient checkpointing) and the denoiser's forward FLOPs. SD and SDXL are
-# measured; PixArt (28 DiT blocks over 64x64 tokens at 1024 px), Würstchen and Cascade (stage C over 24x24 latents)
-# are derived from their shapes (FLOPs = 2 × parameters × tokens plus attention; activations ≈ 20 values of every
-# block's token width kept per block).
-FAMILY_CONSTANTS = {
-    "sd": {"resolution": 512, "activations": 3.2 * GIB, "checkpointed": 0.45 * GIB, "flops": 0.8e12,
-           "params": 859_520_964},
-    "sdxl": {"resolution": 1024, "activations": 12.0 * GIB, "checkpointed": 1.4 * GIB, "flops": 6.0e12,
-             "params": 2_567_463_684},
-    "pixart": {"resolution": 1024, "activations": 5.3 * GIB, "checkpointed": 0.45 * GIB, "flops": 7.2e12,
-               "params": 611_349_152},
-    "wuerstchen": {"resolution": 1024, "activations": 1.4 * GIB, "checkpointed": 0.2 * GIB, "flops": 1.2e12,
-                   "params": 993_636_896},
-    "cascade": {"resolution": 1024, "activations": 2.0 * GIB, "checkpointed": 0.25 * GIB, "flops": 4.2e12,
-                "params": 3_589_103_632},
-}  # fmt: skip
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
-# Parts that turn latents back into images: used for samples, not while stepping.
-_SAMPLING_ONLY = ("decoder", "decoder_text_encoder", "decoder_vqgan")
+# The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak:
+# the gradients flowing back through the largest block, the block being recomputed under checkpointing, the
+# allocator's rounding. One factor for every family, set from the two GPU measurements in docs/benchmarks.md (SD 1.5
+# and SDXL LoRA, checkpointing on, H200): the tensors measured here come to 0.21 and 0.68 GiB, while the measured
+# peaks less the weights and the training state leave 0.30 and 0.71 GiB; × 1.5 keeps both just on the safe side.
+PEAK_FACTOR = 1.5
+# The per-parameter rule where a family's step cannot run on the meta device, from the measured SD 1.5 UNet (no
+# checkpointing, 512 px): bytes kept per sample in 16-bit per image pixel per square root of the denoiser's
+# parameters (activations grow with its width), the share checkpointing keeps, forward FLOPs per parameter per pixel.
+RULE_ACTIVATIONS = 0.122
+RULE_CHECKPOINTED = 0.25
+RULE_FLOPS = 0.0036
 
 
 @dataclass(frozen=True)
@@ -69,20 +70,26 @@ class PartCount:
     dtype: DataType
     on_device: bool = True  # needed on the GPU during training steps
     trained: int = 0  # trained parameters of (or adapters on) this part
+    text_encoder: bool = False  # the family declares it a text encoder (the advice may cache its outputs)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What one sample at the run's resolution costs the denoiser's training step, in the training dtype."""
+
+    kept: float  # bytes autograd keeps for the backward pass, without gradient checkpointing
+    checkpointed: float  # with it
+    flops: float  # the forward's FLOPs
+    source: str = "measured"  # how they were found (for the estimate's text)
 
 
 @dataclass(frozen=True)
 class Settings:
-    family: str
     batch_size: int
-    resolution: int
     gradient_checkpointing: bool
-    train_dtype_bytes: float
     trained_dtype_bytes: float
     optimizer_state_bytes: float
-    # The denoiser's parameters over the released one's: activations grow with its width (the square root), FLOPs
-    # with its size.
-    size_ratio: float = 1.0
+    activations: Activations
     device: str = "cuda"  # the device type that trains: "cuda" (VRAM), "cpu" (RAM), "mps"
 
 
@@ -104,6 +111,7 @@ class Estimate:
     free_bytes: float | None = None
     device: str = "cuda"  # the device type that trains
     counted_from: str = ""  # where the parameter counts come from
+    activations_from: str = ""  # how the activations were found
 
     @property
     def fits(self) -> bool | None:
@@ -132,6 +140,8 @@ class Estimate:
         lines.append("  " + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
         if self.counted_from:
             lines.append(f"  parameters counted from {self.counted_from}")
+        if self.activations_from:
+            lines.append(f"  activations {self.activations_from}")
         if self.fits is False:
             lines.append("  does not fit; these bring it under:" if self.advice else "  does not fit")
             lines += [f"  - {a}" for a in self.advice]
@@ -142,21 +152,19 @@ def estimate_from_counts(
     counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None = None
 ) -> Estimate:
     """Peak bytes and seconds per step from parameter counts (see the module docstring for the model)."""
-    constants = FAMILY_CONSTANTS[settings.family]
     weights = sum(c.params * BYTES[c.dtype] for c in counts.values() if c.on_device)
     trained = sum(c.trained for c in counts.values())
     trained_bytes = trained * (2 * settings.trained_dtype_bytes + settings.optimizer_state_bytes)
-    pixels = settings.batch_size * (settings.resolution / constants["resolution"]) ** 2
-    scale = pixels * settings.train_dtype_bytes / 2 * settings.size_ratio**0.5
-    kept = constants["checkpointed"] if settings.gradient_checkpointing else constants["activations"]
-    activations = kept * scale
+    per_sample = settings.activations
+    kept = per_sample.checkpointed if settings.gradient_checkpointing else per_sample.kept
+    activations = kept * settings.batch_size
     parts = {"weights": weights, "training state": trained_bytes, "activations": activations}
     if settings.device == "cuda":
         parts["overhead"] = OVERHEAD
     seconds = None
     if flops_per_second:
         passes = 4 if settings.gradient_checkpointing else 3
-        seconds = constants["flops"] * settings.size_ratio * passes * pixels / flops_per_second
+        seconds = per_sample.flops * settings.batch_size * passes / flops_per_second
     return Estimate(sum(parts.values()), seconds, parts, device=settings.device)
 
 
@@ -179,65 +187,71 @@ def training_device_type(name: str) -> str:
         return "cpu"
 
 
-def settings_of(config: TrainConfig, family: str, denoiser_params: int = 0) -> Settings:
-    from onetrainer.config.model_types import model_type_info
-    from onetrainer.config.resolution import parse_resolution
+def family_of(config: TrainConfig) -> Family:
+    """The family object of the config's model type (its declarations and calls); ValueError for a type no family
+    trains, which the callers show as the estimate's message."""
+    from onetrainer.families import load_family_class
 
-    denoiser = model_type_info(config.model_type).family.parts[0]
-    train_bytes = BYTES.get(config.train_dtype, 4.0)
+    try:
+        return load_family_class(config.model_type)()
+    except (NotImplementedError, KeyError) as error:
+        raise ValueError(f"no estimate for {config.model_type.value}: {error}") from None
+
+
+def settings_of(config: TrainConfig, activations: Activations) -> Settings:
+    family = family_of(config)
     trained_dtype = config.lora_weight_dtype if config.training_method is TrainingMethod.LORA else DataType.FLOAT_32
-    reference = FAMILY_CONSTANTS[family]["params"]
     return Settings(
-        family=family,
         batch_size=config.batch_size,
-        resolution=parse_resolution(config.resolution).largest,
-        gradient_checkpointing=bool(config.part(denoiser).gradient_checkpointing),
-        train_dtype_bytes=train_bytes,
+        gradient_checkpointing=bool(config.part(family.denoiser_part).gradient_checkpointing),
         trained_dtype_bytes=BYTES[trained_dtype],
         optimizer_state_bytes=optimizer_state_bytes(config.optimizer.optimizer),
-        size_ratio=denoiser_params / reference if denoiser_params else 1.0,
+        activations=activations,
         device=training_device_type(config.train_device),
     )
 
 
 def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCount]:
-    """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it."""
-    from onetrainer.config.model_types import model_type_info
+    """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it, from the roles
+    the family declares."""
+    from onetrainer.families.base import PartRole
 
-    denoiser = model_type_info(config.model_type).family.parts[0]
+    family = family_of(config)
     cached = config.latent_caching
     counts = {}
     for part, info in shapes.items():
+        role = family.part_roles.get(part, PartRole.SAMPLING)
         part_config = config.part(part)
-        text = part.startswith("text_encoder")
-        train = bool(getattr(part_config, "train", False)) and (part == denoiser or text)
+        text = role is PartRole.TEXT_ENCODER
+        denoiser = role is PartRole.DENOISER
+        train = bool(getattr(part_config, "train", False)) and (denoiser or text)
         if config.training_method is TrainingMethod.FINE_TUNE:
             trained = info["params"] if train else 0
         elif config.training_method is TrainingMethod.LORA and train:
-            trained = _adapter_params(config, info["layers"], part == denoiser)
+            trained = _adapter_params(config, info["layers"], denoiser, family.text_encoder_blocks)
         else:
             trained = 0
-        if part == denoiser or train:
+        if denoiser or train:
             on_device = True
-        elif part in _SAMPLING_ONLY:
+        elif role is PartRole.SAMPLING:
             on_device = False
-        else:  # text encoders and image encoders (VAE, EfficientNet) work every step unless their outputs are cached
+        else:  # text encoders and image encoders work every step unless their outputs are cached
             on_device = not cached
-        counts[part] = PartCount(info["params"], part_config.weight_dtype, on_device, trained)
+        counts[part] = PartCount(info["params"], part_config.weight_dtype, on_device, trained, text)
     return counts
 
 
-def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool) -> int:
-    """Adapter parameters over the layers the LoRA tab adapts (Linear: k = 1; Conv2d: k = kernel area)."""
+def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:
+    """Adapter parameters over the layers the LoRA tab adapts (Linear: k = 1; Conv2d: k = kernel area); a text
+    encoder's in the blocks its family adapts (`blocks`, the family's `text_encoder_blocks`)."""
     import re
 
     from onetrainer.config.enums import PeftType
-    from onetrainer.families.base import Family
 
-    blocks = re.compile(Family.text_encoder_blocks)  # the text encoder layers a LoRA adapts (CLIP's and T5's)
+    pattern = re.compile(blocks)
     total = 0
     for name, fan_in, fan_out, k in layers:
-        if not denoiser and not blocks.search(name):
+        if not denoiser and not pattern.search(name):
             continue
         lora = config.lora_rank * (fan_in * k + fan_out)
         if config.peft_type is PeftType.LOHA:
@@ -255,15 +269,6 @@ def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]]
 # -- the counts ------------------------------------------------------------------------------------------------------
 
 Shapes = dict[str, dict]  # part -> {"params": int, "layers": [(name, fan_in, fan_out, kernel area)]}
-# Single files (the original layouts): the key prefixes of the parts that are not the denoiser.
-_SINGLE_FILE_PARTS = (
-    ("first_stage_model.", "vae"),
-    ("cond_stage_model.", "text_encoder"),
-    ("conditioner.embedders.0.", "text_encoder"),
-    ("conditioner.embedders.1.", "text_encoder_2"),
-)
-# A part's folder in a diffusers model where it differs from the part's name.
-_FOLDERS = {"decoder_vqgan": "vqgan"}
 
 
 def safetensors_header(path: Path) -> dict[str, dict]:
@@ -293,85 +298,71 @@ def folder_shapes(folder: Path, parts: tuple[str, ...]) -> Shapes:
     """The counts of a diffusers model folder: each part's subfolder's safetensors files (shards included)."""
     shapes: Shapes = {}
     for part in parts:
-        for file in sorted((folder / _FOLDERS.get(part, part)).glob("*.safetensors")):
+        for file in sorted((folder / part).glob("*.safetensors")):
             for name, info in safetensors_header(file).items():
                 _add(shapes, part, name, info["shape"])
     return shapes
 
 
-def single_file_shapes(path: Path, denoiser: str) -> Shapes:
-    """The counts of a single .safetensors checkpoint: known prefixes to their parts, the rest to the denoiser."""
-    shapes: Shapes = {}
-    for name, info in safetensors_header(path).items():
-        part = next((p for prefix, p in _SINGLE_FILE_PARTS if name.startswith(prefix)), denoiser)
-        _add(shapes, part, name, info["shape"])
-    return shapes
+def module_shapes(module: torch.nn.Module) -> dict:
+    """The counts of a built module (on the meta device: shapes only)."""
+    import torch
+
+    layers = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, torch.nn.Linear):
+            layers.append((name, layer.in_features, layer.out_features, 1))
+        elif isinstance(layer, torch.nn.Conv2d):
+            layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
+    return {"params": sum(p.numel() for p in module.parameters()), "layers": layers}
 
 
 @lru_cache(maxsize=16)
-def reference_shapes(model_type) -> Shapes:
-    """The counts of the released full-size model of a type (from the tiny models' reference configs, built on the
+def reference_shapes(model_type: Any) -> Shapes:
+    """The counts of the released full-size model of a type (`families/meta_models.RELEASED_PARTS`, built on the
     meta device: no memory, no download)."""
     import torch
 
-    from onetrainer.config.model_types import model_type_info
-    from onetrainer.tiny import TINY_VARIANTS
-    from onetrainer.tiny.components import instantiate
+    from onetrainer.families.meta_models import instantiate, released_parts
 
-    parts = model_type_info(model_type).family.parts
-    variants = [v for v in TINY_VARIANTS.values() if v.model_type.value == getattr(model_type, "value", model_type)]
-    if not variants:
-        raise ValueError(f"no reference model for {model_type}")
-    references = {}
-    for variant in variants:  # the prior's variant first, then its decoder's for the parts it adds
-        for folder, config in variant.references.items():
-            part = next((p for p in parts if _FOLDERS.get(p, p) == folder), None)
-            is_model = isinstance(config, dict) and ("_class_name" in config or "architectures" in config)
-            if part is not None and part not in references and is_model:  # not a tokenizer's or a scheduler's
-                references[part] = config
     shapes: Shapes = {}
     with torch.device("meta"):
-        for part, config in references.items():
-            module = instantiate(config)
-            layers = []
-            for name, layer in module.named_modules():
-                if isinstance(layer, torch.nn.Linear):
-                    layers.append((name, layer.in_features, layer.out_features, 1))
-                elif isinstance(layer, torch.nn.Conv2d):
-                    area = layer.kernel_size[0] * layer.kernel_size[1]
-                    layers.append((name, layer.in_channels, layer.out_channels, area))
-            shapes[part] = {"params": sum(p.numel() for p in module.parameters()), "layers": layers}
+        for part, config in released_parts(model_type).items():
+            shapes[part] = module_shapes(instantiate(config))
     return shapes
 
 
-def model_shapes(config: TrainConfig) -> tuple[Shapes, str]:
-    """The parameter counts of the config's base model and where they come from: its files' safetensors headers
-    (a `tiny:` model, a diffusers folder, a .safetensors file, a hub model in the local cache), else — a hub model not
-    downloaded yet, a .ckpt, a backup — the released model of its type."""
-    from onetrainer.config.model_types import model_type_info
+def _model_folder(config: TrainConfig) -> Path | None:
+    """The base model's diffusers folder: a local one (a `tiny:` model included) or a hub snapshot in the cache."""
     from onetrainer.families.sources import resolve_local
 
-    parts = model_type_info(config.model_type).family.parts
     name = config.base_model_name.strip()
     try:
         local = resolve_local(name)
     except Exception:  # an unknown tiny model: the checks say so
         local = Path(name)
-    folder = local if local.is_dir() else _cached_snapshot(name, config.huggingface_cache_dir or None)
+    probes = ("model_index.json", f"{family_of(config).denoiser_part}/config.json")
+    return local if local.is_dir() else _cached_snapshot(name, config.huggingface_cache_dir or None, probes)
+
+
+def model_shapes(config: TrainConfig) -> tuple[Shapes, str]:
+    """The parameter counts of the config's base model and where they come from: its files' safetensors headers
+    (a `tiny:` model, a diffusers folder, a hub model in the local cache), else — a hub model not downloaded yet, a
+    single file, a backup — the released model of its type."""
+    from onetrainer.config.model_types import model_type_info
+
+    family = family_of(config)
+    name = config.base_model_name.strip()
+    folder = _model_folder(config)
     if folder is not None:
-        shapes = folder_shapes(folder, parts)
-        if parts[0] in shapes:
+        shapes = folder_shapes(folder, family.info.parts)
+        if family.denoiser_part in shapes:
             return shapes, f"the files of {name}"
-    if local.is_file() and local.suffix.lower() == ".safetensors":
-        try:
-            return single_file_shapes(local, parts[0]), f"the file {name}"
-        except (OSError, ValueError):
-            pass
     label = model_type_info(config.model_type).label
     return reference_shapes(config.model_type), f"the released {label} model (the base model's files are not local)"
 
 
-def _cached_snapshot(name: str, cache_dir: str | None) -> Path | None:
+def _cached_snapshot(name: str, cache_dir: str | None, probes: tuple[str, ...]) -> Path | None:
     """The snapshot folder of a hub model in the local cache, or None (without asking the hub)."""
     from onetrainer.families.sources import is_hub_id
 
@@ -382,13 +373,332 @@ def _cached_snapshot(name: str, cache_dir: str | None) -> Path | None:
 
         from onetrainer.util.hub import cache_folder
 
-        for probe in ("model_index.json", "unet/config.json", "transformer/config.json", "prior/config.json"):
+        for probe in probes:  # a pipeline's index, or the denoiser's folder of a part-wise model
             found = try_to_load_from_cache(name, probe, cache_dir=str(cache_folder(cache_dir)))
             if isinstance(found, str):
-                return Path(found).parent if "/" not in probe else Path(found).parent.parent
+                return Path(found).parents[probe.count("/")]
     except Exception:  # a damaged cache: the reference counts serve
         return None
     return None
+
+
+# -- the activations, measured on the meta device --------------------------------------------------------------------
+
+
+def part_configs(config: TrainConfig) -> tuple[dict[str, dict], str]:
+    """The config of each part of the model to be trained: the `config.json` in the part's folder of the base model
+    (local or in the hub cache), else the released model's (a part without a config file of its own, a model not
+    downloaded, a single file)."""
+    import json
+
+    from onetrainer.families.meta_models import released_parts
+
+    family = family_of(config)
+    try:
+        configs = dict(released_parts(config.model_type))
+    except ValueError:
+        configs = {}
+    source = "released"
+    folder = _model_folder(config)
+    if folder is not None:
+        for part in family.info.parts:
+            file = folder / part / "config.json"
+            if file.is_file():
+                configs[part] = json.loads(file.read_text())
+                source = "files"
+    return configs, source
+
+
+def meta_model(config: TrainConfig, configs: dict[str, dict], dtype: torch.dtype, mode: Any) -> LoadedModel:
+    """The parts a training step runs (the family's denoiser, text encoders and image encoders), built from their
+    configs on the meta device and handed over as fake CPU tensors of `mode` (a `FakeTensorMode`): shapes and dtypes,
+    no memory, and a device type the families' own code can open an autocast on. The denoiser is in the training
+    dtype and trains (every parameter wants a gradient, so autograd keeps what a fine-tune keeps; a LoRA keeps the
+    same inputs for its adapters). The text encoders get stand-in tokenizers that give `max_length` token ids."""
+    import torch
+
+    from onetrainer.families.base import LoadedModel, PartRole, TextEncoderSlot
+    from onetrainer.families.meta_models import instantiate
+
+    family = family_of(config)
+    parts = {}
+    with torch.device("meta"):
+        for part, role in family.part_roles.items():
+            if role is not PartRole.SAMPLING and part in configs:
+                parts[part] = instantiate(configs[part]).eval().requires_grad_(False)
+    parts[family.denoiser_part] = parts[family.denoiser_part].to(dtype).train().requires_grad_(True)
+    for module in parts.values():
+        _to_fake(module, mode)
+    slots = [
+        TextEncoderSlot(part, parts[part], _StandInTokenizer(_text_length(parts[part])), "", "")
+        for part, role in family.part_roles.items()
+        if role is PartRole.TEXT_ENCODER and part in parts
+    ]
+    return LoadedModel(config.model_type, parts, slots, schedule=None, source=config.base_model_name)  # type: ignore[arg-type]
+
+
+def _to_fake(module: torch.nn.Module, mode: Any) -> None:
+    """The module's meta parameters and buffers as fake CPU tensors of `mode` (tied weights stay tied)."""
+    import torch
+
+    cpu = torch.device("cpu")
+    converted: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in converted:
+            converted[id(tensor)] = mode.fake_tensor_converter.from_meta_and_device(mode, tensor, cpu)
+        return converted[id(tensor)]
+
+    parameters: dict[int, torch.nn.Parameter] = {}
+    for layer in module.modules():
+        for name, value in list(layer._parameters.items()):
+            if value is not None:
+                if id(value) not in parameters:
+                    parameters[id(value)] = torch.nn.Parameter(fake(value), requires_grad=value.requires_grad)
+                layer._parameters[name] = parameters[id(value)]
+        for name, value in list(layer._buffers.items()):
+            if value is not None:
+                layer._buffers[name] = fake(value)
+
+
+def _text_length(encoder: torch.nn.Module) -> int:
+    # CLIP's context; encoders with relative positions (T5) have no fixed one: a caption of the same length.
+    return int(getattr(encoder.config, "max_position_embeddings", 0) or 77)
+
+
+class _StandInTokenizer:
+    """What the families ask of a tokenizer, with token ids of the requested length (all zeros: shapes are what
+    counts on the meta device)."""
+
+    def __init__(self, length: int) -> None:
+        self.model_max_length = length
+
+    def __call__(self, captions: list[str], max_length: int | None = None, **_options: Any) -> Any:
+        from types import SimpleNamespace
+
+        import torch
+
+        length = max_length or self.model_max_length
+        ids = torch.zeros(len(captions), length, dtype=torch.long)
+        return SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def _plain_conditioning(model: LoadedModel, count: int) -> Any:
+    """Text conditioning without the family's `encode_text` (which may need state only loading gives): every text
+    encoder's last hidden states side by side, the last one's pooled output, a full attention mask."""
+    import torch
+
+    from onetrainer.families.base import Conditioning
+
+    hidden, pooled, length = [], None, 0
+    for slot in model.text_encoders:
+        length = slot.tokenizer.model_max_length
+        output = slot.encoder(torch.zeros(count, length, dtype=torch.long))
+        hidden.append(output.last_hidden_state)
+        for name in ("text_embeds", "pooler_output"):
+            if getattr(output, name, None) is not None:
+                pooled = getattr(output, name)
+                break
+    tensors = {"hidden_states": torch.cat(hidden, dim=-1), "attention_mask": torch.ones(count, length)}
+    if pooled is not None:
+        tensors["pooled"] = pooled
+    return Conditioning(tensors)
+
+
+class _Tally:
+    """The bytes of the tensors autograd saves for backward, each storage once; the parameters are weights, not
+    activations."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude
+        self.seen: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key not in self.exclude and key not in self.seen:
+            self.seen[key] = storage.nbytes()
+        return tensor
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.seen.values()))
+
+
+def _efficient_attention() -> Any:
+    """A torch-function mode that runs `scaled_dot_product_attention` as the memory-efficient kernel a GPU trains with
+    (it keeps the inputs, the output and the log-sum-exp for the backward pass); on the meta device torch would
+    otherwise decompose it and keep the full attention matrix, which no GPU step holds."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class EfficientAttention(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is not F.scaled_dot_product_attention:
+                return func(*args, **kwargs)
+            query, key, value = args[:3]
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            if mask is not None and mask.dtype == torch.bool:  # the kernel takes an additive bias
+                mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+            if mask is not None:
+                mask = mask.to(query.dtype).expand(*query.shape[:-2], query.shape[-2], key.shape[-2])
+            output, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, True)
+            return output
+
+    return EfficientAttention()
+
+
+def _training_inputs(family: Family, model: LoadedModel, height: int, width: int) -> tuple:
+    """One sample's denoiser inputs as the trainer makes them (fake tensors, under the model's `FakeTensorMode`):
+    latents of an image of the run's size (`encode_images`), the text conditioning (`encode_text`), the batch extras
+    (`batch_extras`)."""
+    import torch
+
+    from onetrainer.families.base import BatchInputs
+
+    with torch.no_grad():
+        latents = family.encode_images(model, torch.zeros(1, 3, height, width)).float()
+        try:
+            conditioning = family.encode_text(model, [""])
+        except Exception:  # the family's encoding needs state a meta model lacks (e.g. its caption length)
+            conditioning = _plain_conditioning(model, 1)
+        inputs = BatchInputs(latents, None, [(height, width)], [(0, 0)], None, torch.zeros(1, dtype=torch.bool))
+        try:
+            extra = family.batch_extras(model, inputs)
+        except Exception:
+            extra = {}
+    return latents, torch.zeros(1), conditioning, extra
+
+
+class _Measurement:
+    """One training forward of the denoiser on the meta device, with gradient checkpointing switched on where the
+    denoiser has it, so that one pass gives both figures: without checkpointing autograd would keep everything saved
+    (`kept`); with it, what is saved outside the checkpointed blocks, every block's inputs, and the largest block's
+    own saved tensors, recomputed in the backward pass one block at a time (`checkpointed`)."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.everything = _Tally(params)
+        self.outside = _Tally(params)
+        self.block_inputs = _Tally(params)
+        self.largest_block = 0.0
+        self.blocks = 0
+
+    def pack_outside(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.everything.pack(tensor)
+        return self.outside.pack(tensor)
+
+    def block(self, function, *args, **kwargs):
+        """Stands in for the checkpoint function the denoiser calls on each of its blocks: runs the block as it is
+        and notes what checkpointing would keep of it."""
+        import torch
+
+        self.blocks += 1
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                self.block_inputs.pack(value)
+        inner = _Tally(self.params)
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            self.everything.pack(tensor)
+            return inner.pack(tensor)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = function(*args, **kwargs)
+        self.largest_block = max(self.largest_block, inner.total)
+        return output
+
+    @property
+    def checkpointed(self) -> float:
+        if not self.blocks:  # nothing checkpointed: the trainer cannot turn it on for this denoiser either
+            return self.everything.total
+        return self.outside.total + self.block_inputs.total + self.largest_block
+
+
+def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]) -> tuple[_Measurement, float]:
+    """The family's training forward on the meta device, measured; its FLOPs."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    latents, times, conditioning, extra = inputs
+    denoiser = model.part(family.denoiser_part)
+    for attempt in (extra, {}):  # without the extras where one needs state a meta model lacks (a loss's schedule)
+        measurement = _Measurement(params)
+        counter = FlopCounterMode(display=False)
+        # A denoiser without the switch is measured without checkpointing, as the trainer would train it.
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            denoiser.enable_gradient_checkpointing(gradient_checkpointing_func=measurement.block)
+        try:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(measurement.pack_outside, lambda t: t),
+                counter,
+                _efficient_attention(),
+            ):
+                family.predict(model, latents, times, conditioning, attempt)
+            return measurement, float(counter.get_total_flops())
+        except Exception:
+            if not attempt:
+                raise
+        finally:
+            if hasattr(denoiser, "disable_gradient_checkpointing"):
+                denoiser.disable_gradient_checkpointing()
+    raise AssertionError("unreachable")
+
+
+@lru_cache(maxsize=8)
+def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Activations:
+    """`measure_activations` for one model and size (cached: the GUI re-estimates after every edit)."""
+    import json
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from onetrainer.config import config_from_dict
+
+    config, _ = config_from_dict(json.loads(config_key))
+    family = family_of(config)
+    configs, _source = part_configs(config)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = meta_model(config, configs, getattr(torch, dtype_name), mode)
+    params = {p.untyped_storage()._cdata for module in model.parts.values() for p in module.parameters()}
+    with mode:
+        inputs = _training_inputs(family, model, height, width)
+        measurement, flops = _forward(family, model, inputs, params)
+    tokens = inputs[0].shape[-2] * inputs[0].shape[-1]
+    source = f"measured on the denoiser's forward ({tokens} latent tokens per sample)"
+    return Activations(
+        measurement.everything.total * PEAK_FACTOR, measurement.checkpointed * PEAK_FACTOR, flops, source
+    )
+
+
+def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
+    """One sample's activations and forward FLOPs at the run's resolution in the training dtype: measured on the
+    family's own training step on the meta device, else (a step that cannot run there) the per-parameter rule."""
+    import json
+
+    from onetrainer.config.resolution import parse_resolution
+
+    resolution = parse_resolution(config.resolution)
+    width, height = resolution.exact or (resolution.largest, resolution.largest)
+    dtype = {2.0: "float16" if config.train_dtype is DataType.FLOAT_16 else "bfloat16"}.get(
+        BYTES.get(config.train_dtype, 4.0), "float32"
+    )
+    # What decides the model and its configs: the base model, its type, the cache folder.
+    key = json.dumps({
+        "model_type": config.model_type.value, "base_model_name": config.base_model_name,
+        "huggingface_cache_dir": config.huggingface_cache_dir,
+    }, sort_keys=True)  # fmt: skip
+    try:
+        return _measured(key, height, width, dtype)
+    except Exception as error:  # the family's step does not run on the meta device
+        params = shapes[family_of(config).denoiser_part]["params"]
+        scale = BYTES.get(config.train_dtype, 4.0) / 2 * params**0.5 * width * height
+        kept = RULE_ACTIVATIONS * scale * PEAK_FACTOR
+        reason = f"{type(error).__name__}: {str(error)[:80]}"
+        source = f"from a per-parameter rule (the family's step did not run on the meta device: {reason})"
+        return Activations(kept, kept * RULE_CHECKPOINTED, RULE_FLOPS * params * width * height, source)
 
 
 def device_throughput(device: str) -> float | None:
@@ -431,18 +741,14 @@ def free_memory(device: str) -> float | None:
 
 def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_second: float | None = None) -> Estimate:
     """The estimate for a config, with advice when it does not fit in `free_bytes`."""
-    from onetrainer.config.model_types import model_type_info
-
-    family_info = model_type_info(config.model_type).family
-    family = family_info.key
-    if family not in FAMILY_CONSTANTS:
-        raise ValueError(f"no estimate for the {family} family yet")
     shapes, counted_from = model_shapes(config)
     counts = counts_of(config, shapes)
-    settings = settings_of(config, family, shapes[family_info.parts[0]]["params"])
+    activations = measure_activations(config, shapes)
+    settings = settings_of(config, activations)
     result = estimate_from_counts(counts, settings, flops_per_second)
     result.free_bytes = free_bytes
     result.counted_from = counted_from
+    result.activations_from = activations.source
     if free_bytes is not None and result.peak_bytes > free_bytes:
         result.advice = advice(counts, settings, free_bytes, flops_per_second, config)
     return result
@@ -450,15 +756,15 @@ def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_sec
 
 def advice(counts: dict[str, PartCount], settings: Settings, free: float, flops, config: TrainConfig) -> list[str]:
     """The single changes that bring the estimate under `free`, each with its new peak; else the best ones."""
-    options = []
-    from onetrainer.config.model_types import model_type_info
+    from onetrainer.families.base import PartRole
 
-    denoiser = model_type_info(config.model_type).family.parts[0]
+    options = []
+    roles = family_of(config).part_roles
     # FLOAT_8 for the frozen weights of the denoiser and the text encoders (image encoders stay as they are).
     frozen = {
         k: c
         for k, c in counts.items()
-        if (k == denoiser or k.startswith("text_encoder")) and c.on_device and BYTES[c.dtype] > 1
+        if (roles.get(k) is PartRole.DENOISER or c.text_encoder) and c.on_device and BYTES[c.dtype] > 1
     }
     if frozen and config.training_method is not TrainingMethod.FINE_TUNE:
         changed = {k: replace(c, dtype=DataType.FLOAT_8) if k in frozen else c for k, c in counts.items()}
@@ -469,7 +775,7 @@ def advice(counts: dict[str, PartCount], settings: Settings, free: float, flops,
         options.append(
             (f"batch size {settings.batch_size // 2}", counts, replace(settings, batch_size=settings.batch_size // 2))
         )
-    text = {k: c for k, c in counts.items() if k.startswith("text_encoder") and c.on_device and not c.trained}
+    text = {k: c for k, c in counts.items() if c.text_encoder and c.on_device and not c.trained}
     if text:
         changed = {k: replace(c, on_device=False) if k in text else c for k, c in counts.items()}
         options.append(

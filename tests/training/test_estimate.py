@@ -1,5 +1,6 @@
 """The estimate's arithmetic on known counts, the counts it reads from the model to be trained (every family), the
-full-size counts it falls back to, its CPU wording and its advice."""
+activations it measures on the family's own step on the meta device (every family), the full-size counts it falls
+back to, its CPU wording and its advice."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ import pytest
 from onetrainer.config import config_from_dict
 from onetrainer.config.enums import DataType
 from onetrainer.training.estimate import (
-    FAMILY_CONSTANTS,
+    BYTES,
     GIB,
     MIB,
     OVERHEAD,
+    Activations,
     PartCount,
     Settings,
+    counts_of,
     estimate,
     estimate_from_counts,
     model_shapes,
     reference_shapes,
 )
 
-SD = Settings("sd", batch_size=1, resolution=512, gradient_checkpointing=False, train_dtype_bytes=2.0,
-              trained_dtype_bytes=4.0, optimizer_state_bytes=8.0)  # fmt: skip
+PER_SAMPLE = Activations(kept=3.0 * GIB, checkpointed=0.5 * GIB, flops=0.8e12)
+SD = Settings(batch_size=1, gradient_checkpointing=False, trained_dtype_bytes=4.0, optimizer_state_bytes=8.0,
+              activations=PER_SAMPLE)  # fmt: skip
 
 
 def test_arithmetic_on_known_counts():
@@ -32,14 +36,14 @@ def test_arithmetic_on_known_counts():
     result = estimate_from_counts(counts, SD, flops_per_second=1e12)
     assert result.parts["weights"] == 2e9  # the text encoder is not on the device
     assert result.parts["training state"] == 10_000_000 * (4 + 4 + 8)  # weights, gradients, two Adam moments
-    assert result.parts["activations"] == FAMILY_CONSTANTS["sd"]["activations"]
-    assert result.peak_bytes == pytest.approx(2e9 + 1.6e8 + FAMILY_CONSTANTS["sd"]["activations"] + OVERHEAD)
-    assert result.step_seconds == pytest.approx(3 * FAMILY_CONSTANTS["sd"]["flops"] / 1e12)
+    assert result.parts["activations"] == PER_SAMPLE.kept
+    assert result.peak_bytes == pytest.approx(2e9 + 1.6e8 + PER_SAMPLE.kept + OVERHEAD)
+    assert result.step_seconds == pytest.approx(3 * PER_SAMPLE.flops / 1e12)
 
-    bigger = Settings(**{**SD.__dict__, "batch_size": 2, "resolution": 1024, "gradient_checkpointing": True})
+    bigger = Settings(**{**SD.__dict__, "batch_size": 2, "gradient_checkpointing": True})
     scaled = estimate_from_counts(counts, bigger, flops_per_second=1e12)
-    assert scaled.parts["activations"] == pytest.approx(FAMILY_CONSTANTS["sd"]["checkpointed"] * 2 * 4)
-    assert scaled.step_seconds == pytest.approx(4 * FAMILY_CONSTANTS["sd"]["flops"] * 2 * 4 / 1e12)
+    assert scaled.parts["activations"] == pytest.approx(PER_SAMPLE.checkpointed * 2)
+    assert scaled.step_seconds == pytest.approx(4 * PER_SAMPLE.flops * 2 / 1e12)
 
     fp8 = {**counts, "unet": PartCount(1_000_000_000, DataType.FLOAT_8, trained=10_000_000)}
     assert estimate_from_counts(fp8, SD).parts["weights"] == 1e9  # fp8 cuts 16-bit weights in half
@@ -135,6 +139,9 @@ def test_the_wording_follows_the_device_that_trains(monkeypatch):
     from onetrainer.config import load_layers
 
     config, _ = load_layers("demo", None, [])
+    # The first estimate imports diffusers' models (for the measurement) before torch pretends to have a GPU:
+    # bitsandbytes, imported with them, would load its CUDA backend on a machine without CUDA.
+    estimate(config)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     on_gpu = estimate(config)
     assert on_gpu.summary().startswith("≈ ") and "VRAM" in on_gpu.summary() and "VRAM" in on_gpu.text()
@@ -153,11 +160,89 @@ def test_a_model_not_downloaded_is_counted_as_the_released_one():
     assert counted_from.startswith("the released SD 1.5 model")
 
 
+def _tiny_run(preset: str, base: str, *changes: str):
+    from onetrainer.config import load_layers
+
+    config, _ = load_layers(preset, None, [f"base_model_name={base}", "resolution=128", *changes])
+    return config
+
+
+def _peak(config) -> float:
+    return estimate(config).peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("preset", "base", "step"),
+    [("pixart/lora", "tiny:pixart", 64), ("cascade/lora", "tiny:cascade", 128),
+     ("wuerstchen/lora", "tiny:wuerstchen", 128)],
+)  # fmt: skip
+def test_each_family_gives_figures_that_follow_the_settings(preset, base, step):
+    """Not "no estimate": the activations are measured on the family's own step, and the figures grow with the
+    resolution and the batch and shrink with gradient checkpointing and half-precision weights."""
+    from onetrainer.training.estimate import family_of
+
+    config = _tiny_run(preset, base, "batch_size=1", "train_dtype=FLOAT_32")
+    denoiser = family_of(config).denoiser_part
+    result = estimate(config)
+    assert result.activations_from.startswith("measured") and result.parts["activations"] > 0
+    assert result.step_seconds is None and result.peak_bytes > 0
+
+    def changed(*changes: str):
+        return _tiny_run(preset, base, "batch_size=1", "train_dtype=FLOAT_32", *changes)
+
+    larger = estimate(changed(f"resolution={128 + 2 * step}"))
+    assert larger.parts["activations"] > result.parts["activations"]
+    batch = estimate(changed("batch_size=4"))
+    assert batch.parts["activations"] == pytest.approx(4 * result.parts["activations"])
+
+    on, off = changed(f"{denoiser}.gradient_checkpointing=true"), changed(f"{denoiser}.gradient_checkpointing=false")
+    assert estimate(on).parts["activations"] < estimate(off).parts["activations"]
+    half, full = changed(f"{denoiser}.weight_dtype=BFLOAT_16"), changed(f"{denoiser}.weight_dtype=FLOAT_32")
+    assert _peak(half) < _peak(full)
+    assert estimate(changed("train_dtype=BFLOAT_16")).parts["activations"] < result.parts["activations"]
+
+
+def test_a_step_that_cannot_run_on_the_meta_device_falls_back_to_the_rule(monkeypatch):
+    from onetrainer.families.pixart import PixArtFamily
+    from onetrainer.training import estimate as module
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("no meta kernel")
+
+    monkeypatch.setattr(PixArtFamily, "predict", refuse)
+    module._measured.cache_clear()
+    small, large = (estimate(_tiny_run("pixart/lora", "tiny:pixart", f"resolution={r}")) for r in (128, 256))
+    module._measured.cache_clear()
+    assert "per-parameter rule" in small.text() and "no meta kernel" in small.text()
+    assert 0 < small.parts["activations"] < large.parts["activations"]
+
+
+def test_a_loras_trained_bytes_are_its_adapters():
+    """The adapter sizes the estimate computes from the layer shapes are the parameters the LoRA method injects into
+    the real tiny model."""
+    import torch
+
+    from onetrainer.methods import create_method
+    from onetrainer.training.estimate import family_of
+
+    config = _tiny_run("pixart/lora", "tiny:pixart", "layer_filter_preset=full", "lora_rank=4")
+    family = family_of(config)
+    model = family.load(config)
+    method = create_method(config, family, model, torch.device("cpu"))
+    injected = {p for group in method.param_groups() for p in group["params"] if p.requires_grad}
+    dtype_bytes = BYTES[config.lora_weight_dtype]
+    assert {p.element_size() for p in injected} == {dtype_bytes}
+    counts = counts_of(config, model_shapes(config)[0])
+    trained = sum(c.trained for c in counts.values())
+    assert trained * dtype_bytes == sum(p.numel() for p in injected) * dtype_bytes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["STABLE_DIFFUSION_15", "STABLE_DIFFUSION_XL_10_BASE", "PIXART_ALPHA",
                                         "WUERSTCHEN_2", "STABLE_CASCADE_1"])  # fmt: skip
-def test_each_familys_reference_size_is_its_released_denoiser(model_type):
-    from onetrainer.config.model_types import model_type_info
-
-    family = model_type_info(model_type).family
-    assert FAMILY_CONSTANTS[family.key]["params"] == reference_shapes(model_type)[family.parts[0]]["params"]
+def test_each_released_denoiser_is_measured(model_type):
+    config, _ = config_from_dict({"model_type": model_type, "base_model_name": "someone/not-downloaded",
+                                  "resolution": "1024", "batch_size": 1})  # fmt: skip
+    result = estimate(config)
+    assert result.activations_from.startswith("measured"), result.activations_from
+    assert 50 * MIB < result.parts["activations"] < 40 * GIB

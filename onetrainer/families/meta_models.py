@@ -1,0 +1,103 @@
+"""Models built from their configs alone, on the meta device when asked (shapes and dtypes, no memory, no weights):
+the released full-size parts of each model type and the class a config names.
+
+The estimate (`training/estimate.py`) builds the model to be trained this way to count and measure it without
+loading it, and the tiny test models (`onetrainer/tiny/`) instantiate their configs with the same calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+from onetrainer.families import reference_configs as ref
+from onetrainer.families.reference_configs import Config
+
+
+def init_kwargs(config: Config) -> Config:
+    """A diffusers config without its bookkeeping entries (`_class_name`, ...), ready for the class's __init__."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def model_class(config: Config) -> type[torch.nn.Module]:
+    """The class a config describes: `_module` + `_class_name` for our own modules, `_class_name` for diffusers,
+    `architectures` for transformers."""
+    if "_module" in config:
+        return getattr(importlib.import_module(config["_module"]), config["_class_name"])
+    from onetrainer.util.threads import library_attribute
+
+    if "_class_name" in config:
+        name = config["_class_name"]
+        try:
+            return library_attribute("diffusers", name)
+        except AttributeError:  # Würstchen's models live among diffusers' deprecated pipelines
+            return library_attribute("diffusers.pipelines.deprecated.wuerstchen", name)
+    return library_attribute("transformers", config["architectures"][0])
+
+
+def instantiate(config: Config) -> torch.nn.Module:
+    """A model with freshly initialised weights from a config dict (under `torch.device("meta")`, without any)."""
+    cls = model_class(config)
+    if "_class_name" in config and "architectures" not in config:
+        return cls(**init_kwargs(config))
+    return cls(cls.config_class(**config))
+
+
+def is_model_config(config: Any) -> bool:
+    """Whether a dict describes a model (not a tokenizer's or a scheduler's)."""
+    return (
+        isinstance(config, dict)
+        and ("architectures" in config or "_class_name" in config)
+        and not (str(config.get("_class_name", "")).endswith("Scheduler"))
+    )
+
+
+# The EfficientNet encoders of Würstchen (affine mapper norm) and Stable Cascade: no config file of their own.
+_EFFNET = {"_module": "onetrainer.families.effnet", "_class_name": "EfficientNetEncoder"}
+_SD1 = {"vae": ref.SD_VAE, "text_encoder": ref.CLIP_L_TEXT}
+_SD2 = {"vae": ref.SD_VAE, "text_encoder": ref.OPEN_CLIP_H_TEXT}
+_SDXL = {"vae": ref.SDXL_VAE, "text_encoder": ref.CLIP_L_TEXT, "text_encoder_2": ref.OPEN_CLIP_BIGG_TEXT}
+
+# The released full-size model of each model type, part by part (the parts' names are their families'): what a hub
+# model that is not downloaded yet is counted as.
+RELEASED_PARTS: dict[str, dict[str, Config]] = {
+    "STABLE_DIFFUSION_15": {"unet": ref.SD15_UNET, **_SD1},
+    "STABLE_DIFFUSION_15_INPAINTING": {"unet": ref.SD15_INPAINTING_UNET, **_SD1},
+    "STABLE_DIFFUSION_20_BASE": {"unet": ref.SD2_BASE_UNET, **_SD2},
+    "STABLE_DIFFUSION_20": {"unet": ref.SD2_768_UNET, **_SD2},
+    "STABLE_DIFFUSION_20_INPAINTING": {"unet": ref.SD2_INPAINTING_UNET, **_SD2},
+    "STABLE_DIFFUSION_21_BASE": {"unet": ref.SD2_BASE_UNET, **_SD2},
+    "STABLE_DIFFUSION_21": {"unet": ref.SD21_768_UNET, **_SD2},
+    "STABLE_DIFFUSION_XL_10_BASE": {"unet": ref.SDXL_UNET, **_SDXL},
+    "STABLE_DIFFUSION_XL_10_BASE_INPAINTING": {"unet": ref.SDXL_INPAINTING_UNET, **_SDXL},
+    "PIXART_ALPHA": {
+        "transformer": ref.PIXART_ALPHA_TRANSFORMER,
+        "text_encoder": ref.T5_XXL_ENCODER,
+        "vae": ref.SD_VAE,
+    },
+    "WUERSTCHEN_2": {
+        "prior": ref.WUERSTCHEN_PRIOR,
+        "text_encoder": ref.LAION_BIGG_TEXT,
+        "decoder": ref.WUERSTCHEN_DECODER,
+        "decoder_text_encoder": ref.LAION_H_TEXT,
+        "decoder_vqgan": ref.PAELLA_VQGAN,
+        "effnet_encoder": {**_EFFNET, "affine": True},
+    },
+    "STABLE_CASCADE_1": {
+        "prior": ref.CASCADE_PRIOR_UNET,
+        "text_encoder": ref.OPEN_CLIP_BIGG_TEXT,
+        "decoder": ref.CASCADE_DECODER_UNET,
+        "decoder_vqgan": ref.PAELLA_VQGAN,
+        "effnet_encoder": {**_EFFNET, "affine": False},
+    },
+}
+
+
+def released_parts(model_type: Any) -> dict[str, Config]:
+    """The full-size configs of a model type's parts; ValueError for a type without a reference model."""
+    key = getattr(model_type, "value", model_type)
+    if key not in RELEASED_PARTS:
+        raise ValueError(f"no reference model for {key}")
+    return RELEASED_PARTS[key]
