@@ -349,7 +349,7 @@ def model_shapes(config: TrainConfig) -> tuple[Shapes, str]:
     (a `tiny:` model, a diffusers folder, a .safetensors file, a hub model in the local cache), else — a hub model not
     downloaded yet, a .ckpt, a backup — the released model of its type."""
     from onetrainer.config.model_types import model_type_info
-    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.source import resolve_local
 
     parts = model_type_info(config.model_type).family.parts
     name = config.base_model_name.strip()
