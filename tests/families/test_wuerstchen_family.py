@@ -178,7 +178,7 @@ def test_fine_tune_saved_as_the_prior_pipeline_folder_loads_back(loaded, tmp_pat
     data = {
         "model_type": model.model_type.value,
         "base_model_name": str(tmp_path / "prior"),
-        "decoder": {"model_name": model.source + "-decoder"},
+        "decoder": {"model_name": VARIANTS[model.model_type.value][0] + "-decoder"},
         "effnet_encoder": {"model_name": str(effnet_file)},
     }
     reloaded = family.load(local_config(config_from_dict(data)[0]))
