@@ -63,9 +63,9 @@ from onetrainer.config import (
     validate,
     warnings,
 )
-from onetrainer.config.checks import hub_ids_to_ask, run_checks
 from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
+from onetrainer.training.checks import hub_ids_to_ask, run_checks
 from onetrainer.training.console import ConsoleSink
 from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
 from onetrainer.util.browser import open_in_browser

@@ -21,7 +21,7 @@ TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.dat
 
 def concept_folder(path: str) -> Path:
     """The folder a concept's `path` names (`tiny:images` is the demo's generated folder)."""
-    from onetrainer.families.sources import resolve_local  # no torch; resolves `tiny:` names
+    from onetrainer.tiny.source import resolve_local  # no torch; resolves `tiny:` names
 
     try:
         return resolve_local(path.strip())

@@ -40,6 +40,15 @@ OUTPUTS = {
 }
 
 
+def local_config(config):
+    """`config` with its `tiny:` names resolved in place (the local folders and files they build), as a run or
+    `sample.py` resolves its copy before the family loads it: families see local paths only."""
+    from onetrainer.tiny.source import resolve_tiny_sources
+
+    resolve_tiny_sources(config)
+    return config
+
+
 def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> Path:
     folder = root / "images"
     folder.mkdir(parents=True, exist_ok=True)

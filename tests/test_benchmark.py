@@ -10,6 +10,7 @@ import torch
 from onetrainer.benchmark.cli import format_caching, format_gpu, format_overhead, main
 from onetrainer.benchmark.gpu import CASES, unet_lora_benchmark
 from onetrainer.benchmark.overhead import BARE, OURS, VARIANTS, compare_overhead, prepare
+from tests.helpers import local_config
 
 CPU = torch.device("cpu")
 
@@ -51,7 +52,7 @@ def test_the_bare_loop_trains_the_same_lora_as_our_method(tmp_path):
 
     setup = prepare(tmp_path, CPU)
     family = load_family_class(setup.config.model_type)()
-    model = family.load(setup.config)
+    model = family.load(local_config(setup.config))
     method = create_method(setup.config, family, model, CPU)
     ours = sum(p.numel() for group in method.param_groups() for p in group["params"])
 

@@ -18,6 +18,7 @@ from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.methods import create_method
 from onetrainer.training.checkpoint import TrainProgress, write_backup
 from onetrainer.util.fs import atomic_write_text, current_umask
+from tests.helpers import local_config
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="Windows files have no POSIX modes")
 
@@ -43,7 +44,7 @@ def lora_model():
         }
     )
     assert [p for p in problems if p.is_error] == []
-    model = FAMILY.load(config)
+    model = FAMILY.load(local_config(config))
     return config, model, create_method(config, FAMILY, model, torch.device("cpu"))
 
 

@@ -56,8 +56,8 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
 
     from onetrainer.benchmark.overhead import lora_targets
     from onetrainer.families import effnet
-    from onetrainer.families.sources import resolve_local
     from onetrainer.tiny.effnet import build_effnet_encoder
+    from onetrainer.tiny.source import resolve_local
 
     _check_counts(steps, warmup)
     with PeakMemory(device) as memory:

@@ -342,7 +342,7 @@ def run_bare(setup: Setup, steps: int, warmup: int) -> tuple[Run, int]:
     from peft import LoraConfig
 
     from onetrainer.config.resolution import parse_resolution
-    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.source import resolve_local
 
     _check_counts(steps, warmup)
     config, device = setup.config, setup.device

@@ -41,7 +41,7 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
     from peft import LoraConfig, inject_adapter_in_model
 
     from onetrainer.benchmark.overhead import lora_targets
-    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.source import resolve_local
     from onetrainer.training.variance_loss import split_learned_variance, variational_bound
 
     _check_counts(steps, warmup)

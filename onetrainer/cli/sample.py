@@ -403,20 +403,21 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     import torch
 
     from onetrainer.families import load_family_class
-    from onetrainer.families.sources import drop_tiny_base_overrides
     from onetrainer.methods import create_method
+    from onetrainer.tiny.source import resolve_tiny_sources
     from onetrainer.training.devices import select_device
 
     device = select_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), _warn)
-    print(f"loading {config.base_model_name} ({model_type_info(config.model_type).label})", file=sys.stderr)
+    name = config.base_model_name
+    print(f"loading {name} ({model_type_info(config.model_type).label})", file=sys.stderr)
     family = load_family_class(config.model_type)()
-    notice = drop_tiny_base_overrides(config)
-    if notice:
-        _warn(notice)
     try:
+        notice = resolve_tiny_sources(config)  # `tiny:` names → the local folders they build; the family sees those
+        if notice:
+            _warn(notice)
         model = family.load(config)
     except Exception as e:
-        raise SampleError(_load_message(e, config.base_model_name)) from e
+        raise SampleError(_load_message(e, name)) from e
     for module in model.parts.values():
         module.to(device)
     try:

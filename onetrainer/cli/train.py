@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onetrainer.config import ConfigFileError, errors, load_layers
-from onetrainer.config.checks import run_checks
 from onetrainer.config.naming import describe
+from onetrainer.training.checks import run_checks
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
 def _preflight(config: TrainConfig) -> int:
     from onetrainer.config.io import pack
     from onetrainer.data.preflight import preflight_report
-    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.source import resolve_local
     from onetrainer.training.distributed import preflight_text
 
     packed, _ = pack(config)

@@ -81,6 +81,12 @@ class FamilyInfo:
     float16_unsafe_parts: tuple[str, ...] = ()
     # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
     hub_parts: tuple[str, ...] = ()
+    # What shows a part's own model (`<part>.model_name`, a hub repo id) in the hub cache, {part: file sets, any one
+    # complete set will do}: a part read from a subfolder or a single file of a repository (`util/hub.is_cached`).
+    part_hub_file_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+    # Where to download a part's model by hand when no diffusers repository holds it, {part: URL of the file}: the
+    # answer to a preset's placeholder in `<part>.model_name` (OneTrainer's Stable Cascade preset ships one).
+    part_downloads: dict[str, str] = field(default_factory=dict)
 
     @property
     def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:
@@ -170,6 +176,14 @@ PIXART = FamilyInfo(
     "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
     "PixArt-XL-2-512x512, the others from PixArt-XL-2-1024-MS.",
 )
+# The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
+# a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
+# diffusion_pytorch_model.safetensors, or effnet_encoder.safetensors beside Stable Cascade's decoder).
+_PRIOR_PART_FILES = {
+    "prior": (("prior/config.json",),),
+    "decoder": (("decoder/config.json",),),
+    "effnet_encoder": (("diffusion_pytorch_model.safetensors",), ("effnet_encoder.safetensors",)),
+}
 WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
     sample_step=128,
@@ -190,6 +204,11 @@ WUERSTCHEN = FamilyInfo(
     + _EFFNET_NOTE
     + " Würstchen's decoder has its own text encoder (`decoder_text_encoder`). "
     + _P2_NOTE,
+    part_hub_file_sets=_PRIOR_PART_FILES,
+    part_downloads={
+        "effnet_encoder": "https://huggingface.co/warp-ai/EfficientNetEncoder/blob/main/"
+        "diffusion_pytorch_model.safetensors"
+    },
 )
 CASCADE = FamilyInfo(
     key="cascade",
@@ -222,6 +241,10 @@ CASCADE = FamilyInfo(
     "`prior.model_name` may name a stage C file of Stability's (`stage_c.safetensors`, `stage_c_lite.safetensors`) "
     "to train instead of the base model's prior. The prior gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, "
     "and with `train_dtype` FLOAT_16 the prior computes in `fallback_train_dtype`. " + _P2_NOTE,
+    part_hub_file_sets=_PRIOR_PART_FILES,
+    part_downloads={
+        "effnet_encoder": "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
+    },
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
-from onetrainer.config.model_types import MODEL_TYPES, PART_ROLES, TEXT_ENCODER, model_type_info
+from onetrainer.config.model_types import MODEL_TYPES, PART_LABELS, PART_ROLES, TEXT_ENCODER, model_type_info
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
@@ -31,30 +31,43 @@ def context_of(config: TrainConfig) -> Context:
     )
 
 
-# OneTrainer's Stable Cascade preset ships this placeholder instead of a path: the effnet encoder is a single file that
-# no diffusers repo holds, so the user downloads it by hand.
-EFFNET_PLACEHOLDER = "TODO"
-EFFNET_DOWNLOAD = "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
+# A preset may ship this placeholder instead of a model path (OneTrainer's Stable Cascade preset, for a part that no
+# diffusers repository holds, which the user downloads by hand: `FamilyInfo.part_downloads`).
+PLACEHOLDER = "TODO"
+# The docs generator (`config/reference.py`) quotes Stable Cascade's download in its notes.
+EFFNET_DOWNLOAD = MODEL_TYPES[ModelType.STABLE_CASCADE_1].family.part_downloads["effnet_encoder"]
 
 
-def placeholder_message(path: str, name: str) -> str:
-    """What to do about a model field still holding a preset's "TODO" placeholder (OneTrainer's Cascade preset)."""
-    if path.startswith("effnet_encoder"):
+def is_placeholder(name: str) -> bool:
+    """Whether a model field still holds a preset's placeholder (`PLACEHOLDER`)."""
+    return name.strip().upper().startswith(PLACEHOLDER)
+
+
+def placeholder_message(path: str, name: str, downloads: dict[str, str] | None = None) -> str:
+    """What to do about a model field (`<part>.model_name`) still holding a preset's placeholder: the part's download
+    where the family declares one (`downloads`: `FamilyInfo.part_downloads`)."""
+    part = path.split(".")[0]
+    url = (downloads or {}).get(part)
+    if url:
+        label = PART_LABELS.get(part, part).lower()
         return (
-            f"{path} is still the preset's placeholder {name!r}: download the effnet encoder file "
-            f"effnet_encoder.safetensors from {EFFNET_DOWNLOAD} and enter its path in {path}"
+            f"{path} is still the preset's placeholder {name!r}: download the {label} file "
+            f"{url.rsplit('/', 1)[-1]} from {url} and enter its path in {path}"
         )
     return f"{path} is still a preset's placeholder {name!r}: enter a model file, folder or Hugging Face repo id"
 
 
 def _placeholders(config: TrainConfig) -> list[Problem]:
     """Warn on load already (the GUI marks the field): the run checks make it an error at Start and `--check`."""
+    if config.model_type not in MODEL_TYPES:
+        return []
+    family = model_type_info(config.model_type).family
     problems = []
-    for part in model_type_info(config.model_type).family.parts if config.model_type in MODEL_TYPES else ():
+    for part in family.parts:
         name = config.part(part).model_name.strip()
-        if name.upper().startswith(EFFNET_PLACEHOLDER):
+        if is_placeholder(name):
             path = f"{part}.model_name"
-            problems.append(Problem(path, placeholder_message(path, name), Severity.WARNING))
+            problems.append(Problem(path, placeholder_message(path, name, family.part_downloads), Severity.WARNING))
     return problems
 
 
@@ -194,7 +207,7 @@ def _sample_size_rules(config: TrainConfig) -> list[Problem]:
 
 def _optimizer_rules(config: TrainConfig) -> list[Problem]:
     from onetrainer.config.enums import Optimizer
-    from onetrainer.training.optim import OPTIMIZERS
+    from onetrainer.config.optimizers import OPTIMIZERS
 
     problems: list[Problem] = []
     optimizer = config.optimizer.optimizer

@@ -112,7 +112,8 @@ def _names(paths: list[str], limit: int = 8) -> str:
 def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     """The report for `config` (packed: concepts inline). Reads image headers only; loads no model.
 
-    `resolve` turns a concept path into a folder; by default `tiny:images` (the demo's images) is resolved too.
+    `resolve` turns a concept path into a folder; by default a plain path. The callers above the tiny package pass
+    its resolver (`onetrainer.tiny.source.resolve_local`), which also builds the demo's images (`tiny:images`).
     """
     if resolve is None:
         from onetrainer.families.sources import resolve_local as resolve

@@ -316,7 +316,8 @@ class StableDiffusionFamily(Family):
         metadata[CONFIGS_KEY] = json.dumps({name: _config_of(part) for name, part in model.parts.items()}, default=str)
         tokenizer = model.text_encoders[0].tokenizer
         if len(tokenizer) != 49408:
-            # Only non-standard tokenizers (the tiny test models) travel inside the file.
+            # Only a tokenizer other than CLIP's standard one (49408 tokens) travels inside the file: a reader has the
+            # standard one, not another vocabulary.
             metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": merges_of(tokenizer)})
         metadata.update(extra_metadata or {})
         with atomic_file(destination) as tmp:

@@ -26,7 +26,7 @@ UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
 TEXT_PREFIX = "cond_stage_model."
 CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
-TOKENIZER_KEY = "onetrainer.tokenizer"  # a non-standard tokenizer (tiny test models), embedded likewise
+TOKENIZER_KEY = "onetrainer.tokenizer"  # a tokenizer other than the standard CLIP one, embedded likewise
 
 
 def inpainting_cache(family: Family, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:

@@ -41,7 +41,6 @@ from onetrainer.families.sd_common import plain_state, save_pipeline_folder
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
 from onetrainer.util.fs import atomic_file
-from onetrainer.util.hub import EFFNET_FILES, PART_FILES
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
@@ -54,6 +53,8 @@ DECODER_STEPS = 10
 # The prior's latents per image pixel: 0.75 · 1/32 (the effnet's input scale and its downsampling).
 PRIOR_RESOLUTION_MULTIPLE = 42.67
 DECODER_LATENT_SCALE = 10.67
+# The files that may hold the EfficientNet encoder in a hub repository (the family's declaration, in order).
+EFFNET_FILES = tuple(names[0] for names in WUERSTCHEN.part_hub_file_sets["effnet_encoder"])
 
 
 def wuerstchen_remap(t: torch.Tensor) -> torch.Tensor:
@@ -130,9 +131,8 @@ class WuerstchenFamily(Family):
             return load_diffusers_component(cls, where, "prior", options)
         path = resolve_local(override)
         if not path.exists() and is_hub_id(override):
-            options = hub_options(
-                ModelSource("hub", override), config, "the prior (prior.model_name)", PART_FILES["prior"]
-            )
+            files = self.info.part_hub_file_sets["prior"]
+            options = hub_options(ModelSource("hub", override), config, "the prior (prior.model_name)", files)
             return load_diffusers_component(cls, override, "prior", options)
         if path.is_dir():
             subfolder = "prior" if (path / "prior" / "config.json").is_file() else None
@@ -148,9 +148,10 @@ class WuerstchenFamily(Family):
         return _stage_c_from_file(path, base_config)
 
     def _load_decoder(self, config: TrainConfig, cascade: bool) -> tuple[dict[str, torch.nn.Module], object]:
-        name = config.part("decoder").model_name or _default_decoder(config.base_model_name, cascade)
+        name = config.part("decoder").model_name or _default_decoder(cascade)
         source = resolve_source(name)
-        options = hub_options(source, config, "the decoder (decoder.model_name)", PART_FILES["decoder"])
+        files = self.info.part_hub_file_sets["decoder"]
+        options = hub_options(source, config, "the decoder (decoder.model_name)", files)
         where = source.location
         if cascade:
             from diffusers import StableCascadeUNet as decoder_cls
@@ -398,26 +399,15 @@ def _prior_precision(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _default_decoder(base: str, cascade: bool) -> str:
-    """The tiny models' decoder sits beside their prior (`tiny:cascade` → `tiny:cascade-decoder`); a real model needs
-    the decoder named in the config."""
-    from onetrainer.config.checks import TINY_PREFIX
-
-    if base.startswith(TINY_PREFIX):
-        return base + "-decoder"
+def _default_decoder(cascade: bool) -> str:
+    """The decoder of the released model, where the config names none."""
     hub = "stabilityai/stable-cascade" if cascade else "warp-ai/wuerstchen"
     return hub
 
 
 def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
-    from onetrainer.config.checks import TINY_PREFIX
-
     name = config.part("effnet_encoder").model_name
     if not name:
-        if config.base_model_name.startswith(TINY_PREFIX):
-            from onetrainer.tiny.effnet import build_effnet_encoder
-
-            return build_effnet_encoder(wuerstchen=not cascade)
         raise ModelLoadError(
             "effnet_encoder.model_name is empty: name the EfficientNet encoder file (Stable Cascade: "
             "effnet_encoder.safetensors from stabilityai/stable-cascade; Würstchen: warp-ai/EfficientNetEncoder)"

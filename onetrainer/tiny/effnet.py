@@ -45,3 +45,20 @@ def save_effnet_encoder(path: str | Path, wuerstchen: bool, seed: int = 0) -> Pa
     state = {k: v.contiguous() for k, v in build_effnet_encoder(wuerstchen, seed).state_dict().items()}
     atomic_write_bytes(path, save(state))
     return Path(path)
+
+
+def tiny_effnet_file(wuerstchen: bool, cache_root: str | Path | None = None) -> Path:
+    """The tiny encoder (seed 0) as a file in the tiny-model cache, written on first use: what a `tiny:wuerstchen` or
+    `tiny:cascade` base puts in `effnet_encoder.model_name`, so the family loads it like a user's file."""
+    from onetrainer.tiny.storage import TINY_BUILD_LOCK, TINY_MODEL_VERSION, default_cache_root
+
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    kind = "wuerstchen" if wuerstchen else "cascade"
+    target = root / "tiny-models" / f"effnet-{kind}-v{TINY_MODEL_VERSION}.safetensors"
+    if target.is_file():  # written by rename only, so a file there is whole
+        return target
+    with TINY_BUILD_LOCK:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_effnet_encoder(target, wuerstchen)
+    return target

@@ -95,10 +95,14 @@ def convert(conversion: Conversion) -> list[Path]:
     config.lora_model_name = conversion.input_name if is_lora else ""
     if is_embedding:
         config.embedding.model_name = conversion.input_name
+    name = config.base_model_name
     try:
+        from onetrainer.tiny.source import resolve_tiny_sources
+
+        resolve_tiny_sources(config)  # a `tiny:` base → the folder it builds (its notice concerns runs, not this)
         model = family.load(config)
     except Exception as e:
-        raise ConversionError(f"cannot load {config.base_model_name}: {_reason(e)}") from e
+        raise ConversionError(f"cannot load {name}: {_reason(e)}") from e
     destination = conversion.destination.expanduser()
     if on_base:
         from onetrainer.methods import create_method

@@ -61,7 +61,7 @@ def planned_world_size(config: TrainConfig) -> int:
 
 def device_indexes(config: TrainConfig) -> list[int]:
     """`device_indexes` ("0,1,3"): which GPU each local rank takes; empty means 0, 1, 2, …"""
-    from onetrainer.config.checks import device_index_list
+    from onetrainer.training.checks import device_index_list
 
     try:
         return device_index_list(config.device_indexes)

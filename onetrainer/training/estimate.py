@@ -334,7 +334,7 @@ def reference_shapes(model_type: Any) -> Shapes:
 
 def _model_folder(config: TrainConfig) -> Path | None:
     """The base model's diffusers folder: a local one (a `tiny:` model included) or a hub snapshot in the cache."""
-    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.source import resolve_local
 
     name = config.base_model_name.strip()
     try:

@@ -128,7 +128,7 @@ def run_ranks(
     config: TrainConfig, events: Broadcast, train: Callable[[Distributed], Finished | Failed]
 ) -> Finished | Failed:
     """Start the other ranks, join them as rank 0, `train`, and wait for them; never raises."""
-    from onetrainer.config.checks import check_devices
+    from onetrainer.training.checks import check_devices
 
     problems = check_devices(config)
     if problems:

@@ -7,11 +7,11 @@ import traceback
 from typing import TYPE_CHECKING
 
 from onetrainer.config import TrainConfig
-from onetrainer.config.checks import run_checks
 from onetrainer.config.io import pack
 from onetrainer.config.naming import describe
 from onetrainer.config.schema import errors
 from onetrainer.training import console
+from onetrainer.training.checks import run_checks
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Broadcast, EventSink, Failed, Finished, Warning_
 from onetrainer.util.disk import is_write_error, write_error_message
@@ -47,9 +47,17 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
-    from onetrainer.families.sources import drop_tiny_base_overrides
+    from onetrainer.tiny.source import resolve_tiny_sources
 
-    drop_tiny_base_overrides(config)  # the packed copy; the checks have shown the notice
+    try:
+        # The packed copy: `tiny:` names become the local folders and files they build, so the families, the data and
+        # every rank see local paths only. The checks have shown the notice about the overrides a tiny base drops.
+        resolve_tiny_sources(config)
+    except Exception as e:  # an unknown tiny model (the checks say so, unless skipped), or a build that failed
+        outcome = Failed(f"cannot build the tiny model: {e}", traceback.format_exc())
+        events.emit(outcome)
+        events.close()
+        return outcome
     from onetrainer.training.launcher import launch_wanted, run_ranks
 
     if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several

@@ -36,17 +36,10 @@ def cache_folder(cache_dir: str | None = None) -> Path:
 
 
 # Sets of files that show a model is in the cache when only some of its repository was downloaded (any one set,
-# complete, will do): a family that loads a pipeline part by part (PixArt, Würstchen, Cascade) never fetches its
-# model_index.json; the decoder and prior of Würstchen / Cascade are subfolders of a pipeline repository; the
-# EfficientNet encoder is one file of one (warp-ai/EfficientNetEncoder's diffusion_pytorch_model.safetensors, or
-# effnet_encoder.safetensors beside Stable Cascade's decoder).
+# complete, will do): a family that loads a pipeline part by part never fetches its model_index.json, and a part may be
+# one subfolder or one file of a repository. The families declare theirs (`FamilyInfo.hub_file_sets`,
+# `part_hub_file_sets`).
 FileSets = tuple[tuple[str, ...], ...]
-EFFNET_FILES = ("diffusion_pytorch_model.safetensors", "effnet_encoder.safetensors")
-PART_FILES: dict[str, FileSets] = {
-    "decoder": (("decoder/config.json",),),
-    "prior": (("prior/config.json",),),
-    "effnet_encoder": tuple((name,) for name in EFFNET_FILES),
-}
 
 
 def is_cached(repo_id: str, cache_dir: str | None = None, file_sets: FileSets = ()) -> bool:

@@ -12,6 +12,7 @@ from onetrainer.cli.convert_model import EXIT_FAILED, EXIT_INVALID, EXIT_OK, bui
 from onetrainer.config import ModelType, TrainConfig, TrainingMethod
 from onetrainer.tiny import tiny_model_dir
 from tests.conftest import ROOT
+from tests.helpers import local_config
 
 TYPES = {"sd15": "STABLE_DIFFUSION_15", "sdxl": "STABLE_DIFFUSION_XL_10_BASE"}
 
@@ -24,7 +25,7 @@ def load(variant: str, source: str | Path, lora: str = ""):
     config.model_type = ModelType(TYPES[variant])
     config.base_model_name = str(source)
     family = load_family_class(config.model_type)()
-    model = family.load(config)
+    model = family.load(local_config(config))
     if lora:
         config.training_method = TrainingMethod.LORA
         config.lora_model_name = lora
@@ -105,7 +106,7 @@ def write_kohya_lora(base: Path, path: Path, variant: str = "sd15") -> None:
     config.text_encoder.train = True
     config.text_encoder_2.train = variant == "sdxl"
     family = load_family_class(config.model_type)()
-    model = family.load(config)
+    model = family.load(local_config(config))
     method = create_method(config, family, model, torch.device("cpu"))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

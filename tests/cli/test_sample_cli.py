@@ -18,6 +18,7 @@ from onetrainer.config import ModelFormat, ModelType, TrainConfig, TrainingMetho
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.weights.embedding_file import save_embedding
 from tests.conftest import ROOT
+from tests.helpers import local_config
 
 # 64 px and two steps keep each render well under a second; a high CFG scale makes the prompt's effect visible.
 FAST = ["--width", "64", "--height", "64", "--steps", "2", "--cfg-scale", "7", "--device", "cpu"]
@@ -53,7 +54,7 @@ def write_lora(base: str, path: Path) -> None:
     config.text_encoder.train = True
     config.output_model_format = ModelFormat.KOHYA_LORA
     family = load_family_class(config.model_type)()
-    model = family.load(config)
+    model = family.load(local_config(config))
     method = create_method(config, family, model, torch.device("cpu"))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -133,7 +134,7 @@ def test_a_model_file_of_another_model_type_fails_with_the_reason(in_tmp, base, 
     config = TrainConfig()
     config.base_model_name = base
     family = StableDiffusionFamily()
-    family.save_single_file(family.load(config), in_tmp / "sd15.safetensors", torch.float32)
+    family.save_single_file(family.load(local_config(config)), in_tmp / "sd15.safetensors", torch.float32)
 
     args = ["--model-type", "STABLE_DIFFUSION_21", "--base-model", "sd15.safetensors", "--prompt", "x"]
     assert main([*args, "--output", "x.png"]) == EXIT_FAILED

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onetrainer.config import TrainConfig, config_from_dict
-from onetrainer.config.checks import check_devices
+from onetrainer.training.checks import check_devices
 
 MULTI_GPU_SETTINGS = (
     "multi_gpu",

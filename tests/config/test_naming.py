@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from onetrainer.config import ConceptConfig, SampleConfig, TrainConfig
-from onetrainer.config.checks import run_checks
 from onetrainer.config.naming import describe, field_name
 from onetrainer.config.schema import Problem
+from onetrainer.training.checks import run_checks
 
 
 def _config() -> TrainConfig:

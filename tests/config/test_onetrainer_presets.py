@@ -40,8 +40,8 @@ def test_onetrainer_preset_loads_cleanly(path):
 def test_cascade_effnet_placeholder_says_where_to_download_the_file():
     # OneTrainer's Cascade preset names no effnet encoder, only "TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS": the check
     # names the field and says which file to fetch from where, instead of "model not found".
-    from onetrainer.config.checks import run_checks
     from onetrainer.config.validation import EFFNET_DOWNLOAD
+    from onetrainer.training.checks import run_checks
 
     config, problems = load_config(onetrainer_presets_dir() / "Stable Cascade" / "#stable cascade.json")
     assert config.effnet_encoder.model_name.startswith("TODO")

@@ -12,11 +12,11 @@ import torch
 from PIL import Image
 
 from onetrainer.config import config_from_dict
-from onetrainer.config.checks import run_checks
 from onetrainer.data.buckets import Bucket, bucket_grid, nearest_bucket
 from onetrainer.data.preflight import preflight_report
 from onetrainer.data.training_data import DatasetError, TrainingData
 from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.training.checks import run_checks
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Finished, ListSink, Metrics, Warning_
 from onetrainer.training.runner import run_training

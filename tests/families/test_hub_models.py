@@ -20,12 +20,13 @@ from safetensors.torch import load_file
 
 from onetrainer.cli.train import EXIT_INVALID, main
 from onetrainer.config import config_from_dict
-from onetrainer.config.checks import check_model_source, run_checks
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.checks import check_model_source, run_checks
 from onetrainer.util import hub
 from tests.conftest import ROOT, UNREACHABLE_HUB
+from tests.helpers import local_config
 
 REPO = "someone/sd15-model"
 FAST_S = 3.0
@@ -45,7 +46,7 @@ def put_in_cache(cache: Path, repo_id: str, model_dir: Path) -> Path:
 def config(**data):
     cfg, problems = config_from_dict({"train_device": "cpu", **data})
     assert [p for p in problems if p.is_error] == []
-    return cfg
+    return local_config(cfg)
 
 
 def assert_names_model_cache_and_remedy(message: str, cache: Path) -> None:

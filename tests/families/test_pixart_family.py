@@ -18,7 +18,7 @@ from onetrainer.families.pixart import PixArtFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics
-from tests.helpers import image_folder, run_config, tiny_config, write_config
+from tests.helpers import image_folder, local_config, run_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 
@@ -39,7 +39,7 @@ def load(config: dict, method: bool = True, **changes):
     cfg, problems = config_from_dict({**config, **changes})
     assert [p for p in problems if p.is_error] == []
     family = PixArtFamily()
-    model = family.load(cfg)
+    model = family.load(local_config(cfg))
     if method:
         create_method(cfg, family, model, CPU)
     for module in model.parts.values():
@@ -132,7 +132,7 @@ def test_embedding_trains_under_the_t5_key_and_continues(tmp_path):
     assert vectors.keys() == {"t5"} and vectors["t5"].shape == (2, 32)
     cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": str(path)}})
     family = PixArtFamily()
-    method = create_method(cfg, family, family.load(cfg), CPU)  # continues from the file
+    method = create_method(cfg, family, family.load(local_config(cfg)), CPU)  # continues from the file
     continued = method.embeddings.file_tensors(method.embedding, torch.float32)
     assert torch.equal(continued["t5"], vectors["t5"].float())
 

@@ -16,6 +16,7 @@ from onetrainer.methods import create_method
 from onetrainer.sampling.sampler import render
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.weights.checkpoint_files import load_state_dict
+from tests.helpers import local_config
 
 FAMILY = StableDiffusionFamily()
 
@@ -23,7 +24,7 @@ FAMILY = StableDiffusionFamily()
 def config(**data):
     cfg, problems = config_from_dict({"base_model_name": "tiny:sd15", "train_device": "cpu", **data})
     assert [p for p in problems if p.is_error] == []
-    return cfg
+    return local_config(cfg)
 
 
 def unet_output(model) -> torch.Tensor:
@@ -43,7 +44,7 @@ def sd15_single_file(tmp_path_factory):
 
 
 def test_sources_are_told_apart(tmp_path):
-    assert resolve_source("tiny:sd15").kind == "diffusers"
+    assert resolve_source(str(tiny_model_dir("sd15"))).kind == "diffusers"
     assert resolve_source("org/model-name").kind == "hub"
     (tmp_path / "m.ckpt").write_bytes(b"x")
     assert resolve_source(str(tmp_path / "m.ckpt")).kind == "single_file"

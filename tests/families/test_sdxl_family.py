@@ -16,6 +16,7 @@ from onetrainer.families.sdxl import StableDiffusionXLFamily, _pool_at_end_token
 from onetrainer.sampling.sampler import looks_broken, render, to_image
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.weights.checkpoint_files import load_state_dict
+from tests.helpers import local_config
 
 FAMILY = StableDiffusionXLFamily()
 BASE = "STABLE_DIFFUSION_XL_10_BASE"
@@ -27,7 +28,7 @@ def config(**data):
         {"base_model_name": "tiny:sdxl", "model_type": BASE, "train_device": "cpu", **data}
     )
     assert [p for p in problems if p.is_error] == []
-    return cfg
+    return local_config(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +221,7 @@ def test_checkpoints_of_another_kind_are_refused(tmp_path, single_file):
     sd15 = StableDiffusionFamily()
     sd15_config, _ = config_from_dict({"base_model_name": "tiny:sd15", "train_device": "cpu"})
     path = tmp_path / "sd15.safetensors"
-    sd15.save_single_file(sd15.load(sd15_config), path, torch.float32)
+    sd15.save_single_file(sd15.load(local_config(sd15_config)), path, torch.float32)
     with pytest.raises(ModelLoadError, match=r"SD 1.x / 2.x checkpoint.*STABLE_DIFFUSION_XL_10_BASE"):
         FAMILY.load(config(base_model_name=str(path)))
     with pytest.raises(ModelLoadError, match="not an SDXL model"):

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from onetrainer.config import config_from_dict
-from onetrainer.config.checks import run_checks
 from onetrainer.families import effnet
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
 from onetrainer.sampling.sampler import render
+from onetrainer.training.checks import run_checks
+from tests.helpers import local_config
 
 VARIANTS = {"WUERSTCHEN_2": ("tiny:wuerstchen", WuerstchenFamily), "STABLE_CASCADE_1": ("tiny:cascade", CascadeFamily)}
 SAMPLE = {"prompt": "a red square", "negative_prompt": "blue", "width": 128, "height": 128, "diffusion_steps": 2}
@@ -24,7 +25,7 @@ def loaded(request):
     base, cls = VARIANTS[request.param]
     config, _ = config_from_dict({"model_type": request.param, "base_model_name": base})
     family = cls()
-    return family, family.load(config)
+    return family, family.load(local_config(config))
 
 
 def cascade(model) -> bool:
@@ -124,7 +125,7 @@ def test_a_float16_training_dtype_runs_the_cascade_prior_in_the_fallback_dtype(f
     config, _ = config_from_dict({**data, "fallback_train_dtype": fallback})
     assert not [p for p in run_checks(config) if p.is_error and "FLOAT_16" in p.message]
     family = CascadeFamily()
-    model = family.load(config)
+    model = family.load(local_config(config))
     seen = []
     first_linear = next(m for m in model.part("prior").modules() if isinstance(m, torch.nn.Linear))
     first_linear.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
@@ -177,10 +178,10 @@ def test_fine_tune_saved_as_the_prior_pipeline_folder_loads_back(loaded, tmp_pat
     data = {
         "model_type": model.model_type.value,
         "base_model_name": str(tmp_path / "prior"),
-        "decoder": {"model_name": model.source + "-decoder"},
+        "decoder": {"model_name": VARIANTS[model.model_type.value][0] + "-decoder"},
         "effnet_encoder": {"model_name": str(effnet_file)},
     }
-    reloaded = family.load(config_from_dict(data)[0])
+    reloaded = family.load(local_config(config_from_dict(data)[0]))
     latents, t = torch.randn(1, 16, 3, 3), torch.tensor([0.3])
     with torch.no_grad():
         ours = family.predict(model, latents, t, family.encode_text(model, ["a"]), {}).output
@@ -188,7 +189,7 @@ def test_fine_tune_saved_as_the_prior_pipeline_folder_loads_back(loaded, tmp_pat
     torch.testing.assert_close(ours, theirs)
     data["effnet_encoder"] = {"model_name": ""}
     with pytest.raises(ModelLoadError, match=r"effnet_encoder\.model_name"):
-        family.load(config_from_dict(data)[0])
+        family.load(local_config(config_from_dict(data)[0]))
 
 
 def test_the_prior_part_may_come_from_its_own_folder_but_a_single_file_only_for_cascade(tmp_path):
@@ -201,13 +202,13 @@ def test_the_prior_part_may_come_from_its_own_folder_but_a_single_file_only_for_
     base = {"model_type": "WUERSTCHEN_2", "base_model_name": "tiny:wuerstchen"}
     shutil.copytree(tiny_model_dir("wuerstchen") / "prior", tmp_path / "prior")  # a prior folder of its own
     family = WuerstchenFamily()
-    model = family.load(config_from_dict({**base, "prior": {"model_name": str(tmp_path / "prior")}})[0])
-    expected = family.load(config_from_dict(base)[0]).part("prior").state_dict()
+    model = family.load(local_config(config_from_dict({**base, "prior": {"model_name": str(tmp_path / "prior")}})[0]))
+    expected = family.load(local_config(config_from_dict(base)[0])).part("prior").state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in model.part("prior").state_dict().items())
     single = tmp_path / "stage_c.safetensors"
     save_file({"x": torch.zeros(1)}, str(single))
     with pytest.raises(ModelLoadError, match=r"prior\.model_name: .* single file"):
-        family.load(config_from_dict({**base, "prior": {"model_name": str(single)}})[0])
+        family.load(local_config(config_from_dict({**base, "prior": {"model_name": str(single)}})[0]))
 
 
 def test_a_bfloat16_save_leaves_the_training_weights_as_they_are(loaded, tmp_path):

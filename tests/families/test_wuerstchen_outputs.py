@@ -17,7 +17,7 @@ from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
 from onetrainer.methods import create_method
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Finished, Metrics
-from tests.helpers import image_folder, run_config, tiny_config, write_config
+from tests.helpers import image_folder, local_config, run_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 FAMILIES = {"wuerstchen": WuerstchenFamily, "cascade": CascadeFamily}
@@ -43,7 +43,7 @@ def load(config: dict, variant: str, method: bool = True, **changes):
     cfg, problems = config_from_dict({**config, **changes})
     assert [p for p in problems if p.is_error] == []
     family = FAMILIES[variant]()
-    model = family.load(cfg)
+    model = family.load(local_config(cfg))
     trainer_method = create_method(cfg, family, model, CPU) if method else None
     for module in model.parts.values():
         module.eval()

@@ -45,7 +45,9 @@ from onetrainer.families.base import (
 from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
 from onetrainer.weights.metadata import ModelKind
 
-BASE_MODEL = "tiny:dit"
+# Its weights are built from a seed, so the base model names no files: this module's folder, a local folder that passes
+# the run checks (a `tiny:` name is the tiny package's, resolved to its models before any family loads).
+BASE_MODEL = str(Path(__file__).resolve().parent)
 MODEL_TYPE = ModelType.SANA  # a name from OneTrainer's list that no module of the trainer declares
 DIT, PATCH_AUTOENCODER = "dit", "patch_autoencoder"  # parts of its own: no TrainConfig field is named so
 TOKENS = 16

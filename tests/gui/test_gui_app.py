@@ -15,12 +15,12 @@ from gui.forms.selection import form_fields
 from gui.labels import NOT_TRAINABLE_SUFFIX, method_label, model_type_label, offered_methods
 from gui.tabs import visible_tabs
 from onetrainer.config import ConceptConfig, TrainConfig, load_config, pack
-from onetrainer.config.checks import run_checks
 from onetrainer.config.enums import ModelFormat, ModelType, Optimizer, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES, SUPPORTED_MODEL_TYPES
 from onetrainer.config.naming import describe
 from onetrainer.config.validation import context_of
 from onetrainer.families import is_trainable
+from onetrainer.training.checks import run_checks
 from tests.gui.helpers import choose_in_menu, view_of
 
 pytestmark = pytest.mark.gui

@@ -15,7 +15,7 @@ from onetrainer.config import config_from_dict
 from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.families.sdxl import StableDiffusionXLFamily
 from onetrainer.methods import create_method
-from tests.helpers import image_folder, tiny_config, write_config
+from tests.helpers import image_folder, local_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 KINDS = {
@@ -65,7 +65,7 @@ def load(config: dict, variant: str, method: bool = True, **changes):
     cfg, problems = config_from_dict({**config, **changes})
     assert [p for p in problems if p.is_error] == []
     family = FAMILIES[variant]()
-    model = family.load(cfg)
+    model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, CPU) if method else None
     for module in model.parts.values():
         module.eval()

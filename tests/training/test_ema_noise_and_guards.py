@@ -17,7 +17,7 @@ from onetrainer.training.control import TrainingControl
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import Failed, Finished, ListSink, SampleReady, Warning_
 from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, read_scalars, tiny_config
+from tests.helpers import image_folder, local_config, read_scalars, tiny_config
 
 
 def run(config_dict):
@@ -276,6 +276,6 @@ def test_zero_terminal_snr_rescales_the_schedule_and_predicts_v(tmp_path):
     from onetrainer.families.sd import StableDiffusionFamily
 
     config, _ = config_from_dict({"base_model_name": "tiny:sd15", "rescale_noise_scheduler_to_zero_terminal_snr": True})
-    model = StableDiffusionFamily().load(config)
+    model = StableDiffusionFamily().load(local_config(config))
     assert model.v_prediction and model.schedule.alphas_cumprod[-1].item() == pytest.approx(0.0, abs=1e-6)
     assert math.isclose(model.schedule.alphas_cumprod[0].item(), 0.99915, rel_tol=1e-3)

@@ -10,10 +10,10 @@ import torch
 
 from onetrainer.cli.train import main
 from onetrainer.config import config_from_dict
-from onetrainer.config.checks import run_checks
 from onetrainer.config.validation import validate
 from onetrainer.families.sd import StableDiffusionFamily
-from tests.helpers import image_folder, read_scalars, tiny_config, write_config
+from onetrainer.training.checks import run_checks
+from tests.helpers import image_folder, local_config, read_scalars, tiny_config, write_config
 
 FP8 = {"weight_dtype": "FLOAT_8", "gradient_checkpointing": False}
 
@@ -26,7 +26,7 @@ def test_float8_lora_trains_on_cpu_with_finite_loss(tmp_path):
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
 
     cfg, _ = config_from_dict(config)
-    model = StableDiffusionFamily().load(cfg)
+    model = StableDiffusionFamily().load(local_config(cfg))
     unet = model.part("unet")
     assert unet.get_submodule("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q").weight.dtype == (
         torch.float8_e4m3fn

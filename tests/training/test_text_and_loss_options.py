@@ -10,7 +10,7 @@ from onetrainer.methods import create_method
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Finished, ListSink, Metrics
 from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, tiny_config
+from tests.helpers import image_folder, local_config, tiny_config
 
 FAMILY = StableDiffusionFamily()
 
@@ -24,7 +24,7 @@ def run(config_dict):
 
 def test_clip_skip_uses_an_earlier_layer_through_the_final_norm():
     config, _ = config_from_dict({"base_model_name": "tiny:sd15", "text_encoder_layer_skip": 1})
-    model = FAMILY.load(config)
+    model = FAMILY.load(local_config(config))
     tokens = FAMILY.tokenize(model, ["a red circle"])
     encoder = model.part("text_encoder")
     with torch.no_grad():
@@ -44,7 +44,7 @@ def test_caption_dropout_of_one_hides_every_caption(tmp_path):
 
     trained = load_file(str(tmp_path / "out" / "embedding.safetensors"))["emb_params"]
     config, _ = config_from_dict(tiny_config(tmp_path, **common))
-    model = FAMILY.load(config)
+    model = FAMILY.load(local_config(config))
     initial = create_method(config, FAMILY, model, torch.device("cpu")).embeddings.embeddings[0].vectors
     # Every caption was dropped, so the placeholder was never seen and its vectors never changed.
     assert torch.allclose(trained.float(), initial["text_encoder"].float())
@@ -64,7 +64,7 @@ def test_gradient_checkpointing_is_enabled_per_part():
         {"base_model_name": "tiny:sd15", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
          "text_encoder": {"train": True, "gradient_checkpointing": False}}
     )  # fmt: skip
-    model = FAMILY.load(config)
+    model = FAMILY.load(local_config(config))
     method = create_method(config, FAMILY, model, torch.device("cpu"))
     assert method.enable_gradient_checkpointing() == ["unet"]
     assert model.part("unet").is_gradient_checkpointing

@@ -15,7 +15,7 @@ from onetrainer.config import config_from_dict
 from onetrainer.families.sd import StableDiffusionFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
-from tests.helpers import image_folder, image_tags, read_scalars, tiny_config, write_config
+from tests.helpers import image_folder, image_tags, local_config, read_scalars, tiny_config, write_config
 
 CPU = torch.device("cpu")
 
@@ -33,7 +33,7 @@ def our_model(config: dict, **changes):
     cfg, problems = config_from_dict(data)
     assert [p for p in problems if p.is_error] == []
     family = StableDiffusionFamily()
-    model = family.load(cfg)
+    model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, CPU)
     return family, model, method
 

@@ -17,7 +17,7 @@ from onetrainer.config.enums import ModelFormat
 from onetrainer.families.sdxl import StableDiffusionXLFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
-from tests.helpers import image_folder, read_scalars, tiny_config, write_config
+from tests.helpers import image_folder, local_config, read_scalars, tiny_config, write_config
 
 CPU = torch.device("cpu")
 PROMPT = "a red circle"
@@ -40,7 +40,7 @@ def our_model(config: dict, **changes):
     cfg, problems = config_from_dict({**config, **changes})
     assert [p for p in problems if p.is_error] == []
     family = StableDiffusionXLFamily()
-    model = family.load(cfg)
+    model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, CPU)
     for module in model.parts.values():
         module.eval()

@@ -1,6 +1,8 @@
-"""Run checks at start: the things schema validation cannot know (files exist, the model can be found).
+"""Run checks at start: the config against the world, which schema validation cannot know (files exist, the model can
+be found in the hub cache or built locally, the devices exist, the model type trains).
 
-Like validation, every problem is returned at once. Nothing here imports torch, so the GUI can call it on Start.
+Like validation, every problem is returned at once. Nothing here imports torch (unless `multi_gpu` asks about CUDA
+devices), so the GUI can call it on Start.
 """
 
 from __future__ import annotations
@@ -13,14 +15,9 @@ from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
-from onetrainer.config.validation import (
-    EFFNET_PLACEHOLDER,
-    placeholder_message,
-    validate,
-)
-from onetrainer.util.hub import PART_FILES, FileSets
+from onetrainer.config.validation import is_placeholder, placeholder_message, validate
+from onetrainer.util.hub import FileSets
 
-TINY_PREFIX = "tiny:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -35,7 +32,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     info = MODEL_TYPES.get(config.model_type)
     problems += check_model_source(
         config.base_model_name, config.offline_mode, "base_model_name", config.huggingface_cache_dir,
-        info.family.hub_file_sets if info else (),
+        info.family.hub_file_sets if info else (), info.family.part_downloads if info else None,
     )  # fmt: skip
     try:
         packed, found = pack(config)
@@ -153,7 +150,7 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
     def warning(path: str, what: str) -> None:
         problems.append(Problem(path, f"{what} is not implemented yet; ignored", Severity.WARNING))
 
-    from onetrainer.training.optim import OPTIMIZERS
+    from onetrainer.config.optimizers import OPTIMIZERS
 
     if config.optimizer.optimizer not in OPTIMIZERS:
         error("optimizer.optimizer", f"the {config.optimizer.optimizer.value} optimizer")
@@ -175,6 +172,20 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
     return problems
 
 
+def _model_parts(config: TrainConfig) -> tuple[str, ...]:
+    """The parts whose own model (`<part>.model_name`) the checks look at: those whose override field applies to the
+    config's model type (the family's parts that may be loaded from elsewhere)."""
+    from onetrainer.config.schema import walk
+    from onetrainer.config.validation import context_of
+
+    context = context_of(config)
+    return tuple(
+        bound.part
+        for bound in walk(config, into_lists=False)
+        if bound.part and bound.spec.name == "model_name" and bound.applies(context)
+    )
+
+
 def hub_ids_to_ask(config: TrainConfig) -> list[str]:
     """The hub repo ids the checks would ask the hub about now (not offline, no answer remembered): asking can take
     seconds, so the GUI asks on a worker thread before it runs the checks."""
@@ -182,36 +193,45 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
 
     if offline_reason(config.offline_mode):
         return []
-    from onetrainer.families.sources import tiny_base_overrides
+    from onetrainer.tiny.source import tiny_base_overrides
 
     ignored = tiny_base_overrides(config)
     names = [config.base_model_name] + [
-        config.part(part).model_name
-        for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer")
-        if f"{part}.model_name" not in ignored
+        config.part(part).model_name for part in _model_parts(config) if f"{part}.model_name" not in ignored
     ]
     ids = [n.strip() for n in names if n and _is_hub_id(n.strip())]
     return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
 
 
 def _is_hub_id(name: str) -> bool:
-    if name.startswith(TINY_PREFIX) or Path(name).expanduser().exists():
+    from onetrainer.tiny.source import is_tiny_name
+
+    if is_tiny_name(name) or Path(name).expanduser().exists():
         return False
     return bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and "\\" not in name
 
 
 def check_model_source(
-    name: str, offline: bool, path: str, cache_dir: str = "", file_sets: FileSets = ()
+    name: str,
+    offline: bool,
+    path: str,
+    cache_dir: str = "",
+    file_sets: FileSets = (),
+    downloads: dict[str, str] | None = None,
 ) -> list[Problem]:
-    """A model reference must be a local file or folder, a locally built tiny model, or a hub repo id that is in the
-    local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`)."""
+    """A model reference must be a local file or folder, a tiny model that can be built locally, or a hub repo id
+    that is in the local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`).
+    `downloads` (`FamilyInfo.part_downloads`) tells where a part a preset left as a placeholder is fetched by hand."""
+    from onetrainer.tiny.source import is_tiny_name, unknown_tiny_reason
+
     name = name.strip()
     if not name:
         return [Problem(path, "no model given")]
-    if name.startswith(TINY_PREFIX):
-        return []
-    if name.upper().startswith(EFFNET_PLACEHOLDER):
-        return [Problem(path, placeholder_message(path, name))]
+    if is_tiny_name(name):
+        reason = unknown_tiny_reason(name)
+        return [Problem(path, reason)] if reason else []
+    if is_placeholder(name):
+        return [Problem(path, placeholder_message(path, name, downloads))]
     local = Path(name).expanduser()
     if local.exists():
         if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):
@@ -227,6 +247,8 @@ def check_model_source(
 
 
 def _check_concepts(config: TrainConfig) -> list[Problem]:
+    from onetrainer.tiny.source import is_tiny_name, unknown_tiny_reason
+
     problems: list[Problem] = []
     concepts = config.concepts or []
     trained = [c for c in concepts if c.enabled and c.type is not ConceptType.VALIDATION]
@@ -238,7 +260,11 @@ def _check_concepts(config: TrainConfig) -> list[Problem]:
             continue
         if not concept.path.strip():
             problems.append(Problem(f"concepts.{i}.path", f"concept '{concept.name or i}' has no folder"))
-        elif not concept.path.startswith(TINY_PREFIX) and not Path(concept.path).expanduser().is_dir():
+        elif is_tiny_name(concept.path):
+            reason = unknown_tiny_reason(concept.path)
+            if reason:
+                problems.append(Problem(f"concepts.{i}.path", reason))
+        elif not Path(concept.path).expanduser().is_dir():
             problems.append(Problem(f"concepts.{i}.path", f"folder not found: {concept.path}"))
         if concept.text.prompt_source == "concept" and not Path(concept.text.prompt_path).is_file():
             problems.append(
@@ -303,16 +329,20 @@ def _check_optional_files(config: TrainConfig) -> list[Problem]:
     for i, emb in enumerate(config.additional_embeddings):
         if emb.model_name and not Path(emb.model_name).expanduser().is_file():
             problems.append(Problem(f"additional_embeddings.{i}.model_name", f"file not found: {emb.model_name}"))
-    from onetrainer.families.sources import tiny_base_notice, tiny_base_overrides
+    from onetrainer.tiny.source import tiny_base_notice, tiny_base_overrides
 
     ignored = tiny_base_overrides(config)
     if ignored:
         notice = tiny_base_notice(config.base_model_name.strip(), ignored)
         problems.append(Problem("base_model_name", notice, Severity.WARNING))
-    for part in ("vae", "effnet_encoder", "decoder", "prior", "transformer"):
+    info = MODEL_TYPES.get(config.model_type)
+    hub_files = info.family.part_hub_file_sets if info else {}
+    downloads = info.family.part_downloads if info else None
+    for part in _model_parts(config):
         name = config.part(part).model_name
         if name and f"{part}.model_name" not in ignored:
             problems += check_model_source(
-                name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir, PART_FILES.get(part, ())
-            )
+                name, config.offline_mode, f"{part}.model_name", config.huggingface_cache_dir,
+                hub_files.get(part, ()), downloads,
+            )  # fmt: skip
     return problems

@@ -1,0 +1,144 @@
+"""The optimizer table: each optimizer is one row of declarations, with no torch imported.
+
+A row says where the optimizer's class lives, the parameters it takes (OneTrainer's names, with the defaults offered
+for diffusion training) and a few facts (adaptive, schedule-free). Config validation reads the facts; the factory
+(`onetrainer.training.optim`) builds optimizers from the rows and the GUI's "..." dialog is generated from them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from onetrainer.config.enums import Optimizer
+
+Kwargs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    optimizer: Optimizer
+    class_path: str  # "module:Class"
+    defaults: dict[str, Any]  # parameter (TrainOptimizerConfig field) -> default; also the dialog's list of keys
+    package: str  # the pip package that provides it, for the message when it is missing
+    adaptive: bool = False  # estimates its own step size (d): the learning rate should be about 1
+    schedule_free: bool = False  # needs optimizer.train() / .eval() around sampling and saving
+    kwargs: Callable[[Kwargs], Kwargs] | None = field(default=None, compare=False)  # OneTrainer names -> constructor
+
+    def constructor_kwargs(self, values: Kwargs) -> Kwargs:
+        return (self.kwargs or _betas)(dict(values))
+
+
+def _betas(values: Kwargs) -> Kwargs:
+    """OneTrainer's beta1 / beta2 (/ beta3) become the `betas` tuple most optimizers take."""
+    names = [n for n in ("beta1", "beta2", "beta3") if n in values]
+    if names:
+        values["betas"] = tuple(values.pop(n) for n in names)
+    return values
+
+
+def _two_betas(values: Kwargs) -> Kwargs:
+    """Prodigy: betas for the moments, beta3 on its own."""
+    beta3 = values.pop("beta3", None)
+    values = _betas(values)
+    values["beta3"] = beta3
+    return values
+
+
+def _adafactor(values: Kwargs) -> Kwargs:
+    values["eps"] = (values.pop("eps"), values.pop("eps2"))
+    return values
+
+
+def _came(values: Kwargs) -> Kwargs:
+    values["eps"] = (values.pop("eps"), values.pop("eps2"))
+    return _betas(values)
+
+
+_TORCH_ADAM = {
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "amsgrad": False,
+    "foreach": False,
+    "maximize": False,
+    "capturable": False,
+    "differentiable": False,
+    "fused": False,
+}
+_BNB_ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False, "min_8bit_size": 4096}
+_SGD = {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
+_ADAGRAD = {"lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0, "eps": 1e-10}
+_RMSPROP = {"alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0, "centered": False}
+_LAMB = {"bias_correction": True, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
+         "adam_w_mode": True, "max_unorm": 1.0, "min_8bit_size": 4096}  # fmt: skip
+_LARS = {**_SGD, "momentum": 0.9, "max_unorm": 0.02, "min_8bit_size": 4096}
+_DADAPT = {"d0": 1e-6, "growth_rate": math.inf, "log_every": 0}
+
+
+def _row(optimizer: Optimizer, path: str, package: str, defaults: dict, **facts) -> OptimizerSpec:
+    return OptimizerSpec(optimizer, path, defaults, package, **facts)
+
+
+OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
+    row.optimizer: row
+    for row in (
+        _row(Optimizer.ADAMW, "torch.optim:AdamW", "torch", {**_TORCH_ADAM, "weight_decay": 1e-2}),
+        _row(Optimizer.ADAM, "torch.optim:Adam", "torch", dict(_TORCH_ADAM)),
+        _row(Optimizer.SGD, "torch.optim:SGD", "torch", {**_SGD, "foreach": False, "maximize": False}),
+        _row(Optimizer.ADAGRAD, "torch.optim:Adagrad", "torch", {**_ADAGRAD, "foreach": False, "maximize": False}),
+        _row(Optimizer.RMSPROP, "torch.optim:RMSprop", "torch", {**_RMSPROP, "foreach": False, "maximize": False}),
+        _row(Optimizer.ADAMW_8BIT, "bitsandbytes.optim:AdamW8bit", "bitsandbytes",
+             {**_BNB_ADAM, "weight_decay": 1e-2, "is_paged": False}),
+        _row(Optimizer.ADAM_8BIT, "bitsandbytes.optim:Adam8bit", "bitsandbytes", {**_BNB_ADAM, "is_paged": False}),
+        # bitsandbytes' 8-bit SGD and LARS keep 8-bit momentum, so they need some.
+        _row(Optimizer.SGD_8BIT, "bitsandbytes.optim:SGD8bit", "bitsandbytes",
+             {**_SGD, "momentum": 0.9, "min_8bit_size": 4096}),
+        _row(Optimizer.ADAGRAD_8BIT, "bitsandbytes.optim:Adagrad8bit", "bitsandbytes",
+             {**_ADAGRAD, "min_8bit_size": 4096}),
+        _row(Optimizer.RMSPROP_8BIT, "bitsandbytes.optim:RMSprop8bit", "bitsandbytes",
+             {**_RMSPROP, "min_8bit_size": 4096}),
+        _row(Optimizer.LAMB, "bitsandbytes.optim:LAMB", "bitsandbytes", dict(_LAMB)),
+        _row(Optimizer.LAMB_8BIT, "bitsandbytes.optim:LAMB8bit", "bitsandbytes", dict(_LAMB)),
+        _row(Optimizer.LARS, "bitsandbytes.optim:LARS", "bitsandbytes", dict(_LARS)),
+        _row(Optimizer.LARS_8BIT, "bitsandbytes.optim:LARS8bit", "bitsandbytes", dict(_LARS)),
+        _row(Optimizer.LION, "lion_pytorch:Lion", "lion-pytorch",
+             {"beta1": 0.9, "beta2": 0.99, "weight_decay": 0.0, "use_triton": False}),
+        _row(Optimizer.LION_8BIT, "bitsandbytes.optim:Lion8bit", "bitsandbytes",
+             {"beta1": 0.9, "beta2": 0.99, "weight_decay": 0.0, "min_8bit_size": 4096, "is_paged": False}),
+        _row(Optimizer.PRODIGY, "prodigyopt:Prodigy", "prodigyopt",
+             {"beta1": 0.9, "beta2": 0.999, "beta3": None, "eps": 1e-8, "weight_decay": 0.0, "decouple": True,
+              "use_bias_correction": False, "safeguard_warmup": False, "d0": 1e-6, "d_coef": 1.0,
+              "growth_rate": math.inf, "fsdp_in_use": False, "slice_p": 11},
+             adaptive=True, kwargs=_two_betas),
+        _row(Optimizer.DADAPT_ADAM, "dadaptation:DAdaptAdam", "dadaptation",
+             {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "decouple": False,
+              "use_bias_correction": False, "fsdp_in_use": False, **_DADAPT}, adaptive=True),
+        _row(Optimizer.DADAPT_ADAN, "dadaptation:DAdaptAdan", "dadaptation",
+             {"beta1": 0.98, "beta2": 0.92, "beta3": 0.99, "eps": 1e-8, "weight_decay": 0.02, "no_prox": False,
+              **_DADAPT}, adaptive=True),
+        _row(Optimizer.DADAPT_ADA_GRAD, "dadaptation:DAdaptAdaGrad", "dadaptation",
+             {"momentum": 0.0, "weight_decay": 0.0, "eps": 1e-6, **_DADAPT}, adaptive=True),
+        _row(Optimizer.DADAPT_LION, "dadaptation:DAdaptLion", "dadaptation",
+             {"beta1": 0.9, "beta2": 0.99, "weight_decay": 0.0, "fsdp_in_use": False, "d0": 1e-6, "log_every": 0},
+             adaptive=True),
+        _row(Optimizer.DADAPT_SGD, "dadaptation:DAdaptSGD", "dadaptation",
+             {"momentum": 0.0, "weight_decay": 0.0, "fsdp_in_use": False, **_DADAPT}, adaptive=True),
+        _row(Optimizer.ADAFACTOR, "transformers.optimization:Adafactor", "transformers",
+             {"eps": 1e-30, "eps2": 1e-3, "clip_threshold": 1.0, "decay_rate": -0.8, "beta1": None,
+              "weight_decay": 0.0, "scale_parameter": False, "relative_step": False, "warmup_init": False},
+             kwargs=_adafactor),
+        _row(Optimizer.CAME, "came_pytorch:CAME", "came-pytorch",
+             {"eps": 1e-30, "eps2": 1e-16, "clip_threshold": 1.0, "beta1": 0.9, "beta2": 0.999, "beta3": 0.9999,
+              "weight_decay": 1e-2}, kwargs=_came),
+        _row(Optimizer.SCHEDULE_FREE_ADAMW, "schedulefree:AdamWScheduleFree", "schedulefree",
+             {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2, "r": 0.0, "weight_lr_power": 2.0,
+              "foreach": False}, schedule_free=True),
+        _row(Optimizer.SCHEDULE_FREE_SGD, "schedulefree:SGDScheduleFree", "schedulefree",
+             {"momentum": 0.9, "weight_decay": 0.0, "r": 0.0, "weight_lr_power": 2.0, "foreach": False},
+             schedule_free=True),
+    )
+}  # fmt: skip

@@ -1,0 +1,131 @@
+"""`tiny:` names as a model source: resolved to local folders and files once, before any family loads a config.
+
+A user may name a tiny model (`tiny:sd15`, `tiny:cascade`, …) as the base model, or the demo images (`tiny:images`)
+as a concept folder, to try the trainer offline. The families, the data pipeline and the config checks know nothing
+of these names: the run (`training/runner.py`), `sample.py`, the tools and the benchmarks call `resolve_tiny_sources`
+on their copy of the config, which builds what is named (once, into the user's cache) and puts its local path in the
+config. Nothing here imports torch until a model is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from onetrainer.families.sources import ModelNotFound, cache_root, is_hub_id
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+TINY_PREFIX = "tiny:"
+DEMO_IMAGES = "images"  # `tiny:images`: the demo's generated concept folder
+
+_PART_WORDS = {"decoder": "decoder", "effnet_encoder": "EfficientNet encoder"}
+
+
+def is_tiny_name(name: str) -> bool:
+    """Whether `name` asks for something built locally (`tiny:…`), known or not."""
+    return name.strip().startswith(TINY_PREFIX)
+
+
+def unknown_tiny_reason(name: str) -> str:
+    """Why a `tiny:` name cannot be built ("" when it can): the names that can, listed."""
+    from onetrainer.tiny.registry import TINY_VARIANTS
+
+    what = name.strip()[len(TINY_PREFIX) :]
+    if what == DEMO_IMAGES or what in TINY_VARIANTS:
+        return ""
+    return f"unknown tiny model '{what}'; available: {', '.join(TINY_VARIANTS)}"
+
+
+def resolve_local(name: str) -> Path:
+    """A `tiny:` name built locally (models: `tiny:sd15`; the demo images: `tiny:images`), or a plain path.
+
+    Raises ModelNotFound for an unknown `tiny:` name."""
+    name = name.strip()
+    if not is_tiny_name(name):
+        return Path(name).expanduser()
+    reason = unknown_tiny_reason(name)
+    if reason:
+        raise ModelNotFound(reason)
+    what = name[len(TINY_PREFIX) :]
+    if what == DEMO_IMAGES:
+        from onetrainer.tiny.images import demo_images_dir
+
+        return demo_images_dir(cache_root())
+    from onetrainer.tiny.storage import tiny_model_dir
+
+    return tiny_model_dir(what)
+
+
+# The parts a tiny base model brings itself beside its folder: Würstchen's and Cascade's prior comes with its decoder
+# (`tiny:cascade` → the cascade-decoder folder) and a tiny EfficientNet encoder file. A real model's part does not fit
+# a tiny prior (other widths).
+_OWN_PARTS: dict[str, tuple[str, ...]] = {
+    "wuerstchen": ("decoder", "effnet_encoder"),
+    "cascade": ("decoder", "effnet_encoder"),
+}
+
+
+def _build_own_part(variant: str, part: str) -> Path:
+    """Build (once, into the cache) the part `part` of the tiny base `variant` (see `_OWN_PARTS`); its local path."""
+    if part == "decoder":
+        from onetrainer.tiny.storage import tiny_model_dir
+
+        return tiny_model_dir(f"{variant}-decoder")
+    from onetrainer.tiny.effnet import tiny_effnet_file  # imports torch: only when the file is built or found
+
+    return tiny_effnet_file(wuerstchen=variant == "wuerstchen")
+
+
+def tiny_base_overrides(config: TrainConfig) -> dict[str, str]:
+    """The part overrides that do not apply because the base is a `tiny:` model: hub repo ids named for a part the
+    tiny model brings itself, by their config path (`decoder.model_name`). A preset's hub overrides would only ask
+    the hub for gigabytes the tiny model never uses; a local file or folder still applies."""
+    base = config.base_model_name.strip()
+    if not is_tiny_name(base) or unknown_tiny_reason(base):
+        return {}
+    ignored = {}
+    for part in _OWN_PARTS.get(base[len(TINY_PREFIX) :], ()):
+        name = (config.part(part).model_name or "").strip()
+        if name and not is_tiny_name(name) and is_hub_id(name) and not Path(name).expanduser().exists():
+            ignored[f"{part}.model_name"] = name
+    return ignored
+
+
+def tiny_base_notice(base: str, ignored: dict[str, str]) -> str:
+    """One line for the overrides a tiny base does without (`tiny_base_overrides`)."""
+    parts = " and ".join(_PART_WORDS.get(path.split(".")[0], path.split(".")[0]) for path in ignored)
+    names = ", ".join(f"{path} '{name}'" for path, name in ignored.items())
+    return f"the tiny base model {base} brings its own {parts}: {names} not used"
+
+
+def resolve_tiny_sources(config: TrainConfig) -> str:
+    """Replace every `tiny:` name in `config` (in place: pass the run's copy) with the local path of what it builds:
+    the base model, a part's model, a concept folder; fill the parts a tiny base brings itself (its decoder and
+    EfficientNet encoder) where the config names none, and clear the hub overrides of them it does without.
+
+    Returns the notice about those overrides ("" when there were none). Raises ModelNotFound for an unknown `tiny:`
+    name (the run checks report it first)."""
+    base = config.base_model_name.strip()
+    notice = ""
+    if is_tiny_name(base):
+        ignored = tiny_base_overrides(config)
+        for path in ignored:
+            config.part(path.split(".")[0]).model_name = ""
+        notice = tiny_base_notice(base, ignored) if ignored else ""
+        config.base_model_name = str(resolve_local(base))
+        variant = base[len(TINY_PREFIX) :]
+        for part in _OWN_PARTS.get(variant, ()):
+            if not config.part(part).model_name.strip():
+                config.part(part).model_name = str(_build_own_part(variant, part))
+    from onetrainer.config.model_types import all_parts
+
+    for part in all_parts():
+        name = config.part(part).model_name or ""
+        if is_tiny_name(name):
+            config.part(part).model_name = str(resolve_local(name))
+    for concept in config.concepts or []:
+        if is_tiny_name(concept.path):
+            concept.path = str(resolve_local(concept.path))
+    return notice
