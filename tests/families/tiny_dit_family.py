@@ -29,7 +29,8 @@ from onetrainer.families.base import (
     TextEncoderSlot,
     first_weight,
 )
-from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
+from onetrainer.noise.cosine import ContinuousCosineSchedule
+from onetrainer.noise.prediction import Prediction
 from onetrainer.weights.metadata import ModelKind
 
 BASE_MODEL = "tiny:dit"
