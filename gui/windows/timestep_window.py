@@ -1,6 +1,6 @@
 """The timestep distribution's "…" window: its settings beside a histogram of the timesteps they draw.
 
-The histogram comes from `onetrainer.training.diffusion.timestep_histogram` (torch), computed on a worker thread from
+The histogram comes from `onetrainer.noise.timesteps.timestep_histogram` (torch), computed on a worker thread from
 a copy of the config, and is redrawn when a setting changes.
 """
 
@@ -35,7 +35,7 @@ MUTED_TEXT = ("gray40", "gray60")
 
 
 def histogram(config: Any) -> list[float]:
-    from onetrainer.training.diffusion import timestep_histogram  # torch: imported when the window first draws
+    from onetrainer.noise.timesteps import timestep_histogram  # torch: imported when the window first draws
 
     return [float(v) for v in timestep_histogram(config, bins=BINS, samples=SAMPLES).tolist()]
 

@@ -4,7 +4,7 @@ Both train a LoRA (attention and MLP layers) on the tiny PixArt-Alpha 1024 model
 AdamW, gradient clipping, T5 frozen. The bare loop caches latents and T5 outputs (hidden states and mask) in memory
 up front, then each step draws noise and timesteps, runs the transformer with the bucket's resolution / aspect-ratio
 conditions and the caption mask, and trains the noise half with MSE plus the variance half with IDDPM's variational
-bound (`training/variance_loss.py`, the noise detached), as our PixArt family does. Timing as `overhead.py`.
+bound (`noise/variational_bound.py`, the noise detached), as our PixArt family does. Timing as `overhead.py`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int
     from peft import LoraConfig, inject_adapter_in_model
 
     from onetrainer.benchmark.overhead import lora_targets
+    from onetrainer.noise.variational_bound import split_learned_variance, variational_bound
     from onetrainer.tiny.source import resolve_local
-    from onetrainer.training.variance_loss import split_learned_variance, variational_bound
 
     _check_counts(steps, warmup)
     with PeakMemory(device) as memory:

@@ -22,7 +22,8 @@ from PIL import Image
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
 from onetrainer.config.sample_config import SampleConfig
-from onetrainer.training.noise_schedules import NoiseSchedule, Prediction, PredictionType
+from onetrainer.noise.prediction import Prediction, PredictionType
+from onetrainer.noise.schedule import NoiseSchedule
 from onetrainer.util.part_dtypes import compute_weight
 
 if TYPE_CHECKING:
@@ -199,8 +200,8 @@ class Family(ABC):
         conditioning: Conditioning,
         extra: dict[str, torch.Tensor],
     ) -> Prediction:
-        """The denoiser's prediction (plus any family loss terms) for `noisy_latents` at `timesteps` (the schedule's
-        `model_time`); `extra` is `batch_extras`' mapping."""
+        """The denoiser's prediction (plus any learned-variance channels and family loss terms) for `noisy_latents` at
+        `timesteps` (the schedule's `model_time`); `extra` is `batch_extras`' mapping."""
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 attention mask, the SD VAE (Sigma: the SDXL VAE), linear betas, epsilon prediction with learned variance.
 
 - The transformer predicts 8 channels: the noise (the configured losses apply to it) and 4 variance values, trained
-  by IDDPM's variational bound (`training/variance_loss.py`) at `vb_loss_strength`, the noise half detached.
+  by the schedule's variational bound (`noise/variational_bound.py`) at `vb_loss_strength`, the noise half detached.
 - Text: 120 T5 tokens (Sigma: 300), padded, the mask passed to T5 and to the transformer; clip skip takes an earlier
   hidden state through T5's final layer norm. T5 never runs under fp16 autocast (it overflows). Caption dropout
   zeroes the hidden states and the mask, as OneTrainer does.
@@ -43,8 +43,8 @@ from onetrainer.families.loading import (
 )
 from onetrainer.families.sd_common import discrete_schedule, plain_state, save_pipeline_folder
 from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
-from onetrainer.training.noise_schedules import Prediction
-from onetrainer.training.variance_loss import split_learned_variance, variational_bound
+from onetrainer.noise.prediction import Prediction
+from onetrainer.noise.variational_bound import split_learned_variance
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights import pixart_keys, pixart_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
@@ -107,7 +107,6 @@ class PixArtFamily(Family):
             token_embedding=t5.encoder.embed_tokens,
         )  # fmt: skip
         extra["tokens"] = CAPTION_TOKENS.get(config.model_type, 120)
-        extra["vb_loss_strength"] = float(config.vb_loss_strength)
         schedule = discrete_schedule(scheduler_config, False, config.rescale_noise_scheduler_to_zero_terminal_snr)
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
 
@@ -164,7 +163,7 @@ class PixArtFamily(Family):
     # -- a training step ------------------------------------------------------------------------------------------
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
-        extra = {"x_start": inputs.latents}  # for the variational bound
+        extra: dict[str, torch.Tensor] = {}
         if _has_micro_conditions(model):
             height, width = (int(s) * VAE_FACTOR for s in inputs.latents.shape[-2:])
             extra.update(micro_conditions(height, width, len(inputs.latents), inputs.latents.device))
@@ -189,18 +188,9 @@ class PixArtFamily(Family):
         ).sample
         if output.shape[1] != 2 * noisy_latents.shape[1]:
             return Prediction(output)
+        # The trainer adds the schedule's variational bound on the variance half (at vb_loss_strength).
         noise, variance = split_learned_variance(output)
-        strength = model.extra.get("vb_loss_strength", 1.0)
-        if strength == 0 or "x_start" not in extra:
-            return Prediction(noise)
-        schedule = model.schedule
-        alphas_cumprod = schedule.alphas_cumprod
-        previous = torch.cat([alphas_cumprod.new_ones(1), alphas_cumprod[:-1]])
-        betas = 1.0 - alphas_cumprod / previous
-        bound = variational_bound(
-            noise, variance, extra["x_start"], noisy_latents, timesteps, alphas_cumprod, betas
-        )  # fmt: skip
-        return Prediction(noise, {"vb": bound * strength})
+        return Prediction(noise, variance=variance)
 
     # -- sampling -------------------------------------------------------------------------------------------------
 

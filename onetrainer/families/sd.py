@@ -51,7 +51,7 @@ from onetrainer.families.sd_common import (
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelNotFound, ModelSource, resolve_local, resolve_source
-from onetrainer.training.noise_schedules import Prediction
+from onetrainer.noise.prediction import Prediction
 from onetrainer.util.fs import atomic_file
 from onetrainer.util.threads import library_attribute
 from onetrainer.weights import ldm_keys

@@ -15,7 +15,8 @@ from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Family, LoadedModel
 from onetrainer.families.sources import cache_root
-from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+from onetrainer.noise.discrete import DiscreteSchedule
+from onetrainer.noise.prediction import PredictionType
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig

@@ -48,7 +48,7 @@ from onetrainer.families.sd_common import (
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelSource
-from onetrainer.training.noise_schedules import Prediction
+from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
 from onetrainer.weights.metadata import KINDS, ModelKind

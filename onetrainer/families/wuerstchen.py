@@ -39,7 +39,8 @@ from onetrainer.families.loading import (
 )
 from onetrainer.families.sd_common import plain_state, save_pipeline_folder
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
-from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
+from onetrainer.noise.cosine import ContinuousCosineSchedule
+from onetrainer.noise.prediction import Prediction
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata

@@ -27,8 +27,10 @@ from onetrainer.families import load_family_class
 from onetrainer.families.base import BatchInputs, CaptionDropout, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
+from onetrainer.noise.draws import perturb_noise, sample_noise
+from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
+from onetrainer.noise.weighting import timestep_weights
 from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
-from onetrainer.training import diffusion
 from onetrainer.training.checkpoint import (
     BackupDamaged,
     TrainProgress,
@@ -379,11 +381,13 @@ class Trainer:
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
         draws = self.draws
-        global_noise = diffusion.sample_noise(draws.like(latents), generator, config)
+        global_noise = sample_noise(draws.like(latents), generator, config)
         noise = draws.mine(global_noise).to(latents.device, latents.dtype)
         if timesteps is None:
-            timesteps = draws.mine(schedule.sample_times(draws.size(len(latents)), generator, config, self.device))
-        perturbed = draws.mine(diffusion.perturb_noise(global_noise, generator, config)).to(latents.device)
+            timesteps = draws.mine(
+                schedule.sample_times(draws.size(len(latents)), generator, config, self.device, latents.shape)
+            )
+        perturbed = draws.mine(perturb_noise(global_noise, generator, config)).to(latents.device)
         noisy = schedule.add_noise(latents, perturbed, timesteps)
 
         keep_unmasked = (
@@ -404,7 +408,7 @@ class Trainer:
         weights = None
         if config.masked_training and batch.masks is not None:
             small = torch.nn.functional.interpolate(batch.masks, size=latents.shape[-2:], mode="area").to(self.device)
-            weights = diffusion.mask_weights(small, keep_unmasked.to(self.device), config.unmasked_weight)
+            weights = mask_weights(small, keep_unmasked.to(self.device), config.unmasked_weight)
         prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
         prior_rows = torch.tensor(prior, device=self.device).view(-1, 1, 1, 1) if any(prior) else None
         extra = family.batch_extras(model, inputs)
@@ -418,14 +422,19 @@ class Trainer:
                 base = family.predict(model, noisy, model_time, conditioning, extra).output.float()
             target = torch.where(prior_rows, base, target.float())
 
-        pixel_loss = diffusion.per_pixel_loss(prediction, target.float(), config)
-        per_sample = diffusion.reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
-        per_sample = per_sample * diffusion.timestep_weights(
+        pixel_loss = per_pixel_loss(prediction, target.float(), config)
+        per_sample = reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
+        per_sample = per_sample * timestep_weights(
             config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
         )
         scale = scaler_factor(config.loss_scaler.value, config, self.world_size)
         loss = (per_sample * sample_weights).mean()
-        for name, term in predicted.losses.items():
+        terms = dict(predicted.losses)
+        if predicted.variance is not None and config.vb_loss_strength != 0:
+            # Learned-variance channels train on the schedule's variational bound (the noise half detached there).
+            bound = schedule.variational_bound(predicted.output, predicted.variance, latents, noisy, timesteps)
+            terms["vb"] = bound * float(config.vb_loss_strength)
+        for name, term in terms.items():
             # The family's own terms (already at their strength), with the same per-concept weights and scaler.
             term_loss = (term.float() * sample_weights).mean()
             self._family_losses.setdefault(name, []).append((term_loss.detach(), scale))  # read after backward

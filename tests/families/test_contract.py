@@ -56,8 +56,9 @@ class _RecordingPipeline:
 def _model(model_type):
     from onetrainer.config.enums import ModelType
     from onetrainer.families.base import LoadedModel
+    from onetrainer.noise.discrete import DiscreteSchedule
+    from onetrainer.noise.prediction import PredictionType
     from onetrainer.tiny import reference
-    from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
 
     schedule = DiscreteSchedule(reference.DDIM_EPSILON, PredictionType.EPSILON)
     return LoadedModel(ModelType[model_type], {}, [], schedule, "test")

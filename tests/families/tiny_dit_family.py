@@ -42,7 +42,8 @@ from onetrainer.families.base import (
     TextEncoderSlot,
     first_weight,
 )
-from onetrainer.training.noise_schedules import ContinuousCosineSchedule, Prediction
+from onetrainer.noise.cosine import ContinuousCosineSchedule
+from onetrainer.noise.prediction import Prediction
 from onetrainer.weights.metadata import ModelKind
 
 # Its weights are built from a seed, so the base model names no files: this module's folder, a local folder that passes

@@ -11,7 +11,7 @@ from PIL import Image
 
 from onetrainer.config import TrainConfig, config_from_dict
 from onetrainer.config.enums import TimestepDistribution
-from onetrainer.training import diffusion
+from onetrainer.noise import timesteps
 from onetrainer.training.checkpoint import list_backups
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.ema import EMA
@@ -92,7 +92,7 @@ def test_training_with_ema(tmp_path):
 
 def draws(**settings) -> torch.Tensor:
     config = TrainConfig(**settings)
-    return diffusion.unit_timesteps(200_000, config, torch.Generator().manual_seed(0))
+    return timesteps.unit_timesteps(200_000, config, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_table_distributions_follow_their_density(kind, w, b):
     x = draws(timestep_distribution=kind, noising_weight=w, noising_bias=b)
     counts = torch.histc(x, bins=20, min=0, max=1)
     grid = (torch.arange(20, dtype=torch.float64) + 0.5) / 20
-    density = diffusion.timestep_density(kind, w, b, grid).clamp(min=0)
+    density = timesteps.timestep_density(kind, w, b, grid).clamp(min=0)
     expected = density / density.sum() * len(x)
     assert torch.allclose(counts.double(), expected, rtol=0.08, atol=300)
 
@@ -127,13 +127,13 @@ def test_logit_normal_and_heavy_tail():
 
 def test_shift_moves_timesteps_towards_noise():
     x = torch.linspace(0, 1, 11)
-    assert torch.allclose(diffusion.shift_timesteps(x, 3.0), 3 * x / (2 * x + 1))
+    assert torch.allclose(timesteps.shift_timesteps(x, 3.0), 3 * x / (2 * x + 1))
     assert draws(timestep_shift=3.0).mean() > 0.6 > draws().mean()
 
 
 def test_histogram_for_the_preview():
     config = TrainConfig(min_noising_strength=0.5)
-    histogram = diffusion.timestep_histogram(config, bins=10, samples=100_000)
+    histogram = timesteps.timestep_histogram(config, bins=10, samples=100_000)
     assert histogram[:5].sum() == 0 and histogram[5:].sum() == 100_000
 
 
@@ -169,7 +169,7 @@ def test_quantized_weight_dtypes_hold_frozen_weights_only():
 def test_nan_loss_stops_with_advice_and_keeps_the_last_backup(tmp_path, monkeypatch):
     image_folder(tmp_path, count=8)
     from onetrainer.families.sd import StableDiffusionFamily
-    from onetrainer.training.noise_schedules import Prediction
+    from onetrainer.noise.prediction import Prediction
 
     original = StableDiffusionFamily.predict
     calls = []

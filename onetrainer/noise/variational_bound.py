@@ -7,7 +7,8 @@ log β̃_t. The loss is KL(q(x_{t-1} | x_t, x_0) ‖ p(x_{t-1} | x_t)) in bits, 
 of x_0 under a Gaussian discretized into 255 bins over [-1, 1] (the decoder term). The noise prediction is detached:
 only the variance channels learn from this term; the configured losses train the noise half.
 
-Everything takes the schedule's `alphas_cumprod` and `betas` explicitly; the caller applies the loss strength.
+Everything takes the schedule's `alphas_cumprod` and `betas` explicitly (`DiscreteSchedule.variational_bound` passes
+its table); the trainer applies the loss strength.
 """
 
 from __future__ import annotations

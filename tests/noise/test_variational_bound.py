@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from onetrainer.training import variance_loss
+from onetrainer.noise import variational_bound as vb
+from onetrainer.noise.discrete import DiscreteSchedule
+from onetrainer.noise.prediction import PredictionType
 
 # PixArt's schedule: linear betas 0.0001–0.02 over 1000 steps.
 BETAS = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)
@@ -63,7 +65,7 @@ def _batch(timesteps: list[int], seed: int = 0):
 @pytest.mark.parametrize("timesteps", [[0, 1, 5, 999], [0, 0, 300, 600]])
 def test_matches_the_definitions(timesteps: list[int]) -> None:
     eps, values, x_start, x_t, t = _batch(timesteps)
-    loss = variance_loss.variational_bound(eps, values, x_start, x_t, t, ALPHAS_CUMPROD, BETAS)
+    loss = vb.variational_bound(eps, values, x_start, x_t, t, ALPHAS_CUMPROD, BETAS)
     assert loss.shape == (len(timesteps),) and loss.dtype == torch.float32
     for i, step in enumerate(timesteps):
         expected = _reference(eps[i], values[i], x_start[i], x_t[i], step)
@@ -77,25 +79,37 @@ def test_the_kl_vanishes_when_the_model_is_the_posterior() -> None:
         (1 - ALPHAS_CUMPROD[t].float()).sqrt().reshape(-1, 1, 1, 1)
     )
     at_posterior = -torch.ones_like(eps)  # v = -1: the posterior's own variance
-    loss = variance_loss.variational_bound(noise, at_posterior, x_start, x_t, t, ALPHAS_CUMPROD, BETAS)
+    loss = vb.variational_bound(noise, at_posterior, x_start, x_t, t, ALPHAS_CUMPROD, BETAS)
     assert torch.allclose(loss, torch.zeros_like(loss), atol=1e-5)
 
 
 def test_gradients_reach_only_the_variance_half() -> None:
     eps, values, x_start, x_t, t = _batch([0, 3, 400, 999])
     output = torch.cat([eps, values], dim=1).requires_grad_(True)
-    predicted_noise, variance_values = variance_loss.split_learned_variance(output)
-    variance_loss.variational_bound(
-        predicted_noise, variance_values, x_start, x_t, t, ALPHAS_CUMPROD, BETAS
-    ).sum().backward()
+    predicted_noise, variance_values = vb.split_learned_variance(output)
+    vb.variational_bound(predicted_noise, variance_values, x_start, x_t, t, ALPHAS_CUMPROD, BETAS).sum().backward()
     noise_grad, variance_grad = output.grad.chunk(2, dim=1)
     assert not noise_grad.any()
     assert variance_grad.abs().flatten(1).sum(dim=1).gt(0).all()  # every sample, t = 0 included
 
 
 def test_posterior_log_variance_replaces_the_zero_at_t0() -> None:
-    logs = variance_loss.posterior_log_variance_clipped(ALPHAS_CUMPROD, BETAS)
+    logs = vb.posterior_log_variance_clipped(ALPHAS_CUMPROD, BETAS)
     assert logs[0] == logs[1] and torch.isfinite(logs).all()
     assert logs[500].exp().item() == pytest.approx(
         float(BETAS[500] * (1 - ALPHAS_CUMPROD[499]) / (1 - ALPHAS_CUMPROD[500])), rel=1e-12
     )
+
+
+def test_the_discrete_schedule_gives_the_bound_over_its_table() -> None:
+    # PixArt's scheduler config: the schedule keeps only ᾱ (float32) and recovers β from it, as PixArt did before.
+    schedule = DiscreteSchedule(
+        {"beta_schedule": "linear", "beta_start": 1e-4, "beta_end": 0.02}, PredictionType.EPSILON
+    )
+    eps, values, x_start, x_t, t = _batch([0, 1, 5, 300, 999])
+    ours = schedule.variational_bound(eps, values, x_start, x_t, t)
+    table = schedule.alphas_cumprod
+    betas = 1.0 - table / torch.cat([table.new_ones(1), table[:-1]])
+    assert torch.equal(ours, vb.variational_bound(eps, values, x_start, x_t, t, table, betas))
+    reference = vb.variational_bound(eps, values, x_start, x_t, t, ALPHAS_CUMPROD, BETAS)
+    torch.testing.assert_close(ours, reference, rtol=1e-3, atol=1e-5)

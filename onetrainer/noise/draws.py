@@ -1,0 +1,34 @@
+"""The noise a training step adds: Gaussian noise with the optional offset noise and input perturbation.
+
+Drawn on the CPU from an explicit generator, so the same inputs give the same noise on every device (resume,
+distributed runs and the golden tests depend on it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+
+def sample_noise(latents: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
+    """Gaussian noise, plus offset noise (a per-sample, per-channel constant).
+
+    Drawn on the CPU from `generator` (a CPU generator), so a run gives the same noise on every device.
+    """
+    noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
+    if config.offset_noise_weight > 0:
+        offset = torch.randn((latents.shape[0], latents.shape[1], 1, 1), generator=generator, dtype=torch.float32)
+        noise = noise + config.offset_noise_weight * offset
+    return noise.to(latents.device, latents.dtype)
+
+
+def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
+    """Input perturbation: the model sees slightly different noise than its target (arXiv 2301.11706)."""
+    if config.perturbation_noise_weight <= 0:
+        return noise
+    extra = torch.randn(noise.shape, generator=generator, dtype=torch.float32).to(noise.device, noise.dtype)
+    return noise + config.perturbation_noise_weight * extra

@@ -1,0 +1,84 @@
+"""The timestep distributions: a draw in [0, 1) from the configured distribution, shifted, which each schedule places
+in its own time scale (integer steps, continuous bins), plus the GUI's preview histogram.
+
+Everything takes explicit generators, so the same inputs always give the same draws (resume and tests depend on it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from onetrainer.config.enums import TimestepDistribution
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+_TABLE_SIZE = 1000
+
+
+def unit_timesteps(count: int, config: TrainConfig, generator: torch.Generator) -> torch.Tensor:
+    """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted."""
+    kind, w, b = config.timestep_distribution, config.noising_weight, config.noising_bias
+    if kind is TimestepDistribution.UNIFORM:
+        x = torch.rand(count, generator=generator)
+    elif kind is TimestepDistribution.LOGIT_NORMAL:
+        x = torch.sigmoid(torch.randn(count, generator=generator) * (w + 1.0) + b)
+    elif kind is TimestepDistribution.HEAVY_TAIL:
+        # SD3's "mode" sampling: more weight in the middle or the ends depending on the scale w.
+        u = torch.rand(count, generator=generator)
+        x = 1.0 - u - w * (torch.cos(torch.pi / 2 * u) ** 2 - 1.0 + u)
+    else:
+        # Densities sampled from a table over [0, 1], with uniform jitter inside each cell.
+        grid = (torch.arange(_TABLE_SIZE, dtype=torch.float64) + 0.5) / _TABLE_SIZE
+        weights = timestep_density(kind, w, b, grid).clamp(min=0)
+        if float(weights.sum()) <= 0:
+            raise ValueError(f"the {kind.value} distribution with weight {w} and bias {b} has no mass in [0, 1]")
+        cells = torch.multinomial(weights.float(), count, replacement=True, generator=generator)
+        x = (cells.float() + torch.rand(count, generator=generator)) / _TABLE_SIZE
+    x = x.clamp(0.0, 1.0 - 1e-6)
+    return shift_timesteps(x, config.timestep_shift)
+
+
+def timestep_density(kind: TimestepDistribution, w: float, b: float, x: torch.Tensor) -> torch.Tensor:
+    """The (unnormalised) densities of the table-sampled distributions."""
+    if kind is TimestepDistribution.COS_MAP:
+        return 2.0 / (torch.pi - 2.0 * torch.pi * x + 2.0 * torch.pi * x**2)
+    if kind is TimestepDistribution.SIGMOID:
+        return torch.sigmoid(w * (x - (b + 0.5)))
+    if kind is TimestepDistribution.INVERTED_PARABOLA:
+        return torch.clamp(-w * (x - (b + 0.5)) ** 2 + 2.0, min=0.0)
+    if kind is TimestepDistribution.BETA:
+        alpha, beta = max(w, 1e-3), max(b, 1e-3)
+        return x ** (alpha - 1.0) * (1.0 - x) ** (beta - 1.0)
+    raise ValueError(f"{kind.value} is not a table distribution")
+
+
+def shift_timesteps(x: torch.Tensor, shift: float) -> torch.Tensor:
+    """t' = s t / ((s - 1) t + 1): s > 1 moves timesteps towards more noise, s < 1 towards less."""
+    if shift == 1.0:
+        return x
+    return shift * x / ((shift - 1.0) * x + 1.0)
+
+
+def noising_range(unit: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """A unit draw placed in [min, max] noising strength (the share of the schedule training covers)."""
+    return config.min_noising_strength + (config.max_noising_strength - config.min_noising_strength) * unit
+
+
+def sample_timesteps(
+    batch: int, num_timesteps: int, generator: torch.Generator, config: TrainConfig, device
+) -> torch.Tensor:
+    """Integer timesteps: a draw from the configured distribution on [0, 1], shifted, then placed in
+    [min, max] noising strength x T."""
+    t = noising_range(unit_timesteps(batch, config, generator), config)
+    return (t * num_timesteps).long().clamp(0, num_timesteps - 1).to(device)
+
+
+def timestep_histogram(
+    config: TrainConfig, bins: int = 100, samples: int = 1_000_000, num_timesteps: int = 1000
+) -> torch.Tensor:
+    """How often each range of timesteps is drawn with these settings (for the GUI's preview): `bins` counts."""
+    t = sample_timesteps(samples, num_timesteps, torch.Generator().manual_seed(0), config, "cpu")
+    return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)
