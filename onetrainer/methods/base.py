@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,8 +13,8 @@ from onetrainer.config.enums import TrainingMethod
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.families.base import Family, LoadedModel
 from onetrainer.methods.embedding import EmbeddingSet, bundled_embeddings, embedding_file_path
-from onetrainer.training.timing import stop_after_reached
 from onetrainer.util.dtypes import torch_dtype
+from onetrainer.util.timing import stop_after_reached
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.embedding_file import save_embedding
 from onetrainer.weights.metadata import model_metadata
@@ -201,11 +200,3 @@ def layer_filter_patterns(config: TrainConfig, family: Family) -> tuple[list[str
     if config.layer_filter_preset == "custom" or custom:
         return custom, config.layer_filter_regex
     return list(family.info.layer_presets.get(config.layer_filter_preset, ())), False
-
-
-def name_matches(name: str, patterns: list[str], regex: bool) -> bool:
-    if not patterns:
-        return True
-    if regex:
-        return any(re.search(p, name) for p in patterns)
-    return any(p in name for p in patterns)

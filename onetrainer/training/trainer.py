@@ -76,11 +76,11 @@ from onetrainer.training.optim import create_optimizer, effective_learning_rates
 from onetrainer.training.placement import Placement
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
-from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
+from onetrainer.util.timing import Interval
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
