@@ -7,40 +7,31 @@ torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 
-# Each model part has a role, which decides the settings that apply to it.
-DENOISER = "denoiser"
-TEXT_ENCODER = "text_encoder"
-AUXILIARY = "auxiliary"
 
-PART_ROLES: dict[str, str] = {
-    "unet": DENOISER,
-    "prior": DENOISER,
-    "transformer": DENOISER,
-    "text_encoder": TEXT_ENCODER,
-    "text_encoder_2": TEXT_ENCODER,
-    "decoder_text_encoder": AUXILIARY,
-    "vae": AUXILIARY,
-    "effnet_encoder": AUXILIARY,
-    "decoder": AUXILIARY,
-    "decoder_vqgan": AUXILIARY,
-}
+class PartRole(Enum):
+    """What a model part does in training. The family declares it per part (`FamilyInfo.part_roles`); it decides
+    when the part sits on the training device (`training/placement.py`), which part settings apply to it
+    (`roles=` in `config/parts.py`), which parts' outputs the caches hold and what a part's config block defaults to."""
 
-PART_LABELS: dict[str, str] = {
-    "unet": "UNet",
-    "prior": "Prior",
-    "transformer": "Transformer",
-    "text_encoder": "Text Encoder",
-    "text_encoder_2": "Text Encoder 2",
-    "vae": "VAE",
-    "effnet_encoder": "Effnet Encoder",
-    "decoder": "Decoder",
-    "decoder_text_encoder": "Decoder Text Encoder",
-    "decoder_vqgan": "Decoder VQGAN",
-}
+    DENOISER = "denoiser"  # runs every step (the trained network)
+    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
+    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
+    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
+
+
+# Words a part name's label spells otherwise than capitalised (`text_encoder_2` → "Text Encoder 2").
+_LABEL_WORDS = {"unet": "UNet", "vae": "VAE", "vqgan": "VQGAN"}
+
+
+def default_part_label(part: str) -> str:
+    """A part's label derived from its name, for families that declare none."""
+    return " ".join(_LABEL_WORDS.get(word, word.capitalize()) for word in part.split("_"))
 
 
 @dataclass(frozen=True)
@@ -56,7 +47,9 @@ class SampleDefaults:
 class FamilyInfo:
     key: str
     label: str
-    parts: tuple[str, ...]
+    # Every part with its role, in order; the first is the trained denoiser. The one declaration of the family's
+    # parts: `parts`, `Family.part_roles` and the config's part blocks are read from it.
+    part_roles: dict[str, PartRole]
     bucket_step: int
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
@@ -69,6 +62,27 @@ class FamilyInfo:
     float16_unsafe_parts: tuple[str, ...] = ()
     # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
     hub_parts: tuple[str, ...] = ()
+    # Labels of parts whose name does not spell it (default: `default_part_label`).
+    part_labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        roles = list(self.part_roles.values())
+        if not roles or roles[0] is not PartRole.DENOISER:
+            raise ValueError(f"family {self.key}: the first part must be the DENOISER, got {self.part_roles}")
+        if unknown := set(self.part_labels) - set(self.part_roles):
+            raise ValueError(f"family {self.key}: labels of parts it does not have: {sorted(unknown)}")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The part names in declaration order (the first is the trained denoiser)."""
+        return tuple(self.part_roles)
+
+    def parts_with(self, *roles: PartRole) -> tuple[str, ...]:
+        """The parts of these roles, in declaration order (e.g. the text encoders)."""
+        return tuple(p for p, r in self.part_roles.items() if r in roles)
+
+    def part_label(self, part: str) -> str:
+        return self.part_labels.get(part) or default_part_label(part)
 
     @property
     def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:
@@ -98,7 +112,7 @@ _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "ful
 SD = FamilyInfo(
     key="sd",
     label="Stable Diffusion 1.5 / 2.x",
-    parts=("unet", "text_encoder", "vae"),
+    part_roles={"unet": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
     bucket_step=8,
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
@@ -107,7 +121,12 @@ SD = FamilyInfo(
 SDXL = FamilyInfo(
     key="sdxl",
     label="Stable Diffusion XL",
-    parts=("unet", "text_encoder", "text_encoder_2", "vae"),
+    part_roles={
+        "unet": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=64,
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
@@ -117,7 +136,7 @@ PIXART = FamilyInfo(
     key="pixart",
     sample_step=16,
     label="PixArt-Alpha / Sigma",
-    parts=("transformer", "text_encoder", "vae"),
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
     bucket_step=16,
     methods=_METHODS,
     output_formats={
@@ -141,7 +160,14 @@ WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
     sample_step=128,
     label="Würstchen v2",
-    parts=("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan", "effnet_encoder"),
+    part_roles={
+        "prior": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "decoder": PartRole.SAMPLING,
+        "decoder_text_encoder": PartRole.SAMPLING,
+        "decoder_vqgan": PartRole.SAMPLING,
+        "effnet_encoder": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=128,
     methods=_METHODS,
     output_formats={
@@ -157,7 +183,13 @@ CASCADE = FamilyInfo(
     key="cascade",
     sample_step=128,
     label="Stable Cascade",
-    parts=("prior", "text_encoder", "decoder", "decoder_vqgan", "effnet_encoder"),
+    part_roles={
+        "prior": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "decoder": PartRole.SAMPLING,
+        "decoder_vqgan": PartRole.SAMPLING,
+        "effnet_encoder": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=128,
     methods=_METHODS,
     output_formats={
@@ -231,5 +263,29 @@ def family_of(model_type: ModelType) -> FamilyInfo:
     return model_type_info(model_type).family
 
 
+def declared_part_roles(families: Iterable[FamilyInfo] | None = None) -> dict[str, PartRole]:
+    """Every part name the families declare, with its role: OneTrainer's part blocks of the config (their defaults,
+    the GUI and docs listing). Ordered by role, then by first declaration. A name must have one role in every family,
+    since one config block serves them all."""
+    found: dict[str, PartRole] = {}
+    for family in FAMILIES.values() if families is None else families:
+        for part, role in family.part_roles.items():
+            if found.setdefault(part, role) is not role:
+                raise ValueError(f"part {part} is a {found[part].name} in one family and a {role.name} in {family.key}")
+    order = list(PartRole)
+    return dict(sorted(found.items(), key=lambda item: order.index(item[1])))
+
+
+def part_role(part: str) -> PartRole:
+    """The role the families declare for a part name (the same in every family that has it)."""
+    return declared_part_roles()[part]
+
+
+def part_label(part: str) -> str:
+    """The label of a part name: the first family's declared label, else the one derived from the name."""
+    return next((f.part_labels[part] for f in FAMILIES.values() if part in f.part_labels), default_part_label(part))
+
+
 def all_parts() -> tuple[str, ...]:
-    return tuple(PART_ROLES)
+    """Every part name of any family (the config's part blocks)."""
+    return tuple(declared_part_roles())

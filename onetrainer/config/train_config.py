@@ -24,10 +24,10 @@ from onetrainer.config.enums import (
     TimeUnit,
     TrainingMethod,
 )
-from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS
-from onetrainer.config.model_types import PART_LABELS, SUPPORTED_MODEL_TYPES
+from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS, TRAIN_CONFIG_RENAMED_KEYS
+from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, part_label, part_role
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
-from onetrainer.config.parts import ModelPartConfig, auxiliary_part, denoiser_part, text_encoder_part
+from onetrainer.config.parts import PART_FACTORIES, ModelPartConfig
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.config.schema import ConfigNode, node, setting
 
@@ -52,8 +52,10 @@ LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks"
 SD_LIKE = frozenset({"sd", "sdxl"})
 
 
-def _part(name: str, factory, **meta):
-    return node(factory, PART_LABELS[name], f"Settings of the {PART_LABELS[name]}.", part=name, **meta)
+def _part(name: str, **meta):
+    """OneTrainer's block of one model part: its defaults come from the role the families declare for it."""
+    label = part_label(name)
+    return node(PART_FACTORIES[part_role(name)], label, f"Settings of the {label}.", part=name, **meta)
 
 
 def _ot(label: str, default=None, **meta):
@@ -86,6 +88,7 @@ class SchedulerParameter(ConfigNode):
 class TrainConfig(ConfigNode):
     VERSION: ClassVar[int] = CURRENT_VERSION
     MIGRATIONS: ClassVar[dict] = TRAIN_CONFIG_MIGRATIONS
+    RENAMED_KEYS: ClassVar[dict[str, str]] = TRAIN_CONFIG_RENAMED_KEYS
 
     # -- top bar --------------------------------------------------------------------------------------------------
     model_type: ModelType = setting(
@@ -304,16 +307,16 @@ class TrainConfig(ConfigNode):
         tab="model",
         group="Base model",
     )
-    unet: ModelPartConfig = _part("unet", denoiser_part)
-    prior: ModelPartConfig = _part("prior", denoiser_part)
-    transformer: ModelPartConfig = _part("transformer", denoiser_part)
-    text_encoder: ModelPartConfig = _part("text_encoder", text_encoder_part)
-    text_encoder_2: ModelPartConfig = _part("text_encoder_2", text_encoder_part)
-    vae: ModelPartConfig = _part("vae", auxiliary_part)
-    effnet_encoder: ModelPartConfig = _part("effnet_encoder", auxiliary_part)
-    decoder: ModelPartConfig = _part("decoder", auxiliary_part)
-    decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder", auxiliary_part)
-    decoder_vqgan: ModelPartConfig = _part("decoder_vqgan", auxiliary_part)
+    unet: ModelPartConfig = _part("unet")
+    prior: ModelPartConfig = _part("prior")
+    transformer: ModelPartConfig = _part("transformer")
+    text_encoder: ModelPartConfig = _part("text_encoder")
+    text_encoder_2: ModelPartConfig = _part("text_encoder_2")
+    vae: ModelPartConfig = _part("vae")
+    effnet_encoder: ModelPartConfig = _part("effnet_encoder")
+    decoder: ModelPartConfig = _part("decoder")
+    decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder")
+    decoder_vqgan: ModelPartConfig = _part("decoder_vqgan")
     output_model_destination: str = setting(
         "models/model.safetensors",
         "Output destination",
@@ -575,27 +578,7 @@ class TrainConfig(ConfigNode):
         families=frozenset({"sd", "sdxl", "wuerstchen"}),
     )
 
-    # -- training: text encoder / embedding ------------------------------------------------------------------------
-    text_encoder_layer_skip: int = setting(
-        0,
-        "Clip skip",
-        "Use the output of an earlier text-encoder layer (1 = the second to last). Anime models often use 1 (shown "
-        "as 'clip skip 2' elsewhere).",
-        tab="training",
-        group="Text Encoder",
-        minimum=0,
-        maximum=10,
-    )
-    text_encoder_2_layer_skip: int = setting(
-        0,
-        "Clip skip 2",
-        "Clip skip of the second text encoder.",
-        tab="training",
-        group="Text Encoder 2",
-        minimum=0,
-        maximum=10,
-        families=frozenset({"sdxl"}),
-    )
+    # -- training: embedding ---------------------------------------------------------------------------------------
     embedding_learning_rate: float | None = setting(
         None,
         "Embedding learning rate",

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
-from onetrainer.config.model_types import MODEL_TYPES, model_type_info
+from onetrainer.config.model_types import MODEL_TYPES, PartRole, model_type_info
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
@@ -21,7 +21,7 @@ _NOT_YET: dict = {}
 def context_of(config: TrainConfig) -> Context:
     """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
     info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
-    text_encoders = sum(1 for p in info.family.parts if p.startswith("text_encoder"))
+    text_encoders = len(info.family.parts_with(PartRole.TEXT_ENCODER))
     return Context(
         family=info.family.key,
         method=config.training_method,
@@ -287,8 +287,9 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
                 f"diffusers loads only plain LoRA in its own layout; save {kind} as KOHYA_LORA (the LyCORIS layout)",
             )
         )
-    nf4 = [part for part in model_type_info(config.model_type).family.parts
-           if config.part(part).weight_dtype is DataType.NFLOAT_4 and part != "vae"]  # fmt: skip
+    # the parts an adapter wraps: the denoiser and the text encoders
+    wrapped = model_type_info(config.model_type).family.parts_with(PartRole.DENOISER, PartRole.TEXT_ENCODER)
+    nf4 = [part for part in wrapped if config.part(part).weight_dtype is DataType.NFLOAT_4]
     if nf4 and (not plain or config.lora_decompose):
         kind = "DoRA" if plain else config.peft_type.value
         problems.append(

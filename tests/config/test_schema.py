@@ -128,9 +128,10 @@ def test_field_applicability_follows_family_and_method():
     config.training_method = TrainingMethod.LORA
     ctx = context_of(config)
     assert fields["text_encoder_2.train"].applies(ctx)
-    assert fields["text_encoder_2_layer_skip"].applies(ctx)
+    assert fields["text_encoder_2.layer_skip"].applies(ctx)
+    assert not fields["unet.layer_skip"].applies(ctx)
     assert fields["lora_rank"].applies(ctx)
-    assert not fields["vae.train"].applies(ctx)  # auxiliary parts are not trained
+    assert not fields["vae.train"].applies(ctx)  # image encoders and sampling parts are not trained
     assert fields["text_encoder.dropout_probability"].applies(ctx)
     assert not fields["unet.dropout_probability"].applies(ctx)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -42,7 +41,11 @@ SCALE = 8  # pixels per latent
 INFO = FamilyInfo(
     key="tiny_dit",
     label="Tiny DiT (test family)",
-    parts=("transformer", "text_encoder", "vae"),
+    part_roles={
+        "transformer": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=SCALE * PATCH,
     methods=(TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING),
     output_formats={
@@ -181,12 +184,7 @@ def build_parts(seed: int = 0) -> tuple[dict[str, torch.nn.Module], object]:
 class TinyDiTFamily(Family):
     info = INFO
     caption_dropout = CaptionDropout.ZEROS
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        "transformer": PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        "vae": PartRole.IMAGE_ENCODER,
-    }
-    sampling_parts = frozenset(part_roles)
+    sampling_parts = frozenset(INFO.parts)
 
     def load(self, config) -> LoadedModel:
         from onetrainer.util.dtypes import torch_dtype
