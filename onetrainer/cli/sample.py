@@ -194,7 +194,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     if args.clip_skip is not None:
         if args.clip_skip < 0:
             raise UsageError("--clip-skip cannot be negative")
-        config.text_encoder_layer_skip = args.clip_skip
+        config.text_encoder.layer_skip = args.clip_skip
     if args.dtype:
         dtype = DataType(args.dtype)
         for part in all_parts():

@@ -9,11 +9,23 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from onetrainer.config.model_types import PART_ROLES
+from onetrainer.config.model_types import PartRole, declared_part_roles
 
 CURRENT_VERSION = 11
 
-_PARTS = tuple(PART_ROLES)
+_PARTS = tuple(declared_part_roles())
+# The parts OneTrainer fans the trained settings out to (its "auxiliary" parts keep their defaults).
+_TRAINED_PARTS = frozenset(
+    p for p, r in declared_part_roles().items() if r in (PartRole.DENOISER, PartRole.TEXT_ENCODER)
+)
+
+# OneTrainer's keys that live elsewhere here: its key → our dotted path. Applied on every load whatever the version
+# (`ConfigNode.migrate`), since OneTrainer's own presets carry no `__version`; `--set` accepts the old key too.
+# OneTrainer keeps clip skip beside the part blocks; here it is a setting of the text-encoder part.
+TRAIN_CONFIG_RENAMED_KEYS: dict[str, str] = {
+    "text_encoder_layer_skip": "text_encoder.layer_skip",
+    "text_encoder_2_layer_skip": "text_encoder_2.layer_skip",
+}
 
 
 def _v0_optimizer_block(d: dict) -> dict:
@@ -116,7 +128,7 @@ def _v10_fan_out(d: dict) -> dict:
     checkpointing = d.pop("gradient_checkpointing", None)
     offload_fraction = d.pop("layer_offload_fraction", None)
     for part in _PARTS:
-        if PART_ROLES[part] == "auxiliary":
+        if part not in _TRAINED_PARTS:
             continue
         if checkpointing is not None:
             d.setdefault(part, {})["gradient_checkpointing"] = checkpointing in ("ON", "CPU_OFFLOADED", True)

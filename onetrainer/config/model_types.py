@@ -7,41 +7,31 @@ torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 
-# Each model part has a role, which decides the settings that apply to it.
-DENOISER = "denoiser"
-TEXT_ENCODER = "text_encoder"
-AUXILIARY = "auxiliary"
 
-PART_ROLES: dict[str, str] = {
-    "unet": DENOISER,
-    "prior": DENOISER,
-    "transformer": DENOISER,
-    "text_encoder": TEXT_ENCODER,
-    "text_encoder_2": TEXT_ENCODER,
-    "decoder_text_encoder": AUXILIARY,
-    "vae": AUXILIARY,
-    "effnet_encoder": AUXILIARY,
-    "decoder": AUXILIARY,
-    "decoder_vqgan": AUXILIARY,
-}
+class PartRole(Enum):
+    """What a model part does in training. The family declares it per part (`FamilyInfo.part_roles`); it decides
+    when the part sits on the training device (`training/placement.py`), which part settings apply to it
+    (`roles=` in `config/parts.py`), which parts' outputs the caches hold and what a part's config block defaults to."""
 
-PART_LABELS: dict[str, str] = {
-    "unet": "UNet",
-    "prior": "Prior",
-    "transformer": "Transformer",
-    "text_encoder": "Text Encoder",
-    "text_encoder_2": "Text Encoder 2",
-    "vae": "VAE",
-    "effnet_encoder": "Effnet Encoder",
-    "decoder": "Decoder",
-    "decoder_text_encoder": "Decoder Text Encoder",
-    "decoder_vqgan": "Decoder VQGAN",
-}
+    DENOISER = "denoiser"  # runs every step (the trained network)
+    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
+    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
+    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
+
+
+# Words a part name's label spells otherwise than capitalised (`text_encoder_2` → "Text Encoder 2").
+_LABEL_WORDS = {"unet": "UNet", "vae": "VAE", "vqgan": "VQGAN"}
+
+
+def default_part_label(part: str) -> str:
+    """A part's label derived from its name, for families that declare none."""
+    return " ".join(_LABEL_WORDS.get(word, word.capitalize()) for word in part.split("_"))
 
 
 @dataclass(frozen=True)
@@ -59,8 +49,9 @@ CIRCULAR_PADDING = "circular_padding"  # its convolutions can pad circularly (se
 ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be rescaled to zero terminal SNR (+ v-pred)
 GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
 LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
+LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
 CAPABILITIES: frozenset[str] = frozenset(
-    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE}
+    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE, LAYER_SKIP}
 )
 
 
@@ -68,7 +59,9 @@ CAPABILITIES: frozenset[str] = frozenset(
 class FamilyInfo:
     key: str
     label: str
-    parts: tuple[str, ...]
+    # Every part with its role, in order; the first is the trained denoiser. The one declaration of the family's
+    # parts: `parts`, `Family.part_roles` and the config's part blocks are read from it.
+    part_roles: dict[str, PartRole]
     bucket_step: int
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
@@ -87,6 +80,27 @@ class FamilyInfo:
     # Where to download a part's model by hand when no diffusers repository holds it, {part: URL of the file}: the
     # answer to a preset's placeholder in `<part>.model_name` (OneTrainer's Stable Cascade preset ships one).
     part_downloads: dict[str, str] = field(default_factory=dict)
+    # Labels of parts whose name does not spell it (default: `default_part_label`).
+    part_labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        roles = list(self.part_roles.values())
+        if not roles or roles[0] is not PartRole.DENOISER:
+            raise ValueError(f"family {self.key}: the first part must be the DENOISER, got {self.part_roles}")
+        if unknown := set(self.part_labels) - set(self.part_roles):
+            raise ValueError(f"family {self.key}: labels of parts it does not have: {sorted(unknown)}")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The part names in declaration order (the first is the trained denoiser)."""
+        return tuple(self.part_roles)
+
+    def parts_with(self, *roles: PartRole) -> tuple[str, ...]:
+        """The parts of these roles, in declaration order (e.g. the text encoders)."""
+        return tuple(p for p, r in self.part_roles.items() if r in roles)
+
+    def part_label(self, part: str) -> str:
+        return self.part_labels.get(part) or default_part_label(part)
 
     @property
     def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:
@@ -117,12 +131,13 @@ _SD_LIKE_FORMATS = {
     TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
 }
 _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
-_SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE})
+_SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LAYER_SKIP})
 _EFFNET_NOTE = (
     "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
     "latents: a file, a folder or a Hugging Face repo id. "
     "`decoder.model_name` names the decoder (stages B and A) that samples turn the prior's output into images with."
 )
+_CASCADE_EFFNET = "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
 _P2_NOTE = (
     "As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1."
 )
@@ -130,7 +145,7 @@ _P2_NOTE = (
 SD = FamilyInfo(
     key="sd",
     label="Stable Diffusion 1.5 / 2.x",
-    parts=("unet", "text_encoder", "vae"),
+    part_roles={"unet": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
     bucket_step=8,
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
@@ -140,7 +155,12 @@ SD = FamilyInfo(
 SDXL = FamilyInfo(
     key="sdxl",
     label="Stable Diffusion XL",
-    parts=("unet", "text_encoder", "text_encoder_2", "vae"),
+    part_roles={
+        "unet": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=64,
     methods=_METHODS,
     output_formats=_SD_LIKE_FORMATS,
@@ -151,7 +171,7 @@ PIXART = FamilyInfo(
     key="pixart",
     sample_step=16,
     label="PixArt-Alpha / Sigma",
-    parts=("transformer", "text_encoder", "vae"),
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
     bucket_step=16,
     methods=_METHODS,
     output_formats={
@@ -170,7 +190,7 @@ PIXART = FamilyInfo(
         "full": (),
     },
     hub_parts=("transformer", "text_encoder", "vae"),
-    capabilities=frozenset({LEARNED_VARIANCE}),
+    capabilities=frozenset({LEARNED_VARIANCE, LAYER_SKIP}),
     notes="`vb_loss_strength` (Training tab, Loss) weights the loss on the transformer's learned variance "
     "(OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is the `transformer` "
     "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
@@ -188,7 +208,14 @@ WUERSTCHEN = FamilyInfo(
     key="wuerstchen",
     sample_step=128,
     label="Würstchen v2",
-    parts=("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan", "effnet_encoder"),
+    part_roles={
+        "prior": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "decoder": PartRole.SAMPLING,
+        "decoder_text_encoder": PartRole.SAMPLING,
+        "decoder_vqgan": PartRole.SAMPLING,
+        "effnet_encoder": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=128,
     methods=_METHODS,
     output_formats={
@@ -214,7 +241,13 @@ CASCADE = FamilyInfo(
     key="cascade",
     sample_step=128,
     label="Stable Cascade",
-    parts=("prior", "text_encoder", "decoder", "decoder_vqgan", "effnet_encoder"),
+    part_roles={
+        "prior": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "decoder": PartRole.SAMPLING,
+        "decoder_vqgan": PartRole.SAMPLING,
+        "effnet_encoder": PartRole.IMAGE_ENCODER,
+    },
     bucket_step=128,
     methods=_METHODS,
     output_formats={
@@ -235,16 +268,14 @@ CASCADE = FamilyInfo(
     + _EFFNET_NOTE
     + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "
     "`effnet_encoder.model_name`; `--check` and Start then say to download `effnet_encoder.safetensors` from "
-    # the address `config/validation.EFFNET_DOWNLOAD` gives (that module imports this one)
-    "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors and enter its path in that "
+    + _CASCADE_EFFNET
+    + " and enter its path in that "
     "field (or the repo id `stabilityai/stable-cascade`, as our presets do: only that file is downloaded). "
     "`prior.model_name` may name a stage C file of Stability's (`stage_c.safetensors`, `stage_c_lite.safetensors`) "
     "to train instead of the base model's prior. The prior gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, "
     "and with `train_dtype` FLOAT_16 the prior computes in `fallback_train_dtype`. " + _P2_NOTE,
     part_hub_file_sets=_PRIOR_PART_FILES,
-    part_downloads={
-        "effnet_encoder": "https://huggingface.co/stabilityai/stable-cascade/blob/main/effnet_encoder.safetensors"
-    },
+    part_downloads={"effnet_encoder": _CASCADE_EFFNET},
 )
 
 FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}
@@ -319,48 +350,47 @@ def family_of(model_type: ModelType) -> FamilyInfo:
     return model_type_info(model_type).family
 
 
+def declared_part_roles(families: Iterable[FamilyInfo] | None = None) -> dict[str, PartRole]:
+    """Every part name the families declare, with its role: OneTrainer's part blocks of the config (their defaults,
+    the GUI and docs listing). Ordered by role, then by first declaration. A name must have one role in every family,
+    since one config block serves them all."""
+    found: dict[str, PartRole] = {}
+    for family in FAMILIES.values() if families is None else families:
+        for part, role in family.part_roles.items():
+            if found.setdefault(part, role) is not role:
+                raise ValueError(f"part {part} is a {found[part].name} in one family and a {role.name} in {family.key}")
+    order = list(PartRole)
+    return dict(sorted(found.items(), key=lambda item: order.index(item[1])))
+
+
+def part_role(part: str) -> PartRole:
+    """The role the families declare for a part name (the same in every family that has it)."""
+    return declared_part_roles()[part]
+
+
+def part_label(part: str) -> str:
+    """The label of a part name: the first family's declared label, else the one derived from the name."""
+    return next((f.part_labels[part] for f in FAMILIES.values() if part in f.part_labels), default_part_label(part))
+
+
 def all_parts() -> tuple[str, ...]:
-    return tuple(PART_ROLES)
+    """Every part name of any family (the config's part blocks)."""
+    return tuple(declared_part_roles())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Registering at runtime: a family module declares its model types and its own parts here instead of in the tables
-# above (each call returns its undo, for tests).
-
-
-def register_part(name: str, label: str, role: str) -> Callable[[], None]:
-    """Declare a model part that is not one of OneTrainer's part blocks: its settings live in `TrainConfig.parts`.
-
-    `role` (DENOISER, TEXT_ENCODER or AUXILIARY) gives its default settings and which part settings apply to it.
-    """
-    if role not in (DENOISER, TEXT_ENCODER, AUXILIARY):
-        raise ValueError(f"part {name!r}: unknown role {role!r}")
-    if PART_ROLES.get(name, role) != role:
-        raise ValueError(f"part {name!r} is already declared with the role {PART_ROLES[name]!r}")
-    added = name not in PART_ROLES
-    old_label = PART_LABELS.get(name)
-    PART_ROLES[name] = role
-    PART_LABELS[name] = label
-
-    def undo() -> None:
-        if added:
-            PART_ROLES.pop(name, None)
-            PART_LABELS.pop(name, None)
-        elif old_label is not None:
-            PART_LABELS[name] = old_label
-
-    return undo
+# Registering at runtime: a family module declares its model types here instead of in the tables above (the call
+# returns its undo, for tests). Its parts come with its `FamilyInfo`: a part name no TrainConfig field has gets its
+# settings in `TrainConfig.parts`.
 
 
 def register_model_type(info: ModelTypeInfo) -> Callable[[], None]:
     """Declare a model type (and its family's facts) at runtime, as if it stood in `MODEL_TYPES`.
 
-    The member comes from `ModelType`, OneTrainer's list of names; every part of its family must be declared (a part
-    block of `TrainConfig` or `register_part`).
+    The member comes from `ModelType`, OneTrainer's list of names. A part name it shares with another family must
+    have the same role there, since one config block serves both.
     """
-    unknown = [p for p in info.family.parts if p not in PART_ROLES]
-    if unknown:
-        raise ValueError(f"{info.label}: undeclared parts {', '.join(unknown)} (see register_part)")
+    declared_part_roles([*FAMILIES.values(), info.family])  # raises on a part name with two roles
     family = FAMILIES.get(info.family.key)
     if family is not None and family is not info.family:
         raise ValueError(f"{info.label}: the family key {info.family.key!r} is already declared by {family.label}")

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
-from onetrainer.config.model_types import AUXILIARY, DENOISER, PART_ROLES, TEXT_ENCODER
+from onetrainer.config.model_types import LAYER_SKIP, PartRole, part_role
 from onetrainer.config.schema import ConfigNode, setting
 
-TRAINED_ROLES = frozenset({DENOISER, TEXT_ENCODER})
+TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
+TEXT_ENCODER = frozenset({PartRole.TEXT_ENCODER})
 WEIGHT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16, DataType.FLOAT_8, DataType.NFLOAT_4)
 TRAINING = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
 STOP_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP)
@@ -75,19 +76,31 @@ class ModelPartConfig(ConfigNode):
     dropout_probability: float = setting(
         0.0,
         "Caption dropout probability",
-        "The chance that a sample's caption is replaced by an empty one, so the model also learns the "
-        "unconditioned image (helps classifier-free guidance).",
+        "The chance that this text encoder sees an empty caption instead of the sample's, so the model also "
+        "learns the unconditioned image (helps classifier-free guidance). Each text encoder draws on its own.",
         tab="training",
         minimum=0.0,
         maximum=1.0,
-        roles=frozenset({TEXT_ENCODER}),
+        roles=TEXT_ENCODER,
+    )
+    layer_skip: int = setting(
+        0,
+        "Clip skip",
+        "Use the output of an earlier layer of this text encoder (1 = the second to last). Anime models often use 1 "
+        "(shown as 'clip skip 2' elsewhere). OneTrainer's text_encoder_layer_skip / text_encoder_2_layer_skip load "
+        "into it.",
+        tab="training",
+        minimum=0,
+        maximum=10,
+        roles=TEXT_ENCODER,
+        needs=LAYER_SKIP,
     )
     train_embedding: bool = setting(
         True,
         "Train embedding",
         "Train the embedding vectors of this text encoder (models with two text encoders).",
         tab="embedding",
-        roles=frozenset({TEXT_ENCODER}),
+        roles=TEXT_ENCODER,
         methods=frozenset({TrainingMethod.EMBEDDING}),
         # With one text encoder the embedding trains in it or not at all: the choice exists only with several.
         when=lambda ctx: ctx.text_encoder_count > 1,
@@ -118,13 +131,24 @@ def text_encoder_part() -> ModelPartConfig:
     return ModelPartConfig(stop_training_after=30, stop_training_after_unit=TimeUnit.EPOCH)
 
 
-def auxiliary_part() -> ModelPartConfig:
+def untrained_part() -> ModelPartConfig:
+    """An IMAGE_ENCODER or SAMPLING part: never trained."""
     return ModelPartConfig(train=False)
 
 
-PART_FACTORIES = {DENOISER: denoiser_part, TEXT_ENCODER: text_encoder_part, AUXILIARY: auxiliary_part}
+# A part block's defaults by the role the families declare for the part.
+PART_FACTORIES = {
+    PartRole.DENOISER: denoiser_part,
+    PartRole.TEXT_ENCODER: text_encoder_part,
+    PartRole.IMAGE_ENCODER: untrained_part,
+    PartRole.SAMPLING: untrained_part,
+}
 
 
 def new_part_block(name: str) -> ModelPartConfig:
-    """A part's settings with the defaults of its declared role (`model_types.PART_ROLES`, `register_part`)."""
-    return PART_FACTORIES[PART_ROLES.get(name, AUXILIARY)]()
+    """A part's settings with the defaults of the role its family declares (`FamilyInfo.part_roles`)."""
+    try:
+        role = part_role(name)
+    except KeyError:
+        role = PartRole.SAMPLING  # a part no family declares (yet): settings that train nothing
+    return PART_FACTORIES[role]()

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterator
 
 from onetrainer.config.concept_config import ConceptConfig
-from onetrainer.config.model_types import DENOISER, FAMILIES, MODEL_TYPES, PART_LABELS, PART_ROLES
+from onetrainer.config.model_types import FAMILIES, MODEL_TYPES, all_parts, declared_part_roles, part_label
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import ModelPartConfig
 from onetrainer.config.sample_config import SampleConfig
@@ -177,15 +177,13 @@ def _n(x: float) -> str:
 def _applies_text(spec: FieldSpec) -> str:
     meta = spec.meta
     parts = []
-    if meta.families is not None:
-        parts.append(", ".join(FAMILIES[f].label for f in sorted(meta.families)))
     if meta.needs is not None:
         # the families declaring the capability, so a new family's declaration shows here by itself
         parts.append(", ".join(f.label for f in FAMILIES.values() if meta.needs in f.capabilities) or "none yet")
     if meta.methods is not None:
         parts.append(", ".join(m.value for m in sorted(meta.methods, key=lambda m: m.value)))
     if meta.roles is not None:
-        parts.append("parts: " + ", ".join(p for p, r in PART_ROLES.items() if r in meta.roles))
+        parts.append("parts: " + ", ".join(p for p, r in declared_part_roles().items() if r in meta.roles))
     if meta.part_names is not None:
         parts.append("parts: " + ", ".join(sorted(meta.part_names)))
     if meta.when_text:
@@ -201,13 +199,14 @@ def _parts_section() -> str:
         "| Block | Part | Families |",
         "|---|---|---|",
     ]
-    for part, label in PART_LABELS.items():
+    for part in all_parts():
+        label = part_label(part)
         families = ", ".join(f.label for f in FAMILIES.values() if part in f.parts)
         lines.append(f"| `{part}` | {label} | {families} |")
     lines += [
         "",
         "Text encoders default to `stop_training_after` = 30, unit `EPOCH`; the VAE and other auxiliary parts are "
-        "not trained. A part of a family's own that is not among these blocks (`config.model_types.register_part`) "
+        "not trained. A part of a family's own that is not among these blocks (a family registered at runtime) "
         "has its block under `parts` (`parts.<part>.weight_dtype`, …), with the defaults of its role.\n",
         _TABLE_HEAD,
     ]
@@ -259,7 +258,7 @@ def _presets_section() -> str:
     for name in list_presets():
         config, _ = load_preset(name)
         family = MODEL_TYPES[config.model_type].family
-        denoiser = next(p for p in family.parts if PART_ROLES.get(p) == DENOISER)
+        denoiser = family.parts[0]  # the trained denoiser comes first
         loss = config.loss_weight_fn.value
         if loss != "CONSTANT":
             loss += f" ({config.loss_weight_strength:g})"

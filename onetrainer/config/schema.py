@@ -87,12 +87,12 @@ class Meta:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[Any, ...] | None = None  # offered values (enum members or strings); None: any of the type
-    families: frozenset[str] | None = None
     # A capability the model type's family must declare (`FamilyInfo.capabilities`): how a setting says which model
     # types it applies to without naming families.
     needs: str | None = None
     methods: frozenset[TrainingMethod] | None = None
-    roles: frozenset[str] | None = None  # inside a model part: the part roles this setting applies to
+    # inside a model part: the `PartRole`s this setting applies to (the role the chosen family declares for the part)
+    roles: frozenset[Any] | None = None
     part_names: frozenset[str] | None = None  # inside a model part: the parts this setting applies to
     part: str | None = None  # a model part block: applies when the family has this part
     # A dict of model part blocks keyed by part name (`TrainConfig.parts`): each entry is walked as that part's block.
@@ -107,17 +107,18 @@ class Meta:
 
     def applies(self, ctx: Context, part: str | None = None) -> bool:
         """Whether this field is relevant for `ctx`; `part` is the model part block the field sits in, if any."""
-        from onetrainer.config.model_types import PART_ROLES, family_of
+        from onetrainer.config.model_types import declared_part_roles, family_of
 
         if self.ignored:
-            return False
-        if self.families is not None and ctx.family not in self.families:
             return False
         if self.methods is not None and ctx.method not in self.methods:
             return False
         if part is not None:
-            if self.roles is not None and PART_ROLES.get(part) not in self.roles:
-                return False
+            if self.roles is not None:
+                # The chosen family's declaration; a part it lacks (its block is hidden anyway) by the shared one.
+                role = family_of(ctx.model_type).part_roles.get(part) or declared_part_roles().get(part)
+                if role not in self.roles:
+                    return False
             if self.part_names is not None and part not in self.part_names:
                 return False
         if self.part is not None and self.part not in family_of(ctx.model_type).parts:
@@ -241,6 +242,9 @@ class ConfigNode:
     VERSION: ClassVar[int] = 0
     # MIGRATIONS[v] turns a dict at version v into one at version v + 1.
     MIGRATIONS: ClassVar[dict[int, Callable[[dict], dict]]] = {}
+    # Keys that moved, whatever the version: old top-level key → the dotted path it loads into (OneTrainer's names of
+    # settings that live elsewhere here). An explicit value at the new path wins; saving writes only the new path.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def specs(cls) -> tuple[FieldSpec, ...]:
@@ -278,7 +282,7 @@ class ConfigNode:
                 data = migration(data)
             version += 1
         data[VERSION_KEY] = cls.VERSION
-        return data
+        return _move_renamed_keys(data, cls.RENAMED_KEYS)
 
     @classmethod
     def from_dict(cls, data: Any, problems: list[Problem], path: str = "", base: ConfigNode | None = None):
@@ -317,6 +321,24 @@ class ConfigNode:
                 continue
             setattr(instance, key, converted)
         return instance
+
+
+def _move_renamed_keys(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """`data` with each old key moved to its new dotted path (nested objects copied, never the caller's changed)."""
+    for old, new in renamed.items():
+        if old not in data:
+            continue
+        *parents, leaf = new.split(".")
+        target = data
+        for name in parents:
+            child = target.get(name, {})
+            if not isinstance(child, dict):  # a malformed block: leave the old key for the unknown-key warning
+                break
+            target[name] = target = dict(child)
+        else:
+            value = data.pop(old)
+            target.setdefault(leaf, value)
+    return data
 
 
 def _is_inactive(spec: FieldSpec, value: Any) -> bool:
@@ -517,12 +539,12 @@ def _walk(node_: ConfigNode, path: str, tab, group, part, parents, into_lists) -
             yield from _walk(value, fpath, ftab, child_group, child_part, (*parents, meta), into_lists)
             continue
         if meta.part_blocks and isinstance(value, dict):
-            from onetrainer.config.model_types import PART_LABELS
+            from onetrainer.config.model_types import part_label
 
             for name, block in value.items():
                 # Each block applies where its part does, grouped under the part's label as a named part block is.
                 block_meta = dataclasses.replace(meta, part=name, part_blocks=False)
-                label = PART_LABELS.get(name, name)
+                label = part_label(name)
                 yield from _walk(block, join_path(fpath, name), ftab, label, name, (*parents, block_meta), into_lists)
             continue
         yield BoundField(fpath, spec, node_, ftab, fgroup, part, parents)
@@ -542,6 +564,7 @@ def resolve_path(root: ConfigNode, path: str) -> tuple[Any, str | int, FieldType
 
     Raises KeyError with a message naming the first part of the path that does not exist.
     """
+    path = type(root).RENAMED_KEYS.get(path, path)
     parts = path.split(".")
     container: Any = root
     ftype = FieldType("node", cls=type(root))

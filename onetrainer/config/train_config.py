@@ -25,24 +25,19 @@ from onetrainer.config.enums import (
     TimeUnit,
     TrainingMethod,
 )
-from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS
+from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS, TRAIN_CONFIG_RENAMED_KEYS
 from onetrainer.config.model_types import (
     CIRCULAR_PADDING,
     GENERALIZED_OFFSET_NOISE,
     LEARNED_VARIANCE,
-    PART_LABELS,
-    PART_ROLES,
     SUPPORTED_MODEL_TYPES,
     ZERO_TERMINAL_SNR,
+    declared_part_roles,
+    part_label,
+    part_role,
 )
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
-from onetrainer.config.parts import (
-    ModelPartConfig,
-    auxiliary_part,
-    denoiser_part,
-    new_part_block,
-    text_encoder_part,
-)
+from onetrainer.config.parts import PART_FACTORIES, ModelPartConfig, new_part_block
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.config.schema import ConfigNode, node, setting
 
@@ -66,8 +61,10 @@ OUTPUT_FORMATS = (
 LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "mapper-only", "custom")
 
 
-def _part(name: str, factory, **meta):
-    return node(factory, PART_LABELS[name], f"Settings of the {PART_LABELS[name]}.", part=name, **meta)
+def _part(name: str, **meta):
+    """OneTrainer's block of one model part: its defaults come from the role the families declare for it."""
+    label = part_label(name)
+    return node(PART_FACTORIES[part_role(name)], label, f"Settings of the {label}.", part=name, **meta)
 
 
 @cache
@@ -77,10 +74,10 @@ def _named_parts() -> frozenset[str]:
 
 
 def _other_part_blocks() -> dict[str, ModelPartConfig]:
-    """A block for every declared part without a field of its own (`register_part`), with its role's defaults: the
-    config has the same fields whatever the model type, as the GUI's forms expect."""
+    """A block for every part a family declares without a field of its own (a family registered at runtime), with its
+    role's defaults: the config has the same fields whatever the model type, as the GUI's forms expect."""
     named = _named_parts()
-    return {name: new_part_block(name) for name in PART_ROLES if name not in named}
+    return {name: new_part_block(name) for name in declared_part_roles() if name not in named}
 
 
 def _ot(label: str, default=None, **meta):
@@ -113,6 +110,7 @@ class SchedulerParameter(ConfigNode):
 class TrainConfig(ConfigNode):
     VERSION: ClassVar[int] = CURRENT_VERSION
     MIGRATIONS: ClassVar[dict] = TRAIN_CONFIG_MIGRATIONS
+    RENAMED_KEYS: ClassVar[dict[str, str]] = TRAIN_CONFIG_RENAMED_KEYS
 
     # -- top bar --------------------------------------------------------------------------------------------------
     model_type: ModelType = setting(
@@ -331,16 +329,16 @@ class TrainConfig(ConfigNode):
         tab="model",
         group="Base model",
     )
-    unet: ModelPartConfig = _part("unet", denoiser_part)
-    prior: ModelPartConfig = _part("prior", denoiser_part)
-    transformer: ModelPartConfig = _part("transformer", denoiser_part)
-    text_encoder: ModelPartConfig = _part("text_encoder", text_encoder_part)
-    text_encoder_2: ModelPartConfig = _part("text_encoder_2", text_encoder_part)
-    vae: ModelPartConfig = _part("vae", auxiliary_part)
-    effnet_encoder: ModelPartConfig = _part("effnet_encoder", auxiliary_part)
-    decoder: ModelPartConfig = _part("decoder", auxiliary_part)
-    decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder", auxiliary_part)
-    decoder_vqgan: ModelPartConfig = _part("decoder_vqgan", auxiliary_part)
+    unet: ModelPartConfig = _part("unet")
+    prior: ModelPartConfig = _part("prior")
+    transformer: ModelPartConfig = _part("transformer")
+    text_encoder: ModelPartConfig = _part("text_encoder")
+    text_encoder_2: ModelPartConfig = _part("text_encoder_2")
+    vae: ModelPartConfig = _part("vae")
+    effnet_encoder: ModelPartConfig = _part("effnet_encoder")
+    decoder: ModelPartConfig = _part("decoder")
+    decoder_text_encoder: ModelPartConfig = _part("decoder_text_encoder")
+    decoder_vqgan: ModelPartConfig = _part("decoder_vqgan")
     parts: dict[str, ModelPartConfig] = node(
         _other_part_blocks,
         "Other model parts",
@@ -609,27 +607,7 @@ class TrainConfig(ConfigNode):
         needs=CIRCULAR_PADDING,
     )
 
-    # -- training: text encoder / embedding ------------------------------------------------------------------------
-    text_encoder_layer_skip: int = setting(
-        0,
-        "Clip skip",
-        "Use the output of an earlier text-encoder layer (1 = the second to last). Anime models often use 1 (shown "
-        "as 'clip skip 2' elsewhere).",
-        tab="training",
-        group="Text Encoder",
-        minimum=0,
-        maximum=10,
-    )
-    text_encoder_2_layer_skip: int = setting(
-        0,
-        "Clip skip 2",
-        "Clip skip of the second text encoder.",
-        tab="training",
-        group="Text Encoder 2",
-        minimum=0,
-        maximum=10,
-        families=frozenset({"sdxl"}),
-    )
+    # -- training: embedding ---------------------------------------------------------------------------------------
     embedding_learning_rate: float | None = setting(
         None,
         "Embedding learning rate",
@@ -1162,8 +1140,8 @@ class TrainConfig(ConfigNode):
             return getattr(self, name)
         block = self.parts.get(name)
         if block is None:
-            if name not in PART_ROLES:
-                raise KeyError(f"'{name}' is not a declared model part (see config.model_types.register_part)")
+            if name not in declared_part_roles():
+                raise KeyError(f"'{name}' is not a part any family declares (see config.model_types.FamilyInfo)")
             # declared after this config was made: created on demand, with its role's defaults
             block = self.parts[name] = new_part_block(name)
         return block

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
-from onetrainer.config.model_types import MODEL_TYPES, PART_LABELS, PART_ROLES, TEXT_ENCODER, model_type_info
+from onetrainer.config.model_types import MODEL_TYPES, PartRole, model_type_info, part_label
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
@@ -21,7 +21,7 @@ _NOT_YET: dict = {}
 def context_of(config: TrainConfig) -> Context:
     """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
     info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
-    text_encoders = sum(1 for p in info.family.parts if PART_ROLES.get(p) == TEXT_ENCODER)
+    text_encoders = len(info.family.parts_with(PartRole.TEXT_ENCODER))
     return Context(
         family=info.family.key,
         method=config.training_method,
@@ -34,8 +34,6 @@ def context_of(config: TrainConfig) -> Context:
 # A preset may ship this placeholder instead of a model path (OneTrainer's Stable Cascade preset, for a part that no
 # diffusers repository holds, which the user downloads by hand: `FamilyInfo.part_downloads`).
 PLACEHOLDER = "TODO"
-# The docs generator (`config/reference.py`) quotes Stable Cascade's download in its notes.
-EFFNET_DOWNLOAD = MODEL_TYPES[ModelType.STABLE_CASCADE_1].family.part_downloads["effnet_encoder"]
 
 
 def is_placeholder(name: str) -> bool:
@@ -49,7 +47,7 @@ def placeholder_message(path: str, name: str, downloads: dict[str, str] | None =
     part = path.split(".")[0]
     url = (downloads or {}).get(part)
     if url:
-        label = PART_LABELS.get(part, part).lower()
+        label = part_label(part).lower()
         return (
             f"{path} is still the preset's placeholder {name!r}: download the {label} file "
             f"{url.rsplit('/', 1)[-1]} from {url} and enter its path in {path}"
@@ -300,8 +298,9 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
                 f"diffusers loads only plain LoRA in its own layout; save {kind} as KOHYA_LORA (the LyCORIS layout)",
             )
         )
-    nf4 = [part for part in model_type_info(config.model_type).family.parts
-           if config.part(part).weight_dtype is DataType.NFLOAT_4 and part != "vae"]  # fmt: skip
+    # the parts an adapter wraps: the denoiser and the text encoders
+    wrapped = model_type_info(config.model_type).family.parts_with(PartRole.DENOISER, PartRole.TEXT_ENCODER)
+    nf4 = [part for part in wrapped if config.part(part).weight_dtype is DataType.NFLOAT_4]
     if nf4 and (not plain or config.lora_decompose):
         kind = "DoRA" if plain else config.peft_type.value
         problems.append(

@@ -164,7 +164,7 @@ def text_encoders_frozen(config: TrainConfig) -> bool:
 
     if config.training_method is TrainingMethod.EMBEDDING or any(e.train for e in config.additional_embeddings):
         return False
-    encoders = [p for p in model_type_info(config.model_type).family.parts if p.startswith("text_encoder")]
+    encoders = model_type_info(config.model_type).family.parts_with(PartRole.TEXT_ENCODER)
     return not any(config.part(p).train for p in encoders)
 
 

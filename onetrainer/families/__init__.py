@@ -24,8 +24,8 @@ FAMILY_CLASSES: dict[str, str] = {
 def register_family(key: str, target: str) -> Callable[[], None]:
     """Make the family `key` trainable: `target` is its class's import path ("package.module:Class").
 
-    A family written outside this package calls this with `config.model_types.register_model_type` (and
-    `register_part` for parts of its own); returns the undo, for tests.
+    A family written outside this package calls this with `config.model_types.register_model_type` (its parts come
+    with its `FamilyInfo`); returns the undo, for tests.
     """
     module_name, colon, class_name = target.partition(":")
     if not (module_name and colon and class_name):

@@ -2,15 +2,16 @@
 savers call, with the data they exchange. `families/README.md` says who calls what in which order and the tensor
 conventions.
 
-A family is declarative facts (`FamilyInfo` from `onetrainer.config.model_types`, part roles, caption dropout) plus
-the calls of `Family`: load (with the noise schedule), encode_text, encode_images, cache_extras, batch_extras,
-predict, sample, lora_targets, kohya_name, metadata_kind, save, save_backup / backup_state.
+A family is declarative facts (`FamilyInfo` from `onetrainer.config.model_types`: its parts with their roles and
+labels; caption dropout) plus the calls of `Family`: load (with the noise schedule), encode_text, drop_captions,
+encode_images, cache_extras, batch_extras, predict, sample, lora_targets, kohya_name, metadata_kind, save,
+save_backup / backup_state.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -20,7 +21,9 @@ import torch
 from PIL import Image
 
 from onetrainer.config.enums import ModelFormat, ModelType
-from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, model_type_info
+
+# PartRole is the config's vocabulary (the GUI reads it without torch); the families import it from here too.
+from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, PartRole, model_type_info
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.noise.prediction import Prediction, PredictionType
 from onetrainer.noise.schedule import NoiseSchedule
@@ -40,7 +43,7 @@ class TextEncoderSlot:
     tokenizer: Any
     kohya_prefix: str  # "lora_te", "lora_te1", …
     embedding_key: str  # the tensor name in embedding files: "emb_params", "clip_l", "clip_g"
-    layer_skip: int = 0
+    layer_skip: int = 0  # clip skip: the family fills it from the part's config (`ModelPartConfig.layer_skip`)
     # The embedding module the encoder's forward looks token ids up in, where it is not `get_input_embeddings()`
     # (transformers' T5EncoderModel: `encoder.embed_tokens`, a module of its own that shares the weight).
     token_embedding: torch.nn.Embedding | None = None
@@ -69,15 +72,6 @@ class LoadedModel:
 
     def part(self, name: str) -> torch.nn.Module:
         return self.parts[name]
-
-
-class PartRole(Enum):
-    """What a model part does in training, which decides when it sits on the training device."""
-
-    DENOISER = "denoiser"  # runs every step
-    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
-    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
-    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
 
 
 class CaptionDropout(Enum):
@@ -140,22 +134,36 @@ class BatchInputs:
     cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
 
 
+class _PartRolesOfInfo:
+    """`Family.part_roles`: the roles the family's `info` declares, read on the class as on an instance."""
+
+    def __get__(self, instance: Family | None, owner: type[Family]) -> dict[str, PartRole]:
+        return owner.info.part_roles
+
+
 class Family(ABC):
     """One model family: what the loop, the methods, the cache, the sampler and the savers call.
 
-    Declarations: `info` (parts, bucket step, methods, formats, layer presets), `part_roles` and `sampling_parts`
-    (placement), `caption_dropout`. See `families/README.md` for who calls what in which order.
+    Declarations: `info` (parts with their roles and labels, bucket step, methods, formats, layer presets),
+    `sampling_parts` (placement), `caption_dropout`. See `families/README.md` for who calls what in which order.
     """
 
     info: FamilyInfo
     caption_dropout: CaptionDropout = CaptionDropout.EMPTY_CAPTION
-    part_roles: ClassVar[dict[str, PartRole]]  # every part of `info.parts`
+    # Every part of `info.parts` with its role: `info.part_roles`, the one declaration (placement, caches, config).
+    part_roles = _PartRolesOfInfo()
     sampling_parts: ClassVar[frozenset[str]]  # the parts `sample` runs
     # What a sample that decodes to black or NaN usually needs, in the family's own field names.
     broken_sample_advice: ClassVar[str] = "set the VAE's weight data type (vae.weight_dtype) to FLOAT_32 or BFLOAT_16"
     # Text-encoder modules that get a LoRA: every linear layer inside a transformer block (CLIP's
     # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
     text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Roles are declared once, in the FamilyInfo that the config and the GUI read too.
+        if "part_roles" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} declares part_roles: declare them in its FamilyInfo.part_roles")
 
     @property
     def denoiser_part(self) -> str:
@@ -174,6 +182,37 @@ class Family(ABC):
     @abstractmethod
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         """Tokenize the captions and run the text encoders (with their clip skip): one row per caption."""
+
+    def drop_captions(
+        self,
+        model: LoadedModel,
+        captions: list[str],
+        drops: Sequence[torch.Tensor | None],
+        encode: Callable[[list[str]], Conditioning],
+    ) -> Conditioning:
+        """The batch's conditioning under caption dropout. `drops` holds one [B] bool mask per text encoder, in
+        `model.text_encoders` order (None: that encoder drops nothing); `encode` gives the conditioning of captions
+        (from the text cache, or `encode_text`). What a dropped row holds is `caption_dropout`'s: the empty caption's
+        conditioning, or zeros.
+
+        The default treats the conditioning as one whole: a row is dropped where any encoder drops it (with one text
+        encoder, exactly that encoder's mask). A family whose conditioning keeps its encoders' outputs apart drops
+        each encoder's share on its own (SDXL)."""
+        dropped = any_dropped(drops)
+        if self.caption_dropout is CaptionDropout.EMPTY_CAPTION:
+            # the empty caption in the batch itself, so the text cache's "" entry (or the encoder) gives its rows
+            return encode(["" if d else c for c, d in zip(captions, dropped.tolist())])
+        return encode(captions).zeroed(dropped)
+
+    def dropped_conditioning(
+        self, conditioning: Conditioning, encode: Callable[[list[str]], Conditioning]
+    ) -> Conditioning:
+        """What every row of `conditioning` holds once dropped, by `caption_dropout`: the empty caption's
+        conditioning (broadcast to the batch) or zeros. For `drop_captions` overrides that mix it in per encoder."""
+        if self.caption_dropout is CaptionDropout.ZEROS:
+            return Conditioning({k: torch.zeros_like(v) for k, v in conditioning.tensors.items()})
+        empty = encode([""])
+        return Conditioning({k: empty.tensors[k].expand_as(v) for k, v in conditioning.tensors.items()})
 
     @abstractmethod
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
@@ -315,6 +354,17 @@ class Family(ABC):
         for file in sorted((folder / part).glob("*.safetensors")):
             state.update(load_file(str(file)))
         return state
+
+
+def any_dropped(drops: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """[B] bool: the rows that at least one encoder drops (`drops` as `Family.drop_captions` takes them)."""
+    masks = [d for d in drops if d is not None]
+    if not masks:
+        raise ValueError("caption dropout without any encoder's drop mask")
+    out = masks[0]
+    for mask in masks[1:]:
+        out = out | mask
+    return out
 
 
 def first_weight(module: torch.nn.Module) -> torch.Tensor:

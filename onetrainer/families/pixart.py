@@ -29,7 +29,6 @@ from onetrainer.families.base import (
     Conditioning,
     Family,
     LoadedModel,
-    PartRole,
     TextEncoderSlot,
     first_weight,
 )
@@ -61,12 +60,7 @@ VAE_FACTOR = 8
 class PixArtFamily(Family):
     info = PIXART
     caption_dropout = CaptionDropout.ZEROS
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        "transformer": PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        "vae": PartRole.IMAGE_ENCODER,
-    }
-    sampling_parts = frozenset(part_roles)
+    sampling_parts = frozenset(PIXART.parts)
     text_encoder_blocks: ClassVar[str] = r"(^|\.)block\.\d+\."
 
     # -- loading --------------------------------------------------------------------------------------------------
@@ -103,7 +97,7 @@ class PixArtFamily(Family):
         cast_parts(parts, config)
         t5 = parts["text_encoder"]
         slot = TextEncoderSlot(
-            "text_encoder", t5, tokenizer, pixart_lora.TEXT_ENCODER_PREFIX, "t5", config.text_encoder_layer_skip,
+            "text_encoder", t5, tokenizer, pixart_lora.TEXT_ENCODER_PREFIX, "t5", config.text_encoder.layer_skip,
             token_embedding=t5.encoder.embed_tokens,
         )  # fmt: skip
         extra["tokens"] = CAPTION_TOKENS.get(config.model_type, 120)

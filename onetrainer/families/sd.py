@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,7 +17,6 @@ from onetrainer.families.base import (
     Conditioning,
     Family,
     LoadedModel,
-    PartRole,
     TextEncoderSlot,
     first_weight,
 )
@@ -71,12 +70,7 @@ def is_sd2(model_type: ModelType) -> bool:
 class StableDiffusionFamily(Family):
     info = SD
     saved_scheduler = "DDIMScheduler"  # the sampler a saved diffusers folder names (what the model's authors ship)
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        "unet": PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        "vae": PartRole.IMAGE_ENCODER,
-    }
-    sampling_parts = frozenset(part_roles)
+    sampling_parts = frozenset(SD.parts)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -89,7 +83,7 @@ class StableDiffusionFamily(Family):
         cast_parts(parts, config)
         v_prediction = wants_v_prediction(config, model_type)
         slot = TextEncoderSlot(
-            "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder_layer_skip
+            "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder.layer_skip
         )
         zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)

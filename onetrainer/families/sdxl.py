@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
 from onetrainer.families import reference_configs as reference
-from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, PartRole, TextEncoderSlot, first_weight
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -68,11 +68,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     info = SDXL
     saved_scheduler = "EulerDiscreteScheduler"
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        **StableDiffusionFamily.part_roles,
-        "text_encoder_2": PartRole.TEXT_ENCODER,
-    }
-    sampling_parts = frozenset(part_roles)
+    sampling_parts = frozenset(SDXL.parts)
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -90,7 +86,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
             TextEncoderSlot("text_encoder_2", parts["text_encoder_2"], tokenizers[1], "lora_te2", "clip_g"),
         ]
-        slots[0].layer_skip, slots[1].layer_skip = config.text_encoder_layer_skip, config.text_encoder_2_layer_skip
+        for slot in slots:
+            slot.layer_skip = config.part(slot.part).layer_skip
         zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
@@ -172,6 +169,27 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
                 pooled = output.text_embeds
         dtype = torch.promote_types(hidden[0].dtype, hidden[1].dtype)
         return Conditioning({"hidden_states": torch.cat([h.to(dtype) for h in hidden], dim=-1), "pooled": pooled})
+
+    def drop_captions(
+        self,
+        model: LoadedModel,
+        captions: list[str],
+        drops: Sequence[torch.Tensor | None],
+        encode: Callable[[list[str]], Conditioning],
+    ) -> Conditioning:
+        """Each encoder's share by its own mask: `hidden_states` is encoder 1's states then encoder 2's (on the
+        feature axis), `pooled` is encoder 2's. A dropped share is the empty caption's (`caption_dropout`)."""
+        conditioning = encode(captions)
+        dropped = self.dropped_conditioning(conditioning, encode)
+        width = model.text_encoders[0].encoder.config.hidden_size  # encoder 1's share of the feature axis
+        hidden, empty = conditioning.hidden_states, dropped.hidden_states
+        first, second = drops
+        shares = [
+            _rows_where(first, empty[..., :width], hidden[..., :width]),
+            _rows_where(second, empty[..., width:], hidden[..., width:]),
+        ]
+        pooled = _rows_where(second, dropped.pooled, conditioning.pooled)
+        return Conditioning({**conditioning.tensors, "hidden_states": torch.cat(shares, dim=-1), "pooled": pooled})
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
         latents, pixels = inputs.latents, inputs.pixels
@@ -383,3 +401,11 @@ def _convert_open_clip_g(state: dict, text_encoder) -> dict:
         elif f"text_model.{key}" in own:
             out[f"text_model.{key}"] = value
     return out
+
+
+def _rows_where(drop: torch.Tensor | None, dropped: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """`kept` with the rows where `drop` ([B] bool) is true taken from `dropped` (None: none dropped)."""
+    if drop is None:
+        return kept
+    mask = drop.to(kept.device).view(-1, *([1] * (kept.dim() - 1)))
+    return torch.where(mask, dropped.to(kept.device, kept.dtype), kept)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,7 +25,6 @@ from onetrainer.families.base import (
     Conditioning,
     Family,
     LoadedModel,
-    PartRole,
     TextEncoderSlot,
     first_weight,
 )
@@ -75,14 +74,6 @@ class WuerstchenFamily(Family):
 
     info = WUERSTCHEN
     caption_dropout = CaptionDropout.EMPTY_CAPTION
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        "prior": PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        "decoder": PartRole.SAMPLING,
-        "decoder_text_encoder": PartRole.SAMPLING,
-        "decoder_vqgan": PartRole.SAMPLING,
-        "effnet_encoder": PartRole.IMAGE_ENCODER,
-    }
     sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan"))
     broken_sample_advice = (
         "set the decoder's and its VQGAN's weight data types (decoder.weight_dtype, decoder_vqgan.weight_dtype) to "
@@ -360,13 +351,6 @@ class WuerstchenFamily(Family):
 
 class CascadeFamily(WuerstchenFamily):
     info = CASCADE
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        "prior": PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        "decoder": PartRole.SAMPLING,
-        "decoder_vqgan": PartRole.SAMPLING,
-        "effnet_encoder": PartRole.IMAGE_ENCODER,
-    }
     sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_vqgan"))
 
 

@@ -24,7 +24,7 @@ from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
-from onetrainer.families.base import BatchInputs, CaptionDropout, PartRole
+from onetrainer.families.base import BatchInputs, Conditioning, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.noise.draws import perturb_noise, sample_noise
@@ -360,23 +360,36 @@ class Trainer:
         self.dist.average_gradients(params, self.config)
         return result.loss
 
+    def _caption_drops(self, count: int, generator: torch.Generator) -> list[torch.Tensor | None]:
+        """Caption dropout: one [count] bool mask per text encoder from its own `dropout_probability`, drawn
+        independently in the encoders' order (None, and no draw, for an encoder without dropout: a one-encoder run
+        draws as it always did)."""
+        drops: list[torch.Tensor | None] = []
+        for slot in self.model.text_encoders:
+            probability = self.config.part(slot.part).dropout_probability
+            if probability > 0:
+                draw = torch.rand(self.draws.size(count), generator=generator)
+                drops.append(self.draws.mine(draw) < probability)
+            else:
+                drops.append(None)
+        return drops
+
+    def _encode_captions(self, captions: list[str]) -> Conditioning:
+        """The conditioning of captions: from the text cache when the encoders are frozen, else encoded now."""
+        if self.text_cache is not None:
+            return self.text_cache.conditioning(captions, self.device)
+        return self.family.encode_text(self.model, captions)
+
     def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
         config, family, model = self.config, self.family, self.model
         latents = self._latents(batch)
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
-        dropout = config.part(model.text_encoders[0].part).dropout_probability
-        drops = None
-        if dropout > 0:
-            drops = self.draws.mine(torch.rand(self.draws.size(len(captions)), generator=generator)) < dropout
-            if family.caption_dropout is CaptionDropout.EMPTY_CAPTION:
-                captions = ["" if d else c for c, d in zip(captions, drops.tolist())]
-        if self.text_cache is not None:
-            conditioning = self.text_cache.conditioning(captions, self.device)
+        drops = self._caption_drops(len(captions), generator)
+        if any(d is not None for d in drops):  # the family knows where each encoder's share of the conditioning is
+            conditioning = family.drop_captions(model, captions, drops, self._encode_captions)
         else:
-            conditioning = family.encode_text(model, captions)
-        if drops is not None and family.caption_dropout is CaptionDropout.ZEROS:
-            conditioning = conditioning.zeroed(drops)
+            conditioning = self._encode_captions(captions)
 
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).

@@ -14,6 +14,7 @@ from onetrainer.config.model_types import (
     FAMILIES,
     MODEL_TYPES,
     FamilyInfo,
+    PartRole,
     register_model_type,
 )
 from onetrainer.config.schema import BoundField, walk
@@ -30,16 +31,17 @@ BEFORE: dict[str, frozenset[str]] = {
 }
 
 
-def _before(bound: BoundField) -> BoundField:
-    """The field as it was declared: its family set instead of `needs` (and, for train_embedding, of its `when`)."""
-    meta = bound.spec.meta
+def _applied_before(bound: BoundField, ctx) -> bool:
+    """Whether the field applied as it was declared: its family set instead of `needs` (and, for train_embedding,
+    instead of its `when`)."""
     families = BEFORE.get(bound.spec.name)
     if families is None:
-        return bound
-    old = dataclasses.replace(meta, families=families, needs=None)
+        return bound.applies(ctx)
+    old = dataclasses.replace(bound.spec.meta, needs=None)
     if bound.spec.name == "train_embedding":
         old = dataclasses.replace(old, when=None, when_text="")
-    return dataclasses.replace(bound, spec=dataclasses.replace(bound.spec, meta=old))
+    unfiltered = dataclasses.replace(bound, spec=dataclasses.replace(bound.spec, meta=old))
+    return ctx.family in families and unfiltered.applies(ctx)
 
 
 @pytest.mark.parametrize("model_type", list(MODEL_TYPES), ids=lambda m: m.value)
@@ -49,7 +51,7 @@ def test_every_setting_applies_where_it_did(model_type) -> None:
         config.training_method = method
         ctx = context_of(config)
         for bound in walk(config):
-            assert bound.applies(ctx) == _before(bound).applies(ctx), (bound.path, method)
+            assert bound.applies(ctx) == _applied_before(bound, ctx), (bound.path, method)
 
 
 def _applies(model_type: ModelType, path: str, method: TrainingMethod = TrainingMethod.EMBEDDING) -> bool:
@@ -68,6 +70,8 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("generalized_offset_noise") == {"sd", "sdxl"}
     assert _families_where("text_encoder.train_embedding") == {"sdxl"}
     assert _families_where("text_encoder_2.train_embedding") == {"sdxl"}
+    assert _families_where("text_encoder.layer_skip") == {"sd", "sdxl", "pixart"}
+    assert _families_where("text_encoder_2.layer_skip") == {"sdxl"}
     assert not _families_where("text_encoder.train_embedding", TrainingMethod.LORA)
 
 
@@ -83,7 +87,12 @@ def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares() -> Non
     family = FamilyInfo(
         key="variance_dit",
         label="Variance DiT",
-        parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
+        part_roles={
+            "transformer": PartRole.DENOISER,
+            "text_encoder": PartRole.TEXT_ENCODER,
+            "text_encoder_2": PartRole.TEXT_ENCODER,
+            "vae": PartRole.IMAGE_ENCODER,
+        },
         bucket_step=16,
         methods=sd.family.methods,
         output_formats=sd.family.output_formats,

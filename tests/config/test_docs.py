@@ -22,7 +22,10 @@ def test_every_shown_field_has_a_label_and_help():
 
 def test_presets_and_family_fields_are_documented():
     from onetrainer.config import list_presets, load_preset
-    from onetrainer.config.validation import EFFNET_DOWNLOAD
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    EFFNET_DOWNLOAD = MODEL_TYPES[ModelType.STABLE_CASCADE_1].family.part_downloads["effnet_encoder"]
 
     text = render()
     presets = text.split("## Presets", 1)[1]

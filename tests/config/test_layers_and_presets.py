@@ -19,7 +19,7 @@ from onetrainer.config import (
 from onetrainer.config.concept_config import ConceptConfig
 from onetrainer.config.enums import ModelType, TrainingMethod
 from onetrainer.config.io import ConfigFileError, parse_set_value, preset_path, read_config_dict, save_side_file
-from onetrainer.config.model_types import family_of
+from onetrainer.config.model_types import PartRole, family_of
 from onetrainer.families import is_trainable
 
 REQUIRED_PRESETS = {
@@ -83,7 +83,7 @@ def test_low_vram_preset_uses_the_memory_savers(name):
     config, _ = load_preset(name)
     assert config.unet.weight_dtype.value == "FLOAT_16" and config.unet.gradient_checkpointing
     assert config.latent_caching and config.optimizer.optimizer.value == "ADAMW_8BIT" and config.batch_size == 1
-    encoders = [p for p in family_of(config.model_type).parts if p.startswith("text_encoder")]
+    encoders = family_of(config.model_type).parts_with(PartRole.TEXT_ENCODER)
     assert encoders and not any(config.part(p).train for p in encoders)  # their outputs are cached
 
 

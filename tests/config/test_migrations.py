@@ -98,3 +98,25 @@ def test_concept_migrations():
     config, problems = load({"concepts": [{"__version": 0, "repeats": 2.5, "validation_concept": True}]})
     assert errors(problems) == []
     assert config.concepts[0].balancing == 2.5 and config.concepts[0].type.value == "VALIDATION"
+
+
+def test_onetrainer_clip_skip_keys_load_into_the_text_encoder_parts(tmp_path):
+    """OneTrainer keeps clip skip beside the part blocks; here it is the part's `layer_skip`. Its keys load at any
+    version and without one (OneTrainer's presets carry none), in a preset layer, and with --set."""
+    from onetrainer.config import load_layers, save_config
+    from onetrainer.config.io import read_config_dict
+
+    for version in ({"__version": 11}, {"__version": 4}, {}):
+        config, problems = load({**version, "text_encoder_layer_skip": 2, "text_encoder_2_layer_skip": 1})
+        assert problems == [] and (config.text_encoder.layer_skip, config.text_encoder_2.layer_skip) == (2, 1)
+    # the block's own value wins over OneTrainer's key; a block's other settings stay
+    config, _ = load({"text_encoder_layer_skip": 2, "text_encoder": {"layer_skip": 3, "train": False}})
+    assert config.text_encoder.layer_skip == 3 and config.text_encoder.train is False
+    preset = tmp_path / "preset.json"
+    preset.write_text('{"model_type": "STABLE_DIFFUSION_XL_10_BASE", "text_encoder_2_layer_skip": 2}')
+    config, problems = load_layers(str(preset), overrides=["text_encoder_layer_skip=1"])
+    assert errors(problems) == [] and (config.text_encoder.layer_skip, config.text_encoder_2.layer_skip) == (1, 2)
+    # saved once, at its own place (as every OneTrainer name this trainer stores elsewhere)
+    save_config(config, tmp_path / "saved.json")
+    saved = read_config_dict(tmp_path / "saved.json")
+    assert "text_encoder_layer_skip" not in saved and saved["text_encoder_2"]["layer_skip"] == 2

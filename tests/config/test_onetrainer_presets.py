@@ -40,7 +40,10 @@ def test_onetrainer_preset_loads_cleanly(path):
 def test_cascade_effnet_placeholder_says_where_to_download_the_file():
     # OneTrainer's Cascade preset names no effnet encoder, only "TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS": the check
     # names the field and says which file to fetch from where, instead of "model not found".
-    from onetrainer.config.validation import EFFNET_DOWNLOAD
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    EFFNET_DOWNLOAD = MODEL_TYPES[ModelType.STABLE_CASCADE_1].family.part_downloads["effnet_encoder"]
     from onetrainer.training.checks import run_checks
 
     config, problems = load_config(onetrainer_presets_dir() / "Stable Cascade" / "#stable cascade.json")

@@ -128,9 +128,10 @@ def test_field_applicability_follows_family_and_method():
     config.training_method = TrainingMethod.LORA
     ctx = context_of(config)
     assert fields["text_encoder_2.train"].applies(ctx)
-    assert fields["text_encoder_2_layer_skip"].applies(ctx)
+    assert fields["text_encoder_2.layer_skip"].applies(ctx)
+    assert not fields["unet.layer_skip"].applies(ctx)
     assert fields["lora_rank"].applies(ctx)
-    assert not fields["vae.train"].applies(ctx)  # auxiliary parts are not trained
+    assert not fields["vae.train"].applies(ctx)  # image encoders and sampling parts are not trained
     assert fields["text_encoder.dropout_probability"].applies(ctx)
     assert not fields["unet.dropout_probability"].applies(ctx)
 
@@ -201,17 +202,17 @@ def test_a_learning_rate_of_zero_is_a_warning():
 def test_other_parts_blocks_load_merge_and_round_trip() -> None:
     # A config without `parts` (every OneTrainer config) loads as before; blocks of parts no family here declares
     # (a family module not loaded) are kept and written back; a block read onto a declared one keeps its defaults.
-    from onetrainer.config.model_types import AUXILIARY, register_part
+    from tests.families.tiny_dit_family import register
 
     old, problems = config_from_dict({"model_type": "STABLE_DIFFUSION_15"})
     assert not problems and old.parts == {}
-    undo = register_part("patch_autoencoder", "Patch Autoencoder", AUXILIARY)
+    undo = register()  # a family with a part of its own (`patch_autoencoder`, an IMAGE_ENCODER)
     try:
         data = {"parts": {"patch_autoencoder": {"weight_dtype": "FLOAT_16"}, "elsewhere": {"train": False}}}
         config, problems = config_from_dict(data)
         assert not problems
         block = config.part("patch_autoencoder")
-        assert block.weight_dtype is DataType.FLOAT_16 and not block.train  # an auxiliary part's default kept
+        assert block.weight_dtype is DataType.FLOAT_16 and not block.train  # an image encoder's default kept
         again, _ = config_from_dict(json.loads(json.dumps(config.to_dict())))
         assert again.to_dict() == config.to_dict() and not again.parts["elsewhere"].train
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import ClassVar
 
 import torch
 
@@ -95,3 +96,37 @@ def test_render_pipeline_uses_only_the_calls_the_contract_declares():
     assert recording.calls[-1]["guidance_rescale"] == 0.7 and recording.calls[-1]["strength"] == 1.0
     render_pipeline(Sd(), _model("STABLE_DIFFUSION_15"), sample, lambda t: t, False)
     assert "guidance_rescale" not in recording.calls[-1] and "image" not in recording.calls[-1]
+
+
+def test_part_roles_are_declared_once_by_the_family_info():
+    """One vocabulary: the config's PartRole, declared per part in FamilyInfo; a Family reads it from there (on the
+    class too, as the preflight does) and may not declare it again. The config's part blocks default by that role."""
+    import pytest
+
+    from onetrainer.config import TrainConfig
+    from onetrainer.config import model_types as mt
+    from onetrainer.families import FAMILY_CLASSES, base, load_family_class
+
+    assert base.PartRole is mt.PartRole
+    for info in mt.FAMILIES.values():
+        assert next(iter(info.part_roles.values())) is mt.PartRole.DENOISER and info.parts == tuple(info.part_roles)
+        if info.key in FAMILY_CLASSES:
+            model_type = next(t for t, i in mt.MODEL_TYPES.items() if i.family is info)
+            family_class = load_family_class(model_type)
+            assert family_class.part_roles is info.part_roles and family_class().part_roles is info.part_roles
+    with pytest.raises(TypeError, match=r"FamilyInfo\.part_roles"):
+
+        class Twice(base.Family):
+            part_roles: ClassVar = {"unet": mt.PartRole.DENOISER}
+
+    with pytest.raises(ValueError, match="DENOISER"):
+        mt.FamilyInfo("x", "X", {"vae": mt.PartRole.IMAGE_ENCODER}, 8, (), {})
+    config = TrainConfig()
+    assert [config.part(p).train for p in ("vae", "effnet_encoder", "decoder", "decoder_vqgan")] == [False] * 4
+    assert (
+        config.text_encoder_2.stop_training_after == 30
+        and config.prior.train
+        and config.prior.stop_training_after is None
+    )
+    assert mt.part_label("text_encoder_2") == "Text Encoder 2" and mt.part_label("decoder_vqgan") == "Decoder VQGAN"
+    assert mt.part_role("vae") is mt.PartRole.IMAGE_ENCODER and mt.part_role("decoder") is mt.PartRole.SAMPLING

@@ -146,6 +146,43 @@ def test_sampling_with_clip_skip_matches_diffusers(model, diffusers_pipe):
     assert not torch.allclose(theirs, latents(diffusers_pipe), atol=1e-4)
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["encoded", "text-cache"])
+def test_caption_dropout_drops_each_encoders_share_on_its_own(tmp_path, model, cached):
+    """Encoder 1's states are the first 32 features, encoder 2's the rest and the pooled embedding: a drop mask per
+    encoder replaces only that encoder's share with the empty caption's, from the encoder or the text cache."""
+    from onetrainer.data.caching import TextCache, encode_text_entries
+
+    captions = ["a red circle", "a blue square"]
+    if cached:
+        text_cache = TextCache(config(cache_dir=str(tmp_path)), FAMILY, model)
+        for caption, entry in zip([*captions, ""], encode_text_entries(FAMILY, model, [*captions, ""])):
+            text_cache.cache.put(text_cache.key(caption), entry)
+
+        def encode(texts):
+            return text_cache.conditioning(texts, "cpu")
+    else:
+
+        def encode(texts):
+            return FAMILY.encode_text(model, texts)
+
+    with torch.no_grad():
+        full, empty = encode(captions), encode([""])
+        all_rows, no_rows = torch.ones(2, dtype=torch.bool), torch.tensor([False, True])
+        first = FAMILY.drop_captions(model, captions, [all_rows, None], encode)
+        second = FAMILY.drop_captions(model, captions, [None, all_rows], encode)
+        mixed = FAMILY.drop_captions(model, captions, [no_rows, torch.zeros(2, dtype=torch.bool)], encode)
+    empty_hidden = empty.hidden_states.expand_as(full.hidden_states)
+    assert torch.equal(first.hidden_states[..., :32], empty_hidden[..., :32])
+    assert torch.equal(first.hidden_states[..., 32:], full.hidden_states[..., 32:])
+    assert torch.equal(first.pooled, full.pooled)
+    assert torch.equal(second.hidden_states[..., :32], full.hidden_states[..., :32])
+    assert torch.equal(second.hidden_states[..., 32:], empty_hidden[..., 32:])
+    assert torch.equal(second.pooled, empty.pooled.expand_as(full.pooled))
+    assert not torch.equal(full.hidden_states[..., :32], empty_hidden[..., :32])  # the test can tell them apart
+    assert torch.equal(mixed.hidden_states[0], full.hidden_states[0])  # only the masked row changes
+    assert torch.equal(mixed.hidden_states[1, :, :32], empty.hidden_states[0, :, :32])
+
+
 def test_pooling_follows_the_end_token_not_the_highest_id(model):
     """Real CLIP configs say eos_token_id=2, which pools at the highest id: an added embedding token would win."""
     m = FAMILY.load(config())
@@ -290,7 +327,7 @@ def test_the_second_text_encoder_settings_apply_to_sdxl_only():
     sdxl_lora = applying(**lora)
     for path in ("train", "learning_rate", "stop_training_after", "weight_dtype", "gradient_checkpointing"):
         assert f"text_encoder_2.{path}" in sdxl_lora and f"text_encoder.{path}" in sdxl_lora
-    assert "text_encoder_2_layer_skip" in sdxl_lora and "text_encoder_layer_skip" in sdxl_lora
+    assert "text_encoder_2.layer_skip" in sdxl_lora and "text_encoder.layer_skip" in sdxl_lora
     assert "text_encoder_2.train_embedding" in applying(training_method="EMBEDDING", output_model_format="SAFETENSORS")
     sd15 = applying(**lora, model_type="STABLE_DIFFUSION_15", base_model_name="tiny:sd15")
     assert not any(p.startswith("text_encoder_2") for p in sd15)

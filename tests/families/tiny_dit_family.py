@@ -14,7 +14,6 @@ import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -23,13 +22,11 @@ from PIL import Image
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 from onetrainer.config.model_types import (
-    AUXILIARY,
-    DENOISER,
     FamilyInfo,
     ModelTypeInfo,
+    PartRole,
     SampleDefaults,
     register_model_type,
-    register_part,
 )
 from onetrainer.families import register_family
 from onetrainer.families.base import (
@@ -38,7 +35,6 @@ from onetrainer.families.base import (
     Conditioning,
     Family,
     LoadedModel,
-    PartRole,
     TextEncoderSlot,
     first_weight,
 )
@@ -59,7 +55,12 @@ SCALE = 8  # pixels per latent
 INFO = FamilyInfo(
     key="tiny_dit",
     label="Tiny DiT (test family)",
-    parts=(DIT, "text_encoder", PATCH_AUTOENCODER),
+    part_roles={
+        DIT: PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        PATCH_AUTOENCODER: PartRole.IMAGE_ENCODER,
+    },
+    part_labels={DIT: "DiT"},
     bucket_step=SCALE * PATCH,
     methods=(TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING),
     output_formats={
@@ -79,10 +80,8 @@ MODEL_TYPE_INFO = ModelTypeInfo(
 
 
 def register() -> Callable[[], None]:
-    """Make the family known and trainable: its parts, its model type and its class. Returns the undo."""
+    """Make the family known and trainable: its model type (with its parts) and its class. Returns the undo."""
     undos = [
-        register_part(DIT, "DiT", DENOISER),
-        register_part(PATCH_AUTOENCODER, "Patch Autoencoder", AUXILIARY),
         register_model_type(MODEL_TYPE_INFO),
         register_family(INFO.key, f"{__name__}:TinyDiTFamily"),
     ]
@@ -209,12 +208,7 @@ def build_parts(seed: int = 0) -> tuple[dict[str, torch.nn.Module], object]:
 class TinyDiTFamily(Family):
     info = INFO
     caption_dropout = CaptionDropout.ZEROS
-    part_roles: ClassVar[dict[str, PartRole]] = {
-        DIT: PartRole.DENOISER,
-        "text_encoder": PartRole.TEXT_ENCODER,
-        PATCH_AUTOENCODER: PartRole.IMAGE_ENCODER,
-    }
-    sampling_parts = frozenset(part_roles)
+    sampling_parts = frozenset(INFO.parts)
 
     def load(self, config) -> LoadedModel:
         from onetrainer.util.dtypes import torch_dtype

@@ -66,7 +66,10 @@ def test_model_type_menu_follows_the_family_registry(app, monkeypatch) -> None:
 
 
 def test_onetrainers_cascade_preset_says_where_to_get_the_effnet_file(app) -> None:
-    from onetrainer.config.validation import EFFNET_DOWNLOAD
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    EFFNET_DOWNLOAD = MODEL_TYPES[ModelType.STABLE_CASCADE_1].family.part_downloads["effnet_encoder"]
     from tests.conftest import onetrainer_presets_dir
 
     assert app.load_config_file(onetrainer_presets_dir() / "Stable Cascade" / "#stable cascade.json")

@@ -75,7 +75,7 @@ def test_groups_keep_the_tab_settings_first() -> None:
     titles = [title for title, _ in arrange_groups(fields, "Training")]
     assert titles[0] == "Optimizer"
     assert titles.index("UNet") > titles.index("Layer filter")  # a part-only group follows the tab's own groups
-    assert "Text Encoder" in titles  # the part's fields join the group of the clip skip setting
+    assert "Text Encoder" in titles  # the part's fields, clip skip among them, form its group
 
 
 def test_split_columns_balances_and_keeps_order() -> None:
@@ -154,3 +154,16 @@ def test_preset_tree_mirrors_the_folders() -> None:
 def test_unit_choices_are_offered() -> None:
     spec = TrainConfig.spec("sample_after_unit")
     assert TimeUnit.ALWAYS not in choice_options(spec) and TimeUnit.MINUTE in choice_options(spec)
+
+
+def test_clip_skip_is_a_setting_of_each_text_encoder() -> None:
+    """Clip skip sits in each text encoder's group on the training tab, for the families whose encoding reads it."""
+    for model_type, expected in (
+        (ModelType.STABLE_DIFFUSION_XL_10_BASE, {"text_encoder.layer_skip", "text_encoder_2.layer_skip"}),
+        (ModelType.STABLE_DIFFUSION_15, {"text_encoder.layer_skip"}),
+        (ModelType.WUERSTCHEN_2, set()),  # Würstchen's text encoding has no clip skip
+    ):
+        config = _config(model_type, TrainingMethod.LORA)
+        ctx = context_of(config)
+        shown = {f.path for f in form_fields(config, "training") if f.applies(ctx)}
+        assert {p for p in shown if p.endswith("layer_skip")} == expected, model_type

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from onetrainer.config import config_from_dict
@@ -48,6 +49,39 @@ def test_caption_dropout_of_one_hides_every_caption(tmp_path):
     initial = create_method(config, FAMILY, model, torch.device("cpu")).embeddings.embeddings[0].vectors
     # Every caption was dropped, so the placeholder was never seen and its vectors never changed.
     assert torch.allclose(trained.float(), initial["text_encoder"].float())
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["text-cache", "encoded"])
+def test_sdxl_caption_dropout_is_drawn_per_text_encoder(tmp_path, monkeypatch, cached):
+    """Dropout 1.0 on SDXL's first encoder and 0.0 on its second: the denoiser gets the empty caption's states from
+    encoder 1 and the captions' from encoder 2 (and its pooled embedding), from the text cache or encoded each step."""
+    from onetrainer.families.sdxl import StableDiffusionXLFamily
+
+    seen = []
+    predict = StableDiffusionXLFamily.predict
+
+    def recording(self, model, noisy_latents, timesteps, conditioning, extra):
+        seen.append({k: v.detach().float().clone() for k, v in conditioning.tensors.items()})
+        return predict(self, model, noisy_latents, timesteps, conditioning, extra)
+
+    monkeypatch.setattr(StableDiffusionXLFamily, "predict", recording)
+    image_folder(tmp_path)
+    parts = {
+        "text_encoder": {"dropout_probability": 1.0, "train": False},
+        # a trained encoder turns the text cache off; its LoRA starts as the identity, so step 1 sees the base model
+        "text_encoder_2": {"dropout_probability": 0.0, "train": not cached},
+    }
+    outcome, _ = run(tiny_config(tmp_path, "sdxl", "LORA", epochs=1, **parts))
+    assert isinstance(outcome, Finished) and seen
+    family = StableDiffusionXLFamily()
+    config, _ = config_from_dict(tiny_config(tmp_path, "sdxl", "LORA"))
+    with torch.no_grad():
+        empty = family.encode_text(family.load(config), [""])
+    first = seen[0]
+    width = 32  # the tiny SDXL's first encoder
+    assert torch.allclose(first["hidden_states"][..., :width], empty.hidden_states[..., :width].expand(2, -1, -1))
+    assert not torch.allclose(first["hidden_states"][..., width:], empty.hidden_states[..., width:].expand(2, -1, -1))
+    assert not torch.allclose(first["pooled"], empty.pooled.expand(2, -1))
 
 
 def test_a_concept_loss_weight_of_zero_trains_nothing(tmp_path):
