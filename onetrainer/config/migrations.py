@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from onetrainer.config.model_types import PartRole, declared_part_roles
+from onetrainer.config.model_types import MODEL_TYPES, FamilyInfo, PartRole, declared_part_roles
 
 CURRENT_VERSION = 11
 
@@ -40,6 +40,12 @@ def _v0_optimizer_block(d: dict) -> dict:
     return d
 
 
+def _family(d: dict) -> FamilyInfo | None:
+    """The family of the config's model type, if this trainer declares it."""
+    info = next((i for m, i in MODEL_TYPES.items() if m.value == d.get("model_type")), None)
+    return info.family if info is not None else None
+
+
 def _v1_part_blocks(d: dict) -> dict:
     for part in _PARTS:
         renames = {
@@ -63,9 +69,8 @@ def _v2_loss_weight(d: dict) -> dict:
     if isinstance(gamma, int | float) and gamma > 0:
         d["loss_weight_fn"] = "MIN_SNR_GAMMA"
         d["loss_weight_strength"] = gamma
-    elif d.get("model_type") in ("WUERSTCHEN_2", "STABLE_CASCADE_1") and "loss_weight_fn" not in d:
-        d["loss_weight_fn"] = "P2"
-        d["loss_weight_strength"] = 1.0
+    elif (implied := getattr(_family(d), "implied_loss_weight", None)) and "loss_weight_fn" not in d:
+        d["loss_weight_fn"], d["loss_weight_strength"] = implied
     return d
 
 
@@ -110,7 +115,10 @@ def _v7_layer_filter(d: dict) -> dict:
 
 
 def _v8_prior_to_transformer(d: dict) -> dict:
-    if d.get("model_type") not in ("WUERSTCHEN_2", "STABLE_CASCADE_1") and isinstance(d.get("prior"), dict):
+    # OneTrainer kept a transformer's settings in `prior` before; a family with a prior of its own keeps them there.
+    family = _family(d)
+    has_prior = family is not None and "prior" in family.parts
+    if not has_prior and isinstance(d.get("prior"), dict):
         d["transformer"] = copy.deepcopy(d["prior"])
     return d
 

@@ -50,6 +50,8 @@ ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be resca
 GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
 LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
 LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
+# Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
+OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
 CAPABILITIES: frozenset[str] = frozenset(
     {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE, LAYER_SKIP}
 )
@@ -82,6 +84,11 @@ class FamilyInfo:
     part_downloads: dict[str, str] = field(default_factory=dict)
     # Labels of parts whose name does not spell it (default: `default_part_label`).
     part_labels: dict[str, str] = field(default_factory=dict)
+    # What single parts can do beyond the common part settings, {part: capabilities} (`OWN_MODEL`, …).
+    part_capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
+    # OneTrainer's configs before its `loss_weight_fn` setting trained this family with this loss weighting (the
+    # LossWeight member's name and its strength): migration v2 writes it into such a config.
+    implied_loss_weight: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         roles = list(self.part_roles.values())
@@ -131,6 +138,7 @@ _SD_LIKE_FORMATS = {
     TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
 }
 _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
+_OWN_MODEL = frozenset({OWN_MODEL})
 _SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LAYER_SKIP})
 _EFFNET_NOTE = (
     "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
@@ -151,6 +159,7 @@ SD = FamilyInfo(
     output_formats=_SD_LIKE_FORMATS,
     layer_presets=_UNET_LAYER_PRESETS,
     capabilities=_SD_CAPABILITIES,
+    part_capabilities={"vae": _OWN_MODEL},
 )
 SDXL = FamilyInfo(
     key="sdxl",
@@ -166,6 +175,7 @@ SDXL = FamilyInfo(
     output_formats=_SD_LIKE_FORMATS,
     layer_presets=_UNET_LAYER_PRESETS,
     capabilities=_SD_CAPABILITIES,
+    part_capabilities={"vae": _OWN_MODEL},
 )
 PIXART = FamilyInfo(
     key="pixart",
@@ -191,6 +201,7 @@ PIXART = FamilyInfo(
     },
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LEARNED_VARIANCE, LAYER_SKIP}),
+    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
     notes="`vb_loss_strength` (Training tab, Loss) weights the loss on the transformer's learned variance "
     "(OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is the `transformer` "
     "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
@@ -226,6 +237,8 @@ WUERSTCHEN = FamilyInfo(
     # The prior is a flat list of blocks: no down/up blocks to offer.
     layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
     hub_parts=("prior", "text_encoder"),
+    part_capabilities={"prior": _OWN_MODEL, "effnet_encoder": _OWN_MODEL, "decoder": _OWN_MODEL},
+    implied_loss_weight=("P2", 1.0),
     capabilities=frozenset({CIRCULAR_PADDING}),
     notes="Only the prior (stage C, the `prior` block) trains. "
     + _EFFNET_NOTE
@@ -264,6 +277,8 @@ CASCADE = FamilyInfo(
     },
     float16_unsafe_parts=("prior",),
     hub_parts=("prior", "text_encoder"),
+    part_capabilities={"prior": _OWN_MODEL, "effnet_encoder": _OWN_MODEL, "decoder": _OWN_MODEL},
+    implied_loss_weight=("P2", 1.0),
     notes="Only the prior (stage C, the `prior` block) trains. "
     + _EFFNET_NOTE
     + " OneTrainer's own Stable Cascade preset holds the placeholder `TODO: MANUALLY DOWNLOAD EFFNET WEIGHTS` in "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
-from onetrainer.config.model_types import LAYER_SKIP, PartRole, part_role
+from onetrainer.config.model_types import LAYER_SKIP, OWN_MODEL, PartRole, part_role
 from onetrainer.config.schema import ConfigNode, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
@@ -23,9 +23,8 @@ class ModelPartConfig(ConfigNode):
         "Load this part from another file or folder instead of the base model (empty: from the base model).",
         tab="model",
         widget="model",
-        # the prior (Würstchen / Cascade: a folder or hub id; Cascade also Stability's stage C file) and PixArt's
-        # transformer (an original checkpoint) as OneTrainer's "Prior Model" / transformer overrides
-        part_names=frozenset({"vae", "effnet_encoder", "decoder", "prior", "transformer"}),
+        # for the parts the family can load from a model of their own (OneTrainer's "Prior Model", VAE override, …)
+        part_needs=OWN_MODEL,
     )
     train: bool = setting(
         True,

@@ -184,8 +184,9 @@ def _applies_text(spec: FieldSpec) -> str:
         parts.append(", ".join(m.value for m in sorted(meta.methods, key=lambda m: m.value)))
     if meta.roles is not None:
         parts.append("parts: " + ", ".join(p for p, r in declared_part_roles().items() if r in meta.roles))
-    if meta.part_names is not None:
-        parts.append("parts: " + ", ".join(sorted(meta.part_names)))
+    if meta.part_needs is not None:
+        having = {p for f in FAMILIES.values() for p, caps in f.part_capabilities.items() if meta.part_needs in caps}
+        parts.append("parts: " + ", ".join(sorted(having)))
     if meta.when_text:
         parts.append(meta.when_text)
     return "; ".join(parts) or "all"

@@ -93,7 +93,8 @@ class Meta:
     methods: frozenset[TrainingMethod] | None = None
     # inside a model part: the `PartRole`s this setting applies to (the role the chosen family declares for the part)
     roles: frozenset[Any] | None = None
-    part_names: frozenset[str] | None = None  # inside a model part: the parts this setting applies to
+    # inside a model part: a capability the family declares for that part (`FamilyInfo.part_capabilities`)
+    part_needs: str | None = None
     part: str | None = None  # a model part block: applies when the family has this part
     # A dict of model part blocks keyed by part name (`TrainConfig.parts`): each entry is walked as that part's block.
     part_blocks: bool = False
@@ -119,7 +120,8 @@ class Meta:
                 role = family_of(ctx.model_type).part_roles.get(part) or declared_part_roles().get(part)
                 if role not in self.roles:
                     return False
-            if self.part_names is not None and part not in self.part_names:
+            own = family_of(ctx.model_type).part_capabilities.get(part, ())
+            if self.part_needs is not None and self.part_needs not in own:
                 return False
         if self.part is not None and self.part not in family_of(ctx.model_type).parts:
             return False

@@ -307,9 +307,8 @@ class TrainConfig(ConfigNode):
         "Base model",
         "The model to train from: a diffusers folder, a single .safetensors / .ckpt file, a Hugging Face repo id, "
         "or a backup folder of an earlier run. To try a model type offline, without a download: its tiny model with "
-        "random weights, built locally (samples are noise): tiny:sd15, tiny:sd15-inpainting, tiny:sd20-base, "
-        "tiny:sd20, tiny:sd20-inpainting, tiny:sd21-base, tiny:sd21, tiny:sdxl, tiny:sdxl-inpainting, tiny:pixart, "
-        "tiny:wuerstchen, tiny:cascade.",
+        "random weights, built locally (samples are noise), named tiny:<model> (tiny:sd15, …; the README lists one "
+        "for every model type).",
         tab="model",
         group="Base model",
         widget="model",

@@ -31,7 +31,7 @@ def context_of(config: TrainConfig) -> Context:
     )
 
 
-# A preset may ship this placeholder instead of a model path (OneTrainer's Stable Cascade preset, for a part that no
+# A preset may ship this placeholder instead of a model path (one of OneTrainer's presets does, for a part that no
 # diffusers repository holds, which the user downloads by hand: `FamilyInfo.part_downloads`).
 PLACEHOLDER = "TODO"
 
@@ -188,8 +188,9 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
 
 
 def _sample_size_rules(config: TrainConfig) -> list[Problem]:
-    """Each sample side must be one the model renders (a multiple of its family's `sample_step`: Stable Cascade's
-    stages need 128 px); a side that is not is refused here, before loading, rather than failing at the first sample."""
+    """Each sample side must be one the model renders (a multiple of its family's `sample_step`: a multi-stage model's
+    stages may need 128 px); a side that is not is refused here, before loading, rather than failing at the first
+    sample."""
     family = model_type_info(config.model_type).family
     step = family.sample_step
     problems = []

@@ -58,7 +58,7 @@ class _Progress:
 
 def latent_identity(config: TrainConfig, part_roles: Mapping[str, PartRole]) -> dict:
     """What the latents of a run depend on besides the image: the model type and the parts that encode images (the
-    family's IMAGE_ENCODER parts: SD's VAE, Würstchen's and Cascade's EfficientNet), each with its source and dtype."""
+    family's IMAGE_ENCODER parts: a VAE, an EfficientNet encoder, …), each with its source and dtype."""
     from onetrainer.config.model_types import model_type_info
 
     info = model_type_info(config.model_type)

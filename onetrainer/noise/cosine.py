@@ -1,8 +1,8 @@
-"""The continuous cosine noise schedule of Würstchen v2 and Stable Cascade.
+"""The continuous cosine noise schedule (improved DDPM) over a time ratio.
 
-t is a ratio in (0, 1] (the priors take it as their `r` / `timestep_ratio` input):
+t is a ratio in (0, 1] (the denoiser may take it as its time input):
 ᾱ(t) = clamp(cos²((t + s)/(1 + s)·π/2) / cos²(s/(1 + s)·π/2), 1e-4, 0.9999) with s = 0.008, as diffusers'
-`DDPMWuerstchenScheduler` (scaler 1) and the original trainers compute it. Training draws one of 10000 bins from the
+cosine DDPM scheduler (scaler 1) and the original trainers compute it. Training draws one of 10000 bins from the
 configured timestep distribution and remaps it per model (the family's remap) before noising.
 """
 
@@ -55,7 +55,7 @@ class ContinuousCosineSchedule(VariancePreservingSchedule):
 
     The training time is a draw of the configured distribution, placed in [min, max] noising strength, quantised to
     `TIMESTEP_BINS` bins (bin k is t = (k + 1)/10000, never 0) and then passed through the family's `remap`
-    (Würstchen: clamp(1.08·t + 0.001, 0.001, 1)); the model gets the remapped t as its time input.
+    (e.g. clamp(1.08·t + 0.001, 0.001, 1)); the model gets the remapped t as its time input.
     `sampler_factory` builds the family's sampling scheduler.
     """
 

@@ -1,4 +1,4 @@
-"""DDPM betas over integer timesteps (SD 1.5 / 2.x, SDXL, PixArt): ε or v, with the optional zero-terminal-SNR
+"""DDPM betas over integer timesteps (from a diffusers scheduler config): ε or v, with the optional zero-terminal-SNR
 rescale, and the variational bound over its β table for learned-variance models."""
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ class Prediction:
     """A denoiser's output plus what else the loss needs from it.
 
     `output` is what the configured losses compare with the schedule's target ([B, C, h, w] like the latents).
-    `variance`: the learned-variance channels of a model that predicts its own variance (PixArt's second 4), in
-    [-1, 1]; the trainer adds the schedule's variational bound on them at `vb_loss_strength`, logged as `loss/vb`.
+    `variance`: the learned-variance channels of a model that predicts its own variance (the second half of its output
+    channels), in [-1, 1]; the trainer adds the schedule's variational bound on them at `vb_loss_strength`, logged as
+    `loss/vb`.
     `losses` are other per-sample terms ([B], already scaled by the family's own strength setting); the trainer adds
     them to the loss and logs each as `loss/<name>`.
     """

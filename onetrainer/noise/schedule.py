@@ -7,8 +7,8 @@ of each prediction kind (ε; v = α·ε − σ·x₀; flow = ε − x₀). The t
 nothing outside `noise/` reads a diffusers scheduler's fields. The kinds so far:
 
 - `VariancePreservingSchedule`: α = √ᾱ, σ = √(1−ᾱ), from ᾱ(t);
-  - `discrete.DiscreteSchedule`: DDPM betas over integer steps 0…T-1 (SD 1.5 / 2.x, SDXL, PixArt);
-  - `cosine.ContinuousCosineSchedule`: the improved-DDPM cosine over t in (0, 1] (Würstchen v2, Stable Cascade).
+  - `discrete.DiscreteSchedule`: DDPM betas over integer steps 0…T-1 (a diffusers scheduler config's table);
+  - `cosine.ContinuousCosineSchedule`: the improved-DDPM cosine over t in (0, 1], remapped by the family.
 
 A rectified-flow schedule (α = 1 − t, σ = t, a shift by the latents' resolution) derives from `NoiseSchedule`
 directly: `scales`, `sample_times` (which gets the batch's latent shape), `validation_times`, `sampler`.

@@ -1,4 +1,4 @@
-"""The learned-variance term of models that predict their own variance (PixArt: 4 noise + 4 variance channels).
+"""The learned-variance term of models that predict their own variance (e.g. 4 noise + 4 variance channels).
 
 This is IDDPM's variational bound (Nichol & Dhariwal, arXiv 2102.09672): the model's reverse step
 p(x_{t-1} | x_t) is a Gaussian whose mean comes from the predicted noise and whose log variance interpolates between

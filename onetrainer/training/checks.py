@@ -50,8 +50,9 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 
 
 def _check_float16(config: TrainConfig) -> list[Problem]:
-    """FLOAT_16 weights for a part that overflows in them (Stable Cascade's prior gives NaN). A FLOAT_16 training
-    dtype is fine: such a part computes in `fallback_train_dtype` (BFLOAT_16 or FLOAT_32), never under fp16 autocast."""
+    """FLOAT_16 weights for a part that overflows in them (`FamilyInfo.float16_unsafe_parts`: NaN losses). A FLOAT_16
+    training dtype is fine: such a part computes in `fallback_train_dtype` (BFLOAT_16 or FLOAT_32), never under fp16
+    autocast."""
     from onetrainer.config.enums import DataType
 
     info = MODEL_TYPES.get(config.model_type)

@@ -50,11 +50,11 @@ BYTES = {
 _STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "ADAFACTOR": 2.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
-# The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak:
-# the gradients flowing back through the largest block, the block being recomputed under checkpointing, the
-# allocator's rounding. One factor for every family, set from the two GPU measurements in docs/benchmarks.md (SD 1.5
-# and SDXL LoRA, checkpointing on, H200): the tensors measured here come to 0.21 and 0.68 GiB, while the measured
-# peaks less the weights and the training state leave 0.30 and 0.71 GiB; × 1.5 keeps both just on the safe side.
+# The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak: the
+# gradients flowing back through the largest block, the block being recomputed under checkpointing, the allocator's
+# rounding. One factor for every family, set from the two GPU measurements in docs/benchmarks.md (the 512 px and 1024 px
+# UNet LoRA runs, checkpointing on, H200): the tensors measured here come to 0.21 and 0.68 GiB, while the measured peaks
+# less the weights and the training state leave 0.30 and 0.71 GiB; × 1.5 keeps both just on the safe side.
 PEAK_FACTOR = 1.5
 # The per-parameter rule where a family's step cannot run on the meta device, from the measured SD 1.5 UNet (no
 # checkpointing, 512 px): bytes kept per sample in 16-bit per image pixel per square root of the denoiser's
@@ -462,7 +462,7 @@ def _to_fake(module: torch.nn.Module, mode: Any) -> None:
 
 
 def _text_length(encoder: torch.nn.Module) -> int:
-    # CLIP's context; encoders with relative positions (T5) have no fixed one: a caption of the same length.
+    # CLIP's context; encoders with relative positions have no fixed one: a caption of the same length.
     return int(getattr(encoder.config, "max_position_embeddings", 0) or 77)
 
 
