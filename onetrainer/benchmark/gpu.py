@@ -112,9 +112,9 @@ def unet_lora_benchmark(
     from peft import LoraConfig
 
     from onetrainer.config.model_types import FAMILIES
-    from onetrainer.methods.base import name_matches
     from onetrainer.tiny import reference
     from onetrainer.training.noise_schedules import DiscreteSchedule, PredictionType
+    from onetrainer.util.layer_filter import name_matches
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")

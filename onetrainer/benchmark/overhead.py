@@ -306,7 +306,8 @@ def run_ours(setup: Setup, steps: int, warmup: int, name: str = "ours") -> Run:
 def lora_targets(unet: torch.nn.Module, config: TrainConfig) -> list[str]:
     """The UNet layers our LoRA method adapts for `config`: the same layer filter, applied as methods/lora.py does."""
     from onetrainer.families import load_family_class
-    from onetrainer.methods.base import layer_filter_patterns, name_matches
+    from onetrainer.methods.base import layer_filter_patterns
+    from onetrainer.util.layer_filter import name_matches
 
     patterns, regex = layer_filter_patterns(config, load_family_class(config.model_type)())
     adaptable = (torch.nn.Linear, torch.nn.Conv2d)

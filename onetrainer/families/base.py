@@ -241,7 +241,7 @@ class Family(ABC):
         encoder: every linear layer of its transformer blocks (`text_encoder_blocks`)."""
         import re
 
-        from onetrainer.methods.base import name_matches
+        from onetrainer.util.layer_filter import name_matches
 
         module = model.part(part)
         if part == self.denoiser_part:

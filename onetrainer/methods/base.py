@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -201,11 +200,3 @@ def layer_filter_patterns(config: TrainConfig, family: Family) -> tuple[list[str
     if config.layer_filter_preset == "custom" or custom:
         return custom, config.layer_filter_regex
     return list(family.info.layer_presets.get(config.layer_filter_preset, ())), False
-
-
-def name_matches(name: str, patterns: list[str], regex: bool) -> bool:
-    if not patterns:
-        return True
-    if regex:
-        return any(re.search(p, name) for p in patterns)
-    return any(p in name for p in patterns)

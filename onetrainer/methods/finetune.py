@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.methods.base import Method, layer_filter_patterns, name_matches
+from onetrainer.methods.base import Method, layer_filter_patterns
 from onetrainer.util.dtypes import torch_dtype
+from onetrainer.util.layer_filter import name_matches
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig

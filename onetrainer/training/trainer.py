@@ -43,7 +43,6 @@ from onetrainer.training.checkpoint import (
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import (
     autocast,
-    fallback_dtype,
     grad_scaler,
     release_cached_memory,
     seed_step_generators,
@@ -77,6 +76,7 @@ from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.timing import Interval
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
+from onetrainer.util.dtypes import fallback_dtype
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
 
