@@ -1,16 +1,21 @@
-"""Loading helpers shared by the families: diffusers components with clear errors, dtypes, strict state dicts."""
+"""Loading helpers shared by the families: diffusers components with clear errors, dtypes, strict state dicts, a
+fine-tune backup as a base model, the inpainting check of a model type."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from onetrainer.config.model_types import model_type_info
+from onetrainer.families.sources import ModelSource
 from onetrainer.util.dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+    from onetrainer.config.enums import ModelType
     from onetrainer.util.hub import FileSets
 
 log = logging.getLogger(__name__)
@@ -97,3 +102,23 @@ def checked_load(module: torch.nn.Module, state: dict, what: str) -> None:
         if result.unexpected_keys:
             details.append(f"{len(result.unexpected_keys)} unexpected (e.g. {result.unexpected_keys[0]})")
         raise ModelLoadError(f"{what} does not match the model layout: {', '.join(details)}")
+
+
+def backup_model_source(backup: Path) -> ModelSource:
+    """The whole model in a fine-tune backup (`<backup>/model`, a diffusers folder) as the source to load; a backup
+    of a LoRA or embedding run holds no whole model, and is refused with what to do instead."""
+    folder = backup / "model"
+    if (folder / "model_index.json").is_file():
+        return ModelSource("diffusers", str(folder))
+    raise ModelLoadError(
+        f"{backup} is a backup of a LoRA or embedding run, not a whole model: resume it with 'Continue from last "
+        "backup', or use its LoRA / embedding file"
+    )
+
+
+def check_inpainting(inpainting: bool, model_type: ModelType, source: object, what: str = "model") -> None:
+    """Refuse an inpainting model (`inpainting`: what its weights say, e.g. 9 UNet input channels) for a plain model
+    type, and the reverse: `source` is {"an inpainting" / "not an inpainting"} `what`."""
+    if inpainting != model_type_info(model_type).inpainting:
+        which = "an inpainting" if inpainting else "not an inpainting"
+        raise ModelLoadError(f"{source} is {which} {what}, which does not fit the model type {model_type.value}")

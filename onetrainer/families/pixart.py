@@ -34,18 +34,21 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     ModelLoadError,
+    backup_model_source,
     cast_parts,
     checked_load,
     hub_options,
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd_common import discrete_schedule, plain_state, save_pipeline_folder
-from onetrainer.families.sources import ModelSource, resolve_local, resolve_source
+from onetrainer.families.saving import plain_state, save_in_format, save_pipeline_folder, write_single_file
+from onetrainer.families.schedules import discrete_schedule
+from onetrainer.families.sources import resolve_local, resolve_source
+from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
-from onetrainer.util.fs import atomic_file
 from onetrainer.weights import pixart_keys, pixart_lora
+from onetrainer.weights.adapter_kinds import LORA
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
 if TYPE_CHECKING:
@@ -62,6 +65,11 @@ class PixArtFamily(Family):
     caption_dropout = CaptionDropout.ZEROS
     sampling_parts = frozenset(PIXART.parts)
     text_encoder_blocks: ClassVar[str] = r"(^|\.)block\.\d+\."
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
+        ModelFormat.LEGACY_SAFETENSORS: "save_original_transformer",
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -77,9 +85,7 @@ class PixArtFamily(Family):
                 "transformer's model (transformer.model_name) to this file"
             )
         if source.kind == "backup":
-            from onetrainer.families.sd import _backup_model_dir
-
-            source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+            source = backup_model_source(source.path)
         options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
         transformer, extra = self._load_transformer(config, where, options)
@@ -89,9 +95,7 @@ class PixArtFamily(Family):
             "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
         }
         if config.vae.model_name:
-            from onetrainer.families.sd import StableDiffusionFamily
-
-            parts["vae"] = StableDiffusionFamily._load_vae_override(self, config, parts["vae"].config)
+            parts["vae"] = load_vae_override(config, parts["vae"].config)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         cast_parts(parts, config)
@@ -149,10 +153,7 @@ class PixArtFamily(Family):
         return Conditioning({"hidden_states": hidden, "attention_mask": mask})
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        vae = model.part("vae")
-        weight = first_weight(vae)
-        latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
-        return latents * vae.config.scaling_factor
+        return encode_latents(model.part("vae"), pixels)
 
     # -- a training step ------------------------------------------------------------------------------------------
 
@@ -225,14 +226,12 @@ class PixArtFamily(Family):
     def save(
         self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
-        if fmt is ModelFormat.DIFFUSERS:
-            self.save_diffusers(model, destination, dtype)
-        elif fmt in (ModelFormat.ORIGINAL_TRANSFORMER, ModelFormat.LEGACY_SAFETENSORS):
-            self.save_original_transformer(model, destination, dtype, metadata)
-        else:
-            raise ValueError(f"{fmt.value} is not a model format of {self.info.label}")
+        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
-    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder (`metadata`, a single file's header entries, has no place in it)."""
         from diffusers import DPMSolverMultistepScheduler
 
         scheduler = DPMSolverMultistepScheduler.from_config(model.schedule.scheduler_config)
@@ -242,18 +241,14 @@ class PixArtFamily(Family):
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
     ) -> None:
         """The transformer alone in PixArt's own keys (q/k/v fused), as ComfyUI and PixArt's scripts load it."""
-        from safetensors.torch import save_file
-
         transformer = model.part("transformer")
         state = pixart_keys.diffusers_to_native(
             plain_state(transformer), transformer.config, model.extra.get("y_embedding"), model.extra["tokens"]
         )
-        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
         resolution = model.type_info.resolution if _has_micro_conditions(model) else 512
         metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
         metadata.update(extra_metadata or {})
-        with atomic_file(destination) as tmp:
-            save_file(state, str(tmp), metadata=metadata)
+        write_single_file(state, destination, dtype, metadata)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """A diffusers folder: the backup can also be used as a base model."""
@@ -272,15 +267,11 @@ class PixArtFamily(Family):
         """KOHYA_LORA over PixArt's native names: LoRAs on to_q/to_k/to_v (to_k/to_v) become one exact LoRA on the
         fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS kinds have no exact
         fused form: they keep one entry per projection (our own reading only)."""
-        from onetrainer.methods.adapters import LORA
-
         if part != "transformer" or kind != LORA:
             return None
         return pixart_lora.transformer_to_kohya(state, alphas, model.part("transformer").config)
 
     def read_lora_file(self, model, part, kind, state):
-        from onetrainer.methods.adapters import LORA
-
         prefix = pixart_lora.TRANSFORMER_PREFIX + "_"
         mine = {k: v for k, v in state.items() if k.startswith(prefix)}
         if part != "transformer" or kind != LORA or not mine:

@@ -1,22 +1,28 @@
-"""What Stable Diffusion 1.x / 2.x and SDXL share: single-file key prefixes and converters, the CLIP text-encoder
-config and tokenizer of single files, the DDPM schedule from a model's scheduler config, inpainting inputs."""
+"""What Stable Diffusion 1.x / 2.x and SDXL share: their base class (`StableDiffusionBase`: the source dispatch, the
+VAE image encoding, inpainting's cached inputs and sample arguments, sampling through the pipeline, saving),
+single-file key prefixes and converters, the CLIP text-encoder config and tokenizer of single files, inpainting
+inputs."""
 
 from __future__ import annotations
 
 import json
 import logging
+from abc import abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from onetrainer.config.enums import ModelType
+from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Family, LoadedModel
-from onetrainer.families.sources import cache_root
-from onetrainer.noise.discrete import DiscreteSchedule
-from onetrainer.noise.prediction import PredictionType
+from onetrainer.families.loading import backup_model_source
+from onetrainer.families.saving import save_in_format, save_pipeline_folder, write_single_file
+from onetrainer.families.sources import ModelSource, cache_root, resolve_source
+from onetrainer.families.vae import encode_latents
+from onetrainer.util.threads import library_attribute
+from onetrainer.weights.metadata import model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -24,10 +30,120 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNET_PREFIX = "model.diffusion_model."
-VAE_PREFIX = "first_stage_model."
 TEXT_PREFIX = "cond_stage_model."
 CONFIGS_KEY = "onetrainer.diffusers_configs"  # the component configs, embedded in single files we write
 TOKENIZER_KEY = "onetrainer.tokenizer"  # a tokenizer other than the standard CLIP one, embedded likewise
+
+
+class StableDiffusionBase(Family):
+    """What the SD 1.x / 2.x and SDXL families do alike: where the base model is read from, the VAE's image encoding,
+    inpainting's cached inputs and sample arguments, sampling through the family's pipeline, and saving (a diffusers
+    folder, or one original single file from the family's `original_state_dict`). Each family subclasses it."""
+
+    saved_scheduler: ClassVar[str]  # the sampler a saved diffusers folder names (what the model's authors ship)
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_SINGLE_FILE: "save_single_file",
+        ModelFormat.LEGACY_SAFETENSORS: "save_single_file",
+    }
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def _read_source(self, config: TrainConfig):
+        """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            return self._load_single_file(source.path, config.model_type)
+        if source.kind == "backup":
+            source = backup_model_source(source.path)
+        return self._load_diffusers(source, config)
+
+    @abstractmethod
+    def _load_single_file(self, path: Path, model_type: ModelType):
+        """The same from an original single file."""
+
+    @abstractmethod
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
+        """The same from a diffusers folder or hub id."""
+
+    # -- images ---------------------------------------------------------------------------------------------------
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_latents(model.part("vae"), pixels)
+
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        if not model.type_info.inpainting or masks is None:
+            return {}
+        return inpainting_cache(self, model, pixels, masks)
+
+    def conv_input_sizes(self, model: LoadedModel, part: str, height: int, width: int) -> dict[str, tuple[int, int]]:
+        if part != self.denoiser_part:
+            return {}
+        return unet_conv_input_sizes(model.part(part), model.part("vae"), height, width)
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, zero_terminal_snr)
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        arguments = inpainting_sample_inputs(sample) if model.type_info.inpainting else {}
+        if zero_terminal_snr:
+            arguments["guidance_rescale"] = 0.7  # the rescale the zero-terminal-SNR paper samples with
+        return arguments
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save(
+        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
+
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder (`metadata`, a single file's header entries, has no place in it)."""
+        scheduler = library_attribute("diffusers", self.saved_scheduler).from_config(model.schedule.scheduler_config)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        # transformers saves CLIPTextModel's weights with a `text_model.` level its state dict may not have.
+        own = set(model.part(part).state_dict())
+        state = super().backup_state(model, folder, part)
+        return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+
+    @abstractmethod
+    def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The whole model in the original key layout, as A1111, Forge and ComfyUI read it, in `dtype`."""
+
+    def save_single_file(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        state = self.original_state_dict(model, dtype)
+        info = model.type_info
+        metadata = model_metadata(
+            self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
+        )
+        metadata[CONFIGS_KEY] = json.dumps({name: _config_of(part) for name, part in model.parts.items()}, default=str)
+        tokenizer = model.text_encoders[0].tokenizer
+        if len(tokenizer) != 49408:
+            # Only a tokenizer other than CLIP's standard one (49408 tokens) travels inside the file: a reader has the
+            # standard one, not another vocabulary.
+            metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": merges_of(tokenizer)})
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
+
+
+def _config_of(part: torch.nn.Module) -> dict:
+    """A part's config as plain data: diffusers models keep a frozen dict, transformers models a config object."""
+    config = part.config
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def inpainting_cache(family: Family, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor) -> dict:
@@ -114,12 +230,6 @@ def unet_conv_input_sizes(unet: torch.nn.Module, vae: torch.nn.Module, height: i
     return sizes
 
 
-def discrete_schedule(scheduler_config: dict, v_prediction: bool, zero_terminal_snr: bool) -> DiscreteSchedule:
-    """The model's DDPM betas, with the prediction type the run trains."""
-    prediction = PredictionType.V if v_prediction else PredictionType.EPSILON
-    return DiscreteSchedule(scheduler_config, prediction, zero_terminal_snr)
-
-
 def wants_v_prediction(config: TrainConfig, model_type: ModelType) -> bool:
     """v-prediction: forced by the config (zero terminal SNR needs it), else the model type's."""
     if config.force_epsilon_prediction:
@@ -133,12 +243,6 @@ def clip_config(config: dict) -> dict:
     return {
         k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")
     }
-
-
-def convert_vae(state: dict, vae) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    return convert_ldm_vae_checkpoint(state, vae.config)
 
 
 def convert_text_encoder(state: dict, text_encoder, v2: bool) -> dict:
@@ -185,11 +289,6 @@ def merges_of(tokenizer) -> list[str]:
     return [m if isinstance(m, str) else " ".join(m) for m in merges]
 
 
-def plain_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
-    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
-
-
 def schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
     """Empty tensors that tell other tools how the model was trained, where the file's weights cannot: `v_pred`
     (ComfyUI for SDXL; A1111/Forge for SDXL and SD 2.x) and `ztsnr`, zero terminal SNR (ComfyUI with `v_pred`, A1111
@@ -200,18 +299,3 @@ def schedule_markers(model: LoadedModel) -> dict[str, torch.Tensor]:
     if getattr(model.schedule, "zero_terminal_snr", False):
         markers["ztsnr"] = torch.tensor([])
     return markers
-
-
-def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
-    """A diffusers pipeline written atomically as a folder, its weights in `dtype`. The weights are cast in the written
-    files, not in the live modules: casting a training model down and back would round its weights."""
-    from safetensors.torch import load_file, save_file
-
-    from onetrainer.util.fs import atomic_directory
-
-    with atomic_directory(destination) as tmp:
-        pipe.save_pretrained(str(tmp), safe_serialization=True)
-        if dtype != torch.float32:
-            for file in tmp.rglob("*.safetensors"):
-                tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
-                save_file(tensors, str(file), metadata={"format": "pt"})

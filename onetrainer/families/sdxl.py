@@ -27,27 +27,27 @@ from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, Tex
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
+    check_inpainting,
     checked_load,
     hub_options,
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd import StableDiffusionFamily
+from onetrainer.families.saving import cast_state, plain_state
+from onetrainer.families.schedules import discrete_schedule
 from onetrainer.families.sd_common import (
     CONFIGS_KEY,
     UNET_PREFIX,
-    VAE_PREFIX,
+    StableDiffusionBase,
     clip_config,
     convert_text_encoder,
-    convert_vae,
-    discrete_schedule,
     inpainting_inputs,
-    plain_state,
     schedule_markers,
     single_file_tokenizer,
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelSource
+from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
@@ -63,8 +63,9 @@ CLIP_G_PREFIX = "conditioner.embedders.1.model."  # OpenCLIP layout: transformer
 KOHYA_PREFIXES = {"unet": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
 
 
-class StableDiffusionXLFamily(StableDiffusionFamily):
-    """Shares SD's image encoding, VAE override and saving; the rest is SDXL's own."""
+class StableDiffusionXLFamily(StableDiffusionBase):
+    """Shares with SD (`sd_common.StableDiffusionBase`) the image encoding, inpainting's cache, sampling and saving;
+    the rest is SDXL's own."""
 
     info = SDXL
     saved_scheduler = "EulerDiscreteScheduler"
@@ -77,7 +78,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         parts, tokenizers, scheduler_config, extra = self._read_source(config)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
-            parts["vae"] = self._load_vae_override(config, parts["vae"].config)
+            parts["vae"] = load_vae_override(config, parts["vae"].config)
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             _pool_at_end_token(parts[part], tokenizer)
@@ -280,9 +281,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             plain_state(model.part("text_encoder_2")),
         )
         out.update(schedule_markers(model))
-        return {
-            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in out.items()
-        }
+        return cast_state(out, dtype)
 
     # -- names ----------------------------------------------------------------------------------------------------
 
@@ -344,10 +343,7 @@ def _pool_at_end_token(encoder: torch.nn.Module, tokenizer) -> None:
 def _check_model_type(unet_config, model_type: ModelType, source: str) -> None:
     if unet_config.get("addition_embed_type") != "text_time":
         raise ModelLoadError(f"{source} is not an SDXL model, which does not fit the model type {model_type.value}")
-    inpainting = unet_config.get("in_channels") == 9
-    if inpainting != model_type_info(model_type).inpainting:
-        which = "an inpainting" if inpainting else "not an inpainting"
-        raise ModelLoadError(f"{source} is {which} model, which does not fit the model type {model_type.value}")
+    check_inpainting(unet_config.get("in_channels") == 9, model_type, source)
 
 
 def _check_folder(folder: Path, model_type: ModelType) -> None:
@@ -372,10 +368,7 @@ def _check_checkpoint(state: dict, path: Path, model_type: ModelType) -> None:
         raise ModelLoadError(
             f"{path} is an SD 1.x / 2.x checkpoint, which does not fit the model type {model_type.value}"
         )
-    inpainting = conv_in.shape[1] == 9
-    if inpainting != model_type_info(model_type).inpainting:
-        which = "an inpainting" if inpainting else "not an inpainting"
-        raise ModelLoadError(f"{path} is {which} checkpoint, which does not fit the model type {model_type.value}")
+    check_inpainting(conv_in.shape[1] == 9, model_type, path, "checkpoint")
 
 
 def _reference_configs(model_type: ModelType) -> dict:

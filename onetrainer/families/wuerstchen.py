@@ -1,6 +1,7 @@
 """Würstchen v2 and Stable Cascade: the prior (stage C) is trained on EfficientNet latents; the decoder (stage B) and
-the VQGAN (stage A) only render samples. One family class, two variants that differ in the prior's class, its text
-conditioning and the latent scaling.
+the VQGAN (stage A) only render samples. `WuerstchenPriorFamily` is what both do alike; `WuerstchenFamily` and
+`CascadeFamily` each override what differs: the prior's and decoder's classes, the text conditioning, the latent
+scaling, the time remap, the decoder's inputs, the saved formats and the LoRA names.
 
 The public warp-ai folders do not load as a diffusers pipeline (their model_index.json names the library
 `wuerstchen`), so every part loads from its own subfolder.
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+from abc import abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 from PIL import Image
 
-from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.enums import DataType, ModelFormat
 from onetrainer.config.model_types import CASCADE, WUERSTCHEN
 from onetrainer.families import effnet
 from onetrainer.families.base import (
@@ -30,17 +33,18 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     ModelLoadError,
+    backup_model_source,
     cast_parts,
     checked_load,
     hub_options,
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.sd_common import plain_state, save_pipeline_folder
+from onetrainer.families.saving import plain_state, save_in_format, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
-from onetrainer.util.fs import atomic_file
+from onetrainer.util.dtypes import fallback_dtype, torch_dtype
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
@@ -65,59 +69,77 @@ def cascade_remap(t: torch.Tensor) -> torch.Tensor:
     return (t + 0.001).clamp(0.001, 1.0)
 
 
-def is_cascade(model_type: ModelType) -> bool:
-    return model_type is ModelType.STABLE_CASCADE_1
+class WuerstchenPriorFamily(Family):
+    """What Würstchen v2 and Stable Cascade do alike: part-wise loading, CLIP tokens, effnet latents, the cosine
+    schedule, sampling prior (CFG) → decoder → VQGAN, the prior pipeline folder. Each variant is a subclass that
+    declares its facts (`info`, parts, `remap`, `kind`, `writers`) and overrides the methods marked abstract."""
 
-
-class WuerstchenFamily(Family):
-    """Both variants; `info` is Würstchen's, `CascadeFamily` changes the declarations."""
-
-    info = WUERSTCHEN
     caption_dropout = CaptionDropout.EMPTY_CAPTION
-    sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan"))
     broken_sample_advice = (
         "set the decoder's and its VQGAN's weight data types (decoder.weight_dtype, decoder_vqgan.weight_dtype) to "
         "FLOAT_32 or BFLOAT_16"
     )
+    # The model time of a training time t (see `ContinuousCosineSchedule`); a staticmethod, so not bound.
+    remap: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    kind: ClassVar[ModelKind]  # what file metadata says the model is
+    # The config attribute of the prior's and the decoder's input channel count.
+    channels_key: ClassVar[str]
+    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        cascade = is_cascade(config.model_type)
         source = resolve_source(config.base_model_name)
         if source.kind == "backup":
-            from onetrainer.families.sd import _backup_model_dir
-
-            source = ModelSource("diffusers", str(_backup_model_dir(source.path)))
+            source = backup_model_source(source.path)
         if source.kind not in ("diffusers", "hub"):
             raise ModelLoadError(
                 f"{config.base_model_name}: load {self.info.label} from a diffusers prior folder or hub id"
             )
         options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
-        parts = {"prior": self._load_prior(config, where, options, cascade)}
-        text_cls = _text_encoder_class(cascade)
-        parts["text_encoder"] = load_diffusers_component(text_cls, where, "text_encoder", options)
+        parts = {"prior": self._load_prior(config, where, options)}
+        parts["text_encoder"] = load_diffusers_component(self._text_encoder_class(), where, "text_encoder", options)
         tokenizer = load_tokenizer(where, options)
-        decoder_parts, decoder_tokenizer = self._load_decoder(config, cascade)
+        decoder_parts, decoder_tokenizer = self._load_decoder(config)
         parts.update(decoder_parts)
-        parts["effnet_encoder"] = _load_effnet(config, cascade)
+        parts["effnet_encoder"] = self._effnet_encoder(config)
         for module in parts.values():
             module.requires_grad_(False)
         cast_parts(parts, config)
         slot = TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizer, "lora_te", "clip_g")
-        schedule = ContinuousCosineSchedule(cascade_remap if cascade else wuerstchen_remap)
-        extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": _prior_autocast(config, cascade)}
+        schedule = ContinuousCosineSchedule(self.remap)
+        extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": self._prior_autocast(config)}
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
 
-    def _load_prior(self, config: TrainConfig, where: str, options: dict, cascade: bool) -> torch.nn.Module:
-        """The base's prior, or the prior part's own model (`prior.model_name`): a diffusers folder or hub id, or
-        (Stable Cascade) a single stage C file in Stability's layout (`stage_c.safetensors`, `stage_c_lite`) or
-        diffusers'."""
-        if cascade:
-            from diffusers import StableCascadeUNet as cls
-        else:
-            from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior as cls
+    @abstractmethod
+    def _prior_class(self) -> type:
+        """The diffusers class of the prior (stage C)."""
+
+    @abstractmethod
+    def _decoder_class(self) -> type:
+        """The diffusers class of the decoder (stage B)."""
+
+    @abstractmethod
+    def _text_encoder_class(self) -> type:
+        """The transformers class of the prior's text encoder."""
+
+    @abstractmethod
+    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
+        """The prior from a single file named as the prior's model (`prior.model_name`)."""
+
+    @abstractmethod
+    def _decoder_name(self, config: TrainConfig) -> str:
+        """The decoder's model when `decoder.model_name` is empty."""
+
+    @abstractmethod
+    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+        """The EfficientNet encoder (`effnet_encoder.model_name`)."""
+
+    def _load_prior(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
+        """The base's prior, or the prior part's own model (`prior.model_name`): a diffusers folder or hub id, or a
+        single file (`_prior_from_file`)."""
+        cls = self._prior_class()
         override = config.part("prior").model_name.strip()
         if not override:
             return load_diffusers_component(cls, where, "prior", options)
@@ -131,37 +153,32 @@ class WuerstchenFamily(Family):
             return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True})
         if not path.is_file():
             raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
-        if not cascade:
-            raise ModelLoadError(
-                f"prior.model_name: {path} is a single file; a Würstchen v2 prior is read from a diffusers folder or "
-                "hub id (single stage C files are Stable Cascade's)"
-            )
-        base_config = load_diffusers_component(cls, where, "prior", options, config_only=True)
-        return _stage_c_from_file(path, base_config)
+        return self._prior_from_file(path, where, options)
 
-    def _load_decoder(self, config: TrainConfig, cascade: bool) -> tuple[dict[str, torch.nn.Module], object]:
-        name = config.part("decoder").model_name or _default_decoder(cascade)
+    def _load_decoder(self, config: TrainConfig) -> tuple[dict[str, torch.nn.Module], object]:
+        """The decoder and its VQGAN (and the variant's own decoder parts, `_decoder_extras`), with the decoder's
+        tokenizer (None where the decoder has no text encoder of its own)."""
+        from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
+
+        name = config.part("decoder").model_name or self._decoder_name(config)
         source = resolve_source(name)
         files = self.info.part_hub_file_sets["decoder"]
         options = hub_options(source, config, "the decoder (decoder.model_name)", files)
         where = source.location
-        if cascade:
-            from diffusers import StableCascadeUNet as decoder_cls
-            from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
-        else:
-            from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
-            from diffusers.pipelines.deprecated.wuerstchen import WuerstchenDiffNeXt as decoder_cls
         parts = {
-            "decoder": load_diffusers_component(decoder_cls, where, "decoder", options),
+            "decoder": load_diffusers_component(self._decoder_class(), where, "decoder", options),
             "decoder_vqgan": load_diffusers_component(PaellaVQModel, where, "vqgan", options),
         }
-        tokenizer = None
-        if not cascade:  # Würstchen's decoder has a text encoder of its own (CLIP-H); Cascade's reuses the prior's
-            from transformers import CLIPTextModel
-
-            parts["decoder_text_encoder"] = load_diffusers_component(CLIPTextModel, where, "text_encoder", options)
-            tokenizer = load_tokenizer(where, options)
+        tokenizer = self._load_decoder_extras(where, options, parts)
         return parts, tokenizer
+
+    def _load_decoder_extras(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> object:
+        """Adds the variant's own decoder parts to `parts`; returns the decoder's tokenizer, if it has one."""
+        return None
+
+    def _prior_autocast(self, config: TrainConfig) -> torch.dtype | None:
+        """The dtype the prior computes in under a FLOAT_16 autocast (`_prior_precision`); None: as the autocast."""
+        return None
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -173,14 +190,11 @@ class WuerstchenFamily(Family):
         slot = model.text_encoders[0]
         encoder = slot.encoder
         ids, mask = self._tokens(slot.tokenizer, captions, first_weight(encoder).device)
-        if is_cascade(model.model_type):
-            # clip_text: the last layer's hidden states without the final norm; clip_text_pooled: text_embeds.
-            output = encoder(ids, attention_mask=mask, output_hidden_states=True)
-            return Conditioning(
-                {"hidden_states": output.hidden_states[-1], "pooled": output.text_embeds, "attention_mask": mask}
-            )
-        output = encoder(ids, attention_mask=mask)
-        return Conditioning({"hidden_states": output.last_hidden_state, "attention_mask": mask})
+        return self._conditioning(encoder, ids, mask)
+
+    @abstractmethod
+    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+        """The prior's text conditioning from the text encoder's tokens and their mask."""
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         encoder = model.part("effnet_encoder")
@@ -188,26 +202,16 @@ class WuerstchenFamily(Family):
         images = ((pixels.float() + 1) / 2).clamp(0, 1).to(weight.device)
         # Outside any fp16 autocast: the effnet's batch norms overflow in half precision.
         with torch.autocast(weight.device.type, enabled=False):
-            latents = effnet.encode(encoder, images, not is_cascade(model.model_type))
+            latents = self.to_prior_latents(effnet.encode(encoder, images, wuerstchen=False))
         return latents.float()
 
-    # -- a training step ------------------------------------------------------------------------------------------
+    def to_prior_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The effnet's latents as the prior trains on them (default: as they are)."""
+        return latents
 
-    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
-        prior = model.part("prior")
-        dtype = first_weight(prior).dtype
-        x = noisy_latents.to(dtype)
-        ratio = timesteps.to(dtype)
-        hidden = conditioning.hidden_states.to(dtype)
-        if not is_cascade(model.model_type):
-            return Prediction(prior(x, ratio, hidden))
-        pooled = conditioning.pooled.to(dtype)[:, None]
-        clip_img = torch.zeros(len(x), 1, CLIP_IMAGE_WIDTH, device=x.device, dtype=dtype)
-        clip_img = clip_img[..., : prior.config.clip_image_in_channels]
-        # The Cascade prior gives NaN in float16: under a FLOAT_16 training dtype it computes in the fallback dtype.
-        with _prior_precision(x.device, model.extra.get("prior_autocast")):
-            output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
-        return Prediction(output)
+    def from_prior_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The inverse of `to_prior_latents`: the prior's sampled latents as the decoder's effnet conditioning."""
+        return latents
 
     # -- sampling -------------------------------------------------------------------------------------------------
 
@@ -220,7 +224,6 @@ class WuerstchenFamily(Family):
 
     def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> Image.Image:
         """Prior (CFG) → decoder (10 steps, no CFG) → VQGAN."""
-        cascade = is_cascade(model.model_type)
         prior = model.part("prior")
         device = first_weight(prior).device
         generator = torch.Generator().manual_seed(sample.seed)
@@ -228,7 +231,7 @@ class WuerstchenFamily(Family):
         negative = self.encode_text(model, [apply_embeddings(sample.negative_prompt or "")])
         height = math.ceil(sample.height / PRIOR_RESOLUTION_MULTIPLE)
         width = math.ceil(sample.width / PRIOR_RESOLUTION_MULTIPLE)
-        channels = prior.config.in_channels if cascade else prior.config.c_in
+        channels = getattr(prior.config, self.channels_key)
         latents = torch.randn((1, channels, height, width), generator=generator).to(device)
         scheduler = self._scheduler(model, sample.diffusion_steps)
         for t in scheduler.timesteps[:-1]:
@@ -238,35 +241,22 @@ class WuerstchenFamily(Family):
                 uncond = self.predict(model, latents, ratio, negative, {}).output.float()
                 eps = uncond + sample.cfg_scale * (eps - uncond)
             latents = scheduler.step(eps, ratio, latents).prev_sample
-        effnet_latents = latents if cascade else effnet.from_wuerstchen_latents(latents)
-        return self._decode(model, effnet_latents, sample, generator)
+        return self._decode(model, self.from_prior_latents(latents), sample, generator)
 
     def _decode(self, model: LoadedModel, effnet_latents: torch.Tensor, sample, generator) -> Image.Image:
-        cascade = is_cascade(model.model_type)
         decoder = model.part("decoder")
         weight = first_weight(decoder)
         device, dtype = weight.device, weight.dtype
-        if cascade:
-            slot = model.text_encoders[0]
-            ids, mask = self._tokens(slot.tokenizer, [sample.prompt], first_weight(slot.encoder).device)
-            pooled = slot.encoder(ids, attention_mask=mask).text_embeds[:, None].to(device, dtype)
-        else:
-            text_encoder = model.part("decoder_text_encoder")
-            tokenizer = model.extra["decoder_tokenizer"]
-            ids, mask = self._tokens(tokenizer, [sample.prompt], first_weight(text_encoder).device)
-            clip = text_encoder(ids, attention_mask=mask).last_hidden_state.to(device, dtype)
+        text = self._decoder_text(model, sample.prompt, device, dtype)
         height = int(effnet_latents.shape[2] * DECODER_LATENT_SCALE)
         width = int(effnet_latents.shape[3] * DECODER_LATENT_SCALE)
-        channels = decoder.config.in_channels if cascade else decoder.config.c_in
+        channels = getattr(decoder.config, self.channels_key)
         x = torch.randn((1, channels, height, width), generator=generator).to(device, dtype)
         effnet_latents = effnet_latents.to(device, dtype)
         scheduler = self._scheduler(model, DECODER_STEPS)
         for t in scheduler.timesteps[:-1]:
             ratio = t.view(1).to(device, dtype)
-            if cascade:
-                out = decoder(x, ratio, clip_text_pooled=pooled, effnet=effnet_latents).sample
-            else:
-                out = decoder(x, ratio, effnet=effnet_latents, clip=clip)
+            out = self._decoder_step(decoder, x, ratio, effnet_latents, text)
             x = scheduler.step(out.float(), t.view(1), x.float()).prev_sample.to(dtype)
         vqgan = model.part("decoder_vqgan")
         vq_weight = first_weight(vqgan)
@@ -275,53 +265,49 @@ class WuerstchenFamily(Family):
         array = (pixels[0].float().permute(1, 2, 0).cpu().numpy() * 255).round().clip(0, 255).astype(np.uint8)
         return Image.fromarray(array)
 
+    @abstractmethod
+    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The decoder's text conditioning for the prompt, on `device` in `dtype`."""
+
+    @abstractmethod
+    def _decoder_step(
+        self,
+        decoder: torch.nn.Module,
+        x: torch.Tensor,
+        ratio: torch.Tensor,
+        effnet_latents: torch.Tensor,
+        text: torch.Tensor,
+    ) -> torch.Tensor:
+        """The decoder's prediction for `x` at `ratio`, conditioned on the effnet latents and `_decoder_text`."""
+
     # -- saving ---------------------------------------------------------------------------------------------------
 
     def save(
         self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
-        if fmt is ModelFormat.DIFFUSERS:
-            self.save_diffusers(model, destination, dtype)
-        elif fmt is ModelFormat.LEGACY_SAFETENSORS and is_cascade(model.model_type):
-            self.save_stage_c(model, destination, dtype, metadata)
-        else:
-            raise ValueError(f"{fmt.value} is not a fine-tune format of {self.info.label}")
+        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
-    def save_stage_c(
-        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
-        """The prior alone in Stability's stage C layout (fused attention), what ComfyUI and
-        `StableCascadeUNet.from_single_file` load."""
-        from safetensors.torch import save_file
-
-        prior = model.part("prior")
-        state = cascade_keys.to_stability(plain_state(prior), prior.config)
-        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (1024, 1024), False)
-        metadata.update(extra_metadata or {})
-        with atomic_file(destination) as tmp:
-            save_file(state, str(tmp), metadata=metadata)
-
-    def save_diffusers(self, model: LoadedModel, destination: Path, dtype: torch.dtype) -> None:
-        """The prior pipeline folder (prior, text encoder, tokenizer, scheduler) that diffusers writes."""
+        """The prior pipeline folder (prior, text encoder, tokenizer, scheduler) that diffusers writes (`metadata`, a
+        single file's header entries, has no place in it)."""
         save_pipeline_folder(self._prior_pipeline(model), destination, dtype)
 
-    def _prior_pipeline(self, model: LoadedModel):
+    def _prior_parts(self, model: LoadedModel) -> dict:
+        """The components of the prior pipeline both variants write."""
         from diffusers import DDPMWuerstchenScheduler
 
-        parts = {
+        return {
             "prior": model.part("prior"),
             "text_encoder": model.part("text_encoder"),
             "tokenizer": model.text_encoders[0].tokenizer,
             "scheduler": DDPMWuerstchenScheduler(),
         }
-        if is_cascade(model.model_type):
-            from diffusers import StableCascadePriorPipeline
 
-            return StableCascadePriorPipeline(**parts, image_encoder=None, feature_extractor=None)
-        from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPriorPipeline
-
-        return WuerstchenPriorPipeline(**parts)
+    @abstractmethod
+    def _prior_pipeline(self, model: LoadedModel):
+        """diffusers' prior pipeline over the live prior and its text encoder."""
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         self.save_diffusers(model, folder, torch.float32)
@@ -331,47 +317,196 @@ class WuerstchenFamily(Family):
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         return self.lora_file_name(model, part, module_path, ModelFormat.KOHYA_LORA)
 
-    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
-        """Würstchen: `lora_unet_<diffusers path>`. Stable Cascade: the native stage C path (split attention, as
-        ComfyUI loads it), `lora_unet_` for KOHYA_LORA, `lora_prior_unet_` for LEGACY_LORA (ComfyUI's stage C map).
-        The text encoder: `lora_te_` (`lora_prior_te_` for Cascade's LEGACY_LORA) over transformers' path."""
-        legacy = fmt is ModelFormat.LEGACY_LORA and is_cascade(model.model_type)
-        if part == "prior":
-            if is_cascade(model.model_type):
-                return cascade_lora.prior_lora_name(module_path, legacy)
-            return "lora_unet_" + module_path.replace(".", "_")
+    def _text_encoder_lora_name(self, module_path: str, legacy: bool) -> str:
+        """The text encoder's modules: `lora_te_` (`lora_prior_te_` for `legacy`) over transformers' path."""
         body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
         return cascade_lora.text_encoder_lora_name(body, legacy)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
-        if is_cascade(model.model_type):
-            return ModelKind("stable-cascade-v1-prior", "stable_cascade")
-        return ModelKind("wuerstchen-v2-prior", "wuerstchen_2")
+        return self.kind
 
 
-class CascadeFamily(WuerstchenFamily):
+class WuerstchenFamily(WuerstchenPriorFamily):
+    """Würstchen v2: a WuerstchenPrior on shifted and scaled effnet latents, CLIP-H's hidden states; its decoder has
+    a text encoder of its own."""
+
+    info = WUERSTCHEN
+    sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_text_encoder", "decoder_vqgan"))
+    remap = staticmethod(wuerstchen_remap)
+    kind = ModelKind("wuerstchen-v2-prior", "wuerstchen_2")
+    channels_key = "c_in"
+
+    def _prior_class(self) -> type:
+        from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior
+
+        return WuerstchenPrior
+
+    def _decoder_class(self) -> type:
+        from diffusers.pipelines.deprecated.wuerstchen import WuerstchenDiffNeXt
+
+        return WuerstchenDiffNeXt
+
+    def _text_encoder_class(self) -> type:
+        from transformers import CLIPTextModel
+
+        return CLIPTextModel
+
+    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
+        raise ModelLoadError(
+            f"prior.model_name: {path} is a single file; a Würstchen v2 prior is read from a diffusers folder or "
+            "hub id (single stage C files are Stable Cascade's)"
+        )
+
+    def _decoder_name(self, config: TrainConfig) -> str:
+        return "warp-ai/wuerstchen"  # the released model's decoder
+
+    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+        return _load_effnet(config, False)
+
+    def _load_decoder_extras(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> object:
+        """Würstchen's decoder has a text encoder of its own (CLIP-H), with its tokenizer."""
+        from transformers import CLIPTextModel
+
+        parts["decoder_text_encoder"] = load_diffusers_component(CLIPTextModel, where, "text_encoder", options)
+        return load_tokenizer(where, options)
+
+    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+        output = encoder(ids, attention_mask=mask)
+        return Conditioning({"hidden_states": output.last_hidden_state, "attention_mask": mask})
+
+    def to_prior_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return effnet.to_wuerstchen_latents(latents)
+
+    def from_prior_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return effnet.from_wuerstchen_latents(latents)
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        prior = model.part("prior")
+        dtype = first_weight(prior).dtype
+        return Prediction(prior(noisy_latents.to(dtype), timesteps.to(dtype), conditioning.hidden_states.to(dtype)))
+
+    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        text_encoder = model.part("decoder_text_encoder")
+        ids, mask = self._tokens(model.extra["decoder_tokenizer"], [prompt], first_weight(text_encoder).device)
+        return text_encoder(ids, attention_mask=mask).last_hidden_state.to(device, dtype)
+
+    def _decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
+        return decoder(x, ratio, effnet=effnet_latents, clip=text)
+
+    def _prior_pipeline(self, model: LoadedModel):
+        from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPriorPipeline
+
+        return WuerstchenPriorPipeline(**self._prior_parts(model))
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """`lora_unet_<diffusers path>` for the prior, `lora_te_` for the text encoder, in either format."""
+        if part == "prior":
+            return "lora_unet_" + module_path.replace(".", "_")
+        return self._text_encoder_lora_name(module_path, False)
+
+
+class CascadeFamily(WuerstchenPriorFamily):
+    """Stable Cascade: a StableCascadeUNet prior on the effnet's latents as they are, conditioned on CLIP-G's hidden
+    states, its pooled embedding and a zero image embedding; the decoder reuses the prior's text encoder. Also
+    written as Stability's stage C file."""
+
     info = CASCADE
     sampling_parts = frozenset(("prior", "text_encoder", "decoder", "decoder_vqgan"))
+    remap = staticmethod(cascade_remap)
+    kind = ModelKind("stable-cascade-v1-prior", "stable_cascade")
+    channels_key = "in_channels"
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.LEGACY_SAFETENSORS: "save_stage_c",
+    }
+
+    def _prior_class(self) -> type:
+        from diffusers import StableCascadeUNet
+
+        return StableCascadeUNet
+
+    _decoder_class = _prior_class  # stage B is a StableCascadeUNet too
+
+    def _text_encoder_class(self) -> type:
+        from transformers import CLIPTextModelWithProjection
+
+        return CLIPTextModelWithProjection
+
+    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
+        """A single stage C file in Stability's layout (`stage_c.safetensors`, `stage_c_lite`) or diffusers', on the
+        config it fits."""
+        base_config = load_diffusers_component(self._prior_class(), where, "prior", options, config_only=True)
+        return _stage_c_from_file(path, base_config)
+
+    def _decoder_name(self, config: TrainConfig) -> str:
+        return "stabilityai/stable-cascade"  # the released model's decoder
+
+    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+        return _load_effnet(config, True)
+
+    def _prior_autocast(self, config: TrainConfig) -> torch.dtype | None:
+        """The Cascade prior gives NaN in float16: under a FLOAT_16 training dtype it computes in the fallback dtype
+        (`fallback_train_dtype`)."""
+        if config.train_dtype is not DataType.FLOAT_16:
+            return None
+        return torch_dtype(fallback_dtype(config))
+
+    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+        # clip_text: the last layer's hidden states without the final norm; clip_text_pooled: text_embeds.
+        output = encoder(ids, attention_mask=mask, output_hidden_states=True)
+        return Conditioning(
+            {"hidden_states": output.hidden_states[-1], "pooled": output.text_embeds, "attention_mask": mask}
+        )
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        prior = model.part("prior")
+        dtype = first_weight(prior).dtype
+        x = noisy_latents.to(dtype)
+        ratio = timesteps.to(dtype)
+        hidden = conditioning.hidden_states.to(dtype)
+        pooled = conditioning.pooled.to(dtype)[:, None]
+        clip_img = torch.zeros(len(x), 1, CLIP_IMAGE_WIDTH, device=x.device, dtype=dtype)
+        clip_img = clip_img[..., : prior.config.clip_image_in_channels]
+        with _prior_precision(x.device, model.extra.get("prior_autocast")):
+            output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
+        return Prediction(output)
+
+    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The pooled embedding of the prior's text encoder."""
+        slot = model.text_encoders[0]
+        ids, mask = self._tokens(slot.tokenizer, [prompt], first_weight(slot.encoder).device)
+        return slot.encoder(ids, attention_mask=mask).text_embeds[:, None].to(device, dtype)
+
+    def _decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
+        return decoder(x, ratio, clip_text_pooled=text, effnet=effnet_latents).sample
+
+    def _prior_pipeline(self, model: LoadedModel):
+        from diffusers import StableCascadePriorPipeline
+
+        return StableCascadePriorPipeline(**self._prior_parts(model), image_encoder=None, feature_extractor=None)
+
+    def save_stage_c(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The prior alone in Stability's stage C layout (fused attention), what ComfyUI and
+        `StableCascadeUNet.from_single_file` load."""
+        prior = model.part("prior")
+        state = cascade_keys.to_stability(plain_state(prior), prior.config)
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (1024, 1024), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """The prior: the native stage C path (split attention, as ComfyUI loads it), `lora_unet_` for KOHYA_LORA,
+        `lora_prior_unet_` for LEGACY_LORA (ComfyUI's stage C map); the text encoder: `lora_te_` (`lora_prior_te_`
+        for LEGACY_LORA)."""
+        legacy = fmt is ModelFormat.LEGACY_LORA
+        if part == "prior":
+            return cascade_lora.prior_lora_name(module_path, legacy)
+        return self._text_encoder_lora_name(module_path, legacy)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _text_encoder_class(cascade: bool):
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    return CLIPTextModelWithProjection if cascade else CLIPTextModel
-
-
-def _prior_autocast(config: TrainConfig, cascade: bool) -> torch.dtype | None:
-    """The autocast dtype of the Cascade prior when training in FLOAT_16 (`fallback_train_dtype`), else None."""
-    from onetrainer.config.enums import DataType
-    from onetrainer.training.devices import fallback_dtype
-    from onetrainer.util.dtypes import torch_dtype
-
-    if not cascade or config.train_dtype is not DataType.FLOAT_16:
-        return None
-    return torch_dtype(fallback_dtype(config))
 
 
 def _prior_precision(device: torch.device, dtype: torch.dtype | None):
@@ -382,12 +517,6 @@ def _prior_precision(device: torch.device, dtype: torch.dtype | None):
     if dtype == torch.float32:
         return torch.autocast(device.type, enabled=False)
     return torch.autocast(device.type, dtype=dtype)
-
-
-def _default_decoder(cascade: bool) -> str:
-    """The decoder of the released model, where the config names none."""
-    hub = "stabilityai/stable-cascade" if cascade else "warp-ai/wuerstchen"
-    return hub
 
 
 def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import PeftType
+from onetrainer.weights.adapter_kinds import DORA, LOHA, LOKR, LORA, OFT
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-LORA, DORA, LOHA, LOKR, OFT = "lora", "dora", "loha", "lokr", "oft"
 # The substrings that mark an adapter's parameters (and state keys) for each kind.
 MARKERS = {
     LORA: ("lora_",),

@@ -87,8 +87,8 @@ class ContinuousCosineSchedule(VariancePreservingSchedule):
         return self.remap(torch.full((count,), DETERMINISTIC_T)).to(device)
 
     def sampler(self, kind, zero_terminal_snr: bool = False) -> Any:
-        if self.sampler_factory is not None:
-            return self.sampler_factory(kind, zero_terminal_snr)
-        from diffusers import DDPMWuerstchenScheduler
-
-        return DDPMWuerstchenScheduler(s=S, scaler=1.0)
+        if self.sampler_factory is None:
+            # A family on this schedule that renders through a sampler choice gives its factory; the others sample
+            # with their own stages' schedulers and never ask.
+            raise NotImplementedError("this model's family chooses its samplers itself (no sampler_factory given)")
+        return self.sampler_factory(kind, zero_terminal_snr)

@@ -5,15 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.config.enums import DataType
 from onetrainer.util.dtypes import torch_dtype
-
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
 
 
 def training_threads() -> int:
@@ -79,11 +75,6 @@ def autocast(device: torch.device, train_dtype: DataType):
             torch.backends.cudnn.allow_tf32 = True
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch_dtype(train_dtype))
-
-
-def fallback_dtype(config: TrainConfig) -> DataType:
-    """The precision for parts that are unstable in FLOAT_16 (the VAE): the fallback dtype when training in FLOAT_16."""
-    return config.fallback_train_dtype if config.train_dtype is DataType.FLOAT_16 else config.train_dtype
 
 
 class _NoScaler:

@@ -45,7 +45,6 @@ from onetrainer.training.checkpoint import (
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import (
     autocast,
-    fallback_dtype,
     grad_scaler,
     release_cached_memory,
     seed_step_generators,
@@ -78,6 +77,7 @@ from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
+from onetrainer.util.dtypes import fallback_dtype
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
 from onetrainer.util.timing import Interval

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from onetrainer.methods.adapters import DORA, LOHA, LOKR, LORA, OFT
+from onetrainer.weights.adapter_kinds import DORA, LOHA, LOKR, LORA, OFT
 
 # peft-style weight name → LyCORIS name, per kind.
 _NAMES = {

@@ -180,7 +180,7 @@ def test_the_512_model_trains_each_method_without_micro_conditioning(tmp_path, m
 
 
 def test_kohya_lora_fuses_qkv_and_applies_on_the_native_checkpoint_as_comfyui_does(tmp_path):
-    from onetrainer.families.sd_common import plain_state
+    from onetrainer.families.saving import plain_state
     from onetrainer.weights import pixart_keys
 
     config, _ = train(tmp_path, "LORA", cli=True, output_model_format="KOHYA_LORA", epochs=1, lora_alpha=3.0)

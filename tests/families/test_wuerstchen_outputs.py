@@ -127,7 +127,7 @@ def _apply_kohya(weights: dict[str, torch.Tensor], state: dict[str, torch.Tensor
 
 
 def test_cascade_legacy_and_kohya_loras_apply_on_stability_stage_c_as_comfyui_does(tmp_path):
-    from onetrainer.families.sd_common import plain_state
+    from onetrainer.families.saving import plain_state
     from onetrainer.weights import cascade_keys
 
     config, _ = train(

@@ -1,0 +1,72 @@
+"""Writing a family's fine-tune outputs, shared by the families: the weights without adapter wrappers, one
+safetensors file cast to the output dtype, a diffusers pipeline folder, and `save`'s choice of writer by format.
+
+The cast happens in the written data, never in the live modules: casting a training model down and back would round
+its weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.util.fs import atomic_directory, atomic_file
+
+if TYPE_CHECKING:
+    from onetrainer.families.base import Family, LoadedModel
+
+
+def plain_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's weights without adapter wrappers (LoRA layers must be merged or removed before saving)."""
+    return {k: v for k, v in module.state_dict().items() if "lora_" not in k}
+
+
+def cast_state(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The state on the CPU, contiguous, its floating tensors in `dtype`; integer tensors keep their dtype."""
+    return {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in state.items()}
+
+
+def write_single_file(
+    state: Mapping[str, torch.Tensor], destination: Path, dtype: torch.dtype, metadata: dict[str, str]
+) -> None:
+    """One safetensors file written atomically: `state` cast to `dtype` (`cast_state`), `metadata` as its header."""
+    from safetensors.torch import save_file
+
+    with atomic_file(destination) as tmp:
+        save_file(cast_state(state, dtype), str(tmp), metadata=metadata)
+
+
+def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
+    """A diffusers pipeline written atomically as a folder, its weights in `dtype`, cast in the written files."""
+    from safetensors.torch import load_file, save_file
+
+    with atomic_directory(destination) as tmp:
+        pipe.save_pretrained(str(tmp), safe_serialization=True)
+        if dtype != torch.float32:
+            for file in tmp.rglob("*.safetensors"):
+                tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
+                save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+def save_in_format(
+    family: Family,
+    writers: Mapping[ModelFormat, str],
+    model: LoadedModel,
+    fmt: ModelFormat,
+    destination: Path,
+    dtype: torch.dtype,
+    metadata: dict | None = None,
+) -> None:
+    """`Family.save` through the family's table of writers: `writers` maps each output format to the name of the
+    family's method that writes it, called as `writer(model, destination, dtype, metadata)`. A name, not a function,
+    so that a subclass's override of the writer is the one called. Any other format is refused here, in one message
+    for every family."""
+    name = writers.get(fmt)
+    if name is None:
+        formats = ", ".join(f.value for f in writers)
+        raise ValueError(f"{fmt.value} is not a model format of {family.info.label} (it saves as {formats})")
+    getattr(family, name)(model, destination, dtype, metadata)

@@ -1,0 +1,154 @@
+"""The package's layers: no import loop, no import from a lower layer up to a higher one, and family knowledge only on
+the family side (`docs/architecture.md`, "Layers").
+
+The imports are read from the source (function-level imports count; those under `if TYPE_CHECKING:` do not), so a
+loop that only shows at run time on some path is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "onetrainer"
+
+# Lowest first. A module may import from its own layer and the layers below it. `config.enums` is the vocabulary
+# every layer shares (the utilities map its data types to torch's).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config.enums",),
+    ("util", "resources"),
+    ("config",),
+    ("weights",),
+    ("sampling",),
+    ("noise",),
+    ("families",),
+    ("data",),
+    ("methods",),
+    ("tiny",),
+    ("training",),
+    ("tools",),
+    ("cli", "benchmark", "__main__"),
+)
+
+# Family knowledge: the family modules (and their tiny models, key maps and benchmarks) may name the families; the
+# model-type table and the enums are the registry. Everything else speaks of parts and roles.
+FAMILY_SIDE = ("families/", "tiny/", "weights/", "benchmark/", "config/model_types.py", "config/enums.py")
+# (`effnet_encoder` is also the name of OneTrainer's config block of that part: a part name, allowed as such.)
+FAMILY_WORDS = re.compile(r"pixart|wuerstchen|würstchen|cascade|sdxl|effnet(?!_encoder)|\bt5\b", re.IGNORECASE)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def owner(target: str) -> str:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        return target
+
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {owner(a.name) for a in node.names if a.name.startswith("onetrainer.")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base.startswith("onetrainer"):
+                found |= {owner(f"{base}.{a.name}") if f"{base}.{a.name}" in known else owner(base) for a in node.names}
+    return found - {name, "onetrainer", ""}
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _layer(module: str) -> int:
+    inner = module.removeprefix("onetrainer.")
+    best = None
+    for index, names in enumerate(LAYERS):
+        for prefix in names:
+            matches = inner == prefix or inner.startswith(prefix + ".")
+            if matches and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    assert best is not None, f"{module} is in no layer: add its package to LAYERS in tests/test_layers.py"
+    return best[0]
+
+
+def test_no_import_runs_from_a_lower_layer_up():
+    upward = [
+        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        for a, targets in _graph().items()
+        if a != "onetrainer"
+        for b in sorted(targets)
+        if _layer(b) > _layer(a)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_loop():
+    graph = _graph()
+    state: dict[str, int] = {}
+    loops: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                loops.append([*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert not loops, "\n".join(" -> ".join(loop) for loop in loops)
+
+
+def test_family_names_stay_on_the_family_side():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(FAMILY_SIDE):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if FAMILY_WORDS.search(line):
+                found.append(f"onetrainer/{relative}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_layer_test_sees_a_loop_and_an_upward_import(tmp_path):
+    """The checks above must be able to fail: a planted upward import is found by the same reading."""
+    known = {"onetrainer.config.x": tmp_path / "x.py", "onetrainer.training.y": tmp_path / "y.py"}
+    known["onetrainer.config.x"].write_text("def f():\n    from onetrainer.training.y import g\n")
+    known["onetrainer.training.y"].write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from onetrainer.config.x import f\n"
+    )
+    assert _imports("onetrainer.config.x", known["onetrainer.config.x"], known) == {"onetrainer.training.y"}
+    assert _imports("onetrainer.training.y", known["onetrainer.training.y"], known) == set()
+    assert _layer("onetrainer.training.y") > _layer("onetrainer.config.x")
