@@ -329,12 +329,18 @@ class Family(ABC):
 
     # -- savers ---------------------------------------------------------------------------------------------------
 
-    @abstractmethod
+    # The fine-tune output formats and the name of the method that writes each, called as
+    # `writer(model, destination, dtype, metadata)`: a name, so that a subclass's override of the writer is called.
+    writers: ClassVar[dict[ModelFormat, str]] = {}
+
     def save(
         self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
         """Write the whole model (fine-tune result) in `fmt` at `destination`; `metadata` joins a single file's
-        header."""
+        header. Default: the writer `writers` names for the format; any other format is refused in one message."""
+        from onetrainer.families.saving import save_in_format
+
+        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """The whole model into a fine-tune backup's `folder` (float32); default: one safetensors file per part."""

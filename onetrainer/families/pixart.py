@@ -41,7 +41,7 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.saving import plain_state, save_in_format, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
 from onetrainer.families.sources import resolve_local, resolve_source
 from onetrainer.families.vae import encode_latents, load_vae_override
@@ -222,11 +222,6 @@ class PixArtFamily(Family):
         )
 
     # -- saving ---------------------------------------------------------------------------------------------------
-
-    def save(
-        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
-    ) -> None:
-        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
     def save_diffusers(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None

@@ -18,7 +18,7 @@ from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Family, LoadedModel
 from onetrainer.families.loading import backup_model_source
-from onetrainer.families.saving import save_in_format, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, cache_root, resolve_source
 from onetrainer.families.vae import encode_latents
 from onetrainer.util.threads import library_attribute
@@ -95,11 +95,6 @@ class StableDiffusionBase(Family):
         return arguments
 
     # -- saving ---------------------------------------------------------------------------------------------------
-
-    def save(
-        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
-    ) -> None:
-        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
     def save_diffusers(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None

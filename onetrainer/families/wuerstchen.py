@@ -40,7 +40,7 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.saving import plain_state, save_in_format, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
@@ -281,11 +281,6 @@ class WuerstchenPriorFamily(Family):
         """The decoder's prediction for `x` at `ratio`, conditioned on the effnet latents and `_decoder_text`."""
 
     # -- saving ---------------------------------------------------------------------------------------------------
-
-    def save(
-        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
-    ) -> None:
-        save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)
 
     def save_diffusers(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
