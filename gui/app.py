@@ -818,6 +818,9 @@ def build_parser(prog: str = "train_ui.py") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "train_ui.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    from onetrainer.cli import register_model_sources
+
+    register_model_sources()  # the demo preset names `tiny:` models: the checks, the estimate and the run resolve them
     config: TrainConfig | None = None
     problems: list[Problem] = []
     if args.preset or args.config_path:

@@ -20,12 +20,13 @@ TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.dat
 
 
 def concept_folder(path: str) -> Path:
-    """The folder a concept's `path` names (`tiny:images` is the demo's generated folder)."""
-    from onetrainer.tiny.source import resolve_local  # no torch; resolves `tiny:` names
+    """The folder a concept's `path` names (a registered source's name, such as the demo's `tiny:images`, is the
+    folder it builds)."""
+    from onetrainer.families.sources import resolve_local  # no torch
 
     try:
         return resolve_local(path.strip())
-    except Exception:  # an unknown `tiny:` name: shown as a folder that does not exist
+    except Exception:  # a name its source does not know: shown as a folder that does not exist
         return Path(path)
 
 

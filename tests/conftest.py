@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# Every test may name `tiny:` models (many call `run_training` directly), as the entry points make them known: the
+# package registers its model source on import (`onetrainer/tiny/source.py`).
+import onetrainer.tiny  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

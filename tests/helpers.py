@@ -43,9 +43,9 @@ OUTPUTS = {
 def local_config(config):
     """`config` with its `tiny:` names resolved in place (the local folders and files they build), as a run or
     `sample.py` resolves its copy before the family loads it: families see local paths only."""
-    from onetrainer.tiny.source import resolve_tiny_sources
+    from onetrainer.families.sources import prepare_config
 
-    resolve_tiny_sources(config)
+    prepare_config(config)
     return config
 
 

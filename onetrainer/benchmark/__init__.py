@@ -7,3 +7,6 @@
     from onetrainer.benchmark.gpu import sd15_lora_benchmark
     run = sd15_lora_benchmark(torch.device("cuda"))           # SD 1.5-size UNet LoRA at 512 px
 """
+
+# The benchmarks train `tiny:` models through `run_training`: importing the package registers that source.
+import onetrainer.tiny.source  # noqa: F401

@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from onetrainer.cli import register_model_sources
 from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
@@ -63,6 +64,7 @@ def build_parser(prog: str = "convert_model.py") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    register_model_sources()
     from onetrainer.tools.convert import Conversion, ConversionError, convert
 
     try:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from onetrainer.cli import register_model_sources
 from onetrainer.config import ConceptConfig, ConfigFileError, SampleConfig, TrainConfig, load_preset
 from onetrainer.config.io import save_config, save_side_file
 from onetrainer.config.model_types import model_type_info
@@ -26,6 +27,7 @@ def build_parser(prog: str = "create_train_files.py") -> argparse.ArgumentParser
 
 def main(argv: Sequence[str] | None = None, prog: str = "create_train_files.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    register_model_sources()
     targets = [
         Path(args.config_output_destination),
         Path(args.concepts_output_destination),

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from onetrainer.cli import register_model_sources
 from onetrainer.cli.tool_pass import HelpFormatter, add_common_arguments, run_folder_pass, torch_dtype
 from onetrainer.tools.captions import CAPTION_MODELS, CAPTION_MODES, DEFAULT_MODELS
 
@@ -40,6 +41,7 @@ def build_parser(prog: str = "generate_captions.py") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "generate_captions.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    register_model_sources()
 
     def make_task():
         from onetrainer.tools.captions import CaptionTask, create_captioner

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from onetrainer.cli import register_model_sources
 from onetrainer.cli.tool_pass import EXIT_INVALID, HelpFormatter, add_common_arguments, run_folder_pass, torch_dtype
 from onetrainer.tools.masks import CLIPSEG_DEFAULT, MASK_MODELS, MASK_MODES
 
@@ -48,6 +49,7 @@ def build_parser(prog: str = "generate_masks.py") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "generate_masks.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    register_model_sources()
     if args.model != "COLOR" and args.model != "CLIPSEG" and args.prompts:
         print(f"{prog}: note: {args.model} takes no prompt; --add-prompt is ignored", file=sys.stderr)
     if args.model in ("CLIPSEG", "COLOR") and not args.prompts:

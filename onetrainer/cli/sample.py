@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onetrainer.cli import register_model_sources
 from onetrainer.config import (
     ConfigFileError,
     ModelType,
@@ -143,6 +144,7 @@ class _Job:
 def main(argv: Sequence[str] | None = None, prog: str = "sample.py") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    register_model_sources()
     try:
         config = _config(args)
         jobs = _jobs(args, config)
@@ -403,8 +405,8 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     import torch
 
     from onetrainer.families import load_family_class
+    from onetrainer.families.sources import prepare_config
     from onetrainer.methods import create_method
-    from onetrainer.tiny.source import resolve_tiny_sources
     from onetrainer.training.devices import select_device
 
     device = select_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), _warn)
@@ -412,7 +414,7 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     print(f"loading {name} ({model_type_info(config.model_type).label})", file=sys.stderr)
     family = load_family_class(config.model_type)()
     try:
-        notice = resolve_tiny_sources(config)  # `tiny:` names → the local folders they build; the family sees those
+        notice = prepare_config(config)  # a source's names (`tiny:sd15`) → the local folders it builds, for the family
         if notice:
             _warn(notice)
         model = family.load(config)
@@ -430,8 +432,10 @@ def _load(config: TrainConfig, args: argparse.Namespace):
 
 def _load_message(error: Exception, name: str) -> str:
     from onetrainer.families.loading import ModelLoadError
-    from onetrainer.families.sources import ModelNotFound
+    from onetrainer.families.sources import ModelNotFound, SourceFailed
 
+    if isinstance(error, SourceFailed):  # the source's own words, as for a model that cannot be loaded
+        error = error.error
     if isinstance(error, ModelLoadError | ModelNotFound):
         return str(error)
     return f"cannot load the model {name}: {_reason(error)}"

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from onetrainer.cli import register_model_sources
 from onetrainer.config import ConfigFileError, errors, load_layers
 from onetrainer.config.naming import describe
 from onetrainer.training.checks import run_checks
@@ -76,6 +77,7 @@ def _packed(config: TrainConfig):
 def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    register_model_sources()
     if not args.config_path and not args.preset:
         parser.print_usage(sys.stderr)
         print(f"{prog}: error: give --config-path, --preset, or both", file=sys.stderr)
@@ -109,11 +111,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
 def _preflight(config: TrainConfig) -> int:
     from onetrainer.config.io import pack
     from onetrainer.data.preflight import preflight_report
-    from onetrainer.tiny.source import resolve_local
     from onetrainer.training.distributed import preflight_text
 
     packed, _ = pack(config)
-    report = preflight_report(packed, resolve_local)
+    report = preflight_report(packed)
     print(report.text())
     print(preflight_text(packed))
     print(_estimate_text(packed))

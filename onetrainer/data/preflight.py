@@ -112,8 +112,8 @@ def _names(paths: list[str], limit: int = 8) -> str:
 def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     """The report for `config` (packed: concepts inline). Reads image headers only; loads no model.
 
-    `resolve` turns a concept path into a folder; by default a plain path. The callers above the tiny package pass
-    its resolver (`onetrainer.tiny.source.resolve_local`), which also builds the demo's images (`tiny:images`).
+    `resolve` turns a concept path into a folder; by default `families.sources.resolve_local`, which also builds
+    the folder a registered source's name stands for (the demo's images).
     """
     if resolve is None:
         from onetrainer.families.sources import resolve_local as resolve

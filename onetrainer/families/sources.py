@@ -1,14 +1,19 @@
 """Where a model comes from: a diffusers folder, a single file, a hub repo or a backup folder.
 
-Families see only these: a name that stands for something built locally (the demo's tiny models) is resolved to
-its folder before a family loads the config (`onetrainer/tiny/source.py`)."""
+Families see only these: a name that stands for something built locally is resolved to its folder before a family
+loads the config, by the source registered for the name's prefix (`register_source`, `prepare_config` below)."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth")
@@ -36,8 +41,7 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "onetrainer"
 
 
-def resolve_local(name: str) -> Path:
-    """A model or folder reference as a local path (`~` expanded); whether it exists is the caller's question."""
+def _plain_path(name: str) -> Path:
     return Path(name.strip()).expanduser()
 
 
@@ -48,7 +52,7 @@ def is_hub_id(name: str) -> bool:
 
 def resolve_source(name: str) -> ModelSource:
     name = name.strip()
-    local = resolve_local(name)
+    local = _plain_path(name)  # a family sees local paths only: the run has prepared its config
     if local.is_dir():
         if (local / BACKUP_MARKER).is_file():
             return ModelSource("backup", str(local))
@@ -62,3 +66,122 @@ def resolve_source(name: str) -> ModelSource:
     if _HUB_ID.match(name):
         return ModelSource("hub", name)
     raise ModelNotFound(f"model not found: {name}")
+
+
+# Named-model sources: a name prefix (`tiny:` for the demo's models) that stands for something a source builds or
+# finds locally. The package that knows such names registers its source (`register_source`); the run, its checks and
+# the tools ask only the functions below, so nothing under the families, the config or the training package knows
+# which sources exist. A name whose source is not registered is a plain path (one that does not exist).
+
+
+class LocalSource(Protocol):
+    """What a named-model source tells the run about its names (those that start with its prefix)."""
+
+    what: str  # how a failure names it: "cannot build {what}: …"
+
+    def unknown_reason(self, name: str) -> str | None:
+        """Why `name` cannot be resolved, listing the names that can; None when it can."""
+        ...
+
+    def resolve(self, name: str) -> Path:
+        """The local file or folder `name` stands for, built on demand (a known name)."""
+        ...
+
+    def prepare(self, config: TrainConfig) -> str:
+        """Rewrite the run's copy of `config` in place: its names become local paths, with what the source brings
+        itself filled in. Returns a notice for the user ("" when none)."""
+        ...
+
+    def ignored_overrides(self, config: TrainConfig) -> dict[str, str]:
+        """The names in `config` that `prepare` drops because its source brings the part itself, by config path
+        (`decoder.model_name`); the checks leave them unchecked."""
+        ...
+
+    def ignored_notice(self, config: TrainConfig, ignored: dict[str, str]) -> str:
+        """One line telling the user about `ignored` (this source's `ignored_overrides`, not empty)."""
+        ...
+
+
+class SourceFailed(Exception):
+    """A registered source could not prepare a config: `error` is what it raised."""
+
+    def __init__(self, what: str, error: Exception) -> None:
+        super().__init__(f"cannot build {what}: {error}")
+        self.error = error
+
+
+_SOURCES: dict[str, LocalSource] = {}
+
+
+def register_source(prefix: str, source: LocalSource) -> Callable[[], None]:
+    """Make names that start with `prefix` stand for what `source` resolves. Returns the undo (a test's fake source
+    restores what was registered before)."""
+    before = _SOURCES.get(prefix)
+    _SOURCES[prefix] = source
+
+    def undo() -> None:
+        if before is None:
+            _SOURCES.pop(prefix, None)
+        else:
+            _SOURCES[prefix] = before
+
+    return undo
+
+
+def source_for(name: str) -> LocalSource | None:
+    """The registered source whose prefix `name` starts with (the longest such prefix), else None."""
+    name = name.strip()
+    prefixes = [p for p in _SOURCES if name.startswith(p)]
+    return _SOURCES[max(prefixes, key=len)] if prefixes else None
+
+
+def unknown_source_reason(name: str) -> str | None:
+    """Why a registered source cannot resolve `name`; None when it can or when no registered source claims it."""
+    source = source_for(name)
+    return source.unknown_reason(name.strip()) if source else None
+
+
+def resolve_local(name: str) -> Path:
+    """A model or folder reference as a local path: a registered source's name → what it builds (ModelNotFound for
+    one it does not know), else the plain path (`~` expanded; whether it exists is the caller's question)."""
+    name = name.strip()
+    source = source_for(name)
+    if source is None:
+        return _plain_path(name)
+    reason = source.unknown_reason(name)
+    if reason:
+        raise ModelNotFound(reason)
+    return source.resolve(name)
+
+
+def prepare_config(config: TrainConfig) -> str:
+    """Every registered source's `prepare` on `config` (in place: pass the run's copy), so that what loads it sees
+    local paths only. Returns their notices, one a line ("" when none). Raises SourceFailed for a source that cannot
+    (an unknown name: the run checks report it first; a build that failed)."""
+    notices = []
+    for source in list(_SOURCES.values()):
+        try:
+            notice = source.prepare(config)
+        except Exception as e:
+            raise SourceFailed(source.what, e) from e
+        if notice:
+            notices.append(notice)
+    return "\n".join(notices)
+
+
+def ignored_overrides(config: TrainConfig) -> dict[str, str]:
+    """The names in `config` that `prepare_config` drops (the registered sources' `ignored_overrides`)."""
+    ignored: dict[str, str] = {}
+    for source in _SOURCES.values():
+        ignored.update(source.ignored_overrides(config))
+    return ignored
+
+
+def ignored_overrides_notice(config: TrainConfig) -> str:
+    """The lines about what `ignored_overrides` drops, one per source that drops something ("" when none)."""
+    notices = []
+    for source in _SOURCES.values():
+        ignored = source.ignored_overrides(config)
+        if ignored:
+            notices.append(source.ignored_notice(config, ignored))
+    return "\n".join(notices)

@@ -17,6 +17,8 @@ Like the real ones, the Würstchen folders (and Stable Cascade's decoder, for it
 one (`WuerstchenPrior.from_pretrained(path / "prior")`, ...).
 """
 
+# Importing the package registers the `tiny:` model source (`source.py`), whichever of its modules is imported.
+from onetrainer.tiny import source  # noqa: F401
 from onetrainer.tiny.registry import DEFAULT_RESOLUTION, TINY_VARIANTS, TinyVariant
 from onetrainer.tiny.storage import (
     TINY_MODEL_VERSION,

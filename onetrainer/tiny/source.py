@@ -1,10 +1,12 @@
 """`tiny:` names as a model source: resolved to local folders and files once, before any family loads a config.
 
 A user may name a tiny model (`tiny:sd15`, `tiny:cascade`, …) as the base model, or the demo images (`tiny:images`)
-as a concept folder, to try the trainer offline. The families, the data pipeline and the config checks know nothing
-of these names: the run (`training/runner.py`), `sample.py`, the tools and the benchmarks call `resolve_tiny_sources`
-on their copy of the config, which builds what is named (once, into the user's cache) and puts its local path in the
-config. Nothing here imports torch until a model is built.
+as a concept folder, to try the trainer offline. The families, the config and the training package know nothing of
+these names: importing this module (or `onetrainer.tiny`) registers `TinySource` for the `tiny:` prefix with the
+families' source registry (`onetrainer/families/sources.py`), and the run (`training/runner.py`), `sample.py` and the
+tools call its generic `prepare_config` on their copy of the config, which builds what is named (once, into the
+user's cache) and puts its local path in the config. The entry points import this module: the CLI's commands, the
+app, the benchmarks, the tests. Nothing here imports torch until a model is built.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onetrainer.families.sources import ModelNotFound, cache_root, is_hub_id
+from onetrainer.families.sources import ModelNotFound, cache_root, is_hub_id, register_source, resolve_local
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -38,17 +40,14 @@ def unknown_tiny_reason(name: str) -> str:
     return f"unknown tiny model '{what}'; available: {', '.join(TINY_VARIANTS)}"
 
 
-def resolve_local(name: str) -> Path:
-    """A `tiny:` name built locally (models: `tiny:sd15`; the demo images: `tiny:images`), or a plain path.
+def _build(name: str) -> Path:
+    """The local folder of a `tiny:` name (models: `tiny:sd15`; the demo images: `tiny:images`), built once.
 
-    Raises ModelNotFound for an unknown `tiny:` name."""
-    name = name.strip()
-    if not is_tiny_name(name):
-        return Path(name).expanduser()
+    Raises ModelNotFound for an unknown one."""
     reason = unknown_tiny_reason(name)
     if reason:
         raise ModelNotFound(reason)
-    what = name[len(TINY_PREFIX) :]
+    what = name.strip()[len(TINY_PREFIX) :]
     if what == DEMO_IMAGES:
         from onetrainer.tiny.images import demo_images_dir
 
@@ -114,7 +113,7 @@ def resolve_tiny_sources(config: TrainConfig) -> str:
         for path in ignored:
             config.part(path.split(".")[0]).model_name = ""
         notice = tiny_base_notice(base, ignored) if ignored else ""
-        config.base_model_name = str(resolve_local(base))
+        config.base_model_name = str(_build(base))
         variant = base[len(TINY_PREFIX) :]
         for part in _OWN_PARTS.get(variant, ()):
             if not config.part(part).model_name.strip():
@@ -124,8 +123,45 @@ def resolve_tiny_sources(config: TrainConfig) -> str:
     for part in all_parts():
         name = config.part(part).model_name or ""
         if is_tiny_name(name):
-            config.part(part).model_name = str(resolve_local(name))
+            config.part(part).model_name = str(_build(name))
     for concept in config.concepts or []:
         if is_tiny_name(concept.path):
-            concept.path = str(resolve_local(concept.path))
+            concept.path = str(_build(concept.path))
     return notice
+
+
+class TinySource:
+    """The `tiny:` names as a named-model source (`onetrainer.families.sources.LocalSource`)."""
+
+    what = "the tiny model"
+
+    def unknown_reason(self, name: str) -> str | None:
+        return unknown_tiny_reason(name) or None
+
+    def resolve(self, name: str) -> Path:
+        return _build(name)
+
+    def prepare(self, config: TrainConfig) -> str:
+        return resolve_tiny_sources(config)
+
+    def ignored_overrides(self, config: TrainConfig) -> dict[str, str]:
+        return tiny_base_overrides(config)
+
+    def ignored_notice(self, config: TrainConfig, ignored: dict[str, str]) -> str:
+        return tiny_base_notice(config.base_model_name.strip(), ignored)
+
+
+# On import, so that every entry point that imports this module (or `onetrainer.tiny`) knows the `tiny:` names.
+register_source(TINY_PREFIX, TinySource())
+
+__all__ = [
+    "DEMO_IMAGES",
+    "TINY_PREFIX",
+    "TinySource",
+    "is_tiny_name",
+    "resolve_local",  # the generic resolver (`tiny:` names registered above), for the benchmarks and tests
+    "resolve_tiny_sources",
+    "tiny_base_notice",
+    "tiny_base_overrides",
+    "unknown_tiny_reason",
+]

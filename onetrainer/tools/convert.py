@@ -97,9 +97,9 @@ def convert(conversion: Conversion) -> list[Path]:
         config.embedding.model_name = conversion.input_name
     name = config.base_model_name
     try:
-        from onetrainer.tiny.source import resolve_tiny_sources
+        from onetrainer.families.sources import prepare_config
 
-        resolve_tiny_sources(config)  # a `tiny:` base → the folder it builds (its notice concerns runs, not this)
+        prepare_config(config)  # a registered source's base → the folder it builds (its notice concerns runs, not this)
         model = family.load(config)
     except Exception as e:
         raise ConversionError(f"cannot load {name}: {_reason(e)}") from e
@@ -127,4 +127,8 @@ def convert(conversion: Conversion) -> list[Path]:
 
 
 def _reason(error: Exception) -> str:
+    from onetrainer.families.sources import SourceFailed
+
+    if isinstance(error, SourceFailed):  # the source's own words, as for a model that cannot be loaded
+        error = error.error
     return str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"

@@ -74,7 +74,7 @@ def write_backup(
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     target = backup_root / f"{stamp}-backup-{progress.suffix()}"
     suffix = 1
-    while target.exists():  # two backups in one second (a tiny model, "backup now")
+    while target.exists():  # two backups in one second (a small model, "backup now")
         suffix += 1
         target = backup_root / f"{stamp}-backup-{progress.suffix()}-{suffix}"
     identity = run_identity(config)

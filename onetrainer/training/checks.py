@@ -194,9 +194,9 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
 
     if offline_reason(config.offline_mode):
         return []
-    from onetrainer.tiny.source import tiny_base_overrides
+    from onetrainer.families.sources import ignored_overrides
 
-    ignored = tiny_base_overrides(config)
+    ignored = ignored_overrides(config)
     names = [config.base_model_name] + [
         config.part(part).model_name for part in _model_parts(config) if f"{part}.model_name" not in ignored
     ]
@@ -205,9 +205,9 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
 
 
 def _is_hub_id(name: str) -> bool:
-    from onetrainer.tiny.source import is_tiny_name
+    from onetrainer.families.sources import source_for
 
-    if is_tiny_name(name) or Path(name).expanduser().exists():
+    if source_for(name) is not None or Path(name).expanduser().exists():
         return False
     return bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and "\\" not in name
 
@@ -220,16 +220,17 @@ def check_model_source(
     file_sets: FileSets = (),
     downloads: dict[str, str] | None = None,
 ) -> list[Problem]:
-    """A model reference must be a local file or folder, a tiny model that can be built locally, or a hub repo id
-    that is in the local Hugging Face cache or can be downloaded now (asked within seconds, see `util/hub.py`).
-    `downloads` (`FamilyInfo.part_downloads`) tells where a part a preset left as a placeholder is fetched by hand."""
-    from onetrainer.tiny.source import is_tiny_name, unknown_tiny_reason
+    """A model reference must be a local file or folder, a name a registered source resolves locally
+    (`families/sources.py`), or a hub repo id that is in the local Hugging Face cache or can be downloaded now (asked
+    within seconds, see `util/hub.py`). `downloads` (`FamilyInfo.part_downloads`) tells where a part a preset left as
+    a placeholder is fetched by hand."""
+    from onetrainer.families.sources import source_for, unknown_source_reason
 
     name = name.strip()
     if not name:
         return [Problem(path, "no model given")]
-    if is_tiny_name(name):
-        reason = unknown_tiny_reason(name)
+    if source_for(name) is not None:
+        reason = unknown_source_reason(name)
         return [Problem(path, reason)] if reason else []
     if is_placeholder(name):
         return [Problem(path, placeholder_message(path, name, downloads))]
@@ -248,7 +249,7 @@ def check_model_source(
 
 
 def _check_concepts(config: TrainConfig) -> list[Problem]:
-    from onetrainer.tiny.source import is_tiny_name, unknown_tiny_reason
+    from onetrainer.families.sources import source_for, unknown_source_reason
 
     problems: list[Problem] = []
     concepts = config.concepts or []
@@ -261,8 +262,8 @@ def _check_concepts(config: TrainConfig) -> list[Problem]:
             continue
         if not concept.path.strip():
             problems.append(Problem(f"concepts.{i}.path", f"concept '{concept.name or i}' has no folder"))
-        elif is_tiny_name(concept.path):
-            reason = unknown_tiny_reason(concept.path)
+        elif source_for(concept.path) is not None:
+            reason = unknown_source_reason(concept.path)
             if reason:
                 problems.append(Problem(f"concepts.{i}.path", reason))
         elif not Path(concept.path).expanduser().is_dir():
@@ -330,12 +331,13 @@ def _check_optional_files(config: TrainConfig) -> list[Problem]:
     for i, emb in enumerate(config.additional_embeddings):
         if emb.model_name and not Path(emb.model_name).expanduser().is_file():
             problems.append(Problem(f"additional_embeddings.{i}.model_name", f"file not found: {emb.model_name}"))
-    from onetrainer.tiny.source import tiny_base_notice, tiny_base_overrides
+    from onetrainer.families.sources import ignored_overrides, ignored_overrides_notice
 
-    ignored = tiny_base_overrides(config)
+    # A part the base model's source brings itself (a registered source's base): the config's names for it are
+    # dropped by the run, so they are not checked; the notice says so.
+    ignored = ignored_overrides(config)
     if ignored:
-        notice = tiny_base_notice(config.base_model_name.strip(), ignored)
-        problems.append(Problem("base_model_name", notice, Severity.WARNING))
+        problems.append(Problem("base_model_name", ignored_overrides_notice(config), Severity.WARNING))
     info = MODEL_TYPES.get(config.model_type)
     hub_files = info.family.part_hub_file_sets if info else {}
     downloads = info.family.part_downloads if info else None

@@ -8,7 +8,7 @@ CUDA context, allocator slack). Time = the denoiser's training FLOPs per step (f
 checkpointing's recomputation) over the device's measured matmul throughput.
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
-safetensors headers of a local diffusers folder, of a `tiny:` model, or of a hub model in the local cache (no
+safetensors headers of a local diffusers folder, of a built model, or of a hub model in the local cache (no
 weights are read); a hub model not downloaded yet, a single file, a backup are counted as the released model of
 their type, built on the meta device from `families/meta_models.py` (no memory, no download). The activations and
 FLOPs are measured (`measure_activations`): the model is built on the meta device from its parts' configs, and the
@@ -333,13 +333,14 @@ def reference_shapes(model_type: Any) -> Shapes:
 
 
 def _model_folder(config: TrainConfig) -> Path | None:
-    """The base model's diffusers folder: a local one (a `tiny:` model included) or a hub snapshot in the cache."""
-    from onetrainer.tiny.source import resolve_local
+    """The base model's diffusers folder: a local one (a registered source's model included, built on demand) or a
+    hub snapshot in the cache."""
+    from onetrainer.families.sources import resolve_local
 
     name = config.base_model_name.strip()
     try:
         local = resolve_local(name)
-    except Exception:  # an unknown tiny model: the checks say so
+    except Exception:  # a name its source does not know: the checks say so
         local = Path(name)
     probes = ("model_index.json", f"{family_of(config).denoiser_part}/config.json")
     return local if local.is_dir() else _cached_snapshot(name, config.huggingface_cache_dir or None, probes)
@@ -347,8 +348,8 @@ def _model_folder(config: TrainConfig) -> Path | None:
 
 def model_shapes(config: TrainConfig) -> tuple[Shapes, str]:
     """The parameter counts of the config's base model and where they come from: its files' safetensors headers
-    (a `tiny:` model, a diffusers folder, a hub model in the local cache), else — a hub model not downloaded yet, a
-    single file, a backup — the released model of its type."""
+    (a registered source's model, a diffusers folder, a hub model in the local cache), else — a hub model not
+    downloaded yet, a single file, a backup — the released model of its type."""
     from onetrainer.config.model_types import model_type_info
 
     family = family_of(config)

@@ -47,14 +47,15 @@ def run_training(
             events.close()
             return outcome
     config, problems = pack(config)
-    from onetrainer.tiny.source import resolve_tiny_sources
+    from onetrainer.families.sources import SourceFailed, prepare_config
 
     try:
-        # The packed copy: `tiny:` names become the local folders and files they build, so the families, the data and
-        # every rank see local paths only. The checks have shown the notice about the overrides a tiny base drops.
-        resolve_tiny_sources(config)
-    except Exception as e:  # an unknown tiny model (the checks say so, unless skipped), or a build that failed
-        outcome = Failed(f"cannot build the tiny model: {e}", traceback.format_exc())
+        # The packed copy: names a registered source stands for become the local folders and files it builds, so the
+        # families, the data and every rank see local paths only. The checks have shown its notice (the overrides
+        # the source's base model does without).
+        prepare_config(config)
+    except SourceFailed as e:  # a name its source does not know (the checks say so, unless skipped), a failed build
+        outcome = Failed(str(e), traceback.format_exc())
         events.emit(outcome)
         events.close()
         return outcome
