@@ -172,8 +172,11 @@ def test_an_uncached_hub_vae_override_is_refused_naming_the_vae(no_hub):
     ],
 )
 def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(no_hub, tmp_path, model_type, repo, filename):
-    from onetrainer.families.wuerstchen import CascadeFamily
+    from onetrainer.config.enums import ModelType
+    from onetrainer.families import load_family_class
     from onetrainer.tiny.effnet import save_effnet_encoder
+
+    family = load_family_class(ModelType(model_type))()  # each variant is its own class
 
     wuerstchen = model_type == "WUERSTCHEN_2"
     local = tmp_path / "effnet"
@@ -187,13 +190,13 @@ def test_the_effnet_encoder_loads_from_its_hub_repository_in_the_cache(no_hub, t
         "decoder": {"model_name": str(tiny_model_dir(f"{variant}-decoder"))},
     }  # fmt: skip
     cfg = config(**common, offline_mode=True, effnet_encoder={"model_name": repo})
-    encoder = CascadeFamily().load(cfg).part("effnet_encoder")
+    encoder = family.load(cfg).part("effnet_encoder")
     expected = load_file(str(local / filename))
     assert all(torch.equal(v, expected[k]) for k, v in encoder.state_dict().items() if k in expected)
 
     missing = config(**common, effnet_encoder={"model_name": "someone/no-effnet"})  # the hub unreachable
     with pytest.raises(ModelLoadError, match=r"EfficientNet encoder \(effnet_encoder.model_name\)"):
-        CascadeFamily().load(missing)
+        family.load(missing)
 
 
 def test_a_part_wise_download_counts_as_cached_offline(no_hub, tmp_path):

@@ -224,8 +224,9 @@ def test_a_loras_trained_bytes_are_its_adapters():
 
     from onetrainer.methods import create_method
     from onetrainer.training.estimate import family_of
+    from tests.helpers import local_config
 
-    config = _tiny_run("pixart/lora", "tiny:pixart", "layer_filter_preset=full", "lora_rank=4")
+    config = local_config(_tiny_run("pixart/lora", "tiny:pixart", "layer_filter_preset=full", "lora_rank=4"))
     family = family_of(config)
     model = family.load(config)
     method = create_method(config, family, model, torch.device("cpu"))
