@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from diffusers import DDPMWuerstchenScheduler
 
@@ -72,7 +73,7 @@ def test_noising_snr_and_x0_round_trip() -> None:
 def test_diffusers_last_step_agrees_with_our_schedule() -> None:
     # The sampler's last step (t -> 0) with the true noise lands on ~x0: scheduler and training share one schedule.
     schedule = ContinuousCosineSchedule()
-    scheduler = schedule.sampler(None)
+    scheduler = DDPMWuerstchenScheduler(s=0.008, scaler=1.0)  # what the families on this schedule sample with
     scheduler.set_timesteps(2)
     x0 = torch.randn(1, 16, 2, 2, generator=torch.Generator().manual_seed(1))
     noise = torch.randn(1, 16, 2, 2, generator=torch.Generator().manual_seed(2))
@@ -83,3 +84,11 @@ def test_diffusers_last_step_agrees_with_our_schedule() -> None:
     expected = (x_t - (1 - a) * noise / (1 - schedule.alpha_bar(t)).sqrt()) / a.sqrt()
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(out, x0, rtol=0.02, atol=0.02)
+
+
+def test_a_sampler_comes_from_the_familys_factory() -> None:
+    with pytest.raises(NotImplementedError, match="sampler_factory"):
+        ContinuousCosineSchedule().sampler(None)
+    made = []
+    schedule = ContinuousCosineSchedule(sampler_factory=lambda kind, ztsnr: made.append((kind, ztsnr)) or "sampler")
+    assert schedule.sampler("DDIM", False) == "sampler" and made == [("DDIM", False)]

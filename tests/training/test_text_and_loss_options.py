@@ -76,7 +76,7 @@ def test_sdxl_caption_dropout_is_drawn_per_text_encoder(tmp_path, monkeypatch, c
     family = StableDiffusionXLFamily()
     config, _ = config_from_dict(tiny_config(tmp_path, "sdxl", "LORA"))
     with torch.no_grad():
-        empty = family.encode_text(family.load(config), [""])
+        empty = family.encode_text(family.load(local_config(config)), [""])
     first = seen[0]
     width = 32  # the tiny SDXL's first encoder
     assert torch.allclose(first["hidden_states"][..., :width], empty.hidden_states[..., :width].expand(2, -1, -1))
