@@ -44,6 +44,7 @@ class EstimateLabel(ctk.CTkLabel):
         self.result = None
         self._pending: str | None = None
         self._job: BackgroundJob | None = None
+        self._latest: object | None = None  # the newest request: an older one still waiting does not run
         model.subscribe(lambda _path: self.schedule())
         self.schedule()
 
@@ -65,12 +66,20 @@ class EstimateLabel(ctk.CTkLabel):
             self._job.cancel()
         config = copy.deepcopy(self.model.config)
         free_bytes = self.free_bytes
+        request = self._latest = object()
 
         def work():
             from onetrainer.training.estimate import estimate
+            from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
-            device = config.train_device
-            return estimate(config, free_bytes(device), _throughput(device))
+            # One estimate at a time, and only the latest edit's: a cancelled job's thread still runs, and several
+            # full-size measurements side by side would hold the interpreter for minutes (and a starting run's load
+            # waits on the same lock).
+            with MODEL_LIBRARY_LOCK:
+                if request is not self._latest:
+                    return None
+                device = config.train_device
+                return estimate(config, free_bytes(device), _throughput(device))
 
         self._job = BackgroundJob(self, work, self._show)
 

@@ -29,6 +29,7 @@ from onetrainer.config import (
 from onetrainer.config.enums import DataType, NoiseScheduler
 from onetrainer.config.io import read_side_file
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, all_parts, model_type_info
+from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -412,12 +413,14 @@ def _load(config: TrainConfig, args: argparse.Namespace):
     device = select_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), _warn)
     name = config.base_model_name
     print(f"loading {name} ({model_type_info(config.model_type).label})", file=sys.stderr)
-    family = load_family_class(config.model_type)()
+    with MODEL_LIBRARY_LOCK:  # importing the family imports the model libraries
+        family = load_family_class(config.model_type)()
     try:
         notice = prepare_config(config)  # a source's names (`tiny:sd15`) → the local folders it builds, for the family
         if notice:
             _warn(notice)
-        model = family.load(config)
+        with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
+            model = family.load(config)
     except Exception as e:
         raise SampleError(_load_message(e, name)) from e
     for module in model.parts.values():

@@ -7,12 +7,12 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.tiny.registry import TINY_VARIANTS, TinyVariant
 from onetrainer.util.fs import atomic_directory
+from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -22,7 +22,8 @@ TINY_MODEL_VERSION = 2
 # Written beside model_index.json; diffusers ignores it. Says what the folder is and which builder made it.
 MARKER_FILE = "tiny_model.json"
 # One build at a time in this process: a second thread waits and finds the folder built instead of building it again.
-TINY_BUILD_LOCK = threading.Lock()
+# The same lock as every model import and load (`util/threads`), so a build never imports beside the estimate's worker.
+TINY_BUILD_LOCK = MODEL_LIBRARY_LOCK
 _TOKENIZER_COMPONENTS = ("tokenizer", "tokenizer_2")
 # model_index.json entries as the real hub folders have them. Würstchen's models were saved from the (since
 # deprecated) `diffusers.pipelines.wuerstchen` module, which model_index.json names by its short name; Stable

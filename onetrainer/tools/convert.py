@@ -14,6 +14,7 @@ from pathlib import Path
 from onetrainer.config import ModelType, TrainConfig, TrainingMethod
 from onetrainer.config.enums import DataType, ModelFormat
 from onetrainer.config.model_types import all_parts, model_type_info
+from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
 CONVERTIBLE_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING)
 OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
@@ -100,7 +101,8 @@ def convert(conversion: Conversion) -> list[Path]:
         from onetrainer.families.sources import prepare_config
 
         prepare_config(config)  # a registered source's base → the folder it builds (its notice concerns runs, not this)
-        model = family.load(config)
+        with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
+            model = family.load(config)
     except Exception as e:
         raise ConversionError(f"cannot load {name}: {_reason(e)}") from e
     destination = conversion.destination.expanduser()

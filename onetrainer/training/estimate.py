@@ -742,9 +742,12 @@ def free_memory(device: str) -> float | None:
 
 def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_second: float | None = None) -> Estimate:
     """The estimate for a config, with advice when it does not fit in `free_bytes`."""
-    shapes, counted_from = model_shapes(config)
-    counts = counts_of(config, shapes)
-    activations = measure_activations(config, shapes)
+    from onetrainer.util.threads import MODEL_LIBRARY_LOCK
+
+    with MODEL_LIBRARY_LOCK:  # it imports and builds models on the app's worker thread while a run may load its own
+        shapes, counted_from = model_shapes(config)
+        counts = counts_of(config, shapes)
+        activations = measure_activations(config, shapes)
     settings = settings_of(config, activations)
     result = estimate_from_counts(counts, settings, flops_per_second)
     result.free_bytes = free_bytes

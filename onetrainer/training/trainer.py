@@ -80,6 +80,7 @@ from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.dtypes import fallback_dtype
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
+from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 from onetrainer.util.timing import Interval
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ class Trainer:
         self.device = self.dist.device if self.dist is not None else select_device(config.train_device, self.warn)
 
         self.status("loading the model")
-        self.family = load_family_class(config.model_type)()
-        self.model = self.family.load(config)
+        with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
+            self.family = load_family_class(config.model_type)()
+            self.model = self.family.load(config)
         # Parts in different dtypes (a bf16 denoiser, a float32 VAE) meet in caching, the loss, validation and samples.
         self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
         family = self.family

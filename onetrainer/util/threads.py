@@ -10,7 +10,15 @@ cross-thread import cycle by handing one thread a half-initialised module; a mod
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any
+
+# Held by whatever imports and builds models with transformers and diffusers while another thread may do the same: the
+# estimate's measurement (the app's worker thread), a tiny model's build and a family's load (a run's or the sampling
+# window's thread). importlib gives one of two threads that import interdependent modules at once a half-initialised
+# module ("partially initialized module 'accelerate.big_modeling'"), so these take turns; re-entrant, because a load
+# may build a tiny model. The steps of a run do not take it.
+MODEL_LIBRARY_LOCK = threading.RLock()
 
 
 def library_attribute(library: str, name: str) -> Any:
