@@ -523,6 +523,7 @@ class App(ctk.CTk):
         # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl. Collect them here, on the
         # Tk thread; else the trainer thread's garbage collection runs those finalizers from the wrong thread.
         gc.collect()
+        self.estimate.pause()  # its measurement would hold the model library the run's load needs
         self.runner.start(packed)
         self._run_note = random_weights_note(packed.base_model_name)
         self._run_tensorboard_url = None
@@ -707,6 +708,8 @@ class App(ctk.CTk):
 
     def _set_running(self, running: bool) -> None:
         self.footer.set_running(running)
+        if not running:
+            self.estimate.resume()
         sampling = self.tabs.get("sampling")
         if isinstance(sampling, SamplingTab):
             sampling.set_running(running)

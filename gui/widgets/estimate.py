@@ -1,12 +1,15 @@
 """The memory and time estimate beside Start (`onetrainer/training/estimate.py`), refreshed after config edits.
 
 The estimate runs on a worker thread (the first one builds the full-size model on the meta device, a few seconds)
-on a copy of the config; the label changes only on the Tk thread.
+on a copy of the config; the label changes only on the Tk thread. A newer edit cancels the running estimate, and a
+run's start pauses them (its load would otherwise wait for the measurement, which holds the model library) until
+the run ends.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -44,7 +47,8 @@ class EstimateLabel(ctk.CTkLabel):
         self.result = None
         self._pending: str | None = None
         self._job: BackgroundJob | None = None
-        self._latest: object | None = None  # the newest request: an older one still waiting does not run
+        self._cancel = threading.Event()  # the running job's: set when a newer edit or a run's start replaces it
+        self._paused = False
         model.subscribe(lambda _path: self.schedule())
         self.schedule()
 
@@ -58,28 +62,43 @@ class EstimateLabel(ctk.CTkLabel):
     def schedule(self) -> None:
         if self._pending is not None:
             self.after_cancel(self._pending)
-        self._pending = self.after(DELAY_MS, self.refresh_now)
+        self._pending = None if self._paused else self.after(DELAY_MS, self.refresh_now)
+
+    def pause(self) -> None:
+        """A run starts: stop the running estimate (its measurement holds the model library the run's load needs,
+        and competes with the run for the CPU) and make none until `resume`."""
+        self._paused = True
+        if self._pending is not None:
+            self.after_cancel(self._pending)
+            self._pending = None
+        self._stop_job()
+
+    def resume(self) -> None:
+        self._paused = False
+        self.schedule()
+
+    def _stop_job(self) -> None:
+        self._cancel.set()
+        if self._job is not None:
+            self._job.cancel()
 
     def refresh_now(self) -> None:
         self._pending = None
-        if self._job is not None:
-            self._job.cancel()
+        if self._paused:
+            return
+        self._stop_job()
         config = copy.deepcopy(self.model.config)
         free_bytes = self.free_bytes
-        request = self._latest = object()
+        cancel = self._cancel = threading.Event()
 
         def work():
-            from onetrainer.training.estimate import estimate
-            from onetrainer.util.threads import MODEL_LIBRARY_LOCK
+            from onetrainer.training.estimate import EstimateCancelled, estimate
 
-            # One estimate at a time, and only the latest edit's: a cancelled job's thread still runs, and several
-            # full-size measurements side by side would hold the interpreter for minutes (and a starting run's load
-            # waits on the same lock).
-            with MODEL_LIBRARY_LOCK:
-                if request is not self._latest:
-                    return None
-                device = config.train_device
-                return estimate(config, free_bytes(device), _throughput(device))
+            device = config.train_device
+            try:
+                return estimate(config, free_bytes(device), _throughput(device), cancelled=cancel.is_set)
+            except EstimateCancelled:
+                return None
 
         self._job = BackgroundJob(self, work, self._show)
 

@@ -24,6 +24,8 @@ The arithmetic (`estimate_from_counts`) takes plain numbers so it is tested on k
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -56,6 +58,23 @@ MIB = 1024**2
 # UNet LoRA runs, checkpointing on, H200): the tensors measured here come to 0.21 and 0.68 GiB, while the measured peaks
 # less the weights and the training state leave 0.30 and 0.71 GiB; × 1.5 keeps both just on the safe side.
 PEAK_FACTOR = 1.5
+
+
+class EstimateCancelled(Exception):
+    """The caller no longer wants this estimate (the window's config changed again, or a run starts)."""
+
+
+# The running estimate's "stop now?" question: asked between parts and before every module of the measured forward, so
+# that a cancelled estimate lets go of the model library within milliseconds rather than after its full measurement.
+_CANCELLED: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("estimate_cancel", default=None)
+
+
+def _stop_if_cancelled(*_args: Any) -> None:
+    cancelled = _CANCELLED.get()
+    if cancelled is not None and cancelled():
+        raise EstimateCancelled
+
+
 # The per-parameter rule where a family's step cannot run on the meta device, from the measured SD 1.5 UNet (no
 # checkpointing, 512 px): bytes kept per sample in 16-bit per image pixel per square root of the denoiser's
 # parameters (activations grow with its width), the share checkpointing keeps, forward FLOPs per parameter per pixel.
@@ -328,6 +347,7 @@ def reference_shapes(model_type: Any) -> Shapes:
     shapes: Shapes = {}
     with torch.device("meta"):
         for part, config in released_parts(model_type).items():
+            _stop_if_cancelled()
             shapes[part] = module_shapes(instantiate(config))
     return shapes
 
@@ -426,6 +446,7 @@ def meta_model(config: TrainConfig, configs: dict[str, dict], dtype: torch.dtype
     with torch.device("meta"):
         for part, role in family.part_roles.items():
             if role is not PartRole.SAMPLING and part in configs:
+                _stop_if_cancelled()
                 parts[part] = instantiate(configs[part]).eval().requires_grad_(False)
     parts[family.denoiser_part] = parts[family.denoiser_part].to(dtype).train().requires_grad_(True)
     for module in parts.values():
@@ -625,6 +646,8 @@ def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]
 
     latents, times, conditioning, extra = inputs
     denoiser = model.part(family.denoiser_part)
+    for module in denoiser.modules():
+        module.register_forward_pre_hook(_stop_if_cancelled)
     for attempt in (extra, {}):  # without the extras where one needs state a meta model lacks (a loss's schedule)
         measurement = _Measurement(params)
         counter = FlopCounterMode(display=False)
@@ -639,6 +662,8 @@ def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]
             ):
                 family.predict(model, latents, times, conditioning, attempt)
             return measurement, float(counter.get_total_flops())
+        except EstimateCancelled:
+            raise
         except Exception:
             if not attempt:
                 raise
@@ -693,6 +718,8 @@ def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
     }, sort_keys=True)  # fmt: skip
     try:
         return _measured(key, height, width, dtype)
+    except EstimateCancelled:
+        raise
     except Exception as error:  # the family's step does not run on the meta device
         params = shapes[family_of(config).denoiser_part]["params"]
         scale = BYTES.get(config.train_dtype, 4.0) / 2 * params**0.5 * width * height
@@ -740,14 +767,27 @@ def free_memory(device: str) -> float | None:
     return float(free)
 
 
-def estimate(config: TrainConfig, free_bytes: float | None = None, flops_per_second: float | None = None) -> Estimate:
-    """The estimate for a config, with advice when it does not fit in `free_bytes`."""
+def estimate(
+    config: TrainConfig,
+    free_bytes: float | None = None,
+    flops_per_second: float | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Estimate:
+    """The estimate for a config, with advice when it does not fit in `free_bytes`. Raises `EstimateCancelled` soon
+    after `cancelled()` turns true."""
     from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
-    with MODEL_LIBRARY_LOCK:  # it imports and builds models on the app's worker thread while a run may load its own
-        shapes, counted_from = model_shapes(config)
-        counts = counts_of(config, shapes)
-        activations = measure_activations(config, shapes)
+    token = _CANCELLED.set(cancelled)
+    try:
+        # It imports and builds models on the app's worker thread while a run may load its own.
+        with MODEL_LIBRARY_LOCK:
+            _stop_if_cancelled()
+            shapes, counted_from = model_shapes(config)
+            counts = counts_of(config, shapes)
+            _stop_if_cancelled()
+            activations = measure_activations(config, shapes)
+    finally:
+        _CANCELLED.reset(token)
     settings = settings_of(config, activations)
     result = estimate_from_counts(counts, settings, flops_per_second)
     result.free_bytes = free_bytes

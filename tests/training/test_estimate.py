@@ -247,3 +247,39 @@ def test_each_released_denoiser_is_measured(model_type):
     result = estimate(config)
     assert result.activations_from.startswith("measured"), result.activations_from
     assert 50 * MIB < result.parts["activations"] < 40 * GIB
+
+
+def test_a_cancelled_estimate_stops_inside_the_measurement_and_lets_go_of_the_library():
+    """The window cancels the running estimate on a newer edit or a run's start: it stops within its forward (after a
+    few modules, not at its end), raises `EstimateCancelled` rather than falling back to the rule, caches nothing,
+    and a run's load can take the model library at once."""
+    import threading
+
+    from onetrainer.training import estimate as module
+    from onetrainer.util.threads import MODEL_LIBRARY_LOCK
+
+    config = _tiny_run("pixart/lora", "tiny:pixart", "resolution=128")
+    estimate(config)  # the counts and imports done; the measurement is what a cancel has to cut short
+    module._measured.cache_clear()
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return len(asked) > 5  # past the phase checks, inside the denoiser's forward
+
+    with pytest.raises(module.EstimateCancelled):
+        estimate(config, cancelled=cancelled)
+    assert len(asked) == 6
+    assert module._measured.cache_info().currsize == 0
+    taken = []
+
+    def load() -> None:
+        taken.append(MODEL_LIBRARY_LOCK.acquire(timeout=5))
+        if taken[-1]:
+            MODEL_LIBRARY_LOCK.release()
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    thread.join()
+    assert taken == [True]
+    assert estimate(config, cancelled=lambda: False).activations_from.startswith("measured")
