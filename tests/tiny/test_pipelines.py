@@ -154,7 +154,9 @@ def test_building_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma"])
+@pytest.mark.parametrize(
+    "variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma"]
+)
 def test_training_step_reaches_every_parameter(variant: str) -> None:
     # How long the step takes is measured by `scripts/benchmark.py --part tiny`, not asserted here.
     model = _denoiser(build_tiny_pipeline(variant, seed=0)).train()

@@ -126,7 +126,8 @@ def test_clip_text_encoders_match_their_tokenizers(variant: str, tiny_pipeline: 
     pipeline = tiny_pipeline(variant)
     for suffix in ("", "_2"):
         encoder = getattr(pipeline, f"text_encoder{suffix}", None)
-        if encoder is None or TINY_VARIANTS[variant].references[f"tokenizer{suffix}"]["tokenizer_class"] != "CLIPTokenizer":
+        references = TINY_VARIANTS[variant].references
+        if encoder is None or references[f"tokenizer{suffix}"]["tokenizer_class"] != "CLIPTokenizer":
             continue  # none, or Flux's T5
         tokenizer = getattr(pipeline, f"tokenizer{suffix}")
         real = TINY_VARIANTS[variant].references[f"text_encoder{suffix}"]
