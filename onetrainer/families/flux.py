@@ -421,11 +421,14 @@ class ChromaFamily(FluxTransformerFamily):
             return {"encoder_hidden_states": hidden}
         # The padding no caption of the batch attends to is left out (the result is the same, in less time).
         mask = mask.bool()
-        used = max(1, int(mask.sum(dim=1).max()))
-        length = min(hidden.shape[1], -(-used // CHROMA_MASK_STEP) * CHROMA_MASK_STEP)
-        hidden, mask = hidden[:, :length], mask[:, :length]
-        if bool(mask.all()):
-            return {"encoder_hidden_states": hidden}
+        try:
+            used = max(1, int(mask.sum(dim=1).max()))
+            length = min(hidden.shape[1], -(-used // CHROMA_MASK_STEP) * CHROMA_MASK_STEP)
+            hidden, mask = hidden[:, :length], mask[:, :length]
+            if bool(mask.all()):
+                return {"encoder_hidden_states": hidden}
+        except RuntimeError:  # tensors without values (the memory estimate's): all the tokens, masked
+            pass
         image = torch.ones(len(mask), image_tokens, dtype=torch.bool, device=mask.device)
         return {"encoder_hidden_states": hidden, "attention_mask": torch.cat([mask, image], dim=1)}
 
