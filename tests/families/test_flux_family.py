@@ -1,7 +1,8 @@
 """Flux.1 (dev, schnell, Fill) and Chroma on tiny models: our inputs checked against diffusers' own pipelines, one
 LoRA training per variant through the trainer (the files it writes loaded by diffusers' `load_lora_weights` and
 giving our outputs, samples rendered during training at two aspect ratios, the dev loss falling on an overfit set),
-and a fine-tune whose diffusers folder `FluxPipeline.from_pretrained` loads."""
+a fine-tune whose diffusers folder `FluxPipeline.from_pretrained` loads, and embeddings (`clip_l` and `t5`) that
+diffusers' `load_textual_inversion` reads as we do."""
 
 from __future__ import annotations
 
@@ -308,3 +309,42 @@ def test_fine_tune_writes_a_diffusers_folder_flux_pipeline_loads(tmp_path):
     assert all(torch.equal(v, trained[k]) for k, v in again.part("transformer").state_dict().items())
     image = pipe("a red circle", height=48, width=64, num_inference_steps=2, output_type="np").images
     assert image.shape == (1, 48, 64, 3)
+
+
+def test_embedding_files_hold_clip_l_and_t5_and_load_in_diffusers_as_ours(tmp_path):
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="flux-dev", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    tensors = load_file(path)
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == {"clip_l": (2, 32), "t5": (2, 32)}
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, CPU)  # continues from the file
+    prompt = "a photo of <shape>"
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply(prompt)])
+    pipe = diffusers_pipeline("flux-dev")
+    with torch.no_grad():
+        plain, _, _ = pipe.encode_prompt(prompt, prompt)
+    pipe.load_textual_inversion(tensors["clip_l"], token="<shape>", text_encoder=pipe.text_encoder,
+                                tokenizer=pipe.tokenizer)  # fmt: skip
+    pipe.load_textual_inversion(tensors["t5"], token="<shape>", text_encoder=pipe.text_encoder_2,
+                                tokenizer=pipe.tokenizer_2)  # fmt: skip
+    with torch.no_grad():
+        hidden, pooled, _ = pipe.encode_prompt(prompt, prompt)
+    assert torch.allclose(ours.hidden_states, hidden, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
+    assert not torch.allclose(plain, hidden, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", ["flux-dev", "chroma"])
+def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path, variant):
+    family, model = our_model(variant)
+    backup = tmp_path / "backup"
+    family.save_backup(model, backup / "model")
+    (backup / "meta.json").write_text("{}")
+    for part in model.parts:
+        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
+    _, again = our_model(variant, base_model_name=str(backup))
+    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
