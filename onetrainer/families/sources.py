@@ -101,6 +101,11 @@ class LocalSource(Protocol):
         """One line telling the user about `ignored` (this source's `ignored_overrides`, not empty)."""
         ...
 
+    def sample_note(self, name: str) -> str:
+        """What to expect of the samples of a base model `name` stands for ("" when nothing unusual): the demo's
+        random-weight models draw noise, whatever the prompt."""
+        ...
+
 
 class SourceFailed(Exception):
     """A registered source could not prepare a config: `error` is what it raised."""
@@ -133,6 +138,12 @@ def source_for(name: str) -> LocalSource | None:
     name = name.strip()
     prefixes = [p for p in _SOURCES if name.startswith(p)]
     return _SOURCES[max(prefixes, key=len)] if prefixes else None
+
+
+def sample_note(base_model_name: str) -> str:
+    """The note of the source `base_model_name` belongs to about its samples ("" for any other model)."""
+    note = getattr(source_for(base_model_name), "sample_note", None)  # optional: a source may have nothing to say
+    return note(base_model_name.strip()) if note else ""
 
 
 def unknown_source_reason(name: str) -> str | None:
