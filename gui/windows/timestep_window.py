@@ -26,6 +26,7 @@ TIMESTEP_FIELDS = (
     "noising_weight",
     "noising_bias",
     "timestep_shift",
+    "dynamic_timestep_shifting",  # flow-matching models; the histogram does not show it (nor does OneTrainer's)
 )
 BINS = 100
 NUM_TIMESTEPS = 1000

@@ -50,10 +50,12 @@ ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be resca
 GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
 LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
 LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
+# A flow-matching schedule (`noise/flow_matching.py`): the resolution-dependent timestep shift, the SIGMA loss weight.
+FLOW_MATCHING = "flow_matching"
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
 OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
 CAPABILITIES: frozenset[str] = frozenset(
-    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE, LAYER_SKIP}
+    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE, LAYER_SKIP, FLOW_MATCHING}
 )
 
 

@@ -28,6 +28,7 @@ from onetrainer.config.enums import (
 from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS, TRAIN_CONFIG_RENAMED_KEYS
 from onetrainer.config.model_types import (
     CIRCULAR_PADDING,
+    FLOW_MATCHING,
     GENERALIZED_OFFSET_NOISE,
     LEARNED_VARIANCE,
     SUPPORTED_MODEL_TYPES,
@@ -715,6 +716,15 @@ class TrainConfig(ConfigNode):
         minimum=0.01,
         maximum=100,
     )
+    dynamic_timestep_shifting: bool = setting(
+        False,
+        "Dynamic timestep shifting",
+        "Shift timesteps by each batch's resolution instead of by 'Timestep shift': larger images get more noise, by "
+        "the model's own rule (its scheduler's base and max shift). Not shown in the timestep preview.",
+        tab="training",
+        group="Noise",
+        needs=FLOW_MATCHING,
+    )
 
     # -- training: masked training --------------------------------------------------------------------------------
     masked_training: bool = setting(
@@ -803,10 +813,16 @@ class TrainConfig(ConfigNode):
         LossWeight.CONSTANT,
         "Loss weight function",
         "Weights each sample's loss by its noise level: MIN_SNR_GAMMA (with gamma ~5) speeds up convergence; "
-        "DEBIASED_ESTIMATION and P2 are alternatives.",
+        "DEBIASED_ESTIMATION and P2 are alternatives; SIGMA (flow-matching models) weights by the noise level.",
         tab="training",
         group="Loss",
-        choices=(LossWeight.CONSTANT, LossWeight.MIN_SNR_GAMMA, LossWeight.DEBIASED_ESTIMATION, LossWeight.P2),
+        choices=(
+            LossWeight.CONSTANT,
+            LossWeight.MIN_SNR_GAMMA,
+            LossWeight.DEBIASED_ESTIMATION,
+            LossWeight.P2,
+            LossWeight.SIGMA,
+        ),
     )
     loss_weight_strength: float = setting(
         5.0,
@@ -1121,7 +1137,6 @@ class TrainConfig(ConfigNode):
     text_encoder_4_layer_skip: int = _ot("text_encoder_4_layer_skip", 0)
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None)
-    dynamic_timestep_shifting: bool = _ot("dynamic_timestep_shifting", False)
     sample_video_format: str = _ot("sample_video_format", "MP4")
     sample_audio_format: str = _ot("sample_audio_format", "MP3")
     unconditional_transformer: dict | None = _ot_dict("unconditional_transformer")

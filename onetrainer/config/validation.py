@@ -6,8 +6,16 @@ import enum
 import re
 from typing import TYPE_CHECKING
 
-from onetrainer.config.enums import DataType, LearningRateScheduler, ModelFormat, ModelType, PeftType, TrainingMethod
-from onetrainer.config.model_types import MODEL_TYPES, PartRole, model_type_info, part_label
+from onetrainer.config.enums import (
+    DataType,
+    LearningRateScheduler,
+    LossWeight,
+    ModelFormat,
+    ModelType,
+    PeftType,
+    TrainingMethod,
+)
+from onetrainer.config.model_types import FLOW_MATCHING, MODEL_TYPES, PartRole, model_type_info, part_label
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 
@@ -161,6 +169,8 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
         problems.append(
             Problem("noising_weight", "the BETA distribution needs a noising weight (alpha) and bias (beta) above 0")
         )
+    if config.loss_weight_fn is LossWeight.SIGMA and FLOW_MATCHING not in family.capabilities:
+        problems.append(Problem("loss_weight_fn", f"SIGMA weights flow-matching models only, not {info.label}"))
     if config.min_noising_strength >= config.max_noising_strength:
         problems.append(Problem("max_noising_strength", "must be larger than min_noising_strength"))
     if config.force_v_prediction and config.force_epsilon_prediction:

@@ -1,6 +1,7 @@
 """The noise process a model trains on, below the families and the trainer: what the denoiser predicts
 (`prediction`), the schedules that noise latents (`schedule` the interface, `discrete` the DDPM tables, `cosine` the
-continuous improved-DDPM cosine), the timestep distributions (`timesteps`), the noise draws (`draws`), the
+continuous improved-DDPM cosine, `flow_matching` rectified flow with its resolution-dependent shift), the timestep
+distributions (`timesteps`), the noise draws (`draws`), the
 per-pixel losses (`losses`), the loss weighting by noise level (`weighting`) and IDDPM's variational bound for
 learned-variance outputs (`variational_bound`).
 

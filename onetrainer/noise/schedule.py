@@ -9,9 +9,9 @@ nothing outside `noise/` reads a diffusers scheduler's fields. The kinds so far:
 - `VariancePreservingSchedule`: α = √ᾱ, σ = √(1−ᾱ), from ᾱ(t);
   - `discrete.DiscreteSchedule`: DDPM betas over integer steps 0…T-1 (a diffusers scheduler config's table);
   - `cosine.ContinuousCosineSchedule`: the improved-DDPM cosine over t in (0, 1], remapped by the family.
-
-A rectified-flow schedule (α = 1 − t, σ = t, a shift by the latents' resolution) derives from `NoiseSchedule`
-directly: `scales`, `sample_times` (which gets the batch's latent shape), `validation_times`, `sampler`.
+- `flow_matching.FlowMatchingSchedule`: rectified flow over σ in (0, 1], α = 1 − σ, flow-velocity prediction, from a
+  diffusers flow-matching scheduler config; its `sample_times` shifts σ statically or by the batch's latents'
+  resolution (their token count), its `model_time` is σ·T.
 """
 
 from __future__ import annotations

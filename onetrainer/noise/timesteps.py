@@ -1,5 +1,6 @@
 """The timestep distributions: a draw in [0, 1) from the configured distribution, shifted, which each schedule places
-in its own time scale (integer steps, continuous bins), plus the GUI's preview histogram.
+in its own time scale (integer steps, continuous bins, flow σ), plus the GUI's preview histogram (the static shift; a
+flow schedule's σ is (step + 1)/T of the same steps, its resolution-dependent shift is not shown).
 
 Everything takes explicit generators, so the same inputs always give the same draws (resume and tests depend on it).
 """
@@ -18,8 +19,11 @@ if TYPE_CHECKING:
 _TABLE_SIZE = 1000
 
 
-def unit_timesteps(count: int, config: TrainConfig, generator: torch.Generator) -> torch.Tensor:
-    """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted."""
+def unit_timesteps(
+    count: int, config: TrainConfig, generator: torch.Generator, shift: float | None = None
+) -> torch.Tensor:
+    """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted by
+    `shift` (default: the config's `timestep_shift`; a flow schedule passes its resolution-dependent shift)."""
     kind, w, b = config.timestep_distribution, config.noising_weight, config.noising_bias
     if kind is TimestepDistribution.UNIFORM:
         x = torch.rand(count, generator=generator)
@@ -38,7 +42,7 @@ def unit_timesteps(count: int, config: TrainConfig, generator: torch.Generator) 
         cells = torch.multinomial(weights.float(), count, replacement=True, generator=generator)
         x = (cells.float() + torch.rand(count, generator=generator)) / _TABLE_SIZE
     x = x.clamp(0.0, 1.0 - 1e-6)
-    return shift_timesteps(x, config.timestep_shift)
+    return shift_timesteps(x, config.timestep_shift if shift is None else shift)
 
 
 def timestep_density(kind: TimestepDistribution, w: float, b: float, x: torch.Tensor) -> torch.Tensor:
@@ -68,11 +72,16 @@ def noising_range(unit: torch.Tensor, config: TrainConfig) -> torch.Tensor:
 
 
 def sample_timesteps(
-    batch: int, num_timesteps: int, generator: torch.Generator, config: TrainConfig, device
+    batch: int,
+    num_timesteps: int,
+    generator: torch.Generator,
+    config: TrainConfig,
+    device,
+    shift: float | None = None,
 ) -> torch.Tensor:
-    """Integer timesteps: a draw from the configured distribution on [0, 1], shifted, then placed in
-    [min, max] noising strength x T."""
-    t = noising_range(unit_timesteps(batch, config, generator), config)
+    """Integer timesteps: a draw from the configured distribution on [0, 1], shifted (by `shift`, default the
+    config's), then placed in [min, max] noising strength x T."""
+    t = noising_range(unit_timesteps(batch, config, generator, shift), config)
     return (t * num_timesteps).long().clamp(0, num_timesteps - 1).to(device)
 
 

@@ -106,3 +106,27 @@ def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares() -> Non
     finally:
         undo()
     assert ModelType.SANA not in MODEL_TYPES and "variance_dit" not in FAMILIES
+
+
+def test_a_flow_matching_family_gets_the_dynamic_shift_and_the_sigma_weighting() -> None:
+    from onetrainer.config import config_from_dict
+    from onetrainer.config.enums import LossWeight
+    from onetrainer.config.validation import validate
+
+    sd = MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
+    family = dataclasses.replace(sd.family, key="flow_dit", label="Flow DiT", capabilities=frozenset({"flow_matching"}))
+    undo = register_model_type(dataclasses.replace(sd, model_type=ModelType.SANA, label="Flow DiT", family=family))
+    try:
+        assert _applies(ModelType.SANA, "dynamic_timestep_shifting", TrainingMethod.LORA)
+        assert not _applies(ModelType.STABLE_DIFFUSION_15, "dynamic_timestep_shifting", TrainingMethod.LORA)
+        # OneTrainer's key loads (no longer an ignored setting) and the SIGMA weighting is checked by capability
+        config, problems = config_from_dict({"model_type": "SANA", "dynamic_timestep_shifting": True})
+        assert config.dynamic_timestep_shifting and not problems
+        config.loss_weight_fn = LossWeight.SIGMA
+        assert not [p for p in validate(config) if p.path == "loss_weight_fn"]
+        config.model_type = ModelType.STABLE_DIFFUSION_15
+        assert [p.message for p in validate(config) if p.path == "loss_weight_fn"] == [
+            "SIGMA weights flow-matching models only, not " + sd.label
+        ]
+    finally:
+        undo()

@@ -152,3 +152,38 @@ def test_the_gui_forms_show_its_parts_settings_under_their_labels():
     assert shown["parts.dit.weight_dtype"] == "DiT" and shown["parts.dit.learning_rate"] == "DiT"
     assert shown["parts.patch_autoencoder.weight_dtype"] == "Patch Autoencoder"
     assert "parts.patch_autoencoder.train" not in shown and "transformer.weight_dtype" not in shown
+
+
+def test_a_flow_matching_schedule_trains_through_the_loop(tmp_path, monkeypatch):
+    """The same family on the flow-matching schedule: the loop hands it the batch's latents' shape (the dynamic shift
+    by their token count), noises and weights by σ, and the loss stays finite."""
+    import math
+
+    from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+    seen = []
+
+    class Recording(FlowMatchingSchedule):
+        def sample_times(self, count, generator, config, device, latent_shape=None):
+            times = super().sample_times(count, generator, config, device, latent_shape)
+            seen.append((tuple(latent_shape), self.training_shift(config, latent_shape), times))
+            return times
+
+    load = TinyDiTFamily.load
+
+    def flow_load(self, config):
+        model = load(self, config)
+        model.schedule = Recording({"num_train_timesteps": 1000, "use_dynamic_shifting": True}, patch_size=2)
+        return model
+
+    monkeypatch.setattr(TinyDiTFamily, "load", flow_load)
+    image_folder(tmp_path)
+    data = tiny_config(tmp_path, "sd15", "LORA", dynamic_timestep_shifting=True, loss_weight_fn="MIN_SNR_GAMMA")
+    data.update(model_type=MODEL_TYPE.value, base_model_name=BASE_MODEL, layer_filter_preset="full", epochs=1)
+    events = run_config(data)
+    assert seen and all(torch.isfinite(torch.tensor(losses_of(events))))
+    shape, shift, times = seen[0]
+    tokens = (shape[-2] // 2) * (shape[-1] // 2)
+    assert shape[-2:] == (64 // 8, 64 // 8)
+    assert shift == pytest.approx(math.exp(0.5 + (1.15 - 0.5) * (tokens - 256) / (4096 - 256)))
+    assert times.dtype == torch.float32 and bool(((times > 0) & (times <= 1)).all())

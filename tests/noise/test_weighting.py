@@ -9,6 +9,7 @@ import torch
 from onetrainer.config.enums import LossWeight
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.discrete import DiscreteSchedule
+from onetrainer.noise.flow_matching import FlowMatchingSchedule
 from onetrainer.noise.prediction import PredictionType
 from onetrainer.noise.schedule import NoiseSchedule
 from onetrainer.noise.weighting import timestep_weights
@@ -16,23 +17,9 @@ from onetrainer.noise.weighting import timestep_weights
 SD_BETAS = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012}
 
 
-class FlowSchedule(NoiseSchedule):
-    """Rectified flow as a flow-matching family would write it: α = 1 − t, σ = t, flow-velocity prediction."""
-
-    prediction = PredictionType.FLOW
-
-    def scales(self, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = times.float()
-        return 1.0 - t, t
-
-    def sample_times(self, count, generator, config, device, latent_shape=None) -> torch.Tensor:
-        return torch.rand(count, generator=generator).to(device)
-
-    def validation_times(self, count, device) -> torch.Tensor:
-        return torch.full((count,), 0.5, device=device)
-
-    def sampler(self, kind, zero_terminal_snr=False):
-        raise NotImplementedError
+def flow_schedule() -> FlowMatchingSchedule:
+    """Rectified flow: α = 1 − σ, σ, flow-velocity prediction."""
+    return FlowMatchingSchedule({"num_train_timesteps": 1000}, patch_size=2)
 
 
 def schedule_with(alphas: torch.Tensor, prediction: PredictionType) -> DiscreteSchedule:
@@ -64,7 +51,7 @@ def test_epsilon_and_v_weights_are_onetrainers():
 
 
 def test_flow_schedule_noises_and_targets_through_its_scales():
-    schedule = FlowSchedule()
+    schedule = flow_schedule()
     x0, noise, t = torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3), torch.tensor([0.25, 0.8])
     shape = (-1, 1, 1, 1)
     torch.testing.assert_close(schedule.add_noise(x0, noise, t), (1 - t).view(shape) * x0 + t.view(shape) * noise)
@@ -93,7 +80,7 @@ def measured_x0_error_factor(schedule: NoiseSchedule, times: torch.Tensor) -> tu
 SCHEDULES = {
     "epsilon": ContinuousCosineSchedule(),
     "v": ContinuousCosineSchedule(prediction=PredictionType.V),
-    "flow": FlowSchedule(),
+    "flow": flow_schedule(),
 }
 
 
