@@ -84,10 +84,10 @@ def test_infinity_is_written_and_read_like_onetrainer():
 
 
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
-    _, quiet = config_from_dict({"dynamic_timestep_shifting": False, "cloud": {"enabled": False, "type": "RUNPOD"}})
+    _, quiet = config_from_dict({"frames": "25", "cloud": {"enabled": False, "type": "RUNPOD"}})
     assert quiet == []
-    _, loud = config_from_dict({"dynamic_timestep_shifting": True, "cloud": {"enabled": True}})
-    assert {p.path for p in loud} == {"dynamic_timestep_shifting", "cloud"}
+    _, loud = config_from_dict({"frames": "49", "cloud": {"enabled": True}})  # video frames: no video family here
+    assert {p.path for p in loud} == {"frames", "cloud"}
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
 
