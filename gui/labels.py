@@ -7,7 +7,7 @@ from onetrainer.config.model_types import MODEL_TYPES, SUPPORTED_MODEL_TYPES
 from onetrainer.families import is_trainable
 
 NOT_TRAINABLE_SUFFIX = " (not trainable yet)"
-NOT_SUPPORTED_SUFFIX = " (not supported)"
+NOT_SUPPORTED_SUFFIX = " (not trainable yet)"  # one of OneTrainer's model types whose family is not built here
 
 METHOD_LABELS = {
     TrainingMethod.FINE_TUNE: "Fine Tune",

@@ -167,3 +167,31 @@ def test_the_cascade_part_times_ours_and_the_bare_loop():
     figures = compare_cascade_overhead(steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
+
+
+def test_the_calls_part_counts_each_loops_python_calls_per_step(monkeypatch):
+    """The per-step count is the difference of two runs' counts over their step difference: set-up calls cancel."""
+    from onetrainer.benchmark import overhead, step_calls
+    from onetrainer.util.layer_filter import name_matches
+
+    def loop(per_step: int):
+        def run(_setup, steps, _warmup, **_names):
+            for _ in range(7):  # set-up: the same in every run, whatever its length
+                name_matches("a", ["a"], False)
+            for _ in range(steps * per_step):
+                name_matches("a", ["b"], False)
+                json.dumps({})
+
+        return run
+
+    monkeypatch.setattr(overhead, "prepare", lambda *_args: None)
+    monkeypatch.setattr(overhead, "run_ours", loop(5))
+    monkeypatch.setattr(overhead, "run_bare", loop(2))
+    counts = step_calls.count_step_calls(short=2, long=6)
+    # Per step, 5 and 2 rounds of the same calls (each round's count is the calls' frames, generators included).
+    for package in ("onetrainer", "other"):
+        assert 2 * counts["ours"][package] == 5 * counts["bare"][package] > 0
+    assert counts["bare"]["onetrainer"] == 2 * 3  # name_matches and the two resumes of its generator
+    assert counts["ours"]["total"] == sum(v for k, v in counts["ours"].items() if k != "total")
+    table = step_calls.format_step_calls(counts).splitlines()
+    assert table[1].startswith("ours") and table[2].startswith("bare") and "onetrainer" in table[0]

@@ -24,15 +24,12 @@ SAMPLE_COLUMNS = (
 )
 
 
-RANDOM_WEIGHTS_NOTE = (
-    "The demo's tiny model has random weights: its samples are coloured noise, whatever the prompt. "
-    "A real base model draws the prompt."
-)
-
-
 def random_weights_note(base_model_name: str) -> str:
-    """What to expect of the samples of a `tiny:` model (the demo): noise, not a picture of the prompt."""
-    return RANDOM_WEIGHTS_NOTE if base_model_name.strip().startswith("tiny:") else ""
+    """What to expect of the samples of a model a named-model source stands for (the demo's `tiny:` models:
+    noise, not a picture of the prompt); "" for any other model."""
+    from onetrainer.families.sources import sample_note
+
+    return sample_note(base_model_name)
 
 
 def new_sample(model: ConfigModel) -> SampleConfig:

@@ -97,9 +97,10 @@ class ToolsTab(FormTab):
 
     def _first_concept_folder(self) -> str | None:
         from gui.concept_preview import concept_folder
+        from onetrainer.families.sources import source_for
 
         for concept in self.model.config.concepts or []:
-            if concept.path.strip() and not concept.path.startswith("tiny:"):
+            if concept.path.strip() and source_for(concept.path) is None:  # not a name a source builds on demand
                 folder = concept_folder(concept.path)
                 if folder.is_dir():
                     return str(folder)

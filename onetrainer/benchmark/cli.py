@@ -20,15 +20,16 @@ DESCRIPTION = (
     "(it/s, peak VRAM)."
 )
 EPILOG = """\
-Parts: 'overhead', 'pixart' (the same comparison on the tiny PixArt model: T5 mask, micro-conditions, the
-variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden + pooled, the
-cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny'
-(one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a
-fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only
-with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where
-a display can be had).
+Parts: 'overhead', 'calls' (Python calls per steady step of the overhead part's two loops: a count that compares two
+versions of the trainer where times are too noisy), 'pixart' (the same comparison on the tiny PixArt model: T5 mask,
+micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP
+hidden + pooled, the cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any
+machine), 'tiny' (one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on),
+'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on
+gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every
+part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "pixart", "cascade", "caching", "weights", "tiny", "ddp", "gpu", "gui")
+PARTS = ("overhead", "calls", "pixart", "cascade", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -104,6 +105,13 @@ def main(
         print()
         print(format_overhead(overhead))
         report["overhead"] = overhead.to_dict()
+    if "calls" in parts:
+        from onetrainer.benchmark.step_calls import count_step_calls, format_step_calls
+
+        print("\nPython calls per steady-state step (the overhead part's loops; a count, not a time):")
+        calls = count_step_calls()
+        print(format_step_calls(calls))
+        report["calls"] = calls
     for part, label in (("pixart", "tiny PixArt-Alpha"), ("cascade", "the tiny Stable Cascade prior")):
         if part in parts:
             compare = importlib.import_module(f"onetrainer.benchmark.{part}_overhead").__dict__[

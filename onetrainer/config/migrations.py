@@ -25,6 +25,8 @@ _TRAINED_PARTS = frozenset(
 TRAIN_CONFIG_RENAMED_KEYS: dict[str, str] = {
     "text_encoder_layer_skip": "text_encoder.layer_skip",
     "text_encoder_2_layer_skip": "text_encoder_2.layer_skip",
+    "text_encoder_3_layer_skip": "text_encoder_3.layer_skip",
+    "text_encoder_4_layer_skip": "text_encoder_4.layer_skip",
 }
 
 
@@ -133,15 +135,20 @@ def _v9_part_dtype_none(d: dict) -> dict:
 
 
 def _v10_fan_out(d: dict) -> dict:
+    # OneTrainer's global checkpointing and offloading become per-part settings. Its layer and activation offloading
+    # applied only with gradient_checkpointing CPU_OFFLOADED; then they go to each trained part as OneTrainer's do.
     checkpointing = d.pop("gradient_checkpointing", None)
-    offload_fraction = d.pop("layer_offload_fraction", None)
+    activation_offloading = d.pop("enable_activation_offloading", True)
+    offload_fraction = d.pop("layer_offload_fraction", 0.0)
+    offloaded = checkpointing == "CPU_OFFLOADED"
     for part in _PARTS:
         if part not in _TRAINED_PARTS:
             continue
         if checkpointing is not None:
             d.setdefault(part, {})["gradient_checkpointing"] = checkpointing in ("ON", "CPU_OFFLOADED", True)
-        if offload_fraction is not None:
-            d.setdefault(part, {})["offload_fraction"] = offload_fraction
+        if offloaded:
+            d[part]["activation_offloading"] = bool(activation_offloading)
+            d[part]["offload_fraction"] = offload_fraction
     if "enable_async_offloading" in d:
         d["async_offloading"] = d.pop("enable_async_offloading")
     if d.get("output_model_format") == "SAFETENSORS" and d.get("training_method") in ("LORA", "FINE_TUNE"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import Optimizer
-from onetrainer.config.schema import ConfigNode, setting
+from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 OFFERED_OPTIMIZERS = (
     Optimizer.ADAMW,
@@ -139,7 +139,19 @@ class TrainOptimizerConfig(ConfigNode):
     muon_te2_adam_lr: float | None = _ot("muon_te2_adam_lr")
     beta2_normuon: float | None = _ot("beta2_normuon")
     ortho_rank: int | None = _ot("ortho_rank")
-    fused_back_pass: bool | None = _ot("fused_back_pass", False)
+    # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
+    fused_back_pass: bool | None = setting(
+        False,
+        "Fused back pass",
+        "OneTrainer's fused back pass: update each weight as soon as its gradient is ready, during the backward pass, "
+        "so the gradients of the whole model are never held at once. Not built yet.",
+        ui=False,
+        not_built=NotBuilt(
+            "the fused back pass (each weight updated as soon as its gradient is ready)",
+            "every gradient is held until the optimizer step (more VRAM, most for a fine-tune)",
+            active=lambda value, _config: bool(value),
+        ),
+    )
     decoupled_decay: bool | None = _ot("decoupled_decay", False)
     fixed_decay: bool | None = _ot("fixed_decay", False)
     rectify: bool | None = _ot("rectify", False)

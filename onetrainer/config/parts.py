@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import GUIDANCE_INPUT, LAYER_SKIP, OWN_MODEL, PartRole, part_role
-from onetrainer.config.schema import ConfigNode, setting
+from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
 TEXT_ENCODER = frozenset({PartRole.TEXT_ENCODER})
@@ -126,8 +126,32 @@ class ModelPartConfig(ConfigNode):
         roles=frozenset({PartRole.DENOISER}),
         needs=GUIDANCE_INPUT,
     )
-    offload_fraction: float = setting(0.0, "Offload fraction", "OneTrainer: layer offloading.", ignored=True)
-    activation_offloading: bool = setting(False, "Activation offloading", "OneTrainer: offloading.", ignored=True)
+    # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
+    offload_fraction: float = setting(
+        0.0,
+        "Layer offload fraction",
+        "OneTrainer's layer offloading: the fraction of this part's layers kept in CPU memory and moved to the GPU "
+        "only while they compute (0 = none). Not built yet: the whole part stays on the GPU.",
+        tab="model",
+        minimum=0.0,
+        maximum=1.0,
+        ui=False,
+        not_built=NotBuilt(
+            "layer offloading",
+            "the whole {part} stays on the GPU (more VRAM: a preset that offloads to fit a smaller card may run out of "
+            "memory)",
+            active=lambda value, _config: bool(value) and value > 0,
+        ),
+    )
+    activation_offloading: bool = setting(
+        False,
+        "Activation offloading",
+        "OneTrainer's activation offloading: keep the activations gradient checkpointing saves in CPU memory. Not "
+        "built yet: they stay on the GPU.",
+        tab="model",
+        ui=False,
+        not_built=NotBuilt("activation offloading", "the {part}'s saved activations stay on the GPU (more VRAM)"),
+    )
 
 
 def denoiser_part() -> ModelPartConfig:

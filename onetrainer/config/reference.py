@@ -67,6 +67,7 @@ def render() -> str:
     out.append(_model_types_section())
     out.append(_family_notes_section())
     out.append(_presets_section())
+    out.append(_not_built_section())
     out.append(_ignored_section())
     return "".join(out).rstrip() + "\n"
 
@@ -208,11 +209,18 @@ def _parts_section() -> str:
         "",
         "Text encoders default to `stop_training_after` = 30, unit `EPOCH`; the VAE and other auxiliary parts are "
         "not trained. A part of a family's own that is not among these blocks (a family registered at runtime) "
-        "has its block under `parts` (`parts.<part>.weight_dtype`, …), with the defaults of its role.\n",
+        "has its block under `parts` (`parts.<part>.weight_dtype`, …), with the defaults of its role. OneTrainer's "
+        f"blocks of parts no family here has yet ({_undeclared_part_blocks()}) are read and kept with the same keys.\n",
         _TABLE_HEAD,
     ]
     lines += [_row(f"<part>.{spec.name}", spec) for spec in ModelPartConfig.specs() if not spec.meta.ignored]
     return "\n".join(lines) + "\n"
+
+
+def _undeclared_part_blocks() -> str:
+    declared = set(all_parts())
+    names = [s.name for s in TrainConfig.specs() if s.meta.part is not None and s.name not in declared]
+    return ", ".join(f"`{name}`" for name in names) or "none"
 
 
 def _list_section(title: str, key: str, cls: type[ConfigNode], text: str, parameters: bool = False) -> str:
@@ -269,6 +277,47 @@ def _presets_section() -> str:
             f"{'yes' if config.text_encoder.train else 'no'} | {loss} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _not_built_section() -> str:
+    """The OneTrainer settings read and kept but not built yet (`NotBuilt` in their declarations), with what the run
+    does instead; and the OneTrainer values not built yet (model types, weight dtypes)."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.quantization_config import QuantizationConfig
+    from onetrainer.config.validation import NOT_BUILT_WEIGHT_DTYPES
+
+    rows = []
+    for cls, prefix in (
+        (TrainConfig, ""),
+        (QuantizationConfig, "quantization."),
+        (ModelPartConfig, "<part>."),
+        (TrainOptimizerConfig, "optimizer."),
+    ):
+        for spec in cls.specs():
+            not_built = spec.meta.not_built
+            if not_built is None:
+                continue
+            instead = not_built.instead.format(part="part", quantized="quantized denoiser")
+            outcome = "error" if not_built.error else "warning"
+            rows.append(f"| `{prefix}{spec.name}` | {not_built.feature} | {outcome}: {instead} |")
+    dtypes = ", ".join(f"`{d.value}`" for d in NOT_BUILT_WEIGHT_DTYPES)
+    types = ", ".join(f"`{m.value}`" for m in ModelType if m not in MODEL_TYPES)
+    return (
+        "\n## OneTrainer settings read but not built yet\n\n"
+        "OneTrainer's memory settings (its presets for the larger models set them) load into these keys, are kept "
+        "when the config is saved, and are shown nowhere in the window. A value that asks for the feature is named "
+        "by `scripts/train.py --check` and at Start, with what the run does instead (the part's name in place of "
+        "`part`). For a model type whose family is not built yet, every part block is looked at.\n\n"
+        "| Key | What it asks for | What `--check` says happens instead |\n|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nOneTrainer's values that are not built yet load as well, and validation refuses them with what to "
+        f"choose instead: the weight data types {dtypes} (a part cannot be loaded in them: an error), and the model "
+        f"types {types} (its family cannot train yet: an error; the config's other settings are read and kept). "
+        "A model name may link one file of a Hugging Face repository "
+        "(`https://huggingface.co/<repo>/blob/<revision>/<file>`, or `resolve`), as OneTrainer's presets name "
+        "single-file models: the run downloads that file once into the hub cache, and `--check` says whether it is "
+        "there or can be downloaded.\n"
+    )
 
 
 def _ignored_section() -> str:

@@ -79,6 +79,21 @@ class Context:
 
 
 @dataclass(frozen=True)
+class NotBuilt:
+    """A OneTrainer setting this trainer reads and keeps (it loads, saves and round-trips unchanged) but has not built
+    yet. The run checks (`--check`, Start) name a value that asks for it and say what the run does instead
+    (`training/checks.not_built_settings`); `docs/config.md` lists these settings from this declaration."""
+
+    feature: str  # what a value asks for: "layer offloading"
+    # What the run does instead: "{part}" stands for the part block's name, "{quantized}" for the parts whose weights
+    # are quantized.
+    instead: str
+    error: bool = False  # the run cannot honour the value safely: an error, else a warning
+    # (value, config) → whether this value asks for the feature; None: any value but the default (and null)
+    active: Callable[[Any, Any], bool] | None = None
+
+
+@dataclass(frozen=True)
 class Meta:
     label: str
     help: str
@@ -105,6 +120,7 @@ class Meta:
     ui: bool = True  # False: only in config files and on the command line
     ignored: bool = False  # accepted for OneTrainer compatibility; has no effect here
     is_inactive: Callable[[Any], bool] | None = None  # for ignored fields: values that lose nothing when ignored
+    not_built: NotBuilt | None = None  # read and kept, not built yet: the run checks say what happens instead
 
     def applies(self, ctx: Context, part: str | None = None) -> bool:
         """Whether this field is relevant for `ctx`; `part` is the model part block the field sits in, if any."""

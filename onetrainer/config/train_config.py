@@ -33,14 +33,15 @@ from onetrainer.config.model_types import (
     LEARNED_VARIANCE,
     SUPPORTED_MODEL_TYPES,
     ZERO_TERMINAL_SNR,
+    PartRole,
     declared_part_roles,
     part_label,
-    part_role,
 )
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import PART_FACTORIES, ModelPartConfig, new_part_block
+from onetrainer.config.quantization_config import QuantizationConfig
 from onetrainer.config.sample_config import SampleConfig
-from onetrainer.config.schema import ConfigNode, node, setting
+from onetrainer.config.schema import ConfigNode, NotBuilt, node, setting
 
 LORA = frozenset({TrainingMethod.LORA})
 EMBEDDING = frozenset({TrainingMethod.EMBEDDING})
@@ -62,10 +63,12 @@ OUTPUT_FORMATS = (
 LAYER_FILTER_PRESETS = ("full", "attn-mlp", "attn-only", "blocks", "down-blocks", "up-blocks", "mapper-only", "custom")
 
 
-def _part(name: str, **meta):
-    """OneTrainer's block of one model part: its defaults come from the role the families declare for it."""
+def _part(name: str, role: PartRole | None = None, **meta):
+    """OneTrainer's block of one model part: its defaults come from the role the families declare for it, or from
+    `role` for a OneTrainer part no family here declares yet (its block is read and kept for when one does)."""
     label = part_label(name)
-    return node(PART_FACTORIES[part_role(name)], label, f"Settings of the {label}.", part=name, **meta)
+    factory = PART_FACTORIES[declared_part_roles().get(name) or role]
+    return node(factory, label, f"Settings of the {label}.", part=name, **meta)
 
 
 @cache
@@ -334,6 +337,9 @@ class TrainConfig(ConfigNode):
     transformer: ModelPartConfig = _part("transformer")
     text_encoder: ModelPartConfig = _part("text_encoder")
     text_encoder_2: ModelPartConfig = _part("text_encoder_2")
+    text_encoder_3: ModelPartConfig = _part("text_encoder_3", PartRole.TEXT_ENCODER)
+    text_encoder_4: ModelPartConfig = _part("text_encoder_4", PartRole.TEXT_ENCODER)
+    unconditional_transformer: ModelPartConfig = _part("unconditional_transformer", PartRole.SAMPLING)
     vae: ModelPartConfig = _part("vae")
     effnet_encoder: ModelPartConfig = _part("effnet_encoder")
     decoder: ModelPartConfig = _part("decoder")
@@ -1127,22 +1133,51 @@ class TrainConfig(ConfigNode):
         ui=False,
     )
 
+    # -- OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead) ---------
+    quantization: QuantizationConfig = node(
+        QuantizationConfig,
+        "Quantization",
+        "OneTrainer's quantization settings: which layers of the denoiser a quantized weight dtype quantizes, and "
+        "SVDQuant.",
+        tab="model",
+        group="Quantization",
+        ui=False,
+    )
+    compile: bool = setting(
+        False,
+        "Compile",
+        "OneTrainer's compile: compile the model's blocks with torch.compile (faster steps after a slow first one). "
+        "Not built yet: the model runs uncompiled.",
+        tab="training",
+        group="Precision",
+        ui=False,
+        not_built=NotBuilt("compiling the model (torch.compile)", "it runs uncompiled (the same result, slower steps)"),
+    )
+    async_offloading: bool = setting(
+        True,
+        "Async offloading",
+        "OneTrainer's layer offloading moves layers while others compute. Used only with a part's offload fraction "
+        "(layer offloading, not built yet).",
+        tab="model",
+        ui=False,
+    )
+
     # -- OneTrainer settings we accept and do not use ---------------------------------------------------------------
-    async_offloading: bool = _ot("async_offloading", True)
-    compile: bool = _ot("compile", False)
+    weight_dtype: str | None = setting(
+        None,
+        "weight_dtype",
+        "OneTrainer's old global weight data type, which filled the part blocks set to NONE (migrated from configs "
+        "before version 10); OneTrainer no longer reads it, and neither does this trainer.",
+        ignored=True,
+        is_inactive=lambda _value: True,
+    )
     frames: str = _ot("frames", "25")
     text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512)
     text_encoder_2_sequence_length: int | None = _ot("text_encoder_2_sequence_length", 77)
-    text_encoder_3_layer_skip: int = _ot("text_encoder_3_layer_skip", 0)
-    text_encoder_4_layer_skip: int = _ot("text_encoder_4_layer_skip", 0)
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None)
     sample_video_format: str = _ot("sample_video_format", "MP4")
     sample_audio_format: str = _ot("sample_audio_format", "MP3")
-    unconditional_transformer: dict | None = _ot_dict("unconditional_transformer")
-    text_encoder_3: dict | None = _ot_dict("text_encoder_3")
-    text_encoder_4: dict | None = _ot_dict("text_encoder_4")
-    quantization: dict | None = _ot_dict("quantization")
     cloud: dict | None = _ot_dict("cloud", active_key="enabled")
     secrets: dict | None = _ot_dict("secrets")
 

@@ -22,8 +22,39 @@ from onetrainer.config.schema import BoundField, Context, Problem, Severity, jso
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-# Values that exist in OneTrainer and are planned here, with what to say until they arrive.
-_NOT_YET: dict = {}
+# OneTrainer's weight dtypes that are not built here: what each is, and what to choose instead. A part cannot be loaded
+# in them, so a config naming one is refused (FLOAT_8 and NFLOAT_4 are the quantized kinds built, `util/quantize.py`).
+_INSTEAD_8BIT = "FLOAT_8 also keeps the weights in 8 bits, computed in the training data type"
+_INSTEAD_GGUF = "name a .safetensors model instead, which FLOAT_8 or NFLOAT_4 quantize on load"
+NOT_BUILT_WEIGHT_DTYPES: dict[DataType, tuple[str, str]] = {
+    DataType.INT_8: ("bitsandbytes' 8-bit integer layers", _INSTEAD_8BIT),
+    DataType.FLOAT_W8A8: ("8-bit float weights with 8-bit float matrix multiplications", _INSTEAD_8BIT),
+    DataType.INT_W8A8: ("8-bit integer weights with 8-bit integer matrix multiplications", _INSTEAD_8BIT),
+    DataType.FLOAT_W8A8_COMPRESSED: ("FLOAT_W8A8 weights compressed further", _INSTEAD_8BIT),
+    DataType.INT_W8A8_COMPRESSED: ("INT_W8A8 weights compressed further", _INSTEAD_8BIT),
+    DataType.GGUF: ("weights read pre-quantized from a .gguf file", _INSTEAD_GGUF),
+    DataType.GGUF_A8_FLOAT: ("GGUF weights with 8-bit float matrix multiplications", _INSTEAD_GGUF),
+    DataType.GGUF_A8_INT: ("GGUF weights with 8-bit integer matrix multiplications", _INSTEAD_GGUF),
+}
+
+
+def _not_yet(bound: BoundField, value) -> str | None:
+    """What to say about a OneTrainer value that exists there and is not built here, instead of "not supported"."""
+    if isinstance(value, ModelType) and value not in MODEL_TYPES:
+        return model_type_not_built(value)
+    if bound.spec.name == "weight_dtype" and value in NOT_BUILT_WEIGHT_DTYPES:
+        what, instead = NOT_BUILT_WEIGHT_DTYPES[value]
+        part = bound.part or bound.path.split(".")[0]
+        return f"{value.value} ({what}) is not built yet, so the {part} cannot be loaded in it; {instead}"
+    return None
+
+
+def model_type_not_built(model_type: ModelType) -> str:
+    """The message for one of OneTrainer's model types that no family here declares yet."""
+    return (
+        f"{model_type.value} is a OneTrainer model type this trainer cannot train yet: its model family is not built "
+        "yet (the config's other settings are read and kept)"
+    )
 
 
 def context_of(config: TrainConfig) -> Context:
@@ -95,7 +126,7 @@ def check_field(bound: BoundField) -> list[Problem]:
         return [] if spec.type.nullable else [Problem(path, f"{meta.label or spec.name} needs a value")]
     if meta.choices is not None and spec.type.kind in ("enum", "str", "int") and value not in meta.choices:
         allowed = ", ".join(json_text(c) for c in meta.choices)
-        reason = _NOT_YET.get(value)
+        reason = _not_yet(bound, value)
         if reason:
             return [Problem(path, f"{reason}; allowed: {allowed}")]
         if isinstance(value, enum.Enum):

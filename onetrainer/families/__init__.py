@@ -53,7 +53,9 @@ def not_trainable_reason(model_type: ModelType) -> str | None:
     """None when the model type can be trained; else a message for the user."""
     info = MODEL_TYPES.get(model_type)
     if info is None:
-        return f"{model_type.value} is not supported by this trainer"
+        from onetrainer.config.validation import model_type_not_built
+
+        return model_type_not_built(model_type)
     if info.family.key not in FAMILY_CLASSES:
         return f"{info.label} ({info.family.label}) cannot be trained yet: its model family is not implemented yet"
     return None

@@ -101,12 +101,18 @@ class LocalSource(Protocol):
         """One line telling the user about `ignored` (this source's `ignored_overrides`, not empty)."""
         ...
 
+    def sample_note(self, name: str) -> str:
+        """What to expect of the samples of a base model `name` stands for ("" when nothing unusual): the demo's
+        random-weight models draw noise, whatever the prompt."""
+        ...
+
 
 class SourceFailed(Exception):
-    """A registered source could not prepare a config: `error` is what it raised."""
+    """A registered source could not prepare a config (or a hub file could not be fetched): `error` is what it
+    raised."""
 
-    def __init__(self, what: str, error: Exception) -> None:
-        super().__init__(f"cannot build {what}: {error}")
+    def __init__(self, what: str, error: Exception, verb: str = "build") -> None:
+        super().__init__(f"cannot {verb} {what}: {error}")
         self.error = error
 
 
@@ -135,6 +141,12 @@ def source_for(name: str) -> LocalSource | None:
     return _SOURCES[max(prefixes, key=len)] if prefixes else None
 
 
+def sample_note(base_model_name: str) -> str:
+    """The note of the source `base_model_name` belongs to about its samples ("" for any other model)."""
+    note = getattr(source_for(base_model_name), "sample_note", None)  # optional: a source may have nothing to say
+    return note(base_model_name.strip()) if note else ""
+
+
 def unknown_source_reason(name: str) -> str | None:
     """Why a registered source cannot resolve `name`; None when it can or when no registered source claims it."""
     source = source_for(name)
@@ -158,6 +170,7 @@ def prepare_config(config: TrainConfig) -> str:
     """Every registered source's `prepare` on `config` (in place: pass the run's copy), so that what loads it sees
     local paths only. Returns their notices, one a line ("" when none). Raises SourceFailed for a source that cannot
     (an unknown name: the run checks report it first; a build that failed)."""
+    fetch_hub_files(config)
     notices = []
     for source in list(_SOURCES.values()):
         try:
@@ -167,6 +180,29 @@ def prepare_config(config: TrainConfig) -> str:
         if notice:
             notices.append(notice)
     return "\n".join(notices)
+
+
+def fetch_hub_files(config: TrainConfig) -> None:
+    """Model names that link one file of a hub repository (`https://huggingface.co/<repo>/blob/<revision>/<file>`, as
+    OneTrainer's presets name single-file models) become that file in the local hub cache, downloaded once (in place:
+    pass the run's copy). Raises SourceFailed when it is not cached and cannot be downloaded (the checks say so
+    first)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+    from onetrainer.util.hub import download_hub_file, hub_file
+
+    info = MODEL_TYPES.get(config.model_type)
+    holders = [("base_model_name", config, "base_model_name")]
+    holders += [(f"{part}.model_name", config.part(part), "model_name") for part in (info.family.parts if info else ())]
+    for path, holder, field in holders:
+        file = hub_file(getattr(holder, field))
+        if file is None:
+            continue
+        what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
+        try:
+            local = download_hub_file(file, config.huggingface_cache_dir or None, config.offline_mode, what)
+        except FileNotFoundError as error:
+            raise SourceFailed(f"{path} ({file.url})", error, verb="download") from error
+        setattr(holder, field, str(local))
 
 
 def ignored_overrides(config: TrainConfig) -> dict[str, str]:

@@ -130,6 +130,12 @@ def resolve_tiny_sources(config: TrainConfig) -> str:
     return notice
 
 
+RANDOM_WEIGHTS_NOTE = (
+    "The demo's tiny model has random weights: its samples are coloured noise, whatever the prompt. "
+    "A real base model draws the prompt."
+)
+
+
 class TinySource:
     """The `tiny:` names as a named-model source (`onetrainer.families.sources.LocalSource`)."""
 
@@ -149,6 +155,9 @@ class TinySource:
 
     def ignored_notice(self, config: TrainConfig, ignored: dict[str, str]) -> str:
         return tiny_base_notice(config.base_model_name.strip(), ignored)
+
+    def sample_note(self, name: str) -> str:
+        return RANDOM_WEIGHTS_NOTE
 
 
 # On import, so that every entry point that imports this module (or `onetrainer.tiny`) knows the `tiny:` names.

@@ -241,11 +241,12 @@ def _restore_configured_rates(optimizer, lr_scheduler, configured: tuple[list, l
 
 
 def differing_settings(saved: dict, current: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    """(path, backup's value, config's value) for every setting that differs, skipping run bookkeeping."""
+    """(path, backup's value, config's value) for every setting that differs, skipping run bookkeeping and the
+    settings the backup's version did not have yet (they hold their defaults: nothing changed)."""
     skip = {"continue_last_backup", "concepts", "samples", "__version"}
     out: list[tuple[str, object, object]] = []
     for key in sorted(set(saved) | set(current)):
-        if not prefix and key in skip:
+        if (not prefix and key in skip) or (saved and key not in saved):
             continue
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):

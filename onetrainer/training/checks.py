@@ -8,6 +8,7 @@ devices), so the GUI can call it on Start.
 from __future__ import annotations
 
 import re
+from enum import Enum
 from pathlib import Path
 
 from onetrainer.config.enums import ConceptType, ModelFormat
@@ -16,9 +17,10 @@ from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import Problem, Severity
 from onetrainer.config.train_config import TrainConfig
 from onetrainer.config.validation import is_placeholder, placeholder_message, validate
-from onetrainer.util.hub import FileSets
+from onetrainer.util.hub import FileSets, hub_file, hub_file_access
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_MODEL_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 
 
 def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem]:
@@ -27,7 +29,9 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     from onetrainer.families import not_trainable_reason
 
     reason = not_trainable_reason(config.model_type)
-    if reason:
+    # A model type no family declares is reported by the schema (validation's model_type message), which the callers
+    # that skip it here have run already; a declared family without its module is reported here.
+    if reason and config.model_type in MODEL_TYPES:
         problems.append(Problem("model_type", reason))
     info = MODEL_TYPES.get(config.model_type)
     problems += check_model_source(
@@ -43,6 +47,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_output(config)
     problems += _check_optional_files(config)
     problems += not_yet_implemented(packed)
+    problems += not_built_settings(packed)
     problems += _check_quantized_parts(config)
     problems += check_devices(config)
     problems += _check_float16(config)
@@ -173,6 +178,53 @@ def not_yet_implemented(config: TrainConfig) -> list[Problem]:
     return problems
 
 
+def not_built_settings(config: TrainConfig) -> list[Problem]:
+    """Every value of a OneTrainer setting this trainer reads but has not built yet (`NotBuilt` in the field's
+    declaration: layer and activation offloading, compile, the quantization filter, SVDQuant, the fused back pass)
+    that asks for the feature: named with what the run does instead. Generic over the parts: a part block is looked at
+    when the model type has that part (every block, for a model type this trainer does not declare)."""
+    from onetrainer.config.quantization_config import quantized_denoisers
+    from onetrainer.config.schema import json_text, walk
+    from onetrainer.config.validation import context_of
+
+    known = config.model_type in MODEL_TYPES
+    context = context_of(config)
+    quantized = " and ".join(quantized_denoisers(config)) or "quantized parts"
+    problems: list[Problem] = []
+
+    def look_at(node, base: str = "", note: str = "") -> None:
+        for bound in walk(node, into_lists=False):
+            not_built = bound.spec.meta.not_built
+            if not_built is None or (known and node is config and not bound.applies(context)):
+                continue
+            value = bound.value
+            if not_built.active is not None:
+                active = not_built.active(value, config)
+            else:
+                active = value is not None and value != bound.spec.default()
+            if not active:
+                continue
+            part = bound.part or "model"
+            where = f" on the {bound.part}" if bound.part else note
+            instead = not_built.instead.format(part=part, quantized=quantized)
+            shown = json_text(value) if isinstance(value, Enum) or not isinstance(value, str) else f"'{value}'"
+            message = f"{bound.spec.name} {shown}{where}: {not_built.feature} is not built yet; {instead}"
+            severity = Severity.ERROR if not_built.error else Severity.WARNING
+            problems.append(Problem(f"{base}{bound.path}", message, severity))
+
+    look_at(config)
+    # OneTrainer's app applies the remembered settings of the chosen optimizer when a config loads (its presets keep
+    # some there only): a feature asked for there is named too, unless the optimizer block already is.
+    chosen = config.optimizer.optimizer.value
+    remembered = config.optimizer_defaults.get(chosen)
+    if remembered is not None:
+        named = {p.path.rpartition(".")[2] for p in problems if p.path.startswith("optimizer.")}
+        before = len(problems)
+        look_at(remembered, f"optimizer_defaults.{chosen}.", f" in the {chosen} settings OneTrainer applies on load")
+        problems[before:] = [p for p in problems[before:] if p.path.rpartition(".")[2] not in named]
+    return problems
+
+
 def _model_parts(config: TrainConfig) -> tuple[str, ...]:
     """The parts whose own model (`<part>.model_name`) the checks look at: those whose override field applies to the
     config's model type (the family's parts that may be loaded from elsewhere)."""
@@ -201,6 +253,7 @@ def hub_ids_to_ask(config: TrainConfig) -> list[str]:
         config.part(part).model_name for part in _model_parts(config) if f"{part}.model_name" not in ignored
     ]
     ids = [n.strip() for n in names if n and _is_hub_id(n.strip())]
+    ids += [file.repo_id for file in map(hub_file, names) if file is not None]  # a hub file's repository
     return [i for i in dict.fromkeys(ids) if not answer_remembered(i)]
 
 
@@ -236,9 +289,16 @@ def check_model_source(
         return [Problem(path, placeholder_message(path, name, downloads))]
     local = Path(name).expanduser()
     if local.exists():
-        if local.is_file() and local.suffix.lower() not in (".safetensors", ".ckpt", ".pt", ".pth", ".bin"):
+        if local.is_file() and local.suffix.lower() not in _MODEL_FILE_SUFFIXES:
             return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
         return []
+    file = hub_file(name)
+    if file is not None:  # one file of a hub repository: the run downloads it (once) into the hub cache
+        if Path(file.filename).suffix.lower() not in _MODEL_FILE_SUFFIXES:
+            return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
+        what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
+        problem = hub_file_access(file, cache_dir or None, offline, what).problem
+        return [Problem(path, problem)] if problem else []
     if _is_hub_id(name):
         from onetrainer.util.hub import hub_access
 

@@ -234,9 +234,12 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
     """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it, from the roles
     the family declares."""
     from onetrainer.families.base import PartRole
+    from onetrainer.methods.base import layer_filter_patterns
+    from onetrainer.util.layer_filter import name_matches
 
     family = family_of(config)
     cached = config.latent_caching
+    patterns, regex = layer_filter_patterns(config, family)  # what the methods apply to the denoiser
     counts = {}
     for part, info in shapes.items():
         role = family.part_roles.get(part, PartRole.SAMPLING)
@@ -245,9 +248,18 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         denoiser = role is PartRole.DENOISER
         train = bool(getattr(part_config, "train", False)) and (denoiser or text)
         if config.training_method is TrainingMethod.FINE_TUNE:
-            trained = info["params"] if train else 0
+            tensors = info.get("tensors", [])
+            if not train:
+                trained = 0
+            elif denoiser and patterns and tensors:
+                trained = sum(count for name, count in tensors if name_matches(name, patterns, regex))
+            else:
+                trained = info["params"]
         elif config.training_method is TrainingMethod.LORA and train:
-            trained = _adapter_params(config, info["layers"], denoiser, family.text_encoder_blocks)
+            layers = info["layers"]
+            if denoiser:
+                layers = [layer for layer in layers if name_matches(layer[0], patterns, regex)]
+            trained = _adapter_params(config, layers, denoiser, family.text_encoder_blocks)
         else:
             trained = 0
         if denoiser or train:
@@ -287,7 +299,8 @@ def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]]
 
 # -- the counts ------------------------------------------------------------------------------------------------------
 
-Shapes = dict[str, dict]  # part -> {"params": int, "layers": [(name, fan_in, fan_out, kernel area)]}
+# part -> {"params": int, "layers": [(name, fan_in, fan_out, kernel area)], "tensors": [(name, numel)]}
+Shapes = dict[str, dict]
 
 
 def safetensors_header(path: Path) -> dict[str, dict]:
@@ -303,11 +316,12 @@ def safetensors_header(path: Path) -> dict[str, dict]:
 
 
 def _add(shapes: Shapes, part: str, name: str, shape: list[int]) -> None:
-    entry = shapes.setdefault(part, {"params": 0, "layers": []})
+    entry = shapes.setdefault(part, {"params": 0, "layers": [], "tensors": []})
     count = 1
     for size in shape:
         count *= size
     entry["params"] += count
+    entry["tensors"].append((name, count))
     if name.endswith(".weight") and len(shape) in (2, 4):  # a Linear's (out, in) or a Conv2d's (out, in, kh, kw)
         area = shape[2] * shape[3] if len(shape) == 4 else 1
         entry["layers"].append((name[: -len(".weight")], shape[1], shape[0], area))
@@ -333,7 +347,8 @@ def module_shapes(module: torch.nn.Module) -> dict:
             layers.append((name, layer.in_features, layer.out_features, 1))
         elif isinstance(layer, torch.nn.Conv2d):
             layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
-    return {"params": sum(p.numel() for p in module.parameters()), "layers": layers}
+    tensors = [(name, p.numel()) for name, p in module.named_parameters()]
+    return {"params": sum(count for _, count in tensors), "layers": layers, "tensors": tensors}
 
 
 @lru_cache(maxsize=16)

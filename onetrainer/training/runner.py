@@ -49,6 +49,7 @@ def run_training(
     config, problems = pack(config)
     from onetrainer.families.sources import SourceFailed, prepare_config
 
+    as_given = config.to_dict()  # what the run's workspace records: `tiny:sd15`, not the folder it stands for
     try:
         # The packed copy: names a registered source stands for become the local folders and files it builds, so the
         # families, the data and every rank see local paths only. The checks have shown its notice (the overrides
@@ -62,16 +63,20 @@ def run_training(
     from onetrainer.training.launcher import launch_wanted, run_ranks
 
     if launch_wanted(config):  # the app's Start (or train.py) with multi_gpu: this process is rank 0 of several
-        outcome = run_ranks(config, events, lambda dist: _train(config, control, events, dist))
+        outcome = run_ranks(config, events, lambda dist: _train(config, control, events, dist, as_given))
     else:
-        outcome = _train(config, control, events)
+        outcome = _train(config, control, events, as_given=as_given)
     events.emit(outcome)
     events.close()
     return outcome
 
 
 def _train(
-    config: TrainConfig, control: TrainingControl, events: Broadcast, dist: Distributed | None = None
+    config: TrainConfig,
+    control: TrainingControl,
+    events: Broadcast,
+    dist: Distributed | None = None,
+    as_given: dict | None = None,
 ) -> Finished | Failed:
     """One process's run; `dist` is the group the launcher joined, else torchrun's (or none) is joined here."""
     from onetrainer.training.distributed import Distributed
@@ -104,14 +109,18 @@ def _train(
         dead = lock.taken_over.describe()
         events.emit(Warning_(f"the workspace's lock was left by a run that is no longer running ({dead}): taken over"))
     try:
-        return _train_locked(config, control, events, dist)
+        return _train_locked(config, control, events, dist, as_given)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train_locked(
-    config: TrainConfig, control: TrainingControl, events: Broadcast, dist: Distributed | None
+    config: TrainConfig,
+    control: TrainingControl,
+    events: Broadcast,
+    dist: Distributed | None,
+    as_given: dict | None = None,
 ) -> Finished | Failed:
     from onetrainer.training.trainer import Trainer
     from onetrainer.training.workspace import LogFileSink, Workspace
@@ -129,7 +138,7 @@ def _train_locked(
         where = workspace.log_path if workspace is not None else config.workspace_dir
         return Failed(f"cannot create the workspace {config.workspace_dir}: {write_error_message(e, where)}")
     events.sinks.insert(0, log_sink)
-    trainer = Trainer(config, control, events, workspace, dist)
+    trainer = Trainer(config, control, events, workspace, dist, as_given)
     try:
         return trainer.run()
     except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback

@@ -109,8 +109,12 @@ class Trainer:
         events: Broadcast,
         workspace: Workspace,
         dist: Distributed | None = None,
+        as_given: dict | None = None,
     ) -> None:
         self.config = config
+        # The config as the user gave it, for the workspace's record (the run's copy has a named-model source's names
+        # replaced with the local folders it built).
+        self.as_given = as_given
         self.control = control
         # Several processes (torchrun): commands come from the per-step sync, draws are sliced from the global batch,
         # outputs are rank 0's (see distributed.py).
@@ -158,7 +162,7 @@ class Trainer:
         config = self.config
         if self.is_main:
             self._remove_leftovers()
-            atomic_write_json(self.workspace.config_path, config.to_dict())
+            atomic_write_json(self.workspace.config_path, self.as_given or config.to_dict())
         self.device = self.dist.device if self.dist is not None else select_device(config.train_device, self.warn)
 
         self.status("loading the model")

@@ -9,9 +9,11 @@ checks call this).
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 # Long enough for a slow connection to answer, short enough that a dropped one is reported while the user waits.
 PROBE_TIMEOUT_S = 4.0
@@ -40,6 +42,79 @@ def cache_folder(cache_dir: str | None = None) -> Path:
 # one subfolder or one file of a repository. The families declare theirs (`FamilyInfo.hub_file_sets`,
 # `part_hub_file_sets`).
 FileSets = tuple[tuple[str, ...], ...]
+
+
+# One file of a hub repository, as the hub's pages link it (OneTrainer's presets name single-file models so):
+# https://huggingface.co/<org>/<name>/blob/<revision>/<path>, or `resolve` (the download link) for `blob`.
+_HUB_FILE_URL = re.compile(
+    r"^https?://(?:www\.)?huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+)/(?:blob|resolve)/(?P<revision>[^/?#\s]+)/"
+    r"(?P<filename>[^?#\s]+)(?:[?#]\S*)?$"
+)
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a hub repository at a revision (a branch, tag or commit)."""
+
+    repo_id: str
+    revision: str
+    filename: str
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/{self.repo_id}/blob/{self.revision}/{self.filename}"
+
+
+def hub_file(name: str) -> HubFile | None:
+    """The hub file a model name links to (`https://huggingface.co/<repo>/blob/<revision>/<file>`, or `resolve`)."""
+    match = _HUB_FILE_URL.match(name.strip())
+    if match is None:
+        return None
+    return HubFile(match["repo"], unquote(match["revision"]), unquote(match["filename"]))
+
+
+def cached_hub_file(file: HubFile, cache_dir: str | None = None) -> Path | None:
+    """The file's path in the local hub cache, None when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(
+        file.repo_id, file.filename, cache_dir=str(cache_folder(cache_dir)), revision=file.revision
+    )
+    return Path(found) if isinstance(found, str) else None
+
+
+def hub_file_access(file: HubFile, cache_dir: str | None, offline_setting: bool, what: str = "") -> HubAccess:
+    """`hub_access` for one file of a repository: in the cache, or downloadable now; else a problem saying why."""
+    what = what or "the model"
+    if cached_hub_file(file, cache_dir) is not None:
+        return HubAccess(True)
+    reason = offline_reason(offline_setting)
+    if not reason:
+        answer = probe(file.repo_id)
+        if answer.ok:
+            return HubAccess(False)
+        reason = answer.reason
+    return HubAccess(True, unavailable_message(f"{file.repo_id}/{file.filename}", cache_dir, reason, what))
+
+
+def download_hub_file(file: HubFile, cache_dir: str | None, offline_setting: bool, what: str = "") -> Path:
+    """The file from the local hub cache, else downloaded into it (only this file of the repository). Raises
+    FileNotFoundError with `hub_file_access`'s message when neither can be."""
+    found = cached_hub_file(file, cache_dir)
+    if found is not None:
+        return found
+    access = hub_file_access(file, cache_dir, offline_setting, what)
+    if access.problem:
+        raise FileNotFoundError(access.problem)
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return Path(
+            hf_hub_download(file.repo_id, file.filename, revision=file.revision, cache_dir=str(cache_folder(cache_dir)))
+        )
+    except (OSError, HfHubHTTPError) as error:
+        raise FileNotFoundError(f"{what or 'the model'} {file.url} cannot be downloaded: {error}") from error
 
 
 def is_cached(repo_id: str, cache_dir: str | None = None, file_sets: FileSets = ()) -> bool:

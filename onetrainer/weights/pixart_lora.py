@@ -8,8 +8,9 @@ its own output rows). A consumer adds (alpha / rank) · up · down; with equal a
 their sum and rank the sum of ranks (3 adapters of rank r, alpha a → rank 3r, alpha 3a), otherwise each part's
 scale is folded into its up block and alpha = rank. Either way the fused ΔW is exactly the parts' ΔW stacked.
 
-Importing reverses this where the fused LoRA is block-diagonal (ours, or any with that structure); a LoRA trained
-on the fused layer itself mixes the projections and cannot become per-projection adapters: that is an error.
+Importing reverses this where the fused LoRA is block-diagonal (ours, or any with that structure); a LoRA trained on
+the fused layer itself mixes the projections and is not split here: that is an error. `fused_lora.py` does both
+directions (also for Flux).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from onetrainer.weights import kohya_lora, lycoris_keys
+from onetrainer.weights.fused_lora import fuse, peft_pairs, split
 from onetrainer.weights.kohya_lora import LORA_A, LORA_B
 from onetrainer.weights.pixart_keys import NativeModule, module_map
 
@@ -45,7 +47,7 @@ def transformer_to_kohya(
     natives = module_map(config)
     groups: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor, float]]] = {}
     parts_of: dict[str, int] = {}
-    for module, (down, up) in _adapters(state_dict).items():
+    for module, (down, up) in peft_pairs(state_dict).items():
         native = natives.get(module)
         if native is None:
             raise KeyError(f"no native PixArt module for the LoRA on {module}")
@@ -55,7 +57,8 @@ def transformer_to_kohya(
 
     out: dict[str, torch.Tensor] = {}
     for path, adapters in groups.items():
-        down, up, alpha = _fuse(adapters, parts_of[path])
+        rows = [adapters[min(adapters)][1].shape[0]] * parts_of[path]  # PixArt's fused slices are equal
+        down, up, alpha = fuse(adapters, rows)
         name = transformer_kohya_name(path)
         out[f"{name}.lora_down.weight"] = down
         out[f"{name}.lora_up.weight"] = up
@@ -82,12 +85,17 @@ def kohya_to_transformer(state_dict: Mapping[str, torch.Tensor], config: Mapping
         alpha = alphas.get(name, float(rank))  # kohya's convention: no alpha means alpha = rank
         modules = sorted(by_name[name], key=lambda item: item[1].index)
         if len(modules) == 1:
-            slices = [(down, up, alpha)]
+            slices: list = [(down, up, alpha)]
         else:
-            slices = _split(name, down, up, alpha, len(modules))
-        for (module, _), (part_down, part_up, part_alpha) in zip(modules, slices):
-            if part_down.shape[0] == 0:
+            if up.shape[0] % len(modules):
+                raise ValueError(
+                    f"{name}: lora_up has {up.shape[0]} rows, not divisible into {len(modules)} projections"
+                )
+            slices = split(name, down, up, alpha, [up.shape[0] // len(modules)] * len(modules))
+        for (module, _), part in zip(modules, slices):
+            if part is None:
                 continue  # this projection had no adapter
+            part_down, part_up, part_alpha = part
             weights[module + LORA_A] = part_down
             weights[module + LORA_B] = part_up
             module_alphas[module] = part_alpha
@@ -110,77 +118,6 @@ def kohya_to_text_encoder(state_dict: Mapping[str, torch.Tensor], module_paths: 
     module_of = {text_encoder_kohya_name(path): path for path in module_paths}
     weights, alphas, ranks, _, unknown = lycoris_keys.from_kohya(lycoris_keys.LORA, state_dict, module_of)
     return weights, alphas, ranks, unknown
-
-
-def _adapters(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    downs, ups = {}, {}
-    for key, value in state_dict.items():
-        if key.endswith(LORA_A):
-            downs[key[: -len(LORA_A)]] = value
-        elif key.endswith(LORA_B):
-            ups[key[: -len(LORA_B)]] = value
-        else:
-            raise KeyError(f"not a LoRA weight: {key}")
-    if set(downs) != set(ups):
-        raise KeyError(f"LoRA modules without both lora_A and lora_B: {sorted(set(downs) ^ set(ups))}")
-    return {module: (downs[module], ups[module]) for module in downs}
-
-
-def _fuse(
-    adapters: Mapping[int, tuple[torch.Tensor, torch.Tensor, float]], parts: int
-) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """One LoRA for a layer whose output rows are `parts` equal slices; slices without an adapter stay unchanged."""
-    if parts == 1:
-        return adapters[0]
-    present = [adapters[i] for i in sorted(adapters)]
-    scales = [alpha / down.shape[0] for down, _, alpha in present]
-    rank = sum(down.shape[0] for down, _, _ in present)
-    reference_up = present[0][1]
-    slice_rows, dtype = reference_up.shape[0], reference_up.dtype
-    same_scale = all(abs(s - scales[0]) <= 1e-6 * abs(scales[0]) for s in scales)
-    alpha = sum(a for _, _, a in present) if same_scale else float(rank)
-    fused_scale = alpha / rank
-
-    down = torch.cat([d for d, _, _ in present], dim=0)
-    up = torch.zeros(slice_rows * parts, rank, dtype=dtype, device=reference_up.device)
-    column = 0
-    for index in sorted(adapters):
-        part_down, part_up, part_alpha = adapters[index]
-        part_rank = part_down.shape[0]
-        block = part_up if same_scale else part_up * ((part_alpha / part_rank) / fused_scale)
-        up[index * slice_rows : (index + 1) * slice_rows, column : column + part_rank] = block
-        column += part_rank
-    return down, up, float(alpha)
-
-
-def _split(
-    name: str, down: torch.Tensor, up: torch.Tensor, alpha: float, parts: int
-) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-    """A fused LoRA → one (down, up, alpha) per output slice, keeping every slice's scale alpha / rank."""
-    rank = down.shape[0]
-    if up.shape[0] % parts:
-        raise ValueError(f"{name}: lora_up has {up.shape[0]} rows, not divisible into {parts} projections")
-    slices = up.chunk(parts, dim=0)
-    used = [set(torch.nonzero(s.abs().sum(dim=0)).flatten().tolist()) for s in slices]
-    # Prefer equal contiguous ranks (what _fuse writes for equal ranks): a part whose up block is still zero (a fresh
-    # adapter) keeps its rank.
-    if rank % parts == 0:
-        width = rank // parts
-        natural = [set(range(i * width, (i + 1) * width)) for i in range(parts)]
-        if all(u <= n for u, n in zip(used, natural)):
-            used = natural
-    for i in range(parts):
-        for j in range(i + 1, parts):
-            if used[i] & used[j]:
-                raise ValueError(
-                    f"{name}: this LoRA on the fused layer mixes its {parts} projections (it is not block-diagonal), "
-                    "so it cannot be split into per-projection adapters"
-                )
-    result = []
-    for columns, part_up in zip(used, slices):
-        index = torch.tensor(sorted(columns), dtype=torch.long)
-        result.append((down[index], part_up[:, index], alpha * len(columns) / rank))
-    return result
 
 
 def _read_kohya(

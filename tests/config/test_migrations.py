@@ -63,6 +63,20 @@ def test_v4_and_v10_global_checkpointing_fans_out_per_part():
     assert config.unet.gradient_checkpointing is False and config.text_encoder.gradient_checkpointing is False
 
 
+def test_v10_offloading_fans_out_only_with_cpu_offloaded_checkpointing():
+    # OneTrainer's layer and activation offloading applied only with gradient_checkpointing CPU_OFFLOADED.
+    old = {"__version": 10, "layer_offload_fraction": 0.5, "enable_activation_offloading": False}
+    config, problems = load({**old, "gradient_checkpointing": "CPU_OFFLOADED", "enable_async_offloading": False})
+    assert problems == []
+    assert config.unet.gradient_checkpointing and config.unet.offload_fraction == 0.5
+    assert config.text_encoder.offload_fraction == 0.5 and config.unet.activation_offloading is False
+    assert config.vae.offload_fraction == 0.0 and config.async_offloading is False  # an auxiliary part keeps its own
+    config, problems = load({**old, "gradient_checkpointing": "ON"})
+    assert problems == [] and config.unet.offload_fraction == 0.0 and config.unet.gradient_checkpointing
+    config, _ = load({"__version": 10, "gradient_checkpointing": "CPU_OFFLOADED"})
+    assert config.unet.activation_offloading is True and config.unet.offload_fraction == 0.0
+
+
 def test_v5_save_after_is_renamed():
     config, _ = load({"__version": 5, "save_after": 3, "save_after_unit": "EPOCH"})
     assert config.save_every == 3 and config.save_every_unit is TimeUnit.EPOCH

@@ -7,23 +7,33 @@ import pytest
 from onetrainer.config import errors, load_config, warnings
 from tests.conftest import onetrainer_presets_dir
 
-# Keys of OneTrainer presets that load with a warning on purpose (none today: every key they use is supported).
-KNOWN_UNUSED_KEYS: set[str] = set()
+# Keys of OneTrainer presets that load with a warning on purpose: the Flux preset's timestep shift by resolution, a
+# setting of the flow-matching families, is reported as ignored until a family here uses it.
+KNOWN_UNUSED_KEYS: set[str] = {"dynamic_timestep_shifting"}
+# What a preset may be refused for: what is not built yet here (a model type whose family is still to come, a weight
+# dtype a part cannot be loaded in), each message saying so. Nothing else: no wrong value, no unknown key.
+NOT_BUILT = "not built yet"
 
 PRESET_FILES = sorted(onetrainer_presets_dir().rglob("*.json"))
 
 
 def test_the_onetrainer_presets_are_there():
-    # 20 presets across the seven families, vendored beside this test; if they move, this fails rather than the
-    # parametrized test below passing vacuously with no cases.
-    assert len(PRESET_FILES) >= 20, f"OneTrainer's presets not found in {onetrainer_presets_dir()}"
+    # 20 presets across the seven families this trainer trains and 19 of the flow-matching families (a later
+    # snapshot), vendored beside this test; if they move, this fails rather than the parametrized test below passing
+    # vacuously with no cases.
+    assert len(PRESET_FILES) >= 39, f"OneTrainer's presets not found in {onetrainer_presets_dir()}"
     assert {p.parent.name for p in PRESET_FILES} >= {"SD1.5", "SD2.0", "SD2.1", "SDXL", "PixArt Alpha"}
+    assert {p.parent.name for p in PRESET_FILES} >= {"Flux Dev.1", "Chroma", "SD3", "QwenImage", "Z-Image"}
 
 
 @pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_onetrainer_preset_loads_cleanly(path):
+    from onetrainer.config.model_types import MODEL_TYPES
+
     config, problems = load_config(path)
-    assert errors(problems) == []
+    assert [p for p in errors(problems) if NOT_BUILT not in p.message] == []
+    if config.model_type in MODEL_TYPES:  # a model type this trainer declares is never refused for itself
+        assert [p for p in problems if p.path == "model_type"] == []
     # The Cascade preset's effnet "TODO" placeholder is reported on purpose (see the test at the end).
     unexpected = [p for p in warnings(problems) if p.path not in KNOWN_UNUSED_KEYS and "TODO" not in p.message]
     assert unexpected == []
@@ -32,7 +42,8 @@ def test_onetrainer_preset_loads_cleanly(path):
     assert config.training_method.value == raw["training_method"]
     assert config.output_model_format.value == raw["output_model_format"]
     assert config.resolution == raw["resolution"]
-    for part in ("unet", "text_encoder", "text_encoder_2", "vae", "prior", "decoder", "effnet_encoder"):
+    parts = ("unet", "prior", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+    for part in (*parts, "decoder", "effnet_encoder"):
         if part in raw and "weight_dtype" in raw[part]:
             assert config.part(part).weight_dtype.value == raw[part]["weight_dtype"]
 

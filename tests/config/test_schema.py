@@ -45,7 +45,7 @@ def test_unknown_key_is_a_warning_naming_it():
         ({"batch_size": 0}, "batch_size", "1 or more"),
         ({"learning_rate_min_factor": 1.5}, "learning_rate_min_factor", "0 to 0.99"),
         ({"model_type": "STABLE_DIFFUSION_99"}, "model_type", "STABLE_DIFFUSION_15"),
-        ({"model_type": "HUNYUAN_VIDEO"}, "model_type", "not supported"),
+        ({"model_type": "HUNYUAN_VIDEO"}, "model_type", "cannot train yet: its model family is not built yet"),
         ({"unet": {"weight_dtype": "NFLOAT_4"}}, "unet.weight_dtype", "frozen weights only"),
         ({"unet": {"train": "yes"}}, "unet.train", "true or false"),
         ({"concepts": [{"path": 3.5, "balancing": -1}]}, "concepts.0.balancing", "0 or more"),
@@ -84,10 +84,10 @@ def test_infinity_is_written_and_read_like_onetrainer():
 
 
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
-    _, quiet = config_from_dict({"compile": False, "cloud": {"enabled": False, "type": "RUNPOD"}})
+    _, quiet = config_from_dict({"frames": "25", "cloud": {"enabled": False, "type": "RUNPOD"}})
     assert quiet == []
-    _, loud = config_from_dict({"compile": True, "cloud": {"enabled": True}})
-    assert {p.path for p in loud} == {"compile", "cloud"}
+    _, loud = config_from_dict({"frames": "49", "cloud": {"enabled": True}})  # video frames: no video family here
+    assert {p.path for p in loud} == {"frames", "cloud"}
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
 

@@ -99,7 +99,6 @@ def test_the_tiny_demo_is_estimated_from_its_own_few_megabytes(monkeypatch, caps
     from onetrainer.cli.train import main
     from onetrainer.config import load_layers
     from onetrainer.tiny import tiny_model_dir
-    from onetrainer.training.estimate import BYTES
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, train_device 'cuda'
     config, _ = load_layers("demo", None, [])
@@ -217,25 +216,32 @@ def test_a_step_that_cannot_run_on_the_meta_device_falls_back_to_the_rule(monkey
     assert 0 < small.parts["activations"] < large.parts["activations"]
 
 
-def test_a_loras_trained_bytes_are_its_adapters():
-    """The adapter sizes the estimate computes from the layer shapes are the parameters the LoRA method injects into
-    the real tiny model."""
+@pytest.mark.parametrize(
+    ("preset", "changes"),
+    [
+        ("pixart/lora", ("layer_filter_preset=full", "lora_rank=4")),
+        ("pixart/lora", ("layer_filter_preset=attn-only", "lora_rank=4")),
+        ("pixart/lora", ("layer_filter=ff.net", "lora_rank=2")),
+        ("pixart/finetune", ("layer_filter=attn2", "transformer.weight_dtype=FLOAT_32", "train_dtype=FLOAT_32")),
+    ],
+)
+def test_the_trained_parameters_are_what_the_method_trains(preset, changes):
+    """The adapter sizes the estimate computes from the layer shapes (a fine-tune's parameters) are the parameters
+    the method trains in the real tiny model, with the layer filter applied as the methods apply it."""
     import torch
 
     from onetrainer.methods import create_method
     from onetrainer.training.estimate import family_of
     from tests.helpers import local_config
 
-    config = local_config(_tiny_run("pixart/lora", "tiny:pixart", "layer_filter_preset=full", "lora_rank=4"))
+    config = local_config(_tiny_run(preset, "tiny:pixart", *changes))
     family = family_of(config)
     model = family.load(config)
     method = create_method(config, family, model, torch.device("cpu"))
     injected = {p for group in method.param_groups() for p in group["params"] if p.requires_grad}
-    dtype_bytes = BYTES[config.lora_weight_dtype]
-    assert {p.element_size() for p in injected} == {dtype_bytes}
     counts = counts_of(config, model_shapes(config)[0])
     trained = sum(c.trained for c in counts.values())
-    assert trained * dtype_bytes == sum(p.numel() for p in injected) * dtype_bytes
+    assert trained == sum(p.numel() for p in injected) > 0
 
 
 @pytest.mark.slow

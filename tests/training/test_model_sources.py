@@ -101,6 +101,13 @@ def test_a_registered_source_resolves_its_names_and_refuses_unknown_ones(fake):
         resolve_local("fake:other")
 
 
+def test_a_source_says_what_to_expect_of_its_samples(fake):
+    """The window's note beside samples comes from the base model's source: the demo's random weights draw noise; a
+    source without a note (this fake one) and a plain model have none."""
+    assert "random weights" in sources.sample_note("tiny:sd15")
+    assert sources.sample_note("fake:base") == "" and sources.sample_note("org/model") == ""
+
+
 def test_the_undo_restores_what_was_registered_before(tmp_path):
     first, second = FakeSource(tmp_path / "a"), FakeSource(tmp_path / "b")
     undo_first = register_source("fake:", first)
@@ -141,8 +148,11 @@ def test_an_unregistered_name_is_a_path_that_does_not_exist(tmp_path, monkeypatc
 def test_the_run_prepares_its_own_copy_before_the_family_sees_it(fake, tmp_path, monkeypatch):
     seen: list[TrainConfig] = []
 
-    def train(config, control, events, dist=None):
+    recorded: list[dict] = []
+
+    def train(config, control, events, dist=None, as_given=None):
         seen.append(config)
+        recorded.append(as_given)
         return Finished("completed")
 
     monkeypatch.setattr(runner, "_train", train)
@@ -155,6 +165,7 @@ def test_the_run_prepares_its_own_copy_before_the_family_sees_it(fake, tmp_path,
     assert Path(prepared.base_model_name) == tiny_model_dir("sd15") and prepared.part("vae").model_name == ""
     assert Path(prepared.concepts[0].path) == fake.images
     assert config.base_model_name == "fake:base" and config.concepts[0].path == "fake:images"  # the caller's
+    assert recorded[0]["base_model_name"] == "fake:base"  # what the workspace records: the names as given
     warnings = [e.text for e in recorder.events if isinstance(e, Warning_)]
     assert any("the fake base brings its own VAE: org/vae not used" in w for w in warnings), warnings
 

@@ -95,6 +95,7 @@ def test_events_of_a_normal_run(tmp_path):
     assert "step 2: loss=" in text and "Finished (completed)" in text
     saved = json.loads(next((tmp_path / "workspace" / "config").glob("*.json")).read_text())
     assert saved["concepts"][0]["path"] == str(tmp_path / "images")  # the packed config of the run
+    assert saved["base_model_name"] == "tiny:sd15"  # as given, not the cache folder the name stands for
 
 
 def test_commands_from_another_thread(tmp_path):
