@@ -220,8 +220,8 @@ PIXART = FamilyInfo(
 )
 # Flux.1 and Chroma: a transformer of double- and single-stream blocks over 2x2-packed 16-channel latents.
 _FLUX_FORMATS = {
-    TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
-    TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+    TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER, ModelFormat.LEGACY_SAFETENSORS),
+    TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
     TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
 }
 _FLUX_LAYER_PRESETS = {
@@ -233,7 +233,13 @@ _FLUX_LAYER_PRESETS = {
 _FLUX_NOTE = (
     " The VAE's latents are shifted and scaled ((z - 0.1159) x 0.3611) and packed 2x2 into the transformer's tokens: "
     "training sizes and sample sizes go in steps of 16 px. Samples render through diffusers' pipeline with the "
-    "model's flow-matching Euler sampler (its resolution-dependent shift), whichever sampler is chosen."
+    "model's flow-matching Euler sampler (its resolution-dependent shift), whichever sampler is chosen. "
+    "`transformer.model_name` may name a transformer file in Black Forest Labs' layout (`flux1-dev.safetensors`, "
+    "Chroma's single files; ComfyUI's `model.diffusion_model.` prefix too) to train instead of the base model's; "
+    "ORIGINAL_TRANSFORMER writes that layout. KOHYA_LORA writes the transformer's LoRA over the original names "
+    "(exact fused q/k/v and linear1), as ComfyUI, Forge and sd-scripts read it; diffusers' `load_lora_weights` reads "
+    "the numbered blocks of such a file, and of a DIFFUSERS_LORA file the transformer and CLIP-L, never T5 (a "
+    "Chroma DIFFUSERS_LORA file with T5 weights is refused by diffusers)."
 )
 FLUX = FamilyInfo(
     key="flux",
@@ -251,7 +257,7 @@ FLUX = FamilyInfo(
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
     capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING}),
-    part_capabilities={"vae": _OWN_MODEL},
+    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
     notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
     "nothing, as in OneTrainer), `text_encoder_2` T5-XXL (512 tokens; 256 for schnell). One model type covers dev and "
     "schnell: the transformer's config says which (schnell has no guidance input). Training feeds dev and Fill the "
@@ -272,10 +278,11 @@ CHROMA = FamilyInfo(
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
-    part_capabilities={"vae": _OWN_MODEL},
+    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
     notes="`text_encoder` is T5-XXL (512 tokens), whose attention mask also reaches the transformer (the padding "
-    "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt."
-    + _FLUX_NOTE,
+    "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt. A LoRA on "
+    "the approximator (`distilled_guidance_layer`, which the `full` layer filter includes) is read by ComfyUI, but "
+    "makes diffusers refuse a KOHYA_LORA file: OneTrainer's presets train `attn-mlp`." + _FLUX_NOTE,
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's

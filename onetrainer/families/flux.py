@@ -23,7 +23,12 @@ the pipeline.
 - Caption dropout zeroes each text encoder's share on its own draw (CLIP's pooled output, T5's hidden states), the
   attention masks kept, as OneTrainer does.
 - Sampling goes through diffusers' pipelines with our prompt embeddings (so embeddings and clip skip apply); saving
-  writes the diffusers pipeline folder (also the backup, usable as a base model).
+  writes the diffusers pipeline folder (also the backup, usable as a base model), or the transformer alone in Black
+  Forest Labs' layout (ORIGINAL_TRANSFORMER, `weights/flux_keys.py`), which `transformer.model_name` also reads over
+  a diffusers base.
+- LoRA files: DIFFUSERS_LORA (peft names), or KOHYA_LORA over the original names (`weights/flux_lora.py`: q/k/v and
+  linear1 as exact fused LoRAs; CLIP `lora_te1_`, Flux's T5 `lora_te3_` as sd-scripts, Chroma's T5 `lora_te1_`);
+  reading also takes OneTrainer's `lora_transformer_…`, `lora_te2_` (Flux's T5) and `lora_te_` (Chroma's T5).
 """
 
 from __future__ import annotations
@@ -53,15 +58,17 @@ from onetrainer.families.loading import (
     backup_model_source,
     cast_parts,
     check_inpainting,
+    checked_load,
     hub_options,
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.saving import save_pipeline_folder
-from onetrainer.families.sources import resolve_source
+from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
+from onetrainer.families.sources import resolve_local, resolve_source
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
-from onetrainer.weights.metadata import ModelKind
+from onetrainer.weights import flux_keys, flux_lora, kohya_lora
+from onetrainer.weights.metadata import ModelKind, model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -89,7 +96,13 @@ class FluxTransformerFamily(Family):
     transformer_class: ClassVar[str]
     # Which conditioning tensors belong to which text encoder, for caption dropout per encoder.
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]]
-    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
+        ModelFormat.LEGACY_SAFETENSORS: "save_original_transformer",
+    }
+    # The text encoders' module prefixes in OneTrainer's own (legacy) LoRA files, read besides the kohya ones.
+    legacy_prefixes: ClassVar[dict[str, str]]
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -101,8 +114,9 @@ class FluxTransformerFamily(Family):
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
             raise ModelLoadError(
-                f"{source.location} is a single file: load {self.info.label} from a diffusers folder or hub id (its "
-                "transformer, text encoders, VAE and tokenizers)"
+                f"{source.location} is a single file: a {self.info.label} checkpoint holds the transformer alone. Set "
+                "the base model to a diffusers folder or hub id (for the text encoders, the VAE and the tokenizers) "
+                "and the transformer's model (transformer.model_name) to this file"
             )
         if source.kind == "backup":
             source = backup_model_source(source.path)
@@ -126,17 +140,44 @@ class FluxTransformerFamily(Family):
         return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
 
     def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
+        """The base's transformer, or the transformer part's own model (`transformer.model_name`): a diffusers folder,
+        or an original single file (Black Forest Labs' layout, ComfyUI's prefix allowed) read on the base's
+        transformer config."""
         from onetrainer.util.threads import library_attribute
 
         cls = library_attribute("diffusers", self.transformer_class)
-        found = load_diffusers_component(cls, where, "transformer", options, config_only=True).get("_class_name")
+        base_config = load_diffusers_component(cls, where, "transformer", options, config_only=True)
+        found = base_config.get("_class_name")
         if found and found != self.transformer_class:
             raise ModelLoadError(
                 f"{where} holds a {found}, not the {self.transformer_class} of {self.info.label}: choose the model "
                 "type that fits it"
             )
-        transformer = load_diffusers_component(cls, where, "transformer", options)
+        override = config.transformer.model_name.strip()
+        if not override:
+            transformer = load_diffusers_component(cls, where, "transformer", options)
+        else:
+            transformer = self._transformer_override(cls, override, base_config)
+            where = override
         self._check_transformer(transformer, config, where)
+        return transformer
+
+    def _transformer_override(self, cls: type, override: str, base_config: dict) -> torch.nn.Module:
+        path = resolve_local(override)
+        if path.is_dir():
+            subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+            return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        if not path.is_file():
+            raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
+        try:
+            state, transformer_config = flux_keys.read_original_checkpoint(path, base_config)
+        except ValueError as e:
+            raise ModelLoadError(f"cannot read the transformer (transformer.model_name): {e}") from e
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):  # the file's tensors become the weights: no second copy
+            transformer = cls.from_config(transformer_config)
+        checked_load(transformer, state, f"the transformer {path}", assign=True)
         return transformer
 
     def _check_transformer(self, transformer: torch.nn.Module, config: TrainConfig, where: str) -> None:
@@ -234,6 +275,18 @@ class FluxTransformerFamily(Family):
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
         save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
 
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in Black Forest Labs' layout (fused q/k/v and linear1), as ComfyUI, Forge and
+        `transformer.model_name` read it."""
+        transformer = model.part("transformer")
+        state = flux_keys.diffusers_to_original(plain_state(transformer), transformer_config(model))
+        resolution = model.type_info.resolution
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
+
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """A diffusers folder: the backup can also be used as a base model."""
         self.save_diffusers(model, folder, torch.float32)
@@ -247,18 +300,39 @@ class FluxTransformerFamily(Family):
         # and CLIPTextModel's weights with a `text_model.` level its state dict may not have
         return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
 
-    # -- names ----------------------------------------------------------------------------------------------------
+    # -- LoRA files and names -------------------------------------------------------------------------------------
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+        """The transformer's adapters over the original names (`flux_lora.transformer_to_kohya`: exact fused LoRAs on
+        q/k/v and linear1); the text encoders take the generic layout."""
+        if part != self.denoiser_part:
+            return None
+        return flux_lora.transformer_to_kohya(kind, state, alphas, ranks, transformer_config(model))
+
+    def read_lora_file(self, model, part, kind, state):
+        if part != self.denoiser_part or not any(flux_lora.is_transformer_key(k) for k in state):
+            return None
+        try:
+            read = flux_lora.kohya_to_transformer(kind, state, transformer_config(model))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"the transformer's LoRA weights cannot be read: {e}") from e
+        return read.weights, read.alphas, read.ranks, read.structure, read.used
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
-        """`lora_transformer_<diffusers path>` (OneTrainer's and ComfyUI's name for Flux's diffusers modules), the
-        text encoders under their slot's prefix (CLIP's paths with their `text_model.` level)."""
+        return self.lora_file_name(model, part, module_path, ModelFormat.KOHYA_LORA)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """The transformer: `lora_unet_<original path>` (a slice of a fused layer: `lora_transformer_<diffusers
+        path>`); a text encoder: its slot's prefix (LEGACY_LORA: OneTrainer's) over its module path, CLIP's with the
+        `text_model.` level its checkpoints have."""
         if part == self.denoiser_part:
-            return "lora_transformer_" + module_path.replace(".", "_")
+            return flux_lora.transformer_kohya_name(module_path, transformer_config(model))
         slot = next(s for s in model.text_encoders if s.part == part)
+        prefix = slot.kohya_prefix if fmt is ModelFormat.KOHYA_LORA else self.legacy_prefixes[part]
         path = module_path
         if type(slot.encoder).__name__.startswith("CLIPText") and not path.startswith("text_model."):
             path = "text_model." + path
-        return f"{slot.kohya_prefix}_{path.replace('.', '_')}"
+        return kohya_lora.kohya_module_name(prefix, path)
 
 
 class FluxFamily(FluxTransformerFamily):
@@ -271,6 +345,10 @@ class FluxFamily(FluxTransformerFamily):
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {
         "text_encoder": ("pooled",),
         "text_encoder_2": ("hidden_states",),
+    }
+    legacy_prefixes: ClassVar[dict[str, str]] = {
+        "text_encoder": flux_lora.CLIP_PREFIX,
+        "text_encoder_2": flux_lora.T5_READ_PREFIXES[-1],
     }
 
     def _check_transformer(self, transformer, config, where) -> None:
@@ -290,10 +368,10 @@ class FluxFamily(FluxTransformerFamily):
 
     def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
         clip = TextEncoderSlot(
-            "text_encoder", parts["text_encoder"], tokenizers["text_encoder"], "lora_te1", "clip_l",
+            "text_encoder", parts["text_encoder"], tokenizers["text_encoder"], flux_lora.CLIP_PREFIX, "clip_l",
             config.text_encoder.layer_skip,
         )  # fmt: skip
-        return [clip, self._t5_slot(config, "text_encoder_2", parts, tokenizers, "lora_te2")]
+        return [clip, self._t5_slot(config, "text_encoder_2", parts, tokenizers, flux_lora.T5_PREFIX)]
 
     # -- text -----------------------------------------------------------------------------------------------------
 
@@ -397,6 +475,7 @@ class ChromaFamily(FluxTransformerFamily):
     sampling_parts = frozenset(CHROMA.parts)
     transformer_class = "ChromaTransformer2DModel"
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {"text_encoder": ("hidden_states",)}
+    legacy_prefixes: ClassVar[dict[str, str]] = {"text_encoder": flux_lora.CHROMA_T5_READ_PREFIXES[-1]}
 
     def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
         from transformers import AutoTokenizer, T5EncoderModel
@@ -405,7 +484,7 @@ class ChromaFamily(FluxTransformerFamily):
         return {"text_encoder": load_tokenizer(where, options, cls=AutoTokenizer)}
 
     def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
-        return [self._t5_slot(config, "text_encoder", parts, tokenizers, "lora_te1")]
+        return [self._t5_slot(config, "text_encoder", parts, tokenizers, flux_lora.CHROMA_T5_PREFIX)]
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         hidden, mask = t5_hidden_states(model.text_encoders[0], captions, T5_TOKENS, use_mask=True)
@@ -466,6 +545,11 @@ class ChromaFamily(FluxTransformerFamily):
 
 
 # -- shared pieces ----------------------------------------------------------------------------------------------------
+
+
+def transformer_config(model: LoadedModel) -> dict:
+    """The transformer's config as the key maps read it."""
+    return dict(model.part("transformer").config)
 
 
 def has_guidance(model: LoadedModel) -> bool:

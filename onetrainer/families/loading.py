@@ -91,9 +91,10 @@ def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
             module.to(dtype=dtype)
 
 
-def checked_load(module: torch.nn.Module, state: dict, what: str) -> None:
-    """Load a converted state dict; a missing or unexpected weight is an error naming the part."""
-    result = module.load_state_dict(state, strict=False)
+def checked_load(module: torch.nn.Module, state: dict, what: str, assign: bool = False) -> None:
+    """Load a converted state dict; a missing or unexpected weight is an error naming the part. `assign`: the module's
+    parameters become the state's tensors (a module built without weights, on the meta device)."""
+    result = module.load_state_dict(state, strict=False, assign=assign)
     missing = [k for k in result.missing_keys if not k.endswith("position_ids")]
     if missing or result.unexpected_keys:
         details = []

@@ -149,8 +149,8 @@ def test_check_says_what_happens_instead_for_a_flow_preset(capsys):
 
     code = main(["--config-path", str(preset("Chroma", "chroma LoRA 8GB")), "--set", "offline_mode=true", "--check"])
     err = capsys.readouterr().err
-    assert code == EXIT_INVALID
-    assert "CHROMA_1 is a OneTrainer model type this trainer cannot train yet" in err
+    assert code == EXIT_INVALID  # the base model is not in the cache (offline) and there is no concept
+    assert "the base model 'lodestones/Chroma1-HD' is not in the local Hugging Face cache" in err
     assert (
         "offload_fraction 0.6 on the transformer: layer offloading is not built yet; the whole transformer stays on "
         "the GPU (more VRAM" in err

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from onetrainer.config import config_from_dict
+from onetrainer.config.enums import ModelFormat
 from onetrainer.families import load_family_class
 from onetrainer.families.base import BatchInputs
 from onetrainer.families.flux import image_ids, pack, unpack
+from onetrainer.families.loading import ModelLoadError
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.tiny.denoiser_step import denoiser_inputs
@@ -59,11 +61,12 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
 
 
 def lora_run(root: Path, variant: str, **overrides) -> tuple[dict, list]:
-    """A LoRA trained on `variant` in process (the trainer, as `scripts/train.py` runs it), saved as DIFFUSERS_LORA."""
-    overrides = {"epochs": 1, **overrides}
+    """A LoRA trained on `variant` in process (the trainer, as `scripts/train.py` runs it), saved as DIFFUSERS_LORA
+    unless `output_model_format` says otherwise."""
+    overrides = {"epochs": 1, "output_model_format": "DIFFUSERS_LORA", **overrides}
     config = tiny_config(
-        root, variant=variant, method="LORA", output_model_format="DIFFUSERS_LORA",
-        output_model_destination=str(root / "out" / "lora.safetensors"), **overrides,
+        root, variant=variant, method="LORA", output_model_destination=str(root / "out" / "lora.safetensors"),
+        **overrides,
     )  # fmt: skip
     return config, run_config(config)
 
@@ -84,11 +87,19 @@ def assert_samples_rendered(config: dict, events: list, count: int = 1) -> None:
     assert sizes == set(SIZES)
 
 
-def assert_loads_in_diffusers_as_ours(variant: str, path: Path, text_encoder: bool = False) -> None:
-    """diffusers' `load_lora_weights` on the file gives the transformer (and the text encoder) our outputs."""
+def assert_loads_in_diffusers_as_ours(variant: str, path: Path, text_encoder: bool = False, monkeypatch=None) -> None:
+    """diffusers' `load_lora_weights` on the file gives the transformer (and the text encoder) our outputs. A kohya
+    file (`monkeypatch` given) goes through diffusers' kohya converter at the tiny width (it hard-codes Flux.1's)."""
     _, ours = our_model(variant, lora_model_name=str(path), method=True)
     _, plain = our_model(variant)
     pipe = diffusers_pipeline(variant)
+    if monkeypatch is not None:
+        from diffusers.loaders import lora_pipeline
+
+        from tests.weights.flux_models import kohya_lora_converter
+
+        converter = kohya_lora_converter(dict(pipe.transformer.config))
+        monkeypatch.setattr(lora_pipeline, "_convert_kohya_flux_lora_to_diffusers", converter)
     before = transformer_output(pipe.transformer)
     pipe.load_lora_weights(str(path))
     theirs = transformer_output(pipe.transformer)
@@ -204,8 +215,6 @@ def test_caption_dropout_zeroes_each_encoders_share_and_keeps_the_masks():
 
 
 def test_a_model_of_another_type_is_refused_with_what_to_choose():
-    from onetrainer.families.loading import ModelLoadError
-
     with pytest.raises(ModelLoadError, match="ChromaTransformer2DModel"):
         our_model("chroma", model_type="FLUX_DEV_1")
     with pytest.raises(ModelLoadError, match="an inpainting"):
@@ -267,28 +276,49 @@ def test_schnell_lora_on_the_attention_clip_and_t5(tmp_path):
     )
 
 
-def test_fill_lora_trains_on_the_masks_and_loads_in_diffusers_as_ours(tmp_path):
+def test_fill_kohya_lora_trains_on_the_masks_and_loads_in_diffusers_as_ours(tmp_path, monkeypatch):
+    """Fill with KOHYA_LORA on the attention and MLPs, CLIP and T5: the original names (fused q/k/v and linear1 as
+    one exact LoRA each), read by diffusers and by us; OneTrainer's `lora_te2_` names for T5 are read too."""
     image_folder(tmp_path, count=4)  # two of the four images have masks
     assert len(list((tmp_path / "images").glob("*-masklabel.png"))) == 2
     overrides = samples_at_two_sizes()
     overrides["sample_after"], overrides["sample_after_unit"] = 1, "EPOCH"
-    config, events = lora_run(tmp_path, "flux-fill", text_encoder={"train": False}, text_encoder_2={"train": False},
-                              **overrides)  # fmt: skip
+    config, events = lora_run(tmp_path, "flux-fill", output_model_format="KOHYA_LORA", layer_filter_preset="attn-mlp",
+                              text_encoder={"train": True}, text_encoder_2={"train": True}, **overrides)  # fmt: skip
     assert len([e for e in events if isinstance(e, Metrics)]) == 2
     assert_samples_rendered(config, events)
-    assert_loads_in_diffusers_as_ours("flux-fill", Path(config["output_model_destination"]))
+    path = Path(config["output_model_destination"])
+    state = load_file(str(path))
+    names = {k.partition(".")[0] for k in state}
+    assert {"lora_unet_double_blocks_1_img_attn_qkv", "lora_unet_double_blocks_0_txt_attn_qkv",
+            "lora_unet_single_blocks_1_linear1", "lora_unet_double_blocks_0_img_mlp_0",
+            "lora_te1_text_model_encoder_layers_11_self_attn_q_proj",
+            "lora_te3_encoder_block_23_layer_0_SelfAttention_q"} <= names  # fmt: skip
+    assert not any(n.startswith("lora_transformer_") for n in names)
+    assert_loads_in_diffusers_as_ours("flux-fill", path, text_encoder=True, monkeypatch=monkeypatch)
+
+    family, ours = our_model("flux-fill", lora_model_name=str(path), method=True)
+    legacy = tmp_path / "legacy.safetensors"
+    save_file({k.replace("lora_te3_", "lora_te2_"): v for k, v in state.items()}, str(legacy))
+    _, again = our_model("flux-fill", lora_model_name=str(legacy), method=True)
+    _, plain = our_model("flux-fill")
+    caption = ["a red circle"]
+    t5 = family.encode_text(ours, caption).hidden_states
+    assert torch.equal(family.encode_text(again, caption).hidden_states, t5)
+    assert not torch.allclose(family.encode_text(plain, caption).hidden_states, t5, atol=1e-4)
 
 
-def test_chroma_lora_with_caption_dropout_samples_with_a_negative_prompt(tmp_path):
+def test_chroma_kohya_lora_with_caption_dropout_samples_with_a_negative_prompt(tmp_path, monkeypatch):
     image_folder(tmp_path, count=2)
     overrides = samples_at_two_sizes(negative_prompt="blurry", cfg_scale=4.0)
     overrides["sample_after"], overrides["sample_after_unit"] = 1, "EPOCH"
-    config, events = lora_run(tmp_path, "chroma", text_encoder={"train": False, "dropout_probability": 0.5},
-                              **overrides)  # fmt: skip
+    config, events = lora_run(tmp_path, "chroma", output_model_format="KOHYA_LORA", layer_filter_preset="attn-mlp",
+                              text_encoder={"train": False, "dropout_probability": 0.5}, **overrides)  # fmt: skip
     assert_samples_rendered(config, events)
     path = Path(config["output_model_destination"])
-    assert all(k.startswith("transformer.") for k in load_file(str(path)))
-    assert_loads_in_diffusers_as_ours("chroma", path)
+    names = {k.partition(".")[0] for k in load_file(str(path))}
+    assert "lora_unet_single_blocks_0_linear1" in names and all(n.startswith("lora_unet_") for n in names)
+    assert_loads_in_diffusers_as_ours("chroma", path, monkeypatch=monkeypatch)
 
 
 def test_fine_tune_writes_a_diffusers_folder_flux_pipeline_loads(tmp_path):
@@ -309,6 +339,31 @@ def test_fine_tune_writes_a_diffusers_folder_flux_pipeline_loads(tmp_path):
     assert all(torch.equal(v, trained[k]) for k, v in again.part("transformer").state_dict().items())
     image = pipe("a red circle", height=48, width=64, num_inference_steps=2, output_type="np").images
     assert image.shape == (1, 48, 64, 3)
+
+
+@pytest.mark.parametrize("variant", ["flux-dev", "chroma"])
+def test_the_original_transformer_file_is_what_diffusers_converts_and_reads_back(tmp_path, variant):
+    """ORIGINAL_TRANSFORMER: Black Forest Labs' layout, which diffusers' single-file converter (at the tiny width)
+    turns into our weights; named as the transformer's model over the diffusers base, it is the same transformer."""
+    from tests.weights.flux_models import single_file_converter
+
+    family, model = our_model(variant)
+    with torch.no_grad():
+        for parameter in model.part("transformer").parameters():  # unlike the base's weights
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    path = tmp_path / "transformer.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.bfloat16)
+    state = load_file(str(path))
+    assert "double_blocks.1.img_attn.qkv.weight" in state and "single_blocks.1.linear1.weight" in state
+    assert all(v.dtype is torch.bfloat16 for v in state.values())
+    ours = {k: v.to(torch.bfloat16) for k, v in model.part("transformer").state_dict().items()}
+    theirs = single_file_converter(dict(model.part("transformer").config))(dict(state))
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
+
+    _, again = our_model(variant, transformer={"model_name": str(path)})
+    assert all(torch.equal(v, ours[k].float()) for k, v in again.part("transformer").state_dict().items())
+    with pytest.raises(ModelLoadError, match="a single file"):  # the file alone is no base model
+        our_model(variant, base_model_name=str(path))
 
 
 def test_embedding_files_hold_clip_l_and_t5_and_load_in_diffusers_as_ours(tmp_path):
