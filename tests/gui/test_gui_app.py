@@ -299,7 +299,7 @@ def test_a_model_type_this_trainer_does_not_know_is_shown_and_refused(app, tmp_p
     for key in app.tabview.keys:  # the forms still build (the SD 1.5 facts stand in)
         app.select_tab(key)
     assert app.start() is False
-    assert "FLUX_DEV_1 is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
+    assert "HUNYUAN_VIDEO is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
     assert not app.runner.is_alive()
 
 
@@ -308,14 +308,14 @@ def test_a_onetrainer_flow_preset_loads_in_the_window(app) -> None:
     # checks name them), and Start says the model type cannot train yet.
     from tests.conftest import onetrainer_presets_dir
 
-    assert app.load_config_file(onetrainer_presets_dir() / "Chroma" / "#chroma LoRA 8GB.json")
-    assert app.topbar.model_type_menu.get() == "CHROMA_1 (not trainable yet)"
-    assert app.model.config.transformer.offload_fraction == 0.6
+    assert app.load_config_file(onetrainer_presets_dir() / "QwenImage" / "#qwen LoRA 16GB.json")
+    assert app.topbar.model_type_menu.get() == "QWEN (not trainable yet)"
+    assert app.model.config.transformer.offload_fraction == 0.5
     assert app.model.config.quantization.layer_filter == "transformer_block"
     for key in app.tabview.keys:  # the forms still build
         app.select_tab(key)
     assert app.start() is False
-    assert "CHROMA_1 is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
+    assert "QWEN is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
 
 
 def test_start_lists_every_problem(app, trainable_sd, screenshot) -> None:
