@@ -51,6 +51,8 @@ GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled wit
 LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
 LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
 GUIDANCE_INPUT = "guidance_input"  # its denoiser takes a guidance scale as an input (a guidance-distilled model)
+# Its denoiser attends to the text's padding unless told not to (OneTrainer's "Force attention mask").
+TEXT_PADDING_MASK = "text_padding_mask"
 # A flow-matching schedule (`noise/flow_matching.py`): the resolution-dependent timestep shift, the SIGMA loss weight.
 FLOW_MATCHING = "flow_matching"
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
@@ -64,6 +66,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         LAYER_SKIP,
         FLOW_MATCHING,
         GUIDANCE_INPUT,
+        TEXT_PADDING_MASK,
     }
 )
 
@@ -256,14 +259,16 @@ FLUX = FamilyInfo(
     output_formats=_FLUX_FORMATS,
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
-    capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING}),
+    capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING, TEXT_PADDING_MASK}),
     part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
     notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
     "nothing, as in OneTrainer), `text_encoder_2` T5-XXL (512 tokens; 256 for schnell). One model type covers dev and "
     "schnell: the transformer's config says which (schnell has no guidance input). Training feeds dev and Fill the "
     "fixed `transformer.guidance_scale` (OneTrainer's name and default, 1.0); a sample's CFG scale is the distilled "
     "guidance the transformer gets (3.5 for dev; Fill 30), with no second, unconditioned pass and no negative "
-    "prompt; schnell samples in about 4 steps. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks "
+    "prompt; schnell samples in about 4 steps. T5 sees its padding and so does the transformer, as BFL's code has it; "
+    "`transformer.attention_mask` (OneTrainer's \"Force attention mask\") zeroes the padding's hidden states in "
+    "training and samples. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks "
     "(`<name>-masklabel.png`, white = repaint) with the masked image's latents and the mask as extra inputs."
     + _FLUX_NOTE,
 )

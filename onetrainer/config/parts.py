@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
-from onetrainer.config.model_types import GUIDANCE_INPUT, LAYER_SKIP, OWN_MODEL, PartRole, part_role
+from onetrainer.config.model_types import (
+    GUIDANCE_INPUT,
+    LAYER_SKIP,
+    OWN_MODEL,
+    TEXT_PADDING_MASK,
+    PartRole,
+    part_role,
+)
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
@@ -114,7 +121,13 @@ class ModelPartConfig(ConfigNode):
     )
     include: bool = setting(True, "Include", "OneTrainer: whether an optional part is loaded.", ignored=True)
     attention_mask: bool = setting(
-        False, "Force attention mask", "OneTrainer: transformer attention mask.", ignored=True
+        False,
+        "Force attention mask",
+        "Hide the caption's padding from the denoiser (its hidden states set to zero), where the model otherwise "
+        "attends to it, in training and in samples.",
+        tab="training",
+        roles=frozenset({PartRole.DENOISER}),
+        needs=TEXT_PADDING_MASK,
     )
     guidance_scale: float = setting(
         1.0,

@@ -12,8 +12,9 @@ the pipeline.
   (1 − σ)·x0 + σ·ε, target ε − x0, the training shift by `timestep_shift` or by the resolution); the trainer hands
   `predict` the schedule's model time σ·T and the transformer takes σ (diffusers' pipelines pass timestep / 1000).
 - Flux: CLIP-L's pooled output and T5-XXL's hidden states (512 tokens, 256 for schnell; T5 sees no attention mask,
-  as in BFL's and diffusers' code); dev and Fill take a guidance value (`guidance_embeds`), in training the fixed
-  `transformer.guidance_scale`, in samples the distilled guidance (the sample's CFG scale; no unconditioned pass).
+  as in BFL's and diffusers' code; `transformer.attention_mask` zeroes the padding's states); dev and Fill take a
+  guidance value (`guidance_embeds`), in training the fixed `transformer.guidance_scale`, in samples the distilled
+  guidance (the sample's CFG scale; no unconditioned pass).
   schnell is the same model type without the guidance input. Fill (an inpainting model type) also takes the masked
   image's latents and the mask, its 8x8 pixels per latent as 64 channels (`F.pixel_unshuffle`), concatenated with
   the noisy latents before packing.
@@ -136,6 +137,7 @@ class FluxTransformerFamily(Family):
         extra = {
             "train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
             "guidance": float(config.transformer.guidance_scale),
+            "mask_padding": bool(config.transformer.attention_mask),
         }
         return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
 
@@ -421,7 +423,10 @@ class FluxFamily(FluxTransformerFamily):
         return torch.cat([like, extra["masked_latents"].to(like), extra["mask"].to(like)], dim=1)
 
     def _transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
-        inputs = {"encoder_hidden_states": conditioning.hidden_states, "pooled_projections": conditioning.pooled}
+        inputs = {
+            "encoder_hidden_states": padding_masked(model, conditioning),
+            "pooled_projections": conditioning.pooled,
+        }
         if has_guidance(model):
             guidance = extra.get("guidance")
             if guidance is None:
@@ -452,7 +457,7 @@ class FluxFamily(FluxTransformerFamily):
         positive = self.encode_text(model, [prompt])
         return {
             "prompt": None,
-            "prompt_embeds": positive.hidden_states,
+            "prompt_embeds": padding_masked(model, positive),
             "pooled_prompt_embeds": positive.pooled,
             "max_sequence_length": t5_tokens(model),
         }
@@ -550,6 +555,16 @@ class ChromaFamily(FluxTransformerFamily):
 def transformer_config(model: LoadedModel) -> dict:
     """The transformer's config as the key maps read it."""
     return dict(model.part("transformer").config)
+
+
+def padding_masked(model: LoadedModel, conditioning: Conditioning) -> torch.Tensor:
+    """Flux's T5 hidden states, the padding's set to zero where `transformer.attention_mask` asks (OneTrainer's "Force
+    attention mask"; the transformer attends to every token either way)."""
+    hidden = conditioning.hidden_states
+    mask = conditioning.get("attention_mask")
+    if not model.extra.get("mask_padding") or mask is None:
+        return hidden
+    return hidden * mask[..., None].to(hidden.dtype)
 
 
 def has_guidance(model: LoadedModel) -> bool:

@@ -79,6 +79,7 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("text_encoder.layer_skip") == {"sd", "sdxl", "pixart", "flux", "chroma"}
     assert _families_where("text_encoder_2.layer_skip") == {"sdxl", "flux"}
     assert _families_where("transformer.guidance_scale", TrainingMethod.LORA) == {"flux"}
+    assert _families_where("transformer.attention_mask", TrainingMethod.LORA) == {"flux"}
     assert _families_where("dynamic_timestep_shifting") >= {"flux", "chroma"}
     assert not _families_where("text_encoder.train_embedding", TrainingMethod.LORA)
 

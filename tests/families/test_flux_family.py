@@ -214,6 +214,23 @@ def test_caption_dropout_zeroes_each_encoders_share_and_keeps_the_masks():
     assert torch.equal(dropped.get("attention_mask"), full.get("attention_mask"))
 
 
+def test_force_attention_mask_zeroes_t5s_padding_in_training_and_samples():
+    from onetrainer.families.base import Conditioning
+
+    family, masked = our_model("flux-dev", transformer={"attention_mask": True})
+    _, plain = our_model("flux-dev")
+    conditioning = family.encode_text(plain, ["a red circle"])
+    mask = conditioning.get("attention_mask")
+    zeroed = Conditioning({**conditioning.tensors, "hidden_states": conditioning.hidden_states * mask[..., None]})
+    latents, times = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([500.0])
+    with torch.no_grad():
+        ours = family.predict(masked, latents, times, conditioning, {}).output
+        assert torch.equal(ours, family.predict(plain, latents, times, zeroed, {}).output)
+        assert not torch.allclose(ours, family.predict(plain, latents, times, conditioning, {}).output, atol=1e-4)
+        embeds = family.prompt_arguments(masked, "a red circle", None)["prompt_embeds"]
+    assert not embeds[0, int(mask.sum()) :].any() and embeds[0, : int(mask.sum())].any()
+
+
 def test_a_model_of_another_type_is_refused_with_what_to_choose():
     with pytest.raises(ModelLoadError, match="ChromaTransformer2DModel"):
         our_model("chroma", model_type="FLUX_DEV_1")
