@@ -16,6 +16,10 @@ VARIANT_MODEL_TYPES = {
     "sdxl": "STABLE_DIFFUSION_XL_10_BASE",
     "sdxl-inpainting": "STABLE_DIFFUSION_XL_10_BASE_INPAINTING",
     "pixart": "PIXART_ALPHA",
+    "flux-dev": "FLUX_DEV_1",
+    "flux-schnell": "FLUX_DEV_1",
+    "flux-fill": "FLUX_FILL_DEV_1",
+    "chroma": "CHROMA_1",
     "wuerstchen": "WUERSTCHEN_2",
     "cascade": "STABLE_CASCADE_1",
 }
@@ -30,6 +34,9 @@ TINY_MODELS = {
     "STABLE_DIFFUSION_XL_10_BASE": "sdxl",
     "STABLE_DIFFUSION_XL_10_BASE_INPAINTING": "sdxl-inpainting",
     "PIXART_ALPHA": "pixart",
+    "FLUX_DEV_1": "flux-dev",
+    "FLUX_FILL_DEV_1": "flux-fill",
+    "CHROMA_1": "chroma",
     "WUERSTCHEN_2": "wuerstchen",
     "STABLE_CASCADE_1": "cascade",
 }

@@ -37,7 +37,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # model-type table and the enums are the registry. Everything else speaks of parts and roles.
 FAMILY_SIDE = ("families/", "tiny/", "weights/", "benchmark/", "config/model_types.py", "config/enums.py")
 # (`effnet_encoder` is also the name of OneTrainer's config block of that part: a part name, allowed as such.)
-FAMILY_WORDS = re.compile(r"pixart|wuerstchen|würstchen|cascade|sdxl|effnet(?!_encoder)|\bt5\b", re.IGNORECASE)
+# ("chroma" alone is also the colour term of the image augmentations: the family's names are matched.)
+FAMILY_WORDS = re.compile(
+    r"pixart|wuerstchen|würstchen|cascade|sdxl|effnet(?!_encoder)|\bt5\b|\bflux|\bbfl\b|chroma_?1|chroma(pipeline|transformer|family)",
+    re.IGNORECASE,
+)
 
 
 def _module_name(path: Path) -> str:

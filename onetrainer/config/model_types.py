@@ -50,12 +50,21 @@ ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be resca
 GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
 LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
 LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
+GUIDANCE_INPUT = "guidance_input"  # its denoiser takes a guidance scale as an input (a guidance-distilled model)
 # A flow-matching schedule (`noise/flow_matching.py`): the resolution-dependent timestep shift, the SIGMA loss weight.
 FLOW_MATCHING = "flow_matching"
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
 OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
 CAPABILITIES: frozenset[str] = frozenset(
-    {CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LEARNED_VARIANCE, LAYER_SKIP, FLOW_MATCHING}
+    {
+        CIRCULAR_PADDING,
+        ZERO_TERMINAL_SNR,
+        GENERALIZED_OFFSET_NOISE,
+        LEARNED_VARIANCE,
+        LAYER_SKIP,
+        FLOW_MATCHING,
+        GUIDANCE_INPUT,
+    }
 )
 
 
@@ -209,6 +218,65 @@ PIXART = FamilyInfo(
     "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
     "PixArt-XL-2-512x512, the others from PixArt-XL-2-1024-MS.",
 )
+# Flux.1 and Chroma: a transformer of double- and single-stream blocks over 2x2-packed 16-channel latents.
+_FLUX_FORMATS = {
+    TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+    TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+    TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+}
+_FLUX_LAYER_PRESETS = {
+    "attn-mlp": ("attn", "ff.net", "proj_mlp"),
+    "attn-only": ("attn",),
+    "blocks": ("transformer_block",),
+    "full": (),
+}
+_FLUX_NOTE = (
+    " The VAE's latents are shifted and scaled ((z - 0.1159) x 0.3611) and packed 2x2 into the transformer's tokens: "
+    "training sizes and sample sizes go in steps of 16 px. Samples render through diffusers' pipeline with the "
+    "model's flow-matching Euler sampler (its resolution-dependent shift), whichever sampler is chosen."
+)
+FLUX = FamilyInfo(
+    key="flux",
+    label="Flux.1",
+    part_roles={
+        "transformer": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
+    bucket_step=16,
+    sample_step=16,
+    methods=_METHODS,
+    output_formats=_FLUX_FORMATS,
+    layer_presets=_FLUX_LAYER_PRESETS,
+    hub_parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
+    capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING}),
+    part_capabilities={"vae": _OWN_MODEL},
+    notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
+    "nothing, as in OneTrainer), `text_encoder_2` T5-XXL (512 tokens; 256 for schnell). One model type covers dev and "
+    "schnell: the transformer's config says which (schnell has no guidance input). Training feeds dev and Fill the "
+    "fixed `transformer.guidance_scale` (OneTrainer's name and default, 1.0); a sample's CFG scale is the distilled "
+    "guidance the transformer gets (3.5 for dev; Fill 30), with no second, unconditioned pass and no negative "
+    "prompt; schnell samples in about 4 steps. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks "
+    "(`<name>-masklabel.png`, white = repaint) with the masked image's latents and the mask as extra inputs."
+    + _FLUX_NOTE,
+)
+CHROMA = FamilyInfo(
+    key="chroma",
+    label="Chroma",
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    bucket_step=16,
+    sample_step=16,
+    methods=_METHODS,
+    output_formats=_FLUX_FORMATS,
+    layer_presets=_FLUX_LAYER_PRESETS,
+    hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
+    part_capabilities={"vae": _OWN_MODEL},
+    notes="`text_encoder` is T5-XXL (512 tokens), whose attention mask also reaches the transformer (the padding "
+    "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt."
+    + _FLUX_NOTE,
+)
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
 # diffusion_pytorch_model.safetensors, or effnet_encoder.safetensors beside Stable Cascade's decoder).
@@ -295,7 +363,7 @@ CASCADE = FamilyInfo(
     part_downloads={"effnet_encoder": _CASCADE_EFFNET},
 )
 
-FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, WUERSTCHEN, CASCADE)}
+FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, FLUX, CHROMA, WUERSTCHEN, CASCADE)}
 
 _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
 _SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
@@ -303,6 +371,10 @@ _SD2_BASE_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.DDIM)
 _SDXL_SAMPLE = SampleDefaults(1024, 1024, 30, 7.5, NoiseScheduler.EULER_A)
 _PIXART_SAMPLE = SampleDefaults(1024, 1024, 25, 4.5, NoiseScheduler.DDIM)
 _WUERSTCHEN_SAMPLE = SampleDefaults(1024, 1024, 25, 4.0, NoiseScheduler.DDIM)
+# diffusers' pipeline defaults: dev 28 steps at distilled guidance 3.5, Fill at 30, Chroma 35 steps at CFG 5.
+_FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
+_FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
+_CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
 
 
 def _info(mt: ModelType, label: str, family: FamilyInfo, res: int, v: bool, inpaint: bool, s: SampleDefaults):
@@ -331,6 +403,9 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
         ),
         _info(ModelType.PIXART_ALPHA, "PixArt-Alpha", PIXART, 1024, False, False, _PIXART_SAMPLE),
         _info(ModelType.PIXART_SIGMA, "PixArt-Sigma", PIXART, 1024, False, False, _PIXART_SAMPLE),
+        _info(ModelType.FLUX_DEV_1, "Flux.1 Dev / Schnell", FLUX, 1024, False, False, _FLUX_SAMPLE),
+        _info(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
+        _info(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),
         _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
         _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),
     )

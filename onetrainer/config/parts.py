@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
-from onetrainer.config.model_types import LAYER_SKIP, OWN_MODEL, PartRole, part_role
+from onetrainer.config.model_types import GUIDANCE_INPUT, LAYER_SKIP, OWN_MODEL, PartRole, part_role
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
@@ -116,7 +116,16 @@ class ModelPartConfig(ConfigNode):
     attention_mask: bool = setting(
         False, "Force attention mask", "OneTrainer: transformer attention mask.", ignored=True
     )
-    guidance_scale: float = setting(1.0, "Guidance scale", "OneTrainer: guidance-distilled models.", ignored=True)
+    guidance_scale: float = setting(
+        1.0,
+        "Guidance scale",
+        "The guidance value a guidance-distilled denoiser is given while it trains (it has no unconditioned pass to "
+        "guide with). 1.0, OneTrainer's default, keeps the model's own guidance scale free for sampling.",
+        tab="training",
+        minimum=0.0,
+        roles=frozenset({PartRole.DENOISER}),
+        needs=GUIDANCE_INPUT,
+    )
     # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
     offload_fraction: float = setting(
         0.0,

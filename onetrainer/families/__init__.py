@@ -16,6 +16,8 @@ FAMILY_CLASSES: dict[str, str] = {
     "sd": "onetrainer.families.sd:StableDiffusionFamily",
     "sdxl": "onetrainer.families.sdxl:StableDiffusionXLFamily",
     "pixart": "onetrainer.families.pixart:PixArtFamily",
+    "flux": "onetrainer.families.flux:FluxFamily",
+    "chroma": "onetrainer.families.flux:ChromaFamily",
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
     "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
 }

@@ -77,6 +77,19 @@ RELEASED_PARTS: dict[str, dict[str, Config]] = {
         "text_encoder": ref.T5_XXL_ENCODER,
         "vae": ref.SD_VAE,
     },
+    "FLUX_DEV_1": {
+        "transformer": ref.FLUX_DEV_TRANSFORMER,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "text_encoder_2": ref.T5_XXL_ENCODER,
+        "vae": ref.FLUX_VAE,
+    },
+    "FLUX_FILL_DEV_1": {
+        "transformer": ref.FLUX_FILL_TRANSFORMER,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "text_encoder_2": ref.T5_XXL_ENCODER,
+        "vae": ref.FLUX_VAE,
+    },
+    "CHROMA_1": {"transformer": ref.CHROMA_TRANSFORMER, "text_encoder": ref.T5_XXL_ENCODER, "vae": ref.FLUX_VAE},
     "WUERSTCHEN_2": {
         "prior": ref.WUERSTCHEN_PRIOR,
         "text_encoder": ref.LAION_BIGG_TEXT,

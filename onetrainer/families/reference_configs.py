@@ -124,6 +124,20 @@ SD_VAE: Config = {
 }
 SDXL_VAE: Config = {**SD_VAE, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
 
+# Flux's VAE (FLUX.1-dev, also Chroma's): the SD VAE's blocks with 16 latent channels and no quant convs; latents
+# are shifted, then scaled: (z - 0.1159) * 0.3611.
+FLUX_VAE: Config = {
+    **SD_VAE,
+    "force_upcast": True,
+    "latent_channels": 16,
+    "mid_block_add_attention": True,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_post_quant_conv": False,
+    "use_quant_conv": False,
+}
+
 # --- Text encoders -----------------------------------------------------------------------------------------------
 
 CLIP_VOCAB_SIZE = 49408
@@ -193,7 +207,7 @@ CLIP_L_VISION: Config = {
     "projection_dim": 768,
 }
 
-# T5 v1.1 XXL's encoder, PixArt's text encoder.
+# T5 v1.1 XXL's encoder: PixArt's text encoder, Flux's second and Chroma's only one.
 T5_XXL_ENCODER: Config = {
     "architectures": ["T5EncoderModel"],
     "d_ff": 10240,
@@ -245,6 +259,46 @@ PIXART_ALPHA_TRANSFORMER: Config = {
     "sample_size": 128,
     "upcast_attention": False,
     "use_additional_conditions": None,
+}
+
+# FLUX.1-dev (black-forest-labs/FLUX.1-dev): 19 double-stream and 38 single-stream blocks of 24 heads of 128, T5-XXL
+# hidden states (4096) and CLIP-L's pooled output (768) in, a guidance embedding (the guidance-distilled model),
+# rotary position axes 16/56/56 over (unused, row, column). Latents are 2x2-packed: 16 channels x 4 = 64 inputs.
+FLUX_DEV_TRANSFORMER: Config = {
+    "_class_name": "FluxTransformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": True,
+    "in_channels": 64,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "out_channels": None,
+    "patch_size": 1,
+    "pooled_projection_dim": 768,
+}
+# FLUX.1-schnell: the same transformer without the guidance embedding (timestep-distilled, ~4 steps).
+FLUX_SCHNELL_TRANSFORMER: Config = {**FLUX_DEV_TRANSFORMER, "guidance_embeds": False}
+# FLUX.1-Fill-dev: the noisy latents, the masked image's latents and the 8x8-pixel mask (64 channels), each packed
+# 2x2: (16 + 16 + 64) x 4 = 384 inputs; it predicts the 64 packed latent channels.
+FLUX_FILL_TRANSFORMER: Config = {**FLUX_DEV_TRANSFORMER, "in_channels": 384, "out_channels": 64}
+# Chroma1-HD (lodestones/Chroma1-HD): Flux's blocks without the pooled text and guidance inputs; one approximator
+# network gives every block's modulation from the time.
+CHROMA_TRANSFORMER: Config = {
+    "_class_name": "ChromaTransformer2DModel",
+    "approximator_hidden_dim": 5120,
+    "approximator_layers": 5,
+    "approximator_num_channels": 64,
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "in_channels": 64,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "out_channels": None,
+    "patch_size": 1,
 }
 
 # --- Würstchen v2 and Stable Cascade ------------------------------------------------------------------------------
@@ -422,6 +476,19 @@ EULER_EPSILON: Config = {
     "timestep_spacing": "leading",
     "use_karras_sigmas": False,
 }
+# Flux and Chroma: rectified flow, Euler over sigmas shifted by the image's token count (dev, Fill, Chroma) or not at
+# all (schnell, shift 1).
+FLOW_MATCH_EULER_DYNAMIC: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
+FLOW_MATCH_EULER_SCHNELL: Config = {**FLOW_MATCH_EULER_DYNAMIC, "shift": 1.0, "use_dynamic_shifting": False}
 # Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
 CASCADE_PRIOR_LITE_UNET: Config = {
     **CASCADE_PRIOR_UNET,

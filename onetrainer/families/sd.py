@@ -19,6 +19,7 @@ from onetrainer.families.base import (
     TextEncoderSlot,
     first_weight,
 )
+from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -37,7 +38,6 @@ from onetrainer.families.sd_common import (
     StableDiffusionBase,
     clip_config,
     convert_text_encoder,
-    inpainting_inputs,
     schedule_markers,
     single_file_tokenizer,
     wants_v_prediction,

@@ -24,6 +24,7 @@ from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import SDXL, model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -41,7 +42,6 @@ from onetrainer.families.sd_common import (
     StableDiffusionBase,
     clip_config,
     convert_text_encoder,
-    inpainting_inputs,
     schedule_markers,
     single_file_tokenizer,
     wants_v_prediction,

@@ -31,6 +31,7 @@ HEAD_WIDTH = 8
 # for code that tells encoders apart by width.
 TEXT_WIDTHS = {768: 32, 1024: 48, 1280: 64}
 TEXT_HEADS = 4
+T5_WIDTH = 32  # the tiny T5 encoders' width (PixArt's, Flux's second, Chroma's)
 
 
 @contextlib.contextmanager
@@ -44,12 +45,16 @@ def seeded(seed: int, component: str) -> Iterator[None]:
         yield
 
 
-def tiny_config(kind: str, real: Config, **widths: Any) -> Config:
-    """`real` with some width fields replaced; refuses anything that would change the topology."""
+def tiny_config(kind: str, real: Config, depth: Config | None = None, **widths: Any) -> Config:
+    """`real` with some width fields replaced (and, for the block counts of `depth`, fewer repeated blocks); refuses
+    anything else that would change the topology."""
     extra = set(widths) - reference.TINY_WIDTH_FIELDS[kind]
     if extra:
         raise ValueError(f"not a width field of a {kind}: {sorted(extra)}")
-    return {**real, **widths}
+    deeper = set(depth or {}) - reference.TINY_DEPTH_FIELDS.get(kind, frozenset())
+    if deeper:
+        raise ValueError(f"not a block count of a {kind}: {sorted(deeper)}")
+    return {**real, **widths, **(depth or {})}
 
 
 def build(config: Config, seed: int, component: str) -> Any:
@@ -113,6 +118,28 @@ def tiny_clip_text_config(real: Config, tokenizer: CLIPTokenizer) -> Config:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def tiny_t5_config(real: Config, tokenizer: Any) -> Config:
+    """T5 v1.1's encoder at the tiny text width, with the tokenizer's vocabulary."""
+    return tiny_config(
+        "text_encoder",
+        real,
+        d_model=T5_WIDTH,
+        d_ff=T5_WIDTH * 2,
+        d_kv=T5_WIDTH // TEXT_HEADS,
+        num_heads=TEXT_HEADS,
+        vocab_size=len(tokenizer),
+    )
+
+
+def build_t5_text(references: dict[str, Config], seed: int, suffix: str = "") -> tuple[Any, Any]:
+    """The T5 tokenizer and encoder named `tokenizer<suffix>` / `text_encoder<suffix>` in `references`."""
+    from onetrainer.tiny.t5_tokenizer import build_t5_tokenizer
+
+    tokenizer = build_t5_tokenizer()
+    encoder = build(tiny_t5_config(references[f"text_encoder{suffix}"], tokenizer), seed, f"text_encoder{suffix}")
+    return tokenizer, encoder
 
 
 def build_unet(config: Config, seed: int) -> UNet2DConditionModel:

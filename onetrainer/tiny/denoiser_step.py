@@ -55,6 +55,28 @@ def denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
             "encoder_hidden_states": randn(2, 120, config.caption_channels),
             "added_cond_kwargs": {"resolution": torch.tensor([[64.0, 64.0]] * 2), "aspect_ratio": torch.ones(2, 1)},
         }
+    if kind in ("FluxTransformer2DModel", "ChromaTransformer2DModel"):
+        # 8x8 latents (64 px) packed 2x2 into 16 tokens, 16 T5 tokens; the time is the flow's sigma
+        rows, columns, tokens = 4, 4, 16
+        image_ids = torch.zeros(rows, columns, 3)
+        image_ids[..., 1] += torch.arange(rows)[:, None]
+        image_ids[..., 2] += torch.arange(columns)[None, :]
+        inputs = {
+            "hidden_states": randn(2, rows * columns, config.in_channels),
+            "encoder_hidden_states": randn(2, tokens, config.joint_attention_dim),
+            "timestep": ratios,
+            "img_ids": image_ids.reshape(-1, 3),
+            "txt_ids": torch.zeros(tokens, 3),
+        }
+        if kind == "ChromaTransformer2DModel":  # the second caption's last 6 tokens are padding, masked
+            mask = torch.ones(2, tokens + rows * columns, dtype=torch.bool)
+            mask[1, tokens - 6 : tokens] = False
+            inputs["attention_mask"] = mask
+            return inputs
+        inputs["pooled_projections"] = randn(2, config.pooled_projection_dim)
+        if config.guidance_embeds:
+            inputs["guidance"] = torch.tensor([3.5, 1.0])
+        return inputs
     if kind == "WuerstchenPrior":
         return {"x": randn(2, config.c_in, *PRIOR_LATENT), "r": ratios, "c": randn(2, 77, config.c_cond)}
     if kind == "WuerstchenDiffNeXt":

@@ -7,13 +7,10 @@ from typing import TYPE_CHECKING
 from diffusers import PixArtAlphaPipeline
 
 from onetrainer.tiny import components
-from onetrainer.tiny.t5_tokenizer import build_t5_tokenizer
 
 if TYPE_CHECKING:
     from onetrainer.tiny.registry import TinyVariant
 
-T5_WIDTH = 32
-T5_HEADS = 4
 # 6 heads of 8: the width must be divisible by 3, because the timestep, resolution and aspect-ratio embeddings
 # (one third of the width each for the latter two) are added together.
 TRANSFORMER_HEADS = 6
@@ -27,24 +24,14 @@ def build_pipeline(variant: TinyVariant, seed: int) -> PixArtAlphaPipeline:
     micro-conditioning; sample smaller images by passing height/width and `use_resolution_binning=False`.
     """
     refs = variant.references
-    tokenizer = build_t5_tokenizer()
-    text_config = components.tiny_config(
-        "text_encoder",
-        refs["text_encoder"],
-        d_model=T5_WIDTH,
-        d_ff=T5_WIDTH * 2,
-        d_kv=T5_WIDTH // T5_HEADS,
-        num_heads=T5_HEADS,
-        vocab_size=len(tokenizer),
-    )
-    text_encoder = components.build(text_config, seed, "text_encoder")
+    tokenizer, text_encoder = components.build_t5_text(refs, seed)
     transformer_config = components.tiny_config(
         "transformer",
         refs["transformer"],
         num_attention_heads=TRANSFORMER_HEADS,
         attention_head_dim=components.HEAD_WIDTH,
         cross_attention_dim=TRANSFORMER_HEADS * components.HEAD_WIDTH,
-        caption_channels=T5_WIDTH,
+        caption_channels=components.T5_WIDTH,
     )
     return PixArtAlphaPipeline(
         tokenizer=tokenizer,

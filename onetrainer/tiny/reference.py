@@ -48,7 +48,20 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
             "clip_text_pooled_in_channels",
         }
     ),
-    "transformer": frozenset({"num_attention_heads", "attention_head_dim", "cross_attention_dim", "caption_channels"}),
+    "transformer": frozenset(
+        {
+            "num_attention_heads",
+            "attention_head_dim",
+            # PixArt
+            "cross_attention_dim",
+            "caption_channels",
+            # Flux and Chroma: the text inputs' widths, the rotary axes (they split the head width), the approximator
+            "joint_attention_dim",
+            "pooled_projection_dim",
+            "axes_dims_rope",
+            "approximator_hidden_dim",
+        }
+    ),
     "text_encoder": frozenset(
         {
             # CLIP
@@ -68,3 +81,8 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
         }
     ),
 }
+
+# Fields a tiny model may also shrink where the variant declares it (`TinyVariant.depths`): how often a block repeats.
+# Every key pattern of the real checkpoint is still there (block 0 and block 1 of each kind); the topology tests
+# compare the keys with the real model's at the same depth, and with its block indices left out, at full depth.
+TINY_DEPTH_FIELDS: dict[str, frozenset[str]] = {"transformer": frozenset({"num_layers", "num_single_layers"})}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import ModelType
@@ -38,6 +38,10 @@ class TinyVariant:
     # Real (full-size) config of each pipeline component; the tiny ones differ only in width fields.
     references: Mapping[str, Config]
     resolution: int = DEFAULT_RESOLUTION
+    # Block counts the tiny model shrinks, by component ({"transformer": {"num_layers": 2}}): only where the real
+    # model repeats one block kind dozens of times (`reference.TINY_DEPTH_FIELDS`); every other variant keeps the
+    # real depth.
+    depths: Mapping[str, Config] = field(default_factory=dict)
 
     @property
     def prediction_type(self) -> str:
@@ -80,6 +84,22 @@ def _sdxl(unet: Config) -> dict[str, Config]:
         "scheduler": ref.EULER_EPSILON,
     }
 
+
+def _flux(transformer: Config, scheduler: Config) -> dict[str, Config]:
+    return {
+        "transformer": transformer,
+        "vae": ref.FLUX_VAE,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "tokenizer": ref.CLIP_TOKENIZER,
+        "text_encoder_2": ref.T5_XXL_ENCODER,
+        "tokenizer_2": ref.T5_TOKENIZER,
+        "scheduler": scheduler,
+    }
+
+
+# Flux's and Chroma's 19 double-stream and 38 single-stream blocks as 2 of each: every key pattern, a fraction of the
+# time.
+FLUX_DEPTH = {"transformer": {"num_layers": 2, "num_single_layers": 2}}
 
 TINY_VARIANTS: dict[str, TinyVariant] = {
     "sd15": TinyVariant(
@@ -170,6 +190,53 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
             "tokenizer": ref.T5_TOKENIZER,
             "scheduler": ref.DPM_SOLVER_PIXART,
         },
+    ),
+    "flux-dev": TinyVariant(
+        name="flux-dev",
+        model_type=ModelType.FLUX_DEV_1,
+        pipeline_class="FluxPipeline",
+        description="FLUX.1-dev: double- and single-stream transformer blocks (2 + 2 of the real 19 + 38) with a "
+        "guidance embedding, CLIP-L (12 layers, pooled) + T5 v1.1 XXL (24 layers), 16-channel VAE, flow-matching "
+        "Euler with a resolution-dependent shift",
+        family="flux",
+        references=_flux(ref.FLUX_DEV_TRANSFORMER, ref.FLOW_MATCH_EULER_DYNAMIC),
+        depths=FLUX_DEPTH,
+    ),
+    "flux-schnell": TinyVariant(
+        name="flux-schnell",
+        model_type=ModelType.FLUX_DEV_1,
+        pipeline_class="FluxPipeline",
+        description="FLUX.1-schnell: flux-dev without the guidance embedding, flow-matching Euler without shift "
+        "(samples in ~4 steps, T5 prompts of 256 tokens)",
+        family="flux",
+        references=_flux(ref.FLUX_SCHNELL_TRANSFORMER, ref.FLOW_MATCH_EULER_SCHNELL),
+        depths=FLUX_DEPTH,
+    ),
+    "flux-fill": TinyVariant(
+        name="flux-fill",
+        model_type=ModelType.FLUX_FILL_DEV_1,
+        pipeline_class="FluxFillPipeline",
+        description="FLUX.1-Fill-dev: flux-dev taking the masked image's latents and the packed 8x8-pixel mask "
+        "beside the noisy latents (384 input channels at full size)",
+        family="flux",
+        references=_flux(ref.FLUX_FILL_TRANSFORMER, ref.FLOW_MATCH_EULER_DYNAMIC),
+        depths=FLUX_DEPTH,
+    ),
+    "chroma": TinyVariant(
+        name="chroma",
+        model_type=ModelType.CHROMA_1,
+        pipeline_class="ChromaPipeline",
+        description="Chroma1-HD: Flux's blocks (2 + 2 of 19 + 38) modulated by an approximator network, T5 v1.1 XXL "
+        "alone with its attention mask, 16-channel VAE, flow-matching Euler; real CFG with negative prompts",
+        family="flux",
+        references={
+            "transformer": ref.CHROMA_TRANSFORMER,
+            "vae": ref.FLUX_VAE,
+            "text_encoder": ref.T5_XXL_ENCODER,
+            "tokenizer": ref.T5_TOKENIZER,
+            "scheduler": ref.FLOW_MATCH_EULER_DYNAMIC,
+        },
+        depths=FLUX_DEPTH,
     ),
     "wuerstchen": TinyVariant(
         name="wuerstchen",

@@ -575,8 +575,10 @@ def _efficient_attention() -> Any:
             kwargs = kwargs or {}
             if func is not F.scaled_dot_product_attention:
                 return func(*args, **kwargs)
-            query, key, value = args[:3]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            # positional or by keyword (diffusers' attention dispatch passes query=, key=, value=, attn_mask=)
+            given = {**dict(zip(("query", "key", "value", "attn_mask"), args)), **kwargs}
+            query, key, value = given["query"], given["key"], given["value"]
+            mask = given.get("attn_mask")
             if mask is not None and mask.dtype == torch.bool:  # the kernel takes an additive bias
                 mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
             if mask is not None:

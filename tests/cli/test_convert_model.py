@@ -211,8 +211,8 @@ def test_arguments_that_cannot_work(tmp_path, capsys):
          "not a FINE_TUNE format"),
         (["--model-type", "STABLE_DIFFUSION_15", "--training-method", "LORA", "--input-name", base,
           "--output-model-format", "KOHYA_LORA"], "needs its base model"),
-        (["--model-type", "FLUX_DEV_1", "--input-name", base, "--output-model-format", "DIFFUSERS"],
-         "FLUX_DEV_1"),
+        (["--model-type", "HUNYUAN_VIDEO", "--input-name", base, "--output-model-format", "DIFFUSERS"],
+         "HUNYUAN_VIDEO"),
         (["--model-type", "SD99", "--input-name", base, "--output-model-format", "DIFFUSERS"], "unknown value"),
     ]  # fmt: skip
     for args, message in cases:

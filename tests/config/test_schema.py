@@ -45,7 +45,7 @@ def test_unknown_key_is_a_warning_naming_it():
         ({"batch_size": 0}, "batch_size", "1 or more"),
         ({"learning_rate_min_factor": 1.5}, "learning_rate_min_factor", "0 to 0.99"),
         ({"model_type": "STABLE_DIFFUSION_99"}, "model_type", "STABLE_DIFFUSION_15"),
-        ({"model_type": "FLUX_DEV_1"}, "model_type", "cannot train yet: its model family is not built yet"),
+        ({"model_type": "HUNYUAN_VIDEO"}, "model_type", "cannot train yet: its model family is not built yet"),
         ({"unet": {"weight_dtype": "NFLOAT_4"}}, "unet.weight_dtype", "frozen weights only"),
         ({"unet": {"train": "yes"}}, "unet.train", "true or false"),
         ({"concepts": [{"path": 3.5, "balancing": -1}]}, "concepts.0.balancing", "0 or more"),

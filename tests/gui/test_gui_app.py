@@ -291,10 +291,10 @@ def test_start_refuses_a_model_type_that_cannot_train(app, monkeypatch) -> None:
 
 
 def test_a_model_type_this_trainer_does_not_know_is_shown_and_refused(app, tmp_path: Path) -> None:
-    path = tmp_path / "flux.json"
-    path.write_text(json.dumps({"model_type": "FLUX_DEV_1", "training_method": "LORA"}), encoding="utf-8")
+    path = tmp_path / "video.json"
+    path.write_text(json.dumps({"model_type": "HUNYUAN_VIDEO", "training_method": "LORA"}), encoding="utf-8")
     assert app.load_config_file(path)
-    assert app.topbar.model_type_menu.get() == "FLUX_DEV_1 (not trainable yet)"
+    assert app.topbar.model_type_menu.get() == "HUNYUAN_VIDEO (not trainable yet)"
     assert "problem" in app.footer.status  # validation reports the model type
     for key in app.tabview.keys:  # the forms still build (the SD 1.5 facts stand in)
         app.select_tab(key)

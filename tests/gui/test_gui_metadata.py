@@ -127,7 +127,7 @@ def test_model_type_menu_marks_families_that_cannot_train_yet() -> None:
     for model_type, label in labels.items():
         assert label.startswith(MODEL_TYPES[model_type].label)
         assert label.endswith(NOT_TRAINABLE_SUFFIX) != is_trainable(model_type)
-    assert model_type_label(ModelType.FLUX_DEV_1).endswith("(not trainable yet)")
+    assert model_type_label(ModelType.HUNYUAN_VIDEO).endswith("(not trainable yet)")
 
 
 def test_tabs_follow_the_method() -> None:

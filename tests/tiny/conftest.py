@@ -61,10 +61,23 @@ def _real_shapes_of(config_json: str) -> dict[str, torch.Size]:
 
 def _real_shapes(variant: str, component: str) -> dict[str, torch.Size]:
     # Keyed by the config itself: many variants share a component (the SD VAE, CLIP-L, ...).
+    spec = TINY_VARIANTS[variant]
+    config = {**spec.references[component], **spec.depths.get(component, {})}
+    return _real_shapes_of(json.dumps(config, sort_keys=True))
+
+
+def _full_depth_shapes(variant: str, component: str) -> dict[str, torch.Size]:
     return _real_shapes_of(json.dumps(TINY_VARIANTS[variant].references[component], sort_keys=True))
 
 
 @pytest.fixture(scope="session")
 def real_shapes() -> Callable[[str, str], dict[str, torch.Size]]:
-    """(variant, component) -> state-dict key -> shape of the real, full-size model (built on the meta device)."""
+    """(variant, component) -> state-dict key -> shape of the real model (built on the meta device): full size, at the
+    tiny model's depth where the variant shrinks one (`TinyVariant.depths`)."""
     return _real_shapes
+
+
+@pytest.fixture(scope="session")
+def full_depth_shapes() -> Callable[[str, str], dict[str, torch.Size]]:
+    """(variant, component) -> state-dict key -> shape of the real model at its full depth."""
+    return _full_depth_shapes

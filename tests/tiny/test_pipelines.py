@@ -48,7 +48,7 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
         embeddings = torch.randn(1, 16, *PRIOR_LATENT, generator=torch.Generator().manual_seed(1))
         return pipeline(image_embeddings=embeddings, prompt=prompt, output_type="np", **common).images
     extra: dict[str, Any] = {}
-    if "Inpaint" in spec.pipeline_class:
+    if "Inpaint" in spec.pipeline_class or "Fill" in spec.pipeline_class:
         extra = {"image": Image.new("RGB", (64, 64), (200, 30, 30)), "mask_image": Image.new("L", (64, 64), 255)}
     if spec.pipeline_class.startswith("PixArt"):
         # Binning would snap 64 px to the 1024 px aspect-ratio table; caption cleaning needs BeautifulSoup.
@@ -154,7 +154,9 @@ def test_building_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"])
+@pytest.mark.parametrize(
+    "variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma"]
+)
 def test_training_step_reaches_every_parameter(variant: str) -> None:
     # How long the step takes is measured by `scripts/benchmark.py --part tiny`, not asserted here.
     model = _denoiser(build_tiny_pipeline(variant, seed=0)).train()

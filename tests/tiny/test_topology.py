@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +58,11 @@ def test_configs_differ_from_the_real_ones_in_width_fields_only(
     config = getattr(tiny_pipeline(variant), component).config
     config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     real = TINY_VARIANTS[variant].references[component]
-    width_fields = ref.TINY_WIDTH_FIELDS[component.removesuffix("_2")]
+    kind = component.removesuffix("_2")
+    depth = TINY_VARIANTS[variant].depths.get(component, {})
+    assert set(depth) <= ref.TINY_DEPTH_FIELDS.get(kind, frozenset())
+    assert all(config[k] == v for k, v in depth.items())
+    width_fields = ref.TINY_WIDTH_FIELDS[kind] | set(depth)
     differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
     bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
     # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
@@ -65,6 +70,22 @@ def test_configs_differ_from_the_real_ones_in_width_fields_only(
         {"is_encoder_decoder", "tie_word_embeddings"} if "T5EncoderModel" in real.get("architectures", ()) else set()
     )
     assert differing - bookkeeping <= width_fields
+
+
+SHALLOWER = [(v.name, c) for v in TINY_VARIANTS.values() for c in v.depths]
+
+
+@pytest.mark.parametrize(("variant", "component"), SHALLOWER)
+def test_a_shallower_model_has_every_key_pattern_of_the_full_depth(
+    variant: str, component: str, full_depth_shapes: RealShapes, tiny_pipeline: PipelineOf
+) -> None:
+    def patterns(keys) -> set[str]:
+        return {re.sub(r"\.\d+\.", ".N.", k) for k in keys}
+
+    tiny = getattr(tiny_pipeline(variant), component).state_dict()
+    full = full_depth_shapes(variant, component)
+    assert patterns(tiny) == patterns(full)
+    assert len(tiny) < len(full)
 
 
 def test_real_key_counts_match_the_published_checkpoints(real_shapes: RealShapes) -> None:
@@ -105,8 +126,9 @@ def test_clip_text_encoders_match_their_tokenizers(variant: str, tiny_pipeline: 
     pipeline = tiny_pipeline(variant)
     for suffix in ("", "_2"):
         encoder = getattr(pipeline, f"text_encoder{suffix}", None)
-        if encoder is None:
-            continue
+        references = TINY_VARIANTS[variant].references
+        if encoder is None or references[f"tokenizer{suffix}"]["tokenizer_class"] != "CLIPTokenizer":
+            continue  # none, or Flux's T5
         tokenizer = getattr(pipeline, f"tokenizer{suffix}")
         real = TINY_VARIANTS[variant].references[f"text_encoder{suffix}"]
         assert encoder.config.vocab_size == len(tokenizer)
@@ -179,3 +201,24 @@ def test_pixart_details(tiny_pipeline: PipelineOf) -> None:
 def test_tiny_config_refuses_topology_changes() -> None:
     with pytest.raises(ValueError, match="layers_per_block"):
         tiny_config("unet", ref.SD15_UNET, layers_per_block=1)
+
+
+def test_flux_and_chroma_details(tiny_pipeline: PipelineOf) -> None:
+    dev, schnell, fill, chroma = (tiny_pipeline(v) for v in ("flux-dev", "flux-schnell", "flux-fill", "chroma"))
+    assert dev.transformer.config.guidance_embeds and not schnell.transformer.config.guidance_embeds
+    assert "time_text_embed.guidance_embedder.linear_1.weight" in dev.transformer.state_dict()
+    assert "time_text_embed.guidance_embedder.linear_1.weight" not in schnell.transformer.state_dict()
+    # the pooled CLIP-L output and T5's hidden states feed the transformer at their tiny widths
+    assert dev.transformer.config.pooled_projection_dim == dev.text_encoder.config.hidden_size
+    assert dev.transformer.config.joint_attention_dim == dev.text_encoder_2.config.d_model
+    assert chroma.transformer.config.joint_attention_dim == chroma.text_encoder.config.d_model
+    assert sum(dev.transformer.config.axes_dims_rope) == dev.transformer.config.attention_head_dim
+    # Fill: noisy latents, masked image latents and the 8x8 mask, each packed 2x2
+    assert fill.transformer.config.in_channels == (16 + 16 + 64) * 4 and fill.transformer.config.out_channels == 64
+    assert "distilled_guidance_layer.layers.4.linear_1.weight" in chroma.transformer.state_dict()
+    for pipeline in (dev, schnell, fill, chroma):
+        assert pipeline.vae.config.latent_channels == 16
+        assert (pipeline.vae.config.scaling_factor, pipeline.vae.config.shift_factor) == (0.3611, 0.1159)
+        assert len(pipeline.transformer.transformer_blocks) == len(pipeline.transformer.single_transformer_blocks) == 2
+    assert dev.text_encoder_2.config.num_layers == 24 and chroma.text_encoder.config.num_layers == 24
+    assert dev.scheduler.config.use_dynamic_shifting and not schnell.scheduler.config.use_dynamic_shifting

@@ -256,7 +256,7 @@ def test_no_grad_scaler_for_trained_bfloat16_weights():
     assert isinstance(grad_scaler(cuda, DataType.BFLOAT_16, fp32), _NoScaler)
 
 
-@pytest.mark.parametrize("key", ["sd", "sdxl", "pixart", "wuerstchen", "cascade"])
+@pytest.mark.parametrize("key", ["sd", "sdxl", "pixart", "flux", "chroma", "wuerstchen", "cascade"])
 def test_the_broken_sample_advice_names_the_familys_own_fields(key):
     import re
 

@@ -1,0 +1,524 @@
+"""Flux.1 (dev, schnell, Fill) and Chroma: a transformer of double-stream blocks (image and text apart, joint
+attention) and single-stream blocks over 2x2-packed 16-channel VAE latents, trained by rectified flow.
+
+`FluxTransformerFamily` is what both do alike; `FluxFamily` (FLUX_DEV_1, FLUX_FILL_DEV_1) and `ChromaFamily`
+(CHROMA_1) each override what differs: the text encoders and their conditioning, the transformer's other inputs,
+the pipeline.
+
+- Latents: the VAE's, shifted and scaled ((z - shift)·scale, `vae.encode_latents`), packed 2x2 into tokens with
+  (0, row, column) position ids for the rotary embedding; the text tokens' ids are zeros. Training and sample sizes go
+  in steps of 16 px.
+- The noise schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's own scheduler config (x_t =
+  (1 − σ)·x0 + σ·ε, target ε − x0, the training shift by `timestep_shift` or by the resolution); the trainer hands
+  `predict` the schedule's model time σ·T and the transformer takes σ (diffusers' pipelines pass timestep / 1000).
+- Flux: CLIP-L's pooled output and T5-XXL's hidden states (512 tokens, 256 for schnell; T5 sees no attention mask,
+  as in BFL's and diffusers' code); dev and Fill take a guidance value (`guidance_embeds`), in training the fixed
+  `transformer.guidance_scale`, in samples the distilled guidance (the sample's CFG scale; no unconditioned pass).
+  schnell is the same model type without the guidance input. Fill (an inpainting model type) also takes the masked
+  image's latents and the mask, its 8x8 pixels per latent as 64 channels (`F.pixel_unshuffle`), concatenated with
+  the noisy latents before packing.
+- Chroma: T5 alone, with its attention mask, which also masks the transformer's attention to the padding (all but
+  its first token); training trims the padding no caption of the batch uses. Samples use real CFG with the negative
+  prompt.
+- Caption dropout zeroes each text encoder's share on its own draw (CLIP's pooled output, T5's hidden states), the
+  attention masks kept, as OneTrainer does.
+- Sampling goes through diffusers' pipelines with our prompt embeddings (so embeddings and clip skip apply); saving
+  writes the diffusers pipeline folder (also the backup, usable as a base model).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.config.model_types import CHROMA, FLUX
+from onetrainer.families.base import (
+    BatchInputs,
+    CaptionDropout,
+    Conditioning,
+    Family,
+    LoadedModel,
+    TextEncoderSlot,
+    first_weight,
+)
+from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
+from onetrainer.families.loading import (
+    ModelLoadError,
+    backup_model_source,
+    cast_parts,
+    check_inpainting,
+    hub_options,
+    load_diffusers_component,
+    load_tokenizer,
+)
+from onetrainer.families.saving import save_pipeline_folder
+from onetrainer.families.sources import resolve_source
+from onetrainer.families.vae import encode_latents, load_vae_override
+from onetrainer.noise.prediction import Prediction
+from onetrainer.weights.metadata import ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+PATCH = 2  # latent pixels per token side
+VAE_FACTOR = 8  # image pixels per latent pixel
+CLIP_TOKENS = 77
+T5_TOKENS = 512
+SCHNELL_T5_TOKENS = 256  # what FLUX.1-schnell is prompted with
+CHROMA_MASK_STEP = 16  # Chroma's text is trimmed to a multiple of this many tokens (as OneTrainer pads it)
+DEFAULT_TRAIN_STEPS = 1000  # the schedule's T where a model's scheduler config does not say
+DEV_KIND = ModelKind("flux-1-dev", "flux1")
+SCHNELL_KIND = ModelKind("flux-1-schnell", "flux1")
+FILL_KIND = ModelKind("flux-1-fill-dev", "flux1")
+CHROMA_KIND = ModelKind("chroma", "chroma")
+
+
+class FluxTransformerFamily(Family):
+    """What Flux and Chroma do alike: part-wise loading from a diffusers folder or hub id (or a backup), T5, the VAE's
+    shifted latents, packing, the flow-matching schedule, the transformer call, sampling through the variant's
+    pipeline, the pipeline folder. Each variant declares its facts and overrides the methods marked abstract."""
+
+    caption_dropout = CaptionDropout.ZEROS
+    # The diffusers class name of the variant's transformer (`_class_name` in its config.json).
+    transformer_class: ClassVar[str]
+    # Which conditioning tensors belong to which text encoder, for caption dropout per encoder.
+    encoder_outputs: ClassVar[dict[str, tuple[str, ...]]]
+    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":
+            raise ModelLoadError(
+                f"{source.location} is a single file: load {self.info.label} from a diffusers folder or hub id (its "
+                "transformer, text encoders, VAE and tokenizers)"
+            )
+        if source.kind == "backup":
+            source = backup_model_source(source.path)
+        options = hub_options(source, config, file_sets=self.info.hub_file_sets)
+        where = source.location
+        parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
+        tokenizers = self._load_text_encoders(where, options, parts)
+        parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)
+        if config.vae.model_name:
+            parts["vae"] = load_vae_override(config, parts["vae"].config)
+        scheduler_config = load_diffusers_component(
+            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
+        )
+        cast_parts(parts, config)
+        slots = self._slots(config, parts, tokenizers)
+        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
+        extra = {
+            "train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
+            "guidance": float(config.transformer.guidance_scale),
+        }
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
+
+    def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
+        from onetrainer.util.threads import library_attribute
+
+        cls = library_attribute("diffusers", self.transformer_class)
+        found = load_diffusers_component(cls, where, "transformer", options, config_only=True).get("_class_name")
+        if found and found != self.transformer_class:
+            raise ModelLoadError(
+                f"{where} holds a {found}, not the {self.transformer_class} of {self.info.label}: choose the model "
+                "type that fits it"
+            )
+        transformer = load_diffusers_component(cls, where, "transformer", options)
+        self._check_transformer(transformer, config, where)
+        return transformer
+
+    def _check_transformer(self, transformer: torch.nn.Module, config: TrainConfig, where: str) -> None:
+        """Refuse a transformer that does not fit the model type (Flux: an inpainting one, or the reverse)."""
+
+    @abstractmethod
+    def _load_text_encoders(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> dict[str, object]:
+        """Adds the text encoders to `parts`; returns their tokenizers by part."""
+
+    @abstractmethod
+    def _slots(self, config: TrainConfig, parts: dict, tokenizers: dict) -> list[TextEncoderSlot]:
+        """The text encoders as the methods see them, in the order of `info.parts`."""
+
+    def _t5_slot(self, config: TrainConfig, part: str, parts: dict, tokenizers: dict, prefix: str) -> TextEncoderSlot:
+        t5 = parts[part]
+        return TextEncoderSlot(
+            part, t5, tokenizers[part], prefix, "t5", config.part(part).layer_skip,
+            token_embedding=t5.encoder.embed_tokens,
+        )  # fmt: skip
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def drop_captions(
+        self,
+        model: LoadedModel,
+        captions: list[str],
+        drops: Sequence[torch.Tensor | None],
+        encode: Callable[[list[str]], Conditioning],
+    ) -> Conditioning:
+        """Each text encoder's share of the conditioning zeroed on its own draw (`encoder_outputs`); the attention
+        masks stay, so a dropped caption is attended as zeros (OneTrainer's dropout for these models)."""
+        tensors = dict(encode(captions).tensors)
+        for slot, drop in zip(model.text_encoders, drops, strict=True):
+            if drop is None:
+                continue
+            for name in self.encoder_outputs[slot.part]:
+                value = tensors[name]
+                keep = (~drop).to(value.device).view(-1, *([1] * (value.dim() - 1)))
+                tensors[name] = value * keep.to(value.dtype)
+        return Conditioning(tensors)
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_latents(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        device = noisy_latents.device
+        latents = self._latent_input(model, noisy_latents, extra)
+        height, width = latents.shape[-2:]
+        tokens = (height // PATCH) * (width // PATCH)
+        inputs = self._transformer_inputs(model, conditioning, extra, len(latents), tokens)
+        text = inputs.pop("encoder_hidden_states")
+        output = transformer(
+            hidden_states=pack(latents).to(dtype),
+            encoder_hidden_states=text.to(dtype),
+            # the schedule's model time is σ·T; the transformer takes σ (and multiplies by 1000 itself)
+            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            img_ids=image_ids(height // PATCH, width // PATCH, device),
+            txt_ids=torch.zeros(text.shape[1], 3, device=device),
+            return_dict=False,
+            **{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()},
+        )[0]
+        return Prediction(unpack(output, noisy_latents.shape[-2], noisy_latents.shape[-1]))
+
+    def _latent_input(self, model: LoadedModel, noisy_latents: torch.Tensor, extra: dict) -> torch.Tensor:
+        """What is packed into the transformer's image tokens (Fill adds its masked latents and mask)."""
+        return noisy_latents
+
+    @abstractmethod
+    def _transformer_inputs(
+        self, model: LoadedModel, conditioning: Conditioning, extra: dict, count: int, image_tokens: int
+    ) -> dict[str, torch.Tensor]:
+        """The transformer's text inputs (`encoder_hidden_states` and the variant's own) for `count` samples."""
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        # σ = 1 is pure noise already: nothing to rescale.
+        return render_pipeline(self, model, sample, apply_embeddings, False)
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder, with the model's own sampler (`metadata`, a single file's header entries,
+        has no place in it)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        own = set(model.part(part).state_dict())
+        state = super().backup_state(model, folder, part)
+        # transformers writes T5's tied token table once (`shared.weight`); the module also names it in the encoder.
+        if "shared.weight" in state and "encoder.embed_tokens.weight" in own:
+            state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
+        # and CLIPTextModel's weights with a `text_model.` level its state dict may not have
+        return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """`lora_transformer_<diffusers path>` (OneTrainer's and ComfyUI's name for Flux's diffusers modules), the
+        text encoders under their slot's prefix (CLIP's paths with their `text_model.` level)."""
+        if part == self.denoiser_part:
+            return "lora_transformer_" + module_path.replace(".", "_")
+        slot = next(s for s in model.text_encoders if s.part == part)
+        path = module_path
+        if type(slot.encoder).__name__.startswith("CLIPText") and not path.startswith("text_model."):
+            path = "text_model." + path
+        return f"{slot.kohya_prefix}_{path.replace('.', '_')}"
+
+
+class FluxFamily(FluxTransformerFamily):
+    """Flux.1 dev and schnell (FLUX_DEV_1) and Fill (FLUX_FILL_DEV_1): CLIP-L pooled + T5-XXL, a guidance input
+    where the transformer has one, Fill's masked image and mask."""
+
+    info = FLUX
+    sampling_parts = frozenset(FLUX.parts)
+    transformer_class = "FluxTransformer2DModel"
+    encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {
+        "text_encoder": ("pooled",),
+        "text_encoder_2": ("hidden_states",),
+    }
+
+    def _check_transformer(self, transformer, config, where) -> None:
+        channels = transformer.config
+        fill = channels.in_channels > (channels.out_channels or channels.in_channels)
+        check_inpainting(fill, config.model_type, where, "Flux model (Fill)")
+
+    def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
+        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+
+        parts["text_encoder"] = load_diffusers_component(CLIPTextModel, where, "text_encoder", options)
+        parts["text_encoder_2"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_2", options)
+        return {
+            "text_encoder": load_tokenizer(where, options),
+            "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2", cls=AutoTokenizer),
+        }
+
+    def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
+        clip = TextEncoderSlot(
+            "text_encoder", parts["text_encoder"], tokenizers["text_encoder"], "lora_te1", "clip_l",
+            config.text_encoder.layer_skip,
+        )  # fmt: skip
+        return [clip, self._t5_slot(config, "text_encoder_2", parts, tokenizers, "lora_te2")]
+
+    # -- text -----------------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        clip, t5 = model.text_encoders
+        tokens = clip.tokenizer(
+            captions, padding="max_length", max_length=CLIP_TOKENS, truncation=True, return_tensors="pt"
+        )
+        # Only the pooled output conditions Flux: it comes from the last layer whatever the clip skip (as OneTrainer).
+        pooled = clip.encoder(tokens.input_ids.to(first_weight(clip.encoder).device)).pooler_output
+        hidden, mask = t5_hidden_states(t5, captions, t5_tokens(model), use_mask=False)
+        return Conditioning({"hidden_states": hidden, "pooled": pooled, "attention_mask": mask})
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+        if not model.type_info.inpainting or masks is None:
+            return {}
+        return inpainting_cache(self, model, pixels, masks)
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        latents = inputs.latents
+        extra: dict[str, torch.Tensor] = {}
+        if has_guidance(model):
+            extra["guidance"] = torch.full((len(latents),), model.extra.get("guidance", 1.0), device=latents.device)
+        if model.type_info.inpainting:
+            extra.update(self._fill_inputs(model, inputs))
+        return extra
+
+    def _fill_inputs(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        """Fill's extra inputs: the latents of the image with the area to repaint blanked, and the mask as 64 channels
+        at latent size (each latent pixel's 8x8 image pixels)."""
+        latents = inputs.latents
+        if inputs.input_masks is None:  # no masks to read (a model estimate): paint everything, from a blank image
+            count, _, height, width = latents.shape
+            masks = torch.ones(count, 1, height * VAE_FACTOR, width * VAE_FACTOR, device=latents.device)
+            masked = torch.zeros_like(latents)
+        else:
+            masks = inputs.input_masks
+            masked = inpainting_inputs(self, model, inputs)["masked_latents"]
+        return {"masked_latents": masked, "mask": F.pixel_unshuffle(masks.to(masked.dtype), VAE_FACTOR)}
+
+    def _latent_input(self, model, noisy_latents, extra) -> torch.Tensor:
+        if not model.type_info.inpainting:
+            return noisy_latents
+        like = noisy_latents
+        return torch.cat([like, extra["masked_latents"].to(like), extra["mask"].to(like)], dim=1)
+
+    def _transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
+        inputs = {"encoder_hidden_states": conditioning.hidden_states, "pooled_projections": conditioning.pooled}
+        if has_guidance(model):
+            guidance = extra.get("guidance")
+            if guidance is None:
+                device = conditioning.hidden_states.device
+                guidance = torch.full((count,), model.extra.get("guidance", 1.0), device=device)
+            inputs["guidance"] = guidance
+        return inputs
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import FluxFillPipeline, FluxPipeline
+
+        clip, t5 = model.text_encoders
+        cls = FluxFillPipeline if model.type_info.inpainting else FluxPipeline
+        return cls(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=clip.encoder,
+            tokenizer=clip.tokenizer,
+            text_encoder_2=t5.encoder,
+            tokenizer_2=t5.tokenizer,
+            transformer=model.part("transformer"),
+        )
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our own embeddings of the prompt; no negative prompt (the sample's CFG scale is the distilled guidance)."""
+        positive = self.encode_text(model, [prompt])
+        return {
+            "prompt": None,
+            "prompt_embeds": positive.hidden_states,
+            "pooled_prompt_embeds": positive.pooled,
+            "max_sequence_length": t5_tokens(model),
+        }
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        return inpainting_sample_inputs(sample) if model.type_info.inpainting else {}
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        if model.type_info.inpainting:
+            return FILL_KIND
+        return DEV_KIND if has_guidance(model) else SCHNELL_KIND
+
+
+class ChromaFamily(FluxTransformerFamily):
+    """Chroma (CHROMA_1): T5-XXL alone, its mask also on the transformer's attention; real CFG in samples."""
+
+    info = CHROMA
+    sampling_parts = frozenset(CHROMA.parts)
+    transformer_class = "ChromaTransformer2DModel"
+    encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {"text_encoder": ("hidden_states",)}
+
+    def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options)
+        return {"text_encoder": load_tokenizer(where, options, cls=AutoTokenizer)}
+
+    def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
+        return [self._t5_slot(config, "text_encoder", parts, tokenizers, "lora_te1")]
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        hidden, mask = t5_hidden_states(model.text_encoders[0], captions, T5_TOKENS, use_mask=True)
+        # The transformer attends to the caption's tokens and the first padding token (ChromaPipeline's mask).
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        attended = (positions[None, :] <= mask.sum(dim=1, keepdim=True)).to(mask.dtype)
+        return Conditioning({"hidden_states": hidden, "attention_mask": attended})
+
+    def _transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
+        hidden = conditioning.hidden_states
+        mask = conditioning.get("attention_mask")
+        if mask is None:
+            return {"encoder_hidden_states": hidden}
+        # The padding no caption of the batch attends to is left out (the result is the same, in less time).
+        mask = mask.bool()
+        try:
+            used = max(1, int(mask.sum(dim=1).max()))
+            length = min(hidden.shape[1], -(-used // CHROMA_MASK_STEP) * CHROMA_MASK_STEP)
+            hidden, mask = hidden[:, :length], mask[:, :length]
+            if bool(mask.all()):
+                return {"encoder_hidden_states": hidden}
+        except RuntimeError:  # tensors without values (the memory estimate's): all the tokens, masked
+            pass
+        image = torch.ones(len(mask), image_tokens, dtype=torch.bool, device=mask.device)
+        return {"encoder_hidden_states": hidden, "attention_mask": torch.cat([mask, image], dim=1)}
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import ChromaPipeline
+
+        slot = model.text_encoders[0]
+        return ChromaPipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            transformer=model.part("transformer"),
+        )
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our own embeddings and masks of the prompt and the negative prompt. The masks go in as booleans: the
+        pipeline's own float mask would be added to the attention scores instead of masking them."""
+        positive = self.encode_text(model, [prompt])
+        negative = self.encode_text(model, [negative_prompt or ""])
+        return {
+            "prompt": None,
+            "negative_prompt": None,
+            "prompt_embeds": positive.hidden_states,
+            "prompt_attention_mask": positive.get("attention_mask").bool(),
+            "negative_prompt_embeds": negative.hidden_states,
+            "negative_prompt_attention_mask": negative.get("attention_mask").bool(),
+            "max_sequence_length": T5_TOKENS,
+        }
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return CHROMA_KIND
+
+
+# -- shared pieces ----------------------------------------------------------------------------------------------------
+
+
+def has_guidance(model: LoadedModel) -> bool:
+    """Whether the transformer takes a guidance value (Flux dev and Fill; not schnell, not Chroma)."""
+    return bool(getattr(model.part("transformer").config, "guidance_embeds", False))
+
+
+def t5_tokens(model: LoadedModel) -> int:
+    """How many T5 tokens Flux is prompted with: 512, schnell (no guidance input) 256."""
+    return T5_TOKENS if has_guidance(model) else SCHNELL_T5_TOKENS
+
+
+def t5_hidden_states(
+    slot: TextEncoderSlot, captions: list[str], length: int, use_mask: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """T5's hidden states of the captions padded to `length` tokens (with the clip skip: an earlier layer through the
+    final layer norm), and the tokens' mask; `use_mask`: T5 itself attends only to the tokens (Chroma), else to the
+    padding too (Flux). T5 never runs under fp16 autocast (it overflows): in its own weight dtype."""
+    tokens = slot.tokenizer(captions, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+    encoder = slot.encoder
+    device = first_weight(encoder).device
+    mask = tokens.attention_mask.to(device)
+    with torch.autocast(device.type, enabled=False):
+        output = encoder(
+            tokens.input_ids.to(device),
+            attention_mask=mask if use_mask else None,
+            output_hidden_states=slot.layer_skip > 0,
+        )
+        if slot.layer_skip > 0:
+            hidden = encoder.encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
+        else:
+            hidden = output.last_hidden_state
+    return hidden, mask
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] → [B, (h/2)·(w/2), 4C]: each 2x2 patch one token, its channels (c, row, column) in order."""
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
+
+
+def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack` for latents of `height` × `width`."""
+    b, _, features = tokens.shape
+    c = features // (PATCH * PATCH)
+    patches = tokens.view(b, height // PATCH, width // PATCH, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(b, c, height, width)
+
+
+def image_ids(rows: int, columns: int, device) -> torch.Tensor:
+    """[rows·columns, 3] position ids of the image tokens: (0, row, column), row-major as `pack` orders them."""
+    ids = torch.zeros(rows, columns, 3, device=device)
+    ids[..., 1] += torch.arange(rows, device=device)[:, None]
+    ids[..., 2] += torch.arange(columns, device=device)[None, :]
+    return ids.reshape(rows * columns, 3)
