@@ -560,8 +560,10 @@ def _efficient_attention() -> Any:
             kwargs = kwargs or {}
             if func is not F.scaled_dot_product_attention:
                 return func(*args, **kwargs)
-            query, key, value = args[:3]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            # By position or by name (diffusers' attention dispatcher passes query, key and value by name).
+            bound = dict(zip(("query", "key", "value", "attn_mask"), args))
+            bound.update((k, v) for k, v in kwargs.items() if k in ("query", "key", "value", "attn_mask"))
+            query, key, value, mask = bound["query"], bound["key"], bound["value"], bound.get("attn_mask")
             if mask is not None and mask.dtype == torch.bool:  # the kernel takes an additive bias
                 mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
             if mask is not None:

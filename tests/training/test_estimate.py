@@ -240,7 +240,7 @@ def test_a_loras_trained_bytes_are_its_adapters():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["STABLE_DIFFUSION_15", "STABLE_DIFFUSION_XL_10_BASE", "PIXART_ALPHA",
-                                        "WUERSTCHEN_2", "STABLE_CASCADE_1"])  # fmt: skip
+                                        "WUERSTCHEN_2", "STABLE_CASCADE_1", "FLUX_DEV_1"])  # fmt: skip
 def test_each_released_denoiser_is_measured(model_type):
     config, _ = config_from_dict({"model_type": model_type, "base_model_name": "someone/not-downloaded",
                                   "resolution": "1024", "batch_size": 1})  # fmt: skip
@@ -283,3 +283,21 @@ def test_a_cancelled_estimate_stops_inside_the_measurement_and_lets_go_of_the_li
     thread.join()
     assert taken == [True]
     assert estimate(config, cancelled=lambda: False).activations_from.startswith("measured")
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_the_meta_attention_takes_its_inputs_by_position_or_by_name(by_name):
+    """diffusers' attention dispatcher calls scaled_dot_product_attention with query, key and value by name."""
+    import torch
+    import torch.nn.functional as F
+
+    from onetrainer.training.estimate import _efficient_attention
+
+    q, k, v = (torch.empty(1, 2, 16, 8, device="meta") for _ in range(3))
+    with _efficient_attention():
+        out = (
+            F.scaled_dot_product_attention(query=q, key=k, value=v)
+            if by_name
+            else F.scaled_dot_product_attention(q, k, v)
+        )
+    assert out.shape == (1, 2, 16, 8) and out.device.type == "meta"
