@@ -195,3 +195,57 @@ def test_the_calls_part_counts_each_loops_python_calls_per_step(monkeypatch):
     assert counts["ours"]["total"] == sum(v for k, v in counts["ours"].items() if k != "total")
     table = step_calls.format_step_calls(counts).splitlines()
     assert table[1].startswith("ours") and table[2].startswith("bare") and "onetrainer" in table[0]
+
+
+def test_the_flux_part_compares_ours_with_the_bare_loop_and_reports_the_gpu_step(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    assert main(["--part", "flux", "--steps", "2", "--warmup", "1", "--repeat", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["flux"]
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
+    assert figures["trained_parameters"] > 0  # checked equal to our method's count, or the part would have failed
+    assert figures["cpu_ratio"] > 0
+    printed = capsys.readouterr().out
+    assert "tiny FLUX.1-dev" in printed and "LoRA parameters" in printed
+    if not torch.cuda.is_available():
+        assert figures["gpu"] == {"BFLOAT_16": None, "FLOAT_8": None}
+        assert printed.count("not measured: no CUDA device") == 2
+
+
+def test_the_bare_flux_loop_draws_sigma_as_our_flow_matching_schedule():
+    """Logit-normal σ on the T training steps, shifted by timestep_shift: the same distribution as our schedule's."""
+    from onetrainer.benchmark.flux_overhead import sample_sigmas
+    from onetrainer.config import config_from_dict
+    from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+    schedule = FlowMatchingSchedule({"num_train_timesteps": 1000}, patch_size=2)
+    for shift in (1.0, 3.0):
+        config, _ = config_from_dict({"timestep_distribution": "LOGIT_NORMAL", "timestep_shift": shift})
+        torch.manual_seed(0)
+        bare = sample_sigmas(20000, config, 1000, CPU)
+        ours = schedule.sample_times(20000, torch.Generator().manual_seed(1), config, CPU)
+        assert bare.min() >= 1e-3 and bare.max() <= 1.0
+        assert torch.allclose(bare * 1000, (bare * 1000).round())  # on the training steps
+        quantiles = torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9])
+        assert torch.allclose(bare.quantile(quantiles), ours.quantile(quantiles), atol=0.01)
+
+
+@pytest.mark.parametrize("weight_dtype", ["BFLOAT_16", "FLOAT_8"])
+def test_the_flux_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_transformer(weight_dtype):
+    from onetrainer.benchmark.flux_gpu import flux_lora_benchmark, format_flux_gpu
+    from onetrainer.tiny import tiny_model_dir
+
+    config = json.loads((tiny_model_dir("flux-dev") / "transformer" / "config.json").read_text(encoding="utf-8"))
+    run = flux_lora_benchmark(
+        CPU, steps=1, warmup=1, transformer_config=config, resolution=64, text_tokens=32, weight_dtype=weight_dtype,
+        optimizer="adamw",
+    )  # fmt: skip
+    assert run.steps_per_second > 0 and run.losses_finite
+    assert run.image_tokens == 16 and run.compute_dtype == "bfloat16"
+    assert run.lora_targets > 0 and run.trained_parameters > 0
+    assert run.peak_allocated_bytes is None  # nothing measured off CUDA
+    if weight_dtype == "FLOAT_8":  # the linear weights in one byte; norms, embeddings' biases and the rest bfloat16
+        assert run.base_parameters < run.weights_bytes < 2 * run.base_parameters
+    else:
+        assert run.weights_bytes == 2 * run.base_parameters
+    assert "it/s" in format_flux_gpu(run) and json.dumps(run.to_dict())

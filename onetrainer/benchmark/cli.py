@@ -17,19 +17,21 @@ DESCRIPTION = (
     "Measure what the trainer adds per step (tiny SD 1.5 LoRA through run_training vs a bare diffusers+peft loop, "
     "same process, same maths), how fast the cache fills and how soon a fully cached run starts, the window's "
     "responsiveness while the demo trains (--gui), and, with a CUDA device, SD 1.5- and SDXL-size UNet LoRA steps "
-    "(it/s, peak VRAM)."
+    "and a Flux.1-dev-size transformer LoRA step (it/s, peak VRAM)."
 )
 EPILOG = """\
 Parts: 'overhead', 'calls' (Python calls per steady step of the overhead part's two loops: a count that compares two
 versions of the trainer where times are too noisy), 'pixart' (the same comparison on the tiny PixArt model: T5 mask,
 micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP
-hidden + pooled, the cosine schedule with P2 weighting), 'caching', 'weights' (FLOAT_8 vs FLOAT_16 base weights; any
-machine), 'tiny' (one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on),
-'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on
-gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every
-part; the GUI only where a display can be had).
+hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP
+pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in
+bf16 and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured), 'caching', 'weights' (FLOAT_8 vs
+FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny model's denoiser, the figure the test
+fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with
+CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display
+or Xvfb), 'all' (every part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "calls", "pixart", "cascade", "caching", "weights", "tiny", "ddp", "gpu", "gui")
+PARTS = ("overhead", "calls", "pixart", "cascade", "flux", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -112,18 +114,25 @@ def main(
         calls = count_step_calls()
         print(format_step_calls(calls))
         report["calls"] = calls
-    for part, label in (("pixart", "tiny PixArt-Alpha"), ("cascade", "the tiny Stable Cascade prior")):
+    families = (
+        ("pixart", "tiny PixArt-Alpha"),
+        ("cascade", "the tiny Stable Cascade prior"),
+        ("flux", "tiny FLUX.1-dev"),
+    )
+    for part, label in families:
         if part in parts:
             compare = importlib.import_module(f"onetrainer.benchmark.{part}_overhead").__dict__[
                 f"compare_{part}_overhead"
             ]
             print(f"\nTrainer overhead on {label} ({args.repeat} alternating repetitions):")
             figures = compare(max(args.steps // 2, 1), args.warmup, args.repeat)
-            print(
-                f"ours {figures['ours_steps_per_second']:.2f} steps/s, bare {figures['bare_steps_per_second']:.2f} "
-                f"steps/s: ratio {figures['ratio']:.3f} (goal ≥ 0.95)"
-            )
+            print(format_family_overhead(figures))
             report[part] = figures
+    if "flux" in parts:
+        from onetrainer.benchmark.flux_gpu import run_flux_gpu_part
+
+        print("\nFull-size Flux.1-dev LoRA step (CUDA only):")
+        report["flux"]["gpu"] = run_flux_gpu_part(max(args.steps // 2, 1), max(args.warmup - 1, 1))
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 
@@ -265,6 +274,24 @@ def format_overhead(result) -> str:
         if cpu is not None and result.device == "cpu":
             # Wall time on a shared machine moves 10-20 % with the other processes' load; CPU time barely does.
             lines.append(f"ratio from the process's CPU time per step (steady under other processes' load): {cpu:.3f}")
+    return "\n".join(lines)
+
+
+def format_family_overhead(figures: dict) -> str:
+    """One per-family comparison's figures: both rates, the ratio, the CPU-time ratio and the trained count where
+    measured."""
+    line = (
+        f"ours {figures['ours_steps_per_second']:.2f} steps/s, bare {figures['bare_steps_per_second']:.2f} "
+        f"steps/s: ratio {figures['ratio']:.3f} (goal ≥ 0.95)"
+    )
+    runs = "; ".join(f"{v}: {' '.join(f'{r:.2f}' for r in rates)}" for v, rates in figures["runs"].items())
+    lines = [line, f"  runs (steps/s) {runs}"]
+    if figures.get("cpu_ratio") is not None and figures["device"] == "cpu":
+        lines.append(
+            f"  ratio from the process's CPU time per step (steady under other load): {figures['cpu_ratio']:.3f}"
+        )
+    if figures.get("trained_parameters") is not None:
+        lines.append(f"  both train {figures['trained_parameters']} LoRA parameters")
     return "\n".join(lines)
 
 

@@ -31,7 +31,22 @@ def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: in
         outcome = run_training(config, control, [clock], checked=False)
     if isinstance(outcome, Failed):
         raise RuntimeError(f"our trainer failed: {outcome.message}\n{outcome.traceback}")
-    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes)
+    cpu = step_durations(clock.cpu_times, warmup, steps)
+    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes, cpu)
+
+
+def our_trained_parameters(config, device: torch.device) -> int:
+    """How many parameters our method trains for `config` (its family's model loaded once more, nothing run)."""
+    from onetrainer.config import TrainConfig
+    from onetrainer.families import load_family_class
+    from onetrainer.families.sources import prepare_config
+    from onetrainer.methods import create_method
+
+    config = TrainConfig.from_dict(config.to_dict(), [])
+    prepare_config(config)  # `tiny:` names to their local folders, as a run resolves its copy
+    family = load_family_class(config.model_type)()
+    method = create_method(config, family, family.load(config), device)
+    return sum(p.numel() for group in method.param_groups() for p in group["params"] if p.requires_grad)
 
 
 def lora_config(workdir: Path, device: torch.device, label: str, settings: dict):
@@ -97,19 +112,25 @@ def optimizer_step(loss: torch.Tensor, params: list, optimizer: torch.optim.Opti
 def compare_with_bare(
     name: str,
     make_config: Callable[[Path, torch.device], tuple],
-    run_bare: Callable[..., Run],
+    run_bare: Callable[..., Run | tuple[Run, int]],
     steps: int,
     warmup: int,
     repeat: int,
     progress: Callable[[str], None] | None = print,
+    check_trained: bool = False,
 ) -> dict:
     """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio. `make_config`
-    gives the config and the image folder in a work folder; `run_bare(config, images, device, steps, warmup)`."""
+    gives the config and the image folder in a work folder; `run_bare(config, images, device, steps, warmup)` gives
+    the run, or the run and how many parameters it trained: with `check_trained` that count must be our method's
+    (the same adapters, or the comparison is not like for like). Where both loops timed their steps' CPU time too,
+    the figures hold the ratio of that as well (steadier than wall time under other processes' load)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rates: dict[str, list[float]] = {OURS: [], BARE: []}
+    runs: dict[str, list[Run]] = {OURS: [], BARE: []}
+    figures: dict = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat}
     with tempfile.TemporaryDirectory(prefix=f"onetrainer-benchmark-{name}-") as tmp:
         workdir = Path(tmp)
         config, images = make_config(workdir, device)
+        ours_trained = our_trained_parameters(config, device) if check_trained else None
         for rep in range(repeat):
             order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
             for variant in order:
@@ -117,10 +138,23 @@ def compare_with_bare(
                     run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
                 else:
                     run = run_bare(config, images, device, steps, warmup)
-                rates[variant].append(run.steps_per_second)
+                    if isinstance(run, tuple):
+                        run, trained = run
+                        figures["trained_parameters"] = trained
+                        if ours_trained is not None and trained != ours_trained:
+                            raise RuntimeError(
+                                f"the bare {name} loop trains {trained} parameters, our method {ours_trained}: "
+                                "the two do not train the same adapters"
+                            )
+                runs[variant].append(run)
                 if progress is not None:
                     progress(f"  repetition {rep + 1}/{repeat}: {variant:<5} {run.steps_per_second:7.2f} steps/s")
+    rates = {v: [r.steps_per_second for r in rs] for v, rs in runs.items()}
     ours, bare = statistics.median(rates[OURS]), statistics.median(rates[BARE])
-    figures = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": rates}
+    figures["runs"] = rates
     figures.update(ours_steps_per_second=ours, bare_steps_per_second=bare, ratio=ours / bare if bare else 0.0)
+    cpu = {v: [r.cpu_steps_per_second for r in rs] for v, rs in runs.items()}
+    if all(rate > 0 for rs in cpu.values() for rate in rs):
+        figures["cpu_runs"] = cpu
+        figures["cpu_ratio"] = statistics.median(cpu[OURS]) / statistics.median(cpu[BARE])
     return figures

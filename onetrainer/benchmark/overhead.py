@@ -235,10 +235,12 @@ _BARE_LOOP_SETTINGS = {
 }
 
 
-def _beyond_the_bare_loop(config: TrainConfig) -> list[str]:
+def _beyond_the_bare_loop(config: TrainConfig, settings: dict | None = None) -> list[str]:
+    """The settings (dotted paths) where `config` asks for something other than a bare loop's `settings` implement
+    (default: this comparison's), each as `path=value (the bare loop does expected)`."""
     values = config.to_dict()
     different = []
-    for path, expected in _BARE_LOOP_SETTINGS.items():
+    for path, expected in (_BARE_LOOP_SETTINGS if settings is None else settings).items():
         value = values
         for key in path.split("."):
             value = value.get(key, expected) if isinstance(value, dict) else expected

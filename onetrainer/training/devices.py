@@ -58,6 +58,11 @@ def select_device(name: str, warn: Callable[[str], None]) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         warn(f"device '{name}': MPS is not available; using the CPU")
         return torch.device("cpu")
+    if device.type == "cuda":
+        # Attention through flash or memory-efficient SDPA, never cuDNN's: on an H200 with torch 2.11 (cuDNN 9.19)
+        # cuDNN's SDPA backward fails at Flux's 4608-token attention with an illegal memory access (docs/benchmarks.md,
+        # the full-size Flux entry), and the other two kernels are as fast for training. Process-wide, as a run is.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return device
 
 

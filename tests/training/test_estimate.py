@@ -290,3 +290,21 @@ def test_a_cancelled_estimate_stops_inside_the_measurement_and_lets_go_of_the_li
     thread.join()
     assert taken == [True]
     assert estimate(config, cancelled=lambda: False).activations_from.startswith("measured")
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_the_meta_attention_takes_its_inputs_by_position_or_by_name(by_name):
+    """diffusers' attention dispatcher calls scaled_dot_product_attention with query, key and value by name."""
+    import torch
+    import torch.nn.functional as F
+
+    from onetrainer.training.estimate import _efficient_attention
+
+    q, k, v = (torch.empty(1, 2, 16, 8, device="meta") for _ in range(3))
+    with _efficient_attention():
+        out = (
+            F.scaled_dot_product_attention(query=q, key=k, value=v)
+            if by_name
+            else F.scaled_dot_product_attention(q, k, v)
+        )
+    assert out.shape == (1, 2, 16, 8) and out.device.type == "meta"
