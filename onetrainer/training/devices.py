@@ -60,8 +60,9 @@ def select_device(name: str, warn: Callable[[str], None]) -> torch.device:
         return torch.device("cpu")
     if device.type == "cuda":
         # Attention through flash or memory-efficient SDPA, never cuDNN's: on an H200 with torch 2.11 (cuDNN 9.19)
-        # cuDNN's SDPA backward fails at Flux's 4608-token attention with an illegal memory access (docs/benchmarks.md,
-        # the full-size Flux entry), and the other two kernels are as fast for training. Process-wide, as a run is.
+        # cuDNN's SDPA backward fails at a 4608-token joint attention (a 1024 px image's tokens and 512 text tokens)
+        # with an illegal memory access (docs/benchmarks.md, the full-size transformer entry), and the other two
+        # kernels are as fast for training. Process-wide, as a run is.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return device
 

@@ -379,6 +379,7 @@ def test_the_original_transformer_file_is_what_diffusers_converts_and_reads_back
 
     _, again = our_model(variant, transformer={"model_name": str(path)})
     assert all(torch.equal(v, ours[k].float()) for k, v in again.part("transformer").state_dict().items())
+    assert torch.isfinite(transformer_output(again.part("transformer"))).all()  # built whole: no weight left out
     with pytest.raises(ModelLoadError, match="a single file"):  # the file alone is no base model
         our_model(variant, base_model_name=str(path))
 
