@@ -47,6 +47,21 @@ OUTPUTS = {
 }
 
 
+def nf4_stand_ins(config) -> dict[str, str]:
+    """`--set` overrides that train a config's NFLOAT_4 parts in FLOAT_8 where bitsandbytes has no CUDA device (the CPU
+    runs of the tests): the same path (a frozen, quantized part computed in the training dtype) but the kernel. Empty
+    on a CUDA machine, where the presets train as shipped."""
+    import torch
+
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.model_types import model_type_info
+
+    if torch.cuda.is_available():
+        return {}
+    parts = model_type_info(config.model_type).family.parts
+    return {f"{p}.weight_dtype": "FLOAT_8" for p in parts if config.part(p).weight_dtype is DataType.NFLOAT_4}
+
+
 def local_config(config):
     """`config` with its `tiny:` names resolved in place (the local folders and files they build), as a run or
     `sample.py` resolves its copy before the family loads it: families see local paths only."""

@@ -47,6 +47,20 @@ def _p(label: str, help: str, **meta):
     return setting(None, label, help, ui=False, **meta)
 
 
+def _bfloat16_weights_train(config) -> bool:
+    """A fine-tune that trains BFLOAT_16 weights in place (where stochastic rounding would matter)."""
+    from onetrainer.config.enums import DataType, TrainingMethod
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    if config.training_method is not TrainingMethod.FINE_TUNE:
+        return False
+    info = MODEL_TYPES.get(config.model_type)
+    names = info.family.parts if info else ("unet", "prior", "transformer")  # a family to come: its denoiser
+    return any(
+        getattr(config.part(n), "train", False) and config.part(n).weight_dtype is DataType.BFLOAT_16 for n in names
+    )
+
+
 def _ot(label: str, default=None):
     """A OneTrainer optimizer parameter for optimizers this trainer does not offer."""
     return setting(default, label, f"OneTrainer optimizer parameter '{label}'.", ignored=True)
@@ -113,8 +127,19 @@ class TrainOptimizerConfig(ConfigNode):
     relative_step: bool | None = _p("Relative step", "Adafactor: compute the learning rate from the step count.")
     scale_parameter: bool | None = _p("Scale parameter", "Adafactor: scale the learning rate by the weights' RMS.")
     warmup_init: bool | None = _p("Warmup init", "Adafactor: warm the relative step up from 0.")
+    # Read and kept, not built yet: the optimizers here round to nearest (the run checks say what that means).
     stochastic_rounding: bool | None = _p(
-        "Stochastic rounding", "Round updates stochastically into BFLOAT_16 weights, so small updates are not lost."
+        "Stochastic rounding",
+        "OneTrainer's stochastic rounding of updates into BFLOAT_16 weights, so small updates are not lost. Not built "
+        "yet: updates round to the nearest value.",
+        not_built=NotBuilt(
+            "stochastic rounding (an update to BFLOAT_16 weights rounded up or down at random, so small updates add "
+            "up)",
+            "updates round to the nearest BFLOAT_16 value: an update below half a weight's precision is lost, so a "
+            "fine-tune at a small learning rate may barely change its BFLOAT_16 weights (FLOAT_32 weights keep every "
+            "update, at twice the memory)",
+            active=lambda value, config: bool(value) and _bfloat16_weights_train(config),
+        ),
     )
     r: float | None = _p("r", "Schedule-free: polynomial weighting power.", minimum=0)
     weight_lr_power: float | None = _p("Weight LR power", "Schedule-free: how the learning rate weights the average.")

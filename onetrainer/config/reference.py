@@ -260,7 +260,9 @@ def _presets_section() -> str:
     lines = [
         "\n## Presets\n",
         "The bundled presets (`presets/`, the top bar's Load preset menu, `scripts/train.py --preset NAME`). Each is a "
-        "sparse overlay of the defaults; your config and `--set` apply over it.\n",
+        "sparse overlay of the defaults; your config and `--set` apply over it. A size in the name (`lora-16gb`) is "
+        "the card the preset is sized for: its estimated peak VRAM, and the sizes not shipped, are in "
+        "[presets.md](presets.md).\n",
         "| Preset | Model type | Method | Resolution | Trained block, weights | Text encoder trained | Loss weight |",
         "|---|---|---|---|---|---|---|",
     ]

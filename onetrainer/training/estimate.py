@@ -4,7 +4,11 @@ Memory = the parts' weights (each part's parameter count × the bytes of its con
 not needed on the device while stepping — a text encoder whose outputs are cached, an image encoder with cached
 latents, a part used only for samples, as the family's `part_roles` say — is left out) + the trained parameters,
 their gradients and the optimizer's state + the activations the backward pass keeps + on CUDA a fixed overhead (the
-CUDA context, allocator slack). Time = the denoiser's training FLOPs per step (forward + backward = 3 forwards, 4 with
+CUDA context, allocator slack). A fine-tune trains the parts' own weights in their dtype: only their gradients and the
+optimizer's state add to the weights. The peak is the larger of that step and the time every part is on the device
+together (`resident`: the model's load, filling the caches, rendering a sample: all weights, the trained parameters and
+the optimizer's state, no training activations) — where a text encoder is large and its outputs are cached, that
+time is the peak. Time = the denoiser's training FLOPs per step (forward + backward = 3 forwards, 4 with
 checkpointing's recomputation) over the device's measured matmul throughput.
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
@@ -48,8 +52,9 @@ BYTES = {
     DataType.FLOAT_8: 1.0,
     DataType.NFLOAT_4: 0.5625,  # 4 bits plus a scale per 64 weights
 }
-# Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state).
-_STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "ADAFACTOR": 2.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
+# Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
+# a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
+_STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
 # The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak: the
@@ -90,6 +95,18 @@ class PartCount:
     on_device: bool = True  # needed on the GPU during training steps
     trained: int = 0  # trained parameters of (or adapters on) this part
     text_encoder: bool = False  # the family declares it a text encoder (the advice may cache its outputs)
+    # A quantized part (FLOAT_8, NFLOAT_4) quantizes only its Linear and Conv2d weights (`util/quantize`): the rest —
+    # norms, embeddings, biases, the layers its class keeps out of low precision (`_keep_in_fp32_modules`) — stays in
+    # the training dtype, `plain_bytes` each.
+    plain: int = 0
+    plain_bytes: float = 2.0
+
+    @property
+    def bytes(self) -> float:
+        """The part's weights in bytes, in its configured dtype."""
+        if self.dtype in (DataType.FLOAT_8, DataType.NFLOAT_4):
+            return (self.params - self.plain) * BYTES[self.dtype] + self.plain * self.plain_bytes
+        return self.params * BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,9 @@ class Settings:
     optimizer_state_bytes: float
     activations: Activations
     device: str = "cuda"  # the device type that trains: "cuda" (VRAM), "cpu" (RAM), "mps"
+    # A fine-tune: the trained parameters are the parts' own weights (counted among the weights, gradients in their
+    # dtype); else (adapters, embeddings) they are extra parameters in `trained_dtype_bytes`.
+    trains_in_place: bool = False
 
 
 def size_text(size: float) -> str:
@@ -131,6 +151,9 @@ class Estimate:
     device: str = "cuda"  # the device type that trains
     counted_from: str = ""  # where the parameter counts come from
     activations_from: str = ""  # how the activations were found
+    # Every part on the device at once (loading, caching, samples): the weights of all parts, the trained parameters,
+    # the optimizer's state and the overhead. The peak is the larger of this and the step (`parts`).
+    resident_bytes: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -157,6 +180,11 @@ class Estimate:
         step = f", about {self.step_seconds:.2f} s/step" if self.step_seconds is not None else ""
         lines = [peak + step]
         lines.append("  " + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
+        if self.resident_bytes > sum(self.parts.values()):
+            lines.append(
+                f"  the peak is while every part is on the device (loading, filling the caches, samples): "
+                f"{size_text(self.resident_bytes)}; a training step needs {size_text(sum(self.parts.values()))}"
+            )
         if self.counted_from:
             lines.append(f"  parameters counted from {self.counted_from}")
         if self.activations_from:
@@ -171,9 +199,15 @@ def estimate_from_counts(
     counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None = None
 ) -> Estimate:
     """Peak bytes and seconds per step from parameter counts (see the module docstring for the model)."""
-    weights = sum(c.params * BYTES[c.dtype] for c in counts.values() if c.on_device)
+    weights = sum(c.bytes for c in counts.values() if c.on_device)
     trained = sum(c.trained for c in counts.values())
-    trained_bytes = trained * (2 * settings.trained_dtype_bytes + settings.optimizer_state_bytes)
+    if settings.trains_in_place:
+        stored = 0.0  # the weights themselves, counted above
+        gradients = sum(c.trained * BYTES[c.dtype] for c in counts.values())
+    else:
+        stored = gradients = trained * settings.trained_dtype_bytes
+    state = trained * settings.optimizer_state_bytes
+    trained_bytes = stored + gradients + state
     per_sample = settings.activations
     kept = per_sample.checkpointed if settings.gradient_checkpointing else per_sample.kept
     activations = kept * settings.batch_size
@@ -184,10 +218,14 @@ def estimate_from_counts(
     if flops_per_second:
         passes = 4 if settings.gradient_checkpointing else 3
         seconds = per_sample.flops * settings.batch_size * passes / flops_per_second
-    return Estimate(sum(parts.values()), seconds, parts, device=settings.device)
+    resident = sum(c.bytes for c in counts.values()) + stored + state + parts.get("overhead", 0.0)
+    step = sum(parts.values())
+    return Estimate(max(step, resident), seconds, parts, device=settings.device, resident_bytes=resident)
 
 
-def optimizer_state_bytes(optimizer: Optimizer) -> float:
+def optimizer_state_bytes(optimizer: Optimizer, beta1: float | None = None) -> float:
+    if optimizer is Optimizer.ADAFACTOR:
+        return 4.0 if beta1 else 0.0
     name = optimizer.value
     for key, value in _STATE_BYTES.items():
         if key in name:
@@ -224,21 +262,26 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         batch_size=config.batch_size,
         gradient_checkpointing=bool(config.part(family.denoiser_part).gradient_checkpointing),
         trained_dtype_bytes=BYTES[trained_dtype],
-        optimizer_state_bytes=optimizer_state_bytes(config.optimizer.optimizer),
+        optimizer_state_bytes=optimizer_state_bytes(config.optimizer.optimizer, config.optimizer.beta1),
         activations=activations,
         device=training_device_type(config.train_device),
+        trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,
     )
 
 
 def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCount]:
     """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it, from the roles
     the family declares."""
+    from onetrainer.data.caching import text_encoders_frozen
     from onetrainer.families.base import PartRole
     from onetrainer.methods.base import layer_filter_patterns
     from onetrainer.util.layer_filter import name_matches
 
     family = family_of(config)
     cached = config.latent_caching
+    # The trainer caches the text encoders' outputs only when none of them (nor an embedding) trains.
+    text_cached = cached and text_encoders_frozen(config)
+    plain_bytes = BYTES.get(config.train_dtype, 2.0)
     patterns, regex = layer_filter_patterns(config, family)  # what the methods apply to the denoiser
     counts = {}
     for part, info in shapes.items():
@@ -267,8 +310,16 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         elif role is PartRole.SAMPLING:
             on_device = False
         else:  # text encoders and image encoders work every step unless their outputs are cached
-            on_device = not cached
-        counts[part] = PartCount(info["params"], part_config.weight_dtype, on_device, trained, text)
+            on_device = not (text_cached if text else cached)
+        kept = set(info.get("kept", ()))
+        quantized = sum(
+            fan_in * fan_out * area
+            for name, fan_in, fan_out, area in info["layers"]
+            if not kept.intersection(name.split("."))
+        )
+        counts[part] = PartCount(
+            info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes
+        )
     return counts
 
 
@@ -299,7 +350,8 @@ def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]]
 
 # -- the counts ------------------------------------------------------------------------------------------------------
 
-# part -> {"params": int, "layers": [(name, fan_in, fan_out, kernel area)], "tensors": [(name, numel)]}
+# part -> {"params": int, "layers": [(name, fan_in, fan_out, kernel area)], "tensors": [(name, numel)], "kept": names
+# of the layers its class keeps out of low precision (transformers' `_keep_in_fp32_modules`)}
 Shapes = dict[str, dict]
 
 
@@ -334,7 +386,28 @@ def folder_shapes(folder: Path, parts: tuple[str, ...]) -> Shapes:
         for file in sorted((folder / part).glob("*.safetensors")):
             for name, info in safetensors_header(file).items():
                 _add(shapes, part, name, info["shape"])
+        if part in shapes:
+            shapes[part]["kept"] = _kept_layers(folder / part / "config.json")
     return shapes
+
+
+def _kept_layers(config_file: Path) -> list[str]:
+    """The layers a part's class keeps out of low precision, from its config's class name (a transformers model's
+    `architectures`, a diffusers model's `_class_name`)."""
+    import json
+
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    names = [*(data.get("architectures") or []), data.get("_class_name") or ""]
+    for library in ("transformers", "diffusers"):
+        module = __import__(library)
+        for name in names:
+            cls = getattr(module, name, None) if name else None
+            if cls is not None:
+                return list(getattr(cls, "_keep_in_fp32_modules", None) or [])
+    return []
 
 
 def module_shapes(module: torch.nn.Module) -> dict:
@@ -348,7 +421,8 @@ def module_shapes(module: torch.nn.Module) -> dict:
         elif isinstance(layer, torch.nn.Conv2d):
             layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
     tensors = [(name, p.numel()) for name, p in module.named_parameters()]
-    return {"params": sum(count for _, count in tensors), "layers": layers, "tensors": tensors}
+    kept = list(getattr(module, "_keep_in_fp32_modules", None) or [])
+    return {"params": sum(count for _, count in tensors), "layers": layers, "tensors": tensors, "kept": kept}
 
 
 @lru_cache(maxsize=16)
@@ -789,9 +863,11 @@ def estimate(
     free_bytes: float | None = None,
     flops_per_second: float | None = None,
     cancelled: Callable[[], bool] | None = None,
+    device: str | None = None,
 ) -> Estimate:
     """The estimate for a config, with advice when it does not fit in `free_bytes`. Raises `EstimateCancelled` soon
-    after `cancelled()` turns true."""
+    after `cancelled()` turns true. `device` ("cuda", "cpu"): the device type to estimate for, in place of the one
+    that would train here (a preset's VRAM sized on a machine without a GPU)."""
     from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
     token = _CANCELLED.set(cancelled)
@@ -806,6 +882,8 @@ def estimate(
     finally:
         _CANCELLED.reset(token)
     settings = settings_of(config, activations)
+    if device is not None:
+        settings = replace(settings, device=device)
     result = estimate_from_counts(counts, settings, flops_per_second)
     result.free_bytes = free_bytes
     result.counted_from = counted_from

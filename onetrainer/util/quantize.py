@@ -8,6 +8,10 @@ back after the forward, which breaks the backward pass, and autograd would keep 
 autograd functions keep only the float8 weight and cast it again in the backward pass. Normalisation layers,
 embeddings and biases keep the training dtype. Outputs are never written from these weights: only frozen parts are
 quantized, and trained adapters keep their own dtype.
+
+Layers a model class keeps out of low precision (transformers' `_keep_in_fp32_modules`: a text encoder's `wo`, whose
+caller casts the hidden states to that layer's weight dtype) are not quantized, as transformers and OneTrainer do: they
+keep the training dtype (float32 under FLOAT_16, where such a layer overflows).
 """
 
 from __future__ import annotations
@@ -58,16 +62,31 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
         raise ValueError(reason)
     dtype = compute_dtype(config)
     module.to(dtype=dtype)
+    kept = kept_unquantized(module)
+    if dtype == torch.float16:
+        for layer in kept:
+            layer.to(dtype=torch.float32)
     if data_type is DataType.FLOAT_8:
-        to_float8(module)
+        to_float8(module, kept)
     else:
-        _to_nf4(module, dtype)
+        _to_nf4(module, dtype, kept)
     return True
 
 
-def to_float8(module: torch.nn.Module) -> None:
-    """Store every Linear and Conv2d weight of `module` as float8 (frozen), computed in the input's dtype."""
+def kept_unquantized(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers of `module` its class keeps out of low precision (`_keep_in_fp32_modules`, matched by attribute
+    name as transformers matches them): they are not quantized."""
+    names = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    return [layer for name, layer in module.named_modules() if name and name.rpartition(".")[2] in names]
+
+
+def to_float8(module: torch.nn.Module, kept: list[torch.nn.Module] = ()) -> None:
+    """Store every Linear and Conv2d weight of `module` as float8 (frozen), computed in the input's dtype; the layers
+    in `kept` (and those inside them) stay as they are."""
+    skipped = {id(m) for layer in kept for m in layer.modules()}
     for layer in module.modules():
+        if id(layer) in skipped:
+            continue
         if type(layer) is torch.nn.Linear:
             layer.__class__ = Float8Linear
         elif type(layer) is torch.nn.Conv2d:
@@ -126,13 +145,15 @@ class Float8Conv2d(torch.nn.Conv2d):
         )
 
 
-def _to_nf4(module: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Replace each Linear by bitsandbytes' 4-bit Linear (quantized when moved to the CUDA device)."""
+def _to_nf4(module: torch.nn.Module, dtype: torch.dtype, kept: list[torch.nn.Module] = ()) -> None:
+    """Replace each Linear but those in `kept` by bitsandbytes' 4-bit Linear (quantized when moved to the CUDA
+    device)."""
     import bitsandbytes as bnb
 
+    skipped = {id(m) for layer in kept for m in layer.modules()}
     for parent in list(module.modules()):
         for child_name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
+            if type(child) is torch.nn.Linear and id(child) not in skipped:
                 replacement = bnb.nn.Linear4bit(
                     child.in_features,
                     child.out_features,

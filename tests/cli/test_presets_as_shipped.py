@@ -16,11 +16,11 @@ import pytest
 from onetrainer.cli.train import main
 from onetrainer.config import load_layers
 from onetrainer.config.model_types import model_type_info
-from tests.helpers import PRESETS, TINY_MODELS, image_folder
+from tests.helpers import PRESETS, TINY_MODELS, image_folder, nf4_stand_ins
 
 
 def test_every_preset_is_covered():
-    assert len(PRESETS) >= 29  # the presets folder is read, not a stale list
+    assert len(PRESETS) >= 39  # the presets folder is read, not a stale list
     for name in PRESETS:
         config, _ = load_layers(name, None, [])
         assert config.model_type.value in TINY_MODELS, f"{name}: no tiny model for {config.model_type.value}"
@@ -49,6 +49,7 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
         "samples": [{"prompt": "a red circle", "width": size, "height": size, "seed": 1, "diffusion_steps": 2}],
         "sample_after": 1,
         "sample_after_unit": "EPOCH",
+        **nf4_stand_ins(shipped),
     }
     argv = ["--preset", name]
     for key, value in overrides.items():

@@ -129,8 +129,12 @@ def _expected_not_built(raw: dict) -> set[str]:
     if raw.get("quantization", {}).get("layer_filter") and raw["transformer"]["weight_dtype"] in QUANTIZED:
         paths.add("quantization.layer_filter")  # the filter picks the denoiser's quantized layers only
     optimizer = raw.get("optimizer", {}).get("optimizer")
-    if raw.get("optimizer_defaults", {}).get(optimizer, {}).get("fused_back_pass"):
+    remembered = raw.get("optimizer_defaults", {}).get(optimizer, {})
+    if remembered.get("fused_back_pass"):
         paths.add(f"optimizer_defaults.{optimizer}.fused_back_pass")
+    bfloat16_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"]["weight_dtype"] == "BFLOAT_16"
+    if remembered.get("stochastic_rounding") and bfloat16_fine_tune and raw["transformer"].get("train"):
+        paths.add(f"optimizer_defaults.{optimizer}.stochastic_rounding")  # rounding to nearest loses small updates
     return paths
 
 

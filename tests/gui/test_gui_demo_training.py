@@ -134,9 +134,10 @@ def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset):
     # As shipped (fp16/bf16 denoisers beside a float32 VAE, Cascade's fp16 effnet, 8-bit optimizers): only the base
-    # model, the data, a sample and the size change, through the window's model.
+    # model, the data, a sample and the size change, through the window's model (and NFLOAT_4 parts train in FLOAT_8
+    # without CUDA, as in tests/cli/test_presets_as_shipped.py).
     from onetrainer.config.model_types import model_type_info
-    from tests.helpers import image_folder
+    from tests.helpers import image_folder, nf4_stand_ins
 
     app.runner.train_function = None  # the real one
     assert app.load_preset(preset)
@@ -158,6 +159,7 @@ def test_every_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Pat
         "samples": [{"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2}],
         "sample_after_unit": "EPOCH",
         "sample_after": 1,
+        **nf4_stand_ins(shipped),
     }
     for path, value in settings.items():
         assert not errors(app.model.set(path, value)), path
@@ -165,3 +167,37 @@ def test_every_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Pat
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
     assert app.footer.status.startswith("Finished (completed)"), app.footer.status
     assert output.exists() and app.gallery.images() and not app.dialogs.history
+
+
+def test_a_flux_lora_preset_trains_from_the_window(app, in_tmp: Path) -> None:
+    # One of our Flux presets as a user tries it offline: loaded from the menu's name, its base model switched to the
+    # tiny Flux.1 dev in the Model tab's field, the demo images as its concept, then Start.
+    app.runner.train_function = None  # the real one
+    assert app.load_preset("flux/lora-24gb")
+    assert (app.model.config.model_type.value, app.model.config.transformer.weight_dtype.value) == (
+        "FLUX_DEV_1",
+        "FLOAT_8",
+    )  # as shipped: FLOAT_8 transformer and T5 (no CUDA needed)
+    base = view_of(app, "model", "base_model_name")
+    base.set_text("tiny:flux-dev")
+    assert app.model.config.base_model_name == "tiny:flux-dev"
+    settings = {
+        "resolution": "64",
+        "epochs": 1,
+        "tensorboard": False,
+        "workspace_dir": str(in_tmp / "workspace"),
+        "cache_dir": str(in_tmp / "cache"),
+        "concepts": [{"name": "demo shapes", "path": "tiny:images", "seed": 1}],
+        "samples": [{"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}],
+        "sample_after_unit": "EPOCH",
+        "sample_after": 1,
+    }
+    for path, value in settings.items():
+        assert not errors(app.model.set(path, value)), path
+    app.footer.start_button.invoke()
+    assert app.footer.start_button.cget("text") == "Stop training"
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (completed)"), app.footer.status
+    assert (in_tmp / "models" / "flux-lora.safetensors").stat().st_size > 0  # the preset's own destination
+    samples = app.gallery.images()
+    assert samples and samples[0].path.is_relative_to(in_tmp / "workspace" / "samples") and not app.dialogs.history

@@ -49,6 +49,71 @@ def test_arithmetic_on_known_counts():
     assert estimate_from_counts(fp8, SD).parts["weights"] == 1e9  # fp8 cuts 16-bit weights in half
 
 
+def test_a_fine_tune_trains_the_weights_in_place():
+    # The fine-tuned part's own weights train in their dtype: its gradients (in that dtype) and the optimizer's state
+    # add to the weights, no second copy.
+    counts = {"transformer": PartCount(1_000_000_000, DataType.BFLOAT_16, trained=1_000_000_000)}
+    fine_tune = Settings(**{**SD.__dict__, "optimizer_state_bytes": 0.0, "trains_in_place": True})
+    result = estimate_from_counts(counts, fine_tune)
+    assert result.parts["weights"] == 2e9 and result.parts["training state"] == 2e9
+
+
+def test_the_peak_is_the_larger_of_the_step_and_every_part_on_the_device():
+    # Loading, filling the caches and rendering a sample hold every part at once: with a large text encoder whose
+    # outputs are cached (Flux's and Chroma's T5), that time is the peak, not the step.
+    counts = {
+        "transformer": PartCount(1_000_000_000, DataType.FLOAT_8, trained=10_000_000),
+        "text_encoder": PartCount(5_000_000_000, DataType.FLOAT_8, on_device=False, text_encoder=True),
+    }
+    small = Settings(**{**SD.__dict__, "activations": Activations(kept=1e8, checkpointed=1e7, flops=1e9)})
+    result = estimate_from_counts(counts, small)
+    step = 1e9 + 10_000_000 * (4 + 4 + 8) + 1e8 + OVERHEAD
+    assert sum(result.parts.values()) == pytest.approx(step)
+    assert result.resident_bytes == pytest.approx(6e9 + 10_000_000 * (4 + 8) + OVERHEAD)  # no gradients, no activations
+    assert result.peak_bytes == result.resident_bytes
+    assert "the peak is while every part is on the device" in result.text()
+    counts["text_encoder"] = PartCount(100_000_000, DataType.FLOAT_8, on_device=False, text_encoder=True)
+    assert estimate_from_counts(counts, small).peak_bytes == pytest.approx(step)  # a small encoder: the step
+
+
+def test_a_quantized_part_keeps_its_other_weights_in_the_training_dtype():
+    assert PartCount(1000, DataType.FLOAT_8, plain=100, plain_bytes=2.0).bytes == 900 + 200
+    assert PartCount(1000, DataType.NFLOAT_4, plain=100, plain_bytes=2.0).bytes == 900 * BYTES[DataType.NFLOAT_4] + 200
+    assert PartCount(1000, DataType.BFLOAT_16, plain=100).bytes == 2000  # not quantized: all in its dtype
+    # T5's `wo` layers (transformers' _keep_in_fp32_modules) stay out of float8 (util/quantize), so the estimate
+    # counts them, with the norms and the token embedding, in the training dtype.
+    from onetrainer.config import load_layers
+
+    config, _ = load_layers(
+        "chroma/lora-16gb", None, ["base_model_name=tiny:chroma", "text_encoder.weight_dtype=FLOAT_8"]
+    )
+    shapes = model_shapes(config)[0]
+    t5 = counts_of(config, shapes)["text_encoder"]
+    wo = sum(i * o for name, i, o, _ in shapes["text_encoder"]["layers"] if name.endswith(".wo"))
+    assert wo > 0 and t5.plain >= wo and t5.plain_bytes == 2.0 and t5.bytes > t5.params
+
+
+def test_adafactor_keeps_a_factored_second_moment():
+    from onetrainer.config.enums import Optimizer
+    from onetrainer.training.estimate import optimizer_state_bytes
+
+    assert optimizer_state_bytes(Optimizer.ADAFACTOR) == 0.0  # rows and columns: next to nothing per parameter
+    assert optimizer_state_bytes(Optimizer.ADAFACTOR, beta1=0.9) == 4.0  # a first moment in float32
+    assert optimizer_state_bytes(Optimizer.ADAMW) == 8.0
+
+
+def test_an_embedding_keeps_the_text_encoders_on_the_device():
+    # Embeddings train through the text encoders every step: their outputs are not cached, latent caching or not.
+    from onetrainer.config import load_layers
+
+    config, _ = load_layers("flux/embedding-24gb", None, ["base_model_name=tiny:flux-dev"])
+    counts = counts_of(config, model_shapes(config)[0])
+    assert counts["text_encoder"].on_device and counts["text_encoder_2"].on_device and not counts["vae"].on_device
+    config, _ = load_layers("flux/lora-24gb", None, ["base_model_name=tiny:flux-dev"])
+    counts = counts_of(config, model_shapes(config)[0])
+    assert not counts["text_encoder"].on_device and not counts["text_encoder_2"].on_device
+
+
 def test_full_size_counts_match_the_released_models():
     shapes = reference_shapes("STABLE_DIFFUSION_15")
     assert shapes["unet"]["params"] == 859_520_964
@@ -150,6 +215,9 @@ def test_the_wording_follows_the_device_that_trains(monkeypatch):
     assert "CPU memory (RAM)" in on_cpu.summary() and "VRAM" not in on_cpu.text() + on_cpu.summary()
     config.train_device = "cpu"
     assert "CPU memory (RAM)" in estimate(config).summary()
+    # Asked for another device (a preset's VRAM sized on a machine without a GPU): that device's figures.
+    sized = estimate(config, device="cuda")
+    assert "VRAM" in sized.summary() and sized.parts["overhead"] == OVERHEAD
 
 
 def test_a_model_not_downloaded_is_counted_as_the_released_one():

@@ -78,3 +78,32 @@ def test_adapters_train_on_float8_layers():
     assert torch.isfinite(out).all() and x.grad is not None and torch.isfinite(x.grad).all()
     assert dora.dora_scale.grad is not None and dora.lora_A.weight.grad is not None
     assert all(p.grad is None for n, p in model.named_parameters() if "base_layer" in n)  # the base stays frozen
+
+
+@pytest.mark.parametrize("train_dtype", ["BFLOAT_16", "FLOAT_16"])
+def test_a_float8_t5_encodes_with_its_kept_layers_unquantized(train_dtype):
+    # T5 casts its hidden states to `wo`'s weight dtype (transformers' _keep_in_fp32_modules): that layer stays out of
+    # float8, as in transformers and OneTrainer, or the encoder fails adding bfloat16 to float8 (Flux's and Chroma's
+    # FLOAT_8 text encoders, OneTrainer's Chroma presets).
+    from transformers import T5Config, T5EncoderModel
+
+    from onetrainer.util.quantize import quantize_part
+
+    torch.manual_seed(0)
+    t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4,
+                                 feed_forward_proj="gated-gelu")).eval()  # fmt: skip
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        reference = t5(ids).last_hidden_state
+    cfg, _ = config_from_dict({"model_type": "PIXART_ALPHA", "train_dtype": train_dtype,
+                               "text_encoder": {"weight_dtype": "FLOAT_8", "train": False}})  # fmt: skip
+    assert quantize_part("text_encoder", t5, cfg)
+    ff = t5.encoder.block[0].layer[-1].DenseReluDense
+    assert ff.wi_0.weight.dtype == torch.float8_e4m3fn
+    assert ff.wo.weight.dtype == (torch.bfloat16 if train_dtype == "BFLOAT_16" else torch.float32)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        out = t5(ids).last_hidden_state
+    assert (
+        torch.isfinite(out).all()
+        and torch.nn.functional.cosine_similarity(out.float().flatten(), reference.flatten(), dim=0) > 0.95
+    )
