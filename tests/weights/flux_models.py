@@ -17,41 +17,15 @@ from typing import Any
 
 import torch
 
+from onetrainer.families import reference_configs
+
 Config = dict[str, Any]
 
-# The transformers' config.json of the released models (diffusers folders), with diffusers' defaults they leave out.
-FLUX_DEV: Config = {
-    "_class_name": "FluxTransformer2DModel",
-    "attention_head_dim": 128,
-    "axes_dims_rope": [16, 56, 56],
-    "guidance_embeds": True,
-    "in_channels": 64,
-    "joint_attention_dim": 4096,
-    "num_attention_heads": 24,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "out_channels": None,
-    "patch_size": 1,
-    "pooled_projection_dim": 768,
-}
-FLUX_SCHNELL: Config = {**FLUX_DEV, "guidance_embeds": False}
-# Fill: 64 latent + 64 masked-image latent + 256 mask channels (the 8×8 mask packed per 2×2 patch).
-FLUX_FILL: Config = {**FLUX_DEV, "in_channels": 384, "out_channels": 64}
-CHROMA: Config = {
-    "_class_name": "ChromaTransformer2DModel",
-    "approximator_hidden_dim": 5120,
-    "approximator_layers": 5,
-    "approximator_num_channels": 64,
-    "attention_head_dim": 128,
-    "axes_dims_rope": [16, 56, 56],
-    "in_channels": 64,
-    "joint_attention_dim": 4096,
-    "num_attention_heads": 24,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "out_channels": None,
-    "patch_size": 1,
-}
+# The transformers' config.json of the released models (diffusers folders), as the estimate builds them.
+FLUX_DEV: Config = reference_configs.FLUX_DEV_TRANSFORMER
+FLUX_SCHNELL: Config = reference_configs.FLUX_SCHNELL_TRANSFORMER
+FLUX_FILL: Config = reference_configs.FLUX_FILL_TRANSFORMER
+CHROMA: Config = reference_configs.CHROMA_TRANSFORMER
 RELEASED = {"dev": FLUX_DEV, "schnell": FLUX_SCHNELL, "fill": FLUX_FILL, "chroma": CHROMA}
 
 HEADS, HEAD_WIDTH = 3, 8
