@@ -56,16 +56,15 @@ from onetrainer.families.base import (
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
-    backup_model_source,
     cast_parts,
     check_inpainting,
     checked_load,
-    hub_options,
     load_diffusers_component,
     load_tokenizer,
+    part_wise_base,
 )
 from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
-from onetrainer.families.sources import resolve_local, resolve_source
+from onetrainer.families.sources import resolve_local
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import flux_keys, flux_lora, kohya_lora
@@ -112,17 +111,8 @@ class FluxTransformerFamily(Family):
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
-        source = resolve_source(config.base_model_name)
-        if source.kind == "single_file":
-            raise ModelLoadError(
-                f"{source.location} is a single file: a {self.info.label} checkpoint holds the transformer alone. Set "
-                "the base model to a diffusers folder or hub id (for the text encoders, the VAE and the tokenizers) "
-                "and the transformer's model (transformer.model_name) to this file"
-            )
-        if source.kind == "backup":
-            source = backup_model_source(source.path)
-        options = hub_options(source, config, file_sets=self.info.hub_file_sets)
-        where = source.location
+        what = "the text encoders, the VAE and the tokenizers"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
         tokenizers = self._load_text_encoders(where, options, parts)
         parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)

@@ -117,6 +117,24 @@ def backup_model_source(backup: Path) -> ModelSource:
     )
 
 
+def part_wise_base(config: TrainConfig, label: str, parts: str, file_sets: FileSets = ()) -> tuple[str, dict]:
+    """Where a part-wise (diffusers) base model is and its hub options, for a family whose single-file checkpoints
+    hold the transformer alone: such a file as the base model is refused with where it goes instead
+    (`transformer.model_name`), and a fine-tune backup is its whole model. `parts`: what the base brings besides."""
+    from onetrainer.families.sources import resolve_source
+
+    source = resolve_source(config.base_model_name)
+    if source.kind == "single_file":
+        raise ModelLoadError(
+            f"{source.location} is a single file: a {label} checkpoint holds the transformer alone. Set the base "
+            f"model to a diffusers {label} folder or hub id (for {parts}) and the transformer's model "
+            "(transformer.model_name) to this file"
+        )
+    if source.kind == "backup":
+        source = backup_model_source(source.path)
+    return source.location, hub_options(source, config, file_sets=file_sets)
+
+
 def check_inpainting(inpainting: bool, model_type: ModelType, source: object, what: str = "model") -> None:
     """Refuse an inpainting model (`inpainting`: what its weights say, e.g. 9 UNet input channels) for a plain model
     type, and the reverse: `source` is {"an inpainting" / "not an inpainting"} `what`."""

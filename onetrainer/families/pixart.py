@@ -34,16 +34,15 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     ModelLoadError,
-    backup_model_source,
     cast_parts,
     checked_load,
-    hub_options,
     load_diffusers_component,
     load_tokenizer,
+    part_wise_base,
 )
 from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
-from onetrainer.families.sources import resolve_local, resolve_source
+from onetrainer.families.sources import resolve_local
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
@@ -77,17 +76,7 @@ class PixArtFamily(Family):
         from diffusers import AutoencoderKL, DDPMScheduler
         from transformers import AutoTokenizer, T5EncoderModel
 
-        source = resolve_source(config.base_model_name)
-        if source.kind == "single_file":
-            raise ModelLoadError(
-                f"{source.location} is a single file: a PixArt checkpoint holds the transformer alone. Set the base "
-                "model to a diffusers PixArt folder or hub id (for T5, the VAE and the tokenizer) and the "
-                "transformer's model (transformer.model_name) to this file"
-            )
-        if source.kind == "backup":
-            source = backup_model_source(source.path)
-        options = hub_options(source, config, file_sets=self.info.hub_file_sets)
-        where = source.location
+        where, options = part_wise_base(config, "PixArt", "T5, the VAE and the tokenizer", self.info.hub_file_sets)
         transformer, extra = self._load_transformer(config, where, options)
         parts = {
             "transformer": transformer,
