@@ -77,6 +77,13 @@ class EstimateLabel(ctk.CTkLabel):
         self._paused = False
         self.schedule()
 
+    def destroy(self) -> None:
+        # A measurement left running would go on holding the model library (and the interpreter) after the window
+        # is gone: a sampling tool or the next window would wait on it.
+        self._paused = True
+        self._stop_job()
+        super().destroy()
+
     def _stop_job(self) -> None:
         self._cancel.set()
         if self._job is not None:

@@ -23,3 +23,21 @@ def test_estimate_beside_start_follows_the_batch_size_and_advises(app) -> None:
     label.schedule()
     pump(app, lambda: label.result is not None and label.result.fits is False and "try" in label.cget("text"))
     assert "> 1.0 GiB free" in label.cget("text")
+
+
+def test_a_closed_window_cancels_its_running_estimate(app) -> None:
+    """A measurement must not outlive its window: it would hold the model library that a sampling tool or the next
+    window loads with."""
+    import customtkinter as ctk
+
+    from gui.widgets.estimate import EstimateLabel
+
+    frame = ctk.CTkFrame(app)
+    label = EstimateLabel(frame, app.model)
+    label.refresh_now()
+    cancel = label._cancel
+    assert not cancel.is_set()
+    frame.destroy()
+    assert cancel.is_set()
+    app.model.set("batch_size", 3)  # an edit after the close schedules nothing on the gone label
+    pump(app, lambda: True)
