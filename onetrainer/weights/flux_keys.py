@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.key_check import check_keys
 
 # ComfyUI's full checkpoints keep the transformer under this prefix; diffusers' converters strip it too.
 COMFY_PREFIX = "model.diffusion_model."
@@ -196,7 +197,7 @@ def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
 def diffusers_to_original(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """A diffusers transformer state dict → the original layout (fused q/k/v and linear1, swapped final
     modulation); every key of the config must be there, and nothing else."""
-    _check_keys(state_dict, diffusers_keys(config), "diffusers Flux/Chroma transformer")
+    check_keys(state_dict, diffusers_keys(config), "diffusers Flux/Chroma transformer")
     out: dict[str, torch.Tensor] = {}
     fused: dict[str, list[torch.Tensor | None]] = {}
     for module, original in module_map(config).items():
@@ -209,7 +210,7 @@ def diffusers_to_original(state_dict: Mapping[str, torch.Tensor], config: Mappin
             else:
                 out[f"{original.path}.{p}"] = value
     for key, slices in fused.items():
-        out[key] = torch.cat(slices, dim=0)  # every slot is filled: _check_keys saw every diffusers key
+        out[key] = torch.cat(slices, dim=0)  # every slot is filled: check_keys saw every diffusers key
     for diffusers_key, original_key in parameter_map(config).items():
         out[original_key] = state_dict[diffusers_key]
     return out
@@ -228,7 +229,7 @@ def original_to_diffusers(state_dict: Mapping[str, torch.Tensor], config: Mappin
     with `config`. The projections are views of the fused tensors (no copy). Every key must match the config
     exactly, or the error lists what is missing and what is left over."""
     weights = strip_comfy_prefix(state_dict)
-    _check_keys(weights, original_keys(config), "Flux/Chroma checkpoint")
+    check_keys(weights, original_keys(config), "Flux/Chroma checkpoint")
     out: dict[str, torch.Tensor] = {}
     for module, original in module_map(config).items():
         for p in _PARAMETERS:
@@ -311,17 +312,3 @@ def _count(weights: Mapping[str, torch.Tensor], prefix: str) -> int:
     """The number of numbered blocks under `prefix` (`double_blocks.` → 19)."""
     indices = {int(k[len(prefix) :].split(".", 1)[0]) for k in weights if k.startswith(prefix)}
     return max(indices) + 1 if indices else 0
-
-
-def _check_keys(state_dict: Mapping[str, torch.Tensor], expected: set[str], what: str) -> None:
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if missing or unexpected:
-        raise ValueError(f"not a {what} of this configuration: missing {_few(missing)}; unexpected {_few(unexpected)}")
-
-
-def _few(keys: list[str], limit: int = 8) -> str:
-    if not keys:
-        return "none"
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.key_check import check_keys
 
 POS_EMBED = "pos_embed"
 Y_EMBEDDING = "y_embedder.y_embedding"
@@ -125,7 +126,7 @@ def diffusers_to_native(
     `y_embedding` is the source checkpoint's own when it had one (`native_to_diffusers` returns it). Otherwise it is
     zeros `(caption_tokens, caption_channels)`: the "no caption" input our caption dropout trains (zero hidden states).
     """
-    _check_keys(state_dict, diffusers_keys(config), "diffusers PixArt transformer")
+    check_keys(state_dict, diffusers_keys(config), "diffusers PixArt transformer")
     out: dict[str, torch.Tensor] = {}
     fused: dict[str, list[torch.Tensor | None]] = {}
     for module, native in module_map(config).items():
@@ -136,7 +137,7 @@ def diffusers_to_native(
             else:
                 fused.setdefault(f"{native.path}.{p}", [None] * native.parts)[native.index] = value
     for key, slices in fused.items():
-        out[key] = torch.cat(slices, dim=0)  # every slot is filled: _check_keys saw every diffusers key
+        out[key] = torch.cat(slices, dim=0)  # every slot is filled: check_keys saw every diffusers key
     for diffusers_key, native_key in parameter_map(config).items():
         out[native_key] = state_dict[diffusers_key]
 
@@ -158,7 +159,7 @@ def native_to_diffusers(
     """
     extras = {k: state_dict[k] for k in NATIVE_ONLY if k in state_dict}
     weights = {k: v for k, v in state_dict.items() if k not in extras}
-    _check_keys(weights, native_keys(config, with_native_only=False), "native PixArt checkpoint")
+    check_keys(weights, native_keys(config, with_native_only=False), "native PixArt checkpoint")
     out: dict[str, torch.Tensor] = {}
     for module, native in module_map(config).items():
         for p in _PARAMETERS:
@@ -207,17 +208,3 @@ def read_native_checkpoint(
         return native_to_diffusers(state_dict, config)
     except (KeyError, ValueError) as error:
         raise ValueError(f"{os.fspath(path)}: {error}") from error
-
-
-def _check_keys(state_dict: Mapping[str, torch.Tensor], expected: set[str], what: str) -> None:
-    missing = sorted(expected - set(state_dict))
-    unexpected = sorted(set(state_dict) - expected)
-    if missing or unexpected:
-        raise ValueError(f"not a {what} of this configuration: missing {_few(missing)}; unexpected {_few(unexpected)}")
-
-
-def _few(keys: list[str], limit: int = 8) -> str:
-    if not keys:
-        return "none"
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
