@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import customtkinter as ctk
 
+from gui import tk_finalizers
 from gui.background import BackgroundResult, run_in_background
 from gui.dialogs import JSON_FILES, Dialogs
 from gui.footer import Footer
@@ -71,6 +72,7 @@ from onetrainer.training.events import Event, Failed, Finished, SampleReady, Sta
 from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
+FINALIZE_MS = 500
 VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
 CLOSE_TIMEOUT_S = 30.0
@@ -136,6 +138,7 @@ class App(ctk.CTk):
         console: TextIO | None = None,
         tensorboard_server: Callable[[Path, int], Any] | None = None,
     ) -> None:
+        tk_finalizers.install()
         super().__init__()
         self.title("OneTrainer")
         self.geometry("1280x800")
@@ -215,6 +218,7 @@ class App(ctk.CTk):
         self.model.subscribe_inputs(self._input_changed)
         self._input_status: str | None = None  # the footer shows this input's error
         self.protocol("WM_DELETE_WINDOW", self.close)
+        self._schedule("finalize", FINALIZE_MS, self._finalize_collected)
         self._show_tabs()
         self.validate_now()
         if restore_problems:
@@ -510,6 +514,9 @@ class App(ctk.CTk):
             self.footer.set_status(f"Cannot start: {reason}", "error")
             self.dialogs.show_error("Cannot start training", reason)
             return False
+        # A start pauses the estimate: its measurement competes for the CPU (the window answers slowly) and holds the
+        # model library the run's load needs. A refused start resumes it; a question to the hub keeps it paused.
+        self.estimate.pause()
         if self._ask_hub_first(config):
             return False
         packed, _ = pack(config)  # run_checks reports problems reading the side files itself
@@ -518,12 +525,12 @@ class App(ctk.CTk):
         typed = self.input_problems()  # text in a field that is no valid value: the config holds an older one
         if typed or errors(problems):
             self._refuse(typed + problems, "start")
+            self.estimate.resume()
             return False
         self._terminal_seen = False
-        # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl. Collect them here, on the
-        # Tk thread; else the trainer thread's garbage collection runs those finalizers from the wrong thread.
+        # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl: collected here, on the Tk
+        # thread, they are freed at once rather than queued by the trainer thread's collections (tk_finalizers).
         gc.collect()
-        self.estimate.pause()  # its measurement would hold the model library the run's load needs
         self.runner.start(packed)
         self._run_note = random_weights_note(packed.base_model_name)
         self._run_tensorboard_url = None
@@ -555,6 +562,7 @@ class App(ctk.CTk):
         self._hub_question = None
         if result.error is not None:
             self.footer.set_status(f"Cannot start: asking the hub failed: {result.error}", "error")
+            self.estimate.resume()
             return
         if not self.running:
             self.start()
@@ -776,6 +784,12 @@ class App(ctk.CTk):
                 self.after_cancel(after_id)
         self._after_ids.clear()
         super().destroy()
+        tk_finalizers.drain()
+
+    def _finalize_collected(self) -> None:
+        """Free the Tk objects other threads' garbage collection left to this thread (`gui/tk_finalizers.py`)."""
+        tk_finalizers.drain()
+        self._schedule("finalize", FINALIZE_MS, self._finalize_collected)
 
     def _schedule(self, name: str, delay_ms: int, callback: Callable[[], None]) -> None:
         """Run `callback` once after `delay_ms`; scheduling the same name again replaces the pending call."""
