@@ -169,6 +169,17 @@ def test_the_cascade_part_times_ours_and_the_bare_loop():
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
 
+def test_the_offload_part_times_each_fraction_against_the_plain_run():
+    from onetrainer.benchmark.offload import compare_offload, format_offload
+
+    figures = compare_offload(steps=1, warmup=1, repeat=1, fractions=(0.5,), progress=None)
+    assert set(figures["runs"]) == {"0", "0.5"}
+    plain, offloaded = figures["runs"]["0"], figures["runs"]["0.5"]
+    assert plain["steps_per_second"] > 0 and offloaded["steps_per_second"] > 0 and plain["ratio"] == 1.0
+    assert offloaded["ratio"] == pytest.approx(offloaded["steps_per_second"] / plain["steps_per_second"])
+    assert "offload 0.5:" in format_offload(figures)
+
+
 def test_the_calls_part_counts_each_loops_python_calls_per_step(monkeypatch):
     """The per-step count is the difference of two runs' counts over their step difference: set-up calls cancel."""
     from onetrainer.benchmark import overhead, step_calls

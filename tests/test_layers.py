@@ -20,6 +20,7 @@ PACKAGE = ROOT / "onetrainer"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config.enums",),
     ("util", "resources"),
+    ("memory",),
     ("config",),
     ("weights",),
     ("sampling",),

@@ -42,7 +42,8 @@ class FieldInfo:
 
     @property
     def in_part(self) -> bool:
-        return self.bound.part is not None
+        """In a model part block, or about one part from outside it (grouped with the block)."""
+        return self.bound.part is not None or self.meta.about_part is not None
 
     def applies(self, ctx: Context) -> bool:
         return self.bound.applies(ctx)

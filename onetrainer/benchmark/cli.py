@@ -24,14 +24,15 @@ Parts: 'overhead', 'calls' (Python calls per steady step of the overhead part's 
 versions of the trainer where times are too noisy), 'pixart' (the same comparison on the tiny PixArt model: T5 mask,
 micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP
 hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP
-pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in
-bf16 and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured), 'caching', 'weights' (FLOAT_8 vs
-FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny model's denoiser, the figure the test
-fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with
-CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display
-or Xvfb), 'all' (every part; the GUI only where a display can be had).
+pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16
+and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured), 'offload' (tiny FLUX.1-dev's LoRA steps
+with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching',
+'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny model's denoiser,
+the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and --processes
+processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not measured),
+'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "calls", "pixart", "cascade", "flux", "caching", "weights", "tiny", "ddp", "gpu", "gui")
+PARTS = ("overhead", "calls", "pixart", "cascade", "flux", "offload", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -133,6 +134,13 @@ def main(
 
         print("\nFull-size Flux.1-dev LoRA step (CUDA only):")
         report["flux"]["gpu"] = run_flux_gpu_part(max(args.steps // 2, 1), max(args.warmup - 1, 1))
+    if "offload" in parts:
+        from onetrainer.benchmark.offload import compare_offload, format_offload
+
+        print(f"\nLayer offloading on tiny FLUX.1-dev's transformer ({args.repeat} alternating repetitions):")
+        offload = compare_offload(max(args.steps // 2, 1), args.warmup, args.repeat)
+        print(format_offload(offload))
+        report["offload"] = offload
     if "caching" in parts:
         from onetrainer.benchmark.caching import measure_caching
 

@@ -41,6 +41,7 @@ _FLUX_BARE_SETTINGS = {
     **_BARE_LOOP_SETTINGS,
     "timestep_distribution": "LOGIT_NORMAL",
     "dynamic_timestep_shifting": False,
+    "text_encoder_2_sequence_length": T5_TOKENS,
     "text_encoder_2.train": False,
     "text_encoder_2.dropout_probability": 0.0,
 }
@@ -56,6 +57,7 @@ def flux_config(workdir: Path, device: torch.device):
             "base_model_name": MODEL,
             "resolution": str(RESOLUTION),
             "layer_filter_preset": "attn-mlp",
+            "text_encoder_2_sequence_length": T5_TOKENS,
             "timestep_distribution": "LOGIT_NORMAL",  # OneTrainer's Flux LoRA preset
             "transformer": {"gradient_checkpointing": False},
             "text_encoder_2": {"train": False},

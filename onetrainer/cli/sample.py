@@ -140,6 +140,9 @@ class _Job:
 
     sample: SampleConfig
     path: Path
+    # Settings the user did not give come from the loaded model's sample defaults (`Family.sample_defaults`), not
+    # from a config's sample.
+    model_defaults: bool = False
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "sample.py") -> int:
@@ -221,7 +224,8 @@ def _jobs(args: argparse.Namespace, config: TrainConfig) -> list[_Job]:
     """Every image to render, each with its own seed and output path."""
     from onetrainer.training.workspace import safe_name
 
-    if args.prompt is not None:
+    defaults_only = args.prompt is not None
+    if defaults_only:
         samples = [_default_sample(config.model_type)]
         samples[0].prompt = args.prompt
     else:
@@ -253,9 +257,9 @@ def _jobs(args: argparse.Namespace, config: TrainConfig) -> list[_Job]:
     if output.suffix.lower() in IMAGE_SUFFIXES and not output.is_dir():
         if len(rendered) > 1:
             raise UsageError(f"{len(rendered)} images are rendered: --output must be a folder, not {output}")
-        return [_Job(rendered[0], output)]
+        return [_Job(rendered[0], output, defaults_only)]
     return [
-        _Job(sample, output / f"{index}-{safe_name(sample.prompt)}-{sample.seed}.png")
+        _Job(sample, output / f"{index}-{safe_name(sample.prompt)}-{sample.seed}.png", defaults_only)
         for index, sample in enumerate(rendered)
     ]
 
@@ -269,6 +273,17 @@ def _default_sample(model_type: ModelType) -> SampleConfig:
         cfg_scale=defaults.cfg_scale,
         noise_scheduler=defaults.noise_scheduler,
     )
+
+
+def _use_model_defaults(defaults, samples: list[SampleConfig], args: argparse.Namespace) -> None:
+    """The loaded model's own defaults (schnell's 4 steps where the model type says 28) for what was not given."""
+    for sample in samples:
+        if args.steps is None:
+            sample.diffusion_steps = defaults.diffusion_steps
+        if args.cfg_scale is None:
+            sample.cfg_scale = defaults.cfg_scale
+        if args.sampler is None:
+            sample.noise_scheduler = defaults.noise_scheduler
 
 
 def _apply_arguments(sample: SampleConfig, args: argparse.Namespace) -> None:
@@ -341,6 +356,7 @@ def _sample(
     bundled = [TrainEmbeddingConfig(placeholder=p, train=False) for p in _bundled_placeholders(args.lora)]
     _use_method(config, args.lora, [*bundled, *given])
     family, model, method, device = _load(config, args)
+    _use_model_defaults(family.sample_defaults(model), [job.sample for job in jobs if job.model_defaults], args)
     _render_all(family, model, method, device, config, jobs, report)
 
 

@@ -57,6 +57,10 @@ TEXT_PADDING_MASK = "text_padding_mask"
 FLOW_MATCHING = "flow_matching"
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
 OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
+# A text encoder whose captions are padded and cut to the config's `text_encoder_N_sequence_length` tokens.
+SEQUENCE_LENGTH = "sequence_length"
+# A part whose blocks can wait in CPU memory while others compute (`offload_fraction`; `Family.layer_blocks`).
+LAYER_OFFLOADING = "layer_offloading"
 CAPABILITIES: frozenset[str] = frozenset(
     {
         CIRCULAR_PADDING,
@@ -69,6 +73,18 @@ CAPABILITIES: frozenset[str] = frozenset(
         TEXT_PADDING_MASK,
     }
 )
+
+
+@dataclass(frozen=True)
+class LoraFileCaveat:
+    """A LoRA file of `format` that another tool will not read as trained: the run checks (`--check`, Start) warn
+    when the run trains `part` (a text encoder's LoRA), or when its layer filter selects one of the denoiser's
+    `modules` (module paths, matched as the filter matches the model's)."""
+
+    format: ModelFormat
+    message: str
+    part: str | None = None
+    modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,8 @@ class FamilyInfo:
     # OneTrainer's configs before its `loss_weight_fn` setting trained this family with this loss weighting (the
     # LossWeight member's name and its strength): migration v2 writes it into such a config.
     implied_loss_weight: tuple[str, float] | None = None
+    # LoRA files of this family that a tool other than ours does not read as trained (`LoraFileCaveat`).
+    lora_caveats: tuple[LoraFileCaveat, ...] = ()
 
     def __post_init__(self) -> None:
         roles = list(self.part_roles.values())
@@ -153,6 +171,7 @@ _SD_LIKE_FORMATS = {
 }
 _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
 _OWN_MODEL = frozenset({OWN_MODEL})
+_OFFLOADED = frozenset({LAYER_OFFLOADING})
 _SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LAYER_SKIP})
 _EFFNET_NOTE = (
     "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
@@ -215,7 +234,7 @@ PIXART = FamilyInfo(
     },
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LEARNED_VARIANCE, LAYER_SKIP}),
-    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
+    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
     notes="`vb_loss_strength` (Training tab, Loss) weights the loss on the transformer's learned variance "
     "(OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is the `transformer` "
     "block; the T5 text encoder is large, so the presets keep it frozen in BFLOAT_16. The 512 presets start from "
@@ -244,6 +263,30 @@ _FLUX_NOTE = (
     "the numbered blocks of such a file, and of a DIFFUSERS_LORA file the transformer and CLIP-L, never T5 (a "
     "Chroma DIFFUSERS_LORA file with T5 weights is refused by diffusers)."
 )
+# diffusers' load_lora_weights: drops a Flux T5 LoRA without an error, refuses a Chroma file with one, and refuses a
+# kohya file with Chroma's approximator (`distilled_guidance_layer`, Chroma1's five layers; ComfyUI reads it).
+_FLUX_T5_CAVEAT = LoraFileCaveat(
+    ModelFormat.DIFFUSERS_LORA,
+    "diffusers' FluxPipeline.load_lora_weights skips the T5 LoRA of a DIFFUSERS_LORA file without an error (it "
+    "changes only the transformer and CLIP-L); KOHYA_LORA keeps it under sd-scripts' lora_te3_ names",
+    part="text_encoder_2",
+)
+_CHROMA_T5_CAVEAT = LoraFileCaveat(
+    ModelFormat.DIFFUSERS_LORA,
+    "diffusers' ChromaPipeline.load_lora_weights refuses a DIFFUSERS_LORA file that holds a T5 LoRA; train the "
+    "transformer only for diffusers, or save KOHYA_LORA",
+    part="text_encoder",
+)
+_CHROMA_APPROXIMATOR_CAVEAT = LoraFileCaveat(
+    ModelFormat.KOHYA_LORA,
+    "the layer filter puts LoRA on Chroma's approximator (distilled_guidance_layer): ComfyUI reads such a KOHYA_LORA "
+    "file, diffusers' load_lora_weights refuses it; the attn-mlp filter (OneTrainer's presets) leaves it out",
+    modules=(
+        "distilled_guidance_layer.in_proj",
+        *(f"distilled_guidance_layer.layers.{n}.linear_{i}" for n in range(5) for i in (1, 2)),
+        "distilled_guidance_layer.out_proj",
+    ),
+)
 FLUX = FamilyInfo(
     key="flux",
     label="Flux.1",
@@ -260,17 +303,23 @@ FLUX = FamilyInfo(
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
     capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING, TEXT_PADDING_MASK}),
-    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
+    part_capabilities={
+        "transformer": _OWN_MODEL | _OFFLOADED,
+        "vae": _OWN_MODEL,
+        "text_encoder_2": frozenset({SEQUENCE_LENGTH}) | _OFFLOADED,
+    },
+    lora_caveats=(_FLUX_T5_CAVEAT,),
     notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
-    "nothing, as in OneTrainer), `text_encoder_2` T5-XXL (512 tokens; 256 for schnell). One model type covers dev and "
-    "schnell: the transformer's config says which (schnell has no guidance input). Training feeds dev and Fill the "
-    "fixed `transformer.guidance_scale` (OneTrainer's name and default, 1.0); a sample's CFG scale is the distilled "
-    "guidance the transformer gets (3.5 for dev; Fill 30), with no second, unconditioned pass and no negative "
-    "prompt; schnell samples in about 4 steps. T5 sees its padding and so does the transformer, as BFL's code has it; "
+    "nothing, as in OneTrainer), `text_encoder_2` T5-XXL, prompted with `text_encoder_2_sequence_length` tokens "
+    "in training and samples (OneTrainer's default 77; empty: the model's own 512, 256 for schnell). One model "
+    "type covers dev and schnell: the transformer's config says which (schnell has no guidance input). Training "
+    "feeds dev and Fill the fixed `transformer.guidance_scale` (OneTrainer's name and default, 1.0); a sample's "
+    "CFG scale is the distilled guidance the transformer gets (3.5 for dev; Fill 30), with no second, "
+    "unconditioned pass and no negative prompt; schnell samples in 4 steps with no guidance by default "
+    "(`scripts/sample.py --prompt`). T5 sees its padding and so does the transformer, as BFL's code has it; "
     "`transformer.attention_mask` (OneTrainer's \"Force attention mask\") zeroes the padding's hidden states in "
-    "training and samples. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks "
-    "(`<name>-masklabel.png`, white = repaint) with the masked image's latents and the mask as extra inputs."
-    + _FLUX_NOTE,
+    "training and samples. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks (`<name>-masklabel.png`, white = "
+    "repaint) with the masked image's latents and the mask as extra inputs." + _FLUX_NOTE,
 )
 CHROMA = FamilyInfo(
     key="chroma",
@@ -283,7 +332,8 @@ CHROMA = FamilyInfo(
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
-    part_capabilities={"transformer": _OWN_MODEL, "vae": _OWN_MODEL},
+    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
+    lora_caveats=(_CHROMA_T5_CAVEAT, _CHROMA_APPROXIMATOR_CAVEAT),
     notes="`text_encoder` is T5-XXL (512 tokens), whose attention mask also reaches the transformer (the padding "
     "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt. A LoRA on "
     "the approximator (`distilled_guidance_layer`, which the `full` layer filter includes) is read by ComfyUI, but "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import (
     GUIDANCE_INPUT,
+    LAYER_OFFLOADING,
     LAYER_SKIP,
     OWN_MODEL,
     TEXT_PADDING_MASK,
@@ -139,22 +140,17 @@ class ModelPartConfig(ConfigNode):
         roles=frozenset({PartRole.DENOISER}),
         needs=GUIDANCE_INPUT,
     )
-    # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
     offload_fraction: float = setting(
         0.0,
         "Layer offload fraction",
-        "OneTrainer's layer offloading: the fraction of this part's layers kept in CPU memory and moved to the GPU "
-        "only while they compute (0 = none). Not built yet: the whole part stays on the GPU.",
-        tab="model",
+        "The fraction of this part's blocks kept in CPU memory at any time (OneTrainer's layer offloading): the others "
+        "sit on the GPU as a window that slides along while the blocks compute, the next block copied in while one "
+        "runs. Less VRAM for the part's weights, at the cost of copies each step (hidden while 'Async offloading' "
+        "overlaps them). 0 = the whole part on the GPU. Frozen weights move; trained ones (a LoRA's) stay.",
+        tab="training",
         minimum=0.0,
-        maximum=1.0,
-        ui=False,
-        not_built=NotBuilt(
-            "layer offloading",
-            "the whole {part} stays on the GPU (more VRAM: a preset that offloads to fit a smaller card may run out of "
-            "memory)",
-            active=lambda value, _config: bool(value) and value > 0,
-        ),
+        maximum=0.95,
+        part_needs=LAYER_OFFLOADING,
     )
     activation_offloading: bool = setting(
         False,

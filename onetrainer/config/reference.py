@@ -185,7 +185,11 @@ def _applies_text(spec: FieldSpec) -> str:
         parts.append(", ".join(m.value for m in sorted(meta.methods, key=lambda m: m.value)))
     if meta.roles is not None:
         parts.append("parts: " + ", ".join(p for p, r in declared_part_roles().items() if r in meta.roles))
-    if meta.part_needs is not None:
+    if meta.part_needs is not None and meta.about_part is not None:  # a top-level setting about one part
+        part = meta.about_part
+        having = [f.label for f in FAMILIES.values() if meta.part_needs in f.part_capabilities.get(part, ())]
+        parts.append(f"{', '.join(having) or 'none yet'} (`{part}`)")
+    elif meta.part_needs is not None:
         having = {p for f in FAMILIES.values() for p, caps in f.part_capabilities.items() if meta.part_needs in caps}
         parts.append("parts: " + ", ".join(sorted(having)))
     if meta.when_text:

@@ -108,9 +108,13 @@ class Meta:
     methods: frozenset[TrainingMethod] | None = None
     # inside a model part: the `PartRole`s this setting applies to (the role the chosen family declares for the part)
     roles: frozenset[Any] | None = None
-    # inside a model part: a capability the family declares for that part (`FamilyInfo.part_capabilities`)
+    # a capability the family declares for the part (`FamilyInfo.part_capabilities`): the part block the setting sits
+    # in, or else the part named by `about_part`
     part_needs: str | None = None
     part: str | None = None  # a model part block: applies when the family has this part
+    # A setting outside the part blocks about one part (OneTrainer's `text_encoder_2_sequence_length`): applies when
+    # the family has the part (with `part_needs`, when it declares that for the part); shown in the part's group.
+    about_part: str | None = None
     # A dict of model part blocks keyed by part name (`TrainConfig.parts`): each entry is walked as that part's block.
     part_blocks: bool = False
     when: Callable[[Context], bool] | None = None  # a rarer condition, stated in `when_text` for the docs
@@ -141,6 +145,12 @@ class Meta:
                 return False
         if self.part is not None and self.part not in family_of(ctx.model_type).parts:
             return False
+        if self.about_part is not None:
+            family = family_of(ctx.model_type)
+            if self.about_part not in family.parts:
+                return False
+            if self.part_needs is not None and self.part_needs not in family.part_capabilities.get(self.about_part, ()):
+                return False
         if self.needs is not None and self.needs not in family_of(ctx.model_type).capabilities:
             return False
         return not (self.when is not None and not self.when(ctx))

@@ -31,6 +31,7 @@ from onetrainer.config.model_types import (
     FLOW_MATCHING,
     GENERALIZED_OFFSET_NOISE,
     LEARNED_VARIANCE,
+    SEQUENCE_LENGTH,
     SUPPORTED_MODEL_TYPES,
     ZERO_TERMINAL_SNR,
     PartRole,
@@ -82,6 +83,12 @@ def _other_part_blocks() -> dict[str, ModelPartConfig]:
     role's defaults: the config has the same fields whatever the model type, as the GUI's forms expect."""
     named = _named_parts()
     return {name: new_part_block(name) for name in declared_part_roles() if name not in named}
+
+
+def _can_offload_layers(ctx) -> bool:
+    from onetrainer.config.model_types import LAYER_OFFLOADING, family_of
+
+    return any(LAYER_OFFLOADING in caps for caps in family_of(ctx.model_type).part_capabilities.values())
 
 
 def _ot(label: str, default=None, **meta):
@@ -339,6 +346,18 @@ class TrainConfig(ConfigNode):
     text_encoder_2: ModelPartConfig = _part("text_encoder_2")
     text_encoder_3: ModelPartConfig = _part("text_encoder_3", PartRole.TEXT_ENCODER)
     text_encoder_4: ModelPartConfig = _part("text_encoder_4", PartRole.TEXT_ENCODER)
+    text_encoder_2_sequence_length: int | None = setting(
+        77,
+        "Sequence length",
+        "How many tokens of each caption this text encoder sees, in training and in samples: longer captions are cut, "
+        "shorter ones padded (OneTrainer's name and default). Empty: the length the model was trained with (see the "
+        "family notes). Longer costs time and memory in every step that encodes text.",
+        tab="training",
+        group=part_label("text_encoder_2"),
+        minimum=1,
+        about_part="text_encoder_2",
+        part_needs=SEQUENCE_LENGTH,
+    )
     unconditional_transformer: ModelPartConfig = _part("unconditional_transformer", PartRole.SAMPLING)
     vae: ModelPartConfig = _part("vae")
     effnet_encoder: ModelPartConfig = _part("effnet_encoder")
@@ -1156,10 +1175,11 @@ class TrainConfig(ConfigNode):
     async_offloading: bool = setting(
         True,
         "Async offloading",
-        "OneTrainer's layer offloading moves layers while others compute. Used only with a part's offload fraction "
-        "(layer offloading, not built yet).",
-        tab="model",
-        ui=False,
+        "Layer offloading copies the next blocks to the GPU on a side stream while a block computes (from pinned "
+        "memory), instead of waiting for each copy. Used only with a part's layer offload fraction, on CUDA.",
+        tab="training",
+        when=lambda ctx: _can_offload_layers(ctx),
+        when_text="families with layer offloading",
     )
 
     # -- OneTrainer settings we accept and do not use ---------------------------------------------------------------
@@ -1173,7 +1193,6 @@ class TrainConfig(ConfigNode):
     )
     frames: str = _ot("frames", "25")
     text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512)
-    text_encoder_2_sequence_length: int | None = _ot("text_encoder_2_sequence_length", 77)
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None)
     sample_video_format: str = _ot("sample_video_format", "MP4")

@@ -179,6 +179,7 @@ class TextCache:
             "layout": CACHE_LAYOUT,
             "family": family.info.key,
             "skips": [slot.layer_skip for slot in model.text_encoders],
+            "lengths": [slot.max_tokens for slot in model.text_encoders],
             **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
         }
 

@@ -23,7 +23,7 @@ from PIL import Image
 from onetrainer.config.enums import ModelFormat, ModelType
 
 # PartRole is the config's vocabulary (the GUI reads it without torch); the families import it from here too.
-from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, PartRole, model_type_info
+from onetrainer.config.model_types import FamilyInfo, ModelTypeInfo, PartRole, SampleDefaults, model_type_info
 from onetrainer.config.sample_config import SampleConfig
 from onetrainer.noise.prediction import Prediction, PredictionType
 from onetrainer.noise.schedule import NoiseSchedule
@@ -44,6 +44,9 @@ class TextEncoderSlot:
     kohya_prefix: str  # "lora_te", "lora_te1", …
     embedding_key: str  # the tensor name in embedding files: "emb_params", "clip_l", "clip_g"
     layer_skip: int = 0  # clip skip: the family fills it from the part's config (`ModelPartConfig.layer_skip`)
+    # How many tokens captions are padded and cut to, where the config sets it (`text_encoder_N_sequence_length`);
+    # None: the family's own length. Part of the text cache's key, as the clip skip is.
+    max_tokens: int | None = None
     # The embedding module the encoder's forward looks token ids up in, where it is not `get_input_embeddings()`
     # (transformers' T5EncoderModel: `encoder.embed_tokens`, a module of its own that shares the weight).
     token_embedding: torch.nn.Embedding | None = None
@@ -158,6 +161,9 @@ class Family(ABC):
     # Text-encoder modules that get a LoRA: every linear layer inside a transformer block (CLIP's
     # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
     text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
+    # The blocks layer offloading moves, {part: module paths of ModuleLists in execution order}, for the parts the
+    # family declares `LAYER_OFFLOADING` for (`FamilyInfo.part_capabilities`).
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -255,6 +261,11 @@ class Family(ABC):
         """Render one sample (prompt, size, steps, CFG, sampler, seed) with the live modules, in one or several
         stages. Called under `torch.no_grad()` with every part in eval mode and the sampling parts on the device;
         `apply_embeddings` turns placeholders into the embedding tokens."""
+
+    def sample_defaults(self, model: LoadedModel) -> SampleDefaults:
+        """The size, steps, guidance and sampler a sample gets when nothing sets them (`scripts/sample.py --prompt`):
+        the model type's, unless the loaded checkpoint asks for others (a few-step distilled model)."""
+        return model.type_info.sample
 
     # -- sampling through one diffusers pipeline (`sampling/sampler.render_pipeline`) --------------------------------
 

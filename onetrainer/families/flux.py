@@ -34,6 +34,7 @@ the pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.config.model_types import CHROMA, FLUX
+from onetrainer.config.model_types import CHROMA, FLUX, SampleDefaults
 from onetrainer.families.base import (
     BatchInputs,
     CaptionDropout,
@@ -78,6 +79,7 @@ VAE_FACTOR = 8  # image pixels per latent pixel
 CLIP_TOKENS = 77
 T5_TOKENS = 512
 SCHNELL_T5_TOKENS = 256  # what FLUX.1-schnell is prompted with
+SCHNELL_SAMPLE_STEPS = 4
 CHROMA_MASK_STEP = 16  # Chroma's text is trimmed to a multiple of this many tokens (as OneTrainer pads it)
 DEFAULT_TRAIN_STEPS = 1000  # the schedule's T where a model's scheduler config does not say
 DEV_KIND = ModelKind("flux-1-dev", "flux1")
@@ -92,6 +94,7 @@ class FluxTransformerFamily(Family):
     pipeline, the pipeline folder. Each variant declares its facts and overrides the methods marked abstract."""
 
     caption_dropout = CaptionDropout.ZEROS
+    _TRANSFORMER_BLOCKS = ("transformer_blocks", "single_transformer_blocks")
     # The diffusers class name of the variant's transformer (`_class_name` in its config.json).
     transformer_class: ClassVar[str]
     # Which conditioning tensors belong to which text encoder, for caption dropout per encoder.
@@ -338,6 +341,10 @@ class FluxFamily(FluxTransformerFamily):
         "text_encoder": ("pooled",),
         "text_encoder_2": ("hidden_states",),
     }
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": FluxTransformerFamily._TRANSFORMER_BLOCKS,
+        "text_encoder_2": ("encoder.block",),
+    }
     legacy_prefixes: ClassVar[dict[str, str]] = {
         "text_encoder": flux_lora.CLIP_PREFIX,
         "text_encoder_2": flux_lora.T5_READ_PREFIXES[-1],
@@ -363,7 +370,9 @@ class FluxFamily(FluxTransformerFamily):
             "text_encoder", parts["text_encoder"], tokenizers["text_encoder"], flux_lora.CLIP_PREFIX, "clip_l",
             config.text_encoder.layer_skip,
         )  # fmt: skip
-        return [clip, self._t5_slot(config, "text_encoder_2", parts, tokenizers, flux_lora.T5_PREFIX)]
+        t5 = self._t5_slot(config, "text_encoder_2", parts, tokenizers, flux_lora.T5_PREFIX)
+        t5.max_tokens = config.text_encoder_2_sequence_length
+        return [clip, t5]
 
     # -- text -----------------------------------------------------------------------------------------------------
 
@@ -462,6 +471,13 @@ class FluxFamily(FluxTransformerFamily):
             return FILL_KIND
         return DEV_KIND if has_guidance(model) else SCHNELL_KIND
 
+    def sample_defaults(self, model: LoadedModel) -> SampleDefaults:
+        defaults = model.type_info.sample
+        if has_guidance(model):
+            return defaults
+        # schnell is timestep-distilled to a few steps and has no guidance input (its model card: 4 steps, 0.0)
+        return dataclasses.replace(defaults, diffusion_steps=SCHNELL_SAMPLE_STEPS, cfg_scale=0.0)
+
 
 class ChromaFamily(FluxTransformerFamily):
     """Chroma (CHROMA_1): T5-XXL alone, its mask also on the transformer's attention; real CFG in samples."""
@@ -470,6 +486,10 @@ class ChromaFamily(FluxTransformerFamily):
     sampling_parts = frozenset(CHROMA.parts)
     transformer_class = "ChromaTransformer2DModel"
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {"text_encoder": ("hidden_states",)}
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": FluxTransformerFamily._TRANSFORMER_BLOCKS,
+        "text_encoder": ("encoder.block",),
+    }
     legacy_prefixes: ClassVar[dict[str, str]] = {"text_encoder": flux_lora.CHROMA_T5_READ_PREFIXES[-1]}
 
     def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
@@ -563,7 +583,11 @@ def has_guidance(model: LoadedModel) -> bool:
 
 
 def t5_tokens(model: LoadedModel) -> int:
-    """How many T5 tokens Flux is prompted with: 512, schnell (no guidance input) 256."""
+    """How many T5 tokens Flux is prompted with: the config's `text_encoder_2_sequence_length`, else the model's own
+    512, schnell (no guidance input) 256."""
+    configured = model.text_encoders[-1].max_tokens
+    if configured:
+        return configured
     return T5_TOKENS if has_guidance(model) else SCHNELL_T5_TOKENS
 
 

@@ -64,6 +64,10 @@ class PixArtFamily(Family):
     caption_dropout = CaptionDropout.ZEROS
     sampling_parts = frozenset(PIXART.parts)
     text_encoder_blocks: ClassVar[str] = r"(^|\.)block\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("transformer_blocks",),
+        "text_encoder": ("encoder.block",),
+    }
     writers: ClassVar[dict[ModelFormat, str]] = {
         ModelFormat.DIFFUSERS: "save_diffusers",
         ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",

@@ -196,7 +196,8 @@ class Method(ABC):
 
 def layer_filter_patterns(config: TrainConfig, family: Family) -> tuple[list[str], bool]:
     """The layer filter as (patterns, is_regex); no patterns means every layer."""
-    custom = [p.strip() for p in config.layer_filter.split(",") if p.strip()]
-    if config.layer_filter_preset == "custom" or custom:
-        return custom, config.layer_filter_regex
-    return list(family.info.layer_presets.get(config.layer_filter_preset, ())), False
+    from onetrainer.util.layer_filter import configured_patterns
+
+    return configured_patterns(
+        config.layer_filter, config.layer_filter_preset, config.layer_filter_regex, family.info.layer_presets
+    )

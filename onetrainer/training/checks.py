@@ -11,7 +11,7 @@ import re
 from enum import Enum
 from pathlib import Path
 
-from onetrainer.config.enums import ConceptType, ModelFormat
+from onetrainer.config.enums import ConceptType, DataType, ModelFormat, TrainingMethod
 from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import Problem, Severity
@@ -51,7 +51,92 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_quantized_parts(config)
     problems += check_devices(config)
     problems += _check_float16(config)
+    problems += _check_lora_caveats(config)
+    problems += check_layer_offloading(config)
     return _without_superseded(problems)
+
+
+def check_layer_offloading(config: TrainConfig) -> list[Problem]:
+    """What a part's `offload_fraction` will and will not do: not built for this part (the whole part on the GPU),
+    trained weights that stay (a fine-tune), and no saving without gradient checkpointing where the part trains
+    (autograd keeps each block's weights until its backward)."""
+    from onetrainer.config.model_types import LAYER_OFFLOADING, all_parts
+
+    info = MODEL_TYPES.get(config.model_type)
+    family = info.family if info is not None else None
+    problems = []
+    for part in family.parts if family is not None else all_parts():
+        block = config.part(part)
+        fraction = block.offload_fraction
+        if not fraction or fraction <= 0:
+            continue
+        path = f"{part}.offload_fraction"
+        if family is None or LAYER_OFFLOADING not in family.part_capabilities.get(part, ()):
+            what = f"{family.label}'s {part}" if family is not None else f"the {part} of this model type"
+            problems.append(
+                Problem(
+                    path,
+                    f"offload_fraction {fraction:g} on the {part}: layer offloading is not built yet for {what}; the "
+                    f"whole {part} stays on the GPU (more VRAM: a preset that offloads to fit a smaller card may run "
+                    "out of memory)",
+                    Severity.WARNING,
+                )
+            )
+            continue
+        if block.weight_dtype is DataType.NFLOAT_4:
+            problems.append(
+                Problem(
+                    path,
+                    f"offload_fraction {fraction:g} on the {part}: its NFLOAT_4 weights stay on the GPU (layer "
+                    "offloading moves FLOAT_8 and 16- or 32-bit weights; choose FLOAT_8 to offload them)",
+                    Severity.WARNING,
+                )
+            )
+        trains = block.train and config.training_method is not TrainingMethod.EMBEDDING
+        if trains and config.training_method is TrainingMethod.FINE_TUNE:
+            problems.append(
+                Problem(
+                    path,
+                    f"offload_fraction {fraction:g} on the {part}: layer offloading moves frozen weights only, and a "
+                    f"fine-tune trains the {part}'s layers (those the layer filter selects): they stay on the GPU, "
+                    "with their gradients and optimizer state (offloading trained layers is not built yet)",
+                    Severity.WARNING,
+                )
+            )
+        if trains and not block.gradient_checkpointing:
+            problems.append(
+                Problem(
+                    path,
+                    f"layer offloading saves VRAM on the {part} only with gradient checkpointing: without it, the "
+                    "backward pass keeps every block's weights on the GPU until it has used them (turn on the "
+                    f"{part}'s gradient checkpointing)",
+                    Severity.WARNING,
+                )
+            )
+    return problems
+
+
+def _check_lora_caveats(config: TrainConfig) -> list[Problem]:
+    """LoRA files another tool will not read as trained (`FamilyInfo.lora_caveats`): a warning, the run goes on."""
+    from onetrainer.util.layer_filter import configured_patterns, name_matches
+
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None or config.training_method is not TrainingMethod.LORA:
+        return []
+    problems = []
+    for caveat in info.family.lora_caveats:
+        if caveat.format is not config.output_model_format:
+            continue
+        if caveat.part is not None and caveat.part in info.family.parts and config.part(caveat.part).train:
+            problems.append(Problem(f"{caveat.part}.train", caveat.message, Severity.WARNING))
+        if caveat.modules:
+            patterns, regex = configured_patterns(
+                config.layer_filter, config.layer_filter_preset, config.layer_filter_regex, info.family.layer_presets
+            )
+            if any(name_matches(module, patterns, regex) for module in caveat.modules):
+                field = "layer_filter" if patterns and config.layer_filter.strip() else "layer_filter_preset"
+                problems.append(Problem(field, caveat.message, Severity.WARNING))
+    return problems
 
 
 def _check_float16(config: TrainConfig) -> list[Problem]:

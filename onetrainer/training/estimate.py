@@ -100,6 +100,8 @@ class PartCount:
     # the training dtype, `plain_bytes` each.
     plain: int = 0
     plain_bytes: float = 2.0
+    # Frozen block parameters layer offloading keeps in CPU memory at any time (`offload_fraction` of the blocks).
+    offloaded: int = 0
 
     @property
     def bytes(self) -> float:
@@ -107,6 +109,13 @@ class PartCount:
         if self.dtype in (DataType.FLOAT_8, DataType.NFLOAT_4):
             return (self.params - self.plain) * BYTES[self.dtype] + self.plain * self.plain_bytes
         return self.params * BYTES[self.dtype]
+
+    @property
+    def device_bytes(self) -> float:
+        """The part's weights on the device: all of them, less the offloaded blocks' share."""
+        if not self.params:
+            return 0.0
+        return self.bytes * (1.0 - self.offloaded / self.params)
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,7 @@ def estimate_from_counts(
     counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None = None
 ) -> Estimate:
     """Peak bytes and seconds per step from parameter counts (see the module docstring for the model)."""
-    weights = sum(c.bytes for c in counts.values() if c.on_device)
+    weights = sum(c.device_bytes for c in counts.values() if c.on_device)
     trained = sum(c.trained for c in counts.values())
     if settings.trains_in_place:
         stored = 0.0  # the weights themselves, counted above
@@ -218,7 +227,7 @@ def estimate_from_counts(
     if flops_per_second:
         passes = 4 if settings.gradient_checkpointing else 3
         seconds = per_sample.flops * settings.batch_size * passes / flops_per_second
-    resident = sum(c.bytes for c in counts.values()) + stored + state + parts.get("overhead", 0.0)
+    resident = sum(c.device_bytes for c in counts.values()) + stored + state + parts.get("overhead", 0.0)
     step = sum(parts.values())
     return Estimate(max(step, resident), seconds, parts, device=settings.device, resident_bytes=resident)
 
@@ -317,10 +326,40 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             for name, fan_in, fan_out, area in info["layers"]
             if not kept.intersection(name.split("."))
         )
+        offloaded = _offloaded_params(config, family, part, info, trained)
         counts[part] = PartCount(
-            info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes
-        )
+            info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
+            offloaded,
+        )  # fmt: skip
     return counts
+
+
+def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> int:
+    """The frozen block parameters layer offloading keeps off the device at a time: `offload_fraction` of the blocks
+    (`Family.layer_blocks`), as a share of their frozen parameters (a fine-tune's trained ones stay)."""
+    import re
+
+    from onetrainer.config.model_types import LAYER_OFFLOADING
+
+    fraction = config.part(part).offload_fraction
+    paths = family.layer_blocks.get(part, ())
+    if fraction <= 0 or not paths or LAYER_OFFLOADING not in family.info.part_capabilities.get(part, ()):
+        return 0
+    if config.part(part).weight_dtype is DataType.NFLOAT_4:
+        return 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
+    pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
+    blocks, params = set(), 0
+    for name, count in info.get("tensors", ()):
+        found = pattern.match(name)
+        if found:
+            blocks.add(found.group(0))
+            params += count
+    if len(blocks) < 2:
+        return 0
+    if config.training_method is TrainingMethod.FINE_TUNE:
+        params = max(0, params - trained)  # the trained layers are inside the blocks and stay
+    offloaded_blocks = min(len(blocks) - 1, round(fraction * len(blocks)))
+    return int(params * offloaded_blocks / len(blocks))
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:

@@ -9,11 +9,12 @@ sample is rendered and go back afterwards; frozen encoders go off the device onc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from onetrainer.families.base import PartRole
+from onetrainer.memory.layer_offload import LayerOffload
 
 DEVICE, OFFLOAD = "device", "offload"
 
@@ -35,6 +36,8 @@ class Placement:
         self.device, self.offload = torch.device(device), torch.device(offload)
         self.location: dict[str, str] = {}
         self.moves: list[tuple[str, str]] = []
+        # Parts whose blocks are offloaded (`memory/layer_offload.py`): placed by their offloader, never whole.
+        self.offloads: dict[str, LayerOffload] = {}
 
     def per_step(self, trained: Iterable[str], latents_cached: bool, text_cached: bool) -> set[str]:
         """The parts a training step runs."""
@@ -53,9 +56,31 @@ class Placement:
         for name, module in self.parts.items():
             where = DEVICE if name in wanted else OFFLOAD
             if self.location.get(name) != where:
-                module.to(self.device if where == DEVICE else self.offload)
+                offload = self.offloads.get(name)
+                if offload is None:
+                    module.to(self.device if where == DEVICE else self.offload)
+                elif where == DEVICE:
+                    offload.attach(self.device)
+                else:
+                    offload.detach(self.offload)
                 self.location[name] = where
                 self.moves.append((name, where))
+
+    def offload_layers(self, name: str, offload: LayerOffload) -> None:
+        """From now on, `name` goes to the device through `offload` (its blocks a window at a time)."""
+        if self.location.get(name) == DEVICE:
+            self.parts[name].to(self.offload)
+            self.location[name] = OFFLOAD
+        self.offloads[name] = offload
+
+    @contextlib.contextmanager
+    def whole(self, written: bool = False) -> Iterator[None]:
+        """Every offloaded weight readable in its module for the duration (saving a model or a backup reads them;
+        with `written`, restoring a backup writes them)."""
+        with contextlib.ExitStack() as stack:
+            for offload in self.offloads.values():
+                stack.enter_context(offload.in_place(written))
+            yield
 
     def on_device(self) -> set[str]:
         return {name for name, where in self.location.items() if where == DEVICE}
@@ -77,3 +102,23 @@ class Placement:
         """The encoders on the device (validation encodes its images and captions)."""
         encoders = {n for n, r in self.roles.items() if r in (PartRole.TEXT_ENCODER, PartRole.IMAGE_ENCODER)}
         return self.using(encoders)
+
+
+def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], LayerOffload]]:
+    """The parts whose `offload_fraction` asks for layer offloading (where the family declares it for the part), each
+    with how to make its offloader once the module is final (after the method's adapters)."""
+    from functools import partial
+
+    from onetrainer.config.model_types import LAYER_OFFLOADING
+
+    out = {}
+    for part in family.info.parts:
+        fraction = config.part(part).offload_fraction
+        if fraction > 0 and LAYER_OFFLOADING in family.info.part_capabilities.get(part, ()):
+            blocks = family.layer_blocks[part]
+            out[part] = partial(_make_offload, blocks=blocks, fraction=fraction, async_copies=config.async_offloading)
+    return out
+
+
+def _make_offload(module: torch.nn.Module, blocks, fraction: float, async_copies: bool) -> LayerOffload:
+    return LayerOffload(module, blocks, fraction, async_copies)

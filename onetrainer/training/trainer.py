@@ -72,7 +72,7 @@ from onetrainer.training.events import (
     Warning_,
 )
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
-from onetrainer.training.placement import Placement
+from onetrainer.training.placement import Placement, offloaded_parts
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.workspace import Workspace, safe_name
@@ -173,7 +173,11 @@ class Trainer:
         self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
         family = self.family
         self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
-        self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
+        offloaded = offloaded_parts(config, family)
+        # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
+        self.placement.place(
+            n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING and n not in offloaded
+        )
         self._stop_point()
         self.status("reading the training images")
         self.data = TrainingData(config, self.model.type_info.family.bucket_step, resolve_local)
@@ -184,6 +188,8 @@ class Trainer:
         self.method = create_method(config, self.family, self.model, self.device)
         for notice in self.method.notices:
             self.warn(notice)
+        for part, offload in offloaded.items():
+            self.placement.offload_layers(part, offload(self.model.part(part)))
         self._check_placeholders()
         self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None
@@ -562,9 +568,10 @@ class Trainer:
         extra = {"ema": self.ema.state_dict()} if self.ema is not None else None
         folder = self.workspace.dir("backup")
         try:
-            path = write_backup(
-                folder, self.method, self.optimizer, self.lr_scheduler, self.progress, self.config, extra, keep
-            )
+            with self.placement.whole():
+                path = write_backup(
+                    folder, self.method, self.optimizer, self.lr_scheduler, self.progress, self.config, extra, keep
+                )
         except Exception as e:
             if not is_write_error(e):
                 raise
@@ -582,7 +589,7 @@ class Trainer:
         name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
         path = self.workspace.dir("save") / name
         try:
-            with self._inference_weights():
+            with self._inference_weights(), self.placement.whole():
                 self.method.save_output(path)
         except Exception as e:
             if not is_write_error(e):
@@ -601,7 +608,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.copy_to_params()  # the final model takes the averaged weights
         try:
-            with self._inference_weights(use_ema=False):
+            with self._inference_weights(use_ema=False), self.placement.whole():
                 self.method.save_output(destination)
         except Exception as e:
             if not is_write_error(e):
@@ -650,7 +657,10 @@ class Trainer:
             return
         for backup in reversed(backups):
             try:
-                self.progress, state, warnings = restore_backup(backup, self.method, self.optimizer, self.lr_scheduler)
+                with self.placement.whole(written=True):
+                    self.progress, state, warnings = restore_backup(
+                        backup, self.method, self.optimizer, self.lr_scheduler
+                    )
             except BackupDamaged as e:
                 self.warn(f"backup {backup.name} is damaged and skipped: {e}")
                 continue

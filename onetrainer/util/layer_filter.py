@@ -12,3 +12,14 @@ def name_matches(name: str, patterns: list[str], regex: bool) -> bool:
     if regex:
         return any(re.search(p, name) for p in patterns)
     return any(p in name for p in patterns)
+
+
+def configured_patterns(
+    layer_filter: str, preset: str, regex: bool, presets: dict[str, tuple[str, ...]]
+) -> tuple[list[str], bool]:
+    """The layer filter as (patterns, is_regex): the custom patterns (comma-separated) when given or when the preset
+    is "custom", else the family's preset (`presets`, its `FamilyInfo.layer_presets`); no patterns: every layer."""
+    custom = [p.strip() for p in layer_filter.split(",") if p.strip()]
+    if preset == "custom" or custom:
+        return custom, regex
+    return list(presets.get(preset, ())), False

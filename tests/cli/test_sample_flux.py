@@ -56,9 +56,25 @@ def test_flux_dev_renders_with_distilled_guidance_and_a_lora_file_changes_the_im
     assert differ(in_tmp / "plain.png", in_tmp / "lora.png")
 
 
-def test_flux_schnell_renders_in_one_step(in_tmp):
-    assert sample("flux-schnell", "--steps", "1", "--cfg-scale", "1", "--output", "out.png") == EXIT_OK
+def test_flux_schnell_renders_in_its_own_few_steps_unless_told(in_tmp, monkeypatch):
+    from onetrainer.sampling import sampler
+
+    rendered = []
+
+    def recording_render(family, model, one, *args):
+        rendered.append((one.diffusion_steps, one.cfg_scale))
+        return real_render(family, model, one, *args)
+
+    real_render = sampler.render
+    monkeypatch.setattr(sampler, "render", recording_render)
+    size = ["--width", str(SIZE[0]), "--height", str(SIZE[1]), "--seed", "3", "--device", "cpu"]
+    schnell = ["--model-type", VARIANT_MODEL_TYPES["flux-schnell"], "--base-model", "tiny:flux-schnell", *size]
+    assert main([*schnell, "--prompt", "a red circle", "--output", "out.png"]) == EXIT_OK
     assert Image.open(in_tmp / "out.png").size == SIZE
+    # the model type (dev's too) says 28 steps and guidance 3.5; the schnell checkpoint renders in 4, unguided
+    assert rendered == [(4, 0.0)]
+    assert main([*schnell, "--prompt", "a red circle", "--steps", "1", "--cfg-scale", "1", "--output", "b.png"]) == 0
+    assert rendered[1] == (1, 1.0)
 
 
 def test_chroma_renders_with_cfg_and_the_negative_prompt_reaches_the_model(in_tmp):

@@ -81,6 +81,8 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("transformer.guidance_scale", TrainingMethod.LORA) == {"flux"}
     assert _families_where("transformer.attention_mask", TrainingMethod.LORA) == {"flux"}
     assert _families_where("dynamic_timestep_shifting") >= {"flux", "chroma"}
+    # OneTrainer shows it in Flux's T5 frame only (Chroma's T5 always sees 512 tokens, with its mask)
+    assert _families_where("text_encoder_2_sequence_length", TrainingMethod.LORA) == {"flux"}
     assert not _families_where("text_encoder.train_embedding", TrainingMethod.LORA)
 
 

@@ -59,8 +59,13 @@ def test_onetrainer_flux_preset_passes_check_with_a_local_model(path: Path, in_t
         assert "NFLOAT_4 weights need bitsandbytes' CUDA kernels" in problem.message and "FLOAT_8" in problem.message
     warned = {p.path: p.message for p in problems if not p.is_error}
     expected = _expected_not_built(raw)
-    assert set(warned) == expected, warned  # nothing else: no unknown key, no ignored setting, no stale value
+    # A fine-tune's offloading moves the frozen weights only: the trained transformer stays on the GPU.
+    offloaded_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"].get("offload_fraction", 0) > 0
+    trained_stay = {"transformer.offload_fraction"} if offloaded_fine_tune else set()
+    assert set(warned) == expected | trained_stay, warned  # nothing else: no unknown key, no ignored setting
     assert all("is not built yet; " in warned[p] for p in expected)
+    assert all("moves frozen weights only" in warned[p] for p in trained_stay)
+    expected |= trained_stay
 
     # The command line says the same: the exit code, each warning by its path, "valid" when nothing is refused.
     argv = ["--config-path", str(path), *(arg for o in overrides for arg in ("--set", o)), "--check"]
@@ -79,8 +84,8 @@ def test_what_check_says_for_onetrainer_flux_presets(in_tmp: Path, capsys):
     assert main(["--config-path", str(path), *(a for s in sets for a in ("--set", s)), "--check"]) == EXIT_OK
     err = capsys.readouterr().err
     assert (
-        "offload_fraction 0.85 on the transformer: layer offloading is not built yet; the whole transformer stays on "
-        "the GPU" in err
+        "offload_fraction 0.85 on the transformer: layer offloading moves frozen weights only, and a fine-tune trains "
+        "the transformer's layers" in err
     )
     assert "fused_back_pass true in the ADAFACTOR settings OneTrainer applies on load: the fused back pass" in err
     assert (
@@ -88,3 +93,46 @@ def test_what_check_says_for_onetrainer_flux_presets(in_tmp: Path, capsys):
         "update to BFLOAT_16 weights rounded up or down at random, so small updates add up) is not built yet; "
         "updates round to the nearest BFLOAT_16 value" in err
     )
+
+
+_T5_SKIPPED = "skips the T5 LoRA of a DIFFUSERS_LORA file"
+_T5_REFUSED = "refuses a DIFFUSERS_LORA file that holds a T5 LoRA"
+_APPROXIMATOR = "the layer filter puts LoRA on Chroma's approximator"
+
+
+@pytest.mark.parametrize(
+    ("variant", "settings", "expected"),
+    [
+        ("flux-dev", {"output_model_format": "DIFFUSERS_LORA", "text_encoder_2": {"train": True}},
+         {"text_encoder_2.train": _T5_SKIPPED}),
+        ("flux-dev", {"output_model_format": "KOHYA_LORA", "text_encoder_2": {"train": True}}, {}),
+        ("flux-dev", {"output_model_format": "DIFFUSERS_LORA", "text_encoder_2": {"train": False}}, {}),
+        ("chroma", {"output_model_format": "DIFFUSERS_LORA", "text_encoder": {"train": True}},
+         {"text_encoder.train": _T5_REFUSED}),
+        ("chroma", {"output_model_format": "KOHYA_LORA", "layer_filter_preset": "full"},
+         {"layer_filter_preset": _APPROXIMATOR}),
+        ("chroma", {"output_model_format": "KOHYA_LORA", "layer_filter_preset": "attn-mlp"}, {}),
+        ("chroma", {"output_model_format": "DIFFUSERS_LORA", "layer_filter_preset": "full",
+                    "text_encoder": {"train": False}}, {}),
+        ("chroma", {"output_model_format": "KOHYA_LORA", "layer_filter_preset": "custom",
+                    "layer_filter": "attn, distilled_guidance"}, {"layer_filter": _APPROXIMATOR}),
+        ("chroma", {"output_model_format": "KOHYA_LORA", "layer_filter_preset": "custom",
+                    "layer_filter": r"layers\.4\.linear_2$", "layer_filter_regex": True},
+         {"layer_filter": _APPROXIMATOR}),
+    ],
+    ids=["flux-diffusers-t5", "flux-kohya-t5", "flux-diffusers-frozen-t5", "chroma-diffusers-t5", "chroma-kohya-full",
+         "chroma-kohya-attn-mlp", "chroma-diffusers-full", "chroma-kohya-custom", "chroma-kohya-regex"],
+)  # fmt: skip
+def test_check_warns_of_lora_files_diffusers_will_not_read_as_trained(variant, settings, expected, tmp_path: Path):
+    from onetrainer.config import config_from_dict
+    from tests.helpers import tiny_config
+
+    image_folder(tmp_path, count=2)
+    config, problems = config_from_dict(tiny_config(tmp_path, variant=variant, **settings))
+    assert not errors(problems)
+    problems = run_checks(config)
+    caveats = {
+        p.path: p.message for p in problems if any(s in p.message for s in (_T5_SKIPPED, _T5_REFUSED, _APPROXIMATOR))
+    }
+    assert {path: next(s for s in expected.values() if s in m) for path, m in caveats.items()} == expected
+    assert not errors(problems) and all(not p.is_error for p in problems if p.path in caveats)

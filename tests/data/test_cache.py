@@ -65,3 +65,22 @@ def test_the_latents_are_encoded_again_when_the_image_encoder_changes(tmp_path, 
     assert encoded("FLOAT_32") == 2
     assert encoded("FLOAT_32") == 0  # the same encoder: served from the cache
     assert encoded("BFLOAT_16") == 2  # another dtype of the encoder: not the old latents
+
+
+def test_the_text_cache_key_follows_each_encoders_clip_skip_and_sequence_length(tmp_path):
+    from types import SimpleNamespace
+
+    from onetrainer.config import TrainConfig
+    from onetrainer.config.enums import ModelType
+    from onetrainer.data.caching import TextCache
+    from onetrainer.families.base import TextEncoderSlot
+
+    config = TrainConfig(model_type=ModelType.FLUX_DEV_1, cache_dir=str(tmp_path))
+    family = SimpleNamespace(info=SimpleNamespace(key="flux"))
+
+    def key(skip: int, tokens: int | None) -> str:
+        slot = TextEncoderSlot("text_encoder_2", None, None, "lora_te3", "t5", skip, max_tokens=tokens)
+        return TextCache(config, family, SimpleNamespace(text_encoders=[slot])).key("a red circle")
+
+    assert key(0, 77) == key(0, 77)
+    assert len({key(0, 77), key(0, 512), key(0, None), key(1, 77)}) == 4

@@ -129,11 +129,14 @@ def test_packing_and_position_ids_are_the_pipelines():
     assert torch.equal(image_ids(4, 3, CPU), FluxPipeline._prepare_latent_image_ids(1, 4, 3, CPU, torch.float32))
 
 
-@pytest.mark.parametrize("variant", ["flux-dev", "flux-schnell"])
-def test_flux_text_encoding_is_the_pipelines(variant):
-    family, model = our_model(variant)
+@pytest.mark.parametrize(
+    ("variant", "length", "tokens"),
+    [("flux-dev", 77, 77), ("flux-dev", None, 512), ("flux-schnell", None, 256)],
+    ids=["dev-77-the-default", "dev-its-own-512", "schnell-its-own-256"],
+)
+def test_flux_text_encoding_is_the_pipelines(variant, length, tokens):
+    family, model = our_model(variant, text_encoder_2_sequence_length=length)
     pipe = diffusers_pipeline(variant)
-    tokens = 512 if variant == "flux-dev" else 256
     captions = ["a red circle on a blue background", ""]
     conditioning = family.encode_text(model, captions)
     with torch.no_grad():
@@ -399,14 +402,16 @@ def test_embedding_files_hold_clip_l_and_t5_and_load_in_diffusers_as_ours(tmp_pa
     with torch.no_grad():
         ours = family.encode_text(model, [method.embeddings.apply(prompt)])
     pipe = diffusers_pipeline("flux-dev")
+    tokens = cfg.text_encoder_2_sequence_length  # the T5 length we prompt with (OneTrainer's default, 77)
     with torch.no_grad():
-        plain, _, _ = pipe.encode_prompt(prompt, prompt)
+        plain, _, _ = pipe.encode_prompt(prompt, prompt, max_sequence_length=tokens)
     pipe.load_textual_inversion(tensors["clip_l"], token="<shape>", text_encoder=pipe.text_encoder,
                                 tokenizer=pipe.tokenizer)  # fmt: skip
     pipe.load_textual_inversion(tensors["t5"], token="<shape>", text_encoder=pipe.text_encoder_2,
                                 tokenizer=pipe.tokenizer_2)  # fmt: skip
     with torch.no_grad():
-        hidden, pooled, _ = pipe.encode_prompt(prompt, prompt)
+        hidden, pooled, _ = pipe.encode_prompt(prompt, prompt, max_sequence_length=tokens)
+    assert tokens == 77 and hidden.shape[1] == tokens
     assert torch.allclose(ours.hidden_states, hidden, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
     assert not torch.allclose(plain, hidden, atol=1e-3)
 

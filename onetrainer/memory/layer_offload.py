@@ -1,0 +1,292 @@
+"""Layer offloading: a part's blocks (a transformer's layers) kept in CPU memory and moved to the device as they run.
+
+`offload_fraction` of the blocks are off the device at any time: the device holds a window of the others, which slides
+with the execution, front to back in a forward pass and back to front in the backward pass (as OneTrainer's layer
+offloading, docs/RamOffloading.md there). After a block has run, its weights leave the device and the next block
+beyond the window is copied in, ahead of its use. At the end of a forward pass the last blocks are on the device, as
+the backward pass wants them; at the end of the backward pass the first ones, as the next forward pass wants them.
+
+Only frozen weights move, and only host to device: the CPU copy (pinned memory on CUDA) stays valid, so leaving the
+device is dropping the device copy. Trainable weights (a LoRA's adapters, which live inside the blocks) stay on the
+device. A block off the device holds an empty tensor in place of each moved weight, so a use out of turn fails loudly
+rather than computing with stale data.
+
+How the backward pass is followed: a hook on each block's outputs fires when the gradient reaching them is complete,
+which is just before the block's own backward nodes run. Gradient checkpointing recomputes a block's forward inside the
+backward pass; those forwards are told apart (`_in_backward`) and leave the window where it is. Autograd's saved
+references to a weight see the tensor the parameter holds at the time they are used, which is the device copy again
+by then.
+
+On CUDA with `async_copies`, copies run on a side stream (non-blocking from pinned memory) and the compute stream waits
+for a block's copy only when it runs it. On a CPU a "copy" is a clone, and the same code runs, which is how the tests
+check the order of the moves and that results do not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class OffloadError(ValueError):
+    """The part cannot be offloaded as configured (no blocks at that path, a fraction out of range)."""
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward pass on this thread (a checkpoint's recomputed forward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _tensors(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif hasattr(value, "to_tuple"):  # diffusers' and transformers' output classes
+        yield from _tensors(value.to_tuple())
+
+
+@dataclass
+class _Block:
+    module: torch.nn.Module
+    # (parameter, its CPU copy) for every frozen weight that moves
+    weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    loaded: bool = True
+    ready: torch.cuda.Event | None = None  # the copy's completion on the side stream, until the block first runs
+
+
+class LayerOffload:
+    """Offloads `fraction` of the blocks of `module` found under `block_paths` (ModuleLists, in execution order).
+
+    Inactive until `attach(device)`; `detach(offload_device)` puts every weight back in the module, as an ordinary
+    module on that device. The hooks stay on the blocks and do nothing while detached."""
+
+    def __init__(
+        self, module: torch.nn.Module, block_paths: Sequence[str], fraction: float, async_copies: bool = True
+    ) -> None:
+        if not 0.0 < fraction < 1.0:
+            raise OffloadError(f"an offload fraction must lie between 0 and 1 (exclusive), not {fraction}")
+        blocks: list[torch.nn.Module] = []
+        for path in block_paths:
+            try:
+                found = module.get_submodule(path)
+            except AttributeError:
+                raise OffloadError(f"{type(module).__name__} has no blocks at '{path}'") from None
+            blocks.extend(found)
+        if len(blocks) < 2:
+            raise OffloadError(f"{type(module).__name__} has {len(blocks)} block(s) under {list(block_paths)}")
+        self.module = module
+        self.blocks = [_Block(b) for b in blocks]
+        self.offloaded = min(len(blocks) - 1, round(fraction * len(blocks)))
+        self.window = len(blocks) - self.offloaded  # blocks on the device at a time
+        self.async_copies = async_copies
+        self.device: torch.device | None = None
+        self._copy_stream: torch.cuda.Stream | None = None
+        self._backward_at: int | None = None  # the block the running backward pass has reached
+        self.moves: list[tuple[int, str]] = []  # (block, "in" | "out"), for tests and the benchmark
+        self.peak_resident = 0  # the most blocks on the device at once
+        self._hooks = []
+        for index, block in enumerate(self.blocks):
+            self._hooks.append(block.module.register_forward_pre_hook(self._pre_hook(index)))
+            self._hooks.append(block.module.register_forward_hook(self._post_hook(index)))
+
+    # -- placing the part ---------------------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self.device is not None
+
+    def attach(self, device: torch.device | str) -> None:
+        """Put the part on `device` with the first `window` blocks there and the others' frozen weights in CPU memory
+        (pinned when the device is a GPU): the peak never holds the whole part."""
+        device = torch.device(device)
+        if self.active:
+            self.detach(torch.device("cpu"))
+        pin = device.type == "cuda"
+        for block in self.blocks:
+            block.weights = []
+            for param in block.module.parameters():
+                # Trained weights stay, and so do weights of a tensor subclass (bitsandbytes' NFLOAT_4 keeps its
+                # quantization state beside the data, which a swap of the data would leave behind).
+                if param.requires_grad or type(param) is not torch.nn.Parameter:
+                    continue
+                home = param.data.to("cpu")
+                if pin:
+                    home = home.pin_memory()
+                block.weights.append((param, home))
+                param.data = self._empty(param, torch.device("cpu"))
+            block.loaded = False
+        self.module.to(device)  # what stays: everything outside the blocks, the trained weights, the empty stand-ins
+        self.device = device
+        if device.type == "cuda" and self.async_copies:
+            self._copy_stream = torch.cuda.Stream(device)
+        for index in range(self.window):
+            self._load(index, ahead=False)
+
+    def detach(self, offload_device: torch.device | str) -> None:
+        """Every weight back in the module, the whole part on `offload_device`; the hooks go quiet."""
+        self._wait_for_copies()
+        for block in self.blocks:
+            for param, home in block.weights:
+                param.data = home
+            block.weights = []
+            block.loaded = True
+            block.ready = None
+        self.device = None
+        self._copy_stream = None
+        self._backward_at = None
+        self.module.to(offload_device)
+
+    @contextlib.contextmanager
+    def in_place(self, written: bool = False) -> Iterator[None]:
+        """Every moving weight as its CPU copy in the module for the duration, for whoever reads the whole state
+        (saving, a backup) or, with `written`, writes it (restoring a backup: the blocks on the device are copied again
+        from what was written); then as it was."""
+        if not self.active:
+            yield
+            return
+        self._wait_for_copies()
+        before = [(param, param.data) for block in self.blocks for param, _ in block.weights]
+        for block in self.blocks:
+            for param, home in block.weights:
+                param.data = home
+        try:
+            yield
+        finally:
+            if not written:
+                for param, data in before:
+                    param.data = data
+            else:
+                for block in self.blocks:
+                    for param, home in block.weights:
+                        param.data = self._copy(home) if block.loaded else self._empty(param, self.device)
+                    block.ready = None
+
+    def remove(self) -> None:
+        """Take the hooks off the blocks (after `detach`)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # -- the hooks ----------------------------------------------------------------------------------------------------
+
+    def _pre_hook(self, index: int):
+        def hook(_module, _args):
+            if not self.active:
+                return
+            if _in_backward():  # a checkpoint recomputing this block: the backward pass put it here already
+                self._use(index)
+                return
+            self._backward_at = None
+            self._use(index)
+            self._slide(index, forward=True)
+
+        return hook
+
+    def _post_hook(self, index: int):
+        def hook(_module, _args, output):
+            if not self.active or _in_backward() or not torch.is_grad_enabled():
+                return
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda _grad: self._backward_reached(index))
+
+        return hook
+
+    def _backward_reached(self, index: int) -> None:
+        if self._backward_at is not None and self._backward_at <= index:
+            return  # another output of the same block (or of a later one arriving late): the window is there
+        self._backward_at = index
+        self._use(index)
+        self._slide(index, forward=False)
+
+    # -- moving blocks ------------------------------------------------------------------------------------------------
+
+    def _slide(self, index: int, forward: bool) -> None:
+        """The window starting at `index` in the direction of execution: blocks outside it leave, blocks inside it that
+        are not on the device yet are copied in (ahead of use, when copies are asynchronous)."""
+        count = len(self.blocks)
+        # `window` blocks from `index` on; near the end, the last ones run stay (the other pass starts with them)
+        if forward:
+            first = min(index, count - self.window)
+            wanted = range(first, first + self.window)
+        else:
+            last = max(index, self.window - 1)
+            wanted = range(last, last - self.window, -1)
+        inside = set(wanted)
+        for other, block in enumerate(self.blocks):
+            if block.loaded and other not in inside:
+                self._unload(other)
+        for other in wanted:
+            if not self.blocks[other].loaded:
+                self._load(other, ahead=True)
+
+    def _load(self, index: int, ahead: bool) -> None:
+        block = self.blocks[index]
+        assert self.device is not None
+        stream = self._copy_stream if ahead else None
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                copies = [home.to(self.device, non_blocking=True) for _, home in block.weights]
+                block.ready = torch.cuda.Event()
+                block.ready.record(stream)
+        else:
+            copies = [self._copy(home) for _, home in block.weights]
+        for (param, _), copy in zip(block.weights, copies):
+            param.data = copy
+        block.loaded = True
+        self.moves.append((index, "in"))
+        self.peak_resident = max(self.peak_resident, sum(b.loaded for b in self.blocks))
+
+    def _use(self, index: int) -> None:
+        """Block `index` is about to run: on the device, its copy complete as seen from the compute stream."""
+        block = self.blocks[index]
+        if not block.loaded:
+            self._load(index, ahead=False)
+        if block.ready is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(block.ready)
+            for param, _ in block.weights:  # allocated on the side stream, used (and freed) after this stream's work
+                param.data.record_stream(compute)
+            block.ready = None
+
+    def _unload(self, index: int) -> None:
+        block = self.blocks[index]
+        if block.ready is not None:  # copied in but never run: its copy must finish before its memory is reused
+            block.ready.synchronize()
+            block.ready = None
+        for param, _ in block.weights:
+            param.data = self._empty(param, self.device)
+        block.loaded = False
+        self.moves.append((index, "out"))
+
+    def _copy(self, home: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return home.clone()  # a distinct tensor, as a device copy is: nothing writes through to the CPU copy
+        return home.to(self.device)
+
+    def _wait_for_copies(self) -> None:
+        for block in self.blocks:
+            if block.ready is not None:
+                block.ready.synchronize()
+
+    @staticmethod
+    def _empty(param: torch.nn.Parameter, device: torch.device) -> torch.Tensor:
+        return torch.empty(0, dtype=param.dtype, device=device)
+
+    # -- facts --------------------------------------------------------------------------------------------------------
+
+    def resident(self) -> list[int]:
+        """The blocks whose weights are on the device now."""
+        return [i for i, block in enumerate(self.blocks) if block.loaded]
+
+    def moved_bytes(self) -> int:
+        """The bytes of frozen block weights that live in CPU memory (all blocks' moving weights)."""
+        return sum(home.numel() * home.element_size() for block in self.blocks for _, home in block.weights)

@@ -1,0 +1,64 @@
+"""What `--check` and the estimate say about layer offloading: the frozen block weights it keeps off the device (as
+many as the offloader moves), and warnings where it cannot do what the setting suggests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from onetrainer.config import config_from_dict
+from onetrainer.training.checks import check_layer_offloading
+from tests.helpers import local_config, tiny_config
+
+
+def _config(variant: str = "flux-dev", method: str = "LORA", **overrides):
+    config, problems = config_from_dict(tiny_config(Path("/nonexistent"), variant=variant, method=method, **overrides))
+    assert not [p for p in problems if p.is_error]
+    return config
+
+
+def test_the_estimate_keeps_off_the_device_what_the_offloader_moves():
+    from onetrainer.families import load_family_class
+    from onetrainer.memory.layer_offload import LayerOffload
+    from onetrainer.methods import create_method
+    from onetrainer.training.estimate import counts_of, model_shapes
+
+    config = local_config(_config(transformer={"offload_fraction": 0.5}))
+    shapes, _ = model_shapes(config)
+    count = counts_of(config, shapes)["transformer"]
+    plain = counts_of(_config_without_offload(config), shapes)["transformer"]
+
+    family = load_family_class(config.model_type)()
+    model = family.load(config)
+    create_method(config, family, model, torch.device("cpu"))
+    offload = LayerOffload(model.part("transformer"), family.layer_blocks["transformer"], 0.5)
+    offload.attach(torch.device("cpu"))
+    moved = sum(home.numel() for block in offload.blocks for _, home in block.weights)
+    expected = moved * offload.offloaded // len(offload.blocks)
+    assert offload.offloaded == 2 and count.offloaded == expected > 0
+    assert plain.offloaded == 0
+    assert count.device_bytes == pytest.approx(plain.device_bytes * (1 - expected / count.params))
+
+
+def _config_without_offload(config):
+    other = config.copy()
+    other.transformer.offload_fraction = 0.0
+    return other
+
+
+def test_check_says_what_offloading_will_not_do():
+    def warnings(**overrides) -> dict[str, str]:
+        return {p.path: p.message for p in check_layer_offloading(_config(**overrides))}
+
+    offloaded = {"offload_fraction": 0.5}
+    assert warnings(transformer=offloaded) == {}  # a checkpointed LoRA: it does what it says
+    assert warnings(text_encoder_2=offloaded) == {}  # a frozen T5, forward only
+    unchecked = warnings(transformer={**offloaded, "gradient_checkpointing": False})
+    assert "only with gradient checkpointing" in unchecked["transformer.offload_fraction"]
+    fine_tune = warnings(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER", transformer=offloaded)
+    assert "moves frozen weights only" in fine_tune["transformer.offload_fraction"]
+    sdxl = warnings(variant="sdxl", unet=offloaded)
+    assert "layer offloading is not built yet for Stable Diffusion XL's unet" in sdxl["unet.offload_fraction"]
+    assert warnings(variant="sdxl", transformer=offloaded) == {}  # a part SDXL does not have

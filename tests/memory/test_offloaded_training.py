@@ -1,0 +1,49 @@
+"""Training with layer offloading gives what training without it gives: the same losses and the same trained weights,
+for a LoRA (the transformer's blocks and T5's offloaded, the adapters on the device) and a fine-tune of the attention
+(the frozen rest of each block offloaded), on tiny Flux dev through the trainer, with gradient checkpointing on (as
+OneTrainer's offloading presets train) and off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from onetrainer.training.events import Metrics
+from tests.helpers import image_folder, run_config, tiny_config
+
+RUNS = {
+    "lora": {"method": "LORA", "output_model_format": "KOHYA_LORA", "layer_filter_preset": "attn-mlp"},
+    "fine-tune": {
+        "method": "FINE_TUNE",
+        "output_model_format": "ORIGINAL_TRANSFORMER",
+        "layer_filter_preset": "attn-only",
+    },
+}
+
+
+def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+    image_folder(root, count=2)
+    settings = dict(RUNS[run])
+    method = settings.pop("method")
+    config = tiny_config(
+        root, variant="flux-dev", method=method, epochs=2, learning_rate=1e-3, **settings,
+        output_model_destination=str(root / "out" / "model.safetensors"),
+        transformer={"offload_fraction": fraction, "gradient_checkpointing": checkpointing},
+        text_encoder={"train": False}, text_encoder_2={"train": False, "offload_fraction": fraction},
+    )  # fmt: skip
+    events = run_config(config)
+    losses = [e.loss for e in events if isinstance(e, Metrics)]
+    return losses, load_file(str(root / "out" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "no-checkpointing"])
+@pytest.mark.parametrize("run", list(RUNS))
+def test_offloaded_training_gives_the_same_losses_and_weights(tmp_path: Path, run: str, checkpointing: bool):
+    losses, weights = train(tmp_path / "plain", run, 0.0, checkpointing)
+    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", run, 0.75, checkpointing)
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
