@@ -18,7 +18,16 @@ from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
 TEXT_ENCODER = frozenset({PartRole.TEXT_ENCODER})
-WEIGHT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16, DataType.FLOAT_8, DataType.NFLOAT_4)
+WEIGHT_DTYPES = (
+    DataType.FLOAT_32,
+    DataType.FLOAT_16,
+    DataType.BFLOAT_16,
+    DataType.FLOAT_8,
+    DataType.INT_8,
+    DataType.INT_W8A8,
+    DataType.FLOAT_W8A8,
+    DataType.NFLOAT_4,
+)
 TRAINING = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
 STOP_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP)
 
@@ -75,8 +84,10 @@ class ModelPartConfig(ConfigNode):
         DataType.FLOAT_32,
         "Weight data type",
         "The data type this part's weights are kept in. FLOAT_16 / BFLOAT_16 halve the memory; trained weights in "
-        "FLOAT_16 can be unstable. FLOAT_8 (a quarter) and NFLOAT_4 (bitsandbytes, CUDA only) hold frozen weights, "
-        "computed in the training data type layer by layer.",
+        "FLOAT_16 can be unstable. The quantized kinds hold frozen weights: FLOAT_8 and INT_8 (a quarter; INT_8 with "
+        "a scale per channel, closer to the original) computed in the training data type layer by layer; INT_W8A8 "
+        "and FLOAT_W8A8 also multiply in 8 bits (faster on GPUs with 8-bit tensor cores; FLOAT_W8A8 needs an Ada or "
+        "newer GPU); NFLOAT_4 (an eighth; bitsandbytes, CUDA only).",
         tab="model",
         choices=WEIGHT_DTYPES,
     )

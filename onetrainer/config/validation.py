@@ -23,19 +23,21 @@ if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 # OneTrainer's weight dtypes that are not built here: what each is, and what to choose instead. A part cannot be loaded
-# in them, so a config naming one is refused (FLOAT_8 and NFLOAT_4 are the quantized kinds built, `util/quantize.py`).
-_INSTEAD_8BIT = "FLOAT_8 also keeps the weights in 8 bits, computed in the training data type"
-_INSTEAD_GGUF = "name a .safetensors model instead, which FLOAT_8 or NFLOAT_4 quantize on load"
+# in them, so a config naming one is refused (FLOAT_8, INT_8, INT_W8A8, FLOAT_W8A8 and NFLOAT_4 are the quantized kinds
+# built, `util/quantize.py`).
+_INSTEAD_8BIT = "INT_W8A8 and FLOAT_W8A8 keep the same 8-bit weights uncompressed"
+_INSTEAD_GGUF = "name a .safetensors model instead, which FLOAT_8, INT_8 or NFLOAT_4 quantize on load"
 NOT_BUILT_WEIGHT_DTYPES: dict[DataType, tuple[str, str]] = {
-    DataType.INT_8: ("bitsandbytes' 8-bit integer layers", _INSTEAD_8BIT),
-    DataType.FLOAT_W8A8: ("8-bit float weights with 8-bit float matrix multiplications", _INSTEAD_8BIT),
-    DataType.INT_W8A8: ("8-bit integer weights with 8-bit integer matrix multiplications", _INSTEAD_8BIT),
-    DataType.FLOAT_W8A8_COMPRESSED: ("FLOAT_W8A8 weights compressed further", _INSTEAD_8BIT),
-    DataType.INT_W8A8_COMPRESSED: ("INT_W8A8 weights compressed further", _INSTEAD_8BIT),
+    DataType.FLOAT_W8A8_COMPRESSED: ("FLOAT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
+    DataType.INT_W8A8_COMPRESSED: ("INT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
     DataType.GGUF: ("weights read pre-quantized from a .gguf file", _INSTEAD_GGUF),
     DataType.GGUF_A8_FLOAT: ("GGUF weights with 8-bit float matrix multiplications", _INSTEAD_GGUF),
     DataType.GGUF_A8_INT: ("GGUF weights with 8-bit integer matrix multiplications", _INSTEAD_GGUF),
 }
+
+
+# The quantized kinds stored as 8 bits with a scale per output channel (`util/quantize.to_scaled_8bit`).
+SCALED_8BIT = (DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8)
 
 
 def _not_yet(bound: BoundField, value) -> str | None:
@@ -342,6 +344,23 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
         )
     # the parts an adapter wraps: the denoiser and the text encoders
     wrapped = model_type_info(config.model_type).family.parts_with(PartRole.DENOISER, PartRole.TEXT_ENCODER)
+    # DoRA, decomposed LoKr and OFT read the base layer's weight, which these keep scaled per channel in 8 bits.
+    scaled = [part for part in wrapped if config.part(part).weight_dtype in SCALED_8BIT]
+    reads_weight = {
+        "DoRA": plain and config.lora_decompose,
+        "LoKr with weight decomposition": config.peft_type is PeftType.LOKR and config.lokr_weight_decompose,
+        "OFT": config.peft_type is PeftType.OFT_2,
+    }
+    reader = next((kind for kind, used in reads_weight.items() if used), None)
+    if scaled and reader:
+        dtype = config.part(scaled[0]).weight_dtype.value
+        problems.append(
+            Problem(
+                f"{scaled[0]}.weight_dtype",
+                f"{reader} reads the base weight, which {dtype} keeps as 8-bit integers with a scale per channel; "
+                "use FLOAT_8 for this part, or plain LoRA, LoHa or LoKr",
+            )
+        )
     nf4 = [part for part in wrapped if config.part(part).weight_dtype is DataType.NFLOAT_4]
     if nf4 and (not plain or config.lora_decompose):
         kind = "DoRA" if plain else config.peft_type.value
@@ -355,13 +374,14 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
 
 
 def _quantized_parts(config: TrainConfig, family) -> list[Problem]:
-    """FLOAT_8 / NFLOAT_4 hold frozen weights only: a part a fine-tune trains needs a trainable dtype."""
+    """Quantized weights (FLOAT_8, INT_8, the W8A8 kinds, NFLOAT_4) are frozen only: a part a fine-tune trains needs a
+    trainable dtype."""
     problems = []
     if config.training_method is not TrainingMethod.FINE_TUNE:
         return problems
     for part in family.parts:
         part_config = config.part(part)
-        if part_config.weight_dtype in (DataType.FLOAT_8, DataType.NFLOAT_4) and part_config.train:
+        if part_config.weight_dtype in (DataType.FLOAT_8, DataType.NFLOAT_4, *SCALED_8BIT) and part_config.train:
             problems.append(
                 Problem(
                     f"{part}.weight_dtype",

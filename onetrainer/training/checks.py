@@ -210,15 +210,16 @@ def check_devices(config: TrainConfig) -> list[Problem]:
 
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
-    """A quantized weight dtype this machine cannot run (NFLOAT_4 without CUDA), before anything loads."""
+    """A quantized weight dtype this machine cannot run (NFLOAT_4 without CUDA, FLOAT_W8A8 on a GPU without float8
+    matmuls), before anything loads."""
     from onetrainer.config.enums import DataType
     from onetrainer.config.model_types import MODEL_TYPES
 
     info = MODEL_TYPES.get(config.model_type)
     problems = []
     for part in info.family.parts if info else ():
-        if config.part(part).weight_dtype is not DataType.NFLOAT_4:
-            continue  # only NFLOAT_4 depends on the machine (and asking torch costs its import)
+        if config.part(part).weight_dtype not in (DataType.NFLOAT_4, DataType.FLOAT_W8A8):
+            continue  # only these depend on the machine (and asking torch costs its import)
         from onetrainer.util.quantize import unsupported_reason
 
         reason = unsupported_reason(config.part(part).weight_dtype, part, config.train_device)

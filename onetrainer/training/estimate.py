@@ -50,8 +50,12 @@ BYTES = {
     DataType.FLOAT_16: 2.0,
     DataType.BFLOAT_16: 2.0,
     DataType.FLOAT_8: 1.0,
+    DataType.INT_8: 1.0,  # and a float32 scale per output channel: next to nothing
+    DataType.INT_W8A8: 1.0,
+    DataType.FLOAT_W8A8: 1.0,
     DataType.NFLOAT_4: 0.5625,  # 4 bits plus a scale per 64 weights
 }
+QUANTIZED = frozenset({DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, DataType.NFLOAT_4})
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
 # a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
 _STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
@@ -86,6 +90,7 @@ def _stop_if_cancelled(*_args: Any) -> None:
 RULE_ACTIVATIONS = 0.122
 RULE_CHECKPOINTED = 0.25
 RULE_FLOPS = 0.0036
+OFFLOAD_ADVICE = 0.5  # the layer offload fraction the advice tries
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ class PartCount:
     @property
     def bytes(self) -> float:
         """The part's weights in bytes, in its configured dtype."""
-        if self.dtype in (DataType.FLOAT_8, DataType.NFLOAT_4):
+        if self.dtype in QUANTIZED:
             return (self.params - self.plain) * BYTES[self.dtype] + self.plain * self.plain_bytes
         return self.params * BYTES[self.dtype]
 
@@ -928,16 +933,40 @@ def estimate(
     result.counted_from = counted_from
     result.activations_from = activations.source
     if free_bytes is not None and result.peak_bytes > free_bytes:
-        result.advice = advice(counts, settings, free_bytes, flops_per_second, config)
+        result.advice = advice(counts, settings, free_bytes, flops_per_second, config, shapes)
     return result
 
 
-def advice(counts: dict[str, PartCount], settings: Settings, free: float, flops, config: TrainConfig) -> list[str]:
+def advice(
+    counts: dict[str, PartCount],
+    settings: Settings,
+    free: float,
+    flops,
+    config: TrainConfig,
+    shapes: Shapes | None = None,
+) -> list[str]:
     """The single changes that bring the estimate under `free`, each with its new peak; else the best ones."""
+    from onetrainer.config.model_types import LAYER_OFFLOADING
     from onetrainer.families.base import PartRole
 
     options = []
-    roles = family_of(config).part_roles
+    family = family_of(config)
+    roles = family.part_roles
+    # Layer offloading for the parts on the device that can and do not yet (half their blocks in CPU memory).
+    offloadable = [
+        part
+        for part, count in counts.items()
+        if count.on_device
+        and LAYER_OFFLOADING in family.info.part_capabilities.get(part, ())
+        and config.part(part).offload_fraction == 0
+        and config.part(part).weight_dtype is not DataType.NFLOAT_4
+    ]
+    if offloadable and shapes is not None:
+        trial = config.copy()
+        for part in offloadable:
+            trial.part(part).offload_fraction = OFFLOAD_ADVICE
+        changed = counts_of(trial, shapes)
+        options.append((f"layer offload fraction {OFFLOAD_ADVICE} for " + ", ".join(offloadable), changed, settings))
     # FLOAT_8 for the frozen weights of the denoiser and the text encoders (image encoders stay as they are).
     frozen = {
         k: c

@@ -1,5 +1,6 @@
-"""Quantized base weights for frozen parts: FLOAT_8 (stored as float8, computed in the training dtype layer by layer)
-and NFLOAT_4 (bitsandbytes' 4-bit NormalFloat, which needs CUDA).
+"""Quantized base weights for frozen parts: FLOAT_8 (stored as float8, computed in the training dtype layer by layer),
+INT_8 (int8 with a scale per output channel, computed the same way), INT_W8A8 / FLOAT_W8A8 (8-bit weights that also
+multiply in 8 bits, below) and NFLOAT_4 (bitsandbytes' 4-bit NormalFloat, which needs CUDA).
 
 FLOAT_8: each Linear and Conv2d keeps its weight in float8_e4m3fn and casts it to the input's dtype just for its own
 forward and backward (`_Float8Linear` / `_Float8Conv2d`), so it works on any device (a GPU without fp8 arithmetic
@@ -25,8 +26,16 @@ from onetrainer.config.enums import DataType
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-QUANTIZED = frozenset({DataType.FLOAT_8, DataType.NFLOAT_4})
+QUANTIZED = frozenset({DataType.FLOAT_8, DataType.NFLOAT_4, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8})
 FLOAT8 = torch.float8_e4m3fn
+FLOAT8_MAX = 448.0  # the largest float8_e4m3fn value
+INT8_MAX = 127.0
+# Rows below which an 8-bit matmul does not pay (and CUDA's int8 kernel refuses): the dequantized weight is used.
+W8A8_MIN_ROWS = 16
+FLOAT_W8A8_NEEDS = (
+    "FLOAT_W8A8 multiplies in float8, which needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper, "
+    "Blackwell), and this one is {capability}; choose INT_W8A8, INT_8 or FLOAT_8 for the {part}"
+)
 NF4_NEEDS_CUDA = (
     "NFLOAT_4 weights need bitsandbytes' CUDA kernels, and this machine has no CUDA device; choose FLOAT_8 (which "
     "works everywhere) or FLOAT_16 / BFLOAT_16 for the {part}"
@@ -49,7 +58,17 @@ def unsupported_reason(data_type: DataType, part: str, device: str | torch.devic
         cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
         if not cuda:
             return NF4_NEEDS_CUDA.format(part=part)
+    if data_type is DataType.FLOAT_W8A8 and _trains_on_cuda(device):
+        capability = torch.cuda.get_device_capability(torch.device(device or "cuda"))
+        if capability < (8, 9):
+            return FLOAT_W8A8_NEEDS.format(capability=".".join(map(str, capability)), part=part)
     return None
+
+
+def _trains_on_cuda(device: str | torch.device | None) -> bool:
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.is_available()
 
 
 def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bool:
@@ -68,8 +87,10 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
             layer.to(dtype=torch.float32)
     if data_type is DataType.FLOAT_8:
         to_float8(module, kept)
-    else:
+    elif data_type is DataType.NFLOAT_4:
         _to_nf4(module, dtype, kept)
+    else:
+        to_scaled_8bit(module, data_type, kept)
     return True
 
 
@@ -142,6 +163,162 @@ class Float8Conv2d(torch.nn.Conv2d):
             raise ValueError("FLOAT_8 convolutions support zero padding only")
         return _Float8Conv2dFunction.apply(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
+        )
+
+
+# -- INT_8, INT_W8A8, FLOAT_W8A8: 8-bit weights with a scale per output channel ------------------------------------
+#
+# INT_8 stores int8 weights and computes with the weight dequantized (like FLOAT_8, with a scale). The W8A8 kinds also
+# quantize each row of the input (a token) to 8 bits with its own scale and multiply in 8 bits (`torch._int_mm`,
+# `torch._scaled_mm`), then scale the result back: faster on GPUs with 8-bit tensor cores, and it runs on a CPU.
+# The backward pass, which a LoRA below needs for its input's gradient, multiplies by the dequantized weight.
+
+
+def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` (out, …) as `dtype` (int8 or float8_e4m3fn) with one float32 scale per output row: weight ≈ q·scale."""
+    flat = weight.detach().float().reshape(weight.shape[0], -1)
+    limit = INT8_MAX if dtype == torch.int8 else FLOAT8_MAX
+    scale = (flat.abs().amax(dim=1) / limit).clamp(min=1e-12)
+    scaled = flat / scale[:, None]
+    quantized = scaled.round().clamp(-INT8_MAX, INT8_MAX) if dtype == torch.int8 else scaled
+    return quantized.to(dtype).reshape(weight.shape), scale
+
+
+def dequantized(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    shape = (-1,) + (1,) * (weight.dim() - 1)
+    return weight.to(dtype) * scale.reshape(shape).to(device=weight.device, dtype=dtype)
+
+
+class _ScaledStateMixin:
+    """The state dict of a plain layer: the weight dequantized to float32 (a fine-tune's pipeline folder or backup
+    holds no int8 tensors and no scales); a floating weight loaded into it is quantized again."""
+
+    weight: torch.nn.Parameter
+    weight_scale: torch.Tensor
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)  # type: ignore[misc]
+        destination[prefix + "weight"] = dequantized(self.weight.detach(), self.weight_scale, torch.float32)
+        destination.pop(prefix + "weight_scale", None)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and weight.dtype != self.weight.dtype:
+            quantized, scale = quantize_rows(weight, self.weight.dtype)
+            state_dict = {**state_dict, prefix + "weight": quantized, prefix + "weight_scale": scale}
+        elif prefix + "weight_scale" not in state_dict:
+            state_dict = {**state_dict, prefix + "weight_scale": self.weight_scale}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
+
+
+def to_scaled_8bit(module: torch.nn.Module, data_type: DataType, kept: list[torch.nn.Module] = ()) -> None:
+    """Store every Linear and Conv2d weight of `module` (but those in `kept`) in 8 bits with a scale per output
+    channel: INT_8 and INT_W8A8 as int8, FLOAT_W8A8 as float8; the W8A8 kinds also multiply their Linears in 8 bits."""
+    storage = FLOAT8 if data_type is DataType.FLOAT_W8A8 else torch.int8
+    w8a8 = data_type in (DataType.INT_W8A8, DataType.FLOAT_W8A8)
+    skipped = {id(m) for layer in kept for m in layer.modules()}
+    for layer in module.modules():
+        if id(layer) in skipped:
+            continue
+        if type(layer) is torch.nn.Linear:
+            layer.__class__ = W8A8Linear if w8a8 else Scaled8BitLinear
+        elif type(layer) is torch.nn.Conv2d:
+            layer.__class__ = Scaled8BitConv2d
+        else:
+            continue
+        weight, scale = quantize_rows(layer.weight.data, storage)
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        layer.register_buffer("weight_scale", scale)
+        if layer.bias is not None:
+            layer.bias.requires_grad_(False)
+
+
+class _Scaled8BitLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight8, scale, bias, w8a8):
+        ctx.save_for_backward(weight8, scale)
+        bias = None if bias is None else bias.to(x.dtype)
+        rows = x.reshape(-1, x.shape[-1])
+        if not (w8a8 and _eight_bit_matmul(rows, weight8)):
+            return torch.nn.functional.linear(x, dequantized(weight8, scale, x.dtype), bias)
+        out = _matmul_8bit(rows, weight8, scale).to(x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], weight8.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight8, scale = ctx.saved_tensors
+        return grad @ dequantized(weight8, scale, grad.dtype), None, None, None, None
+
+
+def _eight_bit_matmul(rows: torch.Tensor, weight8: torch.Tensor) -> bool:
+    """Whether the 8-bit kernels take these shapes: any on a CPU; on CUDA more than 16 rows and widths in 16s."""
+    if rows.device.type == "cpu":
+        return rows.shape[0] > 0
+    out_features, in_features = weight8.shape
+    return rows.shape[0] > W8A8_MIN_ROWS and in_features % 16 == 0 and out_features % 16 == 0
+
+
+def _matmul_8bit(rows: torch.Tensor, weight8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """rows @ (weight8·scale)ᵀ with each row quantized to the weight's 8-bit type, in float32."""
+    limit = INT8_MAX if weight8.dtype == torch.int8 else FLOAT8_MAX
+    values = rows.float()
+    row_scale = (values.abs().amax(dim=1, keepdim=True) / limit).clamp(min=1e-12)
+    scaled = values / row_scale
+    if weight8.dtype == torch.int8:
+        product = torch._int_mm(scaled.round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8), weight8.t()).float()
+    else:
+        one = torch.ones((), device=rows.device)
+        product = torch._scaled_mm(scaled.to(FLOAT8), weight8.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return product * row_scale * scale[None, :]
+
+
+class Scaled8BitLinear(_ScaledStateMixin, torch.nn.Linear):
+    """A frozen Linear whose weight is int8 or float8 with a scale per output channel (`weight_scale`), computed with
+    the weight dequantized to the input's dtype (INT_8)."""
+
+    weight_scale: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Scaled8BitLinearFunction.apply(x, self.weight, self.weight_scale, self.bias, False)
+
+
+class W8A8Linear(Scaled8BitLinear):
+    """A Scaled8BitLinear that also quantizes its input per row and multiplies in 8 bits (INT_W8A8, FLOAT_W8A8)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Scaled8BitLinearFunction.apply(x, self.weight, self.weight_scale, self.bias, True)
+
+
+class _Scaled8BitConv2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight8, scale, bias, stride, padding, dilation, groups):
+        ctx.save_for_backward(weight8, scale)
+        ctx.conv = (x.shape, stride, padding, dilation, groups)
+        bias = None if bias is None else bias.to(x.dtype)
+        weight = dequantized(weight8, scale, x.dtype)
+        return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight8, scale = ctx.saved_tensors
+        shape, stride, padding, dilation, groups = ctx.conv
+        weight = dequantized(weight8, scale, grad.dtype)
+        grad_x = torch.nn.grad.conv2d_input(shape, weight, grad, stride, padding, dilation, groups)
+        return grad_x, None, None, None, None, None, None, None
+
+
+class Scaled8BitConv2d(_ScaledStateMixin, torch.nn.Conv2d):
+    """A frozen Conv2d whose weight is 8-bit with a scale per output channel (zero padding only)."""
+
+    weight_scale: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padding_mode != "zeros":
+            raise ValueError("8-bit convolutions support zero padding only")
+        return _Scaled8BitConv2dFunction.apply(
+            x, self.weight, self.weight_scale, self.bias, self.stride, self.padding, self.dilation, self.groups
         )
 
 

@@ -134,6 +134,20 @@ def test_advice_names_settings_that_bring_it_under():
     assert roomy.fits and roomy.advice == []
 
 
+def test_advice_offers_layer_offloading_where_the_family_has_it():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
+        "resolution": "512", "transformer": {"weight_dtype": "FLOAT_8"},
+        "text_encoder": {"train": False}, "text_encoder_2": {"train": False},
+    })  # fmt: skip
+    result = estimate(config, free_bytes=10 * GIB, device="cuda")
+    offered = [a for a in result.advice if a.startswith("layer offload fraction 0.5 for transformer")]
+    assert result.fits is False and offered, result.advice
+    config.transformer.offload_fraction = 0.5
+    assert estimate(config, device="cuda").peak_bytes < result.peak_bytes
+    assert not any("layer offload" in a for a in estimate(config, free_bytes=1 * GIB, device="cuda").advice)
+
+
 def test_preflight_prints_the_estimate(tmp_path, capsys):
     import torch
 

@@ -49,10 +49,56 @@ def test_nfloat4_without_cuda_is_refused_before_training(tmp_path, monkeypatch, 
     assert not (tmp_path / "workspace" / "logs").exists() or not list((tmp_path / "workspace").rglob("*.safetensors"))
 
 
-@pytest.mark.parametrize("dtype", ["FLOAT_8", "NFLOAT_4"])
+@pytest.mark.parametrize("dtype", ["INT_8", "INT_W8A8", "FLOAT_W8A8"])
+def test_8bit_scaled_weights_train_a_flux_lora_that_loads_as_trained(tmp_path, dtype):
+    # The transformer in `dtype` (INT_W8A8 as OneTrainer's Z-Image presets use it), T5 in INT_8, half the transformer's
+    # blocks offloaded: the LoRA file keeps its own dtype and changes the plain model as ours.
+    from safetensors.torch import load_file
+
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from onetrainer.util.quantize import Scaled8BitLinear
+
+    image_folder(tmp_path, count=2)
+    output = tmp_path / "out" / "lora.safetensors"
+    config = tiny_config(
+        tmp_path, variant="flux-dev", epochs=1, output_model_destination=str(output), lora_weight_dtype="FLOAT_32",
+        transformer={"weight_dtype": dtype, "offload_fraction": 0.5}, text_encoder={"train": False},
+        text_encoder_2={"weight_dtype": "INT_8", "train": False},
+    )  # fmt: skip
+    assert main(["--config-path", str(write_config(tmp_path, config))]) == 0
+    losses = [v for _, v in read_scalars(tmp_path / "workspace" / "tensorboard")["loss/train_step"]]
+    assert losses and all(math.isfinite(v) for v in losses)
+    state = load_file(str(output))
+    assert state and all(v.dtype == torch.float32 for v in state.values())
+
+    cfg, _ = config_from_dict({**config, "lora_model_name": str(output)})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    linear = model.part("transformer").get_submodule("transformer_blocks.0.attn.to_q")
+    assert isinstance(linear, Scaled8BitLinear) and linear.weight.dtype in (torch.int8, torch.float8_e4m3fn)
+    create_method(cfg, family, model, torch.device("cpu"))  # the trained LoRA applies on the 8-bit base
+
+
+@pytest.mark.parametrize("dtype", ["FLOAT_8", "NFLOAT_4", "INT_8", "INT_W8A8", "FLOAT_W8A8"])
 def test_trained_part_cannot_be_quantized(tmp_path, dtype):
     cfg, _ = config_from_dict(tiny_config(tmp_path, method="FINE_TUNE", unet={"weight_dtype": dtype, "train": True}))
     assert any(p.path == "unet.weight_dtype" and "frozen weights only" in p.message for p in validate(cfg))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "reader"),
+    [({"lora_decompose": True}, "DoRA"), ({"peft_type": "OFT_2"}, "OFT"),
+     ({"peft_type": "LOKR", "lokr_weight_decompose": True}, "LoKr with weight decomposition")],
+)  # fmt: skip
+def test_adapters_that_read_the_base_weight_are_refused_on_scaled_8bit_weights(tmp_path, adapter, reader):
+    cfg, _ = config_from_dict(tiny_config(tmp_path, output_model_format="KOHYA_LORA", unet={"weight_dtype": "INT_8"},
+                                          **adapter))  # fmt: skip
+    found = [p for p in validate(cfg) if p.path == "unet.weight_dtype"]
+    assert found and found[0].message.startswith(f"{reader} reads the base weight, which INT_8 keeps")
+    plain, _ = config_from_dict(tiny_config(tmp_path, output_model_format="KOHYA_LORA", unet={"weight_dtype": "INT_8"},
+                                            peft_type="LOHA"))  # fmt: skip
+    assert not [p for p in validate(plain) if p.path == "unet.weight_dtype"]
 
 
 def test_adapters_train_on_float8_layers():
