@@ -212,7 +212,8 @@ class App(ctk.CTk):
             on_log=self.open_log,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
-        self.estimate = attach_estimate(self.footer, self.model)  # peak VRAM and s/step beside Start
+        # peak VRAM and s/step beside Start; a click fits the run to a VRAM budget
+        self.estimate = attach_estimate(self.footer, self.model, lambda: self.fit_to_vram())
 
         self.model.subscribe(self._config_changed)
         self.model.subscribe_inputs(self._input_changed)
@@ -544,6 +545,53 @@ class App(ctk.CTk):
             self.footer.set_status("Starting…")
         self._schedule("poll", POLL_MS, self._poll)
         return True
+
+    def fit_to_vram(self, gib: float | None = None) -> bool:
+        """The estimate's "fit to a VRAM budget": ask the budget (the free memory shown as the suggestion), find the
+        changes on a worker thread (`training/fit.py`), then apply them as edits of the config (each undoable by
+        editing it back); the log lists them. False when nothing was started."""
+        if self.running:
+            return False
+        if gib is None:
+            free = getattr(self.estimate.result, "free_bytes", None)
+            hint = f" ({free / 1024**3:.1f} GiB are free on this GPU now)" if free else ""
+            answer = self.dialogs.ask_string("Fit to VRAM", f"Fit the run to how many GiB of GPU memory?{hint}")
+            if not answer:
+                return False
+            try:
+                gib = float(answer.lower().removesuffix("gib").removesuffix("gb").strip())
+            except ValueError:
+                gib = 0.0
+            if gib <= 0:
+                self.dialogs.show_error("Fit to VRAM", f"'{answer}' is not a size in GiB (for example 8 or 11.5)")
+                return False
+        packed, _ = pack(self.model.config)
+        device = packed.train_device
+        self.footer.set_status(f"Fitting the run to {gib:g} GiB…")
+
+        def work():
+            from onetrainer.training.estimate import device_throughput
+            from onetrainer.training.fit import GIB, fit_to_budget
+
+            return fit_to_budget(packed, gib * GIB, device_throughput(device))
+
+        run_in_background(self, work, self._fitted)
+        return True
+
+    def _fitted(self, result: BackgroundResult) -> None:
+        if result.error is not None:
+            self.footer.set_status(f"Cannot fit the run: {result.error}", "error")
+            return
+        fit = result.value
+        self.log.add(f"Fit to VRAM: {fit.text()}")
+        if not fit.fits:
+            self.footer.set_status(f"{fit.text().splitlines()[0]}: nothing changed (the list is in the log)", "warning")
+            return
+        for change in fit.changes:
+            value = change.after.value if hasattr(change.after, "value") else change.after
+            self.model.set(change.path, value)
+        summary = "; ".join(f"{c.path} {c.after.value if hasattr(c.after, 'value') else c.after}" for c in fit.changes)
+        self.footer.set_status(f"{fit.text().splitlines()[0]}" + (f": {summary}" if summary else ""))
 
     def _ask_hub_first(self, config: TrainConfig) -> bool:
         """The checks ask the hub about hub model ids, which can take seconds on a bad connection: ask on a worker

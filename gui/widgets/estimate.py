@@ -17,6 +17,7 @@ from typing import Any
 import customtkinter as ctk
 
 from gui.background import BackgroundJob, BackgroundResult
+from gui.widgets.tooltip import add_tooltip
 
 DELAY_MS = 700
 TOO_BIG_COLOR = ("#b3261e", "#ff8a80")
@@ -39,10 +40,14 @@ class EstimateLabel(ctk.CTkLabel):
     """ "≈ 5.1 GiB VRAM · 0.40 s/step" ("≈ 22 MiB CPU memory (RAM)" where the CPU trains); in red with the first
     setting that helps when it exceeds free memory."""
 
-    def __init__(self, master: Any, model) -> None:
+    def __init__(self, master: Any, model, on_click: Callable[[], Any] | None = None) -> None:
         super().__init__(master, text="VRAM –", anchor="e", justify="right")
         self._default_color = self.cget("text_color")
         self.model = model
+        if on_click is not None:  # the window's "fit to a VRAM budget"
+            self.configure(cursor="hand2")
+            self.bind("<Button-1>", lambda _event: on_click())
+            add_tooltip(self, "Click to fit the run to a VRAM budget (layer offloading, 8-bit weights, batch size…)")
         self.free_bytes: Callable[[str], float | None] = _free
         self.result = None
         self._pending: str | None = None
@@ -121,16 +126,16 @@ class EstimateLabel(ctk.CTkLabel):
         if result.fits is False:
             text += f" > {result.free_bytes / GIB:.1f} GiB free"
             if result.advice:
-                text += f"\ntry {result.advice[0]}"
+                text += f"\ntry {result.advice[0]}, or click to fit"
             self.configure(text=text, text_color=TOO_BIG_COLOR)
         else:
             self.configure(text=text, text_color=self._default_color)
 
 
-def attach_estimate(footer, model) -> EstimateLabel:
+def attach_estimate(footer, model, on_click: Callable[[], Any] | None = None) -> EstimateLabel:
     """Put the estimate beside the footer's Start button: right-aligned just above the buttons, in their frame (the
     buttons' row itself has no room left at 1024 px)."""
-    label = EstimateLabel(footer.start_button.master, model)
+    label = EstimateLabel(footer.start_button.master, model, on_click)
     first = footer.start_button.master.pack_slaves()[0]
     label.configure(wraplength=420)
     label.pack(side="top", anchor="e", padx=6, before=first)

@@ -65,6 +65,13 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
     parser.add_argument(
         "--preflight", action="store_true", help="report the images, buckets, steps and cache, then exit"
     )
+    parser.add_argument(
+        "--fit-vram",
+        type=float,
+        metavar="GB",
+        help="change what it takes (8-bit optimizer and weights, checkpointing, layer offloading, batch size) for the "
+        "estimate to fit GB of GPU memory (GiB); each change is printed",
+    )
     return parser
 
 
@@ -88,6 +95,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     except ConfigFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    if args.fit_vram is not None:
+        fitted = _fit(config, args.fit_vram)
+        if fitted is not None:
+            return fitted
     problems += run_checks(config, include_schema=False)
     # Problems name the concept or sample (from the side files too) and the field, then the path --set takes.
     named = _packed(config) if problems else config
@@ -106,6 +117,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     if args.preflight:
         return _preflight(config)
     return _train(config)
+
+
+def _fit(config: TrainConfig, gib: float) -> int | None:
+    """Apply the changes that fit the estimate into `gib` GiB (printed); an exit code when it cannot."""
+    from onetrainer.training.estimate import device_throughput
+    from onetrainer.training.fit import GIB, apply, fit_to_budget
+
+    if gib <= 0:
+        print(f"error: --fit-vram must be a size in GiB above 0, not {gib:g}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        fit = fit_to_budget(_packed(config), gib * GIB, device_throughput(config.train_device))
+    except ValueError as e:
+        print(f"error: cannot estimate this config to fit it: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"--fit-vram {gib:g}: {fit.text()}")
+    if not fit.fits:
+        return EXIT_INVALID
+    apply(config, fit.changes)
+    return None
 
 
 def _preflight(config: TrainConfig) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from onetrainer.config.enums import DataType, ModelFormat, ModelType, TrainingMethod
 from onetrainer.training.estimate import GIB
 from tests.gui.helpers import pump, view_of
 
@@ -41,3 +42,29 @@ def test_a_closed_window_cancels_its_running_estimate(app) -> None:
     assert cancel.is_set()
     app.model.set("batch_size", 3)  # an edit after the close schedules nothing on the gone label
     pump(app, lambda: True)
+
+
+def test_a_click_on_the_estimate_fits_the_run_to_a_vram_budget(app, screenshot) -> None:
+    config = app.model.config.copy()
+    config.model_type = ModelType.FLUX_DEV_1
+    config.training_method = TrainingMethod.LORA
+    config.output_model_format = ModelFormat.KOHYA_LORA
+    config.base_model_name = "black-forest-labs/FLUX.1-dev"  # counted as the released model: nothing is downloaded
+    config.resolution = "512"
+    config.batch_size = 2
+    config.transformer.weight_dtype = DataType.FLOAT_8
+    config.text_encoder.train = config.text_encoder_2.train = False
+    app.model.replace(config)
+    app.dialogs.answers.append("9 GiB")
+    app.estimate._label.event_generate("<Button-1>")
+    assert app.dialogs.asked[-1].startswith("text: Fit to VRAM: Fit the run to how many GiB")
+    pump(app, lambda: app.footer.status.startswith("fitted to 9.0 GiB"), timeout=120)
+    fitted = app.model.config
+    assert fitted.optimizer.optimizer.value == "ADAMW_8BIT" and 0 < fitted.transformer.offload_fraction <= 0.9
+    view = view_of(app, "training", "transformer.offload_fraction")  # an ordinary setting, shown where it lives
+    assert float(view.var.get()) == fitted.transformer.offload_fraction
+    assert "Fit to VRAM: fitted to 9.0 GiB" in app.log.text
+    screenshot(app, "estimate-fitted-to-9-gib")
+
+    app.dialogs.answers.append("a lot")
+    assert app.fit_to_vram() is False and "is not a size in GiB" in app.dialogs.history[-1].text
