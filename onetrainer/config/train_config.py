@@ -42,7 +42,7 @@ from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import PART_FACTORIES, ModelPartConfig, new_part_block
 from onetrainer.config.quantization_config import QuantizationConfig
 from onetrainer.config.sample_config import SampleConfig
-from onetrainer.config.schema import ConfigNode, NotBuilt, node, setting
+from onetrainer.config.schema import ConfigNode, node, setting
 
 LORA = frozenset({TrainingMethod.LORA})
 EMBEDDING = frozenset({TrainingMethod.EMBEDDING})
@@ -85,10 +85,14 @@ def _other_part_blocks() -> dict[str, ModelPartConfig]:
     return {name: new_part_block(name) for name in declared_part_roles() if name not in named}
 
 
-def _can_offload_layers(ctx) -> bool:
+def _can_offload_layers(ctx, denoiser_only: bool = False) -> bool:
+    """Whether the family declares the blocks of a part (its denoiser's, with `denoiser_only`): layer offloading and
+    compiling work on them."""
     from onetrainer.config.model_types import LAYER_OFFLOADING, family_of
 
-    return any(LAYER_OFFLOADING in caps for caps in family_of(ctx.model_type).part_capabilities.values())
+    family = family_of(ctx.model_type)
+    parts = family.parts[:1] if denoiser_only else family.parts
+    return any(LAYER_OFFLOADING in family.part_capabilities.get(part, ()) for part in parts)
 
 
 def _ot(label: str, default=None, **meta):
@@ -1165,12 +1169,13 @@ class TrainConfig(ConfigNode):
     compile: bool = setting(
         False,
         "Compile",
-        "OneTrainer's compile: compile the model's blocks with torch.compile (faster steps after a slow first one). "
-        "Not built yet: the model runs uncompiled.",
+        "Compile the denoiser's blocks with torch.compile, one block at a time: faster steps after slower first "
+        "ones (the compile, a minute or more at full size). Needs Triton for a CUDA GPU (triton-windows on Windows) "
+        "or a C++ compiler for the CPU; without them the run says so and trains uncompiled.",
         tab="training",
         group="Precision",
-        ui=False,
-        not_built=NotBuilt("compiling the model (torch.compile)", "it runs uncompiled (the same result, slower steps)"),
+        when=lambda ctx: _can_offload_layers(ctx, denoiser_only=True),
+        when_text="families whose denoiser declares its blocks",
     )
     async_offloading: bool = setting(
         True,

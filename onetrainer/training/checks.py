@@ -53,7 +53,45 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_float16(config)
     problems += _check_lora_caveats(config)
     problems += check_layer_offloading(config)
+    problems += check_compile(config)
     return _without_superseded(problems)
+
+
+def check_compile(config: TrainConfig) -> list[Problem]:
+    """`compile` where it cannot happen: a denoiser without declared blocks, or a platform torch.compile cannot
+    compile for (a warning: the run trains uncompiled, the same result)."""
+    from onetrainer.config.model_types import LAYER_OFFLOADING
+
+    if not config.compile:
+        return []
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None:
+        return [Problem("compile", "compile true: this model type's family is not built yet", Severity.WARNING)]
+    family = info.family
+    denoiser = family.parts[0]
+    if LAYER_OFFLOADING not in family.part_capabilities.get(denoiser, ()):
+        message = (
+            f"compile true: compiling is built for denoisers whose blocks the family declares, and {family.label}'s "
+            f"{denoiser} does not (yet); it trains uncompiled (the same result, slower steps)"
+        )
+        return [Problem("compile", message, Severity.WARNING)]
+    from onetrainer.memory.compile import unavailable_reason
+
+    reason = unavailable_reason(_device_of(config.train_device))
+    if reason:
+        message = f"compile true: {reason}; the {denoiser} trains uncompiled (the same result, slower steps)"
+        return [Problem("compile", message, Severity.WARNING)]
+    return []
+
+
+def _device_of(name: str) -> str:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        return "cpu"
+    return device.type if device.type != "cuda" or torch.cuda.is_available() else "cpu"
 
 
 def check_layer_offloading(config: TrainConfig) -> list[Problem]:

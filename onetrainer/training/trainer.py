@@ -206,6 +206,8 @@ class Trainer:
         total_steps = self.data.total_steps()
         steps_per_epoch = self.data.steps_in_epoch(self.progress.epoch)
         self.method.enable_gradient_checkpointing()
+        if config.compile:
+            self._compile_denoiser()
         self.param_groups = self.method.param_groups()
         lr_scale = math.sqrt(scaler_factor(config.learning_rate_scaler.value, config, self.world_size))
         for group in self.param_groups:
@@ -557,6 +559,22 @@ class Trainer:
         finally:
             if self.schedule_free:
                 self.optimizer.train()
+
+    def _compile_denoiser(self) -> None:
+        """`compile`: the denoiser's blocks compiled one at a time (`memory/compile.py`), else a warning."""
+        from onetrainer.memory.compile import compile_blocks, unavailable_reason
+
+        part = self.family.denoiser_part
+        paths = self.family.layer_blocks.get(part)
+        if not paths:
+            self.warn(f"compile: {self.family.info.label}'s {part} declares no blocks to compile; it trains uncompiled")
+            return
+        reason = unavailable_reason(self.device)
+        if reason:
+            self.warn(f"compile: {reason}; the {part} trains uncompiled")
+            return
+        count = compile_blocks(self.model.part(part), paths)
+        self.status(f"the {part}'s {count} blocks compile on first use (the first steps are slower)")
 
     def backup(self) -> Path | None:
         """Write a backup; a failure (a full disk) is a warning and training goes on."""

@@ -120,8 +120,6 @@ def test_a_model_type_still_to_come_is_refused_clearly(path):
 def _expected_not_built(raw: dict) -> set[str]:
     """The not-built features a preset asks for, from its JSON (independently of the declarations)."""
     paths = set()
-    if raw.get("compile"):
-        paths.add("compile")
     if raw.get("quantization", {}).get("layer_filter") and raw["transformer"]["weight_dtype"] in QUANTIZED:
         paths.add("quantization.layer_filter")  # the filter picks the denoiser's quantized layers only
     optimizer = raw.get("optimizer", {}).get("optimizer")
@@ -186,7 +184,8 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         "yet for Stable Diffusion XL's text_encoder; the whole text_encoder stays on the GPU",
         "unet.activation_offloading": "activation_offloading true on the unet: activation offloading is not built yet; "
         "the unet's saved activations stay on the GPU (more VRAM)",
-        "compile": "compile true: compiling the model (torch.compile) is not built yet; it runs uncompiled",
+        "compile": "compile true: compiling is built for denoisers whose blocks the family declares, and Stable "
+        "Diffusion XL's unet does not (yet); it trains uncompiled",
         "quantization.layer_filter": "layer_filter 'transformer_blocks': quantizing only the layers the quantization "
         "filter names is not built yet; every linear layer of the unet is quantized",
         "quantization.svd_dtype": "svd_dtype BFLOAT_16: SVDQuant (a low-rank correction kept beside the quantized "
@@ -252,7 +251,7 @@ def test_memory_settings_are_not_shown_in_the_window():
     from onetrainer.config import TrainConfig
     from onetrainer.config.schema import walk
 
-    hidden = {"compile", "unet.activation_offloading"}  # layer offloading is built: its settings are shown
+    hidden = {"unet.activation_offloading"}  # layer offloading and compile are built: their settings are shown
     hidden |= {"quantization.layer_filter", "quantization.svd_dtype", "optimizer.fused_back_pass"}
     shown = {b.path for b in walk(TrainConfig(), into_lists=False) if shown_in_ui(b)}
     assert not hidden & shown
