@@ -27,10 +27,10 @@ hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on tin
 pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16
 and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured), 'offload' (tiny FLUX.1-dev's LoRA steps
 with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching',
-'weights' (FLOAT_8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny model's denoiser,
-the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and --processes
-processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not measured),
-'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
+'weights' (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny
+model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1
+and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as
+not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
 PARTS = ("overhead", "calls", "pixart", "cascade", "flux", "offload", "caching", "weights", "tiny", "ddp", "gpu", "gui")
 
@@ -151,7 +151,7 @@ def main(
     if "weights" in parts:
         from onetrainer.benchmark.weights import format_weight_dtypes, measure_weight_dtypes
 
-        print("\nBase weights, FLOAT_8 vs FLOAT_16 (each in a process of its own):")
+        print("\nBase weights, FLOAT_8, INT_8 and INT_W8A8 vs FLOAT_16 (each in a process of its own):")
         weights = measure_weight_dtypes()
         print(format_weight_dtypes(weights))
         report["weights"] = weights

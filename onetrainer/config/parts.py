@@ -14,7 +14,7 @@ from onetrainer.config.model_types import (
     PartRole,
     part_role,
 )
-from onetrainer.config.schema import ConfigNode, NotBuilt, setting
+from onetrainer.config.schema import ConfigNode, setting
 
 TRAINED_ROLES = frozenset({PartRole.DENOISER, PartRole.TEXT_ENCODER})
 TEXT_ENCODER = frozenset({PartRole.TEXT_ENCODER})
@@ -166,11 +166,11 @@ class ModelPartConfig(ConfigNode):
     activation_offloading: bool = setting(
         False,
         "Activation offloading",
-        "OneTrainer's activation offloading: keep the activations gradient checkpointing saves in CPU memory. Not "
-        "built yet: they stay on the GPU.",
-        tab="model",
-        ui=False,
-        not_built=NotBuilt("activation offloading", "the {part}'s saved activations stay on the GPU (more VRAM)"),
+        "Keep the activations gradient checkpointing saves (each block's input) in CPU memory until the backward pass "
+        "needs them (OneTrainer's name): less VRAM at a larger resolution or batch, some time for the copies. Works "
+        "with gradient checkpointing on.",
+        tab="training",
+        roles=frozenset({PartRole.DENOISER}),
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import torch.utils.checkpoint
 
 from onetrainer.config.enums import TrainingMethod
 from onetrainer.config.resolution import parse_resolution
@@ -77,7 +79,8 @@ class Method(ABC):
                 continue
             module = self.model.part(part)
             if hasattr(module, "enable_gradient_checkpointing"):  # diffusers models
-                module.enable_gradient_checkpointing()
+                offloaded = self.config.part(part).activation_offloading
+                module.enable_gradient_checkpointing(offloading_checkpoint(self.device) if offloaded else None)
             elif hasattr(module, "activation_checkpointing_enable"):  # transformers models (the name since 5.x)
                 module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             elif hasattr(module, "gradient_checkpointing_enable"):  # older transformers
@@ -201,3 +204,16 @@ def layer_filter_patterns(config: TrainConfig, family: Family) -> tuple[list[str
     return configured_patterns(
         config.layer_filter, config.layer_filter_preset, config.layer_filter_regex, family.info.layer_presets
     )
+
+
+def offloading_checkpoint(device: torch.device) -> Callable:
+    """A checkpoint function for diffusers' blocks that keeps what checkpointing saves (each block's inputs) in CPU
+    memory until the backward pass (`activation_offloading`): the checkpoint saves its inputs through the saved-tensor
+    hooks around it, which `save_on_cpu` sets (pinned, for asynchronous copies back, on CUDA)."""
+    pin = torch.device(device).type == "cuda"
+
+    def run(block, *args):
+        with torch.autograd.graph.save_on_cpu(pin_memory=pin):
+            return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False)
+
+    return run

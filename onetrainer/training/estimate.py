@@ -131,6 +131,7 @@ class Activations:
     checkpointed: float  # with it
     flops: float  # the forward's FLOPs
     source: str = "measured"  # how they were found (for the estimate's text)
+    block_inputs: float = 0.0  # of `checkpointed`, the blocks' inputs: what activation offloading keeps in CPU memory
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class Settings:
     optimizer_state_bytes: float
     activations: Activations
     device: str = "cuda"  # the device type that trains: "cuda" (VRAM), "cpu" (RAM), "mps"
+    activation_offloading: bool = False  # the denoiser's checkpointed block inputs wait in CPU memory
     # A fine-tune: the trained parameters are the parts' own weights (counted among the weights, gradients in their
     # dtype); else (adapters, embeddings) they are extra parameters in `trained_dtype_bytes`.
     trains_in_place: bool = False
@@ -224,6 +226,8 @@ def estimate_from_counts(
     trained_bytes = stored + gradients + state
     per_sample = settings.activations
     kept = per_sample.checkpointed if settings.gradient_checkpointing else per_sample.kept
+    if settings.gradient_checkpointing and settings.activation_offloading:
+        kept -= per_sample.block_inputs
     activations = kept * settings.batch_size
     parts = {"weights": weights, "training state": trained_bytes, "activations": activations}
     if settings.device == "cuda":
@@ -280,6 +284,7 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         activations=activations,
         device=training_device_type(config.train_device),
         trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,
+        activation_offloading=bool(config.part(family.denoiser_part).activation_offloading),
     )
 
 
@@ -830,7 +835,11 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Acti
     tokens = inputs[0].shape[-2] * inputs[0].shape[-1]
     source = f"measured on the denoiser's forward ({tokens} latent tokens per sample)"
     return Activations(
-        measurement.everything.total * PEAK_FACTOR, measurement.checkpointed * PEAK_FACTOR, flops, source
+        measurement.everything.total * PEAK_FACTOR,
+        measurement.checkpointed * PEAK_FACTOR,
+        flops,
+        source,
+        measurement.block_inputs.total * PEAK_FACTOR if measurement.blocks else 0.0,
     )
 
 

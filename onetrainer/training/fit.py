@@ -1,11 +1,12 @@
 """A run fitted to a VRAM budget: the settings that bring the estimate (`training/estimate.py`) under it.
 
 The steps come in the order that costs the least: what costs no quality and little time first (cached latents and
-text, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights, then layer offloading (the smallest
-fraction that fits, found by halving the interval), and the batch size last. Each step is taken only where it applies
-to the model type, the method and the part, and the search stops as soon as the estimate fits. The result is a list
-of ordinary config values (`Change`): the app applies them to the window's config, `scripts/train.py --fit-vram`
-to the run's, and the user can change each of them afterwards. The resolution and the data are never touched.
+text, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights, activation offloading, layer
+offloading (the smallest fraction that fits, found by halving the interval), and the batch size last. Each step is
+taken only where it applies to the model type, the method and the part, and the search stops as soon as the estimate
+fits. The result is a list of ordinary config values (`Change`): the app applies them to the window's config,
+`scripts/train.py --fit-vram` to the run's, and the user can change each of them afterwards. The resolution and the
+data are never touched.
 """
 
 from __future__ import annotations
@@ -80,7 +81,16 @@ def fit_to_budget(
     trial = config.copy()
     fit = Fit(budget_bytes)
     fit.estimate = measure(trial)
-    for step in (_caching, _eight_bit_optimizer, _checkpointing, _eight_bit_weights, _offloading, _batch_size):
+    steps = (
+        _caching,
+        _eight_bit_optimizer,
+        _checkpointing,
+        _eight_bit_weights,
+        _activation_offloading,
+        _offloading,
+        _batch_size,
+    )
+    for step in steps:
         if fit.fits:
             break
         step(trial, fit, measure)
@@ -149,6 +159,14 @@ def _eight_bit_weights(trial: TrainConfig, fit: Fit, measure) -> None:
         if role in (PartRole.DENOISER, PartRole.TEXT_ENCODER) and frozen and block.weight_dtype in WIDE_DTYPES:
             _set(trial, fit, f"{part}.weight_dtype", DataType.FLOAT_8, "frozen weights in 8 bits")
     if len(fit.changes) > changed:
+        fit.estimate = measure(trial)
+
+
+def _activation_offloading(trial: TrainConfig, fit: Fit, measure) -> None:
+    denoiser = model_type_info(trial.model_type).family.parts[0]
+    block = trial.part(denoiser)
+    if block.train and block.gradient_checkpointing and not block.activation_offloading:
+        _set(trial, fit, f"{denoiser}.activation_offloading", True, "checkpointed block inputs wait in CPU memory")
         fit.estimate = measure(trial)
 
 

@@ -182,8 +182,6 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         "Diffusion XL's unet; the whole unet stays on the GPU (more VRAM",
         "text_encoder.offload_fraction": "offload_fraction 0.25 on the text_encoder: layer offloading is not built "
         "yet for Stable Diffusion XL's text_encoder; the whole text_encoder stays on the GPU",
-        "unet.activation_offloading": "activation_offloading true on the unet: activation offloading is not built yet; "
-        "the unet's saved activations stay on the GPU (more VRAM)",
         "compile": "compile true: compiling is built for denoisers whose blocks the family declares, and Stable "
         "Diffusion XL's unet does not (yet); it trains uncompiled",
         "quantization.layer_filter": "layer_filter 'transformer_blocks': quantizing only the layers the quantization "
@@ -246,15 +244,15 @@ def test_old_global_weight_dtype_of_the_presets_loads_silently():
     assert "weight_dtype" not in config.to_dict()
 
 
-def test_memory_settings_are_not_shown_in_the_window():
+def test_memory_settings_are_shown_where_they_are_built():
     from gui.forms.selection import shown_in_ui
     from onetrainer.config import TrainConfig
     from onetrainer.config.schema import walk
 
-    hidden = {"unet.activation_offloading"}  # layer offloading and compile are built: their settings are shown
-    hidden |= {"quantization.layer_filter", "quantization.svd_dtype", "optimizer.fused_back_pass"}
+    built = {"compile", "async_offloading", "transformer.offload_fraction", "transformer.activation_offloading"}
+    hidden = {"quantization.layer_filter", "quantization.svd_dtype", "optimizer.fused_back_pass"}  # not built yet
     shown = {b.path for b in walk(TrainConfig(), into_lists=False) if shown_in_ui(b)}
-    assert not hidden & shown
+    assert built <= shown and not hidden & shown
 
 
 # -- a model named by one file of a hub repository -----------------------------------------------------------------

@@ -31,7 +31,8 @@ def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[l
     config = tiny_config(
         root, variant="flux-dev", method=method, epochs=2, learning_rate=1e-3, **settings,
         output_model_destination=str(root / "out" / "model.safetensors"),
-        transformer={"offload_fraction": fraction, "gradient_checkpointing": checkpointing},
+        transformer={"offload_fraction": fraction, "gradient_checkpointing": checkpointing,
+                     "activation_offloading": fraction > 0},
         text_encoder={"train": False}, text_encoder_2={"train": False, "offload_fraction": fraction},
     )  # fmt: skip
     events = run_config(config)
@@ -41,9 +42,28 @@ def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[l
 
 @pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "no-checkpointing"])
 @pytest.mark.parametrize("run", list(RUNS))
-def test_offloaded_training_gives_the_same_losses_and_weights(tmp_path: Path, run: str, checkpointing: bool):
+def test_offloaded_training_gives_the_same_losses_and_weights(
+    tmp_path: Path, run: str, checkpointing: bool, monkeypatch
+):
+    # With checkpointing the offloaded run also keeps the checkpointed activations in CPU memory.
+    packed = []
+
+    class CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+            super().__init__(pin_memory, device_type)
+            pack = self.pack_hook
+
+            def counting(tensor):
+                packed.append(tensor.shape)
+                return pack(tensor)
+
+            self.pack_hook = counting
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", CountingSaveOnCpu)
     losses, weights = train(tmp_path / "plain", run, 0.0, checkpointing)
+    assert not packed
     offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", run, 0.75, checkpointing)
+    assert bool(packed) == checkpointing
     assert len(losses) == 2 and losses == offloaded_losses
     assert weights.keys() == offloaded_weights.keys()
     assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)

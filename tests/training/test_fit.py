@@ -52,6 +52,7 @@ def _fake_estimate(config) -> Estimate:
     gib -= 2 if config.optimizer.optimizer.value.endswith("_8BIT") else 0
     gib -= 3 if config.transformer.gradient_checkpointing else 0
     gib -= 4 if config.transformer.weight_dtype is DataType.FLOAT_8 else 0
+    gib -= 0.5 if config.transformer.activation_offloading else 0
     gib -= 8 * config.transformer.offload_fraction
     gib -= 1 if config.batch_size == 1 else 0
     return Estimate(gib * GIB, None, {}, device="cuda")
@@ -60,7 +61,7 @@ def _fake_estimate(config) -> Estimate:
 @pytest.mark.parametrize(
     ("budget", "last"),
     [(18.5, "optimizer.optimizer"), (15.5, "transformer.gradient_checkpointing"), (11.5, "transformer.weight_dtype"),
-     (8.0, "transformer.offload_fraction")],
+     (9.75, "transformer.activation_offloading"), (8.0, "transformer.offload_fraction")],
 )  # fmt: skip
 def test_the_cheapest_changes_come_first_and_the_search_stops_when_it_fits(budget, last):
     config, _ = config_from_dict({
@@ -71,11 +72,11 @@ def test_the_cheapest_changes_come_first_and_the_search_stops_when_it_fits(budge
     fit = fit_to_budget(config, budget * GIB, estimate_of=_fake_estimate)
     paths = {c.path for c in fit.changes}
     order = ["optimizer.optimizer", "transformer.gradient_checkpointing", "transformer.weight_dtype",
-             "transformer.offload_fraction", "batch_size"]  # fmt: skip
+             "transformer.activation_offloading", "transformer.offload_fraction", "batch_size"]  # fmt: skip
     assert fit.fits and last in paths and not paths & set(order[order.index(last) + 1 :])
     if last == "transformer.offload_fraction":
-        # batch 1: 20 - 2 - 3 - 4 - 1 = 10 GiB before offloading; 8 GiB needs a quarter of the blocks off
-        assert {c.path: c.after for c in fit.changes}[last] == 0.25
+        # batch 1: 20 - 2 - 3 - 4 - 0.5 - 1 = 9.5 GiB before offloading; 8 GiB needs 3/16 of the blocks off
+        assert {c.path: c.after for c in fit.changes}[last] == 0.2
 
 
 def test_train_py_fits_the_run_and_prints_each_change(tmp_path, capsys):
