@@ -1,8 +1,7 @@
 """OneTrainer's `quantization` block: which layers of the denoiser a quantized weight dtype quantizes, and SVDQuant.
 
-Read and kept with OneTrainer's names and defaults; not built yet here (`NotBuilt`): a FLOAT_8 / NFLOAT_4 part is
-quantized whole (`util/quantize.py`), so the run checks name a filter or an SVDQuant type that a quantized denoiser
-would use.
+The layer filter is built (`util/quantize.filtered_out`); SVDQuant is read and kept with OneTrainer's names and
+defaults but not built yet (`NotBuilt`): the run checks name an SVDQuant type that a quantized denoiser would use.
 """
 
 from __future__ import annotations
@@ -42,32 +41,23 @@ def quantized_denoisers(config: TrainConfig) -> list[str]:
     return [p for p, r in roles.items() if r is PartRole.DENOISER and config.part(p).weight_dtype in QUANTIZED_DTYPES]
 
 
-def _filters_a_quantized_denoiser(value: Any, config: TrainConfig) -> bool:
-    return bool(str(value or "").strip()) and bool(quantized_denoisers(config))
-
-
 def _svd_on_a_quantized_denoiser(value: Any, config: TrainConfig) -> bool:
     return value not in (None, DataType.NONE) and bool(quantized_denoisers(config))
 
 
 def _meta(label: str, help: str, **meta):
-    return setting(meta.pop("default"), label, help, tab="model", group="Quantization", ui=False, **meta)
+    meta.setdefault("ui", False)
+    return setting(meta.pop("default"), label, help, tab="model", group="Quantization", **meta)
 
 
 @dataclass
 class QuantizationConfig(ConfigNode):
     layer_filter: str = _meta(
         "Quantization layer filter",
-        "Comma-separated parts of the names of the denoiser's layers a quantized weight dtype quantizes (OneTrainer: "
-        "the others keep the training data type); empty = every layer. Not built yet: every linear layer of a "
-        "quantized part is quantized.",
+        "Comma-separated parts of the names of the denoiser's layers a quantized weight dtype quantizes (or regular "
+        "expressions); the others keep the training data type (OneTrainer's name and meaning). Empty = every layer.",
         default="",
-        not_built=NotBuilt(
-            "quantizing only the layers the quantization filter names",
-            "every linear layer of the {quantized} is quantized (less VRAM; the layers the filter leaves out lose "
-            "a little precision)",
-            active=_filters_a_quantized_denoiser,
-        ),
+        ui=True,
     )
     layer_filter_preset: str = _meta(
         "Quantization layer preset",
@@ -76,7 +66,10 @@ class QuantizationConfig(ConfigNode):
         default="full",
     )
     layer_filter_regex: bool = _meta(
-        "Quantization filter is regex", "Treat the quantization filter's entries as regular expressions.", default=False
+        "Quantization filter is regex",
+        "Treat the quantization filter's entries as regular expressions.",
+        default=False,
+        ui=True,
     )
     svd_dtype: DataType = _meta(
         "SVDQuant data type",

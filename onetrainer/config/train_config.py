@@ -1164,7 +1164,6 @@ class TrainConfig(ConfigNode):
         "SVDQuant.",
         tab="model",
         group="Quantization",
-        ui=False,
     )
     compile: bool = setting(
         False,

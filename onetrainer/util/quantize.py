@@ -85,6 +85,7 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
     if dtype == torch.float16:
         for layer in kept:
             layer.to(dtype=torch.float32)
+    kept = kept + filtered_out(name, module, config)
     if data_type is DataType.FLOAT_8:
         to_float8(module, kept)
     elif data_type is DataType.NFLOAT_4:
@@ -92,6 +93,27 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
     else:
         to_scaled_8bit(module, data_type, kept)
     return True
+
+
+def filtered_out(name: str, module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.Module]:
+    """The denoiser's Linear and Conv2d layers that OneTrainer's quantization filter (`quantization.layer_filter`,
+    comma-separated parts of layer names, or regular expressions) leaves in the training dtype; none for other parts
+    or without a filter."""
+    from onetrainer.config.model_types import model_type_info
+    from onetrainer.util.layer_filter import name_matches
+
+    if model_type_info(config.model_type).family.parts[0] != name:
+        return []
+    quantization = config.quantization
+    patterns = [p.strip() for p in quantization.layer_filter.split(",") if p.strip()]
+    if not patterns:
+        return []
+    return [
+        layer
+        for layer_name, layer in module.named_modules()
+        if type(layer) in (torch.nn.Linear, torch.nn.Conv2d)
+        and not name_matches(layer_name, patterns, quantization.layer_filter_regex)
+    ]
 
 
 def kept_unquantized(module: torch.nn.Module) -> list[torch.nn.Module]:

@@ -120,8 +120,6 @@ def test_a_model_type_still_to_come_is_refused_clearly(path):
 def _expected_not_built(raw: dict) -> set[str]:
     """The not-built features a preset asks for, from its JSON (independently of the declarations)."""
     paths = set()
-    if raw.get("quantization", {}).get("layer_filter") and raw["transformer"]["weight_dtype"] in QUANTIZED:
-        paths.add("quantization.layer_filter")  # the filter picks the denoiser's quantized layers only
     optimizer = raw.get("optimizer", {}).get("optimizer")
     remembered = raw.get("optimizer_defaults", {}).get(optimizer, {})
     if remembered.get("fused_back_pass"):
@@ -150,7 +148,7 @@ def test_check_says_what_happens_instead_for_a_flow_preset(capsys):
     assert code == EXIT_INVALID  # the base model is not in the cache (offline) and there is no concept
     assert "the base model 'lodestones/Chroma1-HD' is not in the local Hugging Face cache" in err
     assert "offload_fraction" not in err  # Chroma's transformer offloads its layers (a LoRA, checkpointed)
-    assert "layer_filter 'transformer_block': quantizing only the layers the quantization filter names" in err
+    assert "layer_filter" not in err  # the quantization filter is built: only its transformer blocks are quantized
 
 
 # -- a model type that trains: each not-built feature is named, with its consequence ------------------------------
@@ -184,8 +182,6 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         "yet for Stable Diffusion XL's text_encoder; the whole text_encoder stays on the GPU",
         "compile": "compile true: compiling is built for denoisers whose blocks the family declares, and Stable "
         "Diffusion XL's unet does not (yet); it trains uncompiled",
-        "quantization.layer_filter": "layer_filter 'transformer_blocks': quantizing only the layers the quantization "
-        "filter names is not built yet; every linear layer of the unet is quantized",
         "quantization.svd_dtype": "svd_dtype BFLOAT_16: SVDQuant (a low-rank correction kept beside the quantized "
         "weights) is not built yet; the quantized layers of the unet keep no correction",
         "optimizer.fused_back_pass": "fused_back_pass true: the fused back pass (each weight updated as soon as its "
@@ -250,7 +246,8 @@ def test_memory_settings_are_shown_where_they_are_built():
     from onetrainer.config.schema import walk
 
     built = {"compile", "async_offloading", "transformer.offload_fraction", "transformer.activation_offloading"}
-    hidden = {"quantization.layer_filter", "quantization.svd_dtype", "optimizer.fused_back_pass"}  # not built yet
+    built |= {"quantization.layer_filter", "quantization.layer_filter_regex"}
+    hidden = {"quantization.svd_dtype", "optimizer.fused_back_pass"}  # not built yet
     shown = {b.path for b in walk(TrainConfig(), into_lists=False) if shown_in_ui(b)}
     assert built <= shown and not hidden & shown
 

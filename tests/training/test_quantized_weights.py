@@ -153,3 +153,26 @@ def test_a_float8_t5_encodes_with_its_kept_layers_unquantized(train_dtype):
         torch.isfinite(out).all()
         and torch.nn.functional.cosine_similarity(out.float().flatten(), reference.flatten(), dim=0) > 0.95
     )
+
+
+@pytest.mark.parametrize(("layer_filter", "regex"), [("attn", False), (r"^transformer_blocks\.\d+\.attn\.to_", True)])
+def test_the_quantization_filter_quantizes_only_the_denoisers_layers_it_names(tmp_path, layer_filter, regex):
+    from onetrainer.families import load_family_class
+    from onetrainer.util.quantize import Scaled8BitLinear
+
+    config = tiny_config(tmp_path, variant="flux-dev", transformer={"weight_dtype": "INT_8"},
+                         text_encoder_2={"weight_dtype": "INT_8", "train": False},
+                         quantization={"layer_filter": layer_filter, "layer_filter_regex": regex})  # fmt: skip
+    cfg, problems = config_from_dict(config)
+    assert not [p for p in problems if p.is_error]
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    transformer = model.part("transformer")
+    quantized = {n for n, m in transformer.named_modules() if isinstance(m, Scaled8BitLinear)}
+    plain = {n for n, m in transformer.named_modules() if type(m) is torch.nn.Linear}
+    assert "transformer_blocks.0.attn.to_q" in quantized and "transformer_blocks.0.ff.net.0.proj" in plain
+    assert ("single_transformer_blocks.0.attn.to_q" in quantized) is (not regex)  # the regex names double blocks only
+    assert transformer.get_submodule("transformer_blocks.0.ff.net.0.proj").weight.dtype == torch.float32
+    # the filter is the denoiser's: T5 is quantized whole
+    t5 = model.part("text_encoder_2")
+    assert isinstance(t5.get_submodule("encoder.block.0.layer.1.DenseReluDense.wi_0"), Scaled8BitLinear)
