@@ -40,8 +40,9 @@ def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[l
     return losses, load_file(str(root / "out" / "model.safetensors"))
 
 
-@pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "no-checkpointing"])
-@pytest.mark.parametrize("run", list(RUNS))
+# The LoRA with gradient checkpointing (as the presets train), the fine-tune without (autograd keeps the weights the
+# backward needs: the window must be back before it uses them); the toy model's tests cover the other two pairings.
+@pytest.mark.parametrize(("run", "checkpointing"), [("lora", True), ("fine-tune", False)])
 def test_offloaded_training_gives_the_same_losses_and_weights(
     tmp_path: Path, run: str, checkpointing: bool, monkeypatch
 ):
