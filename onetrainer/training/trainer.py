@@ -190,6 +190,8 @@ class Trainer:
             self.warn(notice)
         for part, offload in offloaded.items():
             self.placement.offload_layers(part, offload(self.model.part(part)))
+        if offloaded:  # now on the device as the others are, a window of blocks at a time (caching encodes with them)
+            self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
         self._check_placeholders()
         self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None

@@ -68,3 +68,34 @@ def test_offloaded_training_gives_the_same_losses_and_weights(
     assert len(losses) == 2 and losses == offloaded_losses
     assert weights.keys() == offloaded_weights.keys()
     assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+
+
+def test_an_offloaded_text_encoder_is_on_the_device_while_it_fills_the_cache(tmp_path: Path, monkeypatch):
+    """T5 offloaded and frozen: attached (its window on the training device) for the caching pass, detached after, as
+    a cached encoder leaves the device; never encoding from the CPU copy it was loaded into."""
+    from onetrainer.memory.layer_offload import LayerOffload
+    from onetrainer.training import trainer
+
+    order: list[str] = []
+    real_attach, real_detach, real_fill = LayerOffload.attach, LayerOffload.detach, trainer.fill_text_cache
+
+    def attach(self, device):
+        order.append(f"attach {type(self.module).__name__}")
+        return real_attach(self, device)
+
+    def detach(self, device):
+        order.append(f"detach {type(self.module).__name__}")
+        return real_detach(self, device)
+
+    def fill(*args, **kwargs):
+        order.append("fill text cache")
+        return real_fill(*args, **kwargs)
+
+    monkeypatch.setattr(LayerOffload, "attach", attach)
+    monkeypatch.setattr(LayerOffload, "detach", detach)
+    monkeypatch.setattr(trainer, "fill_text_cache", fill)
+    image_folder(tmp_path, count=2)
+    config = tiny_config(tmp_path, variant="flux-dev", epochs=1, text_encoder={"train": False},
+                         text_encoder_2={"train": False, "offload_fraction": 0.5})  # fmt: skip
+    run_config(config)
+    assert order[:3] == ["attach T5EncoderModel", "fill text cache", "detach T5EncoderModel"], order
