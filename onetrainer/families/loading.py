@@ -80,11 +80,14 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
 
 
 def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
-    """Put each part in its configured weight dtype."""
+    """Put each part in its configured weight dtype (the quantization filter applies to the denoiser)."""
+    from onetrainer.config.model_types import model_type_info
     from onetrainer.util.quantize import quantize_part
 
+    denoiser = model_type_info(config.model_type).family.parts[0]
     for name, module in parts.items():
-        if quantize_part(name, module, config):  # FLOAT_8 / NFLOAT_4: stored quantized, computed in the train dtype
+        # the quantized kinds: stored in 8 or 4 bits, computed in the train dtype
+        if quantize_part(name, module, config, filtered=name == denoiser):
             continue
         dtype = torch_dtype(config.part(name).weight_dtype)
         if next(module.parameters()).dtype != dtype:

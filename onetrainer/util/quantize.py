@@ -71,8 +71,9 @@ def _trains_on_cuda(device: str | torch.device | None) -> bool:
     return torch.cuda.is_available()
 
 
-def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bool:
-    """Store a frozen part's weights quantized when its weight dtype asks for it; False when it does not."""
+def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig, filtered: bool = False) -> bool:
+    """Store a frozen part's weights quantized when its weight dtype asks for it; False when it does not. `filtered`:
+    only the layers `quantization.layer_filter` names (OneTrainer applies the filter to the denoiser)."""
     data_type = config.part(name).weight_dtype
     if not is_quantized(data_type):
         return False
@@ -85,7 +86,8 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
     if dtype == torch.float16:
         for layer in kept:
             layer.to(dtype=torch.float32)
-    kept = kept + filtered_out(name, module, config)
+    if filtered:
+        kept = kept + filtered_out(module, config)
     if data_type is DataType.FLOAT_8:
         to_float8(module, kept)
     elif data_type is DataType.NFLOAT_4:
@@ -95,15 +97,11 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig) -> bo
     return True
 
 
-def filtered_out(name: str, module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.Module]:
-    """The denoiser's Linear and Conv2d layers that OneTrainer's quantization filter (`quantization.layer_filter`,
-    comma-separated parts of layer names, or regular expressions) leaves in the training dtype; none for other parts
-    or without a filter."""
-    from onetrainer.config.model_types import model_type_info
+def filtered_out(module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.Module]:
+    """The Linear and Conv2d layers that OneTrainer's quantization filter (`quantization.layer_filter`, comma-separated
+    parts of layer names, or regular expressions) leaves in the training dtype; none without a filter."""
     from onetrainer.util.layer_filter import name_matches
 
-    if model_type_info(config.model_type).family.parts[0] != name:
-        return []
     quantization = config.quantization
     patterns = [p.strip() for p in quantization.layer_filter.split(",") if p.strip()]
     if not patterns:

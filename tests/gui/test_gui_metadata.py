@@ -45,9 +45,9 @@ def test_unit_fields_sit_beside_their_value_and_not_alone() -> None:
 
 def test_hidden_and_list_fields_are_not_in_forms() -> None:
     paths = {f.path for tab in FORM_TABS for f in form_fields(TrainConfig(), tab)}
-    for hidden in ("concepts", "samples", "optimizer.beta1", "force_v_prediction", "optimizer_defaults", "compile"):
+    for hidden in ("concepts", "samples", "optimizer.beta1", "force_v_prediction", "optimizer_defaults"):
         assert hidden not in paths
-    assert "optimizer.optimizer" in paths
+    assert "optimizer.optimizer" in paths and "compile" in paths  # built: a setting of the training tab
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES, ids=lambda m: m.value)
