@@ -585,13 +585,12 @@ class App(ctk.CTk):
         fit = result.value
         self.log.add(f"Fit to VRAM: {fit.text()}")
         if not fit.fits:
-            self.footer.set_status(f"{fit.text().splitlines()[0]}: nothing changed (the list is in the log)", "warning")
+            self.footer.set_status(f"{fit.headline}: nothing changed (the list is in the log)", "warning")
             return
         for change in fit.changes:
-            value = change.after.value if hasattr(change.after, "value") else change.after
-            self.model.set(change.path, value)
-        summary = "; ".join(f"{c.path} {c.after.value if hasattr(c.after, 'value') else c.after}" for c in fit.changes)
-        self.footer.set_status(f"{fit.text().splitlines()[0]}" + (f": {summary}" if summary else ""))
+            self.model.set(change.path, change.json_value)
+        summary = "; ".join(f"{c.path} {c.json_value}" for c in fit.changes)
+        self.footer.set_status(fit.headline + (f": {summary}" if summary else ""))
 
     def _ask_hub_first(self, config: TrainConfig) -> bool:
         """The checks ask the hub about hub model ids, which can take seconds on a bad connection: ask on a worker

@@ -81,6 +81,13 @@ class DataType(ConfigEnum):
     GGUF_A8_INT = "GGUF_A8_INT"
 
 
+# The weight data types that store a frozen part quantized and that this trainer builds (`util/quantize.py`);
+# OneTrainer's others (the compressed W8A8 kinds, GGUF) are refused by validation.
+QUANTIZED_WEIGHT_DTYPES = frozenset(
+    {DataType.FLOAT_8, DataType.NFLOAT_4, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8}
+)
+
+
 class Optimizer(ConfigEnum):
     ADAGRAD = "ADAGRAD"
     ADAGRAD_8BIT = "ADAGRAD_8BIT"

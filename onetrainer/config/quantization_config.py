@@ -9,24 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onetrainer.config.enums import DataType
+from onetrainer.config.enums import QUANTIZED_WEIGHT_DTYPES, DataType
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 if TYPE_CHECKING:
     from onetrainer.config.train_config import TrainConfig
 
 # The weight dtypes that store a part quantized (the built ones and OneTrainer's others, which validation refuses).
-QUANTIZED_DTYPES = frozenset(
-    {
-        DataType.FLOAT_8,
-        DataType.NFLOAT_4,
-        DataType.INT_8,
-        DataType.FLOAT_W8A8,
-        DataType.INT_W8A8,
-        DataType.FLOAT_W8A8_COMPRESSED,
-        DataType.INT_W8A8_COMPRESSED,
-    }
-)
+QUANTIZED_DTYPES = QUANTIZED_WEIGHT_DTYPES | {DataType.FLOAT_W8A8_COMPRESSED, DataType.INT_W8A8_COMPRESSED}
 SVD_DTYPES = (DataType.NONE, DataType.FLOAT_32, DataType.BFLOAT_16)
 
 

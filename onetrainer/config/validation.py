@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import (
+    QUANTIZED_WEIGHT_DTYPES,
     DataType,
     LearningRateScheduler,
     LossWeight,
@@ -18,6 +19,7 @@ from onetrainer.config.enums import (
 from onetrainer.config.model_types import FLOW_MATCHING, MODEL_TYPES, PartRole, model_type_info, part_label
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
+from onetrainer.util.layer_filter import split_patterns
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -192,7 +194,7 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
         message = f"'{config.layer_filter_preset}' is not a layer preset of {family.label}; allowed: {allowed}"
         problems.append(Problem("layer_filter_preset", message))
     if config.layer_filter_regex:
-        for pattern in _split_filter(config.layer_filter):
+        for pattern in split_patterns(config.layer_filter):
             try:
                 re.compile(pattern)
             except re.error as e:
@@ -319,10 +321,6 @@ def _embedding_rules(config: TrainConfig) -> list[Problem]:
     return problems
 
 
-def _split_filter(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 __all__ = ["Severity", "check_field", "context_of", "validate"]
 
 
@@ -357,7 +355,7 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
         problems.append(
             Problem(
                 f"{scaled[0]}.weight_dtype",
-                f"{reader} reads the base weight, which {dtype} keeps as 8-bit integers with a scale per channel; "
+                f"{reader} reads the base weight, which {dtype} keeps in 8 bits with a scale per channel; "
                 "use FLOAT_8 for this part, or plain LoRA, LoHa or LoKr",
             )
         )
@@ -381,7 +379,7 @@ def _quantized_parts(config: TrainConfig, family) -> list[Problem]:
         return problems
     for part in family.parts:
         part_config = config.part(part)
-        if part_config.weight_dtype in (DataType.FLOAT_8, DataType.NFLOAT_4, *SCALED_8BIT) and part_config.train:
+        if part_config.weight_dtype in QUANTIZED_WEIGHT_DTYPES and part_config.train:
             problems.append(
                 Problem(
                     f"{part}.weight_dtype",

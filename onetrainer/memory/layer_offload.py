@@ -25,10 +25,13 @@ check the order of the moves and that results do not change.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+MOVES_KEPT = 1024
 
 
 class OffloadError(ValueError):
@@ -90,7 +93,8 @@ class LayerOffload:
         self.device: torch.device | None = None
         self._copy_stream: torch.cuda.Stream | None = None
         self._backward_at: int | None = None  # the block the running backward pass has reached
-        self.moves: list[tuple[int, str]] = []  # (block, "in" | "out"), for tests and the benchmark
+        # (block, "in" | "out"), the latest moves for the tests: bounded, as a run makes two per block and pass
+        self.moves: deque[tuple[int, str]] = deque(maxlen=MOVES_KEPT)
         self.peak_resident = 0  # the most blocks on the device at once
         self._hooks = []
         for index, block in enumerate(self.blocks):
@@ -286,7 +290,3 @@ class LayerOffload:
     def resident(self) -> list[int]:
         """The blocks whose weights are on the device now."""
         return [i for i, block in enumerate(self.blocks) if block.loaded]
-
-    def moved_bytes(self) -> int:
-        """The bytes of frozen block weights that live in CPU memory (all blocks' moving weights)."""
-        return sum(home.numel() * home.element_size() for block in self.blocks for _, home in block.weights)

@@ -76,22 +76,13 @@ def check_compile(config: TrainConfig) -> list[Problem]:
         )
         return [Problem("compile", message, Severity.WARNING)]
     from onetrainer.memory.compile import unavailable_reason
+    from onetrainer.training.estimate import training_device_type
 
-    reason = unavailable_reason(_device_of(config.train_device))
+    reason = unavailable_reason(training_device_type(config.train_device))
     if reason:
         message = f"compile true: {reason}; the {denoiser} trains uncompiled (the same result, slower steps)"
         return [Problem("compile", message, Severity.WARNING)]
     return []
-
-
-def _device_of(name: str) -> str:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        return "cpu"
-    return device.type if device.type != "cuda" or torch.cuda.is_available() else "cpu"
 
 
 def check_layer_offloading(config: TrainConfig) -> list[Problem]:

@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onetrainer.config.enums import DataType, Optimizer, TrainingMethod
+from onetrainer.config.enums import QUANTIZED_WEIGHT_DTYPES, DataType, Optimizer, TrainingMethod
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,6 @@ BYTES = {
     DataType.FLOAT_W8A8: 1.0,
     DataType.NFLOAT_4: 0.5625,  # 4 bits plus a scale per 64 weights
 }
-QUANTIZED = frozenset({DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, DataType.NFLOAT_4})
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
 # a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
 _STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
@@ -111,7 +110,7 @@ class PartCount:
     @property
     def bytes(self) -> float:
         """The part's weights in bytes, in its configured dtype."""
-        if self.dtype in QUANTIZED:
+        if self.dtype in QUANTIZED_WEIGHT_DTYPES:
             return (self.params - self.plain) * BYTES[self.dtype] + self.plain * self.plain_bytes
         return self.params * BYTES[self.dtype]
 

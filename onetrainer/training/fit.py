@@ -37,6 +37,11 @@ class Change:
     after: Any
     why: str
 
+    @property
+    def json_value(self) -> Any:
+        """The new value as a config file holds it (an enum by its name)."""
+        return self.after.value if isinstance(self.after, enum.Enum) else self.after
+
     def text(self) -> str:
         return f"{self.path}: {json_text(self.before)} → {json_text(self.after)} ({self.why})"
 
@@ -51,16 +56,19 @@ class Fit:
     def fits(self) -> bool:
         return self.estimate is not None and self.estimate.peak_bytes <= self.budget
 
-    def text(self) -> str:
+    @property
+    def headline(self) -> str:
+        """The outcome in one line: fitted or not, the budget, the estimate, how many changes."""
         budget = f"{self.budget / GIB:.1f} GiB"
         peak = f"{self.estimate.peak_bytes / GIB:.1f} GiB" if self.estimate is not None else "unknown"
         if not self.changes:
-            head = f"fits {budget} as it is (≈ {peak})" if self.fits else f"nothing left to change: ≈ {peak}"
-        elif self.fits:
-            head = f"fitted to {budget}: ≈ {peak} with {len(self.changes)} change(s)"
-        else:
-            head = f"cannot fit {budget}: ≈ {peak} after every change below (a lower resolution, or a LoRA, needs less)"
-        return "\n".join([head, *(f"  {c.text()}" for c in self.changes)])
+            return f"fits {budget} as it is (≈ {peak})" if self.fits else f"nothing left to change: ≈ {peak}"
+        if self.fits:
+            return f"fitted to {budget}: ≈ {peak} with {len(self.changes)} change(s)"
+        return f"cannot fit {budget}: ≈ {peak} after every change below (a lower resolution, or a LoRA, needs less)"
+
+    def text(self) -> str:
+        return "\n".join([self.headline, *(f"  {c.text()}" for c in self.changes)])
 
 
 def fit_to_budget(
@@ -101,13 +109,13 @@ def fit_to_budget(
 
 def apply(config: TrainConfig, changes: list[Change]) -> None:
     for change in changes:
-        _set_value(config, change.path, change.after)
+        _set_value(config, change)
 
 
-def _set_value(config: TrainConfig, path: str, value: Any) -> None:
-    problems = set_path(config, path, value.value if isinstance(value, enum.Enum) else value)
+def _set_value(config: TrainConfig, change: Change) -> None:
+    problems = set_path(config, change.path, change.json_value)
     if problems:
-        raise ValueError(f"{path}: {problems[0].message}")
+        raise ValueError(f"{change.path}: {problems[0].message}")
 
 
 # -- the steps -------------------------------------------------------------------------------------------------------
@@ -117,8 +125,9 @@ def _set(trial: TrainConfig, fit: Fit, path: str, value: Any, why: str) -> None:
     before = get_path(trial, path)
     if before == value:
         return
-    _set_value(trial, path, value)
-    fit.changes.append(Change(path, before, value, why))
+    change = Change(path, before, value, why)
+    _set_value(trial, change)
+    fit.changes.append(change)
 
 
 def _roles(trial: TrainConfig) -> dict[str, PartRole]:

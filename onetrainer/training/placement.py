@@ -116,9 +116,7 @@ def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], Lay
         fraction = config.part(part).offload_fraction
         if fraction > 0 and LAYER_OFFLOADING in family.info.part_capabilities.get(part, ()):
             blocks = family.layer_blocks[part]
-            out[part] = partial(_make_offload, blocks=blocks, fraction=fraction, async_copies=config.async_offloading)
+            out[part] = partial(
+                LayerOffload, block_paths=blocks, fraction=fraction, async_copies=config.async_offloading
+            )
     return out
-
-
-def _make_offload(module: torch.nn.Module, blocks, fraction: float, async_copies: bool) -> LayerOffload:
-    return LayerOffload(module, blocks, fraction, async_copies)

@@ -14,12 +14,17 @@ def name_matches(name: str, patterns: list[str], regex: bool) -> bool:
     return any(p in name for p in patterns)
 
 
+def split_patterns(text: str) -> list[str]:
+    """A filter's comma-separated entries, stripped, empty ones dropped."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def configured_patterns(
     layer_filter: str, preset: str, regex: bool, presets: dict[str, tuple[str, ...]]
 ) -> tuple[list[str], bool]:
     """The layer filter as (patterns, is_regex): the custom patterns (comma-separated) when given or when the preset
     is "custom", else the family's preset (`presets`, its `FamilyInfo.layer_presets`); no patterns: every layer."""
-    custom = [p.strip() for p in layer_filter.split(",") if p.strip()]
+    custom = split_patterns(layer_filter)
     if preset == "custom" or custom:
         return custom, regex
     return list(presets.get(preset, ())), False

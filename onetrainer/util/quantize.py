@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.config.enums import DataType
+from onetrainer.config.enums import QUANTIZED_WEIGHT_DTYPES, DataType
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-QUANTIZED = frozenset({DataType.FLOAT_8, DataType.NFLOAT_4, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8})
+QUANTIZED = QUANTIZED_WEIGHT_DTYPES
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = 448.0  # the largest float8_e4m3fn value
 INT8_MAX = 127.0
@@ -100,10 +100,10 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig, filte
 def filtered_out(module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.Module]:
     """The Linear and Conv2d layers that OneTrainer's quantization filter (`quantization.layer_filter`, comma-separated
     parts of layer names, or regular expressions) leaves in the training dtype; none without a filter."""
-    from onetrainer.util.layer_filter import name_matches
+    from onetrainer.util.layer_filter import name_matches, split_patterns
 
     quantization = config.quantization
-    patterns = [p.strip() for p in quantization.layer_filter.split(",") if p.strip()]
+    patterns = split_patterns(quantization.layer_filter)
     if not patterns:
         return []
     return [
