@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from onetrainer.benchmark.cli import format_caching, format_gpu, format_overhead, main
-from onetrainer.benchmark.gpu import CASES, unet_lora_benchmark
+from onetrainer.benchmark.cli import format_caching, format_overhead, main
+from onetrainer.benchmark.gpu import CASES, format_gpu, unet_lora_benchmark
 from onetrainer.benchmark.overhead import BARE, OURS, VARIANTS, compare_overhead, prepare
 from tests.helpers import local_config
 
@@ -60,15 +60,16 @@ def test_the_bare_loop_trains_the_same_lora_as_our_method(tmp_path):
     assert bare == ours > 0
 
 
-@pytest.mark.parametrize("case", ["sd15", "sdxl"])
-def test_the_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_unet(case):
+@pytest.mark.parametrize(("case", "float8"), [("sd15", False), ("sdxl", True)])
+def test_the_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_unet(case, float8):
     from onetrainer.tiny import tiny_model_dir
 
     unet_config = json.loads((tiny_model_dir(case) / "unet" / "config.json").read_text(encoding="utf-8"))
     run = unet_lora_benchmark(
         case, CPU, steps=1, warmup=1, unet_config=unet_config, resolution=64, weight_dtype=torch.float32,
-        optimizer="adamw",
+        optimizer="adamw", float8_weights=float8,
     )  # fmt: skip
+    assert run.weight_dtype == ("float8_e4m3fn (float32 compute)" if float8 else "float32")
     assert run.steps_per_second > 0
     assert run.lora_targets > 0 and run.trained_parameters > 0
     assert run.peak_allocated_bytes is None and not run.goal_met  # nothing measured on a CPU meets a VRAM goal
@@ -169,6 +170,17 @@ def test_the_cascade_part_times_ours_and_the_bare_loop():
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")
+def test_without_cuda_the_memory_engines_full_size_cases_say_not_measured():
+    from onetrainer.benchmark.memory_engine import FLUX_CASES, run_memory_gpu_part
+
+    printed = []
+    figures = run_memory_gpu_part(steps=1, warmup=1, progress=printed.append)
+    assert list(figures) == [c.key for c in FLUX_CASES] + ["sdxl-FLOAT_8-1024"]
+    assert all(v is None for v in figures.values()) and all("not measured" in line for line in printed)
+    assert "flux-FLOAT_8-512-offload0.7" in figures and "flux-FLOAT_8-1024-offload0.7-inline" in figures
+
+
 def test_the_offload_part_times_each_fraction_against_the_plain_run():
     from onetrainer.benchmark.offload import compare_offload, format_offload
 
@@ -241,21 +253,23 @@ def test_the_bare_flux_loop_draws_sigma_as_our_flow_matching_schedule():
         assert torch.allclose(bare.quantile(quantiles), ours.quantile(quantiles), atol=0.01)
 
 
-@pytest.mark.parametrize("weight_dtype", ["BFLOAT_16", "FLOAT_8"])
-def test_the_flux_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_transformer(weight_dtype):
+@pytest.mark.parametrize(("weight_dtype", "offload"), [("BFLOAT_16", 0.0), ("FLOAT_8", 0.0), ("INT_W8A8", 0.5)])
+def test_the_flux_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_transformer(weight_dtype, offload):
     from onetrainer.benchmark.flux_gpu import flux_lora_benchmark, format_flux_gpu
     from onetrainer.tiny import tiny_model_dir
 
     config = json.loads((tiny_model_dir("flux-dev") / "transformer" / "config.json").read_text(encoding="utf-8"))
     run = flux_lora_benchmark(
         CPU, steps=1, warmup=1, transformer_config=config, resolution=64, text_tokens=32, weight_dtype=weight_dtype,
-        optimizer="adamw",
+        optimizer="adamw", offload_fraction=offload,
     )  # fmt: skip
     assert run.steps_per_second > 0 and run.losses_finite
+    assert run.blocks == 4 and run.offloaded_blocks == (2 if offload else 0)
+    assert ("2 of 4 blocks offloaded" in format_flux_gpu(run)) == bool(offload)
     assert run.image_tokens == 16 and run.compute_dtype == "bfloat16"
     assert run.lora_targets > 0 and run.trained_parameters > 0
     assert run.peak_allocated_bytes is None  # nothing measured off CUDA
-    if weight_dtype == "FLOAT_8":  # the linear weights in one byte; norms, embeddings' biases and the rest bfloat16
+    if weight_dtype != "BFLOAT_16":  # the linear weights in one byte; norms, embeddings' biases and the rest bfloat16
         assert run.base_parameters < run.weights_bytes < 2 * run.base_parameters
     else:
         assert run.weights_bytes == 2 * run.base_parameters

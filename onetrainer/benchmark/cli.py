@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from onetrainer.benchmark.memory import format_gib
+
 DESCRIPTION = (
     "Measure what the trainer adds per step (tiny SD 1.5 LoRA through run_training vs a bare diffusers+peft loop, "
     "same process, same maths), how fast the cache fills and how soon a fully cached run starts, the window's "
@@ -22,17 +24,22 @@ DESCRIPTION = (
 EPILOG = """\
 Parts: 'overhead', 'calls' (Python calls per steady step of the overhead part's two loops: a count that compares two
 versions of the trainer where times are too noisy), 'pixart' (the same comparison on the tiny PixArt model: T5 mask,
-micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP
-hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP
-pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16
-and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured), 'offload' (tiny FLUX.1-dev's LoRA steps
-with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching',
-'weights' (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine), 'tiny' (one training step of each tiny
-model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1
-and --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as
-not measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
+micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden
++ pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP pooled + T5,
+the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16 and FLOAT_8
+weights, it/s and peak VRAM, otherwise reported as not measured), 'offload' (tiny FLUX.1-dev's LoRA steps with the
+transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching', 'weights'
+(FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine), 'memory' (the memory engine: 'offload' and 'weights',
+and with CUDA the full-size Flux.1-dev LoRA with 8-bit weights and layer offloading at 512 and 1024 px and an SDXL-size
+LoRA with FLOAT_8 weights, it/s and peak VRAM against the goals), 'tiny' (one training step of each tiny model's
+denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and
+--processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not
+measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
-PARTS = ("overhead", "calls", "pixart", "cascade", "flux", "offload", "caching", "weights", "tiny", "ddp", "gpu", "gui")
+PARTS = (
+    "overhead", "calls", "pixart", "cascade", "flux", "offload", "caching", "weights", "memory", "tiny", "ddp", "gpu",
+    "gui",
+)  # fmt: skip
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
@@ -87,6 +94,8 @@ def main(
         )
         return 2
     parts = ["gui"] if args.gui else (list(PARTS) if args.part == "all" else [args.part])
+    if args.part == "memory":
+        parts = ["offload", "weights", "memory"]
 
     import torch
 
@@ -155,6 +164,11 @@ def main(
         weights = measure_weight_dtypes()
         print(format_weight_dtypes(weights))
         report["weights"] = weights
+    if "memory" in parts:
+        from onetrainer.benchmark.memory_engine import run_memory_gpu_part
+
+        print("\nThe memory engine at full size (CUDA only):")
+        report["memory"] = run_memory_gpu_part(max(args.steps // 4, 1), max(args.warmup - 1, 1))
     if "tiny" in parts:
         print("\nTiny models, one denoiser training step (forward + backward, batch 2; best of 3):")
         report["tiny"] = measure_tiny_steps()
@@ -176,7 +190,7 @@ def main(
             report["gui"] = gui_part(required)
     report["process_peak_rss_bytes"] = process_peak_rss()
     report["machine"]["load_average_after"] = _load_average()
-    peak = _gib(report["process_peak_rss_bytes"])
+    peak = format_gib(report["process_peak_rss_bytes"])
     print(f"\nprocess peak RSS (ru_maxrss: the whole process, every run above together): {peak}")
     print(f"load average after: {report['machine']['load_average_after']}")
     if args.json:
@@ -203,7 +217,7 @@ def run_gpu_part(steps: int, warmup: int) -> dict:
     """Both GPU cases on the first CUDA device; each None ("not measured") without one."""
     import torch
 
-    from onetrainer.benchmark.gpu import CASES, unet_lora_benchmark
+    from onetrainer.benchmark.gpu import CASES, format_gpu, unet_lora_benchmark
 
     figures: dict = {}
     for key, case in CASES.items():
@@ -266,7 +280,8 @@ def format_overhead(result) -> str:
         kinds.add(kind)
         above = result.memory_above_baseline(variant)
         extra = f" (+{above / 1024**2:.0f} MiB)" if above is not None else ""
-        lines.append(f"{LABELS[variant]:<28}{result.median_rate(variant):>9.2f}   {each:<24}{_gib(peak):>12}{extra}")
+        rate = result.median_rate(variant)
+        lines.append(f"{LABELS[variant]:<28}{rate:>9.2f}   {each:<24}{format_gib(peak):>12}{extra}")
     lines.append(
         f"(peak memory: {', '.join(sorted(kinds))}, model loading included; "
         "(+N MiB): above that process's RSS with the libraries imported)"
@@ -303,23 +318,6 @@ def format_family_overhead(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def format_gpu(run) -> str:
-    from onetrainer.benchmark.gpu import CASES
-
-    case = CASES[run.case]
-    reserved = f", {_gib(run.peak_reserved_bytes)} reserved" if run.peak_reserved_bytes is not None else ""
-    verdict = "met" if run.goal_met else "NOT met"
-    return "\n".join(
-        [
-            f"{case.label} on {run.device}: rank {run.rank} on {run.lora_targets} layers, "
-            f"{run.weight_dtype} weights, gradient checkpointing {_on(run.gradient_checkpointing)}, "
-            f"{run.resolution} px, batch {run.batch_size}, cached latents and text, {run.optimizer}",
-            f"  {run.steps_per_second:.2f} it/s; peak VRAM {_gib(run.peak_allocated_bytes)} allocated{reserved} "
-            f"(goal <= {_gib(run.goal_peak_bytes)}: {verdict}; {case.reference})",
-        ]
-    )
-
-
 def format_caching(result) -> str:
     cold, warm = result.cold, result.warm
     return "\n".join(
@@ -336,10 +334,6 @@ def format_caching(result) -> str:
 
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
-
-
-def _gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 1024**3:.2f} GiB"
 
 
 def _load_average() -> list[float] | None:

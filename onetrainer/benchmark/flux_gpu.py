@@ -5,14 +5,18 @@ The transformer is FLUX.1-dev's (the released config in `onetrainer/families/ref
 weight dtype, so nothing is downloaded and no fp32 copy is ever held. The step is our Flux family's, at the settings
 a Flux LoRA trains with:
 
-- bfloat16 base weights (or FLOAT_8: stored as float8 through `util/quantize.to_float8`, computed in bfloat16),
-  fp32 LoRA weights (our default LoRA weight dtype) at rank 16 on the family's `attn-mlp` layers, bfloat16 autocast
-  (no grad scaler), gradient checkpointing, batch 1;
+- bfloat16 base weights (or FLOAT_8: stored as float8 through `util/quantize.to_float8`, computed in bfloat16; or
+  INT_8 / INT_W8A8 / FLOAT_W8A8 through `util/quantize.to_scaled_8bit`), fp32 LoRA weights (our default LoRA weight
+  dtype) at rank 16 on the family's `attn-mlp` layers, bfloat16 autocast (no grad scaler), gradient checkpointing,
+  batch 1;
 - 1024 px: 128×128 latents of 16 channels, packed 2×2 into 4096 image tokens with their (0, row, column) ids, and
   512 T5 tokens (cached T5-XXL hidden states and CLIP-L's pooled output as random tensors of those shapes: the text
   encoders and the VAE are not on the GPU while training), the guidance input at the training value 1.0;
 - σ drawn logit-normally, x_t = (1 − σ)·x0 + σ·ε, the transformer called with timestep σ, MSE against ε − x0;
-- 8-bit AdamW where bitsandbytes works, AdamW otherwise (as `gpu.py`).
+- 8-bit AdamW where bitsandbytes works, AdamW otherwise (as `gpu.py`);
+- with `offload_fraction`, the trainer's layer offloading (`memory/layer_offload.py`) on the family's blocks, attached
+  after the adapters as the trainer attaches it: that share of the blocks' frozen weights in pinned CPU memory, copied
+  in ahead of use on a side stream (`async_copies`) or in line.
 
 The same function runs on a CPU with a tiny transformer config in float32, which is how the tests exercise it; the
 benchmark's CLI reports the full-size case as not measured without CUDA.
@@ -34,6 +38,7 @@ TEXT_TOKENS = 512  # FLUX.1-dev's T5 prompt length
 VAE_FACTOR = 8
 LATENT_CHANNELS = 16
 WEIGHT_DTYPES = ("BFLOAT_16", "FLOAT_8")
+SCALED_8BIT = ("INT_8", "INT_W8A8", "FLOAT_W8A8")  # `util/quantize.to_scaled_8bit`'s kinds
 LABEL = "Flux.1-dev-size transformer LoRA"
 
 
@@ -47,7 +52,7 @@ class FluxGpuRun:
     weights_bytes: int  # the transformer's stored base weights (the LoRA's own not counted)
     base_parameters: int
     optimizer: str
-    weight_dtype: str  # BFLOAT_16, FLOAT_8 (stored float8, computed in compute_dtype), or FLOAT_32 on the CPU
+    weight_dtype: str  # BFLOAT_16, FLOAT_8 (stored float8, computed in compute_dtype), an 8-bit kind, FLOAT_32 (CPU)
     compute_dtype: str
     resolution: int
     image_tokens: int
@@ -59,6 +64,13 @@ class FluxGpuRun:
     gradient_checkpointing: bool
     losses_finite: bool
     attention: str  # the scaled-dot-product attention backends allowed
+    offload_fraction: float = 0.0
+    offloaded_blocks: int = 0  # of the transformer's blocks, off the device at a time
+    blocks: int = 0  # the transformer's blocks (double- and single-stream)
+    offload_host_bytes: int = 0  # the offloaded weights' CPU buffers
+    page_locked_buffers: int = 0  # of those, page-locked in place
+    attach_seconds: float = 0.0  # the offloader's attach: the weights copied out (and page-locked)
+    async_copies: bool = False
 
     @property
     def steps_per_second(self) -> float:
@@ -99,22 +111,28 @@ def flux_lora_benchmark(
     weight_dtype: str = "BFLOAT_16",
     gradient_checkpointing: bool = True,
     optimizer: str = "auto",
+    offload_fraction: float = 0.0,
+    async_copies: bool = True,
 ) -> FluxGpuRun:
     """Time `steps` LoRA steps after `warmup` ones. `weight_dtype`: BFLOAT_16, FLOAT_8 (float8 storage, bfloat16
-    compute) or FLOAT_32 (no autocast: the CPU test); `optimizer` as `gpu.unet_lora_benchmark`'s."""
+    compute), INT_8 / INT_W8A8 / FLOAT_W8A8 or FLOAT_32 (no autocast: the CPU test); `optimizer` as
+    `gpu.unet_lora_benchmark`'s; `offload_fraction` > 0 offloads that share of the blocks as training does."""
     from diffusers import FluxTransformer2DModel
     from peft import LoraConfig, inject_adapter_in_model
 
     from onetrainer.benchmark.gpu import _device_name, _optimizer
+    from onetrainer.config.enums import DataType
     from onetrainer.config.model_types import FAMILIES
-    from onetrainer.families.flux import PATCH, image_ids, pack, unpack
+    from onetrainer.families.flux import PATCH, FluxFamily, image_ids, pack, unpack
+    from onetrainer.memory.layer_offload import LayerOffload
     from onetrainer.util.layer_filter import name_matches
-    from onetrainer.util.quantize import to_float8
+    from onetrainer.util.quantize import to_float8, to_scaled_8bit
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")
-    if weight_dtype not in (*WEIGHT_DTYPES, "FLOAT_32"):
-        raise ValueError(f"unknown weight dtype {weight_dtype!r}: {', '.join(WEIGHT_DTYPES)} or FLOAT_32")
+    known = (*WEIGHT_DTYPES, *SCALED_8BIT, "FLOAT_32")
+    if weight_dtype not in known:
+        raise ValueError(f"unknown weight dtype {weight_dtype!r}: {', '.join(known)}")
     if resolution % (VAE_FACTOR * PATCH):
         raise ValueError(f"the resolution must be a multiple of {VAE_FACTOR * PATCH} px")
     compute = torch.float32 if weight_dtype == "FLOAT_32" else torch.bfloat16
@@ -124,10 +142,14 @@ def flux_lora_benchmark(
     with torch.device(device), _default_dtype(compute):
         transformer = FluxTransformer2DModel.from_config(config)
     transformer.requires_grad_(False)
+    # Before the adapters, as our loading quantizes a frozen part before the method.
     if weight_dtype == "FLOAT_8":
-        to_float8(transformer)  # before the adapters, as our loading quantizes a frozen part before the method
+        to_float8(transformer)
+    elif weight_dtype in SCALED_8BIT:
+        to_scaled_8bit(transformer, DataType[weight_dtype])
     base_parameters = sum(p.numel() for p in transformer.parameters())
     weights_bytes = sum(p.numel() * p.element_size() for p in transformer.parameters())
+    weights_bytes += sum(b.numel() * b.element_size() for n, b in transformer.named_buffers() if n.endswith("_scale"))
 
     patterns = list(FAMILIES["flux"].layer_presets[layer_preset])
     modules = transformer.named_modules()
@@ -141,6 +163,12 @@ def flux_lora_benchmark(
     if gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
     transformer.train()
+    offload, attach_seconds = None, 0.0
+    if offload_fraction > 0:
+        offload = LayerOffload(transformer, FluxFamily.layer_blocks["transformer"], offload_fraction, async_copies)
+        started = time.perf_counter()
+        offload.attach(device)
+        attach_seconds = time.perf_counter() - started
     opt, opt_name = _optimizer(params, 1e-4, device, optimizer)
 
     size = resolution // VAE_FACTOR
@@ -201,6 +229,13 @@ def flux_lora_benchmark(
         gradient_checkpointing=gradient_checkpointing,
         losses_finite=finite,
         attention=attention,
+        offload_fraction=offload_fraction,
+        offloaded_blocks=offload.offloaded if offload is not None else 0,
+        blocks=len(transformer.transformer_blocks) + len(transformer.single_transformer_blocks),
+        offload_host_bytes=offload.host_bytes() if offload is not None else 0,
+        page_locked_buffers=offload.page_locked_buffers() if offload is not None else 0,
+        attach_seconds=attach_seconds,
+        async_copies=bool(offload is not None and async_copies and device.type == "cuda"),
     )
 
 
@@ -217,6 +252,14 @@ def _attention_backends(device: torch.device):
 
 
 def format_flux_gpu(run: FluxGpuRun) -> str:
+    offload = ""
+    if run.offload_fraction > 0:
+        copies = "copies ahead on a side stream" if run.async_copies else "copies in line"
+        offload = (
+            f", {run.offloaded_blocks} of {run.blocks} blocks offloaded ({run.offload_fraction:g}, {copies}; "
+            f"{run.offload_host_bytes / GIB:.2f} GiB in CPU memory, {run.page_locked_buffers} buffers page-locked, "
+            f"attached in {run.attach_seconds:.1f} s)"
+        )
     reserved = f", {run.peak_reserved_bytes / GIB:.2f} GiB reserved" if run.peak_reserved_bytes is not None else ""
     allocated = "n/a" if run.peak_allocated_bytes is None else f"{run.peak_allocated_bytes / GIB:.2f} GiB"
     return "\n".join(
@@ -225,7 +268,7 @@ def format_flux_gpu(run: FluxGpuRun) -> str:
             f"({run.weights_bytes / GIB:.2f} GiB), {run.compute_dtype} compute, rank {run.rank} on {run.lora_targets} "
             f"layers ({run.trained_parameters / 1e6:.1f} M trained), gradient checkpointing "
             f"{'on' if run.gradient_checkpointing else 'off'}, {run.resolution} px ({run.image_tokens} image + "
-            f"{run.text_tokens} text tokens), batch {run.batch_size}, {run.optimizer}",
+            f"{run.text_tokens} text tokens), batch {run.batch_size}, {run.optimizer}{offload}",
             f"  {run.steps_per_second:.3f} it/s ({run.seconds / run.steps:.2f} s/step over {run.steps} steps); peak "
             f"VRAM {allocated} allocated{reserved}; losses finite: {run.losses_finite}; attention: {run.attention}",
         ]

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from onetrainer.benchmark.memory import GIB, PeakMemory
+from onetrainer.benchmark.memory import GIB, PeakMemory, format_gib
 
 TEXT_TOKENS = 77  # CLIP's context length: the shape of cached text embeddings
 
@@ -105,9 +105,11 @@ def unet_lora_benchmark(
     weight_dtype: torch.dtype = torch.float16,
     gradient_checkpointing: bool = True,
     optimizer: str = "auto",
+    float8_weights: bool = False,
 ) -> GpuRun:
     """Time `steps` LoRA steps after `warmup` ones; `optimizer` is "auto" (8-bit AdamW if it works), "adamw8bit"
-    or "adamw"."""
+    or "adamw"; `float8_weights` stores the UNet's Linear and Conv2d weights as float8 (FLOAT_8, computed in
+    `weight_dtype`)."""
     from diffusers import UNet2DConditionModel
     from peft import LoraConfig
 
@@ -116,6 +118,7 @@ def unet_lora_benchmark(
     from onetrainer.noise.prediction import PredictionType
     from onetrainer.tiny import reference
     from onetrainer.util.layer_filter import name_matches
+    from onetrainer.util.quantize import to_float8
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")
@@ -130,6 +133,8 @@ def unet_lora_benchmark(
         unet = UNet2DConditionModel.from_config(config)
     unet.to(device=device, dtype=weight_dtype)
     unet.requires_grad_(False)
+    if float8_weights:
+        to_float8(unet)  # before the adapters, as our loading quantizes a frozen part before the method
 
     patterns = list(FAMILIES[spec.family_key].layer_presets[layer_preset])
     adaptable = (torch.nn.Linear, torch.nn.Conv2d)
@@ -181,13 +186,34 @@ def unet_lora_benchmark(
         peak_allocated_bytes=memory.peak_bytes,
         peak_reserved_bytes=memory.reserved_bytes,
         optimizer=opt_name,
-        weight_dtype=str(weight_dtype).removeprefix("torch."),
+        weight_dtype=_dtype_name(weight_dtype, float8_weights),
         resolution=resolution,
         batch_size=batch_size,
         rank=rank,
         lora_targets=len(targets),
         trained_parameters=sum(p.numel() for p in params),
         gradient_checkpointing=gradient_checkpointing,
+    )
+
+
+def _dtype_name(dtype: torch.dtype, float8_weights: bool) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return f"float8_e4m3fn ({name} compute)" if float8_weights else name
+
+
+def format_gpu(run: GpuRun) -> str:
+    case = CASES[run.case]
+    reserved = f", {format_gib(run.peak_reserved_bytes)} reserved" if run.peak_reserved_bytes is not None else ""
+    verdict = "met" if run.goal_met else "NOT met"
+    checkpointing = "on" if run.gradient_checkpointing else "off"
+    return "\n".join(
+        [
+            f"{case.label} on {run.device}: rank {run.rank} on {run.lora_targets} layers, "
+            f"{run.weight_dtype} weights, gradient checkpointing {checkpointing}, "
+            f"{run.resolution} px, batch {run.batch_size}, cached latents and text, {run.optimizer}",
+            f"  {run.steps_per_second:.2f} it/s; peak VRAM {format_gib(run.peak_allocated_bytes)} allocated{reserved} "
+            f"(goal <= {format_gib(run.goal_peak_bytes)}: {verdict}; {case.reference})",
+        ]
     )
 
 

@@ -21,6 +21,10 @@ import torch
 GIB = 1024**3
 
 
+def format_gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / GIB:.2f} GiB"
+
+
 def process_peak_rss() -> int:
     """The whole process's peak RSS in bytes since it started (`ru_maxrss`: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

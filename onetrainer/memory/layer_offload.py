@@ -6,10 +6,13 @@ offloading, docs/RamOffloading.md there). After a block has run, its weights lea
 beyond the window is copied in, ahead of its use. At the end of a forward pass the last blocks are on the device, as
 the backward pass wants them; at the end of the backward pass the first ones, as the next forward pass wants them.
 
-Only frozen weights move, and only host to device: the CPU copy (pinned memory on CUDA) stays valid, so leaving the
-device is dropping the device copy. Trainable weights (a LoRA's adapters, which live inside the blocks) stay on the
-device. A block off the device holds an empty tensor in place of each moved weight, so a use out of turn fails loudly
-rather than computing with stale data.
+Only frozen weights move, and only host to device: the CPU copy stays valid, so leaving the device is dropping the
+device copy. A block's moving weights live in one CPU buffer, each weight a view into it, and move as one copy: one
+transfer per block, not one per tensor. On CUDA that buffer is page-locked in place (`cudaHostRegister`) at its exact
+size: torch's pinned-memory allocator rounds every allocation up to a power of two, which for a transformer's weight
+shapes costs about half as much RAM again. Trainable weights (a LoRA's adapters, which live inside the blocks) stay on
+the device. A block off the device holds an empty tensor in place of each moved weight, so a use out of turn fails
+loudly rather than computing with stale data.
 
 How the backward pass is followed: a hook on each block's outputs fires when the gradient reaching them is complete,
 which is just before the block's own backward nodes run. Gradient checkpointing recomputes a block's forward inside the
@@ -17,14 +20,15 @@ backward pass; those forwards are told apart (`_in_backward`) and leave the wind
 references to a weight see the tensor the parameter holds at the time they are used, which is the device copy again
 by then.
 
-On CUDA with `async_copies`, copies run on a side stream (non-blocking from pinned memory) and the compute stream waits
-for a block's copy only when it runs it. On a CPU a "copy" is a clone, and the same code runs, which is how the tests
-check the order of the moves and that results do not change.
+On CUDA with `async_copies`, copies run on a side stream (non-blocking from page-locked memory) and the compute stream
+waits for a block's copy only when it runs it. On a CPU a "copy" is a clone, and the same code runs, which is how the
+tests check the order of the moves and that results do not change.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 MOVES_KEPT = 1024
+ALIGNMENT = 256  # bytes between weights in a block's buffer: any dtype's view, and the copy engines' preferred start
 
 
 class OffloadError(ValueError):
@@ -59,10 +64,33 @@ def _tensors(value) -> Iterator[torch.Tensor]:
 @dataclass
 class _Block:
     module: torch.nn.Module
-    # (parameter, its CPU copy) for every frozen weight that moves
+    # (parameter, its CPU copy: a view into `home`) for every frozen weight that moves
     weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    home: torch.Tensor | None = None  # the weights' CPU buffer (bytes)
+    offsets: list[int] = field(default_factory=list)  # each weight's byte offset in `home`
     loaded: bool = True
     ready: torch.cuda.Event | None = None  # the copy's completion on the side stream, until the block first runs
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+def _view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """The bytes of `buffer` at `offset` as a tensor of `like`'s dtype and shape."""
+    size = like.numel() * like.element_size()
+    return buffer[offset : offset + size].view(like.dtype).view(like.shape)
+
+
+def _page_locked(buffer: torch.Tensor) -> bool:
+    """Page-lock `buffer` where it is (CUDA's host registration) so copies from it can run asynchronously."""
+    cudart = torch.cuda.cudart()
+    return cudart.cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0) == cudart.cudaError.success
+
+
+def _unlock(pointers: list[int]) -> None:
+    for pointer in pointers:
+        torch.cuda.cudart().cudaHostUnregister(pointer)
 
 
 class LayerOffload:
@@ -96,6 +124,9 @@ class LayerOffload:
         # (block, "in" | "out"), the latest moves for the tests: bounded, as a run makes two per block and pass
         self.moves: deque[tuple[int, str]] = deque(maxlen=MOVES_KEPT)
         self.peak_resident = 0  # the most blocks on the device at once
+        self.peak_resident_params = 0  # the most moving weights' elements on the device at once
+        self._locked: list[int] = []  # page-locked buffers' addresses, unlocked when this offloader goes
+        weakref.finalize(self, _unlock, self._locked)
         self._hooks = []
         for index, block in enumerate(self.blocks):
             self._hooks.append(block.module.register_forward_pre_hook(self._pre_hook(index)))
@@ -109,23 +140,15 @@ class LayerOffload:
 
     def attach(self, device: torch.device | str) -> None:
         """Put the part on `device` with the first `window` blocks there and the others' frozen weights in CPU memory
-        (pinned when the device is a GPU): the peak never holds the whole part."""
+        (page-locked when the device is a GPU): the peak never holds the whole part."""
         device = torch.device(device)
         if self.active:
             self.detach(torch.device("cpu"))
-        pin = device.type == "cuda"
         for block in self.blocks:
-            block.weights = []
-            for param in block.module.parameters():
-                # Trained weights stay, and so do weights of a tensor subclass (bitsandbytes' NFLOAT_4 keeps its
-                # quantization state beside the data, which a swap of the data would leave behind).
-                if param.requires_grad or type(param) is not torch.nn.Parameter:
-                    continue
-                home = param.data.to("cpu")
-                if pin:
-                    home = home.pin_memory()
-                block.weights.append((param, home))
-                param.data = self._empty(param, torch.device("cpu"))
+            # Trained weights stay, and so do weights of a tensor subclass (bitsandbytes' NFLOAT_4 keeps its
+            # quantization state beside the data, which a swap of the data would leave behind).
+            moving = [p for p in block.module.parameters() if not p.requires_grad and type(p) is torch.nn.Parameter]
+            self._make_home(block, moving, pin=device.type == "cuda")
             block.loaded = False
         self.module.to(device)  # what stays: everything outside the blocks, the trained weights, the empty stand-ins
         self.device = device
@@ -134,15 +157,37 @@ class LayerOffload:
         for index in range(self.window):
             self._load(index, ahead=False)
 
+    def _make_home(self, block: _Block, moving: list[torch.nn.Parameter], pin: bool) -> None:
+        """One CPU buffer for the block's moving weights, each weight a view into it (and an empty stand-in in the
+        module until the block is loaded)."""
+        offsets, size = [], 0
+        for param in moving:
+            offsets.append(size)
+            size += _aligned(param.numel() * param.element_size())
+        home = torch.empty(size, dtype=torch.uint8)
+        if pin and size:
+            if _page_locked(home):
+                self._locked.append(home.data_ptr())
+            else:  # registration refused (a locked-memory limit): torch's pinned allocator, rounded up
+                home = home.pin_memory()
+        block.home, block.offsets, block.weights = home, offsets, []
+        for param, offset in zip(moving, offsets):
+            view = _view(home, offset, param.data)
+            view.copy_(param.data)
+            block.weights.append((param, view))
+            param.data = self._empty(param, torch.device("cpu"))
+
     def detach(self, offload_device: torch.device | str) -> None:
         """Every weight back in the module, the whole part on `offload_device`; the hooks go quiet."""
         self._wait_for_copies()
         for block in self.blocks:
             for param, home in block.weights:
-                param.data = home
-            block.weights = []
+                param.data = home.clone()  # a tensor of its own: the module is ordinary again, the buffer goes
+            block.weights, block.home, block.offsets = [], None, []
             block.loaded = True
             block.ready = None
+        _unlock(self._locked)
+        self._locked.clear()
         self.device = None
         self._copy_stream = None
         self._backward_at = None
@@ -169,9 +214,12 @@ class LayerOffload:
                     param.data = data
             else:
                 for block in self.blocks:
-                    for param, home in block.weights:
-                        param.data = self._copy(home) if block.loaded else self._empty(param, self.device)
                     block.ready = None
+                    if block.loaded:
+                        self._fill(block, ahead=False)
+                    else:
+                        for param, _ in block.weights:
+                            param.data = self._empty(param, self.device)
 
     def remove(self) -> None:
         """Take the hooks off the blocks (after `detach`)."""
@@ -233,21 +281,37 @@ class LayerOffload:
                 self._load(other, ahead=True)
 
     def _load(self, index: int, ahead: bool) -> None:
-        block = self.blocks[index]
+        self._fill(self.blocks[index], ahead)
+        self.blocks[index].loaded = True
+        self.moves.append((index, "in"))
+        loaded = [b for b in self.blocks if b.loaded]
+        self.peak_resident = max(self.peak_resident, len(loaded))
+        resident_params = sum(home.numel() for b in loaded for _, home in b.weights)
+        self.peak_resident_params = max(self.peak_resident_params, resident_params)
+
+    def _fill(self, block: _Block, ahead: bool) -> None:
+        """The block's buffer copied to the device in one transfer, each weight a view into the copy; `ahead`: on the
+        side stream (when copies are asynchronous), the block's `ready` event marking its end."""
         assert self.device is not None
+        if block.home is None or not block.weights:
+            return
         stream = self._copy_stream if ahead else None
         if stream is not None:
+            # Allocated in the compute stream's order, written on the side stream once the compute stream has reached
+            # this point: memory a finished block gave back is reused at once. A copy allocated on the side stream
+            # could only reuse memory after the compute stream caught up with the host, which runs far ahead of it,
+            # and CUDA's cache grew to nearly the whole part (docs/benchmarks.md, layer offloading on an H200).
+            compute = torch.cuda.current_stream(self.device)
+            copy = torch.empty_like(block.home, device=self.device)
+            stream.wait_stream(compute)
             with torch.cuda.stream(stream):
-                copies = [home.to(self.device, non_blocking=True) for _, home in block.weights]
+                copy.copy_(block.home, non_blocking=True)
                 block.ready = torch.cuda.Event()
                 block.ready.record(stream)
         else:
-            copies = [self._copy(home) for _, home in block.weights]
-        for (param, _), copy in zip(block.weights, copies):
-            param.data = copy
-        block.loaded = True
-        self.moves.append((index, "in"))
-        self.peak_resident = max(self.peak_resident, sum(b.loaded for b in self.blocks))
+            copy = self._copy(block.home)
+        for (param, home), offset in zip(block.weights, block.offsets):
+            param.data = _view(copy, offset, home)
 
     def _use(self, index: int) -> None:
         """Block `index` is about to run: on the device, its copy complete as seen from the compute stream."""
@@ -257,14 +321,12 @@ class LayerOffload:
         if block.ready is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(block.ready)
-            for param, _ in block.weights:  # allocated on the side stream, used (and freed) after this stream's work
-                param.data.record_stream(compute)
             block.ready = None
 
     def _unload(self, index: int) -> None:
         block = self.blocks[index]
-        if block.ready is not None:  # copied in but never run: its copy must finish before its memory is reused
-            block.ready.synchronize()
+        if block.ready is not None:  # copied in but never run: the memory is reused once its copy is done
+            torch.cuda.current_stream(self.device).wait_event(block.ready)
             block.ready = None
         for param, _ in block.weights:
             param.data = self._empty(param, self.device)
@@ -290,3 +352,11 @@ class LayerOffload:
     def resident(self) -> list[int]:
         """The blocks whose weights are on the device now."""
         return [i for i, block in enumerate(self.blocks) if block.loaded]
+
+    def host_bytes(self) -> int:
+        """The CPU memory the moving weights take (their buffers, alignment included)."""
+        return sum(block.home.numel() for block in self.blocks if block.home is not None)
+
+    def page_locked_buffers(self) -> int:
+        """How many block buffers are page-locked in place (on CUDA; the others went through torch's allocator)."""
+        return len(self._locked)

@@ -344,8 +344,10 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
 
 
 def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> int:
-    """The frozen block parameters layer offloading keeps off the device at a time: `offload_fraction` of the blocks
-    (`Family.layer_blocks`), as a share of their frozen parameters (a fine-tune's trained ones stay)."""
+    """The frozen block parameters layer offloading keeps off the device at its fullest: all of the blocks' but the
+    largest window of consecutive blocks (`Family.layer_blocks`, in execution order), since the window slides over
+    blocks that need not be of one size (a dual-stream block can be twice a single-stream one); a fine-tune's trained
+    parameters, inside the blocks, stay."""
     import re
 
     from onetrainer.config.model_types import LAYER_OFFLOADING
@@ -357,18 +359,22 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
     if config.part(part).weight_dtype is DataType.NFLOAT_4:
         return 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
     pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
-    blocks, params = set(), 0
+    sizes: dict[tuple[int, int], int] = {}
     for name, count in info.get("tensors", ()):
         found = pattern.match(name)
         if found:
-            blocks.add(found.group(0))
-            params += count
+            key = (paths.index(found.group(1)), int(found.group(2)))
+            sizes[key] = sizes.get(key, 0) + count
+    blocks = [sizes[key] for key in sorted(sizes)]
     if len(blocks) < 2:
         return 0
-    if config.training_method is TrainingMethod.FINE_TUNE:
-        params = max(0, params - trained)  # the trained layers are inside the blocks and stay
-    offloaded_blocks = min(len(blocks) - 1, round(fraction * len(blocks)))
-    return int(params * offloaded_blocks / len(blocks))
+    total = sum(blocks)
+    window = len(blocks) - min(len(blocks) - 1, round(fraction * len(blocks)))
+    largest = max(sum(blocks[i : i + window]) for i in range(len(blocks) - window + 1))
+    offloaded = total - largest
+    if config.training_method is TrainingMethod.FINE_TUNE and total:
+        offloaded = int(offloaded * max(0, total - trained) / total)  # the trained layers are inside the blocks
+    return offloaded
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:

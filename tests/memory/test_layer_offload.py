@@ -128,6 +128,24 @@ def test_detach_gives_back_an_ordinary_module_with_the_same_weights():
     net(torch.randn(2, WIDTH), torch.randn(2, WIDTH))  # no hooks, every weight in place
 
 
+def test_a_blocks_weights_move_as_one_buffer_and_part_as_tensors_of_their_own():
+    """One copy per block: its frozen weights are views into one buffer on either side; after `detach` each weight is
+    its own tensor again (a saved state dict holds no views into a shared buffer)."""
+    net = Net(blocks=4)
+    offload = LayerOffload(net, ["first", "second"], 0.5)
+    offload.attach(CPU)
+    block = net.first[0]
+    home = offload.blocks[0].home
+    assert home is not None and home.dtype == torch.uint8
+    frozen = [block.linear.weight, block.linear.bias, block.modulation.weight, block.modulation.bias]
+    storages = {w.untyped_storage().data_ptr() for w in frozen}
+    assert len(storages) == 1 and storages != {home.untyped_storage().data_ptr()}  # one device copy, not the home
+    assert block.adapter.weight.untyped_storage().data_ptr() not in storages  # the trained weight stays apart
+    offload.detach(CPU)
+    assert len({w.untyped_storage().data_ptr() for w in frozen}) == len(frozen)
+    assert all(b.home is None for b in offload.blocks)
+
+
 def test_a_module_without_those_blocks_is_refused():
     with pytest.raises(OffloadError, match="no blocks at 'layers'"):
         LayerOffload(Net(), ["layers"], 0.5)

@@ -1,0 +1,105 @@
+"""`scripts/benchmark.py --part memory`: the memory engine's figures.
+
+On any machine it runs the 'offload' part (tiny FLUX.1-dev trained through `run_training` with its blocks offloaded,
+against the plain run) and the 'weights' part (FLOAT_8, INT_8, INT_W8A8 against FLOAT_16 base weights). With CUDA it
+also times the full-size cases the issue sets goals for, each in `flux_gpu.flux_lora_benchmark` or
+`gpu.unet_lora_benchmark` (random weights of the released topology, the trainer's quantization and offloading code):
+
+- FLUX.1-dev LoRA with FLOAT_8 weights at 512 and 1024 px, without offloading and with 70 % of the blocks offloaded
+  (the 8 GB preset's fraction; goal: at most 8 GB at 512 px, at most 10 % slower than without offloading when the
+  copies overlap), and at 1024 px with the copies in line (how much the side stream hides);
+- the 8-bit kinds' speed at 1024 px (INT_W8A8, FLOAT_W8A8: 8-bit matmuls), and bf16 weights half offloaded;
+- an SDXL-size UNet LoRA at 1024 px with FLOAT_8 weights (goal: at most 4.5 GB).
+
+Without CUDA each of those is reported as not measured.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from onetrainer.benchmark.memory import GIB
+
+FLUX_8GB_GOAL = 8 * GIB  # at 512 px with 8-bit weights and offloading
+SDXL_GOAL = int(4.5 * GIB)
+
+
+@dataclass(frozen=True)
+class FluxCase:
+    weight_dtype: str
+    resolution: int
+    offload_fraction: float = 0.0
+    async_copies: bool = True
+
+    @property
+    def key(self) -> str:
+        offload = f"-offload{self.offload_fraction:g}" + ("" if self.async_copies else "-inline")
+        return f"flux-{self.weight_dtype}-{self.resolution}" + (offload if self.offload_fraction else "")
+
+
+# In the order of what matters most, so that a run cut short still has the goals' figures.
+FLUX_CASES = (
+    FluxCase("FLOAT_8", 512),
+    FluxCase("FLOAT_8", 512, 0.7),
+    FluxCase("FLOAT_8", 1024),
+    FluxCase("FLOAT_8", 1024, 0.7),
+    FluxCase("FLOAT_8", 1024, 0.7, async_copies=False),
+    FluxCase("INT_W8A8", 1024),
+    FluxCase("FLOAT_W8A8", 1024),
+    FluxCase("BFLOAT_16", 1024, 0.5),
+)
+
+
+def run_memory_gpu_part(steps: int, warmup: int, progress=print) -> dict:
+    """The full-size cases on the first CUDA device, each a dict (or None, "not measured", without CUDA or when it
+    fails: the error is printed and the others go on)."""
+    from onetrainer.benchmark.flux_gpu import flux_lora_benchmark, format_flux_gpu
+    from onetrainer.benchmark.gpu import format_gpu, unet_lora_benchmark
+
+    cuda = torch.cuda.is_available()
+    figures: dict = {}
+    for case in FLUX_CASES:
+        if not cuda:
+            progress(f"{case.key}: not measured: no CUDA device")
+            figures[case.key] = None
+            continue
+        try:
+            run = flux_lora_benchmark(
+                torch.device("cuda"), steps=steps, warmup=warmup, resolution=case.resolution,
+                weight_dtype=case.weight_dtype, offload_fraction=case.offload_fraction, async_copies=case.async_copies,
+            )  # fmt: skip
+        except Exception as e:  # one case's failure (out of memory, a kernel this card lacks) is a figure too
+            progress(f"{case.key}: failed: {type(e).__name__}: {str(e)[:300]}")
+            figures[case.key] = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            progress(format_flux_gpu(run))
+            figures[case.key] = {**run.to_dict(), "goal_8gb_met": _within(run.peak_allocated_bytes, FLUX_8GB_GOAL)}
+        _release()
+    key = "sdxl-FLOAT_8-1024"
+    if not cuda:
+        progress(f"{key}: not measured: no CUDA device")
+        figures[key] = None
+        return figures
+    try:
+        sdxl = unet_lora_benchmark("sdxl", torch.device("cuda"), steps=steps, warmup=warmup, float8_weights=True)
+    except Exception as e:
+        progress(f"{key}: failed: {type(e).__name__}: {str(e)[:300]}")
+        figures[key] = {"error": f"{type(e).__name__}: {e}"}
+    else:
+        progress(format_gpu(sdxl))
+        figures[key] = {**sdxl.to_dict(), "goal_met": _within(sdxl.peak_allocated_bytes, SDXL_GOAL)}
+    _release()
+    return figures
+
+
+def _within(peak: int | None, goal: int) -> bool:
+    return peak is not None and peak <= goal
+
+
+def _release() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
