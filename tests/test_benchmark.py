@@ -181,6 +181,15 @@ def test_without_cuda_the_memory_engines_full_size_cases_say_not_measured():
     assert "flux-FLOAT_8-512-offload0.7" in figures and "flux-FLOAT_8-1024-offload0.7-inline" in figures
 
 
+def test_gguf_weights_are_timed_against_the_plain_run():
+    from onetrainer.benchmark.memory_engine import compare_gguf, format_gguf
+
+    figures = compare_gguf(steps=1, warmup=1, repeat=1, kinds=("Q4_0",), progress=None)
+    assert set(figures["runs"]) == {"plain", "Q4_0"} and figures["runs"]["plain"]["ratio"] == 1.0
+    assert figures["runs"]["Q4_0"]["steps_per_second"] > 0
+    assert "GGUF Q4_0:" in format_gguf(figures)
+
+
 def test_the_offload_part_times_each_fraction_against_the_plain_run():
     from onetrainer.benchmark.offload import compare_offload, format_offload
 

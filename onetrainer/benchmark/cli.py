@@ -165,7 +165,12 @@ def main(
         print(format_weight_dtypes(weights))
         report["weights"] = weights
     if "memory" in parts:
-        from onetrainer.benchmark.memory_engine import run_memory_gpu_part
+        from onetrainer.benchmark.memory_engine import compare_gguf, format_gguf, run_memory_gpu_part
+
+        print(f"\nGGUF weights on tiny FLUX.1-dev's transformer ({args.repeat} alternating repetitions):")
+        gguf = compare_gguf(max(args.steps // 2, 1), args.warmup, args.repeat)
+        print(format_gguf(gguf))
+        report["gguf"] = gguf
 
         print("\nThe memory engine at full size (CUDA only):")
         report["memory"] = run_memory_gpu_part(max(args.steps // 4, 1), max(args.warmup - 1, 1))

@@ -1,7 +1,9 @@
 """`scripts/benchmark.py --part memory`: the memory engine's figures.
 
 On any machine it runs the 'offload' part (tiny FLUX.1-dev trained through `run_training` with its blocks offloaded,
-against the plain run) and the 'weights' part (FLOAT_8, INT_8, INT_W8A8 against FLOAT_16 base weights). With CUDA it
+against the plain run), the 'weights' part (FLOAT_8, INT_8, INT_W8A8 against FLOAT_16 base weights) and GGUF weights
+(`compare_gguf`: the same tiny LoRA run with its transformer read from a Q8_0 or Q4_0 .gguf file, dequantized as each
+layer runs, against the plain weights). With CUDA it
 also times the full-size cases the issue sets goals for, each in `flux_gpu.flux_lora_benchmark` or
 `gpu.unet_lora_benchmark` (random weights of the released topology, the trainer's quantization and offloading code):
 
@@ -51,6 +53,60 @@ FLUX_CASES = (
     FluxCase("FLOAT_W8A8", 1024),
     FluxCase("BFLOAT_16", 1024, 0.5),
 )
+
+
+GGUF_KINDS = ("Q8_0", "Q4_0")
+
+
+def compare_gguf(
+    steps: int = 5, warmup: int = 2, repeat: int = 3, kinds: tuple[str, ...] = GGUF_KINDS, progress=print
+) -> dict:
+    """Median steps/s of the flux part's tiny LoRA run with the transformer from a .gguf file of each kind (GGUF
+    weights) and with its plain weights, alternating, with the ratio to the plain run."""
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from onetrainer.benchmark.family_overhead import run_ours
+    from onetrainer.benchmark.flux_overhead import flux_config
+    from onetrainer.config.enums import DataType
+    from onetrainer.tiny.gguf_file import write_gguf_transformer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    variants = ("plain", *kinds)
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="onetrainer-benchmark-gguf-") as tmp:
+        workdir = Path(tmp)
+        config, _images = flux_config(workdir, device)
+        plain_dtype = config.transformer.weight_dtype
+        files = {kind: write_gguf_transformer(workdir / f"flux-{kind}.gguf", kinds=(kind,)) for kind in kinds}
+        for rep in range(repeat):
+            for variant in variants if rep % 2 == 0 else tuple(reversed(variants)):
+                gguf = variant != "plain"
+                config.transformer.model_name = str(files[variant]) if gguf else ""
+                config.transformer.weight_dtype = DataType.GGUF if gguf else plain_dtype
+                run = run_ours(config, workdir, device, steps, warmup, f"gguf-{variant}-{rep}")
+                rates[variant].append(run.steps_per_second)
+                if progress is not None:
+                    progress(f"  repetition {rep + 1}/{repeat}: {variant:<6} {run.steps_per_second:7.2f} steps/s")
+    plain = statistics.median(rates["plain"])
+    runs = {
+        v: {"steps_per_second": statistics.median(r), "ratio": statistics.median(r) / plain if plain else 0.0,
+            "rates": r}
+        for v, r in rates.items()
+    }  # fmt: skip
+    return {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat, "runs": runs}
+
+
+def format_gguf(figures: dict) -> str:
+    lines = []
+    for variant, run in figures["runs"].items():
+        rates = " ".join(f"{r:.2f}" for r in run["rates"])
+        what = "plain weights" if variant == "plain" else f"GGUF {variant}"
+        lines.append(
+            f"{what}: {run['steps_per_second']:.2f} steps/s, {run['ratio']:.3f} of the plain run (runs {rates})"
+        )
+    return "\n".join(lines)
 
 
 def run_memory_gpu_part(steps: int, warmup: int, progress=print) -> dict:

@@ -82,10 +82,12 @@ class DataType(ConfigEnum):
 
 
 # The weight data types that store a frozen part quantized and that this trainer builds (`util/quantize.py`);
-# OneTrainer's others (the compressed W8A8 kinds, GGUF) are refused by validation.
+# OneTrainer's compressed W8A8 kinds are refused by validation.
 QUANTIZED_WEIGHT_DTYPES = frozenset(
     {DataType.FLOAT_8, DataType.NFLOAT_4, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8}
 )
+# A transformer read pre-quantized from a .gguf file (`util/gguf_weights.py`): frozen too.
+GGUF_WEIGHT_DTYPES = frozenset({DataType.GGUF, DataType.GGUF_A8_FLOAT, DataType.GGUF_A8_INT})
 
 
 class Optimizer(ConfigEnum):

@@ -61,6 +61,8 @@ OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own
 SEQUENCE_LENGTH = "sequence_length"
 # A part whose blocks can wait in CPU memory while others compute (`offload_fraction`; `Family.layer_blocks`).
 LAYER_OFFLOADING = "layer_offloading"
+# A part its own model can give as a .gguf file, weights pre-quantized (the GGUF weight dtypes; `util/gguf_weights.py`).
+GGUF_FILE = "gguf_file"
 CAPABILITIES: frozenset[str] = frozenset(
     {
         CIRCULAR_PADDING,
@@ -172,6 +174,7 @@ _SD_LIKE_FORMATS = {
 _UNET_LAYER_PRESETS = {"attn-mlp": ("attentions",), "attn-only": ("attn",), "full": ()}
 _OWN_MODEL = frozenset({OWN_MODEL})
 _OFFLOADED = frozenset({LAYER_OFFLOADING})
+_GGUF = frozenset({GGUF_FILE})
 _SD_CAPABILITIES = frozenset({CIRCULAR_PADDING, ZERO_TERMINAL_SNR, GENERALIZED_OFFSET_NOISE, LAYER_SKIP})
 _EFFNET_NOTE = (
     "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
@@ -304,7 +307,7 @@ FLUX = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "vae"),
     capabilities=frozenset({LAYER_SKIP, GUIDANCE_INPUT, FLOW_MATCHING, TEXT_PADDING_MASK}),
     part_capabilities={
-        "transformer": _OWN_MODEL | _OFFLOADED,
+        "transformer": _OWN_MODEL | _OFFLOADED | _GGUF,
         "vae": _OWN_MODEL,
         "text_encoder_2": frozenset({SEQUENCE_LENGTH}) | _OFFLOADED,
     },
@@ -332,7 +335,7 @@ CHROMA = FamilyInfo(
     layer_presets=_FLUX_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
-    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
+    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED | _GGUF, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
     lora_caveats=(_CHROMA_T5_CAVEAT, _CHROMA_APPROXIMATOR_CAVEAT),
     notes="`text_encoder` is T5-XXL (512 tokens), whose attention mask also reaches the transformer (the padding "
     "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt. A LoRA on "

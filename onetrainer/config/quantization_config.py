@@ -1,7 +1,8 @@
 """OneTrainer's `quantization` block: which layers of the denoiser a quantized weight dtype quantizes, and SVDQuant.
 
-The layer filter is built (`util/quantize.filtered_out`); SVDQuant is read and kept with OneTrainer's names and
-defaults but not built yet (`NotBuilt`): the run checks name an SVDQuant type that a quantized denoiser would use.
+The layer filter is built (`util/quantize.filtered_out`), and so is SVDQuant for the 8-bit kinds
+(`util/svd_quant.py`); for NFLOAT_4 (bitsandbytes' layers) and GGUF weights (quantized in their file already) it is
+not (`NotBuilt`): the run checks say so when such a denoiser would use it.
 """
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onetrainer.config.enums import QUANTIZED_WEIGHT_DTYPES, DataType
+from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 if TYPE_CHECKING:
     from onetrainer.config.train_config import TrainConfig
 
-# The weight dtypes that store a part quantized (the built ones and OneTrainer's others, which validation refuses).
-QUANTIZED_DTYPES = QUANTIZED_WEIGHT_DTYPES | {DataType.FLOAT_W8A8_COMPRESSED, DataType.INT_W8A8_COMPRESSED}
+# The weight dtypes that store a part quantized (the built ones, a GGUF file's, and OneTrainer's others, which
+# validation refuses).
+QUANTIZED_DTYPES = (
+    QUANTIZED_WEIGHT_DTYPES | GGUF_WEIGHT_DTYPES | {DataType.FLOAT_W8A8_COMPRESSED, DataType.INT_W8A8_COMPRESSED}
+)
 SVD_DTYPES = (DataType.NONE, DataType.FLOAT_32, DataType.BFLOAT_16)
 
 
@@ -31,8 +35,15 @@ def quantized_denoisers(config: TrainConfig) -> list[str]:
     return [p for p, r in roles.items() if r is PartRole.DENOISER and config.part(p).weight_dtype in QUANTIZED_DTYPES]
 
 
-def _svd_on_a_quantized_denoiser(value: Any, config: TrainConfig) -> bool:
-    return value not in (None, DataType.NONE) and bool(quantized_denoisers(config))
+# The quantized kinds SVDQuant corrects (`util/quantize.svd_settings`).
+SVD_CORRECTED = frozenset({DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8})
+
+
+def _svd_without_effect(value: Any, config: TrainConfig) -> bool:
+    """SVDQuant asked for while a quantized denoiser's kind takes no correction (NFLOAT_4, GGUF)."""
+    if value in (None, DataType.NONE):
+        return False
+    return any(config.part(p).weight_dtype not in SVD_CORRECTED for p in quantized_denoisers(config))
 
 
 def _meta(label: str, help: str, **meta):
@@ -63,18 +74,21 @@ class QuantizationConfig(ConfigNode):
     )
     svd_dtype: DataType = _meta(
         "SVDQuant data type",
-        "OneTrainer's SVDQuant: keep a low-rank correction of each quantized layer in this data type (NONE: off). Not "
-        "built yet.",
+        "OneTrainer's SVDQuant: the denoiser's quantized Linear layers (FLOAT_8, INT_8, INT_W8A8, FLOAT_W8A8) keep "
+        "their `svd_rank` largest singular directions in this data type and quantize only the rest, which loses less "
+        "(NONE: off). The decomposition runs once per weight on the training GPU and is cached on disk. Not built "
+        "for NFLOAT_4; GGUF weights come quantized from their file.",
         default=DataType.NONE,
         choices=SVD_DTYPES,
+        ui=True,
         not_built=NotBuilt(
-            "SVDQuant (a low-rank correction kept beside the quantized weights)",
+            "SVDQuant for NFLOAT_4 and GGUF weights (a low-rank correction kept beside the quantized weights)",
             "the quantized layers of the {quantized} keep no correction (a little more quantization error)",
-            active=_svd_on_a_quantized_denoiser,
+            active=_svd_without_effect,
         ),
     )
-    svd_rank: int = _meta("SVDQuant rank", "The rank of SVDQuant's correction.", default=16, minimum=1)
+    svd_rank: int = _meta("SVDQuant rank", "The rank of SVDQuant's correction.", default=16, minimum=1, ui=True)
     cache_dir: str | None = _meta(
-        "SVDQuant cache", "Where OneTrainer caches SVDQuant's decompositions (null: under the cache directory).",
+        "SVDQuant cache", "Where SVDQuant's decompositions are cached (null: svd_quant under the cache directory).",
         default=None,
     )  # fmt: skip

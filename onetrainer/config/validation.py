@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import (
+    GGUF_WEIGHT_DTYPES,
     QUANTIZED_WEIGHT_DTYPES,
     DataType,
     LearningRateScheduler,
@@ -28,18 +29,15 @@ if TYPE_CHECKING:
 # in them, so a config naming one is refused (FLOAT_8, INT_8, INT_W8A8, FLOAT_W8A8 and NFLOAT_4 are the quantized kinds
 # built, `util/quantize.py`).
 _INSTEAD_8BIT = "INT_W8A8 and FLOAT_W8A8 keep the same 8-bit weights uncompressed"
-_INSTEAD_GGUF = "name a .safetensors model instead, which FLOAT_8, INT_8 or NFLOAT_4 quantize on load"
 NOT_BUILT_WEIGHT_DTYPES: dict[DataType, tuple[str, str]] = {
     DataType.FLOAT_W8A8_COMPRESSED: ("FLOAT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
     DataType.INT_W8A8_COMPRESSED: ("INT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
-    DataType.GGUF: ("weights read pre-quantized from a .gguf file", _INSTEAD_GGUF),
-    DataType.GGUF_A8_FLOAT: ("GGUF weights with 8-bit float matrix multiplications", _INSTEAD_GGUF),
-    DataType.GGUF_A8_INT: ("GGUF weights with 8-bit integer matrix multiplications", _INSTEAD_GGUF),
 }
 
 
-# The quantized kinds stored as 8 bits with a scale per output channel (`util/quantize.to_scaled_8bit`).
-SCALED_8BIT = (DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8)
+# The quantized kinds whose layers keep no plain weight for an adapter to read: 8 bits with a scale per output
+# channel (`util/quantize.to_scaled_8bit`) and a GGUF file's blocks (`util/gguf_weights.py`).
+SCALED_8BIT = (DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, *sorted(GGUF_WEIGHT_DTYPES, key=str))
 
 
 def _not_yet(bound: BoundField, value) -> str | None:
@@ -355,8 +353,8 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
         problems.append(
             Problem(
                 f"{scaled[0]}.weight_dtype",
-                f"{reader} reads the base weight, which {dtype} keeps in 8 bits with a scale per channel; "
-                "use FLOAT_8 for this part, or plain LoRA, LoHa or LoKr",
+                f"{reader} reads the base weight, which {dtype} keeps quantized (8 bits with a scale per channel, "
+                "or a GGUF file's blocks); use FLOAT_8 for this part, or plain LoRA, LoHa or LoKr",
             )
         )
     nf4 = [part for part in wrapped if config.part(part).weight_dtype is DataType.NFLOAT_4]
@@ -372,14 +370,15 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
 
 
 def _quantized_parts(config: TrainConfig, family) -> list[Problem]:
-    """Quantized weights (FLOAT_8, INT_8, the W8A8 kinds, NFLOAT_4) are frozen only: a part a fine-tune trains needs a
-    trainable dtype."""
-    problems = []
+    """Quantized weights (FLOAT_8, INT_8, the W8A8 kinds, NFLOAT_4, GGUF) are frozen only: a part a fine-tune trains
+    needs a trainable dtype. GGUF weights come from a .gguf file, which only they read."""
+    problems = _gguf_parts(config, family)
     if config.training_method is not TrainingMethod.FINE_TUNE:
         return problems
     for part in family.parts:
         part_config = config.part(part)
-        if part_config.weight_dtype in QUANTIZED_WEIGHT_DTYPES and part_config.train:
+        frozen_only = QUANTIZED_WEIGHT_DTYPES | GGUF_WEIGHT_DTYPES
+        if part_config.weight_dtype in frozen_only and part_config.train:
             problems.append(
                 Problem(
                     f"{part}.weight_dtype",
@@ -387,4 +386,37 @@ def _quantized_parts(config: TrainConfig, family) -> list[Problem]:
                     "FLOAT_16 or BFLOAT_16",
                 )
             )
+    return problems
+
+
+def _gguf_parts(config: TrainConfig, family) -> list[Problem]:
+    """A GGUF weight dtype needs the part's own model to be a .gguf file, on a part that can read one; a .gguf file
+    needs a GGUF weight dtype."""
+    from onetrainer.config.model_types import GGUF_FILE, OWN_MODEL
+    from onetrainer.util.gguf_weights import NEEDS_GGUF_DTYPE, is_gguf_file
+
+    problems = []
+    for part in family.parts:
+        part_config = config.part(part)
+        name = getattr(part_config, "model_name", "") or ""
+        capabilities = family.part_capabilities.get(part, ())
+        gguf_dtype = part_config.weight_dtype in GGUF_WEIGHT_DTYPES
+        if gguf_dtype and GGUF_FILE not in capabilities:
+            problems.append(
+                Problem(
+                    f"{part}.weight_dtype",
+                    f"{part_config.weight_dtype.value} reads pre-quantized weights from a .gguf file, which the "
+                    f"{family.label} {part} cannot load; choose FLOAT_8, INT_8 or NFLOAT_4, which quantize on load",
+                )
+            )
+        elif gguf_dtype and not is_gguf_file(name):
+            problems.append(
+                Problem(
+                    f"{part}.model_name",
+                    f"{part}.weight_dtype {part_config.weight_dtype.value} reads its weights from a .gguf file: name "
+                    f"one as the {part}'s model (the Q8_0, Q5_K, Q4_K… files of the {family.label} transformer)",
+                )
+            )
+        elif OWN_MODEL in capabilities and is_gguf_file(name) and not gguf_dtype:
+            problems.append(Problem(f"{part}.weight_dtype", NEEDS_GGUF_DTYPE.format(path=name)))
     return problems

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
-from onetrainer.config.enums import ModelFormat
+from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, ModelFormat
 from onetrainer.config.model_types import CHROMA, FLUX, SampleDefaults
 from onetrainer.families.base import (
     BatchInputs,
@@ -152,26 +152,38 @@ class FluxTransformerFamily(Family):
         if not override:
             transformer = load_diffusers_component(cls, where, "transformer", options)
         else:
-            transformer = self._transformer_override(cls, override, base_config)
+            transformer = self._transformer_override(cls, override, base_config, config)
             where = override
         self._check_transformer(transformer, config, where)
         return transformer
 
-    def _transformer_override(self, cls: type, override: str, base_config: dict) -> torch.nn.Module:
+    def _transformer_override(
+        self, cls: type, override: str, base_config: dict, config: TrainConfig
+    ) -> torch.nn.Module:
+        from onetrainer.util import gguf_weights
+
         path = resolve_local(override)
         if path.is_dir():
             subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
             return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
         if not path.is_file():
             raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
+        gguf = gguf_weights.is_gguf_file(path)
         try:
-            state, transformer_config = flux_keys.read_original_checkpoint(path, base_config)
+            if gguf:  # pre-quantized blocks, kept as they are (`util/gguf_weights.py`)
+                state, transformer_config = flux_keys.convert_original(gguf_weights.read_gguf(path), base_config, path)
+            else:
+                state, transformer_config = flux_keys.read_original_checkpoint(path, base_config)
         except ValueError as e:
             raise ModelLoadError(f"cannot read the transformer (transformer.model_name): {e}") from e
         from accelerate import init_empty_weights
 
         with init_empty_weights(include_buffers=False):  # the file's tensors become the weights: no second copy
             transformer = cls.from_config(transformer_config)
+        if gguf:
+            if config.transformer.weight_dtype not in GGUF_WEIGHT_DTYPES:
+                raise ModelLoadError(gguf_weights.NEEDS_GGUF_DTYPE.format(path=path))
+            gguf_weights.prepare_gguf_layers(transformer, state, config.transformer.weight_dtype)
         checked_load(transformer, state, f"the transformer {path}", assign=True)
         return transformer
 

@@ -403,13 +403,15 @@ def check_model_source(
     if is_placeholder(name):
         return [Problem(path, placeholder_message(path, name, downloads))]
     local = Path(name).expanduser()
+    # A part's own model may also be a .gguf file (whether this part can read one is the config's check).
+    suffixes = _MODEL_FILE_SUFFIXES + ((".gguf",) if path.endswith(".model_name") else ())
     if local.exists():
-        if local.is_file() and local.suffix.lower() not in _MODEL_FILE_SUFFIXES:
+        if local.is_file() and local.suffix.lower() not in suffixes:
             return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
         return []
     file = hub_file(name)
     if file is not None:  # one file of a hub repository: the run downloads it (once) into the hub cache
-        if Path(file.filename).suffix.lower() not in _MODEL_FILE_SUFFIXES:
+        if Path(file.filename).suffix.lower() not in suffixes:
             return [Problem(path, f"{name} is not a model file (.safetensors or .ckpt expected)")]
         what = "the base model" if path == "base_model_name" else f"the {path.split('.')[0]} model"
         problem = hub_file_access(file, cache_dir or None, offline, what).problem

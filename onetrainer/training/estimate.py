@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onetrainer.config.enums import QUANTIZED_WEIGHT_DTYPES, DataType, Optimizer, TrainingMethod
+from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType, Optimizer, TrainingMethod
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +55,10 @@ BYTES = {
     DataType.INT_W8A8: 1.0,
     DataType.FLOAT_W8A8: 1.0,
     DataType.NFLOAT_4: 0.5625,  # 4 bits plus a scale per 64 weights
+    # A .gguf file's blocks: Q8_0's 8.5 bits until the file says (`PartCount.quantized_bytes`)
+    DataType.GGUF: 1.0625,
+    DataType.GGUF_A8_INT: 1.0625,
+    DataType.GGUF_A8_FLOAT: 1.0625,
 }
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
 # a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
@@ -106,13 +111,16 @@ class PartCount:
     plain_bytes: float = 2.0
     # Frozen block parameters layer offloading keeps in CPU memory at any time (`offload_fraction` of the blocks).
     offloaded: int = 0
+    # Bytes per quantized weight where the file tells (a GGUF file's mix of Q8_0, Q5_K, …); else BYTES[dtype].
+    quantized_bytes: float | None = None
 
     @property
     def bytes(self) -> float:
         """The part's weights in bytes, in its configured dtype."""
-        if self.dtype in QUANTIZED_WEIGHT_DTYPES:
-            return (self.params - self.plain) * BYTES[self.dtype] + self.plain * self.plain_bytes
-        return self.params * BYTES[self.dtype]
+        per_weight = self.quantized_bytes or BYTES[self.dtype]
+        if self.dtype in QUANTIZED_WEIGHT_DTYPES or self.dtype in GGUF_WEIGHT_DTYPES:
+            return (self.params - self.plain) * per_weight + self.plain * self.plain_bytes
+        return self.params * per_weight
 
     @property
     def device_bytes(self) -> float:
@@ -338,9 +346,19 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         offloaded = _offloaded_params(config, family, part, info, trained)
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
-            offloaded,
+            offloaded, _gguf_bytes(part_config),
         )  # fmt: skip
     return counts
+
+
+def _gguf_bytes(part_config) -> float | None:
+    """Bytes per quantized weight of a part read from a .gguf file, from the file's header; None otherwise."""
+    if part_config.weight_dtype not in GGUF_WEIGHT_DTYPES:
+        return None
+    from onetrainer.util.gguf_weights import gguf_bytes_per_weight, is_gguf_file
+
+    name = (getattr(part_config, "model_name", "") or "").strip()
+    return gguf_bytes_per_weight(name) if is_gguf_file(name) and os.path.isfile(name) else None
 
 
 def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> int:
@@ -985,7 +1003,10 @@ def advice(
     frozen = {
         k: c
         for k, c in counts.items()
-        if (roles.get(k) is PartRole.DENOISER or c.text_encoder) and c.on_device and BYTES[c.dtype] > 1
+        if (roles.get(k) is PartRole.DENOISER or c.text_encoder)
+        and c.on_device
+        and BYTES[c.dtype] > 1
+        and c.dtype not in GGUF_WEIGHT_DTYPES  # read quantized from its file: FLOAT_8 would need another file
     }
     if frozen and config.training_method is not TrainingMethod.FINE_TUNE:
         changed = {k: replace(c, dtype=DataType.FLOAT_8) if k in frozen else c for k, c in counts.items()}

@@ -259,12 +259,12 @@ def original_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     weights = strip_comfy_prefix(state_dict)
     if "img_in.weight" not in weights or "txt_in.weight" not in weights:
         raise ValueError("not a Flux/Chroma checkpoint: it has no img_in.weight / txt_in.weight")
-    inner, in_channels = (int(n) for n in weights["img_in.weight"].shape)
-    out_channels = int(weights["final_layer.linear.weight"].shape[0]) if "final_layer.linear.weight" in weights else 0
+    inner, in_channels = (int(n) for n in _shape(weights["img_in.weight"]))
+    out_channels = int(_shape(weights["final_layer.linear.weight"])[0]) if "final_layer.linear.weight" in weights else 0
     norm = next((v for k, v in weights.items() if k.endswith(".norm.query_norm.scale")), None)
     if norm is None:
         raise ValueError("not a Flux/Chroma checkpoint: it has no attention norms (…query_norm.scale)")
-    head = int(norm.shape[0])
+    head = int(_shape(norm)[0])
     topology: dict[str, Any] = {
         "_class_name": CHROMA_CLASS if "distilled_guidance_layer.in_proj.weight" in weights else FLUX_CLASS,
         "num_layers": _count(weights, "double_blocks."),
@@ -273,15 +273,15 @@ def original_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         "out_channels": None if out_channels in (0, in_channels) else out_channels,
         "attention_head_dim": head,
         "num_attention_heads": inner // head,
-        "joint_attention_dim": int(weights["txt_in.weight"].shape[1]),
+        "joint_attention_dim": int(_shape(weights["txt_in.weight"])[1]),
     }
     if topology["_class_name"] == CHROMA_CLASS:
-        hidden, channels = (int(n) for n in weights["distilled_guidance_layer.in_proj.weight"].shape)
+        hidden, channels = (int(n) for n in _shape(weights["distilled_guidance_layer.in_proj.weight"]))
         topology["approximator_num_channels"] = channels
         topology["approximator_hidden_dim"] = hidden
         topology["approximator_layers"] = _count(weights, "distilled_guidance_layer.layers.")
     else:
-        topology["pooled_projection_dim"] = int(weights["vector_in.in_layer.weight"].shape[1])
+        topology["pooled_projection_dim"] = int(_shape(weights["vector_in.in_layer.weight"])[1])
         topology["guidance_embeds"] = "guidance_in.in_layer.weight" in weights
     return topology
 
@@ -293,7 +293,14 @@ def read_original_checkpoint(
     diffusers state dict, the transformer config: `reference`, the released config of the model type, with what the
     file determines, `original_topology`, over it). A Chroma file for a Flux.1 reference (or the reverse) is refused;
     a Fill file for the dev reference is not (compare `in_channels`). Errors name the file."""
-    state_dict = load_state_dict(path)  # its errors name the file already
+    return convert_original(load_state_dict(path), reference, path)  # its errors name the file already
+
+
+def convert_original(
+    state_dict: Mapping[str, torch.Tensor], reference: Mapping[str, Any], path: str | os.PathLike
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """`read_original_checkpoint` for a state dict already read (a GGUF file's: its quantized tensors keep their
+    type through the row slicing); errors name `path`."""
     try:
         topology = original_topology(state_dict)
         expected = reference.get("_class_name")
@@ -306,6 +313,12 @@ def read_original_checkpoint(
         return original_to_diffusers(state_dict, config), config
     except (KeyError, ValueError) as error:
         raise ValueError(f"{os.fspath(path)}: {error}") from error
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """A weight's shape as the model sees it: a GGUF-quantized tensor's last dimension counts bytes (`quant_shape`
+    holds the real one)."""
+    return tuple(getattr(tensor, "quant_shape", None) or tensor.shape)
 
 
 def _count(weights: Mapping[str, torch.Tensor], prefix: str) -> int:

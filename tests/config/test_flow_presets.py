@@ -171,7 +171,7 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         compile=True,
         unet={"offload_fraction": 0.6, "activation_offloading": True, "weight_dtype": "FLOAT_8"},
         text_encoder={"offload_fraction": 0.25, "train": False},
-        quantization={"layer_filter": "transformer_blocks", "svd_dtype": "BFLOAT_16"},
+        quantization={"layer_filter": "transformer_blocks"},
         optimizer={"optimizer": "ADAMW", "fused_back_pass": True},
     )
     found = _messages(data)
@@ -182,8 +182,6 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         "yet for Stable Diffusion XL's text_encoder; the whole text_encoder stays on the GPU",
         "compile": "compile true: compiling is built for denoisers whose blocks the family declares, and Stable "
         "Diffusion XL's unet does not (yet); it trains uncompiled",
-        "quantization.svd_dtype": "svd_dtype BFLOAT_16: SVDQuant (a low-rank correction kept beside the quantized "
-        "weights) is not built yet; the quantized layers of the unet keep no correction",
         "optimizer.fused_back_pass": "fused_back_pass true: the fused back pass (each weight updated as soon as its "
         "gradient is ready) is not built yet; every gradient is held until the optimizer step (more VRAM",
     }
@@ -198,14 +196,27 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
     assert all(f"({path})" in err for path in expected)
 
 
-@pytest.mark.parametrize("dtype", ["INT_W8A8_COMPRESSED", "FLOAT_W8A8_COMPRESSED", "GGUF", "GGUF_A8_INT"])
+def test_svd_quant_is_named_only_where_it_corrects_nothing(tmp_path):
+    """SVDQuant corrects the 8-bit kinds (no message); a GGUF denoiser, quantized in its file, keeps no correction."""
+    svd = {"svd_dtype": "BFLOAT_16"}
+    assert "quantization.svd_dtype" not in _messages(_sdxl(tmp_path, unet={"weight_dtype": "INT_8"}, quantization=svd))
+    config, _ = config_from_dict(
+        {"model_type": "FLUX_DEV_1", "transformer": {"weight_dtype": "GGUF", "model_name": "flux-q8.gguf"},
+         "quantization": svd}
+    )  # fmt: skip
+    found = {p.path: p.message for p in not_built_settings(config)}
+    assert found["quantization.svd_dtype"].startswith("svd_dtype BFLOAT_16: SVDQuant for NFLOAT_4 and GGUF weights")
+    assert "the quantized layers of the transformer keep no correction" in found["quantization.svd_dtype"]
+
+
+@pytest.mark.parametrize("dtype", ["INT_W8A8_COMPRESSED", "FLOAT_W8A8_COMPRESSED"])
 def test_a_weight_dtype_that_cannot_be_loaded_is_an_error(tmp_path, capsys, dtype):
     data = _sdxl(tmp_path, unet={"weight_dtype": dtype})
     problem = _messages(data)["unet.weight_dtype"]
     assert problem.is_error and problem.message.startswith(f"{dtype} (")
     assert "is not built yet, so the unet cannot be loaded in it" in problem.message
-    instead = "FLOAT_W8A8 keep the same 8-bit weights uncompressed" if "COMPRESSED" in dtype else "FLOAT_8, INT_8"
-    assert instead in problem.message and "allowed: FLOAT_32" in problem.message
+    assert "FLOAT_W8A8 keep the same 8-bit weights uncompressed" in problem.message
+    assert "allowed: FLOAT_32" in problem.message
     from onetrainer.cli.train import EXIT_INVALID, main
 
     assert main(["--config-path", str(write_config(tmp_path, data)), "--check"]) == EXIT_INVALID
@@ -246,8 +257,9 @@ def test_memory_settings_are_shown_where_they_are_built():
     from onetrainer.config.schema import walk
 
     built = {"compile", "async_offloading", "transformer.offload_fraction", "transformer.activation_offloading"}
-    built |= {"quantization.layer_filter", "quantization.layer_filter_regex"}
-    hidden = {"quantization.svd_dtype", "optimizer.fused_back_pass"}  # not built yet
+    built |= {"quantization.layer_filter", "quantization.layer_filter_regex", "quantization.svd_dtype"}
+    built |= {"quantization.svd_rank"}
+    hidden = {"optimizer.fused_back_pass"}  # not built yet
     shown = {b.path for b in walk(TrainConfig(), into_lists=False) if shown_in_ui(b)}
     assert built <= shown and not hidden & shown
 
