@@ -131,8 +131,39 @@ def test_start_with_multi_gpu_trains_on_two_cpu_processes(app, in_tmp: Path) -> 
     assert len(logs) == 2 and sum(name.endswith("-rank1.log") for name in logs) == 1, logs
 
 
+def _one_preset_per_family() -> list[str]:
+    from onetrainer.config import load_layers
+    from onetrainer.config.model_types import model_type_info
+
+    chosen: dict[str, str] = {}
+    for name in sorted(PRESETS, key=lambda n: ("lora" not in n, n)):  # a LoRA preset where the family has one
+        config, _ = load_layers(name, None, [])
+        chosen.setdefault(model_type_info(config.model_type).family.key, name)
+    return sorted(chosen.values())
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset):
+def test_every_preset_loaded_in_the_window_is_the_preset_as_shipped(app, preset):
+    """What Start hands the trainer is the window's config: for every preset it is the preset's file as the CLI reads
+    it (tests/cli/test_presets_as_shipped.py trains each of those); the test below trains one per family from here."""
+    from onetrainer.config import load_layers
+
+    assert app.load_preset(preset)
+    shipped, _ = load_layers(preset, None, [])
+    assert _without_uuids(app.model.config.to_dict()) == _without_uuids(shipped.to_dict())
+
+
+def _without_uuids(value):
+    """A config's values but the identities each load draws afresh (an embedding's uuid)."""
+    if isinstance(value, dict):
+        return {k: _without_uuids(v) for k, v in value.items() if k != "uuid"}
+    if isinstance(value, list):
+        return [_without_uuids(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("preset", _one_preset_per_family())
+def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset):
     # As shipped (fp16/bf16 denoisers beside a float32 VAE, Cascade's fp16 effnet, 8-bit optimizers): only the base
     # model, the data, a sample and the size change, through the window's model (and NFLOAT_4 parts train in FLOAT_8
     # without CUDA, as in tests/cli/test_presets_as_shipped.py).

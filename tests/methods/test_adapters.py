@@ -36,8 +36,10 @@ KINDS = {
         "lokr_dora_on_output": False,
     },
 }
-# Options of a kind: trained on SD 1.5 only, the kind itself on both families.
-SD15_ONLY = {"lokr-dora-input", "oft-scaled"}
+# Each kind's and option's maths is the same on every family: checked on SD 1.5. SDXL (its own module names, two text
+# encoders) is checked with one LyCORIS layout (LoHa) and with DoRA, whose scale's shape follows each layer; its OFT
+# trains in the conv-layer test below. Each SDXL run costs as much as three SD 1.5 ones.
+SDXL_TOO = {"loha", "dora"}
 FAMILIES = {"sd15": StableDiffusionFamily, "sdxl": StableDiffusionXLFamily}
 NO_CHECKPOINTING = {"gradient_checkpointing": False}
 
@@ -182,7 +184,7 @@ def apply_file(family, model, state: dict[str, torch.Tensor]) -> int:
 
 @pytest.mark.parametrize(
     ("variant", "kind"),
-    [(v, k) for k in KINDS if not k.startswith("oft") for v in ("sd15", "sdxl") if v == "sd15" or k not in SD15_ONLY],
+    [(v, k) for k in KINDS if not k.startswith("oft") for v in ("sd15", "sdxl") if v == "sd15" or k in SDXL_TOO],
 )
 def test_lycoris_file_applied_by_consumer_maths_gives_our_result(tmp_path, variant, kind):
     config = train(tmp_path, variant, **KINDS[kind])
@@ -215,7 +217,7 @@ def test_lycoris_file_applied_by_consumer_maths_gives_our_result(tmp_path, varia
     assert not torch.allclose(before, theirs, atol=1e-5)  # the adapter trained
 
 
-@pytest.mark.parametrize(("variant", "kind"), [("sd15", "oft"), ("sdxl", "oft"), ("sd15", "oft-scaled")])
+@pytest.mark.parametrize(("variant", "kind"), [("sd15", "oft"), ("sd15", "oft-scaled")])
 def test_oft_trains_and_reloads(tmp_path, variant, kind):
     config = train(tmp_path, variant, **KINDS[kind])
     path = tmp_path / "out" / "lora.safetensors"
