@@ -180,14 +180,15 @@ class LayerOffload:
     def detach(self, offload_device: torch.device | str) -> None:
         """Every weight back in the module, the whole part on `offload_device`; the hooks go quiet."""
         self._wait_for_copies()
+        # Unlocked while still allocated: a buffer must not be freed while registered with the driver.
+        _unlock(self._locked)
+        self._locked.clear()
         for block in self.blocks:
             for param, home in block.weights:
                 param.data = home.clone()  # a tensor of its own: the module is ordinary again, the buffer goes
             block.weights, block.home, block.offsets = [], None, []
             block.loaded = True
             block.ready = None
-        _unlock(self._locked)
-        self._locked.clear()
         self.device = None
         self._copy_stream = None
         self._backward_at = None
