@@ -1,4 +1,5 @@
-"""`scripts/lora_tool.py`: work on trained LoRA files without the base model (resize, merge-loras, ema)."""
+"""`scripts/lora_tool.py`: work on trained LoRA files: merge one into its base model, or, without the base model,
+resize, merge several, average checkpoints (ema)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from onetrainer.config.enums import DataType
 
 DESCRIPTION = """\
 Work on trained LoRA files (kohya's layout, which AUTOMATIC1111, Forge and ComfyUI
-load, or diffusers'), without the base model:
+load, or diffusers'):
+  merge        one LoRA (any kind: LoRA, LoHa, LoKr, DoRA, OFT) into its base model
+               (--model-type, --base-model-name) at a --strength, saved as a
+               fine-tune (--output-model-format DIFFUSERS, ORIGINAL_SINGLE_FILE, …)
+and, without the base model (plain LoRA):
   resize       one LoRA to a lower rank (--rank R, or --energy E: the smallest
                rank per layer keeping that share of its weight change), each
                layer's kept share printed; the strength a consumer applies stays
@@ -24,14 +29,15 @@ load, or diffusers'), without the base model:
                EMA profile), as musubi-tuner's post-hoc EMA does"""
 EPILOG = """\
 --lora names a .safetensors LoRA file (repeat it for merge-loras and ema; for ema a
-folder stands for the .safetensors files in it, in name order). Plain LoRA only:
-LoHa, LoKr, DoRA and OFT files are refused. The output keeps the first input's
-layout and metadata, with what made it added; it is written to a temporary name
-and renamed into place, and an existing file is only replaced with --overwrite.
+folder stands for the .safetensors files in it, in name order). resize, merge-loras
+and ema take plain LoRA only (LoHa, LoKr, DoRA and OFT files are refused) and keep
+the first input's layout and metadata, with what made it added. Outputs are written
+to a temporary name and renamed into place; an existing destination is only
+replaced with --overwrite.
 Exit codes: 0 done, 1 an input cannot be read or the output written, 2 invalid
 arguments."""
 OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
-COMMANDS = ("resize", "merge-loras", "ema")
+COMMANDS = ("merge", "resize", "merge-loras", "ema")
 TOOL_KEY = "onetrainer_lora_tool"
 
 
@@ -40,14 +46,18 @@ def build_parser(prog: str = "lora_tool.py") -> argparse.ArgumentParser:
     parser.add_argument("command", choices=COMMANDS, help="what to do")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE", help="a LoRA file (repeatable)")
     parser.add_argument("--strength", action="append", type=float, default=[], metavar="S",
-                        help="merge-loras: one per --lora (default 1.0 each)")  # fmt: skip
+                        help="merge: the LoRA's; merge-loras: one per --lora (default 1.0 each)")  # fmt: skip
+    parser.add_argument("--model-type", metavar="TYPE", help="merge: e.g. STABLE_DIFFUSION_15")
+    parser.add_argument("--base-model-name", metavar="PATH_OR_ID", help="merge: the base model")
+    parser.add_argument("--output-model-format", metavar="FORMAT",
+                        help="merge: DIFFUSERS, ORIGINAL_SINGLE_FILE, … (the family's fine-tune formats)")  # fmt: skip
     parser.add_argument("--rank", type=int, metavar="R", help="resize / merge-loras: the rank to keep")
     parser.add_argument("--energy", type=float, metavar="E", help="resize: the share of each layer to keep (0-1]")
     parser.add_argument("--decay", type=float, metavar="D", help="ema: the EMA's decay per checkpoint")
     parser.add_argument("--sigma-rel", type=float, metavar="S", help="ema: the power-function profile's width")
-    parser.add_argument("--output-model-destination", required=True, metavar="FILE", help="the .safetensors file")
+    parser.add_argument("--output-model-destination", required=True, metavar="PATH", help="the file (or folder)")
     parser.add_argument("--output-dtype", default=None, metavar="DTYPE", choices=[d.value for d in OUTPUT_DTYPES],
-                        help="FLOAT_32, FLOAT_16 or BFLOAT_16 (default: the input's)")  # fmt: skip
+                        help="FLOAT_32, FLOAT_16 or BFLOAT_16 (default: the input's; merge: FLOAT_16)")  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     return parser
 
@@ -62,7 +72,7 @@ def _inputs(args, prog: str) -> list[Path] | str:
             paths.append(path)
         else:
             return f"--lora {name}: not a .safetensors file" + (" or a folder of them" if args.command == "ema" else "")
-    needed = {"resize": (1, 1), "merge-loras": (1, None), "ema": (2, None)}[args.command]
+    needed = {"merge": (1, 1), "resize": (1, 1), "merge-loras": (1, None), "ema": (2, None)}[args.command]
     if len(paths) < needed[0] or (needed[1] is not None and len(paths) > needed[1]):
         many = "one --lora" if needed == (1, 1) else f"at least {needed[0]} LoRA files"
         return f"{args.command} takes {many}, not {len(paths)}"
@@ -89,6 +99,8 @@ def _problem(args, paths: list[Path]) -> str | None:
 def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
     args = build_parser(prog).parse_args(argv)
     paths = _inputs(args, prog)
+    if not isinstance(paths, str) and args.command == "merge":
+        return _merge(args, paths[0], prog)
     problem = paths if isinstance(paths, str) else _problem(args, paths)
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
@@ -130,6 +142,48 @@ def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
         print(f"error: cannot write {destination}: {e}", file=sys.stderr)
         return EXIT_FAILED
     print(destination, flush=True)
+    return EXIT_OK
+
+
+def _merge(args, lora: Path, prog: str) -> int:
+    from onetrainer.cli import register_model_sources
+    from onetrainer.config import ModelFormat, ModelType
+    from onetrainer.tools.lora_merge import Merge, MergeError, merge_into_base
+
+    missing = [o for o, v in (("--model-type", args.model_type), ("--base-model-name", args.base_model_name),
+                              ("--output-model-format", args.output_model_format)) if not v]  # fmt: skip
+    if missing or len(args.strength) > 1:
+        problem = f"merge needs {', '.join(missing)}" if missing else "merge takes one --strength"
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        merge = Merge(
+            model_type=ModelType(args.model_type.strip().upper()),
+            base_model_name=args.base_model_name,
+            lora=str(lora),
+            output_format=ModelFormat(args.output_model_format.strip().upper()),
+            destination=Path(args.output_model_destination),
+            output_dtype=DataType(args.output_dtype or DataType.FLOAT_16.value),
+            strength=args.strength[0] if args.strength else 1.0,
+            overwrite=args.overwrite,
+        )
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    problems = merge.problems()
+    if problems:
+        for problem in problems:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    register_model_sources()
+    print(f"merging {lora} into {args.base_model_name}", file=sys.stderr)
+    try:
+        written = merge_into_base(merge)
+    except MergeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path, flush=True)
     return EXIT_OK
 
 
