@@ -18,6 +18,9 @@ load, or diffusers'):
   merge        one LoRA (any kind: LoRA, LoHa, LoKr, DoRA, OFT) into its base model
                (--model-type, --base-model-name) at a --strength, saved as a
                fine-tune (--output-model-format DIFFUSERS, ORIGINAL_SINGLE_FILE, …)
+  extract      a LoRA from a fine-tune (--input-name) and its base model, at --rank
+               R or --energy E per layer, each layer's kept share printed
+               (--output-model-format KOHYA_LORA, the default, or DIFFUSERS_LORA)
 and, without the base model (plain LoRA):
   resize       one LoRA to a lower rank (--rank R, or --energy E: the smallest
                rank per layer keeping that share of its weight change), each
@@ -37,7 +40,7 @@ replaced with --overwrite.
 Exit codes: 0 done, 1 an input cannot be read or the output written, 2 invalid
 arguments."""
 OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
-COMMANDS = ("merge", "resize", "merge-loras", "ema")
+COMMANDS = ("merge", "extract", "resize", "merge-loras", "ema")
 TOOL_KEY = "onetrainer_lora_tool"
 
 
@@ -47,12 +50,15 @@ def build_parser(prog: str = "lora_tool.py") -> argparse.ArgumentParser:
     parser.add_argument("--lora", action="append", default=[], metavar="FILE", help="a LoRA file (repeatable)")
     parser.add_argument("--strength", action="append", type=float, default=[], metavar="S",
                         help="merge: the LoRA's; merge-loras: one per --lora (default 1.0 each)")  # fmt: skip
-    parser.add_argument("--model-type", metavar="TYPE", help="merge: e.g. STABLE_DIFFUSION_15")
-    parser.add_argument("--base-model-name", metavar="PATH_OR_ID", help="merge: the base model")
+    parser.add_argument("--model-type", metavar="TYPE", help="merge / extract: e.g. STABLE_DIFFUSION_15")
+    parser.add_argument("--base-model-name", metavar="PATH_OR_ID", help="merge / extract: the base model")
+    parser.add_argument("--input-name", metavar="PATH_OR_ID", help="extract: the fine-tuned model")
     parser.add_argument("--output-model-format", metavar="FORMAT",
-                        help="merge: DIFFUSERS, ORIGINAL_SINGLE_FILE, … (the family's fine-tune formats)")  # fmt: skip
-    parser.add_argument("--rank", type=int, metavar="R", help="resize / merge-loras: the rank to keep")
-    parser.add_argument("--energy", type=float, metavar="E", help="resize: the share of each layer to keep (0-1]")
+                        help="merge: DIFFUSERS, ORIGINAL_SINGLE_FILE, … (the family's fine-tune formats); "
+                        "extract: KOHYA_LORA or DIFFUSERS_LORA")  # fmt: skip
+    parser.add_argument("--rank", type=int, metavar="R", help="resize / merge-loras / extract: the rank to keep")
+    parser.add_argument("--energy", type=float, metavar="E",
+                        help="resize / extract: the share of each layer to keep (0-1]")  # fmt: skip
     parser.add_argument("--decay", type=float, metavar="D", help="ema: the EMA's decay per checkpoint")
     parser.add_argument("--sigma-rel", type=float, metavar="S", help="ema: the power-function profile's width")
     parser.add_argument("--output-model-destination", required=True, metavar="PATH", help="the file (or folder)")
@@ -98,6 +104,8 @@ def _problem(args, paths: list[Path]) -> str | None:
 
 def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
     args = build_parser(prog).parse_args(argv)
+    if args.command == "extract":
+        return _extract(args, prog)
     paths = _inputs(args, prog)
     if not isinstance(paths, str) and args.command == "merge":
         return _merge(args, paths[0], prog)
@@ -184,6 +192,51 @@ def _merge(args, lora: Path, prog: str) -> int:
         return EXIT_FAILED
     for path in written:
         print(path, flush=True)
+    return EXIT_OK
+
+
+def _extract(args, prog: str) -> int:
+    from onetrainer.cli import register_model_sources
+    from onetrainer.config import ModelFormat, ModelType
+    from onetrainer.tools.lora_extract import ExtractError, Extraction, extract
+
+    missing = [o for o, v in (("--model-type", args.model_type), ("--base-model-name", args.base_model_name),
+                              ("--input-name", args.input_name)) if not v]  # fmt: skip
+    if missing:
+        print(f"{prog}: error: extract needs {', '.join(missing)}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        extraction = Extraction(
+            model_type=ModelType(args.model_type.strip().upper()),
+            base_model_name=args.base_model_name,
+            tuned_model_name=args.input_name,
+            destination=Path(args.output_model_destination),
+            output_format=ModelFormat((args.output_model_format or "KOHYA_LORA").strip().upper()),
+            rank=args.rank,
+            energy=args.energy,
+            output_dtype=DataType(args.output_dtype or DataType.FLOAT_16.value),
+            overwrite=args.overwrite,
+        )
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    problems = extraction.problems()
+    if problems:
+        for problem in problems:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    register_model_sources()
+    try:
+        written, reports, left_out = extract(extraction)
+    except ExtractError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for r in reports:
+        print(f"{r.part} {r.module}: rank {r.rank}, {r.kept_energy:.4f} of the change kept", file=sys.stderr)
+    if left_out:
+        print(f"{left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)",
+              file=sys.stderr)  # fmt: skip
+    print(written, flush=True)
     return EXIT_OK
 
 

@@ -1,0 +1,171 @@
+"""`scripts/lora_tool.py extract`: a LoRA from a fine-tune and its base model.
+
+Both models load through their family (any source a run reads: a diffusers folder, a single file, a hub id), in
+float32. For every Linear and Conv2d layer of the parts a LoRA adapts (the denoiser and the text encoders) whose
+weight changed, the change ΔW (convolutions flattened over their kernel) is factored by SVD at the rank asked for (or
+the smallest rank keeping an energy share of it) into a LoRA module with alpha = rank (scale 1), and the share of
+ΔW's Σσ² each keeps is reported. What a LoRA cannot hold (changed biases and norms) is counted and reported. The file
+is written in the family's kohya layout or in diffusers' names, as a trained LoRA would be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from onetrainer.config import ModelFormat, ModelType, TrainingMethod
+from onetrainer.config.enums import DataType
+
+LORA_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA)
+UNCHANGED = 1e-7  # a layer whose largest change is below this (relative to its weight) is left out
+
+
+class ExtractError(Exception):
+    """The extraction cannot be done; the message names the model or the setting."""
+
+
+@dataclass(frozen=True)
+class Extraction:
+    model_type: ModelType
+    base_model_name: str
+    tuned_model_name: str
+    destination: Path
+    output_format: ModelFormat = ModelFormat.KOHYA_LORA
+    rank: int | None = None
+    energy: float | None = None
+    output_dtype: DataType = DataType.FLOAT_16
+    overwrite: bool = False
+
+    def problems(self) -> list[str]:
+        out = []
+        if (self.rank is None) == (self.energy is None):
+            out.append("extract takes --rank or --energy")
+        if self.output_format not in LORA_FORMATS:
+            out.append(
+                f"--output-model-format {self.output_format.value}: a LoRA is saved as KOHYA_LORA or DIFFUSERS_LORA"
+            )
+        destination = self.destination.expanduser()
+        if destination.exists() and not self.overwrite:
+            out.append(f"{destination} exists; add --overwrite to replace it")
+        return out
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    part: str
+    module: str
+    rank: int
+    kept_energy: float
+
+
+def extract(ex: Extraction) -> tuple[Path, list[LayerReport], int]:
+    """Write the LoRA; the path, each layer's report and how many changed tensors a LoRA cannot hold."""
+    from onetrainer.families.base import PartRole
+    from onetrainer.tools.lora_files import _energy_rank, _factors
+    from onetrainer.util.dtypes import torch_dtype
+    from onetrainer.util.fs import atomic_file
+    from onetrainer.weights.lycoris_keys import to_kohya
+    from onetrainer.weights.metadata import lora_metadata
+
+    problems = ex.problems()
+    if problems:
+        raise ExtractError("; ".join(problems))
+    family, base = _load(ex.model_type, ex.base_model_name)
+    _, tuned = _load(ex.model_type, ex.tuned_model_name)
+    adapted = [p for p, r in family.part_roles.items() if r in (PartRole.DENOISER, PartRole.TEXT_ENCODER)]
+    out: dict[str, torch.Tensor] = {}
+    reports: list[LayerReport] = []
+    left_out = 0
+    for part in adapted:
+        if part not in base.parts:
+            continue
+        layers, ranks, changed_other = {}, {}, 0
+        tuned_modules = dict(tuned.part(part).named_modules())
+        for name, layer in base.part(part).named_modules():
+            other = tuned_modules.get(name)
+            if other is None:
+                continue
+            if isinstance(layer, torch.nn.Linear | torch.nn.Conv2d):
+                delta = (other.weight.detach().float() - layer.weight.detach().float()).flatten(1)
+                if layer.bias is not None and not torch.equal(layer.bias, other.bias):
+                    changed_other += 1
+                if delta.abs().max() <= UNCHANGED * max(float(layer.weight.abs().max()), 1e-12):
+                    continue
+                limit = min(delta.shape)
+                rank = min(limit, ex.rank) if ex.rank is not None else _energy_rank(delta, ex.energy, limit)
+                down, up, kept = _factors(delta, rank, _Shape(layer))
+                layers[name] = (down, up)
+                ranks[name] = down.shape[0]
+                reports.append(LayerReport(part, name, down.shape[0], kept))
+            elif not list(layer.children()):  # norms, embeddings: a LoRA cannot hold their change
+                for pname, param in layer.named_parameters(recurse=False):
+                    theirs = getattr(other, pname, None)
+                    if theirs is not None and not torch.equal(param, theirs):
+                        changed_other += 1
+        left_out += changed_other
+        if not layers:
+            continue
+        state = {}
+        for name, (down, up) in layers.items():
+            state[f"{name}.lora_A.weight"] = down
+            state[f"{name}.lora_B.weight"] = up
+        alphas = {name: float(r) for name, r in ranks.items()}
+        if ex.output_format is ModelFormat.DIFFUSERS_LORA:
+            out.update({f"{part}.{k}": v for k, v in state.items()})
+        else:
+            own = family.lora_file_state(base, part, "lora", state, alphas, ranks)
+            name_of = lambda m, p=part: family.lora_file_name(base, p, m, ex.output_format)  # noqa: E731
+            out.update(own if own is not None else to_kohya("lora", state, name_of, alphas, ranks))
+    if not reports:
+        raise ExtractError(f"{ex.tuned_model_name} has no layer a LoRA can hold that differs from {ex.base_model_name}")
+    dtype = torch_dtype(ex.output_dtype)
+    out = {k: (v if k.endswith(".alpha") else v.to(dtype)).contiguous() for k, v in out.items()}
+    resolution = base.type_info.resolution
+    top = max(r.rank for r in reports)
+    destination = ex.destination.expanduser()
+    metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), base.v_prediction,
+                             top, float(top))  # fmt: skip
+    metadata["onetrainer_lora_tool"] = (
+        f'{{"command": "extract", "rank": {ex.rank or "null"}, "energy": {ex.energy or "null"}}}'
+    )
+    from safetensors.torch import save_file
+
+    try:
+        with atomic_file(destination) as tmp:
+            save_file(out, str(tmp), metadata=metadata)
+    except OSError as e:
+        raise ExtractError(f"cannot write {destination}: {e.strerror or e}") from e
+    return destination, reports, left_out
+
+
+@dataclass
+class _Shape:
+    """What `_factors` reads of a module: its down factor's shape (rank first)."""
+
+    down: torch.Tensor
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        weight = layer.weight
+        self.down = torch.empty(0, *weight.shape[1:]) if weight.dim() == 4 else torch.empty(0, weight.shape[1])
+
+
+def _load(model_type: ModelType, name: str):
+    from onetrainer.config import TrainConfig
+    from onetrainer.config.model_types import all_parts
+    from onetrainer.families import load_family_class
+    from onetrainer.families.sources import prepare_config
+
+    config = TrainConfig()
+    config.model_type = model_type
+    config.training_method = TrainingMethod.FINE_TUNE
+    config.base_model_name = name
+    for part in all_parts():
+        config.part(part).weight_dtype = DataType.FLOAT_32
+    family = load_family_class(model_type)()
+    try:
+        prepare_config(config)
+        return family, family.load(config)
+    except Exception as e:
+        raise ExtractError(f"cannot load {name}: {e}") from e
