@@ -8,8 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from onetrainer.cli import register_model_sources
-from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter
+from onetrainer.cli.tool_pass import EXIT_INVALID, HelpFormatter, run_model_job
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES
@@ -64,7 +63,6 @@ def build_parser(prog: str = "convert_model.py") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> int:
     args = build_parser(prog).parse_args(argv)
-    register_model_sources()
     from onetrainer.tools.convert import Conversion, ConversionError, convert
 
     try:
@@ -81,23 +79,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> i
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    problems = conversion.problems()
-    if problems:
-        for problem in problems:
-            print(f"{prog}: error: {problem}", file=sys.stderr)
-        return EXIT_INVALID
-    from onetrainer.util.quiet import quiet_libraries
 
-    quiet_libraries()
-    print(f"converting {args.input_name}", file=sys.stderr)
-    try:
-        written = convert(conversion)
-    except ConversionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    for path in written:
-        print(path, flush=True)
-    return EXIT_OK
+    def run() -> list[Path]:
+        print(f"converting {args.input_name}", file=sys.stderr)
+        return convert(conversion)
+
+    return run_model_job(prog, conversion.problems(), run, ConversionError)
 
 
 def _enum(cls, value: str, option: str):

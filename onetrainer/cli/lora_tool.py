@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter
+from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter, run_model_job
 from onetrainer.config.enums import DataType
 
 DESCRIPTION = """\
@@ -154,7 +154,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
 
 
 def _merge(args, lora: Path, prog: str) -> int:
-    from onetrainer.cli import register_model_sources
     from onetrainer.config import ModelFormat, ModelType
     from onetrainer.tools.lora_merge import Merge, MergeError, merge_into_base
 
@@ -178,25 +177,15 @@ def _merge(args, lora: Path, prog: str) -> int:
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    problems = merge.problems()
-    if problems:
-        for problem in problems:
-            print(f"{prog}: error: {problem}", file=sys.stderr)
-        return EXIT_INVALID
-    register_model_sources()
-    print(f"merging {lora} into {args.base_model_name}", file=sys.stderr)
-    try:
-        written = merge_into_base(merge)
-    except MergeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    for path in written:
-        print(path, flush=True)
-    return EXIT_OK
+
+    def run() -> list[Path]:
+        print(f"merging {lora} into {args.base_model_name}", file=sys.stderr)
+        return merge_into_base(merge)
+
+    return run_model_job(prog, merge.problems(), run, MergeError)
 
 
 def _extract(args, prog: str) -> int:
-    from onetrainer.cli import register_model_sources
     from onetrainer.config import ModelFormat, ModelType
     from onetrainer.tools.lora_extract import ExtractError, Extraction, extract
 
@@ -220,24 +209,17 @@ def _extract(args, prog: str) -> int:
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    problems = extraction.problems()
-    if problems:
-        for problem in problems:
-            print(f"{prog}: error: {problem}", file=sys.stderr)
-        return EXIT_INVALID
-    register_model_sources()
-    try:
+
+    def run() -> list[Path]:
         written, reports, left_out = extract(extraction)
-    except ExtractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    for r in reports:
-        print(f"{r.part} {r.module}: rank {r.rank}, {r.kept_energy:.4f} of the change kept", file=sys.stderr)
-    if left_out:
-        print(f"{left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)",
-              file=sys.stderr)  # fmt: skip
-    print(written, flush=True)
-    return EXIT_OK
+        for r in reports:
+            print(f"{r.part} {r.module}: rank {r.rank}, {r.kept_energy:.4f} of the change kept", file=sys.stderr)
+        if left_out:
+            print(f"{left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)",
+                  file=sys.stderr)  # fmt: skip
+        return [written]
+
+    return run_model_job(prog, extraction.problems(), run, ExtractError)
 
 
 def _run(args, loras, lf):

@@ -1,4 +1,5 @@
-"""What `generate_masks.py` and `generate_captions.py` share: their help layout, dtypes, running a folder pass."""
+"""What the tool scripts share: their help layout and exit codes, dtypes, running a folder pass (`generate_masks.py`,
+`generate_captions.py`) or a job on models (`convert_model.py`, `lora_tool.py merge|extract`)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,28 @@ def run_folder_pass(args: argparse.Namespace, make_task: Callable, prog: str) ->
     for path in outcome.written:
         print(path, flush=True)
     return EXIT_FAILED if outcome.cancelled else EXIT_OK
+
+
+def run_model_job(prog: str, problems: list[str], run: Callable[[], list], failure: type[Exception]) -> int:
+    """Print each of `problems` (exit 2), else load the model sources, run the job and print the paths it wrote
+    (exit 0); the job's `failure` exception is printed as an error (exit 1)."""
+    if problems:
+        for problem in problems:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    from onetrainer.cli import register_model_sources
+    from onetrainer.util.quiet import quiet_libraries
+
+    register_model_sources()
+    quiet_libraries()
+    try:
+        written = run()
+    except failure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path, flush=True)
+    return EXIT_OK
 
 
 def _quiet() -> None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from onetrainer.cli.convert_model import EXIT_FAILED, EXIT_INVALID, EXIT_OK, build_parser, main
+from onetrainer.cli.convert_model import build_parser, main
+from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from onetrainer.config import ModelType, TrainConfig, TrainingMethod
 from onetrainer.tiny import tiny_model_dir
 from tests.conftest import ROOT
