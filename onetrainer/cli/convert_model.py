@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from onetrainer.cli.tool_pass import EXIT_INVALID, HelpFormatter, run_model_job
+from onetrainer.cli.tool_pass import EXIT_INVALID, HelpFormatter, enum_option, run_model_job
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES
@@ -67,9 +67,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> i
 
     try:
         conversion = Conversion(
-            model_type=_enum(ModelType, args.model_type, "--model-type"),
+            model_type=enum_option(ModelType, args.model_type, "--model-type"),
             input_name=args.input_name,
-            output_format=_enum(ModelFormat, args.output_model_format, "--output-model-format"),
+            output_format=enum_option(ModelFormat, args.output_model_format, "--output-model-format"),
             destination=Path(args.output_model_destination),
             output_dtype=DataType(args.output_dtype),
             training_method=TrainingMethod(args.training_method),
@@ -85,13 +85,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "convert_model.py") -> i
         return convert(conversion)
 
     return run_model_job(prog, conversion.problems(), run, ConversionError)
-
-
-def _enum(cls, value: str, option: str):
-    try:
-        return cls(value.strip().upper())
-    except ValueError:
-        raise ValueError(f"{option}: unknown value '{value}'") from None
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter, run_model_job
+from onetrainer.cli.tool_pass import EXIT_FAILED, EXIT_INVALID, EXIT_OK, HelpFormatter, enum_option, run_model_job
 from onetrainer.config.enums import DataType
+from onetrainer.tools.convert import OUTPUT_DTYPES
+from onetrainer.weights.metadata import LORA_TOOL_KEY
 
 DESCRIPTION = """\
 Work on trained LoRA files (kohya's layout, which AUTOMATIC1111, Forge and ComfyUI
@@ -39,9 +41,7 @@ to a temporary name and renamed into place; an existing destination is only
 replaced with --overwrite.
 Exit codes: 0 done, 1 an input cannot be read or the output written, 2 invalid
 arguments."""
-OUTPUT_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
 COMMANDS = ("merge", "extract", "resize", "merge-loras", "ema")
-TOOL_KEY = "onetrainer_lora_tool"
 
 
 def build_parser(prog: str = "lora_tool.py") -> argparse.ArgumentParser:
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
     if result.layout == lf.KOHYA:
         alphas = [m.alpha for m in result.modules.values()]
         metadata["ss_network_alpha"] = f"{max(alphas):g}"
-    metadata[TOOL_KEY] = json.dumps({"command": args.command, **note, "inputs": [p.name for p in paths]})
+    metadata[LORA_TOOL_KEY] = json.dumps({"command": args.command, **note, "inputs": [p.name for p in paths]})
     dtype = torch_dtype(DataType(args.output_dtype)) if args.output_dtype else None
     destination = Path(args.output_model_destination)
     try:
@@ -153,22 +153,28 @@ def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
     return EXIT_OK
 
 
+def _missing(args, command: str, option: str) -> str | None:
+    """What `command` (which works on a base model) lacks of --model-type, --base-model-name and `option`."""
+    missing = [
+        f"--{name.replace('_', '-')}" for name in ("model_type", "base_model_name", option) if not getattr(args, name)
+    ]
+    return f"{command} needs {', '.join(missing)}" if missing else None
+
+
 def _merge(args, lora: Path, prog: str) -> int:
     from onetrainer.config import ModelFormat, ModelType
     from onetrainer.tools.lora_merge import Merge, MergeError, merge_into_base
 
-    missing = [o for o, v in (("--model-type", args.model_type), ("--base-model-name", args.base_model_name),
-                              ("--output-model-format", args.output_model_format)) if not v]  # fmt: skip
-    if missing or len(args.strength) > 1:
-        problem = f"merge needs {', '.join(missing)}" if missing else "merge takes one --strength"
-        print(f"{prog}: error: {problem}", file=sys.stderr)
+    problem = _missing(args, "merge", "output_model_format")
+    if problem or len(args.strength) > 1:
+        print(f"{prog}: error: {problem or 'merge takes one --strength'}", file=sys.stderr)
         return EXIT_INVALID
     try:
         merge = Merge(
-            model_type=ModelType(args.model_type.strip().upper()),
+            model_type=enum_option(ModelType, args.model_type, "--model-type"),
             base_model_name=args.base_model_name,
             lora=str(lora),
-            output_format=ModelFormat(args.output_model_format.strip().upper()),
+            output_format=enum_option(ModelFormat, args.output_model_format, "--output-model-format"),
             destination=Path(args.output_model_destination),
             output_dtype=DataType(args.output_dtype or DataType.FLOAT_16.value),
             strength=args.strength[0] if args.strength else 1.0,
@@ -189,18 +195,17 @@ def _extract(args, prog: str) -> int:
     from onetrainer.config import ModelFormat, ModelType
     from onetrainer.tools.lora_extract import ExtractError, Extraction, extract
 
-    missing = [o for o, v in (("--model-type", args.model_type), ("--base-model-name", args.base_model_name),
-                              ("--input-name", args.input_name)) if not v]  # fmt: skip
-    if missing:
-        print(f"{prog}: error: extract needs {', '.join(missing)}", file=sys.stderr)
+    problem = _missing(args, "extract", "input_name")
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
         return EXIT_INVALID
     try:
         extraction = Extraction(
-            model_type=ModelType(args.model_type.strip().upper()),
+            model_type=enum_option(ModelType, args.model_type, "--model-type"),
             base_model_name=args.base_model_name,
             tuned_model_name=args.input_name,
             destination=Path(args.output_model_destination),
-            output_format=ModelFormat((args.output_model_format or "KOHYA_LORA").strip().upper()),
+            output_format=enum_option(ModelFormat, args.output_model_format or "KOHYA_LORA", "--output-model-format"),
             rank=args.rank,
             energy=args.energy,
             output_dtype=DataType(args.output_dtype or DataType.FLOAT_16.value),

@@ -74,6 +74,14 @@ def run_folder_pass(args: argparse.Namespace, make_task: Callable, prog: str) ->
     return EXIT_FAILED if outcome.cancelled else EXIT_OK
 
 
+def enum_option(cls, value: str, option: str):
+    """An option's value as a member of the enum `cls` (any case); ValueError naming the option."""
+    try:
+        return cls(value.strip().upper())
+    except ValueError:
+        raise ValueError(f"{option}: unknown value '{value}'") from None
+
+
 def run_model_job(prog: str, problems: list[str], run: Callable[[], list], failure: type[Exception]) -> int:
     """Print each of `problems` (exit 2), else load the model sources, run the job and print the paths it wrote
     (exit 0); the job's `failure` exception is printed as an error (exit 1)."""

@@ -68,6 +68,7 @@ class _Block:
     weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
     home: torch.Tensor | None = None  # the weights' CPU buffer (bytes)
     offsets: list[int] = field(default_factory=list)  # each weight's byte offset in `home`
+    params: int = 0  # the moving weights' elements
     loaded: bool = True
     ready: torch.cuda.Event | None = None  # the copy's completion on the side stream, until the block first runs
 
@@ -125,6 +126,7 @@ class LayerOffload:
         self.moves: deque[tuple[int, str]] = deque(maxlen=MOVES_KEPT)
         self.peak_resident = 0  # the most blocks on the device at once
         self.peak_resident_params = 0  # the most moving weights' elements on the device at once
+        self._resident = self._resident_params = 0  # on the device now (kept as blocks move, not recounted)
         self._locked: list[int] = []  # page-locked buffers' addresses, unlocked when this offloader goes
         weakref.finalize(self, _unlock, self._locked)
         self._hooks = []
@@ -154,6 +156,7 @@ class LayerOffload:
         self.device = device
         if device.type == "cuda" and self.async_copies:
             self._copy_stream = torch.cuda.Stream(device)
+        self._resident = self._resident_params = 0
         for index in range(self.window):
             self._load(index, ahead=False)
 
@@ -171,6 +174,7 @@ class LayerOffload:
             else:  # registration refused (a locked-memory limit): torch's pinned allocator, rounded up
                 home = home.pin_memory()
         block.home, block.offsets, block.weights = home, offsets, []
+        block.params = sum(param.numel() for param in moving)
         for param, offset in zip(moving, offsets):
             view = _view(home, offset, param.data)
             view.copy_(param.data)
@@ -282,13 +286,14 @@ class LayerOffload:
                 self._load(other, ahead=True)
 
     def _load(self, index: int, ahead: bool) -> None:
-        self._fill(self.blocks[index], ahead)
-        self.blocks[index].loaded = True
+        block = self.blocks[index]
+        self._fill(block, ahead)
+        block.loaded = True
         self.moves.append((index, "in"))
-        loaded = [b for b in self.blocks if b.loaded]
-        self.peak_resident = max(self.peak_resident, len(loaded))
-        resident_params = sum(home.numel() for b in loaded for _, home in b.weights)
-        self.peak_resident_params = max(self.peak_resident_params, resident_params)
+        self._resident += 1
+        self._resident_params += block.params
+        self.peak_resident = max(self.peak_resident, self._resident)
+        self.peak_resident_params = max(self.peak_resident_params, self._resident_params)
 
     def _fill(self, block: _Block, ahead: bool) -> None:
         """The block's buffer copied to the device in one transfer, each weight a view into the copy; `ahead`: on the
@@ -333,6 +338,8 @@ class LayerOffload:
             param.data = self._empty(param, self.device)
         block.loaded = False
         self.moves.append((index, "out"))
+        self._resident -= 1
+        self._resident_params -= block.params
 
     def _copy(self, home: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":

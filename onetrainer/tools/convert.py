@@ -82,7 +82,6 @@ def convert(conversion: Conversion) -> list[Path]:
     config.output_model_format = conversion.output_format
     config.output_dtype = conversion.output_dtype
     for part in all_parts():
-        config.part(part).weight_dtype = DataType.FLOAT_32  # converted once, at the end, to the output's type
         config.part(part).train = False
     is_lora = conversion.training_method is TrainingMethod.LORA
     is_embedding = conversion.training_method is TrainingMethod.EMBEDDING
@@ -96,15 +95,7 @@ def convert(conversion: Conversion) -> list[Path]:
     config.lora_model_name = conversion.input_name if is_lora else ""
     if is_embedding:
         config.embedding.model_name = conversion.input_name
-    name = config.base_model_name
-    try:
-        from onetrainer.families.sources import prepare_config
-
-        prepare_config(config)  # a registered source's base → the folder it builds (its notice concerns runs, not this)
-        with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
-            model = family.load(config)
-    except Exception as e:
-        raise ConversionError(f"cannot load {name}: {_reason(e)}") from e
+    family, model = load_float32(config, ConversionError)
     destination = conversion.destination.expanduser()
     if on_base:
         from onetrainer.methods import create_method
@@ -126,6 +117,24 @@ def convert(conversion: Conversion) -> list[Path]:
     except OSError as e:
         raise ConversionError(f"cannot write {destination}: {e.strerror or e}") from e
     return [destination]
+
+
+def load_float32(config: TrainConfig, error: type[Exception]):
+    """(family, model): the config's base model loaded as a run loads it, every part in float32 (a tool's output is
+    cast once, when written). A failure is `error` naming the model and why."""
+    from onetrainer.families import load_family_class
+    from onetrainer.families.sources import prepare_config
+
+    for part in all_parts():
+        config.part(part).weight_dtype = DataType.FLOAT_32
+    family = load_family_class(config.model_type)()
+    name = config.base_model_name
+    try:
+        prepare_config(config)  # a registered source's base → the folder it builds (its notice concerns runs, not this)
+        with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
+            return family, family.load(config)
+    except Exception as e:
+        raise error(f"cannot load {name}: {_reason(e)}") from e
 
 
 def _reason(error: Exception) -> str:

@@ -10,6 +10,7 @@ is written in the family's kohya layout or in diffusers' names, as a trained LoR
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
+from onetrainer.weights.metadata import LORA_TOOL_KEY
 
 LORA_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA)
 UNCHANGED = 1e-7  # a layer whose largest change is below this (relative to its weight) is left out
@@ -127,9 +129,7 @@ def extract(ex: Extraction) -> tuple[Path, list[LayerReport], int]:
     destination = ex.destination.expanduser()
     metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), base.v_prediction,
                              top, float(top))  # fmt: skip
-    metadata["onetrainer_lora_tool"] = (
-        f'{{"command": "extract", "rank": {ex.rank or "null"}, "energy": {ex.energy or "null"}}}'
-    )
+    metadata[LORA_TOOL_KEY] = json.dumps({"command": "extract", "rank": ex.rank, "energy": ex.energy})
     from safetensors.torch import save_file
 
     try:
@@ -153,19 +153,10 @@ class _Shape:
 
 def _load(model_type: ModelType, name: str):
     from onetrainer.config import TrainConfig
-    from onetrainer.config.model_types import all_parts
-    from onetrainer.families import load_family_class
-    from onetrainer.families.sources import prepare_config
+    from onetrainer.tools.convert import load_float32
 
     config = TrainConfig()
     config.model_type = model_type
     config.training_method = TrainingMethod.FINE_TUNE
     config.base_model_name = name
-    for part in all_parts():
-        config.part(part).weight_dtype = DataType.FLOAT_32
-    family = load_family_class(model_type)()
-    try:
-        prepare_config(config)
-        return family, family.load(config)
-    except Exception as e:
-        raise ExtractError(f"cannot load {name}: {e}") from e
+    return load_float32(config, ExtractError)

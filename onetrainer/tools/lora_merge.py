@@ -52,11 +52,9 @@ class Merge:
 def merge_into_base(merge: Merge) -> list[Path]:
     """Load the base with the LoRA, merge it at the strength, save; the paths written. Raises MergeError."""
     from onetrainer.config import TrainConfig
-    from onetrainer.config.model_types import all_parts
-    from onetrainer.families import load_family_class
-    from onetrainer.families.sources import prepare_config
     from onetrainer.methods import create_method
     from onetrainer.methods.adapters import adapter_layers
+    from onetrainer.tools.convert import load_float32
     from onetrainer.util.dtypes import torch_dtype
 
     problems = merge.problems()
@@ -73,14 +71,7 @@ def merge_into_base(merge: Merge) -> list[Path]:
             setattr(config, key, value)
     except (OSError, ValueError) as e:
         raise MergeError(f"cannot read the LoRA {merge.lora}: {e}") from e
-    for part in all_parts():
-        config.part(part).weight_dtype = DataType.FLOAT_32  # merged in float32, cast once when saved
-    family = load_family_class(config.model_type)()
-    try:
-        prepare_config(config)
-        model = family.load(config)
-    except Exception as e:
-        raise MergeError(f"cannot load {merge.base_model_name}: {e}") from e
+    family, model = load_float32(config, MergeError)
     try:
         create_method(config, family, model, torch.device("cpu"))
     except Exception as e:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -358,7 +357,7 @@ def _gguf_bytes(part_config) -> float | None:
     from onetrainer.util.gguf_weights import gguf_bytes_per_weight, is_gguf_file
 
     name = (getattr(part_config, "model_name", "") or "").strip()
-    return gguf_bytes_per_weight(name) if is_gguf_file(name) and os.path.isfile(name) else None
+    return gguf_bytes_per_weight(name) if is_gguf_file(name) else None
 
 
 def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> int:

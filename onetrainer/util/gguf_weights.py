@@ -16,6 +16,7 @@ weights into one is refused, as nothing here writes GGUF blocks.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def read_gguf(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def logical_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    """The shape a tensor has once dequantized (a quantized one's last dimension counts bytes)."""
+    """The shape a tensor has once dequantized (a GGUF-quantized one's last dimension counts bytes; diffusers'
+    `GGUFParameter` keeps the real one as `quant_shape`); any other tensor's own shape."""
     return tuple(getattr(tensor, "quant_shape", None) or tensor.shape)
 
 
@@ -175,11 +177,21 @@ def gguf_bytes_per_weight(path: str | os.PathLike) -> float | None:
     """The bytes a quantized weight of the file takes per element (Q8_0: 1.06, Q4_K: 0.56), from its header alone;
     None when the file cannot be read or holds nothing quantized."""
     try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _bytes_per_weight(os.fspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _bytes_per_weight(path: str, _mtime_ns: int, _size: int) -> float | None:
+    """Cached by the file's identity: the estimate asks again on every change to the config."""
+    try:
         from gguf import GGML_QUANT_SIZES, GGUFReader
     except ImportError:  # pragma: no cover - a dependency
         return None
     try:
-        reader = GGUFReader(os.fspath(path))
+        reader = GGUFReader(path)
     except (OSError, ValueError):
         return None
     stored = elements = 0

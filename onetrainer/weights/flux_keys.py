@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from onetrainer.util.gguf_weights import logical_shape
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.key_check import check_keys
 
@@ -259,12 +260,14 @@ def original_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     weights = strip_comfy_prefix(state_dict)
     if "img_in.weight" not in weights or "txt_in.weight" not in weights:
         raise ValueError("not a Flux/Chroma checkpoint: it has no img_in.weight / txt_in.weight")
-    inner, in_channels = (int(n) for n in _shape(weights["img_in.weight"]))
-    out_channels = int(_shape(weights["final_layer.linear.weight"])[0]) if "final_layer.linear.weight" in weights else 0
+    inner, in_channels = (int(n) for n in logical_shape(weights["img_in.weight"]))
+    out_channels = (
+        int(logical_shape(weights["final_layer.linear.weight"])[0]) if "final_layer.linear.weight" in weights else 0
+    )
     norm = next((v for k, v in weights.items() if k.endswith(".norm.query_norm.scale")), None)
     if norm is None:
         raise ValueError("not a Flux/Chroma checkpoint: it has no attention norms (…query_norm.scale)")
-    head = int(_shape(norm)[0])
+    head = int(logical_shape(norm)[0])
     topology: dict[str, Any] = {
         "_class_name": CHROMA_CLASS if "distilled_guidance_layer.in_proj.weight" in weights else FLUX_CLASS,
         "num_layers": _count(weights, "double_blocks."),
@@ -273,15 +276,15 @@ def original_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         "out_channels": None if out_channels in (0, in_channels) else out_channels,
         "attention_head_dim": head,
         "num_attention_heads": inner // head,
-        "joint_attention_dim": int(_shape(weights["txt_in.weight"])[1]),
+        "joint_attention_dim": int(logical_shape(weights["txt_in.weight"])[1]),
     }
     if topology["_class_name"] == CHROMA_CLASS:
-        hidden, channels = (int(n) for n in _shape(weights["distilled_guidance_layer.in_proj.weight"]))
+        hidden, channels = (int(n) for n in logical_shape(weights["distilled_guidance_layer.in_proj.weight"]))
         topology["approximator_num_channels"] = channels
         topology["approximator_hidden_dim"] = hidden
         topology["approximator_layers"] = _count(weights, "distilled_guidance_layer.layers.")
     else:
-        topology["pooled_projection_dim"] = int(_shape(weights["vector_in.in_layer.weight"])[1])
+        topology["pooled_projection_dim"] = int(logical_shape(weights["vector_in.in_layer.weight"])[1])
         topology["guidance_embeds"] = "guidance_in.in_layer.weight" in weights
     return topology
 
@@ -313,12 +316,6 @@ def convert_original(
         return original_to_diffusers(state_dict, config), config
     except (KeyError, ValueError) as error:
         raise ValueError(f"{os.fspath(path)}: {error}") from error
-
-
-def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    """A weight's shape as the model sees it: a GGUF-quantized tensor's last dimension counts bytes (`quant_shape`
-    holds the real one)."""
-    return tuple(getattr(tensor, "quant_shape", None) or tensor.shape)
 
 
 def _count(weights: Mapping[str, torch.Tensor], prefix: str) -> int:

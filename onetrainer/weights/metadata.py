@@ -18,6 +18,8 @@ class ModelKind:
 
 
 # modelspec architecture names and kohya base-model versions of the Stable Diffusion kinds.
+# The entry saying which `scripts/lora_tool.py` command made a file, and with what (JSON).
+LORA_TOOL_KEY = "onetrainer_lora_tool"
 ARCHITECTURES = {
     "sd1": ("stable-diffusion-v1", "sd_v1"),
     "sd2": ("stable-diffusion-v2-512", "sd_v2"),

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from onetrainer.cli.lora_tool import TOOL_KEY, main
+from onetrainer.cli.lora_tool import main
+from onetrainer.weights.metadata import LORA_TOOL_KEY
 from tests.helpers import image_folder, tiny_config, write_config
 
 
@@ -70,7 +71,7 @@ def test_each_command_writes_a_lora_diffusers_loads(trained: Path, pipe, tmp_pat
     assert not torch.allclose(low, original, atol=1e-5) and not torch.allclose(low, base, atol=1e-5)
     with safe_open(str(out["low"]), "pt") as f:
         metadata = f.metadata()
-    assert json.loads(metadata[TOOL_KEY])["command"] == "resize" and metadata["ss_network_dim"] == "1"
+    assert json.loads(metadata[LORA_TOOL_KEY])["command"] == "resize" and metadata["ss_network_dim"] == "1"
     assert metadata["ss_network_alpha"] == "0.5"  # alpha 2 at rank 4: the same strength at rank 1
 
 
