@@ -17,6 +17,7 @@ import customtkinter as ctk
 
 from gui.widgets.tooltip import Tooltip
 from onetrainer.training.events import (
+    BestCheckpoint,
     Event,
     Failed,
     Finished,
@@ -25,6 +26,7 @@ from onetrainer.training.events import (
     SampleReady,
     Started,
     Status,
+    Validated,
     Warning_,
 )
 
@@ -111,6 +113,13 @@ class Footer(ctk.CTkFrame):
         self.loss_label = ctk.CTkLabel(figures, text="loss –", width=190, anchor="w")
         for label in (self.speed_label, self.eta_label, self.loss_label):
             label.pack(side="left", padx=4)
+        # Shown once the run validates: the latest validation loss and the best saved checkpoint (per range and the
+        # lowest loss in its tooltip).
+        self.validation_label = ctk.CTkLabel(figures, text="", anchor="w")
+        self._validation_detail = ""
+        self.validation_tooltip = Tooltip(self.validation_label, lambda: self._validation_detail)
+        self.latest_validation: Validated | None = None
+        self.best_checkpoint: BestCheckpoint | None = None
 
         # Both lines never wrap (a second line would make the footer taller and move the progress row): `one_line`
         # shortens them to the room they have, and the tooltip holds the whole text.
@@ -230,8 +239,32 @@ class Footer(ctk.CTkFrame):
     def status_level(self) -> str:
         return self._status_level
 
+    @property
+    def validation_text(self) -> str:
+        return self.validation_label.cget("text")
+
+    def _show_validation(self) -> None:
+        shown, detail = [], []
+        latest, best = self.latest_validation, self.best_checkpoint
+        if latest is not None:
+            shown.append(f"val {latest.loss:.4f}")
+            detail.append(f"validation at {latest.label}: {latest.loss:.4f}")
+            detail += [f"  {name}: {value:.4f}" for name, value in latest.ranges.items()]
+            detail.append(f"lowest so far: {latest.best_loss:.4f} at {latest.best_label}")
+        if best is not None:
+            shown.append(best.describe())
+            detail.append(f"best saved checkpoint: {best.path}")
+        self.validation_label.configure(text=" · ".join(shown))
+        self._validation_detail = "\n".join(detail)
+        if shown and not self.validation_label.winfo_manager():
+            self.validation_label.pack(side="left", padx=4)
+        elif not shown and self.validation_label.winfo_manager():
+            self.validation_label.pack_forget()
+
     def reset_progress(self) -> None:
         """No run's figures (before a run, and after a preset or config replaced the one that ran)."""
+        self.latest_validation = self.best_checkpoint = None
+        self._show_validation()
         self.epoch_bar.set(0)
         self.step_bar.set(0)
         self.epoch_text.configure(text="–")
@@ -276,6 +309,12 @@ class Footer(ctk.CTkFrame):
             self._progress(event)
         elif isinstance(event, Metrics):
             self.loss_label.configure(text=f"loss {event.loss:.4f}  (smooth {event.smooth_loss:.4f})")
+        elif isinstance(event, Validated):
+            self.latest_validation = event
+            self._show_validation()
+        elif isinstance(event, BestCheckpoint):
+            self.best_checkpoint = event
+            self._show_validation()
         elif isinstance(event, SampleReady):
             # The file's name only: a full path wraps the status line (the sampling tab shows the image).
             self.set_status(f"Sample ready (step {event.global_step}): {Path(event.path).name}")

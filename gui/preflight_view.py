@@ -37,12 +37,14 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Folder", entry.folder),
             ("Trained on", "yes" if entry.trained else "no (validation)"),
             ("Images found", str(entry.images)),
+            ("Held out for validation", str(len(entry.held_out))),
             ("Captions missing", str(len(entry.missing_captions))),
             ("Masks missing", str(len(entry.missing_masks))),
             ("Masks resized", str(len(entry.resized_masks))),
             ("Unreadable files", str(len(entry.unreadable))),
         ]
         for label, items in (
+            ("Held out for validation (never trained)", entry.held_out),
             ("Captions missing (trained with an empty caption)", entry.missing_captions),
             ("Masks missing (trained whole)", entry.missing_masks),
             ("Masks of another size (resized)", entry.resized_masks),

@@ -61,6 +61,14 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         dest="overrides",
         help="override one setting (repeatable)",
     )
+    parser.add_argument(
+        "--keep-best",
+        action="append_const",
+        const="keep_best=true",
+        dest="overrides",
+        help="keep the backup with the lowest validation loss when rolling backups would delete it (the same as --set "
+        "keep_best=true)",
+    )
     parser.add_argument("--check", action="store_true", help="validate the config and the files it names, then exit")
     parser.add_argument(
         "--preflight", action="store_true", help="report the images, buckets, steps and cache, then exit"

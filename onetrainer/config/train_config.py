@@ -239,6 +239,15 @@ class TrainConfig(ConfigNode):
         group="Validation",
         choices=INTERVAL_UNITS,
     )
+    validation_holdout: int = setting(
+        0,
+        "Hold out per concept",
+        "With validation on: this many images of each trained concept are set aside (the same ones every run, shown "
+        "in the preflight) and validated on, never trained. 0: only VALIDATION concepts are validated.",
+        tab="general",
+        group="Validation",
+        minimum=0,
+    )
     dataloader_threads: int = setting(
         2,
         "Data loader workers",
@@ -974,6 +983,14 @@ class TrainConfig(ConfigNode):
     )
     rolling_backup_count: int = setting(
         3, "Rolling backup count", "How many backups a rolling backup keeps.", tab="backup", group="Backup", minimum=1
+    )
+    keep_best: bool = setting(
+        False,
+        "Keep best backup",
+        "With validation and rolling backups on: the backup with the lowest validation loss is kept when the rolling "
+        "window would delete it.",
+        tab="backup",
+        group="Backup",
     )
     backup_before_save: bool = setting(
         True, "Backup before save", "Write a backup before the final model is saved.", tab="backup", group="Backup"

@@ -224,9 +224,22 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
             except ValueError as e:
                 problems.append(Problem(f"concepts.{i}.image.resolution_override", str(e)))
     problems += _sample_size_rules(config)
+    problems += _validation_rules(config)
     if config.learning_rate == 0:
         # Allowed (a part may set its own rate), but mostly a field typed over and left at 0.
         problems.append(Problem("learning_rate", "is 0: what uses it learns nothing", Severity.WARNING))
+    return problems
+
+
+def _validation_rules(config: TrainConfig) -> list[Problem]:
+    """Validation settings that would do nothing as set (warnings: the run trains either way)."""
+    problems = []
+    if config.keep_best and config.rolling_backup and not config.validation:
+        message = "validation is off, so no backup has a validation loss: nothing is kept beyond the rolling window"
+        problems.append(Problem("keep_best", message, Severity.WARNING))
+    if config.validation_holdout and not config.validation:
+        message = "validation is off: no image is held out (every image is trained)"
+        problems.append(Problem("validation_holdout", message, Severity.WARNING))
     return problems
 
 

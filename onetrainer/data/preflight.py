@@ -42,6 +42,7 @@ class ConceptReport:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
     buckets: list[BucketRow] = field(default_factory=list)
+    held_out: list[str] = field(default_factory=list)  # images set aside for validation (`validation_holdout`)
 
 
 @dataclass
@@ -61,7 +62,8 @@ class PreflightReport:
         for c in self.concepts:
             kind = "" if c.trained else " (validation)"
             lines.append(f"Concept '{c.name}'{kind}: {c.folder}")
-            lines.append(f"  images: {c.images}")
+            held = f" ({len(c.held_out)} held out for validation, not trained: {_names(c.held_out)})"
+            lines.append(f"  images: {c.images}" + (held if c.held_out else ""))
             for label, items in (
                 ("captions missing (trained with an empty caption)", c.missing_captions),
                 ("masks missing (trained whole)", c.missing_masks),
@@ -166,6 +168,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         resized_masks=[str(p) for p in scan.resized_masks],
         problems=list(scan.problems),
         warnings=[*scan.caption_warnings, *scan.image_warnings],
+        held_out=[str(e.path) for e in data.held_out.get(scan.index, [])] if data is not None else [],
     )
     if samples:
         by_bucket: dict[str, list] = defaultdict(list)

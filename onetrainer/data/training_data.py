@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,15 +47,42 @@ class Batch:
         return len(self.samples)
 
 
+def held_out_images(scans: list[ConceptScan], config: TrainConfig) -> dict[int, list[ImageEntry]]:
+    """`validation_holdout` images of each STANDARD concept (with validation on), in the concept's image order: the
+    same ones every run (chosen by a hash of the file's name and the concept's seed, so adding images rarely changes
+    them); a concept keeps at least one image to train on."""
+    count = config.validation_holdout if config.validation else 0
+    held: dict[int, list[ImageEntry]] = {}
+    for scan in scans:
+        if count <= 0 or scan.kind is not ConceptType.STANDARD or len(scan.images) < 2:
+            continue
+        seed = config.concepts[scan.index].seed
+        ranked = sorted(scan.images, key=lambda e: _holdout_rank(e, scan.folder, seed))
+        chosen = {id(e) for e in ranked[: min(count, len(scan.images) - 1)]}
+        held[scan.index] = [e for e in scan.images if id(e) in chosen]
+    return held
+
+
+def _holdout_rank(entry: ImageEntry, folder: Path, seed: int) -> int:
+    try:
+        name = entry.path.relative_to(folder).as_posix()
+    except ValueError:
+        name = entry.path.name
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
+
+
 class TrainingData:
     def __init__(self, config: TrainConfig, bucket_step: int, resolve=lambda p: Path(p)) -> None:
         self.config = config
         self.bucket_step = bucket_step
         self.scans: list[ConceptScan] = scan_concepts(config, resolve)
-        self.images: list[ImageEntry] = [e for s in self.scans if is_trained(s) for e in s.images]
+        # concept index → the images set aside for validation (`validation_holdout`), never trained
+        self.held_out: dict[int, list[ImageEntry]] = held_out_images(self.scans, config)
+        kept = {id(e) for held in self.held_out.values() for e in held}
+        self.images: list[ImageEntry] = [e for s in self.scans if is_trained(s) for e in s.images if id(e) not in kept]
         self.validation_images: list[ImageEntry] = [
             e for s in self.scans if s.kind is ConceptType.VALIDATION for e in s.images
-        ]
+        ] + [e for held in self.held_out.values() for e in held]
         if not self.images:
             details = "; ".join(f"{s.name}: {p}" for s in self.scans for p in s.problems)
             unreadable = sum(len(s.unreadable) for s in self.scans)
@@ -164,22 +193,24 @@ class TrainingData:
             entries.append(entry)
         return entries
 
-    def validation_batches(self, with_masks: bool) -> list[Batch]:
-        """One batch per validation image, at the first resolution, with its first caption line."""
+    def validation_batches(self, with_masks: bool, rank: int = 0, world_size: int = 1) -> Iterator[tuple[int, Batch]]:
+        """(index into `validation_images`, its batch) for each validation image, at the first resolution, with its
+        first caption line; several ranks each get every `world_size`-th image, from `rank` on."""
         from onetrainer.config.resolution import parse_resolution
         from onetrainer.data.buckets import buckets_for, nearest_bucket
 
         config = self.config
         grid = buckets_for(parse_resolution(config.resolution), self.bucket_step, config.aspect_ratio_bucketing)[0]
-        batches = []
-        for index, entry in enumerate(self.validation_images):
+        for index in range(rank, len(self.validation_images), world_size):
+            entry = self.validation_images[index]
             concept = config.concepts[entry.concept]
             sample = PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), 0)
             try:
                 loaded = load_sample(entry, sample, concept, with_masks)
             except (OSError, ValueError, SyntaxError):
                 continue  # reported by the scan's preflight; a validation image never stops training
-            batches.append(
+            yield (
+                index,
                 Batch(
                     samples=[sample],
                     captions=[entry.captions[0]],
@@ -189,9 +220,8 @@ class TrainingData:
                     crop_offsets=[loaded.crop_offset],
                     pixels=loaded.pixels[None],
                     masks=loaded.mask[None] if loaded.mask is not None else None,
-                )
+                ),
             )
-        return batches
 
     def _load_one(self, batch: list[PlannedSample], sample: PlannedSample, with_mask: bool, problems: list[str]):
         """Load a sample; an image that fails to decode is reported and replaced by another of the same batch."""

@@ -38,6 +38,8 @@ class Method(ABC):
         self.parts: list[str] = []  # the model parts this method trains (LoRA and fine-tune set them)
         self._frozen_parts: set[str] = set()
         self.notices: list[str] = []  # one-line notices for the user about what the method set up (the trainer shows)
+        # Header entries about the run the trainer adds to the next files written (the validation loss of a save).
+        self.run_metadata: dict[str, str] = {}
         embedding_configs = self._embedding_configs()
         bundled = {}
         if config.training_method is TrainingMethod.LORA and config.lora_model_name:
@@ -167,16 +169,16 @@ class Method(ABC):
 
     def config_metadata(self) -> dict[str, str]:
         """`include_train_config` as in OneTrainer: the config as JSON under `ot_config` in the file's header, without
-        the concepts and samples (SETTINGS) or with them inline (ALL); never the secrets."""
+        the concepts and samples (SETTINGS) or with them inline (ALL); never the secrets. And `run_metadata`."""
         part = self.config.include_train_config.value
         if part == "NONE":
-            return {}
+            return dict(self.run_metadata)
         data = self.config.to_dict()
         data.pop("secrets", None)
         if part == "SETTINGS":
             data.pop("concepts", None)
             data.pop("samples", None)
-        return {OT_CONFIG_KEY: json.dumps(data, ensure_ascii=False)}
+        return {OT_CONFIG_KEY: json.dumps(data, ensure_ascii=False), **self.run_metadata}
 
     def training_resolution(self) -> tuple[int, int]:
         resolution = parse_resolution(self.config.resolution)

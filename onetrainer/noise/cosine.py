@@ -25,8 +25,6 @@ S = 0.008
 ALPHA_BAR_MIN = 1e-4
 ALPHA_BAR_MAX = 0.9999
 TIMESTEP_BINS = 10000
-# What validation and other deterministic passes use (OneTrainer's choice).
-DETERMINISTIC_T = 0.5
 _ALPHA_BAR_0 = math.cos(S / (1 + S) * math.pi / 2) ** 2
 
 
@@ -83,8 +81,8 @@ class ContinuousCosineSchedule(VariancePreservingSchedule):
         t = timesteps.noising_range(timesteps.unit_timesteps(count, config, generator), config)
         return self.remap(t_from_bins(bins_from_unit(t))).to(device)
 
-    def validation_times(self, count: int, device) -> torch.Tensor:
-        return self.remap(torch.full((count,), DETERMINISTIC_T)).to(device)
+    def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:
+        return self.remap(fractions.float().clamp(0.0, 1.0)).to(device)
 
     def sampler(self, kind, zero_terminal_snr: bool = False) -> Any:
         if self.sampler_factory is None:

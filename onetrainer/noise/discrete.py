@@ -56,8 +56,10 @@ class DiscreteSchedule(VariancePreservingSchedule):
     ) -> torch.Tensor:
         return timesteps.sample_timesteps(count, self.num_train_timesteps, generator, config, device)
 
-    def validation_times(self, count: int, device) -> torch.Tensor:
-        return torch.full((count,), self.num_train_timesteps // 2 - 1, dtype=torch.long, device=device)
+    def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:
+        # Timestep t of N sits at (t + 1) / N: a half is t = N/2 − 1, as the validation time always was.
+        times = (fractions.double() * self.num_train_timesteps).round().long() - 1
+        return times.clamp(0, self.num_train_timesteps - 1).to(device)
 
     def sampler(self, kind, zero_terminal_snr: bool = False) -> Any:
         from onetrainer.sampling.schedulers import create_sampler

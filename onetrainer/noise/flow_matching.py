@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
-VALIDATION_SIGMA = 0.5
 
 
 class FlowMatchingSchedule(NoiseSchedule):
@@ -141,8 +140,9 @@ class FlowMatchingSchedule(NoiseSchedule):
         steps = timesteps.sample_timesteps(count, self.num_train_timesteps, generator, config, "cpu", shift)
         return ((steps + 1).float() / self.num_train_timesteps).to(device)
 
-    def validation_times(self, count: int, device) -> torch.Tensor:
-        return torch.full((count,), VALIDATION_SIGMA, dtype=torch.float32, device=device)
+    def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:
+        # σ itself is the position along the schedule (the model's shift moves training's draws, not this scale).
+        return fractions.float().clamp(0.0, 1.0).to(device)
 
     # -- sampling ------------------------------------------------------------------------------------------------
 

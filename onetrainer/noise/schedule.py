@@ -55,8 +55,9 @@ class NoiseSchedule(ABC):
         """
 
     @abstractmethod
-    def validation_times(self, count: int, device) -> torch.Tensor:
-        """The fixed time validation losses are measured at (the middle of the schedule)."""
+    def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:
+        """The fixed times validation losses are measured at: `fractions` of the way along the schedule, from the
+        clean end (0) to pure noise (1), in this schedule's time values."""
 
     @abstractmethod
     def sampler(self, kind, zero_terminal_snr: bool = False) -> Any:

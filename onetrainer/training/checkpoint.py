@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import random
 import shutil
 import time
@@ -70,7 +71,12 @@ def write_backup(
     config: TrainConfig,
     extra_state: dict | None = None,
     keep: int | None = None,
+    validation: dict | None = None,
+    keep_best: bool = False,
 ) -> Path:
+    """Write a backup of the run's state; with `keep`, delete this run's older backups beyond the newest `keep` (but
+    with `keep_best`, never the one with the lowest validation loss). `validation` ({"loss", "step"}) is recorded in
+    its `meta.json`."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     target = backup_root / f"{stamp}-backup-{progress.suffix()}"
     suffix = 1
@@ -102,12 +108,36 @@ def write_backup(
             "base_model_name": config.base_model_name,
             "files": files,
         }
+        if validation is not None:
+            meta["validation"] = validation
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if keep:
         # Only this run's backups take part in the rolling window: another config's backups are never deleted.
+        kept = best_backup(backup_root, identity) if keep_best else None
         for old in list_backups(backup_root, identity)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != kept:
+                shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def validation_loss(backup: Path) -> float | None:
+    """The validation loss recorded in a backup's `meta.json` (None when it has none)."""
+    try:
+        loss = read_meta(backup).get("validation", {}).get("loss")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(loss) if isinstance(loss, int | float) and math.isfinite(loss) else None
+
+
+def best_backup(backup_root: Path, identity: str) -> Path | None:
+    """This run identity's backup with the lowest validation loss (the earliest of equal ones); None when none has
+    one."""
+    best: tuple[float, Path] | None = None
+    for path in list_backups(backup_root, identity):  # oldest first
+        loss = validation_loss(path)
+        if loss is not None and (best is None or loss < best[0]):
+            best = (loss, path)
+    return best[1] if best is not None else None
 
 
 def read_meta(backup: Path) -> dict:

@@ -51,6 +51,30 @@ class Scalars:
 
 
 @dataclass(frozen=True)
+class Validated:
+    """A validation: its mean loss, its loss per range of the schedule ("t0-250" …) and the run's best so far."""
+
+    global_step: int
+    label: str  # where in the run: "epoch 7", "step 45 (epoch 3)"
+    loss: float
+    ranges: dict[str, float] = field(default_factory=dict)
+    best_loss: float = float("nan")
+    best_label: str = ""
+
+
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The saved checkpoint (save, backup or final model) with the lowest validation loss of the run changed."""
+
+    path: str
+    label: str  # "epoch 7", "step 45 (epoch 3)", "the final model"
+    loss: float
+
+    def describe(self) -> str:
+        return f"best: {self.label}, loss {self.loss:.4f}"
+
+
+@dataclass(frozen=True)
 class CacheFilled:
     """The cache is ready before training: how many items the run needs, how many had to be encoded, how long it took
     (`kind`: "latents" or "captions")."""
@@ -99,7 +123,20 @@ class Failed:
     log_path: str = ""
 
 
-Event = Started | Progress | Metrics | Scalars | CacheFilled | SampleReady | Status | Warning_ | Finished | Failed
+Event = (
+    Started
+    | Progress
+    | Metrics
+    | Scalars
+    | Validated
+    | BestCheckpoint
+    | CacheFilled
+    | SampleReady
+    | Status
+    | Warning_
+    | Finished
+    | Failed
+)
 
 
 def describe(event: Event) -> str | None:
@@ -112,6 +149,14 @@ def describe(event: Event) -> str | None:
         )
     if isinstance(event, SampleReady):
         return f"sample {event.index} ({event.prompt!r}): {event.path}"
+    if isinstance(event, Validated):
+        ranges = ", ".join(f"{name} {value:.4f}" for name, value in event.ranges.items())
+        return (
+            f"validation at {event.label}: loss {event.loss:.4f} ({ranges}); "
+            f"best so far {event.best_loss:.4f} at {event.best_label}"
+        )
+    if isinstance(event, BestCheckpoint):
+        return f"{event.describe()} ({event.path})"
     if isinstance(event, Status):
         return event.text
     if isinstance(event, Warning_):

@@ -8,6 +8,7 @@ resumed from a backup continues exactly as the uninterrupted run would have.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -60,6 +61,7 @@ from onetrainer.training.distributed import (
 )
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
+    BestCheckpoint,
     Broadcast,
     CacheFilled,
     Finished,
@@ -69,12 +71,23 @@ from onetrainer.training.events import (
     Scalars,
     Started,
     Status,
+    Validated,
     Warning_,
 )
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
+from onetrainer.training.validation import (
+    LOSS_METADATA_KEY,
+    STEP_METADATA_KEY,
+    Checkpoint,
+    ValidationRecord,
+    ValidationResult,
+    combine,
+    progress_label,
+    range_fractions,
+)
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
 from onetrainer.util.dtypes import fallback_dtype
@@ -135,6 +148,10 @@ class Trainer:
         self._family_losses: dict[str, list[tuple[torch.Tensor, float]]] = {}
         self.family_losses: dict[str, float] = {}  # their means over the last step, by TensorBoard tag
         self._params_of: tuple[object, list[torch.Tensor]] | None = None  # (optimizer, its parameters) for clipping
+        self.validation_record: ValidationRecord | None = None  # rank 0's, with validation on
+        self.last_validation: ValidationResult | None = None  # rank 0's
+        self._validated_step = -1  # the step of the last validation (every rank)
+        self._record_failed = False
 
     # =================================================================================================================
     def run(self) -> Finished:
@@ -222,9 +239,11 @@ class Trainer:
         self.grad_scaler = grad_scaler(self.device, config.train_dtype, self.param_groups)
         if config.continue_last_backup:
             self._resume()
+        self._open_validation_record()
         self._stop_point()
         if self.progress.epoch >= config.epochs and self._output_behind_backup():
             self.status(f"all {config.epochs} epochs are trained; the model was never saved from this backup: saving")
+            self._checkpoint_validation()
             output = self.save_final()
             return Finished("completed", str(output), self.progress.global_step)
         if self.progress.epoch >= config.epochs:
@@ -243,11 +262,14 @@ class Trainer:
                 str(self.workspace.root),
             )
         )
+        best = self.validation_record.best() if self.validation_record is not None else None
+        if best is not None:  # the best of the runs this one resumed
+            self.events.emit(BestCheckpoint(best.path, best.label, best.loss))
         sample_every = Interval(config.sample_after, config.sample_after_unit, config.sample_skip_first)
         backup_every = Interval(config.backup_after, config.backup_after_unit)
         save_every = Interval(config.save_every, config.save_every_unit, config.save_skip_first)
         validate_every = Interval(config.validate_after, config.validate_after_unit)
-        if not (config.validation and self.data.validation_images):
+        if not self.validating:
             validate_every = Interval(0, validate_every.unit)
         for interval in (sample_every, backup_every, save_every, validate_every):
             interval.start()
@@ -285,27 +307,30 @@ class Trainer:
                 frozen = self.method.update_freezing(n, epoch)
                 if frozen:
                     self.status(f"stopped training: {', '.join(frozen)}")
+                # Validation first: a save or backup at the same step records its loss without measuring it again.
+                if self._agreed(validate_every, validate_every.after_step(n)):
+                    self.validate()
                 if sample_every.after_step(n) or self.control.take("sample"):
                     self.sample()
-                if backup_every.after_step(n) or self.control.take("backup"):
+                if self._agreed(backup_every, backup_every.after_step(n)) or self.control.take("backup"):
                     self.backup()
-                if save_every.after_step(n) or self.control.take("save"):
+                if self._agreed(save_every, save_every.after_step(n)) or self.control.take("save"):
                     self.save_intermediate()
-                if validate_every.after_step(n):
-                    self.validate()
             if self.progress.epoch_step >= steps_per_epoch:
                 self.progress.epoch, self.progress.epoch_step = epoch + 1, 0
+                if validate_every.after_epoch(epoch + 1):
+                    self.validate()
                 if sample_every.after_epoch(epoch + 1):
                     self.sample()
                 if backup_every.after_epoch(epoch + 1):
                     self.backup()
                 if save_every.after_epoch(epoch + 1):
                     self.save_intermediate()
-                if validate_every.after_epoch(epoch + 1):
-                    self.validate()
             if self.control.stop_requested:
                 break
 
+        if self.progress.global_step > 0:
+            self._checkpoint_validation()  # while the ranks still meet: the final backup and model record it
         if self.dist is not None:
             self.dist.left = True  # the ranks part here: rank 0 alone writes the backup and the model
         reason = "stopped" if self.control.stop_requested else "completed"
@@ -488,27 +513,109 @@ class Trainer:
         return masks.to(self.device)
 
     # =================================================================================================================
-    def validate(self) -> None:
-        """The loss of each validation concept with fixed noise and timesteps, logged per concept and averaged."""
-        if not self.is_main:
-            return
-        self.status("validating")
-        losses: dict[str, list[float]] = {}
-        draws, self.draws = self.draws, SINGLE  # the whole validation batch, on rank 0 alone
-        with torch.no_grad(), self.placement.for_encoding():
-            for index, batch in enumerate(self.data.validation_batches(self.with_masks)):
-                generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
-                fixed = self.model.schedule.validation_times(batch.size, self.device)
-                with autocast(self.device, self.config.train_dtype):
-                    loss = float(self.batch_loss(batch, generator, fixed))
-                name = self.config.concepts[self.data.validation_images[batch.samples[0].image].concept]
-                losses.setdefault(name.name or name.path, []).append(loss)
-        scalars = {f"loss/validation_step/{name}": sum(v) / len(v) for name, v in losses.items()}
-        if scalars:
-            scalars["loss/validation_step/total_average"] = sum(scalars.values()) / len(scalars)
-            self.events.emit(Scalars(self.progress.global_step, scalars))
+    @property
+    def validating(self) -> bool:
+        return self.config.validation and bool(self.data.validation_images)
+
+    def validate(self) -> ValidationResult | None:
+        """The loss of every validation image with its fixed noise at the fixed time of each range of the schedule
+        (`validation.py`), with the weights that are saved (the EMA's when it is on) and no dropout. Each rank measures
+        its share of the images; rank 0 reports, records and returns the result."""
+        if self.is_main:
+            self.status("validating")
+        self._validated_step = self.progress.global_step
+        fractions = range_fractions()
+        rank, world = (self.dist.rank, self.dist.world_size) if self.dist is not None else (0, 1)
+        measured: dict[int, tuple[str, list[float]]] = {}
+        draws, self.draws = self.draws, SINGLE  # each image's batch whole, on the rank that measures it
+        for module in self.model.parts.values():
+            module.eval()
+        with torch.no_grad(), self._inference_weights(), self.placement.for_encoding():
+            for index, batch in self.data.validation_batches(self.with_masks, rank, world):
+                batch = dataclasses.replace(batch, latents=self._latents(batch))  # encoded once for every range
+                losses = []
+                for fraction in fractions:
+                    generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
+                    times = self.model.schedule.validation_times(fraction.repeat(batch.size), self.device)
+                    with autocast(self.device, self.config.train_dtype):
+                        losses.append(float(self.batch_loss(batch, generator, times)))
+                concept = self.config.concepts[self.data.validation_images[index].concept]
+                measured[index] = (concept.name or concept.path, losses)
         self.draws = draws
         self._set_train_mode()
+        if self.dist is not None:
+            measured = {i: v for part in self.dist.all_gather_object(measured) for i, v in part.items()}
+        if not self.is_main:
+            return None
+        if not measured:
+            self.warn("no validation image could be read: nothing was validated")
+            return None
+        p = self.progress
+        result = combine([measured[i] for i in sorted(measured)], p.global_step, p.epoch, p.epoch_step)
+        self.last_validation = result
+        self.events.emit(Scalars(p.global_step, result.scalars()))
+        best = result
+        if self.validation_record is not None:
+            self.validation_record.add_validation(result)
+            self._write_record()
+            best = self.validation_record.best_validation() or result
+        label = progress_label(result.epoch, result.epoch_step, result.step)
+        best_label = progress_label(best.epoch, best.epoch_step, best.step)
+        self.events.emit(Validated(p.global_step, label, result.loss, result.ranges, best.loss, best_label))
+        return result
+
+    def _agreed(self, interval: Interval, fired: bool) -> bool:
+        """Whether a periodic action runs now, the same on every rank: validation makes backups and saves collective,
+        and a wall-clock interval may fire on one rank and not another, so rank 0's clock decides."""
+        if self.dist is None or not self.validating or not interval.unit.is_time:
+            return fired
+        return bool(self.dist.broadcast_object(fired))
+
+    def _checkpoint_validation(self) -> ValidationResult | None:
+        """The validation of the weights as they are now, for a checkpoint: the last one when it was at this step,
+        else measured now (on every rank; once the ranks have parted, rank 0 records the last one)."""
+        if not self.validating:
+            return None
+        parted = self.dist is not None and self.dist.left
+        if self._validated_step != self.progress.global_step and not parted:
+            self.validate()
+        return self.last_validation
+
+    def _open_validation_record(self) -> None:
+        if not (self.is_main and self.validating):
+            return
+        record, problem = ValidationRecord.open(self.workspace.root, self.workspace.run_name, run_identity(self.config))
+        if problem:
+            self.warn(problem)
+        if self.resumed_from is not None:
+            record.resumed(self.progress.global_step)
+        self.validation_record = record
+
+    def _record_checkpoint(self, kind: str, path: Path, result: ValidationResult | None) -> None:
+        """Note a written checkpoint and its validation loss in the record; say so when it is the run's new best."""
+        record = self.validation_record
+        if result is None or record is None:
+            return
+        p = self.progress
+        checkpoint = Checkpoint(kind, str(path), p.global_step, p.epoch, p.epoch_step, result.loss, result.step)
+        if record.add_checkpoint(checkpoint):
+            best = record.best()
+            self.events.emit(BestCheckpoint(best.path, best.label, best.loss))
+        self._write_record()
+
+    def _write_record(self) -> None:
+        try:
+            self.validation_record.write()
+        except OSError as e:
+            if not self._record_failed:  # once: training goes on, the losses are still in TensorBoard and the log
+                path = self.validation_record.path
+                self.warn(f"the validation record is not kept: {write_error_message(e, path)}; training goes on")
+            self._record_failed = True
+
+    def _validation_metadata(self, result: ValidationResult | None) -> dict[str, str]:
+        if result is None:
+            return {}
+        return {LOSS_METADATA_KEY: f"{result.loss:.6g}", STEP_METADATA_KEY: str(result.step)}
 
     # =================================================================================================================
     def sample(self) -> None:
@@ -580,6 +687,7 @@ class Trainer:
 
     def backup(self) -> Path | None:
         """Write a backup; a failure (a full disk) is a warning and training goes on."""
+        validation = self._checkpoint_validation()
         if not self.is_main:
             self._backup_step = self.progress.global_step
             return None
@@ -587,10 +695,20 @@ class Trainer:
         keep = self.config.rolling_backup_count if self.config.rolling_backup else None
         extra = {"ema": self.ema.state_dict()} if self.ema is not None else None
         folder = self.workspace.dir("backup")
+        loss = {"loss": validation.loss, "step": validation.step} if validation is not None else None
         try:
             with self.placement.whole():
                 path = write_backup(
-                    folder, self.method, self.optimizer, self.lr_scheduler, self.progress, self.config, extra, keep
+                    folder,
+                    self.method,
+                    self.optimizer,
+                    self.lr_scheduler,
+                    self.progress,
+                    self.config,
+                    extra,
+                    keep,
+                    loss,
+                    self.config.keep_best,
                 )
         except Exception as e:
             if not is_write_error(e):
@@ -599,15 +717,18 @@ class Trainer:
             return None
         self.last_backup, self._backup_step = path, self.progress.global_step
         self.status(f"backup written: {path}")
+        self._record_checkpoint("backup", path, validation)
         return path
 
     def save_intermediate(self) -> None:
+        validation = self._checkpoint_validation()
         if not self.is_main:
             return
         fmt = self.config.output_model_format
         suffix = "" if fmt.is_directory else ".safetensors"
         name = f"{self.config.save_filename_prefix}{self.workspace.run_name}-save-{self.progress.suffix()}{suffix}"
         path = self.workspace.dir("save") / name
+        self.method.run_metadata = self._validation_metadata(validation)
         try:
             with self._inference_weights(), self.placement.whole():
                 self.method.save_output(path)
@@ -617,6 +738,7 @@ class Trainer:
             self.warn(f"the intermediate save failed: {write_error_message(e, path)}; training goes on")
             return
         self.status(f"saved {name}")
+        self._record_checkpoint("save", path, validation)
 
     def save_final(self) -> Path:
         """Write the model. When that fails, the trained state is kept in a backup and the message says how to save
@@ -625,6 +747,8 @@ class Trainer:
             return Path(self.config.output_model_destination).expanduser()
         self.status("saving the model")
         destination = self._final_destination()
+        validation = self.last_validation if self._validated_step == self.progress.global_step else None
+        self.method.run_metadata = self._validation_metadata(validation)
         if self.ema is not None:
             self.ema.copy_to_params()  # the final model takes the averaged weights
         try:
@@ -635,6 +759,7 @@ class Trainer:
                 raise
             raise SaveFailed(self._save_failed_message(write_error_message(e, destination))) from e
         self.status(f"model saved: {destination}")
+        self._record_checkpoint("final", destination, validation)
         return destination
 
     def _final_destination(self) -> Path:

@@ -74,8 +74,8 @@ def test_latents_come_from_the_effnet_scaled_per_variant(loaded):
 
 def test_prediction_and_the_remapped_schedule(loaded):
     family, model = loaded
-    t = model.schedule.validation_times(2, "cpu")
-    # The schedule's fixed validation time t = 0.5, remapped per variant.
+    t = model.schedule.validation_times(torch.tensor([0.5, 0.5]), "cpu")
+    # Half-way along the schedule, t = 0.5, remapped per variant.
     assert torch.allclose(t, torch.tensor(0.501 if cascade(model) else 1.08 * 0.5 + 0.001))
     latents = torch.randn(2, 16, 3, 3)
     with torch.no_grad():

@@ -31,6 +31,10 @@ def demo_app(app, in_tmp: Path, trainable_sd):
 
 def test_start_with_the_demo_preset_trains_to_the_end(demo_app, in_tmp: Path, screenshot) -> None:
     app = demo_app
+    # Validation on an image held out of the concept, set in the general tab as a user does.
+    view_of(app, "general", "validation").switch.toggle()
+    view_of(app, "general", "validation_holdout").set_text("1")
+    assert (app.model.config.validation, app.model.config.validation_holdout) == (True, 1)
     app.footer.start_button.invoke()
     assert app.footer.start_button.cget("text") == "Stop training"
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
@@ -38,6 +42,10 @@ def test_start_with_the_demo_preset_trains_to_the_end(demo_app, in_tmp: Path, sc
     assert footer.status.startswith("Finished (completed)"), footer.status
     assert footer.epoch_bar.get() == 1 and footer.step_bar.get() == 1
     assert footer.epoch_text.cget("text") == "6 / 6" and footer.loss_label.cget("text").startswith("loss ")
+    # The latest validation loss and the best saved checkpoint stay shown; the Log has each validation's line.
+    assert footer.validation_text.startswith("val ") and " · best: " in footer.validation_text, footer.validation_text
+    assert "lowest so far" in footer.validation_tooltip.text and "t750-1000" in footer.validation_tooltip.text
+    assert app.log.text.count("validation at epoch") == 6 and "best: " in app.log.text
     assert (in_tmp / "models" / "demo-lora.safetensors").stat().st_size > 0
     samples = app.gallery.images()
     assert samples and all(s.path.is_file() for s in samples)  # a sample appeared, and the viewer has it

@@ -38,7 +38,7 @@ def test_the_families_remaps() -> None:
     t = torch.tensor([0.0, 0.5, 0.92, 1.0])
     torch.testing.assert_close(wuerstchen_remap(t), torch.tensor([0.001, 0.541, 0.9946, 1.0]))
     torch.testing.assert_close(cascade_remap(t), torch.tensor([0.001, 0.501, 0.921, 1.0]))
-    validation = ContinuousCosineSchedule(cascade_remap).validation_times(2, "cpu")
+    validation = ContinuousCosineSchedule(cascade_remap).validation_times(torch.tensor([0.5, 0.5]), "cpu")
     torch.testing.assert_close(validation, torch.tensor([0.501, 0.501]))
 
 

@@ -57,7 +57,7 @@ def test_noise_target_snr_and_model_time_on_known_numbers():
     half = flow.add_noise(x0.half(), noise.half(), sigma)
     assert half.dtype == torch.float16
     assert flow.model_time(torch.tensor([0.001, 0.5, 1.0])).tolist() == pytest.approx([1.0, 500.0, 1000.0])
-    assert flow.validation_times(3, "cpu").tolist() == [0.5, 0.5, 0.5]
+    assert flow.validation_times(torch.tensor([0.125, 0.5, 0.875]), "cpu").tolist() == [0.125, 0.5, 0.875]
 
 
 def on_the_training_grid(sigma: torch.Tensor) -> bool:

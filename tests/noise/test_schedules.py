@@ -56,7 +56,8 @@ def test_continuous_times_are_binned_remapped_and_respect_the_noising_range():
     assert torch.allclose(bins, bins.round(), atol=1e-2)
     assert raw.min().item() >= 0.2 and raw.max().item() <= 0.5 + 1e-6 and raw.max().item() > 0.49
     assert schedule.model_time(t) is t  # the model takes the remapped t as its ratio input
-    assert schedule.validation_times(3, "cpu").tolist() == pytest.approx([1.08 * 0.5 + 0.001] * 3)
+    fractions = torch.tensor([0.0, 0.5, 1.0])
+    assert schedule.validation_times(fractions, "cpu").tolist() == pytest.approx([0.001, 1.08 * 0.5 + 0.001, 1.0])
 
 
 @pytest.mark.parametrize("kind", list(TimestepDistribution))
@@ -95,7 +96,8 @@ def test_discrete_schedule_matches_diffusers_ddpm():
     latents, noise, t = torch.randn(3, 4, 5, 5), torch.randn(3, 4, 5, 5), torch.tensor([0, 500, 999])
     assert torch.equal(ours.add_noise(latents, noise, t), ddpm.add_noise(latents, noise, t))
     assert torch.equal(ours.target(latents, noise, t), ddpm.get_velocity(latents, noise, t))
-    assert ours.validation_times(2, "cpu").tolist() == [499, 499]
+    fractions = torch.tensor([0.0, 0.125, 0.5, 0.875, 1.0])
+    assert ours.validation_times(fractions, "cpu").tolist() == [0, 124, 499, 874, 999]
     assert ours.sampler(NoiseScheduler.DDIM).config["prediction_type"] == "v_prediction"
 
 

@@ -13,6 +13,7 @@ from onetrainer.config import config_from_dict
 from onetrainer.training.checkpoint import (
     BackupDamaged,
     TrainProgress,
+    best_backup,
     check_complete,
     list_backups,
     read_progress,
@@ -45,9 +46,11 @@ def setup(tmp_path: Path, lr: float = 1e-3, concept: str = "images"):
     return config, method, optimizer, scheduler
 
 
-def backup(root: Path, setup_, step: int, keep: int | None = None) -> Path:
+def backup(root: Path, setup_, step: int, keep: int | None = None, loss: float | None = None, best=False) -> Path:
     config, method, optimizer, scheduler = setup_
-    return write_backup(root, method, optimizer, scheduler, TrainProgress(0, step, step), config, None, keep)
+    validation = {"loss": loss, "step": step} if loss is not None else None
+    progress = TrainProgress(0, step, step)
+    return write_backup(root, method, optimizer, scheduler, progress, config, None, keep, validation, best)
 
 
 def fake_backup(root: Path, name: str, step: int, written_at: float, identity: str | None = None) -> Path:
@@ -78,6 +81,19 @@ def test_resume_and_rolling_cleanup_see_only_their_own_runs_backups(tmp_path):
     assert [read_progress(b).global_step for b in own] == [2, 3]  # the rolling window of this run only
     assert all(p.is_dir() for p in theirs)  # the other run's backups are untouched
     assert list_backups(root, run_identity(other[0])) == theirs
+
+
+def test_keep_best_spares_the_lowest_validation_loss_from_the_rolling_window(tmp_path):
+    root, mine = tmp_path / "backup", setup(tmp_path)
+    losses = {1: 0.5, 2: 0.2, 3: 0.4, 4: 0.2, 5: 0.3}  # step 2 is the best (the earlier of two equal losses)
+    for step, loss in losses.items():
+        backup(root, mine, step, keep=2, loss=loss, best=True)
+    kept = list_backups(root, run_identity(mine[0]))
+    assert [read_progress(b).global_step for b in kept] == [2, 4, 5]
+    assert best_backup(root, run_identity(mine[0])) == kept[0]
+    assert json.loads((kept[0] / "meta.json").read_text())["validation"] == {"loss": 0.2, "step": 2}
+    backup(root, mine, 6, keep=2, loss=0.1)  # without keep_best the window alone decides
+    assert [read_progress(b).global_step for b in list_backups(root, run_identity(mine[0]))] == [5, 6]
 
 
 def test_a_cut_short_or_missing_file_is_named(tmp_path):

@@ -32,6 +32,22 @@ def _config(root: Path, variant: str = "sd15", **overrides) -> dict:
     return tiny_config(root, variant, **{"batch_size": 1, "epochs": 2, **overrides})
 
 
+def _validated(root: Path, config: dict) -> dict:
+    """`config` validating 3 images (a VALIDATION concept) each epoch: with two ranks, rank 0 measures 2, rank 1 one."""
+    folder = root / "validation"
+    folder.mkdir()
+    for path in sorted((root / "images").iterdir())[:6]:  # 3 images and their captions
+        (folder / path.name).write_bytes(path.read_bytes())
+    concept = {"name": "held out", "path": str(folder), "type": "VALIDATION", "seed": 5}
+    return {**config, "validation": True, "validate_after": 1, "validate_after_unit": "EPOCH",
+            "concepts": [*config["concepts"], concept]}  # fmt: skip
+
+
+def _validation_losses(root: Path) -> dict[int, float]:
+    record = json.loads((root / "workspace" / "validation.json").read_text(encoding="utf-8"))
+    return {v["step"]: v["loss"] for v in record["validations"]}
+
+
 def _torchrun(root: Path, config: dict, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     path = root / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
@@ -95,7 +111,7 @@ def _tiny_models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, _tiny_models):
     root = tmp_path_factory.mktemp("ddp-full")
-    config = _config(root)
+    config = _validated(root, _config(root))
     done = _torchrun(root, config)
     assert done.returncode == 0, done.stdout + done.stderr
     return root, config, done
@@ -104,9 +120,14 @@ def two_process_run(tmp_path_factory, _tiny_models):
 @pytest.mark.slow
 def test_two_processes_at_batch_b_train_what_one_process_trains_at_2b(two_process_run, tmp_path):
     root, _, done = two_process_run
-    single = _config(tmp_path, batch_size=2)
+    single = _validated(tmp_path, _config(tmp_path, batch_size=2))
     _one_process(tmp_path, single)
     _assert_same(_weights(root / "out" / "lora.safetensors"), _weights(tmp_path / "out" / "lora.safetensors"))
+    # Each rank validated its share of the images; rank 0 reported the mean of all of them.
+    ranks, one = _validation_losses(root), _validation_losses(tmp_path)
+    assert list(ranks) == list(one) == [2, 4]
+    assert list(ranks.values()) == pytest.approx(list(one.values()), rel=1e-4)
+    assert (done.stdout + done.stderr).count("validation at epoch") == 2
     # Outputs written once: one run, one config copy, rank 0's console; rank 1 keeps only its own log file.
     logs = sorted(p.name for p in (root / "workspace" / "logs").iterdir())
     assert len(logs) == 2 and sum(name.endswith("-rank1.log") for name in logs) == 1, logs
@@ -118,7 +139,7 @@ def test_two_processes_at_batch_b_train_what_one_process_trains_at_2b(two_proces
 @pytest.mark.slow
 def test_resume_after_a_stop_matches_the_uninterrupted_run(two_process_run, tmp_path):
     root, _, _ = two_process_run
-    config = _config(tmp_path, backup_before_save=True)
+    config = _validated(tmp_path, _config(tmp_path, backup_before_save=True))
     stopped = _torchrun(tmp_path, config, {"DDP_TEST_STOP": "2"})
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "Finished (stopped)" in stopped.stdout + stopped.stderr
