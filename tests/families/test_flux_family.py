@@ -22,7 +22,7 @@ from onetrainer.families.loading import ModelLoadError
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.tiny.denoiser_step import denoiser_inputs
-from onetrainer.training.events import Metrics, SampleReady
+from onetrainer.training.events import Metrics, SampleReady, Validated
 from tests.helpers import VARIANT_MODEL_TYPES, image_folder, local_config, run_config, tiny_config
 
 CPU = torch.device("cpu")
@@ -252,8 +252,14 @@ def dev_run(tmp_path_factory):
     image_folder(root, count=2)
     overrides = samples_at_two_sizes()
     overrides["sample_after"], overrides["sample_after_unit"] = OVERFIT_EPOCHS, "EPOCH"
+    # Validated every epoch on the trained images themselves (a VALIDATION concept of the same folder).
+    concepts = [
+        {"name": "shapes", "path": str(root / "images"), "seed": 7},
+        {"name": "check", "path": str(root / "images"), "type": "VALIDATION", "seed": 7},
+    ]
     config, events = lora_run(root, "flux-dev", epochs=OVERFIT_EPOCHS, learning_rate=1e-2, lora_rank=8,
-                              text_encoder={"train": False}, text_encoder_2={"train": False}, **overrides)  # fmt: skip
+                              text_encoder={"train": False}, text_encoder_2={"train": False}, concepts=concepts,
+                              validation=True, validate_after=1, validate_after_unit="EPOCH", **overrides)  # fmt: skip
     return config, events
 
 
@@ -263,6 +269,15 @@ def test_dev_lora_loss_falls_and_samples_render(dev_run):
     assert len(losses) == OVERFIT_EPOCHS and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-5:]) < 0.9 * sum(losses[:5]), losses
     assert_samples_rendered(config, events)
+
+
+def test_dev_validation_follows_the_flow_schedule_and_falls_as_it_overfits(dev_run):
+    _, events = dev_run
+    validated = [e for e in events if isinstance(e, Validated)]
+    assert len(validated) == OVERFIT_EPOCHS
+    for event in validated:  # σ at the middle of each quarter: four different losses, their mean the loss
+        assert len(set(event.ranges.values())) == 4 and event.loss == pytest.approx(sum(event.ranges.values()) / 4)
+    assert validated[-1].loss < 0.9 * validated[0].loss, [e.loss for e in validated]
 
 
 def test_dev_lora_file_loads_in_diffusers_as_ours(dev_run):
