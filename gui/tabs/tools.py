@@ -1,5 +1,5 @@
-"""The tools tab: the tools that exist, each opening its own window (dataset tool, masks, captions, conversion,
-sampling)."""
+"""The tools tab: the tools that exist, each opening its own window (dataset tool, masks, captions, conversion, LoRA
+tools, sampling)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ AUTOMATIC_TOOLS = (
     ("masks", "Generate masks", "Masks for a folder of images: ClipSeg from prompts, background removal, a colour."),
     ("captions", "Generate captions", "Captions for a folder of images: BLIP, BLIP-2, WD14 tags, Florence-2."),
     ("convert", "Convert model", "A model between a diffusers folder and a single file; a LoRA between layouts."),
+    (
+        "lora",
+        "LoRA tools",
+        "Merge a LoRA into its model, extract one from a fine-tune, resize, merge several, average checkpoints.",
+    ),
     ("sampling", "Sample a model", "Render images from a model with a LoRA and embeddings, outside training."),
 )
 
@@ -72,7 +77,7 @@ class ToolsTab(FormTab):
         return window
 
     def open_tool(self, key: str) -> Any:
-        """The mask, caption or conversion window (one of each; shown again when open)."""
+        """The mask, caption, conversion, LoRA tools or sampling window (one of each; shown again when open)."""
         window = self.tool_windows.get(key)
         if window is not None and window.winfo_exists():
             window.lift()
@@ -82,6 +87,10 @@ class ToolsTab(FormTab):
 
         if key == "convert":
             window = ConvertWindow(self.page, self.dialogs)
+        elif key == "lora":
+            from gui.windows.lora_tool_window import LoraToolWindow
+
+            window = LoraToolWindow(self.page, self.dialogs)
         elif key == "sampling":
             from gui.windows.sampling_tool import SamplingWindow
             from onetrainer.config import pack

@@ -82,7 +82,9 @@ def enum_option(cls, value: str, option: str):
         raise ValueError(f"{option}: unknown value '{value}'") from None
 
 
-def run_model_job(prog: str, problems: list[str], run: Callable[[], list], failure: type[Exception]) -> int:
+def run_model_job(
+    prog: str, problems: list[str], run: Callable[[], list], failure: type[Exception] | tuple[type[Exception], ...]
+) -> int:
     """Print each of `problems` (exit 2), else load the model sources, run the job and print the paths it wrote
     (exit 0); the job's `failure` exception is printed as an error (exit 1)."""
     if problems:

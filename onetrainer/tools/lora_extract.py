@@ -11,6 +11,7 @@ is written in the family's kohya layout or in diffusers' names, as a trained LoR
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +63,11 @@ class LayerReport:
     kept_energy: float
 
 
-def extract(ex: Extraction) -> tuple[Path, list[LayerReport], int]:
-    """Write the LoRA; the path, each layer's report and how many changed tensors a LoRA cannot hold."""
+def extract(
+    ex: Extraction, progress: Callable[[str, int, int], None] | None = None
+) -> tuple[Path, list[LayerReport], int]:
+    """Write the LoRA; the path, each layer's report and how many changed tensors a LoRA cannot hold.
+    `progress(what, done, total)` is told each phase and layer, and may raise to stop before anything is written."""
     from onetrainer.families.base import PartRole
     from onetrainer.tools.lora_files import _energy_rank, _factors
     from onetrainer.util.dtypes import torch_dtype
@@ -74,9 +78,13 @@ def extract(ex: Extraction) -> tuple[Path, list[LayerReport], int]:
     problems = ex.problems()
     if problems:
         raise ExtractError("; ".join(problems))
+    progress = progress or (lambda what, done, total: None)
+    progress("loading the models", 0, 0)
     family, base = _load(ex.model_type, ex.base_model_name)
     _, tuned = _load(ex.model_type, ex.tuned_model_name)
     adapted = [p for p, r in family.part_roles.items() if r in (PartRole.DENOISER, PartRole.TEXT_ENCODER)]
+    total = sum(len(list(base.part(p).modules())) for p in adapted if p in base.parts)
+    done = 0
     out: dict[str, torch.Tensor] = {}
     reports: list[LayerReport] = []
     left_out = 0
@@ -86,6 +94,8 @@ def extract(ex: Extraction) -> tuple[Path, list[LayerReport], int]:
         layers, ranks, changed_other = {}, {}, 0
         tuned_modules = dict(tuned.part(part).named_modules())
         for name, layer in base.part(part).named_modules():
+            progress("extracting", done, total)
+            done += 1
             other = tuned_modules.get(name)
             if other is None:
                 continue

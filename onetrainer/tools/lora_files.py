@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +137,15 @@ def _rebuilt(layout: str, delta: torch.Tensor, rank: int, like: LoraModule, rati
     return LoraModule(down, up / scale, alpha), kept
 
 
+# (done, total) before each module; a caller's callback may raise to stop (the tools window's Cancel).
+LayerProgress = Callable[[int, int], None]
+
+
+def _report(progress: LayerProgress | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
+
+
 @dataclass(frozen=True)
 class ModuleReport:
     module: str
@@ -145,7 +154,9 @@ class ModuleReport:
     kept_energy: float  # Σσ² kept / Σσ² of ΔW
 
 
-def resize(lora: LoraFile, rank: int | None = None, energy: float | None = None) -> tuple[LoraFile, list[ModuleReport]]:
+def resize(
+    lora: LoraFile, rank: int | None = None, energy: float | None = None, progress: LayerProgress | None = None
+) -> tuple[LoraFile, list[ModuleReport]]:
     """Each module at `rank` (or the smallest rank keeping `energy` of ΔW's Σσ², at most its own), never above its
     own rank; kohya's alpha-to-rank ratio is kept, so the strength stays."""
     if (rank is None) == (energy is None):
@@ -155,7 +166,8 @@ def resize(lora: LoraFile, rank: int | None = None, energy: float | None = None)
     if energy is not None and not 0.0 < energy <= 1.0:
         raise LoraFileError(f"the energy share must lie in (0, 1], not {energy}")
     modules, reports = {}, []
-    for name, module in lora.modules.items():
+    for index, (name, module) in enumerate(lora.modules.items()):
+        _report(progress, index, len(lora.modules))
         delta = module.delta()
         target = min(module.rank, rank if rank is not None else _energy_rank(delta, energy, module.rank))
         ratio = module.scale  # alpha / rank
@@ -164,7 +176,12 @@ def resize(lora: LoraFile, rank: int | None = None, energy: float | None = None)
     return LoraFile(lora.layout, modules, dict(lora.other), lora.dtype), reports
 
 
-def merge_loras(loras: Sequence[LoraFile], strengths: Sequence[float], rank: int | None = None) -> LoraFile:
+def merge_loras(
+    loras: Sequence[LoraFile],
+    strengths: Sequence[float],
+    rank: int | None = None,
+    progress: LayerProgress | None = None,
+) -> LoraFile:
     """Σ strengthᵢ·ΔWᵢ per module as one LoRA: exactly, the ranks concatenated (alpha = the summed rank: scale 1),
     or at `rank` by SVD. Every file must have the same layout; a module some files lack takes the others' sum."""
     if len(loras) != len(strengths):
@@ -177,7 +194,8 @@ def merge_loras(loras: Sequence[LoraFile], strengths: Sequence[float], rank: int
     layout = loras[0].layout
     names = list(dict.fromkeys(name for lora in loras for name in lora.modules))
     modules: dict[str, LoraModule] = {}
-    for name in names:
+    for index, name in enumerate(names):
+        _report(progress, index, len(names))
         parts = [(lora.modules[name], s) for lora, s in zip(loras, strengths) if name in lora.modules]
         shapes = {(m.up.shape[0], *m.down.shape[1:]) for m, _ in parts}
         if len(shapes) != 1:
@@ -227,7 +245,9 @@ def decay_weights(count: int, decay: float) -> list[float]:
     return weights
 
 
-def average_checkpoints(loras: Sequence[LoraFile], weights: Sequence[float]) -> LoraFile:
+def average_checkpoints(
+    loras: Sequence[LoraFile], weights: Sequence[float], progress: LayerProgress | None = None
+) -> LoraFile:
     """The weighted average of every tensor of checkpoints of one run (same modules, ranks and alphas), as
     musubi-tuner's post-hoc EMA averages them."""
     if len(loras) < 2:
@@ -241,7 +261,8 @@ def average_checkpoints(loras: Sequence[LoraFile], weights: Sequence[float]) -> 
             if module.down.shape != ref.down.shape or module.alpha != ref.alpha:
                 raise LoraFileError(f"checkpoint {index}: {name} has another rank or alpha than in the first")
     modules = {}
-    for name, ref in first.modules.items():
+    for index, (name, ref) in enumerate(first.modules.items()):
+        _report(progress, index, len(first.modules))
         down = sum(w * lora.modules[name].down.float() for lora, w in zip(loras, weights))
         up = sum(w * lora.modules[name].up.float() for lora, w in zip(loras, weights))
         modules[name] = LoraModule(down, up, ref.alpha)

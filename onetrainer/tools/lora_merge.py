@@ -9,6 +9,7 @@ s·ΔW‖). The wrappers are then taken off, so the saved model is the base mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,9 @@ class Merge:
         return out
 
 
-def merge_into_base(merge: Merge) -> list[Path]:
-    """Load the base with the LoRA, merge it at the strength, save; the paths written. Raises MergeError."""
+def merge_into_base(merge: Merge, progress: Callable[[str, int, int], None] | None = None) -> list[Path]:
+    """Load the base with the LoRA, merge it at the strength, save; the paths written. Raises MergeError.
+    `progress(what, done, total)` is told each phase and layer, and may raise to stop before anything is written."""
     from onetrainer.config import TrainConfig
     from onetrainer.methods import create_method
     from onetrainer.methods.adapters import adapter_layers
@@ -71,21 +73,25 @@ def merge_into_base(merge: Merge) -> list[Path]:
             setattr(config, key, value)
     except (OSError, ValueError) as e:
         raise MergeError(f"cannot read the LoRA {merge.lora}: {e}") from e
+    progress = progress or (lambda what, done, total: None)
+    progress("loading the model and the LoRA", 0, 0)
     family, model = load_float32(config, MergeError)
     try:
         create_method(config, family, model, torch.device("cpu"))
     except Exception as e:
         raise MergeError(f"cannot read the LoRA {merge.lora}: {e}") from e
-    merged = 0
-    for part in list(model.parts):
-        module = model.part(part)
-        for layer in adapter_layers(module):
+    layers = {part: list(adapter_layers(model.part(part))) for part in list(model.parts)}
+    total, merged = sum(len(v) for v in layers.values()), 0
+    for part, adapted in layers.items():
+        for layer in adapted:
+            progress("merging", merged, total)
             _merge_layer(layer, merge.strength)
             merged += 1
-        _unwrap(module)
+        _unwrap(model.part(part))
     if not merged:
         raise MergeError(f"{merge.lora} adapts no layer of {merge.base_model_name}")
     destination = merge.destination.expanduser()
+    progress(f"writing {destination.name}", 0, 0)
     try:
         family.save(model, merge.output_format, destination, torch_dtype(merge.output_dtype))
     except OSError as e:

@@ -1,0 +1,220 @@
+"""The LoRA toolbox's jobs as one value: `scripts/lora_tool.py` and the tools tab's window both build a `LoraJob`,
+show its `problems()` (in the script's option names; the window rewords them) and `run` it.
+
+`run` reports its progress as (what, done, total) through a callback, which may raise `JobCancelled` to stop the job
+between two layers or files; nothing is written then (outputs are written to a temporary name and renamed at the end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onetrainer.config.enums import DataType, ModelFormat, ModelType
+
+COMMANDS = ("merge", "extract", "resize", "merge-loras", "ema")
+# The number of LoRA files each command takes (least, most; None: no limit); extract takes none.
+LORA_COUNTS = {"merge": (1, 1), "resize": (1, 1), "merge-loras": (1, None), "ema": (2, None), "extract": (0, 0)}
+
+# (what, done, total): a phase ("loading the model") has total 0.
+Progress = Callable[[str, int, int], None]
+
+
+class LoraJobError(Exception):
+    """The job cannot be done: an input cannot be read or the output written; the message names the file."""
+
+
+class JobCancelled(Exception):
+    """Raised by a progress callback to stop the job; nothing has been written."""
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class LoraJob:
+    command: str
+    destination: Path
+    loras: list[str] = field(default_factory=list)  # files (for ema also folders of checkpoints)
+    strengths: list[float] = field(default_factory=list)
+    rank: int | None = None
+    energy: float | None = None
+    decay: float | None = None
+    sigma_rel: float | None = None
+    model_type: ModelType | None = None  # merge / extract
+    base_model_name: str = ""  # merge / extract
+    input_name: str = ""  # extract: the fine-tuned model
+    output_format: ModelFormat | None = None  # merge: a fine-tune format; extract: KOHYA_LORA (default) or diffusers'
+    output_dtype: DataType | None = None  # None: the input's (merge and extract: FLOAT_16)
+    overwrite: bool = False
+
+    # -- what is wrong before anything is read ---------------------------------------------------------------------
+
+    def lora_paths(self) -> list[Path]:
+        """The LoRA files, a folder given for ema standing for its .safetensors files in name order."""
+        paths: list[Path] = []
+        for name in self.loras:
+            path = Path(name).expanduser()
+            if path.is_dir() and self.command == "ema":
+                paths += sorted(p for p in path.iterdir() if p.suffix.lower() == ".safetensors")
+            else:
+                paths.append(path)
+        return paths
+
+    def problems(self) -> list[str]:
+        if self.command not in COMMANDS:
+            return [f"unknown command {self.command!r}; one of {', '.join(COMMANDS)}"]
+        if self.command == "extract":
+            return self._model_problems("input_name") or self._extraction().problems()
+        out = self._lora_problems()
+        if out:
+            return out
+        if self.command == "merge":
+            if len(self.strengths) > 1:
+                return ["merge takes one --strength"]
+            return self._model_problems("output_format") or self._merge().problems()
+        if self.command == "resize" and (self.rank is None) == (self.energy is None):
+            return ["resize takes --rank or --energy"]
+        if self.command == "merge-loras" and self.strengths and len(self.strengths) != len(self.lora_paths()):
+            return [f"{len(self.lora_paths())} --lora but {len(self.strengths)} --strength"]
+        if self.command == "ema" and (self.decay is None) == (self.sigma_rel is None):
+            return ["ema takes --decay or --sigma-rel"]
+        destination = self.destination.expanduser()
+        if destination.suffix.lower() != ".safetensors":
+            return ["--output-model-destination must be a .safetensors file"]
+        if destination.exists() and not self.overwrite:
+            return [f"{destination} exists; add --overwrite to replace it"]
+        return []
+
+    def _lora_problems(self) -> list[str]:
+        for name in self.loras:
+            path = Path(name).expanduser()
+            if not ((path.is_dir() and self.command == "ema") or (path.is_file() and path.suffix == ".safetensors")):
+                return [f"--lora {name}: not a .safetensors file" + (" or a folder of them" * (self.command == "ema"))]
+        count, (least, most) = len(self.lora_paths()), LORA_COUNTS[self.command]
+        if count < least or (most is not None and count > most):
+            many = "one --lora" if (least, most) == (1, 1) else f"at least {least} LoRA files"
+            return [f"{self.command} takes {many}, not {count}"]
+        return []
+
+    def _model_problems(self, option: str) -> list[str]:
+        """What a command on a base model lacks of --model-type, --base-model-name and `option`."""
+        names = ("model_type", "base_model_name", option)
+        missing = [f"--{self._option(n)}" for n in names if getattr(self, n) in (None, "")]
+        return [f"{self.command} needs {', '.join(missing)}"] if missing else []
+
+    @staticmethod
+    def _option(name: str) -> str:
+        return {"output_format": "output-model-format"}.get(name, name.replace("_", "-"))
+
+    def _merge(self):
+        from onetrainer.tools.lora_merge import Merge
+
+        return Merge(
+            model_type=self.model_type,
+            base_model_name=self.base_model_name,
+            lora=str(self.lora_paths()[0]),
+            output_format=self.output_format,
+            destination=self.destination,
+            output_dtype=self.output_dtype or DataType.FLOAT_16,
+            strength=self.strengths[0] if self.strengths else 1.0,
+            overwrite=self.overwrite,
+        )
+
+    def _extraction(self):
+        from onetrainer.tools.lora_extract import Extraction
+
+        return Extraction(
+            model_type=self.model_type,
+            base_model_name=self.base_model_name,
+            tuned_model_name=self.input_name,
+            destination=self.destination,
+            output_format=self.output_format or ModelFormat.KOHYA_LORA,
+            rank=self.rank,
+            energy=self.energy,
+            output_dtype=self.output_dtype or DataType.FLOAT_16,
+            overwrite=self.overwrite,
+        )
+
+    # -- the work --------------------------------------------------------------------------------------------------
+
+    def run(self, log: Callable[[str], None] = print, progress: Progress | None = None) -> list[Path]:
+        """Do the job (its `problems()` must be empty); the paths written. `log` gets the per-layer reports.
+        Raises LoraJobError (and the merge's and extraction's own errors), or JobCancelled from `progress`."""
+        progress = progress or _no_progress
+        if self.command == "merge":
+            from onetrainer.tools.lora_merge import merge_into_base
+
+            log(f"merging {self.lora_paths()[0]} into {self.base_model_name}")
+            return merge_into_base(self._merge(), progress)
+        if self.command == "extract":
+            from onetrainer.tools.lora_extract import extract
+
+            written, reports, left_out = extract(self._extraction(), progress)
+            for r in reports:
+                log(f"{r.part} {r.module}: rank {r.rank}, {r.kept_energy:.4f} of the change kept")
+            if left_out:
+                log(f"{left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)")
+            return [written]
+        return [self._run_on_files(log, progress)]
+
+    def _run_on_files(self, log: Callable[[str], None], progress: Progress) -> Path:
+        """resize, merge-loras and ema: LoRA files in, one LoRA file out (the first input's layout and metadata)."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        from onetrainer.tools import lora_files as lf
+        from onetrainer.util.dtypes import torch_dtype
+        from onetrainer.util.fs import atomic_file
+        from onetrainer.weights.metadata import LORA_TOOL_KEY
+
+        paths = self.lora_paths()
+        loras = []
+        for index, path in enumerate(paths):
+            progress(f"reading {path.name}", index, len(paths))
+            try:
+                loras.append(lf.read_lora(load_file(str(path)), str(path)))
+            except (OSError, lf.LoraFileError) as e:
+                raise LoraJobError(str(e)) from e
+            except Exception as e:  # a damaged file: safetensors' own errors
+                raise LoraJobError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+        with safe_open(str(paths[0]), "pt") as f:
+            metadata = dict(f.metadata() or {})
+        try:
+            result, note = self._combine(loras, lf, log, progress)
+        except lf.LoraFileError as e:
+            raise LoraJobError(str(e)) from e
+        metadata["ss_network_dim"] = str(max(m.rank for m in result.modules.values()))
+        if result.layout == lf.KOHYA:
+            metadata["ss_network_alpha"] = f"{max(m.alpha for m in result.modules.values()):g}"
+        metadata[LORA_TOOL_KEY] = json.dumps({"command": self.command, **note, "inputs": [p.name for p in paths]})
+        dtype = torch_dtype(self.output_dtype) if self.output_dtype else None
+        destination = self.destination.expanduser()
+        progress(f"writing {destination.name}", 0, 0)
+        try:
+            with atomic_file(destination) as tmp:
+                save_file(lf.write_lora(result, dtype), str(tmp), metadata=metadata)
+        except OSError as e:
+            raise LoraJobError(f"cannot write {destination}: {e.strerror or e}") from e
+        return destination
+
+    def _combine(self, loras: list, lf, log: Callable[[str], None], progress: Progress):
+        layers = lambda done, total: progress(self.command, done, total)  # noqa: E731
+        if self.command == "resize":
+            result, reports = lf.resize(loras[0], self.rank, self.energy, layers)
+            for r in reports:
+                log(f"{r.module}: rank {r.rank_before} → {r.rank_after}, {r.kept_energy:.4f} of the change kept")
+            least = min(r.kept_energy for r in reports)
+            return result, {"rank": self.rank, "energy": self.energy, "least_kept_energy": round(least, 6)}
+        if self.command == "merge-loras":
+            strengths = self.strengths or [1.0] * len(loras)
+            return lf.merge_loras(loras, strengths, self.rank, layers), {"strengths": strengths, "rank": self.rank}
+        if self.decay is not None:
+            weights = lf.decay_weights(len(loras), self.decay)
+        else:
+            weights = lf.power_ema_weights(list(range(1, len(loras) + 1)), self.sigma_rel)
+        note = {"decay": self.decay, "sigma_rel": self.sigma_rel, "weights": [round(w, 6) for w in weights]}
+        return lf.average_checkpoints(loras, weights, layers), note
