@@ -155,7 +155,7 @@ class LoraToolWindow(ctk.CTkToplevel):
         return field.entry
 
     def _lora_list(self) -> ctk.CTkTextbox:
-        label = self._label("loras", "LoRA files (one per line)")
+        label = self._label("loras", "LoRA files (one per line;\nema: or a save folder)")
         frame = ctk.CTkFrame(self, fg_color="transparent")
         frame.grid_columnconfigure(0, weight=1)
         box = ctk.CTkTextbox(frame, height=70, wrap="none")

@@ -22,20 +22,24 @@ load, or diffusers'):
   extract      a LoRA from a fine-tune (--input-name) and its base model, at --rank
                R or --energy E per layer, each layer's kept share printed
                (--output-model-format KOHYA_LORA, the default, or DIFFUSERS_LORA)
-and, without the base model (plain LoRA):
+and, without the base model:
   resize       one LoRA to a lower rank (--rank R, or --energy E: the smallest
                rank per layer keeping that share of its weight change), each
                layer's kept share printed; the strength a consumer applies stays
   merge-loras  several LoRAs, each at its --strength, into one: exactly (the
                ranks side by side) or at --rank R (the best approximation)
-  ema          the checkpoints of one run averaged after the fact: --decay D
-               (an EMA over them in order) or --sigma-rel S (the power-function
-               EMA profile), as musubi-tuner's post-hoc EMA does"""
+  ema          the checkpoints of one run (any kind) averaged after the fact:
+               --decay D (an EMA over them in order) or --sigma-rel S (the
+               power-function EMA profile over their steps), as musubi-tuner's
+               post-hoc EMA does"""
 EPILOG = """\
 --lora names a .safetensors LoRA file (repeat it for merge-loras and ema; for ema a
-folder stands for the .safetensors files in it, in name order). resize, merge-loras
-and ema take plain LoRA only (LoHa, LoKr, DoRA and OFT files are refused) and keep
-the first input's layout and metadata, with what made it added. Outputs are written
+folder, such as a run's save folder, stands for the .safetensors files in it). ema
+orders a run's saves by the step in their names (…-save-<step>-<epoch>-<epoch
+step>.safetensors) and weighs them by it; other names are taken in the given (a
+folder's: name) order, evenly spaced. resize and merge-loras take plain LoRA only
+(LoHa, LoKr, DoRA and OFT files are refused). All three keep the first input's
+layout and metadata, with what made it added. Outputs are written
 to a temporary name and renamed into place; an existing destination is only
 replaced with --overwrite.
 Exit codes: 0 done, 1 an input cannot be read or the output written, 2 invalid

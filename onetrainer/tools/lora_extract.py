@@ -103,7 +103,7 @@ def extract(
                 delta = (other.weight.detach().float() - layer.weight.detach().float()).flatten(1)
                 if layer.bias is not None and not torch.equal(layer.bias, other.bias):
                     changed_other += 1
-                if delta.abs().max() <= UNCHANGED * max(float(layer.weight.abs().max()), 1e-12):
+                if delta.abs().max() <= UNCHANGED * max(float(layer.weight.detach().abs().max()), 1e-12):
                     continue
                 limit = min(delta.shape)
                 rank = min(limit, ex.rank) if ex.rank is not None else _energy_rank(delta, ex.energy, limit)

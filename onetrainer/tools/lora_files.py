@@ -1,11 +1,13 @@
 """Operations on trained LoRA files, without the base model: shrink the rank (`resize`), combine several into one
-(`merge_loras`), and average the checkpoints of one run after the fact (`average_checkpoints`, a post-hoc EMA).
+(`merge_loras`), and average the checkpoints of one run after the fact (`average_checkpoints`, a post-hoc EMA, on the
+files' tensors: every adapter kind).
 
 A plain LoRA module is a pair of factors in one of the two layouts this trainer writes: kohya's (`X.lora_down.weight`,
 `X.lora_up.weight` and `X.alpha`, applied as up·down·alpha/rank; what AUTOMATIC1111, Forge and ComfyUI load) and
 diffusers' (`X.lora_A.weight`, `X.lora_B.weight`, alpha folded into lora_B: applied as B·A). A convolution's down
 factor is (rank, in, kh, kw) and its up factor (out, rank, 1, 1). Other tensors (bundled embeddings) pass through.
-LoHa, LoKr, DoRA and OFT modules are refused with their name: their weight change is not a product of two factors.
+Resizing and merging refuse LoHa, LoKr, DoRA and OFT modules with their name: their weight change is not a product of
+two factors.
 
 The weight change of a module is ΔW = up·down·scale. Resizing and merging at a target rank keep the best rank-r
 approximation of ΔW (SVD, per module); the kohya layout keeps each module's alpha-to-rank ratio (the strength a
@@ -246,24 +248,35 @@ def decay_weights(count: int, decay: float) -> list[float]:
 
 
 def average_checkpoints(
-    loras: Sequence[LoraFile], weights: Sequence[float], progress: LayerProgress | None = None
-) -> LoraFile:
-    """The weighted average of every tensor of checkpoints of one run (same modules, ranks and alphas), as
-    musubi-tuner's post-hoc EMA averages them."""
-    if len(loras) < 2:
+    states: Sequence[Mapping[str, torch.Tensor]],
+    weights: Sequence[float],
+    names: Sequence[str] | None = None,
+    progress: LayerProgress | None = None,
+) -> dict[str, torch.Tensor]:
+    """The weighted average of every tensor of checkpoints of one run, as musubi-tuner's post-hoc EMA averages them.
+    An EMA averages parameters, so any adapter kind averages alike (LoRA, LoHa, LoKr, DoRA, OFT); every file must
+    hold the same tensors at the same shapes, and settings stored as tensors (kohya's `.alpha`) the same values."""
+    if len(states) < 2:
         raise LoraFileError("an average needs at least two checkpoints")
-    first = loras[0]
-    for index, lora in enumerate(loras[1:], start=2):
-        if lora.layout != first.layout or lora.modules.keys() != first.modules.keys():
-            raise LoraFileError(f"checkpoint {index} has other modules than the first: not the same run?")
-        for name, module in lora.modules.items():
-            ref = first.modules[name]
-            if module.down.shape != ref.down.shape or module.alpha != ref.alpha:
-                raise LoraFileError(f"checkpoint {index}: {name} has another rank or alpha than in the first")
-    modules = {}
-    for index, (name, ref) in enumerate(first.modules.items()):
-        _report(progress, index, len(first.modules))
-        down = sum(w * lora.modules[name].down.float() for lora, w in zip(loras, weights))
-        up = sum(w * lora.modules[name].up.float() for lora, w in zip(loras, weights))
-        modules[name] = LoraModule(down, up, ref.alpha)
-    return LoraFile(first.layout, modules, dict(loras[-1].other), first.dtype)
+    names = list(names or [f"checkpoint {i}" for i in range(1, len(states) + 1)])
+    first = states[0]
+    for name, state in zip(names[1:], states[1:]):
+        if state.keys() != first.keys():
+            missing = sorted(first.keys() - state.keys()) or sorted(state.keys() - first.keys())
+            raise LoraFileError(f"{name} has other tensors than {names[0]} ({missing[0]} …): not the same run?")
+        for key, tensor in state.items():
+            if tensor.shape != first[key].shape:
+                raise LoraFileError(f"{name}: {key} is {tuple(tensor.shape)}, {tuple(first[key].shape)} in {names[0]}")
+            if key.endswith(".alpha") and not torch.equal(tensor, first[key]):
+                raise LoraFileError(f"{name}: {key} differs from {names[0]}'s: another alpha, not the same run?")
+    out: dict[str, torch.Tensor] = {}
+    for index, (key, tensor) in enumerate(first.items()):
+        _report(progress, index, len(first))
+        if key.endswith(".alpha") or not tensor.is_floating_point():
+            out[key] = tensor
+            continue
+        total = torch.zeros(tensor.shape, dtype=torch.float32)
+        for state, weight in zip(states, weights):
+            total += weight * state[key].float()
+        out[key] = total.to(tensor.dtype)
+    return out

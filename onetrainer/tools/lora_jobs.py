@@ -8,6 +8,7 @@ between two layers or files; nothing is written then (outputs are written to a t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,8 @@ class LoraJob:
         return [self._run_on_files(log, progress)]
 
     def _run_on_files(self, log: Callable[[str], None], progress: Progress) -> Path:
-        """resize, merge-loras and ema: LoRA files in, one LoRA file out (the first input's layout and metadata)."""
+        """resize, merge-loras and ema: LoRA files in, one LoRA file out (the first input's layout and metadata, with
+        what made it)."""
         from safetensors import safe_open
         from safetensors.torch import load_file, save_file
 
@@ -171,50 +173,89 @@ class LoraJob:
         from onetrainer.util.fs import atomic_file
         from onetrainer.weights.metadata import LORA_TOOL_KEY
 
-        paths = self.lora_paths()
-        loras = []
+        paths, steps = self.lora_paths(), None
+        if self.command == "ema":
+            paths, steps = checkpoint_order(paths, log)
+        states = []
         for index, path in enumerate(paths):
             progress(f"reading {path.name}", index, len(paths))
             try:
-                loras.append(lf.read_lora(load_file(str(path)), str(path)))
-            except (OSError, lf.LoraFileError) as e:
-                raise LoraJobError(str(e)) from e
+                states.append(load_file(str(path)))
+            except OSError as e:
+                raise LoraJobError(f"{path}: cannot be read ({e.strerror or e})") from e
             except Exception as e:  # a damaged file: safetensors' own errors
                 raise LoraJobError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
         with safe_open(str(paths[0]), "pt") as f:
-            metadata = dict(f.metadata() or {})
+            metadata = {k: v for k, v in (f.metadata() or {}).items() if k not in RUN_ONLY_METADATA}
+        dtype = torch_dtype(self.output_dtype) if self.output_dtype else None
+        layers = lambda done, total: progress(self.command, done, total)  # noqa: E731
         try:
-            result, note = self._combine(loras, lf, log, progress)
+            if self.command == "ema":
+                tensors, note = self._average(states, paths, steps, lf, layers)
+                if dtype is not None:
+                    tensors = {k: _cast(k, v, dtype) for k, v in tensors.items()}
+            else:
+                loras = [lf.read_lora(state, str(path)) for state, path in zip(states, paths)]
+                result, note = self._combine(loras, lf, log, layers)
+                metadata["ss_network_dim"] = str(max(m.rank for m in result.modules.values()))
+                if result.layout == lf.KOHYA:
+                    metadata["ss_network_alpha"] = f"{max(m.alpha for m in result.modules.values()):g}"
+                tensors = lf.write_lora(result, dtype)
         except lf.LoraFileError as e:
             raise LoraJobError(str(e)) from e
-        metadata["ss_network_dim"] = str(max(m.rank for m in result.modules.values()))
-        if result.layout == lf.KOHYA:
-            metadata["ss_network_alpha"] = f"{max(m.alpha for m in result.modules.values()):g}"
         metadata[LORA_TOOL_KEY] = json.dumps({"command": self.command, **note, "inputs": [p.name for p in paths]})
-        dtype = torch_dtype(self.output_dtype) if self.output_dtype else None
         destination = self.destination.expanduser()
         progress(f"writing {destination.name}", 0, 0)
         try:
             with atomic_file(destination) as tmp:
-                save_file(lf.write_lora(result, dtype), str(tmp), metadata=metadata)
+                save_file(tensors, str(tmp), metadata=metadata)
         except OSError as e:
             raise LoraJobError(f"cannot write {destination}: {e.strerror or e}") from e
         return destination
 
-    def _combine(self, loras: list, lf, log: Callable[[str], None], progress: Progress):
-        layers = lambda done, total: progress(self.command, done, total)  # noqa: E731
+    def _combine(self, loras: list, lf, log: Callable[[str], None], layers: Callable[[int, int], None]):
         if self.command == "resize":
             result, reports = lf.resize(loras[0], self.rank, self.energy, layers)
             for r in reports:
                 log(f"{r.module}: rank {r.rank_before} → {r.rank_after}, {r.kept_energy:.4f} of the change kept")
             least = min(r.kept_energy for r in reports)
             return result, {"rank": self.rank, "energy": self.energy, "least_kept_energy": round(least, 6)}
-        if self.command == "merge-loras":
-            strengths = self.strengths or [1.0] * len(loras)
-            return lf.merge_loras(loras, strengths, self.rank, layers), {"strengths": strengths, "rank": self.rank}
+        strengths = self.strengths or [1.0] * len(loras)
+        return lf.merge_loras(loras, strengths, self.rank, layers), {"strengths": strengths, "rank": self.rank}
+
+    def _average(self, states: list, paths: list[Path], steps: list[int] | None, lf, layers):
         if self.decay is not None:
-            weights = lf.decay_weights(len(loras), self.decay)
+            weights = lf.decay_weights(len(states), self.decay)
         else:
-            weights = lf.power_ema_weights(list(range(1, len(loras) + 1)), self.sigma_rel)
-        note = {"decay": self.decay, "sigma_rel": self.sigma_rel, "weights": [round(w, 6) for w in weights]}
-        return lf.average_checkpoints(loras, weights, layers), note
+            weights = lf.power_ema_weights(steps or list(range(1, len(states) + 1)), self.sigma_rel)
+        tensors = lf.average_checkpoints(states, weights, [p.name for p in paths], layers)
+        note = {
+            "decay": self.decay,
+            "sigma_rel": self.sigma_rel,
+            "steps": steps,
+            "weights": [round(w, 6) for w in weights],
+        }
+        return tensors, note
+
+
+# Header entries of a training save that describe that one file, not a file made from it.
+RUN_ONLY_METADATA = ("ot_validation_loss", "ot_validation_step")
+# An intermediate save's name ends in -save-<step>-<epoch>-<epoch step> (`Trainer.save_intermediate`).
+_SAVE_NAME = re.compile(r"-save-(\d+)-\d+-\d+\.safetensors$", re.IGNORECASE)
+
+
+def checkpoint_order(paths: list[Path], log: Callable[[str], None]) -> tuple[list[Path], list[int] | None]:
+    """The checkpoints in training order with their steps, read from the names of a run's saves
+    (`…-save-<step>-<epoch>-<epoch step>.safetensors`); without steps in every name, the given order and None (the
+    power-function profile then takes them as evenly spaced)."""
+    found = [_SAVE_NAME.search(p.name) for p in paths]
+    if not all(found):
+        log("the checkpoints' steps are not in their names: taken in the given order, evenly spaced")
+        return paths, None
+    ordered = sorted(zip((int(m.group(1)) for m in found), paths))
+    log("steps from the names of the saves: " + ", ".join(str(step) for step, _ in ordered))
+    return [p for _, p in ordered], [step for step, _ in ordered]
+
+
+def _cast(key: str, tensor, dtype):
+    return tensor if key.endswith(".alpha") or not tensor.is_floating_point() else tensor.to(dtype)

@@ -107,10 +107,29 @@ def test_the_ema_weights_follow_their_definitions():
     assert sum(narrow) == pytest.approx(1.0) and sum(wide) == pytest.approx(1.0)
     assert narrow[-1] > wide[-1] and narrow[0] < wide[0]  # a narrower profile leans on the latest checkpoints
     assert lf.power_ema_weights([1, 2], 0.4) == pytest.approx([0.5, 0.5])  # γ = 0: uniform over training time
-    checkpoints = [_lora(lf.KOHYA, seed=s) for s in (0, 1, 2)]
+    checkpoints = [lf.write_lora(_lora(lf.KOHYA, seed=s)) for s in (0, 1, 2)]
     average = lf.average_checkpoints(checkpoints, [0.2, 0.3, 0.5])
-    down = sum(w * c.modules["lora_unet_proj"].down for c, w in zip(checkpoints, [0.2, 0.3, 0.5]))
-    assert torch.allclose(average.modules["lora_unet_proj"].down, down)
-    other_run = _lora(lf.KOHYA, rank=4)
-    with pytest.raises(lf.LoraFileError, match="another rank or alpha"):
-        lf.average_checkpoints([checkpoints[0], other_run], [0.5, 0.5])
+    key = "lora_unet_proj.lora_down.weight"
+    assert torch.allclose(average[key], sum(w * c[key] for c, w in zip(checkpoints, [0.2, 0.3, 0.5])))
+    assert torch.equal(average["lora_unet_proj.alpha"], checkpoints[0]["lora_unet_proj.alpha"])
+    with pytest.raises(lf.LoraFileError, match="is \\(4, 12\\), \\(6, 12\\) in a"):
+        lf.average_checkpoints([checkpoints[0], lf.write_lora(_lora(lf.KOHYA, rank=4))], [0.5, 0.5], ["a", "b"])
+    halved = {k: (v / 2 if k.endswith(".alpha") else v) for k, v in checkpoints[1].items()}
+    with pytest.raises(lf.LoraFileError, match="another alpha"):
+        lf.average_checkpoints([checkpoints[0], halved], [0.5, 0.5])
+
+
+def test_any_adapter_kind_averages_tensor_by_tensor():
+    """LoHa's factors (hada_w1_a …) average as a LoRA's do: an EMA averages the parameters, whatever they are."""
+    generator = torch.Generator().manual_seed(3)
+    names = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
+    runs = [{f"lora_unet_x.{n}": torch.randn(4, 4, generator=generator).half() for n in names} for _ in range(2)]
+    for run in runs:
+        run["lora_unet_x.alpha"] = torch.tensor(2.0)
+    average = lf.average_checkpoints(runs, [0.25, 0.75])
+    for n in names:
+        key = f"lora_unet_x.{n}"
+        assert average[key].dtype == torch.float16
+        assert torch.allclose(
+            average[key].float(), 0.25 * runs[0][key].float() + 0.75 * runs[1][key].float(), atol=1e-3
+        )
