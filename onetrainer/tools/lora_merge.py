@@ -9,6 +9,7 @@ s·ΔW‖). The wrappers are then taken off, so the saved model is the base mode
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
+from onetrainer.weights.metadata import LORA_TOOL_KEY
 
 
 class MergeError(Exception):
@@ -93,7 +95,9 @@ def merge_into_base(merge: Merge, progress: Callable[[str, int, int], None] | No
     destination = merge.destination.expanduser()
     progress(f"writing {destination.name}", 0, 0)
     try:
-        family.save(model, merge.output_format, destination, torch_dtype(merge.output_dtype))
+        made = {"command": "merge", "lora": Path(merge.lora).name, "strength": merge.strength}
+        metadata = {LORA_TOOL_KEY: json.dumps(made)}  # in a single file's header (a diffusers folder has none)
+        family.save(model, merge.output_format, destination, torch_dtype(merge.output_dtype), metadata)
     except OSError as e:
         raise MergeError(f"cannot write {destination}: {e.strerror or e}") from e
     return [destination]

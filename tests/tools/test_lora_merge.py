@@ -5,12 +5,15 @@ gives with that adapter weight."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from onetrainer.cli.lora_tool import main as lora_tool
+from onetrainer.weights.metadata import LORA_TOOL_KEY
 from tests.helpers import image_folder, local_config, tiny_config, write_config
 
 KINDS = {
@@ -95,3 +98,8 @@ def test_a_plain_lora_at_half_strength_merges_as_diffusers_weighs_it(tmp_path: P
     assert _merge(lora, out) == 2 and "exists; add --overwrite" in capsys.readouterr().err
     assert lora_tool(["merge", "--lora", str(lora), "--output-model-destination", str(tmp_path / "x")]) == 2
     assert "merge needs --model-type, --base-model-name, --output-model-format" in capsys.readouterr().err
+    single = tmp_path / "merged.safetensors"  # a single file says in its header what made it
+    assert _merge(lora, single, "--output-model-format", "ORIGINAL_SINGLE_FILE", "--strength", "0.5") == 0
+    with safe_open(str(single), "pt") as f:
+        made = json.loads(f.metadata()[LORA_TOOL_KEY])
+    assert made == {"command": "merge", "lora": lora.name, "strength": 0.5}
