@@ -123,6 +123,9 @@ class FamilyInfo:
     implied_loss_weight: tuple[str, float] | None = None
     # LoRA files of this family that a tool other than ours does not read as trained (`LoraFileCaveat`).
     lora_caveats: tuple[LoraFileCaveat, ...] = ()
+    # Output formats OneTrainer writes for this family that are not built here yet, by method: a config asking for one
+    # loads, and validation says it is not built yet and what to choose instead.
+    formats_to_come: dict[TrainingMethod, tuple[ModelFormat, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         roles = list(self.part_roles.values())
@@ -342,6 +345,49 @@ CHROMA = FamilyInfo(
     "the approximator (`distilled_guidance_layer`, which the `full` layer filter includes) is read by ComfyUI, but "
     "makes diffusers refuse a KOHYA_LORA file: OneTrainer's presets train `attn-mlp`." + _FLUX_NOTE,
 )
+# Stable Diffusion 3 and 3.5: a joint (MMDiT) transformer over 2x2 patches of 16-channel latents, three text encoders.
+SD3 = FamilyInfo(
+    key="sd3",
+    label="Stable Diffusion 3 / 3.5",
+    part_roles={
+        "transformer": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "text_encoder_2": PartRole.TEXT_ENCODER,
+        "text_encoder_3": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
+    bucket_step=16,
+    sample_step=16,
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE),
+    output_formats={
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+    },
+    # OneTrainer's SD3 presets
+    layer_presets={"attn-only": ("attn",), "blocks": ("transformer_block",), "full": ()},
+    formats_to_come={
+        TrainingMethod.FINE_TUNE: (ModelFormat.ORIGINAL_SINGLE_FILE,),
+        TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,),
+    },
+    hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
+    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
+    lora_caveats=(
+        LoraFileCaveat(
+            ModelFormat.DIFFUSERS_LORA,
+            "diffusers' StableDiffusion3Pipeline.load_lora_weights reads the transformer and the two CLIP encoders "
+            "of a DIFFUSERS_LORA file, not T5's LoRA",
+            part="text_encoder_3",
+        ),
+    ),
+    notes="`text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
+    "counting from there, and on their projected pooled outputs), `text_encoder_3` T5-XXL (256 tokens, as diffusers' "
+    "pipeline prompts it). The CLIPs' hidden states are joined along the features, zero-padded to T5's width and "
+    "joined with T5's along the sequence. The VAE's latents are shifted and scaled ((z - 0.0609) x 1.5305); training "
+    "and sample sizes go in steps of 16 px. Samples render through diffusers' StableDiffusion3Pipeline with the "
+    "model's flow-matching Euler sampler (shift 3), whichever sampler is chosen. The model type tells SD 3 from 3.5 "
+    "by the transformer's config (3.5 normalises its queries and keys). Caption dropout zeroes each encoder's share "
+    "on its own draw, as OneTrainer does.",
+)
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
 # diffusion_pytorch_model.safetensors, or effnet_encoder.safetensors beside Stable Cascade's decoder).
@@ -428,7 +474,7 @@ CASCADE = FamilyInfo(
     part_downloads={"effnet_encoder": _CASCADE_EFFNET},
 )
 
-FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, FLUX, CHROMA, WUERSTCHEN, CASCADE)}
+FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, WUERSTCHEN, CASCADE)}
 
 _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
 _SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
@@ -440,6 +486,9 @@ _WUERSTCHEN_SAMPLE = SampleDefaults(1024, 1024, 25, 4.0, NoiseScheduler.DDIM)
 _FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
 _CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
+# diffusers' pipeline defaults: SD 3 Medium 28 steps at CFG 7; the 3.5 model cards: 28 steps at 3.5 (Large)
+_SD3_SAMPLE = SampleDefaults(1024, 1024, 28, 7.0, NoiseScheduler.EULER)
+_SD35_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 
 
 def _info(mt: ModelType, label: str, family: FamilyInfo, res: int, v: bool, inpaint: bool, s: SampleDefaults):
@@ -468,6 +517,8 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
         ),
         _info(ModelType.PIXART_ALPHA, "PixArt-Alpha", PIXART, 1024, False, False, _PIXART_SAMPLE),
         _info(ModelType.PIXART_SIGMA, "PixArt-Sigma", PIXART, 1024, False, False, _PIXART_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_3, "SD 3", SD3, 1024, False, False, _SD3_SAMPLE),
+        _info(ModelType.STABLE_DIFFUSION_35, "SD 3.5 (Medium, Large)", SD3, 1024, False, False, _SD35_SAMPLE),
         _info(ModelType.FLUX_DEV_1, "Flux.1 Dev / Schnell", FLUX, 1024, False, False, _FLUX_SAMPLE),
         _info(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
         _info(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),

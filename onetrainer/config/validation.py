@@ -169,13 +169,12 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
     formats = family.output_formats.get(method, ())
     if formats and config.output_model_format not in formats:
         allowed = ", ".join(f.value for f in formats)
-        problems.append(
-            Problem(
-                "output_model_format",
-                f"{config.output_model_format.value} does not fit {method.value} training of {info.label}; "
-                f"allowed: {allowed}",
-            )
-        )
+        fmt = config.output_model_format.value
+        if config.output_model_format in family.formats_to_come.get(method, ()):
+            message = f"{fmt} is not built yet for {method.value} training of {info.label}; choose {allowed}"
+        else:
+            message = f"{fmt} does not fit {method.value} training of {info.label}; allowed: {allowed}"
+        problems.append(Problem("output_model_format", message))
 
     if method is TrainingMethod.LORA:
         problems += _adapter_rules(config)

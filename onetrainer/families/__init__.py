@@ -16,6 +16,7 @@ FAMILY_CLASSES: dict[str, str] = {
     "sd": "onetrainer.families.sd:StableDiffusionFamily",
     "sdxl": "onetrainer.families.sdxl:StableDiffusionXLFamily",
     "pixart": "onetrainer.families.pixart:PixArtFamily",
+    "sd3": "onetrainer.families.sd3:StableDiffusion3Family",
     "flux": "onetrainer.families.flux:FluxFamily",
     "chroma": "onetrainer.families.flux:ChromaFamily",
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",

@@ -57,6 +57,7 @@ from onetrainer.families.base import (
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
+    as_module_state,
     cast_parts,
     check_inpainting,
     checked_load,
@@ -66,6 +67,7 @@ from onetrainer.families.loading import (
 )
 from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import resolve_local
+from onetrainer.families.text_encoding import t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import flux_keys, flux_lora, kohya_lora
@@ -299,13 +301,7 @@ class FluxTransformerFamily(Family):
         self.save_diffusers(model, folder, torch.float32)
 
     def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
-        own = set(model.part(part).state_dict())
-        state = super().backup_state(model, folder, part)
-        # transformers writes T5's tied token table once (`shared.weight`); the module also names it in the encoder.
-        if "shared.weight" in state and "encoder.embed_tokens.weight" in own:
-            state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
-        # and CLIPTextModel's weights with a `text_model.` level its state dict may not have
-        return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+        return as_module_state(model.part(part), super().backup_state(model, folder, part))
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 
@@ -601,29 +597,6 @@ def t5_tokens(model: LoadedModel) -> int:
     if configured:
         return configured
     return T5_TOKENS if has_guidance(model) else SCHNELL_T5_TOKENS
-
-
-def t5_hidden_states(
-    slot: TextEncoderSlot, captions: list[str], length: int, use_mask: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """T5's hidden states of the captions padded to `length` tokens (with the clip skip: an earlier layer through the
-    final layer norm), and the tokens' mask; `use_mask`: T5 itself attends only to the tokens (Chroma), else to the
-    padding too (Flux). T5 never runs under fp16 autocast (it overflows): in its own weight dtype."""
-    tokens = slot.tokenizer(captions, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
-    encoder = slot.encoder
-    device = first_weight(encoder).device
-    mask = tokens.attention_mask.to(device)
-    with torch.autocast(device.type, enabled=False):
-        output = encoder(
-            tokens.input_ids.to(device),
-            attention_mask=mask if use_mask else None,
-            output_hidden_states=slot.layer_skip > 0,
-        )
-        if slot.layer_skip > 0:
-            hidden = encoder.encoder.final_layer_norm(output.hidden_states[-(slot.layer_skip + 1)])
-        else:
-            hidden = output.last_hidden_state
-    return hidden, mask
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:

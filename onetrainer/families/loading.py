@@ -144,3 +144,13 @@ def check_inpainting(inpainting: bool, model_type: ModelType, source: object, wh
     if inpainting != model_type_info(model_type).inpainting:
         which = "an inpainting" if inpainting else "not an inpainting"
         raise ModelLoadError(f"{source} is {which} {what}, which does not fit the model type {model_type.value}")
+
+
+def as_module_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A part's weights as a pipeline folder holds them, named as `module`'s own state dict: transformers writes T5's
+    tied token table once (`shared.weight`), which the module also names in its encoder, and CLIPTextModel's weights
+    with a `text_model.` level its state dict may not have."""
+    own = set(module.state_dict())
+    if "shared.weight" in state and "encoder.embed_tokens.weight" in own:
+        state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
+    return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}

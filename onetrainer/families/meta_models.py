@@ -59,6 +59,12 @@ _EFFNET = {"_module": "onetrainer.families.effnet", "_class_name": "EfficientNet
 _SD1 = {"vae": ref.SD_VAE, "text_encoder": ref.CLIP_L_TEXT}
 _SD2 = {"vae": ref.SD_VAE, "text_encoder": ref.OPEN_CLIP_H_TEXT}
 _SDXL = {"vae": ref.SDXL_VAE, "text_encoder": ref.CLIP_L_TEXT, "text_encoder_2": ref.OPEN_CLIP_BIGG_TEXT}
+_SD3 = {
+    "text_encoder": ref.CLIP_L_PROJECTED_TEXT,
+    "text_encoder_2": ref.CLIP_G_PROJECTED_TEXT,
+    "text_encoder_3": ref.T5_XXL_ENCODER,
+    "vae": ref.SD3_VAE,
+}
 
 # The released full-size model of each model type, part by part (the parts' names are their families'): what a hub
 # model that is not downloaded yet is counted as.
@@ -77,6 +83,9 @@ RELEASED_PARTS: dict[str, dict[str, Config]] = {
         "text_encoder": ref.T5_XXL_ENCODER,
         "vae": ref.SD_VAE,
     },
+    "STABLE_DIFFUSION_3": {"transformer": ref.SD3_MEDIUM_TRANSFORMER, **_SD3},
+    # SD 3.5: Large, the model a 3.5 config is most often sized for (Medium is SD 3's size)
+    "STABLE_DIFFUSION_35": {"transformer": ref.SD35_LARGE_TRANSFORMER, **_SD3},
     "FLUX_DEV_1": {
         "transformer": ref.FLUX_DEV_TRANSFORMER,
         "text_encoder": ref.CLIP_L_TEXT,

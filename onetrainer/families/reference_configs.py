@@ -138,6 +138,9 @@ FLUX_VAE: Config = {
     "use_quant_conv": False,
 }
 
+# Stable Diffusion 3 / 3.5's VAE: Flux's 16-channel blocks with SD3's own shift and scale ((z - 0.0609) * 1.5305).
+SD3_VAE: Config = {**FLUX_VAE, "scaling_factor": 1.5305, "shift_factor": 0.0609}
+
 # --- Text encoders -----------------------------------------------------------------------------------------------
 
 CLIP_VOCAB_SIZE = 49408
@@ -183,6 +186,10 @@ OPEN_CLIP_BIGG_TEXT: Config = {
     "num_hidden_layers": 32,
     "projection_dim": 1280,
 }
+
+# Stable Diffusion 3's CLIP-L and CLIP-G: both with their projections (the pooled outputs condition the transformer).
+CLIP_L_PROJECTED_TEXT: Config = {**CLIP_L_TEXT, "architectures": ["CLIPTextModelWithProjection"]}
+CLIP_G_PROJECTED_TEXT: Config = OPEN_CLIP_BIGG_TEXT
 
 # LAION's OpenCLIP text towers as Würstchen v2 uses them: bigG (all 32 layers, no projection) for the prior, H (all
 # 24 layers) for the decoder.
@@ -283,6 +290,40 @@ FLUX_SCHNELL_TRANSFORMER: Config = {**FLUX_DEV_TRANSFORMER, "guidance_embeds": F
 # FLUX.1-Fill-dev: the noisy latents, the masked image's latents and the 8x8-pixel mask (64 channels), each packed
 # 2x2: (16 + 16 + 64) x 4 = 384 inputs; it predicts the 64 packed latent channels.
 FLUX_FILL_TRANSFORMER: Config = {**FLUX_DEV_TRANSFORMER, "in_channels": 384, "out_channels": 64}
+# Stable Diffusion 3 Medium (stabilityai/stable-diffusion-3-medium-diffusers): 24 joint (MMDiT) blocks of 24 heads
+# of 64 over 2x2 patches of 16-channel latents; T5-XXL's hidden states (4096) beside the CLIPs' (768 + 1280, zero-padded
+# to 4096) projected to 1536, the CLIPs' pooled outputs (768 + 1280 = 2048) into the time embedding.
+SD3_MEDIUM_TRANSFORMER: Config = {
+    "_class_name": "SD3Transformer2DModel",
+    "attention_head_dim": 64,
+    "caption_projection_dim": 1536,
+    "in_channels": 16,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 24,
+    "out_channels": 16,
+    "patch_size": 2,
+    "pooled_projection_dim": 2048,
+    "pos_embed_max_size": 192,
+    "sample_size": 128,
+}
+# Stable Diffusion 3.5 Large: 38 blocks of 38 heads, RMS-normed queries and keys.
+SD35_LARGE_TRANSFORMER: Config = {
+    **SD3_MEDIUM_TRANSFORMER,
+    "caption_projection_dim": 2432,
+    "num_attention_heads": 38,
+    "num_layers": 38,
+    "qk_norm": "rms_norm",
+}
+# Stable Diffusion 3.5 Medium (MMDiT-X): SD3 Medium's size with qk-norm, a second self-attention over the image in
+# its first 13 blocks, and position embeddings for up to 384 patches a side.
+SD35_MEDIUM_TRANSFORMER: Config = {
+    **SD3_MEDIUM_TRANSFORMER,
+    "dual_attention_layers": list(range(13)),
+    "pos_embed_max_size": 384,
+    "qk_norm": "rms_norm",
+}
+
 # Chroma1-HD (lodestones/Chroma1-HD): Flux's blocks without the pooled text and guidance inputs; one approximator
 # network gives every block's modulation from the time.
 CHROMA_TRANSFORMER: Config = {
@@ -489,6 +530,12 @@ FLOW_MATCH_EULER_DYNAMIC: Config = {
     "use_dynamic_shifting": True,
 }
 FLOW_MATCH_EULER_SCHNELL: Config = {**FLOW_MATCH_EULER_DYNAMIC, "shift": 1.0, "use_dynamic_shifting": False}
+# Stable Diffusion 3 and 3.5: rectified flow at a fixed shift of 3.
+FLOW_MATCH_EULER_SD3: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+}
 # Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
 CASCADE_PRIOR_LITE_UNET: Config = {
     **CASCADE_PRIOR_UNET,

@@ -47,6 +47,7 @@ from onetrainer.families.sd_common import (
     wants_v_prediction,
 )
 from onetrainer.families.sources import ModelSource
+from onetrainer.families.text_encoding import pool_at_end_token
 from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import ldm_keys
@@ -81,7 +82,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             parts["vae"] = load_vae_override(config, parts["vae"].config)
         cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
-            _pool_at_end_token(parts[part], tokenizer)
+            pool_at_end_token(parts[part], tokenizer)
         v_prediction = wants_v_prediction(config, model_type)
         slots = [
             TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizers[0], "lora_te1", "clip_l"),
@@ -320,24 +321,6 @@ def time_ids(sizes, offsets, target: tuple[int, int], device) -> torch.Tensor:
 
 def _vae_scale(model: LoadedModel) -> int:
     return 2 ** (len(model.part("vae").config.block_out_channels) - 1)
-
-
-def _pool_at_end_token(encoder: torch.nn.Module, tokenizer) -> None:
-    """Pool at the end token, not at the highest token id.
-
-    Real CLIP configs carry the legacy `eos_token_id` 2, with which transformers pools at the highest id in the
-    sequence: the end token for CLIP's own vocabulary, but an embedding's token once one is added. With the
-    tokenizer's real end token both give the same result for plain prompts, and embeddings do not move the pooling.
-    """
-    eos = tokenizer.eos_token_id
-    if eos is None or encoder.config.eos_token_id == eos:
-        return
-    encoder.config.eos_token_id = eos
-    for module in encoder.modules():
-        if "eos_token_id" in vars(module):
-            module.eos_token_id = eos
-            if hasattr(module, "config"):
-                module.config.eos_token_id = eos
 
 
 def _check_model_type(unet_config, model_type: ModelType, source: str) -> None:

@@ -120,25 +120,26 @@ def tiny_clip_text_config(real: Config, tokenizer: CLIPTokenizer) -> Config:
     )
 
 
-def tiny_t5_config(real: Config, tokenizer: Any) -> Config:
-    """T5 v1.1's encoder at the tiny text width, with the tokenizer's vocabulary."""
+def tiny_t5_config(real: Config, tokenizer: Any, width: int = T5_WIDTH) -> Config:
+    """T5 v1.1's encoder at the tiny text width (or `width`), with the tokenizer's vocabulary."""
     return tiny_config(
         "text_encoder",
         real,
-        d_model=T5_WIDTH,
-        d_ff=T5_WIDTH * 2,
-        d_kv=T5_WIDTH // TEXT_HEADS,
+        d_model=width,
+        d_ff=width * 2,
+        d_kv=width // TEXT_HEADS,
         num_heads=TEXT_HEADS,
         vocab_size=len(tokenizer),
     )
 
 
-def build_t5_text(references: dict[str, Config], seed: int, suffix: str = "") -> tuple[Any, Any]:
+def build_t5_text(references: dict[str, Config], seed: int, suffix: str = "", width: int = T5_WIDTH) -> tuple[Any, Any]:
     """The T5 tokenizer and encoder named `tokenizer<suffix>` / `text_encoder<suffix>` in `references`."""
     from onetrainer.tiny.t5_tokenizer import build_t5_tokenizer
 
     tokenizer = build_t5_tokenizer()
-    encoder = build(tiny_t5_config(references[f"text_encoder{suffix}"], tokenizer), seed, f"text_encoder{suffix}")
+    config = tiny_t5_config(references[f"text_encoder{suffix}"], tokenizer, width)
+    encoder = build(config, seed, f"text_encoder{suffix}")
     return tokenizer, encoder
 
 

@@ -55,6 +55,13 @@ def denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
             "encoder_hidden_states": randn(2, 120, config.caption_channels),
             "added_cond_kwargs": {"resolution": torch.tensor([[64.0, 64.0]] * 2), "aspect_ratio": torch.ones(2, 1)},
         }
+    if kind == "SD3Transformer2DModel":  # 8x8 latents (64 px), 16 text tokens, the CLIPs' pooled outputs
+        return {
+            "hidden_states": randn(2, config.in_channels, 8, 8),
+            "encoder_hidden_states": randn(2, 16, config.joint_attention_dim),
+            "pooled_projections": randn(2, config.pooled_projection_dim),
+            "timestep": timesteps,
+        }
     if kind in ("FluxTransformer2DModel", "ChromaTransformer2DModel"):
         # 8x8 latents (64 px) packed 2x2 into 16 tokens, 16 T5 tokens; the time is the flow's sigma
         rows, columns, tokens = 4, 4, 16

@@ -58,6 +58,9 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
             # Flux and Chroma: the text inputs' widths, the rotary axes (they split the head width), the approximator
             "joint_attention_dim",
             "pooled_projection_dim",
+            # Stable Diffusion 3: the text's projected width (the transformer's own) and the position table's side
+            "caption_projection_dim",
+            "pos_embed_max_size",
             "axes_dims_rope",
             "approximator_hidden_dim",
         }
@@ -85,4 +88,7 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
 # Fields a tiny model may also shrink where the variant declares it (`TinyVariant.depths`): how often a block repeats.
 # Every key pattern of the real checkpoint is still there (block 0 and block 1 of each kind); the topology tests
 # compare the keys with the real model's at the same depth, and with its block indices left out, at full depth.
-TINY_DEPTH_FIELDS: dict[str, frozenset[str]] = {"transformer": frozenset({"num_layers", "num_single_layers"})}
+# SD 3.5 Medium's dual-attention blocks are the first 13 of its 24: the tiny model's first of two.
+TINY_DEPTH_FIELDS: dict[str, frozenset[str]] = {
+    "transformer": frozenset({"num_layers", "num_single_layers", "dual_attention_layers"})
+}

@@ -97,6 +97,25 @@ def _flux(transformer: Config, scheduler: Config) -> dict[str, Config]:
     }
 
 
+def _sd3(transformer: Config) -> dict[str, Config]:
+    return {
+        "transformer": transformer,
+        "vae": ref.SD3_VAE,
+        "text_encoder": ref.CLIP_L_PROJECTED_TEXT,
+        "tokenizer": ref.CLIP_TOKENIZER,
+        "text_encoder_2": ref.CLIP_G_PROJECTED_TEXT,
+        "tokenizer_2": ref.OPEN_CLIP_TOKENIZER,
+        "text_encoder_3": ref.T5_XXL_ENCODER,
+        "tokenizer_3": ref.T5_TOKENIZER,
+        "scheduler": ref.FLOW_MATCH_EULER_SD3,
+    }
+
+
+# SD3's 24 (3.5 Large: 38) joint blocks as 2: the second is the last, whose text branch ends early (context_pre_only);
+# 3.5 Medium's dual-attention blocks (its first 13) as the first.
+SD3_DEPTH = {"transformer": {"num_layers": 2}}
+SD35_MEDIUM_DEPTH = {"transformer": {"num_layers": 2, "dual_attention_layers": [0]}}
+
 # Flux's and Chroma's 19 double-stream and 38 single-stream blocks as 2 of each: every key pattern, a fraction of the
 # time.
 FLUX_DEPTH = {"transformer": {"num_layers": 2, "num_single_layers": 2}}
@@ -237,6 +256,35 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
             "scheduler": ref.FLOW_MATCH_EULER_DYNAMIC,
         },
         depths=FLUX_DEPTH,
+    ),
+    "sd3": TinyVariant(
+        name="sd3",
+        model_type=ModelType.STABLE_DIFFUSION_3,
+        pipeline_class="StableDiffusion3Pipeline",
+        description="Stable Diffusion 3 Medium: joint (MMDiT) blocks (2 of the real 24), CLIP-L and CLIP-G with "
+        "projections + T5 v1.1 XXL (24 layers), 16-channel VAE, flow-matching Euler at shift 3",
+        family="sd3",
+        references=_sd3(ref.SD3_MEDIUM_TRANSFORMER),
+        depths=SD3_DEPTH,
+    ),
+    "sd35-medium": TinyVariant(
+        name="sd35-medium",
+        model_type=ModelType.STABLE_DIFFUSION_35,
+        pipeline_class="StableDiffusion3Pipeline",
+        description="Stable Diffusion 3.5 Medium (MMDiT-X): sd3 with qk-norm and a second image self-attention in "
+        "its first blocks",
+        family="sd3",
+        references=_sd3(ref.SD35_MEDIUM_TRANSFORMER),
+        depths=SD35_MEDIUM_DEPTH,
+    ),
+    "sd35-large": TinyVariant(
+        name="sd35-large",
+        model_type=ModelType.STABLE_DIFFUSION_35,
+        pipeline_class="StableDiffusion3Pipeline",
+        description="Stable Diffusion 3.5 Large: sd3's blocks (2 of the real 38) with qk-norm",
+        family="sd3",
+        references=_sd3(ref.SD35_LARGE_TRANSFORMER),
+        depths=SD3_DEPTH,
     ),
     "wuerstchen": TinyVariant(
         name="wuerstchen",

@@ -74,10 +74,11 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("force_circular_padding") == {"sd", "sdxl", "wuerstchen"}
     assert _families_where("rescale_noise_scheduler_to_zero_terminal_snr") == {"sd", "sdxl"}
     assert _families_where("generalized_offset_noise") == {"sd", "sdxl"}
-    assert _families_where("text_encoder.train_embedding") == {"sdxl", "flux"}
-    assert _families_where("text_encoder_2.train_embedding") == {"sdxl", "flux"}
-    assert _families_where("text_encoder.layer_skip") == {"sd", "sdxl", "pixart", "flux", "chroma"}
-    assert _families_where("text_encoder_2.layer_skip") == {"sdxl", "flux"}
+    assert _families_where("text_encoder.train_embedding") == {"sdxl", "sd3", "flux"}
+    assert _families_where("text_encoder_2.train_embedding") == {"sdxl", "sd3", "flux"}
+    assert _families_where("text_encoder.layer_skip") == {"sd", "sdxl", "pixart", "sd3", "flux", "chroma"}
+    assert _families_where("text_encoder_2.layer_skip") == {"sdxl", "sd3", "flux"}
+    assert _families_where("text_encoder_3.layer_skip") == {"sd3"}
     assert _families_where("transformer.guidance_scale", TrainingMethod.LORA) == {"flux"}
     assert _families_where("transformer.attention_mask", TrainingMethod.LORA) == {"flux"}
     assert _families_where("dynamic_timestep_shifting") >= {"flux", "chroma"}

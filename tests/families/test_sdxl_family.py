@@ -12,7 +12,8 @@ from onetrainer.config import config_from_dict
 from onetrainer.families.base import BatchInputs
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.sd import StableDiffusionFamily
-from onetrainer.families.sdxl import StableDiffusionXLFamily, _pool_at_end_token
+from onetrainer.families.sdxl import StableDiffusionXLFamily
+from onetrainer.families.text_encoding import pool_at_end_token
 from onetrainer.sampling.sampler import looks_broken, render, to_image
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.weights.checkpoint_files import load_state_dict
@@ -193,7 +194,7 @@ def test_pooling_follows_the_end_token_not_the_highest_id(model):
         encoder.text_model.eos_token_id = encoder.config.eos_token_id = 2  # as loaded from a real checkpoint
         tokens_with_extra = tokens.clone()
         tokens_with_extra[0, 1] = len(tokenizer) + 5  # an id beyond the vocabulary: embeddings add such ids
-        _pool_at_end_token(encoder, tokenizer)
+        pool_at_end_token(encoder, tokenizer)
         assert encoder.text_model.eos_token_id == tokenizer.eos_token_id
         pooled = encoder(tokens_with_extra.clamp(max=len(tokenizer) - 1)).text_embeds
     assert not torch.allclose(pooled, expected)  # the token changed, the pooling position did not:

@@ -94,7 +94,7 @@ def test_weight_files_use_the_real_checkpoint_key_names(
     path = saved_tiny_model(variant)
     references = TINY_VARIANTS[variant].references
     for component, reference in references.items():
-        if component in ("tokenizer", "tokenizer_2", "scheduler"):
+        if component.startswith("tokenizer") or component == "scheduler":
             continue
         (weights,) = (path / component).glob("*.safetensors")
         with safe_open(weights, "pt") as f:

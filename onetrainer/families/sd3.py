@@ -1,0 +1,268 @@
+"""Stable Diffusion 3 and 3.5 (Medium, Large): a joint (MMDiT) transformer over 2x2 patches of 16-channel VAE latents,
+trained by rectified flow, conditioned on three text encoders.
+
+- Text: CLIP-L (`text_encoder`) and CLIP-G (`text_encoder_2`), both `CLIPTextModelWithProjection`, give their
+  penultimate hidden states (clip skip counts from there) and their projected pooled outputs; T5-XXL
+  (`text_encoder_3`) its last hidden states over 256 tokens, as diffusers' pipeline prompts it. The CLIPs' states are
+  joined along the features (768 + 1280), zero-padded to T5's width and put before T5's along the sequence; the pooled
+  outputs are joined (2048), as `StableDiffusion3Pipeline.encode_prompt` does.
+- Caption dropout zeroes each encoder's share on its own draw (its columns of the CLIP states and of the pooled
+  output, or T5's rows), as OneTrainer drops each encoder's output.
+- Latents: the VAE's, shifted and scaled ((z - 0.0609)·1.5305, `vae.encode_latents`); the transformer patches them
+  itself. The schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler config (shift 3); the
+  transformer takes the model time σ·1000 as diffusers' pipeline gives it.
+- SD 3 and 3.5 are one architecture: the model type is checked against the transformer's config (3.5 normalises its
+  queries and keys, `qk_norm`; 3.5 Medium adds a second image self-attention in its first blocks).
+- Sampling goes through `StableDiffusion3Pipeline` with our prompt embeddings (so clip skip applies), with CFG and the
+  negative prompt; saving writes the diffusers pipeline folder (also the backup, usable as a base model).
+- LoRA files: DIFFUSERS_LORA (peft names under `transformer.`, `text_encoder.`, `text_encoder_2.`, `text_encoder_3.`);
+  the kohya names (`lora_unet_…`, `lora_te1_/2_/3_`) are sd-scripts' over diffusers' module paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from onetrainer.config.enums import ModelFormat, ModelType
+from onetrainer.config.model_types import SD3
+from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.loading import (
+    ModelLoadError,
+    as_module_state,
+    cast_parts,
+    load_diffusers_component,
+    load_tokenizer,
+    part_wise_base,
+)
+from onetrainer.families.saving import save_pipeline_folder
+from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
+from onetrainer.families.vae import encode_latents, load_vae_override
+from onetrainer.noise.prediction import Prediction
+from onetrainer.weights import kohya_lora
+from onetrainer.weights.metadata import ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+PATCH = 2  # latent pixels per patch side
+CLIP_TOKENS = 77
+T5_TOKENS = 256  # what StableDiffusion3Pipeline prompts T5 with
+DEFAULT_TRAIN_STEPS = 1000
+SD3_KIND = ModelKind("stable-diffusion-3-medium", "sd3")
+SD35_KIND = ModelKind("stable-diffusion-3.5", "sd3")
+KOHYA_PREFIXES = {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2", "text_encoder_3": "lora_te3"}
+EMBEDDING_KEYS = {"text_encoder": "clip_l", "text_encoder_2": "clip_g", "text_encoder_3": "t5"}
+
+
+class StableDiffusion3Family(Family):
+    info = SD3
+    sampling_parts = frozenset(SD3.parts)
+    caption_dropout = CaptionDropout.ZEROS
+    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        what = "the text encoders, the VAE and the tokenizers"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        transformer = load_diffusers_component(SD3Transformer2DModel, where, "transformer", options)
+        check_model_type(dict(transformer.config), config.model_type, where)
+        parts: dict[str, torch.nn.Module] = {"transformer": transformer}
+        for part in ("text_encoder", "text_encoder_2"):
+            parts[part] = load_diffusers_component(CLIPTextModelWithProjection, where, part, options)
+        parts["text_encoder_3"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_3", options)
+        tokenizers = {
+            "text_encoder": load_tokenizer(where, options),
+            "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2"),
+            "text_encoder_3": load_tokenizer(where, options, subfolder="tokenizer_3", cls=AutoTokenizer),
+        }
+        for part in ("text_encoder", "text_encoder_2"):
+            pool_at_end_token(parts[part], tokenizers[part])
+        parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)
+        if config.vae.model_name:
+            parts["vae"] = load_vae_override(config, parts["vae"].config)
+        scheduler_config = load_diffusers_component(
+            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
+        )
+        cast_parts(parts, config)
+        slots = [
+            TextEncoderSlot(
+                part, parts[part], tokenizers[part], KOHYA_PREFIXES[part], EMBEDDING_KEYS[part],
+                config.part(part).layer_skip,
+            )
+            for part in ("text_encoder", "text_encoder_2")
+        ]  # fmt: skip
+        t5 = parts["text_encoder_3"]
+        slots.append(
+            TextEncoderSlot(
+                "text_encoder_3", t5, tokenizers["text_encoder_3"], KOHYA_PREFIXES["text_encoder_3"], "t5",
+                config.text_encoder_3.layer_skip, token_embedding=t5.encoder.embed_tokens,
+            )
+        )  # fmt: skip
+        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
+        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        clip_l, clip_g, t5 = model.text_encoders
+        hidden, pooled = [], []
+        for slot in (clip_l, clip_g):
+            tokens = slot.tokenizer(
+                captions, padding="max_length", max_length=CLIP_TOKENS, truncation=True, return_tensors="pt"
+            )
+            output = slot.encoder(tokens.input_ids.to(first_weight(slot.encoder).device), output_hidden_states=True)
+            hidden.append(output.hidden_states[-(slot.layer_skip + 2)])
+            pooled.append(output.text_embeds)
+        t5_states, _ = t5_hidden_states(t5, captions, T5_TOKENS, use_mask=False)
+        dtype = torch.promote_types(torch.promote_types(hidden[0].dtype, hidden[1].dtype), t5_states.dtype)
+        clip = torch.cat([h.to(dtype) for h in hidden], dim=-1)
+        clip = F.pad(clip, (0, t5_states.shape[-1] - clip.shape[-1]))
+        return Conditioning(
+            {
+                "hidden_states": torch.cat([clip, t5_states.to(dtype).to(clip.device)], dim=-2),
+                "pooled": torch.cat([p.to(dtype) for p in pooled], dim=-1),
+            }
+        )
+
+    def drop_captions(
+        self,
+        model: LoadedModel,
+        captions: list[str],
+        drops: Sequence[torch.Tensor | None],
+        encode: Callable[[list[str]], Conditioning],
+    ) -> Conditioning:
+        """Each encoder's share zeroed on its own draw: CLIP-L's and CLIP-G's columns of the first 77 rows and of the
+        pooled output, T5's rows after them."""
+        conditioning = encode(captions)
+        hidden, pooled = conditioning.hidden_states.clone(), conditioning.pooled.clone()
+        widths = [model.text_encoders[i].encoder.config.hidden_size for i in (0, 1)]
+        pooled_widths = [model.text_encoders[i].encoder.config.projection_dim for i in (0, 1)]
+        starts, pooled_starts = [0, widths[0]], [0, pooled_widths[0]]
+        for index, drop in enumerate(drops):
+            if drop is None or not bool(drop.any()):
+                continue
+            rows = drop.to(hidden.device)
+            if index == 2:
+                hidden[rows, CLIP_TOKENS:] = 0
+                continue
+            start, width = starts[index], widths[index]
+            hidden[rows, :CLIP_TOKENS, start : start + width] = 0
+            pooled[rows, pooled_starts[index] : pooled_starts[index] + pooled_widths[index]] = 0
+        return Conditioning({**conditioning.tensors, "hidden_states": hidden, "pooled": pooled})
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_latents(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        output = transformer(
+            hidden_states=noisy_latents.to(dtype),
+            encoder_hidden_states=conditioning.hidden_states.to(dtype),
+            pooled_projections=conditioning.pooled.to(dtype),
+            timestep=timesteps.float().to(dtype),  # σ·1000, as the pipeline passes its scheduler's timesteps
+            return_dict=False,
+        )[0]
+        return Prediction(output)
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import StableDiffusion3Pipeline
+
+        clip_l, clip_g, t5 = model.text_encoders
+        return StableDiffusion3Pipeline(
+            transformer=model.part("transformer"),
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=clip_l.encoder,
+            tokenizer=clip_l.tokenizer,
+            text_encoder_2=clip_g.encoder,
+            tokenizer_2=clip_g.tokenizer,
+            text_encoder_3=t5.encoder,
+            tokenizer_3=t5.tokenizer,
+        )
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our own embeddings of the prompt and the negative prompt (so clip skip and embeddings apply)."""
+        positive = self.encode_text(model, [prompt])
+        negative = self.encode_text(model, [negative_prompt or ""])
+        return {
+            "prompt": None,
+            "negative_prompt": None,
+            "prompt_embeds": positive.hidden_states,
+            "pooled_prompt_embeds": positive.pooled,
+            "negative_prompt_embeds": negative.hidden_states,
+            "negative_pooled_prompt_embeds": negative.pooled,
+        }
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder with the model's own sampler (`metadata`, a single file's header entries,
+        has no place in it)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        """A diffusers folder: the backup can also be used as a base model."""
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        return as_module_state(model.part(part), super().backup_state(model, folder, part))
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """sd-scripts' names over diffusers' module paths: `lora_unet_…` for the transformer, `lora_te1_/2_/3_` for
+        CLIP-L, CLIP-G and T5 (CLIP's with the `text_model.` level its checkpoints have)."""
+        if part == self.denoiser_part:
+            return kohya_lora.kohya_module_name("lora_unet", module_path)
+        path = module_path
+        if part != "text_encoder_3" and not path.startswith("text_model."):
+            path = "text_model." + path
+        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], path)
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return SD35_KIND if model.model_type is ModelType.STABLE_DIFFUSION_35 else SD3_KIND
+
+
+def is_sd35(transformer_config: dict) -> bool:
+    """SD 3.5's transformers normalise queries and keys (Medium and Large); SD 3 Medium's does not."""
+    return bool(transformer_config.get("qk_norm"))
+
+
+def check_model_type(transformer_config: dict, model_type: ModelType, where: str) -> None:
+    found = ModelType.STABLE_DIFFUSION_35 if is_sd35(transformer_config) else ModelType.STABLE_DIFFUSION_3
+    if transformer_config.get("_class_name", "SD3Transformer2DModel") != "SD3Transformer2DModel":
+        found_class = transformer_config["_class_name"]
+        raise ModelLoadError(f"{where} holds a {found_class}, not a Stable Diffusion 3 transformer")
+    if found is not model_type:
+        version = "3.5" if found is ModelType.STABLE_DIFFUSION_35 else "3"
+        raise ModelLoadError(
+            f"{where} is a Stable Diffusion {version} model, which does not fit the model type {model_type.value}: "
+            f"choose {found.value}"
+        )
