@@ -27,7 +27,8 @@ versions of the trainer where times are too noisy), 'pixart' (the same compariso
 micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden
 + pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP pooled + T5,
 the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16 and FLOAT_8
-weights, it/s and peak VRAM, otherwise reported as not measured), 'offload' (tiny FLUX.1-dev's LoRA steps with the
+weights, it/s and peak VRAM, otherwise reported as not measured), 'sd3' (the same on tiny SD 3.5 Medium: CLIP-L + CLIP-G
++ T5, the MMDiT-X transformer, logit-normal flow matching), 'offload' (tiny FLUX.1-dev's LoRA steps with the
 transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching', 'weights'
 (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine), 'memory' (the memory engine: 'offload' and 'weights',
 and with CUDA the full-size Flux.1-dev LoRA with 8-bit weights and layer offloading at 512 and 1024 px and an SDXL-size
@@ -37,8 +38,8 @@ denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fi
 measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
 Figures and what they mean: docs/benchmarks.md."""
 PARTS = (
-    "overhead", "calls", "pixart", "cascade", "flux", "offload", "caching", "weights", "memory", "tiny", "ddp", "gpu",
-    "gui",
+    "overhead", "calls", "pixart", "cascade", "flux", "sd3", "offload", "caching", "weights", "memory", "tiny", "ddp",
+    "gpu", "gui",
 )  # fmt: skip
 
 
@@ -128,6 +129,7 @@ def main(
         ("pixart", "tiny PixArt-Alpha"),
         ("cascade", "the tiny Stable Cascade prior"),
         ("flux", "tiny FLUX.1-dev"),
+        ("sd3", "tiny SD 3.5 Medium"),
     )
     for part, label in families:
         if part in parts:

@@ -360,15 +360,12 @@ SD3 = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE),
     output_formats={
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_SINGLE_FILE),
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
     },
     # OneTrainer's SD3 presets
     layer_presets={"attn-only": ("attn",), "blocks": ("transformer_block",), "full": ()},
-    formats_to_come={
-        TrainingMethod.FINE_TUNE: (ModelFormat.ORIGINAL_SINGLE_FILE,),
-        TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,),
-    },
+    formats_to_come={TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,)},
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     lora_caveats=(
@@ -386,7 +383,9 @@ SD3 = FamilyInfo(
     "and sample sizes go in steps of 16 px. Samples render through diffusers' StableDiffusion3Pipeline with the "
     "model's flow-matching Euler sampler (shift 3), whichever sampler is chosen. The model type tells SD 3 from 3.5 "
     "by the transformer's config (3.5 normalises its queries and keys). Caption dropout zeroes each encoder's share "
-    "on its own draw, as OneTrainer does.",
+    "on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE writes one file in Stability AI's layout holding the "
+    "transformer, the VAE and the three text encoders (as OneTrainer writes it), which ComfyUI's Load Checkpoint "
+    "reads.",
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's

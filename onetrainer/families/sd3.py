@@ -14,7 +14,8 @@ trained by rectified flow, conditioned on three text encoders.
 - SD 3 and 3.5 are one architecture: the model type is checked against the transformer's config (3.5 normalises its
   queries and keys, `qk_norm`; 3.5 Medium adds a second image self-attention in its first blocks).
 - Sampling goes through `StableDiffusion3Pipeline` with our prompt embeddings (so clip skip applies), with CFG and the
-  negative prompt; saving writes the diffusers pipeline folder (also the backup, usable as a base model).
+  negative prompt; saving writes the diffusers pipeline folder (also the backup, usable as a base model) or one file in
+  Stability AI's layout (`weights/sd3_keys.py`: the transformer, the VAE and the text encoders).
 - LoRA files: DIFFUSERS_LORA (peft names under `transformer.`, `text_encoder.`, `text_encoder_2.`, `text_encoder_3.`);
   the kohya names (`lora_unet_…`, `lora_te1_/2_/3_`) are sd-scripts' over diffusers' module paths.
 """
@@ -39,12 +40,12 @@ from onetrainer.families.loading import (
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import save_pipeline_folder
+from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import kohya_lora
-from onetrainer.weights.metadata import ModelKind
+from onetrainer.weights.metadata import ModelKind, model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -63,7 +64,10 @@ class StableDiffusion3Family(Family):
     info = SD3
     sampling_parts = frozenset(SD3.parts)
     caption_dropout = CaptionDropout.ZEROS
-    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_SINGLE_FILE: "save_original_file",
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -226,6 +230,25 @@ class StableDiffusion3Family(Family):
 
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
         save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
+
+    def save_original_file(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """One file in Stability AI's layout (`weights/sd3_keys.py`): the transformer, the VAE and the three text
+        encoders, as OneTrainer writes it and ComfyUI's Load Checkpoint and diffusers' `from_single_file` read it."""
+        from onetrainer.weights import ldm_keys, sd3_keys
+
+        transformer, vae = model.part("transformer"), model.part("vae")
+        original = sd3_keys.transformer_to_original(plain_state(transformer), dict(transformer.config))
+        state = {sd3_keys.TRANSFORMER_PREFIX + k: v for k, v in original.items()}
+        vae_state = ldm_keys.vae_to_ldm(plain_state(vae), dict(vae.config))
+        state.update({sd3_keys.VAE_PREFIX + k: v for k, v in vae_state.items()})
+        for slot in model.text_encoders:
+            state.update(sd3_keys.text_encoder_to_original(slot.part, plain_state(slot.encoder)))
+        resolution = model.type_info.resolution
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """A diffusers folder: the backup can also be used as a base model."""

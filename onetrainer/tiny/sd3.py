@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from onetrainer.tiny import components
 from onetrainer.util.threads import library_attribute
 
@@ -40,6 +42,8 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
     tokenizers, the transformer, the VAE and the scheduler."""
     refs = variant.references
     tokenizer, text_encoder = components.build_clip_text(refs, seed)
+    with torch.no_grad():  # SD 3's CLIP-L projects its pooled output with the identity (its files hold none)
+        text_encoder.text_projection.weight.copy_(torch.eye(text_encoder.config.hidden_size))
     tokenizer_2, text_encoder_2 = components.build_clip_text(refs, seed, suffix="_2")
     tokenizer_3, text_encoder_3 = components.build_t5_text(refs, seed, suffix="_3", width=T5_WIDTH)
     pooled = text_encoder.config.projection_dim + text_encoder_2.config.projection_dim

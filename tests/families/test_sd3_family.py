@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 
-from onetrainer.config import config_from_dict
+from onetrainer.config import config_from_dict, validate
+from onetrainer.config.enums import ModelFormat
 from onetrainer.families import load_family_class
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.methods import create_method
@@ -151,13 +153,42 @@ def test_a_fine_tune_writes_a_pipeline_folder_diffusers_loads(tmp_path):
     assert torch.equal(transformer_output(model.part("transformer")), transformer_output(trained.transformer))
 
 
-def test_onetrainers_sd3_presets_import_and_name_what_is_still_to_come():
+def test_onetrainers_sd3_presets_import_and_what_is_still_to_come_is_named():
     from onetrainer.config import errors, load_config
     from tests.conftest import onetrainer_presets_dir
 
-    lora, problems = load_config(onetrainer_presets_dir() / "SD3" / "#sd 3 LoRA.json")
-    assert errors(problems) == [] and lora.text_encoder_3.weight_dtype.value == "FLOAT_16"
-    _, problems = load_config(onetrainer_presets_dir() / "SD3" / "#sd 3.json")  # a fine-tune as the original file
-    (problem,) = errors(problems)
-    assert problem.path == "output_model_format"
-    assert problem.message == ("ORIGINAL_SINGLE_FILE is not built yet for FINE_TUNE training of SD 3; choose DIFFUSERS")
+    for name in ("#sd 3 LoRA.json", "#sd 3.json"):  # a DIFFUSERS_LORA LoRA, a fine-tune as the original file
+        config, problems = load_config(onetrainer_presets_dir() / "SD3" / name)
+        assert errors(problems) == [] and config.text_encoder_3.weight_dtype.value == "FLOAT_16", name
+    config, problems = load_config(onetrainer_presets_dir() / "SD3" / "#sd 3 LoRA.json")
+    config.output_model_format = ModelFormat.KOHYA_LORA
+    (problem,) = errors(validate(config))
+    assert (problem.path, problem.message) == (
+        "output_model_format",
+        "KOHYA_LORA is not built yet for LORA training of SD 3; choose DIFFUSERS_LORA",
+    )
+
+
+@pytest.mark.parametrize("variant", ["sd3", "sd35-medium"])  # 3.5 Medium: qk-norm and the second attention
+def test_the_original_file_is_what_diffusers_reads_back(variant, tmp_path):
+    """The file in Stability AI's layout: diffusers' `from_single_file` (on the base's config, offline) gives back our
+    transformer (3.5 Medium's second attention and 3.5's qk-norm included), VAE and text encoders."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    family, model = our_model(variant)
+    path = tmp_path / "model.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_SINGLE_FILE, path, torch.float32, {"made_by": "test"})
+    with safe_open(str(path), "pt") as f:
+        keys, metadata = set(f.keys()), f.metadata()
+    assert "model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight" in keys and metadata["made_by"] == "test"
+    assert {"text_encoders.clip_l.transformer.text_model.final_layer_norm.weight",
+            "text_encoders.t5xxl.transformer.encoder.embed_tokens.weight"} <= keys  # fmt: skip
+    base = str(tiny_model_dir(variant))
+    read = SD3Transformer2DModel.from_single_file(str(path), config=base, subfolder="transformer")
+    assert torch.equal(transformer_output(read), transformer_output(model.part("transformer")))
+    vae = AutoencoderKL.from_single_file(str(path), config=base, subfolder="vae")
+    assert all(torch.equal(v, model.part("vae").state_dict()[k]) for k, v in vae.state_dict().items())
+    pipe = StableDiffusion3Pipeline.from_single_file(str(path), config=base)
+    for part in ("text_encoder", "text_encoder_2", "text_encoder_3"):
+        ours = model.part(part).state_dict()
+        assert all(torch.equal(v, ours[k]) for k, v in getattr(pipe, part).state_dict().items()), part
