@@ -86,6 +86,32 @@ def lora_config(workdir: Path, device: torch.device, label: str, settings: dict)
     return config, images
 
 
+def bare_pipeline_lora(pipeline_class: str, config, device: torch.device):
+    """A bare loop's pipeline of `pipeline_class` (a diffusers class name) from the config's local base model, every
+    model in it frozen on `device`, peft's LoRA injected into its transformer on the layers our layer filter selects (as
+    our LoRA method does) and trained with AdamW: (pipeline, transformer, its trained parameters, optimizer)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from onetrainer.benchmark.overhead import lora_targets
+    from onetrainer.tiny.source import resolve_local
+    from onetrainer.util.threads import library_attribute
+
+    model_dir = str(resolve_local(config.base_model_name))
+    pipe = library_attribute("diffusers", pipeline_class).from_pretrained(model_dir, local_files_only=True)
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            module.requires_grad_(False)
+            module.to(device)
+    transformer = pipe.transformer
+    targets = lora_targets(transformer, config)
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets)
+    inject_adapter_in_model(lora, transformer)
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
+    transformer.train()
+    return pipe, transformer, params, optimizer
+
+
 def batch_order(count: int, batch_size: int, seed: int = 0) -> Iterator[list[int]]:
     """Endless batches of sample indexes, each epoch shuffled, as the bare loops draw them."""
     rng = random.Random(seed)

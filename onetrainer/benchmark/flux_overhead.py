@@ -19,7 +19,13 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import batch_order, compare_with_bare, lora_config, optimizer_step
+from onetrainer.benchmark.family_overhead import (
+    bare_pipeline_lora,
+    batch_order,
+    compare_with_bare,
+    lora_config,
+    optimizer_step,
+)
 from onetrainer.benchmark.memory import PeakMemory
 from onetrainer.benchmark.overhead import (
     _BARE_LOOP_SETTINGS,
@@ -87,27 +93,11 @@ def sample_sigmas(count: int, config, num_train_timesteps: int, device: torch.de
 def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> tuple[Run, int]:
     """The bare loop's run and how many parameters it trained."""
     from diffusers import FluxPipeline
-    from peft import LoraConfig, inject_adapter_in_model
-
-    from onetrainer.benchmark.overhead import lora_targets
-    from onetrainer.tiny.source import resolve_local
 
     _check_counts(steps, warmup)
     with PeakMemory(device) as memory:
-        model_dir = str(resolve_local(config.base_model_name))
-        pipe = FluxPipeline.from_pretrained(model_dir, local_files_only=True)
-        transformer, vae = pipe.transformer, pipe.vae
-        for module in (transformer, vae, pipe.text_encoder, pipe.text_encoder_2):
-            module.requires_grad_(False)
-            module.to(device)
-        # peft's injection on the layers our attn-mlp filter selects, as our LoRA method does.
-        lora = LoraConfig(
-            r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=lora_targets(transformer, config)
-        )
-        inject_adapter_in_model(lora, transformer)
-        params = [p for p in transformer.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
-        transformer.train()
+        pipe, transformer, params, optimizer = bare_pipeline_lora("FluxPipeline", config, device)
+        vae = pipe.vae
         num_train_timesteps = int(pipe.scheduler.config.num_train_timesteps)
         guidance_scale = float(config.transformer.guidance_scale)
         vae_scale_factor = pipe.vae_scale_factor

@@ -57,7 +57,6 @@ from onetrainer.families.base import (
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
-    as_module_state,
     cast_parts,
     check_inpainting,
     checked_load,
@@ -65,7 +64,7 @@ from onetrainer.families.loading import (
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
 from onetrainer.families.sources import resolve_local
 from onetrainer.families.text_encoding import t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae_override
@@ -90,7 +89,7 @@ FILL_KIND = ModelKind("flux-1-fill-dev", "flux1")
 CHROMA_KIND = ModelKind("chroma", "chroma")
 
 
-class FluxTransformerFamily(Family):
+class FluxTransformerFamily(FlowPipelineFolder, Family):
     """What Flux and Chroma do alike: part-wise loading from a diffusers folder or hub id (or a backup), T5, the VAE's
     shifted latents, packing, the flow-matching schedule, the transformer call, sampling through the variant's
     pipeline, the pipeline folder. Each variant declares its facts and overrides the methods marked abstract."""
@@ -274,16 +273,6 @@ class FluxTransformerFamily(Family):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save_diffusers(
-        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
-    ) -> None:
-        """The diffusers pipeline folder, with the model's own sampler (`metadata`, a single file's header entries,
-        has no place in it)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
-        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
-
     def save_original_transformer(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
     ) -> None:
@@ -295,13 +284,6 @@ class FluxTransformerFamily(Family):
         metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
         metadata.update(extra_metadata or {})
         write_single_file(state, destination, dtype, metadata)
-
-    def save_backup(self, model: LoadedModel, folder: Path) -> None:
-        """A diffusers folder: the backup can also be used as a base model."""
-        self.save_diffusers(model, folder, torch.float32)
-
-    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
-        return as_module_state(model.part(part), super().backup_state(model, folder, part))
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 

@@ -70,3 +70,28 @@ def save_in_format(
         formats = ", ".join(f.value for f in writers)
         raise ValueError(f"{fmt.value} is not a model format of {family.info.label} (it saves as {formats})")
     getattr(family, name)(model, destination, dtype, metadata)
+
+
+class FlowPipelineFolder:
+    """Fine-tune outputs and backups as the family's diffusers pipeline folder with its flow-matching Euler sampler on
+    the model's own scheduler config, for the families on `noise/flow_matching` that sample through one pipeline
+    (Flux and Chroma, SD 3): put before `Family` in the bases. The backup is such a folder too, so it can also be a
+    base model; its parts are read back named as the modules name their weights."""
+
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder, with the model's own sampler (`metadata`, a single file's header entries,
+        has no place in it)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
+        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        from onetrainer.families.loading import as_module_state
+
+        return as_module_state(model.part(part), super().backup_state(model, folder, part))

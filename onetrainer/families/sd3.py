@@ -34,13 +34,12 @@ from onetrainer.config.model_types import SD3
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
     ModelLoadError,
-    as_module_state,
     cast_parts,
     load_diffusers_component,
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae_override
 from onetrainer.noise.prediction import Prediction
@@ -60,7 +59,7 @@ KOHYA_PREFIXES = {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2", "tex
 EMBEDDING_KEYS = {"text_encoder": "clip_l", "text_encoder_2": "clip_g", "text_encoder_3": "t5"}
 
 
-class StableDiffusion3Family(Family):
+class StableDiffusion3Family(FlowPipelineFolder, Family):
     info = SD3
     sampling_parts = frozenset(SD3.parts)
     caption_dropout = CaptionDropout.ZEROS
@@ -221,16 +220,6 @@ class StableDiffusion3Family(Family):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save_diffusers(
-        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
-    ) -> None:
-        """The diffusers pipeline folder with the model's own sampler (`metadata`, a single file's header entries,
-        has no place in it)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        scheduler = FlowMatchEulerDiscreteScheduler.from_config(model.schedule.scheduler_config)
-        save_pipeline_folder(self.pipeline(model, scheduler), destination, dtype)
-
     def save_original_file(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
     ) -> None:
@@ -249,13 +238,6 @@ class StableDiffusion3Family(Family):
         metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
         metadata.update(extra_metadata or {})
         write_single_file(state, destination, dtype, metadata)
-
-    def save_backup(self, model: LoadedModel, folder: Path) -> None:
-        """A diffusers folder: the backup can also be used as a base model."""
-        self.save_diffusers(model, folder, torch.float32)
-
-    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
-        return as_module_state(model.part(part), super().backup_state(model, folder, part))
 
     # -- names ----------------------------------------------------------------------------------------------------
 

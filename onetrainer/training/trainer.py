@@ -598,8 +598,8 @@ class Trainer:
             return
         p = self.progress
         checkpoint = Checkpoint(kind, str(path), p.global_step, p.epoch, p.epoch_step, result.loss, result.step)
-        if record.add_checkpoint(checkpoint):
-            best = record.best()
+        best = record.add_checkpoint(checkpoint)
+        if best is not None:
             self.events.emit(BestCheckpoint(best.path, best.label, best.loss))
         self._write_record()
 

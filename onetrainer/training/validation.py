@@ -149,8 +149,8 @@ class ValidationRecord:
     def add_validation(self, result: ValidationResult) -> None:
         self.validations.append({"run": self.run, "run_identity": self.identity, **asdict(result)})
 
-    def add_checkpoint(self, checkpoint: Checkpoint) -> bool:
-        """Record a checkpoint; True when it is the run's new best."""
+    def add_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint | None:
+        """Record a checkpoint; the run's best when this changed it, else None."""
         before = self.best()
         entry = asdict(checkpoint)
         entry.update(run=self.run, run_identity=self.identity)
@@ -158,7 +158,8 @@ class ValidationRecord:
         best = self.best()
         if best is not None:
             self.best_of_runs[self.run] = asdict(best)
-        return best is not None and (before is None or best.path != before.path or best.step != before.step)
+        changed = best is not None and (before is None or (best.path, best.step) != (before.path, before.step))
+        return best if changed else None
 
     def best(self) -> Checkpoint | None:
         candidates = [Checkpoint(**c) for c in self.checkpoints if self._in_this_run(c) and Path(c["path"]).exists()]

@@ -50,10 +50,10 @@ def test_the_record_names_the_best_checkpoint_of_the_run_and_of_what_it_resumed(
         return Checkpoint(kind, str(path), step, step // 2, step % 2, loss, step)
 
     first, _ = ValidationRecord.open(tmp_path, "run-1", "same")
-    assert first.add_checkpoint(checkpoint("save", 2, 0.5))
-    assert first.add_checkpoint(checkpoint("backup", 4, 0.3))
-    assert not first.add_checkpoint(checkpoint("save", 6, 0.4))
-    assert not first.add_checkpoint(checkpoint("save", 8, 0.1, run_path=False))  # a file that is gone is no choice
+    assert first.add_checkpoint(checkpoint("save", 2, 0.5)).step == 2
+    assert first.add_checkpoint(checkpoint("backup", 4, 0.3)).step == 4
+    assert first.add_checkpoint(checkpoint("save", 6, 0.4)) is None
+    assert first.add_checkpoint(checkpoint("save", 8, 0.1, run_path=False)) is None  # a gone file is no choice
     first.write()
     best = first.best()
     assert (best.step, best.label) == (4, "epoch 2")
@@ -63,8 +63,8 @@ def test_the_record_names_the_best_checkpoint_of_the_run_and_of_what_it_resumed(
     assert problem is None
     resumed.resumed(4)
     assert resumed.best().step == 4
-    assert resumed.add_checkpoint(checkpoint("save", 5, 0.35)) is False
-    assert resumed.add_checkpoint(checkpoint("save", 7, 0.25)) is True
+    assert resumed.add_checkpoint(checkpoint("save", 5, 0.35)) is None
+    assert resumed.add_checkpoint(checkpoint("save", 7, 0.25)).step == 7
     assert resumed.best().label == "step 7 (epoch 4)"
     fresh, _ = ValidationRecord.open(tmp_path, "run-3", "same")
     assert fresh.best() is None
