@@ -285,6 +285,22 @@ def test_the_flux_gpu_benchmark_code_runs_on_a_cpu_with_a_tiny_transformer(weigh
     assert "it/s" in format_flux_gpu(run) and json.dumps(run.to_dict())
 
 
+def test_the_flux_gpu_benchmark_fine_tunes_with_the_fused_back_pass_and_trained_blocks_offloaded():
+    from onetrainer.benchmark.flux_gpu import flux_lora_benchmark, format_flux_gpu
+    from onetrainer.tiny import tiny_model_dir
+
+    config = json.loads((tiny_model_dir("flux-dev") / "transformer" / "config.json").read_text(encoding="utf-8"))
+    run = flux_lora_benchmark(
+        CPU, steps=1, warmup=1, transformer_config=config, resolution=64, text_tokens=32, method="FINE_TUNE",
+        fused_back_pass=True, offload_fraction=0.5,
+    )  # fmt: skip
+    assert run.losses_finite and run.optimizer == "Adafactor" and run.lora_targets == 0
+    assert run.trained_parameters == run.base_parameters and run.offloaded_blocks == 2
+    assert run.offload_host_bytes > 0  # the trained blocks' weights moved out too (a LoRA's frozen ones only)
+    text = format_flux_gpu(run)
+    assert "fine-tune" in text and "the whole transformer trained, fused back pass" in text
+
+
 def test_the_sd3_part_compares_ours_with_the_bare_loop(tmp_path, capsys):
     out = tmp_path / "figures.json"
     assert main(["--part", "sd3", "--steps", "2", "--warmup", "1", "--repeat", "1", "--json", str(out)]) == 0

@@ -18,6 +18,10 @@ a Flux LoRA trains with:
   after the adapters as the trainer attaches it: that share of the blocks' frozen weights in pinned CPU memory, copied
   in ahead of use on a side stream (`async_copies`) or in line.
 
+With `method="FINE_TUNE"` the whole transformer trains instead (bfloat16 weights, Adafactor as OneTrainer's fine-tune
+presets set it), optionally with the fused back pass (`training/fused_back_pass.py`), which also lets the offloaded
+blocks move with their trained weights and optimizer state.
+
 The same function runs on a CPU with a tiny transformer config in float32, which is how the tests exercise it; the
 benchmark's CLI reports the full-size case as not measured without CUDA.
 """
@@ -71,6 +75,8 @@ class FluxGpuRun:
     page_locked_buffers: int = 0  # of those, page-locked in place
     attach_seconds: float = 0.0  # the offloader's attach: the weights copied out (and page-locked)
     async_copies: bool = False
+    method: str = "LORA"  # or FINE_TUNE (the whole transformer)
+    fused_back_pass: bool = False
 
     @property
     def steps_per_second(self) -> float:
@@ -113,6 +119,8 @@ def flux_lora_benchmark(
     optimizer: str = "auto",
     offload_fraction: float = 0.0,
     async_copies: bool = True,
+    method: str = "LORA",
+    fused_back_pass: bool = False,
 ) -> FluxGpuRun:
     """Time `steps` LoRA steps after `warmup` ones. `weight_dtype`: BFLOAT_16, FLOAT_8 (float8 storage, bfloat16
     compute), INT_8 / INT_W8A8 / FLOAT_W8A8 or FLOAT_32 (no autocast: the CPU test); `optimizer` as
@@ -125,6 +133,7 @@ def flux_lora_benchmark(
     from onetrainer.config.model_types import FAMILIES
     from onetrainer.families.flux import PATCH, FluxFamily, image_ids, pack, unpack
     from onetrainer.memory.layer_offload import LayerOffload
+    from onetrainer.training.fused_back_pass import FusedBackPass
     from onetrainer.util.layer_filter import name_matches
     from onetrainer.util.quantize import to_float8, to_scaled_8bit
 
@@ -151,25 +160,41 @@ def flux_lora_benchmark(
     weights_bytes = sum(p.numel() * p.element_size() for p in transformer.parameters())
     weights_bytes += sum(b.numel() * b.element_size() for n, b in transformer.named_buffers() if n.endswith("_scale"))
 
-    patterns = list(FAMILIES["flux"].layer_presets[layer_preset])
-    modules = transformer.named_modules()
-    targets = [n for n, m in modules if isinstance(m, torch.nn.Linear) and name_matches(n, patterns, False)]
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), transformer)
-    params = [p for n, p in transformer.named_parameters() if "lora_" in n]
-    for p in params:
-        # Our LoRA weights train in FLOAT_32 by default (peft would otherwise follow the base layer's dtype).
-        p.data = p.data.to(device=device, dtype=torch.float32)
-        p.requires_grad_(True)
+    fine_tune = method == "FINE_TUNE"
+    if fine_tune:
+        if weight_dtype not in ("BFLOAT_16", "FLOAT_32"):
+            raise ValueError("a fine-tune trains BFLOAT_16 (or, on a CPU, FLOAT_32) weights")
+        targets = []
+        params = list(transformer.parameters())
+        transformer.requires_grad_(True)
+    else:
+        patterns = list(FAMILIES["flux"].layer_presets[layer_preset])
+        modules = transformer.named_modules()
+        targets = [n for n, m in modules if isinstance(m, torch.nn.Linear) and name_matches(n, patterns, False)]
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), transformer)
+        params = [p for n, p in transformer.named_parameters() if "lora_" in n]
+        for p in params:
+            # Our LoRA weights train in FLOAT_32 by default (peft would otherwise follow the base layer's dtype).
+            p.data = p.data.to(device=device, dtype=torch.float32)
+            p.requires_grad_(True)
+    trained_parameters = sum(p.numel() for p in params)  # now: an offloaded weight is an empty stand-in
     if gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
     transformer.train()
     offload, attach_seconds = None, 0.0
     if offload_fraction > 0:
-        offload = LayerOffload(transformer, FluxFamily.layer_blocks["transformer"], offload_fraction, async_copies)
+        blocks = FluxFamily.layer_blocks["transformer"]
+        trained = fine_tune and fused_back_pass  # the trainer's rule (`placement.offloaded_parts`)
+        offload = LayerOffload(transformer, blocks, offload_fraction, async_copies, trained=trained)
         started = time.perf_counter()
         offload.attach(device)
         attach_seconds = time.perf_counter() - started
-    opt, opt_name = _optimizer(params, 1e-4, device, optimizer)
+    if fine_tune and optimizer == "auto":
+        optimizer = "adafactor"
+    opt, opt_name = _optimizer(params, 1e-5 if fine_tune else 1e-4, device, optimizer)
+    fused = FusedBackPass(opt) if fused_back_pass else None
+    if offload is not None and offload.trained:
+        offload.carry_optimizer_state(opt)
 
     size = resolution // VAE_FACTOR
     rows = size // PATCH
@@ -203,8 +228,11 @@ def flux_lora_benchmark(
                 )[0]
             prediction = unpack(output, size, size)
             loss = torch.nn.functional.mse_loss(prediction.float(), (noise - latents).float())
+            if fused is not None:
+                fused.stepping = True
             loss.backward()
-            opt.step()
+            if fused is None:
+                opt.step()
             opt.zero_grad(set_to_none=True)
             finite &= bool(torch.isfinite(loss).item())  # waits for the device: the stamp marks the step's end
             times.append(time.perf_counter())
@@ -225,7 +253,7 @@ def flux_lora_benchmark(
         batch_size=batch_size,
         rank=rank,
         lora_targets=len(targets),
-        trained_parameters=sum(p.numel() for p in params),
+        trained_parameters=trained_parameters,
         gradient_checkpointing=gradient_checkpointing,
         losses_finite=finite,
         attention=attention,
@@ -236,6 +264,8 @@ def flux_lora_benchmark(
         page_locked_buffers=offload.page_locked_buffers() if offload is not None else 0,
         attach_seconds=attach_seconds,
         async_copies=bool(offload is not None and async_copies and device.type == "cuda"),
+        method=method,
+        fused_back_pass=fused_back_pass,
     )
 
 
@@ -262,11 +292,16 @@ def format_flux_gpu(run: FluxGpuRun) -> str:
         )
     reserved = f", {run.peak_reserved_bytes / GIB:.2f} GiB reserved" if run.peak_reserved_bytes is not None else ""
     allocated = "n/a" if run.peak_allocated_bytes is None else f"{run.peak_allocated_bytes / GIB:.2f} GiB"
+    if run.method == "FINE_TUNE":
+        what = f"the whole transformer trained{', fused back pass' if run.fused_back_pass else ''}"
+        label = LABEL.replace("LoRA", "fine-tune")
+    else:
+        what = f"rank {run.rank} on {run.lora_targets} layers ({run.trained_parameters / 1e6:.1f} M trained)"
+        label = LABEL
     return "\n".join(
         [
-            f"{LABEL} on {run.device}: {run.base_parameters / 1e9:.2f} B parameters in {run.weight_dtype} "
-            f"({run.weights_bytes / GIB:.2f} GiB), {run.compute_dtype} compute, rank {run.rank} on {run.lora_targets} "
-            f"layers ({run.trained_parameters / 1e6:.1f} M trained), gradient checkpointing "
+            f"{label} on {run.device}: {run.base_parameters / 1e9:.2f} B parameters in {run.weight_dtype} "
+            f"({run.weights_bytes / GIB:.2f} GiB), {run.compute_dtype} compute, {what}, gradient checkpointing "
             f"{'on' if run.gradient_checkpointing else 'off'}, {run.resolution} px ({run.image_tokens} image + "
             f"{run.text_tokens} text tokens), batch {run.batch_size}, {run.optimizer}{offload}",
             f"  {run.steps_per_second:.3f} it/s ({run.seconds / run.steps:.2f} s/step over {run.steps} steps); peak "

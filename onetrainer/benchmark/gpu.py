@@ -241,7 +241,12 @@ def _optimizer(params: list[torch.nn.Parameter], lr: float, device: torch.device
             return torch.optim.AdamW(params, lr=lr, weight_decay=1e-2), f"AdamW (8-bit unavailable: {reason})"
     if choice == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=1e-2), "AdamW"
-    raise ValueError(f"unknown optimizer choice {choice!r}: auto, adamw8bit or adamw")
+    if choice == "adafactor":  # as OneTrainer's fine-tune presets set it: a fixed rate, factored second moments
+        from transformers.optimization import Adafactor
+
+        adafactor = Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+        return adafactor, "Adafactor"
+    raise ValueError(f"unknown optimizer choice {choice!r}: auto, adamw8bit, adamw or adafactor")
 
 
 def _probe_8bit(bnb, device: torch.device) -> None:

@@ -11,6 +11,8 @@ also times the full-size cases the issue sets goals for, each in `flux_gpu.flux_
   (the 8 GB preset's fraction; goal: at most 8 GB at 512 px, at most 10 % slower than without offloading when the
   copies overlap), and at 1024 px with the copies in line (how much the side stream hides);
 - the 8-bit kinds' speed at 1024 px (INT_W8A8, FLOAT_W8A8: 8-bit matmuls), and bf16 weights half offloaded;
+- a full fine-tune at 512 px (bf16 weights, Adafactor): ordinary, with the fused back pass, and with 70 % of the
+  blocks offloaded with their trained weights and optimizer state;
 - an SDXL-size UNet LoRA at 1024 px with FLOAT_8 weights (goal: at most 4.5 GB).
 
 Without CUDA each of those is reported as not measured.
@@ -35,11 +37,14 @@ class FluxCase:
     resolution: int
     offload_fraction: float = 0.0
     async_copies: bool = True
+    method: str = "LORA"
+    fused_back_pass: bool = False
 
     @property
     def key(self) -> str:
         offload = f"-offload{self.offload_fraction:g}" + ("" if self.async_copies else "-inline")
-        return f"flux-{self.weight_dtype}-{self.resolution}" + (offload if self.offload_fraction else "")
+        method = "-finetune" + ("-fused" if self.fused_back_pass else "") if self.method == "FINE_TUNE" else ""
+        return f"flux-{self.weight_dtype}-{self.resolution}{method}" + (offload if self.offload_fraction else "")
 
 
 # In the order of what matters most, so that a run cut short still has the goals' figures.
@@ -52,6 +57,11 @@ FLUX_CASES = (
     FluxCase("INT_W8A8", 1024),
     FluxCase("FLOAT_W8A8", 1024),
     FluxCase("BFLOAT_16", 1024, 0.5),
+    # A full fine-tune (Adafactor, bfloat16 weights): ordinary, with the fused back pass, and with 70 % of the blocks
+    # offloaded with their trained weights and optimizer state.
+    FluxCase("BFLOAT_16", 512, method="FINE_TUNE"),
+    FluxCase("BFLOAT_16", 512, method="FINE_TUNE", fused_back_pass=True),
+    FluxCase("BFLOAT_16", 512, 0.7, method="FINE_TUNE", fused_back_pass=True),
 )
 
 
@@ -126,6 +136,7 @@ def run_memory_gpu_part(steps: int, warmup: int, progress=print) -> dict:
             run = flux_lora_benchmark(
                 torch.device("cuda"), steps=steps, warmup=warmup, resolution=case.resolution,
                 weight_dtype=case.weight_dtype, offload_fraction=case.offload_fraction, async_copies=case.async_copies,
+                method=case.method, fused_back_pass=case.fused_back_pass,
             )  # fmt: skip
         except Exception as e:  # one case's failure (out of memory, a kernel this card lacks) is a figure too
             progress(f"{case.key}: failed: {type(e).__name__}: {str(e)[:300]}")

@@ -168,14 +168,11 @@ class TrainOptimizerConfig(ConfigNode):
     fused_back_pass: bool | None = setting(
         False,
         "Fused back pass",
-        "OneTrainer's fused back pass: update each weight as soon as its gradient is ready, during the backward pass, "
-        "so the gradients of the whole model are never held at once. Not built yet.",
-        ui=False,
-        not_built=NotBuilt(
-            "the fused back pass (each weight updated as soon as its gradient is ready)",
-            "every gradient is held until the optimizer step (more VRAM, most for a fine-tune)",
-            active=lambda value, _config: bool(value),
-        ),
+        "Update each weight as soon as its gradient is ready, during the backward pass, so the gradients of the whole "
+        "model are never held at once (less VRAM for a fine-tune), and a fine-tune's offloaded layers can move with "
+        "their optimizer state. Needs an optimizer that updates each weight on its own (AdamW, Adafactor, CAME, ...), "
+        "and BFLOAT_16 or FLOAT_32 training; gradient clipping then clips each weight's gradient on its own.",
+        ui=False,  # in the "..." dialog of the optimizers that can (`training/optim.dialog_parameters`)
     )
     decoupled_decay: bool | None = _ot("decoupled_decay", False)
     fixed_decay: bool | None = _ot("fixed_decay", False)

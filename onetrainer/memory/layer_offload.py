@@ -6,13 +6,18 @@ offloading, docs/RamOffloading.md there). After a block has run, its weights lea
 beyond the window is copied in, ahead of its use. At the end of a forward pass the last blocks are on the device, as
 the backward pass wants them; at the end of the backward pass the first ones, as the next forward pass wants them.
 
-Only frozen weights move, and only host to device: the CPU copy stays valid, so leaving the device is dropping the
-device copy. A block's moving weights live in one CPU buffer, each weight a view into it, and move as one copy: one
-transfer per block, not one per tensor. On CUDA that buffer is page-locked in place (`cudaHostRegister`) at its exact
-size: torch's pinned-memory allocator rounds every allocation up to a power of two, which for a transformer's weight
-shapes costs about half as much RAM again. Trainable weights (a LoRA's adapters, which live inside the blocks) stay on
-the device. A block off the device holds an empty tensor in place of each moved weight, so a use out of turn fails
-loudly rather than computing with stale data.
+Frozen weights move host to device only: the CPU copy stays valid, so leaving the device is dropping the device copy.
+With `trained` (a fine-tune with the fused back pass, `training/fused_back_pass.py`) the trained weights inside the
+blocks move too: a block the backward pass has been through was updated on the device, so when it leaves, its weights
+are copied back to the CPU and so are its gradients (held between micro-batches of an accumulated step) and the
+optimizer's state for them; the state comes to the device only for the backward pass, where the update happens.
+Otherwise trainable weights (a LoRA's adapters, which live inside the blocks) stay on the device.
+
+A block's moving weights live in one CPU buffer, each weight a view into it, and move as one copy: one transfer per
+block, not one per tensor. On CUDA that buffer is page-locked in place (`cudaHostRegister`) at its exact size: torch's
+pinned-memory allocator rounds every allocation up to a power of two, which for a transformer's weight shapes costs
+about half as much RAM again. A block off the device holds an empty tensor in place of each moved weight, so a use
+out of turn fails loudly rather than computing with stale data.
 
 How the backward pass is followed: a hook on each block's outputs fires when the gradient reaching them is complete,
 which is just before the block's own backward nodes run. Gradient checkpointing recomputes a block's forward inside the
@@ -71,6 +76,19 @@ class _Block:
     params: int = 0  # the moving weights' elements
     loaded: bool = True
     ready: torch.cuda.Event | None = None  # the copy's completion on the side stream, until the block first runs
+    trained: list[torch.nn.Parameter] = field(default_factory=list)  # of the moving weights, those trained
+    dirty: bool = False  # the backward pass went through it since it came: its trained weights may have changed
+    # The trained weights' gradients and optimizer state are on the device (they come for the backward pass only);
+    # off it, the gradients wait in `grads` and the optimizer's state holds CPU tensors.
+    extras_loaded: bool = False
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # id(param) -> its gradient, while off the device
+    homes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # reused CPU tensors for the extras
+
+
+def _travels(value) -> bool:
+    """An optimizer state entry that moves with its weight: a tensor of more than one element (the moments, factored
+    statistics, momentum buffers). Step counters stay where the optimizer keeps them."""
+    return isinstance(value, torch.Tensor) and value.numel() > 1
 
 
 def _aligned(size: int) -> int:
@@ -101,7 +119,12 @@ class LayerOffload:
     module on that device. The hooks stay on the blocks and do nothing while detached."""
 
     def __init__(
-        self, module: torch.nn.Module, block_paths: Sequence[str], fraction: float, async_copies: bool = True
+        self,
+        module: torch.nn.Module,
+        block_paths: Sequence[str],
+        fraction: float,
+        async_copies: bool = True,
+        trained: bool = False,
     ) -> None:
         if not 0.0 < fraction < 1.0:
             raise OffloadError(f"an offload fraction must lie between 0 and 1 (exclusive), not {fraction}")
@@ -119,6 +142,8 @@ class LayerOffload:
         self.offloaded = min(len(blocks) - 1, round(fraction * len(blocks)))
         self.window = len(blocks) - self.offloaded  # blocks on the device at a time
         self.async_copies = async_copies
+        self.trained = trained  # trained weights move too (needs the fused back pass to update them in the window)
+        self.optimizer: torch.optim.Optimizer | None = None  # whose state for the trained weights moves with them
         self.device: torch.device | None = None
         self._copy_stream: torch.cuda.Stream | None = None
         self._backward_at: int | None = None  # the block the running backward pass has reached
@@ -147,10 +172,17 @@ class LayerOffload:
         if self.active:
             self.detach(torch.device("cpu"))
         for block in self.blocks:
-            # Trained weights stay, and so do weights of a tensor subclass (bitsandbytes' NFLOAT_4 keeps its
-            # quantization state beside the data, which a swap of the data would leave behind).
-            moving = [p for p in block.module.parameters() if not p.requires_grad and type(p) is torch.nn.Parameter]
+            # Trained weights stay unless `trained`, and so do weights of a tensor subclass (bitsandbytes' NFLOAT_4
+            # keeps its quantization state beside the data, which a swap of the data would leave behind).
+            moving = [
+                p
+                for p in block.module.parameters()
+                if (self.trained or not p.requires_grad) and type(p) is torch.nn.Parameter
+            ]
             self._make_home(block, moving, pin=device.type == "cuda")
+            block.trained = [p for p in moving if p.requires_grad]
+            block.dirty = False
+            block.extras_loaded = False
             block.loaded = False
         self.module.to(device)  # what stays: everything outside the blocks, the trained weights, the empty stand-ins
         self.device = device
@@ -183,16 +215,29 @@ class LayerOffload:
 
     def detach(self, offload_device: torch.device | str) -> None:
         """Every weight back in the module, the whole part on `offload_device`; the hooks go quiet."""
+        for block in self.blocks:
+            if block.loaded:
+                self._flush(block)
+                self._extras_out(block)
         self._wait_for_copies()
         # Unlocked while still allocated: a buffer must not be freed while registered with the driver.
         _unlock(self._locked)
         self._locked.clear()
+        offload_device = torch.device(offload_device)
         for block in self.blocks:
             for param, home in block.weights:
                 param.data = home.clone()  # a tensor of its own: the module is ordinary again, the buffer goes
-            block.weights, block.home, block.offsets = [], None, []
+            for param in block.trained:
+                grad = block.grads.pop(id(param), None)
+                if grad is not None:
+                    param.grad = grad.to(offload_device)
+                for key, value in self._state(param).items():
+                    if _travels(value):
+                        self._state(param)[key] = value.to(offload_device)
+            block.weights, block.home, block.offsets, block.trained, block.homes = [], None, [], [], {}
             block.loaded = True
             block.ready = None
+            block.dirty = block.extras_loaded = False
         self.device = None
         self._copy_stream = None
         self._backward_at = None
@@ -206,6 +251,9 @@ class LayerOffload:
         if not self.active:
             yield
             return
+        for block in self.blocks:
+            if block.loaded:
+                self._flush(block)  # the CPU copy of trained weights is the one read
         self._wait_for_copies()
         before = [(param, param.data) for block in self.blocks for param, _ in block.weights]
         for block in self.blocks:
@@ -220,6 +268,10 @@ class LayerOffload:
             else:
                 for block in self.blocks:
                     block.ready = None
+                    # A restored optimizer state lies in CPU memory (it follows the weights' device when loaded): it
+                    # comes to the device with the next backward pass, as an offloaded block's state does.
+                    block.grads.clear()
+                    block.dirty = block.extras_loaded = False
                     if block.loaded:
                         self._fill(block, ahead=False)
                     else:
@@ -239,7 +291,7 @@ class LayerOffload:
             if not self.active:
                 return
             if _in_backward():  # a checkpoint recomputing this block: the backward pass put it here already
-                self._use(index)
+                self._use(index, backward=True)
                 return
             self._backward_at = None
             self._use(index)
@@ -261,7 +313,7 @@ class LayerOffload:
         if self._backward_at is not None and self._backward_at <= index:
             return  # another output of the same block (or of a later one arriving late): the window is there
         self._backward_at = index
-        self._use(index)
+        self._use(index, backward=True)
         self._slide(index, forward=False)
 
     # -- moving blocks ------------------------------------------------------------------------------------------------
@@ -282,12 +334,17 @@ class LayerOffload:
             if block.loaded and other not in inside:
                 self._unload(other)
         for other in wanted:
-            if not self.blocks[other].loaded:
-                self._load(other, ahead=True)
+            block = self.blocks[other]
+            if not block.loaded:
+                self._load(other, ahead=True, extras=not forward)
+            elif not forward and block.trained and not block.extras_loaded:
+                self._fill_extras(block, ahead=True)
 
-    def _load(self, index: int, ahead: bool) -> None:
+    def _load(self, index: int, ahead: bool, extras: bool = False) -> None:
         block = self.blocks[index]
         self._fill(block, ahead)
+        if extras and block.trained:
+            self._fill_extras(block, ahead)
         block.loaded = True
         self.moves.append((index, "in"))
         self._resident += 1
@@ -319,11 +376,85 @@ class LayerOffload:
         for (param, home), offset in zip(block.weights, block.offsets):
             param.data = _view(copy, offset, home)
 
-    def _use(self, index: int) -> None:
-        """Block `index` is about to run: on the device, its copy complete as seen from the compute stream."""
+    def _fill_extras(self, block: _Block, ahead: bool) -> None:
+        """The trained weights' gradients and optimizer state back on the device, for the backward pass that updates
+        them (on the side stream when `ahead`, the block's `ready` event then marking the end of both copies)."""
+        stream = self._copy_stream if ahead else None
+        for param in block.trained:
+            grad = block.grads.pop(id(param), None)
+            if grad is not None:
+                param.grad = self._to_device(grad, stream)
+            state = self._state(param)
+            for key, value in state.items():
+                if _travels(value):
+                    state[key] = self._to_device(value, stream)
+        if stream is not None:
+            block.ready = torch.cuda.Event()
+            block.ready.record(stream)
+        block.extras_loaded = True
+
+    def _to_device(self, tensor: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        if stream is None:
+            return self._copy(tensor)
+        compute = torch.cuda.current_stream(self.device)
+        copy = torch.empty_like(tensor, device=self.device)  # in the compute stream's order, as `_fill`'s copies
+        stream.wait_stream(compute)
+        with torch.cuda.stream(stream):
+            copy.copy_(tensor, non_blocking=True)
+        return copy
+
+    def _flush(self, block: _Block) -> None:
+        """A block the backward pass went through: its trained weights copied back to their CPU home (on the compute
+        stream, after the updates; `_wait_for_copies` waits for them before the CPU copy is read)."""
+        if not block.dirty:
+            return
+        homes = dict((id(param), home) for param, home in block.weights)
+        for param in block.trained:
+            homes[id(param)].copy_(param.data, non_blocking=True)
+        block.dirty = False
+
+    def _extras_out(self, block: _Block) -> None:
+        """The trained weights' gradients and optimizer state to CPU memory (page-locked tensors, reused each time)."""
+        for param in block.trained:
+            if param.grad is not None:
+                block.grads[id(param)] = self._home_of(block, param, " grad", param.grad)
+                param.grad = None
+            state = self._state(param)
+            for key, value in state.items():
+                if _travels(value) and value is not block.homes.get((id(param), key)):
+                    state[key] = self._home_of(block, param, key, value)
+        block.extras_loaded = False
+
+    def _home_of(self, block: _Block, param: torch.nn.Parameter, key: str, value: torch.Tensor) -> torch.Tensor:
+        home = block.homes.get((id(param), key))
+        if home is None or home.shape != value.shape or home.dtype != value.dtype:
+            home = torch.empty(value.shape, dtype=value.dtype, pin_memory=self.device.type == "cuda")
+            block.homes[(id(param), key)] = home
+        home.copy_(value, non_blocking=True)
+        return home
+
+    def _state(self, param: torch.nn.Parameter) -> dict:
+        if self.optimizer is None:
+            return {}
+        return self.optimizer.state.get(param, {})
+
+    def carry_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """From now on the state `optimizer` keeps for the trained weights moves with their blocks (`trained`)."""
+        self.optimizer = optimizer
+        for block in self.blocks:
+            if not block.loaded and block.trained:
+                self._extras_out(block)
+
+    def _use(self, index: int, backward: bool = False) -> None:
+        """Block `index` is about to run: on the device, its copy complete as seen from the compute stream (in the
+        backward pass with its trained weights' gradients and optimizer state, and marked as updated)."""
         block = self.blocks[index]
         if not block.loaded:
-            self._load(index, ahead=False)
+            self._load(index, ahead=False, extras=backward)
+        if backward and block.trained:
+            if not block.extras_loaded:
+                self._fill_extras(block, ahead=False)
+            block.dirty = True
         if block.ready is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(block.ready)
@@ -334,6 +465,10 @@ class LayerOffload:
         if block.ready is not None:  # copied in but never run: the memory is reused once its copy is done
             torch.cuda.current_stream(self.device).wait_event(block.ready)
             block.ready = None
+        if block.trained:
+            self._flush(block)
+            if block.extras_loaded or block.dirty or any(p.grad is not None for p in block.trained):
+                self._extras_out(block)
         for param, _ in block.weights:
             param.data = self._empty(param, self.device)
         block.loaded = False
@@ -350,6 +485,8 @@ class LayerOffload:
         for block in self.blocks:
             if block.ready is not None:
                 block.ready.synchronize()
+        if self.trained and self.device is not None and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # trained weights copied back on the compute stream
 
     @staticmethod
     def _empty(param: torch.nn.Parameter, device: torch.device) -> torch.Tensor:

@@ -219,6 +219,7 @@ def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[Train
     if state.get("group_names") == names:
         configured = _configured_rates(optimizer, lr_scheduler)
         optimizer.load_state_dict(state["optimizer"])
+        _keep_saved_state_dtypes(optimizer, state["optimizer"])
         lr_scheduler.load_state_dict(state["lr_scheduler"])
         _restore_configured_rates(optimizer, lr_scheduler, configured)
     else:
@@ -233,6 +234,23 @@ def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[Train
         except Exception as e:
             warnings.append(f"{rng} cannot be read safely ({type(e).__name__}); the random state starts fresh")
     return read_progress(backup), state, warnings
+
+
+def _keep_saved_state_dtypes(optimizer, saved: dict) -> None:
+    """torch's `load_state_dict` casts floating state to its weight's dtype, but an optimizer may keep it in another:
+    Adafactor's second moments are float32 beside BFLOAT_16 weights, and rounded to bfloat16 on resume the run would
+    no longer continue as it would have. Each state tensor gets its saved dtype back (on the device it was put on)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, entries in saved.get("state", {}).items():
+        if not isinstance(index, int) or index >= len(params):
+            continue
+        current = optimizer.state.get(params[index])
+        if not current:
+            continue
+        for key, value in entries.items():
+            now = current.get(key)
+            if isinstance(value, torch.Tensor) and isinstance(now, torch.Tensor) and now.dtype != value.dtype:
+                current[key] = value.to(device=now.device)
 
 
 def _schedulers(lr_scheduler) -> list:

@@ -11,7 +11,7 @@ import re
 from enum import Enum
 from pathlib import Path
 
-from onetrainer.config.enums import ConceptType, DataType, ModelFormat, TrainingMethod
+from onetrainer.config.enums import ConceptType, DataType, EMAMode, ModelFormat, TrainingMethod
 from onetrainer.config.io import ConfigFileError, pack
 from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import Problem, Severity
@@ -53,6 +53,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_float16(config)
     problems += _check_lora_caveats(config)
     problems += check_layer_offloading(config)
+    problems += check_fused_back_pass(config)
     problems += check_compile(config)
     return _without_superseded(problems)
 
@@ -83,6 +84,78 @@ def check_compile(config: TrainConfig) -> list[Problem]:
         message = f"compile true: {reason}; the {denoiser} trains uncompiled (the same result, slower steps)"
         return [Problem("compile", message, Severity.WARNING)]
     return []
+
+
+def check_fused_back_pass(config: TrainConfig) -> list[Problem]:
+    """The fused back pass (`training/fused_back_pass.py`) where it cannot run: an optimizer that looks at all weights
+    together, float16 training's loss scaling, several GPUs (the gradients are averaged after the backward pass), an
+    embedding (nothing to save); and what it changes: per-weight clipping, accumulation keeping the gradients."""
+    chosen = config.optimizer.optimizer.value
+    remembered = config.optimizer_defaults.get(chosen)
+    if not config.optimizer.fused_back_pass:
+        if remembered is None or not remembered.fused_back_pass:
+            return []
+        # OneTrainer's app applies the chosen optimizer's remembered settings when a config loads; its presets keep
+        # the fused back pass there only. This trainer trains with the optimizer block, as OneTrainer's CLI does.
+        message = (
+            f"fused_back_pass true in the {chosen} settings OneTrainer applies on load, but off in the optimizer "
+            "block this trainer trains with: every gradient is held until the optimizer step (more VRAM); turn on "
+            "the fused back pass in the optimizer's settings (optimizer.fused_back_pass) as the preset intends"
+        )
+        return [Problem(f"optimizer_defaults.{chosen}.fused_back_pass", message, Severity.WARNING)]
+    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+
+    path = "optimizer.fused_back_pass"
+    problems = []
+    optimizer = config.optimizer.optimizer
+    if optimizer not in PER_WEIGHT_OPTIMIZERS:
+        offered = ", ".join(sorted(o.value for o in PER_WEIGHT_OPTIMIZERS))
+        problems.append(
+            Problem(
+                path,
+                f"the fused back pass updates each weight on its own, which {optimizer.value} cannot (its update "
+                f"looks at all weights together); choose one of {offered}, or turn the fused back pass off",
+            )
+        )
+    if config.train_dtype is DataType.FLOAT_16:
+        problems.append(
+            Problem(
+                path,
+                "the fused back pass does not work with FLOAT_16 training, whose loss scaling skips a step only once "
+                "every gradient is known; choose BFLOAT_16 (or FLOAT_32) as the train dtype, or turn it off",
+            )
+        )
+    if config.multi_gpu:
+        problems.append(
+            Problem(
+                path,
+                "the fused back pass is not built for multi-GPU training (the gradients are averaged across GPUs "
+                "after the backward pass, after the fused updates would have run); turn one of them off",
+            )
+        )
+    if config.training_method is TrainingMethod.EMBEDDING:
+        problems.append(
+            Problem(path, "the fused back pass saves nothing for an embedding (its few weights)", Severity.WARNING)
+        )
+    if config.gradient_accumulation_steps > 1:
+        problems.append(
+            Problem(
+                path,
+                f"with gradient_accumulation_steps {config.gradient_accumulation_steps} the gradients are kept until "
+                "the step's last micro-batch, as without the fused back pass (it updates during that one)",
+                Severity.WARNING,
+            )
+        )
+    if config.clip_grad_norm is not None:
+        problems.append(
+            Problem(
+                path,
+                f"clip_grad_norm {config.clip_grad_norm:g} clips each weight's gradient on its own with the fused back "
+                "pass (the norm of the whole model's gradient is never held)",
+                Severity.WARNING,
+            )
+        )
+    return problems
 
 
 def check_layer_offloading(config: TrainConfig) -> list[Problem]:
@@ -122,14 +195,25 @@ def check_layer_offloading(config: TrainConfig) -> list[Problem]:
                 )
             )
         trains = block.train and config.training_method is not TrainingMethod.EMBEDDING
-        if trains and config.training_method is TrainingMethod.FINE_TUNE:
+        fused = bool(config.optimizer.fused_back_pass)
+        if trains and config.training_method is TrainingMethod.FINE_TUNE and not fused:
             problems.append(
                 Problem(
                     path,
-                    f"offload_fraction {fraction:g} on the {part}: layer offloading moves frozen weights only, and a "
-                    f"fine-tune trains the {part}'s layers (those the layer filter selects): they stay on the GPU, "
-                    "with their gradients and optimizer state (offloading trained layers is not built yet)",
+                    f"offload_fraction {fraction:g} on the {part}: a fine-tune trains the {part}'s layers, which "
+                    "move with their optimizer state only with the fused back pass (each weight updated while its "
+                    "block is on the GPU); without it they stay on the GPU with their gradients and optimizer state "
+                    "and only the frozen weights move (turn on the optimizer's fused back pass)",
                     Severity.WARNING,
+                )
+            )
+        if trains and config.training_method is TrainingMethod.FINE_TUNE and fused and config.ema is not EMAMode.OFF:
+            problems.append(
+                Problem(
+                    "ema",
+                    f"EMA with the {part}'s trained layers offloaded (offload_fraction {fraction:g}, fused back pass) "
+                    "is not built: the average would read every offloaded weight at every step; turn EMA off or set "
+                    f"the {part}'s offload_fraction to 0",
                 )
             )
         if trains and not block.gradient_checkpointing:

@@ -112,6 +112,9 @@ class PartCount:
     offloaded: int = 0
     # Bytes per quantized weight where the file tells (a GGUF file's mix of Q8_0, Q5_K, …); else BYTES[dtype].
     quantized_bytes: float | None = None
+    # Of `offloaded`, the trained parameters (a fine-tune with the fused back pass): their optimizer state is off the
+    # device with them.
+    trained_offloaded: int = 0
 
     @property
     def bytes(self) -> float:
@@ -152,6 +155,8 @@ class Settings:
     # A fine-tune: the trained parameters are the parts' own weights (counted among the weights, gradients in their
     # dtype); else (adapters, embeddings) they are extra parameters in `trained_dtype_bytes`.
     trains_in_place: bool = False
+    # Each weight updated as its gradient arrives and the gradient freed: the model's gradients are never held.
+    fused_back_pass: bool = False
 
 
 def size_text(size: float) -> str:
@@ -228,7 +233,9 @@ def estimate_from_counts(
         gradients = sum(c.trained * BYTES[c.dtype] for c in counts.values())
     else:
         stored = gradients = trained * settings.trained_dtype_bytes
-    state = trained * settings.optimizer_state_bytes
+    if settings.fused_back_pass:
+        gradients = 0.0  # one weight's gradient at a time, within the activations' margin
+    state = (trained - sum(c.trained_offloaded for c in counts.values())) * settings.optimizer_state_bytes
     trained_bytes = stored + gradients + state
     per_sample = settings.activations
     kept = per_sample.checkpointed if settings.gradient_checkpointing else per_sample.kept
@@ -291,6 +298,8 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         device=training_device_type(config.train_device),
         trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,
         activation_offloading=bool(config.part(family.denoiser_part).activation_offloading),
+        fused_back_pass=bool(config.optimizer.fused_back_pass)
+        and config.training_method is not TrainingMethod.EMBEDDING,
     )
 
 
@@ -342,10 +351,10 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             for name, fan_in, fan_out, area in info["layers"]
             if not kept.intersection(name.split("."))
         )
-        offloaded = _offloaded_params(config, family, part, info, trained)
+        offloaded, trained_offloaded = _offloaded_params(config, family, part, info, trained)
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
-            offloaded, _gguf_bytes(part_config),
+            offloaded, _gguf_bytes(part_config), trained_offloaded,
         )  # fmt: skip
     return counts
 
@@ -360,11 +369,11 @@ def _gguf_bytes(part_config) -> float | None:
     return gguf_bytes_per_weight(name) if is_gguf_file(name) else None
 
 
-def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> int:
-    """The frozen block parameters layer offloading keeps off the device at its fullest: all of the blocks' but the
-    largest window of consecutive blocks (`Family.layer_blocks`, in execution order), since the window slides over
-    blocks that need not be of one size (a dual-stream block can be twice a single-stream one); a fine-tune's trained
-    parameters, inside the blocks, stay."""
+def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> tuple[int, int]:
+    """The block parameters layer offloading keeps off the device at its fullest, and how many of them train: all of
+    the blocks' but the largest window of consecutive blocks (`Family.layer_blocks`, in execution order), since the
+    window slides over blocks that need not be of one size (a dual-stream block can be twice a single-stream one). A
+    fine-tune's trained parameters, inside the blocks, move only with the fused back pass; else they stay."""
     import re
 
     from onetrainer.config.model_types import LAYER_OFFLOADING
@@ -372,9 +381,9 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
     fraction = config.part(part).offload_fraction
     paths = family.layer_blocks.get(part, ())
     if fraction <= 0 or not paths or LAYER_OFFLOADING not in family.info.part_capabilities.get(part, ()):
-        return 0
+        return 0, 0
     if config.part(part).weight_dtype is DataType.NFLOAT_4:
-        return 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
+        return 0, 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
     pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
     sizes: dict[tuple[int, int], int] = {}
     for name, count in info.get("tensors", ()):
@@ -384,14 +393,18 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
             sizes[key] = sizes.get(key, 0) + count
     blocks = [sizes[key] for key in sorted(sizes)]
     if len(blocks) < 2:
-        return 0
+        return 0, 0
     total = sum(blocks)
     window = len(blocks) - min(len(blocks) - 1, round(fraction * len(blocks)))
     largest = max(sum(blocks[i : i + window]) for i in range(len(blocks) - window + 1))
     offloaded = total - largest
     if config.training_method is TrainingMethod.FINE_TUNE and total:
-        offloaded = int(offloaded * max(0, total - trained) / total)  # the trained layers are inside the blocks
-    return offloaded
+        # The trained layers are inside the blocks (the share the layer filter trains, taken evenly).
+        trained_share = int(offloaded * min(trained, total) / total)
+        if config.optimizer.fused_back_pass:
+            return offloaded, trained_share
+        return offloaded - trained_share, 0
+    return offloaded, 0
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:
@@ -1024,6 +1037,14 @@ def advice(
         )
     if settings.optimizer_state_bytes > 2:
         options.append(("an 8-bit optimizer", counts, replace(settings, optimizer_state_bytes=2.0)))
+    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+
+    fusable = config.optimizer.optimizer in PER_WEIGHT_OPTIMIZERS and config.train_dtype is not DataType.FLOAT_16
+    if settings.trains_in_place and not settings.fused_back_pass and fusable and not config.multi_gpu:
+        trial = config.copy()
+        trial.optimizer.fused_back_pass = True
+        changed = counts_of(trial, shapes) if shapes is not None else counts  # offloaded blocks then move whole
+        options.append(("the fused back pass (optimizer settings)", changed, replace(settings, fused_back_pass=True)))
     results = [(label, estimate_from_counts(c, s, flops).peak_bytes) for label, c, s in options]
     fitting = [(label, peak) for label, peak in results if peak <= free]
     chosen = fitting or sorted(results, key=lambda r: r[1])[:3]

@@ -138,4 +138,9 @@ def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
         spec = TrainOptimizerConfig.spec(name)
         assert spec is not None, name
         rows.append(OptimizerParameter(name, default, spec.type.kind, spec.meta.label, spec.meta.help))
+    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+
+    if optimizer in PER_WEIGHT_OPTIMIZERS:  # a trainer setting, not the optimizer's: never passed to its class
+        spec = TrainOptimizerConfig.spec("fused_back_pass")
+        rows.append(OptimizerParameter("fused_back_pass", False, "bool", spec.meta.label, spec.meta.help))
     return rows

@@ -109,6 +109,7 @@ def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], Lay
     with how to make its offloader once the module is final (after the method's adapters)."""
     from functools import partial
 
+    from onetrainer.config.enums import TrainingMethod
     from onetrainer.config.model_types import LAYER_OFFLOADING
 
     out = {}
@@ -116,7 +117,17 @@ def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], Lay
         fraction = config.part(part).offload_fraction
         if fraction > 0 and LAYER_OFFLOADING in family.info.part_capabilities.get(part, ()):
             blocks = family.layer_blocks[part]
+            # A fine-tune's trained layers move too where the fused back pass updates them inside the window.
+            trained = (
+                config.training_method is TrainingMethod.FINE_TUNE
+                and bool(config.optimizer.fused_back_pass)
+                and bool(config.part(part).train)
+            )
             out[part] = partial(
-                LayerOffload, block_paths=blocks, fraction=fraction, async_copies=config.async_offloading
+                LayerOffload,
+                block_paths=blocks,
+                fraction=fraction,
+                async_copies=config.async_offloading,
+                trained=trained,
             )
     return out

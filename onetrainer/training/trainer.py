@@ -74,6 +74,7 @@ from onetrainer.training.events import (
     Validated,
     Warning_,
 )
+from onetrainer.training.fused_back_pass import FusedBackPass
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
@@ -148,6 +149,7 @@ class Trainer:
         self._family_losses: dict[str, list[tuple[torch.Tensor, float]]] = {}
         self.family_losses: dict[str, float] = {}  # their means over the last step, by TensorBoard tag
         self._params_of: tuple[object, list[torch.Tensor]] | None = None  # (optimizer, its parameters) for clipping
+        self.fused: FusedBackPass | None = None  # the fused back pass, when the optimizer settings ask for it
         self.validation_record: ValidationRecord | None = None  # rank 0's, with validation on
         self.last_validation: ValidationResult | None = None  # rank 0's
         self._validated_step = -1  # the step of the last validation (every rank)
@@ -237,6 +239,10 @@ class Trainer:
         self.schedule_free = optimizer_spec(config.optimizer.optimizer).schedule_free
         self.ema = self._create_ema()
         self.grad_scaler = grad_scaler(self.device, config.train_dtype, self.param_groups)
+        self.fused = FusedBackPass(self.optimizer, config.clip_grad_norm) if config.optimizer.fused_back_pass else None
+        for offload in self.placement.offloads.values():
+            if offload.trained:
+                offload.carry_optimizer_state(self.optimizer)
         if config.continue_last_backup:
             self._resume()
         self._open_validation_record()
@@ -349,12 +355,18 @@ class Trainer:
         generator = torch.Generator(device="cpu").manual_seed(seed)
         losses = []
         self._family_losses = {}
-        for batch in batches:
+        fused = self.fused
+        for index, batch in enumerate(batches):
             for problem in batch.problems:
                 self.warn(problem)
             with autocast(self.device, self.config.train_dtype):
                 loss = self.batch_loss(batch, generator) / len(batches)
             if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
+                if fused is not None:
+                    # The weights change during this backward pass: a non-finite loss must stop the run before it.
+                    if not math.isfinite(loss.item()):
+                        raise NonFiniteLoss(self._nan_advice())
+                    fused.stepping = index == len(batches) - 1
                 self.grad_scaler.scale(loss).backward()
             losses.append(loss.detach())
         # The losses are read once, after every backward pass has been queued: each read waits for the device, and a
@@ -372,7 +384,9 @@ class Trainer:
         if self.dist is not None:
             total = self._sync_step(total)
         params = self._optimizer_params()
-        if any(p.grad is not None for p in params):
+        if fused is not None:
+            fused.stepping = False  # every trained weight was updated as its gradient arrived
+        elif any(p.grad is not None for p in params):
             self.grad_scaler.unscale_(self.optimizer)
             if self.config.clip_grad_norm is not None:
                 # clip_grad_norm_ skips parameters without a gradient (frozen parts).

@@ -25,6 +25,12 @@ FLOW_PRESETS = sorted(p for family in FLOW_FAMILIES for p in (onetrainer_presets
 # The keys these presets set that load with a warning on purpose (see test_onetrainer_presets.py).
 KNOWN_UNUSED_KEYS = {"dynamic_timestep_shifting"}
 QUANTIZED = {"FLOAT_8", "NFLOAT_4", "INT_W8A8"}
+# The presets of model types not declared here yet. A declared type's presets are never refused for their model type
+# (test_onetrainer_presets.py checks it), so they are left out here rather than collected only to be skipped.
+STILL_TO_COME = [
+    p for p in FLOW_PRESETS
+    if json.loads(p.read_text(encoding="utf-8"))["model_type"] not in {t.value for t in MODEL_TYPES}
+]  # fmt: skip
 
 
 def preset(family: str, name: str) -> Path:
@@ -102,13 +108,12 @@ def test_memory_settings_land_where_onetrainer_keeps_them():
     assert sd3.text_encoder_3.weight_dtype is DataType.FLOAT_16 and sd3.text_encoder_3.train is False
 
 
-@pytest.mark.parametrize("path", FLOW_PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", STILL_TO_COME, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_a_model_type_still_to_come_is_refused_clearly(path):
     from onetrainer.families import not_trainable_reason
 
     config, problems = load_config(path)
-    if config.model_type in MODEL_TYPES:
-        pytest.skip(f"{config.model_type.value} is declared here now")
+    assert config.model_type not in MODEL_TYPES
     [problem] = [p for p in problems if p.path == "model_type"]
     assert problem.is_error and problem.message.startswith(f"{config.model_type.value} is a OneTrainer model type")
     assert "cannot train yet" in problem.message and "settings are read and kept" in problem.message
@@ -122,8 +127,6 @@ def _expected_not_built(raw: dict) -> set[str]:
     paths = set()
     optimizer = raw.get("optimizer", {}).get("optimizer")
     remembered = raw.get("optimizer_defaults", {}).get(optimizer, {})
-    if remembered.get("fused_back_pass"):
-        paths.add(f"optimizer_defaults.{optimizer}.fused_back_pass")
     bfloat16_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"]["weight_dtype"] == "BFLOAT_16"
     if remembered.get("stochastic_rounding") and bfloat16_fine_tune and raw["transformer"].get("train"):
         paths.add(f"optimizer_defaults.{optimizer}.stochastic_rounding")  # rounding to nearest loses small updates
@@ -182,8 +185,6 @@ def test_check_names_each_memory_feature_on_a_trainable_model(tmp_path, capsys):
         "yet for Stable Diffusion XL's text_encoder; the whole text_encoder stays on the GPU",
         "compile": "compile true: compiling is built for denoisers whose blocks the family declares, and Stable "
         "Diffusion XL's unet does not (yet); it trains uncompiled",
-        "optimizer.fused_back_pass": "fused_back_pass true: the fused back pass (each weight updated as soon as its "
-        "gradient is ready) is not built yet; every gradient is held until the optimizer step (more VRAM",
     }
     for path, text in expected.items():
         assert path in found, f"{path} is not named: {sorted(found)}"
@@ -259,7 +260,7 @@ def test_memory_settings_are_shown_where_they_are_built():
     built = {"compile", "async_offloading", "transformer.offload_fraction", "transformer.activation_offloading"}
     built |= {"quantization.layer_filter", "quantization.layer_filter_regex", "quantization.svd_dtype"}
     built |= {"quantization.svd_rank"}
-    hidden = {"optimizer.fused_back_pass"}  # not built yet
+    hidden = {"optimizer.fused_back_pass"}  # in the optimizer's "..." dialog (`optim.dialog_parameters`)
     shown = {b.path for b in walk(TrainConfig(), into_lists=False) if shown_in_ui(b)}
     assert built <= shown and not hidden & shown
 

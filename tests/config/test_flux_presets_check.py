@@ -59,13 +59,18 @@ def test_onetrainer_flux_preset_passes_check_with_a_local_model(path: Path, in_t
         assert "NFLOAT_4 weights need bitsandbytes' CUDA kernels" in problem.message and "FLOAT_8" in problem.message
     warned = {p.path: p.message for p in problems if not p.is_error}
     expected = _expected_not_built(raw)
-    # A fine-tune's offloading moves the frozen weights only: the trained transformer stays on the GPU.
+    # A fine-tune's offloading moves the frozen weights only without the fused back pass: the trained transformer
+    # stays on the GPU. OneTrainer's presets turn it on in the remembered settings OneTrainer's app applies on load.
     offloaded_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"].get("offload_fraction", 0) > 0
     trained_stay = {"transformer.offload_fraction"} if offloaded_fine_tune else set()
-    assert set(warned) == expected | trained_stay, warned  # nothing else: no unknown key, no ignored setting
+    optimizer = raw.get("optimizer", {}).get("optimizer", "ADAMW")
+    remembered = raw.get("optimizer_defaults", {}).get(optimizer, {}).get("fused_back_pass")
+    fused_there = {f"optimizer_defaults.{optimizer}.fused_back_pass"} if remembered else set()
+    assert set(warned) == expected | trained_stay | fused_there, warned  # nothing else: no unknown or ignored key
     assert all("is not built yet; " in warned[p] for p in expected)
-    assert all("moves frozen weights only" in warned[p] for p in trained_stay)
-    expected |= trained_stay
+    assert all("move with their optimizer state only with the fused back pass" in warned[p] for p in trained_stay)
+    assert all("turn on the fused back pass in the optimizer's settings" in warned[p] for p in fused_there)
+    expected |= trained_stay | fused_there
 
     # The command line says the same: the exit code, each warning by its path, "valid" when nothing is refused.
     argv = ["--config-path", str(path), *(arg for o in overrides for arg in ("--set", o)), "--check"]
@@ -84,10 +89,13 @@ def test_what_check_says_for_onetrainer_flux_presets(in_tmp: Path, capsys):
     assert main(["--config-path", str(path), *(a for s in sets for a in ("--set", s)), "--check"]) == EXIT_OK
     err = capsys.readouterr().err
     assert (
-        "offload_fraction 0.85 on the transformer: layer offloading moves frozen weights only, and a fine-tune trains "
-        "the transformer's layers" in err
+        "offload_fraction 0.85 on the transformer: a fine-tune trains the transformer's layers, which move with their "
+        "optimizer state only with the fused back pass" in err
     )
-    assert "fused_back_pass true in the ADAFACTOR settings OneTrainer applies on load: the fused back pass" in err
+    assert (
+        "fused_back_pass true in the ADAFACTOR settings OneTrainer applies on load, but off in the optimizer block "
+        "this trainer trains with" in err
+    )
     assert (
         "stochastic_rounding true in the ADAFACTOR settings OneTrainer applies on load: stochastic rounding (an "
         "update to BFLOAT_16 weights rounded up or down at random, so small updates add up) is not built yet; "

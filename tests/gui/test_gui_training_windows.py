@@ -22,8 +22,9 @@ def test_the_optimizer_dialog_lists_the_parameters_and_loads_defaults(app, scree
     assert dialog.views["beta1"].var.get() == ""  # None: the table's default, shown beside it
     dialog.views["beta1"].set_text("0.5")
     dialog.views["amsgrad"].switch.toggle()
+    dialog.views["fused_back_pass"].switch.toggle()
     config = app.model.config
-    assert (config.optimizer.beta1, config.optimizer.amsgrad) == (0.5, True)
+    assert (config.optimizer.beta1, config.optimizer.amsgrad, config.optimizer.fused_back_pass) == (0.5, True, True)
     screenshot(dialog, "optimizer-dialog")
 
     dialog.defaults_button.invoke()

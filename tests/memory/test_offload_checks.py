@@ -76,7 +76,43 @@ def test_check_says_what_offloading_will_not_do():
     unchecked = warnings(transformer={**offloaded, "gradient_checkpointing": False})
     assert "only with gradient checkpointing" in unchecked["transformer.offload_fraction"]
     fine_tune = warnings(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER", transformer=offloaded)
-    assert "moves frozen weights only" in fine_tune["transformer.offload_fraction"]
+    assert "move with their optimizer state only with the fused back pass" in fine_tune["transformer.offload_fraction"]
+    fused = {"optimizer": "ADAFACTOR", "fused_back_pass": True}
+    assert warnings(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER", transformer=offloaded,
+                    optimizer=fused) == {}  # fmt: skip
+    with_ema = check_layer_offloading(
+        _config(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER", transformer=offloaded,
+                optimizer=fused, ema="CPU")
+    )  # fmt: skip
+    assert [(p.path, p.is_error) for p in with_ema] == [("ema", True)]
+    assert "EMA with the transformer's trained layers offloaded" in with_ema[0].message
     sdxl = warnings(variant="sdxl", unet=offloaded)
     assert "layer offloading is not built yet for Stable Diffusion XL's unet" in sdxl["unet.offload_fraction"]
     assert warnings(variant="sdxl", transformer=offloaded) == {}  # a part SDXL does not have
+
+
+def test_check_says_where_the_fused_back_pass_cannot_run_and_what_it_changes():
+    from onetrainer.training.checks import check_fused_back_pass
+
+    def found(**overrides) -> dict[str, tuple[bool, str]]:
+        config = _config(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER", **overrides)
+        return {p.message: p.is_error for p in check_fused_back_pass(config)}
+
+    fused = {"optimizer": "ADAFACTOR", "fused_back_pass": True}
+    assert found(optimizer=fused, clip_grad_norm=None) == {}
+    [(prodigy, error)] = found(optimizer={"optimizer": "PRODIGY", "fused_back_pass": True}, clip_grad_norm=None).items()
+    assert error and "which PRODIGY cannot (its update looks at all weights together)" in prodigy
+    assert "choose one of ADAFACTOR, ADAGRAD, ADAM, ADAMW, CAME, LION, RMSPROP, SGD," in prodigy
+    problems = found(optimizer=fused, train_dtype="FLOAT_16", multi_gpu=True, gradient_accumulation_steps=2,
+                     clip_grad_norm=1.0)  # fmt: skip
+    assert len(problems) == 4 and sum(problems.values()) == 2
+    assert any("does not work with FLOAT_16 training" in m for m in problems)
+    assert any("not built for multi-GPU training" in m for m in problems)
+    assert any("kept until the step's last micro-batch" in m and not e for m, e in problems.items())
+    assert any("clips each weight's gradient on its own" in m and not e for m, e in problems.items())
+    # OneTrainer's app applies the remembered settings on load: a preset with the fused back pass there only.
+    remembered_only = {"ADAFACTOR": {"optimizer": "ADAFACTOR", "fused_back_pass": True}}
+    config = _config(method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER",
+                     optimizer={"optimizer": "ADAFACTOR"}, optimizer_defaults=remembered_only)  # fmt: skip
+    [remembered] = check_fused_back_pass(config)
+    assert remembered.path == "optimizer_defaults.ADAFACTOR.fused_back_pass" and not remembered.is_error

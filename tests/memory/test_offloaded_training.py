@@ -21,13 +21,21 @@ RUNS = {
         "output_model_format": "ORIGINAL_TRANSFORMER",
         "layer_filter_preset": "attn-only",
     },
+    # The whole transformer trained: its blocks move with their optimizer state (the fused back pass updates them).
+    "fine-tune-fused": {"method": "FINE_TUNE", "output_model_format": "ORIGINAL_TRANSFORMER", "layer_filter": ""},
 }
 
 
-def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+def train(
+    root: Path, run: str, fraction: float, checkpointing: bool, fused: bool = False, resumed: bool = False
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     image_folder(root, count=2)
     settings = dict(RUNS[run])
     method = settings.pop("method")
+    if fused:  # clipping the whole gradient's norm has no fused equivalent: neither run clips
+        settings.update(optimizer={"optimizer": "ADAMW", "fused_back_pass": True}, clip_grad_norm=None)
+    elif run == "fine-tune-fused":
+        settings.update(clip_grad_norm=None)
     config = tiny_config(
         root, variant="flux-dev", method=method, epochs=2, learning_rate=1e-3, **settings,
         output_model_destination=str(root / "out" / "model.safetensors"),
@@ -35,9 +43,33 @@ def train(root: Path, run: str, fraction: float, checkpointing: bool) -> tuple[l
                      "activation_offloading": fraction > 0},
         text_encoder={"train": False}, text_encoder_2={"train": False, "offload_fraction": fraction},
     )  # fmt: skip
-    events = run_config(config)
+    if resumed:  # stopped after the first step (a backup), then continued from it
+        events = _stopped_after_one_step(config) + run_config({**config, "continue_last_backup": True})
+    else:
+        events = run_config(config)
     losses = [e.loss for e in events if isinstance(e, Metrics)]
     return losses, load_file(str(root / "out" / "model.safetensors"))
+
+
+def _stopped_after_one_step(data: dict) -> list:
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink, Progress
+    from onetrainer.training.runner import run_training
+
+    control = TrainingControl()
+
+    class StopAfterOne(ListSink):
+        def emit(self, event) -> None:
+            super().emit(event)
+            if isinstance(event, Progress) and event.global_step >= 1:
+                control.request_stop()
+
+    config, _ = config_from_dict({**data, "backup_before_save": True})
+    sink = StopAfterOne()
+    outcome = run_training(config, control, [sink])
+    assert isinstance(outcome, Finished) and outcome.reason == "stopped"
+    return sink.events
 
 
 # The LoRA with gradient checkpointing (as the presets train), the fine-tune without (autograd keeps the weights the
@@ -99,3 +131,45 @@ def test_an_offloaded_text_encoder_is_on_the_device_while_it_fills_the_cache(tmp
                          text_encoder_2={"train": False, "offload_fraction": 0.5})  # fmt: skip
     run_config(config)
     assert order[:3] == ["attach T5EncoderModel", "fill text cache", "detach T5EncoderModel"], order
+
+
+def test_a_fine_tune_offloaded_with_the_fused_back_pass_trains_as_without_both(tmp_path: Path):
+    """Ordinary training (every gradient held, one optimizer step) against the whole transformer's blocks offloaded
+    with their AdamW state, each weight updated as its gradient arrives, stopped after the first step and resumed from
+    its backup (the weights and the optimizer's state read back into the offloaded blocks): the same losses and
+    weights."""
+    losses, weights = train(tmp_path / "plain", "fine-tune-fused", 0.0, True)
+    offloaded_losses, offloaded_weights = train(
+        tmp_path / "offloaded", "fine-tune-fused", 0.75, True, fused=True, resumed=True
+    )
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+
+
+def test_onetrainers_8gb_chroma_fine_tune_trains_with_its_trained_blocks_offloaded(in_tmp: Path, capsys):
+    """OneTrainer's "#chroma Finetune 8GB" preset as its app loads it (the fused back pass from the remembered Adafactor
+    settings), on tiny Chroma: 85 % of the blocks offloaded with their trained weights and optimizer state, BFLOAT_16,
+    through scripts/train.py. It trains, the checks name no offloading caveat, and the saved transformer changed."""
+    import json
+
+    from onetrainer.cli.train import EXIT_OK, main
+    from tests.conftest import onetrainer_presets_dir
+
+    folder = image_folder(in_tmp, count=2)
+    preset = onetrainer_presets_dir() / "Chroma" / "#chroma Finetune 8GB.json"
+    output = in_tmp / "out" / "chroma.safetensors"
+    sets = {
+        "base_model_name": "tiny:chroma", "concepts": json.dumps([{"name": "shapes", "path": str(folder)}]),
+        "optimizer.fused_back_pass": "true", "epochs": "1", "resolution": "64", "output_model_destination": str(output),
+        "workspace_dir": str(in_tmp / "workspace"), "cache_dir": str(in_tmp / "cache"),
+    }  # fmt: skip
+    argv = ["--config-path", str(preset), *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+    assert main(argv) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "offload_fraction 0.85 on the transformer" not in err and "but off in the optimizer block" not in err
+    assert (
+        "clip_grad_norm 1 clips each weight's gradient on its own with the fused back pass" in err
+    )  # said, not hidden
+    saved = load_file(str(output))
+    assert saved and all(torch.isfinite(t.float()).all() for t in saved.values())

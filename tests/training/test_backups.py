@@ -153,3 +153,27 @@ def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     user.write_bytes(b"not ours")
     assert sorted(remove_leftovers(tmp_path)) == sorted([dead, dead_dir])
     assert live.exists() and user.exists() and not dead.exists() and not dead_dir.exists()
+
+
+def test_a_resumed_optimizer_keeps_its_float32_state_beside_bfloat16_weights(tmp_path):
+    """Adafactor keeps float32 second moments for BFLOAT_16 weights; torch's load_state_dict would round them to
+    bfloat16, and a resumed BFLOAT_16 fine-tune would drift from the run it continues."""
+    from transformers.optimization import Adafactor
+
+    def bf16_setup():
+        config, method, _, _ = setup(tmp_path)
+        method.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 12, dtype=torch.bfloat16).view(3, 4))
+        opt = Adafactor([{"params": [method.weight], "name": "w"}], lr=1e-3, scale_parameter=False, relative_step=False)
+        return config, method, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+
+    saved = bf16_setup()
+    saved[1].weight.grad = torch.full((3, 4), 1e-3 / 3, dtype=torch.bfloat16)
+    saved[2].step()
+    moments = {k: v.clone() for k, v in saved[2].state[saved[1].weight].items() if isinstance(v, torch.Tensor)}
+    assert moments and all(v.dtype == torch.float32 for v in moments.values())
+    folder = backup(tmp_path / "backup", saved, 1)
+
+    _, method, optimizer, scheduler = resumed = bf16_setup()
+    restore_backup(folder, method, optimizer, scheduler)
+    state = optimizer.state[resumed[1].weight]
+    assert all(state[k].dtype == torch.float32 and torch.equal(state[k], v) for k, v in moments.items())

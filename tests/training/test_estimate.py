@@ -58,6 +58,37 @@ def test_a_fine_tune_trains_the_weights_in_place():
     assert result.parts["weights"] == 2e9 and result.parts["training state"] == 2e9
 
 
+def test_the_fused_back_pass_holds_no_gradients_and_moves_offloaded_trained_blocks_with_their_state():
+    fine_tune = Settings(**{**SD.__dict__, "optimizer_state_bytes": 4.0, "trains_in_place": True})
+    counts = {"transformer": PartCount(1_000_000_000, DataType.BFLOAT_16, trained=1_000_000_000)}
+    assert estimate_from_counts(counts, fine_tune).parts["training state"] == 2e9 + 4e9  # gradients + state
+    fused = Settings(**{**fine_tune.__dict__, "fused_back_pass": True})
+    assert estimate_from_counts(counts, fused).parts["training state"] == 4e9  # the state alone
+    offloaded = {"transformer": PartCount(1_000_000_000, DataType.BFLOAT_16, trained=1_000_000_000,
+                                          offloaded=600_000_000, trained_offloaded=600_000_000)}  # fmt: skip
+    result = estimate_from_counts(offloaded, fused)
+    assert result.parts["weights"] == pytest.approx(0.8e9) and result.parts["training state"] == pytest.approx(1.6e9)
+
+
+def test_a_flux_fine_tune_offloads_its_trained_blocks_only_with_the_fused_back_pass():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "FINE_TUNE", "output_model_format": "DIFFUSERS",
+        "resolution": "512", "transformer": {"weight_dtype": "BFLOAT_16", "offload_fraction": 0.75},
+        "optimizer": {"optimizer": "ADAFACTOR"}, "train_dtype": "BFLOAT_16",
+        "text_encoder": {"train": False}, "text_encoder_2": {"train": False},
+    })  # fmt: skip
+    shapes = reference_shapes(config.model_type)
+    held = counts_of(config, shapes)["transformer"]
+    without = estimate(config, free_bytes=12 * GIB, device="cuda")
+    assert held.trained_offloaded == 0 and held.offloaded == 0  # every layer trains: all stay on the GPU
+    assert any(a.startswith("the fused back pass (optimizer settings)") for a in without.advice), without.advice
+    config.optimizer.fused_back_pass = True
+    moved = counts_of(config, shapes)["transformer"]
+    assert moved.trained_offloaded > 0 and moved.offloaded > held.offloaded
+    with_it = estimate(config, device="cuda")
+    assert with_it.peak_bytes < without.peak_bytes - 10 * GIB  # no gradients, three quarters of weights and state
+
+
 def test_the_peak_is_the_larger_of_the_step_and_every_part_on_the_device():
     # Loading, filling the caches and rendering a sample hold every part at once: with a large text encoder whose
     # outputs are cached (Flux's and Chroma's T5), that time is the peak, not the step.

@@ -134,6 +134,12 @@ def test_the_dialog_rows_come_from_the_table():
         assert rows and all(r.label and r.help for r in rows)
     prodigy = {r.name: r for r in optim.dialog_parameters(Optimizer.PRODIGY)}
     assert prodigy["d_coef"].default == 1.0 and prodigy["safeguard_warmup"].kind in ("bool", "any")
+    # The fused back pass, a trainer setting, for the optimizers that update each weight on its own only; never
+    # passed to the optimizer's class.
+    assert "fused_back_pass" not in prodigy
+    adafactor = {r.name: r for r in optim.dialog_parameters(Optimizer.ADAFACTOR)}
+    assert adafactor["fused_back_pass"].kind == "bool" and adafactor["fused_back_pass"].label == "Fused back pass"
+    assert "fused_back_pass" not in optim.resolved_parameters(optim.table_defaults(Optimizer.ADAFACTOR))
 
 
 def test_unset_parameters_take_the_table_defaults_and_set_ones_win():

@@ -93,3 +93,19 @@ def test_stored_bytes_are_a_quarter():
     to_scaled_8bit(net, DataType.INT_8)
     stored = sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers()))
     assert stored < 0.3 * floats
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_under_autocast_a_float32_input_computes_in_the_autocast_dtype(kind):
+    """A norm's float32 output reaching the layer is cast as autocast casts a linear layer's input: the product, the
+    output and the gradient flowing back stay in bfloat16 (in float32 the backward ran float32 matrix products)."""
+    layer = torch.nn.Linear(64, 32)
+    to_scaled_8bit(layer, kind)
+    x = torch.randn(20, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32  # autograd hands the input's dtype back
+    plain = layer(x.detach())  # outside autocast: float32 throughout
+    assert plain.dtype == torch.float32 and _relative(out.float(), plain) < TOLERANCE[kind] + 0.02
