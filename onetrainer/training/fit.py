@@ -1,12 +1,12 @@
 """A run fitted to a VRAM budget: the settings that bring the estimate (`training/estimate.py`) under it.
 
 The steps come in the order that costs the least: what costs no quality and little time first (cached latents and
-text, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights, activation offloading, layer
-offloading (the smallest fraction that fits, found by halving the interval), and the batch size last. Each step is
-taken only where it applies to the model type, the method and the part, and the search stops as soon as the estimate
-fits. The result is a list of ordinary config values (`Change`): the app applies them to the window's config,
-`scripts/train.py --fit-vram` to the run's, and the user can change each of them afterwards. The resolution and the
-data are never touched.
+text, a fine-tune's fused back pass, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights,
+activation offloading, layer offloading (the smallest fraction that fits, found by halving the interval), and the
+batch size last. Each step is taken only where it applies to the model type, the method and the part, and the search
+stops as soon as the estimate fits. The result is a list of ordinary config values (`Change`): the app applies them
+to the window's config, `scripts/train.py --fit-vram` to the run's, and the user can change each of them afterwards.
+The resolution and the data are never touched.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def fit_to_budget(
     fit.estimate = measure(trial)
     steps = (
         _caching,
+        _fused_back_pass,
         _eight_bit_optimizer,
         _checkpointing,
         _eight_bit_weights,
@@ -140,11 +141,30 @@ def _caching(trial: TrainConfig, fit: Fit, measure) -> None:
         fit.estimate = measure(trial)
 
 
+def _fused_back_pass(trial: TrainConfig, fit: Fit, measure) -> None:
+    """A fine-tune holds no gradients with the fused back pass (and can then offload its trained layers), where the
+    optimizer updates each weight on its own: as fast, no quality lost."""
+    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+
+    if (
+        trial.training_method is TrainingMethod.FINE_TUNE
+        and not trial.optimizer.fused_back_pass
+        and trial.optimizer.optimizer in PER_WEIGHT_OPTIMIZERS
+        and trial.train_dtype is not DataType.FLOAT_16
+        and not trial.multi_gpu
+    ):
+        why = "each weight updated as its gradient arrives: no gradients held"
+        _set(trial, fit, "optimizer.fused_back_pass", True, why)
+        fit.estimate = measure(trial)
+
+
 def _eight_bit_optimizer(trial: TrainConfig, fit: Fit, measure) -> None:
     name = trial.optimizer.optimizer.value
     eight_bit = f"{name}_8BIT"
     if name.endswith("_8BIT") or eight_bit not in Optimizer.__members__:
         return
+    if trial.optimizer.fused_back_pass:
+        return  # the 8-bit optimizers update all weights together: the fused back pass saves more for a fine-tune
     _set(trial, fit, "optimizer.optimizer", Optimizer(eight_bit), "8-bit optimizer state")
     fit.estimate = measure(trial)
 
@@ -183,15 +203,18 @@ OFFLOAD_WHY = "blocks waiting in CPU memory, moved as used"
 
 
 def _offloadable(trial: TrainConfig) -> list[str]:
-    """The parts whose frozen block weights layer offloading can move (not a fine-tune's trained parts, whose
-    weights stay; not NFLOAT_4, which stays on the GPU)."""
+    """The parts whose block weights layer offloading can move (a fine-tune's trained parts with the fused back pass
+    only, and not beside an EMA; not NFLOAT_4, which stays on the GPU)."""
+    from onetrainer.config.enums import EMAMode
+
     family = model_type_info(trial.model_type).family
+    trained_move = trial.optimizer.fused_back_pass and trial.ema is EMAMode.OFF
     return [
         part
         for part in family.parts
         if LAYER_OFFLOADING in family.part_capabilities.get(part, ())
         and trial.part(part).weight_dtype is not DataType.NFLOAT_4
-        and not (trial.training_method is TrainingMethod.FINE_TUNE and trial.part(part).train)
+        and not (trial.training_method is TrainingMethod.FINE_TUNE and trial.part(part).train and not trained_move)
     ]
 
 

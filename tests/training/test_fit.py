@@ -46,6 +46,27 @@ def test_a_config_that_fits_is_left_alone_and_one_that_cannot_says_so():
     assert not hopeless.fits and hopeless.changes and "cannot fit 1.0 GiB" in hopeless.text()
 
 
+def test_a_flux_fine_tune_is_fitted_to_16_gib_with_the_fused_back_pass_and_its_blocks_offloaded():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "FINE_TUNE", "output_model_format": "ORIGINAL_TRANSFORMER",
+        "base_model_name": "black-forest-labs/FLUX.1-dev", "resolution": "512", "batch_size": 1,
+        "train_dtype": "BFLOAT_16", "latent_caching": True, "optimizer": {"optimizer": "ADAFACTOR"},
+        "transformer": {"weight_dtype": "BFLOAT_16"},
+        "text_encoder": {"train": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder_2": {"train": False, "weight_dtype": "FLOAT_8"},
+    })  # fmt: skip
+    fit = fit_to_budget(config, 16 * GIB)
+    changed = {c.path: c.after for c in fit.changes}
+    assert fit.fits and changed["optimizer.fused_back_pass"] is True
+    assert "optimizer.optimizer" not in changed  # an 8-bit optimizer cannot update each weight on its own
+    assert changed["transformer.offload_fraction"] > 0  # the trained transformer's blocks move (fused back pass)
+    assert "transformer.weight_dtype" not in changed  # trained weights stay BFLOAT_16
+    # Offloaded trained layers are refused beside an EMA: the fit leaves them on the GPU then.
+    config.ema = config.ema.__class__("CPU")
+    with_ema = {c.path for c in fit_to_budget(config, 16 * GIB).changes}
+    assert "transformer.offload_fraction" not in with_ema
+
+
 def _fake_estimate(config) -> Estimate:
     """A peak that each setting the fit may change lowers by a known amount."""
     gib = 20.0
