@@ -55,6 +55,8 @@ GUIDANCE_INPUT = "guidance_input"  # its denoiser takes a guidance scale as an i
 TEXT_PADDING_MASK = "text_padding_mask"
 # A flow-matching schedule (`noise/flow_matching.py`): the resolution-dependent timestep shift, the SIGMA loss weight.
 FLOW_MATCHING = "flow_matching"
+# Its samples can guide away from a prediction with some transformer layers skipped (skip-layer guidance).
+SKIP_LAYER_GUIDANCE = "skip_layer_guidance"
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
 OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
 # A text encoder whose captions are padded and cut to the config's `text_encoder_N_sequence_length` tokens.
@@ -73,6 +75,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         FLOW_MATCHING,
         GUIDANCE_INPUT,
         TEXT_PADDING_MASK,
+        SKIP_LAYER_GUIDANCE,
     }
 )
 
@@ -367,7 +370,7 @@ SD3 = FamilyInfo(
     layer_presets={"attn-only": ("attn",), "blocks": ("transformer_block",), "full": ()},
     formats_to_come={TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,)},
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
-    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
+    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),
     lora_caveats=(
         LoraFileCaveat(
             ModelFormat.DIFFUSERS_LORA,

@@ -242,6 +242,16 @@ def _validation_rules(config: TrainConfig) -> list[Problem]:
     return problems
 
 
+def skip_guidance_layers(text: str) -> list[int]:
+    """A sample's `skip_guidance_layers` ("7,8,9") as layer numbers; ValueError naming what is wrong."""
+    layers = []
+    for item in text.replace(" ", "").split(","):
+        if not item.isdigit():
+            raise ValueError(f"'{text}' is not a list of layer numbers separated by commas (e.g. 7,8,9)")
+        layers.append(int(item))
+    return layers
+
+
 def _sample_size_rules(config: TrainConfig) -> list[Problem]:
     """Each sample side must be one the model renders (a multiple of its family's `sample_step`: a multi-stage model's
     stages may need 128 px); a side that is not is refused here, before loading, rather than failing at the first
@@ -256,6 +266,11 @@ def _sample_size_rules(config: TrainConfig) -> list[Problem]:
                 lower = max(step, pixels // step * step)
                 message = f"must be a multiple of {step} for {family.label} (try {lower} or {lower + step})"
                 problems.append(Problem(f"samples.{i}.{side}", message))
+        if sample.skip_guidance_layers.strip():
+            try:
+                skip_guidance_layers(sample.skip_guidance_layers)
+            except ValueError as e:
+                problems.append(Problem(f"samples.{i}.skip_guidance_layers", str(e)))
     return problems
 
 

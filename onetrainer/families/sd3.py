@@ -205,6 +205,18 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             tokenizer_3=t5.tokenizer,
         )
 
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """Skip-layer guidance where the sample asks for it (the pipeline's own scale and step window)."""
+        from onetrainer.config.validation import skip_guidance_layers
+
+        if not sample.skip_guidance_layers.strip():
+            return {}
+        layers = skip_guidance_layers(sample.skip_guidance_layers)
+        count = model.part("transformer").config.num_layers
+        if any(layer >= count for layer in layers):
+            raise ValueError(f"skip_guidance_layers {layers}: this transformer has layers 0 to {count - 1}")
+        return {"skip_guidance_layers": layers}
+
     def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
         """Our own embeddings of the prompt and the negative prompt (so clip skip and embeddings apply)."""
         positive = self.encode_text(model, [prompt])

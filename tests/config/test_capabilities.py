@@ -88,7 +88,10 @@ def test_the_concrete_expectations() -> None:
 
 
 def test_settings_name_capabilities_the_families_declare() -> None:
-    needed = {b.spec.meta.needs for b in walk(TrainConfig()) if b.spec.meta.needs is not None}
+    from onetrainer.config.sample_config import SampleConfig
+
+    nodes = (TrainConfig(), SampleConfig())  # a sample definition's settings too (the config holds none by default)
+    needed = {b.spec.meta.needs for node in nodes for b in walk(node) if b.spec.meta.needs is not None}
     assert needed == CAPABILITIES
     for family in FAMILIES.values():
         assert family.capabilities <= CAPABILITIES, family.key
