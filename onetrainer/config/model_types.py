@@ -65,6 +65,9 @@ SEQUENCE_LENGTH = "sequence_length"
 LAYER_OFFLOADING = "layer_offloading"
 # A part its own model can give as a .gguf file, weights pre-quantized (the GGUF weight dtypes; `util/gguf_weights.py`).
 GGUF_FILE = "gguf_file"
+# A part the model can do without (OneTrainer's `include`): left out, it is not loaded and the family puts zeros where
+# its output would be, as the model's pipeline does without it (SD 3's T5).
+OPTIONAL_PART = "optional_part"
 CAPABILITIES: frozenset[str] = frozenset(
     {
         CIRCULAR_PADDING,
@@ -371,6 +374,7 @@ SD3 = FamilyInfo(
     formats_to_come={TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,)},
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),
+    part_capabilities={"text_encoder_3": frozenset({OPTIONAL_PART})},
     lora_caveats=(
         LoraFileCaveat(
             ModelFormat.DIFFUSERS_LORA,
@@ -381,14 +385,16 @@ SD3 = FamilyInfo(
     ),
     notes="`text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
     "counting from there, and on their projected pooled outputs), `text_encoder_3` T5-XXL (256 tokens, as diffusers' "
-    "pipeline prompts it). The CLIPs' hidden states are joined along the features, zero-padded to T5's width and "
-    "joined with T5's along the sequence. The VAE's latents are shifted and scaled ((z - 0.0609) x 1.5305); training "
-    "and sample sizes go in steps of 16 px. Samples render through diffusers' StableDiffusion3Pipeline with the "
-    "model's flow-matching Euler sampler (shift 3), whichever sampler is chosen. The model type tells SD 3 from 3.5 "
-    "by the transformer's config (3.5 normalises its queries and keys). Caption dropout zeroes each encoder's share "
-    "on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE writes one file in Stability AI's layout holding the "
-    "transformer, the VAE and the three text encoders (as OneTrainer writes it), which ComfyUI's Load Checkpoint "
-    "reads.",
+    "pipeline prompts it; `text_encoder_3.include` off leaves it out, never loaded, zeros in its place, as the "
+    "pipeline without T5: 9.5 GB less, for smaller cards; load such a fine-tune's folder in diffusers with "
+    "`text_encoder_3=None, tokenizer_3=None`). The CLIPs' hidden states are joined along the features, zero-padded to "
+    "T5's width and joined with T5's along the sequence. The VAE's latents are shifted and scaled ((z - 0.0609) x "
+    "1.5305); training and sample sizes go in steps of 16 px. Samples render through diffusers' "
+    "StableDiffusion3Pipeline with the model's flow-matching Euler sampler (shift 3), whichever sampler is chosen. "
+    "The model type tells SD 3 from 3.5 by the transformer's config (3.5 normalises its queries and keys). Caption "
+    "dropout zeroes each encoder's share on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE writes one file in "
+    "Stability AI's layout holding the transformer, the VAE and the three text encoders (as OneTrainer writes it), "
+    "which ComfyUI's Load Checkpoint reads.",
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
@@ -558,6 +564,12 @@ def model_type_info(model_type: ModelType) -> ModelTypeInfo:
 
 def family_of(model_type: ModelType) -> FamilyInfo:
     return model_type_info(model_type).family
+
+
+def left_out(config, part: str) -> bool:
+    """Whether the config leaves `part` out (`include` false on a part its family can do without): never loaded."""
+    family = family_of(config.model_type)
+    return not config.part(part).include and OPTIONAL_PART in family.part_capabilities.get(part, ())
 
 
 def declared_part_roles(families: Iterable[FamilyInfo] | None = None) -> dict[str, PartRole]:

@@ -9,6 +9,7 @@ from onetrainer.config.model_types import (
     GUIDANCE_INPUT,
     LAYER_OFFLOADING,
     LAYER_SKIP,
+    OPTIONAL_PART,
     OWN_MODEL,
     TEXT_PADDING_MASK,
     PartRole,
@@ -136,7 +137,15 @@ class ModelPartConfig(ConfigNode):
         tab="training",
         roles=TRAINED_ROLES,
     )
-    include: bool = setting(True, "Include", "OneTrainer: whether an optional part is loaded.", ignored=True)
+    include: bool = setting(
+        True,
+        "Include",
+        "Load this part. Off, for a part the model can do without (its family's notes say which), it is never "
+        "loaded and zeros take the place of its output in training and in samples, as the model's own pipeline does "
+        "without it: less to load, cache and hold. A model trained so is meant to be used without it too.",
+        tab="model",
+        part_needs=OPTIONAL_PART,
+    )
     attention_mask: bool = setting(
         False,
         "Force attention mask",

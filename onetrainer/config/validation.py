@@ -224,9 +224,31 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
                 problems.append(Problem(f"concepts.{i}.image.resolution_override", str(e)))
     problems += _sample_size_rules(config)
     problems += _validation_rules(config)
+    problems += _include_rules(config, family)
     if config.learning_rate == 0:
         # Allowed (a part may set its own rate), but mostly a field typed over and left at 0.
         problems.append(Problem("learning_rate", "is 0: what uses it learns nothing", Severity.WARNING))
+    return problems
+
+
+def _include_rules(config: TrainConfig, family) -> list[Problem]:
+    """A part left out (`include` false) must be one the model can do without, and then nothing may train it."""
+    from onetrainer.config.model_types import OPTIONAL_PART
+
+    problems = []
+    for part in family.parts:
+        block = config.part(part)
+        if block.include:
+            continue
+        if OPTIONAL_PART not in family.part_capabilities.get(part, ()):
+            message = f"{family.label} cannot do without its {part}: it is loaded (include is for optional parts)"
+            problems.append(Problem(f"{part}.include", message, Severity.WARNING))
+        elif getattr(block, "train", False) and config.training_method is not TrainingMethod.EMBEDDING:
+            message = f"the {part} is left out (include false), so it cannot train: turn one of them off"
+            problems.append(Problem(f"{part}.train", message))
+        elif config.training_method is TrainingMethod.EMBEDDING and block.train_embedding:
+            message = f"the {part} is left out (include false), so no embedding trains in it: turn one of them off"
+            problems.append(Problem(f"{part}.train_embedding", message))
     return problems
 
 

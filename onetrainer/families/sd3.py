@@ -83,12 +83,14 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         parts: dict[str, torch.nn.Module] = {"transformer": transformer}
         for part in ("text_encoder", "text_encoder_2"):
             parts[part] = load_diffusers_component(CLIPTextModelWithProjection, where, part, options)
-        parts["text_encoder_3"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_3", options)
         tokenizers = {
             "text_encoder": load_tokenizer(where, options),
             "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2"),
-            "text_encoder_3": load_tokenizer(where, options, subfolder="tokenizer_3", cls=AutoTokenizer),
         }
+        with_t5 = config.text_encoder_3.include  # left out: never loaded, zeros in its place (`encode_text`)
+        if with_t5:
+            parts["text_encoder_3"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_3", options)
+            tokenizers["text_encoder_3"] = load_tokenizer(where, options, subfolder="tokenizer_3", cls=AutoTokenizer)
         for part in ("text_encoder", "text_encoder_2"):
             pool_at_end_token(parts[part], tokenizers[part])
         parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)
@@ -105,13 +107,14 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             )
             for part in ("text_encoder", "text_encoder_2")
         ]  # fmt: skip
-        t5 = parts["text_encoder_3"]
-        slots.append(
-            TextEncoderSlot(
-                "text_encoder_3", t5, tokenizers["text_encoder_3"], KOHYA_PREFIXES["text_encoder_3"], "t5",
-                config.text_encoder_3.layer_skip, token_embedding=t5.encoder.embed_tokens,
-            )
-        )  # fmt: skip
+        if with_t5:
+            t5 = parts["text_encoder_3"]
+            slots.append(
+                TextEncoderSlot(
+                    "text_encoder_3", t5, tokenizers["text_encoder_3"], KOHYA_PREFIXES["text_encoder_3"], "t5",
+                    config.text_encoder_3.layer_skip, token_embedding=t5.encoder.embed_tokens,
+                )
+            )  # fmt: skip
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
         extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
         return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
@@ -119,7 +122,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
     # -- text and images ------------------------------------------------------------------------------------------
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
-        clip_l, clip_g, t5 = model.text_encoders
+        clip_l, clip_g, t5 = _encoders(model)
         hidden, pooled = [], []
         for slot in (clip_l, clip_g):
             tokens = slot.tokenizer(
@@ -128,7 +131,11 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             output = slot.encoder(tokens.input_ids.to(first_weight(slot.encoder).device), output_hidden_states=True)
             hidden.append(output.hidden_states[-(slot.layer_skip + 2)])
             pooled.append(output.text_embeds)
-        t5_states, _ = t5_hidden_states(t5, captions, T5_TOKENS, use_mask=False)
+        if t5 is not None:
+            t5_states, _ = t5_hidden_states(t5, captions, T5_TOKENS, use_mask=False)
+        else:  # as StableDiffusion3Pipeline prompts without `text_encoder_3`: zeros of T5's tokens and width
+            width = model.part("transformer").config.joint_attention_dim
+            t5_states = hidden[0].new_zeros(len(captions), T5_TOKENS, width)
         dtype = torch.promote_types(torch.promote_types(hidden[0].dtype, hidden[1].dtype), t5_states.dtype)
         clip = torch.cat([h.to(dtype) for h in hidden], dim=-1)
         clip = F.pad(clip, (0, t5_states.shape[-1] - clip.shape[-1]))
@@ -192,7 +199,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusion3Pipeline
 
-        clip_l, clip_g, t5 = model.text_encoders
+        clip_l, clip_g, t5 = _encoders(model)
         return StableDiffusion3Pipeline(
             transformer=model.part("transformer"),
             scheduler=sampler,
@@ -201,8 +208,8 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             tokenizer=clip_l.tokenizer,
             text_encoder_2=clip_g.encoder,
             tokenizer_2=clip_g.tokenizer,
-            text_encoder_3=t5.encoder,
-            tokenizer_3=t5.tokenizer,
+            text_encoder_3=t5.encoder if t5 is not None else None,
+            tokenizer_3=t5.tokenizer if t5 is not None else None,
         )
 
     def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
@@ -265,6 +272,12 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return SD35_KIND if model.model_type is ModelType.STABLE_DIFFUSION_35 else SD3_KIND
+
+
+def _encoders(model: LoadedModel) -> tuple[TextEncoderSlot, TextEncoderSlot, TextEncoderSlot | None]:
+    """CLIP-L's, CLIP-G's and T5's slots; T5's None where the config leaves it out (`text_encoder_3.include`)."""
+    slots = {slot.part: slot for slot in model.text_encoders}
+    return slots["text_encoder"], slots["text_encoder_2"], slots.get("text_encoder_3")
 
 
 def is_sd35(transformer_config: dict) -> bool:

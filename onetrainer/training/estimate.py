@@ -317,8 +317,12 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
     text_cached = cached and text_encoders_frozen(config)
     plain_bytes = BYTES.get(config.train_dtype, 2.0)
     patterns, regex = layer_filter_patterns(config, family)  # what the methods apply to the denoiser
+    from onetrainer.config.model_types import left_out
+
     counts = {}
     for part, info in shapes.items():
+        if left_out(config, part):
+            continue  # never loaded
         role = family.part_roles.get(part, PartRole.SAMPLING)
         part_config = config.part(part)
         text = role is PartRole.TEXT_ENCODER

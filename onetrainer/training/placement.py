@@ -110,11 +110,13 @@ def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], Lay
     from functools import partial
 
     from onetrainer.config.enums import TrainingMethod
-    from onetrainer.config.model_types import LAYER_OFFLOADING
+    from onetrainer.config.model_types import LAYER_OFFLOADING, left_out
 
     out = {}
     for part in family.info.parts:
         fraction = config.part(part).offload_fraction
+        if left_out(config, part):
+            continue
         if fraction > 0 and LAYER_OFFLOADING in family.info.part_capabilities.get(part, ()):
             blocks = family.layer_blocks[part]
             # A fine-tune's trained layers move too where the fused back pass updates them inside the window.

@@ -5,6 +5,7 @@ samples render with CFG and a negative prompt."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,46 @@ def test_skip_layer_guidance_is_a_sample_option_of_sd3_only():
     flux, _ = config_from_dict(tiny_config(Path("/nonexistent"), variant="flux-dev"))
     sd3, _ = config_from_dict(data)
     assert spec.meta.applies(context_of(sd3)) and not spec.meta.applies(context_of(flux))
+
+
+def test_t5_left_out_is_zeros_as_in_the_pipeline_without_it_and_a_fine_tune_trains_and_saves_without_it(tmp_path):
+    """`text_encoder_3.include` false: T5 is never loaded, the conditioning is what StableDiffusion3Pipeline gives
+    without `text_encoder_3` (zeros in T5's rows), and a fine-tune trains, samples and writes a pipeline folder
+    without T5 that diffusers loads (T5 null in model_index.json) and that is a base model again."""
+    from diffusers import StableDiffusion3Pipeline
+
+    family, model = our_model("sd35-medium", text_encoder_3={"include": False, "train": False})
+    assert "text_encoder_3" not in model.parts and [s.part for s in model.text_encoders] == [
+        "text_encoder",
+        "text_encoder_2",
+    ]
+    without = StableDiffusion3Pipeline.from_pretrained(
+        str(tiny_model_dir("sd35-medium")), text_encoder_3=None, tokenizer_3=None, local_files_only=True
+    )
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        hidden, _, pooled, _ = without.encode_prompt(CAPTIONS, CAPTIONS, CAPTIONS, do_classifier_free_guidance=False)
+    assert torch.equal(ours.hidden_states, hidden) and torch.equal(ours.pooled, pooled)
+    assert not ours.hidden_states[:, 77:].any()
+
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, "sd35-medium", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False}, text_encoder_2={"train": False},
+        text_encoder_3={"include": False, "train": False},
+        samples=[{"prompt": "a red circle", "width": 32, "height": 32, "diffusion_steps": 2}],
+        sample_after=1, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    events = run_config(config)
+    assert [e for e in events if isinstance(e, SampleReady)]
+    folder = tmp_path / "out" / "model"
+    assert not (folder / "text_encoder_3").exists()
+    # loaded as diffusers documents SD 3 without T5 (the folder's model_index.json names it null)
+    trained = StableDiffusion3Pipeline.from_pretrained(
+        str(folder), text_encoder_3=None, tokenizer_3=None, local_files_only=True
+    )
+    index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    assert index["text_encoder_3"] == [None, None] and trained.text_encoder_3 is None
+    _, again = our_model("sd35-medium", base_model_name=str(folder), text_encoder_3={"include": False, "train": False})
+    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(trained.transformer))

@@ -30,6 +30,15 @@ def test_pixart_shows_vb_loss_and_no_prior_parts(app) -> None:
     assert not any(shown(app, "model", path) for path in PRIOR_PARTS)
 
 
+def test_sd3_offers_to_leave_t5_out_and_no_other_part_or_family_does(app) -> None:
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_35)
+    assert shown(app, "model", "text_encoder_3.include")
+    assert not shown(app, "model", "text_encoder.include") and not shown(app, "model", "transformer.include")
+    app.topbar.choose_model_type(ModelType.FLUX_DEV_1)
+    assert not shown(app, "model", "text_encoder_2.include")
+    app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
+
+
 @pytest.mark.parametrize("model_type", [ModelType.WUERSTCHEN_2, ModelType.STABLE_CASCADE_1])
 def test_prior_families_show_effnet_and_decoder_parts_only_for_themselves(app, model_type) -> None:
     app.topbar.choose_model_type(model_type)
