@@ -5,12 +5,37 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 # Every test may name `tiny:` models (many call `run_training` directly), as the entry points make them known: the
 # package registers its model source on import (`onetrainer/tiny/source.py`).
 import onetrainer.tiny  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
+# torch's own CPU thread count, read before the session changes it (tests/golden runs with it: see there).
+DEFAULT_TORCH_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _training_threads():
+    """Tests compute with the torch CPU threads the CLI and the app train with (`training_threads`: all cores but
+    one), not torch's default of every core: the tiny models' operations are too small to gain from a second thread,
+    and with another process busy on the machine OpenMP's waiting threads spin against it (on 2 cores, a tiny SD 1.5
+    LoRA run with a sample took 3 s at one thread and 11 to 16 s at two)."""
+    from onetrainer.training.devices import torch_threads, training_threads
+
+    with torch_threads(training_threads()):
+        yield
+
+
+@pytest.fixture
+def torch_default_threads():
+    """torch's own thread count for a test whose figures were recorded with it, or that compares two computations
+    bit for bit: CPU kernels round differently with the thread count (and the tensors' alignment)."""
+    from onetrainer.training.devices import torch_threads
+
+    with torch_threads(DEFAULT_TORCH_THREADS):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.config import config_from_dict
+from onetrainer.config.enums import ModelFormat
 from onetrainer.families.wuerstchen import CascadeFamily, WuerstchenFamily
 from onetrainer.methods import create_method
 from onetrainer.training.control import TrainingControl
@@ -69,17 +70,22 @@ def apply_peft(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Non
     set_peft_model_state_dict(module, weights)
 
 
-@pytest.mark.parametrize("variant", ["wuerstchen", "cascade"])
-def test_diffusers_lora_on_prior_and_text_encoder_loads_with_peft(tmp_path, variant):
+def test_diffusers_lora_on_prior_and_text_encoder_loads_with_peft(tmp_path):
+    # Cascade's DIFFUSERS_LORA is written and checked in the legacy / kohya test below, from the LoRA it trains.
+    variant = "wuerstchen"
     config, _ = train(tmp_path, variant, "LORA", output_model_format="DIFFUSERS_LORA", text_encoder={"train": True})
-    path = Path(config["output_model_destination"])
+    assert_peft_reads_our_diffusers_lora(config, variant, Path(config["output_model_destination"]))
+
+
+def assert_peft_reads_our_diffusers_lora(config: dict, variant: str, path: Path) -> None:
+    """The DIFFUSERS_LORA at `path` (prior and text encoder), applied by peft, gives the output ours gives with it."""
     state = load_file(str(path))
     assert any(k.startswith("prior.") for k in state) and any(k.startswith("text_encoder.") for k in state)
     with safe_open(str(path), "pt") as f:
         architecture = f.metadata()["modelspec.architecture"]
     assert architecture.startswith("stable-cascade" if variant == "cascade" else "wuerstchen")
 
-    family, ours, _ = load(config, variant, lora_model_name=str(path))  # our reading of our file
+    family, ours, _ = load(config, variant, lora_model_name=str(path), output_model_format="DIFFUSERS_LORA")  # ours
     expected = prior_output(family, ours)
     _, plain, _ = load(config, variant, method=False)
     before = prior_output(family, plain)
@@ -167,6 +173,12 @@ def test_cascade_legacy_and_kohya_loras_apply_on_stability_stage_c_as_comfyui_do
         text_encoder.load_state_dict(text_weights)
         assert torch.allclose(prior_output(family, plain), expected, atol=1e-5)
 
+    # The same LoRA written as DIFFUSERS_LORA (the trainer's output goes through the same `save_output`): peft reads it.
+    diffusers_path = tmp_path / "diffusers.safetensors"
+    method.config.output_model_format = ModelFormat.DIFFUSERS_LORA
+    method.save_output(diffusers_path)
+    assert_peft_reads_our_diffusers_lora(config, "cascade", diffusers_path)
+
 
 def test_cascade_fine_tune_as_stage_c_loads_in_diffusers_and_as_the_prior_model(tmp_path):
     from diffusers import StableCascadeUNet
@@ -205,21 +217,26 @@ def local_prior(root: Path, variant: str, folder: Path) -> dict:
     }
 
 
-@pytest.mark.parametrize("variant", ["wuerstchen", "cascade"])
-def test_fine_tune_writes_the_prior_folder_diffusers_loads_part_by_part(tmp_path, variant):
-    from diffusers import StableCascadeUNet
-    from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior
-
+def test_fine_tune_writes_the_prior_folder_diffusers_loads_part_by_part(tmp_path):
+    # Cascade's prior folder is checked on the uninterrupted run of the resume test below (the same kind of run).
+    variant = "wuerstchen"
     folder = tmp_path / "out" / "prior"
     config, _ = train(
         tmp_path, variant, "FINE_TUNE", output_model_format="DIFFUSERS", output_model_destination=str(folder),
         text_encoder={"train": True},
     )  # fmt: skip
+    assert_the_prior_folder_loads_part_by_part(tmp_path, variant, config, folder)
+
+
+def assert_the_prior_folder_loads_part_by_part(root: Path, variant: str, config: dict, folder: Path) -> None:
+    from diffusers import StableCascadeUNet
+    from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior
+
     cls = StableCascadeUNet if variant == "cascade" else WuerstchenPrior
     prior = cls.from_pretrained(str(folder), subfolder="prior")
     # A local prior folder takes its decoder and effnet from their parts' model names (the decoder: the published one
     # by default).
-    family, trained, _ = load(config, variant, method=False, **local_prior(tmp_path, variant, folder))
+    family, trained, _ = load(config, variant, method=False, **local_prior(root, variant, folder))
     assert all(torch.equal(v, trained.part("prior").state_dict()[k]) for k, v in prior.state_dict().items())
     _, base, _ = load(config, variant, method=False)
     assert not torch.allclose(prior_output(family, base), prior_output(family, trained), atol=1e-6)
@@ -249,7 +266,7 @@ def test_the_loss_falls_on_an_overfit_set(tmp_path, variant):
     assert losses[-6:].mean() < losses[:6].mean(), losses
 
 
-def test_cascade_caches_effnet_latents_and_clip_hidden_pooled_and_mask(tmp_path, monkeypatch):
+def test_cascade_caches_effnet_latents_and_clip_hidden_pooled_and_mask_and_trains_masked(tmp_path, monkeypatch):
     calls = {"images": 0, "captions": 0}
     seen = []
     original_images, original_text = CascadeFamily.encode_images, CascadeFamily.encode_text
@@ -280,6 +297,14 @@ def test_cascade_caches_effnet_latents_and_clip_hidden_pooled_and_mask(tmp_path,
     assert seen[0].pooled.shape[0] == seen[0].hidden_states.shape[0] == seen[0].get("attention_mask").shape[0]
     assert seen[0].get("attention_mask").shape[1] == 77
 
+    # Masked training scales the masks to the effnet latents: the demo folder has a `-masklabel.png` for its first
+    # image, and at 128 px its mask becomes the 3×3 latents' mask. The run above is the plain run it is compared to.
+    _, masked = train(tmp_path / "masked", "cascade", "LORA", cli=False, masked_training=True, unmasked_weight=0.0,
+                      **frozen_text)  # fmt: skip
+    plain_losses, masked_losses = [m.loss for m in metrics], [m.loss for m in masked]
+    assert len(masked_losses) == len(plain_losses) == 2 and all(torch.isfinite(torch.tensor(masked_losses)))
+    assert masked_losses != pytest.approx(plain_losses)  # the masked image's loss counts only inside its mask
+
 
 @pytest.mark.parametrize("size", ["3.6B", "lite"])
 def test_a_full_size_stage_c_file_is_read_on_the_config_its_shapes_fit(size):
@@ -304,7 +329,7 @@ def test_a_full_size_stage_c_file_is_read_on_the_config_its_shapes_fit(size):
     assert stage_c_config({"clip_txt_mapper.weight": torch.zeros(1)}, tiny_base) is None
 
 
-def test_cascade_fine_tune_resumes_from_its_backup_as_the_uninterrupted_run(tmp_path):
+def test_cascade_fine_tune_loads_in_diffusers_part_by_part_and_resumes_from_its_backup_as_run_straight(tmp_path):
     # The fine-tune backup is the family's own (the prior pipeline folder); LoRA backups are the method's, as for SD.
     method = "FINE_TUNE"
     from onetrainer.training.checkpoint import list_backups
@@ -314,9 +339,13 @@ def test_cascade_fine_tune_resumes_from_its_backup_as_the_uninterrupted_run(tmp_
     common = {"resolution": "128", "epochs": 2, "backup_before_save": True, "text_encoder": {"train": True}}
     common.update(learning_rate=1e-4, output_model_format="DIFFUSERS")
     concepts = [{"path": str(tmp_path / "images"), "seed": 7}]
-    straight, sink = run(tiny_config(tmp_path / "a", "cascade", method, **common, concepts=concepts))
+    folder = tmp_path / "a" / "out" / "prior"
+    a = tiny_config(tmp_path / "a", "cascade", method, **common, concepts=concepts)
+    a["output_model_destination"] = str(folder)
+    straight, sink = run(a)
     expected = losses(sink)
     assert isinstance(straight, Finished) and len(expected) == 4
+    assert_the_prior_folder_loads_part_by_part(tmp_path, "cascade", a, folder)  # what the fine-tune wrote
 
     b = tiny_config(tmp_path / "b", "cascade", method, **common, concepts=concepts)
     control = TrainingControl()
@@ -328,14 +357,3 @@ def test_cascade_fine_tune_resumes_from_its_backup_as_the_uninterrupted_run(tmp_
     assert sorted(got) == sorted(expected)
     for step, value in expected.items():
         assert got[step] == pytest.approx(value, rel=1e-4, abs=1e-6), step
-
-
-def test_cascade_masked_training_scales_the_masks_to_the_effnet_latents(tmp_path):
-    # The demo folder has a `-masklabel.png` for its first image: at 128 px its mask becomes the 3×3 latents' mask.
-    settings = {"epochs": 1, "text_encoder": {"train": False}}
-    _, plain = train(tmp_path / "plain", "cascade", "LORA", cli=False, **settings)
-    _, masked = train(tmp_path / "masked", "cascade", "LORA", cli=False, masked_training=True, unmasked_weight=0.0,
-                      **settings)  # fmt: skip
-    plain_losses, masked_losses = [m.loss for m in plain], [m.loss for m in masked]
-    assert len(masked_losses) == len(plain_losses) == 2 and all(torch.isfinite(torch.tensor(masked_losses)))
-    assert masked_losses != pytest.approx(plain_losses)  # the masked image's loss counts only inside its mask

@@ -79,12 +79,11 @@ def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     assert not app.runner.is_alive() and not app.dialogs.history  # no failure reported
 
 
+# The LoRA of each of these families trains from the window in the preset-per-family test below (pixart/lora,
+# cascade/lora, wuerstchen/lora): the same Start, output and sample checks, so only the other methods are here.
 @pytest.mark.parametrize(
     ("variant", "method", "size"),
     [
-        ("pixart", "LORA", 64),
-        ("cascade", "LORA", 128),
-        ("wuerstchen", "LORA", 128),
         ("cascade", "FINE_TUNE", 128),
         ("wuerstchen", "FINE_TUNE", 128),
         ("cascade", "EMBEDDING", 128),
@@ -206,6 +205,7 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
     assert app.footer.status.startswith("Finished (completed)"), app.footer.status
     assert output.exists() and app.gallery.images() and not app.dialogs.history
+    assert any(output.iterdir()) if output.is_dir() else output.stat().st_size > 0
 
 
 def test_a_flux_lora_preset_trains_from_the_window(app, in_tmp: Path) -> None:

@@ -14,7 +14,7 @@ from gui.runner import TrainingRunner
 from gui.state import STATE_DIR_ENV, last_config_path, load_last_config, save_last_config, state_dir
 from onetrainer.config import TrainConfig, errors
 from onetrainer.config.enums import Optimizer
-from onetrainer.training.devices import training_threads
+from onetrainer.training.devices import torch_threads, training_threads
 from onetrainer.training.events import Failed, Finished, Metrics, Progress, Started
 
 
@@ -71,8 +71,11 @@ def test_runner_streams_events_from_a_thread() -> None:
 
     runner = TrainingRunner(train)
     config = TrainConfig()
-    runner.start(config)
-    _wait(runner)
+    # Another count in this thread than the runner's (the tests run with `training_threads`, tests/conftest.py): the
+    # trainer thread's count below is the one the runner sets.
+    with torch_threads(training_threads() + 1):
+        runner.start(config)
+        _wait(runner)
     events = runner.drain()
     assert [type(e) for e in events] == [Started, Progress, Metrics, Finished]
     assert runner.outcome == Finished("completed")

@@ -57,6 +57,9 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
     return pipeline(prompt, height=size, width=size, output_type="np", **common, **extra).images
 
 
+# Bit for bit, as before the suite computed with fewer threads (tests/conftest.py): at one thread the tiny SD 1.5
+# UNet's output from the loaded weights differs from the built ones' in the last bit.
+@pytest.mark.usefixtures("torch_default_threads")
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
 def test_saved_folder_loads_and_matches_the_built_pipeline(
     variant: str, saved_tiny_model: Callable[[str], Path], tiny_pipeline: Callable[[str], Any]

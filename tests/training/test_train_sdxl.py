@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -209,21 +210,27 @@ def test_inpainting_lora_with_cached_text_loads_in_diffusers(tmp_path):
 
 def test_low_vram_preset_through_scripts_train_py(tmp_path):
     """The low-VRAM preset as shipped (fp16 weights, 8-bit AdamW, cached latents and text), only pointed at the tiny
-    model and a small folder, through a real `scripts/train.py` process."""
+    model and a small folder, through a real `scripts/train.py` process, with a sample (this is its run of
+    tests/cli/test_presets_as_shipped.py)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     image_folder(tmp_path, count=2)
+    sample = {"prompt": "a red circle", "width": 64, "height": 64, "seed": 1, "diffusion_steps": 2}
     overrides = ["base_model_name=tiny:sdxl", "resolution=64", f"concepts.0.path={tmp_path / 'images'}", "epochs=1",
-                 "tensorboard=false", "train_device=cpu"]  # fmt: skip
+                 "tensorboard=false", "train_device=cpu", f"samples=[{json.dumps(sample)}]", "sample_after=1",
+                 "sample_after_unit=EPOCH"]  # fmt: skip
     command = [sys.executable, str(root / "scripts" / "train.py"), "--preset", "sdxl/lora-low-vram"]
     for override in overrides:
         command += ["--set", override]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Finished (completed)" in result.stderr and "captions: 0 cached" in result.stderr
+    assert "failed" not in result.stderr, result.stderr[-3000:]
+    samples = [p for p in (tmp_path / "workspace").rglob("*") if p.suffix in (".png", ".jpg") and "samples" in p.parts]
+    assert samples, "no sample was written"
     path = tmp_path / "models" / "lora.safetensors"
     with safe_open(str(path), "pt") as f:
         keys, metadata = list(f.keys()), f.metadata()
