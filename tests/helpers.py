@@ -76,6 +76,26 @@ def local_config(config):
     return config
 
 
+def loaded_model(data: dict, method: bool = False, **changes):
+    """The family and the model of a config dict (with `changes`), loaded as a run loads them, with the config's
+    adapters when `method`, every part in eval mode."""
+    import torch
+
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+
+    config, problems = config_from_dict({**data, **changes})
+    assert [p for p in problems if p.is_error] == []
+    family = load_family_class(config.model_type)()
+    model = family.load(local_config(config))
+    if method:
+        create_method(config, family, model, torch.device("cpu"))
+    for module in model.parts.values():
+        module.eval()
+    return family, model
+
+
 def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> Path:
     folder = root / "images"
     folder.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,7 @@ from onetrainer.families.loading import (
 from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
 from onetrainer.families.sources import resolve_local
 from onetrainer.families.text_encoding import t5_hidden_states
-from onetrainer.families.vae import encode_latents, load_vae_override
+from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import flux_keys, flux_lora, kohya_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
@@ -111,7 +111,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+        from diffusers import FlowMatchEulerDiscreteScheduler
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
@@ -119,9 +119,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
         tokenizers = self._load_text_encoders(where, options, parts)
-        parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)
-        if config.vae.model_name:
-            parts["vae"] = load_vae_override(config, parts["vae"].config)
+        parts["vae"] = load_vae(config, where, options)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )

@@ -43,7 +43,7 @@ from onetrainer.families.loading import (
 from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
 from onetrainer.families.sources import resolve_local
-from onetrainer.families.vae import encode_latents, load_vae_override
+from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
 from onetrainer.weights import pixart_keys, pixart_lora
@@ -77,7 +77,7 @@ class PixArtFamily(Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import AutoencoderKL, DDPMScheduler
+        from diffusers import DDPMScheduler
         from transformers import AutoTokenizer, T5EncoderModel
 
         where, options = part_wise_base(config, "PixArt", "T5, the VAE and the tokenizer", self.info.hub_file_sets)
@@ -85,10 +85,8 @@ class PixArtFamily(Family):
         parts = {
             "transformer": transformer,
             "text_encoder": load_diffusers_component(T5EncoderModel, where, "text_encoder", options),
-            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+            "vae": load_vae(config, where, options),
         }
-        if config.vae.model_name:
-            parts["vae"] = load_vae_override(config, parts["vae"].config)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         cast_parts(parts, config)

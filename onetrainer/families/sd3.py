@@ -41,7 +41,7 @@ from onetrainer.families.loading import (
 )
 from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
-from onetrainer.families.vae import encode_latents, load_vae_override
+from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import kohya_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
@@ -71,7 +71,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
@@ -93,9 +93,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             tokenizers["text_encoder_3"] = load_tokenizer(where, options, subfolder="tokenizer_3", cls=AutoTokenizer)
         for part in ("text_encoder", "text_encoder_2"):
             pool_at_end_token(parts[part], tokenizers[part])
-        parts["vae"] = load_diffusers_component(AutoencoderKL, where, "vae", options)
-        if config.vae.model_name:
-            parts["vae"] = load_vae_override(config, parts["vae"].config)
+        parts["vae"] = load_vae(config, where, options)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )

@@ -36,6 +36,15 @@ def convert_vae(state: dict, vae) -> dict:
     return convert_ldm_vae_checkpoint(state, vae.config)
 
 
+def load_vae(config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
+    """The base's VAE (the `vae` subfolder of `where`), or the config's override (`vae.model_name`) read on its
+    config."""
+    from diffusers import AutoencoderKL
+
+    vae = load_diffusers_component(AutoencoderKL, where, "vae", options)
+    return load_vae_override(config, vae.config) if config.vae.model_name else vae
+
+
 def load_vae_override(config: TrainConfig, base_config) -> torch.nn.Module:
     """The VAE named in the config: a diffusers folder (a VAE's, or a pipeline's with a vae/ subfolder), a single file
     (a VAE's, or a whole original checkpoint's, read on the base VAE's config `base_config`), or a hub id (a VAE repo

@@ -359,22 +359,10 @@ class LayerOffload:
         if block.home is None or not block.weights:
             return
         stream = self._copy_stream if ahead else None
-        if stream is not None:
-            # Allocated in the compute stream's order, written on the side stream once the compute stream has reached
-            # this point: memory a finished block gave back is reused at once. A copy allocated on the side stream
-            # could only reuse memory after the compute stream caught up with the host, which runs far ahead of it,
-            # and CUDA's cache grew to nearly the whole part (docs/benchmarks.md, layer offloading on an H200).
-            compute = torch.cuda.current_stream(self.device)
-            copy = torch.empty_like(block.home, device=self.device)
-            stream.wait_stream(compute)
-            with torch.cuda.stream(stream):
-                copy.copy_(block.home, non_blocking=True)
-                block.ready = torch.cuda.Event()
-                block.ready.record(stream)
-        else:
-            copy = self._copy(block.home)
+        copy = self._to_device(block.home, stream)
         for (param, home), offset in zip(block.weights, block.offsets):
             param.data = _view(copy, offset, home)
+        self._mark_ready(block, stream)
 
     def _fill_extras(self, block: _Block, ahead: bool) -> None:
         """The trained weights' gradients and optimizer state back on the device, for the backward pass that updates
@@ -388,20 +376,30 @@ class LayerOffload:
             for key, value in state.items():
                 if _travels(value):
                     state[key] = self._to_device(value, stream)
-        if stream is not None:
-            block.ready = torch.cuda.Event()
-            block.ready.record(stream)
+        self._mark_ready(block, stream)
         block.extras_loaded = True
 
     def _to_device(self, tensor: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        """`tensor` copied to the device: in line without a `stream`, else on it, non-blocking."""
         if stream is None:
             return self._copy(tensor)
+        # Allocated in the compute stream's order, written on the side stream once the compute stream has reached this
+        # point: memory a finished block gave back is reused at once. A copy allocated on the side stream could only
+        # reuse memory after the compute stream caught up with the host, which runs far ahead of it, and CUDA's cache
+        # grew to nearly the whole part (docs/benchmarks.md, layer offloading on an H200).
         compute = torch.cuda.current_stream(self.device)
-        copy = torch.empty_like(tensor, device=self.device)  # in the compute stream's order, as `_fill`'s copies
+        copy = torch.empty_like(tensor, device=self.device)
         stream.wait_stream(compute)
         with torch.cuda.stream(stream):
             copy.copy_(tensor, non_blocking=True)
         return copy
+
+    @staticmethod
+    def _mark_ready(block: _Block, stream: torch.cuda.Stream | None) -> None:
+        """The block's `ready` event after the copies queued on `stream` so far (none in line)."""
+        if stream is not None:
+            block.ready = torch.cuda.Event()
+            block.ready.record(stream)
 
     def _flush(self, block: _Block) -> None:
         """A block the backward pass went through: its trained weights copied back to their CPU home (on the compute
@@ -467,7 +465,7 @@ class LayerOffload:
             block.ready = None
         if block.trained:
             self._flush(block)
-            if block.extras_loaded or block.dirty or any(p.grad is not None for p in block.trained):
+            if block.extras_loaded or any(p.grad is not None for p in block.trained):  # (updated: extras loaded)
                 self._extras_out(block)
         for param, _ in block.weights:
             param.data = self._empty(param, self.device)

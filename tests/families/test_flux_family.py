@@ -23,7 +23,7 @@ from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.tiny.denoiser_step import denoiser_inputs
 from onetrainer.training.events import Metrics, SampleReady, Validated
-from tests.helpers import VARIANT_MODEL_TYPES, image_folder, local_config, run_config, tiny_config
+from tests.helpers import VARIANT_MODEL_TYPES, image_folder, loaded_model, local_config, run_config, tiny_config
 
 CPU = torch.device("cpu")
 PIPELINES = {"flux-dev": "FluxPipeline", "flux-schnell": "FluxPipeline", "flux-fill": "FluxFillPipeline",
@@ -35,15 +35,7 @@ OVERFIT_EPOCHS = 14
 def our_model(variant: str, method: bool = False, **changes):
     """The family and the tiny model of `variant` (with the config's adapters when `method`), in eval mode."""
     data = tiny_config(Path("/nonexistent"), variant=variant, method="LORA", output_model_format="DIFFUSERS_LORA")
-    cfg, problems = config_from_dict({**data, **changes})
-    assert [p for p in problems if p.is_error] == []
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    if method:
-        create_method(cfg, family, model, CPU)
-    for module in model.parts.values():
-        module.eval()
-    return family, model
+    return loaded_model(data, method, **changes)
 
 
 def diffusers_pipeline(variant: str):

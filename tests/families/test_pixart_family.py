@@ -18,7 +18,7 @@ from onetrainer.families.pixart import PixArtFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics
-from tests.helpers import image_folder, local_config, run_config, tiny_config, write_config
+from tests.helpers import image_folder, loaded_model, local_config, run_config, tiny_config, write_config
 
 CPU = torch.device("cpu")
 
@@ -36,15 +36,7 @@ def train(root: Path, method: str, cli: bool = False, **overrides) -> tuple[dict
 
 
 def load(config: dict, method: bool = True, **changes):
-    cfg, problems = config_from_dict({**config, **changes})
-    assert [p for p in problems if p.is_error] == []
-    family = PixArtFamily()
-    model = family.load(local_config(cfg))
-    if method:
-        create_method(cfg, family, model, CPU)
-    for module in model.parts.values():
-        module.eval()
-    return family, model
+    return loaded_model(config, method, **changes)
 
 
 def transformer_output(model, seed: int = 0) -> torch.Tensor:

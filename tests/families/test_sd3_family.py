@@ -15,13 +15,11 @@ from safetensors import safe_open
 
 from onetrainer.config import config_from_dict, validate
 from onetrainer.config.enums import ModelFormat
-from onetrainer.families import load_family_class
 from onetrainer.families.loading import ModelLoadError
-from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.tiny.denoiser_step import denoiser_inputs
 from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import image_folder, local_config, run_config, tiny_config
+from tests.helpers import image_folder, loaded_model, run_config, tiny_config
 
 CPU = torch.device("cpu")
 VARIANTS = ("sd3", "sd35-medium", "sd35-large")
@@ -30,15 +28,7 @@ CAPTIONS = ["a red circle", "two blue squares"]
 
 def our_model(variant: str, method: bool = False, **changes):
     data = tiny_config(Path("/nonexistent"), variant=variant, method="LORA", output_model_format="DIFFUSERS_LORA")
-    cfg, problems = config_from_dict({**data, **changes})
-    assert [p for p in problems if p.is_error] == []
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    if method:
-        create_method(cfg, family, model, CPU)
-    for module in model.parts.values():
-        module.eval()
-    return family, model
+    return loaded_model(data, method, **changes)
 
 
 def pipeline(folder: Path):
