@@ -364,17 +364,17 @@ SD3 = FamilyInfo(
     },
     bucket_step=16,
     sample_step=16,
-    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE),
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_SINGLE_FILE),
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's SD3 presets
     layer_presets={"attn-only": ("attn",), "blocks": ("transformer_block",), "full": ()},
-    formats_to_come={TrainingMethod.LORA: (ModelFormat.KOHYA_LORA,)},
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),
-    part_capabilities={"text_encoder_3": frozenset({OPTIONAL_PART})},
+    part_capabilities={"transformer": _OFFLOADED, "text_encoder_3": frozenset({OPTIONAL_PART}) | _OFFLOADED},
     lora_caveats=(
         LoraFileCaveat(
             ModelFormat.DIFFUSERS_LORA,
@@ -394,7 +394,12 @@ SD3 = FamilyInfo(
     "The model type tells SD 3 from 3.5 by the transformer's config (3.5 normalises its queries and keys). Caption "
     "dropout zeroes each encoder's share on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE writes one file in "
     "Stability AI's layout holding the transformer, the VAE and the three text encoders (as OneTrainer writes it), "
-    "which ComfyUI's Load Checkpoint reads.",
+    "which ComfyUI's Load Checkpoint reads. Such a file (Stability AI's or ours) is also a base model: the "
+    "transformer, and the VAE and text encoders it holds, come from it; the configs, the tokenizers and the parts it "
+    "lacks from the variant's diffusers repository (stabilityai/stable-diffusion-3-medium-diffusers, "
+    "stable-diffusion-3.5-medium or -3.5-large, told apart by the file's weights; gated on the hub: `hf auth login` "
+    "once), as diffusers' from_single_file does, from the hub cache when offline. Embeddings hold a vector set for "
+    "each included encoder (file keys clip_l, clip_g, t5, as OneTrainer writes them).",
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's

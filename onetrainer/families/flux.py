@@ -293,13 +293,9 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         return flux_lora.transformer_to_kohya(kind, state, alphas, ranks, transformer_config(model))
 
     def read_lora_file(self, model, part, kind, state):
-        if part != self.denoiser_part or not any(flux_lora.is_transformer_key(k) for k in state):
+        if part != self.denoiser_part:
             return None
-        try:
-            read = flux_lora.kohya_to_transformer(kind, state, transformer_config(model))
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"the transformer's LoRA weights cannot be read: {e}") from e
-        return read.weights, read.alphas, read.ranks, read.structure, read.used
+        return flux_lora.LAYOUT.read_file(kind, state, transformer_config(model))
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         return self.lora_file_name(model, part, module_path, ModelFormat.KOHYA_LORA)

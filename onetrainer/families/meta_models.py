@@ -84,7 +84,7 @@ RELEASED_PARTS: dict[str, dict[str, Config]] = {
         "vae": ref.SD_VAE,
     },
     "STABLE_DIFFUSION_3": {"transformer": ref.SD3_MEDIUM_TRANSFORMER, **_SD3},
-    # SD 3.5: Large, the model a 3.5 config is most often sized for (Medium is SD 3's size)
+    # SD 3.5: Large unless the name says Medium (`RELEASED_VARIANTS`)
     "STABLE_DIFFUSION_35": {"transformer": ref.SD35_LARGE_TRANSFORMER, **_SD3},
     "FLUX_DEV_1": {
         "transformer": ref.FLUX_DEV_TRANSFORMER,
@@ -117,9 +117,21 @@ RELEASED_PARTS: dict[str, dict[str, Config]] = {
 }
 
 
-def released_parts(model_type: Any) -> dict[str, Config]:
-    """The full-size configs of a model type's parts; ValueError for a type without a reference model."""
+# Model types whose released models differ in size, {model type: ((a word of the base model's name, the parts that
+# differ), …)}: a hub id not downloaded yet is counted as the one its name says.
+RELEASED_VARIANTS: dict[str, tuple[tuple[str, dict[str, Config]], ...]] = {
+    "STABLE_DIFFUSION_35": (("medium", {"transformer": ref.SD35_MEDIUM_TRANSFORMER}),),
+}
+
+
+def released_parts(model_type: Any, base_model_name: str = "") -> dict[str, Config]:
+    """The full-size configs of a model type's parts (the variant `base_model_name` names, where its type has
+    several); ValueError for a type without a reference model."""
     key = getattr(model_type, "value", model_type)
     if key not in RELEASED_PARTS:
         raise ValueError(f"no reference model for {key}")
+    name = base_model_name.lower()
+    for word, parts in RELEASED_VARIANTS.get(key, ()):
+        if word in name:
+            return {**RELEASED_PARTS[key], **parts}
     return RELEASED_PARTS[key]

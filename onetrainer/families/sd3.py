@@ -11,13 +11,19 @@ trained by rectified flow, conditioned on three text encoders.
 - Latents: the VAE's, shifted and scaled ((z - 0.0609)·1.5305, `vae.encode_latents`); the transformer patches them
   itself. The schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler config (shift 3); the
   transformer takes the model time σ·1000 as diffusers' pipeline gives it.
+- The base model is a diffusers folder or hub id, our backup, or one original file (`sd3_single_file.py`: its
+  transformer, and the VAE and text encoders it holds; configs, tokenizers and missing parts from the variant's
+  diffusers repository, as diffusers' `from_single_file` does).
+- Embeddings train a vector set per included encoder (file keys `clip_l`, `clip_g`, `t5`).
 - SD 3 and 3.5 are one architecture: the model type is checked against the transformer's config (3.5 normalises its
   queries and keys, `qk_norm`; 3.5 Medium adds a second image self-attention in its first blocks).
 - Sampling goes through `StableDiffusion3Pipeline` with our prompt embeddings (so clip skip applies), with CFG and the
   negative prompt; saving writes the diffusers pipeline folder (also the backup, usable as a base model) or one file in
   Stability AI's layout (`weights/sd3_keys.py`: the transformer, the VAE and the text encoders).
-- LoRA files: DIFFUSERS_LORA (peft names under `transformer.`, `text_encoder.`, `text_encoder_2.`, `text_encoder_3.`);
-  the kohya names (`lora_unet_…`, `lora_te1_/2_/3_`) are sd-scripts' over diffusers' module paths.
+- LoRA files: DIFFUSERS_LORA (peft names under `transformer.`, `text_encoder.`, `text_encoder_2.`, `text_encoder_3.`),
+  or KOHYA_LORA in sd-scripts' layout over Stability AI's module names (`weights/sd3_lora.py`: `lora_unet_…`, q/k/v as
+  exact fused LoRAs on `attn.qkv`, as ComfyUI reads it; LyCORIS kinds keep the fused projections as
+  `lora_transformer_…`), the text encoders `lora_te1_/2_/3_` (CLIP-L, CLIP-G, T5) over their own module paths.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ from onetrainer.families.loading import (
     part_wise_base,
 )
 from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.sd3_single_file import read_single_file
+from onetrainer.families.sources import resolve_source
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
-from onetrainer.families.vae import encode_latents, load_vae
+from onetrainer.families.vae import encode_latents, load_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
-from onetrainer.weights import kohya_lora
+from onetrainer.weights import kohya_lora, sd3_lora
 from onetrainer.weights.metadata import ModelKind, model_metadata
 
 if TYPE_CHECKING:
@@ -63,6 +71,10 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
     info = SD3
     sampling_parts = frozenset(SD3.parts)
     caption_dropout = CaptionDropout.ZEROS
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("transformer_blocks",),
+        "text_encoder_3": ("encoder.block",),
+    }
     writers: ClassVar[dict[ModelFormat, str]] = {
         ModelFormat.DIFFUSERS: "save_diffusers",
         ModelFormat.ORIGINAL_SINGLE_FILE: "save_original_file",
@@ -76,24 +88,36 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
-        what = "the text encoders, the VAE and the tokenizers"
-        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        transformer = load_diffusers_component(SD3Transformer2DModel, where, "transformer", options)
-        check_model_type(dict(transformer.config), config.model_type, where)
-        parts: dict[str, torch.nn.Module] = {"transformer": transformer}
-        for part in ("text_encoder", "text_encoder_2"):
-            parts[part] = load_diffusers_component(CLIPTextModelWithProjection, where, part, options)
+        source = resolve_source(config.base_model_name)
+        if source.kind == "single_file":  # the file's parts; configs, tokenizers and the rest from its companion
+            read = read_single_file(source.path, config)
+            parts, where, options = read.parts, read.companion, read.options
+        else:
+            what = "the text encoders, the VAE and the tokenizers"
+            where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+            parts = {}
+        if "transformer" not in parts:
+            parts["transformer"] = load_diffusers_component(SD3Transformer2DModel, where, "transformer", options)
+        check_model_type(dict(parts["transformer"].config), config.model_type, config.base_model_name)
+        with_t5 = config.text_encoder_3.include  # left out: never loaded, zeros in its place (`encode_text`)
+        encoders = {"text_encoder": CLIPTextModelWithProjection, "text_encoder_2": CLIPTextModelWithProjection}
+        if with_t5:
+            encoders["text_encoder_3"] = T5EncoderModel
+        for part, cls in encoders.items():
+            if part not in parts:
+                parts[part] = load_diffusers_component(cls, where, part, options)
         tokenizers = {
             "text_encoder": load_tokenizer(where, options),
             "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2"),
         }
-        with_t5 = config.text_encoder_3.include  # left out: never loaded, zeros in its place (`encode_text`)
         if with_t5:
-            parts["text_encoder_3"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_3", options)
             tokenizers["text_encoder_3"] = load_tokenizer(where, options, subfolder="tokenizer_3", cls=AutoTokenizer)
         for part in ("text_encoder", "text_encoder_2"):
             pool_at_end_token(parts[part], tokenizers[part])
-        parts["vae"] = load_vae(config, where, options)
+        if "vae" not in parts:
+            parts["vae"] = load_vae(config, where, options)
+        elif config.vae.model_name:
+            parts["vae"] = load_vae_override(config, parts["vae"].config)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )
@@ -256,13 +280,26 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         metadata.update(extra_metadata or {})
         write_single_file(state, destination, dtype, metadata)
 
-    # -- names ----------------------------------------------------------------------------------------------------
+    # -- LoRA files and names -------------------------------------------------------------------------------------
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+        """The transformer's adapters over SAI's names (`sd3_lora.py`: exact fused LoRAs on q/k/v, what ComfyUI and
+        sd-scripts read); the text encoders take the generic layout."""
+        if part != self.denoiser_part:
+            return None
+        return sd3_lora.LAYOUT.to_kohya(kind, state, alphas, ranks, dict(model.part(part).config))
+
+    def read_lora_file(self, model, part, kind, state):
+        if part != self.denoiser_part:
+            return None
+        return sd3_lora.LAYOUT.read_file(kind, state, dict(model.part(part).config))
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
-        """sd-scripts' names over diffusers' module paths: `lora_unet_…` for the transformer, `lora_te1_/2_/3_` for
-        CLIP-L, CLIP-G and T5 (CLIP's with the `text_model.` level its checkpoints have)."""
+        """sd-scripts' names: the transformer's `lora_unet_<SAI module path>` (a projection of a fused q/k/v or a
+        swapped modulation: `lora_transformer_<diffusers path>`, `sd3_lora.py`), `lora_te1_/2_/3_` for CLIP-L, CLIP-G
+        and T5 over their module paths (CLIP's with the `text_model.` level its checkpoints have)."""
         if part == self.denoiser_part:
-            return kohya_lora.kohya_module_name("lora_unet", module_path)
+            return sd3_lora.LAYOUT.kohya_name(module_path, dict(model.part(part).config))
         path = module_path
         if part != "text_encoder_3" and not path.startswith("text_model."):
             path = "text_model." + path

@@ -514,16 +514,16 @@ def module_shapes(module: torch.nn.Module) -> dict:
 
 
 @lru_cache(maxsize=16)
-def reference_shapes(model_type: Any) -> Shapes:
-    """The counts of the released full-size model of a type (`families/meta_models.RELEASED_PARTS`, built on the
-    meta device: no memory, no download)."""
+def reference_shapes(model_type: Any, base_model_name: str = "") -> Shapes:
+    """The counts of the released full-size model of a type (`families/meta_models.RELEASED_PARTS`, the variant the
+    base model's name says, built on the meta device: no memory, no download)."""
     import torch
 
     from onetrainer.families.meta_models import instantiate, released_parts
 
     shapes: Shapes = {}
     with torch.device("meta"):
-        for part, config in released_parts(model_type).items():
+        for part, config in released_parts(model_type, base_model_name).items():
             _stop_if_cancelled()
             shapes[part] = module_shapes(instantiate(config))
     return shapes
@@ -557,7 +557,8 @@ def model_shapes(config: TrainConfig) -> tuple[Shapes, str]:
         if family.denoiser_part in shapes:
             return shapes, f"the files of {name}"
     label = model_type_info(config.model_type).label
-    return reference_shapes(config.model_type), f"the released {label} model (the base model's files are not local)"
+    released = f"the released {label} model (the base model's files are not local)"
+    return reference_shapes(config.model_type, name), released
 
 
 def _cached_snapshot(name: str, cache_dir: str | None, probes: tuple[str, ...]) -> Path | None:
@@ -593,7 +594,7 @@ def part_configs(config: TrainConfig) -> tuple[dict[str, dict], str]:
 
     family = family_of(config)
     try:
-        configs = dict(released_parts(config.model_type))
+        configs = dict(released_parts(config.model_type, config.base_model_name))
     except ValueError:
         configs = {}
     source = "released"

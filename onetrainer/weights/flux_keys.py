@@ -27,6 +27,7 @@ import torch
 
 from onetrainer.util.gguf_weights import logical_shape
 from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.fused_lora import OriginalModule, swap_halves
 from onetrainer.weights.key_check import check_keys
 
 # ComfyUI's full checkpoints keep the transformer under this prefix; diffusers' converters strip it too.
@@ -36,29 +37,6 @@ FLUX_CLASS = "FluxTransformer2DModel"
 CHROMA_CLASS = "ChromaTransformer2DModel"
 
 _PARAMETERS = ("weight", "bias")
-
-
-@dataclass(frozen=True)
-class OriginalModule:
-    """Where a diffusers module's output rows live in the original checkpoint.
-
-    `path` is the original module. In a fused module the diffusers module is slice `index` of slices of `rows` rows
-    each (in order); `rows` is empty where the module is the whole original module. `swapped`: the two halves of
-    its output rows are stored the other way round (the final layer's shift|scale)."""
-
-    path: str
-    index: int = 0
-    rows: tuple[int, ...] = ()
-    swapped: bool = False
-
-    @property
-    def fused(self) -> bool:
-        return len(self.rows) > 1
-
-    @property
-    def start(self) -> int:
-        """The first row of this slice in the original module."""
-        return sum(self.rows[: self.index])
 
 
 def is_chroma(config: Mapping[str, Any]) -> bool:
@@ -187,12 +165,6 @@ def original_keys(config: Mapping[str, Any]) -> set[str]:
     """The keys of the original checkpoint (without ComfyUI's `model.diffusion_model.` prefix)."""
     keys = {f"{m.path}.{p}" for m in module_map(config).values() for p in _PARAMETERS}
     return keys | set(parameter_map(config).values())
-
-
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """shift|scale ↔ scale|shift along the output rows (its own inverse)."""
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
 
 
 def diffusers_to_original(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -12,11 +12,15 @@ Reading splits a block-diagonal fused LoRA back into per-projection adapters. A 
 itself (one shared down matrix, every up slice using every column: sd-scripts' Flux `linear1`) mixes the
 projections; it still splits exactly when each projection takes the whole down matrix and its own up rows (rank
 unchanged), which a caller may allow (`share_down`), else it is an error.
+
+`OriginalModule` says where a diffusers module lives in such a checkpoint; the families' key maps (`flux_keys`,
+`sd3_keys`) are made of it, so that one map converts whole checkpoints and names LoRA modules alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +28,36 @@ from onetrainer.weights.kohya_lora import LORA_A, LORA_B
 
 # One LoRA: (down [rank, in], up [out, rank], alpha).
 Adapter = tuple[torch.Tensor, torch.Tensor, float]
+
+
+@dataclass(frozen=True)
+class OriginalModule:
+    """Where a diffusers module's output rows live in the original checkpoint.
+
+    `path` is the original module. In a fused module the diffusers module is slice `index` of slices of `rows` rows
+    each (in order); `rows` is empty where the module is the whole original module. `swapped`: the two halves of
+    its output rows are stored the other way round (a final layer's shift|scale)."""
+
+    path: str
+    index: int = 0
+    rows: tuple[int, ...] = ()
+    swapped: bool = False
+
+    @property
+    def fused(self) -> bool:
+        return len(self.rows) > 1
+
+    @property
+    def start(self) -> int:
+        """The first row of this slice in the original module."""
+        return sum(self.rows[: self.index])
+
+
+def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    """shift|scale ↔ scale|shift along the output rows (its own inverse): the original layouts' modulation order
+    against diffusers'."""
+    first, second = tensor.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
 
 
 def peft_pairs(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

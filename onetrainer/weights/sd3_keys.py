@@ -11,15 +11,20 @@ rows are swapped. The VAE is `first_stage_model.` in LDM names; the text encoder
 transformers' own names.
 
 diffusers converts only the file → diffusers direction (`convert_sd3_transformer_checkpoint_to_diffusers`); this is the
-other direction, written from the transformer config so it holds at any width.
+other direction, written from the transformer config so it holds at any width. One map, `module_map`, places every
+module with a weight (the Linear layers and the patch embedding's convolution) and also names the LoRA modules
+(`sd3_lora.py`); the bare parameters (the position table, 3.5's RMS norm scales) are `parameter_map`'s.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from onetrainer.weights.fused_lora import OriginalModule, swap_halves
 
 TRANSFORMER_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
@@ -30,63 +35,119 @@ TEXT_ENCODER_PREFIXES = {
 }
 
 
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """scale|shift ↔ shift|scale along the output rows (its own inverse)."""
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
+_PARAMETERS = ("weight", "bias")
 
 
-def transformer_to_original(state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """An `SD3Transformer2DModel` state dict in SAI's names (without the `model.diffusion_model.` prefix); raises
-    ValueError naming what it cannot place."""
-    left = dict(state)
-    out: dict[str, torch.Tensor] = {}
+def width(config: Mapping[str, Any]) -> int:
+    return int(config["num_attention_heads"]) * int(config["attention_head_dim"])
 
-    def move(source: str, target: str, swapped: bool = False) -> None:
-        for parameter in ("weight", "bias"):
-            value = left.pop(f"{source}.{parameter}", None)
-            if value is not None:
-                out[f"{target}.{parameter}"] = swap_halves(value) if swapped else value
 
-    def fuse(sources: tuple[str, ...], target: str) -> None:
-        for parameter in ("weight", "bias"):
-            parts = [left.pop(f"{source}.{parameter}", None) for source in sources]
-            if all(part is not None for part in parts):
-                out[f"{target}.{parameter}"] = torch.cat(parts, dim=0)
-            elif any(part is not None for part in parts):
-                raise ValueError(f"{target}.{parameter}: only some of {', '.join(sources)} are there")
+def module_map(config: Mapping[str, Any]) -> dict[str, OriginalModule]:
+    """Every module of an `SD3Transformer2DModel` with a weight (the Linear layers, `pos_embed.proj`'s convolution) →
+    where it lives in SAI's layout, for a transformer config (`dict(transformer.config)` will do)."""
+    return dict(_module_map(*_topology(config)))
 
-    out["pos_embed"] = left.pop("pos_embed.pos_embed")
-    move("pos_embed.proj", "x_embedder.proj")
-    move("time_text_embed.timestep_embedder.linear_1", "t_embedder.mlp.0")
-    move("time_text_embed.timestep_embedder.linear_2", "t_embedder.mlp.2")
-    move("time_text_embed.text_embedder.linear_1", "y_embedder.mlp.0")
-    move("time_text_embed.text_embedder.linear_2", "y_embedder.mlp.2")
-    move("context_embedder", "context_embedder")
-    layers = int(config["num_layers"])
+
+def original_module(module_path: str, config: Mapping[str, Any]) -> OriginalModule | None:
+    """Where one diffusers module lives (`module_map`), None for a module without a weight there; a lookup in a cached
+    map, for naming modules one at a time."""
+    return _module_map(*_topology(config)).get(module_path)
+
+
+def _topology(config: Mapping[str, Any]) -> tuple[int, int, tuple[int, ...]]:
+    """What the map depends on, as a cache key: the blocks, the width of the fused q/k/v, the blocks with 3.5 Medium's
+    second image attention."""
+    dual = tuple(sorted(int(i) for i in config.get("dual_attention_layers") or ()))
+    return int(config["num_layers"]), width(config), dual
+
+
+@functools.lru_cache(maxsize=16)
+def _module_map(layers: int, inner: int, dual_attention_layers: tuple[int, ...]) -> dict[str, OriginalModule]:
+    qkv = (inner, inner, inner)
+    modules = {
+        "pos_embed.proj": OriginalModule("x_embedder.proj"),
+        "time_text_embed.timestep_embedder.linear_1": OriginalModule("t_embedder.mlp.0"),
+        "time_text_embed.timestep_embedder.linear_2": OriginalModule("t_embedder.mlp.2"),
+        "time_text_embed.text_embedder.linear_1": OriginalModule("y_embedder.mlp.0"),
+        "time_text_embed.text_embedder.linear_2": OriginalModule("y_embedder.mlp.2"),
+        "context_embedder": OriginalModule("context_embedder"),
+        "proj_out": OriginalModule("final_layer.linear"),
+        "norm_out.linear": OriginalModule("final_layer.adaLN_modulation.1", swapped=True),
+    }
     for i in range(layers):
         ours, theirs = f"transformer_blocks.{i}", f"joint_blocks.{i}"
         image, text = f"{theirs}.x_block", f"{theirs}.context_block"
-        fuse(tuple(f"{ours}.attn.to_{p}" for p in "qkv"), f"{image}.attn.qkv")
-        fuse(tuple(f"{ours}.attn.add_{p}_proj" for p in "qkv"), f"{text}.attn.qkv")
-        move(f"{ours}.attn.norm_q", f"{image}.attn.ln_q")
-        move(f"{ours}.attn.norm_k", f"{image}.attn.ln_k")
-        move(f"{ours}.attn.norm_added_q", f"{text}.attn.ln_q")
-        move(f"{ours}.attn.norm_added_k", f"{text}.attn.ln_k")
-        move(f"{ours}.attn.to_out.0", f"{image}.attn.proj")
-        move(f"{ours}.attn.to_add_out", f"{text}.attn.proj")
-        fuse(tuple(f"{ours}.attn2.to_{p}" for p in "qkv"), f"{image}.attn2.qkv")
-        move(f"{ours}.attn2.norm_q", f"{image}.attn2.ln_q")
-        move(f"{ours}.attn2.norm_k", f"{image}.attn2.ln_k")
-        move(f"{ours}.attn2.to_out.0", f"{image}.attn2.proj")
-        move(f"{ours}.norm1.linear", f"{image}.adaLN_modulation.1")
-        move(f"{ours}.norm1_context.linear", f"{text}.adaLN_modulation.1", swapped=i == layers - 1)
-        move(f"{ours}.ff.net.0.proj", f"{image}.mlp.fc1")
-        move(f"{ours}.ff.net.2", f"{image}.mlp.fc2")
-        move(f"{ours}.ff_context.net.0.proj", f"{text}.mlp.fc1")
-        move(f"{ours}.ff_context.net.2", f"{text}.mlp.fc2")
-    move("proj_out", "final_layer.linear")
-    move("norm_out.linear", "final_layer.adaLN_modulation.1", swapped=True)
+        last = i == layers - 1  # its text half ends after the attention: no output projection, no MLP
+        for index, p in enumerate("qkv"):
+            modules[f"{ours}.attn.to_{p}"] = OriginalModule(f"{image}.attn.qkv", index, qkv)
+            modules[f"{ours}.attn.add_{p}_proj"] = OriginalModule(f"{text}.attn.qkv", index, qkv)
+        modules[f"{ours}.attn.to_out.0"] = OriginalModule(f"{image}.attn.proj")
+        if i in dual_attention_layers:
+            for index, p in enumerate("qkv"):
+                modules[f"{ours}.attn2.to_{p}"] = OriginalModule(f"{image}.attn2.qkv", index, qkv)
+            modules[f"{ours}.attn2.to_out.0"] = OriginalModule(f"{image}.attn2.proj")
+        modules[f"{ours}.norm1.linear"] = OriginalModule(f"{image}.adaLN_modulation.1")
+        # The last block's text modulation is a two-chunk shift|scale there, diffusers' scale|shift.
+        modules[f"{ours}.norm1_context.linear"] = OriginalModule(f"{text}.adaLN_modulation.1", swapped=last)
+        modules[f"{ours}.ff.net.0.proj"] = OriginalModule(f"{image}.mlp.fc1")
+        modules[f"{ours}.ff.net.2"] = OriginalModule(f"{image}.mlp.fc2")
+        if not last:
+            modules[f"{ours}.attn.to_add_out"] = OriginalModule(f"{text}.attn.proj")
+            modules[f"{ours}.ff_context.net.0.proj"] = OriginalModule(f"{text}.mlp.fc1")
+            modules[f"{ours}.ff_context.net.2"] = OriginalModule(f"{text}.mlp.fc2")
+    return modules
+
+
+def parameter_map(config: Mapping[str, Any]) -> dict[str, str]:
+    """The bare parameters: diffusers key → SAI key. The q/k norms (3.5's `qk_norm`) are listed with a weight and a
+    bias, whichever the norm has."""
+    params = {"pos_embed.pos_embed": "pos_embed"}
+    if not config.get("qk_norm"):
+        return params
+    _, _, dual = _topology(config)
+    for i in range(int(config["num_layers"])):
+        ours, theirs = f"transformer_blocks.{i}", f"joint_blocks.{i}"
+        norms = {
+            "attn.norm_q": "x_block.attn.ln_q",
+            "attn.norm_k": "x_block.attn.ln_k",
+            "attn.norm_added_q": "context_block.attn.ln_q",
+            "attn.norm_added_k": "context_block.attn.ln_k",
+        }
+        if i in dual:
+            norms |= {"attn2.norm_q": "x_block.attn2.ln_q", "attn2.norm_k": "x_block.attn2.ln_k"}
+        for norm, original in norms.items():
+            for p in _PARAMETERS:
+                params[f"{ours}.{norm}.{p}"] = f"{theirs}.{original}.{p}"
+    return params
+
+
+def transformer_to_original(state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """An `SD3Transformer2DModel` state dict in SAI's names (without the `model.diffusion_model.` prefix), placed by
+    `module_map` and `parameter_map`; raises ValueError naming what it cannot place."""
+    left = dict(state)
+    out: dict[str, torch.Tensor] = {}
+    fused: dict[str, list[torch.Tensor | None]] = {}
+    for module, original in module_map(config).items():
+        for parameter in _PARAMETERS:
+            value = left.pop(f"{module}.{parameter}", None)
+            if value is None:
+                continue
+            key = f"{original.path}.{parameter}"
+            if original.swapped:
+                value = swap_halves(value)
+            if original.fused:
+                fused.setdefault(key, [None] * len(original.rows))[original.index] = value
+            else:
+                out[key] = value
+    for key, parts in fused.items():
+        if any(part is None for part in parts):
+            raise ValueError(f"{key}: only some of its {len(parts)} projections are there")
+        out[key] = torch.cat(parts, dim=0)
+    out["pos_embed"] = left.pop("pos_embed.pos_embed")
+    for ours, theirs in parameter_map(config).items():
+        value = left.pop(ours, None)
+        if value is not None:
+            out[theirs] = value
     if left:
         raise ValueError(f"{len(left)} transformer weights have no place in the original layout: {sorted(left)[:4]}")
     return out

@@ -12,14 +12,17 @@ import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from onetrainer.config import config_from_dict, validate
 from onetrainer.config.enums import ModelFormat
+from onetrainer.families import load_family_class
 from onetrainer.families.loading import ModelLoadError
+from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.tiny.denoiser_step import denoiser_inputs
 from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import image_folder, loaded_model, run_config, tiny_config
+from tests.helpers import image_folder, loaded_model, local_config, run_config, tiny_config
 
 CPU = torch.device("cpu")
 VARIANTS = ("sd3", "sd35-medium", "sd35-large")
@@ -144,7 +147,7 @@ def test_a_fine_tune_writes_a_pipeline_folder_diffusers_loads(tmp_path):
     assert torch.equal(transformer_output(model.part("transformer")), transformer_output(trained.transformer))
 
 
-def test_onetrainers_sd3_presets_import_and_what_is_still_to_come_is_named():
+def test_onetrainers_sd3_presets_import_and_every_lora_format_is_offered():
     from onetrainer.config import errors, load_config
     from tests.conftest import onetrainer_presets_dir
 
@@ -152,12 +155,12 @@ def test_onetrainers_sd3_presets_import_and_what_is_still_to_come_is_named():
         config, problems = load_config(onetrainer_presets_dir() / "SD3" / name)
         assert errors(problems) == [] and config.text_encoder_3.weight_dtype.value == "FLOAT_16", name
     config, problems = load_config(onetrainer_presets_dir() / "SD3" / "#sd 3 LoRA.json")
-    config.output_model_format = ModelFormat.KOHYA_LORA
+    for fmt in (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA):
+        config.output_model_format = fmt
+        assert errors(validate(config)) == [], fmt
+    config.output_model_format = ModelFormat.LEGACY_LORA
     (problem,) = errors(validate(config))
-    assert (problem.path, problem.message) == (
-        "output_model_format",
-        "KOHYA_LORA is not built yet for LORA training of SD 3; choose DIFFUSERS_LORA",
-    )
+    assert problem.path == "output_model_format" and "KOHYA_LORA" in problem.message
 
 
 @pytest.mark.parametrize("variant", ["sd3", "sd35-medium"])  # 3.5 Medium: qk-norm and the second attention
@@ -256,3 +259,134 @@ def test_t5_left_out_is_zeros_as_in_the_pipeline_without_it_and_a_fine_tune_trai
     assert index["text_encoder_3"] == [None, None] and trained.text_encoder_3 is None
     _, again = our_model("sd35-medium", base_model_name=str(folder), text_encoder_3={"include": False, "train": False})
     assert torch.equal(transformer_output(again.part("transformer")), transformer_output(trained.transformer))
+
+
+def _with_embedding(pipe, tensors: dict, token: str) -> None:
+    """What a diffusers user does for SD 3, whose pipeline has no textual-inversion loader: the file's vectors as new
+    tokens of each encoder's tokenizer (`<token>`, `<token>_1`, … as diffusers names a multi-vector embedding)."""
+    encoders = {"clip_l": ("tokenizer", "text_encoder"), "clip_g": ("tokenizer_2", "text_encoder_2"),
+                "t5": ("tokenizer_3", "text_encoder_3")}  # fmt: skip
+    for key, (tokenizer_name, encoder_name) in encoders.items():
+        tokenizer, encoder = getattr(pipe, tokenizer_name), getattr(pipe, encoder_name)
+        vectors = tensors[key]
+        tokens = [token] + [f"{token}_{i}" for i in range(1, len(vectors))]
+        tokenizer.add_tokens(tokens)
+        encoder.resize_token_embeddings(len(tokenizer))
+        table = encoder.get_input_embeddings().weight
+        with torch.no_grad():
+            for name, vector in zip(tokens, vectors):
+                table[tokenizer.convert_tokens_to_ids(name)] = vector.to(table.dtype)
+
+
+def test_embeddings_cover_the_three_encoders_and_prompt_diffusers_as_ours(tmp_path):
+    """An embedding run writes `clip_l`, `clip_g` and `t5` vectors (OneTrainer's keys); set into diffusers'
+    tokenizers and encoders they give our conditioning; an additional embedding beside a LoRA is bundled."""
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="sd3", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    tensors = load_file(path)
+    widths = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3"}
+    pipe = pipeline(tiny_model_dir("sd3"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == {
+        key: (2, getattr(pipe, part).get_input_embeddings().weight.shape[1]) for key, part in widths.items()
+    }
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, CPU)  # continues from the file
+    prompt = "a photo of <shape>"
+    theirs = "a photo of <shape> <shape>_1"  # the vectors' tokens, as diffusers' own loaders expand a prompt
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply(prompt)])
+        plain = pipe.encode_prompt(prompt, prompt, prompt, do_classifier_free_guidance=False)[0]
+    _with_embedding(pipe, tensors, "<shape>")
+    with torch.no_grad():
+        hidden, _, pooled, _ = pipe.encode_prompt(theirs, theirs, theirs, do_classifier_free_guidance=False)
+    assert torch.allclose(ours.hidden_states, hidden, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
+    assert not torch.allclose(plain, hidden, atol=1e-3)
+
+    lora = tmp_path / "with-embedding"
+    image_folder(lora, count=2, placeholder="<thing>")
+    config = tiny_config(
+        lora, "sd3", "LORA", epochs=1, bundle_additional_embeddings=True,
+        additional_embeddings=[{"placeholder": "<thing>", "token_count": 1, "initial_embedding_text": "shape"}],
+    )  # fmt: skip
+    run_config(config)
+    bundled = load_file(config["output_model_destination"])
+    assert {k: tuple(v.shape) for k, v in bundled.items() if k.startswith("bundle_emb.")} == {
+        f"bundle_emb.<thing>.{key}": (1, tensors[key].shape[1]) for key in widths
+    }
+
+
+def _state_equal(ours: torch.nn.Module, theirs: torch.nn.Module) -> bool:
+    mine = ours.state_dict()
+    return mine.keys() == theirs.state_dict().keys() and all(
+        torch.equal(mine[k], v) for k, v in theirs.state_dict().items()
+    )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_original_file_is_a_base_model_with_its_companions_tokenizers(variant, tmp_path, monkeypatch):
+    """Stability AI's single file as the base model: the transformer, the VAE and the text encoders it holds are
+    read from it, the rest (and every config and tokenizer) from the variant's diffusers repository, which the file's
+    weights choose (here the tiny folders stand in for the hub ids); what it lacks comes from there."""
+    from safetensors.torch import save_file
+
+    from onetrainer.families import sd3_single_file
+
+    family, model = our_model(variant)
+    path = tmp_path / "model.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_SINGLE_FILE, path, torch.float32)
+    companions = {key: str(tiny_model_dir(name)) for key, name in
+                  (("sd3", "sd3"), ("sd35_medium", "sd35-medium"), ("sd35_large", "sd35-large"))}  # fmt: skip
+    monkeypatch.setattr(sd3_single_file, "COMPANIONS", companions)
+    with torch.no_grad():  # the companion must not be where the weights come from
+        for parameter in model.part("transformer").parameters():
+            parameter.mul_(1.5)
+        for part in ("text_encoder", "vae"):
+            next(model.part(part).parameters()).add_(1.0)
+    family.save(model, ModelFormat.ORIGINAL_SINGLE_FILE, path, torch.float32)
+    state = load_file(str(path))
+    del state["text_encoders.clip_l.transformer.text_projection.weight"]  # SAI's files hold none: the identity
+    save_file(state, str(path))
+
+    _, loaded = our_model(variant, base_model_name=str(path))
+    for part in model.parts:
+        assert _state_equal(loaded.part(part), model.part(part)), part
+    assert loaded.part("text_encoder_3").encoder.embed_tokens is loaded.part("text_encoder_3").shared  # tied again
+
+    # without the text encoders (as sd3.5_large.safetensors) and without T5: the encoders are the companion's
+    bare = tmp_path / "bare.safetensors"
+    save_file({k: v for k, v in state.items() if not k.startswith("text_encoders.")}, str(bare))
+    _, without = our_model(variant, base_model_name=str(bare), text_encoder_3={"include": False, "train": False})
+    _, base = our_model(variant)
+    assert _state_equal(without.part("transformer"), model.part("transformer"))
+    assert _state_equal(without.part("text_encoder"), base.part("text_encoder"))
+    assert "text_encoder_3" not in without.parts
+
+    with pytest.raises(ModelLoadError, match="holds no Stable Diffusion 3 transformer"):
+        save_file({k: v for k, v in state.items() if not k.startswith("model.")}, str(bare))
+        our_model(variant, base_model_name=str(bare))
+
+
+def test_offloaded_blocks_train_as_resident_ones(tmp_path):
+    """Half of the transformer's joint blocks and of T5's blocks waiting in CPU memory (a LoRA, T5 trained too): the
+    same losses and the same LoRA as without."""
+
+    def train(root: Path, fraction: float):
+        image_folder(root, count=2)
+        config = tiny_config(
+            root, "sd3", "LORA", epochs=2, output_model_format="DIFFUSERS_LORA",
+            output_model_destination=str(root / "out" / "lora.safetensors"),
+            transformer={"offload_fraction": fraction, "gradient_checkpointing": True},
+            text_encoder_3={"train": True, "offload_fraction": fraction},
+        )  # fmt: skip
+        losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+        return losses, load_file(config["output_model_destination"])
+
+    losses, weights = train(tmp_path / "resident", 0.0)
+    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.5)
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert any(k.startswith("text_encoder_3.") for k in weights) and weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)

@@ -421,3 +421,15 @@ def test_the_meta_attention_takes_its_inputs_by_position_or_by_name(by_name):
             else F.scaled_dot_product_attention(q, k, v)
         )
     assert out.shape == (1, 2, 16, 8) and out.device.type == "meta"
+
+
+def test_a_hub_model_not_downloaded_is_counted_as_the_variant_its_name_says():
+    """SD 3.5 Medium (2.5 B transformer weights) is not counted as Large (8.1 B) because they share a model type."""
+    medium = reference_shapes("STABLE_DIFFUSION_35", "stabilityai/stable-diffusion-3.5-medium")
+    large = reference_shapes("STABLE_DIFFUSION_35", "stabilityai/stable-diffusion-3.5-large")
+
+    def billions(shapes) -> float:
+        return shapes["transformer"]["params"] / 1e9
+
+    assert 2.2 < billions(medium) < 2.6 and 7.9 < billions(large) < 8.3
+    assert medium["text_encoder_3"] == large["text_encoder_3"]
