@@ -22,6 +22,7 @@ VARIANT_MODEL_TYPES = {
     "flux-dev": "FLUX_DEV_1",
     "flux-schnell": "FLUX_DEV_1",
     "flux-fill": "FLUX_FILL_DEV_1",
+    "z-image": "Z_IMAGE",
     "chroma": "CHROMA_1",
     "wuerstchen": "WUERSTCHEN_2",
     "cascade": "STABLE_CASCADE_1",
@@ -42,6 +43,7 @@ TINY_MODELS = {
     "FLUX_DEV_1": "flux-dev",
     "FLUX_FILL_DEV_1": "flux-fill",
     "CHROMA_1": "chroma",
+    "Z_IMAGE": "z-image",
     "WUERSTCHEN_2": "wuerstchen",
     "STABLE_CASCADE_1": "cascade",
 }

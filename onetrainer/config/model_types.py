@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
+from onetrainer.util.layer_filter import RegexPatterns
 
 
 class PartRole(Enum):
@@ -401,6 +402,43 @@ SD3 = FamilyInfo(
     "once), as diffusers' from_single_file does, from the hub cache when offline. Embeddings hold a vector set for "
     "each included encoder (file keys clip_l, clip_g, t5, as OneTrainer writes them).",
 )
+# OneTrainer's Z-Image `attn-mlp`: the main layers' attention and feed-forward, not the refiners'.
+_Z_IMAGE_LAYER_PRESETS = {
+    "attn-mlp": RegexPatterns((r"^(?=.*attention)(?!.*refiner).*", r"^(?=.*feed_forward)(?!.*refiner).*")),
+    "attn-only": RegexPatterns((r"^(?=.*attention)(?!.*refiner).*",)),
+    "full": (),
+}
+Z_IMAGE = FamilyInfo(
+    key="zimage",
+    label="Z-Image",
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    bucket_step=16,
+    sample_step=16,
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
+    output_formats={
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+        TrainingMethod.FINE_TUNE: (
+            ModelFormat.DIFFUSERS,
+            ModelFormat.ORIGINAL_TRANSFORMER,
+            ModelFormat.COMFY_TRANSFORMER,
+        ),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA),
+    },
+    layer_presets=_Z_IMAGE_LAYER_PRESETS,
+    hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
+    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
+    notes="`text_encoder` is Qwen3 (4B): each caption goes through its chat template as one user message, padded to "
+    "512 tokens, and its second-to-last hidden states condition the transformer without the padding, as "
+    "ZImagePipeline prompts it (clip skip counts further back). One model type covers Z-Image and Z-Image-Turbo; "
+    "OneTrainer's presets train the Turbo model through a de-distilled transformer file given as "
+    "`transformer.model_name` (a local file or a hub file URL, in diffusers' names or ComfyUI's layout). The "
+    "transformer takes the time 1 - sigma and predicts the negative flow, as the pipeline reads it. Samples use "
+    "classifier-free guidance with the negative prompt (Turbo: CFG scale 0, 8 steps). LoRA files: DIFFUSERS_LORA "
+    "(diffusers' `load_lora_weights`) or COMFY_LORA (`diffusion_model.` + diffusers' module names, q/k/v apart: "
+    "ComfyUI and diffusers both load it); fine-tunes as a diffusers folder or the transformer alone in diffusers' "
+    "names (ORIGINAL_TRANSFORMER, as OneTrainer writes it) or ComfyUI's layout (COMFY_TRANSFORMER).",
+)
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
 # diffusion_pytorch_model.safetensors, or effnet_encoder.safetensors beside Stable Cascade's decoder).
@@ -487,7 +525,9 @@ CASCADE = FamilyInfo(
     part_downloads={"effnet_encoder": _CASCADE_EFFNET},
 )
 
-FAMILIES: dict[str, FamilyInfo] = {f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, WUERSTCHEN, CASCADE)}
+FAMILIES: dict[str, FamilyInfo] = {
+    f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, Z_IMAGE, WUERSTCHEN, CASCADE)
+}
 
 _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
 _SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
@@ -499,6 +539,7 @@ _WUERSTCHEN_SAMPLE = SampleDefaults(1024, 1024, 25, 4.0, NoiseScheduler.DDIM)
 _FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
 _CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
+_Z_IMAGE_SAMPLE = SampleDefaults(1024, 1024, 28, 4.0, NoiseScheduler.EULER)
 # diffusers' pipeline defaults: SD 3 Medium 28 steps at CFG 7; the 3.5 model cards: 28 steps at 3.5 (Large)
 _SD3_SAMPLE = SampleDefaults(1024, 1024, 28, 7.0, NoiseScheduler.EULER)
 _SD35_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
@@ -535,6 +576,7 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
         _info(ModelType.FLUX_DEV_1, "Flux.1 Dev / Schnell", FLUX, 1024, False, False, _FLUX_SAMPLE),
         _info(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
         _info(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),
+        _info(ModelType.Z_IMAGE, "Z-Image (Turbo)", Z_IMAGE, 1024, False, False, _Z_IMAGE_SAMPLE),
         _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
         _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),
     )

@@ -56,8 +56,10 @@ OUTPUT_FORMATS = (
     ModelFormat.DIFFUSERS,
     ModelFormat.LEGACY_SAFETENSORS,
     ModelFormat.ORIGINAL_TRANSFORMER,
+    ModelFormat.COMFY_TRANSFORMER,
     ModelFormat.KOHYA_LORA,
     ModelFormat.DIFFUSERS_LORA,
+    ModelFormat.COMFY_LORA,
     ModelFormat.LEGACY_LORA,
     ModelFormat.SAFETENSORS,
 )

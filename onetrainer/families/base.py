@@ -325,6 +325,12 @@ class Family(ABC):
         keys used) for `part`, or None for the generic reading."""
         return None
 
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A LoRA file of the family's own layout with other module names (Z-Image's COMFY_LORA, dotted names under
+        `diffusion_model.`) renamed to the kohya names `lora_file_name` gives, for the generic reading; default: the
+        file as it is."""
+        return state
+
     @abstractmethod
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""

@@ -141,6 +141,10 @@ FLUX_VAE: Config = {
 # Stable Diffusion 3 / 3.5's VAE: Flux's 16-channel blocks with SD3's own shift and scale ((z - 0.0609) * 1.5305).
 SD3_VAE: Config = {**FLUX_VAE, "scaling_factor": 1.5305, "shift_factor": 0.0609}
 
+# Z-Image's VAE (Tongyi-MAI/Z-Image and Z-Image-Turbo, vae/config.json): Flux's, shift and scale included (16 latent
+# channels, sample_size 1024, force_upcast, (z - 0.1159) * 0.3611).
+Z_IMAGE_VAE: Config = FLUX_VAE
+
 # --- Text encoders -----------------------------------------------------------------------------------------------
 
 CLIP_VOCAB_SIZE = 49408
@@ -237,6 +241,39 @@ T5_XXL_ENCODER: Config = {
     "relative_attention_num_buckets": 32,
     "tie_word_embeddings": False,
     "vocab_size": 32128,
+}
+
+# Qwen3-4B (Qwen/Qwen3-4B) as Z-Image's text encoder (Tongyi-MAI/Z-Image and Z-Image-Turbo, text_encoder/config.json):
+# 36 decoder layers, 32 query heads and 8 key/value heads of 128 (the queries, 4096 wide, are wider than the 2560-wide
+# model), RMS-normed queries and keys, embeddings tied to the (unused) LM head. The pipeline conditions on the
+# penultimate layer's hidden states. The hub config names Qwen3ForCausalLM and the files hold that model's
+# `model.`-prefixed weights (no `lm_head`: it is the embedding), while model_index.json loads the bare Qwen3Model,
+# as here. transformers 5 keeps `rope_theta` inside `rope_parameters`.
+QWEN3_4B_TEXT: Config = {
+    "architectures": ["Qwen3Model"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
 }
 
 # --- Transformers ------------------------------------------------------------------------------------------------
@@ -340,6 +377,29 @@ CHROMA_TRANSFORMER: Config = {
     "num_single_layers": 38,
     "out_channels": None,
     "patch_size": 1,
+}
+
+# Z-Image (Tongyi-MAI/Z-Image; Z-Image-Turbo has the same transformer/config.json): the 6B single-stream DiT. 30 blocks
+# of 30 heads of 128 over one sequence of image and text tokens, each kind refined first by 2 blocks of its own (the
+# image's modulated by the time, the text's not); Qwen3-4B's hidden states (2560) in; 3D rotary axes 32/48/48 over
+# (text position or frame, row, column) with theta 256; 2x2 patches of 16-channel latents.
+Z_IMAGE_TRANSFORMER: Config = {
+    "_class_name": "ZImageTransformer2DModel",
+    "all_f_patch_size": [1],
+    "all_patch_size": [2],
+    "axes_dims": [32, 48, 48],
+    "axes_lens": [1536, 512, 512],
+    "cap_feat_dim": 2560,
+    "dim": 3840,
+    "in_channels": 16,
+    "n_heads": 30,
+    "n_kv_heads": 30,
+    "n_layers": 30,
+    "n_refiner_layers": 2,
+    "norm_eps": 1e-05,
+    "qk_norm": True,
+    "rope_theta": 256.0,
+    "t_scale": 1000.0,
 }
 
 # --- Würstchen v2 and Stable Cascade ------------------------------------------------------------------------------
@@ -468,6 +528,23 @@ T5_TOKENIZER: Config = {
     "extra_ids": 100,
 }
 
+# tokenizer_config.json of Qwen3's tokenizer (Z-Image's tokenizer/, class Qwen2Tokenizer): byte-level BPE, no start
+# token, "<|im_end|>" ends a turn (the chat template writes it), "<|endoftext|>" pads. Its chat template is the
+# tiny tokenizer's concern (`onetrainer/tiny/qwen_tokenizer.py`).
+QWEN3_TOKENIZER: Config = {
+    "tokenizer_class": "Qwen2Tokenizer",
+    "model_max_length": 131072,
+    "add_bos_token": False,
+    "add_prefix_space": False,
+    "bos_token": None,
+    "clean_up_tokenization_spaces": False,
+    "eos_token": "<|im_end|>",
+    "errors": "replace",
+    "pad_token": "<|endoftext|>",
+    "split_special_tokens": False,
+    "unk_token": None,
+}
+
 # --- Schedulers --------------------------------------------------------------------------------------------------
 
 _SD_BETAS: Config = {
@@ -536,6 +613,16 @@ FLOW_MATCH_EULER_SD3: Config = {
     "num_train_timesteps": 1000,
     "shift": 3.0,
 }
+# Z-Image (Tongyi-MAI/Z-Image, scheduler_config.json): rectified flow at a fixed shift of 6. The pipeline passes a
+# resolution-dependent `mu` too, which applies only with dynamic shifting: off.
+Z_IMAGE_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 6.0,
+    "use_dynamic_shifting": False,
+}
+# Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo): the distilled model samples (in ~8 steps, without CFG) at shift 3.
+Z_IMAGE_TURBO_SCHEDULER: Config = {**Z_IMAGE_SCHEDULER, "shift": 3.0}
 # Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
 CASCADE_PRIOR_LITE_UNET: Config = {
     **CASCADE_PRIOR_UNET,

@@ -134,7 +134,7 @@ class LoraMethod(Method):
 
     def _read_existing(self, path: str) -> dict[str, dict]:
         """An existing LoRA (kohya or diffusers names) as adapter weights, ranks and alphas per part."""
-        state = load_state_dict(path)
+        state = self.family.kohya_named_lora(self.model, load_state_dict(path))
         out: dict[str, dict] = {}
         if any(k.startswith("lora_") for k in state):
             kind = detect_kind({k: v for k, v in state.items() if not k.startswith("bundle_emb.")})

@@ -1,8 +1,9 @@
 """Tiny random-weight diffusion models, built offline, for tests and the demo preset.
 
-Each variant (see TINY_VARIANTS: SD 1.5, SD 2.0/2.1, SDXL, their inpainting models, PixArt-alpha, and the priors
-and decoders of Würstchen v2 and Stable Cascade) has the real model's topology: same blocks, layer counts,
-attention layout, text encoders and scheduler, at a tiny width. Every state-dict key of the real checkpoint exists,
+Each variant (see TINY_VARIANTS: SD 1.5, SD 2.0/2.1, SDXL, their inpainting models, PixArt-alpha, SD 3/3.5, Flux.1,
+Chroma, Z-Image, and the priors and decoders of Würstchen v2 and Stable Cascade) has the real model's topology: same
+blocks, layer counts (a few long runs of one block kind shortened, `TinyVariant.depths`), attention layout, text
+encoders, tokenizers and scheduler, at a tiny width. Every state-dict key of the real checkpoint exists,
 while a forward/backward pass on a CPU takes a fraction of a second. They are ordinary diffusers pipelines, stored
 as ordinary diffusers folders with the real models' file layout.
 

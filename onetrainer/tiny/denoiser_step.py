@@ -19,8 +19,10 @@ def denoiser(pipeline: Any) -> torch.nn.Module:
 
 
 def prediction(output: Any) -> torch.Tensor:
-    """The tensor a denoiser returns, whether wrapped in an output object or not."""
-    return output.sample if hasattr(output, "sample") else output
+    """The tensor a denoiser returns, whether wrapped in an output object or not; Z-Image's list of per-sample
+    tensors stacked into one."""
+    sample = output.sample if hasattr(output, "sample") else output
+    return torch.stack(sample) if isinstance(sample, list | tuple) else sample
 
 
 def denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
@@ -84,6 +86,15 @@ def denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
         if config.guidance_embeds:
             inputs["guidance"] = torch.tensor([3.5, 1.0])
         return inputs
+    if kind == "ZImageTransformer2DModel":
+        # Lists, one entry per sample: 8x8 latents (64 px) as one frame, and captions of their own lengths. The model
+        # pads each part to a multiple of 32 tokens with its learned pad tokens (40 -> 64, 7 -> 32) and masks the
+        # shorter sequence. The time runs from 0 (noise) to 1 (image).
+        return {
+            "x": [randn(config.in_channels, 1, 8, 8) for _ in range(2)],
+            "t": ratios,
+            "cap_feats": [randn(40, config.cap_feat_dim), randn(7, config.cap_feat_dim)],
+        }
     if kind == "WuerstchenPrior":
         return {"x": randn(2, config.c_in, *PRIOR_LATENT), "r": ratios, "c": randn(2, 77, config.c_cond)}
     if kind == "WuerstchenDiffNeXt":

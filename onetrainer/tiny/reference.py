@@ -63,6 +63,12 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
             "pos_embed_max_size",
             "axes_dims_rope",
             "approximator_hidden_dim",
+            # Z-Image: the width, its heads (the rotary axes split each head's width) and the text encoder's width
+            "dim",
+            "n_heads",
+            "n_kv_heads",
+            "axes_dims",
+            "cap_feat_dim",
         }
     ),
     "text_encoder": frozenset(
@@ -81,6 +87,9 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
             "d_ff",
             "d_kv",
             "num_heads",
+            # Qwen3: grouped key/value heads, and the heads' own width (wider than the model in Qwen3-4B)
+            "num_key_value_heads",
+            "head_dim",
         }
     ),
 }
@@ -88,7 +97,9 @@ TINY_WIDTH_FIELDS: dict[str, frozenset[str]] = {
 # Fields a tiny model may also shrink where the variant declares it (`TinyVariant.depths`): how often a block repeats.
 # Every key pattern of the real checkpoint is still there (block 0 and block 1 of each kind); the topology tests
 # compare the keys with the real model's at the same depth, and with its block indices left out, at full depth.
-# SD 3.5 Medium's dual-attention blocks are the first 13 of its 24: the tiny model's first of two.
+# SD 3.5 Medium's dual-attention blocks are the first 13 of its 24: the tiny model's first of two. Z-Image's main blocks
+# are `n_layers` (its 2 + 2 refiner blocks stay); its Qwen3 text encoder repeats one decoder layer 36 times.
 TINY_DEPTH_FIELDS: dict[str, frozenset[str]] = {
-    "transformer": frozenset({"num_layers", "num_single_layers", "dual_attention_layers"})
+    "transformer": frozenset({"num_layers", "num_single_layers", "dual_attention_layers", "n_layers"}),
+    "text_encoder": frozenset({"num_hidden_layers"}),
 }

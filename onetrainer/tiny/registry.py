@@ -120,6 +120,11 @@ SD35_MEDIUM_DEPTH = {"transformer": {"num_layers": 2, "dual_attention_layers": [
 # time.
 FLUX_DEPTH = {"transformer": {"num_layers": 2, "num_single_layers": 2}}
 
+# Z-Image's 30 main blocks as 2 (its 2 + 2 refiner blocks stay); Qwen3-4B's 36 decoder layers as 3: the pipeline
+# reads the penultimate layer's output, so two layers feed the transformer and the last one's output goes unused, as in
+# the real model.
+Z_IMAGE_DEPTH = {"transformer": {"n_layers": 2}, "text_encoder": {"num_hidden_layers": 3}}
+
 TINY_VARIANTS: dict[str, TinyVariant] = {
     "sd15": TinyVariant(
         name="sd15",
@@ -285,6 +290,24 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
         family="sd3",
         references=_sd3(ref.SD35_LARGE_TRANSFORMER),
         depths=SD3_DEPTH,
+    ),
+    "z-image": TinyVariant(
+        name="z-image",
+        model_type=ModelType.Z_IMAGE,
+        pipeline_class="ZImagePipeline",
+        description="Z-Image (Tongyi-MAI/Z-Image): single-stream DiT blocks (2 of the real 30, after 2 + 2 refiner "
+        "blocks for the image and the text) with 3D rotary positions, Qwen3-4B text encoder (3 of 36 layers, its "
+        "penultimate hidden states, prompts in Qwen3's chat template), 16-channel Flux VAE, flow-matching Euler at "
+        "shift 6",
+        family="zimage",
+        references={
+            "transformer": ref.Z_IMAGE_TRANSFORMER,
+            "vae": ref.Z_IMAGE_VAE,
+            "text_encoder": ref.QWEN3_4B_TEXT,
+            "tokenizer": ref.QWEN3_TOKENIZER,
+            "scheduler": ref.Z_IMAGE_SCHEDULER,
+        },
+        depths=Z_IMAGE_DEPTH,
     ),
     "wuerstchen": TinyVariant(
         name="wuerstchen",

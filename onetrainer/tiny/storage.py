@@ -55,10 +55,14 @@ def write_pipeline(pipeline: DiffusionPipeline, folder: Path, variant: TinyVaria
     for name in ("text_encoder", "text_encoder_2"):
         if type(getattr(pipeline, name, None)).__name__ == "CLIPTextModel":
             _prefix_clip_text_keys(folder / name)
+        elif type(getattr(pipeline, name, None)).__name__ == "Qwen3Model":
+            _store_as_qwen3_causal_lm(folder / name)
     for name in _TOKENIZER_COMPONENTS:
         tokenizer = getattr(pipeline, name, None)
         if tokenizer is not None and type(tokenizer).__name__ == "CLIPTokenizer":
             _rewrite_clip_tokenizer(folder / name, tokenizer.pad_token)
+        elif tokenizer is not None and type(tokenizer).__name__ == "Qwen2Tokenizer":
+            _rewrite_qwen_tokenizer(folder / name)
     marker = {
         "variant": variant.name,
         "model_type": variant.model_type.name,
@@ -86,6 +90,32 @@ def _prefix_clip_text_keys(folder: Path) -> None:
         tensors = load_file(path)
         renamed = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in tensors.items()}
         save_file(renamed, path, metadata={"format": "pt"})
+
+
+def _store_as_qwen3_causal_lm(folder: Path) -> None:
+    # Z-Image's text encoder on the hub is a Qwen3ForCausalLM checkpoint: its config names that class and its files
+    # hold the weights under `model.` (the LM head is the tied embedding, not stored). Diffusers loads it as the bare
+    # Qwen3Model (model_index.json), and transformers strips the prefix on load, for either class. Store what users'
+    # folders hold.
+    from safetensors.torch import load_file, save_file
+
+    for path in folder.glob("*.safetensors"):
+        tensors = load_file(path)
+        renamed = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
+        save_file(renamed, path, metadata={"format": "pt"})
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _rewrite_qwen_tokenizer(folder: Path) -> None:
+    # transformers 5 saves tokenizer.json and the chat template beside tokenizer_config.json (chat_template.jinja);
+    # hub Qwen folders hold vocab.json + merges.txt too and keep the template inside tokenizer_config.json.
+    from onetrainer.tiny.qwen_tokenizer import write_qwen_tokenizer_files
+
+    shutil.rmtree(folder)
+    write_qwen_tokenizer_files(folder)
 
 
 def _rewrite_clip_tokenizer(folder: Path, pad_token: str) -> None:

@@ -58,6 +58,12 @@ def learn_merges(text: str = PROMPT_CORPUS, num_merges: int = NUM_MERGES) -> lis
     words: Counter[tuple[str, ...]] = Counter(
         _word_symbols(w, byte_chars) for w in text.lower().replace(",", " ").split() if w
     )
+    return learn_bpe_merges(words, num_merges)
+
+
+def learn_bpe_merges(words: Counter[tuple[str, ...]], num_merges: int) -> list[tuple[str, str]]:
+    """The merge loop of `learn_merges` on words already split into byte symbols (each with its count), whatever
+    the tokenizer's word splitting: shared with the tiny Qwen tokenizer (`qwen_tokenizer.py`)."""
     merges: list[tuple[str, str]] = []
     while len(merges) < num_merges:
         pairs: Counter[tuple[str, str]] = Counter()

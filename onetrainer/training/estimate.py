@@ -682,6 +682,10 @@ class _StandInTokenizer:
         ids = torch.zeros(len(captions), length, dtype=torch.long)
         return SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
 
+    def apply_chat_template(self, messages: list[dict], **_options: Any) -> str:
+        """A language-model encoder's prompt (the family pads it to its own length): the messages' text."""
+        return " ".join(str(message.get("content", "")) for message in messages)
+
 
 def _plain_conditioning(model: LoadedModel, count: int) -> Any:
     """Text conditioning without the family's `encode_text` (which may need state only loading gives): every text

@@ -19,6 +19,13 @@ def split_patterns(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+class RegexPatterns(tuple):
+    """A family's layer-filter preset written as regular expressions (where substrings cannot say it: OneTrainer's
+    Z-Image `attn-mlp` takes the attention and MLP of the main layers, not of the refiners)."""
+
+    __slots__ = ()
+
+
 def configured_patterns(
     layer_filter: str, preset: str, regex: bool, presets: dict[str, tuple[str, ...]]
 ) -> tuple[list[str], bool]:
@@ -27,4 +34,5 @@ def configured_patterns(
     custom = split_patterns(layer_filter)
     if preset == "custom" or custom:
         return custom, regex
-    return list(presets.get(preset, ())), False
+    patterns = presets.get(preset, ())
+    return list(patterns), isinstance(patterns, RegexPatterns)

@@ -143,10 +143,15 @@ def filtered_out(module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.
     ]
 
 
+# A module attribute a family sets on a part whose code reads a layer's weight dtype to cast its input (diffusers'
+# Z-Image timestep embedder casts to `mlp[0].weight.dtype`): those layers (attribute names) are not quantized.
+KEEP_UNQUANTIZED = "_onetrainer_keep_unquantized"
+
+
 def kept_unquantized(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The layers of `module` its class keeps out of low precision (`_keep_in_fp32_modules`, matched by attribute
-    name as transformers matches them): they are not quantized."""
-    names = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    name as transformers matches them) or its family does (`KEEP_UNQUANTIZED`): they are not quantized."""
+    names = set(getattr(module, "_keep_in_fp32_modules", None) or ()) | set(getattr(module, KEEP_UNQUANTIZED, ()))
     return [layer for name, layer in module.named_modules() if name and name.rpartition(".")[2] in names]
 
 

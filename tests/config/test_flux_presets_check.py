@@ -1,11 +1,12 @@
-"""OneTrainer's own Flux Dev.1 and Chroma presets pass `scripts/train.py --check` with a local model.
+"""OneTrainer's own Flux Dev.1, Chroma and Z-Image presets pass `scripts/train.py --check` with a local model.
 
 Each vendored preset (`tests/config/onetrainer_presets/`, unchanged) is checked as a user would run it offline: the
-base model pointed at the tiny model of its type, the concepts at a tiny image folder, everything else as OneTrainer
-ships it. `--check` must report no error, and a warning for each memory feature the preset asks for that is not built
-here (layer offloading, the quantization layer filter, the fused back pass, stochastic rounding), each saying what the
-run does instead. The one exception is the machine's: NFLOAT_4 (OneTrainer's Flux LoRA preset) needs bitsandbytes'
-CUDA kernels, so without a CUDA device that weight dtype is an error naming CUDA and FLOAT_8.
+base model pointed at the tiny model of its type, the concepts at a tiny image folder, a transformer file the preset
+downloads from the hub (Z-Image's de-distilled Turbo) at that file as downloaded, everything else as OneTrainer ships
+it. `--check` must report no error, and a warning for each memory feature the preset asks for that is not built here
+(layer offloading, the quantization layer filter, the fused back pass, stochastic rounding), each saying what the run
+does instead. The one exception is the machine's: NFLOAT_4 (OneTrainer's Flux LoRA preset) needs bitsandbytes' CUDA
+kernels, so without a CUDA device that weight dtype is an error naming CUDA and FLOAT_8.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tests.config.test_flow_presets import _expected_not_built
 from tests.conftest import onetrainer_presets_dir
 from tests.helpers import TINY_MODELS, image_folder
 
-PRESETS = sorted(p for family in ("Flux Dev.1", "Chroma") for p in (onetrainer_presets_dir() / family).glob("*.json"))
+FAMILIES = ("Flux Dev.1", "Chroma", "Z-Image")
+PRESETS = sorted(p for family in FAMILIES for p in (onetrainer_presets_dir() / family).glob("*.json"))
 
 
 def _cuda() -> bool:
@@ -38,8 +40,24 @@ def _machine_errors(raw: dict) -> set[str]:
     return set() if _cuda() else nf4
 
 
-def test_the_flux_and_chroma_presets_are_there():
-    assert {p.parent.name for p in PRESETS} == {"Flux Dev.1", "Chroma"} and len(PRESETS) == 7
+def test_the_flux_chroma_and_z_image_presets_are_there():
+    assert {p.parent.name for p in PRESETS} == set(FAMILIES) and len(PRESETS) == 13
+
+
+def _downloaded_transformer(raw: dict, folder: Path) -> list[str]:
+    """A transformer file the preset names by its hub URL, as the user has it once downloaded (here: the tiny model's
+    transformer in the same layout, diffusers' names)."""
+    if not raw["transformer"].get("model_name", "").startswith("https://"):
+        return []
+    from safetensors.torch import save_file
+
+    from onetrainer.tiny import tiny_model_dir
+    from onetrainer.weights.checkpoint_files import load_state_dict
+
+    tiny = tiny_model_dir(TINY_MODELS[raw["model_type"]]) / "transformer" / "diffusion_pytorch_model.safetensors"
+    path = folder / "transformer.safetensors"
+    save_file(load_state_dict(tiny), str(path))
+    return [f"transformer.model_name={path}"]
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -49,6 +67,7 @@ def test_onetrainer_flux_preset_passes_check_with_a_local_model(path: Path, in_t
     overrides = [
         f"base_model_name=tiny:{TINY_MODELS[raw['model_type']]}",
         "concepts=" + json.dumps([{"name": "shapes", "path": str(folder)}]),
+        *_downloaded_transformer(raw, in_tmp),
     ]
     config, problems = load_layers(None, path, overrides)
     problems += run_checks(config, include_schema=False)

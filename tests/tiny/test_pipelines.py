@@ -105,6 +105,9 @@ def test_weight_files_use_the_real_checkpoint_key_names(
         expected = set(real_shapes(variant, component))
         if reference.get("architectures") == ["T5EncoderModel"]:
             expected.remove("encoder.embed_tokens.weight")  # tied to shared.weight, never stored
+        elif reference.get("architectures") == ["Qwen3Model"]:
+            # Z-Image's text encoder files are a Qwen3ForCausalLM checkpoint's: everything under `model.`.
+            expected = {f"model.{k}" for k in expected}
         elif component.startswith("text_encoder"):
             # Real text encoder files name everything under `text_model.` (and `text_projection.` for SDXL's second),
             # whatever module tree the installed transformers builds.
@@ -158,7 +161,7 @@ def test_building_leaves_the_global_rng_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    "variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma"]
+    "variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma", "z-image"]
 )
 def test_training_step_reaches_every_parameter(variant: str) -> None:
     # How long the step takes is measured by `scripts/benchmark.py --part tiny`, not asserted here.

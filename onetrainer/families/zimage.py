@@ -1,0 +1,274 @@
+"""Z-Image (Tongyi-MAI's Z-Image and Z-Image-Turbo): a single-stream transformer (noise and context refiners, then
+joint layers) over 2x2 patches of Flux's 16-channel VAE latents, trained by rectified flow, conditioned on a Qwen3
+language model.
+
+- Text: each caption goes through Qwen3's chat template as one user message (`enable_thinking=True`, as
+  `ZImagePipeline` prompts it), padded to 512 tokens; the conditioning is the second-to-last hidden states (clip skip
+  counts further back from there) with the tokens' mask. The transformer takes each caption's tokens without its
+  padding (a list of tensors): the padded states and the mask are cached, `predict` cuts each row to its mask.
+- Caption dropout encodes the empty caption (the template around nothing), which is what the pipeline's negative
+  prompt is by default.
+- Latents: the VAE's, shifted and scaled ((z - shift)·scale, `vae.encode_latents`). The schedule is
+  `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler config; the transformer takes the time 1 − σ
+  (`(1000 - t) / 1000` of the pipeline) and predicts x0 − ε, the negative of the flow target, as the pipeline reads it.
+- The transformer part may be its own file (`transformer.model_name`, a local file or a hub file URL): diffusers'
+  names (OneTrainer's ORIGINAL_TRANSFORMER) or ComfyUI's layout (fused `attention.qkv`, `x_embedder`,
+  `final_layer`), read on the base's transformer config.
+- Sampling goes through `ZImagePipeline` with our prompt embeddings (so clip skip and embeddings apply), CFG with the
+  negative prompt.
+- Saving: the pipeline folder (also the backup, usable as a base model), the transformer in diffusers' names
+  (ORIGINAL_TRANSFORMER) or in ComfyUI's layout (COMFY_TRANSFORMER).
+- LoRA files: DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `ZImagePipeline.load_lora_weights`
+  reads the transformer's) and COMFY_LORA (`diffusion_model.<diffusers module>.lora_down/lora_up/alpha`, q/k/v kept
+  apart: ComfyUI maps them onto its fused `qkv`, and diffusers' Z-Image loader reads the same file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.config.model_types import Z_IMAGE
+from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.loading import (
+    ModelLoadError,
+    cast_parts,
+    checked_load,
+    load_diffusers_component,
+    load_tokenizer,
+    part_wise_base,
+)
+from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.sources import resolve_local
+from onetrainer.families.vae import encode_latents, load_vae
+from onetrainer.noise.prediction import Prediction
+from onetrainer.util.quantize import KEEP_UNQUANTIZED
+from onetrainer.weights import kohya_lora, zimage_keys
+from onetrainer.weights.metadata import ModelKind, model_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+PATCH = 2  # latent pixels per patch side
+TEXT_TOKENS = 512  # what ZImagePipeline prompts Qwen3 with
+DEFAULT_TRAIN_STEPS = 1000
+Z_IMAGE_KIND = ModelKind("z-image", "z-image")
+KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
+EMBEDDING_KEY = "qwen3_4b"  # ComfyUI's key of Z-Image's text encoder in an embedding file
+# ComfyUI's module prefixes of the Z-Image model and of its Qwen3 text encoder (`qwen3_4b`, whose Qwen3Model is the
+# `model` of ComfyUI's wrapper): its LoRA loader takes `<prefix><module path>` for every weight of either.
+COMFY_PREFIXES = {"transformer": "diffusion_model.", "text_encoder": "text_encoders.qwen3_4b.transformer.model."}
+
+
+class ZImageFamily(FlowPipelineFolder, Family):
+    info = Z_IMAGE
+    sampling_parts = frozenset(Z_IMAGE.parts)
+    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)layers\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("layers",),
+        "text_encoder": ("layers",),
+    }
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
+        ModelFormat.COMFY_TRANSFORMER: "save_comfy_transformer",
+    }
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        from transformers import AutoModel, AutoTokenizer
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        what = "the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
+        # Its timestep embedder casts its input to its first layer's weight dtype: a float8 weight would make it float8
+        setattr(parts["transformer"], KEEP_UNQUANTIZED, ("t_embedder",))
+        parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options)
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        parts["vae"] = load_vae(config, where, options)
+        scheduler_config = load_diffusers_component(
+            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
+        )
+        cast_parts(parts, config)
+        slot = TextEncoderSlot(
+            "text_encoder",
+            parts["text_encoder"],
+            tokenizer,
+            KOHYA_PREFIXES["text_encoder"],
+            EMBEDDING_KEY,
+            config.text_encoder.layer_skip,
+        )
+        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
+        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+
+    def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
+        """The base's transformer, or the transformer part's own file (`transformer.model_name`) on the base's
+        transformer config."""
+        from diffusers import ZImageTransformer2DModel
+
+        override = config.transformer.model_name.strip()
+        if not override:
+            return load_diffusers_component(ZImageTransformer2DModel, where, "transformer", options)
+        path = resolve_local(override)
+        if path.is_dir():
+            subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+            return ZImageTransformer2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        if not path.is_file():
+            raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
+        from accelerate import init_empty_weights
+
+        from onetrainer.weights.checkpoint_files import load_state_dict
+
+        base_config = load_diffusers_component(ZImageTransformer2DModel, where, "transformer", options, True)
+        try:
+            state = zimage_keys.to_diffusers(load_state_dict(path))
+        except ValueError as e:
+            raise ModelLoadError(f"cannot read the transformer (transformer.model_name) {path}: {e}") from e
+        with init_empty_weights(include_buffers=False):  # the file's tensors become the weights: no second copy
+            transformer = ZImageTransformer2DModel.from_config(base_config)
+        checked_load(transformer, state, f"the transformer {path}", assign=True)
+        return transformer
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        slot = model.text_encoders[0]
+        texts = [
+            slot.tokenizer.apply_chat_template(
+                [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True,
+                enable_thinking=True,
+            )
+            for caption in captions
+        ]  # fmt: skip
+        tokens = slot.tokenizer(
+            texts, padding="max_length", max_length=TEXT_TOKENS, truncation=True, return_tensors="pt"
+        )
+        device = first_weight(slot.encoder).device
+        mask = tokens.attention_mask.to(device)
+        output = slot.encoder(input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True)
+        hidden = output.hidden_states[-(slot.layer_skip + 2)]
+        return Conditioning({"hidden_states": hidden, "attention_mask": mask})
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_latents(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        sigma = timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)
+        images = list(noisy_latents.to(dtype).unsqueeze(2).unbind(dim=0))  # [C, 1 frame, h, w] each
+        output = transformer(images, (1 - sigma).to(dtype), caption_tokens(conditioning, dtype), return_dict=False)[0]
+        return Prediction(-torch.stack(output, dim=0).squeeze(2))
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import ZImagePipeline
+
+        slot = model.text_encoders[0]
+        return ZImagePipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            transformer=model.part("transformer"),
+        )
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our own embeddings of the prompt and the negative prompt, each cut to its tokens as the pipeline's are."""
+        dtype = first_weight(model.part("transformer")).dtype
+        positive = caption_tokens(self.encode_text(model, [prompt]), dtype)
+        negative = caption_tokens(self.encode_text(model, [negative_prompt or ""]), dtype)
+        return {"prompt": None, "negative_prompt": None, "prompt_embeds": positive, "negative_prompt_embeds": negative}
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file in diffusers' names (OneTrainer's ORIGINAL_TRANSFORMER), which
+        `from_single_file` reads as it is and this trainer as `transformer.model_name`."""
+        self._write_transformer(model, plain_state(model.part("transformer")), destination, dtype, extra_metadata)
+
+    def save_comfy_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in ComfyUI's layout (`weights/zimage_keys.to_comfy`: fused q/k/v), which ComfyUI's
+        Load Diffusion Model and diffusers' `from_single_file` read."""
+        state = zimage_keys.to_comfy(plain_state(model.part("transformer")))
+        self._write_transformer(model, state, destination, dtype, extra_metadata)
+
+    def _write_transformer(self, model, state, destination: Path, dtype: torch.dtype, extra_metadata) -> None:
+        resolution = model.type_info.resolution
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """COMFY_LORA: the module's path under ComfyUI's prefix for the part (`diffusion_model.`, the text encoder's
+        `text_encoders.qwen3_4b.transformer.model.`); otherwise the kohya name."""
+        if fmt is ModelFormat.COMFY_LORA:
+            return COMFY_PREFIXES[part] + module_path
+        return self.kohya_name(model, part, module_path)
+
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A COMFY_LORA file's dotted names as the kohya names of the same modules (the generic reading's)."""
+        if not any(key.startswith(tuple(COMFY_PREFIXES.values())) for key in state):
+            return state
+        names = {
+            self.lora_file_name(model, part, module, ModelFormat.COMFY_LORA): self.kohya_name(model, part, module)
+            for part in COMFY_PREFIXES
+            if part in model.parts
+            for module, _ in model.part(part).named_modules()
+        }
+        renamed = {}
+        for key, value in state.items():
+            module, suffix = _module_and_suffix(key, names)
+            renamed[f"{names[module]}.{suffix}" if module else key] = value
+        return renamed
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return Z_IMAGE_KIND
+
+
+def caption_tokens(conditioning: Conditioning, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each caption's hidden states without its padding, as the transformer takes them."""
+    hidden, mask = conditioning.hidden_states.to(dtype), conditioning.get("attention_mask")
+    if mask is None:
+        return list(hidden.unbind(dim=0))
+    try:
+        return [row[row_mask.bool()] for row, row_mask in zip(hidden, mask)]
+    except RuntimeError:  # tensors without values (the memory estimate's): every token, the longest caption
+        return list(hidden.unbind(dim=0))
+
+
+def _module_and_suffix(key: str, modules: dict[str, str]) -> tuple[str | None, str]:
+    """The longest module name of `modules` that `key` starts with (`<module>.<suffix>`), and the rest."""
+    head, suffix = key, ""
+    while "." in head:
+        head, _, last = head.rpartition(".")
+        suffix = f"{last}.{suffix}" if suffix else last
+        if head in modules:
+            return head, suffix
+    return None, key
