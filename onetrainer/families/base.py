@@ -164,6 +164,8 @@ class Family(ABC):
     # The blocks layer offloading moves, {part: module paths of ModuleLists in execution order}, for the parts the
     # family declares `LAYER_OFFLOADING` for (`FamilyInfo.part_capabilities`).
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # ComfyUI's prefix of each part's modules, for a family offering COMFY_LORA (`weights/comfy_lora.py`).
+    comfy_prefixes: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -326,19 +328,38 @@ class Family(ABC):
         return None
 
     def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A LoRA file of the family's own layout with other module names (Z-Image's COMFY_LORA, dotted names under
-        `diffusion_model.`) renamed to the kohya names `lora_file_name` gives, for the generic reading; default: the
-        file as it is."""
-        return state
+        """A LoRA file whose module names are not kohya's renamed to the kohya names `lora_file_name` gives, so the
+        generic reading takes it: a COMFY_LORA file's dotted names (`comfy_prefixes`); default: other files as they
+        are."""
+        from onetrainer.weights import comfy_lora
+
+        prefixes = tuple(self.comfy_prefixes.values())
+        if not prefixes or not any(key.startswith(prefixes) for key in state):
+            return state
+        names = {
+            self.lora_file_name(model, part, module, ModelFormat.COMFY_LORA): self.kohya_name(model, part, module)
+            for part in self.comfy_prefixes
+            if part in model.parts
+            for module, _ in model.part(part).named_modules()
+        }
+        return comfy_lora.kohya_names(state, names)
 
     @abstractmethod
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         """The kohya LoRA module name of a module of `part` (`lora_unet_…`, `lora_te_…`)."""
 
     def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
-        """The module's name in a LoRA file of format `fmt` (KOHYA_LORA or LEGACY_LORA); default: the kohya name for
-        both. A family whose legacy layout has other names (Stable Cascade's `lora_prior_unet_…`) overrides this."""
+        """The module's name in a LoRA file of format `fmt` (KOHYA_LORA, LEGACY_LORA or COMFY_LORA); default: the kohya
+        name, and for COMFY_LORA the module's path in ComfyUI's model under the part's `comfy_prefixes` entry
+        (`comfy_module_path`). A family whose legacy layout has other names (Stable Cascade's `lora_prior_unet_…`)
+        overrides this."""
+        if fmt is ModelFormat.COMFY_LORA and part in self.comfy_prefixes:
+            return self.comfy_prefixes[part] + self.comfy_module_path(part, module_path)
         return self.kohya_name(model, part, module_path)
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        """A module's path in ComfyUI's model of the part, for COMFY_LORA; default: ours (diffusers' names)."""
+        return module_path
 
     @abstractmethod
     def metadata_kind(self, model: LoadedModel) -> ModelKind:

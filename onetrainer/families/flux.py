@@ -55,6 +55,7 @@ from onetrainer.families.base import (
     first_weight,
 )
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
+from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
@@ -75,7 +76,6 @@ from onetrainer.weights.metadata import ModelKind, model_metadata
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-PATCH = 2  # latent pixels per token side
 VAE_FACTOR = 8  # image pixels per latent pixel
 CLIP_TOKENS = 77
 T5_TOKENS = 512
@@ -573,21 +573,6 @@ def t5_tokens(model: LoadedModel) -> int:
     if configured:
         return configured
     return T5_TOKENS if has_guidance(model) else SCHNELL_T5_TOKENS
-
-
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, h, w] → [B, (h/2)·(w/2), 4C]: each 2x2 patch one token, its channels (c, row, column) in order."""
-    b, c, h, w = latents.shape
-    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 2, 4, 1, 3, 5)
-    return patches.reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
-
-
-def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The inverse of `pack` for latents of `height` × `width`."""
-    b, _, features = tokens.shape
-    c = features // (PATCH * PATCH)
-    patches = tokens.view(b, height // PATCH, width // PATCH, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
-    return patches.reshape(b, c, height, width)
 
 
 def image_ids(rows: int, columns: int, device) -> torch.Tensor:

@@ -4,6 +4,7 @@ fine-tune backup as a base model, the inpainting check of a model type."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -154,3 +155,34 @@ def as_module_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     if "shared.weight" in state and "encoder.embed_tokens.weight" in own:
         state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
     return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+
+
+def load_transformer_part(
+    cls, config: TrainConfig, where: str, options: dict, to_diffusers: Callable[[dict], dict]
+) -> torch.nn.Module:
+    """The base's transformer (`cls`, diffusers), or the transformer part's own model (`transformer.model_name`): a
+    diffusers folder, or one file whose weights `to_diffusers` names as diffusers does, built on the base's
+    transformer config without weights (the file's tensors become them: no second copy in memory)."""
+    from accelerate import init_empty_weights
+
+    from onetrainer.families.sources import resolve_local
+    from onetrainer.weights.checkpoint_files import load_state_dict
+
+    override = config.transformer.model_name.strip()
+    if not override:
+        return load_diffusers_component(cls, where, "transformer", options)
+    path = resolve_local(override)
+    if path.is_dir():
+        subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+        return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+    if not path.is_file():
+        raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
+    base_config = load_diffusers_component(cls, where, "transformer", options, config_only=True)
+    try:
+        state = to_diffusers(load_state_dict(path))
+    except ValueError as e:
+        raise ModelLoadError(f"cannot read the transformer (transformer.model_name) {path}: {e}") from e
+    with init_empty_weights(include_buffers=False):
+        transformer = cls.from_config(base_config)
+    checked_load(transformer, state, f"the transformer {path}", assign=True)
+    return transformer

@@ -34,15 +34,13 @@ from onetrainer.config.enums import ModelFormat
 from onetrainer.config.model_types import Z_IMAGE
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
-    ModelLoadError,
     cast_parts,
-    checked_load,
     load_diffusers_component,
     load_tokenizer,
+    load_transformer_part,
     part_wise_base,
 )
 from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
-from onetrainer.families.sources import resolve_local
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.quantize import KEEP_UNQUANTIZED
@@ -58,9 +56,6 @@ DEFAULT_TRAIN_STEPS = 1000
 Z_IMAGE_KIND = ModelKind("z-image", "z-image")
 KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
 EMBEDDING_KEY = "qwen3_4b"  # ComfyUI's key of Z-Image's text encoder in an embedding file
-# ComfyUI's module prefixes of the Z-Image model and of its Qwen3 text encoder (`qwen3_4b`, whose Qwen3Model is the
-# `model` of ComfyUI's wrapper): its LoRA loader takes `<prefix><module path>` for every weight of either.
-COMFY_PREFIXES = {"transformer": "diffusion_model.", "text_encoder": "text_encoders.qwen3_4b.transformer.model."}
 
 
 class ZImageFamily(FlowPipelineFolder, Family):
@@ -72,6 +67,12 @@ class ZImageFamily(FlowPipelineFolder, Family):
         "transformer": ("layers",),
         "text_encoder": ("layers",),
     }
+    # ComfyUI's prefixes of the Z-Image model and of its Qwen3 text encoder (`qwen3_4b`, whose Qwen3Model is the
+    # `model` of ComfyUI's wrapper): its LoRA loader takes `<prefix><module path>` for every weight of either.
+    comfy_prefixes: ClassVar[dict[str, str]] = {
+        "transformer": "diffusion_model.",
+        "text_encoder": "text_encoders.qwen3_4b.transformer.model.",
+    }
     writers: ClassVar[dict[ModelFormat, str]] = {
         ModelFormat.DIFFUSERS: "save_diffusers",
         ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
@@ -81,14 +82,15 @@ class ZImageFamily(FlowPipelineFolder, Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import FlowMatchEulerDiscreteScheduler
+        from diffusers import FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
         from transformers import AutoModel, AutoTokenizer
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
+        transformer = load_transformer_part(ZImageTransformer2DModel, config, where, options, zimage_keys.to_diffusers)
+        parts: dict[str, torch.nn.Module] = {"transformer": transformer}
         # Its timestep embedder casts its input to its first layer's weight dtype: a float8 weight would make it float8
         setattr(parts["transformer"], KEEP_UNQUANTIZED, ("t_embedder",))
         parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options)
@@ -109,34 +111,6 @@ class ZImageFamily(FlowPipelineFolder, Family):
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
         extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
-
-    def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
-        """The base's transformer, or the transformer part's own file (`transformer.model_name`) on the base's
-        transformer config."""
-        from diffusers import ZImageTransformer2DModel
-
-        override = config.transformer.model_name.strip()
-        if not override:
-            return load_diffusers_component(ZImageTransformer2DModel, where, "transformer", options)
-        path = resolve_local(override)
-        if path.is_dir():
-            subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
-            return ZImageTransformer2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
-        if not path.is_file():
-            raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
-        from accelerate import init_empty_weights
-
-        from onetrainer.weights.checkpoint_files import load_state_dict
-
-        base_config = load_diffusers_component(ZImageTransformer2DModel, where, "transformer", options, True)
-        try:
-            state = zimage_keys.to_diffusers(load_state_dict(path))
-        except ValueError as e:
-            raise ModelLoadError(f"cannot read the transformer (transformer.model_name) {path}: {e}") from e
-        with init_empty_weights(include_buffers=False):  # the file's tensors become the weights: no second copy
-            transformer = ZImageTransformer2DModel.from_config(base_config)
-        checked_load(transformer, state, f"the transformer {path}", assign=True)
-        return transformer
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -225,29 +199,6 @@ class ZImageFamily(FlowPipelineFolder, Family):
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
 
-    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
-        """COMFY_LORA: the module's path under ComfyUI's prefix for the part (`diffusion_model.`, the text encoder's
-        `text_encoders.qwen3_4b.transformer.model.`); otherwise the kohya name."""
-        if fmt is ModelFormat.COMFY_LORA:
-            return COMFY_PREFIXES[part] + module_path
-        return self.kohya_name(model, part, module_path)
-
-    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A COMFY_LORA file's dotted names as the kohya names of the same modules (the generic reading's)."""
-        if not any(key.startswith(tuple(COMFY_PREFIXES.values())) for key in state):
-            return state
-        names = {
-            self.lora_file_name(model, part, module, ModelFormat.COMFY_LORA): self.kohya_name(model, part, module)
-            for part in COMFY_PREFIXES
-            if part in model.parts
-            for module, _ in model.part(part).named_modules()
-        }
-        renamed = {}
-        for key, value in state.items():
-            module, suffix = _module_and_suffix(key, names)
-            renamed[f"{names[module]}.{suffix}" if module else key] = value
-        return renamed
-
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return Z_IMAGE_KIND
 
@@ -261,14 +212,3 @@ def caption_tokens(conditioning: Conditioning, dtype: torch.dtype) -> list[torch
         return [row[row_mask.bool()] for row, row_mask in zip(hidden, mask)]
     except RuntimeError:  # tensors without values (the memory estimate's): every token, the longest caption
         return list(hidden.unbind(dim=0))
-
-
-def _module_and_suffix(key: str, modules: dict[str, str]) -> tuple[str | None, str]:
-    """The longest module name of `modules` that `key` starts with (`<module>.<suffix>`), and the rest."""
-    head, suffix = key, ""
-    while "." in head:
-        head, _, last = head.rpartition(".")
-        suffix = f"{last}.{suffix}" if suffix else last
-        if head in modules:
-            return head, suffix
-    return None, key

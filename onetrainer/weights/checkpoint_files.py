@@ -82,3 +82,11 @@ def _load_pickle_safely(path: Path) -> Any:
             raise ValueError(f"{path} is not a checkpoint file that can be read ({type(e).__name__})") from None
     except (RuntimeError, ValueError, EOFError, OSError) as e:
         raise ValueError(f"{path} is not a checkpoint file that can be read ({type(e).__name__}: {e})") from None
+
+
+def without_prefix(state: dict, prefixes: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")) -> dict:
+    """A single file's weights without the prefix ComfyUI saves a diffusion model under, where all have it."""
+    for prefix in prefixes:
+        if state and all(k.startswith(prefix) for k in state):
+            return {k[len(prefix) :]: v for k, v in state.items()}
+    return dict(state)

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
+from onetrainer.weights.checkpoint_files import without_prefix
+
 # diffusers' name → ComfyUI's, as substrings of a key (module levels, so no rename matches inside another name)
 _RENAMES = (
     ("all_x_embedder.2-1.", "x_embedder."),
@@ -48,10 +49,7 @@ def to_comfy(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def to_diffusers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A transformer file in either layout (a `model.diffusion_model.` or `diffusion_model.` prefix allowed) in
     diffusers' names."""
-    plain = dict(state)
-    for prefix in _PREFIXES:
-        if plain and all(k.startswith(prefix) for k in plain):
-            plain = {k[len(prefix) :]: v for k, v in plain.items()}
+    plain = without_prefix(state)
     if not any(".attention.qkv." in k or k.startswith(("x_embedder.", "final_layer.")) for k in plain):
         return plain
     out: dict[str, torch.Tensor] = {}
