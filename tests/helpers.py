@@ -23,6 +23,7 @@ VARIANT_MODEL_TYPES = {
     "flux-schnell": "FLUX_DEV_1",
     "flux-fill": "FLUX_FILL_DEV_1",
     "z-image": "Z_IMAGE",
+    "qwen-image": "QWEN",
     "chroma": "CHROMA_1",
     "wuerstchen": "WUERSTCHEN_2",
     "cascade": "STABLE_CASCADE_1",
@@ -44,6 +45,7 @@ TINY_MODELS = {
     "FLUX_FILL_DEV_1": "flux-fill",
     "CHROMA_1": "chroma",
     "Z_IMAGE": "z-image",
+    "QWEN": "qwen-image",
     "WUERSTCHEN_2": "wuerstchen",
     "STABLE_CASCADE_1": "cascade",
 }

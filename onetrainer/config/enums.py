@@ -42,6 +42,7 @@ class ModelType(ConfigEnum):
     HI_DREAM_FULL = "HI_DREAM_FULL"
     CHROMA_1 = "CHROMA_1"
     QWEN = "QWEN"
+    QWEN_EDIT = "QWEN_EDIT"
     ANIMA = "ANIMA"
     KREA_2 = "KREA_2"
     Z_IMAGE = "Z_IMAGE"

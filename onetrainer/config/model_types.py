@@ -402,6 +402,36 @@ SD3 = FamilyInfo(
     "once), as diffusers' from_single_file does, from the hub cache when offline. Embeddings hold a vector set for "
     "each included encoder (file keys clip_l, clip_g, t5, as OneTrainer writes them).",
 )
+QWEN = FamilyInfo(
+    key="qwen",
+    label="Qwen-Image",
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    bucket_step=16,
+    sample_step=16,
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
+    output_formats={
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+    },
+    # OneTrainer's Qwen presets
+    layer_presets={
+        "attn-mlp": ("attn", "img_mlp", "txt_mlp"),
+        "attn-only": ("attn",),
+        "blocks": ("transformer_block",),
+        "full": (),
+    },
+    hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
+    part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
+    notes="`text_encoder` is the language model of Qwen2.5-VL (7B): each caption goes into Qwen-Image's prompt "
+    "template (a system line asking to describe the image, then the caption), padded to 512 tokens after the "
+    "template's first 34, which the pipeline drops; its last hidden states condition the transformer with their "
+    "mask (clip skip counts back from there). The VAE is Qwen-Image's video VAE on single frames, its latents "
+    "normalised per channel. Samples use true classifier-free guidance (the CFG scale, the negative prompt). LoRA "
+    "files: DIFFUSERS_LORA or COMFY_LORA (`diffusion_model.` + the module names ComfyUI and diffusers share); "
+    "fine-tunes as a diffusers folder or the transformer alone in those names (ORIGINAL_TRANSFORMER).",
+)
 # OneTrainer's Z-Image `attn-mlp`: the main layers' attention and feed-forward, not the refiners'.
 _Z_IMAGE_LAYER_PRESETS = {
     "attn-mlp": RegexPatterns((r"^(?=.*attention)(?!.*refiner).*", r"^(?=.*feed_forward)(?!.*refiner).*")),
@@ -526,7 +556,7 @@ CASCADE = FamilyInfo(
 )
 
 FAMILIES: dict[str, FamilyInfo] = {
-    f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, Z_IMAGE, WUERSTCHEN, CASCADE)
+    f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, QWEN, Z_IMAGE, WUERSTCHEN, CASCADE)
 }
 
 _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
@@ -540,6 +570,7 @@ _FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
 _CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
 _Z_IMAGE_SAMPLE = SampleDefaults(1024, 1024, 28, 4.0, NoiseScheduler.EULER)
+_QWEN_SAMPLE = SampleDefaults(1024, 1024, 30, 4.0, NoiseScheduler.EULER)
 # diffusers' pipeline defaults: SD 3 Medium 28 steps at CFG 7; the 3.5 model cards: 28 steps at 3.5 (Large)
 _SD3_SAMPLE = SampleDefaults(1024, 1024, 28, 7.0, NoiseScheduler.EULER)
 _SD35_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
@@ -576,6 +607,7 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
         _info(ModelType.FLUX_DEV_1, "Flux.1 Dev / Schnell", FLUX, 1024, False, False, _FLUX_SAMPLE),
         _info(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
         _info(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),
+        _info(ModelType.QWEN, "Qwen-Image", QWEN, 1024, False, False, _QWEN_SAMPLE),
         _info(ModelType.Z_IMAGE, "Z-Image (Turbo)", Z_IMAGE, 1024, False, False, _Z_IMAGE_SAMPLE),
         _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
         _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),

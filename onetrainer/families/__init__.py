@@ -19,6 +19,7 @@ FAMILY_CLASSES: dict[str, str] = {
     "sd3": "onetrainer.families.sd3:StableDiffusion3Family",
     "flux": "onetrainer.families.flux:FluxFamily",
     "chroma": "onetrainer.families.flux:ChromaFamily",
+    "qwen": "onetrainer.families.qwen:QwenImageFamily",
     "zimage": "onetrainer.families.zimage:ZImageFamily",
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
     "cascade": "onetrainer.families.wuerstchen:CascadeFamily",

@@ -145,6 +145,33 @@ SD3_VAE: Config = {**FLUX_VAE, "scaling_factor": 1.5305, "shift_factor": 0.0609}
 # channels, sample_size 1024, force_upcast, (z - 0.1159) * 0.3611).
 Z_IMAGE_VAE: Config = FLUX_VAE
 
+# Qwen-Image's VAE (Qwen/Qwen-Image vae/config.json; Qwen-Image-Edit-2509 and -2511 ship the same): Wan 2.1's causal
+# video VAE, used on single frames ([B, C, 1, H, W]). Widths 96 x (1, 2, 4, 4), 2 residual blocks per level, no
+# attention but the middle block's, 8x down in space (the last two levels also halve time, which one frame never
+# notices), 16 latent channels normalised per channel: (z - latents_mean) / latents_std.
+# fmt: off
+_QWEN_IMAGE_LATENTS_MEAN = [
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+]
+_QWEN_IMAGE_LATENTS_STD = [
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+]
+# fmt: on
+QWEN_IMAGE_VAE: Config = {
+    "_class_name": "AutoencoderKLQwenImage",
+    "attn_scales": [],
+    "base_dim": 96,
+    "dim_mult": [1, 2, 4, 4],
+    "dropout": 0.0,
+    "latents_mean": _QWEN_IMAGE_LATENTS_MEAN,
+    "latents_std": _QWEN_IMAGE_LATENTS_STD,
+    "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True],
+    "z_dim": 16,
+}
+
 # --- Text encoders -----------------------------------------------------------------------------------------------
 
 CLIP_VOCAB_SIZE = 49408
@@ -276,6 +303,63 @@ QWEN3_4B_TEXT: Config = {
     "vocab_size": 151936,
 }
 
+# Qwen2.5-VL-7B-Instruct (Qwen/Qwen2.5-VL-7B-Instruct config.json) as Qwen-Image's text encoder (Qwen/Qwen-Image and
+# Qwen-Image-Edit-2509/-2511 text_encoder/), the whole model: the files hold the decoder under `model.`, the vision
+# tower under `visual.` and the untied `lm_head` (transformers 5 moves the first two under `model.language_model.` and
+# `model.visual.` on load, and back on save). A Qwen2 decoder of 28 layers, 28 query heads and 4 key/value heads of 128
+# over 3584 channels, whose rotary embedding splits each head's 64 frequency pairs over (time, row, column) positions
+# (`mrope_section` 16/24/24): text tokens advance all three together, image tokens take their grid cell. Its vision
+# tower: 32 blocks over 14 px patches (2 frames deep), windowed attention over 112 px tiles except the last block of
+# each eight, then 2x2 neighbouring patches merged into one token of the decoder's width. The pipelines condition on
+# the last layer's (normed) hidden states. Transformers 5 keeps the text fields in a nested `text_config` and
+# `rope_theta` / `rope_scaling` in `rope_parameters`, and names the vision config's model type itself (the file's
+# "qwen2_5_vl" there is left out).
+QWEN25_VL_7B_TEXT: Config = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "image_token_id": 151655,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 128000,
+    "max_window_layers": 28,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "video_token_id": 151656,
+    "vision_config": {
+        "depth": 32,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "in_chans": 3,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "temporal_patch_size": 2,
+        "tokens_per_second": 2,
+        "window_size": 112,
+    },
+    "vision_end_token_id": 151653,
+    "vision_start_token_id": 151652,
+    "vision_token_id": 151654,
+    "vocab_size": 152064,
+}
+
 # --- Transformers ------------------------------------------------------------------------------------------------
 
 # PixArt-XL-2-1024-MS. sample_size 128 (1024 px) switches on the resolution and aspect-ratio micro-conditioning.
@@ -401,6 +485,28 @@ Z_IMAGE_TRANSFORMER: Config = {
     "rope_theta": 256.0,
     "t_scale": 1000.0,
 }
+
+# Qwen-Image (Qwen/Qwen-Image transformer/config.json; Qwen-Image-Edit-2509's is the same): the 20B MMDiT. 60
+# dual-stream blocks (separate weights for the image and the text tokens, joint attention) of 24 heads of 128, with
+# RMS-normed queries and keys; Qwen2.5-VL's hidden states (3584) in, RMS-normed first; 3D rotary axes 16/56/56 over
+# (image index, row, column), centred on the image, the text's positions continuing past the image's; 2x2 patches of
+# 16-channel latents (64 in), 16 out. The edit models append their reference images' latents to the sequence, each as
+# a further image index.
+QWEN_IMAGE_TRANSFORMER: Config = {
+    "_class_name": "QwenImageTransformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": False,
+    "in_channels": 64,
+    "joint_attention_dim": 3584,
+    "num_attention_heads": 24,
+    "num_layers": 60,
+    "out_channels": 16,
+    "patch_size": 2,
+}
+# Qwen-Image-Edit-2511 (Qwen/Qwen-Image-Edit-2511 transformer/config.json): the same weights' layout, but the reference
+# images' tokens are modulated as at time 0 (`zero_cond_t`), the generated ones at the step's time.
+QWEN_IMAGE_EDIT_2511_TRANSFORMER: Config = {**QWEN_IMAGE_TRANSFORMER, "zero_cond_t": True}
 
 # --- Würstchen v2 and Stable Cascade ------------------------------------------------------------------------------
 
@@ -544,6 +650,25 @@ QWEN3_TOKENIZER: Config = {
     "split_special_tokens": False,
     "unk_token": None,
 }
+# Qwen2.5-VL's tokenizer (Qwen-Image's tokenizer/, and inside Qwen-Image-Edit's processor/): Qwen3's settings; its
+# added tokens and chat template differ (`onetrainer/tiny/qwen_tokenizer.py`).
+QWEN25_VL_TOKENIZER: Config = QWEN3_TOKENIZER
+
+# --- Image processors ---------------------------------------------------------------------------------------------
+
+# Qwen2.5-VL's image processor (Qwen/Qwen2.5-VL-7B-Instruct preprocessor_config.json; the Qwen-Image-Edit processor/
+# folder carries it with the tokenizer): images resized to multiples of 28 px (14 px patches, merged 2x2) keeping
+# their area within [3136, 12845056] px, CLIP's normalisation, each patch repeated over 2 frames.
+QWEN2VL_IMAGE_PROCESSOR: Config = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "max_pixels": 12845056,
+    "merge_size": 2,
+    "min_pixels": 3136,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+}
 
 # --- Schedulers --------------------------------------------------------------------------------------------------
 
@@ -623,6 +748,26 @@ Z_IMAGE_SCHEDULER: Config = {
 }
 # Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo): the distilled model samples (in ~8 steps, without CFG) at shift 3.
 Z_IMAGE_TURBO_SCHEDULER: Config = {**Z_IMAGE_SCHEDULER, "shift": 3.0}
+# Qwen-Image (Qwen/Qwen-Image scheduler/scheduler_config.json; Qwen-Image-Edit-2509's is the same): rectified flow,
+# sigmas shifted exponentially by the image's token count (mu from 0.5 at 256 tokens to 0.9 at 8192, the pipelines
+# compute it), the last one stretched to 0.02.
+QWEN_IMAGE_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "invert_sigmas": False,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+    "use_beta_sigmas": False,
+    "use_dynamic_shifting": True,
+    "use_exponential_sigmas": False,
+    "use_karras_sigmas": False,
+}
 # Stage C lite (stabilityai/stable-cascade-prior, prior_lite): the 1B prior.
 CASCADE_PRIOR_LITE_UNET: Config = {
     **CASCADE_PRIOR_UNET,

@@ -45,23 +45,26 @@ def load_vae(config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
     return load_vae_override(config, vae.config) if config.vae.model_name else vae
 
 
-def load_vae_override(config: TrainConfig, base_config) -> torch.nn.Module:
+def load_vae_override(config: TrainConfig, base_config, cls=None) -> torch.nn.Module:
     """The VAE named in the config: a diffusers folder (a VAE's, or a pipeline's with a vae/ subfolder), a single file
-    (a VAE's, or a whole original checkpoint's, read on the base VAE's config `base_config`), or a hub id (a VAE repo
-    or a pipeline repo), loaded like the base model (from the cache when offline)."""
+    (a VAE's, or a whole original checkpoint's, read on the base VAE's config `base_config`; a VAE class other than
+    AutoencoderKL, `cls`, reads it in diffusers' names), or a hub id (a VAE repo or a pipeline repo), loaded like the
+    base model (from the cache when offline)."""
     from diffusers import AutoencoderKL
 
+    kl = cls is None or cls is AutoencoderKL
+    cls = AutoencoderKL if cls is None else cls
     name = config.vae.model_name.strip()
     path = resolve_local(name)
     if path.is_dir():
         subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
-        return AutoencoderKL.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
     if path.is_file():
         state = load_state_dict(path)
-        vae = AutoencoderKL.from_config(dict(base_config))
+        vae = cls.from_config(dict(base_config))
         prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in state) else ""
-        converted = convert_vae({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, vae)
-        checked_load(vae, converted, f"VAE {path}")
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        checked_load(vae, convert_vae(state, vae) if kl else state, f"VAE {path}")
         return vae
     try:
         source = resolve_source(name)
@@ -69,6 +72,6 @@ def load_vae_override(config: TrainConfig, base_config) -> torch.nn.Module:
         raise ModelLoadError(f"VAE override (vae.model_name) not found: {e}") from e
     options = hub_options(source, config, "the VAE override")
     try:  # a VAE repo keeps its config at the top; a pipeline repo in vae/
-        return AutoencoderKL.from_pretrained(name, **options)
+        return cls.from_pretrained(name, **options)
     except (OSError, ValueError):
-        return load_diffusers_component(AutoencoderKL, name, "vae", options)
+        return load_diffusers_component(cls, name, "vae", options)

@@ -47,14 +47,21 @@ def seeded(seed: int, component: str) -> Iterator[None]:
 
 def tiny_config(kind: str, real: Config, depth: Config | None = None, **widths: Any) -> Config:
     """`real` with some width fields replaced (and, for the block counts of `depth`, fewer repeated blocks); refuses
-    anything else that would change the topology."""
+    anything else that would change the topology.
+
+    A nested config (`reference.NESTED_CONFIGS`: Qwen2.5-VL's `vision_config`) is given as a dict of its own widths
+    (and depths), checked against its own kind's fields and merged into the real one."""
+    depth = depth or {}
     extra = set(widths) - reference.TINY_WIDTH_FIELDS[kind]
     if extra:
         raise ValueError(f"not a width field of a {kind}: {sorted(extra)}")
-    deeper = set(depth or {}) - reference.TINY_DEPTH_FIELDS.get(kind, frozenset())
+    deeper = set(depth) - reference.TINY_DEPTH_FIELDS.get(kind, frozenset())
     if deeper:
         raise ValueError(f"not a block count of a {kind}: {sorted(deeper)}")
-    return {**real, **widths, **(depth or {})}
+    config = {**real, **widths, **depth}
+    for key in reference.NESTED_CONFIGS & (set(widths) | set(depth)):
+        config[key] = tiny_config(key, real[key], depth.get(key), **widths.get(key, {}))
+    return config
 
 
 def build(config: Config, seed: int, component: str) -> Any:

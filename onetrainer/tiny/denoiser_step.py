@@ -86,6 +86,19 @@ def denoiser_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
         if config.guidance_embeds:
             inputs["guidance"] = torch.tensor([3.5, 1.0])
         return inputs
+    if kind == "QwenImageTransformer2DModel":
+        # 8x8 latents (64 px) packed 2x2 into 16 tokens, described to the rotary embedding as one image of 4x4; 12
+        # text tokens, the second caption's last 5 padding (masked). The time is the flow's sigma.
+        tokens = 12
+        mask = torch.ones(2, tokens, dtype=torch.bool)
+        mask[1, tokens - 5 :] = False
+        return {
+            "hidden_states": randn(2, 16, config.in_channels),
+            "encoder_hidden_states": randn(2, tokens, config.joint_attention_dim),
+            "encoder_hidden_states_mask": mask,
+            "timestep": ratios,
+            "img_shapes": [[(1, 4, 4)]] * 2,
+        }
     if kind == "ZImageTransformer2DModel":
         # Lists, one entry per sample: 8x8 latents (64 px) as one frame, and captions of their own lengths. The model
         # pads each part to a multiple of 32 tokens with its learned pad tokens (40 -> 64, 7 -> 32) and masks the

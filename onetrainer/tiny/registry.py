@@ -125,6 +125,26 @@ FLUX_DEPTH = {"transformer": {"num_layers": 2, "num_single_layers": 2}}
 # the real model.
 Z_IMAGE_DEPTH = {"transformer": {"n_layers": 2}, "text_encoder": {"num_hidden_layers": 3}}
 
+# Qwen-Image's 60 dual-stream blocks as 2; Qwen2.5-VL's 28 decoder layers as 3 (the pipelines read the last layer's
+# normed output) and its vision tower's 32 blocks as 2: a windowed one and the full-attention one that ends each group
+# of eight in the real tower.
+QWEN_IMAGE_DEPTH = {
+    "transformer": {"num_layers": 2},
+    "text_encoder": {"num_hidden_layers": 3, "vision_config": {"depth": 2, "fullatt_block_indexes": [1]}},
+}
+
+
+def _qwen_image(**extra: Config) -> dict[str, Config]:
+    return {
+        "transformer": ref.QWEN_IMAGE_TRANSFORMER,
+        "vae": ref.QWEN_IMAGE_VAE,
+        "text_encoder": ref.QWEN25_VL_7B_TEXT,
+        "tokenizer": ref.QWEN25_VL_TOKENIZER,
+        "scheduler": ref.QWEN_IMAGE_SCHEDULER,
+        **extra,
+    }
+
+
 TINY_VARIANTS: dict[str, TinyVariant] = {
     "sd15": TinyVariant(
         name="sd15",
@@ -308,6 +328,30 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
             "scheduler": ref.Z_IMAGE_SCHEDULER,
         },
         depths=Z_IMAGE_DEPTH,
+    ),
+    "qwen-image": TinyVariant(
+        name="qwen-image",
+        model_type=ModelType.QWEN,
+        pipeline_class="QwenImagePipeline",
+        description="Qwen-Image (Qwen/Qwen-Image): dual-stream MMDiT blocks (2 of the real 60) with 3D rotary "
+        "positions, Qwen2.5-VL-7B text encoder (3 of 28 decoder layers, its last hidden states after a fixed system "
+        "prompt; vision tower 2 of 32 blocks), Wan's 16-channel video VAE on single frames, flow-matching Euler with "
+        "an exponential resolution-dependent shift; real CFG with negative prompts",
+        family="qwen",
+        references=_qwen_image(),
+        depths=QWEN_IMAGE_DEPTH,
+    ),
+    "qwen-image-edit": TinyVariant(
+        name="qwen-image-edit",
+        model_type=ModelType.QWEN_EDIT,
+        pipeline_class="QwenImageEditPlusPipeline",
+        description="Qwen-Image-Edit-2509 (Qwen/Qwen-Image-Edit-2509): qwen-image conditioned on reference images, "
+        "seen by Qwen2.5-VL's vision tower beside the instruction and appended to the transformer's sequence as VAE "
+        "latents; a Qwen2VLProcessor (load it with `onetrainer.tiny.qwen.load_processor`: transformers builds the "
+        "hub class only with torchvision)",
+        family="qwen",
+        references=_qwen_image(processor=ref.QWEN2VL_IMAGE_PROCESSOR),
+        depths=QWEN_IMAGE_DEPTH,
     ),
     "wuerstchen": TinyVariant(
         name="wuerstchen",

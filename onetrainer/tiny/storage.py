@@ -27,12 +27,14 @@ TINY_BUILD_LOCK = MODEL_LIBRARY_LOCK
 _TOKENIZER_COMPONENTS = ("tokenizer", "tokenizer_2")
 # model_index.json entries as the real hub folders have them. Würstchen's models were saved from the (since
 # deprecated) `diffusers.pipelines.wuerstchen` module, which model_index.json names by its short name; Stable
-# Cascade's decoder reuses Würstchen's VQGAN. transformers without torchvision substitutes a PIL image processor.
+# Cascade's decoder reuses Würstchen's VQGAN. transformers without torchvision substitutes a PIL image processor, and
+# Qwen-Image-Edit's processor is built without its video half (`onetrainer/tiny/qwen.py`).
 _MODEL_INDEX_ENTRIES = {
     "WuerstchenPrior": ["wuerstchen", "WuerstchenPrior"],
     "WuerstchenDiffNeXt": ["wuerstchen", "WuerstchenDiffNeXt"],
     "PaellaVQModel": ["wuerstchen", "PaellaVQModel"],
     "CLIPImageProcessorPil": ["transformers", "CLIPImageProcessor"],
+    "ImageOnlyQwen2VLProcessor": ["transformers", "Qwen2VLProcessor"],
 }
 
 
@@ -62,7 +64,11 @@ def write_pipeline(pipeline: DiffusionPipeline, folder: Path, variant: TinyVaria
         if tokenizer is not None and type(tokenizer).__name__ == "CLIPTokenizer":
             _rewrite_clip_tokenizer(folder / name, tokenizer.pad_token)
         elif tokenizer is not None and type(tokenizer).__name__ == "Qwen2Tokenizer":
-            _rewrite_qwen_tokenizer(folder / name)
+            _rewrite_qwen_tokenizer(folder / name, tokenizer)
+    if type(getattr(pipeline, "processor", None)).__name__ == "ImageOnlyQwen2VLProcessor":
+        from onetrainer.tiny.qwen import rewrite_processor_folder
+
+        rewrite_processor_folder(folder / "processor", variant.references["processor"])
     marker = {
         "variant": variant.name,
         "model_type": variant.model_type.name,
@@ -109,13 +115,13 @@ def _store_as_qwen3_causal_lm(folder: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _rewrite_qwen_tokenizer(folder: Path) -> None:
+def _rewrite_qwen_tokenizer(folder: Path, tokenizer) -> None:
     # transformers 5 saves tokenizer.json and the chat template beside tokenizer_config.json (chat_template.jinja);
     # hub Qwen folders hold vocab.json + merges.txt too and keep the template inside tokenizer_config.json.
-    from onetrainer.tiny.qwen_tokenizer import write_qwen_tokenizer_files
+    from onetrainer.tiny.qwen_tokenizer import flavour_of, write_qwen_tokenizer_files
 
     shutil.rmtree(folder)
-    write_qwen_tokenizer_files(folder)
+    write_qwen_tokenizer_files(folder, flavour_of(tokenizer))
 
 
 def _rewrite_clip_tokenizer(folder: Path, pad_token: str) -> None:

@@ -76,7 +76,9 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("generalized_offset_noise") == {"sd", "sdxl"}
     assert _families_where("text_encoder.train_embedding") == {"sdxl", "sd3", "flux"}
     assert _families_where("text_encoder_2.train_embedding") == {"sdxl", "sd3", "flux"}
-    assert _families_where("text_encoder.layer_skip") == {"sd", "sdxl", "pixart", "sd3", "flux", "chroma", "zimage"}
+    assert _families_where("text_encoder.layer_skip") == {
+        "sd", "sdxl", "pixart", "sd3", "flux", "chroma", "zimage", "qwen",
+    }  # fmt: skip
     assert _families_where("text_encoder_2.layer_skip") == {"sdxl", "sd3", "flux"}
     assert _families_where("text_encoder_3.layer_skip") == {"sd3"}
     assert _families_where("transformer.guidance_scale", TrainingMethod.LORA) == {"flux"}

@@ -1,4 +1,5 @@
-"""OneTrainer's own Flux Dev.1, Chroma and Z-Image presets pass `scripts/train.py --check` with a local model.
+"""OneTrainer's own Flux Dev.1, Chroma, Z-Image and Qwen-Image presets pass `scripts/train.py --check` with a local
+model.
 
 Each vendored preset (`tests/config/onetrainer_presets/`, unchanged) is checked as a user would run it offline: the
 base model pointed at the tiny model of its type, the concepts at a tiny image folder, a transformer file the preset
@@ -23,7 +24,7 @@ from tests.config.test_flow_presets import _expected_not_built
 from tests.conftest import onetrainer_presets_dir
 from tests.helpers import TINY_MODELS, image_folder
 
-FAMILIES = ("Flux Dev.1", "Chroma", "Z-Image")
+FAMILIES = ("Flux Dev.1", "Chroma", "Z-Image", "QwenImage")
 PRESETS = sorted(p for family in FAMILIES for p in (onetrainer_presets_dir() / family).glob("*.json"))
 
 
@@ -40,8 +41,8 @@ def _machine_errors(raw: dict) -> set[str]:
     return set() if _cuda() else nf4
 
 
-def test_the_flux_chroma_and_z_image_presets_are_there():
-    assert {p.parent.name for p in PRESETS} == set(FAMILIES) and len(PRESETS) == 13
+def test_the_flux_chroma_z_image_and_qwen_presets_are_there():
+    assert {p.parent.name for p in PRESETS} == set(FAMILIES) and len(PRESETS) == 17
 
 
 def _downloaded_transformer(raw: dict, folder: Path) -> list[str]:

@@ -303,19 +303,18 @@ def test_a_model_type_this_trainer_does_not_know_is_shown_and_refused(app, tmp_p
     assert not app.runner.is_alive()
 
 
-def test_a_onetrainer_flow_preset_loads_in_the_window(app) -> None:
-    # OneTrainer's presets of the families still to come load with their memory settings kept (not shown: the run
-    # checks name them), and Start says the model type cannot train yet.
+def test_a_onetrainer_qwen_preset_loads_in_the_window_with_its_memory_settings(app) -> None:
+    # OneTrainer's Qwen-Image preset loads with its memory settings kept and its layer filter, and the forms build.
     from tests.conftest import onetrainer_presets_dir
 
     assert app.load_config_file(onetrainer_presets_dir() / "QwenImage" / "#qwen LoRA 16GB.json")
-    assert app.topbar.model_type_menu.get() == "QWEN (not trainable yet)"
+    assert app.topbar.model_type_menu.get() == model_type_label(ModelType.QWEN)
     assert app.model.config.transformer.offload_fraction == 0.5
     assert app.model.config.quantization.layer_filter == "transformer_block"
-    for key in app.tabview.keys:  # the forms still build
+    assert app.model.config.layer_filter == "attn,img_mlp,txt_mlp"
+    for key in app.tabview.keys:  # the forms build
         app.select_tab(key)
-    assert app.start() is False
-    assert "QWEN is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
+    assert not app.dialogs.history
 
 
 def test_start_lists_every_problem(app, trainable_sd, screenshot) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from onetrainer.tiny import TINY_VARIANTS, build_tiny_pipeline, tiny_model_dir
+from onetrainer.tiny.reference import with_depth
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,6 +22,23 @@ def _quiet_progress_bars() -> None:
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
+
+
+# The area diffusers' QwenImageEditPlusPipeline encodes each reference image at through the VAE: about 1 MP, some
+# ten seconds per image for even the tiny VAE on a CPU (its 3D convolutions take torch's slow path there).
+EDIT_VAE_IMAGE_AREA = 1024 * 1024
+SMALL_EDIT_VAE_IMAGE_AREA = 128 * 128
+
+
+@pytest.fixture
+def small_edit_references(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Has the edit pipeline encode reference images at 128 x 128 px of area instead of 1 MP (every other step as the
+    real pipeline takes it: the size still follows each image's aspect ratio in multiples of 32 px). The area."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as edit_plus
+
+    assert edit_plus.VAE_IMAGE_SIZE == EDIT_VAE_IMAGE_AREA  # what this stands in for
+    monkeypatch.setattr(edit_plus, "VAE_IMAGE_SIZE", SMALL_EDIT_VAE_IMAGE_AREA)
+    return SMALL_EDIT_VAE_IMAGE_AREA
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +80,7 @@ def _real_shapes_of(config_json: str) -> dict[str, torch.Size]:
 def _real_shapes(variant: str, component: str) -> dict[str, torch.Size]:
     # Keyed by the config itself: many variants share a component (the SD VAE, CLIP-L, ...).
     spec = TINY_VARIANTS[variant]
-    config = {**spec.references[component], **spec.depths.get(component, {})}
+    config = with_depth(spec.references[component], spec.depths.get(component))
     return _real_shapes_of(json.dumps(config, sort_keys=True))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,16 @@ from onetrainer.tiny.denoiser_step import PRIOR_LATENT
 from onetrainer.tiny.denoiser_step import denoiser as _denoiser
 from onetrainer.tiny.denoiser_step import denoiser_inputs as _denoiser_inputs
 from onetrainer.tiny.denoiser_step import prediction as _sample
+from onetrainer.tiny.qwen import load_processor
 
 
 def _load(path: Path, pipeline_class: str) -> Any:
     index = json.loads((path / "model_index.json").read_text())
     parts = {k: v for k, v in index.items() if isinstance(v, list) and len(v) == 2}
+    if parts.get("processor") == ["transformers", "Qwen2VLProcessor"]:
+        # Qwen-Image-Edit: transformers builds Qwen2VLProcessor only with torchvision (`onetrainer/tiny/qwen.py`).
+        processor = load_processor(path)
+        return getattr(diffusers, pipeline_class).from_pretrained(path, local_files_only=True, processor=processor)
     if all(library != "wuerstchen" for library, _ in parts.values()):
         return getattr(diffusers, pipeline_class).from_pretrained(path, local_files_only=True)
     # Real Würstchen folders name their models' library "wuerstchen", a module diffusers has since moved to its
@@ -53,8 +59,11 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
     if spec.pipeline_class.startswith("PixArt"):
         # Binning would snap 64 px to the 1024 px aspect-ratio table; caption cleaning needs BeautifulSoup.
         extra = {"use_resolution_binning": False, "clean_caption": False}
+    if spec.pipeline_class == "QwenImageEditPlusPipeline":
+        extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30))}
     size = spec.resolution
-    return pipeline(prompt, height=size, width=size, output_type="np", **common, **extra).images
+    # By name: the edit pipeline takes its reference images first.
+    return pipeline(prompt=prompt, height=size, width=size, output_type="np", **common, **extra).images
 
 
 # Bit for bit, as before the suite computed with fewer threads (tests/conftest.py): at one thread the tiny SD 1.5
@@ -97,7 +106,7 @@ def test_weight_files_use_the_real_checkpoint_key_names(
     path = saved_tiny_model(variant)
     references = TINY_VARIANTS[variant].references
     for component, reference in references.items():
-        if component.startswith("tokenizer") or component == "scheduler":
+        if component.startswith("tokenizer") or component in ("scheduler", "processor"):
             continue
         (weights,) = (path / component).glob("*.safetensors")
         with safe_open(weights, "pt") as f:
@@ -108,6 +117,10 @@ def test_weight_files_use_the_real_checkpoint_key_names(
         elif reference.get("architectures") == ["Qwen3Model"]:
             # Z-Image's text encoder files are a Qwen3ForCausalLM checkpoint's: everything under `model.`.
             expected = {f"model.{k}" for k in expected}
+        elif reference.get("architectures") == ["Qwen2_5_VLForConditionalGeneration"]:
+            # Qwen2.5-VL's files name the decoder `model.` and the vision tower `visual.` (transformers 5 nests both).
+            expected = {re.sub(r"^model\.(language_model\.)?", "model.", k) for k in expected}
+            expected = {re.sub(r"^model\.visual\.", "visual.", k) for k in expected}
         elif component.startswith("text_encoder"):
             # Real text encoder files name everything under `text_model.` (and `text_projection.` for SDXL's second),
             # whatever module tree the installed transformers builds.
@@ -132,7 +145,9 @@ def test_generic_pipeline_loader_picks_the_right_class(saved_tiny_model: Callabl
 
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
-def test_pipeline_generates(variant: str, tiny_pipeline: Callable[[str], Any]) -> None:
+def test_pipeline_generates(variant: str, tiny_pipeline: Callable[[str], Any], request: pytest.FixtureRequest) -> None:
+    if TINY_VARIANTS[variant].pipeline_class == "QwenImageEditPlusPipeline":
+        request.getfixturevalue("small_edit_references")
     output = _generate(variant, tiny_pipeline(variant))
     size = TINY_VARIANTS[variant].resolution
     if TINY_VARIANTS[variant].pipeline_class.endswith("PriorPipeline"):
@@ -160,16 +175,26 @@ def test_building_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
+# Parameters the real model has but never uses: Qwen-Image's last block computes a text output that nothing reads
+# (diffusers keeps the weights, as the checkpoint holds them).
+UNUSED_PARAMETERS = {"qwen-image": r"transformer_blocks\.1\.(attn\.to_add_out|txt_mlp)\."}
+
+
 @pytest.mark.parametrize(
-    "variant", ["sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade", "flux-dev", "flux-fill", "chroma", "z-image"]
+    "variant",
+    [
+        *("sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"),
+        *("flux-dev", "flux-fill", "chroma", "z-image", "qwen-image"),
+    ],
 )
 def test_training_step_reaches_every_parameter(variant: str) -> None:
     # How long the step takes is measured by `scripts/benchmark.py --part tiny`, not asserted here.
     model = _denoiser(build_tiny_pipeline(variant, seed=0)).train()
     _sample(model(**_denoiser_inputs(model))).square().mean().backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None]
-    assert not missing
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    unused = [name for name, _ in model.named_parameters() if re.match(UNUSED_PARAMETERS.get(variant, "$^"), name)]
+    assert missing == unused
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
 def test_save_tiny_model_writes_atomically_and_replaces(tmp_path: Path) -> None:

@@ -51,6 +51,36 @@ def test_state_dict_keys_equal_the_real_models(
     assert sum(v.numel() for v in tiny.values()) < 10_000_000
 
 
+def _as_in_the_hub_file(config: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
+    """A transformers 5 config dict with the hub file's layout: a composite model's text fields (Qwen2.5-VL's
+    `text_config`) at the top level, `rope_theta` and `rope_scaling` taken back out of `rope_parameters`."""
+    if "text_config" in config and "text_config" not in real:
+        config = {**config["text_config"], **{k: v for k, v in config.items() if k != "text_config"}}
+    rope = config.get("rope_parameters")
+    if rope is not None and "rope_theta" in real:
+        config = {**config, "rope_theta": rope["rope_theta"]}
+    if rope is not None and isinstance(real.get("rope_scaling"), dict):
+        config = {**config, "rope_scaling": {k: rope.get(k) for k in real["rope_scaling"]}}
+    return config
+
+
+def _assert_width_fields_only(kind: str, config: dict[str, Any], real: dict[str, Any], depth: dict[str, Any]) -> None:
+    assert set(depth) <= ref.TINY_DEPTH_FIELDS.get(kind, frozenset())
+    assert all(config[k] == v for k, v in depth.items() if k not in ref.NESTED_CONFIGS)
+    width_fields = ref.TINY_WIDTH_FIELDS[kind] | set(depth)
+    differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
+    bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
+    # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
+    bookkeeping |= (
+        {"is_encoder_decoder", "tie_word_embeddings"} if "T5EncoderModel" in real.get("architectures", ()) else set()
+    )
+    # transformers forgets the window size of a model that does not use its sliding window (Qwen2.5-VL).
+    bookkeeping |= {"sliding_window"} if real.get("use_sliding_window") is False else set()
+    assert differing - bookkeeping <= width_fields
+    for key in ref.NESTED_CONFIGS & set(real):  # Qwen2.5-VL's vision tower: only its own width fields differ
+        _assert_width_fields_only(key, config[key], real[key], depth.get(key, {}))
+
+
 @pytest.mark.parametrize(("variant", "component"), CASES)
 def test_configs_differ_from_the_real_ones_in_width_fields_only(
     variant: str, component: str, tiny_pipeline: PipelineOf
@@ -60,18 +90,7 @@ def test_configs_differ_from_the_real_ones_in_width_fields_only(
     real = TINY_VARIANTS[variant].references[component]
     kind = component.removesuffix("_2")
     depth = TINY_VARIANTS[variant].depths.get(component, {})
-    assert set(depth) <= ref.TINY_DEPTH_FIELDS.get(kind, frozenset())
-    assert all(config[k] == v for k, v in depth.items())
-    width_fields = ref.TINY_WIDTH_FIELDS[kind] | set(depth)
-    if "rope_theta" in real and "rope_parameters" in config:  # transformers 5 moves the hub's rope_theta there
-        config = {**config, "rope_theta": config["rope_parameters"]["rope_theta"]}
-    differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
-    bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
-    # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
-    bookkeeping |= (
-        {"is_encoder_decoder", "tie_word_embeddings"} if "T5EncoderModel" in real.get("architectures", ()) else set()
-    )
-    assert differing - bookkeeping <= width_fields
+    _assert_width_fields_only(kind, _as_in_the_hub_file(config, real), real, depth)
 
 
 SHALLOWER = [(v.name, c) for v in TINY_VARIANTS.values() for c in v.depths]
@@ -203,6 +222,13 @@ def test_pixart_details(tiny_pipeline: PipelineOf) -> None:
 def test_tiny_config_refuses_topology_changes() -> None:
     with pytest.raises(ValueError, match="layers_per_block"):
         tiny_config("unet", ref.SD15_UNET, layers_per_block=1)
+    # A nested config's fields are checked against its own kind's.
+    with pytest.raises(ValueError, match="patch_size"):
+        tiny_config("text_encoder", ref.QWEN25_VL_7B_TEXT, vision_config={"patch_size": 7})
+    with pytest.raises(ValueError, match="window_size"):
+        tiny_config("text_encoder", ref.QWEN25_VL_7B_TEXT, depth={"vision_config": {"window_size": 56}})
+    shallow = tiny_config("text_encoder", ref.QWEN25_VL_7B_TEXT, depth={"vision_config": {"depth": 2}})
+    assert shallow["vision_config"] == {**ref.QWEN25_VL_7B_TEXT["vision_config"], "depth": 2}
 
 
 def test_flux_and_chroma_details(tiny_pipeline: PipelineOf) -> None:

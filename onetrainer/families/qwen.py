@@ -1,0 +1,241 @@
+"""Qwen-Image (QWEN): a double-stream MMDiT over 2x2-packed 16-channel latents of a video-style VAE used on single
+frames, trained by rectified flow, conditioned on the language model of Qwen2.5-VL.
+
+- Text: each caption goes into Qwen-Image's prompt template (a system line asking to describe the image, then the
+  caption as the user's message), padded to 512 + 34 tokens; the conditioning is the last hidden states (clip skip
+  counts back from there) after the template's first 34 tokens, which `QwenImagePipeline` drops, with their mask, the
+  padding's states zeroed. `predict` hands the transformer only the columns some caption uses, with the mask where
+  one is shorter, as the pipeline does.
+- Caption dropout encodes the empty caption (the template around nothing), the pipeline's negative prompt.
+- Latents: `AutoencoderKLQwenImage` encodes each image as a one-frame video; its latents are normalised per channel
+  ((z − latents_mean) / latents_std, the inverse of what the pipeline decodes). The transformer takes them packed 2x2
+  (`latent_patches.pack`) with their grid (`img_shapes`) and the time σ (the pipeline's `timestep / 1000`), and
+  predicts the flow ε − x0. The schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler
+  config (a dynamic, resolution-dependent shift).
+- The transformer part may be its own file (`transformer.model_name`) in diffusers' names, with or without ComfyUI's
+  `model.diffusion_model.` prefix, read on the base's transformer config.
+- Sampling goes through `QwenImagePipeline` with our prompt embeddings and masks and its true CFG (the sample's CFG
+  scale, the negative prompt).
+- Saving: the pipeline folder (also the backup), or the transformer alone in diffusers' names (ORIGINAL_TRANSFORMER),
+  which ComfyUI and diffusers' `from_single_file` read.
+- LoRA files: DIFFUSERS_LORA and COMFY_LORA (`diffusion_model.<module>` as ComfyUI names Qwen-Image's modules, the
+  same as diffusers'; a trained text encoder under `text_encoders.qwen25_7b.transformer.`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.config.model_types import QWEN
+from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.latent_patches import PATCH, pack, unpack
+from onetrainer.families.loading import (
+    cast_parts,
+    load_diffusers_component,
+    load_tokenizer,
+    load_transformer_part,
+    part_wise_base,
+)
+from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.vae import load_vae_override
+from onetrainer.noise.prediction import Prediction
+from onetrainer.util.part_dtypes import compute_weight
+from onetrainer.weights import kohya_lora
+from onetrainer.weights.checkpoint_files import without_prefix
+from onetrainer.weights.metadata import ModelKind, model_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+TEMPLATE_TOKENS = 34  # the template's tokens before the caption, which the pipeline drops
+TEXT_TOKENS = 512  # the caption's tokens, as OneTrainer prompts Qwen-Image
+DEFAULT_TRAIN_STEPS = 1000
+QWEN_KIND = ModelKind("qwen-image", "qwen-image")
+KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
+EMBEDDING_KEY = "qwen25_7b"  # ComfyUI's key of Qwen-Image's text encoder in an embedding file
+
+
+class QwenImageFamily(FlowPipelineFolder, Family):
+    info = QWEN
+    sampling_parts = frozenset(QWEN.parts)
+    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)language_model\.layers\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("transformer_blocks",),
+        "text_encoder": ("model.language_model.layers",),
+    }
+    # ComfyUI keeps Qwen-Image's modules under diffusers' names, and Qwen2.5-VL's language model as `model.` of its
+    # `qwen25_7b` text encoder (`comfy_module_path`).
+    comfy_prefixes: ClassVar[dict[str, str]] = {
+        "transformer": "diffusion_model.",
+        "text_encoder": "text_encoders.qwen25_7b.transformer.",
+    }
+    writers: ClassVar[dict[ModelFormat, str]] = {
+        ModelFormat.DIFFUSERS: "save_diffusers",
+        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
+    }
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        what = "the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        encoder = Qwen2_5_VLForConditionalGeneration
+        parts: dict[str, torch.nn.Module] = {
+            "transformer": load_transformer_part(QwenImageTransformer2DModel, config, where, options, without_prefix),
+            "text_encoder": load_diffusers_component(encoder, where, "text_encoder", options),
+        }
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        vae = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options)
+        parts["vae"] = load_vae_override(config, vae.config, AutoencoderKLQwenImage) if config.vae.model_name else vae
+        scheduler_config = load_diffusers_component(
+            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
+        )
+        cast_parts(parts, config)
+        slot = TextEncoderSlot(
+            "text_encoder",
+            parts["text_encoder"],
+            tokenizer,
+            KOHYA_PREFIXES["text_encoder"],
+            EMBEDDING_KEY,
+            config.text_encoder.layer_skip,
+        )
+        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
+        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        slot = model.text_encoders[0]
+        tokens = slot.tokenizer(
+            [PROMPT_TEMPLATE.format(caption) for caption in captions],
+            padding="max_length",
+            max_length=TEXT_TOKENS + TEMPLATE_TOKENS,
+            truncation=True,
+            return_tensors="pt",
+        )
+        device = first_weight(slot.encoder).device
+        mask = tokens.attention_mask.to(device)
+        output = slot.encoder(input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True)
+        hidden = output.hidden_states[-(slot.layer_skip + 1)][:, TEMPLATE_TOKENS:]
+        mask = mask[:, TEMPLATE_TOKENS:]
+        return Conditioning({"hidden_states": hidden * mask[..., None].to(hidden.dtype), "attention_mask": mask})
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_frames(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        height, width = noisy_latents.shape[-2:]
+        hidden, mask = used_tokens(conditioning)
+        output = transformer(
+            hidden_states=pack(noisy_latents).to(dtype),
+            encoder_hidden_states=hidden.to(dtype),
+            encoder_hidden_states_mask=mask,
+            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            img_shapes=[[(1, height // PATCH, width // PATCH)]] * len(noisy_latents),
+            return_dict=False,
+        )[0]
+        return Prediction(unpack(output, height, width))
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import QwenImagePipeline
+
+        slot = model.text_encoders[0]
+        return QwenImagePipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            transformer=model.part("transformer"),
+        )
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """The sample's CFG scale as the pipeline's true CFG (Qwen-Image takes no distilled guidance)."""
+        return {"guidance_scale": None, "true_cfg_scale": sample.cfg_scale}
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our own embeddings and masks of the prompt and the negative prompt, each cut to its tokens."""
+        arguments: dict = {"prompt": None, "negative_prompt": None}
+        for key, text in (("prompt", prompt), ("negative_prompt", negative_prompt or "")):
+            hidden, mask = used_tokens(self.encode_text(model, [text]))
+            arguments[f"{key}_embeds"] = hidden
+            arguments[f"{key}_embeds_mask"] = torch.ones(hidden.shape[:2], dtype=torch.long) if mask is None else mask
+        return arguments
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file, in diffusers' names (Qwen-Image's own), which ComfyUI's Load Diffusion
+        Model, diffusers' `from_single_file` and this trainer (`transformer.model_name`) read."""
+        resolution = model.type_info.resolution
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(plain_state(model.part("transformer")), destination, dtype, metadata)
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        """Qwen2.5-VL's language model is `model.` of ComfyUI's text encoder (transformers nests it one level
+        deeper, `model.language_model.`)."""
+        if part == "text_encoder" and module_path.startswith("model.language_model."):
+            return "model." + module_path[len("model.language_model.") :]
+        return module_path
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return QWEN_KIND
+
+
+def used_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The caption states cut to the columns some caption uses, and the mask where a caption is shorter (None where
+    every token is used, as the pipeline passes it)."""
+    hidden, mask = conditioning.hidden_states, conditioning.get("attention_mask")
+    if mask is None:
+        return hidden, None
+    try:
+        used = max(1, int(mask.sum(dim=1).max()))
+    except RuntimeError:  # tensors without values (the memory estimate's): every token, masked
+        return hidden, mask
+    hidden, mask = hidden[:, :used], mask[:, :used]
+    return hidden, None if bool(mask.all()) else mask
+
+
+def encode_frames(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels [B, 3, H, W] in [-1, 1] → the video VAE's latents of each as a one-frame video [B, 16, h, w], normalised
+    per channel by the VAE's `latents_mean` / `latents_std`."""
+    weight = compute_weight(vae)
+    frames = pixels.to(weight.device, weight.dtype)[:, :, None]
+    latents = vae.encode(frames).latent_dist.mode()[:, :, 0]
+    shape = (1, -1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
+    std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
+    return (latents - mean) / std
