@@ -41,12 +41,14 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Captions missing", str(len(entry.missing_captions))),
             ("Masks missing", str(len(entry.missing_masks))),
             ("Masks resized", str(len(entry.resized_masks))),
+            *([("Reference images missing", str(len(entry.missing_references)))] if entry.missing_references else []),
             ("Unreadable files", str(len(entry.unreadable))),
         ]
         for label, items in (
             ("Held out for validation (never trained)", entry.held_out),
             ("Captions missing (trained with an empty caption)", entry.missing_captions),
             ("Masks missing (trained whole)", entry.missing_masks),
+            ("Reference images missing (skipped)", entry.missing_references),
             ("Masks of another size (resized)", entry.resized_masks),
         ):
             if items:

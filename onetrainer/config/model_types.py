@@ -160,6 +160,9 @@ class FamilyInfo:
 
     # What the family can do beyond the common settings (the capability names above): decides which settings apply.
     capabilities: frozenset[str] = frozenset()
+    # Whether it learns from reference images beside each training image (`<stem>-reference[-N].<ext>`, an edit
+    # model's inputs): an image without one is skipped and named; other families ignore reference images.
+    reference_images: bool = False
     # The config reference's note on this family (`docs/config.md`, Family notes): its own settings and why.
     notes: str = ""
 

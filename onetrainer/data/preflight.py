@@ -38,6 +38,7 @@ class ConceptReport:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     missing_captions: list[str] = field(default_factory=list)
     missing_masks: list[str] = field(default_factory=list)
+    missing_references: list[str] = field(default_factory=list)  # skipped: the model type trains on references
     resized_masks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
@@ -67,6 +68,7 @@ class PreflightReport:
             for label, items in (
                 ("captions missing (trained with an empty caption)", c.missing_captions),
                 ("masks missing (trained whole)", c.missing_masks),
+                ("reference images missing (skipped)", c.missing_references),
                 ("masks of another size (resized)", c.resized_masks),
             ):
                 if items:
@@ -165,6 +167,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         unreadable=[(str(p), r) for p, r in scan.unreadable],
         missing_captions=[str(p) for p in scan.missing_captions],
         missing_masks=[str(p) for p in scan.missing_masks],
+        missing_references=[str(p) for p in scan.missing_references],
         resized_masks=[str(p) for p in scan.resized_masks],
         problems=list(scan.problems),
         warnings=[*scan.caption_warnings, *scan.image_warnings],

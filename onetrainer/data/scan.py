@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from PIL import Image, UnidentifiedImageError
 
 from onetrainer.config.enums import ConceptType
-from onetrainer.data.images import caption_lines, list_images, mask_path_of, read_text
+from onetrainer.data.images import caption_lines, list_images, mask_path_of, read_text, reference_paths_of
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -35,6 +35,7 @@ class ImageEntry:
     captions: tuple[str, ...]  # candidate lines; one is drawn per epoch
     mask: Path | None
     fingerprint: str  # changes whenever the file changes (size and modification time)
+    references: tuple[Path, ...] = ()  # its reference images, in order (`images.reference_paths_of`)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ConceptScan:
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
     missing_captions: list[Path] = field(default_factory=list)
     missing_masks: list[Path] = field(default_factory=list)
+    # images without a reference image where the model type trains on references: skipped, each named
+    missing_references: list[Path] = field(default_factory=list)
     resized_masks: list[Path] = field(default_factory=list)
     caption_warnings: list[str] = field(default_factory=list)
     image_warnings: list[str] = field(default_factory=list)  # used, but probably not what the user meant
@@ -58,7 +61,9 @@ def fingerprint(path: Path) -> str:
     return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
-def scan_concept(index: int, concept, folder: Path, masked: bool) -> ConceptScan:
+def scan_concept(index: int, concept, folder: Path, masked: bool, references: bool = False) -> ConceptScan:
+    """The concept's images; `references`: the model type trains on reference images, so an image without one is
+    skipped and named (`missing_references`)."""
     label = concept.name or concept.path
     scan = ConceptScan(index, label, folder, concept.type)
     if not folder.is_dir():
@@ -91,7 +96,12 @@ def scan_concept(index: int, concept, folder: Path, masked: bool) -> ConceptScan
             mask = None
             if masked:
                 scan.missing_masks.append(path)
-        scan.images.append(ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path)))
+        found = reference_paths_of(path)
+        if references and not found:
+            scan.missing_references.append(path)
+            continue
+        entry = ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path), found)
+        scan.images.append(entry)
     return scan
 
 
@@ -154,11 +164,20 @@ def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
 def scan_concepts(config: TrainConfig, resolve=lambda p: Path(p)) -> list[ConceptScan]:
     """Scan every enabled concept (training, validation and prior-prediction ones)."""
     out = []
+    references = trains_on_references(config)
     for index, concept in enumerate(config.concepts or []):
         if not concept.enabled:
             continue
-        out.append(scan_concept(index, concept, Path(resolve(concept.path)), config.masked_training))
+        out.append(scan_concept(index, concept, Path(resolve(concept.path)), config.masked_training, references))
     return out
+
+
+def trains_on_references(config: TrainConfig) -> bool:
+    """Whether the config's model type learns from reference images (its family declares `reference_images`)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    return bool(info is not None and info.family.reference_images)
 
 
 def is_trained(scan: ConceptScan) -> bool:

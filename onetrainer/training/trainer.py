@@ -898,6 +898,13 @@ class Trainer:
                 self.warn(text)
             if scan.missing_captions:
                 self.warn(f"concept '{scan.name}': {len(scan.missing_captions)} images have no caption file")
+            if scan.missing_references:
+                names = ", ".join(p.name for p in scan.missing_references[:10])
+                more = "…" if len(scan.missing_references) > 10 else ""
+                self.warn(
+                    f"concept '{scan.name}': {len(scan.missing_references)} images have no reference image "
+                    f"(<name>-reference.<ext>) and are skipped: {names}{more}"
+                )
             if scan.missing_masks and self.config.masked_training:
                 self.status(f"concept '{scan.name}': {len(scan.missing_masks)} images have no mask (trained whole)")
         dropped = sorted({s.image for e in range(self.config.epochs) for s in self.data.plan(e).dropped})

@@ -1,5 +1,5 @@
-"""OneTrainer's own Flux Dev.1, Chroma, Z-Image and Qwen-Image presets pass `scripts/train.py --check` with a local
-model.
+"""OneTrainer's own Flux Dev.1, Chroma, SD 3, Z-Image and Qwen-Image presets pass `scripts/train.py --check` with a
+local model.
 
 Each vendored preset (`tests/config/onetrainer_presets/`, unchanged) is checked as a user would run it offline: the
 base model pointed at the tiny model of its type, the concepts at a tiny image folder, a transformer file the preset
@@ -24,7 +24,7 @@ from tests.config.test_flow_presets import _expected_not_built
 from tests.conftest import onetrainer_presets_dir
 from tests.helpers import TINY_MODELS, image_folder
 
-FAMILIES = ("Flux Dev.1", "Chroma", "Z-Image", "QwenImage")
+FAMILIES = ("Flux Dev.1", "Chroma", "SD3", "Z-Image", "QwenImage")
 PRESETS = sorted(p for family in FAMILIES for p in (onetrainer_presets_dir() / family).glob("*.json"))
 
 
@@ -41,8 +41,8 @@ def _machine_errors(raw: dict) -> set[str]:
     return set() if _cuda() else nf4
 
 
-def test_the_flux_chroma_z_image_and_qwen_presets_are_there():
-    assert {p.parent.name for p in PRESETS} == set(FAMILIES) and len(PRESETS) == 17
+def test_the_flow_presets_are_there():
+    assert {p.parent.name for p in PRESETS} == set(FAMILIES) and len(PRESETS) == 19
 
 
 def _downloaded_transformer(raw: dict, folder: Path) -> list[str]:

@@ -1,0 +1,76 @@
+"""Reference images beside training images (`<stem>-reference.<ext>`, `<stem>-reference-N.<ext>`): found in order,
+never trained as images of their own, and, for a model type that learns from them, an image without one is skipped
+and named in the scan, the preflight report and the trainer's warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from onetrainer.config import ConceptConfig, TrainConfig
+from onetrainer.data import scan as scan_module
+from onetrainer.data.images import is_reference_image, list_images, reference_paths_of
+from onetrainer.data.preflight import preflight_report
+from onetrainer.data.scan import scan_concept
+
+
+def _image(path: Path, size: tuple[int, int] = (64, 48)) -> Path:
+    Image.new("RGB", size, (200, 40, 40)).save(path)
+    return path
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    for name in ("cat.png", "cat-reference.jpg", "dog.jpg", "dog-reference-2.png", "dog-reference-10.png",
+                 "dog-reference-1.webp", "bird.png", "lonely-reference.png", "wolf.png", "wolf-reference.png",
+                 "wolf-reference-1.png"):  # fmt: skip
+        _image(tmp_path / name, (32, 32) if "reference" in name else (64, 48))
+    (tmp_path / "cat.txt").write_text("a cat", encoding="utf-8")
+    return tmp_path
+
+
+def test_references_are_found_in_order_and_are_no_training_images(folder: Path):
+    assert [p.name for p in list_images(folder)] == ["bird.png", "cat.png", "dog.jpg", "lonely-reference.png",
+                                                      "wolf.png"]  # fmt: skip
+    assert [p.name for p in reference_paths_of(folder / "cat.png")] == ["cat-reference.jpg"]
+    assert [p.name for p in reference_paths_of(folder / "dog.jpg")] == [
+        "dog-reference-1.webp", "dog-reference-2.png", "dog-reference-10.png",
+    ]  # fmt: skip
+    # the one `-reference` file where there is one; nothing for an image without any
+    assert [p.name for p in reference_paths_of(folder / "wolf.png")] == ["wolf-reference.png"]
+    assert reference_paths_of(folder / "bird.png") == ()
+    # a `-reference` file without its image is an image like any other
+    assert not is_reference_image(folder / "lonely-reference.png") and is_reference_image(folder / "cat-reference.jpg")
+
+
+def test_a_model_type_that_learns_from_references_skips_and_names_images_without_one(folder: Path, monkeypatch):
+    concept = ConceptConfig(name="edits", path=str(folder))
+    ignored = scan_concept(0, concept, folder, masked=False)
+    assert len(ignored.images) == 5 and not ignored.missing_references
+    assert {e.path.name: len(e.references) for e in ignored.images} == {
+        "bird.png": 0, "cat.png": 1, "dog.jpg": 3, "lonely-reference.png": 0, "wolf.png": 1,
+    }  # fmt: skip
+
+    edits = scan_concept(0, concept, folder, masked=False, references=True)
+    assert [e.path.name for e in edits.images] == ["cat.png", "dog.jpg", "wolf.png"]
+    assert [p.name for p in edits.missing_references] == ["bird.png", "lonely-reference.png"]
+
+    monkeypatch.setattr(scan_module, "trains_on_references", lambda config: True)
+    config = TrainConfig(concepts=[concept], resolution="64", batch_size=1)
+    report = preflight_report(config)
+    (entry,) = report.concepts
+    assert entry.images == 3 and [Path(p).name for p in entry.missing_references] == [
+        "bird.png",
+        "lonely-reference.png",
+    ]
+    assert "reference images missing (skipped): 2: bird.png, lonely-reference.png" in report.text()
+
+
+def test_only_a_family_that_declares_references_learns_from_them():
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    assert not any(info.family.reference_images for info in MODEL_TYPES.values())  # none built yet: the edit models
+    assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT)) is False  # not trainable yet
