@@ -95,6 +95,8 @@ class TrainingData:
         self.rank, self.world_size = 0, 1  # several processes: plans at the global batch, each rank a slice
         self.latent_cache: DiskCache | None = None
         self.latent_key_base: dict | None = None
+        self._keys: dict[tuple, str] = {}
+        self._keys_base: dict | None = None
 
     # -- the plan -------------------------------------------------------------------------------------------------
 
@@ -135,6 +137,17 @@ class TrainingData:
     # -- loading --------------------------------------------------------------------------------------------------
 
     def latent_key(self, sample: PlannedSample, masked: bool) -> str:
+        """The cache key of a sample's latents; remembered, as every step asks again for the same few (hashing a
+        concept's settings costs more than the rest of the batch's loading on a small model)."""
+        memo = (sample.image, str(sample.bucket), sample.variation, masked)
+        if self._keys_base is not self.latent_key_base:
+            self._keys, self._keys_base = {}, self.latent_key_base
+        key = self._keys.get(memo)
+        if key is None:
+            key = self._keys[memo] = self._latent_key(sample, masked)
+        return key
+
+    def _latent_key(self, sample: PlannedSample, masked: bool) -> str:
         entry = self.images[sample.image]
         concept = self.config.concepts[entry.concept]
         parts = {
