@@ -309,3 +309,12 @@ def test_the_sd3_part_compares_ours_with_the_bare_loop(tmp_path, capsys):
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
     assert figures["trained_parameters"] > 0  # checked equal to our method's count, or the part would have failed
     assert "tiny SD 3.5 Medium" in capsys.readouterr().out
+
+
+def test_the_qwen_part_compares_ours_with_the_bare_loop(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    assert main(["--part", "qwen", "--steps", "2", "--warmup", "1", "--repeat", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["qwen"]
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["trained_parameters"] > 0  # checked equal to our method's count, or the part would have failed
+    assert "tiny Qwen-Image" in capsys.readouterr().out

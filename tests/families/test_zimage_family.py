@@ -203,3 +203,35 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
         ours = caption_tokens(family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]), torch.float32)
         theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"], do_classifier_free_guidance=False)[0]
     assert ours[0].shape == theirs[0].shape and torch.allclose(ours[0], theirs[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_write_comfy_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr as COMFY_LORA: LyCORIS' weight names under `diffusion_model.<diffusers module>` (ComfyUI maps them
+    as it maps a LoRA's); read back into a fresh model they give the trained transformer's output."""
+    from onetrainer.methods.lora import LoraMethod
+
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = {}
+    save_output = LoraMethod.save_output
+
+    def keep_output(self, path, *args, **kwargs):
+        trained["output"] = transformer_output(self.model.part("transformer").eval())
+        return save_output(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    config = tiny_config(
+        tmp_path, "z-image", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": False}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"diffusion_model.layers.0.attention.to_q.{marker}" in state
+    assert all(k.startswith("diffusion_model.layers.") for k in state)
+    _, again = our_model(method=True, lora_model_name=config["output_model_destination"], **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
