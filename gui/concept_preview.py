@@ -7,13 +7,21 @@ are missing the preview says so instead of failing.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
 
 from onetrainer.config import ConceptConfig
-from onetrainer.data.images import caption_lines, list_images, mask_path_of, open_mask, open_rgb, read_text
+from onetrainer.data.images import (
+    caption_lines,
+    list_images,
+    mask_path_of,
+    open_mask,
+    open_rgb,
+    read_text,
+    reference_paths_of,
+)
 
 IMAGE_AUGMENT_MISSING = "The augmentation preview is not available yet (onetrainer.data.image_augment is missing)."
 TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.data.text_augment is missing)."
@@ -68,11 +76,13 @@ class AugmentedImage:
     image: Image.Image
     mask: Image.Image | None  # None: the image has no mask file (everything trains)
     note: str = ""  # why the preview is incomplete, if it is
+    references: list[Path] = field(default_factory=list)  # its reference images (`<stem>-reference[-N].<ext>`)
 
 
 def augmented_image(image_path: Path, concept: ConceptConfig, seed: int) -> AugmentedImage:
     """The image and its mask as one epoch's augmentation would make them for this seed."""
     image = open_rgb(image_path)
+    references = list(reference_paths_of(image_path))
     mask_path = mask_path_of(image_path)
     mask = open_mask(mask_path) if mask_path.is_file() else None
     if mask is not None and mask.size != image.size:
@@ -80,9 +90,9 @@ def augmented_image(image_path: Path, concept: ConceptConfig, seed: int) -> Augm
     try:
         from onetrainer.data.image_augment import augment_image
     except ImportError:
-        return AugmentedImage(image, mask, IMAGE_AUGMENT_MISSING)
+        return AugmentedImage(image, mask, IMAGE_AUGMENT_MISSING, references)
     augmented, augmented_mask = augment_image(image, mask, concept.image, random.Random(seed))
-    return AugmentedImage(augmented, augmented_mask)
+    return AugmentedImage(augmented, augmented_mask, references=references)
 
 
 def augmented_captions(captions: list[str], concept: ConceptConfig, seed: int, count: int = 3) -> tuple[list[str], str]:

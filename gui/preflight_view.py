@@ -41,7 +41,7 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Captions missing", str(len(entry.missing_captions))),
             ("Masks missing", str(len(entry.missing_masks))),
             ("Masks resized", str(len(entry.resized_masks))),
-            *([("Reference images missing", str(len(entry.missing_references)))] if entry.missing_references else []),
+            *_reference_facts(entry),
             ("Unreadable files", str(len(entry.unreadable))),
         ]
         for label, items in (
@@ -69,3 +69,12 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
     ]
     stats.notes += [f"Error: {error}" for error in report.errors]
     return stats
+
+
+def _reference_facts(entry: Any) -> list[tuple[str, str]]:
+    """How many images have reference images beside them and how many have none, where the concept has any or the
+    model type needs them (its images without one are skipped)."""
+    if not entry.with_references and not entry.missing_references:
+        return []
+    without = len(entry.missing_references) or entry.images - entry.with_references
+    return [("Images with reference images", str(entry.with_references)), ("Images without any", str(without))]

@@ -17,6 +17,7 @@ from PIL import UnidentifiedImageError
 from gui.concept_preview import augmented_captions, augmented_image, captions_of, concept_images
 from gui.widgets.pictures import fitted, set_picture
 from onetrainer.config import ConceptConfig
+from onetrainer.data.images import open_rgb
 
 PREVIEW_BOX = (300, 300)
 NOTE_COLOR = ("#9a6700", "#e3b341")
@@ -111,12 +112,17 @@ class ImagePreview(_PreviewPane):
         self.frame.grid_rowconfigure(3, weight=1)
         self.image_label = ctk.CTkLabel(pictures, text="", width=PREVIEW_BOX[0], height=PREVIEW_BOX[1])
         self.mask_label = ctk.CTkLabel(pictures, text="", width=PREVIEW_BOX[0] // 2, height=PREVIEW_BOX[1] // 2)
-        self.image_label.grid(row=0, column=0, sticky="nw")
+        self.image_label.grid(row=0, column=0, sticky="nw", rowspan=3)
         self.mask_label.grid(row=0, column=1, sticky="nw", padx=(8, 0))
-        ctk.CTkLabel(pictures, text="augmented image", text_color=MUTED_TEXT).grid(row=1, column=0, sticky="w")
+        ctk.CTkLabel(pictures, text="augmented image", text_color=MUTED_TEXT).grid(row=3, column=0, sticky="w")
         ctk.CTkLabel(pictures, text="its mask (white = trained)", text_color=MUTED_TEXT).grid(
-            row=1, column=1, sticky="w", padx=(8, 0)
+            row=1, column=1, sticky="nw", padx=(8, 0)
         )
+        # An edit model's inputs beside the image it learns to make (`<name>-reference[-N].<ext>`).
+        self.reference_label = ctk.CTkLabel(pictures, text="", width=PREVIEW_BOX[0] // 2, height=PREVIEW_BOX[1] // 2)
+        self.reference_label.grid(row=2, column=1, sticky="nw", padx=(8, 0), pady=(8, 0))
+        self.reference_caption = ctk.CTkLabel(pictures, text="", text_color=MUTED_TEXT, justify="left")
+        self.reference_caption.grid(row=3, column=1, sticky="nw", padx=(8, 0))
         self.last = None  # the last AugmentedImage shown (tests look at it)
 
     def update_preview(self) -> None:
@@ -140,12 +146,28 @@ class ImagePreview(_PreviewPane):
             set_picture(self.mask_label, fitted(result.mask.convert("RGB"), box))
         else:
             set_picture(self.mask_label, None, "no mask file:\nthe whole image trains")
+        self._show_references(result.references)
         self._note(result.note)
+
+    def _show_references(self, references: list) -> None:
+        """The image's first reference image and how many it has (edit models learn from them; others ignore them)."""
+        if not references:
+            set_picture(self.reference_label, None)
+            self.reference_caption.configure(text="")
+            return
+        box = (PREVIEW_BOX[0] // 2, PREVIEW_BOX[1] // 2)
+        try:
+            set_picture(self.reference_label, fitted(open_rgb(references[0]), box))
+        except (OSError, UnidentifiedImageError) as e:
+            set_picture(self.reference_label, None, f"cannot read {references[0].name}: {e}")
+        count = len(references)
+        self.reference_caption.configure(text=f"reference image{'s' if count > 1 else ''}: {count} (first shown)")
 
     def _clear(self, message: str) -> None:
         self.last = None
         set_picture(self.image_label, None)
         set_picture(self.mask_label, None)
+        self._show_references([])
         self._note(message)
 
 

@@ -39,6 +39,7 @@ class ConceptReport:
     missing_captions: list[str] = field(default_factory=list)
     missing_masks: list[str] = field(default_factory=list)
     missing_references: list[str] = field(default_factory=list)  # skipped: the model type trains on references
+    with_references: int = 0  # images with reference images beside them (edit models learn from them)
     resized_masks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
@@ -168,6 +169,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         missing_captions=[str(p) for p in scan.missing_captions],
         missing_masks=[str(p) for p in scan.missing_masks],
         missing_references=[str(p) for p in scan.missing_references],
+        with_references=sum(1 for e in scan.images if e.references),
         resized_masks=[str(p) for p in scan.resized_masks],
         problems=list(scan.problems),
         warnings=[*scan.caption_warnings, *scan.image_warnings],

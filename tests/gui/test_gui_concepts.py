@@ -165,3 +165,35 @@ def test_a_click_on_a_card_opens_its_window(app, tmp_path: Path) -> None:
     pump(app, lambda: 1 in tab.windows)
     assert tab.windows[1].title() == "Concept: second"
     tab.windows[1].close()
+
+
+def test_the_concept_window_shows_reference_images_and_counts_images_without_any(app, tmp_path: Path, screenshot):
+    """An edit model's reference images (`<name>-reference[-N].<ext>`) show beside the image in the preview, and the
+    statistics count the images with and without them; they are not images of their own."""
+    folder = _image_folder(tmp_path, count=3)
+    first, second, _ = list_images(folder)
+    ImageOps.mirror(open_rgb(first)).save(folder / f"{first.stem}-reference.png")
+    for number in (1, 2):
+        open_rgb(second).resize((48, 64)).save(folder / f"{second.stem}-reference-{number}.jpg")
+    tab = _concepts_tab(app, [ConceptConfig(name="edits", path=str(folder), seed=1)])
+    window = tab.open(0)
+    window.select("image")
+    preview = window.image_preview
+    pump(window, lambda: preview.last is not None)
+    assert [p.name for p in preview.last.references] == [f"{first.stem}-reference.png"]
+    assert preview.reference_caption.cget("text") == "reference image: 1 (first shown)"
+    preview.next_button.invoke()
+    pump(window, lambda: preview.last is not None and preview.last.references and len(preview.last.references) == 2)
+    assert preview.reference_caption.cget("text") == "reference images: 2 (first shown)"
+    screenshot(window, "concept-window-references")
+
+    window.select("statistics")
+    statistics = window.statistics
+    pump(window, lambda: statistics.job is None, timeout=60)
+    if statistics.statistics is None:
+        assert statistics.status.cget("text") == PREFLIGHT_MISSING
+    else:
+        facts = dict(statistics.statistics.facts)
+        assert facts["Images found"] == "3"
+        assert facts["Images with reference images"] == "2" and facts["Images without any"] == "1"
+    window.close()
