@@ -148,6 +148,41 @@ def shift_hue(image: Image.Image, shift: float) -> Image.Image:
     return Image.fromarray(out.astype(np.uint8), "RGB")
 
 
+_STEPS = ("flip", "rotate", "brightness", "contrast", "saturation", "hue")
+
+
+def _step_generators(rng: random.Random) -> dict[str, random.Random]:
+    return {step: random.Random(rng.getrandbits(64)) for step in _STEPS}
+
+
+def _geometry(config: ImageAugmentConfig, step_rng: dict[str, random.Random]) -> tuple[bool, float | None]:
+    """This draw's flip and rotation angle (the augmentations that move pixels)."""
+    flipped = step_rng["flip"].random() < 0.5 if config.enable_random_flip else bool(config.enable_fixed_flip)
+    maximum = float(config.random_rotate_max_angle)
+    angle = _amount(config.enable_random_rotate, config.enable_fixed_rotate, maximum, step_rng["rotate"])
+    return flipped, angle
+
+
+def apply_geometry(
+    image: Image.Image, mask: Image.Image | None, flipped: bool, angle: float | None
+) -> tuple[Image.Image, Image.Image | None]:
+    if flipped:
+        image = flip(image)
+        mask = flip(mask) if mask is not None else None
+    if angle:
+        image = rotate(image, angle)
+        mask = rotate(mask, angle) if mask is not None else None
+    return image, mask
+
+
+def augmentation_geometry(image_config: ImageAugmentConfig, rng: random.Random) -> tuple[bool, float | None]:
+    """The flip and rotation `augment_image` will draw from `rng` (read from a copy of its state: `rng` does not
+    move), for the images that must move with the augmented one: an edit model's reference images."""
+    copy = random.Random()
+    copy.setstate(rng.getstate())
+    return _geometry(image_config, _step_generators(copy))
+
+
 def augment_image(
     image: Image.Image, mask: Image.Image | None, image_config: ImageAugmentConfig, rng: random.Random
 ) -> tuple[Image.Image, Image.Image | None]:
@@ -165,27 +200,9 @@ def augment_image(
     Each step draws from its own generator, seeded from ``rng`` in a fixed order whether or not the step is on, so
     switching one step on or off does not change what the others do for the same seed.
     """
-    steps = ("flip", "rotate", "brightness", "contrast", "saturation", "hue")
-    step_rng = {step: random.Random(rng.getrandbits(64)) for step in steps}
+    step_rng = _step_generators(rng)
     config = image_config
-
-    if config.enable_random_flip:
-        flipped = step_rng["flip"].random() < 0.5
-    else:
-        flipped = bool(config.enable_fixed_flip)
-    if flipped:
-        image = flip(image)
-        mask = flip(mask) if mask is not None else None
-
-    angle = _amount(
-        config.enable_random_rotate,
-        config.enable_fixed_rotate,
-        float(config.random_rotate_max_angle),
-        step_rng["rotate"],
-    )
-    if angle:
-        image = rotate(image, angle)
-        mask = rotate(mask, angle) if mask is not None else None
+    image, mask = apply_geometry(image, mask, *_geometry(config, step_rng))
 
     enhancers = (
         ("brightness", ImageEnhance.Brightness, "brightness"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,14 +28,26 @@ class LoadedSample:
     mask: torch.Tensor | None  # [1, H, W] in [0, 1], white = train
     original_size: tuple[int, int]  # (height, width) before scaling
     crop_offset: tuple[int, int]  # (top, left) in the scaled image
+    # the image's reference images, each [3, h, w] in [-1, 1] at its own size, cropped, flipped and turned as the image
+    references: list[torch.Tensor] = field(default_factory=list)
 
 
 def image_rng(concept, planned: PlannedSample) -> random.Random:
     return random.Random(hash_seed(concept.seed, planned.variation, planned.image, 3))
 
 
-def load_sample(entry: ImageEntry, planned: PlannedSample, concept, with_mask: bool) -> LoadedSample:
-    from onetrainer.data.image_augment import augment_image, circular_mask_shrink, crop_box, random_mask_rotate_crop
+def load_sample(
+    entry: ImageEntry, planned: PlannedSample, concept, with_mask: bool, with_references: bool = False
+) -> LoadedSample:
+    """The sample's pixels (and mask); `with_references`: also its reference images, moved as the image is (the same
+    share of each cropped away, the same flip and rotation; their colours untouched)."""
+    from onetrainer.data.image_augment import (
+        augment_image,
+        augmentation_geometry,
+        circular_mask_shrink,
+        crop_box,
+        random_mask_rotate_crop,
+    )
 
     rng = image_rng(concept, planned)
     image = open_rgb(entry.path)
@@ -62,10 +74,24 @@ def load_sample(entry: ImageEntry, planned: PlannedSample, concept, with_mask: b
     image = image.resize(scaled, Image.Resampling.BICUBIC).crop((left, top, right, bottom))
     if mask is not None:
         mask = mask.resize(scaled, Image.Resampling.BILINEAR).crop((left, top, right, bottom))
+    share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
+    geometry = augmentation_geometry(settings, rng) if with_references and entry.references else None
     image, mask = augment_image(image, mask, settings, rng)
     pixels = _to_tensor(image) * 2.0 - 1.0
     mask_tensor = _to_tensor(mask) if mask is not None else None
-    return LoadedSample(pixels, mask_tensor, original, (top, left))
+    references = [_reference(path, share, geometry) for path in entry.references] if geometry is not None else []
+    return LoadedSample(pixels, mask_tensor, original, (top, left), references)
+
+
+def _reference(path, share: tuple[float, float, float, float], geometry: tuple) -> torch.Tensor:
+    """A reference image with the image's crop (as shares of its size) and its flip and rotation."""
+    from onetrainer.data.image_augment import apply_geometry
+
+    image = open_rgb(path)
+    width, height = image.size
+    box = (round(share[0] * width), round(share[1] * height), round(share[2] * width), round(share[3] * height))
+    image, _ = apply_geometry(image.crop(box), None, *geometry)
+    return _to_tensor(image) * 2.0 - 1.0
 
 
 def caption_for(entry: ImageEntry, planned: PlannedSample, concept, text_variation: int) -> str:

@@ -15,7 +15,7 @@ from onetrainer.config.enums import ConceptType
 from onetrainer.data.cache import DiskCache, cache_key
 from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts
+from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts, trains_on_references
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -40,6 +40,8 @@ class Batch:
     masks: torch.Tensor | None = None  # [B, 1, H, W] in [0, 1]
     latents: torch.Tensor | None = None  # cached latents [B, C, h, w]
     cached_extras: dict[str, torch.Tensor] = field(default_factory=dict)  # the family's cached extras, stacked
+    # each sample's reference images ([3, h, w] in [-1, 1]), where the family learns from them
+    references: list[list[torch.Tensor]] | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -95,6 +97,8 @@ class TrainingData:
         self.rank, self.world_size = 0, 1  # several processes: plans at the global batch, each rank a slice
         self.latent_cache: DiskCache | None = None
         self.latent_key_base: dict | None = None
+        # the family learns from reference images: each batch carries them, decoded with the images
+        self.with_references = trains_on_references(config)
         self._keys: dict[tuple, str] = {}
         self._keys_base: dict | None = None
 
@@ -189,6 +193,8 @@ class TrainingData:
             return batch
         loaded = [self._load_one(samples, s, with_masks, batch.problems) for s in samples]
         batch.pixels = torch.stack([s.pixels for s in loaded])
+        if self.with_references:
+            batch.references = [s.references for s in loaded]
         batch.original_sizes = [s.original_size for s in loaded]
         batch.crop_offsets = [s.crop_offset for s in loaded]
         if with_masks:
@@ -196,7 +202,7 @@ class TrainingData:
         return batch
 
     def _cached(self, samples: list[PlannedSample], with_masks: bool) -> list[dict] | None:
-        if self.latent_cache is None:
+        if self.latent_cache is None or self.with_references:  # references move with the image: decoded together
             return None
         entries = []
         for sample in samples:
@@ -247,6 +253,7 @@ class TrainingData:
                     PlannedSample(candidate.image, sample.bucket, sample.variation),
                     self.concept(candidate),
                     with_mask,
+                    self.with_references,
                 )
             except (OSError, ValueError, SyntaxError) as e:
                 problems.append(f"{entry.path}: cannot be decoded ({e}); another image of the batch is used instead")

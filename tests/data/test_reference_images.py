@@ -74,3 +74,42 @@ def test_only_a_family_that_declares_references_learns_from_them():
 
     assert not any(info.family.reference_images for info in MODEL_TYPES.values())  # none built yet: the edit models
     assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT)) is False  # not trainable yet
+
+
+def _halves(path: Path, size: tuple[int, int]) -> Path:
+    """Red on the left half, blue on the right."""
+    image = Image.new("RGB", size, (0, 0, 255))
+    image.paste((255, 0, 0), (0, 0, size[0] // 2, size[1]))
+    image.save(path)
+    return path
+
+
+def test_references_are_cropped_and_flipped_as_their_image(tmp_path: Path, monkeypatch):
+    """The image's crop (as a share of each reference's own size) and its flip apply to its references; a batch of a
+    family that learns from them carries them, decoded with the images."""
+    from onetrainer.data import training_data
+    from onetrainer.data.buckets import Bucket
+    from onetrainer.data.plan import PlannedSample
+    from onetrainer.data.samples import load_sample
+
+    _halves(tmp_path / "edit.png", (64, 48))
+    _halves(tmp_path / "edit-reference-1.png", (32, 24))
+    _halves(tmp_path / "edit-reference-2.png", (40, 16))
+    concept = ConceptConfig(name="edits", path=str(tmp_path), seed=3)
+    concept.image.enable_crop_jitter = False
+    concept.image.enable_fixed_flip = True
+    (entry,) = scan_concept(0, concept, tmp_path, masked=False, references=True).images
+    sample = load_sample(entry, PlannedSample(0, Bucket(48, 48), 0), concept, with_mask=False, with_references=True)
+    assert sample.pixels.shape == (3, 48, 48)
+    # 64 -> 48 wide: an eighth cut on each side, of every reference too
+    assert [tuple(r.shape) for r in sample.references] == [(3, 24, 24), (3, 16, 30)]
+    for tensor in (sample.pixels, *sample.references):  # flipped: blue (the right half) now on the left
+        assert tensor[2, :, 0].min() > 0.9 and tensor[0, :, -1].min() > 0.9
+    assert load_sample(entry, PlannedSample(0, Bucket(48, 48), 0), concept, with_mask=False).references == []
+
+    monkeypatch.setattr(training_data, "trains_on_references", lambda config: True)
+    data = training_data.TrainingData(TrainConfig(concepts=[concept], resolution="64", batch_size=1), 16)
+    (step,) = data.step_batches(0, 0)
+    batch = data.load_batch(step, 0, with_masks=False)
+    assert batch.references is not None and [len(r) for r in batch.references] == [2]
+    assert all(r.shape[0] == 3 and r[2, :, 0].min() > 0.9 for r in batch.references[0])  # flipped with the image
