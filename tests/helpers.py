@@ -24,6 +24,7 @@ VARIANT_MODEL_TYPES = {
     "flux-fill": "FLUX_FILL_DEV_1",
     "z-image": "Z_IMAGE",
     "qwen-image": "QWEN",
+    "qwen-image-edit": "QWEN_EDIT",
     "chroma": "CHROMA_1",
     "wuerstchen": "WUERSTCHEN_2",
     "cascade": "STABLE_CASCADE_1",
@@ -46,6 +47,7 @@ TINY_MODELS = {
     "CHROMA_1": "chroma",
     "Z_IMAGE": "z-image",
     "QWEN": "qwen-image",
+    "QWEN_EDIT": "qwen-image-edit",
     "WUERSTCHEN_2": "wuerstchen",
     "STABLE_CASCADE_1": "cascade",
 }
@@ -108,6 +110,37 @@ def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> 
         for caption in folder.glob("*.txt"):
             caption.write_text(f"{placeholder}, " + caption.read_text(encoding="utf-8"), encoding="utf-8")
     return folder
+
+
+def small_edit_references(monkeypatch) -> None:
+    """Edit models' references made small for the CPU (about 64² px for the VL encoder, 128² for the VAE, where the real
+    models take 384² and 1024²: the video VAE's 3D convolutions are slow on a CPU at 1024²), in training and samples."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as edit_plus
+
+    from onetrainer.families import qwen
+
+    monkeypatch.setattr(qwen, "CONDITION_AREA", 64 * 64)
+    monkeypatch.setattr(qwen, "VAE_AREA", 128 * 128)
+    monkeypatch.setattr(edit_plus, "CONDITION_IMAGE_SIZE", 64 * 64)
+    monkeypatch.setattr(edit_plus, "VAE_IMAGE_SIZE", 128 * 128)
+
+
+def edit_inputs(folder: Path, model_type: str) -> dict:
+    """For a model type that learns from reference images (an edit model): a reference beside each image of `folder`
+    (the image mirrored, at another size) and the sample settings that give a sample one; nothing for other types."""
+    from PIL import Image, ImageOps
+
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import model_type_info
+
+    if not model_type_info(ModelType(model_type)).family.reference_images:
+        return {}
+    references = []
+    for image in sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name and "-reference" not in p.name):
+        reference = folder / f"{image.stem}-reference.png"
+        ImageOps.mirror(Image.open(image).convert("RGB")).resize((48, 64)).save(reference)
+        references.append(str(reference))
+    return {"reference_images": references[:1]}
 
 
 def tiny_config(root: Path, variant: str = "sd15", method: str = "LORA", **overrides) -> dict:

@@ -7,6 +7,7 @@ torch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -58,6 +59,7 @@ TEXT_PADDING_MASK = "text_padding_mask"
 FLOW_MATCHING = "flow_matching"
 # Its samples can guide away from a prediction with some transformer layers skipped (skip-layer guidance).
 SKIP_LAYER_GUIDANCE = "skip_layer_guidance"
+REFERENCE_IMAGES = "reference_images"  # an edit model: samples take reference images
 # Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
 OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
 # A text encoder whose captions are padded and cut to the config's `text_encoder_N_sequence_length` tokens.
@@ -80,6 +82,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         GUIDANCE_INPUT,
         TEXT_PADDING_MASK,
         SKIP_LAYER_GUIDANCE,
+        REFERENCE_IMAGES,
     }
 )
 
@@ -435,6 +438,24 @@ QWEN = FamilyInfo(
     "files: DIFFUSERS_LORA or COMFY_LORA (`diffusion_model.` + the module names ComfyUI and diffusers share); "
     "fine-tunes as a diffusers folder or the transformer alone in those names (ORIGINAL_TRANSFORMER).",
 )
+QWEN_EDIT = dataclasses.replace(
+    QWEN,
+    key="qwen_edit",
+    label="Qwen-Image-Edit",
+    reference_images=True,
+    capabilities=QWEN.capabilities | {REFERENCE_IMAGES},
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE),
+    output_formats={k: v for k, v in QWEN.output_formats.items() if k is not TrainingMethod.EMBEDDING},
+    notes="The edit models (Qwen-Image-Edit-2509, -2511) learn to change reference images as the caption says: "
+    "the training image is the result, its reference images (`<name>-reference.<ext>`, or `<name>-reference-1.<ext>`, "
+    "`-2`, … for several, each of its own size) the inputs; an image without one is skipped and named. Each "
+    "reference goes to Qwen2.5-VL at about 384x384 px as a picture before the caption and to the VAE at about "
+    "1024x1024 px, its latents joining the transformer's sequence, as QwenImageEditPlusPipeline feeds them; the loss "
+    "covers the result's tokens. The text encoder runs every step (its output depends on the references) and the "
+    "images are read from their files every step (the latent cache is not used yet); train with batch size 1 unless "
+    "every image's references have the same sizes. Samples need the sample's `reference_images`. Otherwise as "
+    "Qwen-Image.",
+)
 # OneTrainer's Z-Image `attn-mlp`: the main layers' attention and feed-forward, not the refiners'.
 _Z_IMAGE_LAYER_PRESETS = {
     "attn-mlp": RegexPatterns((r"^(?=.*attention)(?!.*refiner).*", r"^(?=.*feed_forward)(?!.*refiner).*")),
@@ -559,7 +580,7 @@ CASCADE = FamilyInfo(
 )
 
 FAMILIES: dict[str, FamilyInfo] = {
-    f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, QWEN, Z_IMAGE, WUERSTCHEN, CASCADE)
+    f.key: f for f in (SD, SDXL, PIXART, SD3, FLUX, CHROMA, QWEN, QWEN_EDIT, Z_IMAGE, WUERSTCHEN, CASCADE)
 }
 
 _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
@@ -611,6 +632,7 @@ MODEL_TYPES: dict[ModelType, ModelTypeInfo] = {
         _info(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
         _info(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),
         _info(ModelType.QWEN, "Qwen-Image", QWEN, 1024, False, False, _QWEN_SAMPLE),
+        _info(ModelType.QWEN_EDIT, "Qwen-Image-Edit (2509, 2511)", QWEN_EDIT, 1024, False, False, _QWEN_SAMPLE),
         _info(ModelType.Z_IMAGE, "Z-Image (Turbo)", Z_IMAGE, 1024, False, False, _Z_IMAGE_SAMPLE),
         _info(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
         _info(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import NoiseScheduler
-from onetrainer.config.model_types import SKIP_LAYER_GUIDANCE
+from onetrainer.config.model_types import REFERENCE_IMAGES, SKIP_LAYER_GUIDANCE
 from onetrainer.config.schema import ConfigNode, setting
 
 OFFERED_SCHEDULERS = tuple(NoiseScheduler)
@@ -59,6 +59,14 @@ class SampleConfig(ConfigNode):
         "from, between 1 % and 20 % of the steps at strength 2.8, as diffusers' pipeline does it: Stability AI "
         "recommends 7,8,9 for SD 3.5 Medium (better anatomy and structure). Empty: off.",
         needs=SKIP_LAYER_GUIDANCE,
+    )
+    reference_images: list[str] = setting(
+        [],
+        "Reference images",
+        "Edit models: the images the prompt says how to change (a list of image files, in the order the prompt "
+        "calls them Picture 1, Picture 2, …).",
+        needs=REFERENCE_IMAGES,
+        ui=False,
     )
     text_encoder_1_layer_skip: int = setting(
         0, "TE 1 layer skip", "Set from the training config.", ui=False, ignored=True

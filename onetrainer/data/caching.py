@@ -164,7 +164,10 @@ def text_encoders_frozen(config: TrainConfig) -> bool:
 
     if config.training_method is TrainingMethod.EMBEDDING or any(e.train for e in config.additional_embeddings):
         return False
-    encoders = model_type_info(config.model_type).family.parts_with(PartRole.TEXT_ENCODER)
+    family = model_type_info(config.model_type).family
+    if family.reference_images:  # the conditioning depends on each image's references, not on its caption alone
+        return False
+    encoders = family.parts_with(PartRole.TEXT_ENCODER)
     return not any(config.part(p).train for p in encoders)
 
 

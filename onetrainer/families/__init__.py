@@ -20,6 +20,7 @@ FAMILY_CLASSES: dict[str, str] = {
     "flux": "onetrainer.families.flux:FluxFamily",
     "chroma": "onetrainer.families.flux:ChromaFamily",
     "qwen": "onetrainer.families.qwen:QwenImageFamily",
+    "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
     "zimage": "onetrainer.families.zimage:ZImageFamily",
     "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
     "cascade": "onetrainer.families.wuerstchen:CascadeFamily",

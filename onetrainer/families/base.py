@@ -135,6 +135,8 @@ class BatchInputs:
     input_masks: torch.Tensor | None  # inpainting models: [B, 1, H, W], 1 = paint; all ones for unmasked samples
     keep_unmasked: torch.Tensor  # [B] bool: samples trained as if they had no mask
     cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
+    # a family with `info.reference_images`: each sample's reference images, [3, h, w] in [-1, 1] on the device
+    references: list[list[torch.Tensor]] | None = None
 
 
 class _PartRolesOfInfo:

@@ -104,6 +104,11 @@ RELEASED_PARTS: dict[str, dict[str, Config]] = {
         "text_encoder": ref.QWEN25_VL_7B_TEXT,
         "vae": ref.QWEN_IMAGE_VAE,
     },
+    "QWEN_EDIT": {
+        "transformer": ref.QWEN_IMAGE_TRANSFORMER,
+        "text_encoder": ref.QWEN25_VL_7B_TEXT,
+        "vae": ref.QWEN_IMAGE_VAE,
+    },
     "Z_IMAGE": {"transformer": ref.Z_IMAGE_TRANSFORMER, "text_encoder": ref.QWEN3_4B_TEXT, "vae": ref.Z_IMAGE_VAE},
     "WUERSTCHEN_2": {
         "prior": ref.WUERSTCHEN_PRIOR,

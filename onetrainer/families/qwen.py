@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.config.model_types import QWEN
+from onetrainer.config.model_types import QWEN, QWEN_EDIT
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
@@ -239,3 +239,165 @@ def encode_frames(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
     std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
     return (latents - mean) / std
+
+
+EDIT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
+    "image that meets the user's requirements while maintaining consistency with the original input where "
+    "appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+EDIT_TEMPLATE_TOKENS = 64  # the edit template's tokens before the pictures and the caption, which the pipeline drops
+PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+CONDITION_AREA = 384 * 384  # each reference as Qwen2.5-VL sees it, in pixels (its aspect kept)
+VAE_AREA = 1024 * 1024  # each reference as its latents join the transformer's sequence
+EDIT_KIND = ModelKind("qwen-image-edit", "qwen-image")
+
+
+class QwenImageEditFamily(QwenImageFamily):
+    """Qwen-Image-Edit (2509, 2511; QWEN_EDIT): the training image is the edit's result, its reference images
+    (`<name>-reference[-N].<ext>`) the inputs. Each reference goes twice, as `QwenImageEditPlusPipeline` feeds it: to
+    Qwen2.5-VL at about 384² px as "Picture N:" vision tokens before the caption (the edit template's first 64 tokens
+    dropped), and to the VAE at about 1024² px, its packed latents appended to the noisy image's tokens with their grid
+    in `img_shapes`; the prediction (and so the loss) covers the noisy image's tokens only. The text encoder runs each
+    step (its output depends on the references); a batch holds images whose references give the same token count
+    (batch size 1 always does)."""
+
+    info = QWEN_EDIT
+    sampling_parts = frozenset(QWEN_EDIT.parts)
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from onetrainer.families.qwen_processor import load_processor
+
+        model = super().load(config)
+        what = "the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        model.extra["processor"] = load_processor(where, options)
+        return model
+
+    def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
+        """The captions with their references (per caption, a list of [3, h, w] tensors in [-1, 1] or PIL images) as
+        the pipeline encodes an instruction with its pictures."""
+        slot, processor = model.text_encoders[0], model.extra["processor"]
+        references = references if references is not None else [[] for _ in captions]
+        texts, images = [], []
+        for caption, pictures in zip(captions, references):
+            texts.append(EDIT_TEMPLATE.format("".join(PICTURE.format(i + 1) for i in range(len(pictures))) + caption))
+            images += [condition_image(picture) for picture in pictures]
+        inputs = processor(text=texts, images=images or None, padding=True, return_tensors="pt")
+        device = first_weight(slot.encoder).device
+        output = slot.encoder(
+            input_ids=inputs["input_ids"].to(device),
+            attention_mask=inputs["attention_mask"].to(device),
+            pixel_values=inputs["pixel_values"].to(device) if images else None,
+            image_grid_thw=inputs["image_grid_thw"].to(device) if images else None,
+            output_hidden_states=True,
+        )
+        hidden = output.hidden_states[-(slot.layer_skip + 1)]
+        mask = inputs["attention_mask"].to(device).bool()
+        rows = [row[row_mask][EDIT_TEMPLATE_TOKENS:] for row, row_mask in zip(hidden, mask)]
+        longest = max(len(row) for row in rows)
+        padded = torch.stack([torch.cat([row, row.new_zeros(longest - len(row), row.shape[1])]) for row in rows])
+        lengths = torch.tensor([len(row) for row in rows], device=device)
+        attended = (torch.arange(longest, device=device)[None, :] < lengths[:, None]).long()
+        return Conditioning({"hidden_states": padded, "attention_mask": attended})
+
+    def batch_extras(self, model: LoadedModel, inputs) -> dict:
+        """Each sample's references as packed VAE latents (at about 1024² px) and their grids."""
+        if not inputs.references:
+            return {}
+        vae = model.part("vae")
+        tokens, shapes = [], None
+        for pictures in inputs.references:
+            latents = [encode_frames(vae, vae_image(picture).to(inputs.latents.device)) for picture in pictures]
+            sample_shapes = [(1, z.shape[-2] // PATCH, z.shape[-1] // PATCH) for z in latents]
+            if shapes is not None and sample_shapes != shapes:
+                raise ValueError(
+                    "the images of one batch have references of different sizes or counts: train an edit model with "
+                    "batch size 1 (gradient accumulation for larger batches)"
+                )
+            shapes = sample_shapes
+            tokens.append(torch.cat([pack(z) for z in latents], dim=1)[0])
+        return {"reference_tokens": torch.stack(tokens), "reference_shapes": shapes}
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        references = extra.get("reference_tokens")
+        if references is None:
+            return super().predict(model, noisy_latents, timesteps, conditioning, extra)
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        height, width = noisy_latents.shape[-2:]
+        image = pack(noisy_latents)
+        hidden, mask = used_tokens(conditioning)
+        output = transformer(
+            hidden_states=torch.cat([image, references.to(image.dtype)], dim=1).to(dtype),
+            encoder_hidden_states=hidden.to(dtype),
+            encoder_hidden_states_mask=mask,
+            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            img_shapes=[[(1, height // PATCH, width // PATCH), *extra["reference_shapes"]]] * len(noisy_latents),
+            return_dict=False,
+        )[0]
+        return Prediction(unpack(output[:, : image.shape[1]], height, width))
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import QwenImageEditPlusPipeline
+
+        slot = model.text_encoders[0]
+        return QwenImageEditPlusPipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            processor=model.extra["processor"],
+            transformer=model.part("transformer"),
+        )
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """The sample's reference images (`reference_images`), which an edit model's sample needs."""
+        from onetrainer.data.images import open_rgb
+
+        paths = [path for path in sample.reference_images if str(path).strip()]
+        if not paths:
+            raise ValueError("an edit model's sample needs reference images: set the sample's reference_images")
+        return {**super().pipeline_arguments(model, sample, zero_terminal_snr), "image": [open_rgb(p) for p in paths]}
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The texts: the pipeline encodes them with the reference images (which only it has resized here)."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt or " "}
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return EDIT_KIND
+
+
+def _as_pil(picture):
+    from PIL import Image
+
+    if isinstance(picture, Image.Image):
+        return picture.convert("RGB")
+    array = ((picture.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
+    return Image.fromarray(array, "RGB")
+
+
+def calculate_dimensions(area: int, ratio: float) -> tuple[int, int]:
+    """(width, height) of about `area` pixels at `ratio` (width / height), in steps of 32: the edit pipeline's."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions as pipelines
+
+    return pipelines(area, ratio)
+
+
+def condition_image(picture):
+    """A reference as Qwen2.5-VL sees it: resized to about 384² px, its aspect kept, as the edit pipeline does."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    image = _as_pil(picture)
+    width, height = calculate_dimensions(CONDITION_AREA, image.width / image.height)
+    return VaeImageProcessor().resize(image, height, width)
+
+
+def vae_image(picture) -> torch.Tensor:
+    """A reference as its latents are made: about 1024² px, aspect kept, [1, 3, H, W] in [-1, 1]."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    image = _as_pil(picture)
+    width, height = calculate_dimensions(VAE_AREA, image.width / image.height)
+    return VaeImageProcessor(vae_scale_factor=16).preprocess(image, height, width)

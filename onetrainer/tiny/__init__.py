@@ -17,7 +17,7 @@ Like the real ones, the Würstchen folders (and Stable Cascade's decoder, for it
 "wuerstchen" in model_index.json, which diffusers 0.42's `from_pretrained` cannot resolve: load their parts one by
 one (`WuerstchenPrior.from_pretrained(path / "prior")`, ...). Qwen-Image-Edit's folder names transformers'
 Qwen2VLProcessor, which transformers 5 builds only with torchvision: without it, pass
-`processor=onetrainer.tiny.qwen.load_processor(path)` to `from_pretrained`.
+`processor=onetrainer.families.qwen_processor.load_processor(path)` to `from_pretrained`.
 """
 
 # Importing the package registers the `tiny:` model source (`source.py`), whichever of its modules is imported.

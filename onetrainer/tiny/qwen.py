@@ -19,9 +19,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
-from transformers.processing_utils import ProcessorMixin
+from transformers import Qwen2VLImageProcessorPil
 
+from onetrainer.families.qwen_processor import CHAT_TEMPLATE_FILE, ImageOnlyQwen2VLProcessor
 from onetrainer.tiny import components
 from onetrainer.tiny.qwen_tokenizer import QWEN25_VL, build_qwen_tokenizer, write_qwen_tokenizer_files
 from onetrainer.tiny.reference import Config
@@ -58,27 +58,6 @@ VAE_BASE_WIDTH = 16
 
 # The processor folder's files (besides the tokenizer's), as in the hub's Qwen-Image-Edit folders.
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-
-
-class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-    """Qwen2VLProcessor without a video processor: the text and image half, which is all the Qwen-Image pipelines
-    use, and which transformers builds without torchvision.
-
-    Calls and outputs are Qwen2VLProcessor's (images expand `<|image_pad|>` into one token per merged patch; the
-    pixel values and `image_grid_thw` come from the image processor), and the pipelines accept it as one."""
-
-    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: str | None = None, **kwargs):
-        # Qwen2VLProcessor's own setup, less the video processor it passes on.
-        self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
-        self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
-        self.image_token_id = getattr(tokenizer, "image_token_id", None) or tokenizer.convert_tokens_to_ids(
-            self.image_token
-        )
-        self.video_token_id = getattr(tokenizer, "video_token_id", None) or tokenizer.convert_tokens_to_ids(
-            self.video_token
-        )
-        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
 
 def image_processor_config(real: Config) -> Config:
@@ -111,25 +90,6 @@ def rewrite_processor_folder(folder: Path, real: Config) -> None:
     class's name) with the hub's layout."""
     shutil.rmtree(folder)
     write_processor_files(folder, real)
-
-
-def load_processor(folder: str | os.PathLike) -> ImageOnlyQwen2VLProcessor:
-    """The processor of a Qwen-Image-Edit folder (its `processor/`, or that folder itself), built from its files without
-    torchvision: the image processor from preprocessor_config.json, the tokenizer from its files, the chat template
-    from chat_template.jinja (else the tokenizer's). For `QwenImageEditPlusPipeline.from_pretrained(folder,
-    processor=load_processor(folder))`."""
-    from transformers import AutoTokenizer
-
-    folder = Path(folder)
-    if (folder / "processor").is_dir():
-        folder = folder / "processor"
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    template = folder / CHAT_TEMPLATE_FILE
-    return ImageOnlyQwen2VLProcessor(
-        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder, local_files_only=True),
-        tokenizer=tokenizer,
-        chat_template=template.read_text(encoding="utf-8") if template.is_file() else tokenizer.chat_template,
-    )
 
 
 def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> Config:

@@ -347,8 +347,8 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
         pipeline_class="QwenImageEditPlusPipeline",
         description="Qwen-Image-Edit-2509 (Qwen/Qwen-Image-Edit-2509): qwen-image conditioned on reference images, "
         "seen by Qwen2.5-VL's vision tower beside the instruction and appended to the transformer's sequence as VAE "
-        "latents; a Qwen2VLProcessor (load it with `onetrainer.tiny.qwen.load_processor`: transformers builds the "
-        "hub class only with torchvision)",
+        "latents; a Qwen2VLProcessor (load it with `onetrainer.families.qwen_processor.load_processor`: transformers "
+        "builds the hub class only with torchvision)",
         family="qwen",
         references=_qwen_image(processor=ref.QWEN2VL_IMAGE_PROCESSOR),
         depths=QWEN_IMAGE_DEPTH,

@@ -429,10 +429,13 @@ class Trainer:
                 drops.append(None)
         return drops
 
-    def _encode_captions(self, captions: list[str]) -> Conditioning:
-        """The conditioning of captions: from the text cache when the encoders are frozen, else encoded now."""
+    def _encode_captions(self, captions: list[str], references: list | None = None) -> Conditioning:
+        """The conditioning of captions: from the text cache when the encoders are frozen, else encoded now (with the
+        batch's reference images, for a family that reads them with the caption)."""
         if self.text_cache is not None:
             return self.text_cache.conditioning(captions, self.device)
+        if references is not None:
+            return self.family.encode_text(self.model, captions, references=references)
         return self.family.encode_text(self.model, captions)
 
     def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
@@ -440,11 +443,14 @@ class Trainer:
         latents = self._latents(batch)
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
+        references = None
+        if batch.references is not None:
+            references = [[r.to(self.device) for r in sample] for sample in batch.references]
         drops = self._caption_drops(len(captions), generator)
         if any(d is not None for d in drops):  # the family knows where each encoder's share of the conditioning is
-            conditioning = family.drop_captions(model, captions, drops, self._encode_captions)
+            conditioning = family.drop_captions(model, captions, drops, lambda c: self._encode_captions(c, references))
         else:
-            conditioning = self._encode_captions(captions)
+            conditioning = self._encode_captions(captions, references)
 
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
@@ -469,6 +475,7 @@ class Trainer:
             input_masks=self._input_masks(batch, keep_unmasked),
             keep_unmasked=keep_unmasked,
             cached={k: v.to(self.device) for k, v in batch.cached_extras.items()},
+            references=references,
         )
         # Every copy to the device happens before the forward pass: a copy from (pageable) CPU memory waits for what the
         # device has queued, so one after the forward would hold the backward pass back until the forward has run.

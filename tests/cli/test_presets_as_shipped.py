@@ -16,7 +16,7 @@ import pytest
 from onetrainer.cli.train import main
 from onetrainer.config import load_layers
 from onetrainer.config.model_types import model_type_info
-from tests.helpers import PRESETS, TINY_MODELS, image_folder, nf4_stand_ins
+from tests.helpers import PRESETS, TINY_MODELS, edit_inputs, image_folder, nf4_stand_ins, small_edit_references
 
 
 def test_every_preset_is_covered():
@@ -36,13 +36,16 @@ THROUGH_SCRIPTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in PRESETS if name not in THROUGH_SCRIPTS])
-def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
+def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys, monkeypatch):
     shipped, _ = load_layers(name, None, [])
     info = model_type_info(shipped.model_type)
     size = info.family.bucket_step if info.family.bucket_step > 64 else 64  # the smallest size the family renders
     # An embedding preset's placeholder is in every caption, so each step trains it (as a user's captions do).
     placeholder = shipped.embedding.placeholder if shipped.training_method.value == "EMBEDDING" else None
     folder = image_folder(tmp_path, count=4, placeholder=placeholder)
+    sample_inputs = edit_inputs(folder, shipped.model_type.value)  # an edit model's references
+    if sample_inputs:
+        small_edit_references(monkeypatch)
     single_file = not shipped.output_model_format.is_directory
     output = tmp_path / "out" / ("model.safetensors" if single_file else "model")
     overrides = {
@@ -54,7 +57,9 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys):
         "output_model_destination": str(output),
         "tensorboard": False,  # no server process per preset
         "concepts": [{"name": "shapes", "path": str(folder), "seed": 1}],
-        "samples": [{"prompt": "a red circle", "width": size, "height": size, "seed": 1, "diffusion_steps": 2}],
+        "samples": [
+            {"prompt": "a red circle", "width": size, "height": size, "seed": 1, "diffusion_steps": 2, **sample_inputs}
+        ],
         "sample_after": 1,
         "sample_after_unit": "EPOCH",
         **nf4_stand_ins(shipped),

@@ -77,7 +77,7 @@ def test_the_concrete_expectations() -> None:
     assert _families_where("text_encoder.train_embedding") == {"sdxl", "sd3", "flux"}
     assert _families_where("text_encoder_2.train_embedding") == {"sdxl", "sd3", "flux"}
     assert _families_where("text_encoder.layer_skip") == {
-        "sd", "sdxl", "pixart", "sd3", "flux", "chroma", "zimage", "qwen",
+        "sd", "sdxl", "pixart", "sd3", "flux", "chroma", "zimage", "qwen", "qwen_edit",
     }  # fmt: skip
     assert _families_where("text_encoder_2.layer_skip") == {"sdxl", "sd3", "flux"}
     assert _families_where("text_encoder_3.layer_skip") == {"sd3"}

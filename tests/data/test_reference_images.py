@@ -72,8 +72,11 @@ def test_only_a_family_that_declares_references_learns_from_them():
     from onetrainer.config.enums import ModelType
     from onetrainer.config.model_types import MODEL_TYPES
 
-    assert not any(info.family.reference_images for info in MODEL_TYPES.values())  # none built yet: the edit models
-    assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT)) is False  # not trainable yet
+    learning = {info.model_type for info in MODEL_TYPES.values() if info.family.reference_images}
+    assert learning == {ModelType.QWEN_EDIT}
+    assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT))
+    assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN))
+    assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.HUNYUAN_VIDEO))  # not trainable
 
 
 def _halves(path: Path, size: tuple[int, int]) -> Path:

@@ -170,12 +170,12 @@ def _without_uuids(value):
 
 
 @pytest.mark.parametrize("preset", _one_preset_per_family())
-def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset):
+def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, in_tmp: Path, preset, monkeypatch):
     # As shipped (fp16/bf16 denoisers beside a float32 VAE, Cascade's fp16 effnet, 8-bit optimizers): only the base
     # model, the data, a sample and the size change, through the window's model (and NFLOAT_4 parts train in FLOAT_8
     # without CUDA, as in tests/cli/test_presets_as_shipped.py).
     from onetrainer.config.model_types import model_type_info
-    from tests.helpers import image_folder, nf4_stand_ins
+    from tests.helpers import edit_inputs, image_folder, nf4_stand_ins, small_edit_references
 
     app.runner.train_function = None  # the real one
     assert app.load_preset(preset)
@@ -184,6 +184,9 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
     size = max(step, 64)
     embedding = shipped.training_method.value == "EMBEDDING"
     folder = image_folder(in_tmp, count=2, placeholder=shipped.embedding.placeholder if embedding else None)
+    sample_inputs = edit_inputs(folder, shipped.model_type.value)  # an edit model's references
+    if sample_inputs:
+        small_edit_references(monkeypatch)
     output = in_tmp / "out" / ("model" if shipped.output_model_format.is_directory else "model.safetensors")
     settings = {
         "base_model_name": f"tiny:{TINY_MODELS[shipped.model_type.value]}",
@@ -194,7 +197,7 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
         "cache_dir": str(in_tmp / "cache"),
         "output_model_destination": str(output),
         "concepts": [{"name": "shapes", "path": str(folder)}],
-        "samples": [{"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2}],
+        "samples": [{"prompt": "a red circle", "width": size, "height": size, "diffusion_steps": 2, **sample_inputs}],
         "sample_after_unit": "EPOCH",
         "sample_after": 1,
         **nf4_stand_ins(shipped),

@@ -21,10 +21,10 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from onetrainer.config.enums import ModelType
+from onetrainer.families.qwen_processor import ImageOnlyQwen2VLProcessor, load_processor
 from onetrainer.tiny import TINY_VARIANTS
 from onetrainer.tiny import reference as ref
 from onetrainer.tiny.components import instantiate
-from onetrainer.tiny.qwen import ImageOnlyQwen2VLProcessor, load_processor
 from onetrainer.tiny.qwen_tokenizer import (
     QWEN3,
     QWEN25_VL,
