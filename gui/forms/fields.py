@@ -38,7 +38,7 @@ LABEL_WIDTH = 170
 NUMBER_WIDTH = 110
 UNIT_WIDTH = 100
 BROWSE_WIDTH = 30
-PATH_WIDGETS = frozenset({"file", "dir", "path", "model"})
+PATH_WIDGETS = frozenset({"file", "files", "dir", "path", "model"})
 
 
 class FieldView:
@@ -340,6 +340,39 @@ class EntryView(FieldView):
             self.set_text(path)
 
 
+class PathListView(EntryView):
+    """A list of file paths (`list[str]` with `widget="files"`, e.g. an edit model's reference images) as one entry,
+    the paths separated by `PATH_SEPARATOR`; the browse button adds a file to the end."""
+
+    def shows(self, value: Any) -> bool:
+        return self.var.get() == join_paths(value)
+
+    def _load(self, value: Any) -> None:
+        self.var.set(join_paths(value))
+
+    def _typed(self, *_args: Any) -> None:
+        if not self._loading:
+            self.write(split_paths(self.var.get()))
+
+    def browse(self) -> None:
+        if self.dialogs is None:
+            return
+        chosen = self.dialogs.open_file(self.info.meta.label or self.info.spec.name)
+        if chosen:
+            self.set_text(join_paths([*split_paths(self.var.get()), chosen]))
+
+
+PATH_SEPARATOR = "; "
+
+
+def join_paths(paths: Any) -> str:
+    return PATH_SEPARATOR.join(str(p) for p in paths or [])
+
+
+def split_paths(text: str) -> list[str]:
+    return [part.strip() for part in text.split(PATH_SEPARATOR.strip()) if part.strip()]
+
+
 def sync_views(views: Iterable[FieldView], path: str | None) -> None:
     """Bring the views showing `path` (or anything under it) up to date after the config changed there."""
     if path is None:
@@ -360,4 +393,6 @@ def make_view(
         return ChoiceView(parent, info, model, dialogs, with_label)
     if kind in ("int", "float", "str"):
         return EntryView(parent, info, model, dialogs, with_label)
+    if kind == "list" and info.meta.widget == "files":
+        return PathListView(parent, info, model, dialogs, with_label)
     return None

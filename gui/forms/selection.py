@@ -16,6 +16,12 @@ from onetrainer.config.schema import BoundField, ConfigNode, Context, FieldSpec,
 RENDERABLE_KINDS = frozenset({"bool", "int", "float", "str", "enum"})
 
 
+def _path_list(spec: FieldSpec) -> bool:
+    """A list of file paths (`widget="files"`), shown as one entry (`fields.PathListView`)."""
+    item = spec.type.item
+    return spec.type.kind == "list" and spec.meta.widget == "files" and item is not None and item.kind == "str"
+
+
 @dataclass(frozen=True)
 class FieldInfo:
     """A field a form can show: where it is, its metadata, and the TimeUnit field shown beside it, if any."""
@@ -92,7 +98,7 @@ def _field_infos(bounds: list[BoundField], wanted: Callable[[BoundField], bool])
     for order, bound in enumerate(bounds):
         if not wanted(bound) or bound.path in unit_paths or not shown_in_ui(bound):
             continue
-        if bound.spec.type.kind not in RENDERABLE_KINDS:
+        if bound.spec.type.kind not in RENDERABLE_KINDS and not _path_list(bound.spec):
             continue
         unit = by_path.get(sibling_path(bound.path, bound.spec.meta.unit)) if bound.spec.meta.unit else None
         out.append(FieldInfo(bound, unit, order))

@@ -66,7 +66,7 @@ class SampleConfig(ConfigNode):
         "Edit models: the images the prompt says how to change (a list of image files, in the order the prompt "
         "calls them Picture 1, Picture 2, …).",
         needs=REFERENCE_IMAGES,
-        ui=False,
+        widget="files",
     )
     text_encoder_1_layer_skip: int = setting(
         0, "TE 1 layer skip", "Set from the training config.", ui=False, ignored=True

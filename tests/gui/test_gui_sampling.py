@@ -78,3 +78,28 @@ def test_the_latest_samples_come_from_events_and_the_workspace(app, tmp_path: Pa
     assert gallery.sample_now_button.cget("state") == "disabled"  # nothing runs: nothing to ask
     app.sample_now()
     assert "start it first" in app.footer.status
+
+
+def test_an_edit_models_sample_takes_reference_images_in_the_editor(app, tmp_path: Path) -> None:
+    """The sample window of an edit model offers its reference images: typed as a list separated by ';' or added with
+    the browse button; other model types do not show the field."""
+    from onetrainer.config.enums import ModelType
+
+    tab = app.select_tab("sampling")
+    tab.editor.add_button.invoke()
+    tab.editor.button(0, "…").invoke()
+    assert "samples.0.reference_images" not in tab.editor_window.form.shown_paths()  # SD 1.5
+    tab.editor_window.destroy()
+
+    app.model.set("model_type", ModelType.QWEN_EDIT)
+    tab = app.select_tab("sampling")
+    tab.editor.button(0, "…").invoke()
+    form = tab.editor_window.form
+    assert "samples.0.reference_images" in form.shown_paths()
+    view = form.view("samples.0.reference_images")
+    view.set_text(f"{tmp_path / 'a.png'}; {tmp_path / 'b.jpg'}")
+    assert app.model.config.samples[0].reference_images == [str(tmp_path / "a.png"), str(tmp_path / "b.jpg")]
+    app.dialogs.answers.append(str(tmp_path / "c.webp"))
+    view.browse()
+    assert app.model.config.samples[0].reference_images[-1] == str(tmp_path / "c.webp")
+    assert view.var.get().count("; ") == 2
