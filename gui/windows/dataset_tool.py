@@ -16,8 +16,8 @@ from PIL import ImageTk, UnidentifiedImageError
 
 from gui.mask_editing import IGNORE, TRAIN, MaskDocument
 from gui.widgets.bar_chart import themed
-from gui.widgets.pictures import fit_size
-from onetrainer.data.images import list_images, read_text
+from gui.widgets.pictures import fit_size, fitted, set_picture
+from onetrainer.data.images import list_images, open_rgb, read_text, reference_paths_of
 from onetrainer.util.fs import atomic_write_text
 
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ CANVAS_BACKGROUND = ("gray80", "gray12")
 MUTED_TEXT = ("gray40", "gray60")
 BRUSH_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # radius in screen pixels
 DEFAULT_BRUSH = 16
+REFERENCE_THUMBNAILS = 4  # reference images shown under the caption (an edit model's inputs)
+THUMBNAIL_BOX = (64, 64)
 HELP = (
     "Left drag: paint (train) · Right drag: erase · Wheel or [ ]: brush size · F: fill tool, B: brush · "
     "M: mask only · Ctrl+Z: undo · Up/Down: previous/next image · Enter: save caption (Shift+Enter: new line)"
@@ -150,6 +152,19 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self.help.grid(row=3, column=0, columnspan=2, sticky="ew", padx=12, pady=(2, 0))
         self.status = ctk.CTkLabel(self, text="", anchor="w")
         self.status.grid(row=4, column=0, columnspan=2, sticky="ew", padx=12, pady=(0, 8))
+        # An edit model's reference images of the shown image (`<name>-reference[-N].<ext>`), small, in order.
+        strip = self.reference_strip = ctk.CTkFrame(self, fg_color="transparent")
+        strip.grid(row=6, column=0, columnspan=2, sticky="ew", padx=12, pady=(0, 8))  # below the auto tools (row 5)
+        strip.grid_remove()  # shown for an image with references only
+        self.reference_label = ctk.CTkLabel(strip, text="", anchor="w", text_color=MUTED_TEXT, width=110)
+        self.reference_label.grid(row=0, column=0, sticky="nw")
+        self.reference_pictures = [
+            ctk.CTkLabel(strip, text="", width=THUMBNAIL_BOX[0], height=THUMBNAIL_BOX[1])
+            for _ in range(REFERENCE_THUMBNAILS)
+        ]
+        for column, picture in enumerate(self.reference_pictures, start=1):
+            picture.grid(row=0, column=column, sticky="nw", padx=(0, 6))
+        self.references: tuple[Path, ...] = ()
 
     def _bind_keys(self) -> None:
         for key, delta in (("<Up>", -1), ("<Down>", 1)):
@@ -215,7 +230,26 @@ class DatasetToolWindow(ctk.CTkToplevel):
         else:
             self._show_status(f"{path.name}: {'mask found' if self.document.has_mask else 'no mask (trains whole)'}")
         self._load_caption(path)
+        self._show_references(path)
         self.render()
+
+    def _show_references(self, image: Path) -> None:
+        """The image's reference images, the first few as pictures; none shown for an image without any."""
+        self.references = reference_paths_of(image)
+        count = len(self.references)
+        self.reference_label.configure(text=f"References: {count}" if count else "")
+        if count:
+            self.reference_strip.grid()
+        else:
+            self.reference_strip.grid_remove()
+        for index, picture in enumerate(self.reference_pictures):
+            if index < count:
+                try:
+                    set_picture(picture, fitted(open_rgb(self.references[index]), THUMBNAIL_BOX))
+                except (OSError, UnidentifiedImageError):
+                    set_picture(picture, None, self.references[index].name)
+            else:
+                set_picture(picture, None)
 
     def _step(self, delta: int) -> None:
         self.show_image(self.position + delta)

@@ -110,3 +110,23 @@ def test_captions_are_saved_with_enter_and_when_leaving_an_image(app, tmp_path: 
     tool.caption.insert("end", ", closed")
     tool.close()  # closing keeps the edit too
     assert first.with_suffix(".txt").read_text(encoding="utf-8") == "a shape, drawn by hand, closed\n"
+
+
+def test_reference_images_show_under_their_image_and_are_not_listed(app, tmp_path: Path, screenshot) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    write_demo_images(folder, count=2, size=SIZE, seed=4)
+    first, second = list_images(folder)
+    for number in (1, 2):
+        Image.open(first).convert("RGB").resize((64, 96)).save(folder / f"{first.stem}-reference-{number}.png")
+    tool = app.select_tab("tools").open_dataset_tool(str(folder))
+    settle(tool)
+    assert tool.listbox.size() == 2  # the references are no images of their own
+    assert [p.name for p in tool.references] == [f"{first.stem}-reference-1.png", f"{first.stem}-reference-2.png"]
+    assert tool.reference_label.cget("text") == "References: 2"
+    screenshot(tool, "dataset-tool-references")
+    press(tool.canvas, "<Down>")
+    assert tool.position == 1 and tool.references == () and not tool.reference_strip.winfo_ismapped()
+    tool.close()
