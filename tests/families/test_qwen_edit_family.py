@@ -131,3 +131,27 @@ def test_a_sample_of_an_edit_model_without_reference_images_says_what_it_needs()
     family, model = our_model()
     with pytest.raises(ValueError, match="needs reference images"):
         family.sample(model, SampleConfig(prompt="x", width=32, height=32, diffusion_steps=1), lambda t: t, False)
+
+
+def test_an_edit_fine_tune_trains_on_references_and_its_folder_is_an_edit_pipeline(tmp_path):
+    from diffusers import QwenImageEditPlusPipeline
+
+    _edit_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, "qwen-image-edit", "FINE_TUNE", epochs=1, batch_size=1, learning_rate=1e-3,
+        output_model_format="DIFFUSERS", output_model_destination=str(tmp_path / "out" / "model"),
+        output_dtype="FLOAT_32", text_encoder={"train": False},
+    )  # fmt: skip
+    assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 2
+    out = tmp_path / "out" / "model"
+    trained = QwenImageEditPlusPipeline.from_pretrained(
+        str(out), processor=load_processor(tiny_model_dir("qwen-image-edit")), local_files_only=True
+    )
+    base = pipeline()
+    assert not all(
+        torch.equal(a, b) for a, b in zip(trained.transformer.parameters(), base.transformer.parameters())
+    )  # it trained
+    _, again = our_model(base_model_name=str(out))  # and the folder is an edit base model again
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.part("transformer").parameters(), trained.transformer.parameters())
+    )
