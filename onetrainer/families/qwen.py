@@ -24,29 +24,26 @@ frames, trained by rectified flow, conditioned on the language model of Qwen2.5-
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat
 from onetrainer.config.model_types import QWEN, QWEN_EDIT
-from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import Conditioning, LoadedModel, first_weight
+from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
-    cast_parts,
     load_diffusers_component,
     load_tokenizer,
     load_transformer_part,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
 from onetrainer.families.vae import load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
-from onetrainer.weights import kohya_lora
 from onetrainer.weights.checkpoint_files import without_prefix
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -57,16 +54,13 @@ PROMPT_TEMPLATE = (
 )
 TEMPLATE_TOKENS = 34  # the template's tokens before the caption, which the pipeline drops
 TEXT_TOKENS = 512  # the caption's tokens, as OneTrainer prompts Qwen-Image
-DEFAULT_TRAIN_STEPS = 1000
 QWEN_KIND = ModelKind("qwen-image", "qwen-image")
-KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
-EMBEDDING_KEY = "qwen25_7b"  # ComfyUI's key of Qwen-Image's text encoder in an embedding file
 
 
-class QwenImageFamily(FlowPipelineFolder, Family):
+class QwenImageFamily(LanguageModelFlowFamily):
     info = QWEN
     sampling_parts = frozenset(QWEN.parts)
-    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    embedding_key = "qwen25_7b"  # ComfyUI's key of Qwen-Image's text encoder in an embedding file
     text_encoder_blocks: ClassVar[str] = r"(^|\.)language_model\.layers\.\d+\."
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "transformer": ("transformer_blocks",),
@@ -86,10 +80,8 @@ class QwenImageFamily(FlowPipelineFolder, Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-        from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
@@ -101,21 +93,7 @@ class QwenImageFamily(FlowPipelineFolder, Family):
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         vae = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options)
         parts["vae"] = load_vae_override(config, vae.config, AutoencoderKLQwenImage) if config.vae.model_name else vae
-        scheduler_config = load_diffusers_component(
-            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
-        )
-        cast_parts(parts, config)
-        slot = TextEncoderSlot(
-            "text_encoder",
-            parts["text_encoder"],
-            tokenizer,
-            KOHYA_PREFIXES["text_encoder"],
-            EMBEDDING_KEY,
-            config.text_encoder.layer_skip,
-        )
-        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        return self._loaded(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -149,18 +127,13 @@ class QwenImageFamily(FlowPipelineFolder, Family):
             hidden_states=pack(noisy_latents).to(dtype),
             encoder_hidden_states=hidden.to(dtype),
             encoder_hidden_states_mask=mask,
-            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            timestep=self.sigma(model, timesteps).to(dtype),
             img_shapes=[[(1, height // PATCH, width // PATCH)]] * len(noisy_latents),
             return_dict=False,
         )[0]
         return Prediction(unpack(output, height, width))
 
     # -- sampling -------------------------------------------------------------------------------------------------
-
-    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
-        from onetrainer.sampling.sampler import render_pipeline
-
-        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
 
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import QwenImagePipeline
@@ -187,22 +160,7 @@ class QwenImageFamily(FlowPipelineFolder, Family):
             arguments[f"{key}_embeds_mask"] = torch.ones(hidden.shape[:2], dtype=torch.long) if mask is None else mask
         return arguments
 
-    # -- saving ---------------------------------------------------------------------------------------------------
-
-    def save_original_transformer(
-        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
-    ) -> None:
-        """The transformer alone in one file, in diffusers' names (Qwen-Image's own), which ComfyUI's Load Diffusion
-        Model, diffusers' `from_single_file` and this trainer (`transformer.model_name`) read."""
-        resolution = model.type_info.resolution
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
-        write_single_file(plain_state(model.part("transformer")), destination, dtype, metadata)
-
     # -- names ----------------------------------------------------------------------------------------------------
-
-    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
-        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
 
     def comfy_module_path(self, part: str, module_path: str) -> str:
         """Qwen2.5-VL's language model is `model.` of ComfyUI's text encoder (transformers nests it one level
@@ -333,7 +291,7 @@ class QwenImageEditFamily(QwenImageFamily):
             hidden_states=torch.cat([image, references.to(image.dtype)], dim=1).to(dtype),
             encoder_hidden_states=hidden.to(dtype),
             encoder_hidden_states_mask=mask,
-            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            timestep=self.sigma(model, timesteps).to(dtype),
             img_shapes=[[(1, height // PATCH, width // PATCH), *extra["reference_shapes"]]] * len(noisy_latents),
             return_dict=False,
         )[0]

@@ -32,36 +32,33 @@ import torch
 
 from onetrainer.config.enums import ModelFormat
 from onetrainer.config.model_types import Z_IMAGE
-from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import Conditioning, LoadedModel, first_weight
+from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.loading import (
-    cast_parts,
     load_diffusers_component,
     load_tokenizer,
     load_transformer_part,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.saving import plain_state
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.quantize import KEEP_UNQUANTIZED
-from onetrainer.weights import kohya_lora, zimage_keys
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights import zimage_keys
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 PATCH = 2  # latent pixels per patch side
 TEXT_TOKENS = 512  # what ZImagePipeline prompts Qwen3 with
-DEFAULT_TRAIN_STEPS = 1000
 Z_IMAGE_KIND = ModelKind("z-image", "z-image")
-KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
-EMBEDDING_KEY = "qwen3_4b"  # ComfyUI's key of Z-Image's text encoder in an embedding file
 
 
-class ZImageFamily(FlowPipelineFolder, Family):
+class ZImageFamily(LanguageModelFlowFamily):
     info = Z_IMAGE
     sampling_parts = frozenset(Z_IMAGE.parts)
-    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    embedding_key = "qwen3_4b"  # ComfyUI's key of Z-Image's text encoder in an embedding file
     text_encoder_blocks: ClassVar[str] = r"(^|\.)layers\.\d+\."
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "transformer": ("layers",),
@@ -82,10 +79,8 @@ class ZImageFamily(FlowPipelineFolder, Family):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
-        from diffusers import FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
+        from diffusers import ZImageTransformer2DModel
         from transformers import AutoModel, AutoTokenizer
-
-        from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
@@ -96,21 +91,7 @@ class ZImageFamily(FlowPipelineFolder, Family):
         parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         parts["vae"] = load_vae(config, where, options)
-        scheduler_config = load_diffusers_component(
-            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
-        )
-        cast_parts(parts, config)
-        slot = TextEncoderSlot(
-            "text_encoder",
-            parts["text_encoder"],
-            tokenizer,
-            KOHYA_PREFIXES["text_encoder"],
-            EMBEDDING_KEY,
-            config.text_encoder.layer_skip,
-        )
-        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        return self._loaded(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -140,17 +121,12 @@ class ZImageFamily(FlowPipelineFolder, Family):
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         transformer = model.part("transformer")
         dtype = first_weight(transformer).dtype
-        sigma = timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)
+        sigma = self.sigma(model, timesteps)
         images = list(noisy_latents.to(dtype).unsqueeze(2).unbind(dim=0))  # [C, 1 frame, h, w] each
         output = transformer(images, (1 - sigma).to(dtype), caption_tokens(conditioning, dtype), return_dict=False)[0]
         return Prediction(-torch.stack(output, dim=0).squeeze(2))
 
     # -- sampling -------------------------------------------------------------------------------------------------
-
-    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
-        from onetrainer.sampling.sampler import render_pipeline
-
-        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
 
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import ZImagePipeline
@@ -173,31 +149,15 @@ class ZImageFamily(FlowPipelineFolder, Family):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save_original_transformer(
-        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
-    ) -> None:
-        """The transformer alone in one file in diffusers' names (OneTrainer's ORIGINAL_TRANSFORMER), which
-        `from_single_file` reads as it is and this trainer as `transformer.model_name`."""
-        self._write_transformer(model, plain_state(model.part("transformer")), destination, dtype, extra_metadata)
-
     def save_comfy_transformer(
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
     ) -> None:
         """The transformer alone in ComfyUI's layout (`weights/zimage_keys.to_comfy`: fused q/k/v), which ComfyUI's
         Load Diffusion Model and diffusers' `from_single_file` read."""
         state = zimage_keys.to_comfy(plain_state(model.part("transformer")))
-        self._write_transformer(model, state, destination, dtype, extra_metadata)
-
-    def _write_transformer(self, model, state, destination: Path, dtype: torch.dtype, extra_metadata) -> None:
-        resolution = model.type_info.resolution
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
-        write_single_file(state, destination, dtype, metadata)
+        self.write_transformer(model, state, destination, dtype, extra_metadata)
 
     # -- names ----------------------------------------------------------------------------------------------------
-
-    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
-        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return Z_IMAGE_KIND

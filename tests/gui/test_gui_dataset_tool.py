@@ -118,7 +118,7 @@ def test_reference_images_show_under_their_image_and_are_not_listed(app, tmp_pat
     folder = tmp_path / "images"
     folder.mkdir()
     write_demo_images(folder, count=2, size=SIZE, seed=4)
-    first, second = list_images(folder)
+    first, _ = list_images(folder)
     for number in (1, 2):
         Image.open(first).convert("RGB").resize((64, 96)).save(folder / f"{first.stem}-reference-{number}.png")
     tool = app.select_tab("tools").open_dataset_tool(str(folder))

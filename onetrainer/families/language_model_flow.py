@@ -1,0 +1,79 @@
+"""What the flow-matching transformer families conditioned on one language model share (Qwen-Image and its Edit
+models, Z-Image): the single text encoder's slot and kohya names, the model's own flow-matching schedule, samples
+through the family's diffusers pipeline, and the transformer alone as one file in diffusers' names. Each family class
+derives from `LanguageModelFlowFamily` and declares its parts' loading, its text encoding and its prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.families.base import CaptionDropout, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.latent_patches import PATCH
+from onetrainer.families.loading import cast_parts, load_diffusers_component
+from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.weights import kohya_lora
+from onetrainer.weights.metadata import model_metadata
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+DEFAULT_TRAIN_STEPS = 1000
+KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
+
+
+class LanguageModelFlowFamily(FlowPipelineFolder, Family):
+    # The empty caption through the model's prompt template: what its pipeline's negative prompt is by default.
+    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    # The text encoder's vectors' key in an embedding file (ComfyUI's name for the encoder).
+    embedding_key: ClassVar[str]
+
+    def _loaded(self, config: TrainConfig, parts: dict, tokenizer, where: str, options: dict) -> LoadedModel:
+        """The model from its loaded parts: cast as configured, the text encoder's slot, the schedule on the model's
+        own scheduler config."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        scheduler_config = load_diffusers_component(
+            FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
+        )
+        cast_parts(parts, config)
+        slot = TextEncoderSlot(
+            "text_encoder",
+            parts["text_encoder"],
+            tokenizer,
+            KOHYA_PREFIXES["text_encoder"],
+            self.embedding_key,
+            config.text_encoder.layer_skip,
+        )
+        schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
+        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+
+    def sigma(self, model: LoadedModel, timesteps: torch.Tensor) -> torch.Tensor:
+        """σ from the model time σ·T the schedule gives `predict`."""
+        return timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
+        from onetrainer.sampling.sampler import render_pipeline
+
+        return render_pipeline(self, model, sample, apply_embeddings, False)  # σ = 1 is pure noise already
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file, in diffusers' names (OneTrainer's ORIGINAL_TRANSFORMER), which
+        diffusers' `from_single_file` and this trainer (`transformer.model_name`) read."""
+        self.write_transformer(model, plain_state(model.part("transformer")), destination, dtype, extra_metadata)
+
+    def write_transformer(self, model, state: dict, destination: Path, dtype: torch.dtype, extra_metadata) -> None:
+        resolution = model.type_info.resolution
+        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
+        metadata.update(extra_metadata or {})
+        write_single_file(state, destination, dtype, metadata)
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
