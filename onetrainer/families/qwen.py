@@ -312,12 +312,16 @@ class QwenImageEditFamily(QwenImageFamily):
 
     def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
         """The sample's reference images (`reference_images`), which an edit model's sample needs."""
-        from onetrainer.data.images import open_rgb
+        from PIL import Image, ImageOps
 
         paths = [path for path in sample.reference_images if str(path).strip()]
         if not paths:
             raise ValueError("an edit model's sample needs reference images: set the sample's reference_images")
-        return {**super().pipeline_arguments(model, sample, zero_terminal_snr), "image": [open_rgb(p) for p in paths]}
+        images = []
+        for path in paths:
+            with Image.open(path) as opened:
+                images.append(ImageOps.exif_transpose(opened).convert("RGB"))
+        return {**super().pipeline_arguments(model, sample, zero_terminal_snr), "image": images}
 
     def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
         """The texts: the pipeline encodes them with the reference images (which only it has resized here)."""
