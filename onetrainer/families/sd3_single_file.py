@@ -22,16 +22,11 @@ import torch
 from onetrainer.families.loading import ModelLoadError, as_module_state, checked_load, hub_options
 from onetrainer.families.vae import VAE_PREFIX, convert_vae
 from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.sd3_keys import TEXT_ENCODER_PREFIXES, TRANSFORMER_PREFIX
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-TRANSFORMER_PREFIX = "model.diffusion_model."
-TEXT_ENCODER_PREFIXES = {
-    "text_encoder": "text_encoders.clip_l.transformer.",
-    "text_encoder_2": "text_encoders.clip_g.transformer.",
-    "text_encoder_3": "text_encoders.t5xxl.transformer.",
-}
 # diffusers' own choice of config repository for each variant of an SD 3 file (`single_file_utils`).
 COMPANIONS = {
     "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
