@@ -451,10 +451,10 @@ QWEN_EDIT = dataclasses.replace(
     "`-2`, … for several, each of its own size) the inputs; an image without one is skipped and named. Each "
     "reference goes to Qwen2.5-VL at about 384x384 px as a picture before the caption and to the VAE at about "
     "1024x1024 px, its latents joining the transformer's sequence, as QwenImageEditPlusPipeline feeds them; the loss "
-    "covers the result's tokens. The text encoder runs every step (its output depends on the references) and the "
-    "images are read from their files every step (the latent cache is not used yet); train with batch size 1 unless "
-    "every image's references have the same sizes. Samples need the sample's `reference_images`. Otherwise as "
-    "Qwen-Image.",
+    "covers the result's tokens. The references are cached with their image (their latents; with a frozen text "
+    "encoder, its output per caption and references), keyed by their files, so changing a reference re-encodes its "
+    "image; train with batch size 1 unless every image's references have the same sizes. Samples need the sample's "
+    "`reference_images`. Otherwise as Qwen-Image.",
 )
 # OneTrainer's Z-Image `attn-mlp`: the main layers' attention and feed-forward, not the refiners'.
 _Z_IMAGE_LAYER_PRESETS = {

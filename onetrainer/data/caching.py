@@ -128,7 +128,8 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
             loaded, keys = [], []
             for key, sample in chunk:
                 try:
-                    loaded.append(load_sample(data.images[sample.image], sample, data.concept(sample), with_masks))
+                    image, concept = data.images[sample.image], data.concept(sample)
+                    loaded.append(load_sample(image, sample, concept, with_masks, data.with_references))
                     keys.append(key)
                 except (OSError, ValueError, SyntaxError) as e:
                     failed[sample.image] = f"cannot be decoded ({e})"
@@ -147,6 +148,10 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                     if with_masks:
                         entry["mask"] = sample.mask
                     entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
+                    if data.with_references:
+                        with torch.no_grad():
+                            own = family.encode_references(model, sample.references)
+                        entry.update({EXTRA_PREFIX + name: value.cpu() for name, value in own.items()})
                     data.latent_cache.put(key, entry)
                 stats.encoded += len(loaded)
             done += len(chunk)
@@ -165,14 +170,13 @@ def text_encoders_frozen(config: TrainConfig) -> bool:
     if config.training_method is TrainingMethod.EMBEDDING or any(e.train for e in config.additional_embeddings):
         return False
     family = model_type_info(config.model_type).family
-    if family.reference_images:  # the conditioning depends on each image's references, not on its caption alone
-        return False
     encoders = family.parts_with(PartRole.TEXT_ENCODER)
     return not any(config.part(p).train for p in encoders)
 
 
 class TextCache:
-    """Text-encoder outputs by caption, for runs whose text encoders are frozen."""
+    """Text-encoder outputs by caption, for runs whose text encoders are frozen. A family that reads reference images
+    with the caption (an edit model) has an entry per caption and references (`TrainingData.reference_key`)."""
 
     def __init__(self, config: TrainConfig, family, model) -> None:
         self.cache = DiskCache(config.cache_dir, "text")
@@ -186,24 +190,49 @@ class TextCache:
             **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
         }
 
-    def key(self, caption: str) -> str:
-        return cache_key({**self.identity, "caption": caption})
+    def key(self, caption: str, references: str | None = None) -> str:
+        parts = {**self.identity, "caption": caption}
+        if references is not None:
+            parts["references"] = references
+        return cache_key(parts)
 
-    def conditioning(self, captions: list[str], device) -> Conditioning:
-        entries = [self.cache.get(self.key(c)) for c in captions]
-        missing = sorted({c for c, e in zip(captions, entries) if e is None})
+    def conditioning(
+        self,
+        captions: list[str],
+        device,
+        reference_keys: list[str] | None = None,
+        references: Callable[[], list[list[torch.Tensor]]] | None = None,
+    ) -> Conditioning:
+        """The captions' conditioning; with `reference_keys` (one per caption), that of each caption with its
+        sample's references, which `references` decodes should an entry be missing."""
+        keys = [self.key(c, r) for c, r in zip(captions, reference_keys or [None] * len(captions))]
+        entries = [self.cache.get(k) for k in keys]
+        missing = {k: i for i, (k, e) in enumerate(zip(keys, entries)) if e is None}
         if missing:  # damaged, deleted meanwhile (another run cleared the cache) or never cached: encode and repair
-            encoded = dict(zip(missing, encode_text_entries(self.family, self.model, missing)))
-            for caption, entry in encoded.items():
-                self.cache.put(self.key(caption), entry)
-            entries = [e if e is not None else encoded[c] for c, e in zip(captions, entries)]
+            rows = list(missing.values())
+            pictures = None
+            if reference_keys is not None:
+                decoded = references()
+                pictures = [decoded[i] for i in rows]
+            encoded = dict(
+                zip(missing, encode_text_entries(self.family, self.model, [captions[i] for i in rows], pictures))
+            )
+            for key, entry in encoded.items():
+                self.cache.put(key, entry)
+            entries = [e if e is not None else encoded[k] for k, e in zip(keys, entries)]
         return Conditioning.stack(entries, device)
 
 
-def encode_text_entries(family, model, captions: list[str]) -> list[dict[str, torch.Tensor]]:
-    """The text cache's entries of `captions`: each caption's named tensors, float32 on the CPU."""
+def encode_text_entries(
+    family, model, captions: list[str], references: list[list[torch.Tensor]] | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """The text cache's entries of `captions` (with each one's reference images, for a family that reads them): each
+    caption's named tensors, float32 on the CPU."""
     with torch.no_grad():
-        conditioning = family.encode_text(model, captions)
+        if references is None:
+            conditioning = family.encode_text(model, captions)
+        else:
+            conditioning = family.encode_text(model, captions, references=references)
     return [conditioning.row(i) for i in range(len(captions))]
 
 
@@ -211,6 +240,8 @@ def fill_text_cache(
     data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report, ranks=None
 ) -> tuple[TextCache, CacheStats]:
     text_cache = TextCache(config, family, model)
+    if data.with_references:
+        return text_cache, _fill_reference_text_cache(data, text_cache, config, apply_embeddings, report, ranks)
     stats = CacheStats(failed=[])
     started = time.monotonic()
     captions = {""}  # caption dropout trains with the empty caption
@@ -240,3 +271,46 @@ def fill_text_cache(
         ranks.barrier()
     stats.seconds = time.monotonic() - started
     return text_cache, stats
+
+
+def _fill_reference_text_cache(data: TrainingData, text_cache: TextCache, config, apply_embeddings, report, ranks):
+    """The conditioning of every caption with its sample's references (and of the empty caption with them, where
+    caption dropout is on): each sample's references are decoded once, and its captions encoded together."""
+    stats = CacheStats(failed=[])
+    started = time.monotonic()
+    dropout = any(config.part(slot.part).dropout_probability > 0 for slot in text_cache.model.text_encoders)
+    needed: dict[str, tuple[str, PlannedSample]] = {}
+    for epoch in range(config.epochs):
+        for batch in data.plan(epoch).batches:
+            for sample in batch:
+                plain = PlannedSample(sample.image, sample.bucket, sample.variation)
+                references = data.reference_key(plain)
+                variation = data.text_variation(sample, epoch, True)
+                caption = apply_embeddings(
+                    caption_for(data.images[sample.image], sample, data.concept(sample), variation)
+                )
+                for text in (caption, "") if dropout else (caption,):
+                    needed.setdefault(text_cache.key(text, references), (text, plain))
+    stats.needed = len(needed)
+    missing = sorted(k for k in needed if k not in text_cache.cache)
+    if ranks is not None:  # as fill_text_cache
+        ranks.barrier()
+        missing = missing[ranks.rank :: ranks.world_size]
+    by_sample: dict[str, list[str]] = defaultdict(list)
+    for key in missing:
+        by_sample[data.reference_key(needed[key][1])].append(key)
+    progress = _Progress("captions", len(missing), report)
+    for keys in by_sample.values():
+        sample = needed[keys[0]][1]
+        (pictures,) = data.load_references([sample])
+        entries = encode_text_entries(
+            text_cache.family, text_cache.model, [needed[k][0] for k in keys], [pictures] * len(keys)
+        )
+        for key, entry in zip(keys, entries):
+            text_cache.cache.put(key, entry)
+        stats.encoded += len(keys)
+        progress.update(stats.encoded)
+    if ranks is not None:
+        ranks.barrier()
+    stats.seconds = time.monotonic() - started
+    return stats

@@ -15,7 +15,14 @@ from onetrainer.config.enums import ConceptType
 from onetrainer.data.cache import DiskCache, cache_key
 from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.scan import ConceptScan, ImageEntry, is_trained, scan_concepts, trains_on_references
+from onetrainer.data.scan import (
+    ConceptScan,
+    ImageEntry,
+    fingerprint,
+    is_trained,
+    scan_concepts,
+    trains_on_references,
+)
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -42,6 +49,8 @@ class Batch:
     cached_extras: dict[str, torch.Tensor] = field(default_factory=dict)  # the family's cached extras, stacked
     # each sample's reference images ([3, h, w] in [-1, 1]), where the family learns from them
     references: list[list[torch.Tensor]] | None = None
+    # each sample's `TrainingData.reference_key`, where the family learns from references (keys its cached conditioning)
+    reference_keys: list[str] | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -101,6 +110,7 @@ class TrainingData:
         self.with_references = trains_on_references(config)
         self._keys: dict[tuple, str] = {}
         self._keys_base: dict | None = None
+        self._reference_keys: dict[tuple, str] = {}
 
     # -- the plan -------------------------------------------------------------------------------------------------
 
@@ -153,17 +163,44 @@ class TrainingData:
 
     def _latent_key(self, sample: PlannedSample, masked: bool) -> str:
         entry = self.images[sample.image]
-        concept = self.config.concepts[entry.concept]
         parts = {
             **(self.latent_key_base or {}),
-            "file": entry.fingerprint,
             "mask": _mask_fingerprint(entry) if masked else None,
+            **self._sample_parts(sample),
+        }
+        return cache_key(parts)
+
+    def _sample_parts(self, sample: PlannedSample) -> dict:
+        """What a sample's pixels (and its references') depend on: the files, the bucket, the variation, the concept's
+        seed and augmentation."""
+        entry = self.images[sample.image]
+        concept = self.config.concepts[entry.concept]
+        parts = {
+            "file": entry.fingerprint,
             "bucket": str(sample.bucket),
             "variation": sample.variation,
             "seed": concept.seed,
             "augmentation": concept.image.to_dict(),
         }
-        return cache_key(parts)
+        if self.with_references:  # only here, so the keys of families without references stay what they were
+            parts["references"] = [_fingerprint_or_gone(path) for path in entry.references]
+        return parts
+
+    def reference_key(self, sample: PlannedSample) -> str:
+        """What identifies a sample's reference images as the family sees them (their files, moved as the image is):
+        with the caption, the key of an edit model's cached conditioning."""
+        memo = (sample.image, str(sample.bucket), sample.variation)
+        key = self._reference_keys.get(memo)
+        if key is None:
+            key = self._reference_keys[memo] = cache_key({"kind": "references", **self._sample_parts(sample)})
+        return key
+
+    def load_references(self, samples: list[PlannedSample]) -> list[list[torch.Tensor]]:
+        """Each sample's reference images ([3, h, w] in [-1, 1]), decoded from their files."""
+        return [
+            load_sample(self.images[s.image], s, self.concept(s), False, with_references=True).references
+            for s in samples
+        ]
 
     def load_batch(
         self, samples: list[PlannedSample], epoch: int, with_masks: bool, text_cached: bool = False
@@ -182,6 +219,8 @@ class TrainingData:
             original_sizes=[],
             crop_offsets=[],
         )
+        if self.with_references:
+            batch.reference_keys = [self.reference_key(s) for s in samples]
         if cached is not None:
             batch.latents = torch.stack([c["latents"] for c in cached])
             batch.original_sizes = [tuple(c["original_size"].tolist()) for c in cached]
@@ -189,7 +228,9 @@ class TrainingData:
             if with_masks:
                 batch.masks = torch.stack([c["mask"] for c in cached])
             names = [k for k in cached[0] if k.startswith(EXTRA_PREFIX)]
-            batch.cached_extras = {k[len(EXTRA_PREFIX) :]: torch.stack([c[k] for c in cached]) for k in names}
+            batch.cached_extras = {k[len(EXTRA_PREFIX) :]: _stack(k, [c[k] for c in cached]) for k in names}
+            if self.with_references and not text_cached:  # the text encoder reads them with the caption each step
+                batch.references = self.load_references(samples)
             return batch
         loaded = [self._load_one(samples, s, with_masks, batch.problems) for s in samples]
         batch.pixels = torch.stack([s.pixels for s in loaded])
@@ -202,7 +243,7 @@ class TrainingData:
         return batch
 
     def _cached(self, samples: list[PlannedSample], with_masks: bool) -> list[dict] | None:
-        if self.latent_cache is None or self.with_references:  # references move with the image: decoded together
+        if self.latent_cache is None:
             return None
         entries = []
         for sample in samples:
@@ -225,12 +266,13 @@ class TrainingData:
             concept = config.concepts[entry.concept]
             sample = PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), 0)
             try:
-                loaded = load_sample(entry, sample, concept, with_masks)
+                loaded = load_sample(entry, sample, concept, with_masks, self.with_references)
             except (OSError, ValueError, SyntaxError):
                 continue  # reported by the scan's preflight; a validation image never stops training
             yield (
                 index,
                 Batch(
+                    references=[loaded.references] if self.with_references else None,
                     samples=[sample],
                     captions=[entry.captions[0]],
                     loss_weights=torch.ones(1),
@@ -265,3 +307,20 @@ def _mask_fingerprint(entry: ImageEntry) -> str | None:
         return None
     stat = entry.mask.stat()
     return f"{entry.mask}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
+def _fingerprint_or_gone(path: Path) -> str:
+    try:
+        return fingerprint(path)
+    except OSError:  # removed meanwhile: the key misses, and loading the sample reports the file
+        return f"{path}|gone"
+
+
+def _stack(name: str, values: list[torch.Tensor]) -> torch.Tensor:
+    try:
+        return torch.stack(values)
+    except RuntimeError as e:  # e.g. the reference images of a batch's samples differ in size or count
+        raise DatasetError(
+            f"the cached '{name[len(EXTRA_PREFIX) :]}' of a batch's images differ in shape ({e}); an edit model with "
+            "references of different sizes trains at batch size 1 (use gradient accumulation for larger batches)"
+        ) from e

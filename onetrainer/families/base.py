@@ -113,7 +113,16 @@ class Conditioning:
 
     @classmethod
     def stack(cls, rows: list[dict[str, torch.Tensor]], device) -> Conditioning:
-        return cls({name: torch.stack([r[name] for r in rows]).to(device) for name in rows[0]})
+        """Rows into a batch; rows of different lengths (an "attention_mask" tells their tokens) are padded with
+        masked zeros to the longest."""
+        out = {}
+        for name in rows[0]:
+            values = [r[name] for r in rows]
+            longest = max(len(v) for v in values) if values[0].dim() else 0
+            if "attention_mask" in rows[0] and any(len(v) != longest for v in values if v.dim()):
+                values = [torch.cat([v, v.new_zeros(longest - len(v), *v.shape[1:])]) for v in values]
+            out[name] = torch.stack(values).to(device)
+        return cls(out)
 
     def zeroed(self, drop: torch.Tensor) -> Conditioning:
         """The rows where `drop` ([B] bool) is true set to zero (caption dropout by zeros)."""
@@ -231,6 +240,11 @@ class Family(ABC):
     def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
         """Per-sample tensors to cache with the latents of `pixels` ([B, 3, H, W] in [-1, 1]; `masks` [B, 1, H, W]
         in [0, 1] when the run uses masks): each value [B, ...]. They come back in `BatchInputs.cached`."""
+        return {}
+
+    def encode_references(self, model: LoadedModel, references: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A family with `info.reference_images`: tensors of one sample's reference images ([3, h, w] in [-1, 1]) to
+        cache with its latents (e.g. their latents); they come back in `BatchInputs.cached`, stacked."""
         return {}
 
     # -- a training step ------------------------------------------------------------------------------------------

@@ -210,6 +210,10 @@ PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
 CONDITION_AREA = 384 * 384  # each reference as Qwen2.5-VL sees it, in pixels (its aspect kept)
 VAE_AREA = 1024 * 1024  # each reference as its latents join the transformer's sequence
 EDIT_KIND = ModelKind("qwen-image-edit", "qwen-image")
+_MIXED_REFERENCES = (
+    "the images of one batch have references of different sizes or counts: train an edit model with batch size 1 "
+    "(gradient accumulation for larger batches)"
+)
 
 
 class QwenImageEditFamily(QwenImageFamily):
@@ -217,9 +221,10 @@ class QwenImageEditFamily(QwenImageFamily):
     (`<name>-reference[-N].<ext>`) the inputs. Each reference goes twice, as `QwenImageEditPlusPipeline` feeds it: to
     Qwen2.5-VL at about 384² px as "Picture N:" vision tokens before the caption (the edit template's first 64 tokens
     dropped), and to the VAE at about 1024² px, its packed latents appended to the noisy image's tokens with their grid
-    in `img_shapes`; the prediction (and so the loss) covers the noisy image's tokens only. The text encoder runs each
-    step (its output depends on the references); a batch holds images whose references give the same token count
-    (batch size 1 always does)."""
+    in `img_shapes`; the prediction (and so the loss) covers the noisy image's tokens only. Both are cached: the
+    references' latents with the image's (`encode_references`), the instruction's encoding per caption and references
+    (where the text encoder is frozen). A batch holds images whose references give the same grids (batch size 1 always
+    does)."""
 
     info = QWEN_EDIT
     sampling_parts = frozenset(QWEN_EDIT.parts)
@@ -260,23 +265,33 @@ class QwenImageEditFamily(QwenImageFamily):
         attended = (torch.arange(longest, device=device)[None, :] < lengths[:, None]).long()
         return Conditioning({"hidden_states": padded, "attention_mask": attended})
 
-    def batch_extras(self, model: LoadedModel, inputs) -> dict:
-        """Each sample's references as packed VAE latents (at about 1024² px) and their grids."""
-        if not inputs.references:
-            return {}
+    def encode_references(self, model: LoadedModel, references: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A sample's references as the transformer reads them, cached with its latents: their packed latents (at
+        about 1024² px) one after another, and each one's grid (frames, height, width in patches)."""
         vae = model.part("vae")
-        tokens, shapes = [], None
-        for pictures in inputs.references:
-            latents = [encode_frames(vae, vae_image(picture).to(inputs.latents.device)) for picture in pictures]
-            sample_shapes = [(1, z.shape[-2] // PATCH, z.shape[-1] // PATCH) for z in latents]
-            if shapes is not None and sample_shapes != shapes:
-                raise ValueError(
-                    "the images of one batch have references of different sizes or counts: train an edit model with "
-                    "batch size 1 (gradient accumulation for larger batches)"
-                )
-            shapes = sample_shapes
-            tokens.append(torch.cat([pack(z) for z in latents], dim=1)[0])
-        return {"reference_tokens": torch.stack(tokens), "reference_shapes": shapes}
+        device = compute_weight(vae).device
+        latents = [encode_frames(vae, vae_image(picture).to(device)) for picture in references]
+        shapes = [(1, z.shape[-2] // PATCH, z.shape[-1] // PATCH) for z in latents]
+        return {
+            "reference_tokens": torch.cat([pack(z) for z in latents], dim=1)[0],
+            "reference_shapes": torch.tensor(shapes),
+        }
+
+    def batch_extras(self, model: LoadedModel, inputs) -> dict:
+        """Each sample's references as packed VAE latents and their grids: from the latent cache, else encoded now."""
+        if "reference_tokens" in inputs.cached:
+            tokens, grids = inputs.cached["reference_tokens"], inputs.cached["reference_shapes"]
+        elif inputs.references:
+            encoded = [self.encode_references(model, pictures) for pictures in inputs.references]
+            if any(e["reference_tokens"].shape != encoded[0]["reference_tokens"].shape for e in encoded):
+                raise ValueError(_MIXED_REFERENCES)
+            tokens = torch.stack([e["reference_tokens"] for e in encoded])
+            grids = torch.stack([e["reference_shapes"] for e in encoded])
+        else:
+            return {}
+        if not bool((grids == grids[0]).all()):
+            raise ValueError(_MIXED_REFERENCES)
+        return {"reference_tokens": tokens, "reference_shapes": [tuple(grid) for grid in grids[0].tolist()]}
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         references = extra.get("reference_tokens")
@@ -288,7 +303,7 @@ class QwenImageEditFamily(QwenImageFamily):
         image = pack(noisy_latents)
         hidden, mask = used_tokens(conditioning)
         output = transformer(
-            hidden_states=torch.cat([image, references.to(image.dtype)], dim=1).to(dtype),
+            hidden_states=torch.cat([image, references.to(image.device, image.dtype)], dim=1).to(dtype),
             encoder_hidden_states=hidden.to(dtype),
             encoder_hidden_states_mask=mask,
             timestep=self.sigma(model, timesteps).to(dtype),

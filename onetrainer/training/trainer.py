@@ -429,10 +429,16 @@ class Trainer:
                 drops.append(None)
         return drops
 
-    def _encode_captions(self, captions: list[str], references: list | None = None) -> Conditioning:
+    def _encode_captions(self, captions: list[str], batch: Batch, references: list | None = None) -> Conditioning:
         """The conditioning of captions: from the text cache when the encoders are frozen, else encoded now (with the
         batch's reference images, for a family that reads them with the caption)."""
-        if self.text_cache is not None:
+        if self.text_cache is not None and batch.reference_keys is not None:
+
+            def decoded_references() -> list:  # only for an entry missing from the cache
+                return batch.references if batch.references is not None else self.data.load_references(batch.samples)
+
+            return self.text_cache.conditioning(captions, self.device, batch.reference_keys, decoded_references)
+        if self.text_cache is not None and references is None:
             return self.text_cache.conditioning(captions, self.device)
         if references is not None:
             return self.family.encode_text(self.model, captions, references=references)
@@ -448,9 +454,10 @@ class Trainer:
             references = [[r.to(self.device) for r in sample] for sample in batch.references]
         drops = self._caption_drops(len(captions), generator)
         if any(d is not None for d in drops):  # the family knows where each encoder's share of the conditioning is
-            conditioning = family.drop_captions(model, captions, drops, lambda c: self._encode_captions(c, references))
+            encode = lambda c: self._encode_captions(c, batch, references)  # noqa: E731
+            conditioning = family.drop_captions(model, captions, drops, encode)
         else:
-            conditioning = self._encode_captions(captions, references)
+            conditioning = self._encode_captions(captions, batch, references)
 
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).

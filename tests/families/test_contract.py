@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import ClassVar
 
+import pytest
 import torch
 
 from onetrainer.families.base import Conditioning
@@ -26,6 +27,21 @@ def test_conditioning_rows_stack_back_and_zero_per_caption():
     assert torch.equal(dropped.get("attention_mask")[1], torch.zeros(4, dtype=mask.dtype))
     assert not dropped.hidden_states[1].any() and not dropped.pooled[1].any()
     assert torch.equal(dropped.hidden_states[0], stacked.hidden_states[0])
+
+
+def test_rows_of_different_lengths_stack_padded_with_masked_zeros():
+    """An edit model's cached instructions are as long as their pictures and words: stacked, the shorter ones are
+    padded and masked; rows of different lengths without a mask are refused."""
+    long = {"hidden_states": torch.ones(5, 2), "attention_mask": torch.ones(5, dtype=torch.long)}
+    short = {"hidden_states": torch.full((3, 2), 2.0), "attention_mask": torch.ones(3, dtype=torch.long)}
+    stacked = Conditioning.stack([short, long], "cpu")
+    assert stacked.hidden_states.shape == (2, 5, 2)
+    assert torch.equal(stacked.get("attention_mask")[0], torch.tensor([1, 1, 1, 0, 0]))
+    assert torch.equal(stacked.hidden_states[0, 3:], torch.zeros(2, 2)) and bool(
+        (stacked.hidden_states[0, :3] == 2).all()
+    )
+    with pytest.raises(RuntimeError):
+        Conditioning.stack([{"hidden_states": torch.ones(5, 2)}, {"hidden_states": torch.ones(3, 2)}], "cpu")
 
 
 def test_production_code_does_not_import_the_test_models():

@@ -9,6 +9,7 @@ and 1024²): the video VAE's 3D convolutions are slow on a CPU at 1024²."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,39 @@ def test_an_edit_fine_tune_trains_on_references_and_its_folder_is_an_edit_pipeli
     assert all(
         torch.equal(a, b) for a, b in zip(again.part("transformer").parameters(), trained.transformer.parameters())
     )
+
+
+def test_references_are_cached_with_their_image_and_the_cached_run_trains_as_the_uncached_one(tmp_path):
+    """The references' latents (with the image's) and the instruction's encoding with its references (per caption)
+    come from the content-keyed cache: a second run encodes nothing, changing one reference re-encodes its image
+    only, and the losses are the ones of a run that encodes everything each step."""
+    from onetrainer.training.events import CacheFilled
+
+    folder = _edit_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, "qwen-image-edit", "LORA", epochs=2, batch_size=1, learning_rate=1e-2,
+        output_model_format="COMFY_LORA", text_encoder={"train": False},
+        output_model_destination=str(tmp_path / "out" / "edit.safetensors"),
+    )  # fmt: skip
+
+    def run(**changes):
+        events = run_config({**config, **changes})
+        filled = {e.kind: (e.needed, e.encoded) for e in events if isinstance(e, CacheFilled)}
+        return filled, [e.loss for e in events if isinstance(e, Metrics)]
+
+    first, cached_losses = run()
+    assert first == {"latents": (2, 2), "captions": (2, 2)}
+    assert len(cached_losses) == 4
+    again, _ = run()
+    assert again == {"latents": (2, 0), "captions": (2, 0)}
+
+    _, uncached_losses = run(latent_caching=False)
+    assert torch.allclose(torch.tensor(cached_losses), torch.tensor(uncached_losses), atol=1e-5)
+    # a trained text encoder reads the references (decoded from their files) with the caption each step
+    trained_encoder, losses = run(text_encoder={"train": True})
+    assert trained_encoder == {"latents": (2, 0)} and len(losses) == 4 and all(math.isfinite(x) for x in losses)
+
+    changed = next(folder.glob("*-reference-1.png"))
+    Image.new("RGB", (64, 32), (10, 200, 10)).save(changed)
+    after, _ = run()
+    assert after == {"latents": (2, 1), "captions": (2, 1)}
