@@ -247,6 +247,11 @@ class Family(ABC):
         cache with its latents (e.g. their latents); they come back in `BatchInputs.cached`, stacked."""
         return {}
 
+    def typical_references(self, model: LoadedModel) -> dict[str, torch.Tensor]:
+        """The memory estimate's stand-in for one sample's cached references, as `encode_references` gives them for one
+        reference at the size the family resizes it to, with a batch dimension ({}: the family takes none)."""
+        return {}
+
     # -- a training step ------------------------------------------------------------------------------------------
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:

@@ -207,6 +207,7 @@ EDIT_TEMPLATE = (
 )
 EDIT_TEMPLATE_TOKENS = 64  # the edit template's tokens before the pictures and the caption, which the pipeline drops
 PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+VAE_SCALE = 8  # the VAE's downscaling (so a reference's side is a multiple of VAE_SCALE * PATCH)
 CONDITION_AREA = 384 * 384  # each reference as Qwen2.5-VL sees it, in pixels (its aspect kept)
 VAE_AREA = 1024 * 1024  # each reference as its latents join the transformer's sequence
 EDIT_KIND = ModelKind("qwen-image-edit", "qwen-image")
@@ -240,7 +241,10 @@ class QwenImageEditFamily(QwenImageFamily):
 
     def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
         """The captions with their references (per caption, a list of [3, h, w] tensors in [-1, 1] or PIL images) as
-        the pipeline encodes an instruction with its pictures."""
+        the pipeline encodes an instruction with its pictures. A model without the processor (the memory estimate's
+        stand-in) encodes the captions as Qwen-Image does: 512 tokens, about an instruction with a picture."""
+        if "processor" not in model.extra:
+            return super().encode_text(model, captions)
         slot, processor = model.text_encoders[0], model.extra["processor"]
         references = references if references is not None else [[] for _ in captions]
         texts, images = [], []
@@ -275,6 +279,16 @@ class QwenImageEditFamily(QwenImageFamily):
         return {
             "reference_tokens": torch.cat([pack(z) for z in latents], dim=1)[0],
             "reference_shapes": torch.tensor(shapes),
+        }
+
+    def typical_references(self, model: LoadedModel) -> dict[str, torch.Tensor]:
+        """One square reference at about 1024² px: 4,096 tokens joining the image's."""
+        width, height = calculate_dimensions(VAE_AREA, 1.0)
+        grid = (1, height // (VAE_SCALE * PATCH), width // (VAE_SCALE * PATCH))
+        channels = model.part("transformer").config.in_channels
+        return {
+            "reference_tokens": torch.zeros(1, grid[1] * grid[2], channels),
+            "reference_shapes": torch.tensor([[grid]]),
         }
 
     def batch_extras(self, model: LoadedModel, inputs) -> dict:
@@ -377,4 +391,4 @@ def vae_image(picture) -> torch.Tensor:
 
     image = _as_pil(picture)
     width, height = calculate_dimensions(VAE_AREA, image.width / image.height)
-    return VaeImageProcessor(vae_scale_factor=16).preprocess(image, height, width)
+    return VaeImageProcessor(vae_scale_factor=VAE_SCALE * PATCH).preprocess(image, height, width)

@@ -759,8 +759,9 @@ def _efficient_attention() -> Any:
 def _training_inputs(family: Family, model: LoadedModel, height: int, width: int) -> tuple:
     """One sample's denoiser inputs as the trainer makes them (fake tensors, under the model's `FakeTensorMode`):
     latents of an image of the run's size (`encode_images`), the text conditioning (`encode_text`), the batch extras
-    (`batch_extras`)."""
+    (`batch_extras`, with one typical reference for a family that learns from references)."""
     import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from onetrainer.families.base import BatchInputs
 
@@ -770,9 +771,15 @@ def _training_inputs(family: Family, model: LoadedModel, height: int, width: int
             conditioning = family.encode_text(model, [""])
         except Exception:  # the family's encoding needs state a meta model lacks (e.g. its caption length)
             conditioning = _plain_conditioning(model, 1)
-        inputs = BatchInputs(latents, None, [(height, width)], [(0, 0)], None, torch.zeros(1, dtype=torch.bool))
+        sizes, no = [(height, width)], torch.zeros(1, dtype=torch.bool)
         try:
-            extra = family.batch_extras(model, inputs)
+            with unset_fake_temporarily():  # real tensors, whose grids the family reads as numbers
+                references = family.typical_references(model)
+                if references:  # the extras of cached references (the model is not needed for them)
+                    extra = family.batch_extras(model, BatchInputs(torch.zeros(latents.shape), None, sizes, [(0, 0)],
+                                                                   None, no, cached=references))  # fmt: skip
+            if not references:
+                extra = family.batch_extras(model, BatchInputs(latents, None, sizes, [(0, 0)], None, no))
         except Exception:
             extra = {}
     return latents, torch.zeros(1), conditioning, extra
@@ -877,7 +884,8 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Acti
         inputs = _training_inputs(family, model, height, width)
         measurement, flops = _forward(family, model, inputs, params)
     tokens = inputs[0].shape[-2] * inputs[0].shape[-1]
-    source = f"measured on the denoiser's forward ({tokens} latent tokens per sample)"
+    with_reference = " and one reference's" if family.info.reference_images else ""
+    source = f"measured on the denoiser's forward ({tokens} latent tokens per sample{with_reference})"
     return Activations(
         measurement.everything.total * PEAK_FACTOR,
         measurement.checkpointed * PEAK_FACTOR,

@@ -433,3 +433,21 @@ def test_a_hub_model_not_downloaded_is_counted_as_the_variant_its_name_says():
 
     assert 2.2 < billions(medium) < 2.6 and 7.9 < billions(large) < 8.3
     assert medium["text_encoder_3"] == large["text_encoder_3"]
+
+
+def test_an_edit_model_is_measured_with_a_reference_joining_the_image(monkeypatch):
+    """Qwen-Image-Edit's step carries a reference's 4,096 tokens (1024² px) beside a 512 px image's 1,024: the
+    estimate measures the step with them, not the image alone."""
+    from onetrainer.families.qwen import QwenImageEditFamily
+    from onetrainer.training import estimate as estimating
+
+    config, _ = config_from_dict({"model_type": "QWEN_EDIT", "base_model_name": "someone/not-downloaded",
+                                  "resolution": "512", "batch_size": 1})  # fmt: skip
+    estimating._measured.cache_clear()
+    with_reference = estimate(config)
+    assert with_reference.activations_from.endswith("per sample and one reference's)"), with_reference.activations_from
+    monkeypatch.setattr(QwenImageEditFamily, "typical_references", lambda self, model: {})
+    estimating._measured.cache_clear()
+    image_alone = estimate(config)
+    estimating._measured.cache_clear()
+    assert with_reference.parts["activations"] > 3 * image_alone.parts["activations"]
