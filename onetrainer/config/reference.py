@@ -6,7 +6,14 @@ import enum
 from collections.abc import Iterator
 
 from onetrainer.config.concept_config import ConceptConfig
-from onetrainer.config.model_types import FAMILIES, MODEL_TYPES, all_parts, declared_part_roles, part_label
+from onetrainer.config.model_types import (
+    FAMILIES,
+    FLOW_MATCHING,
+    MODEL_TYPES,
+    all_parts,
+    declared_part_roles,
+    part_label,
+)
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import ModelPartConfig
 from onetrainer.config.sample_config import SampleConfig
@@ -245,7 +252,10 @@ def _model_types_section() -> str:
     ]
     for mt, info in MODEL_TYPES.items():
         formats = " / ".join(", ".join(f.value for f in fs) for fs in info.family.output_formats.values())
-        prediction = "v" if info.v_prediction else "epsilon"
+        if FLOW_MATCHING in info.family.capabilities:
+            prediction = "flow (rectified flow matching)"
+        else:
+            prediction = "v" if info.v_prediction else "epsilon"
         lines.append(
             f"| `{mt.value}` | {info.label} | {info.family.label} | {info.resolution} | {prediction} | {formats} |"
         )

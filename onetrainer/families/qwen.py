@@ -80,11 +80,15 @@ class QwenImageFamily(LanguageModelFlowFamily):
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
+        what = "the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        return self._load_from(config, where, options)
+
+    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
+        """The model from `where` (the base's folder or hub id, `part_wise_base`'s), its parts' overrides applied."""
         from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-        what = "the text encoder, the VAE and the tokenizer"
-        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         encoder = Qwen2_5_VLForConditionalGeneration
         parts: dict[str, torch.nn.Module] = {
             "transformer": load_transformer_part(QwenImageTransformer2DModel, config, where, options, without_prefix),
@@ -230,12 +234,10 @@ class QwenImageEditFamily(QwenImageFamily):
     info = QWEN_EDIT
     sampling_parts = frozenset(QWEN_EDIT.parts)
 
-    def load(self, config: TrainConfig) -> LoadedModel:
+    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
         from onetrainer.families.qwen_processor import load_processor
 
-        model = super().load(config)
-        what = "the text encoder, the VAE and the tokenizer"
-        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        model = super()._load_from(config, where, options)
         model.extra["processor"] = load_processor(where, options)
         return model
 
@@ -363,10 +365,11 @@ class QwenImageEditFamily(QwenImageFamily):
 def _as_pil(picture):
     from PIL import Image
 
+    from onetrainer.sampling.sampler import to_image
+
     if isinstance(picture, Image.Image):
         return picture.convert("RGB")
-    array = ((picture.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
-    return Image.fromarray(array, "RGB")
+    return to_image(((picture.detach().float().cpu() + 1) / 2).permute(1, 2, 0).numpy())
 
 
 def calculate_dimensions(area: int, ratio: float) -> tuple[int, int]:

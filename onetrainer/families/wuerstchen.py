@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 import torch
 from PIL import Image
 
@@ -244,6 +243,8 @@ class WuerstchenPriorFamily(Family):
         return self._decode(model, self.from_prior_latents(latents), sample, generator)
 
     def _decode(self, model: LoadedModel, effnet_latents: torch.Tensor, sample, generator) -> Image.Image:
+        from onetrainer.sampling.sampler import to_image
+
         decoder = model.part("decoder")
         weight = first_weight(decoder)
         device, dtype = weight.device, weight.dtype
@@ -261,9 +262,8 @@ class WuerstchenPriorFamily(Family):
         vqgan = model.part("decoder_vqgan")
         vq_weight = first_weight(vqgan)
         scale = vqgan.config.scale_factor
-        pixels = vqgan.decode(x.to(vq_weight.device, vq_weight.dtype) * scale).sample.clamp(0, 1)
-        array = (pixels[0].float().permute(1, 2, 0).cpu().numpy() * 255).round().clip(0, 255).astype(np.uint8)
-        return Image.fromarray(array)
+        pixels = vqgan.decode(x.to(vq_weight.device, vq_weight.dtype) * scale).sample
+        return to_image(pixels[0].float().permute(1, 2, 0).cpu().numpy())
 
     @abstractmethod
     def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
