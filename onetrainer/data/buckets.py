@@ -45,6 +45,7 @@ def bucket_grid(resolution: int, step: int) -> tuple[Bucket, ...]:
     return tuple(sorted(buckets, key=lambda b: b.aspect))
 
 
+@cache  # every epoch plans each image again: a dataset has few distinct sizes
 def nearest_bucket(width: int, height: int, grid: tuple[Bucket, ...]) -> Bucket:
     aspect = height / width
     return min(grid, key=lambda b: (abs(b.aspect - aspect), b.width))

@@ -189,12 +189,17 @@ class TextCache:
             "lengths": [slot.max_tokens for slot in model.text_encoders],
             **{k: v for slot in model.text_encoders for k, v in model_identity(config, slot.part).items()},
         }
+        self._keys: dict[tuple[str, str | None], str] = {}
 
     def key(self, caption: str, references: str | None = None) -> str:
-        parts = {**self.identity, "caption": caption}
-        if references is not None:
-            parts["references"] = references
-        return cache_key(parts)
+        """The entry's key (remembered: every step asks again for its batch's captions)."""
+        key = self._keys.get((caption, references))
+        if key is None:
+            parts = {**self.identity, "caption": caption}
+            if references is not None:
+                parts["references"] = references
+            key = self._keys[caption, references] = cache_key(parts)
+        return key
 
     def conditioning(
         self,

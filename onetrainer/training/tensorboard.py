@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,44 +18,104 @@ from onetrainer.training.events import Event, Metrics, SampleReady, Scalars
 log = logging.getLogger(__name__)
 
 
+WRITE_INTERVAL = 1.0  # seconds between the writes of what was queued (TensorBoard itself reloads every 30 s or so)
+
+
 class TensorBoardSink:
-    """Writes `loss/train_step`, `smooth_loss/train_step`, `lr/<group>` and sample images, x-axis = step."""
+    """Writes `loss/train_step`, `smooth_loss/train_step`, `lr/<group>` and sample images, x-axis = step, to an event
+    file of the run's TensorBoard folder.
+
+    The training loop only queues the events; a thread of the sink's own writes what was queued once a second, in
+    order, straight into the file. (torch's `SummaryWriter` hands every record to a thread of its own as it comes: on a
+    small model that hand-over costs the loop about 0.5 ms a step.) `flush` and `close` write everything queued."""
 
     def __init__(self, log_dir: Path, samples: bool = True) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{id(self)}"
+        self.path = log_dir / name
+        self._records = RecordWriter(self.path.open("wb"))
         self.samples = samples
+        self._pending: collections.deque[Event] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._write(self._event(file_version="brain.Event:2"))
+        self._records.flush()
+        self._thread = threading.Thread(target=self._write_periodically, name="tensorboard-writer", daemon=True)
+        self._thread.start()
 
     def emit(self, event: Event) -> None:
-        if isinstance(event, Metrics):
-            self.writer.add_scalar("loss/train_step", event.loss, event.global_step)
-            self.writer.add_scalar("smooth_loss/train_step", event.smooth_loss, event.global_step)
-            for name, value in event.learning_rates.items():
-                self.writer.add_scalar(f"lr/{name}", value, event.global_step)
-            for name, value in event.extra.items():
-                self.writer.add_scalar(name, value, event.global_step)
-        elif isinstance(event, Scalars):
-            for name, value in event.values.items():
-                self.writer.add_scalar(name, value, event.global_step)
-        elif isinstance(event, SampleReady) and self.samples:
-            self._add_image(event)
-
-    def _add_image(self, event: SampleReady) -> None:
-        import numpy as np
-        from PIL import Image
-
-        with Image.open(event.path) as image:
-            array = np.asarray(image.convert("RGB"))
-        self.writer.add_image(f"sample/{event.index} - {event.prompt}", array, event.global_step, dataformats="HWC")
+        if isinstance(event, Metrics | Scalars) or (isinstance(event, SampleReady) and self.samples):
+            self._pending.append(event)
 
     def flush(self) -> None:
-        self.writer.flush()
+        self._write_pending()
 
     def close(self) -> None:
-        self.writer.flush()
-        self.writer.close()
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join()
+        self._write_pending()
+        self._records.close()
+
+    # -- writing --------------------------------------------------------------------------------------------------
+
+    def _write_periodically(self) -> None:
+        while not self._closed.wait(WRITE_INTERVAL):
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            if self._records.closed:
+                return
+            wrote = False
+            while self._pending:
+                event = self._pending.popleft()
+                try:
+                    for summary in self._summaries(event):
+                        self._write(self._event(step=event.global_step, summary=summary))
+                    wrote = True
+                except Exception as e:  # one record that cannot be written must not stop the others
+                    log.warning("TensorBoard could not write %s: %s", type(event).__name__, e)
+            if wrote:
+                self._records.flush()
+
+    def _summaries(self, event: Event) -> list:
+        if isinstance(event, Metrics):
+            values = {"loss/train_step": event.loss, "smooth_loss/train_step": event.smooth_loss}
+            values.update({f"lr/{name}": value for name, value in event.learning_rates.items()})
+            return [_scalars({**values, **event.extra})]
+        if isinstance(event, Scalars):
+            return [_scalars(event.values)]
+        if isinstance(event, SampleReady):
+            return [self._image(event)]
+        return []
+
+    def _image(self, event: SampleReady):
+        import numpy as np
+        from PIL import Image
+        from torch.utils.tensorboard.summary import image
+
+        with Image.open(event.path) as opened:
+            array = np.asarray(opened.convert("RGB"))
+        return image(f"sample/{event.index} - {event.prompt}", array, dataformats="HWC")
+
+    @staticmethod
+    def _event(**fields):
+        from tensorboard.compat.proto.event_pb2 import Event as EventRecord
+
+        return EventRecord(wall_time=time.time(), **fields)
+
+    def _write(self, record) -> None:
+        self._records.write(record.SerializeToString())
+
+
+def _scalars(values: dict[str, float]):
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()])
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -261,6 +261,7 @@ class LogFileSink:
         self.file.write(f"[{datetime.datetime.now():%H:%M:%S}] log of {path.stem}\n")
         self.file.flush()
         self._last_progress = -1
+        self._flushed = time.monotonic()
         self.failed = False
         self.handler = _QuietStreamHandler(self.file)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -271,10 +272,14 @@ class LogFileSink:
     def emit(self, event: Event) -> None:
         text = self._text(event)
         if text and not self.failed:
-            stamp = datetime.datetime.now().strftime("%H:%M:%S")
+            now = datetime.datetime.now()
             try:
-                self.file.write(f"[{stamp}] {text}\n")
-                self.file.flush()
+                self.file.write(f"[{now:%H:%M:%S}] {text}\n")
+                # A step's line waits up to a second for the next flush (a flush per step costs a system call each);
+                # every other line is on disk at once.
+                if not isinstance(event, Metrics | Scalars) or time.monotonic() - self._flushed >= 1.0:
+                    self.file.flush()
+                    self._flushed = time.monotonic()
             except OSError as e:  # the disk filled up during the run: say so once, training goes on
                 self.failed = True
                 logging.getLogger(__name__).warning("the log %s cannot be written any more: %s", self.path, e)
