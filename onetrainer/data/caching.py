@@ -96,8 +96,7 @@ def fill_latent_cache(
             break
         # Leave out the images that cannot be decoded and plan again without them.
         stats.failed += [f"{data.images[i].path}: {reason}" for i, reason in failed.items()]
-        data.images = [e for i, e in enumerate(data.images) if i not in failed]
-        data._plans.clear()
+        data.leave_out(failed)
         if not data.images:
             break
     stats.seconds = time.monotonic() - started

@@ -111,6 +111,7 @@ class TrainingData:
         self._keys: dict[tuple, str] = {}
         self._keys_base: dict | None = None
         self._reference_keys: dict[tuple, str] = {}
+        self._captions: dict[tuple[int, int], str] = {}
 
     # -- the plan -------------------------------------------------------------------------------------------------
 
@@ -119,6 +120,15 @@ class TrainingData:
             size = self.config.batch_size * self.world_size
             self._plans[epoch] = plan_epoch(self.images, self.config, epoch, self.bucket_step, self.seed, size)
         return self._plans[epoch]
+
+    def leave_out(self, indices) -> None:
+        """Train without these images (by index; e.g. ones that cannot be decoded): plans and remembered keys and
+        captions are made again, as the other images' indices change."""
+        self.images = [e for i, e in enumerate(self.images) if i not in indices]
+        self._plans.clear()
+        self._keys.clear()
+        self._reference_keys.clear()
+        self._captions.clear()
 
     def shard(self, rank: int, world_size: int) -> None:
         """Train as rank `rank` of `world_size`: the plan is made at the global batch, `local_part` is this rank's."""
@@ -207,10 +217,7 @@ class TrainingData:
     ) -> Batch:
         """A batch from the latent cache when every sample is in it, else decoded from the files."""
         cached = self._cached(samples, with_masks)
-        captions = [
-            caption_for(self.images[s.image], s, self.concept(s), self.text_variation(s, epoch, text_cached))
-            for s in samples
-        ]
+        captions = [self._caption(s, self.text_variation(s, epoch, text_cached)) for s in samples]
         batch = Batch(
             samples=list(samples),
             captions=captions,
@@ -241,6 +248,15 @@ class TrainingData:
         if with_masks:
             batch.masks = torch.stack([s.mask for s in loaded])
         return batch
+
+    def _caption(self, sample: PlannedSample, variation: int) -> str:
+        """The sample's caption of that text variation (remembered: it depends on the image and the variation only)."""
+        memo = (sample.image, variation)
+        caption = self._captions.get(memo)
+        if caption is None:
+            entry = self.images[sample.image]
+            caption = self._captions[memo] = caption_for(entry, sample, self.concept(sample), variation)
+        return caption
 
     def _cached(self, samples: list[PlannedSample], with_masks: bool) -> list[dict] | None:
         if self.latent_cache is None:

@@ -118,10 +118,14 @@ class Conditioning:
         out = {}
         for name in rows[0]:
             values = [r[name] for r in rows]
-            longest = max(len(v) for v in values) if values[0].dim() else 0
-            if "attention_mask" in rows[0] and any(len(v) != longest for v in values if v.dim()):
+            try:
+                out[name] = torch.stack(values).to(device)
+            except RuntimeError:
+                if "attention_mask" not in rows[0]:
+                    raise
+                longest = max(len(v) for v in values)
                 values = [torch.cat([v, v.new_zeros(longest - len(v), *v.shape[1:])]) for v in values]
-            out[name] = torch.stack(values).to(device)
+                out[name] = torch.stack(values).to(device)
         return cls(out)
 
     def zeroed(self, drop: torch.Tensor) -> Conditioning:

@@ -298,6 +298,22 @@ def test_broken_files_are_skipped_and_training_goes_on(tmp_path, odd_folder):
     assert "empty.png: skipped" in texts and "broken.png: skipped" in texts
 
 
+def test_leaving_images_out_renews_what_was_remembered_by_index(odd_folder):
+    """An image that cannot be decoded is left out and the others' indices move: the remembered cache keys are those
+    of the same files afterwards, not of whatever image now has the old index."""
+    data = data_for({"concepts": [{"path": str(odd_folder), "seed": 1}], "resolution": "64", "batch_size": 1})
+    data.latent_key_base = {"kind": "latents"}
+
+    def by_file():
+        samples = [s for batch in data.plan(0).batches for s in batch]
+        return {data.images[s.image].path: data.latent_key(s, False) for s in samples}
+
+    before = by_file()
+    data.leave_out({0, 2})
+    after = by_file()
+    assert len(after) == len(before) - 2 and all(after[path] == before[path] for path in after)
+
+
 def test_workers_give_the_same_losses(tmp_path):
     image_folder(tmp_path, count=6)
     common = {"epochs": 1, "latent_caching": False}
