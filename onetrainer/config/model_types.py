@@ -444,8 +444,6 @@ QWEN_EDIT = dataclasses.replace(
     label="Qwen-Image-Edit",
     reference_images=True,
     capabilities=QWEN.capabilities | {REFERENCE_IMAGES},
-    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE),
-    output_formats={k: v for k, v in QWEN.output_formats.items() if k is not TrainingMethod.EMBEDDING},
     notes="The edit models (Qwen-Image-Edit-2509, -2511) learn to change reference images as the caption says: "
     "the training image is the result, its reference images (`<name>-reference.<ext>`, or `<name>-reference-1.<ext>`, "
     "`-2`, … for several, each of its own size) the inputs; an image without one is skipped and named. Each "
@@ -454,7 +452,8 @@ QWEN_EDIT = dataclasses.replace(
     "covers the result's tokens. The references are cached with their image (their latents; with a frozen text "
     "encoder, its output per caption and references), keyed by their files, so changing a reference re-encodes its "
     "image; train with batch size 1 unless every image's references have the same sizes. Samples need the sample's "
-    "`reference_images`. Otherwise as Qwen-Image.",
+    "`reference_images`. Embeddings are Qwen-Image's (key qwen25_7b), learnt with the references beside the caption. "
+    "Otherwise as Qwen-Image.",
 )
 # OneTrainer's Z-Image `attn-mlp`: the main layers' attention and feed-forward, not the refiners'.
 _Z_IMAGE_LAYER_PRESETS = {

@@ -238,7 +238,8 @@ class QwenImageEditFamily(QwenImageFamily):
         from onetrainer.families.qwen_processor import load_processor
 
         model = super()._load_from(config, where, options)
-        model.extra["processor"] = load_processor(where, options)
+        # one tokenizer for the text encoder and the processor: an embedding's tokens, added to it, are the processor's
+        model.extra["processor"] = load_processor(where, options, tokenizer=model.text_encoders[0].tokenizer)
         return model
 
     def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:

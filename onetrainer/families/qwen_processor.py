@@ -31,17 +31,19 @@ class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
 
-def load_processor(where: str | Path, options: dict | None = None, subfolder: str = "processor"):
+def load_processor(where: str | Path, options: dict | None = None, subfolder: str = "processor", tokenizer: Any = None):
     """The processor of a Qwen-Image-Edit folder or hub id (its `processor/`, or a processor folder itself), built
-    from its files: the image processor from preprocessor_config.json, the tokenizer from its files, the chat template
-    from chat_template.jinja (else the tokenizer's)."""
+    from its files: the image processor from preprocessor_config.json, the tokenizer from its files (or `tokenizer`,
+    the model's own, so that tokens added to it for embeddings are the processor's too), the chat template from
+    chat_template.jinja (else the tokenizer's)."""
     from transformers import AutoTokenizer
 
     options = dict(options or {"local_files_only": True})
     local = Path(where)
     if local.is_dir() and not (local / subfolder).is_dir():
         subfolder = ""
-    tokenizer = AutoTokenizer.from_pretrained(str(where), subfolder=subfolder, **options)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(str(where), subfolder=subfolder, **options)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(where), subfolder=subfolder, **options)
     template = local / subfolder / CHAT_TEMPLATE_FILE if local.is_dir() else None
     chat_template = template.read_text(encoding="utf-8") if template and template.is_file() else tokenizer.chat_template

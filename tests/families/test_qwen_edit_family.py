@@ -81,9 +81,9 @@ def test_the_instruction_and_the_references_are_the_pipelines():
         assert torch.allclose(predicted, unpack(raw[:, :16], 8, 8), atol=1e-5)
 
 
-def _edit_folder(root: Path) -> Path:
+def _edit_folder(root: Path, placeholder: str | None = None) -> Path:
     """Three images: one with a reference, one with two of other sizes, one without (skipped)."""
-    folder = image_folder(root, count=3)
+    folder = image_folder(root, count=3, placeholder=placeholder)
     first, second, third = sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name)
     Image.open(first).convert("RGB").resize((40, 56)).save(folder / f"{first.stem}-reference.png")
     Image.open(second).convert("RGB").resize((64, 32)).save(folder / f"{second.stem}-reference-1.png")
@@ -192,3 +192,32 @@ def test_references_are_cached_with_their_image_and_the_cached_run_trains_as_the
     Image.new("RGB", (64, 32), (10, 200, 10)).save(changed)
     after, _ = run()
     assert after == {"latents": (2, 1), "captions": (2, 1)}
+
+
+def test_an_edit_embedding_learns_beside_the_references_and_prompts_the_edit_pipeline_as_ours(tmp_path):
+    """Qwen-Image's embedding file, trained on images with references (read with the caption each step); the edit
+    pipeline given the tokens and vectors encodes an instruction with its pictures as ours does."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.methods import create_method
+
+    _edit_folder(tmp_path, placeholder="<shape>")
+    config = tiny_config(tmp_path, "qwen-image-edit", "EMBEDDING", epochs=1, batch_size=1, learning_rate=1e-2)
+    assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 2
+    path = config["output_model_destination"]
+    vectors = load_file(path)["qwen25_7b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family, model = our_model()
+    method = create_method(cfg, family, model, torch.device("cpu"))
+    pipe = pipeline()
+    tokens = ["<shape>", "<shape>_1"]
+    pipe.processor.tokenizer.add_tokens(tokens)
+    pipe.text_encoder.resize_token_embeddings(len(pipe.processor.tokenizer))
+    with torch.no_grad():
+        table = pipe.text_encoder.get_input_embeddings().weight
+        for token, vector in zip(tokens, vectors):
+            table[pipe.processor.tokenizer.convert_tokens_to_ids(token)] = vector
+        instruction = method.embeddings.apply("make <shape> green")
+        ours, _ = qwen.used_tokens(family.encode_text(model, [instruction], references=[REFERENCES]))
+        pictures = [qwen.condition_image(r) for r in REFERENCES]
+        theirs, _ = pipe.encode_prompt("make <shape> <shape>_1 green", image=pictures)
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
