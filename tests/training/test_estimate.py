@@ -441,7 +441,7 @@ def test_an_edit_model_is_measured_with_a_reference_joining_the_image(monkeypatc
     from onetrainer.families.qwen import QwenImageEditFamily
     from onetrainer.training import estimate as estimating
 
-    config, _ = config_from_dict({"model_type": "QWEN_EDIT", "base_model_name": "someone/not-downloaded",
+    config, _ = config_from_dict({"model_type": "QWEN_EDIT", "base_model_name": "tiny:qwen-image-edit",
                                   "resolution": "512", "batch_size": 1})  # fmt: skip
     estimating._measured.cache_clear()
     with_reference = estimate(config)
