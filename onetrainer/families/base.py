@@ -306,6 +306,13 @@ class Family(ABC):
         with a clip skip per text encoder, which the pipeline cannot express)."""
         return {"prompt": prompt, "negative_prompt": negative_prompt}
 
+    def sample_prompt_arguments(
+        self, model: LoadedModel, prompt: str, negative_prompt: str | None, arguments: dict
+    ) -> dict:
+        """`prompt_arguments` for a sample whose other pipeline arguments are `arguments` (a family whose prompt
+        encoding reads them, as an edit model's reads the reference images, overrides this)."""
+        return self.prompt_arguments(model, prompt, negative_prompt)
+
     def pipeline_arguments(self, model: LoadedModel, sample: SampleConfig, zero_terminal_snr: bool) -> dict:
         """The family's own arguments of the pipeline call beyond size, steps, guidance and prompts (SD's guidance
         rescale under zero terminal SNR, an inpainting model's image and mask)."""

@@ -157,12 +157,7 @@ class QwenImageFamily(LanguageModelFlowFamily):
 
     def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
         """Our own embeddings and masks of the prompt and the negative prompt, each cut to its tokens."""
-        arguments: dict = {"prompt": None, "negative_prompt": None}
-        for key, text in (("prompt", prompt), ("negative_prompt", negative_prompt or "")):
-            hidden, mask = used_tokens(self.encode_text(model, [text]))
-            arguments[f"{key}_embeds"] = hidden
-            arguments[f"{key}_embeds_mask"] = torch.ones(hidden.shape[:2], dtype=torch.long) if mask is None else mask
-        return arguments
+        return prompt_embeddings(lambda text: self.encode_text(model, [text]), prompt, negative_prompt or "")
 
     # -- names ----------------------------------------------------------------------------------------------------
 
@@ -175,6 +170,17 @@ class QwenImageFamily(LanguageModelFlowFamily):
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return QWEN_KIND
+
+
+def prompt_embeddings(encode, prompt: str, negative_prompt: str) -> dict:
+    """The pipelines' prompt arguments from our encoding (`encode(text)`, a Conditioning) of the prompt and the
+    negative prompt: each one's states cut to its tokens, with its mask."""
+    arguments: dict = {"prompt": None, "negative_prompt": None}
+    for key, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+        hidden, mask = used_tokens(encode(text))
+        arguments[f"{key}_embeds"] = hidden
+        arguments[f"{key}_embeds_mask"] = torch.ones(hidden.shape[:2], dtype=torch.long) if mask is None else mask
+    return arguments
 
 
 def used_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -355,9 +361,15 @@ class QwenImageEditFamily(QwenImageFamily):
                 images.append(ImageOps.exif_transpose(opened).convert("RGB"))
         return {**super().pipeline_arguments(model, sample, zero_terminal_snr), "image": images}
 
-    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
-        """The texts: the pipeline encodes them with the reference images (which only it has resized here)."""
-        return {"prompt": prompt, "negative_prompt": negative_prompt or " "}
+    def sample_prompt_arguments(
+        self, model: LoadedModel, prompt: str, negative_prompt: str | None, arguments: dict
+    ) -> dict:
+        """Our own embeddings of the prompt and the negative prompt, each with the sample's reference images as the
+        pipeline encodes them (and with the text encoder's clip skip, which the pipeline lacks)."""
+        pictures = arguments["image"]
+        return prompt_embeddings(
+            lambda text: self.encode_text(model, [text], references=[pictures]), prompt, negative_prompt or " "
+        )
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return EDIT_KIND

@@ -35,8 +35,8 @@ def render(family, model, sample, apply_embeddings=lambda text: text, device="cp
 
 
 def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: bool) -> Image.Image:
-    """A sample through the family's diffusers pipeline (`family.pipeline(model, sampler)`, called with the prompt
-    arguments of `family.prompt_arguments` and the family's own `pipeline_arguments`): the one-stage families'
+    """A sample through the family's diffusers pipeline (`family.pipeline(model, sampler)`, called with the family's
+    own `pipeline_arguments` and the prompt arguments of `family.sample_prompt_arguments`): the one-stage families'
     `sample`."""
     sampler = model.schedule.sampler(sample.noise_scheduler, zero_terminal_snr)
     pipe = family.pipeline(model, sampler)
@@ -53,7 +53,7 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
     }
     arguments.update(family.pipeline_arguments(model, sample, zero_terminal_snr))
     negative = apply_embeddings(sample.negative_prompt) or None
-    arguments.update(family.prompt_arguments(model, apply_embeddings(sample.prompt), negative))
+    arguments.update(family.sample_prompt_arguments(model, apply_embeddings(sample.prompt), negative, arguments))
     return to_image(pipe(**arguments).images[0])
 
 

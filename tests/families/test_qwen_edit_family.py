@@ -134,6 +134,36 @@ def test_a_sample_of_an_edit_model_without_reference_images_says_what_it_needs()
         family.sample(model, SampleConfig(prompt="x", width=32, height=32, diffusion_steps=1), lambda t: t, False)
 
 
+def test_an_edit_sample_is_the_pipelines_own_and_follows_the_text_encoders_clip_skip(tmp_path):
+    """Our sample encodes the instruction and the negative prompt with the reference images itself: at clip skip 0 it
+    is the image the edit pipeline makes from the texts; a clip skip set for the text encoder changes it, as in
+    training."""
+    import numpy as np
+
+    from onetrainer.config.sample_config import SampleConfig
+
+    path = tmp_path / "reference.png"
+    REFERENCES[0].save(path)
+    sample = SampleConfig(prompt="make it green", negative_prompt="blue", width=64, height=48, seed=3,
+                          diffusion_steps=2, cfg_scale=4.0, reference_images=[str(path)])  # fmt: skip
+    family, model = our_model()
+    ours = np.asarray(family.sample(model, sample, lambda t: t, False), dtype=np.int16)
+    pipe = family.pipeline(model, model.schedule.sampler(sample.noise_scheduler, False))
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(prompt="make it green", negative_prompt="blue", image=[REFERENCES[0]], width=64, height=48,
+                  num_inference_steps=2, guidance_scale=None, true_cfg_scale=4.0, output_type="np",
+                  generator=torch.Generator().manual_seed(3)).images[0]  # fmt: skip
+    assert np.abs(ours - (theirs * 255).round()).max() <= 1
+
+    family, skipping = our_model(text_encoder={"layer_skip": 1})
+    with torch.no_grad():
+        given = family.sample_prompt_arguments(skipping, "make it green", "blue", {"image": [REFERENCES[0]]})
+        unskipped = family.sample_prompt_arguments(model, "make it green", "blue", {"image": [REFERENCES[0]]})
+        skipped, _ = qwen.used_tokens(family.encode_text(skipping, ["make it green"], references=[[REFERENCES[0]]]))
+    assert torch.equal(given["prompt_embeds"], skipped)
+    assert not torch.allclose(given["prompt_embeds"], unskipped["prompt_embeds"], atol=1e-3)
+
+
 def test_an_edit_fine_tune_trains_on_references_and_its_folder_is_an_edit_pipeline(tmp_path):
     from diffusers import QwenImageEditPlusPipeline
 
