@@ -14,6 +14,9 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
+# re-exported for the data side and the GUI; it lives in util/ so that a family's samples open images the same way
+from onetrainer.util.images import open_rgb as open_rgb
+
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".avif")
@@ -63,20 +66,6 @@ def list_images(folder: Path, include_subdirectories: bool = False) -> list[Path
 
 def mask_path_of(image: Path) -> Path:
     return image.with_name(f"{image.stem}{MASK_SUFFIX}.png")
-
-
-def open_rgb(path: Path) -> Image.Image:
-    """An image as RGB, turned the way its EXIF orientation says; transparency is composited onto white."""
-    with Image.open(path) as opened:
-        image = ImageOps.exif_transpose(opened)
-        if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-            rgba = image.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(background, rgba).convert("RGB")
-        if image.mode == "I;16" or image.mode == "I":
-            # 16-bit greyscale: scale to 8 bits instead of clipping.
-            return image.point(lambda v: v / 256).convert("L").convert("RGB")
-        return image.convert("RGB")
 
 
 def open_mask(path: Path) -> Image.Image:

@@ -24,6 +24,7 @@ frames, trained by rectified flow, conditioned on the language model of Qwen2.5-
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -350,15 +351,12 @@ class QwenImageEditFamily(QwenImageFamily):
 
     def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
         """The sample's reference images (`reference_images`), which an edit model's sample needs."""
-        from PIL import Image, ImageOps
+        from onetrainer.util.images import open_rgb
 
         paths = [path for path in sample.reference_images if str(path).strip()]
         if not paths:
             raise ValueError("an edit model's sample needs reference images: set the sample's reference_images")
-        images = []
-        for path in paths:
-            with Image.open(path) as opened:
-                images.append(ImageOps.exif_transpose(opened).convert("RGB"))
+        images = [open_rgb(Path(path)) for path in paths]
         return {**super().pipeline_arguments(model, sample, zero_terminal_snr), "image": images}
 
     def sample_prompt_arguments(
