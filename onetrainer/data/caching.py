@@ -243,33 +243,27 @@ def encode_text_entries(
 def fill_text_cache(
     data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report, ranks=None
 ) -> tuple[TextCache, CacheStats]:
+    """Encode every caption the run uses that the cache lacks. A family that reads reference images with the caption
+    gets an entry per caption and sample: each sample's references are decoded once and its captions encoded
+    together; other captions are encoded 16 at a time."""
     text_cache = TextCache(config, family, model)
-    if data.with_references:
-        return text_cache, _fill_reference_text_cache(data, text_cache, config, apply_embeddings, report, ranks)
     stats = CacheStats(failed=[])
     started = time.monotonic()
-    captions = {""}  # caption dropout trains with the empty caption
-    seen: set[tuple[int, int]] = set()
-    for epoch in range(config.epochs):
-        for batch in data.plan(epoch).batches:
-            for sample in batch:
-                variation = data.text_variation(sample, epoch, True)
-                if (sample.image, variation) in seen:
-                    continue
-                seen.add((sample.image, variation))
-                entry = data.images[sample.image]
-                captions.add(apply_embeddings(caption_for(entry, sample, data.concept(sample), variation)))
-    stats.needed = len(captions)
-    missing = sorted(c for c in captions if text_cache.key(c) not in text_cache.cache)
-    if ranks is not None:  # each rank encodes every N-th caption of the same list; all meet before training reads
-        ranks.barrier()  # every rank has listed the missing captions before any writes (see fill_latent_cache)
+    needed = _needed_texts(data, text_cache, config, apply_embeddings)
+    stats.needed = len(needed)
+    missing = sorted(k for k in needed if k not in text_cache.cache)
+    if ranks is not None:  # each rank encodes every N-th entry of the same list; all meet before training reads
+        ranks.barrier()  # every rank has listed the missing entries before any writes (see fill_latent_cache)
         missing = missing[ranks.rank :: ranks.world_size]
     progress = _Progress("captions", len(missing), report)
-    for start in range(0, len(missing), 16):
-        chunk = missing[start : start + 16]
-        for caption, entry in zip(chunk, encode_text_entries(family, model, chunk)):
-            text_cache.cache.put(text_cache.key(caption), entry)
-        stats.encoded += len(chunk)
+    for keys in _encoding_groups(data, needed, missing):
+        pictures = None
+        if data.with_references:  # a group is one sample's captions
+            (references,) = data.load_references([needed[keys[0]][1]])
+            pictures = [references] * len(keys)
+        for key, entry in zip(keys, encode_text_entries(family, model, [needed[k][0] for k in keys], pictures)):
+            text_cache.cache.put(key, entry)
+        stats.encoded += len(keys)
         progress.update(stats.encoded)
     if ranks is not None:
         ranks.barrier()
@@ -277,44 +271,41 @@ def fill_text_cache(
     return text_cache, stats
 
 
-def _fill_reference_text_cache(data: TrainingData, text_cache: TextCache, config, apply_embeddings, report, ranks):
-    """The conditioning of every caption with its sample's references (and of the empty caption with them, where
-    caption dropout is on): each sample's references are decoded once, and its captions encoded together."""
-    stats = CacheStats(failed=[])
-    started = time.monotonic()
+def _needed_texts(data: TrainingData, text_cache: TextCache, config, apply_embeddings) -> dict:
+    """Every caption the run's epochs use, by text-cache key: (caption, None), or (caption, its sample) where the
+    family reads the sample's references with it. The empty caption, which caption dropout trains with, is there
+    too (for a reference family with each sample, where dropout is on)."""
+    with_references = data.with_references
     dropout = any(config.part(slot.part).dropout_probability > 0 for slot in text_cache.model.text_encoders)
-    needed: dict[str, tuple[str, PlannedSample]] = {}
+    needed: dict[str, tuple[str, PlannedSample | None]] = {}
+    if not with_references:
+        needed[text_cache.key("")] = ("", None)
+    seen: set[tuple] = set()
     for epoch in range(config.epochs):
         for batch in data.plan(epoch).batches:
             for sample in batch:
                 plain = PlannedSample(sample.image, sample.bucket, sample.variation)
-                references = data.reference_key(plain)
                 variation = data.text_variation(sample, epoch, True)
-                caption = apply_embeddings(
-                    caption_for(data.images[sample.image], sample, data.concept(sample), variation)
-                )
+                seen_as = (plain, variation) if with_references else (sample.image, variation)
+                if seen_as in seen:
+                    continue
+                seen.add(seen_as)
+                entry = data.images[sample.image]
+                caption = apply_embeddings(caption_for(entry, sample, data.concept(sample), variation))
+                if not with_references:
+                    needed.setdefault(text_cache.key(caption), (caption, None))
+                    continue
+                references = data.reference_key(plain)
                 for text in (caption, "") if dropout else (caption,):
                     needed.setdefault(text_cache.key(text, references), (text, plain))
-    stats.needed = len(needed)
-    missing = sorted(k for k in needed if k not in text_cache.cache)
-    if ranks is not None:  # as fill_text_cache
-        ranks.barrier()
-        missing = missing[ranks.rank :: ranks.world_size]
+    return needed
+
+
+def _encoding_groups(data: TrainingData, needed: dict, missing: list[str]) -> list[list[str]]:
+    """The missing keys in groups encoded together: 16 captions, or one sample's captions (its references)."""
+    if not data.with_references:
+        return [missing[start : start + 16] for start in range(0, len(missing), 16)]
     by_sample: dict[str, list[str]] = defaultdict(list)
     for key in missing:
         by_sample[data.reference_key(needed[key][1])].append(key)
-    progress = _Progress("captions", len(missing), report)
-    for keys in by_sample.values():
-        sample = needed[keys[0]][1]
-        (pictures,) = data.load_references([sample])
-        entries = encode_text_entries(
-            text_cache.family, text_cache.model, [needed[k][0] for k in keys], [pictures] * len(keys)
-        )
-        for key, entry in zip(keys, entries):
-            text_cache.cache.put(key, entry)
-        stats.encoded += len(keys)
-        progress.update(stats.encoded)
-    if ranks is not None:
-        ranks.barrier()
-    stats.seconds = time.monotonic() - started
-    return stats
+    return list(by_sample.values())
