@@ -38,6 +38,7 @@ from onetrainer.benchmark.memory import (
     process_peak_rss,
     reset_peak_rss,
 )
+from onetrainer.training.events import Metrics
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -263,8 +264,6 @@ class _StepClock:
         self.cpu_times: list[float] = []
 
     def emit(self, event) -> None:
-        from onetrainer.training.events import Metrics
-
         # Metrics is emitted right after each optimizer step, so consecutive stamps span one whole step of the loop
         # (data loading, the maths, events, interval checks).
         if isinstance(event, Metrics):

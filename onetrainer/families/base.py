@@ -118,14 +118,10 @@ class Conditioning:
         out = {}
         for name in rows[0]:
             values = [r[name] for r in rows]
-            try:
-                out[name] = torch.stack(values).to(device)
-            except RuntimeError:
-                if "attention_mask" not in rows[0]:
-                    raise
+            if "attention_mask" in rows[0] and len({v.shape for v in values}) > 1:
                 longest = max(len(v) for v in values)
                 values = [torch.cat([v, v.new_zeros(longest - len(v), *v.shape[1:])]) for v in values]
-                out[name] = torch.stack(values).to(device)
+            out[name] = torch.stack(values).to(device)
         return cls(out)
 
     def zeroed(self, drop: torch.Tensor) -> Conditioning:

@@ -262,6 +262,7 @@ class LogFileSink:
         self.file.flush()
         self._last_progress = -1
         self._flushed = time.monotonic()
+        self._stamp_second, self._stamp_text = -1, ""
         self.failed = False
         self.handler = _QuietStreamHandler(self.file)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -272,9 +273,8 @@ class LogFileSink:
     def emit(self, event: Event) -> None:
         text = self._text(event)
         if text and not self.failed:
-            now = datetime.datetime.now()
             try:
-                self.file.write(f"[{now:%H:%M:%S}] {text}\n")
+                self.file.write(f"{self._stamp()} {text}\n")
                 # A step's line waits up to a second for the next flush (a flush per step costs a system call each);
                 # every other line is on disk at once.
                 if not isinstance(event, Metrics | Scalars) or time.monotonic() - self._flushed >= 1.0:
@@ -283,6 +283,14 @@ class LogFileSink:
             except OSError as e:  # the disk filled up during the run: say so once, training goes on
                 self.failed = True
                 logging.getLogger(__name__).warning("the log %s cannot be written any more: %s", self.path, e)
+
+    def _stamp(self) -> str:
+        """ "[HH:MM:SS]" of now, formatted once a second (a line per step would format it every step)."""
+        now = time.time()
+        if int(now) != self._stamp_second:
+            self._stamp_second = int(now)
+            self._stamp_text = time.strftime("[%H:%M:%S]", time.localtime(now))
+        return self._stamp_text
 
     def _text(self, event: Event) -> str | None:
         if isinstance(event, Progress):
