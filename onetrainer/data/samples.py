@@ -45,7 +45,6 @@ def load_sample(
         augment_image,
         augmentation_geometry,
         circular_mask_shrink,
-        crop_box,
         random_mask_rotate_crop,
     )
 
@@ -68,9 +67,7 @@ def load_sample(
         image, mask = random_mask_rotate_crop(
             image, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
         )
-    bucket = planned.bucket
-    scaled = cover_size(image.width, image.height, bucket)
-    left, top, right, bottom = crop_box(scaled, (bucket.width, bucket.height), settings.enable_crop_jitter, rng)
+    scaled, (left, top, right, bottom) = _scale_and_crop(image.size, planned, settings, rng)
     image = image.resize(scaled, Image.Resampling.BICUBIC).crop((left, top, right, bottom))
     if mask is not None:
         mask = mask.resize(scaled, Image.Resampling.BILINEAR).crop((left, top, right, bottom))
@@ -81,6 +78,32 @@ def load_sample(
     mask_tensor = _to_tensor(mask) if mask is not None else None
     references = [_reference(path, share, geometry) for path in entry.references] if geometry is not None else []
     return LoadedSample(pixels, mask_tensor, original, (top, left), references)
+
+
+def load_references(entry: ImageEntry, planned: PlannedSample, concept) -> list[torch.Tensor]:
+    """The sample's reference images exactly as `load_sample(..., with_mask=False, with_references=True)` gives them,
+    without decoding the image itself: its crop and its flip and rotation follow from its size (the scan's) and the
+    sample's random draws alone. For a step that reads the references with the caption while the image's latents come
+    from the cache."""
+    from onetrainer.data.image_augment import augmentation_geometry
+
+    if not entry.references:
+        return []
+    rng = image_rng(concept, planned)
+    scaled, (left, top, right, bottom) = _scale_and_crop((entry.width, entry.height), planned, concept.image, rng)
+    share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
+    geometry = augmentation_geometry(concept.image, rng)
+    return [_reference(path, share, geometry) for path in entry.references]
+
+
+def _scale_and_crop(size: tuple[int, int], planned: PlannedSample, settings, rng: random.Random):
+    """The size an image of `size` (width, height) is scaled to, to cover the sample's bucket, and its crop box there
+    (drawn from `rng` with crop jitter)."""
+    from onetrainer.data.image_augment import crop_box
+
+    bucket = planned.bucket
+    scaled = cover_size(size[0], size[1], bucket)
+    return scaled, crop_box(scaled, (bucket.width, bucket.height), settings.enable_crop_jitter, rng)
 
 
 def _reference(path, share: tuple[float, float, float, float], geometry: tuple) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from onetrainer.config.enums import ConceptType
 from onetrainer.data.cache import DiskCache, cache_key
 from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
-from onetrainer.data.samples import caption_for, load_sample
+from onetrainer.data.samples import caption_for, load_references, load_sample
 from onetrainer.data.scan import (
     ConceptScan,
     ImageEntry,
@@ -206,11 +206,8 @@ class TrainingData:
         return key
 
     def load_references(self, samples: list[PlannedSample]) -> list[list[torch.Tensor]]:
-        """Each sample's reference images ([3, h, w] in [-1, 1]), decoded from their files."""
-        return [
-            load_sample(self.images[s.image], s, self.concept(s), False, with_references=True).references
-            for s in samples
-        ]
+        """Each sample's reference images ([3, h, w] in [-1, 1]), decoded from their files (the image itself is not)."""
+        return [load_references(self.images[s.image], s, self.concept(s)) for s in samples]
 
     def load_batch(
         self, samples: list[PlannedSample], epoch: int, with_masks: bool, text_cached: bool = False

@@ -116,3 +116,35 @@ def test_references_are_cropped_and_flipped_as_their_image(tmp_path: Path, monke
     batch = data.load_batch(step, 0, with_masks=False)
     assert batch.references is not None and [len(r) for r in batch.references] == [2]
     assert all(r.shape[0] == 3 and r[2, :, 0].min() > 0.9 for r in batch.references[0])  # flipped with the image
+
+
+def test_references_alone_are_those_loaded_with_the_image_and_the_image_is_not_decoded(tmp_path: Path, monkeypatch):
+    """A step that reads the references with the caption (the image's latents cached) loads them alone: the same
+    crop, flip and rotation as with the image, for every variation, and the image file is never opened."""
+    from onetrainer.data import samples
+    from onetrainer.data.buckets import Bucket
+    from onetrainer.data.plan import PlannedSample
+
+    _halves(tmp_path / "edit.png", (80, 48))
+    _halves(tmp_path / "edit-reference-1.png", (40, 30))
+    _halves(tmp_path / "edit-reference-2.png", (64, 64))
+    concept = ConceptConfig(name="edits", path=str(tmp_path), seed=5)
+    concept.image.enable_crop_jitter = True
+    concept.image.enable_random_flip = True
+    concept.image.enable_random_rotate = True
+    concept.image.random_rotate_max_angle = 20.0
+    (entry,) = scan_concept(0, concept, tmp_path, masked=False, references=True).images
+    flips = set()
+    for variation in range(6):
+        planned = PlannedSample(0, Bucket(48, 40), variation)
+        full = samples.load_sample(entry, planned, concept, with_mask=False, with_references=True).references
+        alone = samples.load_references(entry, planned, concept)
+        assert len(alone) == 2 and all(a.equal(b) for a, b in zip(alone, full))
+        flips.add(bool(full[0][2, :, 0].mean() > 0))  # blue on the left: flipped
+    assert flips == {True, False}  # the draws differ between variations, and the references follow them
+
+    opened = []
+    real_open = samples.open_rgb
+    monkeypatch.setattr(samples, "open_rgb", lambda path: opened.append(Path(path).name) or real_open(path))
+    samples.load_references(entry, PlannedSample(0, Bucket(48, 40), 1), concept)
+    assert opened == ["edit-reference-1.png", "edit-reference-2.png"]
