@@ -15,21 +15,28 @@ def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config: Train
     """The sum of the enabled loss functions, per element (not reduced)."""
     prediction = prediction.float()
     target = target.float()
-    loss = torch.zeros_like(prediction)
+    terms = []
     if config.mse_strength:
-        loss = loss + config.mse_strength * F.mse_loss(prediction, target, reduction="none")
+        terms.append((config.mse_strength, F.mse_loss(prediction, target, reduction="none")))
     if config.mae_strength:
-        loss = loss + config.mae_strength * F.l1_loss(prediction, target, reduction="none")
+        terms.append((config.mae_strength, F.l1_loss(prediction, target, reduction="none")))
     if config.huber_strength:
-        loss = loss + config.huber_strength * F.huber_loss(
-            prediction, target, reduction="none", delta=config.huber_delta
-        )
+        huber = F.huber_loss(prediction, target, reduction="none", delta=config.huber_delta)
+        terms.append((config.huber_strength, huber))
     if config.log_cosh_strength:
-        diff = prediction - target
-        # log(cosh(x)) = |x| + log1p(exp(-2|x|)) - log(2), stable for large |x|.
-        log_cosh = diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(torch.tensor(2.0))
-        loss = loss + config.log_cosh_strength * log_cosh
-    return loss
+        terms.append((config.log_cosh_strength, _log_cosh(prediction - target)))
+    loss = None
+    for strength, term in terms:
+        # 1·x and 0 + x are x exactly: a lone term at strength 1 is the loss itself, without two more operators (and
+        # their backward nodes) every step.
+        term = term if strength == 1 else strength * term
+        loss = term if loss is None else loss + term
+    return loss if loss is not None else torch.zeros_like(prediction)
+
+
+def _log_cosh(diff: torch.Tensor) -> torch.Tensor:
+    # log(cosh(x)) = |x| + log1p(exp(-2|x|)) - log(2), stable for large |x|.
+    return diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(torch.tensor(2.0))
 
 
 def mask_weights(masks: torch.Tensor, keep_unmasked: torch.Tensor, unmasked_weight: float) -> torch.Tensor:

@@ -68,7 +68,10 @@ def shift_timesteps(x: torch.Tensor, shift: float) -> torch.Tensor:
 
 def noising_range(unit: torch.Tensor, config: TrainConfig) -> torch.Tensor:
     """A unit draw placed in [min, max] noising strength (the share of the schedule training covers)."""
-    return config.min_noising_strength + (config.max_noising_strength - config.min_noising_strength) * unit
+    low, high = config.min_noising_strength, config.max_noising_strength
+    if low == 0 and high == 1:  # 0 + 1·u is u exactly: the whole schedule without two operators per step
+        return unit
+    return low + (high - low) * unit
 
 
 def sample_timesteps(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.config.enums import ConceptType, EMAMode
+from onetrainer.config.enums import ConceptType, EMAMode, LossWeight
 from onetrainer.data.cache import clear_cache
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
 from onetrainer.data.loader import step_batches
@@ -360,7 +360,9 @@ class Trainer:
             for problem in batch.problems:
                 self.warn(problem)
             with autocast(self.device, self.config.train_dtype):
-                loss = self.batch_loss(batch, generator) / len(batches)
+                loss = self.batch_loss(batch, generator)
+                if len(batches) > 1:
+                    loss = loss / len(batches)
             if loss.requires_grad:  # e.g. an embedding whose placeholder is in none of this batch's captions
                 if fused is not None:
                     # The weights change during this backward pass: a non-finite loss must stop the run before it.
@@ -506,9 +508,10 @@ class Trainer:
 
         pixel_loss = per_pixel_loss(prediction, target.float(), config)
         per_sample = reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
-        per_sample = per_sample * timestep_weights(
-            config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
-        )
+        if config.loss_weight_fn is not LossWeight.CONSTANT:  # a weight of 1: no operator for it every step
+            per_sample = per_sample * timestep_weights(
+                config.loss_weight_fn, config.loss_weight_strength, schedule, timesteps
+            )
         scale = scaler_factor(config.loss_scaler.value, config, self.world_size)
         loss = (per_sample * sample_weights).mean()
         terms = dict(predicted.losses)
@@ -521,7 +524,7 @@ class Trainer:
             term_loss = (term.float() * sample_weights).mean()
             self._family_losses.setdefault(name, []).append((term_loss.detach(), scale))  # read after backward
             loss = loss + term_loss
-        return loss * scale
+        return loss * scale if scale != 1 else loss
 
     def _latents(self, batch: Batch) -> torch.Tensor:
         if batch.latents is not None:
