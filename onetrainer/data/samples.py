@@ -1,11 +1,14 @@
 """Turning a planned sample into tensors: decode, augment, scale to cover the bucket, crop; the caption for the epoch.
 
 Every random choice comes from generators seeded by the concept seed, the sample's variation (or the epoch) and the
-image, so a sample looks the same whenever it is loaded: in a worker process, after a resume, or when it is cached.
+image, so a sample looks the same whenever it is loaded: in a worker process, after a resume, or when it is cached. An
+image's augmentation draws follow its file name, not its place in the scan, so adding or removing other images leaves
+them (and its cached latents) as they were.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from dataclasses import dataclass, field
@@ -32,8 +35,16 @@ class LoadedSample:
     references: list[torch.Tensor] = field(default_factory=list)
 
 
-def image_rng(concept, planned: PlannedSample) -> random.Random:
-    return random.Random(hash_seed(concept.seed, planned.variation, planned.image, 3))
+def image_rng(concept, planned: PlannedSample, entry: ImageEntry) -> random.Random:
+    """The draws of a sample's image augmentation (crop jitter, flip, rotation, …): seeded by the concept's seed, the
+    variation and the image's file name, not its place in the scan. So an image is cropped and turned the same way when
+    other images are added or removed: its cached latents, and an edit model's references cached with the caption, stay
+    in step with what the image gives now."""
+    return random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 3))
+
+
+def _name_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:6], "big")
 
 
 def load_sample(
@@ -48,7 +59,7 @@ def load_sample(
         random_mask_rotate_crop,
     )
 
-    rng = image_rng(concept, planned)
+    rng = image_rng(concept, planned, entry)
     image = open_rgb(entry.path)
     original = (image.height, image.width)
     mask = None
@@ -89,7 +100,7 @@ def load_references(entry: ImageEntry, planned: PlannedSample, concept) -> list[
 
     if not entry.references:
         return []
-    rng = image_rng(concept, planned)
+    rng = image_rng(concept, planned, entry)
     scaled, (left, top, right, bottom) = _scale_and_crop((entry.width, entry.height), planned, concept.image, rng)
     share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
     geometry = augmentation_geometry(concept.image, rng)

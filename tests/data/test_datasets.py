@@ -13,6 +13,7 @@ from PIL import Image
 
 from onetrainer.config import config_from_dict
 from onetrainer.data.buckets import Bucket, bucket_grid, nearest_bucket
+from onetrainer.data.plan import PlannedSample
 from onetrainer.data.preflight import preflight_report
 from onetrainer.data.training_data import DatasetError, TrainingData
 from onetrainer.families.sd import StableDiffusionFamily
@@ -179,6 +180,33 @@ def test_augmentation_is_deterministic_per_seed_and_epoch(tmp_path):
     assert torch.equal(a.load_batch(batch, 0, False).pixels, b.load_batch(batch, 0, False).pixels)
     other_epoch = [type(s)(s.image, s.bucket, s.variation + 1) for s in batch]
     assert not torch.equal(a.load_batch(batch, 0, False).pixels, a.load_batch(other_epoch, 1, False).pixels)
+
+
+def test_an_images_augmentation_stays_when_images_come_before_it(tmp_path):
+    """The draws follow the image, not its place in the scan: an image added in front of the others shifts every
+    index, and each image is still cropped, flipped and turned as before (its cached latents stay what it gives)."""
+    folder = image_folder(tmp_path, count=3)
+    settings = {"enable_crop_jitter": True, "enable_random_flip": True, "enable_random_rotate": True,
+                "random_rotate_max_angle": 30}  # fmt: skip
+    config = {"resolution": "64", "batch_size": 1, "latent_caching": False,
+              "concepts": [{"path": str(folder), "seed": 4, "image": settings}]}  # fmt: skip
+
+    def pixels_by_name(data: TrainingData) -> dict[str, list[torch.Tensor]]:
+        out = {}
+        for index, entry in enumerate(data.images):
+            samples = [PlannedSample(index, Bucket(48, 40), variation) for variation in range(4)]
+            out[entry.path.name] = [data.load_batch([s], 0, False).pixels[0] for s in samples]
+        return out
+
+    before = pixels_by_name(data_for(config))
+    Image.new("RGB", (72, 72), (10, 200, 30)).save(folder / "000-first.png")  # sorts first: every index moves
+    after = pixels_by_name(data_for(config))
+    assert len(after) == len(before) + 1
+    for name, pixels in before.items():
+        assert all(torch.equal(a, b) for a, b in zip(pixels, after[name])), name
+    # the draws still differ between variations and between images
+    first = next(iter(before.values()))
+    assert any(not torch.equal(first[0], other) for other in first[1:])
 
 
 def test_no_valid_image_is_an_error_before_anything_loads(tmp_path):
