@@ -52,12 +52,7 @@ def load_sample(
 ) -> LoadedSample:
     """The sample's pixels (and mask); `with_references`: also its reference images, moved as the image is (the same
     share of each cropped away, the same flip and rotation; their colours untouched)."""
-    from onetrainer.data.image_augment import (
-        augment_image,
-        augmentation_geometry,
-        circular_mask_shrink,
-        random_mask_rotate_crop,
-    )
+    from onetrainer.data.image_augment import augment_image, circular_mask_shrink, random_mask_rotate_crop
 
     rng = image_rng(concept, planned, entry)
     image = open_rgb(entry.path)
@@ -78,17 +73,16 @@ def load_sample(
         image, mask = random_mask_rotate_crop(
             image, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
         )
-    scaled, (left, top, right, bottom) = _scale_and_crop(image.size, planned, settings, rng)
-    image = image.resize(scaled, Image.Resampling.BICUBIC).crop((left, top, right, bottom))
+    scaled, box = _scale_and_crop(image.size, planned, settings, rng)
+    image = image.resize(scaled, Image.Resampling.BICUBIC).crop(box)
     if mask is not None:
-        mask = mask.resize(scaled, Image.Resampling.BILINEAR).crop((left, top, right, bottom))
-    share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
-    geometry = augmentation_geometry(settings, rng) if with_references and entry.references else None
+        mask = mask.resize(scaled, Image.Resampling.BILINEAR).crop(box)
+    # Before the augmentations draw: the references take the flip and rotation augment_image is about to draw.
+    references = _moved_references(entry, scaled, box, settings, rng) if with_references else []
     image, mask = augment_image(image, mask, settings, rng)
     pixels = _to_tensor(image) * 2.0 - 1.0
     mask_tensor = _to_tensor(mask) if mask is not None else None
-    references = [_reference(path, share, geometry) for path in entry.references] if geometry is not None else []
-    return LoadedSample(pixels, mask_tensor, original, (top, left), references)
+    return LoadedSample(pixels, mask_tensor, original, (box[1], box[0]), references)
 
 
 def load_references(entry: ImageEntry, planned: PlannedSample, concept) -> list[torch.Tensor]:
@@ -96,15 +90,11 @@ def load_references(entry: ImageEntry, planned: PlannedSample, concept) -> list[
     without decoding the image itself: its crop and its flip and rotation follow from its size (the scan's) and the
     sample's random draws alone. For a step that reads the references with the caption while the image's latents come
     from the cache."""
-    from onetrainer.data.image_augment import augmentation_geometry
-
     if not entry.references:
         return []
     rng = image_rng(concept, planned, entry)
-    scaled, (left, top, right, bottom) = _scale_and_crop((entry.width, entry.height), planned, concept.image, rng)
-    share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
-    geometry = augmentation_geometry(concept.image, rng)
-    return [_reference(path, share, geometry) for path in entry.references]
+    scaled, box = _scale_and_crop((entry.width, entry.height), planned, concept.image, rng)
+    return _moved_references(entry, scaled, box, concept.image, rng)
 
 
 def _scale_and_crop(size: tuple[int, int], planned: PlannedSample, settings, rng: random.Random):
@@ -115,6 +105,19 @@ def _scale_and_crop(size: tuple[int, int], planned: PlannedSample, settings, rng
     bucket = planned.bucket
     scaled = cover_size(size[0], size[1], bucket)
     return scaled, crop_box(scaled, (bucket.width, bucket.height), settings.enable_crop_jitter, rng)
+
+
+def _moved_references(entry: ImageEntry, scaled: tuple[int, int], box, settings, rng: random.Random) -> list:
+    """The image's references moved as the image is: cropped by the same shares of their size as `box` of the image
+    scaled to `scaled`, and flipped and turned as `augment_image` is about to draw from `rng` (read, not moved)."""
+    from onetrainer.data.image_augment import augmentation_geometry
+
+    if not entry.references:
+        return []
+    left, top, right, bottom = box
+    share = (left / scaled[0], top / scaled[1], right / scaled[0], bottom / scaled[1])
+    geometry = augmentation_geometry(settings, rng)
+    return [_reference(path, share, geometry) for path in entry.references]
 
 
 def _reference(path, share: tuple[float, float, float, float], geometry: tuple) -> torch.Tensor:

@@ -87,6 +87,19 @@ def _halves(path: Path, size: tuple[int, int]) -> Path:
     return path
 
 
+def _edit_image(folder: Path, sizes: list[tuple[int, int]], seed: int, **image_settings):
+    """`edit.png` of the first size with `edit-reference-N.png` of the others (each red left, blue right), a concept
+    of the folder with these image settings, and the scanned image; (concept, entry)."""
+    _halves(folder / "edit.png", sizes[0])
+    for n, size in enumerate(sizes[1:], start=1):
+        _halves(folder / f"edit-reference-{n}.png", size)
+    concept = ConceptConfig(name="edits", path=str(folder), seed=seed)
+    for name, value in image_settings.items():
+        setattr(concept.image, name, value)
+    (entry,) = scan_concept(0, concept, folder, masked=False, references=True).images
+    return concept, entry
+
+
 def test_references_are_cropped_and_flipped_as_their_image(tmp_path: Path, monkeypatch):
     """The image's crop (as a share of each reference's own size) and its flip apply to its references; a batch of a
     family that learns from them carries them, decoded with the images."""
@@ -95,13 +108,9 @@ def test_references_are_cropped_and_flipped_as_their_image(tmp_path: Path, monke
     from onetrainer.data.plan import PlannedSample
     from onetrainer.data.samples import load_sample
 
-    _halves(tmp_path / "edit.png", (64, 48))
-    _halves(tmp_path / "edit-reference-1.png", (32, 24))
-    _halves(tmp_path / "edit-reference-2.png", (40, 16))
-    concept = ConceptConfig(name="edits", path=str(tmp_path), seed=3)
-    concept.image.enable_crop_jitter = False
-    concept.image.enable_fixed_flip = True
-    (entry,) = scan_concept(0, concept, tmp_path, masked=False, references=True).images
+    concept, entry = _edit_image(
+        tmp_path, [(64, 48), (32, 24), (40, 16)], seed=3, enable_crop_jitter=False, enable_fixed_flip=True
+    )
     sample = load_sample(entry, PlannedSample(0, Bucket(48, 48), 0), concept, with_mask=False, with_references=True)
     assert sample.pixels.shape == (3, 48, 48)
     # 64 -> 48 wide: an eighth cut on each side, of every reference too
@@ -125,15 +134,10 @@ def test_references_alone_are_those_loaded_with_the_image_and_the_image_is_not_d
     from onetrainer.data.buckets import Bucket
     from onetrainer.data.plan import PlannedSample
 
-    _halves(tmp_path / "edit.png", (80, 48))
-    _halves(tmp_path / "edit-reference-1.png", (40, 30))
-    _halves(tmp_path / "edit-reference-2.png", (64, 64))
-    concept = ConceptConfig(name="edits", path=str(tmp_path), seed=5)
-    concept.image.enable_crop_jitter = True
-    concept.image.enable_random_flip = True
-    concept.image.enable_random_rotate = True
-    concept.image.random_rotate_max_angle = 20.0
-    (entry,) = scan_concept(0, concept, tmp_path, masked=False, references=True).images
+    jitter_flip_rotate = {"enable_crop_jitter": True, "enable_random_flip": True, "enable_random_rotate": True}
+    concept, entry = _edit_image(
+        tmp_path, [(80, 48), (40, 30), (64, 64)], seed=5, random_rotate_max_angle=20.0, **jitter_flip_rotate
+    )
     flips = set()
     for variation in range(6):
         planned = PlannedSample(0, Bucket(48, 40), variation)
