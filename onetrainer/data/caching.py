@@ -237,7 +237,7 @@ def encode_text_entries(
             conditioning = family.encode_text(model, captions)
         else:
             conditioning = family.encode_text(model, captions, references=references)
-    return [conditioning.row(i) for i in range(len(captions))]
+    return [family.text_cache_row(conditioning, i) for i in range(len(captions))]
 
 
 def fill_text_cache(

@@ -111,6 +111,15 @@ class Conditioning:
         """One caption's tensors (float32 on the CPU for floating ones), as the text cache stores them."""
         return {k: (v[index].float() if v.is_floating_point() else v[index]).cpu() for k, v in self.tensors.items()}
 
+    def row_of_its_tokens(self, index: int, names: tuple[str, ...] = ("hidden_states", "attention_mask")) -> dict:
+        """`row(index)` with the tensors of `names` (each [L, ...] in the row, as the "attention_mask") cut after the
+        caption's last attended token (one kept at least): the padding, for a family whose denoiser never sees it.
+        `stack` pads such rows again, with masked zeros, to the longest of a batch."""
+        row = self.row(index)
+        attended = row["attention_mask"].nonzero()
+        length = int(attended[-1, 0]) + 1 if len(attended) else 1
+        return {k: v[:length] if k in names else v for k, v in row.items()}
+
     @classmethod
     def stack(cls, rows: list[dict[str, torch.Tensor]], device) -> Conditioning:
         """Rows into a batch; rows of different lengths (an "attention_mask" tells their tokens) are padded with
@@ -201,6 +210,10 @@ class Family(ABC):
     @abstractmethod
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         """Tokenize the captions and run the text encoders (with their clip skip): one row per caption."""
+
+    def text_cache_row(self, conditioning: Conditioning, index: int) -> dict[str, torch.Tensor]:
+        """What the text cache keeps of caption `index` of `encode_text`'s conditioning: by default its whole row."""
+        return conditioning.row(index)
 
     def drop_captions(
         self,

@@ -191,6 +191,8 @@ def used_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor 
     if mask is None:
         return hidden, None
     try:
+        if bool(mask.all()):  # the text cache's captions of one length: nothing to cut
+            return hidden, None
         used = max(1, int(mask.sum(dim=1).max()))
     except RuntimeError:  # tensors without values (the memory estimate's): every token, masked
         return hidden, mask

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ConceptType, EMAMode, LossWeight
-from onetrainer.data.cache import clear_cache
+from onetrainer.data.cache import clear_cache, remove_outdated_entries
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
 from onetrainer.data.loader import step_batches
 from onetrainer.data.plan import hash_seed
@@ -934,6 +934,9 @@ class Trainer:
         if config.clear_cache_before_training:
             clear_cache(config.cache_dir)
             self.status(f"cleared the cache in {config.cache_dir} ('Clear cache before training' is on)")
+        outdated, size = remove_outdated_entries(config.cache_dir)
+        if outdated:
+            self.status(f"removed {outdated} cache entries of an earlier format ({size / 1024**2:.1f} MiB)")
         ranks = self.dist
         stats = fill_latent_cache(
             self.data, self.family, self.model, config, self.with_masks, self._caching_status, ranks

@@ -14,6 +14,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from onetrainer.config.enums import ModelFormat
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.base import Conditioning
 from onetrainer.families.latent_patches import pack, unpack
 from onetrainer.families.qwen import used_tokens
 from onetrainer.tiny import tiny_model_dir
@@ -69,6 +71,22 @@ def test_the_conditioning_latents_and_prediction_are_the_pipelines():
         std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
         assert encoded.shape == (1, 16, 8, 6)
         assert torch.allclose(encoded[:, :, None] * std + mean, raw_latents, atol=1e-5)
+
+
+def test_the_text_cache_keeps_each_captions_tokens_and_stacks_them_back_as_encoded():
+    family, model = our_model()
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+    rows = encode_text_entries(family, model, CAPTIONS)
+    lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+    assert [len(r["hidden_states"]) for r in rows] == [len(r["attention_mask"]) for r in rows] == lengths
+    assert lengths[0] < lengths[1] < encoded.hidden_states.shape[1]  # the padding to 512 is not kept
+    for order in ([0, 1], [1, 0], [1, 1]):  # lengths that differ (padded again, masked), one length (no mask)
+        hidden, mask = used_tokens(Conditioning.stack([rows[i] for i in order], "cpu"))
+        with torch.no_grad():
+            want_hidden, want_mask = used_tokens(family.encode_text(model, [CAPTIONS[i] for i in order]))
+        assert torch.allclose(hidden, want_hidden, atol=1e-6) and hidden.shape == want_hidden.shape
+        assert (mask is None and want_mask is None) or torch.equal(mask, want_mask)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from onetrainer.config import config_from_dict
 from onetrainer.config.enums import DataType, TrainingMethod
@@ -70,7 +71,7 @@ def test_fine_tune_caches_masked_text_and_drops_captions_by_zeros(tmp_path):
         tmp_path, "FINE_TUNE", learning_rate=1e-3, text_encoder={"dropout_probability": 0.5, "train": False}
     )
     assert all(torch.isfinite(torch.tensor(losses_of(events))))
-    cached = [torch.load(p, weights_only=True) for p in (tmp_path / "cache" / "text").rglob("*.pt")]
+    cached = [load_file(p) for p in (tmp_path / "cache" / "text").rglob("*.safetensors")]
     assert cached and all(set(entry) == {"hidden_states", "attention_mask"} for entry in cached)
     config, _ = config_from_dict({**data, "base_model_name": data["output_model_destination"]})
     family = TinyDiTFamily()

@@ -13,6 +13,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from onetrainer.config.enums import ModelFormat
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.base import Conditioning
 from onetrainer.families.zimage import caption_tokens
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
@@ -58,6 +60,17 @@ def test_the_conditioning_and_the_prediction_are_the_pipelines():
         predicted = family.predict(model, latents, sigma * 1000, ours, {}).output
         raw = pipe.transformer(list(latents.unsqueeze(2).unbind(0)), 1 - sigma, theirs, return_dict=False)[0]
     assert torch.allclose(predicted, -torch.stack(raw).squeeze(2), atol=1e-6)
+
+
+def test_the_text_cache_keeps_each_captions_tokens_and_gives_the_transformer_the_same():
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+    lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+    assert [len(r["hidden_states"]) for r in rows] == lengths and max(lengths) < encoded.hidden_states.shape[1]
+    from_cache = caption_tokens(Conditioning.stack(rows, "cpu"), torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(from_cache, caption_tokens(encoded, torch.float32)))
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,7 @@ def test_damaged_cache_entries_are_encoded_again_and_clearing_works(tmp_path):
     config = tiny_config(tmp_path, epochs=1, text_encoder={"train": False})  # frozen: its outputs are cached
     first, sink = run(config)
     assert isinstance(first, Finished)
-    entries = sorted((tmp_path / "cache").rglob("*.pt"))
+    entries = sorted((tmp_path / "cache").rglob("*.safetensors"))
     text_entries = [p for p in entries if "text" in p.parts]
     latents = [p for p in entries if "latents" in p.parts]
     assert text_entries and latents
