@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from PIL import Image
+from torch.nn.utils.rnn import pad_sequence
 
 from onetrainer.config.enums import ModelFormat, ModelType
 
@@ -128,9 +129,9 @@ class Conditioning:
         for name in rows[0]:
             values = [r[name] for r in rows]
             if "attention_mask" in rows[0] and len({v.shape for v in values}) > 1:
-                longest = max(len(v) for v in values)
-                values = [torch.cat([v, v.new_zeros(longest - len(v), *v.shape[1:])]) for v in values]
-            out[name] = torch.stack(values).to(device)
+                out[name] = pad_sequence(values, batch_first=True).to(device)  # zeros after each row
+            else:
+                out[name] = torch.stack(values).to(device)
         return cls(out)
 
     def zeroed(self, drop: torch.Tensor) -> Conditioning:

@@ -196,6 +196,8 @@ def used_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor 
         used = max(1, int(mask.sum(dim=1).max()))
     except RuntimeError:  # tensors without values (the memory estimate's): every token, masked
         return hidden, mask
+    if used == mask.shape[1]:  # the longest caption fills every column (cached captions are cut to their tokens)
+        return hidden, mask
     hidden, mask = hidden[:, :used], mask[:, :used]
     return hidden, None if bool(mask.all()) else mask
 
