@@ -28,7 +28,11 @@ def unit_timesteps(
     if kind is TimestepDistribution.UNIFORM:
         x = torch.rand(count, generator=generator)
     elif kind is TimestepDistribution.LOGIT_NORMAL:
-        x = torch.sigmoid(torch.randn(count, generator=generator) * (w + 1.0) + b)
+        z = torch.randn(count, generator=generator)
+        # The standard logit-normal (w = b = 0, as the presets train) without the ·1 and +0: the same σ, two
+        # operators fewer each step (+0 turns −0 into 0, which the sigmoid maps to the same 0.5).
+        z = z if w == 0 else z * (w + 1.0)
+        x = torch.sigmoid(z if b == 0 else z + b)
     elif kind is TimestepDistribution.HEAVY_TAIL:
         # SD3's "mode" sampling: more weight in the middle or the ends depending on the scale w.
         u = torch.rand(count, generator=generator)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -25,26 +26,68 @@ ENTRY_METHODS = ("forward", "encode", "decode")
 
 def compute_weight(module: torch.nn.Module) -> torch.Tensor:
     """The module's first floating weight that it computes in: float8-stored weights (FLOAT_8 parts) and integer
-    quantized ones compute in another dtype, so the first weight that is neither tells the dtype."""
+    quantized ones compute in another dtype, so the first weight that is neither tells the dtype. Remembered per module
+    (the step's entry casts and `predict` ask every step) for as long as that weight is still where it was found and
+    still computes; its dtype is read from it live (`module.to(dtype)` keeps the parameter objects)."""
+    remembered = _COMPUTE_WEIGHTS.get(module)
+    if remembered is not None:
+        path, owner_ref, name, weight_ref = remembered
+        owner, weight = owner_ref(), weight_ref()
+        if (
+            weight is not None
+            and _computes_in(weight)
+            and owner is not None
+            and owner._parameters.get(name) is weight
+            and _submodule(module, path) is owner
+        ):
+            return weight
     fallback = None
-    for parameter in module.parameters():
-        if fallback is None:
-            fallback = parameter
-        if parameter.is_floating_point() and parameter.dtype not in FLOAT8:
-            return parameter
+    seen: set[int] = set()
+    for path, owner in module.named_modules():  # the order of `module.parameters()`
+        for name, parameter in owner._parameters.items():
+            if parameter is None or id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if fallback is None:
+                fallback = parameter
+            if _computes_in(parameter):
+                # Weak references only: the owner may be the module itself, which a strong one would keep alive.
+                _COMPUTE_WEIGHTS[module] = (path, weakref.ref(owner), name, weakref.ref(parameter))
+                return parameter
     if fallback is None:
         raise ValueError(f"{type(module).__name__} has no weights")
     return fallback
 
 
+_COMPUTE_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _computes_in(parameter: torch.Tensor) -> bool:
+    return parameter.is_floating_point() and parameter.dtype not in FLOAT8
+
+
+def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        return module.get_submodule(path) if path else module
+    except AttributeError:  # the owner was removed since
+        return None
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
 def cast_floats(value: Any, dtype: torch.dtype) -> Any:
-    """`value` with every floating tensor in it (also inside tuples, lists and dicts) cast to `dtype`."""
+    """`value` with every floating tensor in it (also inside tuples, lists and dicts) cast to `dtype`; a container with
+    nothing to cast is returned as it is."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, dict):
         return {key: cast_floats(item, dtype) for key, item in value.items()}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):  # not a namedtuple
-        return type(value)(cast_floats(item, dtype) for item in value)
+        items = [cast_floats(item, dtype) for item in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
     return value
 
 

@@ -77,6 +77,15 @@ DISTRIBUTIONS = {
 }
 
 
+@pytest.mark.parametrize(("weight", "bias"), [(0.0, 0.0), (0.5, 0.0), (0.0, -0.3), (1.0, 0.4)])
+def test_the_logit_normal_draw_is_the_sigmoid_of_a_scaled_and_moved_normal(weight, bias):
+    config = TrainConfig(timestep_distribution=TimestepDistribution.LOGIT_NORMAL, noising_weight=weight,
+                         noising_bias=bias, timestep_shift=1.0)  # fmt: skip
+    drawn = timesteps.unit_timesteps(COUNT, config, torch.Generator().manual_seed(3))
+    normal = torch.randn(COUNT, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(drawn, torch.sigmoid(normal * (weight + 1.0) + bias).clamp(0.0, 1.0 - 1e-6))  # to the bit
+
+
 @pytest.mark.parametrize("kind", list(TimestepDistribution))
 def test_every_distribution_gives_sigma_on_the_training_steps_with_its_shape(kind):
     weight, bias, centre = DISTRIBUTIONS[kind]

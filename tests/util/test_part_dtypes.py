@@ -85,3 +85,36 @@ def test_cast_floats_keeps_integers_and_structure():
     cast = cast_floats({"ids": ids, "x": [torch.zeros(1), (torch.zeros(1),)], "mask": mask, "n": 3}, torch.float16)
     assert cast["ids"] is ids and cast["mask"] is mask and cast["n"] == 3
     assert cast["x"][0].dtype == torch.float16 and cast["x"][1][0].dtype == torch.float16
+
+
+def test_the_compute_weight_follows_the_module_as_it_changes():
+    module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    assert compute_weight(module) is module[0].weight
+    module.to(torch.float16)
+    assert compute_weight(module) is module[0].weight and compute_weight(module).dtype == torch.float16
+    module[0].weight.data = module[0].weight.data.to(torch.float8_e4m3fn)  # now stored in float8
+    assert compute_weight(module) is module[0].bias
+    module[0] = nn.Linear(2, 2, dtype=torch.bfloat16)  # the layer replaced
+    assert compute_weight(module) is module[0].weight and compute_weight(module).dtype == torch.bfloat16
+    module[0].weight = nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))  # the weight replaced
+    assert compute_weight(module) is module[0].weight
+
+
+def test_cast_floats_returns_what_has_nothing_to_cast_as_it_is():
+    shapes = [[(1, 4, 4)], [(1, 4, 4)]]
+    assert cast_floats(shapes, torch.float16) is shapes
+    cast = cast_floats([(1, 2), torch.zeros(1)], torch.float16)
+    assert cast[0] == (1, 2) and cast[1].dtype == torch.float16
+
+
+def test_a_module_asked_for_its_compute_weight_is_still_freed():
+    import gc
+    import weakref
+
+    for make in (lambda: nn.Linear(2, 2), lambda: nn.Sequential(nn.Linear(2, 2))):  # its own weight first, a child's
+        module = make()
+        assert compute_weight(module) is next(module.parameters())
+        gone = weakref.ref(module)
+        del module
+        gc.collect()
+        assert gone() is None
