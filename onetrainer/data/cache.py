@@ -27,6 +27,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from onetrainer.util.fs import atomic_file
+from onetrainer.weights.checkpoint_files import parse_safetensors_header
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 2  # 2: safetensors entries of their own size; 1: torch.save files holding their encoding batch
-_MAX_HEADER_BYTES = 16 * 1024**2
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -60,7 +60,7 @@ class DiskCache:
         return self.root / key[:2] / f"{key}.safetensors"
 
     def __contains__(self, key: str) -> bool:
-        """The entry is there and complete (a file cut short lacks the end record torch writes last)."""
+        """The entry is there and complete (a file cut short is shorter than its header says)."""
         return key in self._memory or _looks_complete(self.path(key))
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
@@ -95,11 +95,8 @@ class DiskCache:
             self._memory_bytes -= dropped
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
-        entry: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
-        for name, value in tensors.items():
-            value = _own_storage(value.detach().to("cpu"), seen)
-            entry[name] = value
+        entry = {name: _own_storage(value.detach().to("cpu"), seen) for name, value in tensors.items()}
         with atomic_file(self.path(key)) as tmp:
             tmp.write_bytes(save_safetensors(entry))
         self._remember(key, entry)
@@ -127,13 +124,9 @@ def _looks_complete(path: Path) -> bool:
     """The file is as long as its safetensors header says (a file cut short, or not an entry at all, is not)."""
     try:
         with path.open("rb") as f:
-            head = f.read(8)
-            length = int.from_bytes(head, "little")
-            if len(head) < 8 or length > _MAX_HEADER_BYTES:
-                return False
-            header = json.loads(f.read(length))
+            header = parse_safetensors_header(f)
             end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-            return os.fstat(f.fileno()).st_size == 8 + length + end
+            return os.fstat(f.fileno()).st_size == f.tell() + end
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return False
 

@@ -445,12 +445,9 @@ Shapes = dict[str, dict]
 
 def safetensors_header(path: Path) -> dict[str, dict]:
     """The tensors of a .safetensors file (name → {"dtype", "shape", …}) from its header alone: no weights read."""
-    import json
-    import struct
+    from onetrainer.weights.checkpoint_files import read_safetensors_header
 
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+    header = read_safetensors_header(path)
     header.pop("__metadata__", None)
     return header
 

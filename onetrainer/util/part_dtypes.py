@@ -42,18 +42,14 @@ def compute_weight(module: torch.nn.Module) -> torch.Tensor:
         ):
             return weight
     fallback = None
-    seen: set[int] = set()
-    for path, owner in module.named_modules():  # the order of `module.parameters()`
-        for name, parameter in owner._parameters.items():
-            if parameter is None or id(parameter) in seen:
-                continue
-            seen.add(id(parameter))
-            if fallback is None:
-                fallback = parameter
-            if _computes_in(parameter):
-                # Weak references only: the owner may be the module itself, which a strong one would keep alive.
-                _COMPUTE_WEIGHTS[module] = (path, weakref.ref(owner), name, weakref.ref(parameter))
-                return parameter
+    for qualified, parameter in module.named_parameters():
+        if fallback is None:
+            fallback = parameter
+        if _computes_in(parameter):
+            path, _, name = qualified.rpartition(".")
+            # Weak references only: the owner may be the module itself, which a strong one would keep alive.
+            _COMPUTE_WEIGHTS[module] = (path, weakref.ref(_submodule(module, path)), name, weakref.ref(parameter))
+            return parameter
     if fallback is None:
         raise ValueError(f"{type(module).__name__} has no weights")
     return fallback

@@ -6,17 +6,36 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
+
+SAFETENSORS_HEADER_LIMIT = 100_000_000  # the safetensors format's own bound on its JSON header
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor name → dtype, shape, data_offsets; "__metadata__"), without
+    reading the tensors."""
+    with open(path, "rb") as f:
+        return parse_safetensors_header(f)
+
+
+def parse_safetensors_header(file: BinaryIO) -> dict[str, Any]:
+    """The header of the safetensors file open at its start, leaving it at the first tensor's bytes. ValueError when
+    the file does not start with one (too short, a length beyond the format's bound, not JSON)."""
+    head = file.read(8)
+    length = int.from_bytes(head, "little")
+    if len(head) < 8 or length > SAFETENSORS_HEADER_LIMIT:
+        raise ValueError(f"{getattr(file, 'name', 'the file')} does not start with a safetensors header")
+    header = json.loads(file.read(length))
+    if not isinstance(header, dict):
+        raise ValueError(f"{getattr(file, 'name', 'the file')} does not start with a safetensors header")
+    return header
 
 
 def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The header metadata of a safetensors file (without reading the tensors)."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    return dict(header.get("__metadata__") or {})
+    return dict(read_safetensors_header(path).get("__metadata__") or {})
 
 
 def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
