@@ -8,8 +8,10 @@ CUDA context, allocator slack). A fine-tune trains the parts' own weights in the
 optimizer's state add to the weights. The peak is the larger of that step and the time every part is on the device
 together (`resident`: the model's load, filling the caches, rendering a sample: all weights, the trained parameters and
 the optimizer's state, no training activations) — where a text encoder is large and its outputs are cached, that
-time is the peak. Time = the denoiser's training FLOPs per step (forward + backward = 3 forwards, 4 with
-checkpointing's recomputation) over the device's measured matmul throughput.
+time is the peak. With the denoiser's blocks offloaded, its weights and the activations are taken where in the passes
+their sum is largest (`_offloaded_step`), not each at its own largest. Time = the denoiser's training FLOPs per
+step (forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
+throughput.
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
 safetensors headers of a local diffusers folder, of a built model, or of a hub model in the local cache (no
@@ -53,6 +55,9 @@ BYTES = {
     DataType.INT_8: 1.0,  # and a float32 scale per output channel: next to nothing
     DataType.INT_W8A8: 1.0,
     DataType.FLOAT_W8A8: 1.0,
+    # compressed: at most the 8-bit size (how far the weights compress is known once they are)
+    DataType.INT_W8A8_COMPRESSED: 1.0,
+    DataType.FLOAT_W8A8_COMPRESSED: 1.0,
     DataType.NFLOAT_4: 0.5625,  # 4 bits plus a scale per 64 weights
     # A .gguf file's blocks: Q8_0's 8.5 bits until the file says (`PartCount.quantized_bytes`)
     DataType.GGUF: 1.0625,
@@ -94,6 +99,9 @@ RULE_ACTIVATIONS = 0.122
 RULE_CHECKPOINTED = 0.25
 RULE_FLOPS = 0.0036
 OFFLOAD_ADVICE = 0.5  # the layer offload fraction the advice tries
+# Bytes per element of the weight the fused back pass steps: the optimizer's float32 temporaries (an update, a
+# denominator, the weight in float32): 0.6 GiB for a 12 B transformer's largest weight on an H200 (docs/benchmarks.md).
+FUSED_STEP_WORK = 12.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,13 @@ class PartCount:
     # Of `offloaded`, the trained parameters (a fine-tune with the fused back pass): their optimizer state is off the
     # device with them.
     trained_offloaded: int = 0
+    # Layer offloading's blocks in execution order, each with the parameters that move with it, and how many blocks the
+    # device holds at a time (`memory/layer_offload.py`'s window): where in the passes the weights are largest.
+    offload_blocks: tuple[tuple[str, int], ...] = ()
+    window: int = 0
+    # The largest trained tensor (a fine-tune): the fused back pass holds its gradient and the optimizer's working
+    # copies while it steps it.
+    largest_trained: int = 0
 
     @property
     def bytes(self) -> float:
@@ -141,6 +156,12 @@ class Activations:
     flops: float  # the forward's FLOPs
     source: str = "measured"  # how they were found (for the estimate's text)
     block_inputs: float = 0.0  # of `checkpointed`, the blocks' inputs: what activation offloading keeps in CPU memory
+    # With checkpointing, where in the passes the activations are held (`_offloaded_step`): the denoiser part, what is
+    # kept outside its checkpointed blocks, and each block in execution order as (its name in the part, the bytes its
+    # inputs add to those kept, its own saved tensors: what its recomputation holds in the backward pass).
+    part: str = ""
+    outside: float = 0.0
+    blocks: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -233,8 +254,8 @@ def estimate_from_counts(
         gradients = sum(c.trained * BYTES[c.dtype] for c in counts.values())
     else:
         stored = gradients = trained * settings.trained_dtype_bytes
-    if settings.fused_back_pass:
-        gradients = 0.0  # one weight's gradient at a time, within the activations' margin
+    if settings.fused_back_pass:  # one weight's gradient at a time, and the optimizer's float32 work on it
+        gradients = max((c.largest_trained * (BYTES[c.dtype] + FUSED_STEP_WORK) for c in counts.values()), default=0.0)
     state = (trained - sum(c.trained_offloaded for c in counts.values())) * settings.optimizer_state_bytes
     trained_bytes = stored + gradients + state
     per_sample = settings.activations
@@ -242,6 +263,11 @@ def estimate_from_counts(
     if settings.gradient_checkpointing and settings.activation_offloading:
         kept -= per_sample.block_inputs
     activations = kept * settings.batch_size
+    denoiser = counts.get(per_sample.part)
+    at_peak = _offloaded_step(denoiser, settings) if denoiser is not None and denoiser.on_device else None
+    if at_peak is not None:  # the denoiser's window and the activations where together they are largest
+        weights += at_peak[0] - denoiser.device_bytes
+        activations = at_peak[1]
     parts = {"weights": weights, "training state": trained_bytes, "activations": activations}
     if settings.device == "cuda":
         parts["overhead"] = OVERHEAD
@@ -252,6 +278,60 @@ def estimate_from_counts(
     resident = sum(c.device_bytes for c in counts.values()) + stored + state + parts.get("overhead", 0.0)
     step = sum(parts.values())
     return Estimate(max(step, resident), seconds, parts, device=settings.device, resident_bytes=resident)
+
+
+def _offloaded_step(count: PartCount, settings: Settings) -> tuple[float, float] | None:
+    """The offloaded denoiser's weights on the device and the activations held, at the point of the step where the two
+    together are largest; None where that point is not known (no checkpointing, no measured blocks, blocks of other
+    names), and the largest window and the activations' largest are added.
+
+    The window of `count.window` blocks slides as `memory/layer_offload.py` slides it: in the forward pass it holds the
+    block that runs and the ones after it, in the backward pass the block that runs and the ones before it; it waits
+    at the last blocks between the passes and at the first ones before the forward pass (a block the part checkpoints
+    that is not one of the offloaded blocks runs with the window where the last of them left it). The activations at a
+    block, in either pass: what is kept outside the blocks, the inputs of the blocks up to it (checkpointing keeps each
+    until the backward pass has been through its block; in CPU memory with activation offloading), and the block's own
+    tensors (recomputed in the backward pass). Large early blocks and activations that grow to the end of the forward
+    pass are then not counted at their largest together, as they never are."""
+    per_sample = settings.activations
+    if not (settings.gradient_checkpointing and per_sample.blocks and count.offload_blocks and count.window):
+        return None
+    order = {name: i for i, (name, _) in enumerate(count.offload_blocks)}
+    sizes = [params for _, params in count.offload_blocks]
+    window = min(count.window, len(sizes))
+    at = [order.get(name) for name, _, _ in per_sample.blocks]
+    if all(i is None for i in at):
+        return None
+    largest = max(sum(sizes[i : i + window]) for i in range(len(sizes) - window + 1))
+    per_param = count.bytes / count.params
+
+    def weights(first: int) -> float:  # the part's weights with the window from block `first`
+        return count.device_bytes - (largest - sum(sizes[first : first + window])) * per_param
+
+    best: tuple[float, float] | None = None
+    held = per_sample.outside
+    for (_name, inputs, own), starts in zip(per_sample.blocks, window_starts(at, len(sizes), window)):
+        if not settings.activation_offloading:
+            held += inputs
+        resident = max(weights(first) for first in starts)
+        activations = (held + own) * settings.batch_size
+        if best is None or resident + activations > best[0] + best[1]:
+            best = (resident, activations)
+    return best
+
+
+def window_starts(at: list[int | None], blocks: int, window: int) -> list[tuple[int, int]]:
+    """Layer offloading's window (`memory/layer_offload.py`) while each of a part's checkpointed blocks runs: the first
+    of the `window` blocks on the device in the forward pass and in the backward pass. `at`: each checkpointed block's
+    place among the `blocks` offloaded ones, in execution order (None: not one of them)."""
+    starts = []
+    forward_at = 0  # before the first offloaded block: where the last backward pass (or attaching) left the window
+    for step, here in enumerate(at):
+        forward_at = here if here is not None else forward_at
+        # after the last offloaded block: where the forward pass left it
+        backward_at = next((i for i in at[step:] if i is not None), blocks - 1)
+        starts.append((min(forward_at, blocks - window), max(backward_at, window - 1) - window + 1))
+    return starts
 
 
 def optimizer_state_bytes(optimizer: Optimizer, beta1: float | None = None) -> float:
@@ -328,14 +408,17 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         text = role is PartRole.TEXT_ENCODER
         denoiser = role is PartRole.DENOISER
         train = bool(getattr(part_config, "train", False)) and (denoiser or text)
+        largest = 0
         if config.training_method is TrainingMethod.FINE_TUNE:
             tensors = info.get("tensors", [])
             if not train:
                 trained = 0
             elif denoiser and patterns and tensors:
-                trained = sum(count for name, count in tensors if name_matches(name, patterns, regex))
+                counts_trained = [count for name, count in tensors if name_matches(name, patterns, regex)]
+                trained, largest = sum(counts_trained), max(counts_trained, default=0)
             else:
                 trained = info["params"]
+                largest = max((count for _, count in tensors), default=0)
         elif config.training_method is TrainingMethod.LORA and train:
             layers = info["layers"]
             if denoiser:
@@ -355,10 +438,10 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             for name, fan_in, fan_out, area in info["layers"]
             if not kept.intersection(name.split("."))
         )
-        offloaded, trained_offloaded = _offloaded_params(config, family, part, info, trained)
+        offloaded, trained_offloaded, blocks, window = _offloaded_params(config, family, part, info, trained)
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
-            offloaded, _gguf_bytes(part_config), trained_offloaded,
+            offloaded, _gguf_bytes(part_config), trained_offloaded, blocks, window, largest,
         )  # fmt: skip
     return counts
 
@@ -373,10 +456,14 @@ def _gguf_bytes(part_config) -> float | None:
     return gguf_bytes_per_weight(name) if is_gguf_file(name) else None
 
 
-def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> tuple[int, int]:
-    """The block parameters layer offloading keeps off the device at its fullest, and how many of them train: all of
-    the blocks' but the largest window of consecutive blocks (`Family.layer_blocks`, in execution order), since the
-    window slides over blocks that need not be of one size (a dual-stream block can be twice a single-stream one). A
+def _offloaded_params(
+    config: TrainConfig, family: Family, part: str, info: dict, trained: int
+) -> tuple[int, int, tuple[tuple[str, int], ...], int]:
+    """The block parameters layer offloading keeps off the device at its fullest, how many of them train, each block
+    with the parameters that move with it, and the window (blocks on the device at a time). Off the device at its
+    fullest: all of the blocks' but the largest window of consecutive blocks (`Family.layer_blocks`, in execution
+    order), since the window slides over blocks that need not be of one size (a dual-stream block can be twice a
+    single-stream one); where in the passes that is, the estimate finds from the blocks (`_offloaded_step`). A
     fine-tune's trained parameters, inside the blocks, move only with the fused back pass; else they stay."""
     import re
 
@@ -385,9 +472,9 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
     fraction = config.part(part).offload_fraction
     paths = family.layer_blocks.get(part, ())
     if fraction <= 0 or not paths or LAYER_OFFLOADING not in family.info.part_capabilities.get(part, ()):
-        return 0, 0
+        return 0, 0, (), 0
     if config.part(part).weight_dtype is DataType.NFLOAT_4:
-        return 0, 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
+        return 0, 0, (), 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
     pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
     sizes: dict[tuple[int, int], int] = {}
     for name, count in info.get("tensors", ()):
@@ -395,20 +482,28 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
         if found:
             key = (paths.index(found.group(1)), int(found.group(2)))
             sizes[key] = sizes.get(key, 0) + count
-    blocks = [sizes[key] for key in sorted(sizes)]
+    keys = sorted(sizes)
+    blocks = [sizes[key] for key in keys]
     if len(blocks) < 2:
-        return 0, 0
+        return 0, 0, (), 0
     total = sum(blocks)
     window = len(blocks) - min(len(blocks) - 1, round(fraction * len(blocks)))
     largest = max(sum(blocks[i : i + window]) for i in range(len(blocks) - window + 1))
     offloaded = total - largest
+    moving = 1.0  # the share of a block's parameters that moves with it
+    trained_offloaded = 0
     if config.training_method is TrainingMethod.FINE_TUNE and total:
         # The trained layers are inside the blocks (the share the layer filter trains, taken evenly).
         trained_share = int(offloaded * min(trained, total) / total)
         if config.optimizer.fused_back_pass:
-            return offloaded, trained_share
-        return offloaded - trained_share, 0
-    return offloaded, 0
+            trained_offloaded = trained_share
+        else:
+            offloaded -= trained_share
+            moving = 1.0 - min(trained, total) / total
+    if not offloaded:  # nothing moves (every weight of the blocks trains and stays)
+        return 0, 0, (), 0
+    named = tuple((f"{paths[path]}.{index}", int(size * moving)) for (path, index), size in zip(keys, blocks))
+    return offloaded, trained_offloaded, named, window
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:
@@ -786,15 +881,19 @@ class _Measurement:
     """One training forward of the denoiser on the meta device, with gradient checkpointing switched on where the
     denoiser has it, so that one pass gives both figures: without checkpointing autograd would keep everything saved
     (`kept`); with it, what is saved outside the checkpointed blocks, every block's inputs, and the largest block's
-    own saved tensors, recomputed in the backward pass one block at a time (`checkpointed`)."""
+    own saved tensors, recomputed in the backward pass one block at a time (`checkpointed`). Each block is noted in
+    order too (`calls`: its name in the denoiser, from `names`, the bytes its inputs add to those kept, its own saved
+    tensors), for where in the passes the activations are held (`_offloaded_step`)."""
 
-    def __init__(self, params: set[int]) -> None:
+    def __init__(self, params: set[int], names: dict[int, str] | None = None) -> None:
         self.params = params
+        self.names = names or {}
         self.everything = _Tally(params)
         self.outside = _Tally(params)
         self.block_inputs = _Tally(params)
         self.largest_block = 0.0
         self.blocks = 0
+        self.calls: list[tuple[str, float, float]] = []
 
     def pack_outside(self, tensor: torch.Tensor) -> torch.Tensor:
         self.everything.pack(tensor)
@@ -806,6 +905,7 @@ class _Measurement:
         import torch
 
         self.blocks += 1
+        before = self.block_inputs.total
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor):
                 self.block_inputs.pack(value)
@@ -818,6 +918,8 @@ class _Measurement:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             output = function(*args, **kwargs)
         self.largest_block = max(self.largest_block, inner.total)
+        name = self.names.get(id(getattr(function, "__self__", function)), "")  # a block, or its bound forward
+        self.calls.append((name, self.block_inputs.total - before, inner.total))
         return output
 
     @property
@@ -834,10 +936,12 @@ def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]
 
     latents, times, conditioning, extra = inputs
     denoiser = model.part(family.denoiser_part)
-    for module in denoiser.modules():
+    names = {}
+    for name, module in denoiser.named_modules():
         module.register_forward_pre_hook(_stop_if_cancelled)
+        names[id(module)] = name
     for attempt in (extra, {}):  # without the extras where one needs state a meta model lacks (a loss's schedule)
-        measurement = _Measurement(params)
+        measurement = _Measurement(params, names)
         counter = FlopCounterMode(display=False)
         # A denoiser without the switch is measured without checkpointing, as the trainer would train it.
         with contextlib.suppress(AttributeError, TypeError, ValueError):
@@ -889,6 +993,9 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Acti
         flops,
         source,
         measurement.block_inputs.total * PEAK_FACTOR if measurement.blocks else 0.0,
+        family.denoiser_part,
+        measurement.outside.total * PEAK_FACTOR,
+        tuple((name, added * PEAK_FACTOR, own * PEAK_FACTOR) for name, added, own in measurement.calls),
     )
 
 
