@@ -42,7 +42,8 @@ TEXT_TOKENS = 512  # FLUX.1-dev's T5 prompt length
 VAE_FACTOR = 8
 LATENT_CHANNELS = 16
 WEIGHT_DTYPES = ("BFLOAT_16", "FLOAT_8")
-SCALED_8BIT = ("INT_8", "INT_W8A8", "FLOAT_W8A8")  # `util/quantize.to_scaled_8bit`'s kinds
+# `util/quantize.to_scaled_8bit`'s kinds
+SCALED_8BIT = ("INT_8", "INT_W8A8", "FLOAT_W8A8", "INT_W8A8_COMPRESSED", "FLOAT_W8A8_COMPRESSED")
 LABEL = "Flux.1-dev-size transformer LoRA"
 
 
@@ -123,8 +124,9 @@ def flux_lora_benchmark(
     fused_back_pass: bool = False,
 ) -> FluxGpuRun:
     """Time `steps` LoRA steps after `warmup` ones. `weight_dtype`: BFLOAT_16, FLOAT_8 (float8 storage, bfloat16
-    compute), INT_8 / INT_W8A8 / FLOAT_W8A8 or FLOAT_32 (no autocast: the CPU test); `optimizer` as
-    `gpu.unet_lora_benchmark`'s; `offload_fraction` > 0 offloads that share of the blocks as training does."""
+    compute), INT_8 / INT_W8A8 / FLOAT_W8A8 (and the _COMPRESSED two, CUDA only) or FLOAT_32 (no autocast: the CPU
+    test); `optimizer` as `gpu.unet_lora_benchmark`'s; `offload_fraction` > 0 offloads that share of the blocks as
+    training does."""
     from diffusers import FluxTransformer2DModel
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -155,7 +157,17 @@ def flux_lora_benchmark(
     if weight_dtype == "FLOAT_8":
         to_float8(transformer)
     elif weight_dtype in SCALED_8BIT:
-        to_scaled_8bit(transformer, DataType[weight_dtype])
+        codec = None
+        if weight_dtype.endswith("_COMPRESSED"):
+            from onetrainer.util.weight_codecs import codec_for
+
+            # A trained model's weights are mostly small (random initial ones are uniform, which no coder shrinks):
+            # normal weights compress about as a trained model's do, or a little less.
+            for module in transformer.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.data.normal_(0.0, 0.02)
+            codec = codec_for(device)
+        to_scaled_8bit(transformer, DataType[weight_dtype], codec=codec)
     base_parameters = sum(p.numel() for p in transformer.parameters())
     weights_bytes = sum(p.numel() * p.element_size() for p in transformer.parameters())
     weights_bytes += sum(b.numel() * b.element_size() for n, b in transformer.named_buffers() if n.endswith("_scale"))

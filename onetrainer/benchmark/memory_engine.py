@@ -11,6 +11,7 @@ also times the full-size cases the issue sets goals for, each in `flux_gpu.flux_
   (the 8 GB preset's fraction; goal: at most 8 GB at 512 px, at most 10 % slower than without offloading when the
   copies overlap), and at 1024 px with the copies in line (how much the side stream hides);
 - the 8-bit kinds' speed at 1024 px (INT_W8A8, FLOAT_W8A8: 8-bit matmuls), and bf16 weights half offloaded;
+- the same two kinds compressed (INT_W8A8_COMPRESSED, FLOAT_W8A8_COMPRESSED; normal-distributed weights);
 - a full fine-tune at 512 px (bf16 weights, Adafactor): ordinary, with the fused back pass, and with 70 % of the
   blocks offloaded with their trained weights and optimizer state;
 - an SDXL-size UNet LoRA at 1024 px with FLOAT_8 weights (goal: at most 4.5 GB).
@@ -57,6 +58,9 @@ FLUX_CASES = (
     FluxCase("INT_W8A8", 1024),
     FluxCase("FLOAT_W8A8", 1024),
     FluxCase("BFLOAT_16", 1024, 0.5),
+    # The W8A8 kinds compressed (nvCOMP): memory saved and speed lost against the two rows above them.
+    FluxCase("INT_W8A8_COMPRESSED", 1024),
+    FluxCase("FLOAT_W8A8_COMPRESSED", 1024),
     # A full fine-tune (Adafactor, bfloat16 weights): ordinary, with the fused back pass, and with 70 % of the blocks
     # offloaded with their trained weights and optimizer state.
     FluxCase("BFLOAT_16", 512, method="FINE_TUNE"),

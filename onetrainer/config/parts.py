@@ -27,6 +27,8 @@ WEIGHT_DTYPES = (
     DataType.INT_8,
     DataType.INT_W8A8,
     DataType.FLOAT_W8A8,
+    DataType.INT_W8A8_COMPRESSED,
+    DataType.FLOAT_W8A8_COMPRESSED,
     DataType.NFLOAT_4,
     DataType.GGUF,
     DataType.GGUF_A8_INT,
@@ -91,7 +93,9 @@ class ModelPartConfig(ConfigNode):
         "FLOAT_16 can be unstable. The quantized kinds hold frozen weights: FLOAT_8 and INT_8 (a quarter; INT_8 with "
         "a scale per channel, closer to the original) computed in the training data type layer by layer; INT_W8A8 "
         "and FLOAT_W8A8 also multiply in 8 bits (faster on GPUs with 8-bit tensor cores; FLOAT_W8A8 needs an Ada or "
-        "newer GPU); NFLOAT_4 (an eighth; bitsandbytes, CUDA only). GGUF (the transformers that can read one): the "
+        "newer GPU); their _COMPRESSED variants keep those 8-bit weights losslessly compressed on the GPU (NVIDIA "
+        "nvCOMP, CUDA only: less memory, and less to copy when blocks are offloaded, for a decompression at each use); "
+        "NFLOAT_4 (an eighth; bitsandbytes, CUDA only). GGUF (the transformers that can read one): the "
         "pre-quantized weights of the .gguf file named as the part's model (Q8_0, Q5_K, Q4_K…), dequantized as "
         "each layer runs; GGUF_A8_INT / GGUF_A8_FLOAT also multiply in 8 bits.",
         tab="model",

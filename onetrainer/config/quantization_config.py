@@ -10,17 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
+from onetrainer.config.enums import COMPRESSED_WEIGHT_DTYPES, GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 if TYPE_CHECKING:
     from onetrainer.config.train_config import TrainConfig
 
-# The weight dtypes that store a part quantized (the built ones, a GGUF file's, and OneTrainer's others, which
-# validation refuses).
-QUANTIZED_DTYPES = (
-    QUANTIZED_WEIGHT_DTYPES | GGUF_WEIGHT_DTYPES | {DataType.FLOAT_W8A8_COMPRESSED, DataType.INT_W8A8_COMPRESSED}
-)
+# The weight dtypes that store a part quantized (`util/quantize.py`, and a GGUF file's).
+QUANTIZED_DTYPES = QUANTIZED_WEIGHT_DTYPES | GGUF_WEIGHT_DTYPES
 SVD_DTYPES = (DataType.NONE, DataType.FLOAT_32, DataType.BFLOAT_16)
 
 
@@ -36,7 +33,9 @@ def quantized_denoisers(config: TrainConfig) -> list[str]:
 
 
 # The quantized kinds SVDQuant corrects (`util/quantize.svd_settings`).
-SVD_CORRECTED = frozenset({DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8})
+SVD_CORRECTED = frozenset(
+    {DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, *COMPRESSED_WEIGHT_DTYPES}
+)
 
 
 def _svd_without_effect(value: Any, config: TrainConfig) -> bool:

@@ -297,10 +297,9 @@ def _presets_section() -> str:
 
 def _not_built_section() -> str:
     """The OneTrainer settings read and kept but not built yet (`NotBuilt` in their declarations), with what the run
-    does instead; and the OneTrainer values not built yet (model types, weight dtypes)."""
+    does instead; and the OneTrainer model types not built yet."""
     from onetrainer.config.enums import ModelType
     from onetrainer.config.quantization_config import QuantizationConfig
-    from onetrainer.config.validation import NOT_BUILT_WEIGHT_DTYPES
 
     rows = []
     for cls, prefix in (
@@ -316,7 +315,6 @@ def _not_built_section() -> str:
             instead = not_built.instead.format(part="part", quantized="quantized denoiser")
             outcome = "error" if not_built.error else "warning"
             rows.append(f"| `{prefix}{spec.name}` | {not_built.feature} | {outcome}: {instead} |")
-    dtypes = ", ".join(f"`{d.value}`" for d in NOT_BUILT_WEIGHT_DTYPES)
     types = ", ".join(f"`{m.value}`" for m in ModelType if m not in MODEL_TYPES)
     return (
         "\n## OneTrainer settings read but not built yet\n\n"
@@ -326,9 +324,8 @@ def _not_built_section() -> str:
         "`part`). For a model type whose family is not built yet, every part block is looked at.\n\n"
         "| Key | What it asks for | What `--check` says happens instead |\n|---|---|---|\n"
         + "\n".join(rows)
-        + "\n\nOneTrainer's values that are not built yet load as well, and validation refuses them with what to "
-        f"choose instead: the weight data types {dtypes} (a part cannot be loaded in them: an error), and the model "
-        f"types {types} (its family cannot train yet: an error; the config's other settings are read and kept). "
+        + "\n\nOneTrainer's model types that are not built yet load as well, and validation refuses them: "
+        f"{types} (its family cannot train yet: an error; the config's other settings are read and kept). "
         "A model name may link one file of a Hugging Face repository "
         "(`https://huggingface.co/<repo>/blob/<revision>/<file>`, or `resolve`), as OneTrainer's presets name "
         "single-file models: the run downloads that file once into the hub cache, and `--check` says whether it is "

@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import (
+    COMPRESSED_WEIGHT_DTYPES,
     GGUF_WEIGHT_DTYPES,
     QUANTIZED_WEIGHT_DTYPES,
     DataType,
@@ -25,29 +26,21 @@ from onetrainer.util.layer_filter import split_patterns
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-# OneTrainer's weight dtypes that are not built here: what each is, and what to choose instead. A part cannot be loaded
-# in them, so a config naming one is refused (FLOAT_8, INT_8, INT_W8A8, FLOAT_W8A8 and NFLOAT_4 are the quantized kinds
-# built, `util/quantize.py`).
-_INSTEAD_8BIT = "INT_W8A8 and FLOAT_W8A8 keep the same 8-bit weights uncompressed"
-NOT_BUILT_WEIGHT_DTYPES: dict[DataType, tuple[str, str]] = {
-    DataType.FLOAT_W8A8_COMPRESSED: ("FLOAT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
-    DataType.INT_W8A8_COMPRESSED: ("INT_W8A8 weights compressed further with nvCOMP", _INSTEAD_8BIT),
-}
-
-
 # The quantized kinds whose layers keep no plain weight for an adapter to read: 8 bits with a scale per output
 # channel (`util/quantize.to_scaled_8bit`) and a GGUF file's blocks (`util/gguf_weights.py`).
-SCALED_8BIT = (DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, *sorted(GGUF_WEIGHT_DTYPES, key=str))
+SCALED_8BIT = (
+    DataType.INT_8,
+    DataType.INT_W8A8,
+    DataType.FLOAT_W8A8,
+    *COMPRESSED_WEIGHT_DTYPES,
+    *sorted(GGUF_WEIGHT_DTYPES, key=str),
+)
 
 
 def _not_yet(bound: BoundField, value) -> str | None:
     """What to say about a OneTrainer value that exists there and is not built here, instead of "not supported"."""
     if isinstance(value, ModelType) and value not in MODEL_TYPES:
         return model_type_not_built(value)
-    if bound.spec.name == "weight_dtype" and value in NOT_BUILT_WEIGHT_DTYPES:
-        what, instead = NOT_BUILT_WEIGHT_DTYPES[value]
-        part = bound.part or bound.path.split(".")[0]
-        return f"{value.value} ({what}) is not built yet, so the {part} cannot be loaded in it; {instead}"
     return None
 
 

@@ -324,14 +324,15 @@ def check_devices(config: TrainConfig) -> list[Problem]:
 
 def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
     """A quantized weight dtype this machine cannot run (NFLOAT_4 without CUDA, FLOAT_W8A8 on a GPU without float8
-    matmuls), before anything loads."""
-    from onetrainer.config.enums import DataType
+    matmuls, the _COMPRESSED kinds without CUDA and nvCOMP), before anything loads."""
+    from onetrainer.config.enums import COMPRESSED_WEIGHT_DTYPES, DataType
     from onetrainer.config.model_types import MODEL_TYPES
 
+    machine_dependent = {DataType.NFLOAT_4, DataType.FLOAT_W8A8, *COMPRESSED_WEIGHT_DTYPES}
     info = MODEL_TYPES.get(config.model_type)
     problems = []
     for part in info.family.parts if info else ():
-        if config.part(part).weight_dtype not in (DataType.NFLOAT_4, DataType.FLOAT_W8A8):
+        if config.part(part).weight_dtype not in machine_dependent:
             continue  # only these depend on the machine (and asking torch costs its import)
         from onetrainer.util.quantize import unsupported_reason
 

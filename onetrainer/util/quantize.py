@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
+from onetrainer.config.enums import COMPRESSED_WEIGHT_DTYPES, GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
+from onetrainer.util import weight_codecs
+from onetrainer.util.weight_codecs import CODECS, WeightCodec, unpack
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -59,6 +61,11 @@ def compute_dtype(config: TrainConfig) -> torch.dtype:
 
 def unsupported_reason(data_type: DataType, part: str, device: str | torch.device | None = None) -> str | None:
     """Why `data_type` cannot hold the `part`'s weights on this machine; None when it can."""
+    if data_type in COMPRESSED_WEIGHT_DTYPES:
+        reason = weight_codecs.unavailable_reason(data_type, part, device)
+        if reason:
+            return reason
+        data_type = COMPRESSED_WEIGHT_DTYPES[data_type]
     if data_type is DataType.NFLOAT_4:
         cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
         if not cuda:
@@ -103,6 +110,8 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig, filte
         to_float8(module, kept, svd)
     elif data_type is DataType.NFLOAT_4:
         _to_nf4(module, dtype, kept)
+    elif data_type in COMPRESSED_WEIGHT_DTYPES:
+        to_scaled_8bit(module, data_type, kept, svd, weight_codecs.codec_for(config.train_device))
     else:
         to_scaled_8bit(module, data_type, kept, svd)
     return True
@@ -223,8 +232,16 @@ class _Float8Conv2dFunction(torch.autograd.Function):
         return grad_x, None, None, None, None, None, None
 
 
+# peft creates an adapter in its base layer's weight dtype unless the layer names a `compute_dtype` (as bitsandbytes'
+# layers do); None: no cast. A float8 weight would round a new adapter's initial values to float8 before the LoRA
+# method casts them to the adapter's own dtype.
+NO_ADAPTER_CAST = None
+
+
 class Float8Linear(torch.nn.Linear):
     """A frozen Linear whose weight is stored as float8."""
+
+    compute_dtype = NO_ADAPTER_CAST
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Float8LinearFunction.apply(x, self.weight, self.bias)
@@ -232,6 +249,8 @@ class Float8Linear(torch.nn.Linear):
 
 class Float8Conv2d(torch.nn.Conv2d):
     """A frozen Conv2d whose weight is stored as float8 (zero padding only, as in the diffusion models)."""
+
+    compute_dtype = NO_ADAPTER_CAST
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.padding_mode != "zeros":
@@ -270,10 +289,15 @@ class _ScaledStateMixin:
 
     weight: torch.nn.Parameter
     weight_scale: torch.Tensor
+    compute_dtype = NO_ADAPTER_CAST
+
+    def weight8(self) -> torch.Tensor:
+        """The 8-bit weight (a compressed layer decompresses it)."""
+        return self.weight.detach()
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)  # type: ignore[misc]
-        destination[prefix + "weight"] = dequantized(self.weight.detach(), self.weight_scale, torch.float32)
+        destination[prefix + "weight"] = dequantized(self.weight8(), self.weight_scale, torch.float32)
         destination.pop(prefix + "weight_scale", None)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -287,11 +311,17 @@ class _ScaledStateMixin:
 
 
 def to_scaled_8bit(
-    module: torch.nn.Module, data_type: DataType, kept: list[torch.nn.Module] = (), svd: SvdSettings | None = None
+    module: torch.nn.Module,
+    data_type: DataType,
+    kept: list[torch.nn.Module] = (),
+    svd: SvdSettings | None = None,
+    codec: WeightCodec | None = None,
 ) -> None:
     """Store every Linear and Conv2d weight of `module` (but those in `kept`) in 8 bits with a scale per output
     channel: INT_8 and INT_W8A8 as int8, FLOAT_W8A8 as float8; the W8A8 kinds also multiply their Linears in 8 bits.
-    `svd`: the Linears keep a low-rank correction (`util/svd_quant.py`) and store the rest."""
+    `svd`: the Linears keep a low-rank correction (`util/svd_quant.py`) and store the rest. `codec`: the W8A8 Linears
+    keep their 8-bit weight compressed (the _COMPRESSED kinds, `util/weight_codecs.py`)."""
+    data_type = COMPRESSED_WEIGHT_DTYPES.get(data_type, data_type)
     storage = FLOAT8 if data_type is DataType.FLOAT_W8A8 else torch.int8
     w8a8 = data_type in (DataType.INT_W8A8, DataType.FLOAT_W8A8)
     skipped = {id(m) for layer in kept for m in layer.modules()}
@@ -310,6 +340,8 @@ def to_scaled_8bit(
         layer.register_buffer("weight_scale", scale)
         if layer.bias is not None:
             layer.bias.requires_grad_(False)
+        if codec is not None and w8a8 and type(layer) is W8A8Linear:
+            compress_layer(layer, codec)
         _attach(layer, low_rank)
 
 
@@ -317,20 +349,28 @@ class _Scaled8BitLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight8, scale, bias, w8a8):
         ctx.save_for_backward(weight8, scale)
-        if torch.is_autocast_enabled(x.device.type):
-            # As autocast would cast a linear layer's input (a norm's output arrives in float32): the product, its
-            # output and so the backward pass's gradient stay in the compute dtype. In float32 the 8-bit product took
-            # the slow path and the backward ran float32 matrix products, 2.4 times the step of FLOAT_8 on an H200.
-            x = x.to(torch.get_autocast_dtype(x.device.type))
-        bias = None if bias is None else bias.to(x.dtype)
-        if not (w8a8 and eight_bit_product_fits(x, weight8)):
-            return torch.nn.functional.linear(x, dequantized(weight8, scale, x.dtype), bias)
-        return linear_8bit(x, weight8, scale, bias)
+        return scaled_linear(x, weight8, scale, bias, w8a8)
 
     @staticmethod
     def backward(ctx, grad):
         weight8, scale = ctx.saved_tensors
         return grad @ dequantized(weight8, scale, grad.dtype), None, None, None, None
+
+
+def scaled_linear(
+    x: torch.Tensor, weight8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, w8a8: bool
+) -> torch.Tensor:
+    """An 8-bit Linear's output: in 8 bits where `w8a8` and the kernels take the shapes, else with the weight
+    dequantized; in autocast's dtype under autocast."""
+    if torch.is_autocast_enabled(x.device.type):
+        # As autocast would cast a linear layer's input (a norm's output arrives in float32): the product, its
+        # output and so the backward pass's gradient stay in the compute dtype. In float32 the 8-bit product took
+        # the slow path and the backward ran float32 matrix products, 2.4 times the step of FLOAT_8 on an H200.
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    bias = None if bias is None else bias.to(x.dtype)
+    if not (w8a8 and eight_bit_product_fits(x, weight8)):
+        return torch.nn.functional.linear(x, dequantized(weight8, scale, x.dtype), bias)
+    return linear_8bit(x, weight8, scale, bias)
 
 
 def eight_bit_product_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -401,6 +441,72 @@ class W8A8Linear(Scaled8BitLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Scaled8BitLinearFunction.apply(x, self.weight, self.weight_scale, self.bias, True)
+
+
+# -- INT_W8A8_COMPRESSED, FLOAT_W8A8_COMPRESSED: the W8A8 weight kept compressed (`util/weight_codecs.py`) ----------
+
+
+class _CompressedLinearFunction(torch.autograd.Function):
+    """W8A8's product with the weight decompressed in the forward and again in the backward pass: only the compressed
+    bytes are kept between the two."""
+
+    @staticmethod
+    def forward(ctx, x, blob, scale, bias, layout):
+        ctx.save_for_backward(blob, scale)
+        ctx.layout = layout
+        return scaled_linear(x, unpack(blob, layout), scale, bias, True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        blob, scale = ctx.saved_tensors
+        return grad @ dequantized(unpack(blob, ctx.layout), scale, grad.dtype), None, None, None, None
+
+
+class CompressedW8A8Linear(W8A8Linear):
+    """A W8A8Linear whose `weight` holds its 8-bit weight's compressed bytes (uint8, frozen); `compression` is
+    (codec name, byte size, 8-bit dtype, shape). Its state dict is a plain layer's, as the W8A8 layer's is."""
+
+    compression: tuple[str, int, torch.dtype, tuple[int, ...]]
+
+    def weight8(self) -> torch.Tensor:
+        return unpack(self.weight.detach(), self.compression)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _CompressedLinearFunction.apply(x, self.weight, self.weight_scale, self.bias, self.compression)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
+        weight = state_dict.get(prefix + "weight")
+        if weight is None:
+            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        codec, _size, dtype, _shape = self.compression
+        quantized, scale = quantize_rows(weight, dtype)
+        _store(self, quantized.to(self.weight_scale.device), CODECS[codec])
+        self.weight_scale.copy_(scale)
+        rest = {k: v for k, v in state_dict.items() if k not in (prefix + "weight", prefix + "weight_scale")}
+        torch.nn.Module._load_from_state_dict(self, rest, prefix, local_metadata, strict, missing_keys, *args)
+        for key in (prefix + "weight", prefix + "weight_scale"):
+            if key in missing_keys:
+                missing_keys.remove(key)
+
+
+def _store(layer: CompressedW8A8Linear, weight8: torch.Tensor, codec: WeightCodec) -> None:
+    size = weight8.numel() * weight8.element_size()
+    layer.compression = (codec.name, size, weight8.dtype, tuple(weight8.shape))
+    blob = codec.compress(weight8.contiguous().view(torch.uint8).reshape(-1))
+    layer.weight = torch.nn.Parameter(blob, requires_grad=False)
+
+
+def compress_layer(layer: W8A8Linear, codec: WeightCodec) -> None:
+    """Keep `layer`'s 8-bit weight compressed by `codec` (the layer becomes a CompressedW8A8Linear)."""
+    weight8 = layer.weight.data
+    layer.__class__ = CompressedW8A8Linear
+    _store(layer, weight8, codec)
+
+
+def compressed_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """(compressed, uncompressed) bytes of `module`'s compressed weights."""
+    layers = [m for m in module.modules() if isinstance(m, CompressedW8A8Linear)]
+    return sum(m.weight.numel() for m in layers), sum(m.compression[1] for m in layers)
 
 
 class _Scaled8BitConv2dFunction(torch.autograd.Function):

@@ -49,30 +49,42 @@ def test_nfloat4_without_cuda_is_refused_before_training(tmp_path, monkeypatch, 
     assert not (tmp_path / "workspace" / "logs").exists() or not list((tmp_path / "workspace").rglob("*.safetensors"))
 
 
-@pytest.mark.parametrize("dtype", ["INT_W8A8"])  # INT_8 and FLOAT_W8A8 layers: tests/util/test_scaled_8bit.py
-def test_8bit_scaled_weights_train_a_flux_lora_that_loads_as_trained(tmp_path, dtype):
-    # The transformer in `dtype` (INT_W8A8 as OneTrainer's Z-Image presets use it), T5 in INT_8, half the transformer's
-    # blocks offloaded: the LoRA file keeps its own dtype and changes the plain model as ours.
+def test_8bit_scaled_weights_train_a_flux_lora_that_loads_as_trained(tmp_path, monkeypatch):
+    # The transformer in INT_W8A8 (as OneTrainer's Z-Image presets use it), T5 in INT_8, half the transformer's blocks
+    # offloaded: the LoRA file keeps its own dtype and changes the plain model as ours. INT_W8A8_COMPRESSED (a test
+    # coder standing in for nvCOMP, which needs CUDA) trains the same losses and LoRA, bit for bit.
     from safetensors.torch import load_file
 
     from onetrainer.families import load_family_class
     from onetrainer.methods import create_method
+    from onetrainer.util import weight_codecs
     from onetrainer.util.quantize import Scaled8BitLinear
+    from tests.util.test_compressed_weights import ZlibCodec
 
+    codec = ZlibCodec()
+    monkeypatch.setitem(weight_codecs.CODECS, codec.name, codec)
+    monkeypatch.setattr(weight_codecs, "codec_for", lambda _device: codec)
+    monkeypatch.setattr(weight_codecs, "unavailable_reason", lambda *_args: None)
     image_folder(tmp_path, count=2)
-    output = tmp_path / "out" / "lora.safetensors"
-    config = tiny_config(
-        tmp_path, variant="flux-dev", epochs=1, output_model_destination=str(output), lora_weight_dtype="FLOAT_32",
-        transformer={"weight_dtype": dtype, "offload_fraction": 0.5}, text_encoder={"train": False},
-        text_encoder_2={"weight_dtype": "INT_8", "train": False},
-    )  # fmt: skip
-    assert main(["--config-path", str(write_config(tmp_path, config))]) == 0
-    losses = [v for _, v in read_scalars(tmp_path / "workspace" / "tensorboard")["loss/train_step"]]
-    assert losses and all(math.isfinite(v) for v in losses)
-    state = load_file(str(output))
+    runs = {}
+    for dtype in ("INT_W8A8", "INT_W8A8_COMPRESSED"):
+        output = tmp_path / dtype / "lora.safetensors"
+        config = tiny_config(
+            tmp_path, variant="flux-dev", epochs=1, output_model_destination=str(output), lora_weight_dtype="FLOAT_32",
+            workspace_dir=str(tmp_path / dtype / "workspace"),
+            transformer={"weight_dtype": dtype, "offload_fraction": 0.5}, text_encoder={"train": False},
+            text_encoder_2={"weight_dtype": "INT_8", "train": False},
+        )  # fmt: skip
+        assert main(["--config-path", str(write_config(tmp_path, config))]) == 0
+        losses = [v for _, v in read_scalars(tmp_path / dtype / "workspace" / "tensorboard")["loss/train_step"]]
+        assert losses and all(math.isfinite(v) for v in losses)
+        runs[dtype] = (losses, load_file(str(output)), config)
+    (losses, state, config), (packed_losses, packed_state, _) = runs.values()
     assert state and all(v.dtype == torch.float32 for v in state.values())
+    assert packed_losses == losses and codec.decompressed > 0
+    assert state.keys() == packed_state.keys() and all(torch.equal(packed_state[k], v) for k, v in state.items())
 
-    cfg, _ = config_from_dict({**config, "lora_model_name": str(output)})
+    cfg, _ = config_from_dict({**config, "lora_model_name": str(tmp_path / "INT_W8A8" / "lora.safetensors")})
     family = load_family_class(cfg.model_type)()
     model = family.load(local_config(cfg))
     linear = model.part("transformer").get_submodule("transformer_blocks.0.attn.to_q")
@@ -101,6 +113,25 @@ def test_adapters_that_read_the_base_weight_are_refused_on_scaled_8bit_weights(t
     assert not [p for p in validate(plain) if p.path == "unet.weight_dtype"]
 
 
+@pytest.mark.parametrize("kind", ["FLOAT_8", "FLOAT_W8A8"])
+def test_a_new_lora_on_float8_weights_starts_from_unrounded_values(kind):
+    # peft creates an adapter in its base layer's weight dtype unless the layer names a compute dtype: on a float8
+    # weight the LoRA's initial values were rounded to float8 (3 mantissa bits) before being cast to FLOAT_32.
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from onetrainer.config.enums import DataType
+    from onetrainer.util.quantize import to_float8, to_scaled_8bit
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    to_float8(model) if kind == "FLOAT_8" else to_scaled_8bit(model, DataType[kind])
+    assert model[0].weight.dtype == torch.float8_e4m3fn
+    inject_adapter_in_model(LoraConfig(r=4, target_modules=["0"]), model)
+    initial = model[0].lora_A.default.weight
+    assert initial.dtype == torch.float32
+    assert not torch.equal(initial, initial.to(torch.float8_e4m3fn).float())
+
+
 def test_adapters_train_on_float8_layers():
     from peft import LoHaConfig, inject_adapter_in_model
 
@@ -113,7 +144,7 @@ def test_adapters_train_on_float8_layers():
     assert model[0].weight.dtype == torch.float8_e4m3fn and model[2].weight.dtype == torch.float8_e4m3fn
     inject_adapter_in_model(LoHaConfig(r=2, alpha=2, target_modules=["0"]), model)
     for name, param in model.named_parameters():
-        if "hada_" in name:  # peft casts a new adapter to its base layer's dtype; the LoRA method casts it back
+        if "hada_" in name:  # the LoRA method casts a new adapter to its own dtype
             param.data = param.data.float()
     # (peft freezes every other parameter when it injects, so DoRA comes second.)
     dora = DoraLayer(model[2], rank=2, alpha=1.0, dropout=0.0, output_axis=False, eps=True)
