@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import Optimizer
+from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 OFFERED_OPTIMIZERS = (
@@ -47,7 +48,7 @@ def _p(label: str, help: str, **meta):
     return setting(None, label, help, ui=False, **meta)
 
 
-def _bfloat16_weights_train(config) -> bool:
+def bfloat16_weights_train(config) -> bool:
     """A fine-tune that trains BFLOAT_16 weights in place (where stochastic rounding would matter)."""
     from onetrainer.config.enums import DataType, TrainingMethod
     from onetrainer.config.model_types import MODEL_TYPES
@@ -127,18 +128,22 @@ class TrainOptimizerConfig(ConfigNode):
     relative_step: bool | None = _p("Relative step", "Adafactor: compute the learning rate from the step count.")
     scale_parameter: bool | None = _p("Scale parameter", "Adafactor: scale the learning rate by the weights' RMS.")
     warmup_init: bool | None = _p("Warmup init", "Adafactor: warm the relative step up from 0.")
-    # Read and kept, not built yet: the optimizers here round to nearest (the run checks say what that means).
     stochastic_rounding: bool | None = _p(
         "Stochastic rounding",
-        "OneTrainer's stochastic rounding of updates into BFLOAT_16 weights, so small updates are not lost. Not built "
-        "yet: updates round to the nearest value.",
+        "Round each update into BFLOAT_16 weights up or down at random, with the probability of its distance to each "
+        "value, so small updates add up instead of being lost (each such weight steps on its own in float32). For "
+        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion).",
         not_built=NotBuilt(
-            "stochastic rounding (an update to BFLOAT_16 weights rounded up or down at random, so small updates add "
-            "up)",
+            "stochastic rounding with an optimizer that steps all weights together (Prodigy, D-Adaptation, "
+            "schedule-free, 8-bit)",
             "updates round to the nearest BFLOAT_16 value: an update below half a weight's precision is lost, so a "
             "fine-tune at a small learning rate may barely change its BFLOAT_16 weights (FLOAT_32 weights keep every "
-            "update, at twice the memory)",
-            active=lambda value, config: bool(value) and _bfloat16_weights_train(config),
+            "update, at twice the memory; or choose AdamW, Adafactor, CAME or Lion)",
+            active=lambda value, config: (
+                bool(value)
+                and bfloat16_weights_train(config)
+                and config.optimizer.optimizer not in PER_WEIGHT_OPTIMIZERS
+            ),
         ),
     )
     r: float | None = _p("r", "Schedule-free: polynomial weighting power.", minimum=0)

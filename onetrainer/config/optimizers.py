@@ -142,3 +142,19 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
              schedule_free=True),
     )
 }  # fmt: skip
+
+
+# Optimizers whose update of a weight reads only that weight's gradient, its state and its group's settings: they can
+# step one weight at a time (the fused back pass, stochastic rounding).
+PER_WEIGHT_OPTIMIZERS = frozenset(
+    {
+        Optimizer.ADAMW,
+        Optimizer.ADAM,
+        Optimizer.SGD,
+        Optimizer.ADAGRAD,
+        Optimizer.RMSPROP,
+        Optimizer.ADAFACTOR,
+        Optimizer.CAME,
+        Optimizer.LION,
+    }
+)

@@ -54,6 +54,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_lora_caveats(config)
     problems += check_layer_offloading(config)
     problems += check_fused_back_pass(config)
+    problems += check_stochastic_rounding(config)
     problems += check_compile(config)
     return _without_superseded(problems)
 
@@ -86,23 +87,42 @@ def check_compile(config: TrainConfig) -> list[Problem]:
     return []
 
 
+def _only_remembered(config: TrainConfig, name: str, feature: str, instead: str) -> list[Problem]:
+    """A feature the chosen optimizer's remembered settings turn on and its optimizer block does not. OneTrainer's app
+    applies those settings when a config loads, and its presets keep some features there only; this trainer trains
+    with the optimizer block, as OneTrainer's CLI does."""
+    chosen = config.optimizer.optimizer.value
+    remembered = config.optimizer_defaults.get(chosen)
+    if getattr(config.optimizer, name) or remembered is None or not getattr(remembered, name):
+        return []
+    message = (
+        f"{name} true in the {chosen} settings OneTrainer applies on load, but off in the optimizer block this "
+        f"trainer trains with: {instead}; turn on {feature} in the optimizer's settings (optimizer.{name}) as the "
+        "preset intends"
+    )
+    return [Problem(f"optimizer_defaults.{chosen}.{name}", message, Severity.WARNING)]
+
+
+def check_stochastic_rounding(config: TrainConfig) -> list[Problem]:
+    """Stochastic rounding kept only in the remembered settings (OneTrainer's fine-tune presets keep it there), where
+    this trainer would round stochastically: the run rounds to nearest unless the optimizer block asks."""
+    from onetrainer.config.optimizer_config import bfloat16_weights_train
+    from onetrainer.training.stochastic_rounding import applies
+
+    remembered = config.optimizer_defaults.get(config.optimizer.optimizer.value)
+    if remembered is None or not (applies(remembered) and bfloat16_weights_train(config)):
+        return []
+    instead = "updates round to the nearest BFLOAT_16 value, so small ones are lost"
+    return _only_remembered(config, "stochastic_rounding", "stochastic rounding", instead)
+
+
 def check_fused_back_pass(config: TrainConfig) -> list[Problem]:
     """The fused back pass (`training/fused_back_pass.py`) where it cannot run: an optimizer that looks at all weights
     together, float16 training's loss scaling, several GPUs (the gradients are averaged after the backward pass), an
     embedding (nothing to save); and what it changes: per-weight clipping, accumulation keeping the gradients."""
-    chosen = config.optimizer.optimizer.value
-    remembered = config.optimizer_defaults.get(chosen)
     if not config.optimizer.fused_back_pass:
-        if remembered is None or not remembered.fused_back_pass:
-            return []
-        # OneTrainer's app applies the chosen optimizer's remembered settings when a config loads; its presets keep
-        # the fused back pass there only. This trainer trains with the optimizer block, as OneTrainer's CLI does.
-        message = (
-            f"fused_back_pass true in the {chosen} settings OneTrainer applies on load, but off in the optimizer "
-            "block this trainer trains with: every gradient is held until the optimizer step (more VRAM); turn on "
-            "the fused back pass in the optimizer's settings (optimizer.fused_back_pass) as the preset intends"
-        )
-        return [Problem(f"optimizer_defaults.{chosen}.fused_back_pass", message, Severity.WARNING)]
+        instead = "every gradient is held until the optimizer step (more VRAM)"
+        return _only_remembered(config, "fused_back_pass", "the fused back pass", instead)
     from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
 
     path = "optimizer.fused_back_pass"

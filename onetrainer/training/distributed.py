@@ -320,9 +320,9 @@ def stochastic_round(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 → bfloat16 with stochastic rounding (unbiased on average); other targets round to nearest."""
     if dtype != torch.bfloat16 or value.dtype != torch.float32:
         return value.to(dtype)
-    bits = value.contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+    from onetrainer.training.stochastic_rounding import round_stochastically
+
+    return round_stochastically(value)
 
 
 class GlobalDraws:

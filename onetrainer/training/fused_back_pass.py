@@ -17,21 +17,9 @@ import weakref
 
 import torch
 
-from onetrainer.config.enums import Optimizer
+from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
 
-# Optimizers whose update of a weight reads only that weight's gradient, its state and its group's settings.
-PER_WEIGHT_OPTIMIZERS = frozenset(
-    {
-        Optimizer.ADAMW,
-        Optimizer.ADAM,
-        Optimizer.SGD,
-        Optimizer.ADAGRAD,
-        Optimizer.RMSPROP,
-        Optimizer.ADAFACTOR,
-        Optimizer.CAME,
-        Optimizer.LION,
-    }
-)
+__all__ = ["PER_WEIGHT_OPTIMIZERS", "FusedBackPass"]
 
 
 class FusedBackPass:

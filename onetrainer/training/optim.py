@@ -140,7 +140,8 @@ def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
         rows.append(OptimizerParameter(name, default, spec.type.kind, spec.meta.label, spec.meta.help))
     from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
 
-    if optimizer in PER_WEIGHT_OPTIMIZERS:  # a trainer setting, not the optimizer's: never passed to its class
-        spec = TrainOptimizerConfig.spec("fused_back_pass")
-        rows.append(OptimizerParameter("fused_back_pass", False, "bool", spec.meta.label, spec.meta.help))
+    if optimizer in PER_WEIGHT_OPTIMIZERS:  # trainer settings, not the optimizer's: never passed to its class
+        for name in ("fused_back_pass", "stochastic_rounding"):
+            spec = TrainOptimizerConfig.spec(name)
+            rows.append(OptimizerParameter(name, False, "bool", spec.meta.label, spec.meta.help))
     return rows

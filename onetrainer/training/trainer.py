@@ -32,6 +32,7 @@ from onetrainer.noise.draws import perturb_noise, sample_noise
 from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.weighting import timestep_weights
 from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
+from onetrainer.training import stochastic_rounding
 from onetrainer.training.checkpoint import (
     BackupDamaged,
     TrainProgress,
@@ -235,6 +236,8 @@ class Trainer:
             group["lr"] *= lr_scale
         warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
         self.optimizer = create_optimizer(config.optimizer, self.param_groups, config.learning_rate, warmup)
+        if stochastic_rounding.applies(config.optimizer):
+            stochastic_rounding.install(self.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config, total_steps, steps_per_epoch)
         self.schedule_free = optimizer_spec(config.optimizer.optimizer).schedule_free
         self.ema = self._create_ema()

@@ -136,7 +136,10 @@ def _expected_not_built(raw: dict) -> set[str]:
     optimizer = raw.get("optimizer", {}).get("optimizer")
     remembered = raw.get("optimizer_defaults", {}).get(optimizer, {})
     bfloat16_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"]["weight_dtype"] == "BFLOAT_16"
-    if remembered.get("stochastic_rounding") and bfloat16_fine_tune and raw["transformer"].get("train"):
+    # stochastic rounding is built for the optimizers that step each weight on its own
+    per_weight = optimizer in ("ADAMW", "ADAM", "SGD", "ADAGRAD", "RMSPROP", "ADAFACTOR", "CAME", "LION")
+    asked = remembered.get("stochastic_rounding") and bfloat16_fine_tune and raw["transformer"].get("train")
+    if asked and not per_weight:
         paths.add(f"optimizer_defaults.{optimizer}.stochastic_rounding")  # rounding to nearest loses small updates
     return paths
 

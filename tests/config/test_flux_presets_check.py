@@ -84,13 +84,20 @@ def test_onetrainer_flux_preset_passes_check_with_a_local_model(path: Path, in_t
     offloaded_fine_tune = raw["training_method"] == "FINE_TUNE" and raw["transformer"].get("offload_fraction", 0) > 0
     trained_stay = {"transformer.offload_fraction"} if offloaded_fine_tune else set()
     optimizer = raw.get("optimizer", {}).get("optimizer", "ADAMW")
-    remembered = raw.get("optimizer_defaults", {}).get(optimizer, {}).get("fused_back_pass")
-    fused_there = {f"optimizer_defaults.{optimizer}.fused_back_pass"} if remembered else set()
-    assert set(warned) == expected | trained_stay | fused_there, warned  # nothing else: no unknown or ignored key
+    remembered = raw.get("optimizer_defaults", {}).get(optimizer, {})
+    fused_there = {f"optimizer_defaults.{optimizer}.fused_back_pass"} if remembered.get("fused_back_pass") else set()
+    # Stochastic rounding kept there only, where it would round (a BFLOAT_16 transformer trained, a per-weight
+    # optimizer): the run rounds to nearest unless the optimizer block asks.
+    bfloat16_trained = raw["training_method"] == "FINE_TUNE" and raw["transformer"].get("train", True)
+    bfloat16_trained &= raw["transformer"].get("weight_dtype") == "BFLOAT_16"
+    rounding = remembered.get("stochastic_rounding") and bfloat16_trained and optimizer in ("ADAFACTOR", "ADAMW")
+    rounding_there = {f"optimizer_defaults.{optimizer}.stochastic_rounding"} if rounding else set()
+    assert set(warned) == expected | trained_stay | fused_there | rounding_there, warned  # nothing else
     assert all("is not built yet; " in warned[p] for p in expected)
     assert all("move with their optimizer state only with the fused back pass" in warned[p] for p in trained_stay)
     assert all("turn on the fused back pass in the optimizer's settings" in warned[p] for p in fused_there)
-    expected |= trained_stay | fused_there
+    assert all("turn on stochastic rounding in the optimizer's settings" in warned[p] for p in rounding_there)
+    expected |= trained_stay | fused_there | rounding_there
 
     # The command line says the same: the exit code, each warning by its path, "valid" when nothing is refused.
     argv = ["--config-path", str(path), *(arg for o in overrides for arg in ("--set", o)), "--check"]
@@ -117,9 +124,8 @@ def test_what_check_says_for_onetrainer_flux_presets(in_tmp: Path, capsys):
         "this trainer trains with" in err
     )
     assert (
-        "stochastic_rounding true in the ADAFACTOR settings OneTrainer applies on load: stochastic rounding (an "
-        "update to BFLOAT_16 weights rounded up or down at random, so small updates add up) is not built yet; "
-        "updates round to the nearest BFLOAT_16 value" in err
+        "stochastic_rounding true in the ADAFACTOR settings OneTrainer applies on load, but off in the optimizer "
+        "block this trainer trains with: updates round to the nearest BFLOAT_16 value" in err
     )
 
 
