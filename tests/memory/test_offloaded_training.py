@@ -148,9 +148,10 @@ def test_a_fine_tune_offloaded_with_the_fused_back_pass_trains_as_without_both(t
 
 
 def test_onetrainers_8gb_chroma_fine_tune_trains_with_its_trained_blocks_offloaded(in_tmp: Path, capsys):
-    """OneTrainer's "#chroma Finetune 8GB" preset as its app loads it (the fused back pass from the remembered Adafactor
-    settings), on tiny Chroma: 85 % of the blocks offloaded with their trained weights and optimizer state, BFLOAT_16,
-    through scripts/train.py. It trains, the checks name no offloading caveat, and the saved transformer changed."""
+    """OneTrainer's "#chroma Finetune 8GB" preset as its app loads it (the fused back pass and stochastic rounding from
+    the remembered Adafactor settings), on tiny Chroma: 85 % of the blocks offloaded with their trained weights and
+    optimizer state, BFLOAT_16, through scripts/train.py. It trains, the checks name no offloading caveat, and the saved
+    transformer changed."""
     import json
 
     from onetrainer.cli.train import EXIT_OK, main
@@ -161,7 +162,8 @@ def test_onetrainers_8gb_chroma_fine_tune_trains_with_its_trained_blocks_offload
     output = in_tmp / "out" / "chroma.safetensors"
     sets = {
         "base_model_name": "tiny:chroma", "concepts": json.dumps([{"name": "shapes", "path": str(folder)}]),
-        "optimizer.fused_back_pass": "true", "epochs": "1", "resolution": "64", "output_model_destination": str(output),
+        "optimizer.fused_back_pass": "true", "optimizer.stochastic_rounding": "true", "epochs": "1",
+        "resolution": "64", "output_model_destination": str(output),
         "workspace_dir": str(in_tmp / "workspace"), "cache_dir": str(in_tmp / "cache"),
     }  # fmt: skip
     argv = ["--config-path", str(preset), *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
