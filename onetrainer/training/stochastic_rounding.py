@@ -2,15 +2,15 @@
 
 A bfloat16 weight has 8 bits of precision: an update smaller than half the gap to the next value is lost when the
 new weight is rounded to the nearest one, so a fine-tune at a small learning rate barely moves its BFLOAT_16 weights.
-Here each BFLOAT_16 weight is stepped on its own in float32 (the weight, its gradient and its state upcast for that
-step only) and the result written back rounded up or down at random, with the probability of its distance to each:
+Here the BFLOAT_16 weights are stepped in float32 (each weight, its gradient and its state upcast for that step only)
+and the result written back rounded up or down at random, with the probability of its distance to each:
 on average the update is kept, however small.
 
-The optimizer is shown one weight at a time in a copy of its group (as the fused back pass shows it), which is exact
-for the optimizers that update each weight from its own gradient and state (`PER_WEIGHT_OPTIMIZERS`); weights of other
-dtypes step together as usual. The state keeps the dtype it has: tensors the first step creates are stored as the
-optimizer would store them for the BFLOAT_16 weight (shaped like the weight: in its dtype), and rounded to the nearest
-value; the computation itself is float32.
+The optimizer is shown a few weights at a time (up to `CHUNK_ELEMENTS`) in a copy of their group (as the fused back
+pass shows it one), which is exact for the optimizers that update each weight from its own gradient and state
+(`PER_WEIGHT_OPTIMIZERS`); weights of other dtypes step together as usual. The state keeps the dtype it has: tensors
+the first step creates are stored as the optimizer would store them for the BFLOAT_16 weight (shaped like the weight:
+in its dtype), rounded to the nearest value; the computation itself is float32.
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ def round_stochastically(values: torch.Tensor) -> torch.Tensor:
 
 
 def install(optimizer: torch.optim.Optimizer) -> None:
-    """Make `optimizer.step` step its BFLOAT_16 weights one at a time in float32, rounding them back stochastically.
+    """Make `optimizer.step` step its BFLOAT_16 weights in float32, a few at a time, rounding them back stochastically.
     Install before an LR scheduler is built on the optimizer (it wraps `step` too)."""
     plain_step = optimizer.step
 
     def step(optimizer: torch.optim.Optimizer, closure=None):
         groups = optimizer.param_groups
-        rounded = [p for group in groups for p in group["params"] if p.grad is not None and p.dtype == ROUNDED]
-        if not rounded:
+        if not any(p.grad is not None and p.dtype == ROUNDED for group in groups for p in group["params"]):
             return plain_step(closure)
         try:
             others = [
@@ -55,10 +54,10 @@ def install(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.param_groups = others
                 plain_step()
             for group in groups:
-                for param in group["params"]:
-                    if param.grad is not None and param.dtype == ROUNDED:
-                        optimizer.param_groups = [{**group, "params": [param]}]
-                        _step_in_float32(optimizer, plain_step, param)
+                rounded = [p for p in group["params"] if p.grad is not None and p.dtype == ROUNDED]
+                for chunk in _chunks(rounded):
+                    optimizer.param_groups = [{**group, "params": chunk}]
+                    _step_in_float32(optimizer, plain_step, chunk)
         finally:
             optimizer.param_groups = groups
         return None
@@ -67,28 +66,51 @@ def install(optimizer: torch.optim.Optimizer) -> None:
     optimizer.step = types.MethodType(step, optimizer)
 
 
-def _step_in_float32(optimizer: torch.optim.Optimizer, plain_step, param: torch.Tensor) -> None:
-    stored, grad = param.data, param.grad
-    state = optimizer.state[param]
-    kept = {key: value.dtype for key, value in state.items() if _is_float_tensor(value)}
-    for key, dtype in kept.items():
-        if dtype != torch.float32:
-            state[key] = state[key].float()
-    param.data = stored.float()
-    param.grad = grad.float()
+# Weights stepped together in float32: few optimizer calls for many small weights (adapters, norms, biases), and a
+# bounded float32 copy (weights, gradients and state of 16 M elements: about 256 MiB with AdamW); a larger weight
+# steps alone.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _chunks(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    chunks: list[list[torch.Tensor]] = []
+    size = CHUNK_ELEMENTS
+    for param in params:
+        if size + param.numel() > CHUNK_ELEMENTS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(param)
+        size += param.numel()
+    return chunks
+
+
+def _step_in_float32(optimizer: torch.optim.Optimizer, plain_step, params: list[torch.Tensor]) -> None:
+    stored = [(param.data, param.grad) for param in params]
+    kept = []
+    for param, (weight, grad) in zip(params, stored):
+        state = optimizer.state[param]
+        kept.append({key: value.dtype for key, value in state.items() if _is_float_tensor(value)})
+        for key, dtype in kept[-1].items():
+            if dtype != torch.float32:
+                state[key] = state[key].float()
+        param.data = weight.float()
+        param.grad = grad.float()
     try:
         plain_step()
     finally:
-        updated = param.data
-        param.data = stored
-        param.grad = grad
-    stored.copy_(round_stochastically(updated))
-    for key, value in state.items():
-        if not _is_float_tensor(value):
-            continue
-        dtype = kept.get(key, stored.dtype if value.shape == stored.shape else value.dtype)
-        if value.dtype != dtype:
-            state[key] = value.to(dtype)
+        updated = [param.data for param in params]
+        for param, (weight, grad) in zip(params, stored):
+            param.data = weight
+            param.grad = grad
+    for param, (weight, _), new, dtypes in zip(params, stored, updated, kept):
+        weight.copy_(round_stochastically(new))
+        state = optimizer.state[param]
+        for key, value in state.items():
+            if not _is_float_tensor(value):
+                continue
+            dtype = dtypes.get(key, weight.dtype if value.shape == weight.shape else value.dtype)
+            if value.dtype != dtype:
+                state[key] = value.to(dtype)
 
 
 def _is_float_tensor(value) -> bool:

@@ -67,6 +67,41 @@ def test_only_bfloat16_weights_step_apart_and_the_state_keeps_its_dtypes():
     assert optimizer.param_groups[0]["params"] == [half, full]  # the groups are the optimizer's own again
 
 
+def _count_weights_per_step(optimizer: torch.optim.Optimizer) -> list[int]:
+    """How many weights each call of the optimizer's own step is shown (appended to the list returned)."""
+    calls: list[int] = []
+    plain = optimizer.step
+
+    def counted(*args):
+        calls.append(len(optimizer.param_groups[0]["params"]))
+        return plain(*args)
+
+    optimizer.step = counted
+    return calls
+
+
+def test_small_weights_step_together_and_a_large_one_alone(monkeypatch):
+    # Few optimizer calls for many small weights, a bounded float32 copy: the same result as one at a time.
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(n).bfloat16()) for n in (30, 30, 30, 100, 30)]
+    grads = [torch.randn(w.shape).bfloat16() for w in weights]
+    results = []
+    for chunk in (64, 1):
+        monkeypatch.setattr(stochastic_rounding, "CHUNK_ELEMENTS", chunk)
+        params = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+        optimizer = torch.optim.AdamW(params, lr=1e-2)
+        calls = _count_weights_per_step(optimizer)
+        stochastic_rounding.install(optimizer)
+        for param, grad in zip(params, grads):
+            param.grad = grad.clone()
+        torch.manual_seed(1)
+        optimizer.step()
+        results.append((calls, [p.detach().clone() for p in params]))
+    (together, packed), (alone, single) = results
+    assert together == [2, 1, 1, 1] and alone == [1, 1, 1, 1, 1]  # 30+30, 30 (+100 > 64), 100, 30
+    assert all(torch.equal(a, b) for a, b in zip(packed, single))
+
+
 def test_the_fused_back_pass_rounds_each_weight_as_it_steps_it():
     torch.manual_seed(0)
     layer = torch.nn.Linear(256, 256).bfloat16()
