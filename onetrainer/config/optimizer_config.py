@@ -131,7 +131,7 @@ class TrainOptimizerConfig(ConfigNode):
     stochastic_rounding: bool | None = _p(
         "Stochastic rounding",
         "Round each update into BFLOAT_16 weights up or down at random, with the probability of its distance to each "
-        "value, so small updates add up instead of being lost (each such weight steps on its own in float32). For "
+        "value, so small updates add up instead of being lost (such weights step in float32, a few at a time). For "
         "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion).",
         not_built=NotBuilt(
             "stochastic rounding with an optimizer that steps all weights together (Prodigy, D-Adaptation, "

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.training.control import TrainingControl
+from onetrainer.training.stochastic_rounding import round_stochastically
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -320,8 +321,6 @@ def stochastic_round(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 → bfloat16 with stochastic rounding (unbiased on average); other targets round to nearest."""
     if dtype != torch.bfloat16 or value.dtype != torch.float32:
         return value.to(dtype)
-    from onetrainer.training.stochastic_rounding import round_stochastically
-
     return round_stochastically(value)
 
 

@@ -302,7 +302,7 @@ def _offloaded_step(count: PartCount, settings: Settings) -> tuple[float, float]
     at = [order.get(name) for name, _, _ in per_sample.blocks]
     if all(i is None for i in at):
         return None
-    largest = max(sum(sizes[i : i + window]) for i in range(len(sizes) - window + 1))
+    largest = _largest_window(sizes, window)
     per_param = count.bytes / count.params
 
     def weights(first: int) -> float:  # the part's weights with the window from block `first`
@@ -318,6 +318,11 @@ def _offloaded_step(count: PartCount, settings: Settings) -> tuple[float, float]
         if best is None or resident + activations > best[0] + best[1]:
             best = (resident, activations)
     return best
+
+
+def _largest_window(sizes: list[int], window: int) -> int:
+    """The most parameters `window` consecutive blocks of these sizes hold: what layer offloading's window can hold."""
+    return max(sum(sizes[i : i + window]) for i in range(len(sizes) - window + 1))
 
 
 def window_starts(at: list[int | None], blocks: int, window: int) -> list[tuple[int, int]]:
@@ -488,8 +493,7 @@ def _offloaded_params(
         return 0, 0, (), 0
     total = sum(blocks)
     window = len(blocks) - min(len(blocks) - 1, round(fraction * len(blocks)))
-    largest = max(sum(blocks[i : i + window]) for i in range(len(blocks) - window + 1))
-    offloaded = total - largest
+    offloaded = total - _largest_window(blocks, window)
     moving = 1.0  # the share of a block's parameters that moves with it
     trained_offloaded = 0
     if config.training_method is TrainingMethod.FINE_TUNE and total:

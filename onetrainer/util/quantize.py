@@ -110,10 +110,10 @@ def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig, filte
         to_float8(module, kept, svd)
     elif data_type is DataType.NFLOAT_4:
         _to_nf4(module, dtype, kept)
-    elif data_type in COMPRESSED_WEIGHT_DTYPES:
-        to_scaled_8bit(module, data_type, kept, svd, weight_codecs.codec_for(config.train_device))
     else:
-        to_scaled_8bit(module, data_type, kept, svd)
+        compressed = data_type in COMPRESSED_WEIGHT_DTYPES
+        codec = weight_codecs.codec_for(config.train_device) if compressed else None
+        to_scaled_8bit(module, data_type, kept, svd, codec)
     return True
 
 

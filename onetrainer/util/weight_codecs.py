@@ -50,9 +50,13 @@ class NvcompAns:
 
         self._nvcomp = nvcomp
         self.device = device
-        self.name = f"nvcomp-ans:{device}"
+        self.name = self.name_for(device)
         self._coders: dict[tuple[int, int], object] = {}
         self._configs: dict[tuple[int, int, int], object] = {}
+
+    @staticmethod
+    def name_for(device: torch.device) -> str:
+        return f"nvcomp-ans:{device}"
 
     def _coder(self, stream: torch.cuda.Stream):
         key = (threading.get_ident(), stream.cuda_stream)
@@ -99,7 +103,7 @@ def codec_for(device: str | torch.device) -> WeightCodec:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     with _LOCK:
-        codec = CODECS.get(f"nvcomp-ans:{device}")
+        codec = CODECS.get(NvcompAns.name_for(device))
         return codec if codec is not None else register(NvcompAns(device))
 
 
