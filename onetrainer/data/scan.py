@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 from PIL import Image, UnidentifiedImageError
 
 from onetrainer.config.enums import ConceptType
-from onetrainer.data.images import caption_lines, list_images, mask_path_of, read_text, reference_paths_of
+from onetrainer.data.images import (
+    IMAGE_EXTENSIONS,
+    REFERENCE_SUFFIX,
+    caption_lines,
+    is_training_image,
+    list_images,
+    mask_path_of,
+    read_text,
+    reference_paths_of,
+)
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -105,8 +114,82 @@ def scan_concept(index: int, concept, folder: Path, masked: bool, references: bo
     return scan
 
 
-def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
-    """The displayed size, from the header only; a file PIL cannot identify or verify is reported, not used."""
+@dataclass(frozen=True)
+class FirstUsable:
+    """The first image of a folder that a run trains on, and what was passed over to find it."""
+
+    folder: Path
+    image: Path | None  # None: no image of the folder trains
+    listed: int  # image files in the folder (by extension)
+    unreadable: tuple[tuple[Path, str], ...] = ()  # passed over: cannot be read (file, reason)
+    without_references: tuple[Path, ...] = ()  # passed over: no reference image, where the model trains on them
+    in_subfolders: bool = False  # none listed, but its subfolders hold images (include_subdirectories is off)
+
+    def reason(self) -> str:
+        """Why no image of the folder trains ("" when one does), naming the files passed over."""
+        if self.image is not None:
+            return ""
+        if not self.listed:
+            if self.in_subfolders:
+                return f"no images in {self.folder}, only in its subfolders: turn on 'Include subdirectories'"
+            return f"no images in {self.folder} ({', '.join(IMAGE_EXTENSIONS)})"
+        count = f"{self.listed} image{'s' if self.listed > 1 else ''}"
+        parts = []
+        if self.unreadable:
+            shown = ", ".join(f"{path.name} ({why})" for path, why in self.unreadable[:_NAMED])
+            more = f" and {len(self.unreadable) - _NAMED} more" if len(self.unreadable) > _NAMED else ""
+            parts.append(f"{len(self.unreadable)} cannot be read: {shown}{more}")
+        if self.without_references:
+            shown = ", ".join(path.name for path in self.without_references[:_NAMED])
+            more = f" and {len(self.without_references) - _NAMED} more" if len(self.without_references) > _NAMED else ""
+            count_without = len(self.without_references)
+            have = "has no reference image beside it" if count_without == 1 else "have no reference image beside them"
+            parts.append(
+                f"{count_without} {have} (<name>{REFERENCE_SUFFIX}.png), which this model type trains on: {shown}{more}"
+            )
+        return f"none of the {count} in {self.folder} can be trained: " + "; ".join(parts)
+
+
+_NAMED = 3  # files a reason names before "and N more"
+
+
+def first_usable_image(folder: Path, include_subdirectories: bool = False, references: bool = False) -> FirstUsable:
+    """The first image of `folder` the scan would train on, reading headers in the scan's order until one is usable:
+    one header for a folder that is fine, so the run checks and the concept card can afford it where a full scan
+    (every header) is for the statistics and the run. `references`: the model type trains on reference images."""
+    images = list_images(folder, include_subdirectories) if folder.is_dir() else []
+    unreadable: list[tuple[Path, str]] = []
+    without: list[Path] = []
+    for path in images:
+        try:
+            image_size(path)
+        except UnreadableImage as e:
+            unreadable.append((path, str(e)))
+            continue
+        if references and not reference_paths_of(path):
+            without.append(path)
+            continue
+        return FirstUsable(folder, path, len(images), tuple(unreadable), tuple(without))
+    nested = not images and not include_subdirectories and folder.is_dir() and _images_below(folder)
+    return FirstUsable(folder, None, len(images), tuple(unreadable), tuple(without), nested)
+
+
+def _images_below(folder: Path) -> bool:
+    """Whether a subfolder holds an image: one level down only, as a folder chosen by mistake may be a whole drive."""
+    try:
+        subfolders = [sub for sub in folder.iterdir() if sub.is_dir()]
+        return any(p.is_file() and is_training_image(p) for sub in subfolders for p in sub.iterdir())
+    except OSError:  # a subfolder that cannot be listed
+        return False
+
+
+class UnreadableImage(Exception):
+    """A file the scan cannot use as an image; its text says why."""
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """The displayed size, from the header only (EXIF orientation applied); UnreadableImage for a file PIL cannot
+    identify or verify."""
     try:
         if path.stat().st_size == 0:
             raise ValueError("the file is empty")
@@ -115,12 +198,20 @@ def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
         with Image.open(path) as image:
             width, height = image.size
             orientation = image.getexif().get(0x0112, 1)
-        if orientation in _ROTATED_ORIENTATIONS:
-            width, height = height, width
-        return width, height
     except (OSError, ValueError, UnidentifiedImageError, SyntaxError, Image.DecompressionBombError) as e:
+        raise UnreadableImage(_reason(e)) from e
+    if orientation in _ROTATED_ORIENTATIONS:
+        width, height = height, width
+    return width, height
+
+
+def _image_size(path: Path, scan: ConceptScan | None) -> tuple[int, int] | None:
+    """`image_size`, or None with the file reported in the scan's `unreadable`."""
+    try:
+        return image_size(path)
+    except UnreadableImage as e:
         if scan is not None:
-            scan.unreadable.append((path, _reason(e)))
+            scan.unreadable.append((path, str(e)))
         return None
 
 

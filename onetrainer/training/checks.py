@@ -535,7 +535,10 @@ def _check_concepts(config: TrainConfig) -> list[Problem]:
 
     problems: list[Problem] = []
     concepts = config.concepts or []
-    trained = [c for c in concepts if c.enabled and c.type is not ConceptType.VALIDATION]
+    # the trained concepts, by the path their problems are reported at
+    trained = [
+        f"concepts.{i}.path" for i, c in enumerate(concepts) if c.enabled and c.type is not ConceptType.VALIDATION
+    ]
     if not trained:
         where = "" if config.concepts else f" (none inline, and {config.concept_file_name} has none)"
         problems.append(Problem("concepts", f"no enabled concept to train on{where}; add a folder of images"))
@@ -550,13 +553,34 @@ def _check_concepts(config: TrainConfig) -> list[Problem]:
                 problems.append(Problem(f"concepts.{i}.path", reason))
         elif not Path(concept.path).expanduser().is_dir():
             problems.append(Problem(f"concepts.{i}.path", f"folder not found: {concept.path}"))
+        else:
+            problems += _check_concept_images(config, i)
         if concept.text.prompt_source == "concept" and not Path(concept.text.prompt_path).is_file():
             problems.append(
                 Problem(
                     f"concepts.{i}.text.prompt_path", f"caption file not found: {concept.text.prompt_path or '(empty)'}"
                 )
             )
+    if len(trained) > 1 and {p.path for p in problems}.issuperset(trained):  # each concept is named: say it of all
+        problems.append(Problem("concepts", "none of the enabled concepts has an image to train on"))
     return problems
+
+
+def _check_concept_images(config: TrainConfig, index: int) -> list[Problem]:
+    """An enabled concept none of whose images trains (an empty folder, broken files, no reference images where the
+    model type needs them), found from the first usable image (`scan.first_usable_image`): the run would stop after
+    loading the model. A validation concept trains nothing, so it is only a warning there."""
+    from onetrainer.data.scan import first_usable_image, trains_on_references
+
+    concept = config.concepts[index]
+    folder = Path(concept.path).expanduser()
+    found = first_usable_image(folder, concept.include_subdirectories, trains_on_references(config))
+    if found.image is not None:
+        return []
+    if concept.type is ConceptType.VALIDATION:
+        message = f"{found.reason()}; this validation concept measures nothing"
+        return [Problem(f"concepts.{index}.path", message, Severity.WARNING)]
+    return [Problem(f"concepts.{index}.path", f"{found.reason()}; add images or turn the concept off")]
 
 
 def _check_output(config: TrainConfig) -> list[Problem]:

@@ -79,8 +79,8 @@ def test_tiny_part_overrides_resolve_and_unknown_names_are_refused():
 
 @pytest.mark.parametrize(("preset", "base"), [("cascade/lora", "tiny:cascade"), ("wuerstchen/lora", "tiny:wuerstchen")])
 def test_check_passes_offline_with_a_tiny_base_and_says_the_overrides_are_not_used(in_tmp, capsys, preset, base):
-    (in_tmp / "images").mkdir()
-    code = main(["--check", "--preset", preset, "--set", f"base_model_name={base}", "--set", "concepts.0.path=images"])
+    overrides = ["--set", f"base_model_name={base}", "--set", "concepts.0.path=tiny:images"]  # the demo's images
+    code = main(["--check", "--preset", preset, *overrides])
     err = capsys.readouterr().err
     assert code == EXIT_OK, err
     notices = [line for line in err.splitlines() if "brings its own" in line]

@@ -1,0 +1,97 @@
+"""The run checks (`--check`, Start) on what the concepts' folders hold and what the samples need (issue 42)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+from onetrainer.cli.train import EXIT_INVALID, EXIT_OK, main
+from onetrainer.config import config_from_dict
+from onetrainer.config.naming import describe
+from onetrainer.data.scan import first_usable_image
+from onetrainer.training.checks import run_checks
+from tests.helpers import tiny_config, write_config
+
+
+def _image(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 24), "red").save(path)
+    return path
+
+
+def _broken(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n not really a picture")
+    return path
+
+
+def _concept_problems(tmp_path: Path, concepts: list[dict], **changes) -> dict[str, object]:
+    config, _ = config_from_dict(tiny_config(tmp_path, concepts=concepts, **changes))
+    return {p.path: p for p in run_checks(config, include_schema=False) if p.path.startswith("concepts")}
+
+
+def test_check_refuses_an_empty_concept_folder_naming_the_concept(in_tmp, capsys) -> None:
+    (in_tmp / "images").mkdir()
+    config = write_config(in_tmp, tiny_config(in_tmp))
+    assert main(["--config-path", str(config), "--check"]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"error: concept 'shapes' (concepts.0.path): no images in {in_tmp / 'images'}" in err
+    assert "add images or turn the concept off" in err
+    _image(in_tmp / "images" / "a.png")
+    assert main(["--config-path", str(config), "--check"]) == EXIT_OK
+
+
+def test_a_concept_whose_images_are_all_broken_is_named_with_its_files(tmp_path: Path) -> None:
+    _broken(tmp_path / "cats" / "a.png")
+    _broken(tmp_path / "cats" / "b.png")
+    _image(tmp_path / "dogs" / "x.png")
+    concepts = [{"name": "cats", "path": str(tmp_path / "cats")}, {"name": "dogs", "path": str(tmp_path / "dogs")}]
+    problems = _concept_problems(tmp_path, concepts)
+    assert list(problems) == ["concepts.0.path"] and problems["concepts.0.path"].is_error
+    config, _ = config_from_dict(tiny_config(tmp_path, concepts=concepts))
+    text = describe(problems["concepts.0.path"], config)
+    assert text.startswith(f"error: concept 'cats': none of the 2 images in {tmp_path / 'cats'} can be trained: ")
+    assert "2 cannot be read: a.png (" in text and "b.png (" in text
+
+
+def test_one_broken_file_leaves_the_concept_usable(tmp_path: Path) -> None:
+    first = _broken(tmp_path / "cats" / "a.png")  # the first file: the others still train
+    second = _image(tmp_path / "cats" / "b.png")
+    assert _concept_problems(tmp_path, [{"name": "cats", "path": str(tmp_path / "cats")}]) == {}
+    found = first_usable_image(tmp_path / "cats")
+    assert found.image == second and [p for p, _ in found.unreadable] == [first] and found.reason() == ""
+
+
+def test_disabled_and_validation_concepts_without_images_do_not_block_the_run(tmp_path: Path) -> None:
+    _image(tmp_path / "cats" / "a.png")
+    (tmp_path / "empty").mkdir()
+    concepts = [
+        {"name": "cats", "path": str(tmp_path / "cats")},
+        {"name": "off", "path": str(tmp_path / "empty"), "enabled": False},
+        {"name": "held out", "path": str(tmp_path / "empty"), "type": "VALIDATION"},
+    ]
+    problems = _concept_problems(tmp_path, concepts)
+    assert list(problems) == ["concepts.2.path"]  # the validation concept: a warning, the run trains
+    assert not problems["concepts.2.path"].is_error and "measures nothing" in problems["concepts.2.path"].message
+
+
+def test_a_dataset_without_any_usable_image_is_named_as_a_whole(tmp_path: Path) -> None:
+    (tmp_path / "cats").mkdir()
+    _image(tmp_path / "dogs" / "by-breed" / "a.png")  # below the folder, with subfolders off
+    concepts = [{"name": "cats", "path": str(tmp_path / "cats")}, {"name": "dogs", "path": str(tmp_path / "dogs")}]
+    problems = _concept_problems(tmp_path, concepts)
+    assert set(problems) == {"concepts", "concepts.0.path", "concepts.1.path"}
+    assert problems["concepts"].message == "none of the enabled concepts has an image to train on"
+    assert "only in its subfolders: turn on 'Include subdirectories'" in problems["concepts.1.path"].message
+    concepts[1]["include_subdirectories"] = True
+    assert list(_concept_problems(tmp_path, concepts)) == ["concepts.0.path"]  # one concept left without images
+
+
+def test_an_edit_models_concept_needs_images_with_references(tmp_path: Path) -> None:
+    _image(tmp_path / "edits" / "a.png")
+    concepts = [{"name": "edits", "path": str(tmp_path / "edits")}]
+    problem = _concept_problems(tmp_path, concepts, model_type="QWEN_EDIT", base_model_name="tiny:qwen-image-edit")
+    assert "1 has no reference image beside it (<name>-reference.png)" in problem["concepts.0.path"].message
+    _image(tmp_path / "edits" / "a-reference.png")
+    assert _concept_problems(tmp_path, concepts, model_type="QWEN_EDIT", base_model_name="tiny:qwen-image-edit") == {}
