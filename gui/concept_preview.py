@@ -22,6 +22,7 @@ from onetrainer.data.images import (
     read_text,
     reference_paths_of,
 )
+from onetrainer.data.scan import FirstUsable, first_usable_image
 
 IMAGE_AUGMENT_MISSING = "The augmentation preview is not available yet (onetrainer.data.image_augment is missing)."
 TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.data.text_augment is missing)."
@@ -48,15 +49,16 @@ def concept_images(concept: ConceptConfig) -> list[Path]:
     return list_images(folder, concept.include_subdirectories)
 
 
-def first_image(concept: ConceptConfig) -> Path | None:
-    """The first image of the concept's folder (its card's thumbnail), in the order the trainer lists them."""
+def first_image(concept: ConceptConfig, references: bool = False) -> FirstUsable | None:
+    """The first image of the concept's folder that trains (its card's thumbnail), in the order the trainer lists
+    them, with the files passed over; None without a folder. `references`: the model type trains on reference
+    images (`scan.trains_on_references`)."""
     if not concept.path.strip():
         return None
     folder = concept_folder(concept.path)
     if not folder.is_dir():
         return None
-    images = list_images(folder, concept.include_subdirectories)
-    return images[0] if images else None
+    return first_usable_image(folder, concept.include_subdirectories, references)
 
 
 def captions_of(image: Path, concept: ConceptConfig) -> list[str]:

@@ -137,6 +137,9 @@ class ConceptsTab(FormTab):
     def _config_changed(self, path: str | None) -> None:
         if path == LIST_PATH:
             self._rebuild()
+        elif path == "model_type":  # an edit model trains only the images with reference images
+            for card in self.cards:
+                card.show_thumbnail()
         elif path is not None and path.startswith(LIST_PATH + "."):
             index = path.split(".")[1]
             if index.isdigit() and int(index) < len(self.cards):

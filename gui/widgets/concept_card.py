@@ -14,6 +14,7 @@ from gui.forms.selection import item_field
 from gui.widgets.pictures import set_picture, thumbnail
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import ConceptConfig
+from onetrainer.data.scan import FirstUsable, trains_on_references
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -23,24 +24,29 @@ CARD_WIDTH = 200
 THUMBNAIL_BOX = (176, 132)
 MUTED_TEXT = ("gray40", "gray60")
 
-# Thumbnails by (folder, subfolders included) → (the folder's modification time, picture): the tab is rebuilt often.
-_thumbnails: dict[tuple[str, bool], tuple[int, ctk.CTkImage | None]] = {}
+# Thumbnails by (folder, subfolders included, references needed) → (the folder's modification time, its first usable
+# image as found, picture): the tab is rebuilt often.
+_thumbnails: dict[tuple[str, bool, bool], tuple[int, FirstUsable | None, ctk.CTkImage | None]] = {}
 
 
-def concept_thumbnail(concept: ConceptConfig) -> ctk.CTkImage | None:
-    """The first image of the concept's folder, small; cached until the folder changes."""
+def concept_thumbnail(
+    concept: ConceptConfig, references: bool = False
+) -> tuple[FirstUsable | None, ctk.CTkImage | None]:
+    """The first image of the concept's folder that trains (broken files passed over, as the trainer does), small,
+    with what was found; cached until the folder changes. `references`: the model type trains on reference images."""
     folder = concept_folder(concept.path) if concept.path.strip() else None
     if folder is None or not folder.is_dir():
-        return None
-    key = (str(folder), concept.include_subdirectories)
+        return None, None
+    key = (str(folder), concept.include_subdirectories, references)
     stamp = folder.stat().st_mtime_ns
     cached = _thumbnails.get(key)
     if cached is not None and cached[0] == stamp:
-        return cached[1]
-    image = first_image(concept)
+        return cached[1], cached[2]
+    found = first_image(concept, references)
+    image = found.image if found is not None else None
     picture = thumbnail(image, THUMBNAIL_BOX) if image is not None else None
-    _thumbnails[key] = (stamp, picture)
-    return picture
+    _thumbnails[key] = (stamp, found, picture)
+    return found, picture
 
 
 class ConceptCard:
@@ -58,6 +64,7 @@ class ConceptCard:
         self.index = index
         self.path = f"concepts.{index}"
         self.problem: str | None = None
+        self.found: FirstUsable | None = None  # the folder's first usable image, as the thumbnail found it
         self.frame = ctk.CTkFrame(parent, width=CARD_WIDTH, border_width=2, border_color=self._normal_border())
         self.frame.grid_columnconfigure(0, weight=1)
         self.picture = ctk.CTkLabel(self.frame, text="", width=THUMBNAIL_BOX[0], height=THUMBNAIL_BOX[1])
@@ -97,17 +104,28 @@ class ConceptCard:
         self.folder_label.configure(text=_shorten_start(folder, 28) if folder else "no folder chosen")
 
     def show_thumbnail(self) -> None:
-        picture = concept_thumbnail(self.concept)
+        self.found, picture = concept_thumbnail(self.concept, trains_on_references(self.model.config))
         set_picture(self.picture, picture, "" if picture is not None else self.empty_text())
 
     def empty_text(self) -> str:
-        """Why there is no thumbnail: no folder, a folder that does not exist, or one without images."""
+        """Why there is no thumbnail: no folder, a folder that does not exist, one without images, or one none of
+        whose images trains (the tooltip names the files)."""
         path = self.concept.path.strip()
         if not path:
             return "no folder chosen"
-        if not concept_folder(path).is_dir():
+        found = self.found
+        if found is None:
             return "folder not found"
-        return "no images found"
+        if found.image is not None:
+            return f"{found.image.name} cannot be shown"
+        if not found.listed:
+            return "images only in subfolders" if found.in_subfolders else "no images found"
+        images = f"{found.listed} image{'s' if found.listed > 1 else ''}"
+        if not found.without_references:
+            return f"{images}, none readable"
+        if not found.unreadable:
+            return f"{images}, no reference images"
+        return f"{images}, none usable"
 
     def sync(self, path: str) -> None:
         """The config changed at `path`: show what changed on this card."""
@@ -125,7 +143,9 @@ class ConceptCard:
 
     def _tooltip_text(self) -> str:
         text = f"{self.concept.path or 'No folder chosen.'}\nClick to edit the concept."
-        return f"⚠ {self.problem}\n\n{text}" if self.problem else text
+        reason = self.found.reason() if self.found is not None else ""
+        warning = self.problem or (f"{reason[0].upper()}{reason[1:]}." if reason else "")
+        return f"⚠ {warning}\n\n{text}" if warning else text
 
     def _normal_border(self) -> Any:
         return ctk.ThemeManager.theme["CTkFrame"]["top_fg_color"]

@@ -154,6 +154,32 @@ def test_a_concept_without_images_says_so(app, tmp_path: Path, monkeypatch: pyte
     assert not window.winfo_exists()
 
 
+def test_a_card_shows_what_trains_when_files_are_broken(app, tmp_path: Path) -> None:
+    folder = _image_folder(tmp_path, count=2)
+    broken = folder / "0-broken.png"  # listed first: before, the card took it for the thumbnail and said "no images"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n cut off")
+    tab = _concepts_tab(app, [ConceptConfig(name="shapes", path=str(folder))])
+    card = tab.cards[0]
+    assert card.picture.cget("text") == ""  # the first image that trains is shown
+    assert card.found.image == list_images(folder)[1] and card.found.unreadable[0][0] == broken
+    app.model.set("model_type", "QWEN_EDIT")  # an edit model trains only the images with reference images
+    assert card.picture.cget("text") == "3 images, none usable"
+    assert "no reference image beside them" in card._tooltip_text()
+
+    app.model.set("model_type", "STABLE_DIFFUSION_15")
+    all_broken = tmp_path / "all broken"
+    all_broken.mkdir()
+    shutil.copy(broken, all_broken / "a.png")
+    (all_broken / "b.png").write_bytes(b"")
+    app.model.set("concepts.0.path", str(all_broken))
+    assert card.picture.cget("text") == "2 images, none readable"
+    assert "a.png (" in card._tooltip_text() and "b.png (the file is empty)" in card._tooltip_text()
+    # Start names the concept before anything loads.
+    app.model.set("base_model_name", "tiny:sd15")
+    assert app.start() is False
+    assert f"concept 'shapes': none of the 2 images in {all_broken} can be trained" in app.dialogs.history[-1].text
+
+
 @pytest.mark.skipif(shutil.which("xdotool") is None, reason="xdotool is not installed")
 def test_a_click_on_a_card_opens_its_window(app, tmp_path: Path) -> None:
     tab = _concepts_tab(app, [ConceptConfig(name="first"), ConceptConfig(name="second", path=str(tmp_path))])

@@ -44,7 +44,7 @@ def test_concept_images_and_captions_follow_the_prompt_source(tmp_path: Path) ->
     _image(tmp_path / "a-masklabel.png")  # a mask is not a training image
     first.with_suffix(".txt").write_text("line one\n\nline two\n", encoding="utf-8")
     concept = ConceptConfig(path=str(tmp_path))
-    assert [p.name for p in concept_images(concept)] == ["a.png", "b.jpg"] and first_image(concept) == first
+    assert [p.name for p in concept_images(concept)] == ["a.png", "b.jpg"] and first_image(concept).image == first
     assert captions_of(first, concept) == ["line one", "line two"]
     assert captions_of(tmp_path / "b.jpg", concept) == []
     concept.text.prompt_source = "filename"
