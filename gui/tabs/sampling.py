@@ -10,6 +10,7 @@ from gui.widgets.gallery_view import GalleryView
 from gui.windows.sample_editor import SampleEditorWindow
 from onetrainer.config import SampleConfig
 from onetrainer.config.model_types import MODEL_TYPES
+from onetrainer.config.resolution import sample_size
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -33,7 +34,8 @@ def random_weights_note(base_model_name: str) -> str:
 
 
 def new_sample(model: ConfigModel) -> SampleConfig:
-    """A sample with the model type's own defaults (size, steps, guidance, sampler)."""
+    """A sample at the training resolution (`resolution.sample_size`: the largest of several) with the model type's
+    own steps, guidance and sampler; at the model type's sample size while the resolution is no valid one."""
     sample = SampleConfig()
     info = MODEL_TYPES.get(model.config.model_type)
     if info is not None:
@@ -41,6 +43,10 @@ def new_sample(model: ConfigModel) -> SampleConfig:
         sample.width, sample.height = defaults.width, defaults.height
         sample.diffusion_steps, sample.cfg_scale = defaults.diffusion_steps, defaults.cfg_scale
         sample.noise_scheduler = defaults.noise_scheduler
+    step = info.family.sample_step if info is not None else 8
+    size = sample_size(model.config.resolution, step)
+    if size is not None:
+        sample.width, sample.height = size
     return sample
 
 

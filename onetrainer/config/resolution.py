@@ -42,3 +42,20 @@ def parse_resolution(text: str) -> Resolution:
 def _check_size(value: int, text: str) -> None:
     if not 64 <= value <= 8192:
         raise ValueError(f"'{text}': each size must be between 64 and 8192 pixels")
+
+
+def sample_size(text: str, step: int) -> tuple[int, int] | None:
+    """The width and height a new sample starts at for the training resolution `text`: its size, or the largest of
+    several (the detail the run trains up to), each side rounded to a multiple of `step` (the family's sample step);
+    None when `text` is no valid resolution."""
+    try:
+        resolution = parse_resolution(text)
+    except ValueError:
+        return None
+    width, height = resolution.exact or (resolution.largest, resolution.largest)
+    return _multiple(width, step), _multiple(height, step)
+
+
+def _multiple(pixels: int, step: int) -> int:
+    """The nearest multiple of `step` (halves up), at least `step`."""
+    return max(step, (pixels + step // 2) // step * step)

@@ -9,6 +9,8 @@ from onetrainer.config.model_types import REFERENCE_IMAGES, SKIP_LAYER_GUIDANCE
 from onetrainer.config.schema import ConfigNode, setting
 
 OFFERED_SCHEDULERS = tuple(NoiseScheduler)
+# said of both sides: the GUI's new sample row takes its size from the config (`resolution.sample_size`)
+_NEW_SIZE = "A sample added in the window starts at the training resolution (the largest, where it lists several)."
 
 
 @dataclass
@@ -18,8 +20,10 @@ class SampleConfig(ConfigNode):
         "", "Prompt", "The prompt to render. Embedding placeholders such as <embedding> are replaced."
     )
     negative_prompt: str = setting("", "Negative prompt", "What the image should not show.")
-    width: int = setting(512, "Width", "Image width in pixels (a multiple of 8).", minimum=8, maximum=8192)
-    height: int = setting(512, "Height", "Image height in pixels (a multiple of 8).", minimum=8, maximum=8192)
+    width: int = setting(512, "Width", f"Image width in pixels (a multiple of 8). {_NEW_SIZE}", minimum=8, maximum=8192)
+    height: int = setting(
+        512, "Height", f"Image height in pixels (a multiple of 8). {_NEW_SIZE}", minimum=8, maximum=8192
+    )
     seed: int = setting(42, "Seed", "The noise seed; the same seed gives comparable images across the run.")
     random_seed: bool = setting(False, "Random seed", "Use a new random seed each time instead of the seed.")
     diffusion_steps: int = setting(30, "Steps", "Number of denoising steps.", minimum=1, maximum=1000)

@@ -219,3 +219,13 @@ def test_other_parts_blocks_load_merge_and_round_trip() -> None:
         undo()
     with pytest.raises(KeyError):
         TrainConfig().part("patch_autoencoder")
+
+
+def test_a_new_sample_starts_at_the_training_resolution() -> None:
+    from onetrainer.config.resolution import sample_size
+
+    assert sample_size("64", 8) == (64, 64)
+    assert sample_size("512,768,1024", 16) == (1024, 1024)  # several sizes: the largest
+    assert sample_size("1024x768", 16) == (1024, 768)
+    assert sample_size("1000", 16) == (1008, 1008) and sample_size("64", 128) == (128, 128)  # the family's step
+    assert sample_size("huge", 8) is None

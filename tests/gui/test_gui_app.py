@@ -198,17 +198,24 @@ def test_sample_rows_edit_the_samples(app) -> None:
     app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_XL_10_BASE)
     editor = app.select_tab("sampling").editor
     assert app.model.config.samples == []  # the default sample file does not exist: an empty list
+    app.model.set("resolution", "64")
     editor.add_button.invoke()
     sample = app.model.config.samples[0]
-    assert (sample.width, sample.height) == (1024, 1024)  # the model type's sample defaults
+    assert (sample.width, sample.height) == (64, 64)  # the training resolution, not SDXL's 1024 (issue 42)
     editor.view(0, "prompt").set_text("a cat in a hat")
     editor.view(0, "seed").set_text("7")
     editor.view(0, "width").set_text("abc")
-    assert (sample.prompt, sample.seed, sample.width) == ("a cat in a hat", 7, 1024)
+    assert (sample.prompt, sample.seed, sample.width) == ("a cat in a hat", 7, 64)
     assert editor.view(0, "width").error
     editor.view(0, "width").set_text("1020")  # valid number, but validation wants a multiple of 8
     app.validate_now()
     assert "multiple of 8" in editor.view(0, "width").error
+    # Several sizes: the largest, at the family's sample step; steps, guidance and sampler are the model type's.
+    app.topbar.choose_model_type(ModelType.FLUX_DEV_1)
+    app.model.set("resolution", "512,768,1000")
+    editor.add_button.invoke()
+    flux = app.model.config.samples[-1]
+    assert (flux.width, flux.height, flux.diffusion_steps, flux.cfg_scale) == (1008, 1008, 28, 3.5)
 
 
 # -- top bar and config files --------------------------------------------------------------------------------------
