@@ -18,7 +18,14 @@ from onetrainer.config.enums import (
     PeftType,
     TrainingMethod,
 )
-from onetrainer.config.model_types import FLOW_MATCHING, MODEL_TYPES, PartRole, model_type_info, part_label
+from onetrainer.config.model_types import (
+    FLOW_MATCHING,
+    MODEL_TYPES,
+    REFERENCE_IMAGES,
+    PartRole,
+    model_type_info,
+    part_label,
+)
 from onetrainer.config.resolution import parse_resolution
 from onetrainer.config.schema import BoundField, Context, Problem, Severity, json_text, walk
 from onetrainer.util.layer_filter import split_patterns
@@ -216,6 +223,7 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
             except ValueError as e:
                 problems.append(Problem(f"concepts.{i}.image.resolution_override", str(e)))
     problems += _sample_size_rules(config)
+    problems += _sample_reference_rules(config, family)
     problems += _validation_rules(config)
     problems += _include_rules(config, family)
     if config.learning_rate == 0:
@@ -286,6 +294,22 @@ def _sample_size_rules(config: TrainConfig) -> list[Problem]:
                 skip_guidance_layers(sample.skip_guidance_layers)
             except ValueError as e:
                 problems.append(Problem(f"samples.{i}.skip_guidance_layers", str(e)))
+    return problems
+
+
+def _sample_reference_rules(config: TrainConfig, family) -> list[Problem]:
+    """An edit model renders a sample only from reference images (the images the prompt changes): an enabled sample
+    without one would fail at every sample of the run, so it is named here, before loading."""
+    if REFERENCE_IMAGES not in family.capabilities:
+        return []
+    problems = []
+    for i, sample in enumerate(config.samples or []):
+        if sample.enabled and not [path for path in sample.reference_images if str(path).strip()]:
+            message = (
+                f"a {family.label} sample needs reference images (the images its prompt changes): add one, or "
+                "turn the sample off"
+            )
+            problems.append(Problem(f"samples.{i}.reference_images", message))
     return problems
 
 

@@ -46,6 +46,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_concepts(packed)
     problems += _check_output(config)
     problems += _check_optional_files(config)
+    problems += _check_sample_references(packed)
     problems += not_yet_implemented(packed)
     problems += not_built_settings(packed)
     problems += _check_quantized_parts(config)
@@ -581,6 +582,22 @@ def _check_concept_images(config: TrainConfig, index: int) -> list[Problem]:
         message = f"{found.reason()}; this validation concept measures nothing"
         return [Problem(f"concepts.{index}.path", message, Severity.WARNING)]
     return [Problem(f"concepts.{index}.path", f"{found.reason()}; add images or turn the concept off")]
+
+
+def _check_sample_references(config: TrainConfig) -> list[Problem]:
+    """An edit model's enabled samples: each reference image must be a file (validation names a sample without one)."""
+    from onetrainer.config.model_types import REFERENCE_IMAGES
+
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None or REFERENCE_IMAGES not in info.family.capabilities:
+        return []
+    problems = []
+    for i, sample in enumerate(config.samples or []):
+        missing = [p for p in sample.reference_images if p.strip() and not Path(p).expanduser().is_file()]
+        if sample.enabled and missing:
+            message = f"reference image{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}"
+            problems.append(Problem(f"samples.{i}.reference_images", message))
+    return problems
 
 
 def _check_output(config: TrainConfig) -> list[Problem]:

@@ -97,8 +97,12 @@ def test_an_edit_models_sample_takes_reference_images_in_the_editor(app, tmp_pat
     form = tab.editor_window.form
     assert "samples.0.reference_images" in form.shown_paths()
     view = form.view("samples.0.reference_images")
+    app.validate_now()  # without one, each sample of the run would fail: marked before Start
+    assert "Qwen-Image-Edit sample needs reference images" in view.error
     view.set_text(f"{tmp_path / 'a.png'}; {tmp_path / 'b.jpg'}")
     assert app.model.config.samples[0].reference_images == [str(tmp_path / "a.png"), str(tmp_path / "b.jpg")]
+    app.validate_now()
+    assert not view.error
     app.dialogs.answers.append(str(tmp_path / "c.webp"))
     view.browse()
     assert app.model.config.samples[0].reference_images[-1] == str(tmp_path / "c.webp")

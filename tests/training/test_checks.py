@@ -95,3 +95,30 @@ def test_an_edit_models_concept_needs_images_with_references(tmp_path: Path) -> 
     assert "1 has no reference image beside it (<name>-reference.png)" in problem["concepts.0.path"].message
     _image(tmp_path / "edits" / "a-reference.png")
     assert _concept_problems(tmp_path, concepts, model_type="QWEN_EDIT", base_model_name="tiny:qwen-image-edit") == {}
+
+
+def test_an_edit_models_sample_without_reference_images_is_named_before_training(in_tmp, capsys) -> None:
+    _image(in_tmp / "images" / "a.png")
+    _image(in_tmp / "images" / "a-reference.png")
+    reference = _image(in_tmp / "before.png")
+    edit = {"output_model_format": "COMFY_LORA", "sample_after_unit": "EPOCH"}
+    samples = [
+        {"prompt": "make it green"},
+        {"prompt": "make it blue", "reference_images": [str(reference)]},
+        {"prompt": "turned off", "enabled": False},
+        {"prompt": "make it red", "reference_images": [str(in_tmp / "gone.png")]},
+    ]
+    config = write_config(in_tmp, tiny_config(in_tmp, "qwen-image-edit", **edit, samples=samples))
+    assert main(["--config-path", str(config), "--check"]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    named = "error: sample 'make it green' › Reference images (samples.0.reference_images): a Qwen-Image-Edit sample"
+    assert named in err
+    assert "needs reference images (the images its prompt changes): add one, or turn the sample off" in err
+    assert f"(samples.3.reference_images): reference image not found: {in_tmp / 'gone.png'}" in err
+    assert "samples.1." not in err and "samples.2." not in err and "concepts" not in err
+    assert "The config is invalid (2 problems)" in err  # nothing else: the one sample named, the missing file
+    config = write_config(in_tmp, tiny_config(in_tmp, "qwen-image-edit", **edit, samples=samples[1:3]))
+    assert main(["--config-path", str(config), "--check"]) == EXIT_OK
+    # Other model types render samples from the prompt alone.
+    config = write_config(in_tmp, tiny_config(in_tmp, samples=samples[:1]))
+    assert main(["--config-path", str(config), "--check"]) == EXIT_OK
