@@ -137,7 +137,9 @@ class ConceptsTab(FormTab):
     def _config_changed(self, path: str | None) -> None:
         if path == LIST_PATH:
             self._rebuild()
-        elif path == "model_type":  # an edit model trains only the images with reference images
+        elif path == "model_type" and len(self.model.config.concepts or []) == len(self.cards):
+            # an edit model trains only the images with reference images (cards of a config whose concepts are not
+            # read yet wait for the rebuild that reads them)
             for card in self.cards:
                 card.show_thumbnail()
         elif path is not None and path.startswith(LIST_PATH + "."):
