@@ -68,7 +68,7 @@ from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.checks import hub_ids_to_ask, run_checks
 from onetrainer.training.console import ConsoleSink
-from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
+from onetrainer.training.events import Event, Failed, Finished, SampleReady, Started, Status
 from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
@@ -238,7 +238,7 @@ class App(ctk.CTk):
             tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
             self.tabs[key] = tab
             if isinstance(tab, SamplingTab):
-                tab.set_running(self.running)
+                tab.set_running(self.footer.commands_enabled)
             tab.mark(self._problems_by_path())
         self._bring_up_to_date(key)
         return tab
@@ -680,21 +680,43 @@ class App(ctk.CTk):
         if self.runner.is_alive():
             self.runner.request_stop()
             self.footer.set_stopping()
+            self._commands_follow()
 
     def sample_now(self) -> None:
-        if not self.runner.is_alive():
-            self.footer.set_status("Sampling now needs a running training: start it first.", "warning")
+        if self._command_refused("Sampling now"):
             return
         self.runner.request_sample()
         self.footer.set_status("A sample will be made at the next step.")
 
     def save_now(self) -> None:
+        if self._command_refused("Saving now"):
+            return
         self.runner.request_save()
         self.footer.set_status("The model will be saved at the next step.")
 
     def backup_now(self) -> None:
+        if self._command_refused("A backup now"):
+            return
         self.runner.request_backup()
         self.footer.set_status("A backup will be written at the next step.")
+
+    def _command_refused(self, what: str) -> bool:
+        """True (said on the status line) when the trainer would not take a command now: it takes them at a step."""
+        if self.footer.commands_enabled and self.runner.is_alive():
+            return False
+        if not self.runner.is_alive():
+            self.footer.set_status(f"{what} needs a running training: start it first.", "warning")
+        elif self.footer.stopping:
+            self.footer.set_status(f"{what} is not possible: the run is stopping.", "warning")
+        else:
+            self.footer.set_status(f"{what} waits for the first step: the run is still loading or caching.", "warning")
+        return True
+
+    def _commands_follow(self) -> None:
+        """The sampling tab's Sample now follows the footer's."""
+        sampling = self.tabs.get("sampling")
+        if isinstance(sampling, SamplingTab):
+            sampling.set_running(self.footer.commands_enabled)
 
     def open_tensorboard(self) -> str | None:
         """Open TensorBoard in the browser: the running trainer's server, else one this button started on the
@@ -765,12 +787,12 @@ class App(ctk.CTk):
         self.footer.set_running(running)
         if not running:
             self.estimate.resume()
-        sampling = self.tabs.get("sampling")
-        if isinstance(sampling, SamplingTab):
-            sampling.set_running(running)
+        self._commands_follow()
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        if isinstance(event, Started):
+            self._commands_follow()
         if isinstance(event, SampleReady) and self._run_note:
             self.footer.set_status(f"{self.footer.status} ({self._run_note})")
         line = self._event_lines.line(event)

@@ -349,8 +349,9 @@ def test_start_runs_in_a_thread_and_the_footer_follows(app, trainable, fake_trai
     assert app.start() is True
     footer = app.footer
     assert footer.start_button.cget("text") == "Stop training"
-    assert footer.sample_button.cget("state") == "normal"
+    assert footer.sample_button.cget("state") == "disabled"  # until the run's steps begin
     pump_until(app, lambda: footer.loss_label.cget("text").startswith("loss 0.5000"))
+    assert footer.sample_button.cget("state") == "normal"
     assert footer.epoch_text.cget("text") == "1 / 2" and footer.step_text.cget("text") == "1 / 3"
     assert footer.speed_label.cget("text") == "4.00 it/s" and footer.eta_label.cget("text") == "ETA 0:01"
     assert 0 < footer.epoch_bar.get() < 1
@@ -419,6 +420,38 @@ def test_stop_requests_a_stop(app, trainable, fake_trainer, pump_until) -> None:
     pump_until(app, lambda: not app.footer.running)
     assert app.footer.status.startswith("Finished (stopped)")
     assert app.footer.start_button.cget("text") == "Start training"
+
+
+def test_caching_shows_its_progress_and_stop_ends_it(app, trainable, fake_trainer, pump_until) -> None:
+    trainer = fake_trainer(hold=True, caching=4)
+    app.runner.train_function = trainer
+    app.model.replace(trainable)
+    footer = app.footer
+    footer.start_button.invoke()
+    pump_until(app, lambda: footer.step_text.cget("text") == "1 / 4")
+    # The step bar counts the images cached, with their rate and the time left (2 s per image so far).
+    assert footer.step_label.cget("text") == "Caching" and footer.step_bar.get() == pytest.approx(0.25)
+    assert (footer.speed_label.cget("text"), footer.eta_label.cget("text")) == ("2.00 s/img", "ETA 0:06")
+    assert footer.status == "Caching latents: 1 of 4 images encoded, 0:06 left"
+    # The trainer takes Sample / Save / Backup now at a step: none has begun, so they are disabled, and say so.
+    for button in (footer.sample_button, footer.save_button, footer.backup_button):
+        assert button.cget("state") == "disabled"
+    app.save_now()
+    assert "waits for the first step" in footer.status and not trainer.control.take("save")
+    footer.start_button.invoke()  # "Stop training"
+    assert trainer.control.stop_requested
+    assert footer.status.startswith("Stopping after the image being cached")
+    pump_until(app, lambda: not footer.running)
+    assert footer.status.startswith("Finished (stopped during caching)")
+    assert footer.start_button.cget("text") == "Start training" and not app.dialogs.history
+    # The next run's training shows steps again.
+    app.runner.train_function = fake_trainer(hold=True)
+    footer.start_button.invoke()
+    pump_until(app, lambda: footer.step_text.cget("text") == "1 / 3")
+    assert footer.step_label.cget("text") == "Step" and footer.sample_button.cget("state") == "normal"
+    app.stop()
+    assert footer.sample_button.cget("state") == "disabled"  # a stopping run takes no more commands
+    pump_until(app, lambda: not footer.running)
 
 
 def test_a_failed_run_shows_the_message_and_the_log(app, trainable, fake_trainer, pump_until) -> None:
