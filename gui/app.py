@@ -50,6 +50,7 @@ from gui.topbar import TopBar
 from gui.widgets.estimate import attach_estimate
 from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
+from gui.windows.closing_window import ClosingWindow
 from onetrainer.config import (
     ConfigFileError,
     Problem,
@@ -68,14 +69,13 @@ from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.checks import hub_ids_to_ask, run_checks
 from onetrainer.training.console import ConsoleSink
-from onetrainer.training.events import Event, Failed, Finished, SampleReady, Started, Status
+from onetrainer.training.events import Event, Failed, Finished, Progress, SampleReady, Started, Status
 from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
 FINALIZE_MS = 500
 VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
-CLOSE_TIMEOUT_S = 30.0
 TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
 TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
@@ -177,7 +177,9 @@ class App(ctk.CTk):
         self._open_url = open_url
         self._after_ids: dict[str, str] = {}
         self._closing = False
-        self._close_deadline = 0.0
+        self.closing_window: ClosingWindow | None = None  # shown while the app waits for a run to stop before closing
+        self._closing_since = 0.0
+        self._run_step = 0  # the running run's last step (0: none trained yet)
         self._terminal_seen = False
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
@@ -529,6 +531,7 @@ class App(ctk.CTk):
             self.estimate.resume()
             return False
         self._terminal_seen = False
+        self._run_step = 0
         # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl: collected here, on the Tk
         # thread, they are freed at once rather than queued by the trainer thread's collections (tk_finalizers).
         gc.collect()
@@ -793,6 +796,8 @@ class App(ctk.CTk):
         self.footer.on_event(event)
         if isinstance(event, Started):
             self._commands_follow()
+        elif isinstance(event, Progress):
+            self._run_step = event.global_step
         if isinstance(event, SampleReady) and self._run_note:
             self.footer.set_status(f"{self.footer.status} ({self._run_note})")
         line = self._event_lines.line(event)
@@ -815,25 +820,49 @@ class App(ctk.CTk):
     # -- closing -------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """The window's close button: while training, ask, then stop cleanly before closing."""
+        """The window's close button. While training, first the run (stopping it, and what a stop saves), then unsaved
+        settings; the window then stays, showing the run finishing, until it has ended (`ClosingWindow`)."""
         if self._closing:
+            if self.closing_window is not None:
+                self.closing_window.lift()
+            return
+        running = self.runner.is_alive()
+        if running and not self.dialogs.ask_yes_no("Quit while training?", self._quit_question()):
             return
         if not self.keep_changes("quitting"):
             return
-        if self.runner.is_alive():
-            if not self.dialogs.ask_yes_no("Quit", "Training is running. Stop it and quit?"):
-                return
-            self._closing = True
-            self.stop()
-            self._close_deadline = time.monotonic() + CLOSE_TIMEOUT_S
-            self._wait_then_close()
-            return
         self._closing = True
-        self._shutdown()
+        if not running or not self.runner.is_alive():
+            self._shutdown()
+            return
+        self.stop()
+        self.closing_window = ClosingWindow(self, self._what_a_stop_saves(), self._shutdown)
+        self._closing_since = time.monotonic()
+        self._wait_then_close()
+
+    def _quit_question(self) -> str:
+        if self._run_step:
+            state = f"Training is running (step {self._run_step} of {self.footer.totals[0]})"
+        else:
+            state = "Training is starting (loading the model or filling the cache)"
+        return f"{state}. Stop it and quit?\n\n{self._what_a_stop_saves()}"
+
+    def _what_a_stop_saves(self) -> str:
+        """What the run writes when it stops now: a run that trained a step saves its model, others nothing."""
+        config = self.runner.config
+        if not self._run_step or config is None:
+            return "No step has been trained yet: no model is saved (what is cached stays for the next run)."
+        backup = ", after a backup," if config.backup_before_save else ""
+        return (
+            f"The model trained so far is saved to {config.output_model_destination}{backup} before the app closes; "
+            "that can take a while."
+        )
 
     def _wait_then_close(self) -> None:
-        # A bounded wait that keeps the window painting (a join on the Tk thread would freeze it).
-        if self.runner.is_alive() and time.monotonic() < self._close_deadline:
+        # The window stays, painting, until the run has ended: the process ending sooner would end the run's save.
+        if self.runner.is_alive():
+            if self.closing_window is not None and self.closing_window.winfo_exists():
+                self.closing_window.show(self.footer.status, time.monotonic() - self._closing_since)
             self._schedule("close", POLL_MS, self._wait_then_close)
             return
         self._shutdown()

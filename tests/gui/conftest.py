@@ -61,13 +61,21 @@ class FakeTrainer:
 
     `hold` makes it wait (after the first progress report) until released or asked to stop, so tests can look at
     the footer in the middle of a run. With `caching` entries to cache, it first reports them one by one as the
-    trainer does (then the first entry is where `hold` waits), and a stop there ends the run before training.
+    trainer does (then the first entry is where `hold` waits), and a stop there ends the run before training. With
+    `saving`, a stopped run says it saves its model and waits for that event before it ends (a long final save).
     """
 
     def __init__(
-        self, epochs: int = 2, steps_per_epoch: int = 3, hold: bool = False, fail: str | None = None, caching: int = 0
+        self,
+        epochs: int = 2,
+        steps_per_epoch: int = 3,
+        hold: bool = False,
+        fail: str | None = None,
+        caching: int = 0,
+        saving: threading.Event | None = None,
     ) -> None:
         self.caching = caching
+        self.saving = saving
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
         self.hold = hold
@@ -110,6 +118,9 @@ class FakeTrainer:
                 if self.hold:
                     self._wait(control)
                 if control.stop_requested:
+                    if self.saving is not None:
+                        emit(Status("saving the model"))
+                        self.saving.wait(30)
                     outcome: Finished | Failed = Finished("stopped", "", step)
                     emit(outcome)
                     return outcome

@@ -498,28 +498,57 @@ def test_autosave_restores_the_last_config(
         second.destroy()
 
 
-def test_closing_while_training_asks_then_stops(
+def test_closing_while_training_asks_about_the_run_first_and_stays_until_its_model_is_saved(
     display, state_dir, trainable, fake_trainer, pump_until, scripted_dialogs
 ) -> None:
     from gui.app import App
 
-    trainer = fake_trainer(hold=True)
+    saving = threading.Event()
+    trainer = fake_trainer(hold=True, saving=saving)
     window = App(trainable, train_function=trainer, dialogs=scripted_dialogs, autosave=False)
     try:
         assert window.start()
-        pump_until(window, lambda: trainer.control is not None)
+        pump_until(window, lambda: window.footer.step_text.cget("text") == "1 / 3")
+        window.model.set("learning_rate", 0.0007)  # an unsaved change
+        asked = window.dialogs.asked
         window.dialogs.answers.append(False)
-        window.close()  # "no": keeps running
+        window.close()  # "no" to stopping: nothing else is asked, the run goes on
+        assert [q.split(":")[0] for q in asked] == ["yes/no"]
+        destination = trainable.output_model_destination
+        assert "Training is running (step 1 of 6)" in asked[0] and f"is saved to {destination}" in asked[0]
         assert window.winfo_exists() and window.runner.is_alive() and not trainer.control.stop_requested
-        window.dialogs.answers.append(True)
+        window.dialogs.answers += [True, None]
+        window.close()  # the run first, then the settings: Cancel there keeps both
+        assert [q.split(":")[0] for q in asked[1:]] == ["yes/no", "save changes"]
+        assert window.runner.is_alive() and not trainer.control.stop_requested
+        window.dialogs.answers += [True, "discard"]
         window.close()
         assert trainer.control.stop_requested
+        # The run saves its model: the window stays, and says what it waits for, until the run has ended.
+        closing = window.closing_window
+        pump_until(window, lambda: closing.status == "saving the model")
+        assert _exists(window) and window.runner.is_alive()
+        assert closing.winfo_ismapped() and closing.quit_button.winfo_ismapped()
+        window.close()  # a second close only brings the closing window forward
+        assert _exists(window)
+        saving.set()
         pump_until(window, lambda: not _exists(window), timeout=20)
         assert not window.runner.is_alive()
-        assert any(q.startswith("yes/no: Quit") for q in window.dialogs.asked)
     finally:
+        saving.set()
         if _exists(window):
             window.destroy()
+
+
+def test_closing_before_the_first_step_says_nothing_is_saved(app, trainable, fake_trainer, pump_until) -> None:
+    app.runner.train_function = fake_trainer(hold=True, caching=4)
+    app.model.replace(trainable)
+    assert app.start()
+    pump_until(app, lambda: app.footer.step_text.cget("text") == "1 / 4")
+    app.dialogs.answers.append(False)
+    app.close()
+    assert "Training is starting" in app.dialogs.asked[-1] and "no model is saved" in app.dialogs.asked[-1]
+    assert app.runner.is_alive()
 
 
 def _exists(window) -> bool:
