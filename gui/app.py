@@ -377,11 +377,17 @@ class App(ctk.CTk):
         if clashing:
             theirs = " and ".join(_count(len(getattr(config, f)), f) for f in clashing)
             yours = " and ".join(_count(len(users[f]), f) for f in clashing)
-            replace = self.dialogs.ask_yes_no(
+            choice = self.dialogs.ask_choice(
                 "The preset brings its own data",
                 f"The preset '{name}' brings its own {theirs}. Replace your {yours} with them?\n\n"
-                "No loads only its settings and keeps yours.",
+                "Keep mine loads only its settings and keeps yours; Cancel loads nothing.",
+                [("Replace", "replace"), ("Keep mine", "keep"), ("Cancel", None)],
+                None,
             )
+            if choice is None:
+                self.footer.set_status(f"The preset '{name}' was not loaded.")
+                return False
+            replace = choice == "replace"
         brought: dict[str, list[dict] | None] = {}
         for field in DATA_FIELDS:
             items = getattr(config, field)
@@ -815,7 +821,7 @@ class App(ctk.CTk):
                 details.append(f"Log: {event.log_path}")
             if event.traceback:
                 details.append(event.traceback)
-            self.dialogs.show_error("Training failed", "\n\n".join(details))
+            self.dialogs.show_error(event.headline, "\n\n".join(details))
 
     # -- closing -------------------------------------------------------------------------------------------------
 

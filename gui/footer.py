@@ -358,7 +358,7 @@ class Footer(ctk.CTkFrame):
         elif isinstance(event, Failed):
             self._reset_figures(loss=True)
             first_line = event.message.strip().splitlines()[0] if event.message.strip() else "unknown error"
-            self.set_status(f"Training failed: {first_line}", "error")
+            self.set_status(f"{event.headline}: {first_line}", "error")
             if event.log_path:
                 self.last_log_path = event.log_path
 

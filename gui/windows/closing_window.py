@@ -10,6 +10,7 @@ from typing import Any
 import customtkinter as ctk
 
 from gui.footer import format_duration
+from gui.window_position import place_over
 
 
 class ClosingWindow(ctk.CTkToplevel):
@@ -40,6 +41,7 @@ class ClosingWindow(ctk.CTkToplevel):
         self.protocol("WM_DELETE_WINDOW", self.lift)
         self.transient(master)
         self.status = ""
+        place_over(self, master)
 
     def show(self, status: str, seconds: float) -> None:
         """The run's latest status line, after the time waited so far."""

@@ -23,7 +23,7 @@ def failure_lines(event: Failed) -> list[str]:
     """What a terminal shows for a failed run: the failure, then the log with its traceback."""
     if event.message == ABORTED:
         return [f"Training aborted: {event.message}"]
-    lines = [f"Training failed: {event.message}"]
+    lines = [describe(event)]
     if event.log_path:
         lines.append(f"The log {'with the full traceback' if event.traceback else 'of the run'}: {event.log_path}")
     return lines

@@ -147,6 +147,12 @@ class Failed:
     message: str  # what went wrong and what to do, in a user's words
     traceback: str = ""
     log_path: str = ""
+    refused: bool = False  # the run never began (the config cannot be trained, another run holds the workspace)
+
+    @property
+    def headline(self) -> str:
+        """What happened, before the message: a run refused at its start did not fail, it never began."""
+        return "Cannot start training" if self.refused else "Training failed"
 
 
 Event = (
@@ -193,7 +199,7 @@ def describe(event: Event) -> str | None:
     if isinstance(event, Finished):
         return f"Finished ({event.reason})" + (f": {event.output_path}" if event.output_path else "")
     if isinstance(event, Failed):
-        return f"Training failed: {event.message}"
+        return f"{event.headline}: {event.message}"
     return None
 
 

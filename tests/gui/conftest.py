@@ -219,6 +219,9 @@ def make_scripted_dialogs():
         def ask_yes_no(self, title, text):
             return self._answer(f"yes/no: {title}: {text}", False)
 
+        def ask_choice(self, title, text, buttons, cancel):
+            return self._answer(f"choice: {title}: {text}", cancel)
+
         def ask_save_changes(self, title, text):
             return self._answer(f"save changes: {title}: {text}", "discard")
 

@@ -454,6 +454,23 @@ def test_caching_shows_its_progress_and_stop_ends_it(app, trainable, fake_traine
     pump_until(app, lambda: not footer.running)
 
 
+def test_a_run_refused_at_its_start_says_so_rather_than_that_training_failed(app, trainable, pump_until) -> None:
+    from onetrainer.training.runner import run_training
+    from onetrainer.training.workspace import WorkspaceLock
+
+    app.runner.train_function = run_training
+    app.model.replace(trainable)
+    held = WorkspaceLock.acquire(trainable.workspace_dir)  # a second app (or a CLI run) trains there
+    try:
+        assert app.start()
+        pump_until(app, lambda: not app.footer.running, timeout=120)
+    finally:
+        held.release()
+    assert app.footer.status.startswith("Cannot start training: another run is training in the workspace")
+    message = app.dialogs.history[-1]
+    assert message.error and message.title == "Cannot start training" and "another run" in message.text
+
+
 def test_a_failed_run_shows_the_message_and_the_log(app, trainable, fake_trainer, pump_until) -> None:
     app.runner.train_function = fake_trainer(epochs=1, steps_per_epoch=1, fail="CUDA out of memory")
     app.model.replace(trainable)
