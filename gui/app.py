@@ -50,6 +50,7 @@ from gui.topbar import TopBar
 from gui.widgets.estimate import attach_estimate
 from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
+from gui.windows.closing_window import ClosingWindow
 from onetrainer.config import (
     ConfigFileError,
     Problem,
@@ -68,14 +69,13 @@ from onetrainer.config.naming import describe, field_name
 from onetrainer.families import not_trainable_reason
 from onetrainer.training.checks import hub_ids_to_ask, run_checks
 from onetrainer.training.console import ConsoleSink
-from onetrainer.training.events import Event, Failed, Finished, SampleReady, Status
+from onetrainer.training.events import Event, Failed, Finished, Progress, SampleReady, Started, Status
 from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
 FINALIZE_MS = 500
 VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
-CLOSE_TIMEOUT_S = 30.0
 TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
 TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
@@ -177,7 +177,9 @@ class App(ctk.CTk):
         self._open_url = open_url
         self._after_ids: dict[str, str] = {}
         self._closing = False
-        self._close_deadline = 0.0
+        self.closing_window: ClosingWindow | None = None  # shown while the app waits for a run to stop before closing
+        self._closing_since = 0.0
+        self._run_step = 0  # the running run's last step (0: none trained yet)
         self._terminal_seen = False
         self._stale_context: set[str] = set()
         self._stale_values: set[str] = set()
@@ -238,7 +240,7 @@ class App(ctk.CTk):
             tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
             self.tabs[key] = tab
             if isinstance(tab, SamplingTab):
-                tab.set_running(self.running)
+                tab.set_running(self.footer.commands_enabled)
             tab.mark(self._problems_by_path())
         self._bring_up_to_date(key)
         return tab
@@ -375,11 +377,17 @@ class App(ctk.CTk):
         if clashing:
             theirs = " and ".join(_count(len(getattr(config, f)), f) for f in clashing)
             yours = " and ".join(_count(len(users[f]), f) for f in clashing)
-            replace = self.dialogs.ask_yes_no(
+            choice = self.dialogs.ask_choice(
                 "The preset brings its own data",
                 f"The preset '{name}' brings its own {theirs}. Replace your {yours} with them?\n\n"
-                "No loads only its settings and keeps yours.",
+                "Keep mine loads only its settings and keeps yours; Cancel loads nothing.",
+                [("Replace", "replace"), ("Keep mine", "keep"), ("Cancel", None)],
+                None,
             )
+            if choice is None:
+                self.footer.set_status(f"The preset '{name}' was not loaded.")
+                return False
+            replace = choice == "replace"
         brought: dict[str, list[dict] | None] = {}
         for field in DATA_FIELDS:
             items = getattr(config, field)
@@ -529,6 +537,7 @@ class App(ctk.CTk):
             self.estimate.resume()
             return False
         self._terminal_seen = False
+        self._run_step = 0
         # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl: collected here, on the Tk
         # thread, they are freed at once rather than queued by the trainer thread's collections (tk_finalizers).
         gc.collect()
@@ -680,21 +689,43 @@ class App(ctk.CTk):
         if self.runner.is_alive():
             self.runner.request_stop()
             self.footer.set_stopping()
+            self._commands_follow()
 
     def sample_now(self) -> None:
-        if not self.runner.is_alive():
-            self.footer.set_status("Sampling now needs a running training: start it first.", "warning")
+        if self._command_refused("Sampling now"):
             return
         self.runner.request_sample()
         self.footer.set_status("A sample will be made at the next step.")
 
     def save_now(self) -> None:
+        if self._command_refused("Saving now"):
+            return
         self.runner.request_save()
         self.footer.set_status("The model will be saved at the next step.")
 
     def backup_now(self) -> None:
+        if self._command_refused("A backup now"):
+            return
         self.runner.request_backup()
         self.footer.set_status("A backup will be written at the next step.")
+
+    def _command_refused(self, what: str) -> bool:
+        """True (said on the status line) when the trainer would not take a command now: it takes them at a step."""
+        if self.footer.commands_enabled and self.runner.is_alive():
+            return False
+        if not self.runner.is_alive():
+            self.footer.set_status(f"{what} needs a running training: start it first.", "warning")
+        elif self.footer.stopping:
+            self.footer.set_status(f"{what} is not possible: the run is stopping.", "warning")
+        else:
+            self.footer.set_status(f"{what} waits for the first step: the run is still loading or caching.", "warning")
+        return True
+
+    def _commands_follow(self) -> None:
+        """The sampling tab's Sample now follows the footer's."""
+        sampling = self.tabs.get("sampling")
+        if isinstance(sampling, SamplingTab):
+            sampling.set_running(self.footer.commands_enabled)
 
     def open_tensorboard(self) -> str | None:
         """Open TensorBoard in the browser: the running trainer's server, else one this button started on the
@@ -765,12 +796,14 @@ class App(ctk.CTk):
         self.footer.set_running(running)
         if not running:
             self.estimate.resume()
-        sampling = self.tabs.get("sampling")
-        if isinstance(sampling, SamplingTab):
-            sampling.set_running(running)
+        self._commands_follow()
 
     def _handle(self, event: Event) -> None:
         self.footer.on_event(event)
+        if isinstance(event, Started):
+            self._commands_follow()
+        elif isinstance(event, Progress):
+            self._run_step = event.global_step
         if isinstance(event, SampleReady) and self._run_note:
             self.footer.set_status(f"{self.footer.status} ({self._run_note})")
         line = self._event_lines.line(event)
@@ -788,30 +821,54 @@ class App(ctk.CTk):
                 details.append(f"Log: {event.log_path}")
             if event.traceback:
                 details.append(event.traceback)
-            self.dialogs.show_error("Training failed", "\n\n".join(details))
+            self.dialogs.show_error(event.headline, "\n\n".join(details))
 
     # -- closing -------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """The window's close button: while training, ask, then stop cleanly before closing."""
+        """The window's close button. While training, first the run (stopping it, and what a stop saves), then unsaved
+        settings; the window then stays, showing the run finishing, until it has ended (`ClosingWindow`)."""
         if self._closing:
+            if self.closing_window is not None:
+                self.closing_window.lift()
+            return
+        running = self.runner.is_alive()
+        if running and not self.dialogs.ask_yes_no("Quit while training?", self._quit_question()):
             return
         if not self.keep_changes("quitting"):
             return
-        if self.runner.is_alive():
-            if not self.dialogs.ask_yes_no("Quit", "Training is running. Stop it and quit?"):
-                return
-            self._closing = True
-            self.stop()
-            self._close_deadline = time.monotonic() + CLOSE_TIMEOUT_S
-            self._wait_then_close()
-            return
         self._closing = True
-        self._shutdown()
+        if not running or not self.runner.is_alive():
+            self._shutdown()
+            return
+        self.stop()
+        self.closing_window = ClosingWindow(self, self._what_a_stop_saves(), self._shutdown)
+        self._closing_since = time.monotonic()
+        self._wait_then_close()
+
+    def _quit_question(self) -> str:
+        if self._run_step:
+            state = f"Training is running (step {self._run_step} of {self.footer.totals[0]})"
+        else:
+            state = "Training is starting (loading the model or filling the cache)"
+        return f"{state}. Stop it and quit?\n\n{self._what_a_stop_saves()}"
+
+    def _what_a_stop_saves(self) -> str:
+        """What the run writes when it stops now: a run that trained a step saves its model, others nothing."""
+        config = self.runner.config
+        if not self._run_step or config is None:
+            return "No step has been trained yet: no model is saved (what is cached stays for the next run)."
+        backup = ", after a backup," if config.backup_before_save else ""
+        return (
+            f"The model trained so far is saved to {config.output_model_destination}{backup} before the app closes; "
+            "that can take a while."
+        )
 
     def _wait_then_close(self) -> None:
-        # A bounded wait that keeps the window painting (a join on the Tk thread would freeze it).
-        if self.runner.is_alive() and time.monotonic() < self._close_deadline:
+        # The window stays, painting, until the run has ended: the process ending sooner would end the run's save.
+        if self.runner.is_alive():
+            if self.closing_window is not None and self.closing_window.winfo_exists():
+                self.closing_window.show(self.footer.status, time.monotonic() - self._closing_since)
             self._schedule("close", POLL_MS, self._wait_then_close)
             return
         self._shutdown()

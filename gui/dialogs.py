@@ -17,6 +17,8 @@ from typing import Any
 
 import customtkinter as ctk
 
+from gui.window_position import place_over
+
 JSON_FILES = (("JSON", "*.json"), ("All files", "*"))
 MODEL_FILES = (("Models", "*.safetensors *.ckpt *.pt *.pth *.bin"), ("All files", "*"))
 
@@ -34,7 +36,7 @@ class TextWindow(ctk.CTkToplevel):
     def __init__(self, master: Any, title: str, text: str, error: bool = False) -> None:
         super().__init__(master)
         self.title(title)
-        self.geometry("720x420")
+        place_over(self, master, (720, 420))
         self.minsize(420, 240)
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
@@ -63,20 +65,34 @@ class TextWindow(ctk.CTkToplevel):
 
 class ConfirmDialog(ctk.CTkToplevel):
     """A question with a row of buttons, drawn by customtkinter so it follows the app's appearance (Tk's own message
-    boxes are light whatever the app's theme). Modal while open; `answer` is the value of the button pressed, or
-    `cancel` when the window is closed or Escape is pressed."""
+    boxes are light whatever the app's theme), opened over the main window. Modal while open; `answer` is the value of
+    the button pressed, or `cancel` when the window is closed or Escape is pressed. With `entry`, a line to type in
+    above the buttons (`typed` holds what was typed; Return presses the first button)."""
 
-    def __init__(self, master: Any, title: str, text: str, buttons: Sequence[tuple[str, Any]], cancel: Any) -> None:
+    def __init__(
+        self,
+        master: Any,
+        title: str,
+        text: str,
+        buttons: Sequence[tuple[str, Any]],
+        cancel: Any,
+        entry: bool = False,
+    ) -> None:
         super().__init__(master)
         self.title(title)
         self.resizable(False, False)
         self.answer = cancel
+        self.typed = ""
         self.grid_columnconfigure(0, weight=1)
         ctk.CTkLabel(self, text=text, justify="left", anchor="w", wraplength=440).grid(
             row=0, column=0, sticky="ew", padx=16, pady=(16, 10)
         )
+        self.entry: ctk.CTkEntry | None = None
+        if entry:
+            self.entry = ctk.CTkEntry(self, width=440)
+            self.entry.grid(row=1, column=0, sticky="ew", padx=16, pady=(0, 10))
         row = ctk.CTkFrame(self, fg_color="transparent")
-        row.grid(row=1, column=0, sticky="e", padx=12, pady=(0, 12))
+        row.grid(row=2, column=0, sticky="e", padx=12, pady=(0, 12))
         self.buttons: dict[str, ctk.CTkButton] = {}
         for label, value in buttons:
             button = ctk.CTkButton(row, text=label, width=100, command=lambda v=value: self._choose(v))
@@ -88,9 +104,12 @@ class ConfirmDialog(ctk.CTkToplevel):
         if first is not None:
             self.bind("<Return>", lambda _e: first.invoke())
         self.transient(master)
+        place_over(self, master)
 
     def _choose(self, value: Any) -> None:
         self.answer = value
+        if self.entry is not None:
+            self.typed = self.entry.get()
         self.destroy()
 
     def ask(self) -> Any:
@@ -99,7 +118,7 @@ class ConfirmDialog(ctk.CTkToplevel):
         with contextlib.suppress(tkinter.TclError):  # not viewable yet on some window managers: modal anyway soon
             self.wait_visibility()
             self.grab_set()
-        self.focus_force()
+        (self.entry or self).focus_force()
         self.wait_window()
         return self.answer
 
@@ -177,17 +196,21 @@ class Dialogs:
         )
 
     def ask_yes_no(self, title: str, text: str) -> bool:
-        return bool(ConfirmDialog(self.parent, title, text, [("Yes", True), ("No", False)], False).ask())
+        return bool(self.ask_choice(title, text, [("Yes", True), ("No", False)], False))
 
     def ask_save_changes(self, title: str, text: str) -> str | None:
         """ "save", "discard", or None to cancel what was about to replace the changes."""
-        buttons = [("Save", "save"), ("Don't save", "discard"), ("Cancel", None)]
-        return ConfirmDialog(self.parent, title, text, buttons, None).ask()
+        return self.ask_choice(title, text, [("Save", "save"), ("Don't save", "discard"), ("Cancel", None)], None)
+
+    def ask_choice(self, title: str, text: str, buttons: Sequence[tuple[str, Any]], cancel: Any) -> Any:
+        """The value of the button pressed (`buttons`: label and value, the first one Return's), or `cancel` when the
+        question is closed or Escape is pressed."""
+        return ConfirmDialog(self.parent, title, text, buttons, cancel).ask()
 
     def ask_string(self, title: str, text: str) -> str:
         """A line of text the user types, or "" when cancelled."""
-        dialog = ctk.CTkInputDialog(title=title, text=text)
-        return (dialog.get_input() or "").strip()
+        dialog = ConfirmDialog(self.parent, title, text, [("OK", True), ("Cancel", False)], False, entry=True)
+        return dialog.typed.strip() if dialog.ask() else ""
 
     # -- messages (non-blocking) ---------------------------------------------------------------------------------
 

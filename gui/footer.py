@@ -18,6 +18,7 @@ import customtkinter as ctk
 from gui.widgets.tooltip import Tooltip
 from onetrainer.training.events import (
     BestCheckpoint,
+    CacheProgress,
     Event,
     Failed,
     Finished,
@@ -70,12 +71,12 @@ def one_line(text: str, width: int, measure: Callable[[str], int], suffix: str =
     return first[:low].rstrip() + "…" + suffix
 
 
-def format_speed(steps_per_second: float) -> str:
-    if steps_per_second <= 0:
-        return "– it/s"
-    if steps_per_second < 1:
-        return f"{1 / steps_per_second:.2f} s/it"
-    return f"{steps_per_second:.2f} it/s"
+def format_speed(per_second: float, unit: str = "it") -> str:
+    if per_second <= 0:
+        return f"– {unit}/s"
+    if per_second < 1:
+        return f"{1 / per_second:.2f} s/{unit}"
+    return f"{per_second:.2f} {unit}/s"
 
 
 class Footer(ctk.CTkFrame):
@@ -100,7 +101,9 @@ class Footer(ctk.CTkFrame):
         self.epoch_bar.grid(row=0, column=1, sticky="ew", pady=(8, 2))
         self.epoch_text = ctk.CTkLabel(self, text="–", width=90, anchor="w")
         self.epoch_text.grid(row=0, column=2, padx=6, pady=(8, 2), sticky="w")
-        ctk.CTkLabel(self, text="Step").grid(row=0, column=3, padx=(10, 6), pady=(8, 2), sticky="w")
+        # "Caching" while the cache fills before training: its bar then counts the images (or captions) encoded.
+        self.step_label = ctk.CTkLabel(self, text="Step")
+        self.step_label.grid(row=0, column=3, padx=(10, 6), pady=(8, 2), sticky="w")
         self.step_bar = ctk.CTkProgressBar(self)
         self.step_bar.grid(row=0, column=4, sticky="ew", pady=(8, 2))
         self.step_text = ctk.CTkLabel(self, text="–", width=110, anchor="w")
@@ -158,6 +161,9 @@ class Footer(ctk.CTkFrame):
             button.pack(side="left", padx=3)
 
         self.running = False
+        self.stopping = False
+        self.commands_enabled = False  # Sample / Save / Backup now (see `set_commands`)
+        self.caching: CacheProgress | None = None  # the cache pass the step bar shows
         self.last_log_path = ""
         self.totals: tuple[int, int, int] = (0, 0, 0)  # total steps, epochs, steps per epoch
         self.reset_progress()
@@ -205,16 +211,29 @@ class Footer(ctk.CTkFrame):
 
     def set_running(self, running: bool) -> None:
         self.running = running
+        self.stopping = False
         fg, hover = (STOP_COLOR, STOP_HOVER) if running else self._start_colors
         self.start_button.configure(
             text="Stop training" if running else "Start training", state="normal", fg_color=fg, hover_color=hover
         )
+        self.set_commands(False)  # until the run's steps begin (`set_commands`)
+
+    def set_commands(self, enabled: bool) -> None:
+        """Sample / Save / Backup now: the trainer takes them at a step, so they are enabled while steps run (not while
+        the model loads or the cache fills, nor once a stop is asked for)."""
+        self.commands_enabled = enabled
         for button in (self.sample_button, self.save_button, self.backup_button):
-            button.configure(state="normal" if running else "disabled")
+            button.configure(state="normal" if enabled else "disabled")
 
     def set_stopping(self) -> None:
+        self.stopping = True
         self.start_button.configure(text="Stopping…", state="disabled")
-        self.set_status("Stopping at the next step…")
+        self.set_commands(False)
+        if self.caching is not None:
+            entry = self.caching.unit.removesuffix("s")
+            self.set_status(f"Stopping after the {entry} being cached (what is cached stays for the next run)…")
+        else:
+            self.set_status("Stopping at the next step…")
 
     def set_status(self, text: str, level: str = "info", keep: str = "") -> None:
         """Show `text` on the status line, shortened to one line (the whole text is its tooltip and `status`);
@@ -265,6 +284,8 @@ class Footer(ctk.CTkFrame):
         """No run's figures (before a run, and after a preset or config replaced the one that ran)."""
         self.latest_validation = self.best_checkpoint = None
         self._show_validation()
+        self.caching = None
+        self.step_label.configure(text="Step")
         self.epoch_bar.set(0)
         self.step_bar.set(0)
         self.epoch_text.configure(text="–")
@@ -305,6 +326,9 @@ class Footer(ctk.CTkFrame):
             self.epoch_text.configure(text=f"0 / {event.total_epochs}")
             self.step_text.configure(text=f"0 / {event.steps_per_epoch}")
             self.set_status(f"Training started: {event.run_name}")
+            self.set_commands(not self.stopping)
+        elif isinstance(event, CacheProgress):
+            self._caching(event)
         elif isinstance(event, Progress):
             self._progress(event)
         elif isinstance(event, Metrics):
@@ -334,9 +358,19 @@ class Footer(ctk.CTkFrame):
         elif isinstance(event, Failed):
             self._reset_figures(loss=True)
             first_line = event.message.strip().splitlines()[0] if event.message.strip() else "unknown error"
-            self.set_status(f"Training failed: {first_line}", "error")
+            self.set_status(f"{event.headline}: {first_line}", "error")
             if event.log_path:
                 self.last_log_path = event.log_path
+
+    def _caching(self, event: CacheProgress) -> None:
+        self.caching = event
+        self.step_label.configure(text="Caching")
+        self.step_bar.set(event.done / event.total if event.total else 1.0)
+        self.step_text.configure(text=f"{event.done} / {event.total}")
+        self.speed_label.configure(text=format_speed(event.per_second, "img" if event.kind == "latents" else "cap"))
+        self.eta_label.configure(text=f"ETA {format_duration(event.eta_seconds)}")
+        left = f", {format_duration(event.eta_seconds)} left" if event.eta_seconds is not None else ""
+        self.set_status(f"Caching {event.kind}: {event.done} of {event.total} {event.unit} encoded{left}")
 
     def _progress(self, event: Progress) -> None:
         steps_per_epoch = max(1, event.steps_per_epoch)

@@ -12,6 +12,7 @@ from typing import Any
 
 import customtkinter as ctk
 
+from gui.window_position import place_over
 from onetrainer.training.events import (
     Event,
     Failed,
@@ -104,7 +105,7 @@ class LogWindow(ctk.CTkToplevel):
         super().__init__(master)
         self.buffer = buffer
         self.title("Log")
-        self.geometry("860x460")
+        place_over(self, master, (860, 460))
         self.minsize(480, 240)
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(0, weight=1)

@@ -38,6 +38,7 @@ class TrainingRunner:
         self.extra_sinks = extra_sinks  # e.g. the terminal's progress bar when the app was started from one
         self.queue: queue.Queue[Event] = queue.Queue()
         self.control: TrainingControl | None = None
+        self.config: TrainConfig | None = None  # the running (or last) run's copy
         self.outcome: Finished | Failed | None = None
         self._thread: threading.Thread | None = None
 
@@ -47,6 +48,7 @@ class TrainingRunner:
             raise RuntimeError("a training run is already in progress")
         self.queue = queue.Queue()
         self.control = TrainingControl()
+        self.config = config
         self.outcome = None
         train = self.train_function or default_train_function()
         self._thread = threading.Thread(

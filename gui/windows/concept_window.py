@@ -16,6 +16,7 @@ from gui.forms.form import Form
 from gui.forms.selection import FieldInfo, node_fields
 from gui.widgets.problem_line import ProblemLine
 from gui.widgets.tabview import TabView
+from gui.window_position import place_over
 from gui.windows.augmentation_preview import CaptionPreview, ImagePreview, PreviewCursor
 from gui.windows.concept_statistics import StatisticsPane
 from onetrainer.config import ConceptConfig
@@ -40,7 +41,7 @@ class ConceptWindow(ctk.CTkToplevel):
         self.dialogs = dialogs
         self.index = index
         self.base = f"concepts.{index}"
-        self.geometry("1100x720")
+        place_over(self, master, (1100, 720))
         self.minsize(860, 560)
         self.forms: dict[str, Form] = {}
         self.image_preview: ImagePreview | None = None

@@ -12,6 +12,7 @@ import customtkinter as ctk
 from gui.background import BackgroundResult, run_in_background
 from gui.dialogs import MODEL_FILES
 from gui.widgets.path_entry import PathEntry, in_window_terms
+from gui.window_position import place_over
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, model_type_info
@@ -68,6 +69,7 @@ class ConvertWindow(ctk.CTkToplevel):
         self.output_format.configure(command=lambda _v: self._inputs_changed())
         self.output_dtype.configure(command=lambda _v: self._inputs_changed())
         self._update_formats()
+        place_over(self, master)
 
     def _menu(self, label: str, values: list[str], value: str) -> ctk.CTkOptionMenu:
         ctk.CTkLabel(self, text=label, anchor="w").grid(row=self._row, column=0, sticky="w", padx=(12, 6), pady=3)

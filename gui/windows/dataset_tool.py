@@ -17,6 +17,7 @@ from PIL import ImageTk, UnidentifiedImageError
 from gui.mask_editing import IGNORE, TRAIN, MaskDocument
 from gui.widgets.bar_chart import themed
 from gui.widgets.pictures import fit_size, fitted, set_picture
+from gui.window_position import place_over
 from onetrainer.data.images import list_images, open_rgb, read_text, reference_paths_of
 from onetrainer.util.fs import atomic_write_text
 
@@ -41,7 +42,7 @@ class DatasetToolWindow(ctk.CTkToplevel):
         super().__init__(master)
         self.dialogs = dialogs
         self.title("Dataset tool")
-        self.geometry("1180x820")
+        place_over(self, master, (1180, 820))
         self.minsize(900, 600)
         self.folder: Path | None = None
         self.images: list[Path] = []

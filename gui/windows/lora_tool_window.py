@@ -18,6 +18,7 @@ import customtkinter as ctk
 
 from gui.dialogs import MODEL_FILES
 from gui.widgets.path_entry import PathEntry, in_window_terms
+from gui.window_position import place_over
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, model_type_info
@@ -120,6 +121,7 @@ class LoraToolWindow(ctk.CTkToplevel):
         self.model_type.configure(command=lambda _v: self._update_formats())
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._command_changed()
+        place_over(self, master)
 
     # -- the form ----------------------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from gui.forms.fields import BoolView, FieldView, make_view
 from gui.forms.selection import node_field
 from gui.forms.values import display_text
 from gui.widgets.problem_line import ProblemLine
+from gui.window_position import place_over
 
 if TYPE_CHECKING:
     from gui.model import ConfigModel
@@ -41,7 +42,7 @@ class OptimizerDialog(ctk.CTkToplevel):
         self.defaults: dict[str, Any] = {}
         self._closed = False
         self._unsubscribe = model.subscribe(self._config_changed)
-        self.geometry("560x620")
+        place_over(self, master, (560, 620))
         self.minsize(440, 320)
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)

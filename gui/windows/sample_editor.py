@@ -9,6 +9,7 @@ import customtkinter as ctk
 from gui.forms.form import Form
 from gui.forms.selection import node_fields
 from gui.widgets.problem_line import ProblemLine
+from gui.window_position import place_over
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -26,7 +27,7 @@ class SampleEditorWindow(ctk.CTkToplevel):
         # Before the form subscribes: a change of the list closes the window before the form reads moved paths.
         self._unsubscribe = model.subscribe(self._config_changed)
         self.title(f"Sample {index + 1}")
-        self.geometry("620x640")
+        place_over(self, master, (620, 640))
         self.minsize(480, 400)
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(0, weight=1)

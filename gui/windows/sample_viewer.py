@@ -10,6 +10,7 @@ from PIL import UnidentifiedImageError
 
 from gui.gallery import SampleImage, sample_history
 from gui.widgets.pictures import fitted, set_picture
+from gui.window_position import place_over
 from onetrainer.data.images import open_rgb
 
 VIEW_BOX = (640, 640)
@@ -20,7 +21,7 @@ class SampleViewerWindow(ctk.CTkToplevel):
         super().__init__(master)
         self.sample = sample
         self.title(f"Sample {sample.index + 1}: {sample.prompt}")
-        self.geometry("720x780")
+        place_over(self, master, (720, 780))
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
         bar = ctk.CTkFrame(self, fg_color="transparent")

@@ -22,6 +22,7 @@ from gui.dialogs import MODEL_FILES
 from gui.labels import model_type_choices
 from gui.state import state_dir
 from gui.widgets.path_entry import PathEntry, in_window_terms
+from gui.window_position import place_over
 from onetrainer.config import TrainConfig, TrainingMethod
 from onetrainer.config.enums import ModelType, NoiseScheduler
 from onetrainer.util.fs import atomic_write_json
@@ -134,6 +135,7 @@ class SamplingWindow(ctk.CTkToplevel):
         self.load_settings()
         if config is not None:
             self.take_config(config)
+        place_over(self, master)
 
     def _set(self, key: str, value: str) -> None:
         self.entries[key].delete(0, "end")

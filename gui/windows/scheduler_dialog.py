@@ -9,6 +9,7 @@ import customtkinter as ctk
 from gui.forms.fields import EntryView
 from gui.forms.selection import node_field
 from gui.tabs.rows import RowColumn, RowsEditor
+from gui.window_position import place_over
 from onetrainer.config.train_config import SchedulerParameter
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ class SchedulerDialog(ctk.CTkToplevel):
         super().__init__(master)
         self.model = model
         self.title("Learning rate scheduler")
-        self.geometry("640x480")
+        place_over(self, master, (640, 480))
         self.minsize(480, 320)
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(2, weight=1)

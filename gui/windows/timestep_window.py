@@ -14,6 +14,7 @@ from gui.background import BackgroundJob, BackgroundResult, run_in_background
 from gui.forms.form import Form
 from gui.forms.selection import form_fields
 from gui.widgets.bar_chart import BarChart
+from gui.window_position import place_over
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -50,7 +51,7 @@ class TimestepWindow(ctk.CTkToplevel):
         self._pending: str | None = None
         self._closed = False
         self.title("Timestep distribution")
-        self.geometry("1040x460")
+        place_over(self, master, (1040, 460))
         self.minsize(800, 380)
         self.grid_columnconfigure(1, weight=1)
         self.grid_rowconfigure(0, weight=1)

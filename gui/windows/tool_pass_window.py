@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import customtkinter as ctk
 
 from gui.widgets.path_entry import PathEntry, in_window_terms
+from gui.window_position import place_over
 from onetrainer.tools.downloads import DownloadProgress
 from onetrainer.tools.folder_pass import (
     ImageDone,
@@ -79,6 +80,7 @@ class FolderPassWindow(ctk.CTkToplevel):
         self.build_form()
         self._build_controls()
         self.protocol("WM_DELETE_WINDOW", self.close)
+        place_over(self, master)
 
     # -- form rows ------------------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Filling the cache before training: encode every image variation and caption the run will use that is not cached.
 
-Encoding is batched (one bucket at a time) and reports its progress (count, images per second, time left). An image
-that cannot be decoded is reported by name and left out of the run.
+Encoding is batched (one bucket at a time) and reports its progress after each entry it writes, which is also where the
+caller can end it (a stop): every entry written so far stays in the cache. An image that cannot be decoded is reported
+by name and left out of the run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ ENCODE_BATCH = 4
 CACHE_LAYOUT = 2  # 2: named family extras and text tensors (entries of older layouts are encoded again)
 
 
+# `report(kind, done, total)`: a pass's progress ("latents" or "captions"), when it starts (done 0) and after each entry
+# it writes or finds undecodable; it may raise to end the pass there.
+CacheReport = Callable[[str, int, int], None]
+
+
 @dataclass
 class CacheStats:
     needed: int = 0
@@ -37,23 +43,6 @@ class CacheStats:
     @property
     def per_second(self) -> float:
         return self.encoded / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Progress:
-    """Progress lines at most once a second: done / total, rate and time left."""
-
-    def __init__(self, what: str, total: int, report: Callable[[str], None]) -> None:
-        self.what, self.total, self.report = what, total, report
-        self.started = self.last = time.monotonic()
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.last < 1.0 and done < self.total:
-            return
-        self.last = now
-        rate = done / (now - self.started) if now > self.started else 0.0
-        eta = f", {((self.total - done) / rate):.0f} s left" if rate > 0 and done < self.total else ""
-        self.report(f"caching {self.what}: {done}/{self.total} ({rate:.1f}/s{eta})")
 
 
 def latent_identity(config: TrainConfig, part_roles: Mapping[str, PartRole]) -> dict:
@@ -69,7 +58,7 @@ def latent_identity(config: TrainConfig, part_roles: Mapping[str, PartRole]) -> 
 
 
 def fill_latent_cache(
-    data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report, ranks=None
+    data: TrainingData, family, model, config: TrainConfig, with_masks: bool, report: CacheReport, ranks=None
 ) -> CacheStats:
     """Encode what the run needs and the cache lacks; afterwards `data` reads its batches from the cache.
 
@@ -114,13 +103,14 @@ def needed_samples(data: TrainingData, config: TrainConfig, masked: bool) -> dic
     return needed
 
 
-def _encode_latents(data, family, model, missing, with_masks, report, stats) -> dict[int, str]:
+def _encode_latents(data, family, model, missing, with_masks, report: CacheReport, stats) -> dict[int, str]:
     by_bucket: dict = defaultdict(list)
     for key, sample in missing:
         by_bucket[sample.bucket].append((key, sample))
-    progress = _Progress("latents", len(missing), report)
     failed: dict[int, str] = {}
     done = 0
+    if missing:
+        report("latents", done, len(missing))
     for items in by_bucket.values():
         for start in range(0, len(items), ENCODE_BATCH):
             chunk = items[start : start + ENCODE_BATCH]
@@ -132,29 +122,32 @@ def _encode_latents(data, family, model, missing, with_masks, report, stats) -> 
                     keys.append(key)
                 except (OSError, ValueError, SyntaxError) as e:
                     failed[sample.image] = f"cannot be decoded ({e})"
-            if loaded:
-                pixels = torch.stack([s.pixels for s in loaded])
-                with torch.no_grad():
-                    latents = family.encode_images(model, pixels).float().cpu()
-                    masks = torch.stack([s.mask for s in loaded]) if with_masks else None
-                    extra = family.cache_extras(model, pixels, masks)
-                for i, (key, sample) in enumerate(zip(keys, loaded)):
-                    entry = {
-                        "latents": latents[i],
-                        "original_size": torch.tensor(sample.original_size),
-                        "crop_offset": torch.tensor(sample.crop_offset),
-                    }
-                    if with_masks:
-                        entry["mask"] = sample.mask
-                    entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
-                    if data.with_references:
-                        with torch.no_grad():
-                            own = family.encode_references(model, sample.references)
-                        entry.update({EXTRA_PREFIX + name: value.cpu() for name, value in own.items()})
-                    data.latent_cache.put(key, entry)
-                stats.encoded += len(loaded)
-            done += len(chunk)
-            progress.update(done)
+                    done += 1
+                    report("latents", done, len(missing))
+            if not loaded:
+                continue
+            pixels = torch.stack([s.pixels for s in loaded])
+            with torch.no_grad():
+                latents = family.encode_images(model, pixels).float().cpu()
+                masks = torch.stack([s.mask for s in loaded]) if with_masks else None
+                extra = family.cache_extras(model, pixels, masks)
+            for i, (key, sample) in enumerate(zip(keys, loaded)):
+                entry = {
+                    "latents": latents[i],
+                    "original_size": torch.tensor(sample.original_size),
+                    "crop_offset": torch.tensor(sample.crop_offset),
+                }
+                if with_masks:
+                    entry["mask"] = sample.mask
+                entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
+                if data.with_references:
+                    with torch.no_grad():
+                        own = family.encode_references(model, sample.references)
+                    entry.update({EXTRA_PREFIX + name: value.cpu() for name, value in own.items()})
+                data.latent_cache.put(key, entry)
+                stats.encoded += 1
+                done += 1
+                report("latents", done, len(missing))
     return failed
 
 
@@ -241,7 +234,7 @@ def encode_text_entries(
 
 
 def fill_text_cache(
-    data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report, ranks=None
+    data: TrainingData, family, model, config: TrainConfig, apply_embeddings, report: CacheReport, ranks=None
 ) -> tuple[TextCache, CacheStats]:
     """Encode every caption the run uses that the cache lacks. A family that reads reference images with the caption
     gets an entry per caption and sample: each sample's references are decoded once and its captions encoded
@@ -255,7 +248,8 @@ def fill_text_cache(
     if ranks is not None:  # each rank encodes every N-th entry of the same list; all meet before training reads
         ranks.barrier()  # every rank has listed the missing entries before any writes (see fill_latent_cache)
         missing = missing[ranks.rank :: ranks.world_size]
-    progress = _Progress("captions", len(missing), report)
+    if missing:
+        report("captions", 0, len(missing))
     for keys in _encoding_groups(data, needed, missing):
         pictures = None
         if data.with_references:  # a group is one sample's captions
@@ -263,8 +257,8 @@ def fill_text_cache(
             pictures = [references] * len(keys)
         for key, entry in zip(keys, encode_text_entries(family, model, [needed[k][0] for k in keys], pictures)):
             text_cache.cache.put(key, entry)
-        stats.encoded += len(keys)
-        progress.update(stats.encoded)
+            stats.encoded += 1
+            report("captions", stats.encoded, len(missing))
     if ranks is not None:
         ranks.barrier()
     stats.seconds = time.monotonic() - started

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from onetrainer.training.events import (
+    CacheProgress,
     Event,
     Failed,
     Finished,
@@ -22,7 +23,7 @@ def failure_lines(event: Failed) -> list[str]:
     """What a terminal shows for a failed run: the failure, then the log with its traceback."""
     if event.message == ABORTED:
         return [f"Training aborted: {event.message}"]
-    lines = [f"Training failed: {event.message}"]
+    lines = [describe(event)]
     if event.log_path:
         lines.append(f"The log {'with the full traceback' if event.traceback else 'of the run'}: {event.log_path}")
     return lines
@@ -59,6 +60,12 @@ class ConsoleSink:
             self._gone = True
 
     def _show(self, event: Event) -> None:
+        if isinstance(event, CacheProgress) and event.done > 0:
+            if self._bar is not None:
+                self._bar.update(event.done - self._bar.n)
+                if event.done >= event.total:
+                    self._close_bar()
+            return
         if isinstance(event, Progress):
             if self._bar is not None:
                 self._bar.n = event.global_step
@@ -81,7 +88,9 @@ class ConsoleSink:
         if text is not None:
             self._write(text)
         if isinstance(event, Started):
-            self._open_bar(event.total_steps)
+            self._open_bar(event.total_steps, "step")
+        elif isinstance(event, CacheProgress):  # a cache pass starts: a bar of its own, closed when it ends
+            self._open_bar(event.total, event.unit.removesuffix("s"), f"caching {event.kind}")
 
     def close(self) -> None:
         try:
@@ -89,10 +98,11 @@ class ConsoleSink:
         except (OSError, ValueError):
             self._bar = None
 
-    def _open_bar(self, total: int) -> None:
+    def _open_bar(self, total: int, unit: str, description: str | None = None) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, unit="step", file=self.stream, dynamic_ncols=True, leave=True)
+        self._close_bar()
+        self._bar = tqdm(total=total, unit=unit, desc=description, file=self.stream, dynamic_ncols=True, leave=True)
 
     def _close_bar(self) -> None:
         if self._bar is not None:

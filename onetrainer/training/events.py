@@ -90,6 +90,32 @@ class CacheFilled:
 
 
 @dataclass(frozen=True)
+class CacheProgress:
+    """Filling the cache before training, reported when a pass starts and after each entry it writes: `done` of the
+    `total` entries this pass encodes (`kind`: "latents" or "captions"), `seconds` since the pass began."""
+
+    kind: str
+    done: int
+    total: int
+    seconds: float
+
+    @property
+    def unit(self) -> str:
+        """What one entry is, in a user's words: an image (one variation of it) or a caption."""
+        return {"latents": "images", "captions": "captions"}.get(self.kind, "entries")
+
+    @property
+    def per_second(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """The time left at the pass's rate so far; None before its first entry."""
+        rate = self.per_second
+        return (self.total - self.done) / rate if rate > 0 else None
+
+
+@dataclass(frozen=True)
 class SampleReady:
     global_step: int
     index: int
@@ -111,7 +137,7 @@ class Warning_:
 
 @dataclass(frozen=True)
 class Finished:
-    reason: str  # "completed", "stopped", "cached", "nothing to do"
+    reason: str  # "completed", "stopped", "stopped during caching", "cached", "nothing to do"
     output_path: str = ""
     global_step: int = 0
 
@@ -121,6 +147,12 @@ class Failed:
     message: str  # what went wrong and what to do, in a user's words
     traceback: str = ""
     log_path: str = ""
+    refused: bool = False  # the run never began (the config cannot be trained, another run holds the workspace)
+
+    @property
+    def headline(self) -> str:
+        """What happened, before the message: a run refused at its start did not fail, it never began."""
+        return "Cannot start training" if self.refused else "Training failed"
 
 
 Event = (
@@ -131,6 +163,7 @@ Event = (
     | Validated
     | BestCheckpoint
     | CacheFilled
+    | CacheProgress
     | SampleReady
     | Status
     | Warning_
@@ -147,6 +180,8 @@ def describe(event: Event) -> str | None:
             f"Training {event.run_name}: {event.total_epochs} epochs x {event.steps_per_epoch} steps "
             f"= {event.total_steps} steps"
         )
+    if isinstance(event, CacheProgress):  # the start of a pass; its progress is a bar
+        return f"caching {event.kind}: {event.total} {event.unit} to encode" if event.done == 0 else None
     if isinstance(event, SampleReady):
         return f"sample {event.index} ({event.prompt!r}): {event.path}"
     if isinstance(event, Validated):
@@ -164,7 +199,7 @@ def describe(event: Event) -> str | None:
     if isinstance(event, Finished):
         return f"Finished ({event.reason})" + (f": {event.output_path}" if event.output_path else "")
     if isinstance(event, Failed):
-        return f"Training failed: {event.message}"
+        return f"{event.headline}: {event.message}"
     return None
 
 

@@ -41,7 +41,8 @@ def run_training(
                 events.emit(Warning_(describe(problem, config, severity=False)))
         if errors(problems):
             outcome = Failed(
-                "The config cannot be trained:\n" + "\n".join(describe(p, config) for p in errors(problems))
+                "The config cannot be trained:\n" + "\n".join(describe(p, config) for p in errors(problems)),
+                refused=True,
             )
             events.emit(outcome)
             events.close()
@@ -104,7 +105,7 @@ def _train(
     if refusal:
         if dist is not None:
             dist.close()
-        return Failed(refusal)
+        return Failed(refusal, refused=True)
     if lock is not None and lock.taken_over is not None:
         dead = lock.taken_over.describe()
         events.emit(Warning_(f"the workspace's lock was left by a run that is no longer running ({dead}): taken over"))

@@ -65,6 +65,7 @@ from onetrainer.training.events import (
     BestCheckpoint,
     Broadcast,
     CacheFilled,
+    CacheProgress,
     Finished,
     Metrics,
     Progress,
@@ -155,6 +156,8 @@ class Trainer:
         self.last_validation: ValidationResult | None = None  # rank 0's
         self._validated_step = -1  # the step of the last validation (every rank)
         self._record_failed = False
+        self.caching: CacheProgress | None = None  # the cache pass under way (None outside caching)
+        self._caching_since = 0.0
 
     # =================================================================================================================
     def run(self) -> Finished:
@@ -165,7 +168,7 @@ class Trainer:
         except (_StoppedEarly, StoppedByRank):
             if self.dist is not None:
                 self.dist.leave()
-            return self._nothing_trained("stopped")
+            return self._nothing_trained("stopped" if self.caching is None else "stopped during caching")
         except Exception as e:
             if self.dist is not None:
                 self.dist.leave(failure=f"{type(e).__name__}: {e}")
@@ -175,6 +178,10 @@ class Trainer:
         # An untrained model (an all-zero LoRA) must never replace a trained one: nothing is written.
         destination = Path(self.config.output_model_destination).expanduser()
         kept = f" ({destination} is unchanged)" if destination.exists() else ""
+        caching = self.caching
+        if caching is not None:  # the entries written are whole files: the next run reads them instead of encoding
+            done = f"{caching.done} of {caching.total} {caching.unit} were encoded ({caching.kind})"
+            self.status(f"stopped during caching: {done} and stay in the cache for the next run")
         self.status(f"stopped before the first step: no step was trained, no model is written{kept}")
         return Finished(reason, "", 0)
 
@@ -942,8 +949,9 @@ class Trainer:
             self.status(f"removed {outdated} cache entries of an earlier format ({size / 1024**2:.1f} MiB)")
         ranks = self.dist
         stats = fill_latent_cache(
-            self.data, self.family, self.model, config, self.with_masks, self._caching_status, ranks
+            self.data, self.family, self.model, config, self.with_masks, self._caching_progress, ranks
         )
+        self.caching = None
         for failure in stats.failed:
             self.warn(f"{failure}; skipped")
         if not self.data.images:
@@ -953,15 +961,21 @@ class Trainer:
         self.events.emit(CacheFilled("latents", stats.needed, stats.encoded, stats.seconds))
         if text_encoders_frozen(config):
             self.text_cache, text_stats = fill_text_cache(
-                self.data, self.family, self.model, config, self.method.embeddings.apply, self._caching_status, ranks
+                self.data, self.family, self.model, config, self.method.embeddings.apply, self._caching_progress, ranks
             )
+            self.caching = None
             self.status(f"captions: {text_stats.needed - text_stats.encoded} cached, {text_stats.encoded} encoded")
             self.events.emit(CacheFilled("captions", text_stats.needed, text_stats.encoded, text_stats.seconds))
 
-    def _caching_status(self, text: str) -> None:
-        """Caching's progress lines, which are also where a stop during caching is noticed."""
-        self.status(text)
-        self._stop_point(sync=False)  # ranks report different progress lines: no collective here
+    def _caching_progress(self, kind: str, done: int, total: int) -> None:
+        """A cache pass's progress (the footer's bar, the terminal's), reported after each entry it writes: that is
+        where a stop ends caching, keeping every entry written so far."""
+        now = time.monotonic()
+        if done == 0:
+            self._caching_since = now
+        self.caching = CacheProgress(kind, done, total, now - self._caching_since)
+        self.events.emit(self.caching)
+        self._stop_point(sync=False)  # ranks write different entries: no collective here
 
     def _create_ema(self) -> EMA | None:
         if self.config.ema is EMAMode.OFF:

@@ -20,6 +20,7 @@ from onetrainer.config import ConceptConfig, SampleConfig, TrainConfig
 from onetrainer.config.enums import ModelFormat, TrainingMethod
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import (
+    CacheProgress,
     EventSink,
     Failed,
     Finished,
@@ -59,10 +60,22 @@ class FakeTrainer:
     """A training function with the real one's signature that emits the events a short run would.
 
     `hold` makes it wait (after the first progress report) until released or asked to stop, so tests can look at
-    the footer in the middle of a run.
+    the footer in the middle of a run. With `caching` entries to cache, it first reports them one by one as the
+    trainer does (then the first entry is where `hold` waits), and a stop there ends the run before training. With
+    `saving`, a stopped run says it saves its model and waits for that event before it ends (a long final save).
     """
 
-    def __init__(self, epochs: int = 2, steps_per_epoch: int = 3, hold: bool = False, fail: str | None = None) -> None:
+    def __init__(
+        self,
+        epochs: int = 2,
+        steps_per_epoch: int = 3,
+        hold: bool = False,
+        fail: str | None = None,
+        caching: int = 0,
+        saving: threading.Event | None = None,
+    ) -> None:
+        self.caching = caching
+        self.saving = saving
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
         self.hold = hold
@@ -81,6 +94,14 @@ class FakeTrainer:
             for sink in sinks:
                 sink.emit(event)
 
+        for done in range(self.caching + 1 if self.caching else 0):
+            emit(CacheProgress("latents", done, self.caching, seconds=2.0 * done))
+            if done == 1 and self.hold:
+                self._wait(control)
+            if control.stop_requested:
+                outcome = Finished("stopped during caching")
+                emit(outcome)
+                return outcome
         total = self.epochs * self.steps_per_epoch
         emit(Started("fake-run", total, self.epochs, self.steps_per_epoch, log_path="/tmp/fake-run.log"))
         emit(Status("caching latents"))
@@ -95,14 +116,11 @@ class FakeTrainer:
                     if control.take(command):
                         self.commands.append(command)
                 if self.hold:
-                    self.hold = False
-                    deadline = time.monotonic() + 30
-                    while not self.release.is_set() and not control.stop_requested and time.monotonic() < deadline:
-                        time.sleep(0.01)
-                        for command in ("sample", "save", "backup"):
-                            if control.take(command):
-                                self.commands.append(command)
+                    self._wait(control)
                 if control.stop_requested:
+                    if self.saving is not None:
+                        emit(Status("saving the model"))
+                        self.saving.wait(30)
                     outcome: Finished | Failed = Finished("stopped", "", step)
                     emit(outcome)
                     return outcome
@@ -113,6 +131,16 @@ class FakeTrainer:
             outcome = Finished("completed", "/tmp/model.safetensors", step)
         emit(outcome)
         return outcome
+
+    def _wait(self, control: TrainingControl) -> None:
+        """The hold: until released or asked to stop (once per run), taking commands meanwhile."""
+        self.hold = False
+        deadline = time.monotonic() + 30
+        while not self.release.is_set() and not control.stop_requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for command in ("sample", "save", "backup"):
+                if control.take(command):
+                    self.commands.append(command)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,6 +218,9 @@ def make_scripted_dialogs():
 
         def ask_yes_no(self, title, text):
             return self._answer(f"yes/no: {title}: {text}", False)
+
+        def ask_choice(self, title, text, buttons, cancel):
+            return self._answer(f"choice: {title}: {text}", cancel)
 
         def ask_save_changes(self, title, text):
             return self._answer(f"save changes: {title}: {text}", "discard")

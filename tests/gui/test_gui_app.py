@@ -356,8 +356,9 @@ def test_start_runs_in_a_thread_and_the_footer_follows(app, trainable, fake_trai
     assert app.start() is True
     footer = app.footer
     assert footer.start_button.cget("text") == "Stop training"
-    assert footer.sample_button.cget("state") == "normal"
+    assert footer.sample_button.cget("state") == "disabled"  # until the run's steps begin
     pump_until(app, lambda: footer.loss_label.cget("text").startswith("loss 0.5000"))
+    assert footer.sample_button.cget("state") == "normal"
     assert footer.epoch_text.cget("text") == "1 / 2" and footer.step_text.cget("text") == "1 / 3"
     assert footer.speed_label.cget("text") == "4.00 it/s" and footer.eta_label.cget("text") == "ETA 0:01"
     assert 0 < footer.epoch_bar.get() < 1
@@ -428,6 +429,55 @@ def test_stop_requests_a_stop(app, trainable, fake_trainer, pump_until) -> None:
     assert app.footer.start_button.cget("text") == "Start training"
 
 
+def test_caching_shows_its_progress_and_stop_ends_it(app, trainable, fake_trainer, pump_until) -> None:
+    trainer = fake_trainer(hold=True, caching=4)
+    app.runner.train_function = trainer
+    app.model.replace(trainable)
+    footer = app.footer
+    footer.start_button.invoke()
+    pump_until(app, lambda: footer.step_text.cget("text") == "1 / 4")
+    # The step bar counts the images cached, with their rate and the time left (2 s per image so far).
+    assert footer.step_label.cget("text") == "Caching" and footer.step_bar.get() == pytest.approx(0.25)
+    assert (footer.speed_label.cget("text"), footer.eta_label.cget("text")) == ("2.00 s/img", "ETA 0:06")
+    assert footer.status == "Caching latents: 1 of 4 images encoded, 0:06 left"
+    # The trainer takes Sample / Save / Backup now at a step: none has begun, so they are disabled, and say so.
+    for button in (footer.sample_button, footer.save_button, footer.backup_button):
+        assert button.cget("state") == "disabled"
+    app.save_now()
+    assert "waits for the first step" in footer.status and not trainer.control.take("save")
+    footer.start_button.invoke()  # "Stop training"
+    assert trainer.control.stop_requested
+    assert footer.status.startswith("Stopping after the image being cached")
+    pump_until(app, lambda: not footer.running)
+    assert footer.status.startswith("Finished (stopped during caching)")
+    assert footer.start_button.cget("text") == "Start training" and not app.dialogs.history
+    # The next run's training shows steps again.
+    app.runner.train_function = fake_trainer(hold=True)
+    footer.start_button.invoke()
+    pump_until(app, lambda: footer.step_text.cget("text") == "1 / 3")
+    assert footer.step_label.cget("text") == "Step" and footer.sample_button.cget("state") == "normal"
+    app.stop()
+    assert footer.sample_button.cget("state") == "disabled"  # a stopping run takes no more commands
+    pump_until(app, lambda: not footer.running)
+
+
+def test_a_run_refused_at_its_start_says_so_rather_than_that_training_failed(app, trainable, pump_until) -> None:
+    from onetrainer.training.runner import run_training
+    from onetrainer.training.workspace import WorkspaceLock
+
+    app.runner.train_function = run_training
+    app.model.replace(trainable)
+    held = WorkspaceLock.acquire(trainable.workspace_dir)  # a second app (or a CLI run) trains there
+    try:
+        assert app.start()
+        pump_until(app, lambda: not app.footer.running, timeout=120)
+    finally:
+        held.release()
+    assert app.footer.status.startswith("Cannot start training: another run is training in the workspace")
+    message = app.dialogs.history[-1]
+    assert message.error and message.title == "Cannot start training" and "another run" in message.text
+
+
 def test_a_failed_run_shows_the_message_and_the_log(app, trainable, fake_trainer, pump_until) -> None:
     app.runner.train_function = fake_trainer(epochs=1, steps_per_epoch=1, fail="CUDA out of memory")
     app.model.replace(trainable)
@@ -472,28 +522,57 @@ def test_autosave_restores_the_last_config(
         second.destroy()
 
 
-def test_closing_while_training_asks_then_stops(
+def test_closing_while_training_asks_about_the_run_first_and_stays_until_its_model_is_saved(
     display, state_dir, trainable, fake_trainer, pump_until, scripted_dialogs
 ) -> None:
     from gui.app import App
 
-    trainer = fake_trainer(hold=True)
+    saving = threading.Event()
+    trainer = fake_trainer(hold=True, saving=saving)
     window = App(trainable, train_function=trainer, dialogs=scripted_dialogs, autosave=False)
     try:
         assert window.start()
-        pump_until(window, lambda: trainer.control is not None)
+        pump_until(window, lambda: window.footer.step_text.cget("text") == "1 / 3")
+        window.model.set("learning_rate", 0.0007)  # an unsaved change
+        asked = window.dialogs.asked
         window.dialogs.answers.append(False)
-        window.close()  # "no": keeps running
+        window.close()  # "no" to stopping: nothing else is asked, the run goes on
+        assert [q.split(":")[0] for q in asked] == ["yes/no"]
+        destination = trainable.output_model_destination
+        assert "Training is running (step 1 of 6)" in asked[0] and f"is saved to {destination}" in asked[0]
         assert window.winfo_exists() and window.runner.is_alive() and not trainer.control.stop_requested
-        window.dialogs.answers.append(True)
+        window.dialogs.answers += [True, None]
+        window.close()  # the run first, then the settings: Cancel there keeps both
+        assert [q.split(":")[0] for q in asked[1:]] == ["yes/no", "save changes"]
+        assert window.runner.is_alive() and not trainer.control.stop_requested
+        window.dialogs.answers += [True, "discard"]
         window.close()
         assert trainer.control.stop_requested
+        # The run saves its model: the window stays, and says what it waits for, until the run has ended.
+        closing = window.closing_window
+        pump_until(window, lambda: closing.status == "saving the model")
+        assert _exists(window) and window.runner.is_alive()
+        assert closing.winfo_ismapped() and closing.quit_button.winfo_ismapped()
+        window.close()  # a second close only brings the closing window forward
+        assert _exists(window)
+        saving.set()
         pump_until(window, lambda: not _exists(window), timeout=20)
         assert not window.runner.is_alive()
-        assert any(q.startswith("yes/no: Quit") for q in window.dialogs.asked)
     finally:
+        saving.set()
         if _exists(window):
             window.destroy()
+
+
+def test_closing_before_the_first_step_says_nothing_is_saved(app, trainable, fake_trainer, pump_until) -> None:
+    app.runner.train_function = fake_trainer(hold=True, caching=4)
+    app.model.replace(trainable)
+    assert app.start()
+    pump_until(app, lambda: app.footer.step_text.cget("text") == "1 / 4")
+    app.dialogs.answers.append(False)
+    app.close()
+    assert "Training is starting" in app.dialogs.asked[-1] and "no model is saved" in app.dialogs.asked[-1]
+    assert app.runner.is_alive()
 
 
 def _exists(window) -> bool:

@@ -69,7 +69,9 @@ def test_start_with_the_demo_preset_trains_to_the_end(demo_app, in_tmp: Path, sc
 def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     app = demo_app
     assert app.start()
-    pump(app, lambda: app.footer.step_text.cget("text") not in ("–", "0 / 6") or not app.footer.running, 300)
+    footer = app.footer
+    stepping = lambda: footer.step_label.cget("text") == "Step" and footer.step_text.cget("text") not in ("–", "0 / 6")  # noqa: E731
+    pump(app, lambda: stepping() or not footer.running, 300)  # past caching (the bar counts the images there)
     app.footer.start_button.invoke()  # "Stop training"
     assert app.footer.start_button.cget("text") == "Stopping…"
     pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)

@@ -174,7 +174,7 @@ def test_a_preset_after_the_demo_drops_the_demos_data(app) -> None:
     # The demo's synthetic concept and 64 px sample were the demo's, not the user's: back to the user's side files.
     assert config.concepts is None and config.samples is None
     assert app.select_tab("concepts").cards == []
-    assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
+    assert not any(q.startswith("choice") for q in app.dialogs.asked)
 
 
 def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None:
@@ -182,16 +182,21 @@ def test_a_preset_with_its_own_data_asks_before_replacing_the_users(app) -> None
     tab.add_button.invoke()
     app.model.set("concepts.0.name", "cats")
     app.model.mark_saved()
-    app.dialogs.answers.append(False)  # "No": only the settings
+    learning_rate = app.model.config.learning_rate
+    app.dialogs.answers.append(None)  # Cancel: nothing is loaded
     _invoke_preset(app, "demo")
     assert any("brings its own 1 concept." in q and "your 1 concept with" in q for q in app.dialogs.asked)
+    assert app.model.config.learning_rate == learning_rate and [c.name for c in app.model.config.concepts] == ["cats"]
+    assert "was not loaded" in app.footer.status
+    app.dialogs.answers.append("keep")  # only the settings
+    _invoke_preset(app, "demo")
     config = app.model.config
     assert config.learning_rate == 0.001 and [c.name for c in config.concepts] == ["cats"]
     assert config.samples[0].prompt == "a red circle on a blue background"  # the user had no samples: no question
 
     app.model.set("concepts.0.name", "cats")
     app.model.mark_saved()
-    app.dialogs.answers.append(True)
+    app.dialogs.answers.append("replace")
     _invoke_preset(app, "demo")
     assert [c.name for c in app.model.config.concepts] == ["demo shapes"]
 
@@ -206,10 +211,10 @@ def test_the_users_concept_beside_the_demos_stays_and_the_demos_goes(app) -> Non
     assert [c.name for c in config.concepts] == ["cats"]  # the README: the demo's go, the user's stay
     assert config.samples is None  # the demo's unedited sample was all there was: back to the user's side file
     assert [card.name_label.cget("text") for card in app.select_tab("concepts").cards] == ["cats"]
-    assert not any(q.startswith("yes/no") for q in app.dialogs.asked)
+    assert not any(q.startswith("choice") for q in app.dialogs.asked)
 
     # An edited item is the user's: it stays too.
-    app.dialogs.answers.append(True)  # the demo's concept replaces "cats"
+    app.dialogs.answers.append("replace")  # the demo's concept replaces "cats"
     _invoke_preset(app, "demo")
     app.model.set("concepts.0.loss_weight", 0.5)
     app.model.mark_saved()

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
 from gui.log_view import EventLines
 from onetrainer.training.console import ConsoleSink
-from onetrainer.training.events import Failed, Finished, SampleReady, Started, Status, Warning_, describe
+from onetrainer.training.events import (
+    CacheProgress,
+    Failed,
+    Finished,
+    SampleReady,
+    Started,
+    Status,
+    Warning_,
+    describe,
+)
 from onetrainer.training.workspace import LogFileSink
 
 SHARED = [
@@ -18,6 +28,7 @@ SHARED = [
     ),
     (SampleReady(5, 0, "a <cat>", "/s/0.png"), "sample 0 ('a <cat>'): /s/0.png"),
     (Status("caching 4 images"), "caching 4 images"),
+    (CacheProgress("latents", 0, 40, 0.0), "caching latents: 40 images to encode"),
     (Warning_("no captions"), "warning: no captions"),
     (Finished("completed", "/m/out.safetensors"), "Finished (completed): /m/out.safetensors"),
     (Finished("stopped"), "Finished (stopped)"),
@@ -47,3 +58,28 @@ def test_a_failure_adds_its_traceback_in_the_log_and_the_log_window(tmp_path):
     log.emit(event)
     log.close()
     assert "Training failed: CUDA out of memory\nTraceback: here" in (tmp_path / "run.log").read_text(encoding="utf-8")
+
+
+def test_caching_shows_a_progress_bar_on_the_terminal_and_one_line_in_the_logs(tmp_path):
+    console = io.StringIO()
+    sink = ConsoleSink(console)
+    passes = [("latents", 3), ("captions", 2)]
+    for kind, total in passes:
+        for done in range(total + 1):
+            sink.emit(CacheProgress(kind, done, total, seconds=2.0 * done))
+    sink.emit(Started("run-1", total_steps=6, total_epochs=2, steps_per_epoch=3))
+    sink.close()
+    shown = console.getvalue()
+    # Each pass: its line, then a bar with its count (tqdm's rate and time left), finished before the next one.
+    assert shown.index("caching latents: 3 images to encode") < shown.index("caching latents: 100%")
+    assert re.search(r"3/3 \[[^]]*image", shown) and re.search(r"2/2 \[[^]]*caption", shown)
+    assert shown.index("caching latents: 100%") < shown.index("caching captions: 2 captions to encode")
+    assert shown.index("caching captions: 100%") < shown.index("Training run-1")
+    # Only the start of a pass is a line: the log and the Log window get no line per entry.
+    lines = EventLines()
+    assert [lines.line(CacheProgress("latents", done, 3, done)) for done in range(4)] == [
+        "caching latents: 3 images to encode",
+        None,
+        None,
+        None,
+    ]

@@ -17,6 +17,7 @@ from onetrainer.training.checkpoint import list_backups, read_progress
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import (
     CacheFilled,
+    CacheProgress,
     Failed,
     Finished,
     ListSink,
@@ -79,7 +80,7 @@ def test_a_failed_final_save_keeps_a_backup_and_resume_saves_the_model(tmp_path)
     assert isinstance(again, Finished) and again.reason == "nothing to do"
 
 
-@pytest.mark.parametrize("moment", ["loading the model", "caching latents"])
+@pytest.mark.parametrize("moment", ["loading the model", "reading the training images"])
 def test_a_stop_before_the_first_step_writes_nothing(tmp_path, moment):
     image_folder(tmp_path)
     output = tmp_path / "out" / "lora.safetensors"
@@ -96,6 +97,46 @@ def test_a_stop_before_the_first_step_writes_nothing(tmp_path, moment):
     assert "no model is written" in texts(sink) and str(output) in texts(sink)
     assert list_backups(tmp_path / "workspace" / "backup") == []
     assert not leftover.exists() and f"removed {leftover}" in texts(sink)
+
+
+class StopAtEntry(ListSink):
+    """Requests a stop when the cache pass of `kind` reports its `entry`-th entry written."""
+
+    def __init__(self, control: TrainingControl, kind: str, entry: int) -> None:
+        super().__init__()
+        self.control, self.kind, self.entry = control, kind, entry
+
+    def emit(self, event) -> None:
+        super().emit(event)
+        if isinstance(event, CacheProgress) and (event.kind, event.done) == (self.kind, self.entry):
+            self.control.request_stop()
+
+
+def _entries(cache: Path, kind: str) -> list[Path]:
+    return sorted((cache / kind).rglob("*.safetensors"))
+
+
+def test_a_stop_during_caching_ends_it_after_the_current_entry_and_keeps_what_is_cached(tmp_path):
+    image_folder(tmp_path)  # 4 images of one bucket: one encoding batch, written entry by entry
+    config = tiny_config(tmp_path, backup_before_save=True)
+    control = TrainingControl()
+    sink = StopAtEntry(control, "latents", 1)
+    outcome, _ = run(config, control, sink)
+    assert isinstance(outcome, Finished) and outcome.reason == "stopped during caching" and outcome.output_path == ""
+    # The entry written when the stop came is kept, and nothing after it: not the rest of its batch, nor captions.
+    assert len(_entries(tmp_path / "cache", "latents")) == 1 and not _entries(tmp_path / "cache", "text")
+    progress = sink.of(CacheProgress)
+    assert [(e.kind, e.done, e.total) for e in progress] == [("latents", 0, 4), ("latents", 1, 4)]
+    assert progress[0].eta_seconds is None and progress[1].eta_seconds is not None
+    assert "stopped during caching: 1 of 4 images were encoded (latents) and stay in the cache" in texts(sink)
+    assert "no model is written" in texts(sink) and not sink.of(Started) and not sink.of(CacheFilled)
+    assert not (tmp_path / "out").exists()
+    # The next run encodes only what is missing, and reports each entry of both passes.
+    cached, sink = run({**config, "only_cache": True})
+    assert isinstance(cached, Finished) and cached.reason == "cached"
+    latents = [e for e in sink.of(CacheProgress) if e.kind == "latents"]
+    assert [(e.done, e.total) for e in latents] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert sink.of(CacheFilled)[0].encoded == 3 and len(_entries(tmp_path / "cache", "latents")) == 4
 
 
 def test_a_failed_periodic_backup_warns_and_training_goes_on(tmp_path, monkeypatch):

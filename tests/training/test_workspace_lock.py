@@ -39,7 +39,7 @@ def test_a_cli_run_is_refused_while_another_run_holds_the_workspace(in_tmp):
         held.release()
     assert result.returncode == EXIT_FAILED, result.stderr
     expected = (
-        f"Training failed: another run is training in the workspace {in_tmp / 'workspace'} "
+        f"Cannot start training: another run is training in the workspace {in_tmp / 'workspace'} "
         f"(process {os.getpid()} on {socket.gethostname()}, started {held.holder.started.replace('T', ' ')})"
     )
     assert expected in result.stderr
@@ -47,6 +47,16 @@ def test_a_cli_run_is_refused_while_another_run_holds_the_workspace(in_tmp):
     # Nothing of the refused run was written into the running one's folders.
     assert sorted(p.name for p in (in_tmp / "workspace").iterdir()) == []
     assert not (in_tmp / "workspace" / LOCK_NAME).exists()
+
+
+def test_a_refused_run_says_it_cannot_start_rather_than_that_training_failed(in_tmp, capsys):
+    held = WorkspaceLock.acquire(in_tmp / "workspace")  # another run trains there (a second app, a CLI)
+    try:
+        assert main(QUICK) == EXIT_FAILED
+    finally:
+        held.release()
+    err = capsys.readouterr().err
+    assert "Cannot start training: another run is training in the workspace" in err and "Training failed" not in err
 
 
 def test_the_lock_holds_pid_host_and_start_time_and_is_removed_when_the_run_ends(in_tmp, capsys):
