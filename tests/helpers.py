@@ -112,6 +112,21 @@ def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> 
     return folder
 
 
+def assert_samples_are_pictures(samples: list[Path], stderr: str, name: str) -> None:
+    """A run's samples were written and are pictures: the trainer flagged none as NaN or all black (its warning gives
+    "the usual fix"), and none is one flat colour. A tiny random model renders noise-like images, never a constant
+    one, so a constant image is a blank: a NaN decode (saved as black) or a part that output nothing."""
+    import numpy as np
+    from PIL import Image
+
+    assert samples, f"{name}: no sample was written"
+    broken = [line for line in stderr.splitlines() if "the usual fix" in line]
+    assert not broken, f"{name}: " + "\n".join(broken)
+    for path in samples:
+        pixels = np.asarray(Image.open(path))
+        assert pixels.min() < pixels.max(), f"{name}: {path.name} is blank (every pixel is {pixels.flat[0]})"
+
+
 def small_edit_references(monkeypatch) -> None:
     """Edit models' references made small for the CPU (about 64² px for the VL encoder, 128² for the VAE, where the real
     models take 384² and 1024²: the video VAE's 3D convolutions are slow on a CPU at 1024²), in training and samples."""

@@ -90,7 +90,7 @@ class ToolsTab(FormTab):
         elif key == "lora":
             from gui.windows.lora_tool_window import LoraToolWindow
 
-            window = LoraToolWindow(self.page, self.dialogs)
+            window = LoraToolWindow(self.page, self.dialogs, self.model.config)
         elif key == "sampling":
             from gui.windows.sampling_tool import SamplingWindow
             from onetrainer.config import pack

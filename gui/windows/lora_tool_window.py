@@ -3,6 +3,8 @@ average checkpoints (EMA) — the jobs of `scripts/lora_tool.py` (`onetrainer.to
 
 The window shows the fields the chosen command reads, a progress bar with what is being done, the per-layer report,
 and Cancel, which stops the job at its next layer or file with nothing written. Closing the window cancels too.
+Opened from the app, it starts from the current config (its model type, base model, transformer file, and what it
+trains once a run has written it), as the sampling window does; it keeps its width whichever command is shown.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.dialogs import MODEL_FILES
+from gui.widgets.model_type_menu import ModelTypeMenu, trained_output
 from gui.widgets.path_entry import PathEntry, in_window_terms
 from gui.window_position import place_over
-from onetrainer.config import ModelFormat, ModelType, TrainingMethod
+from onetrainer.config import ModelFormat, TrainConfig, TrainingMethod
 from onetrainer.config.enums import DataType
-from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, model_type_info
+from onetrainer.config.model_types import model_type_info
 from onetrainer.tools.convert import OUTPUT_DTYPES
+from onetrainer.tools.lora_extract import holds_transformer_alone
 from onetrainer.tools.lora_jobs import JobCancelled, LoraJob
 
 if TYPE_CHECKING:
@@ -40,10 +44,20 @@ COMMAND_LABELS = {
     "Merge LoRAs into one": "merge-loras",
     "Average checkpoints (post-hoc EMA)": "ema",
 }
-# The fields each command reads (the others are hidden).
+# The fields each command reads (the others are hidden; "transformer" only for a family whose single files hold the
+# transformer alone).
 FIELDS = {
-    "merge": ("model_type", "base_model", "loras", "strengths", "output_format", "output_dtype"),
-    "extract": ("model_type", "base_model", "input_name", "rank", "energy", "output_format", "output_dtype"),
+    "merge": ("model_type", "base_model", "transformer", "loras", "strengths", "output_format", "output_dtype"),
+    "extract": (
+        "model_type",
+        "base_model",
+        "transformer",
+        "input_name",
+        "rank",
+        "energy",
+        "output_format",
+        "output_dtype",
+    ),
     "resize": ("loras", "rank", "energy", "output_dtype"),
     "merge-loras": ("loras", "strengths", "rank", "output_dtype"),
     "ema": ("loras", "decay", "sigma_rel", "output_dtype"),
@@ -55,6 +69,7 @@ OPTION_FIELDS = {
     "--model-type": "Model type",
     "--base-model-name": "Base model",
     "--input-name": "Fine-tuned model",
+    "--transformer-model-name": "Transformer model",
     "--output-model-format": "Output format",
     "--rank": "Rank",
     "--energy": "Energy",
@@ -70,7 +85,7 @@ OPTION_PHRASES = {
 
 
 class LoraToolWindow(ctk.CTkToplevel):
-    def __init__(self, master: Any, dialogs: Dialogs | None = None) -> None:
+    def __init__(self, master: Any, dialogs: Dialogs | None = None, config: TrainConfig | None = None) -> None:
         super().__init__(master)
         self.title("LoRA tools")
         self.dialogs = dialogs
@@ -78,9 +93,10 @@ class LoraToolWindow(ctk.CTkToplevel):
         self._row = 0
         self._rows: dict[str, list[Any]] = {}
         self.command = self._menu("command", "Command", list(COMMAND_LABELS), next(iter(COMMAND_LABELS)))
-        types = [m.value for m in SUPPORTED_MODEL_TYPES]
-        self.model_type = self._menu("model_type", "Model type", types, ModelType.STABLE_DIFFUSION_15.value)
+        self.model_type = ModelTypeMenu(self, on_change=lambda _type: self._command_changed())
+        self._place("model_type", self._label("model_type", "Model type"), self.model_type)
         self.base_model = self._path("base_model", "Base model", ("file", "folder"))
+        self.transformer = self._path("transformer", "Transformer model\n(optional: a file)", ("file",))
         self.input_name = self._path("input_name", "Fine-tuned model", ("file", "folder"))
         self.loras = self._lora_list()
         self.strengths = self._entry("strengths", "Strengths (one per LoRA)", "1.0")
@@ -118,10 +134,36 @@ class LoraToolWindow(ctk.CTkToplevel):
         self.outcome: str = ""  # "done", "cancelled" or "failed" once a job has ended
         self.written: list[Path] = []
         self.command.configure(command=lambda _v: self._command_changed())
-        self.model_type.configure(command=lambda _v: self._update_formats())
         self.protocol("WM_DELETE_WINDOW", self.close)
+        self._fix_width()
+        if config is not None:
+            self.take_config(config)
         self._command_changed()
         place_over(self, master)
+
+    def take_config(self, config: TrainConfig) -> None:
+        """Start from the main window's config: its model type, base model and transformer file, and what it trains
+        once written (a LoRA for the LoRA commands, a fine-tune as the model to extract from)."""
+        self.model_type.set_model_type(config.model_type)
+        _set(self.base_model, config.base_model_name)
+        _set(self.transformer, config.transformer.model_name)
+        trained = trained_output(config)
+        if trained and config.training_method is TrainingMethod.LORA:
+            self.set_loras([trained])
+        elif trained and config.training_method is TrainingMethod.FINE_TUNE:
+            _set(self.input_name, trained)
+        self._command_changed()
+
+    def _fix_width(self) -> None:
+        """Each column as wide as its widest field of any command, so the window keeps its width whichever command
+        and model type are shown; the status wraps within it."""
+        self.update_idletasks()
+        labels = max(widgets[0].winfo_reqwidth() for widgets in self._rows.values()) + 18  # padx (12, 6)
+        fields = max(widgets[1].winfo_reqwidth() for widgets in self._rows.values()) + 12  # padx (0, 12)
+        self.grid_columnconfigure(0, minsize=labels)
+        self.grid_columnconfigure(1, minsize=fields)
+        scaling = self.status._get_widget_scaling()  # wraplength is given unscaled; the widths are pixels
+        self.status.configure(wraplength=(labels + fields - 24) / scaling)  # its padx (12, 12)
 
     # -- the form ----------------------------------------------------------------------------------------------------
 
@@ -137,7 +179,8 @@ class LoraToolWindow(ctk.CTkToplevel):
 
     def _menu(self, key: str, text: str, values: list[str], value: str) -> ctk.CTkOptionMenu:
         label = self._label(key, text)
-        menu = ctk.CTkOptionMenu(self, values=values or [value])
+        # Not resized to its text (sticky "ew" stretches it): another command's formats never widen the window.
+        menu = ctk.CTkOptionMenu(self, values=values or [value], dynamic_resizing=False)
         menu.set(value)
         self._place(key, label, menu)
         return menu
@@ -199,6 +242,8 @@ class LoraToolWindow(ctk.CTkToplevel):
 
     def _command_changed(self) -> None:
         shown = {"command", "destination", *FIELDS[self.chosen_command]}
+        if not holds_transformer_alone(self.model_type.model_type):
+            shown.discard("transformer")
         for key, widgets in self._rows.items():
             for widget in widgets:
                 if key in shown:
@@ -210,7 +255,7 @@ class LoraToolWindow(ctk.CTkToplevel):
     def _update_formats(self) -> None:
         command = self.chosen_command
         if command == "merge":
-            info = model_type_info(ModelType(self.model_type.get()))
+            info = model_type_info(self.model_type.model_type)
             formats = [f.value for f in info.family.output_formats.get(TrainingMethod.FINE_TUNE, ())]
         else:
             formats = [ModelFormat.KOHYA_LORA.value, ModelFormat.DIFFUSERS_LORA.value]
@@ -222,7 +267,7 @@ class LoraToolWindow(ctk.CTkToplevel):
 
     def job(self) -> LoraJob:
         """The job the form describes; raises ValueError naming a field whose text is not a number."""
-        fields = set(FIELDS[self.chosen_command])
+        fields = set(self.shown_fields())
         loras = self.lora_names()
         dtype = self.output_dtype.get()
         return LoraJob(
@@ -234,9 +279,10 @@ class LoraToolWindow(ctk.CTkToplevel):
             energy=_number(self.energy, "Energy", float) if "energy" in fields else None,
             decay=_number(self.decay, "Decay", float) if "decay" in fields else None,
             sigma_rel=_number(self.sigma_rel, "Sigma rel", float) if "sigma_rel" in fields else None,
-            model_type=ModelType(self.model_type.get()) if "model_type" in fields else None,
+            model_type=self.model_type.model_type if "model_type" in fields else None,
             base_model_name=self.base_model.get().strip() if "base_model" in fields else "",
             input_name=self.input_name.get().strip() if "input_name" in fields else "",
+            transformer_model_name=self.transformer.get().strip() if "transformer" in fields else "",
             output_format=ModelFormat(self.output_format.get()) if "output_format" in fields else None,
             output_dtype=None if dtype == INPUT_DTYPE else DataType(dtype),
             overwrite=bool(self.overwrite.get()),
@@ -348,6 +394,11 @@ class LoraToolWindow(ctk.CTkToplevel):
     @property
     def status_text(self) -> str:
         return self.status.cget("text")
+
+
+def _set(entry: ctk.CTkEntry, text: str) -> None:
+    entry.delete(0, "end")
+    entry.insert(0, text)
 
 
 def _number(entry: ctk.CTkEntry, name: str, kind: type) -> Any:

@@ -19,12 +19,12 @@ from PIL import Image
 
 from gui.background import BackgroundResult, run_in_background
 from gui.dialogs import MODEL_FILES
-from gui.labels import model_type_choices
 from gui.state import state_dir
+from gui.widgets.model_type_menu import ModelTypeMenu, trained_output
 from gui.widgets.path_entry import PathEntry, in_window_terms
 from gui.window_position import place_over
 from onetrainer.config import TrainConfig, TrainingMethod
-from onetrainer.config.enums import ModelType, NoiseScheduler
+from onetrainer.config.enums import NoiseScheduler
 from onetrainer.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
@@ -98,9 +98,8 @@ class SamplingWindow(ctk.CTkToplevel):
         self.grid_columnconfigure(1, weight=1)
         row = 0
         # The menu shows the labels the main window shows ("SD 1.5"); arguments take the model type's name.
-        self._types = {label: model_type for label, model_type in model_type_choices()}
         ctk.CTkLabel(self, text="Model type", anchor="w").grid(row=row, column=0, sticky="w", padx=(12, 6), pady=3)
-        self.model_type = ctk.CTkOptionMenu(self, values=list(self._types))
+        self.model_type = ModelTypeMenu(self)
         self.model_type.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
         row += 1
         self.entries: dict[str, ctk.CTkEntry] = {}
@@ -141,20 +140,14 @@ class SamplingWindow(ctk.CTkToplevel):
         self.entries[key].delete(0, "end")
         self.entries[key].insert(0, value)
 
-    def _set_model_type(self, model_type: ModelType | str) -> None:
-        for label, known in self._types.items():
-            if known.value == getattr(model_type, "value", model_type) or label == model_type:
-                self.model_type.set(label)
-                return
-
     def take_config(self, config: TrainConfig) -> None:
         """Start from the main window's config: its model, what it trains (once written), its first enabled
         sample, and its workspace for the images. Fields it gives nothing for keep the last use's values."""
-        self._set_model_type(config.model_type)
+        self.model_type.set_model_type(config.model_type)
         self._set("base_model", config.base_model_name)
         self._set("output", str(output_folder(config)))
-        trained = config.output_model_destination.strip()
-        if trained and Path(trained).expanduser().is_file():
+        trained = trained_output(config)
+        if trained:
             if config.training_method is TrainingMethod.LORA:
                 self._set("lora", trained)
             elif config.training_method is TrainingMethod.EMBEDDING:
@@ -172,7 +165,7 @@ class SamplingWindow(ctk.CTkToplevel):
 
     def settings(self) -> dict[str, str]:
         values = {key: entry.get() for key, entry in self.entries.items()}
-        values.update(model_type=self._types[self.model_type.get()].value, sampler=self.sampler.get())
+        values.update(model_type=self.model_type.model_type.value, sampler=self.sampler.get())
         return values
 
     def load_settings(self) -> None:
@@ -186,7 +179,7 @@ class SamplingWindow(ctk.CTkToplevel):
                 entry.delete(0, "end")
                 entry.insert(0, saved[key])
         if isinstance(saved.get("model_type"), str):
-            self._set_model_type(saved["model_type"])
+            self.model_type.set_model_type(saved["model_type"])
         if saved.get("sampler") in self.sampler.cget("values"):
             self.sampler.set(saved["sampler"])
 

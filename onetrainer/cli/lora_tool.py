@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +22,9 @@ load, or diffusers'):
                fine-tune (--output-model-format DIFFUSERS, ORIGINAL_SINGLE_FILE, …)
   extract      a LoRA from a fine-tune (--input-name) and its base model, at --rank
                R or --energy E per layer, each layer's kept share printed
-               (--output-model-format KOHYA_LORA, the default, or DIFFUSERS_LORA)
+               (--output-model-format KOHYA_LORA, the default, or DIFFUSERS_LORA);
+               layers changed by no more than the --output-dtype's rounding are
+               left out and counted
 and, without the base model:
   resize       one LoRA to a lower rank (--rank R, or --energy E: the smallest
                rank per layer keeping that share of its weight change), each
@@ -46,8 +49,22 @@ Exit codes: 0 done, 1 an input cannot be read or the output written, 2 invalid
 arguments."""
 
 
+def _transformer_note() -> str:
+    """The families whose single files hold the transformer alone, read from the model table."""
+    from onetrainer.config.model_types import FAMILIES, OWN_MODEL
+
+    labels = [f.label for f in FAMILIES.values() if OWN_MODEL in f.part_capabilities.get("transformer", ())]
+    return textwrap.fill(
+        f"For {', '.join(labels)}, whose single files hold the transformer alone: --base-model-name is a diffusers "
+        "folder or hub id, --transformer-model-name a transformer file to use in its place, and extract's "
+        "--input-name may be such a file (a merge written as ORIGINAL_TRANSFORMER), read over the base's other parts.",
+        width=84,
+    )
+
+
 def build_parser(prog: str = "lora_tool.py") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    epilog = f"{_transformer_note()}\n{EPILOG}"
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=epilog, formatter_class=HelpFormatter)
     parser.add_argument("command", choices=COMMANDS, help="what to do")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE", help="a LoRA file (repeatable)")
     parser.add_argument("--strength", action="append", type=float, default=[], metavar="S",
@@ -55,6 +72,8 @@ def build_parser(prog: str = "lora_tool.py") -> argparse.ArgumentParser:
     parser.add_argument("--model-type", metavar="TYPE", help="merge / extract: e.g. STABLE_DIFFUSION_15")
     parser.add_argument("--base-model-name", metavar="PATH_OR_ID", help="merge / extract: the base model")
     parser.add_argument("--input-name", metavar="PATH_OR_ID", help="extract: the fine-tuned model")
+    parser.add_argument("--transformer-model-name", metavar="FILE",
+                        help="merge / extract: the base model's transformer from a file of its own")  # fmt: skip
     parser.add_argument("--output-model-format", metavar="FORMAT",
                         help="merge: DIFFUSERS, ORIGINAL_SINGLE_FILE, … (the family's fine-tune formats); "
                         "extract: KOHYA_LORA or DIFFUSERS_LORA")  # fmt: skip
@@ -89,6 +108,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lora_tool.py") -> int:
             model_type=enum_option(ModelType, args.model_type, "--model-type") if args.model_type else None,
             base_model_name=args.base_model_name or "",
             input_name=args.input_name or "",
+            transformer_model_name=args.transformer_model_name or "",
             output_format=enum_option(ModelFormat, args.output_model_format, "--output-model-format")
             if args.output_model_format
             else None,

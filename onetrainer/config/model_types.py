@@ -573,7 +573,8 @@ CASCADE = FamilyInfo(
     "field (or the repo id `stabilityai/stable-cascade`, as our presets do: only that file is downloaded). "
     "`prior.model_name` may name a stage C file of Stability's (`stage_c.safetensors`, `stage_c_lite.safetensors`) "
     "to train instead of the base model's prior. The prior gives NaN in FLOAT_16: FLOAT_16 prior weights are refused, "
-    "and with `train_dtype` FLOAT_16 the prior computes in `fallback_train_dtype`. " + _P2_NOTE,
+    "and with `train_dtype` FLOAT_16 the prior computes in `fallback_train_dtype`. The decoder decodes to NaN (a "
+    "black sample) in FLOAT_16 too: our presets load it in BFLOAT_16 (OneTrainer's in FLOAT_16). " + _P2_NOTE,
     part_hub_file_sets=_PRIOR_PART_FILES,
     part_downloads={"effnet_encoder": _CASCADE_EFFNET},
 )

@@ -6,6 +6,10 @@ weight changed, the change ΔW (convolutions flattened over their kernel) is fac
 the smallest rank keeping an energy share of it) into a LoRA module with alpha = rank (scale 1), and the share of
 ΔW's Σσ² each keeps is reported. What a LoRA cannot hold (changed biases and norms) is counted and reported. The file
 is written in the family's kohya layout or in diffusers' names, as a trained LoRA would be.
+
+A change no larger than the output dtype's rounding is noise, not training: a model saved in half precision (a merge
+written in FLOAT_16) differs from its float32 base in every weight by up to half a step of that dtype. Such layers are
+left out and counted by part (`within_rounding`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from onetrainer.config.enums import DataType
 from onetrainer.weights.metadata import LORA_TOOL_KEY
 
 LORA_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA)
-UNCHANGED = 1e-7  # a layer whose largest change is below this (relative to its weight) is left out
 
 
 class ExtractError(Exception):
@@ -40,6 +43,13 @@ class Extraction:
     energy: float | None = None
     output_dtype: DataType = DataType.FLOAT_16
     overwrite: bool = False
+    transformer_model_name: str = ""  # the base model's transformer from a file of its own (`transformer.model_name`)
+
+    @property
+    def tuned_is_transformer(self) -> bool:
+        """Whether the fine-tune is a file holding the transformer alone (as a merge writes it for these families),
+        read over the base model's other parts."""
+        return holds_transformer_alone(self.model_type) and Path(self.tuned_model_name).expanduser().is_file()
 
     def problems(self) -> list[str]:
         out = []
@@ -55,6 +65,14 @@ class Extraction:
         return out
 
 
+def holds_transformer_alone(model_type: ModelType) -> bool:
+    """Whether the family's single files hold the transformer alone: it reads one as the transformer's own model
+    (`transformer.model_name`) over a diffusers base, never as the base model."""
+    from onetrainer.config.model_types import OWN_MODEL, model_type_info
+
+    return OWN_MODEL in model_type_info(model_type).family.part_capabilities.get("transformer", ())
+
+
 @dataclass(frozen=True)
 class LayerReport:
     part: str
@@ -63,10 +81,30 @@ class LayerReport:
     kept_energy: float
 
 
-def extract(
-    ex: Extraction, progress: Callable[[str, int, int], None] | None = None
-) -> tuple[Path, list[LayerReport], int]:
-    """Write the LoRA; the path, each layer's report and how many changed tensors a LoRA cannot hold.
+@dataclass(frozen=True)
+class Extracted:
+    path: Path
+    layers: list[LayerReport]
+    left_out: int  # changed biases and norms: a LoRA holds weight changes only
+    rounding: dict[str, int]  # {part: layers whose change is within the output dtype's rounding}, left out
+
+
+def within_rounding(base: torch.Tensor, tuned: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether no element of `tuned` differs from `base` by more than one step of `dtype` at that value (the spacing
+    of its representable numbers there; below its normal range, the subnormal spacing).
+
+    Elementwise, not by norm: one trained element beyond the step keeps the layer, whereas a norm would let many
+    noise elements outweigh it. One step, not half: saving a weight in `dtype` moves it by at most half a step; the
+    other half is room for an earlier, finer rounding (a float32 model saved in float16, extracted in bfloat16). A
+    change within one step moves a weight held in `dtype` by at most one representable value."""
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(base.abs().clamp_min(info.smallest_normal))  # |w| = m·2^e, m in [0.5, 1)
+    step = info.eps * torch.exp2(exponent.float() - 1)  # eps·2^(e-1): the spacing in w's binade
+    return bool(((tuned - base).abs() <= step).all())
+
+
+def extract(ex: Extraction, progress: Callable[[str, int, int], None] | None = None) -> Extracted:
+    """Write the LoRA; its path, each layer's report and what was left out.
     `progress(what, done, total)` is told each phase and layer, and may raise to stop before anything is written."""
     from onetrainer.families.base import PartRole
     from onetrainer.tools.lora_files import _energy_rank, _factors
@@ -80,14 +118,18 @@ def extract(
         raise ExtractError("; ".join(problems))
     progress = progress or (lambda what, done, total: None)
     progress("loading the models", 0, 0)
-    family, base = _load(ex.model_type, ex.base_model_name)
-    _, tuned = _load(ex.model_type, ex.tuned_model_name)
+    family, base = _load(ex.model_type, ex.base_model_name, ex.transformer_model_name)
+    if ex.tuned_is_transformer:
+        _, tuned = _load(ex.model_type, ex.base_model_name, ex.tuned_model_name)
+    else:
+        _, tuned = _load(ex.model_type, ex.tuned_model_name)
     adapted = [p for p, r in family.part_roles.items() if r in (PartRole.DENOISER, PartRole.TEXT_ENCODER)]
     total = sum(len(list(base.part(p).modules())) for p in adapted if p in base.parts)
     done = 0
     out: dict[str, torch.Tensor] = {}
     reports: list[LayerReport] = []
-    left_out = 0
+    left_out, rounding = 0, {}
+    dtype = torch_dtype(ex.output_dtype)
     for part in adapted:
         if part not in base.parts:
             continue
@@ -100,11 +142,15 @@ def extract(
             if other is None:
                 continue
             if isinstance(layer, torch.nn.Linear | torch.nn.Conv2d):
-                delta = (other.weight.detach().float() - layer.weight.detach().float()).flatten(1)
-                if layer.bias is not None and not torch.equal(layer.bias, other.bias):
+                if layer.bias is not None and not within_rounding(layer.bias.detach(), other.bias.detach(), dtype):
                     changed_other += 1
-                if delta.abs().max() <= UNCHANGED * max(float(layer.weight.detach().abs().max()), 1e-12):
+                weight, theirs = layer.weight.detach().float(), other.weight.detach().float()
+                if torch.equal(weight, theirs):
                     continue
+                if within_rounding(weight, theirs, dtype):
+                    rounding[part] = rounding.get(part, 0) + 1
+                    continue
+                delta = (theirs - weight).flatten(1)
                 limit = min(delta.shape)
                 rank = min(limit, ex.rank) if ex.rank is not None else _energy_rank(delta, ex.energy, limit)
                 down, up, kept = _factors(delta, rank, _Shape(layer))
@@ -114,7 +160,7 @@ def extract(
             elif not list(layer.children()):  # norms, embeddings: a LoRA cannot hold their change
                 for pname, param in layer.named_parameters(recurse=False):
                     theirs = getattr(other, pname, None)
-                    if theirs is not None and not torch.equal(param, theirs):
+                    if theirs is not None and not within_rounding(param.detach(), theirs.detach(), dtype):
                         changed_other += 1
         left_out += changed_other
         if not layers:
@@ -131,8 +177,11 @@ def extract(
             name_of = lambda m, p=part: family.lora_file_name(base, p, m, ex.output_format)  # noqa: E731
             out.update(own if own is not None else to_kohya("lora", state, name_of, alphas, ranks))
     if not reports:
-        raise ExtractError(f"{ex.tuned_model_name} has no layer a LoRA can hold that differs from {ex.base_model_name}")
-    dtype = torch_dtype(ex.output_dtype)
+        noise = sum(rounding.values())
+        beyond = f" by more than {ex.output_dtype.value}'s rounding ({noise} differ by less)" if noise else ""
+        raise ExtractError(
+            f"{ex.tuned_model_name} has no layer a LoRA can hold that differs from {ex.base_model_name}{beyond}"
+        )
     out = {k: (v if k.endswith(".alpha") else v.to(dtype)).contiguous() for k, v in out.items()}
     resolution = base.type_info.resolution
     top = max(r.rank for r in reports)
@@ -147,7 +196,7 @@ def extract(
             save_file(out, str(tmp), metadata=metadata)
     except OSError as e:
         raise ExtractError(f"cannot write {destination}: {e.strerror or e}") from e
-    return destination, reports, left_out
+    return Extracted(destination, reports, left_out, rounding)
 
 
 @dataclass
@@ -161,7 +210,7 @@ class _Shape:
         self.down = torch.empty(0, *weight.shape[1:]) if weight.dim() == 4 else torch.empty(0, weight.shape[1])
 
 
-def _load(model_type: ModelType, name: str):
+def _load(model_type: ModelType, name: str, transformer: str = ""):
     from onetrainer.config import TrainConfig
     from onetrainer.tools.convert import load_float32
 
@@ -169,4 +218,5 @@ def _load(model_type: ModelType, name: str):
     config.model_type = model_type
     config.training_method = TrainingMethod.FINE_TUNE
     config.base_model_name = name
+    config.transformer.model_name = transformer
     return load_float32(config, ExtractError)

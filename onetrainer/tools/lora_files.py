@@ -183,9 +183,10 @@ def merge_loras(
     strengths: Sequence[float],
     rank: int | None = None,
     progress: LayerProgress | None = None,
-) -> LoraFile:
+) -> tuple[LoraFile, list[ModuleReport]]:
     """Σ strengthᵢ·ΔWᵢ per module as one LoRA: exactly, the ranks concatenated (alpha = the summed rank: scale 1),
-    or at `rank` by SVD. Every file must have the same layout; a module some files lack takes the others' sum."""
+    or at `rank` by SVD, each module's share of the sum's Σσ² kept reported (from the summed rank: no report for an
+    exact merge). Every file must have the same layout; a module some files lack takes the others' sum."""
     if len(loras) != len(strengths):
         raise LoraFileError(f"{len(loras)} LoRAs but {len(strengths)} strengths")
     if len({lora.layout for lora in loras}) != 1:
@@ -196,6 +197,7 @@ def merge_loras(
     layout = loras[0].layout
     names = list(dict.fromkeys(name for lora in loras for name in lora.modules))
     modules: dict[str, LoraModule] = {}
+    reports: list[ModuleReport] = []
     for index, name in enumerate(names):
         _report(progress, index, len(names))
         parts = [(lora.modules[name], s) for lora, s in zip(loras, strengths) if name in lora.modules]
@@ -208,11 +210,12 @@ def merge_loras(
             modules[name] = LoraModule(down, up, None if layout == DIFFUSERS else float(down.shape[0]))
         else:
             delta = sum(s * m.delta() for m, s in parts)
-            modules[name], _ = _rebuilt(layout, delta, rank, parts[0][0], 1.0)
+            modules[name], kept = _rebuilt(layout, delta, rank, parts[0][0], 1.0)
+            reports.append(ModuleReport(name, sum(m.rank for m, _ in parts), modules[name].rank, kept))
     other: dict[str, torch.Tensor] = {}
     for lora in loras:
         other.update({k: v for k, v in lora.other.items() if k not in other})
-    return LoraFile(layout, modules, other, loras[0].dtype)
+    return LoraFile(layout, modules, other, loras[0].dtype), reports
 
 
 def power_ema_weights(steps: Sequence[float], sigma_rel: float) -> list[float]:

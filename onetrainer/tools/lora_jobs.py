@@ -48,6 +48,7 @@ class LoraJob:
     model_type: ModelType | None = None  # merge / extract
     base_model_name: str = ""  # merge / extract
     input_name: str = ""  # extract: the fine-tuned model
+    transformer_model_name: str = ""  # merge / extract: the base model's transformer from a file of its own
     output_format: ModelFormat | None = None  # merge: a fine-tune format; extract: KOHYA_LORA (default) or diffusers'
     output_dtype: DataType | None = None  # None: the input's (merge and extract: FLOAT_16)
     overwrite: bool = False
@@ -69,14 +70,14 @@ class LoraJob:
         if self.command not in COMMANDS:
             return [f"unknown command {self.command!r}; one of {', '.join(COMMANDS)}"]
         if self.command == "extract":
-            return self._model_problems("input_name") or self._extraction().problems()
+            return self._model_problems("input_name") or self._transformer_problems() or self._extraction().problems()
         out = self._lora_problems()
         if out:
             return out
         if self.command == "merge":
             if len(self.strengths) > 1:
                 return ["merge takes one --strength"]
-            return self._model_problems("output_format") or self._merge().problems()
+            return self._model_problems("output_format") or self._transformer_problems() or self._merge().problems()
         if self.command == "resize" and (self.rank is None) == (self.energy is None):
             return ["resize takes --rank or --energy"]
         if self.command == "merge-loras" and self.strengths and len(self.strengths) != len(self.lora_paths()):
@@ -107,6 +108,25 @@ class LoraJob:
         missing = [f"--{self._option(n)}" for n in names if getattr(self, n) in (None, "")]
         return [f"{self.command} needs {', '.join(missing)}"] if missing else []
 
+    def _transformer_problems(self) -> list[str]:
+        """A file holding the transformer alone given as the base model, or a transformer file for a family whose
+        transformer has none of its own."""
+        from onetrainer.config.model_types import model_type_info
+        from onetrainer.tools.lora_extract import holds_transformer_alone
+
+        label = model_type_info(self.model_type).family.label
+        if not holds_transformer_alone(self.model_type):
+            if self.transformer_model_name:
+                return [f"--transformer-model-name: {label} reads no transformer from a file of its own"]
+            return []
+        if Path(self.base_model_name).expanduser().is_file():
+            return [
+                f"--base-model-name {self.base_model_name} is a single file, which for {label} holds the transformer "
+                f"alone: give a diffusers {label} folder or hub id as --base-model-name and this file as "
+                "--transformer-model-name"
+            ]
+        return []
+
     @staticmethod
     def _option(name: str) -> str:
         return {"output_format": "output-model-format"}.get(name, name.replace("_", "-"))
@@ -123,6 +143,7 @@ class LoraJob:
             output_dtype=self.output_dtype or DataType.FLOAT_16,
             strength=self.strengths[0] if self.strengths else 1.0,
             overwrite=self.overwrite,
+            transformer_model_name=self.transformer_model_name,
         )
 
     def _extraction(self):
@@ -138,6 +159,7 @@ class LoraJob:
             energy=self.energy,
             output_dtype=self.output_dtype or DataType.FLOAT_16,
             overwrite=self.overwrite,
+            transformer_model_name=self.transformer_model_name,
         )
 
     # -- the work --------------------------------------------------------------------------------------------------
@@ -154,12 +176,19 @@ class LoraJob:
         if self.command == "extract":
             from onetrainer.tools.lora_extract import extract
 
-            written, reports, left_out = extract(self._extraction(), progress)
-            for r in reports:
+            extraction = self._extraction()
+            if extraction.tuned_is_transformer:
+                log(f"{self.input_name}: read as the transformer, over {self.base_model_name}'s other parts")
+            result = extract(extraction, progress)
+            for r in result.layers:
                 log(f"{r.part} {r.module}: rank {r.rank}, {r.kept_energy:.4f} of the change kept")
-            if left_out:
-                log(f"{left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)")
-            return [written]
+            if result.left_out:
+                log(f"{result.left_out} changed biases or norms are not in the LoRA (a LoRA holds weight changes only)")
+            if result.rounding:
+                by_part = ", ".join(f"{part}: {count}" for part, count in result.rounding.items())
+                log(f"{sum(result.rounding.values())} layers left out: their change is within "
+                    f"{extraction.output_dtype.value}'s rounding, noise rather than training ({by_part})")  # fmt: skip
+            return [result.path]
         return [self._run_on_files(log, progress)]
 
     def _run_on_files(self, log: Callable[[str], None], progress: Progress) -> Path:
@@ -214,14 +243,20 @@ class LoraJob:
         return destination
 
     def _combine(self, loras: list, lf, log: Callable[[str], None], layers: Callable[[int, int], None]):
+        """resize or merge-loras: the LoRA and what made it; each module's kept share logged (merge-loras: at a
+        rank)."""
         if self.command == "resize":
             result, reports = lf.resize(loras[0], self.rank, self.energy, layers)
-            for r in reports:
-                log(f"{r.module}: rank {r.rank_before} → {r.rank_after}, {r.kept_energy:.4f} of the change kept")
-            least = min(r.kept_energy for r in reports)
-            return result, {"rank": self.rank, "energy": self.energy, "least_kept_energy": round(least, 6)}
-        strengths = self.strengths or [1.0] * len(loras)
-        return lf.merge_loras(loras, strengths, self.rank, layers), {"strengths": strengths, "rank": self.rank}
+            note = {"rank": self.rank, "energy": self.energy}
+        else:
+            strengths = self.strengths or [1.0] * len(loras)
+            result, reports = lf.merge_loras(loras, strengths, self.rank, layers)
+            note = {"strengths": strengths, "rank": self.rank}
+        for r in reports:
+            log(f"{r.module}: rank {r.rank_before} → {r.rank_after}, {r.kept_energy:.4f} of the change kept")
+        if reports:
+            note["least_kept_energy"] = round(min(r.kept_energy for r in reports), 6)
+        return result, note
 
     def _average(self, states: list, paths: list[Path], steps: list[int] | None, lf, layers):
         if self.decay is not None:

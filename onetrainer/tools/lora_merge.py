@@ -35,6 +35,7 @@ class Merge:
     output_dtype: DataType = DataType.FLOAT_16
     strength: float = 1.0
     overwrite: bool = False
+    transformer_model_name: str = ""  # the base model's transformer from a file of its own (`transformer.model_name`)
 
     def problems(self) -> list[str]:
         from onetrainer.config.model_types import model_type_info
@@ -68,6 +69,7 @@ def merge_into_base(merge: Merge, progress: Callable[[str, int, int], None] | No
     config.model_type = merge.model_type
     config.training_method = TrainingMethod.LORA
     config.base_model_name = merge.base_model_name
+    config.transformer.model_name = merge.transformer_model_name
     config.lora_model_name = str(Path(merge.lora).expanduser())
     config.lora_weight_dtype = DataType.FLOAT_32
     try:

@@ -63,6 +63,15 @@ def test_each_command_writes_a_lora_diffusers_loads(trained: Path, pipe, tmp_pat
     assert "rank 4 → 1" in report and "of the change kept" in report
     merge = ["merge-loras", "--lora", str(trained), "--lora", str(trained), "--strength", "0.5", "--strength", "0.5"]
     assert main([*merge, "--output-model-destination", str(out["merged"])]) == 0
+    assert "of the change kept" not in capsys.readouterr().err  # exact: nothing lost
+    at_rank = tmp_path / "merged-r1.safetensors"
+    assert main([*merge, "--rank", "1", "--output-model-destination", str(at_rank)]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "of the change kept" in line]
+    assert lines and all("rank 8 → 1" in line for line in lines)  # the two rank-4 copies side by side, at rank 1
+    with safe_open(str(at_rank), "pt") as f:
+        least = json.loads(f.metadata()[LORA_TOOL_KEY])["least_kept_energy"]
+    shares = [float(line.split(", ")[-1].split()[0]) for line in lines]  # "…, 0.9731 of the change kept"
+    assert least == pytest.approx(min(shares), abs=1e-4) and 0 < least <= 1
     ema = ["ema", "--lora", str(trained), "--lora", str(trained), "--decay", "0.9"]
     assert main([*ema, "--output-model-destination", str(out["ema"])]) == 0
     for name in ("same", "merged", "ema"):
@@ -87,6 +96,15 @@ def test_bad_arguments_are_refused_before_anything_is_read(trained: Path, tmp_pa
           "--output-model-destination", str(tmp_path / "b.safetensors")], "ema takes at least 2 LoRA files"),
         (["merge-loras", "--lora", str(tmp_path / "missing.safetensors"),
           "--output-model-destination", str(tmp_path / "c.safetensors")], "not a .safetensors file"),
+        # A Flux file holds the transformer alone: the advice names this script's option, not the config's field.
+        (["extract", "--model-type", "FLUX_DEV_1", "--base-model-name", str(trained), "--input-name", str(trained),
+          "--rank", "2", "--output-model-destination", str(tmp_path / "d.safetensors")],
+         f"--base-model-name {trained} is a single file, which for Flux.1 holds the transformer alone: give a "
+         f"diffusers Flux.1 folder or hub id as --base-model-name and this file as --transformer-model-name"),
+        (["merge", "--model-type", "STABLE_DIFFUSION_15", "--base-model-name", "tiny:sd15", "--lora", str(trained),
+          "--transformer-model-name", str(trained), "--output-model-format", "DIFFUSERS",
+          "--output-model-destination", str(tmp_path / "e")],
+         "--transformer-model-name: Stable Diffusion 1.5 / 2.x reads no transformer from a file of its own"),
     ]  # fmt: skip
     for argv, message in cases:
         assert main(argv) == 2

@@ -4,7 +4,8 @@ sample, on the tiny model of its type, through `scripts/train.py`'s main on the 
 Only what a user must change to try a preset offline is set: the base model (the `tiny:` model of its type, which
 brings its own decoder and effnet where the preset names the hub's), the data, a sample, one epoch at a small
 resolution, and where things go. A preset whose half-precision parts cannot meet
-its float32 VAE, or whose encoder has no kernel on a CPU, fails here instead of at a user's first sample.
+its float32 VAE, whose encoder has no kernel on a CPU, or whose sample decodes to NaN or a blank (a half-precision
+decoder that overflows), fails here instead of at a user's first sample.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ import pytest
 from onetrainer.cli.train import main
 from onetrainer.config import load_layers
 from onetrainer.config.model_types import model_type_info
-from tests.helpers import PRESETS, TINY_MODELS, edit_inputs, image_folder, nf4_stand_ins, small_edit_references
+from tests.helpers import (
+    PRESETS,
+    TINY_MODELS,
+    assert_samples_are_pictures,
+    edit_inputs,
+    image_folder,
+    nf4_stand_ins,
+    small_edit_references,
+)
 
 
 def test_every_preset_is_covered():
@@ -27,7 +36,7 @@ def test_every_preset_is_covered():
 
 
 # Presets trained as shipped through a real scripts/train.py process elsewhere, with this test's checks (no failure,
-# the output, a sample): training them here too would only repeat those runs.
+# the output, a sample that is a picture): training them here too would only repeat those runs.
 THROUGH_SCRIPTS = {
     "demo": "tests/training/test_parts_and_outputs.py::test_the_demo_preset_as_a_new_user_runs_it",
     "sdxl/lora-low-vram": "tests/training/test_train_sdxl.py::test_low_vram_preset_through_scripts_train_py",
@@ -76,4 +85,4 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys, monkeypa
     samples = list((tmp_path / "workspace" / "samples").rglob("*.png")) + list(
         (tmp_path / "workspace" / "samples").rglob("*.jpg")
     )
-    assert samples, f"{name}: no sample was written"
+    assert_samples_are_pictures(samples, err, name)

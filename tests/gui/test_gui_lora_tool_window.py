@@ -161,3 +161,57 @@ def test_a_lora_merges_into_a_tiny_model_from_the_window(app, tmp_path, monkeypa
     assert merging and [done for _, done, _ in merging] == list(range(merging[0][2]))  # every adapted layer
     assert "merging " in window.report.get("1.0", "end")
     UNet2DConditionModel.from_pretrained(str(out), subfolder="unet")  # a diffusers model folder
+
+
+def test_the_window_starts_from_the_current_config_and_keeps_its_width(app, trainable, tmp_path):
+    """As the sampling window does: the config's model type (by the main window's label), base model, transformer file
+    and written LoRA; the transformer field only for a family whose files hold the transformer alone; one width for
+    every command, model type and message."""
+    from gui.labels import model_type_label
+    from gui.windows.lora_tool_window import COMMAND_LABELS
+    from onetrainer.config import ModelType
+
+    tab = app.select_tab("tools")
+    if (old := tab.tool_windows.get("lora")) is not None and old.winfo_exists():
+        old.destroy()  # a window opened by an earlier test started from that test's config
+    transformer = tmp_path / "flux1-dev.safetensors"
+    transformer.write_bytes(b"")
+    trainable.model_type = ModelType.FLUX_DEV_1
+    trainable.base_model_name = "tiny:flux-dev"
+    trainable.transformer.model_name = str(transformer)
+    Path(trainable.output_model_destination).parent.mkdir(parents=True)
+    Path(trainable.output_model_destination).write_bytes(b"")  # the LoRA a run wrote
+    app.model.replace(trainable)
+    window = open_window(app)
+    try:
+        assert window.model_type.get() == model_type_label(ModelType.FLUX_DEV_1)
+        assert not any(v.startswith(("STABLE_DIFFUSION", "FLUX")) for v in window.model_type.cget("values"))
+        window.choose("merge")
+        assert "transformer" in window.shown_fields()
+        assert (window.base_model.get(), window.transformer.get()) == ("tiny:flux-dev", str(transformer))
+        assert window.lora_names() == [trainable.output_model_destination]
+        job = window.job()
+        assert (job.model_type, job.transformer_model_name) == (ModelType.FLUX_DEV_1, str(transformer))
+        # The script's advice for a transformer file given as the base model, in the window's words.
+        set_entry(window.base_model, str(transformer))
+        set_entry(window.destination, str(tmp_path / "merged"))
+        assert not window.start()
+        assert window.status_text == (
+            f"Base model {transformer} is a single file, which for Flux.1 holds the transformer alone: give a "
+            "diffusers Flux.1 folder or hub id as Base model and this file as Transformer model"
+        )
+
+        widths = set()
+        for model_type in ("SD 1.5", model_type_label(ModelType.FLUX_DEV_1)):
+            choose_in_menu(window.model_type, model_type)
+            for command in COMMAND_LABELS.values():
+                window.choose(command)
+                window.update()
+                widths.add(window.winfo_width())
+        assert "transformer" not in window.shown_fields()  # SD 1.5 has no transformer file of its own
+        window._show("a long message that must wrap " * 30, error=True)
+        window.update()
+        widths.add(window.winfo_width())
+        assert len(widths) == 1, widths
+    finally:
+        window.destroy()

@@ -81,3 +81,49 @@ def test_an_extracted_lora_on_the_base_gives_the_fine_tunes_outputs(tuned: Path,
     lines = [line for line in capsys.readouterr().err.splitlines() if "of the change kept" in line]
     assert len(lines) == 6 and all("rank 1" in line and "1.0000" not in line for line in lines)
     assert _extract(tuned, low, "--rank", "1") == 2 and "exists; add --overwrite" in capsys.readouterr().err
+
+
+def test_a_change_within_the_output_dtypes_rounding_is_noise():
+    from onetrainer.tools.lora_extract import within_rounding
+
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 64, generator=generator) * torch.logspace(-6, 2, 64)  # every binade, subnormals for fp16
+    base[0, :4] = 0.0
+    for dtype in (torch.float16, torch.bfloat16):
+        assert within_rounding(base, base.to(dtype).float(), dtype)  # saved in that precision
+        moved = base.clone()
+        moved[5, 9] = base[5, 9] * (1 + 4 * torch.finfo(dtype).eps)  # one element trained by four steps
+        assert not within_rounding(base, moved, dtype)
+    normal = base[base.abs() >= 1e-4]  # in float16's normal range: rounded to it, then to bfloat16
+    assert within_rounding(normal, normal.half().to(torch.bfloat16).float(), torch.bfloat16)
+    assert not within_rounding(base, base.to(torch.bfloat16).float(), torch.float16)  # coarser than the output's
+
+
+def test_a_half_precision_fine_tune_gives_only_its_trained_layers(tuned: Path, tmp_path: Path, capsys):
+    """A fine-tune saved in FLOAT_16 (as a merge writes it by default) differs from its float32 base in every weight by
+    rounding: extracted at the default FLOAT_16, the LoRA holds the trained layers only and the rest are counted."""
+    from diffusers import UNet2DConditionModel
+    from safetensors.torch import load_file
+    from transformers import CLIPTextModel
+
+    half = tmp_path / "half"
+    shutil.copytree(tuned, half)
+    for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel)):
+        cls.from_pretrained(str(tuned), subfolder=part).half().save_pretrained(str(half / part))
+    out = tmp_path / "from-half.safetensors"
+    assert lora_tool([
+        "extract", "--model-type", "STABLE_DIFFUSION_15", "--base-model-name", "tiny:sd15", "--input-name", str(half),
+        "--rank", "2", "--output-model-destination", str(out),
+    ]) == 0  # fmt: skip
+    report = capsys.readouterr().err
+    modules = {k.split(".")[0] for k in load_file(str(out))}
+    assert len(modules) == len(CHANGED_UNET) + len(CHANGED_TEXT), sorted(modules)
+    assert report.count("of the change kept") == 6
+    # Every other Linear and Conv2d of the UNet and the text encoder differs by rounding only.
+    unet = UNet2DConditionModel.from_pretrained(str(tuned), subfolder="unet")
+    text = CLIPTextModel.from_pretrained(str(tuned), subfolder="text_encoder")
+    layers = lambda m: sum(isinstance(x, torch.nn.Linear | torch.nn.Conv2d) for x in m.modules())  # noqa: E731
+    noise = (layers(unet) - len(CHANGED_UNET), layers(text) - len(CHANGED_TEXT))
+    line = next(line for line in report.splitlines() if "within FLOAT_16's rounding" in line)
+    assert line.startswith(f"{sum(noise)} layers left out") and f"(unet: {noise[0]}, text_encoder: {noise[1]})" in line
+    assert "changed biases or norms" in report and "1 changed biases" in report  # the rounded biases are noise too

@@ -77,14 +77,20 @@ def test_an_energy_share_picks_each_layers_smallest_rank():
 def test_merging_gives_the_weighted_sum_exactly_or_at_a_rank(layout):
     first, second = _lora(layout, seed=0), _lora(layout, seed=5, rank=3)
     del second.modules["lora_unet_conv"]  # a module only one file has: its own change
-    merged = lf.merge_loras([first, second], [0.7, -0.4])
+    merged, reports = lf.merge_loras([first, second], [0.7, -0.4])
+    assert reports == []  # exact: every module keeps all of its change
     expected = 0.7 * first.modules["lora_unet_proj"].delta() - 0.4 * second.modules["lora_unet_proj"].delta()
     assert merged.modules["lora_unet_proj"].rank == 9
     assert torch.allclose(merged.modules["lora_unet_proj"].delta(), expected, atol=1e-4)
     expected_conv = 0.7 * first.modules["lora_unet_conv"].delta()
     assert torch.allclose(merged.modules["lora_unet_conv"].delta(), expected_conv, atol=1e-5)
-    at_rank = lf.merge_loras([first, second], [0.7, -0.4], rank=4)
+    at_rank, reports = lf.merge_loras([first, second], [0.7, -0.4], rank=4)
     assert torch.allclose(at_rank.modules["lora_unet_proj"].delta(), _best(expected, 4), atol=1e-4)
+    report = {r.module: r for r in reports}
+    assert set(report) == {"lora_unet_proj", "lora_unet_conv"}
+    energy = torch.linalg.svdvals(expected) ** 2
+    assert (report["lora_unet_proj"].rank_before, report["lora_unet_proj"].rank_after) == (9, 4)
+    assert report["lora_unet_proj"].kept_energy == pytest.approx(float(energy[:4].sum() / energy.sum()), abs=1e-5)
 
 
 def test_merging_refuses_what_it_cannot_add():

@@ -2,7 +2,8 @@
 a "fine-tune" made of the base plus rank-2 changes to attention and MLP projections (SDXL: a convolution and the
 second text encoder too; Flux: every projection that kohya's layout fuses) gives back, at rank 2, a kohya LoRA that
 diffusers loads onto the base to reproduce the fine-tune; merged back into the base, that LoRA gives a model whose
-outputs are the base's with the LoRA applied by diffusers."""
+outputs are the base's with the LoRA applied by diffusers. A Flux merge written as the transformer alone, in FLOAT_16,
+extracts again into the same layers."""
 
 from __future__ import annotations
 
@@ -128,3 +129,28 @@ def test_the_lora_merged_into_the_base_is_the_base_with_the_lora_applied(extract
     for got, want, before in zip(_outputs(_pipe(variant, merged), variant), expected, base):
         assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
         assert not torch.allclose(got, before, atol=1e-4)  # the LoRA changed something
+
+
+@pytest.mark.parametrize("extracted", ["flux-dev"], indirect=True)
+def test_a_merge_written_as_the_transformer_alone_extracts_the_trained_layers_again(extracted, tmp_path, capsys):
+    """The merge at its default FLOAT_16 rounds every weight of the transformer: extracted again at FLOAT_16, only the
+    trained layers come back; the rest differ by rounding and are counted."""
+    from safetensors.torch import load_file
+
+    variant, _, lora = extracted
+    merged = tmp_path / "merged.safetensors"
+    base = ["--model-type", VARIANT_MODEL_TYPES[variant], "--base-model-name", f"tiny:{variant}"]
+    assert lora_tool([
+        "merge", *base, "--lora", str(lora), "--output-model-format", "ORIGINAL_TRANSFORMER",
+        "--output-model-destination", str(merged),
+    ]) == 0  # fmt: skip
+    again = tmp_path / "again.safetensors"
+    capsys.readouterr()
+    assert lora_tool([
+        "extract", *base, "--input-name", str(merged), "--rank", "2", "--output-model-destination", str(again),
+    ]) == 0  # fmt: skip
+    report = capsys.readouterr().err
+    assert f"{merged}: read as the transformer, over tiny:{variant}'s other parts" in report
+    modules = lambda path: {k.split(".")[0] for k in load_file(str(path))}  # noqa: E731
+    assert modules(again) == modules(lora)
+    assert "within FLOAT_16's rounding, noise rather than training (transformer: " in report

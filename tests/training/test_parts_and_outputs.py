@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from onetrainer.cli.train import main
 from onetrainer.training.checkpoint import list_backups, read_progress
 from tests.conftest import ROOT
-from tests.helpers import image_folder, read_scalars, tiny_config, write_config
+from tests.helpers import assert_samples_are_pictures, image_folder, read_scalars, tiny_config, write_config
 
 
 def test_finetune_part_learning_rates_and_stop_after(tmp_path):
@@ -87,6 +87,7 @@ def test_the_demo_preset_as_a_new_user_runs_it(tmp_path):
     print(f"demo preset: {elapsed:.1f} s")  # recorded in docs/benchmarks.md; not a gate
     samples = list((tmp_path / "workspace" / "demo" / "samples").rglob("*.jpg"))
     assert len(samples) == 2
+    assert_samples_are_pictures(samples, result.stderr, "demo")
     lora = tmp_path / "models" / "demo-lora.safetensors"
     from diffusers import StableDiffusionPipeline
 

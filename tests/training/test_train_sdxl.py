@@ -18,7 +18,14 @@ from onetrainer.config.enums import ModelFormat
 from onetrainer.families.sdxl import StableDiffusionXLFamily
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
-from tests.helpers import image_folder, local_config, read_scalars, tiny_config, write_config
+from tests.helpers import (
+    assert_samples_are_pictures,
+    image_folder,
+    local_config,
+    read_scalars,
+    tiny_config,
+    write_config,
+)
 
 CPU = torch.device("cpu")
 PROMPT = "a red circle"
@@ -230,7 +237,7 @@ def test_low_vram_preset_through_scripts_train_py(tmp_path):
     assert "Finished (completed)" in result.stderr and "captions: 0 cached" in result.stderr
     assert "failed" not in result.stderr, result.stderr[-3000:]
     samples = [p for p in (tmp_path / "workspace").rglob("*") if p.suffix in (".png", ".jpg") and "samples" in p.parts]
-    assert samples, "no sample was written"
+    assert_samples_are_pictures(samples, result.stderr, "sdxl/lora-low-vram")
     path = tmp_path / "models" / "lora.safetensors"
     with safe_open(str(path), "pt") as f:
         keys, metadata = list(f.keys()), f.metadata()
