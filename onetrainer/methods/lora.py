@@ -275,7 +275,7 @@ class LoraMethod(Method):
             self.family.metadata_kind(self.model),
             destination.stem,
             self.training_resolution(),
-            self.model.v_prediction,
+            self.model.schedule.prediction,
             rank,
             self.config.lora_alpha,
         )

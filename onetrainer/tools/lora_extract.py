@@ -137,7 +137,8 @@ def extract(
     resolution = base.type_info.resolution
     top = max(r.rank for r in reports)
     destination = ex.destination.expanduser()
-    metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), base.v_prediction,
+    prediction = base.schedule.prediction
+    metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), prediction,
                              top, float(top))  # fmt: skip
     metadata[LORA_TOOL_KEY] = json.dumps({"command": "extract", "rank": ex.rank, "energy": ex.energy})
     from safetensors.torch import save_file
