@@ -71,6 +71,7 @@ from onetrainer.families.text_encoding import t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import flux_keys, flux_lora, kohya_lora
+from onetrainer.weights.clip_names import file_module_path
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -306,10 +307,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             return flux_lora.transformer_kohya_name(module_path, transformer_config(model))
         slot = next(s for s in model.text_encoders if s.part == part)
         prefix = slot.kohya_prefix if fmt is ModelFormat.KOHYA_LORA else self.legacy_prefixes[part]
-        path = module_path
-        if type(slot.encoder).__name__.startswith("CLIPText") and not path.startswith("text_model."):
-            path = "text_model." + path
-        return kohya_lora.kohya_module_name(prefix, path)
+        return kohya_lora.kohya_module_name(prefix, file_module_path(slot.encoder, module_path))
 
 
 class FluxFamily(FluxTransformerFamily):

@@ -52,6 +52,7 @@ from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_state
 from onetrainer.families.vae import encode_latents, load_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import kohya_lora, sd3_lora
+from onetrainer.weights.clip_names import with_text_model
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -298,9 +299,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         and T5 over their module paths (CLIP's with the `text_model.` level its checkpoints have)."""
         if part == self.denoiser_part:
             return sd3_lora.LAYOUT.kohya_name(module_path, dict(model.part(part).config))
-        path = module_path
-        if part != "text_encoder_3" and not path.startswith("text_model."):
-            path = "text_model." + path
+        path = module_path if part == "text_encoder_3" else with_text_model(module_path)
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:

@@ -45,6 +45,7 @@ from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.dtypes import fallback_dtype, torch_dtype
 from onetrainer.weights import cascade_keys, cascade_lora
+from onetrainer.weights.clip_names import with_text_model
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -314,8 +315,7 @@ class WuerstchenPriorFamily(Family):
 
     def _text_encoder_lora_name(self, module_path: str, legacy: bool) -> str:
         """The text encoder's modules: `lora_te_` (`lora_prior_te_` for `legacy`) over transformers' path."""
-        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
-        return cascade_lora.text_encoder_lora_name(body, legacy)
+        return cascade_lora.text_encoder_lora_name(with_text_model(module_path), legacy)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return self.kind
