@@ -88,15 +88,17 @@ CAPABILITIES: frozenset[str] = frozenset(
 
 
 @dataclass(frozen=True)
-class LoraFileCaveat:
-    """A LoRA file of `format` that another tool will not read as trained: the run checks (`--check`, Start) warn
-    when the run trains `part` (a text encoder's LoRA), or when its layer filter selects one of the denoiser's
-    `modules` (module paths, matched as the filter matches the model's)."""
+class FileCaveat:
+    """An output file of `format` (of a `method` run) that another tool will not read as trained: the run checks
+    (`--check`, Start) warn when such a run trains `part` (a text encoder's LoRA), when its layer filter selects one of
+    the denoiser's `modules` (module paths, matched as the filter matches the model's), or, with neither, whenever it
+    writes that format."""
 
     format: ModelFormat
     message: str
     part: str | None = None
     modules: tuple[str, ...] = ()
+    method: TrainingMethod = TrainingMethod.LORA
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,8 @@ class FamilyInfo:
     # OneTrainer's configs before its `loss_weight_fn` setting trained this family with this loss weighting (the
     # LossWeight member's name and its strength): migration v2 writes it into such a config.
     implied_loss_weight: tuple[str, float] | None = None
-    # LoRA files of this family that a tool other than ours does not read as trained (`LoraFileCaveat`).
-    lora_caveats: tuple[LoraFileCaveat, ...] = ()
+    # Output files of this family that a tool other than ours does not read as trained (`FileCaveat`).
+    file_caveats: tuple[FileCaveat, ...] = ()
     # Output formats OneTrainer writes for this family that are not built here yet, by method: a config asking for one
     # loads, and validation says it is not built yet and what to choose instead.
     formats_to_come: dict[TrainingMethod, tuple[ModelFormat, ...]] = field(default_factory=dict)
@@ -202,7 +204,7 @@ _P2_NOTE = (
     "As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1."
 )
 
-# What other tools make of a LoRA file (`LoraFileCaveat`). diffusers' load_lora_weights: drops a Flux T5 LoRA without an
+# What other tools make of a LoRA file (`FileCaveat`). diffusers' load_lora_weights: drops a Flux T5 LoRA without an
 # error, refuses a Chroma file with one, refuses a kohya file with Chroma's approximator (`distilled_guidance_layer`,
 # Chroma1's five layers), and its kohya converter names the modules outside the numbered blocks (img_in, txt_in,
 # time_in, vector_in, guidance_in, final_layer) without the `transformer.` prefix it then loads by, dropping them
@@ -211,10 +213,10 @@ _P2_NOTE = (
 _COMFY_DROPS_TEXT_ENCODER = "ComfyUI drops it (it maps a DIFFUSERS_LORA file's CLIP text encoders only)"
 
 
-def _text_encoder_caveat(part: str, why: str) -> LoraFileCaveat:
+def _text_encoder_caveat(part: str, why: str) -> FileCaveat:
     """A DIFFUSERS_LORA file's LoRA on the `part`, a text encoder other than CLIP: `why` says what diffusers makes of
     it, and ComfyUI drops it."""
-    return LoraFileCaveat(ModelFormat.DIFFUSERS_LORA, f"{why}; {_COMFY_DROPS_TEXT_ENCODER}", part)
+    return FileCaveat(ModelFormat.DIFFUSERS_LORA, f"{why}; {_COMFY_DROPS_TEXT_ENCODER}", part)
 
 
 SD = FamilyInfo(
@@ -268,7 +270,7 @@ PIXART = FamilyInfo(
     },
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LEARNED_VARIANCE, LAYER_SKIP}),
-    lora_caveats=(
+    file_caveats=(
         _text_encoder_caveat(
             "text_encoder", "diffusers' PixArt pipelines have no load_lora_weights (peft reads the T5 LoRA)"
         ),
@@ -317,13 +319,13 @@ _CHROMA_APPROXIMATOR = (
     *(f"distilled_guidance_layer.layers.{n}.linear_{i}" for n in range(5) for i in (1, 2)),
     "distilled_guidance_layer.out_proj",
 )
-_CHROMA_APPROXIMATOR_CAVEAT = LoraFileCaveat(
+_CHROMA_APPROXIMATOR_CAVEAT = FileCaveat(
     ModelFormat.KOHYA_LORA,
     "the layer filter puts LoRA on Chroma's approximator (distilled_guidance_layer): ComfyUI reads such a KOHYA_LORA "
     "file, diffusers' load_lora_weights refuses it; the attn-mlp filter (OneTrainer's presets) leaves it out",
     modules=_CHROMA_APPROXIMATOR,
 )
-_CHROMA_APPROXIMATOR_DIFFUSERS_CAVEAT = LoraFileCaveat(
+_CHROMA_APPROXIMATOR_DIFFUSERS_CAVEAT = FileCaveat(
     ModelFormat.DIFFUSERS_LORA,
     "the layer filter also trains the approximator (distilled_guidance_layer): ComfyUI drops its LoRA from a "
     "DIFFUSERS_LORA file (diffusers reads it); save KOHYA_LORA for ComfyUI, or use the attn-mlp filter (OneTrainer's "
@@ -335,7 +337,7 @@ _OUTSIDE_BLOCKS = (
     "original names): diffusers' load_lora_weights drops them from a KOHYA_LORA file without a word (ComfyUI and "
     "Forge read them); the attn-mlp filter (OneTrainer's presets) leaves them out"
 )
-_FLUX_OUTSIDE_BLOCKS_CAVEAT = LoraFileCaveat(
+_FLUX_OUTSIDE_BLOCKS_CAVEAT = FileCaveat(
     ModelFormat.KOHYA_LORA,
     _OUTSIDE_BLOCKS.format(
         modules="x_embedder, context_embedder, time_text_embed, norm_out, proj_out",
@@ -349,7 +351,7 @@ _FLUX_OUTSIDE_BLOCKS_CAVEAT = LoraFileCaveat(
         "proj_out",
     ),
 )
-_CHROMA_OUTSIDE_BLOCKS_CAVEAT = LoraFileCaveat(
+_CHROMA_OUTSIDE_BLOCKS_CAVEAT = FileCaveat(
     ModelFormat.KOHYA_LORA,
     _OUTSIDE_BLOCKS.format(modules="x_embedder, context_embedder, proj_out", original="final_layer"),
     modules=("x_embedder", "context_embedder", "proj_out"),
@@ -375,7 +377,7 @@ FLUX = FamilyInfo(
         "vae": _OWN_MODEL,
         "text_encoder_2": frozenset({SEQUENCE_LENGTH}) | _OFFLOADED,
     },
-    lora_caveats=(_FLUX_T5_CAVEAT, _FLUX_OUTSIDE_BLOCKS_CAVEAT),
+    file_caveats=(_FLUX_T5_CAVEAT, _FLUX_OUTSIDE_BLOCKS_CAVEAT),
     notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
     "nothing, as in OneTrainer), `text_encoder_2` T5-XXL, prompted with `text_encoder_2_sequence_length` tokens "
     "in training and samples (OneTrainer's default 77; empty: the model's own 512, 256 for schnell). One model "
@@ -400,7 +402,7 @@ CHROMA = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED | _GGUF, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
-    lora_caveats=(
+    file_caveats=(
         _CHROMA_T5_CAVEAT,
         _CHROMA_APPROXIMATOR_CAVEAT,
         _CHROMA_APPROXIMATOR_DIFFUSERS_CAVEAT,
@@ -435,7 +437,7 @@ SD3 = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),
     part_capabilities={"transformer": _OFFLOADED, "text_encoder_3": frozenset({OPTIONAL_PART}) | _OFFLOADED},
-    lora_caveats=(
+    file_caveats=(
         _text_encoder_caveat(
             "text_encoder_3",
             "diffusers' StableDiffusion3Pipeline.load_lora_weights reads the transformer and the two CLIP encoders "
@@ -482,7 +484,7 @@ QWEN = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
-    lora_caveats=(
+    file_caveats=(
         _text_encoder_caveat(
             "text_encoder",
             "diffusers' QwenImagePipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA file, "
@@ -540,11 +542,18 @@ Z_IMAGE = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
-    lora_caveats=(
+    file_caveats=(
         _text_encoder_caveat(
             "text_encoder",
             "diffusers' ZImagePipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA file, not "
             "the Qwen3 LoRA",
+        ),
+        FileCaveat(
+            ModelFormat.ORIGINAL_TRANSFORMER,
+            "ORIGINAL_TRANSFORMER writes the transformer in the names of Tongyi-MAI's release (diffusers' too), which "
+            "diffusers' from_single_file, OneTrainer and this trainer read but ComfyUI does not: it loads such a file "
+            "with missing and unexpected weights, warning only on its console. Save COMFY_TRANSFORMER for ComfyUI",
+            method=TrainingMethod.FINE_TUNE,
         ),
     ),
     notes="`text_encoder` is Qwen3 (4B): each caption goes through its chat template as one user message, padded to "
@@ -555,8 +564,9 @@ Z_IMAGE = FamilyInfo(
     "transformer takes the time 1 - sigma and predicts the negative flow, as the pipeline reads it. Samples use "
     "classifier-free guidance with the negative prompt (Turbo: CFG scale 0, 8 steps). LoRA files: DIFFUSERS_LORA "
     "(diffusers' `load_lora_weights`) or COMFY_LORA (`diffusion_model.` + diffusers' module names, q/k/v apart: "
-    "ComfyUI and diffusers both load it); fine-tunes as a diffusers folder or the transformer alone in diffusers' "
-    "names (ORIGINAL_TRANSFORMER, as OneTrainer writes it) or ComfyUI's layout (COMFY_TRANSFORMER).",
+    "ComfyUI and diffusers both load it); fine-tunes as a diffusers folder or the transformer alone in the names of "
+    "Tongyi-MAI's release, diffusers' too (ORIGINAL_TRANSFORMER, as OneTrainer writes it; ComfyUI does not read it) "
+    "or in ComfyUI's layout (COMFY_TRANSFORMER, what ComfyUI's Load Diffusion Model reads).",
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's
