@@ -88,15 +88,17 @@ CAPABILITIES: frozenset[str] = frozenset(
 
 
 @dataclass(frozen=True)
-class LoraFileCaveat:
-    """A LoRA file of `format` that another tool will not read as trained: the run checks (`--check`, Start) warn
-    when the run trains `part` (a text encoder's LoRA), or when its layer filter selects one of the denoiser's
-    `modules` (module paths, matched as the filter matches the model's)."""
+class FileCaveat:
+    """An output file of `format` (of a `method` run) that another tool will not read as trained: the run checks
+    (`--check`, Start) warn when such a run trains `part` (a text encoder's LoRA), when its layer filter selects one of
+    the denoiser's `modules` (module paths, matched as the filter matches the model's), or, with neither, whenever it
+    writes that format."""
 
     format: ModelFormat
     message: str
     part: str | None = None
     modules: tuple[str, ...] = ()
+    method: TrainingMethod = TrainingMethod.LORA
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,8 @@ class FamilyInfo:
     # OneTrainer's configs before its `loss_weight_fn` setting trained this family with this loss weighting (the
     # LossWeight member's name and its strength): migration v2 writes it into such a config.
     implied_loss_weight: tuple[str, float] | None = None
-    # LoRA files of this family that a tool other than ours does not read as trained (`LoraFileCaveat`).
-    lora_caveats: tuple[LoraFileCaveat, ...] = ()
+    # Output files of this family that a tool other than ours does not read as trained (`FileCaveat`).
+    file_caveats: tuple[FileCaveat, ...] = ()
     # Output formats OneTrainer writes for this family that are not built here yet, by method: a config asking for one
     # loads, and validation says it is not built yet and what to choose instead.
     formats_to_come: dict[TrainingMethod, tuple[ModelFormat, ...]] = field(default_factory=dict)
@@ -202,6 +204,21 @@ _P2_NOTE = (
     "As in OneTrainer, the presets weight the loss with `loss_weight_fn` = `P2` and `loss_weight_strength` (γ) = 1."
 )
 
+# What other tools make of a LoRA file (`FileCaveat`). diffusers' load_lora_weights: drops a Flux T5 LoRA without an
+# error, refuses a Chroma file with one, refuses a kohya file with Chroma's approximator (`distilled_guidance_layer`,
+# Chroma1's five layers), and its kohya converter names the modules outside the numbered blocks (img_in, txt_in,
+# time_in, vector_in, guidance_in, final_layer) without the `transformer.` prefix it then loads by, dropping them
+# without a word. ComfyUI maps a DIFFUSERS_LORA file's CLIP text encoders (`text_encoder.text_model.…`, comfy/lora.py's
+# model_lora_keys_clip) and drops every other text encoder's keys (T5, Qwen) and Chroma's approximator.
+_COMFY_DROPS_TEXT_ENCODER = "ComfyUI drops it (it maps a DIFFUSERS_LORA file's CLIP text encoders only)"
+
+
+def _text_encoder_caveat(part: str, why: str) -> FileCaveat:
+    """A DIFFUSERS_LORA file's LoRA on the `part`, a text encoder other than CLIP: `why` says what diffusers makes of
+    it, and ComfyUI drops it."""
+    return FileCaveat(ModelFormat.DIFFUSERS_LORA, f"{why}; {_COMFY_DROPS_TEXT_ENCODER}", part)
+
+
 SD = FamilyInfo(
     key="sd",
     label="Stable Diffusion 1.5 / 2.x",
@@ -253,6 +270,11 @@ PIXART = FamilyInfo(
     },
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LEARNED_VARIANCE, LAYER_SKIP}),
+    file_caveats=(
+        _text_encoder_caveat(
+            "text_encoder", "diffusers' PixArt pipelines have no load_lora_weights (peft reads the T5 LoRA)"
+        ),
+    ),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
     notes="`vb_loss_strength` (Training tab, Loss) weights the loss on the transformer's learned variance "
     "(OneTrainer's name and default, 1.0); 0 trains only the noise prediction. The transformer is the `transformer` "
@@ -282,29 +304,57 @@ _FLUX_NOTE = (
     "the numbered blocks of such a file, and of a DIFFUSERS_LORA file the transformer and CLIP-L, never T5 (a "
     "Chroma DIFFUSERS_LORA file with T5 weights is refused by diffusers)."
 )
-# diffusers' load_lora_weights: drops a Flux T5 LoRA without an error, refuses a Chroma file with one, and refuses a
-# kohya file with Chroma's approximator (`distilled_guidance_layer`, Chroma1's five layers; ComfyUI reads it).
-_FLUX_T5_CAVEAT = LoraFileCaveat(
-    ModelFormat.DIFFUSERS_LORA,
+_FLUX_T5_CAVEAT = _text_encoder_caveat(
+    "text_encoder_2",
     "diffusers' FluxPipeline.load_lora_weights skips the T5 LoRA of a DIFFUSERS_LORA file without an error (it "
-    "changes only the transformer and CLIP-L); KOHYA_LORA keeps it under sd-scripts' lora_te3_ names",
-    part="text_encoder_2",
+    "changes only the transformer and CLIP-L), and KOHYA_LORA keeps it under sd-scripts' lora_te3_ names",
 )
-_CHROMA_T5_CAVEAT = LoraFileCaveat(
-    ModelFormat.DIFFUSERS_LORA,
-    "diffusers' ChromaPipeline.load_lora_weights refuses a DIFFUSERS_LORA file that holds a T5 LoRA; train the "
-    "transformer only for diffusers, or save KOHYA_LORA",
-    part="text_encoder",
+_CHROMA_T5_CAVEAT = _text_encoder_caveat(
+    "text_encoder",
+    "diffusers' ChromaPipeline.load_lora_weights refuses a DIFFUSERS_LORA file that holds a T5 LoRA (train the "
+    "transformer only for diffusers, or save KOHYA_LORA)",
 )
-_CHROMA_APPROXIMATOR_CAVEAT = LoraFileCaveat(
+_CHROMA_APPROXIMATOR = (
+    "distilled_guidance_layer.in_proj",
+    *(f"distilled_guidance_layer.layers.{n}.linear_{i}" for n in range(5) for i in (1, 2)),
+    "distilled_guidance_layer.out_proj",
+)
+_CHROMA_APPROXIMATOR_CAVEAT = FileCaveat(
     ModelFormat.KOHYA_LORA,
     "the layer filter puts LoRA on Chroma's approximator (distilled_guidance_layer): ComfyUI reads such a KOHYA_LORA "
     "file, diffusers' load_lora_weights refuses it; the attn-mlp filter (OneTrainer's presets) leaves it out",
-    modules=(
-        "distilled_guidance_layer.in_proj",
-        *(f"distilled_guidance_layer.layers.{n}.linear_{i}" for n in range(5) for i in (1, 2)),
-        "distilled_guidance_layer.out_proj",
+    modules=_CHROMA_APPROXIMATOR,
+)
+_CHROMA_APPROXIMATOR_DIFFUSERS_CAVEAT = FileCaveat(
+    ModelFormat.DIFFUSERS_LORA,
+    "the layer filter also trains the approximator (distilled_guidance_layer): ComfyUI drops its LoRA from a "
+    "DIFFUSERS_LORA file (diffusers reads it); save KOHYA_LORA for ComfyUI, or use the attn-mlp filter (OneTrainer's "
+    "presets), which leaves it out",
+    modules=_CHROMA_APPROXIMATOR,
+)
+_OUTSIDE_BLOCKS = (
+    "the layer filter puts LoRA on modules outside the numbered blocks ({modules}; img_in, txt_in, {original} in the "
+    "original names): diffusers' load_lora_weights drops them from a KOHYA_LORA file without a word (ComfyUI and "
+    "Forge read them); the attn-mlp filter (OneTrainer's presets) leaves them out"
+)
+_FLUX_OUTSIDE_BLOCKS_CAVEAT = FileCaveat(
+    ModelFormat.KOHYA_LORA,
+    _OUTSIDE_BLOCKS.format(
+        modules="x_embedder, context_embedder, time_text_embed, norm_out, proj_out",
+        original="time_in, vector_in, guidance_in, final_layer",
     ),
+    modules=(
+        "x_embedder",
+        "context_embedder",
+        *(f"time_text_embed.{e}_embedder.linear_{i}" for e in ("timestep", "guidance", "text") for i in (1, 2)),
+        "norm_out.linear",
+        "proj_out",
+    ),
+)
+_CHROMA_OUTSIDE_BLOCKS_CAVEAT = FileCaveat(
+    ModelFormat.KOHYA_LORA,
+    _OUTSIDE_BLOCKS.format(modules="x_embedder, context_embedder, proj_out", original="final_layer"),
+    modules=("x_embedder", "context_embedder", "proj_out"),
 )
 FLUX = FamilyInfo(
     key="flux",
@@ -327,7 +377,7 @@ FLUX = FamilyInfo(
         "vae": _OWN_MODEL,
         "text_encoder_2": frozenset({SEQUENCE_LENGTH}) | _OFFLOADED,
     },
-    lora_caveats=(_FLUX_T5_CAVEAT,),
+    file_caveats=(_FLUX_T5_CAVEAT, _FLUX_OUTSIDE_BLOCKS_CAVEAT),
     notes="`text_encoder` is CLIP-L (only its pooled output conditions the transformer, so its clip skip changes "
     "nothing, as in OneTrainer), `text_encoder_2` T5-XXL, prompted with `text_encoder_2_sequence_length` tokens "
     "in training and samples (OneTrainer's default 77; empty: the model's own 512, 256 for schnell). One model "
@@ -352,7 +402,12 @@ CHROMA = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED | _GGUF, "text_encoder": _OFFLOADED, "vae": _OWN_MODEL},
-    lora_caveats=(_CHROMA_T5_CAVEAT, _CHROMA_APPROXIMATOR_CAVEAT),
+    file_caveats=(
+        _CHROMA_T5_CAVEAT,
+        _CHROMA_APPROXIMATOR_CAVEAT,
+        _CHROMA_APPROXIMATOR_DIFFUSERS_CAVEAT,
+        _CHROMA_OUTSIDE_BLOCKS_CAVEAT,
+    ),
     notes="`text_encoder` is T5-XXL (512 tokens), whose attention mask also reaches the transformer (the padding "
     "masked, all but its first token). Samples use real classifier-free guidance with the negative prompt. A LoRA on "
     "the approximator (`distilled_guidance_layer`, which the `full` layer filter includes) is read by ComfyUI, but "
@@ -382,12 +437,11 @@ SD3 = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),
     part_capabilities={"transformer": _OFFLOADED, "text_encoder_3": frozenset({OPTIONAL_PART}) | _OFFLOADED},
-    lora_caveats=(
-        LoraFileCaveat(
-            ModelFormat.DIFFUSERS_LORA,
+    file_caveats=(
+        _text_encoder_caveat(
+            "text_encoder_3",
             "diffusers' StableDiffusion3Pipeline.load_lora_weights reads the transformer and the two CLIP encoders "
             "of a DIFFUSERS_LORA file, not T5's LoRA",
-            part="text_encoder_3",
         ),
     ),
     notes="`text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
@@ -430,6 +484,13 @@ QWEN = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
+    file_caveats=(
+        _text_encoder_caveat(
+            "text_encoder",
+            "diffusers' QwenImagePipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA file, "
+            "not the Qwen2.5-VL LoRA",
+        ),
+    ),
     notes="`text_encoder` is the language model of Qwen2.5-VL (7B): each caption goes into Qwen-Image's prompt "
     "template (a system line asking to describe the image, then the caption), padded to 512 tokens after the "
     "template's first 34, which the pipeline drops; its last hidden states condition the transformer with their "
@@ -481,6 +542,20 @@ Z_IMAGE = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),
     part_capabilities={"transformer": _OWN_MODEL | _OFFLOADED, "text_encoder": _OFFLOADED},
+    file_caveats=(
+        _text_encoder_caveat(
+            "text_encoder",
+            "diffusers' ZImagePipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA file, not "
+            "the Qwen3 LoRA",
+        ),
+        FileCaveat(
+            ModelFormat.ORIGINAL_TRANSFORMER,
+            "ORIGINAL_TRANSFORMER writes the transformer in the names of Tongyi-MAI's release (diffusers' too), which "
+            "diffusers' from_single_file, OneTrainer and this trainer read but ComfyUI does not: it loads such a file "
+            "with missing and unexpected weights, warning only on its console. Save COMFY_TRANSFORMER for ComfyUI",
+            method=TrainingMethod.FINE_TUNE,
+        ),
+    ),
     notes="`text_encoder` is Qwen3 (4B): each caption goes through its chat template as one user message, padded to "
     "512 tokens, and its second-to-last hidden states condition the transformer without the padding, as "
     "ZImagePipeline prompts it (clip skip counts further back). One model type covers Z-Image and Z-Image-Turbo; "
@@ -489,8 +564,9 @@ Z_IMAGE = FamilyInfo(
     "transformer takes the time 1 - sigma and predicts the negative flow, as the pipeline reads it. Samples use "
     "classifier-free guidance with the negative prompt (Turbo: CFG scale 0, 8 steps). LoRA files: DIFFUSERS_LORA "
     "(diffusers' `load_lora_weights`) or COMFY_LORA (`diffusion_model.` + diffusers' module names, q/k/v apart: "
-    "ComfyUI and diffusers both load it); fine-tunes as a diffusers folder or the transformer alone in diffusers' "
-    "names (ORIGINAL_TRANSFORMER, as OneTrainer writes it) or ComfyUI's layout (COMFY_TRANSFORMER).",
+    "ComfyUI and diffusers both load it); fine-tunes as a diffusers folder or the transformer alone in the names of "
+    "Tongyi-MAI's release, diffusers' too (ORIGINAL_TRANSFORMER, as OneTrainer writes it; ComfyUI does not read it) "
+    "or in ComfyUI's layout (COMFY_TRANSFORMER, what ComfyUI's Load Diffusion Model reads).",
 )
 # The parts of Würstchen and Cascade a config may load from their own hub repository: the prior and the decoder from
 # a pipeline repository's subfolder, the EfficientNet encoder from one file of one (warp-ai/EfficientNetEncoder's

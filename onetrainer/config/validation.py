@@ -42,6 +42,9 @@ SCALED_8BIT = (
     *COMPRESSED_WEIGHT_DTYPES,
     *sorted(GGUF_WEIGHT_DTYPES, key=str),
 )
+# The kinds whose layers hold a packed weight (a GGUF file's blocks, compressed bytes) in place of one shaped as the
+# layer's: peft's LoHa and LoKr shape their product after the base weight's shape.
+PACKED = (*COMPRESSED_WEIGHT_DTYPES, *sorted(GGUF_WEIGHT_DTYPES, key=str))
 
 
 def _not_yet(bound: BoundField, value) -> str | None:
@@ -421,6 +424,21 @@ def _adapter_rules(config: TrainConfig) -> list[Problem]:
                 f"{scaled[0]}.weight_dtype",
                 f"{reader} reads the base weight, which {dtype} keeps quantized (8 bits with a scale per channel, "
                 "or a GGUF file's blocks); use FLOAT_8 for this part, or plain LoRA, LoHa or LoKr",
+            )
+        )
+    packed = [part for part in wrapped if config.part(part).weight_dtype in PACKED]
+    if packed and config.peft_type in (PeftType.LOHA, PeftType.LOKR):
+        dtype = config.part(packed[0]).weight_dtype
+        instead = (
+            f"{COMPRESSED_WEIGHT_DTYPES[dtype].value} for this part"
+            if dtype in COMPRESSED_WEIGHT_DTYPES
+            else "a .safetensors model of this part in FLOAT_8 or INT_8"
+        )
+        problems.append(
+            Problem(
+                f"{packed[0]}.weight_dtype",
+                f"{config.peft_type.value} shapes its weights after the base layer's weight, which {dtype.value} keeps "
+                f"packed (a GGUF file's blocks, or compressed bytes); train plain LoRA, or use {instead}",
             )
         )
     nf4 = [part for part in wrapped if config.part(part).weight_dtype is DataType.NFLOAT_4]

@@ -65,13 +65,14 @@ from onetrainer.families.loading import (
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
 from onetrainer.families.sources import resolve_local
 from onetrainer.families.text_encoding import t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import flux_keys, flux_lora, kohya_lora
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights.clip_names import file_module_path
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -278,9 +279,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         `transformer.model_name` read it."""
         transformer = model.part("transformer")
         state = flux_keys.diffusers_to_original(plain_state(transformer), transformer_config(model))
-        resolution = model.type_info.resolution
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
+        metadata = model_file_metadata(self, model, destination, extra_metadata)
         write_single_file(state, destination, dtype, metadata)
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
@@ -308,10 +307,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             return flux_lora.transformer_kohya_name(module_path, transformer_config(model))
         slot = next(s for s in model.text_encoders if s.part == part)
         prefix = slot.kohya_prefix if fmt is ModelFormat.KOHYA_LORA else self.legacy_prefixes[part]
-        path = module_path
-        if type(slot.encoder).__name__.startswith("CLIPText") and not path.startswith("text_model."):
-            path = "text_model." + path
-        return kohya_lora.kohya_module_name(prefix, path)
+        return kohya_lora.kohya_module_name(prefix, file_module_path(slot.encoder, module_path))
 
 
 class FluxFamily(FluxTransformerFamily):

@@ -13,9 +13,8 @@ import torch
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot
 from onetrainer.families.latent_patches import PATCH
 from onetrainer.families.loading import cast_parts, load_diffusers_component
-from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
 from onetrainer.weights import kohya_lora
-from onetrainer.weights.metadata import model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -76,9 +75,7 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
         self.write_transformer(model, plain_state(model.part("transformer")), destination, dtype, extra_metadata)
 
     def write_transformer(self, model, state: dict, destination: Path, dtype: torch.dtype, extra_metadata) -> None:
-        resolution = model.type_info.resolution
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
+        metadata = model_file_metadata(self, model, destination, extra_metadata)
         write_single_file(state, destination, dtype, metadata)
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:

@@ -40,7 +40,7 @@ from onetrainer.families.loading import (
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
 from onetrainer.families.sources import resolve_local
 from onetrainer.families.vae import encode_latents, load_vae
@@ -48,7 +48,7 @@ from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
 from onetrainer.weights import pixart_keys, pixart_lora
 from onetrainer.weights.adapter_kinds import LORA
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -232,8 +232,7 @@ class PixArtFamily(Family):
             plain_state(transformer), transformer.config, model.extra.get("y_embedding"), model.extra["tokens"]
         )
         resolution = model.type_info.resolution if _has_micro_conditions(model) else 512
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
+        metadata = model_file_metadata(self, model, destination, extra_metadata, resolution)
         write_single_file(state, destination, dtype, metadata)
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:

@@ -40,6 +40,20 @@ def write_single_file(
         save_file(cast_state(state, dtype), str(tmp), metadata=metadata)
 
 
+def model_file_metadata(
+    family: Family, model: LoadedModel, destination: Path, extra: dict | None = None, resolution: int | None = None
+) -> dict[str, str]:
+    """A fine-tune file's header: the modelspec metadata of the family's model kind, titled after the file, at
+    `resolution` (default: the model type's), saying what the model predicts (its schedule's), then `extra`."""
+    from onetrainer.weights.metadata import model_metadata
+
+    side = resolution or model.type_info.resolution
+    title = Path(destination).stem
+    metadata = model_metadata(family.metadata_kind(model), title, (side, side), model.schedule.prediction)
+    metadata.update(extra or {})
+    return metadata
+
+
 def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
     """A diffusers pipeline written atomically as a folder, its weights in `dtype`, cast in the written files."""
     from safetensors.torch import load_file, save_file

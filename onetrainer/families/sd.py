@@ -47,6 +47,7 @@ from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.clip_names import with_text_model
 from onetrainer.weights.metadata import KINDS, ModelKind
 
 if TYPE_CHECKING:
@@ -202,8 +203,7 @@ class StableDiffusionFamily(StableDiffusionBase):
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "unet":
             return "lora_unet_" + module_path.replace(".", "_")
-        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
-        return "lora_te_" + body.replace(".", "_")
+        return "lora_te_" + with_text_model(module_path).replace(".", "_")
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         if is_sd2(model.model_type):

@@ -45,14 +45,15 @@ from onetrainer.families.loading import (
     load_tokenizer,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder, plain_state, write_single_file
+from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
 from onetrainer.families.sd3_single_file import read_single_file
 from onetrainer.families.sources import resolve_source
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
 from onetrainer.families.vae import encode_latents, load_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import kohya_lora, sd3_lora
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights.clip_names import with_text_model
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -275,9 +276,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         state.update({sd3_keys.VAE_PREFIX + k: v for k, v in vae_state.items()})
         for slot in model.text_encoders:
             state.update(sd3_keys.text_encoder_to_original(slot.part, plain_state(slot.encoder)))
-        resolution = model.type_info.resolution
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (resolution, resolution), False)
-        metadata.update(extra_metadata or {})
+        metadata = model_file_metadata(self, model, destination, extra_metadata)
         write_single_file(state, destination, dtype, metadata)
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
@@ -300,9 +299,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         and T5 over their module paths (CLIP's with the `text_model.` level its checkpoints have)."""
         if part == self.denoiser_part:
             return sd3_lora.LAYOUT.kohya_name(module_path, dict(model.part(part).config))
-        path = module_path
-        if part != "text_encoder_3" and not path.startswith("text_model."):
-            path = "text_model." + path
+        path = module_path if part == "text_encoder_3" else with_text_model(module_path)
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:

@@ -19,11 +19,10 @@ from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import Family, LoadedModel
 from onetrainer.families.inpainting import inpainting_cache, inpainting_sample_inputs
 from onetrainer.families.loading import backup_model_source
-from onetrainer.families.saving import save_pipeline_folder, write_single_file
+from onetrainer.families.saving import model_file_metadata, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, cache_root, resolve_source
 from onetrainer.families.vae import encode_latents
 from onetrainer.util.threads import library_attribute
-from onetrainer.weights.metadata import model_metadata
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -122,10 +121,7 @@ class StableDiffusionBase(Family):
         self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
     ) -> None:
         state = self.original_state_dict(model, dtype)
-        info = model.type_info
-        metadata = model_metadata(
-            self.metadata_kind(model), Path(destination).stem, (info.resolution, info.resolution), model.v_prediction
-        )
+        metadata = model_file_metadata(self, model, destination)
         metadata[CONFIGS_KEY] = json.dumps({name: _config_of(part) for name, part in model.parts.items()}, default=str)
         tokenizer = model.text_encoders[0].tokenizer
         if len(tokenizer) != 49408:

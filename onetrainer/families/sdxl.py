@@ -52,6 +52,7 @@ from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import ldm_keys
 from onetrainer.weights.checkpoint_files import load_state_dict, read_safetensors_metadata
+from onetrainer.weights.clip_names import with_text_model
 from onetrainer.weights.metadata import KINDS, ModelKind
 
 if TYPE_CHECKING:
@@ -291,8 +292,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             # kohya trains SDXL on the original UNet: its LoRA names are the SGM module names.
             unet_config = model.parts["unet"].config
             return "lora_unet_" + ldm_keys.unet_module_to_ldm(module_path, unet_config).replace(".", "_")
-        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
-        return f"{KOHYA_PREFIXES[part]}_{body.replace('.', '_')}"
+        return f"{KOHYA_PREFIXES[part]}_{with_text_model(module_path).replace('.', '_')}"
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KINDS["sdxl"]

@@ -39,13 +39,14 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_tokenizer,
 )
-from onetrainer.families.saving import plain_state, save_pipeline_folder, write_single_file
+from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.dtypes import fallback_dtype, torch_dtype
 from onetrainer.weights import cascade_keys, cascade_lora
-from onetrainer.weights.metadata import ModelKind, model_metadata
+from onetrainer.weights.clip_names import with_text_model
+from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -314,8 +315,7 @@ class WuerstchenPriorFamily(Family):
 
     def _text_encoder_lora_name(self, module_path: str, legacy: bool) -> str:
         """The text encoder's modules: `lora_te_` (`lora_prior_te_` for `legacy`) over transformers' path."""
-        body = module_path if module_path.startswith("text_model.") else "text_model." + module_path
-        return cascade_lora.text_encoder_lora_name(body, legacy)
+        return cascade_lora.text_encoder_lora_name(with_text_model(module_path), legacy)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return self.kind
@@ -487,8 +487,7 @@ class CascadeFamily(WuerstchenPriorFamily):
         `StableCascadeUNet.from_single_file` load."""
         prior = model.part("prior")
         state = cascade_keys.to_stability(plain_state(prior), prior.config)
-        metadata = model_metadata(self.metadata_kind(model), Path(destination).stem, (1024, 1024), False)
-        metadata.update(extra_metadata or {})
+        metadata = model_file_metadata(self, model, destination, extra_metadata, resolution=1024)
         write_single_file(state, destination, dtype, metadata)
 
     def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:

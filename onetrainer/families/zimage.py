@@ -16,8 +16,9 @@ language model.
   `final_layer`), read on the base's transformer config.
 - Sampling goes through `ZImagePipeline` with our prompt embeddings (so clip skip and embeddings apply), CFG with the
   negative prompt.
-- Saving: the pipeline folder (also the backup, usable as a base model), the transformer in diffusers' names
-  (ORIGINAL_TRANSFORMER) or in ComfyUI's layout (COMFY_TRANSFORMER).
+- Saving: the pipeline folder (also the backup, usable as a base model), the transformer in the names of Tongyi-MAI's
+  release, which are diffusers' (ORIGINAL_TRANSFORMER: ComfyUI does not read it, the checks say so) or in ComfyUI's
+  layout (COMFY_TRANSFORMER).
 - LoRA files: DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `ZImagePipeline.load_lora_weights`
   reads the transformer's) and COMFY_LORA (`diffusion_model.<diffusers module>.lora_down/lora_up/alpha`, q/k/v kept
   apart: ComfyUI maps them onto its fused `qkv`, and diffusers' Z-Image loader reads the same file).

@@ -85,10 +85,29 @@ def inject(
     inject_adapter_in_model(_peft_config(kind, config, base_rank, base_alpha, common, lokr_structure), module)
     for name in targets:
         layer = module.get_submodule(name)
+        _plain_adapter_layers(layer)
         if kind == LOKR and config.lokr_weight_decompose:
             _decompose_lokr(layer, config.lokr_dora_on_output, config.dropout_probability)
         if kind == OFT and config.oft_scaled:
             _scale_oft(layer)
+
+
+def _plain_adapter_layers(layer: torch.nn.Module) -> None:
+    """Make the adapter's own layers plain torch layers. peft builds a convolution's LoRA down and up layers as
+    `type(base_layer)`: over a quantized convolution (`util/quantize.py`) they would be a frozen 8-bit class without
+    its scale (INT_8, the W8A8 kinds: an AttributeError at the first step) or a float8 class whose backward pass gives
+    its own weight no gradient (FLOAT_8: the convolutions' LoRA never trains)."""
+    inside_base = {id(m) for m in layer.get_base_layer().modules()}
+    for sub in layer.modules():
+        if (
+            isinstance(sub, _ADAPTER_LAYER_CLASSES)
+            and type(sub) not in _ADAPTER_LAYER_CLASSES
+            and id(sub) not in inside_base
+        ):
+            sub.__class__ = next(cls for cls in type(sub).__mro__ if cls in _ADAPTER_LAYER_CLASSES)
+
+
+_ADAPTER_LAYER_CLASSES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
 def _peft_config(kind: str, config: TrainConfig, rank: int, alpha: float, common: dict, lokr_structure: dict | None):

@@ -191,7 +191,7 @@ class Method(ABC):
             self.family.metadata_kind(self.model),
             embedding.placeholder,
             self.training_resolution(),
-            self.model.v_prediction,
+            self.model.schedule.prediction,
             adapter="textual-inversion",
         )
         meta["onetrainer.placeholder"] = embedding.placeholder

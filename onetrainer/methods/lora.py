@@ -17,8 +17,9 @@ from onetrainer.methods import adapters
 from onetrainer.methods.base import Method, layer_filter_patterns
 from onetrainer.util.dtypes import torch_dtype
 from onetrainer.util.fs import atomic_file
+from onetrainer.weights import diffusers_lora
 from onetrainer.weights.checkpoint_files import load_state_dict
-from onetrainer.weights.kohya_lora import LORA_A, LORA_B
+from onetrainer.weights.kohya_lora import LORA_A
 from onetrainer.weights.lycoris_keys import detect_kind, from_kohya, to_kohya
 from onetrainer.weights.metadata import lora_metadata
 
@@ -176,8 +177,7 @@ class LoraMethod(Method):
         if self.kind != adapters.LORA:
             raise ValueError(f"{path}: only plain LoRA files are read in the diffusers layout")
         for part in self._candidate_parts():
-            prefix = f"{part}."
-            mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix) and "lora_" in k}
+            mine = diffusers_lora.model_state(part, self.model.part(part), state)
             if mine:
                 ranks = {k[: -len(LORA_A)]: int(v.shape[0]) for k, v in mine.items() if k.endswith(LORA_A)}
                 # Diffusers-format files fold alpha into lora_B, so alpha equals the rank.
@@ -249,7 +249,9 @@ class LoraMethod(Method):
         for part in self.ranks:
             state = self.adapter_state(part)
             if fmt is ModelFormat.DIFFUSERS_LORA:
-                out.update(_diffusers_lora(part, state, self.ranks[part], self.alphas[part]))
+                out.update(
+                    diffusers_lora.file_state(part, self.model.part(part), state, self.ranks[part], self.alphas[part])
+                )
             else:
                 own = self.family.lora_file_state(
                     self.model, part, self.kind, state, self.alphas[part], self.ranks[part]
@@ -275,7 +277,7 @@ class LoraMethod(Method):
             self.family.metadata_kind(self.model),
             destination.stem,
             self.training_resolution(),
-            self.model.v_prediction,
+            self.model.schedule.prediction,
             rank,
             self.config.lora_alpha,
         )
@@ -294,14 +296,3 @@ class LoraMethod(Method):
 
 # The formats whose files name modules the kohya way (a family may name them differently per format).
 _NAMED_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA)
-
-
-def _diffusers_lora(part: str, state: dict, ranks: dict[str, int], alphas: dict[str, float]) -> dict[str, torch.Tensor]:
-    """diffusers/peft names (`unet.<module>.lora_A.weight`) with alpha folded into lora_B, as diffusers expects."""
-    out = {}
-    for key, value in state.items():
-        if key.endswith(LORA_B):
-            module = key[: -len(LORA_B)]
-            value = value * (alphas[module] / ranks[module])
-        out[f"{part}.{key}"] = value
-    return out

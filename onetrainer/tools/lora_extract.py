@@ -23,6 +23,7 @@ import torch
 
 from onetrainer.config import ModelFormat, ModelType, TrainingMethod
 from onetrainer.config.enums import DataType
+from onetrainer.weights import diffusers_lora
 from onetrainer.weights.metadata import LORA_TOOL_KEY
 
 LORA_FORMATS = (ModelFormat.KOHYA_LORA, ModelFormat.DIFFUSERS_LORA)
@@ -171,7 +172,7 @@ def extract(ex: Extraction, progress: Callable[[str, int, int], None] | None = N
             state[f"{name}.lora_B.weight"] = up
         alphas = {name: float(r) for name, r in ranks.items()}
         if ex.output_format is ModelFormat.DIFFUSERS_LORA:
-            out.update({f"{part}.{k}": v for k, v in state.items()})
+            out.update(diffusers_lora.file_state(part, base.part(part), state, ranks, alphas))
         else:
             own = family.lora_file_state(base, part, "lora", state, alphas, ranks)
             name_of = lambda m, p=part: family.lora_file_name(base, p, m, ex.output_format)  # noqa: E731
@@ -186,7 +187,8 @@ def extract(ex: Extraction, progress: Callable[[str, int, int], None] | None = N
     resolution = base.type_info.resolution
     top = max(r.rank for r in reports)
     destination = ex.destination.expanduser()
-    metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), base.v_prediction,
+    prediction = base.schedule.prediction
+    metadata = lora_metadata(family.metadata_kind(base), destination.stem, (resolution, resolution), prediction,
                              top, float(top))  # fmt: skip
     metadata[LORA_TOOL_KEY] = json.dumps({"command": "extract", "rank": ex.rank, "energy": ex.energy})
     from safetensors.torch import save_file

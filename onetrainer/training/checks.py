@@ -52,7 +52,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += _check_quantized_parts(config)
     problems += check_devices(config)
     problems += _check_float16(config)
-    problems += _check_lora_caveats(config)
+    problems += _check_file_caveats(config)
     problems += check_layer_offloading(config)
     problems += check_fused_back_pass(config)
     problems += check_stochastic_rounding(config)
@@ -250,17 +250,19 @@ def check_layer_offloading(config: TrainConfig) -> list[Problem]:
     return problems
 
 
-def _check_lora_caveats(config: TrainConfig) -> list[Problem]:
-    """LoRA files another tool will not read as trained (`FamilyInfo.lora_caveats`): a warning, the run goes on."""
+def _check_file_caveats(config: TrainConfig) -> list[Problem]:
+    """Output files another tool will not read as trained (`FamilyInfo.file_caveats`): a warning, the run goes on."""
     from onetrainer.util.layer_filter import configured_patterns, name_matches
 
     info = MODEL_TYPES.get(config.model_type)
-    if info is None or config.training_method is not TrainingMethod.LORA:
+    if info is None:
         return []
     problems = []
-    for caveat in info.family.lora_caveats:
-        if caveat.format is not config.output_model_format:
+    for caveat in info.family.file_caveats:
+        if caveat.format is not config.output_model_format or caveat.method is not config.training_method:
             continue
+        if caveat.part is None and not caveat.modules:
+            problems.append(Problem("output_model_format", caveat.message, Severity.WARNING))
         if caveat.part is not None and caveat.part in info.family.parts and config.part(caveat.part).train:
             problems.append(Problem(f"{caveat.part}.train", caveat.message, Severity.WARNING))
         if caveat.modules:

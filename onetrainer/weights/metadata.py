@@ -5,6 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onetrainer.noise.prediction import PredictionType
 
 
 @dataclass(frozen=True)
@@ -35,18 +39,23 @@ KINDS = {
     )
     for name, (architecture, version) in ARCHITECTURES.items()
 }
+# modelspec.prediction_type by `PredictionType` value. The spec defines `epsilon` and `v` (Stable Diffusion's) and no
+# value for rectified flow; kohya's sd-scripts writes none for Flux, and readers (A1111/Forge, ComfyUI's metadata
+# views) take the key as SD's epsilon/v: a flow model's file carries no prediction_type.
+PREDICTION_TYPES = {"epsilon": "epsilon", "v_prediction": "v"}
 
 
 def model_metadata(
     kind: ModelKind | str,
     title: str,
     resolution: tuple[int, int],
-    v_prediction: bool,
+    prediction: PredictionType,
     adapter: str | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """modelspec metadata for a model (`adapter` None), a LoRA ("lora") or an embedding ("textual-inversion");
-    `kind`: the family's `ModelKind`, or the name of a Stable Diffusion one ("sd1", "sd2", "sd2-v", "sdxl")."""
+    `kind`: the family's `ModelKind`, or the name of a Stable Diffusion one ("sd1", "sd2", "sd2-v", "sdxl");
+    `prediction`: what the model predicts (its schedule's `prediction`)."""
     if isinstance(kind, str):
         kind = KINDS[kind]
     meta = {
@@ -55,20 +64,24 @@ def model_metadata(
         "modelspec.implementation": kind.implementation,
         "modelspec.title": title,
         "modelspec.resolution": f"{resolution[0]}x{resolution[1]}",
-        "modelspec.prediction_type": "v" if v_prediction else "epsilon",
         "modelspec.date": datetime.date.today().isoformat(),
         "ss_base_model_version": kind.base_model_version,
     }
+    prediction_type = PREDICTION_TYPES.get(prediction.value)
+    if prediction_type is not None:
+        meta["modelspec.prediction_type"] = prediction_type
     if kind.sd2:
         meta["ss_v2"] = "True"
-        if v_prediction:
+        if prediction_type == "v":
             meta["ss_v_parameterization"] = "True"
     meta.update(extra or {})
     return meta
 
 
-def lora_metadata(kind: ModelKind | str, title: str, resolution, v_prediction: bool, rank: int, alpha: float) -> dict:
-    meta = model_metadata(kind, title, resolution, v_prediction, adapter="lora")
+def lora_metadata(
+    kind: ModelKind | str, title: str, resolution, prediction: PredictionType, rank: int, alpha: float
+) -> dict:
+    meta = model_metadata(kind, title, resolution, prediction, adapter="lora")
     meta.update(
         {
             "ss_network_module": "networks.lora",

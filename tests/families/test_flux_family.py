@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from onetrainer.config import config_from_dict
@@ -278,6 +279,9 @@ def test_dev_lora_file_loads_in_diffusers_as_ours(dev_run):
     state = load_file(str(path))
     assert any(k.startswith("transformer.single_transformer_blocks.1.") for k in state)
     assert all(k.startswith("transformer.") and (".lora_A." in k or ".lora_B." in k) for k in state)
+    with safe_open(str(path), "pt") as f:  # a flow model: no SD prediction type (kohya's sd-scripts writes none)
+        metadata = f.metadata()
+    assert metadata["modelspec.architecture"] == "flux-1-dev/lora" and "modelspec.prediction_type" not in metadata
     assert_loads_in_diffusers_as_ours("flux-dev", path)
 
 
@@ -290,7 +294,9 @@ def test_schnell_lora_on_the_attention_clip_and_t5(tmp_path):
     state = load_file(str(path))
     targets = {k.rsplit(".lora_", 1)[0] for k in state if k.startswith("transformer.")}
     assert targets and all(".attn." in t for t in targets)
-    assert any(k.startswith("text_encoder.encoder.layers.11.") for k in state)
+    # CLIP-L's names keep its `text_model.` level (what diffusers has written and ComfyUI maps), whichever transformers
+    assert any(k.startswith("text_encoder.text_model.encoder.layers.11.") for k in state)
+    assert all(k.startswith("text_encoder.text_model.") for k in state if k.startswith("text_encoder."))
     assert any(k.startswith("text_encoder_2.encoder.block.23.") for k in state)
     # diffusers' loader reads the transformer's and CLIP's parts (not T5's); we read all three
     assert_loads_in_diffusers_as_ours("flux-schnell", path, text_encoder=True)
@@ -382,6 +388,8 @@ def test_the_original_transformer_file_is_what_diffusers_converts_and_reads_back
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.bfloat16)
     state = load_file(str(path))
     assert "double_blocks.1.img_attn.qkv.weight" in state and "single_blocks.1.linear1.weight" in state
+    with safe_open(str(path), "pt") as f:
+        assert "modelspec.prediction_type" not in f.metadata()
     assert all(v.dtype is torch.bfloat16 for v in state.values())
     ours = {k: v.to(torch.bfloat16) for k, v in model.part("transformer").state_dict().items()}
     theirs = single_file_converter(dict(model.part("transformer").config))(dict(state))

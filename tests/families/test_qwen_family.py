@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.config.enums import ModelFormat
@@ -119,6 +120,8 @@ def test_a_comfy_lora_trains_samples_and_loads_in_diffusers_and_comfyui_as_ours(
     state = load_file(str(path))
     assert "diffusion_model.transformer_blocks.0.attn.to_q.lora_down.weight" in state
     assert "diffusion_model.transformer_blocks.1.img_mlp.net.2.alpha" in state
+    with safe_open(str(path), "pt") as f:  # a flow model: no SD prediction type (kohya's sd-scripts writes none)
+        assert "modelspec.prediction_type" not in f.metadata()
 
     family, ours = our_model(method=True, lora_model_name=str(path))
     pipe = pipeline()

@@ -175,6 +175,7 @@ def test_the_original_file_is_what_diffusers_reads_back(variant, tmp_path):
     with safe_open(str(path), "pt") as f:
         keys, metadata = set(f.keys()), f.metadata()
     assert "model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight" in keys and metadata["made_by"] == "test"
+    assert "modelspec.prediction_type" not in metadata  # a flow model: no SD prediction type
     assert {"text_encoders.clip_l.transformer.text_model.final_layer_norm.weight",
             "text_encoders.t5xxl.transformer.encoder.embed_tokens.weight"} <= keys  # fmt: skip
     base = str(tiny_model_dir(variant))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.config.enums import ModelFormat
@@ -100,6 +101,8 @@ def test_a_comfy_lora_trains_samples_and_loads_in_diffusers_as_ours(lora_run, tm
     assert all(m.startswith("diffusion_model.layers.") for m in modules) and not any("refiner" in m for m in modules)
     assert {"diffusion_model.layers.0.attention.to_q.lora_down.weight",
             "diffusion_model.layers.1.feed_forward.w2.alpha"} <= state.keys()  # fmt: skip
+    with safe_open(str(path), "pt") as f:  # a flow model: no SD prediction type (kohya's sd-scripts writes none)
+        assert "modelspec.prediction_type" not in f.metadata()
 
     family, ours = our_model(method=True, lora_model_name=str(path))
     pipe = pipeline()
