@@ -441,9 +441,9 @@ def test_the_trained_parameters_are_what_the_method_trains(preset, changes):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["STABLE_DIFFUSION_15", "STABLE_DIFFUSION_XL_10_BASE", "PIXART_ALPHA",
-                                        "FLUX_DEV_1", "FLUX_FILL_DEV_1", "CHROMA_1", "WUERSTCHEN_2",
-                                        "STABLE_CASCADE_1"])  # fmt: skip
+# The model types of the shipped presets are measured by the guard of their figures (tests/test_preset_memory.py: it
+# fails where a preset's activations stop being measured); this is the one without a preset.
+@pytest.mark.parametrize("model_type", ["FLUX_FILL_DEV_1"])
 def test_each_released_denoiser_is_measured(model_type):
     config, _ = config_from_dict({"model_type": model_type, "base_model_name": "someone/not-downloaded",
                                   "resolution": "1024", "batch_size": 1})  # fmt: skip
