@@ -11,7 +11,9 @@ the optimizer's state, no training activations) — where a text encoder is larg
 time is the peak. With the denoiser's blocks offloaded, its weights and the activations are taken where in the passes
 their sum is largest (`_offloaded_step`), not each at its own largest. Time = the denoiser's training FLOPs per
 step (forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
-throughput.
+throughput. Host RAM (`_add_host`) = the process itself + the larger of the load (every part read into CPU memory
+before any moves, as its library reads it) and what training keeps on the host (parts off the device, offloaded
+blocks and their state, offloaded activations, a CPU EMA, the caches' entries in memory).
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
 safetensors headers of a local diffusers folder, of a built model, or of a hub model in the local cache (no

@@ -146,7 +146,7 @@ def fit_to_budget(
         step(trial, fit, measure)
         if len(fit.changes) == changed or _helps(fit, before, fit.estimate):
             continue
-        if fit.ram_budget is not None and fit.estimate.host_bytes > max(fit.ram_budget, before.host_bytes):
+        if _breaks_ram(fit, before, fit.estimate):
             taken = ", ".join(f"{c.path} {json_text(c.after)}" for c in fit.changes[changed:])
             fit.left_out.append(f"{taken} (≈ {size_text(fit.estimate.host_bytes)} RAM)")
         trial, fit.estimate = saved, before
@@ -156,14 +156,18 @@ def fit_to_budget(
     return fit
 
 
+def _breaks_ram(fit: Fit, before: Estimate, after: Estimate) -> bool:
+    """Whether a step pushed the host RAM over its budget, or further over it."""
+    return fit.ram_budget is not None and after.host_bytes > max(fit.ram_budget, before.host_bytes)
+
+
 def _helps(fit: Fit, before: Estimate, after: Estimate) -> bool:
-    """Whether a step's changes are worth keeping: they lower a figure that is over its budget, and push the host RAM
-    neither over its budget nor further over it."""
-    ram = fit.ram_budget
-    if ram is not None and after.host_bytes > max(ram, before.host_bytes):
+    """Whether a step's changes are worth keeping: they lower a figure that is over its budget without breaking the
+    RAM budget."""
+    if _breaks_ram(fit, before, after):
         return False
     vram_over = fit.budget is not None and before.peak_bytes > fit.budget
-    ram_over = ram is not None and before.host_bytes > ram
+    ram_over = fit.ram_budget is not None and before.host_bytes > fit.ram_budget
     return (vram_over and after.peak_bytes < before.peak_bytes) or (ram_over and after.host_bytes < before.host_bytes)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from onetrainer.config.enums import DataType, ModelFormat, ModelType, TrainingMethod
-from onetrainer.training.estimate import GIB
+from onetrainer.training.estimate import GIB, Estimate
 from tests.gui.helpers import pump, view_of
 
 
@@ -68,6 +68,12 @@ def test_a_click_on_the_estimate_fits_the_run_to_a_vram_budget(app, screenshot) 
 
     app.dialogs.answers.append("a lot")
     assert app.fit_to_vram() is False and "is not a size in GiB" in app.dialogs.history[-1].text
+
+    # One estimate: the fit starts from the figure shown beside Start (where it is of a GPU), rounded as it is there.
+    pump(app, lambda: not app.estimate.busy, timeout=120)
+    app.estimate.result = Estimate(5 * GIB, None, device="cuda", host_bytes=9 * GIB)
+    assert app.fit_to_vram(8)
+    pump(app, lambda: app.footer.status.startswith("fits 8.0 GiB VRAM as it is (≈ 5.0 GiB VRAM, 9.0 GiB RAM)"))
 
 
 def test_a_loaded_preset_replaces_the_previous_figure_at_once(app) -> None:
