@@ -561,9 +561,12 @@ class App(ctk.CTk):
         editing it back); the log lists them. False when nothing was started."""
         if self.running:
             return False
+        shown = self.estimate.result  # the estimate beside Start: the fit starts from it where it is of a GPU
         if gib is None:
-            free = getattr(self.estimate.result, "free_bytes", None)
-            hint = f" ({free / 1024**3:.1f} GiB are free on this GPU now)" if free else ""
+            from onetrainer.training.estimate import size_text
+
+            free = getattr(shown, "free_bytes", None)
+            hint = f" ({size_text(free)} are free on this GPU now)" if free else ""
             answer = self.dialogs.ask_string("Fit to VRAM", f"Fit the run to how many GiB of GPU memory?{hint}")
             if not answer:
                 return False
@@ -576,13 +579,14 @@ class App(ctk.CTk):
                 return False
         packed, _ = pack(self.model.config)
         device = packed.train_device
+        first = shown if shown is not None and shown.device == "cuda" and not self.estimate.busy else None
         self.footer.set_status(f"Fitting the run to {gib:g} GiB…")
 
         def work():
             from onetrainer.training.estimate import device_throughput
             from onetrainer.training.fit import GIB, fit_to_budget
 
-            return fit_to_budget(packed, gib * GIB, device_throughput(device))
+            return fit_to_budget(packed, gib * GIB, device_throughput(device), first=first)
 
         run_in_background(self, work, self._fitted)
         return True
@@ -593,6 +597,8 @@ class App(ctk.CTk):
             return
         fit = result.value
         self.log.add(f"Fit to VRAM: {fit.text()}")
+        if self.estimate.result is not None and self.estimate.result.device != "cuda":
+            self.log.add("  (sized for a CUDA GPU: this machine has none; the estimate beside Start is of its RAM)")
         if not fit.fits:
             self.footer.set_status(f"{fit.headline}: nothing changed (the list is in the log)", "warning")
             return

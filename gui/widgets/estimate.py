@@ -3,11 +3,13 @@
 The estimate runs on a worker thread (the first one builds the full-size model on the meta device, a few seconds)
 on a copy of the config; the label changes only on the Tk thread. A newer edit cancels the running estimate, and a
 run's start pauses them (its load would otherwise wait for the measurement, which holds the model library) until
-the run ends.
+the run ends. A whole new config (a preset, a config file) clears the figure at once and estimates without waiting
+for more edits: the previous config's figure is never shown beside the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections.abc import Callable
@@ -21,6 +23,8 @@ from gui.widgets.tooltip import add_tooltip
 
 DELAY_MS = 700
 TOO_BIG_COLOR = ("#b3261e", "#ff8a80")
+UNKNOWN = "VRAM –"
+ESTIMATING = "estimating memory…"
 
 
 @lru_cache(maxsize=4)
@@ -37,11 +41,11 @@ def _free(device: str) -> float | None:
 
 
 class EstimateLabel(ctk.CTkLabel):
-    """ "≈ 5.1 GiB VRAM · 0.40 s/step" ("≈ 22 MiB CPU memory (RAM)" where the CPU trains); in red with the first
-    setting that helps when it exceeds free memory."""
+    """ "≈ 5.1 GiB VRAM · 9.3 GiB RAM · 0.40 s/step" ("≈ 1.1 GiB RAM · 0.05 s/step on the CPU" where the CPU trains);
+    in red with the first setting that helps when it exceeds free memory."""
 
     def __init__(self, master: Any, model, on_click: Callable[[], Any] | None = None) -> None:
-        super().__init__(master, text="VRAM –", anchor="e", justify="right")
+        super().__init__(master, text=UNKNOWN, anchor="e", justify="right")
         self._default_color = self.cget("text_color")
         self.model = model
         if on_click is not None:  # the window's "fit to a VRAM budget"
@@ -54,7 +58,7 @@ class EstimateLabel(ctk.CTkLabel):
         self._job: BackgroundJob | None = None
         self._cancel = threading.Event()  # the running job's: set when a newer edit or a run's start replaces it
         self._paused = False
-        model.subscribe(lambda _path: self.schedule())
+        self._unsubscribe = model.subscribe(self._changed)
         self.schedule()
 
     @property
@@ -64,10 +68,20 @@ class EstimateLabel(ctk.CTkLabel):
         job = self._job
         return self._pending is not None or (job is not None and not job.done and not job.cancelled)
 
-    def schedule(self) -> None:
+    def _changed(self, path: str | None) -> None:
+        if path is not None:  # one edit: more may follow (typing), estimate once they pause
+            self.schedule()
+            return
+        # A new config (path None: a preset, a config file): its figure is unknown from now on.
+        self.result = None
+        self._stop_job()
+        self.configure(text=ESTIMATING, text_color=self._default_color)
+        self.schedule(delay_ms=0)
+
+    def schedule(self, delay_ms: int = DELAY_MS) -> None:
         if self._pending is not None:
             self.after_cancel(self._pending)
-        self._pending = None if self._paused else self.after(DELAY_MS, self.refresh_now)
+        self._pending = None if self._paused else self.after(delay_ms, self.refresh_now)
 
     def pause(self) -> None:
         """A run starts: stop the running estimate (its measurement holds the model library the run's load needs,
@@ -86,6 +100,8 @@ class EstimateLabel(ctk.CTkLabel):
         # A measurement left running would go on holding the model library (and the interpreter) after the window
         # is gone: a sampling tool or the next window would wait on it.
         self._paused = True
+        with contextlib.suppress(ValueError):  # destroyed twice: unsubscribed already
+            self._unsubscribe()
         self._stop_job()
         super().destroy()
 
@@ -115,16 +131,16 @@ class EstimateLabel(ctk.CTkLabel):
         self._job = BackgroundJob(self, work, self._show)
 
     def _show(self, done: BackgroundResult) -> None:
-        from onetrainer.training.estimate import GIB
+        from onetrainer.training.estimate import size_text
 
         self.result = done.value
         if done.error is not None or done.value is None:
-            self.configure(text="VRAM –", text_color=self._default_color)
+            self.configure(text=UNKNOWN, text_color=self._default_color)
             return
         result = done.value
-        text = result.summary()  # "≈ 5.1 GiB VRAM · 0.40 s/step", or the CPU's memory where the CPU trains
+        text = result.summary()  # "≈ 5.1 GiB VRAM · 9.3 GiB RAM · 0.40 s/step", the CPU's RAM where the CPU trains
         if result.fits is False:
-            text += f" > {result.free_bytes / GIB:.1f} GiB free"
+            text += f" > {size_text(result.free_bytes)} free"
             if result.advice:
                 text += f"\ntry {result.advice[0]}, or click to fit"
             self.configure(text=text, text_color=TOO_BIG_COLOR)

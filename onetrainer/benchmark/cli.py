@@ -36,7 +36,9 @@ with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, an
 SDXL-size LoRA with FLOAT_8 weights, it/s and peak VRAM against the goals), 'tiny' (one training step of each tiny
 model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and
 --processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not
-measured), 'gui' (needs a display or Xvfb), 'all' (every part; the GUI only where a display can be had).
+measured), 'gui' (needs a display or Xvfb), 'all' (every part above; the GUI only where a display can be had).
+'presets' (not in 'all'): every shipped preset's estimated peak VRAM and host RAM at full size, recorded in
+docs/preset_memory.json and .md, the table tests/test_preset_memory.py guards; it prints what moved since the last.
 Figures and what they mean: docs/benchmarks.md."""
 PARTS = (
     "overhead", "calls", "pixart", "cascade", "flux", "sd3", "qwen", "offload", "caching", "weights", "memory", "tiny",
@@ -53,7 +55,7 @@ def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
     parser.add_argument(
         "--repeat", type=int, default=3, metavar="R", help="alternating repetitions; medians are reported (default 3)"
     )
-    parser.add_argument("--part", choices=("all", *PARTS), default="all", help="what to run (default all)")
+    parser.add_argument("--part", choices=("all", *PARTS, "presets"), default="all", help="what to run (default all)")
     parser.add_argument("--gui", action="store_true", help="only the GUI's responsiveness (same as --part gui)")
     parser.add_argument(
         "--images", type=int, default=64, metavar="N", help="images for the caching measurement (default 64)"
@@ -178,6 +180,8 @@ def main(
 
         print("\nThe memory engine at full size (CUDA only):")
         report["memory"] = run_memory_gpu_part(max(args.steps // 4, 1), max(args.warmup - 1, 1))
+    if "presets" in parts:
+        report["presets"] = record_preset_memory()
     if "tiny" in parts:
         print("\nTiny models, one denoiser training step (forward + backward, batch 2; best of 3):")
         report["tiny"] = measure_tiny_steps()
@@ -206,6 +210,20 @@ def main(
         Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
         print(f"figures written to {args.json}")
     return 0 if report.get("gui") is not False else 1
+
+
+def record_preset_memory() -> dict[str, dict]:
+    """Every preset's estimated peaks, recorded as the table the tests guard; what moved since the last is printed."""
+    from onetrainer.benchmark import preset_memory as table
+
+    print("\nEvery preset's estimated peak VRAM and host RAM (a CUDA GPU, the released full-size models):")
+    rows = table.preset_figures()
+    if table.TABLE_FILE.is_file():
+        moved = table.compare(table.read_table(), rows)
+        print("\n".join(["", "Since the last table:", *(f"  {m}" for m in moved)]) if moved else "\nNothing moved.")
+    table.write_table(rows)
+    print(f"recorded in {table.TABLE_FILE} and {table.PAGE_FILE}")
+    return rows
 
 
 def measure_tiny_steps() -> dict[str, dict]:

@@ -29,9 +29,10 @@ Layers: defaults <- preset <- config file <- each --set, in that order.
 A preset NAME is its path under presets/ without .json (e.g. sd15/lora, demo).
 --set keys are dotted, with list indexes (concepts.0.path=/data/cats); values are
 parsed as JSON when they parse (3, 1e-4, true, null, [1,2]), else taken as text.
-Exit codes: 0 finished (also after a requested stop), 1 training failed (or
-another run trains in the same workspace_dir), 2 invalid config (every problem
-is listed), 130 aborted by a second Ctrl+C.
+Exit codes: 0 finished (also after a requested stop; a fit printed without
+--train), 1 training failed (or another run trains in the same workspace_dir),
+2 invalid config (every problem is listed) or a budget no change reaches, 130
+aborted by a second Ctrl+C.
 Ctrl+C, SIGTERM and SIGHUP stop after the current step: backup, save, exit 0.
 Outputs: the model at output_model_destination; logs, samples, TensorBoard
 files, backups and saves under workspace_dir."""
@@ -78,7 +79,20 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         type=float,
         metavar="GB",
         help="change what it takes (8-bit optimizer and weights, checkpointing, layer offloading, batch size) for the "
-        "estimate to fit GB of GPU memory (GiB); each change is printed",
+        "estimate to fit GB of GPU memory (GiB), print each change and exit (with --check or --preflight, check the "
+        "changed config; with --train, train it)",
+    )
+    parser.add_argument(
+        "--fit-ram",
+        type=float,
+        metavar="GB",
+        help="the host RAM (GiB) the fit must stay within, beside --fit-vram or alone: a change that needs more (layer "
+        "offloading keeps the blocks in RAM) is left out, and a run the host cannot hold is refused",
+    )
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="train after --fit-vram / --fit-ram changed the config (without it they print the changes and exit)",
     )
     return parser
 
@@ -103,10 +117,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     except ConfigFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    if args.fit_vram is not None:
-        fitted = _fit(config, args.fit_vram)
+    fitting = args.fit_vram is not None or args.fit_ram is not None
+    if args.train and (args.check or args.preflight):
+        print(f"{prog}: error: --train trains; --check and --preflight check and exit: give one", file=sys.stderr)
+        return EXIT_INVALID
+    if fitting:
+        fitted = _fit(config, args.fit_vram, args.fit_ram)
         if fitted is not None:
             return fitted
+        if not (args.check or args.preflight or args.train):
+            print("Not trained: add --train to train it so, or --check / --preflight to check it.")
+            return EXIT_OK
     problems += run_checks(config, include_schema=False)
     # Problems name the concept or sample (from the side files too) and the field, then the path --set takes.
     named = _packed(config) if problems else config
@@ -127,24 +148,44 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     return _train(config)
 
 
-def _fit(config: TrainConfig, gib: float) -> int | None:
-    """Apply the changes that fit the estimate into `gib` GiB (printed); an exit code when it cannot."""
-    from onetrainer.training.estimate import device_throughput
+def _fit(config: TrainConfig, vram: float | None, ram: float | None) -> int | None:
+    """Apply the changes that fit the estimate into `vram` GiB of GPU memory and `ram` GiB of host RAM (printed); an
+    exit code when it cannot."""
+    from onetrainer.training.estimate import device_throughput, training_device_type
     from onetrainer.training.fit import GIB, apply, fit_to_budget
 
-    if gib <= 0:
-        print(f"error: --fit-vram must be a size in GiB above 0, not {gib:g}", file=sys.stderr)
-        return EXIT_INVALID
+    asked = {"--fit-vram": vram, "--fit-ram": ram}
+    for flag, gib in asked.items():
+        if gib is not None and gib <= 0:
+            print(f"error: {flag} must be a size in GiB above 0, not {gib:g}", file=sys.stderr)
+            return EXIT_INVALID
     try:
-        fit = fit_to_budget(_packed(config), gib * GIB, device_throughput(config.train_device))
+        fit = fit_to_budget(
+            _packed(config),
+            vram * GIB if vram is not None else None,
+            device_throughput(config.train_device),
+            ram_budget_bytes=ram * GIB if ram is not None else None,
+        )
     except ValueError as e:
         print(f"error: cannot estimate this config to fit it: {e}", file=sys.stderr)
         return EXIT_INVALID
-    print(f"--fit-vram {gib:g}: {fit.text()}")
+    flags = " ".join(f"{flag} {gib:g}" for flag, gib in asked.items() if gib is not None)
+    print(f"{flags}: {fit.text()}")
+    if training_device_type(config.train_device) != "cuda":
+        print("  (sized for a CUDA GPU: this machine has none, and would train on the CPU)")
     if not fit.fits:
         return EXIT_INVALID
+    if fit.changes:
+        print("  the same as: " + " ".join(f"--set {c.path}={_set_text(c.json_value)}" for c in fit.changes))
     apply(config, fit.changes)
     return None
+
+
+def _set_text(value) -> str:
+    """A value as `--set` reads it back (JSON where it parses, else the text)."""
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _preflight(config: TrainConfig) -> int:

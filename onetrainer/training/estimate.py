@@ -11,7 +11,9 @@ the optimizer's state, no training activations) — where a text encoder is larg
 time is the peak. With the denoiser's blocks offloaded, its weights and the activations are taken where in the passes
 their sum is largest (`_offloaded_step`), not each at its own largest. Time = the denoiser's training FLOPs per
 step (forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
-throughput.
+throughput. Host RAM (`_add_host`) = the process itself + the larger of the load (every part read into CPU memory
+before any moves, as its library reads it) and what training keeps on the host (parts off the device, offloaded
+blocks and their state, offloaded activations, a CPU EMA, the caches' entries in memory).
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
 safetensors headers of a local diffusers folder, of a built model, or of a hub model in the local cache (no
@@ -31,11 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType, Optimizer, TrainingMethod
 
@@ -69,6 +72,16 @@ BYTES = {
 _STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
+# Host RAM (`Estimate.host_bytes`). The process itself: Python with torch, diffusers, transformers and peft imported
+# (0.4 GiB measured on a CPU machine, rounded up for the data loader and the window); on CUDA the runtime's context and
+# kernel libraries in host memory besides: an allowance until a GPU measurement replaces it.
+HOST_PROCESS = 0.5 * GIB
+HOST_CUDA_RUNTIME = 1.5 * GIB
+# Bytes per parameter as a part is read, before it is cast to its weight dtype: diffusers' `from_pretrained` builds
+# its models in float32 and casts the file's tensors to them (whatever the file holds); transformers reads them as the
+# config says (`dtype="auto"`), which for the released encoders is 16-bit.
+DIFFUSERS_LOAD_BYTES = 4.0
+TRANSFORMERS_LOAD_BYTES = 2.0
 # The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak: the
 # gradients flowing back through the largest block, the block being recomputed under checkpointing, the allocator's
 # rounding. One factor for every family, set from the two GPU measurements in docs/benchmarks.md (the 512 px and 1024 px
@@ -130,6 +143,11 @@ class PartCount:
     # The largest trained tensor (a fine-tune): the fused back pass holds its gradient and the optimizer's working
     # copies while it steps it.
     largest_trained: int = 0
+    # Bytes per parameter while the part is read (`DIFFUSERS_LOAD_BYTES`, a file's own dtype), before its cast.
+    load_bytes: float = DIFFUSERS_LOAD_BYTES
+    # Trained parameters whose optimizer state waits in page-locked CPU memory with their offloaded blocks, in float32
+    # elements as torch's pinned allocator takes them (each tensor rounded up to a power of two bytes).
+    trained_pinned: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -145,6 +163,21 @@ class PartCount:
         if not self.params:
             return 0.0
         return self.bytes * (1.0 - self.offloaded / self.params)
+
+    @property
+    def loading_bytes(self) -> float:
+        """The part in CPU memory as it is read: a quantized file's blocks as they are, else `load_bytes` each."""
+        if self.dtype in GGUF_WEIGHT_DTYPES:
+            return self.bytes
+        return self.params * self.load_bytes
+
+    @property
+    def block_home_bytes(self) -> float:
+        """Layer offloading's CPU copies of the part's moving block weights: every block's, whichever are on the
+        device (`memory/layer_offload.py` keeps each block's weights in one page-locked buffer of its exact size)."""
+        if not self.params or not self.offload_blocks:
+            return 0.0
+        return sum(params for _, params in self.offload_blocks) * self.bytes / self.params
 
 
 @dataclass(frozen=True)
@@ -178,15 +211,28 @@ class Settings:
     trains_in_place: bool = False
     # Each weight updated as its gradient arrives and the gradient freed: the model's gradients are never held.
     fused_back_pass: bool = False
+    ema: str = "OFF"  # the EMA's float32 copy of the trained parameters: "GPU" (on the device), "CPU", "OFF"
+    memory_caches: int = 0  # caches that keep entries in memory (latents, text outputs), each up to its limit
 
 
 def size_text(size: float) -> str:
-    """Bytes for a reader: GiB from 1 GiB, else MiB (KiB below 1 MiB)."""
+    """Bytes for a reader: GiB from 1 GiB, else MiB (KiB below 1 MiB). Every size the estimate and the fit show."""
     if size >= GIB:
         return f"{size / GIB:.1f} GiB"
     if size >= MIB:
         return f"{size / MIB:.{0 if size >= 10 * MIB else 1}f} MiB"
     return f"{size / 1024:.0f} KiB"
+
+
+def step_time_text(seconds: float) -> str:
+    """Seconds per step for a reader: "0.40 s/step", "12 s/step", "3.5 min/step", "9.8 h/step"."""
+    if seconds < 10:
+        return f"{seconds:.2f} s/step"
+    if seconds < 60:
+        return f"{seconds:.0f} s/step"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min/step"
+    return f"{seconds / 3600:.1f} h/step"
 
 
 @dataclass
@@ -202,6 +248,15 @@ class Estimate:
     # Every part on the device at once (loading, caching, samples): the weights of all parts, the trained parameters,
     # the optimizer's state and the overhead. The peak is the larger of this and the step (`parts`).
     resident_bytes: float = 0.0
+    # The process's peak host RAM: the process itself and the larger of the load (every part in CPU memory as it is
+    # read) and training (`host_training`); on the CPU the training step's memory is RAM too. `host_parts`: what that
+    # peak is made of.
+    host_bytes: float = 0.0
+    host_parts: dict[str, float] = field(default_factory=dict)
+    host_loading: float = 0.0
+    host_training: float = 0.0
+    # The config names a CUDA device this machine lacks: the CPU trains, and the time per step is the CPU's.
+    no_gpu: bool = False
 
     @property
     def fits(self) -> bool | None:
@@ -212,27 +267,39 @@ class Estimate:
         """What memory the peak is of: VRAM on CUDA, the CPU's RAM without a GPU."""
         return {"cuda": "VRAM", "cpu": "CPU memory (RAM)"}.get(self.device, f"{self.device.upper()} memory")
 
+    @property
+    def on_the_cpu(self) -> str:
+        """Where the CPU trains, saying so (and why, where the config asked for a GPU); else empty."""
+        if self.device != "cpu":
+            return ""
+        return "on the CPU (no CUDA GPU found)" if self.no_gpu else "on the CPU"
+
     def summary(self) -> str:
-        """One line beside Start: "≈ 5.1 GiB VRAM · 0.40 s/step", "≈ 12 MiB CPU memory (RAM) · 0.02 s/step"."""
-        text = f"≈ {size_text(self.peak_bytes)} {self.memory}"
-        if self.step_seconds is not None:
-            text += f" · {self.step_seconds:.2f} s/step"
-        return text
+        """One line beside Start: "≈ 5.1 GiB VRAM · 9.3 GiB RAM · 0.40 s/step"; where the CPU trains, its RAM alone:
+        "≈ 1.1 GiB RAM · 9.8 h/step on the CPU (no CUDA GPU found)"."""
+        step = f" · {step_time_text(self.step_seconds)}" if self.step_seconds is not None else ""
+        if self.device == "cpu":
+            return f"≈ {size_text(self.host_bytes)} RAM{step} {self.on_the_cpu}"
+        return f"≈ {size_text(self.peak_bytes)} {self.memory} · {size_text(self.host_bytes)} RAM{step}"
 
     def text(self) -> str:
-        peak = f"estimated peak {self.memory} {size_text(self.peak_bytes)}"
-        if self.free_bytes is not None:
-            peak += f" (free: {size_text(self.free_bytes)})"
-        if self.device == "cpu":
-            peak += " (training on the CPU)"
-        step = f", about {self.step_seconds:.2f} s/step" if self.step_seconds is not None else ""
+        if self.device == "cpu":  # the step's memory is RAM too: the process's peak is the figure
+            peak = f"estimated peak {self.memory} {size_text(self.host_bytes)}, training {self.on_the_cpu}"
+            step_parts = "  the step: "
+        else:
+            peak = f"estimated peak {self.memory} {size_text(self.peak_bytes)}"
+            if self.free_bytes is not None:
+                peak += f" (free: {size_text(self.free_bytes)})"
+            step_parts = "  "
+        step = f", about {step_time_text(self.step_seconds)}" if self.step_seconds is not None else ""
         lines = [peak + step]
-        lines.append("  " + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
+        lines.append(step_parts + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
         if self.resident_bytes > sum(self.parts.values()):
             lines.append(
                 f"  the peak is while every part is on the device (loading, filling the caches, samples): "
                 f"{size_text(self.resident_bytes)}; a training step needs {size_text(sum(self.parts.values()))}"
             )
+        lines.append(f"  host RAM {size_text(self.host_bytes)} at its peak: {self.host_text()}")
         if self.counted_from:
             lines.append(f"  parameters counted from {self.counted_from}")
         if self.activations_from:
@@ -241,6 +308,13 @@ class Estimate:
             lines.append("  does not fit; these bring it under:" if self.advice else "  does not fit")
             lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
+
+    def host_text(self) -> str:
+        """What the host RAM's peak is made of, and the other moment's figure."""
+        shown = ", ".join(f"{k} {size_text(v)}" for k, v in self.host_parts.items() if v)
+        if self.host_loading >= self.host_training:
+            return f"{shown} (while training: {size_text(self.host_training)})"
+        return f"{shown} (while loading: {size_text(self.host_loading)})"
 
 
 def estimate_from_counts(
@@ -257,6 +331,8 @@ def estimate_from_counts(
     if settings.fused_back_pass:  # one weight's gradient at a time, and the optimizer's float32 work on it
         gradients = max((c.largest_trained * (BYTES[c.dtype] + FUSED_STEP_WORK) for c in counts.values()), default=0.0)
     state = (trained - sum(c.trained_offloaded for c in counts.values())) * settings.optimizer_state_bytes
+    if settings.ema == "GPU":  # the EMA's float32 copy of the trained parameters beside them
+        state += trained * 4.0
     trained_bytes = stored + gradients + state
     per_sample = settings.activations
     kept = per_sample.checkpointed if settings.gradient_checkpointing else per_sample.kept
@@ -277,7 +353,44 @@ def estimate_from_counts(
         seconds = per_sample.flops * settings.batch_size * passes / flops_per_second
     resident = sum(c.device_bytes for c in counts.values()) + stored + state + parts.get("overhead", 0.0)
     step = sum(parts.values())
-    return Estimate(max(step, resident), seconds, parts, device=settings.device, resident_bytes=resident)
+    result = Estimate(max(step, resident), seconds, parts, device=settings.device, resident_bytes=resident)
+    _add_host(result, counts, settings)
+    return result
+
+
+def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings) -> None:
+    """The process's host RAM, as the trainer holds it (`training/placement.py`, `memory/layer_offload.py`).
+
+    Loading reads every part into CPU memory before any is cast or moved (`families/*.load`), each as its library
+    reads it (`PartCount.load_bytes`). While training, the CPU keeps: the parts not on the device (encoders whose
+    outputs are cached, parts used only for samples) in their weight dtype; with layer offloading, every block's
+    moving weights in page-locked buffers (the window on the device is a copy), and for offloaded trained blocks their
+    optimizer state (torch's pinned allocator); with activation offloading, the checkpointed blocks' inputs; an EMA on
+    the CPU; the caches' entries kept in memory (each up to its limit). Where the CPU trains, the step's own memory
+    (`peak_bytes`) is RAM as well. Not counted: the images being loaded, a sample being rendered, the operating
+    system's file cache."""
+    from onetrainer.data.cache import MEMORY_LIMIT_BYTES
+
+    per_sample = settings.activations
+    offloaded_inputs = settings.gradient_checkpointing and settings.activation_offloading
+    training = {
+        "the step": result.peak_bytes if settings.device == "cpu" else 0.0,
+        "parts kept in RAM": sum(c.bytes for c in counts.values() if not c.on_device),
+        "offloaded blocks (pinned)": sum(c.block_home_bytes for c in counts.values() if c.on_device),
+        "their optimizer state (pinned)": sum(c.trained_pinned for c in counts.values())
+        * settings.optimizer_state_bytes,
+        "offloaded activations": per_sample.block_inputs * settings.batch_size if offloaded_inputs else 0.0,
+        "EMA": sum(c.trained for c in counts.values()) * 4.0 if settings.ema == "CPU" else 0.0,
+        "caches in memory (at most)": settings.memory_caches * MEMORY_LIMIT_BYTES,
+    }
+    process = HOST_PROCESS + (HOST_CUDA_RUNTIME if settings.device == "cuda" else 0.0)
+    result.host_loading = sum(c.loading_bytes for c in counts.values())
+    result.host_training = sum(training.values())
+    if result.host_loading >= result.host_training:
+        result.host_parts = {"the process": process, "loading (every part as read)": result.host_loading}
+    else:
+        result.host_parts = {"the process": process, **training}
+    result.host_bytes = process + max(result.host_loading, result.host_training)
 
 
 def _offloaded_step(count: PartCount, settings: Settings) -> tuple[float, float] | None:
@@ -372,6 +485,8 @@ def family_of(config: TrainConfig) -> Family:
 
 
 def settings_of(config: TrainConfig, activations: Activations) -> Settings:
+    from onetrainer.data.caching import text_encoders_frozen
+
     family = family_of(config)
     trained_dtype = config.lora_weight_dtype if config.training_method is TrainingMethod.LORA else DataType.FLOAT_32
     return Settings(
@@ -385,6 +500,8 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         activation_offloading=bool(config.part(family.denoiser_part).activation_offloading),
         fused_back_pass=bool(config.optimizer.fused_back_pass)
         and config.training_method is not TrainingMethod.EMBEDDING,
+        ema=config.ema.value,
+        memory_caches=(1 + text_encoders_frozen(config)) if config.latent_caching else 0,
     )
 
 
@@ -443,12 +560,22 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             for name, fan_in, fan_out, area in info["layers"]
             if not kept.intersection(name.split("."))
         )
-        offloaded, trained_offloaded, blocks, window = _offloaded_params(config, family, part, info, trained)
+        offload = _offloaded_params(config, family, part, info, trained)
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
-            offloaded, _gguf_bytes(part_config), trained_offloaded, blocks, window, largest,
+            offload.offloaded, _gguf_bytes(part_config), offload.trained_offloaded, offload.blocks, offload.window,
+            largest, _load_bytes(part_config, info), offload.trained_pinned,
         )  # fmt: skip
     return counts
+
+
+def _load_bytes(part_config, info: dict) -> float:
+    """Bytes per parameter while the part is read: a part's own single file (`model_name`, a transformer in its
+    original layout) becomes the weights as its tensors are, 16-bit; else as the part's library reads it."""
+    name = (getattr(part_config, "model_name", "") or "").strip()
+    if name and Path(name).suffix.lower() in (".safetensors", ".ckpt", ".pt", ".bin"):
+        return TRANSFORMERS_LOAD_BYTES
+    return info.get("load_bytes", DIFFUSERS_LOAD_BYTES)
 
 
 def _gguf_bytes(part_config) -> float | None:
@@ -461,9 +588,15 @@ def _gguf_bytes(part_config) -> float | None:
     return gguf_bytes_per_weight(name) if is_gguf_file(name) else None
 
 
-def _offloaded_params(
-    config: TrainConfig, family: Family, part: str, info: dict, trained: int
-) -> tuple[int, int, tuple[tuple[str, int], ...], int]:
+class _Offload(NamedTuple):
+    offloaded: int = 0  # block parameters off the device at its fullest
+    trained_offloaded: int = 0  # of them, trained (their optimizer state is off the device with them)
+    blocks: tuple[tuple[str, int], ...] = ()  # each block with the parameters that move with it, in execution order
+    window: int = 0  # blocks on the device at a time
+    trained_pinned: float = 0.0  # `PartCount.trained_pinned`
+
+
+def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict, trained: int) -> _Offload:
     """The block parameters layer offloading keeps off the device at its fullest, how many of them train, each block
     with the parameters that move with it, and the window (blocks on the device at a time). Off the device at its
     fullest: all of the blocks' but the largest window of consecutive blocks (`Family.layer_blocks`, in execution
@@ -477,37 +610,42 @@ def _offloaded_params(
     fraction = config.part(part).offload_fraction
     paths = family.layer_blocks.get(part, ())
     if fraction <= 0 or not paths or LAYER_OFFLOADING not in family.info.part_capabilities.get(part, ()):
-        return 0, 0, (), 0
+        return _Offload()
     if config.part(part).weight_dtype is DataType.NFLOAT_4:
-        return 0, 0, (), 0  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
+        return _Offload()  # bitsandbytes' 4-bit weights stay on the device (`memory/layer_offload.py`)
     pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
     sizes: dict[tuple[int, int], int] = {}
+    pinned = 0.0  # the blocks' tensors in float32 elements, each rounded up as the pinned allocator takes it
     for name, count in info.get("tensors", ()):
         found = pattern.match(name)
         if found:
             key = (paths.index(found.group(1)), int(found.group(2)))
             sizes[key] = sizes.get(key, 0) + count
+            pinned += 2 ** math.ceil(math.log2(max(count, 1) * 4)) / 4
     keys = sorted(sizes)
     blocks = [sizes[key] for key in keys]
     if len(blocks) < 2:
-        return 0, 0, (), 0
+        return _Offload()
     total = sum(blocks)
     window = len(blocks) - min(len(blocks) - 1, round(fraction * len(blocks)))
     offloaded = total - _largest_window(blocks, window)
     moving = 1.0  # the share of a block's parameters that moves with it
     trained_offloaded = 0
+    trained_pinned = 0.0
     if config.training_method is TrainingMethod.FINE_TUNE and total:
         # The trained layers are inside the blocks (the share the layer filter trains, taken evenly).
-        trained_share = int(offloaded * min(trained, total) / total)
+        share = min(trained, total) / total
+        trained_share = int(offloaded * share)
         if config.optimizer.fused_back_pass:
             trained_offloaded = trained_share
+            trained_pinned = pinned * share  # every block leaves the device in turn: each keeps its state's home
         else:
             offloaded -= trained_share
-            moving = 1.0 - min(trained, total) / total
+            moving = 1.0 - share
     if not offloaded:  # nothing moves (every weight of the blocks trains and stays)
-        return 0, 0, (), 0
+        return _Offload()
     named = tuple((f"{paths[path]}.{index}", int(size * moving)) for (path, index), size in zip(keys, blocks))
-    return offloaded, trained_offloaded, named, window
+    return _Offload(offloaded, trained_offloaded, named, window, trained_pinned)
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:
@@ -567,23 +705,41 @@ def folder_shapes(folder: Path, parts: tuple[str, ...]) -> Shapes:
     """The counts of a diffusers model folder: each part's subfolder's safetensors files (shards included)."""
     shapes: Shapes = {}
     for part in parts:
+        stored = 0  # the files' tensor bytes
         for file in sorted((folder / part).glob("*.safetensors")):
             for name, info in safetensors_header(file).items():
                 _add(shapes, part, name, info["shape"])
+                start, end = info.get("data_offsets", (0, 0))
+                stored += end - start
         if part in shapes:
-            shapes[part]["kept"] = _kept_layers(folder / part / "config.json")
+            config = _part_config(folder / part / "config.json")
+            shapes[part]["kept"] = _kept_layers(config)
+            shapes[part]["load_bytes"] = _read_bytes(config, stored / max(shapes[part]["params"], 1))
     return shapes
 
 
-def _kept_layers(config_file: Path) -> list[str]:
-    """The layers a part's class keeps out of low precision, from its config's class name (a transformers model's
-    `architectures`, a diffusers model's `_class_name`)."""
+def _part_config(config_file: Path) -> dict:
     import json
 
     try:
         data = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_bytes(config: dict, stored: float) -> float:
+    """Bytes per parameter as a part's library reads it: diffusers in float32; transformers in the dtype its config
+    names (else as the file stores it, `stored` bytes each)."""
+    if "architectures" not in config:
+        return DIFFUSERS_LOAD_BYTES
+    named = str(config.get("dtype") or config.get("torch_dtype") or "")
+    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(named, stored or TRANSFORMERS_LOAD_BYTES)
+
+
+def _kept_layers(data: dict) -> list[str]:
+    """The layers a part's class keeps out of low precision, from its config's class name (a transformers model's
+    `architectures`, a diffusers model's `_class_name`)."""
     names = [*(data.get("architectures") or []), data.get("_class_name") or ""]
     for library in ("transformers", "diffusers"):
         module = __import__(library)
@@ -606,7 +762,11 @@ def module_shapes(module: torch.nn.Module) -> dict:
             layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
     tensors = [(name, p.numel()) for name, p in module.named_parameters()]
     kept = list(getattr(module, "_keep_in_fp32_modules", None) or [])
-    return {"params": sum(count for _, count in tensors), "layers": layers, "tensors": tensors, "kept": kept}
+    # A transformers model is read as its released files store it (16-bit), a diffusers one in float32.
+    transformers_model = type(module).__module__.startswith("transformers.")
+    load = TRANSFORMERS_LOAD_BYTES if transformers_model else DIFFUSERS_LOAD_BYTES
+    params = sum(count for _, count in tensors)
+    return {"params": params, "layers": layers, "tensors": tensors, "kept": kept, "load_bytes": load}
 
 
 @lru_cache(maxsize=16)
@@ -1098,6 +1258,7 @@ def estimate(
     if device is not None:
         settings = replace(settings, device=device)
     result = estimate_from_counts(counts, settings, flops_per_second)
+    result.no_gpu = device is None and settings.device == "cpu" and not config.train_device.strip().startswith("cpu")
     result.free_bytes = free_bytes
     result.counted_from = counted_from
     result.activations_from = activations.source

@@ -1,4 +1,5 @@
-"""A run fitted to a VRAM budget: the settings that bring the estimate (`training/estimate.py`) under it.
+"""A run fitted to a VRAM budget, and to a host RAM budget: the settings that bring the estimate
+(`training/estimate.py`) under them.
 
 The steps come in the order that costs the least: what costs no quality and little time first (cached latents and
 text, a fine-tune's fused back pass, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights,
@@ -7,11 +8,17 @@ batch size last. Each step is taken only where it applies to the model type, the
 stops as soon as the estimate fits. The result is a list of ordinary config values (`Change`): the app applies them
 to the window's config, `scripts/train.py --fit-vram` to the run's, and the user can change each of them afterwards.
 The resolution and the data are never touched.
+
+With a RAM budget, a step that would push the estimated host RAM over it (layer offloading keeps every block's weights
+in CPU memory, activation offloading the blocks' inputs) is left out and named; a step is kept only where it lowers a
+figure that is over its budget. Where the host cannot hold the run whatever changes (loading reads every part into
+RAM before any reaches the GPU), the fit says so and what it takes.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from onetrainer.config.enums import DataType, Optimizer, TrainingMethod
 from onetrainer.config.model_types import LAYER_OFFLOADING, PartRole, model_type_info
 from onetrainer.config.schema import get_path, json_text, set_path
+from onetrainer.training.estimate import GIB, Estimate, size_text
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
-    from onetrainer.training.estimate import Estimate
 
-GIB = 1024**3
+__all__ = ["GIB", "Change", "Fit", "apply", "fit_to_budget"]
 WIDE_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
 MAX_OFFLOAD = 0.9
 OFFLOAD_PRECISION = 0.05  # the offload fraction is searched to this step
@@ -48,37 +55,70 @@ class Change:
 
 @dataclass
 class Fit:
-    budget: float
+    budget: float | None  # VRAM in bytes; None: no VRAM budget
     changes: list[Change] = field(default_factory=list)
     estimate: Estimate | None = None
+    ram_budget: float | None = None  # host RAM in bytes
+    left_out: list[str] = field(default_factory=list)  # steps that would have broken the RAM budget
+
+    @property
+    def fits_vram(self) -> bool:
+        return self.estimate is not None and (self.budget is None or self.estimate.peak_bytes <= self.budget)
+
+    @property
+    def fits_ram(self) -> bool:
+        return self.estimate is not None and (self.ram_budget is None or self.estimate.host_bytes <= self.ram_budget)
 
     @property
     def fits(self) -> bool:
-        return self.estimate is not None and self.estimate.peak_bytes <= self.budget
+        return self.fits_vram and self.fits_ram
 
     @property
     def headline(self) -> str:
-        """The outcome in one line: fitted or not, the budget, the estimate, how many changes."""
-        budget = f"{self.budget / GIB:.1f} GiB"
-        peak = f"{self.estimate.peak_bytes / GIB:.1f} GiB" if self.estimate is not None else "unknown"
+        """The outcome in one line: fitted or not, the budgets, the estimate, how many changes (every size rounded
+        as the estimate beside Start rounds it)."""
+        budgets = [f"{size_text(self.budget)} VRAM"] if self.budget is not None else []
+        budgets += [f"{size_text(self.ram_budget)} RAM"] if self.ram_budget is not None else []
+        budget = " and ".join(budgets)
+        estimate = self.estimate
+        figures = f"{size_text(estimate.peak_bytes)} VRAM, {size_text(estimate.host_bytes)} RAM" if estimate else "?"
         if not self.changes:
-            return f"fits {budget} as it is (≈ {peak})" if self.fits else f"nothing left to change: ≈ {peak}"
+            return f"fits {budget} as it is (≈ {figures})" if self.fits else f"nothing left to change: ≈ {figures}"
         if self.fits:
-            return f"fitted to {budget}: ≈ {peak} with {len(self.changes)} change(s)"
-        return f"cannot fit {budget}: ≈ {peak} after every change below (a lower resolution, or a LoRA, needs less)"
+            return f"fitted to {budget}: ≈ {figures} with {len(self.changes)} change(s)"
+        why = [] if self.fits_vram else ["a lower resolution, or a LoRA, needs less VRAM"]
+        if not self.fits_ram and estimate is not None:
+            why.append(self.ram_reason())
+        return f"cannot fit {budget}: ≈ {figures} after every change below ({'; '.join(why)})"
+
+    def ram_reason(self) -> str:
+        """What keeps the host RAM over its budget."""
+        estimate = self.estimate
+        if estimate.host_loading >= estimate.host_training:
+            return (
+                f"loading alone reads {size_text(estimate.host_loading)} into RAM: every part as its library reads it, "
+                "a diffusers part in float32, before any is cast or moved to the GPU"
+            )
+        return f"training keeps {size_text(estimate.host_training)} in RAM: {estimate.host_text()}"
 
     def text(self) -> str:
-        return "\n".join([self.headline, *(f"  {c.text()}" for c in self.changes)])
+        lines = [self.headline, *(f"  {c.text()}" for c in self.changes)]
+        lines += [f"  left out for the RAM budget: {step}" for step in self.left_out]
+        return "\n".join(lines)
 
 
 def fit_to_budget(
     config: TrainConfig,
-    budget_bytes: float,
+    budget_bytes: float | None,
     flops_per_second: float | None = None,
     device: str = "cuda",
     estimate_of: Callable[[TrainConfig], Estimate] | None = None,
+    ram_budget_bytes: float | None = None,
+    first: Estimate | None = None,
 ) -> Fit:
-    """The changes (applied to a copy, never to `config`) that bring the estimate under `budget_bytes`."""
+    """The changes (applied to a copy, never to `config`) that bring the estimate under `budget_bytes` of VRAM (None:
+    no VRAM budget) and, given, `ram_budget_bytes` of host RAM. `first`: the config's estimate already made for
+    `device` (the one beside Start), the fit's starting point."""
     from onetrainer.training.estimate import estimate
 
     def measure(trial: TrainConfig) -> Estimate:
@@ -87,8 +127,8 @@ def fit_to_budget(
         return estimate(trial, flops_per_second=flops_per_second, device=device)
 
     trial = config.copy()
-    fit = Fit(budget_bytes)
-    fit.estimate = measure(trial)
+    fit = Fit(budget_bytes, ram_budget=ram_budget_bytes)
+    fit.estimate = first if first is not None else measure(trial)
     steps = (
         _caching,
         _fused_back_pass,
@@ -102,10 +142,33 @@ def fit_to_budget(
     for step in steps:
         if fit.fits:
             break
+        before, changed, saved = fit.estimate, len(fit.changes), trial.copy()
         step(trial, fit, measure)
+        if len(fit.changes) == changed or _helps(fit, before, fit.estimate):
+            continue
+        if _breaks_ram(fit, before, fit.estimate):
+            taken = ", ".join(f"{c.path} {json_text(c.after)}" for c in fit.changes[changed:])
+            fit.left_out.append(f"{taken} (≈ {size_text(fit.estimate.host_bytes)} RAM)")
+        trial, fit.estimate = saved, before
+        del fit.changes[changed:]
     if fit.fits and any(c.path == "batch_size" for c in fit.changes):
         _refine_offloading(trial, fit, measure)  # at the smaller batch, less offloading may do
     return fit
+
+
+def _breaks_ram(fit: Fit, before: Estimate, after: Estimate) -> bool:
+    """Whether a step pushed the host RAM over its budget, or further over it."""
+    return fit.ram_budget is not None and after.host_bytes > max(fit.ram_budget, before.host_bytes)
+
+
+def _helps(fit: Fit, before: Estimate, after: Estimate) -> bool:
+    """Whether a step's changes are worth keeping: they lower a figure that is over its budget without breaking the
+    RAM budget."""
+    if _breaks_ram(fit, before, after):
+        return False
+    vram_over = fit.budget is not None and before.peak_bytes > fit.budget
+    ram_over = fit.ram_budget is not None and before.host_bytes > fit.ram_budget
+    return (vram_over and after.peak_bytes < before.peak_bytes) or (ram_over and after.host_bytes < before.host_bytes)
 
 
 def apply(config: TrainConfig, changes: list[Change]) -> None:
@@ -218,7 +281,7 @@ def _offloadable(trial: TrainConfig) -> list[str]:
     ]
 
 
-def _smallest_fraction(trial: TrainConfig, parts: list[str], budget: float, measure) -> tuple[float, Estimate]:
+def _smallest_fraction(trial: TrainConfig, parts: list[str], budget: float | None, measure) -> tuple[float, Estimate]:
     """The smallest offload fraction (one for all `parts`, to `OFFLOAD_PRECISION`) whose estimate fits `budget`,
     else `MAX_OFFLOAD`; with its estimate. Leaves the parts at that fraction."""
 
@@ -227,6 +290,7 @@ def _smallest_fraction(trial: TrainConfig, parts: list[str], budget: float, meas
             trial.part(part).offload_fraction = fraction
         return measure(trial)
 
+    budget = math.inf if budget is None else budget
     best = at(MAX_OFFLOAD)
     if best.peak_bytes > budget:
         return MAX_OFFLOAD, best
@@ -265,7 +329,7 @@ def _refine_offloading(trial: TrainConfig, fit: Fit, measure) -> None:
 
 def _batch_size(trial: TrainConfig, fit: Fit, measure) -> None:
     before = trial.batch_size
-    while not fit.fits and trial.batch_size > 1:
+    while not fit.fits_vram and trial.batch_size > 1:  # a smaller batch saves VRAM, next to no RAM
         trial.batch_size //= 2
         fit.estimate = measure(trial)
     if trial.batch_size != before:

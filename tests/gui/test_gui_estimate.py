@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from onetrainer.config.enums import DataType, ModelFormat, ModelType, TrainingMethod
-from onetrainer.training.estimate import GIB
+from onetrainer.training.estimate import GIB, Estimate
 from tests.gui.helpers import pump, view_of
 
 
@@ -68,3 +68,36 @@ def test_a_click_on_the_estimate_fits_the_run_to_a_vram_budget(app, screenshot) 
 
     app.dialogs.answers.append("a lot")
     assert app.fit_to_vram() is False and "is not a size in GiB" in app.dialogs.history[-1].text
+
+    # One estimate: the fit starts from the figure shown beside Start (where it is of a GPU), rounded as it is there.
+    pump(app, lambda: not app.estimate.busy, timeout=120)
+    app.estimate.result = Estimate(5 * GIB, None, device="cuda", host_bytes=9 * GIB)
+    assert app.fit_to_vram(8)
+    pump(app, lambda: app.footer.status.startswith("fits 8.0 GiB VRAM as it is (≈ 5.0 GiB VRAM, 9.0 GiB RAM)"))
+
+
+def test_a_loaded_preset_replaces_the_previous_figure_at_once(app) -> None:
+    """The figure beside Start is the loaded preset's, or none: never the previous preset's while the new one is
+    estimated, and the new estimate starts without waiting for more edits."""
+    import json
+
+    from gui.state import user_preset_path
+    from gui.widgets.estimate import ESTIMATING
+    from tests.helpers import PRESETS_DIR
+
+    label = app.estimate
+    assert app.load_preset("demo")
+    pump(app, lambda: label.result is not None and not label.busy, timeout=60)
+    demo = label.result
+    bigger = json.loads((PRESETS_DIR / "demo.json").read_text(encoding="utf-8")) | {"batch_size": 8}
+    path = user_preset_path("demo-batch-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(bigger), encoding="utf-8")
+
+    assert app.load_preset("demo-batch-8", user=True)
+    assert label.cget("text") == ESTIMATING and label.result is None  # not the demo's figure
+    app.update()  # the window's next turn: the new config's estimate is running (no 0.7 s wait for more edits)
+    assert label._job is not None and not label._job.cancelled and label._pending is None
+    pump(app, lambda: label.result is not None, timeout=60)
+    assert label.result.parts["activations"] == 4 * demo.parts["activations"]  # batch 8, not 2
+    assert label.cget("text").startswith(label.result.summary())

@@ -14,16 +14,22 @@ from onetrainer.training.estimate import (
     BYTES,
     FUSED_STEP_WORK,
     GIB,
+    HOST_CUDA_RUNTIME,
+    HOST_PROCESS,
     MIB,
     OVERHEAD,
     Activations,
+    Estimate,
     PartCount,
     Settings,
     counts_of,
     estimate,
     estimate_from_counts,
+    folder_shapes,
     model_shapes,
     reference_shapes,
+    size_text,
+    step_time_text,
 )
 
 PER_SAMPLE = Activations(kept=3.0 * GIB, checkpointed=0.5 * GIB, flops=0.8e12)
@@ -112,6 +118,72 @@ def test_the_peak_is_the_larger_of_the_step_and_every_part_on_the_device():
     assert "the peak is while every part is on the device" in result.text()
     counts["text_encoder"] = PartCount(100_000_000, DataType.FLOAT_8, on_device=False, text_encoder=True)
     assert estimate_from_counts(counts, small).peak_bytes == pytest.approx(step)  # a small encoder: the step
+
+
+def test_host_ram_is_the_process_and_the_larger_of_the_load_and_training():
+    from onetrainer.data.cache import MEMORY_LIMIT_BYTES
+
+    blocks = (("blocks.0", 400_000_000), ("blocks.1", 400_000_000))
+    counts = {
+        # read in 16 bits (2e9 bytes), trained in BFLOAT_16; its adapters' optimizer state
+        "transformer": PartCount(1_000_000_000, DataType.BFLOAT_16, trained=10_000_000, load_bytes=2.0),
+        # outputs cached: kept in RAM in FLOAT_8 (read in 16 bits: 1e9 bytes)
+        "text_encoder": PartCount(500_000_000, DataType.FLOAT_8, on_device=False, plain=0, load_bytes=2.0),
+    }
+    cuda = replace(SD, device="cuda")
+    plain = estimate_from_counts(counts, cuda)
+    assert (plain.host_loading, plain.host_training) == (3e9, 5e8)
+    assert plain.host_bytes == HOST_PROCESS + HOST_CUDA_RUNTIME + 3e9  # loading is the peak
+    assert "loading (every part as read)" in plain.host_parts and "(while training: 477 MiB)" in plain.text()
+
+    # Offloaded blocks (every block's weights, pinned: 1.6e9), their trained state (pinned, 8 bytes each for Adam),
+    # an EMA on the CPU (float32: 4e7), two caches in memory: training is now the peak.
+    offloaded = replace(counts["transformer"], offloaded=400_000_000, offload_blocks=blocks, window=1,
+                        trained_pinned=1e8)  # fmt: skip
+    busy = estimate_from_counts({**counts, "transformer": offloaded}, replace(cuda, ema="CPU", memory_caches=2))
+    parts = busy.host_parts
+    assert parts["offloaded blocks (pinned)"] == 1.6e9 and parts["their optimizer state (pinned)"] == 8e8
+    assert parts["EMA"] == 4e7 and parts["caches in memory (at most)"] == 2 * MEMORY_LIMIT_BYTES
+    training = 5e8 + 1.6e9 + 8e8 + 4e7 + 2 * MEMORY_LIMIT_BYTES
+    assert busy.host_training == pytest.approx(training) and busy.host_bytes == pytest.approx(
+        HOST_PROCESS + HOST_CUDA_RUNTIME + training
+    )
+
+    # On the CPU the step's memory is RAM as well, and there is no CUDA runtime.
+    on_cpu = estimate_from_counts(counts, replace(SD, device="cpu", memory_caches=2))
+    assert on_cpu.host_training == on_cpu.peak_bytes + 5e8 + 2 * MEMORY_LIMIT_BYTES
+    assert on_cpu.host_bytes == HOST_PROCESS + max(on_cpu.host_loading, on_cpu.host_training)
+
+
+def test_parts_are_counted_as_their_library_reads_them(tmp_path):
+    """diffusers reads a 16-bit file into float32 parameters, transformers keeps the file's (config's) dtype: the
+    estimate counts the load as the libraries really do it."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    from onetrainer.tiny import tiny_model_dir
+
+    source = tiny_model_dir("sd15")
+    for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel)):
+        cls.from_pretrained(source / part).to(torch.bfloat16).save_pretrained(tmp_path / part)
+    shapes = folder_shapes(tmp_path, ("unet", "text_encoder"))
+    for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel)):
+        read = next(cls.from_pretrained(tmp_path / part).parameters()).element_size()
+        assert shapes[part]["load_bytes"] == read, part
+    assert (shapes["unet"]["load_bytes"], shapes["text_encoder"]["load_bytes"]) == (4.0, 2.0)
+    released = reference_shapes("FLUX_DEV_1")  # the released transformer (diffusers) and T5 (transformers, 16-bit)
+    assert (released["transformer"]["load_bytes"], released["text_encoder_2"]["load_bytes"]) == (4.0, 2.0)
+
+
+def test_times_and_sizes_read_as_a_person_writes_them():
+    assert [step_time_text(s) for s in (0.4, 12.3, 210, 35387.49)] == [
+        "0.40 s/step", "12 s/step", "3.5 min/step", "9.8 h/step"
+    ]  # fmt: skip
+    on_cpu = Estimate(17 * MIB, 35387.49, device="cpu", host_bytes=1.5 * GIB, no_gpu=True)
+    assert on_cpu.summary() == "≈ 1.5 GiB RAM · 9.8 h/step on the CPU (no CUDA GPU found)"
+    on_gpu = Estimate(0.6 * GIB, 0.4, device="cuda", host_bytes=3 * GIB)
+    assert on_gpu.summary() == "≈ 614 MiB VRAM · 3.0 GiB RAM · 0.40 s/step"
 
 
 def test_a_quantized_part_keeps_its_other_weights_in_the_training_dtype():
@@ -228,8 +300,9 @@ def test_the_tiny_demo_is_estimated_from_its_own_few_megabytes(monkeypatch, caps
     assert result.counted_from == "the files of tiny:sd15"
     assert main(["--preset", "demo", "--preflight"]) == 0
     out = capsys.readouterr().out
-    assert "estimate: estimated peak CPU memory (RAM)" in out and "(training on the CPU)" in out
-    assert "VRAM" not in out and " GiB" not in out.split("estimate:")[1]
+    assert "estimate: estimated peak CPU memory (RAM)" in out and "training on the CPU (no CUDA GPU found)" in out
+    step = out.split("estimate:")[1].splitlines()[1]  # "  the step: weights 8.3 MiB, training state …"
+    assert "VRAM" not in out and step.startswith("  the step: weights") and " GiB" not in step
 
 
 @pytest.mark.parametrize(
@@ -264,9 +337,12 @@ def test_the_wording_follows_the_device_that_trains(monkeypatch):
     assert on_gpu.parts["overhead"] == OVERHEAD
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     on_cpu = estimate(config)
-    assert "CPU memory (RAM)" in on_cpu.summary() and "VRAM" not in on_cpu.text() + on_cpu.summary()
+    # The CPU's figure is the process's RAM (the step's memory is RAM too), and says why the CPU trains.
+    assert on_cpu.summary().startswith(f"≈ {size_text(on_cpu.host_bytes)} RAM")
+    assert on_cpu.summary().endswith("on the CPU (no CUDA GPU found)")
+    assert "CPU memory (RAM)" in on_cpu.text() and "VRAM" not in on_cpu.text() + on_cpu.summary()
     config.train_device = "cpu"
-    assert "CPU memory (RAM)" in estimate(config).summary()
+    assert estimate(config).summary().endswith(" RAM on the CPU")  # asked for: nothing is missing
     # Asked for another device (a preset's VRAM sized on a machine without a GPU): that device's figures.
     sized = estimate(config, device="cuda")
     assert "VRAM" in sized.summary() and sized.parts["overhead"] == OVERHEAD
@@ -365,9 +441,9 @@ def test_the_trained_parameters_are_what_the_method_trains(preset, changes):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["STABLE_DIFFUSION_15", "STABLE_DIFFUSION_XL_10_BASE", "PIXART_ALPHA",
-                                        "FLUX_DEV_1", "FLUX_FILL_DEV_1", "CHROMA_1", "WUERSTCHEN_2",
-                                        "STABLE_CASCADE_1"])  # fmt: skip
+# The model types of the shipped presets are measured by the guard of their figures (tests/test_preset_memory.py: it
+# fails where a preset's activations stop being measured); this is the one without a preset.
+@pytest.mark.parametrize("model_type", ["FLUX_FILL_DEV_1"])
 def test_each_released_denoiser_is_measured(model_type):
     config, _ = config_from_dict({"model_type": model_type, "base_model_name": "someone/not-downloaded",
                                   "resolution": "1024", "batch_size": 1})  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 
 from onetrainer.config import config_from_dict, load_layers
 from onetrainer.config.enums import DataType, Optimizer
-from onetrainer.training.estimate import Estimate, estimate
+from onetrainer.training.estimate import MIB, Estimate, estimate
 from onetrainer.training.fit import GIB, apply, fit_to_budget
 
 
@@ -100,9 +100,58 @@ def test_the_cheapest_changes_come_first_and_the_search_stops_when_it_fits(budge
         assert {c.path: c.after for c in fit.changes}[last] == 0.2
 
 
-def test_train_py_fits_the_run_and_prints_each_change(tmp_path, capsys):
+def _ram_estimate(config) -> Estimate:
+    """`_fake_estimate` with host RAM: 10 GiB, and 20 GiB more once layer offloading keeps the blocks in RAM."""
+    result = _fake_estimate(config)
+    result.host_bytes = (10.0 + (20.0 if config.transformer.offload_fraction > 0 else 0.0)) * GIB
+    result.host_training = result.host_bytes
+    return result
+
+
+def test_a_ram_budget_leaves_out_the_offloading_the_host_cannot_hold():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
+        "latent_caching": True, "transformer": {"gradient_checkpointing": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder": {"train": False, "weight_dtype": "FLOAT_8"}, "text_encoder_2": {"train": False},
+    })  # fmt: skip
+    roomy = fit_to_budget(config, 8 * GIB, estimate_of=_ram_estimate, ram_budget_bytes=64 * GIB)
+    assert roomy.fits and "transformer.offload_fraction" in {c.path for c in roomy.changes}
+
+    tight = fit_to_budget(config, 8 * GIB, estimate_of=_ram_estimate, ram_budget_bytes=16 * GIB)
+    paths = {c.path for c in tight.changes}
+    assert "transformer.offload_fraction" not in paths and "transformer.activation_offloading" in paths
+    assert not tight.fits and tight.fits_ram and tight.estimate.host_bytes == 10 * GIB
+    assert tight.left_out and tight.left_out[0].startswith("transformer.offload_fraction")
+    assert tight.headline.startswith("cannot fit 8.0 GiB VRAM and 16.0 GiB RAM: ≈ 9.5 GiB VRAM, 10.0 GiB RAM")
+    assert "left out for the RAM budget: transformer.offload_fraction" in tight.text()
+
+
+def test_the_fit_rounds_as_the_estimate_beside_start():
+    small = Estimate(631 * MIB, None, {}, device="cuda", host_bytes=3 * GIB)
+    fit = fit_to_budget(config_from_dict({})[0], 8 * GIB, estimate_of=lambda _config: small)
+    assert fit.headline == "fits 8.0 GiB VRAM as it is (≈ 631 MiB VRAM, 3.0 GiB RAM)"
+    assert small.summary().startswith("≈ 631 MiB VRAM · 3.0 GiB RAM")  # the same figures beside Start
+
+
+def test_train_py_fits_the_run_prints_each_change_and_exits_unless_asked_to_train(tmp_path, capsys, monkeypatch):
+    from onetrainer.cli import train as cli_train
     from onetrainer.cli.train import EXIT_INVALID, EXIT_OK, main
+    from onetrainer.training import runner
+    from onetrainer.training.events import Finished
     from tests.helpers import image_folder
+
+    trained = []
+
+    def run_training(config, *_args, **_kwargs):
+        trained.append(config)
+        return Finished("completed", "", 1)
+
+    monkeypatch.setattr(runner, "run_training", run_training)
+    monkeypatch.chdir(tmp_path)
+    # The demo passes every check: a fit alone used to go on and train it, writing models/ and workspace/ here.
+    assert main(["--preset", "demo", "--fit-vram", "8"]) == EXIT_OK
+    assert "--fit-vram 8: fits 8.0 GiB VRAM as it is" in capsys.readouterr().out
+    assert trained == [] and list(tmp_path.iterdir()) == []
 
     folder = image_folder(tmp_path, count=2)
     sets = [
@@ -110,12 +159,26 @@ def test_train_py_fits_the_run_and_prints_each_change(tmp_path, capsys):
         "offline_mode=true",
         "concepts=" + json.dumps([{"name": "a", "path": str(folder)}]),
     ]
-    argv = ["--preset", "flux/lora-24gb", *(a for s in sets for a in ("--set", s)), "--fit-vram", "9", "--check"]
-    code = main(argv)
+    argv = ["--preset", "flux/lora-24gb", *(a for s in sets for a in ("--set", s))]
+    assert main([*argv, "--fit-vram", "9"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "--fit-vram 9: fitted to 9.0 GiB" in out and "transformer.offload_fraction" in out
+    assert "--fit-vram 9: fitted to 9.0 GiB VRAM" in out and "transformer.offload_fraction" in out
+    assert "the same as: --set optimizer.optimizer=ADAMW_8BIT" in out and "Not trained: add --train" in out
+    assert trained == [] and sorted(p.name for p in tmp_path.iterdir()) == ["images"]  # nothing trained, written
+
+    with monkeypatch.context() as checks:  # the hub model is not cached here: the checks would refuse to train
+        checks.setattr(cli_train, "run_checks", lambda *_args, **_kwargs: [])
+        assert main([*argv, "--fit-vram", "9", "--train"]) == EXIT_OK
+    assert len(trained) == 1 and 0 < trained[0].transformer.offload_fraction <= 0.9  # trained as fitted
+
+    code = main([*argv, "--fit-vram", "9", "--check"])
     assert code in (EXIT_OK, EXIT_INVALID)  # the hub model is not cached here (offline): --check may refuse that
-    assert main([*argv[:-3], "--fit-vram", "0.5", "--check"]) == EXIT_INVALID
-    assert "cannot fit 0.5 GiB" in capsys.readouterr().out
+    assert main([*argv, "--fit-vram", "0.5", "--check"]) == EXIT_INVALID
+    assert "cannot fit 512 MiB VRAM" in capsys.readouterr().out
+    # Loading reads the float32 transformer into RAM whatever the settings: no change fits 16 GiB of RAM.
+    assert main([*argv, "--fit-vram", "9", "--fit-ram", "16"]) == EXIT_INVALID
+    assert "loading alone reads" in capsys.readouterr().out
+    assert main([*argv, "--fit-vram", "9", "--train", "--check"]) == EXIT_INVALID
+    assert len(trained) == 1
     config, _ = load_layers("flux/lora-24gb", None, [])
     assert config.transformer.offload_fraction == 0  # the preset file is never changed
