@@ -226,3 +226,46 @@ def image_tags(tensorboard_dir: Path) -> list[str]:
         events.Reload()
         tags += events.Tags()["images"]
     return tags
+
+
+class CountingHub:
+    """A local endpoint standing in for the Hugging Face hub: it counts the connections made to it and drops each at
+    once, so a client sees an unreachable hub. Tests assert how often the hub was asked, never how long it took."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self.connections = 0
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="counting-hub", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closing.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> int:
+        """Stop serving; the connection count, including any still waiting to be accepted."""
+        self._closing.set()
+        self._thread.join()
+        self._server.setblocking(False)
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                break
+            self.connections += 1
+            connection.close()
+        self._server.close()
+        return self.connections
