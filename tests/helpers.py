@@ -229,8 +229,12 @@ def image_tags(tensorboard_dir: Path) -> list[str]:
 
 
 class CountingHub:
-    """A local endpoint standing in for the Hugging Face hub: it counts the connections made to it and drops each at
-    once, so a client sees an unreachable hub. Tests assert how often the hub was asked, never how long it took."""
+    """A local endpoint standing in for the Hugging Face hub: it records the path of each request made to it and drops
+    the connection without an answer, so a client sees an unreachable hub. Tests assert what the hub was asked, never
+    how long it took."""
+
+    # huggingface_hub asks for its agent registry once per process, before its first request (telemetry, not ours).
+    TELEMETRY = ("/api/agent-harnesses",)
 
     def __init__(self) -> None:
         import socket
@@ -239,7 +243,7 @@ class CountingHub:
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.05)
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self.connections = 0
+        self._paths: list[str] = []
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="counting-hub", daemon=True)
         self._thread.start()
@@ -252,20 +256,30 @@ class CountingHub:
                 continue
             except OSError:
                 return
-            self.connections += 1
-            connection.close()
+            self._record(connection)
 
-    def close(self) -> int:
-        """Stop serving; the connection count, including any still waiting to be accepted."""
-        self._closing.set()
-        self._thread.join()
-        self._server.setblocking(False)
-        while True:
-            try:
-                connection, _ = self._server.accept()
-            except OSError:
-                break
-            self.connections += 1
+    def _record(self, connection) -> None:
+        connection.settimeout(30)
+        try:
+            request = connection.recv(4096).decode("latin-1").split("\r\n")[0].split(" ")
+        except OSError:
+            request = []
+        finally:
             connection.close()
-        self._server.close()
-        return self.connections
+        self._paths.append(request[1].split("?")[0] if len(request) > 1 else "?")
+
+    def close(self) -> list[str]:
+        """Stop serving (again: nothing more); the paths asked for, in order, huggingface_hub's telemetry left out."""
+        if not self._closing.is_set():
+            self._closing.set()
+            self._thread.join()
+            self._server.setblocking(False)
+            while True:  # connections still waiting to be accepted
+                try:
+                    connection, _ = self._server.accept()
+                except OSError:
+                    break
+                connection.setblocking(True)
+                self._record(connection)
+            self._server.close()
+        return [path for path in self._paths if path not in self.TELEMETRY]

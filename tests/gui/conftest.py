@@ -96,7 +96,7 @@ class FakeTrainer:
                         self.commands.append(command)
                 if self.hold:
                     self.hold = False
-                    deadline = time.monotonic() + 30
+                    deadline = time.monotonic() + 300  # only a guard: the test releases it
                     while not self.release.is_set() and not control.stop_requested and time.monotonic() < deadline:
                         time.sleep(0.01)
                         for command in ("sample", "save", "backup"):
