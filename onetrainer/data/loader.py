@@ -12,23 +12,22 @@ from collections.abc import Iterator
 
 import torch
 
-from onetrainer.data.plan import PlannedSample
 from onetrainer.data.training_data import Batch, TrainingData
 
 
 class _Batches(torch.utils.data.Dataset):
-    """Micro-batches to load, in training order: each is (its epoch, this rank's planned samples)."""
+    """Micro-batches to load, in training order: each is (its epoch, its index in the epoch's plan); this rank's
+    part of it is loaded."""
 
-    def __init__(
-        self, data: TrainingData, batches: list[tuple[int, list[PlannedSample]]], with_masks: bool, text_cached: bool
-    ) -> None:
+    def __init__(self, data: TrainingData, batches: list[tuple[int, int]], with_masks: bool, text_cached: bool) -> None:
         self.data, self.batches, self.with_masks, self.text_cached = data, batches, with_masks, text_cached
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, index: int) -> Batch:
-        epoch, samples = self.batches[index]
+        epoch, batch = self.batches[index]
+        samples = self.data.local_part(self.data.plan(epoch).batches[batch])
         return self.data.load_batch(samples, epoch, self.with_masks, self.text_cached)
 
 
@@ -46,11 +45,11 @@ class RunBatches:
         self.accumulation = data.config.gradient_accumulation_steps
         self._first: dict[int, int] = {}  # epoch -> the index of its first micro-batch in the run's list
         self._ends: dict[int, int] = {}
-        batches: list[tuple[int, list[PlannedSample]]] = []
+        batches: list[tuple[int, int]] = []
         for epoch in range(first_epoch, data.config.epochs):
             skipped = first_step * self.accumulation if epoch == first_epoch else 0
             self._first[epoch] = len(batches)
-            batches += [(epoch, data.local_part(batch)) for batch in data.plan(epoch).batches[skipped:]]
+            batches += [(epoch, index) for index in range(skipped, len(data.plan(epoch).batches))]
             self._ends[epoch] = len(batches)
         dataset = _Batches(data, batches, with_masks, text_cached)
         if workers > 0:
