@@ -47,13 +47,12 @@ def test_overhead_times_ours_and_the_bare_loop_and_computes_the_ratio(tmp_path):
 def test_the_epoch_case_tells_the_steps_that_begin_an_epoch_from_the_others():
     from onetrainer.benchmark.epochs import format_epoch_boundaries, time_epoch_boundaries
 
-    # 4 images at batch 2: 2 steps an epoch, so of the timed steps 2-5 the 3rd and 5th begin one.
-    [case] = time_epoch_boundaries(steps=4, warmup=1, image_counts=(4,), workers=0, device=CPU, progress=None)
-    assert case.run.first_of_epoch == (False, True, False, True) and case.boundaries == 2
+    # 4 images at batch 2: 2 steps an epoch, so of the timed steps 2-11 the odd ones begin one.
+    [case] = time_epoch_boundaries(steps=10, warmup=1, image_counts=(4,), workers=0, device=CPU, progress=None)
+    assert case.run.first_of_epoch == (False, True) * 5 and case.boundaries == 5
     assert case.boundary_seconds() is not None and case.boundary_share() is not None
-    table = format_epoch_boundaries([case])
-    assert "of a step (goal < 5%" in table
-    assert json.loads(json.dumps(case.to_dict()))["epoch_boundaries"] == 2
+    assert "of a step (goal < 5%" in format_epoch_boundaries([case])
+    assert json.loads(json.dumps(case.to_dict()))["epoch_boundaries"] == 5
 
 
 def test_the_bare_loop_trains_the_same_lora_as_our_method(tmp_path):
