@@ -2,6 +2,9 @@
 
 __version__ = "0.1.0"
 
+from onetrainer.util.no_hub_kernels import keep_bitsandbytes_off_the_hub as _keep_bitsandbytes_off_the_hub
 from onetrainer.util.quiet import silence_harmless_notices as _silence_harmless_notices
 
-_silence_harmless_notices()  # before diffusers imports bitsandbytes, whose CPU backend logs a harmless notice
+# Before diffusers imports bitsandbytes, whose CPU backend asks the hub for a kernel and logs a harmless notice.
+_keep_bitsandbytes_off_the_hub()
+_silence_harmless_notices()

@@ -81,6 +81,19 @@ def no_hub(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
+def counted_hub(no_hub, monkeypatch):
+    """`no_hub`, with the hub a local endpoint that counts the connections made to it (`tests.helpers.CountingHub`)."""
+    from huggingface_hub import constants
+
+    from tests.helpers import CountingHub
+
+    hub = CountingHub()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run the test with the working directory in a fresh temporary folder (relative paths resolve there)."""
     monkeypatch.chdir(tmp_path)

@@ -241,3 +241,60 @@ def image_tags(tensorboard_dir: Path) -> list[str]:
         events.Reload()
         tags += events.Tags()["images"]
     return tags
+
+
+class CountingHub:
+    """A local endpoint standing in for the Hugging Face hub: it records the path of each request made to it and drops
+    the connection without an answer, so a client sees an unreachable hub. Tests assert what the hub was asked, never
+    how long it took."""
+
+    # huggingface_hub asks for its agent registry once per process, before its first request (telemetry, not ours).
+    TELEMETRY = ("/api/agent-harnesses",)
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._paths: list[str] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="counting-hub", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closing.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._record(connection)
+
+    def _record(self, connection) -> None:
+        connection.settimeout(30)
+        try:
+            request = connection.recv(4096).decode("latin-1").split("\r\n")[0].split(" ")
+        except OSError:
+            request = []
+        finally:
+            connection.close()
+        self._paths.append(request[1].split("?")[0] if len(request) > 1 else "?")
+
+    def close(self) -> list[str]:
+        """Stop serving (again: nothing more); the paths asked for, in order, huggingface_hub's telemetry left out."""
+        if not self._closing.is_set():
+            self._closing.set()
+            self._thread.join()
+            self._server.setblocking(False)
+            while True:  # connections still waiting to be accepted
+                try:
+                    connection, _ = self._server.accept()
+                except OSError:
+                    break
+                connection.setblocking(True)
+                self._record(connection)
+            self._server.close()
+        return [path for path in self._paths if path not in self.TELEMETRY]

@@ -44,6 +44,17 @@ def test_overhead_times_ours_and_the_bare_loop_and_computes_the_ratio(tmp_path):
     assert "ratio from the process's CPU time per step" in table
 
 
+def test_the_epoch_case_tells_the_steps_that_begin_an_epoch_from_the_others():
+    from onetrainer.benchmark.epochs import format_epoch_boundaries, time_epoch_boundaries
+
+    # 4 images at batch 2: 2 steps an epoch, so of the timed steps 2-11 the odd ones begin one.
+    [case] = time_epoch_boundaries(steps=10, warmup=1, image_counts=(4,), workers=0, device=CPU, progress=None)
+    assert case.run.first_of_epoch == (False, True) * 5 and case.boundaries == 5
+    assert case.boundary_seconds() is not None and case.boundary_share() is not None
+    assert "of a step (goal < 5%" in format_epoch_boundaries([case])
+    assert json.loads(json.dumps(case.to_dict()))["epoch_boundaries"] == 5
+
+
 def test_the_bare_loop_trains_the_same_lora_as_our_method(tmp_path):
     """Same maths needs the same adapters: the bare loop's trained parameter count equals our LoRA method's."""
     from onetrainer.benchmark.overhead import run_bare

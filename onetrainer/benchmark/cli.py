@@ -22,24 +22,24 @@ DESCRIPTION = (
     "and a Flux.1-dev-size transformer LoRA step (it/s, peak VRAM)."
 )
 EPILOG = """\
-Parts: 'overhead', 'calls' (Python calls per steady step of the overhead part's two loops: a count that compares two
-versions of the trainer where times are too noisy), 'pixart' (the same comparison on the tiny PixArt model: T5 mask,
-micro-conditions, the variance term), 'cascade' (the same on the tiny Stable Cascade prior: effnet latents, CLIP hidden
-+ pooled, the cosine schedule with P2 weighting), 'flux' (the same on tiny FLUX.1-dev: packed latents, CLIP pooled + T5,
-the guidance input, logit-normal flow matching; with CUDA also the full-size Flux.1-dev LoRA step in bf16 and FLOAT_8
-weights, it/s and peak VRAM, otherwise reported as not measured), 'sd3' (the same on tiny SD 3.5 Medium: CLIP-L + CLIP-G
-+ T5, the MMDiT-X transformer, logit-normal flow matching), 'qwen' (the same on tiny Qwen-Image: Qwen2.5-VL's masked
-states, the video VAE's normalised latents, packed latents with their grid), 'offload' (tiny FLUX.1-dev's LoRA steps
-with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and peak VRAM on CUDA), 'caching',
-'weights' (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine), 'memory' (the memory engine: 'offload' and
-'weights', and with CUDA the full-size Flux.1-dev LoRA with 8-bit weights and layer offloading at 512 and 1024 px and an
-SDXL-size LoRA with FLOAT_8 weights, it/s and peak VRAM against the goals), 'tiny' (one training step of each tiny
-model's denoiser, the figure the test fixtures' speed rests on), 'ddp' (images/s at a fixed batch per process with 1 and
---processes processes: GPUs with CUDA, else CPU processes on gloo), 'gpu' (only with CUDA; otherwise reported as not
-measured), 'gui' (needs a display or Xvfb), 'all' (every part above; the GUI only where a display can be had).
-'presets' (not in 'all'): every shipped preset's estimated peak VRAM and host RAM at full size, recorded in
-docs/preset_memory.json and .md, the table tests/test_preset_memory.py guards; it prints what moved since the last.
-Figures and what they mean: docs/benchmarks.md."""
+Parts: 'overhead' (with a many-epoch case: what an epoch boundary costs), 'calls' (Python calls per steady step of the
+overhead part's two loops: a count that compares two versions of the trainer where times are too noisy), 'pixart' (the
+same comparison on the tiny PixArt model: T5 mask, micro-conditions, the variance term), 'cascade' (the same on the tiny
+Stable Cascade prior: effnet latents, CLIP hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on
+tiny FLUX.1-dev: packed latents, CLIP pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the
+full-size Flux.1-dev LoRA step in bf16 and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured),
+'sd3' (the same on tiny SD 3.5 Medium: CLIP-L + CLIP-G + T5, the MMDiT-X transformer, logit-normal flow matching),
+'qwen' (the same on tiny Qwen-Image: Qwen2.5-VL's masked states, the video VAE's normalised latents, packed latents with
+their grid), 'offload' (tiny FLUX.1-dev's LoRA steps with the transformer's layers offloaded, 0.5 and 0.75, against
+none: steps/s, and peak VRAM on CUDA), 'caching', 'weights' (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any
+machine), 'memory' (the memory engine: 'offload' and 'weights', and with CUDA the full-size Flux.1-dev LoRA with 8-bit
+weights and layer offloading at 512 and 1024 px and an SDXL-size LoRA with FLOAT_8 weights, it/s and peak VRAM against
+the goals), 'tiny' (one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on),
+'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on
+gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part;
+the GUI only where a display can be had). 'presets' (not in 'all'): every shipped preset's estimated peak VRAM and
+host RAM at full size, recorded in docs/preset_memory.json and .md, the table tests/test_preset_memory.py guards; it
+prints what moved since the last. Figures and what they mean: docs/benchmarks.md."""
 PARTS = (
     "overhead", "calls", "pixart", "cascade", "flux", "sd3", "qwen", "offload", "caching", "weights", "memory", "tiny",
     "ddp", "gpu", "gui",
@@ -121,6 +121,13 @@ def main(
         print()
         print(format_overhead(overhead))
         report["overhead"] = overhead.to_dict()
+        from onetrainer.benchmark.epochs import STEPS, format_epoch_boundaries, time_epoch_boundaries
+
+        steps = max(args.steps, STEPS)
+        print(f"\nEpoch boundaries (ours on few and more images, {steps} timed steps each, workers as the default):")
+        epochs = time_epoch_boundaries(steps, args.warmup)
+        print(format_epoch_boundaries(epochs))
+        report["epoch_boundaries"] = [case.to_dict() for case in epochs]
     if "calls" in parts:
         from onetrainer.benchmark.step_calls import count_step_calls, format_step_calls
 

@@ -38,7 +38,7 @@ from onetrainer.benchmark.memory import (
     process_peak_rss,
     reset_peak_rss,
 )
-from onetrainer.training.events import Metrics
+from onetrainer.training.events import Metrics, Progress
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -60,6 +60,8 @@ class Run:
     # The process's CPU time (all its threads) of each of those steps: on a CPU, where the step is all CPU work, what
     # other processes on a shared machine barely move (they take turns, not work); on a GPU it is not the step time.
     cpu_seconds: tuple[float, ...] = ()
+    # Of our trainer's runs: whether each of those steps began an epoch (its time includes the epoch boundary's work).
+    first_of_epoch: tuple[bool, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -172,15 +174,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def prepare(workdir: Path, device: torch.device | None = None) -> Setup:
-    """Write the demo's synthetic images into `workdir` and build the demo preset's config around them."""
+def prepare(workdir: Path, device: torch.device | None = None, image_count: int = 12, *extra: str) -> Setup:
+    """Write `image_count` of the demo's synthetic images into `workdir` and build the demo preset's config around them
+    (with the `--set` style `extra` overrides)."""
     from onetrainer.tiny.images import write_demo_images
 
     device = device or default_device()
     images = workdir / "images"
     images.mkdir(parents=True, exist_ok=True)
-    write_demo_images(images)
-    config = demo_config(images, workdir / "workspace", workdir / "cache", workdir / "out" / "lora.safetensors", device)
+    write_demo_images(images, count=image_count)
+    output = workdir / "out" / "lora.safetensors"
+    config = demo_config(images, workdir / "workspace", workdir / "cache", output, device, *extra)
     different = _beyond_the_bare_loop(config)
     if different:
         raise ValueError(f"the bare loop does not do what the demo preset now asks for: {', '.join(different)}")
@@ -262,15 +266,22 @@ class _StepClock:
         self.stop_after = stop_after
         self.times: list[float] = []
         self.cpu_times: list[float] = []
+        self.epoch_starts: set[int] = set()  # the global steps that were the first of their epoch
 
     def emit(self, event) -> None:
         # Metrics is emitted right after each optimizer step, so consecutive stamps span one whole step of the loop
-        # (data loading, the maths, events, interval checks).
+        # (data loading, the maths, events, interval checks; for a step that begins an epoch, the boundary's work).
         if isinstance(event, Metrics):
             self.times.append(time.perf_counter())
             self.cpu_times.append(time.process_time())
             if event.global_step >= self.stop_after:
                 self.control.request_stop()
+        elif isinstance(event, Progress) and event.epoch_step == 1:
+            self.epoch_starts.add(event.global_step)
+
+    def first_of_epoch(self, warmup: int, steps: int) -> tuple[bool, ...]:
+        """For steps warmup+1 .. warmup+steps (as `step_durations` times them): whether each began an epoch."""
+        return tuple(n in self.epoch_starts for n in range(warmup + 1, warmup + steps + 1))
 
     def close(self) -> None:
         pass
@@ -297,7 +308,8 @@ def run_ours(setup: Setup, steps: int, warmup: int, name: str = "ours") -> Run:
     if len(clock.times) < warmup + steps:
         raise RuntimeError(f"our trainer ran {len(clock.times)} steps, {warmup + steps} were needed")
     cpu = step_durations(clock.cpu_times, warmup, steps)
-    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes, cpu)
+    first_of_epoch = clock.first_of_epoch(warmup, steps)
+    return Run(OURS, step_durations(clock.times, warmup, steps), memory.peak_bytes, cpu, first_of_epoch)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

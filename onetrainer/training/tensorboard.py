@@ -25,8 +25,9 @@ class TensorBoardSink:
     """Writes `loss/train_step`, `smooth_loss/train_step`, `lr/<group>` and sample images, x-axis = step, to an event
     file of the run's TensorBoard folder.
 
-    The training loop only queues the events; a thread of the sink's own writes what was queued once a second, in
-    order, straight into the file. (torch's `SummaryWriter` hands every record to a thread of its own as it comes: on a
+    The training loop only queues the events, each with the time it was queued (its record's wall time: TensorBoard's
+    relative and wall axes); a thread of the sink's own writes what was queued once a second, in order, straight into
+    the file. (torch's `SummaryWriter` hands every record to a thread of its own as it comes: on a
     small model that hand-over costs the loop about 0.5 ms a step.) `flush` and `close` write everything queued."""
 
     def __init__(self, log_dir: Path, samples: bool = True) -> None:
@@ -37,7 +38,7 @@ class TensorBoardSink:
         self.path = log_dir / name
         self._records = RecordWriter(self.path.open("wb"))
         self.samples = samples
-        self._pending: collections.deque[Event] = collections.deque()
+        self._pending: collections.deque[tuple[float, Event]] = collections.deque()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._write(self._event(file_version="brain.Event:2"))
@@ -47,7 +48,7 @@ class TensorBoardSink:
 
     def emit(self, event: Event) -> None:
         if isinstance(event, Metrics | Scalars) or (isinstance(event, SampleReady) and self.samples):
-            self._pending.append(event)
+            self._pending.append((time.time(), event))
 
     def flush(self) -> None:
         self._write_pending()
@@ -72,10 +73,10 @@ class TensorBoardSink:
                 return
             wrote = False
             while self._pending:
-                event = self._pending.popleft()
+                queued, event = self._pending.popleft()
                 try:
                     for summary in self._summaries(event):
-                        self._write(self._event(step=event.global_step, summary=summary))
+                        self._write(self._event(wall_time=queued, step=event.global_step, summary=summary))
                     wrote = True
                 except Exception as e:  # one record that cannot be written must not stop the others
                     log.warning("TensorBoard could not write %s: %s", type(event).__name__, e)
@@ -103,10 +104,10 @@ class TensorBoardSink:
         return image(f"sample/{event.index} - {event.prompt}", array, dataformats="HWC")
 
     @staticmethod
-    def _event(**fields):
+    def _event(wall_time: float | None = None, **fields):
         from tensorboard.compat.proto.event_pb2 import Event as EventRecord
 
-        return EventRecord(wall_time=time.time(), **fields)
+        return EventRecord(wall_time=time.time() if wall_time is None else wall_time, **fields)
 
     def _write(self, record) -> None:
         self._records.write(record.SerializeToString())

@@ -21,7 +21,7 @@ import torch
 from onetrainer.config.enums import ConceptType, EMAMode, LossWeight
 from onetrainer.data.cache import clear_cache, remove_outdated_entries
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
-from onetrainer.data.loader import step_batches
+from onetrainer.data.loader import RunBatches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, DatasetError, TrainingData
 from onetrainer.families import load_family_class
@@ -296,14 +296,20 @@ class Trainer:
         smooth_loss = None
         step_times: list[float] = []
 
+        # One loader for the rest of the run: its workers start once and load ahead across epoch boundaries.
+        run_batches = RunBatches(
+            self.data,
+            self.progress.epoch,
+            self.progress.epoch_step,
+            self.with_masks,
+            self.text_cache is not None,
+            config.dataloader_threads,
+        )
+        self._loaded.callback(run_batches.close)
         for epoch in range(self.progress.epoch, config.epochs):
             self.progress.epoch = epoch
             steps_per_epoch = self.data.steps_in_epoch(epoch)
-            text_cached = self.text_cache is not None
-            steps = step_batches(
-                self.data, epoch, self.progress.epoch_step, self.with_masks, text_cached, config.dataloader_threads
-            )
-            for batches in steps:
+            for batches in run_batches.epoch(epoch):
                 if self.control.stop_requested:
                     break
                 started = time.monotonic()
@@ -344,6 +350,7 @@ class Trainer:
                     self.save_intermediate()
             if self.control.stop_requested:
                 break
+        run_batches.close()
 
         if self.progress.global_step > 0:
             self._checkpoint_validation()  # while the ranks still meet: the final backup and model record it

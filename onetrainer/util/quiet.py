@@ -27,9 +27,10 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*torchvision.*")
 
 
-# bitsandbytes' CPU backend logs this at import when the optional `kernels` package (a faster 4-bit CPU matmul) is
-# missing. bitsandbytes is imported by diffusers' quantizers on any model import, so the line opened every log and
-# `--preflight` and read like a missing install step; nothing here uses that kernel.
+# bitsandbytes' CPU backend logs this at import when it cannot load its hub kernel (a faster 4-bit CPU matmul) through
+# the `kernels` package: always here, as `no_hub_kernels.py` keeps it from asking the hub. bitsandbytes is imported by
+# diffusers' quantizers on any model import, so the line opened every log and `--preflight` and read like a missing
+# install step; nothing here uses that kernel.
 _BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 _BNB_KERNELS_NOTICE = "Failed to load CPU gemm_4bit_forward from kernels-community"
 

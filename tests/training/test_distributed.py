@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -152,13 +151,12 @@ def test_resume_after_a_stop_matches_the_uninterrupted_run(two_process_run, tmp_
 @pytest.mark.slow
 def test_a_nan_on_one_rank_stops_every_rank_with_its_message(tmp_path):
     config = _config(tmp_path)
-    started = time.monotonic()
-    done = _torchrun(tmp_path, config, {"DDP_TEST_NAN": "1:1"}, timeout=120)
+    done = _torchrun(tmp_path, config, {"DDP_TEST_NAN": "1:1"})
     assert done.returncode != 0
     output = done.stdout + done.stderr
+    # Rank 0 heard it at the next step's handshake (waiting out the group's timeout would end with another message).
     assert "rank 1 of 2 failed: NonFiniteLoss: the loss became NaN or infinite at step 2" in output, output
     assert not (tmp_path / "out" / "lora.safetensors").exists()
-    assert time.monotonic() - started < 90
 
 
 SDXL_PARTS = ("unet", "text_encoder", "text_encoder_2")

@@ -477,7 +477,7 @@ def test_a_cancelled_estimate_stops_inside_the_measurement_and_lets_go_of_the_li
     taken = []
 
     def load() -> None:
-        taken.append(MODEL_LIBRARY_LOCK.acquire(timeout=5))
+        taken.append(MODEL_LIBRARY_LOCK.acquire(timeout=60))
         if taken[-1]:
             MODEL_LIBRARY_LOCK.release()
 

@@ -38,7 +38,9 @@ def registered(monkeypatch):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a launcher script needs a POSIX shebang")
-def test_a_launcher_that_finds_no_browser_is_not_an_opened_browser(tmp_path, registered):
+def test_a_launcher_that_finds_no_browser_is_not_an_opened_browser(tmp_path, registered, monkeypatch):
+    # Waited for until it ends (it ends at once): a busy machine may take seconds to start a Python script.
+    monkeypatch.setattr(browser, "LAUNCHER_WAIT_S", 120.0)
     script = launcher(tmp_path, "xdg-open", exit_code=3)
     registered(webbrowser.BackgroundBrowser(str(script)))
     assert webbrowser.get().open(URL) is True  # what the app used to believe

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -26,12 +27,14 @@ def test_only_the_missing_kernels_notice_is_filtered(caplog):
 
 @pytest.mark.slow
 def test_preflight_output_has_no_bitsandbytes_kernels_notice(tmp_path):
-    """A real process, where bitsandbytes is first imported (through diffusers) during the estimate."""
+    """A real process, where bitsandbytes is first imported (through diffusers) during the estimate; offline, as for a
+    user without a network (there kernels said it skipped the publisher check of bitsandbytes' CPU kernel)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train.py"), "--preflight", "--preset", "demo"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr
     assert "estimate:" in result.stdout
