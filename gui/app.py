@@ -272,6 +272,8 @@ class App(ctk.CTk):
     def _config_changed(self, path: str | None) -> None:
         if path is None:
             self._refused = None  # a replaced config is not the one whose start was refused
+        if path is None or path == "workspace_dir":
+            self.gallery.keep_workspace(self.model.config.workspace_dir)
         if path is None or path in CONTEXT_PATHS:
             # Tabs not on screen catch up when they are selected.
             self._stale_context = set(self.tabs)

@@ -80,6 +80,23 @@ def test_the_latest_samples_come_from_events_and_the_workspace(app, tmp_path: Pa
     assert "start it first" in app.footer.status
 
 
+def test_another_presets_workspace_shows_none_of_the_demos_samples(app) -> None:
+    """The latest samples are the loaded config's: after the demo trained, a preset with another workspace shows
+    neither the demo's image nor its note; a sample in the new workspace stays."""
+    gallery = app.select_tab("sampling").gallery
+    assert app.load_preset("demo")
+    demo = Path(app.model.config.workspace_dir).absolute() / "samples" / "0 - a red circle" / "demo-sample-3-1-0.jpg"
+    app._handle(SampleReady(3, 0, "a red circle", str(demo)))
+    kept = Path("workspace/run").absolute() / "samples" / "0 - a cat" / "run-sample-9-1-0.jpg"
+    app._handle(SampleReady(9, 0, "a cat", str(kept)))
+    assert len(gallery.tiles) == 2 and "random weights" in gallery.note_label.cget("text")
+
+    assert app.load_preset("sd15/lora")
+    assert Path(app.model.config.workspace_dir).absolute() == Path("workspace/run").absolute()
+    assert [image.path for image in app.gallery.images()] == [kept] and len(gallery.tiles) == 1
+    assert gallery.note_label.cget("text") == ""
+
+
 def test_an_edit_models_sample_takes_reference_images_in_the_editor(app, tmp_path: Path) -> None:
     """The sample window of an edit model offers its reference images: typed as a list separated by ';' or added with
     the browse button; other model types do not show the field."""
