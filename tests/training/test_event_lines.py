@@ -8,7 +8,17 @@ import pytest
 
 from gui.log_view import EventLines
 from onetrainer.training.console import ConsoleSink
-from onetrainer.training.events import Failed, Finished, SampleReady, Started, Status, Warning_, describe
+from onetrainer.training.events import (
+    Failed,
+    Finished,
+    Metrics,
+    Progress,
+    SampleReady,
+    Started,
+    Status,
+    Warning_,
+    describe,
+)
 from onetrainer.training.workspace import LogFileSink
 
 SHARED = [
@@ -47,3 +57,13 @@ def test_a_failure_adds_its_traceback_in_the_log_and_the_log_window(tmp_path):
     log.emit(event)
     log.close()
     assert "Training failed: CUDA out of memory\nTraceback: here" in (tmp_path / "run.log").read_text(encoding="utf-8")
+
+
+def test_the_terminals_bar_names_the_loss_and_the_smoothed_loss_as_the_footer_does():
+    console = io.StringIO()
+    sink = ConsoleSink(console)
+    sink.emit(Started("run-1", total_steps=6, total_epochs=2, steps_per_epoch=3))
+    sink.emit(Metrics(1, loss=0.25, smooth_loss=0.75, learning_rates={"lr": 1e-4}))
+    sink.emit(Progress(1, 6, 0, 2, 1, 3, 4.0, 1.25))
+    sink.close()
+    assert "loss=0.2500" in console.getvalue() and "smooth=0.7500" in console.getvalue()
