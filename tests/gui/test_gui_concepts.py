@@ -130,6 +130,7 @@ def test_the_concept_window_edits_and_previews_the_augmentation(app, tmp_path: P
         assert facts["Images found"] == "4" and facts["Unreadable files"] == "0"
         rows = statistics.statistics.bucket_rows
         assert rows and statistics.chart.bar_count == len(rows)
+        assert all(float(tick).is_integer() for tick in _y_ticks(statistics.chart))  # images are counted whole
     screenshot(window, "concept-window-statistics")
 
     # Removing a concept moves the others: the open window closes rather than edit the wrong one.
@@ -197,3 +198,21 @@ def test_the_concept_window_shows_reference_images_and_counts_images_without_any
         assert facts["Images found"] == "3"
         assert facts["Images with reference images"] == "2" and facts["Images without any"] == "1"
     window.close()
+
+
+def _y_ticks(chart) -> list[str]:
+    return [chart.itemcget(item, "text") for item in chart.find_withtag("y-tick")]
+
+
+def test_a_chart_of_counts_has_whole_ticks(app) -> None:
+    """Two images in the largest bucket: the axis reads 0, 1, 2, not 0, 0.5, 1, 1.5, 2 (half images)."""
+    from gui.widgets.bar_chart import BarChart
+
+    chart = BarChart(app)
+    try:
+        chart.draw([2, 1], ["64x64", "64x96"], title="images per bucket")
+        assert _y_ticks(chart) == ["0", "1", "2"]
+        chart.draw([0.25, 0.5])  # a chart of fractions keeps its finer ticks
+        assert _y_ticks(chart) == ["0", "0.1", "0.2", "0.3", "0.4", "0.5"]
+    finally:
+        chart.destroy()
