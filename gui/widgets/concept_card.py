@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
+from PIL import Image
 
 from gui.concept_preview import concept_folder, first_image
 from gui.forms.fields import ERROR_COLOR, BoolView
 from gui.forms.selection import item_field
-from gui.widgets.pictures import set_picture, thumbnail
+from gui.widgets.pictures import fitted, set_picture, thumbnail_image
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import ConceptConfig
 
@@ -23,24 +24,24 @@ CARD_WIDTH = 200
 THUMBNAIL_BOX = (176, 132)
 MUTED_TEXT = ("gray40", "gray60")
 
-# Thumbnails by (folder, subfolders included) → (the folder's modification time, picture): the tab is rebuilt often.
-_thumbnails: dict[tuple[str, bool], tuple[int, ctk.CTkImage | None]] = {}
+# Thumbnails by (folder, subfolders included) → (the folder's modification time, the small image): the tab is rebuilt
+# often. The decoded image is kept, not its Tk picture, which belongs to one Tk interpreter (a second window in the
+# process, as the benchmark and the tests open, could not show it).
+_thumbnails: dict[tuple[str, bool], tuple[int, Image.Image | None]] = {}
 
 
 def concept_thumbnail(concept: ConceptConfig) -> ctk.CTkImage | None:
-    """The first image of the concept's folder, small; cached until the folder changes."""
+    """The first image of the concept's folder, small; decoded again only when the folder changes."""
     folder = concept_folder(concept.path) if concept.path.strip() else None
     if folder is None or not folder.is_dir():
         return None
     key = (str(folder), concept.include_subdirectories)
     stamp = folder.stat().st_mtime_ns
     cached = _thumbnails.get(key)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    image = first_image(concept)
-    picture = thumbnail(image, THUMBNAIL_BOX) if image is not None else None
-    _thumbnails[key] = (stamp, picture)
-    return picture
+    if cached is None or cached[0] != stamp:
+        image = first_image(concept)
+        cached = _thumbnails[key] = (stamp, thumbnail_image(image, THUMBNAIL_BOX) if image is not None else None)
+    return fitted(cached[1], THUMBNAIL_BOX) if cached[1] is not None else None
 
 
 class ConceptCard:

@@ -34,12 +34,6 @@ def thumbnail_image(path: Path, box: tuple[int, int]) -> Image.Image | None:
     return image
 
 
-def thumbnail(path: Path, box: tuple[int, int]) -> ctk.CTkImage | None:
-    """A small picture of the image file at `path`; None when it cannot be read."""
-    image = thumbnail_image(path, box)
-    return fitted(image, box) if image is not None else None
-
-
 def blank() -> ctk.CTkImage:
     """A transparent pixel: CTkLabel keeps showing its old picture when given image=None, so it gets this instead."""
     pixel = Image.new("RGBA", (1, 1), (0, 0, 0, 0))

@@ -216,3 +216,33 @@ def test_a_chart_of_counts_has_whole_ticks(app) -> None:
         assert _y_ticks(chart) == ["0", "0.1", "0.2", "0.3", "0.4", "0.5"]
     finally:
         chart.destroy()
+
+
+def test_a_concepts_thumbnail_shows_in_a_second_window_of_the_process(app, tmp_path: Path) -> None:
+    """The thumbnail cache keeps the decoded image, not a Tk picture of the first window's interpreter: the benchmark
+    opens the app twice in one process, and the second concepts tab failed to show the demo's thumbnail."""
+    import tkinter
+
+    import customtkinter as ctk
+    from PIL import Image
+
+    from gui.widgets.concept_card import concept_thumbnail
+    from gui.widgets.pictures import set_picture
+    from onetrainer.config import ConceptConfig
+
+    (tmp_path / "cats").mkdir()
+    Image.new("RGB", (40, 30), "red").save(tmp_path / "cats" / "a.png")
+    concept = ConceptConfig(name="cats", path=str(tmp_path / "cats"))
+    # An earlier window shows it first (Tk pictures are made in the default root's interpreter: that window's then).
+    first = ctk.CTk()
+    shared_root, tkinter._default_root = tkinter._default_root, first
+    try:
+        set_picture(ctk.CTkLabel(first), concept_thumbnail(concept))
+    finally:
+        tkinter._default_root = shared_root
+        first.destroy()
+    label = ctk.CTkLabel(app)
+    try:
+        set_picture(label, concept_thumbnail(concept))  # raised TclError: image "pyimage…" doesn't exist
+    finally:
+        label.destroy()
