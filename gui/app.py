@@ -862,9 +862,12 @@ class App(ctk.CTk):
         if self.tensorboard is not None:
             self.tensorboard.stop()
             self.tensorboard = None
-        for after_id in self._after_ids.values():
+        # Every pending `after` of this interpreter, customtkinter's and the widgets' too: left pending, each ran into
+        # a destroyed widget and Tcl printed "invalid command name …" (a second window in the process heard them).
+        # Cancelled in Tcl only: each widget deletes its own callback's command when it is destroyed.
+        for after_id in self.tk.splitlist(self.tk.call("after", "info")):
             with contextlib.suppress(tkinter.TclError):
-                self.after_cancel(after_id)
+                self.tk.call("after", "cancel", after_id)
         self._after_ids.clear()
         super().destroy()
         tk_finalizers.drain()
