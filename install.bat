@@ -118,8 +118,14 @@ if errorlevel 1 (
     exit /b 1
 )
 
-echo ==^> Done. Start the app: start-ui.bat
-if "%DEV%"=="1" echo     Run the tests: .venv\Scripts\python.exe -m pytest
+rem --- 4. what next ------------------------------------------------------------------------------------------
+rem start-ui.bat runs this installer on first use and then starts the app itself (it sets ONETRAINER_STARTING_APP).
+if "%ONETRAINER_STARTING_APP%"=="1" (
+    echo ==^> Done. Starting the app...
+) else (
+    echo ==^> Done. Start the app: start-ui.bat
+    if "%DEV%"=="1" echo     Run the tests: .venv\Scripts\python.exe -m pytest
+)
 exit /b 0
 
 :try_python

@@ -158,4 +158,10 @@ else
     printf '%s %s\n' "$WANT" "$EXTRAS" >"$STAMP"
 fi
 
-say "Done. Start the app: ./start-ui.sh    Run the tests: ./scripts/test.sh"
+# --- 4. what next --------------------------------------------------------------------------------------------
+# start-ui.sh runs this installer on first use and then starts the app itself (it sets ONETRAINER_STARTING_APP).
+if [ "${ONETRAINER_STARTING_APP:-}" = 1 ]; then
+    say "Done. Starting the app…"
+else
+    say "Done. Start the app: ./start-ui.sh    Run the tests: ./scripts/test.sh"
+fi

@@ -12,6 +12,7 @@ goto :run
 
 :install
 echo ==^> OneTrainer is not installed yet (or incompletely): running install.bat
+set "ONETRAINER_STARTING_APP=1"
 call "%~dp0install.bat"
 if errorlevel 1 (
     echo ERROR: the installation failed, see above. 1>&2

@@ -21,7 +21,7 @@ app_imports() { [ -x "$VPY" ] && "$VPY" -c "import onetrainer, customtkinter" >/
 
 if ! app_imports; then
     echo "==> OneTrainer is not installed yet (or incompletely): running ./install.sh"
-    ./install.sh
+    ONETRAINER_STARTING_APP=1 ./install.sh
     if ! app_imports; then
         echo >&2
         echo "ERROR: the app still does not import after installing:" >&2

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
 import logging
 import sys
 import time
@@ -78,6 +77,11 @@ VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
 TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
+# The tabs are built in the Tk loop's spare time, a piece every BUILD_TABS_MS: a tab's own widgets, or this many of
+# its fields (about 7 ms of the Tk thread each on a quiet machine, ten times that on a busy one). Input that arrives
+# meanwhile waits for one piece at most, and a click on a tab finds it built.
+BUILD_TABS_MS = 20
+BUILD_TABS_VIEWS = 4
 TENSORBOARD_STATUS = "TensorBoard: "  # how the trainer's Status event names the URL of the run's server
 _MISSING = object()
 
@@ -223,6 +227,8 @@ class App(ctk.CTk):
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._schedule("finalize", FINALIZE_MS, self._finalize_collected)
         self._show_tabs()
+        if self.tabview.current is not None:
+            self.tabs[self.tabview.current].form.finish()  # the first page opens whole; the others come in spare time
         self.validate_now()
         if restore_problems:
             self._log_problems("Last session's config:", restore_problems)
@@ -234,16 +240,40 @@ class App(ctk.CTk):
     # -- tabs ----------------------------------------------------------------------------------------------------
 
     def tab(self, key: str) -> FormTab:
-        """The content of tab `key`, built on first use."""
-        tab = self.tabs.get(key)
-        if tab is None:
-            tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
-            self.tabs[key] = tab
-            if isinstance(tab, SamplingTab):
-                tab.set_running(self.footer.commands_enabled)
-            tab.mark(self._problems_by_path())
+        """The content of tab `key`: created on first use, its fields then created a few at a time in the Tk loop's
+        spare time (`_build_tabs`); `select_tab` and `form.view` have them all at once."""
+        tab = self.tabs.get(key) or self._create_tab(key)
         self._bring_up_to_date(key)
+        if not tab.form.complete:
+            self._schedule("build tabs", BUILD_TABS_MS, self._build_tabs)
         return tab
+
+    def _create_tab(self, key: str) -> FormTab:
+        tab = TAB_CLASSES.get(key, FormTab)(self.tabview.page(key), self.model, self.dialogs, key, self)
+        self.tabs[key] = tab
+        if isinstance(tab, SamplingTab):
+            tab.set_running(self.footer.commands_enabled)
+        tab.mark(self._problems_by_path())
+        return tab
+
+    def _build_tabs(self) -> None:
+        """One piece of the tabs' building (the tab on screen first, then the others in their order): a tab's own
+        widgets, or a few of its fields. Building a tab whole on its first click held every click and key back for
+        as long (seconds on a busy machine) and showed a blank page meanwhile."""
+        current = self.tabview.current
+        for key in ([current] if current else []) + self.tabview.keys:
+            tab = self.tabs.get(key)
+            if tab is not None and tab.form.complete:
+                continue
+            started = time.perf_counter()
+            if tab is None:
+                self._create_tab(key)
+            else:
+                tab.form.build_some(BUILD_TABS_VIEWS)
+            # At most half of the Tk thread's time: the estimate's worker and the trainer want the GIL too.
+            took_ms = round((time.perf_counter() - started) * 1000)
+            self._schedule("build tabs", max(BUILD_TABS_MS, took_ms), self._build_tabs)
+            return
 
     def _bring_up_to_date(self, key: str) -> None:
         tab = self.tabs[key]
@@ -264,16 +294,22 @@ class App(ctk.CTk):
         self.tabview.set_tabs([(t.key, t.title) for t in visible_tabs(self.model.context())])
         if self.tabview.current is not None:
             self.tab(self.tabview.current)
+        self._schedule("build tabs", BUILD_TABS_MS, self._build_tabs)  # a tab shown now for the first time
 
     def select_tab(self, key: str) -> FormTab:
+        """Select tab `key` and return it with all its fields (as code asks for it; a click shows it at once)."""
         self.tabview.select(key)
-        return self.tabs[key]
+        tab = self.tabs[key]
+        tab.form.finish()
+        return tab
 
     # -- config changes ------------------------------------------------------------------------------------------
 
     def _config_changed(self, path: str | None) -> None:
         if path is None:
             self._refused = None  # a replaced config is not the one whose start was refused
+        if path is None or path == "workspace_dir":
+            self.gallery.keep_workspace(self.model.config.workspace_dir)
         if path is None or path in CONTEXT_PATHS:
             # Tabs not on screen catch up when they are selected.
             self._stale_context = set(self.tabs)
@@ -538,9 +574,9 @@ class App(ctk.CTk):
             return False
         self._terminal_seen = False
         self._run_step = 0
-        # Destroyed widgets leave Tk objects (fonts, variables) whose finalizers call Tcl: collected here, on the Tk
-        # thread, they are freed at once rather than queued by the trainer thread's collections (tk_finalizers).
-        gc.collect()
+        # No full garbage collection here (there was one, to free destroyed widgets' Tk objects on this thread): with a
+        # model library loaded it held the click 0.1-0.6 s, more on a busy machine, and the trainer thread's
+        # collections hand those objects to this thread anyway (tk_finalizers).
         self.runner.start(packed)
         self._run_note = random_weights_note(packed.base_model_name)
         self._run_tensorboard_url = None
@@ -889,9 +925,12 @@ class App(ctk.CTk):
         if self.tensorboard is not None:
             self.tensorboard.stop()
             self.tensorboard = None
-        for after_id in self._after_ids.values():
+        # Every pending `after` of this interpreter, customtkinter's and the widgets' too: left pending, each ran into
+        # a destroyed widget and Tcl printed "invalid command name …" (a second window in the process heard them).
+        # Cancelled in Tcl only: each widget deletes its own callback's command when it is destroyed.
+        for after_id in self.tk.splitlist(self.tk.call("after", "info")):
             with contextlib.suppress(tkinter.TclError):
-                self.after_cancel(after_id)
+                self.tk.call("after", "cancel", after_id)
         self._after_ids.clear()
         super().destroy()
         tk_finalizers.drain()

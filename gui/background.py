@@ -5,7 +5,6 @@ The worker never touches a widget: `run_in_background` polls it with `after()` a
 
 from __future__ import annotations
 
-import gc
 import threading
 import tkinter
 from collections.abc import Callable
@@ -27,9 +26,8 @@ class BackgroundJob:
         self.on_done = on_done
         self.result = BackgroundResult()
         self.cancelled = False
-        # Destroyed widgets leave Tcl objects whose finalizers must run on the Tk thread, not in the worker's
-        # garbage collection (see App.start).
-        gc.collect()
+        # A worker's garbage collection hands destroyed widgets' Tcl objects to the Tk thread (tk_finalizers): no full
+        # collection on the Tk thread here, which held every job's start (an estimate per edit) 0.1-0.6 s.
         self._thread = threading.Thread(target=self._run, args=(work,), name="onetrainer-gui-job", daemon=True)
         self._thread.start()
         # Never `on_done` from here: the caller has not even got the job back yet.

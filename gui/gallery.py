@@ -77,6 +77,15 @@ class SampleGallery:
         self.latest = {}
         self._notify()
 
+    def keep_workspace(self, workspace_dir: str | Path) -> None:
+        """Forget the images that are not in this workspace's samples folder: after a preset or config with another
+        workspace is loaded, the last run's samples (the demo's noise) are not this config's."""
+        root = Path(workspace_dir).absolute() / SAMPLES_FOLDER
+        kept = {key: image for key, image in self.latest.items() if image.path.is_relative_to(root)}
+        if len(kept) != len(self.latest):
+            self.latest = kept
+            self._notify()
+
     def images(self) -> list[SampleImage]:
         """The newest image of each sample, by sample index."""
         return sorted(self.latest.values(), key=lambda s: (s.index, s.key))

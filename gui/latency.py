@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,36 @@ def measure_latency(
     )
 
 
+def demo_app(work: Path, preset: str = "demo", train_function: Any = None, epochs: int | None = None) -> Any:
+    """The app on `preset` with its outputs under `work` and no TensorBoard, as a user opens it (a display needed)."""
+    import customtkinter as ctk
+
+    from gui.app import App
+    from onetrainer.config import load_preset
+
+    config, _ = load_preset(preset)
+    config.workspace_dir = str(work / "workspace")
+    config.cache_dir = str(work / "cache")
+    config.output_model_destination = str(work / "model.safetensors")
+    config.concept_file_name = str(work / "concepts.json")
+    config.sample_definition_file_name = str(work / "samples.json")
+    config.tensorboard = False
+    if epochs is not None:
+        config.epochs = epochs
+    ctk.set_appearance_mode("dark")
+    return App(config, autosave=False, train_function=train_function)
+
+
+def stop_run(app: Any) -> None:
+    """Stop the app's run, if any, and let the poll hear the end."""
+    if app.running:
+        app.stop()
+        app.runner.join(60)
+        for _ in range(20):
+            app.update()
+            time.sleep(0.05)
+
+
 def benchmark_gui_latency(
     work_dir: str | Path,
     preset: str = "demo",
@@ -89,44 +120,61 @@ def benchmark_gui_latency(
 
     Needs a display (DISPLAY, or Xvfb). The run stops after `max_seconds` if it has not finished by then.
     """
-    import customtkinter as ctk
-
-    from gui.app import App
-    from onetrainer.config import load_preset
-
-    work = Path(work_dir)
-    config, _ = load_preset(preset)
-    config.workspace_dir = str(work / "workspace")
-    config.cache_dir = str(work / "cache")
-    config.output_model_destination = str(work / "model.safetensors")
-    config.concept_file_name = str(work / "concepts.json")
-    config.sample_definition_file_name = str(work / "samples.json")
-    config.tensorboard = False
-    ctk.set_appearance_mode("dark")
-    app = App(config, autosave=False, train_function=train_function)
+    app = demo_app(Path(work_dir), preset, train_function)
     try:
         app.update()
         if not app.start():
             raise RuntimeError(f"the run did not start: {app.footer.status}")
         report = measure_latency(app, max_seconds, interval_ms, until=lambda: not app.running)
-        if app.running:
-            app.stop()
-            app.runner.join(60)
-            for _ in range(20):  # let the poll hear the end
-                app.update()
-                time.sleep(0.05)
+        stop_run(app)
         return GuiBenchmark(report, app.footer.status, app.footer.speed_label.cget("text"))
     finally:
+        app.destroy()
+
+
+class _FirstStep:
+    """A sink that notes the run's first step (the sender of input waits for it without touching Tk)."""
+
+    def __init__(self) -> None:
+        self.seen = threading.Event()
+
+    def emit(self, event: Any) -> None:
+        from onetrainer.training.events import Progress
+
+        if isinstance(event, Progress):
+            self.seen.set()
+
+    def close(self) -> None:
+        pass
+
+
+def benchmark_input_latency(work_dir: str | Path, busy: int = 0, keys: int = 20, clicks: int = 20) -> list:
+    """Open the app on the demo preset (trained long enough to outlast the measurement) with `busy` processes keeping
+    cores busy beside it, click Start, and once it trains type into a field and click through the tabs
+    (`gui/input_latency.py`): how long the window took to answer each kind of input."""
+    from gui.input_latency import measure_input_latency, spin, stop_spinning
+
+    app = demo_app(Path(work_dir), epochs=10_000)
+    first_step = _FirstStep()
+    app.runner.extra_sinks = lambda: [first_step]
+    spinning = spin(busy)
+    try:
+        app.update()
+        return measure_input_latency(app, keys, clicks, training=first_step.seen.is_set)
+    finally:
+        stop_spinning(spinning)
+        stop_run(app)
         app.destroy()
 
 
 GOAL_P95_MS = 50.0
 
 
-def benchmark_part(required: bool) -> dict | bool | None:
+def benchmark_part(required: bool, busy: int = 0) -> dict | bool | None:
     """`scripts/benchmark.py`'s GUI part: the Tk loop's latency while the demo trains in a real window (an Xvfb when
-    there is no display). Returns the figures; None when no display can be had and the part was not asked for by
-    itself; False when it was."""
+    there is no display), and the time the window takes to answer key presses and clicks meanwhile with `busy`
+    processes loading the CPU. Returns the figures; None when no display can be had and the part was not asked for
+    by itself; False when it was."""
     import tempfile
 
     from gui.display import NoDisplayError, display
@@ -134,7 +182,8 @@ def benchmark_part(required: bool) -> dict | bool | None:
     print("\nGUI responsiveness while the demo preset trains:")
     try:
         with display(), tempfile.TemporaryDirectory(prefix="onetrainer-benchmark-gui-") as tmp:
-            result = benchmark_gui_latency(tmp)
+            result = benchmark_gui_latency(Path(tmp) / "loop")
+            inputs = _input_part(Path(tmp) / "input", busy)
     except NoDisplayError as e:
         print(f"  not measured: {e}")
         return False if required else None
@@ -142,6 +191,7 @@ def benchmark_part(required: bool) -> dict | bool | None:
     verdict = "met" if latency.p95_ms <= GOAL_P95_MS else "NOT met"
     print(f"  {latency.text()}\n  goal p95 <= {GOAL_P95_MS:.0f} ms: {verdict}; the run: {result.outcome}")
     return {
+        "input": inputs,
         "samples": latency.samples,
         "p50_ms": latency.p50_ms,
         "p95_ms": latency.p95_ms,
@@ -152,3 +202,18 @@ def benchmark_part(required: bool) -> dict | bool | None:
         "outcome": result.outcome,
         "footer_speed": result.steps_per_second,
     }
+
+
+def _input_part(work: Path, busy: int) -> list[dict] | str:
+    """The input latency figures, printed; why not, where input cannot be sent (no libXtst)."""
+    import os
+
+    print(f"  input while it trains, {busy} busy process(es) beside it, load average {os.getloadavg()[0]:.1f}:")
+    try:
+        reports = benchmark_input_latency(work, busy)
+    except OSError as e:
+        print(f"    not measured: {e}")
+        return str(e)
+    for entry in reports:
+        print(f"    {entry.text()}")
+    return [vars(entry) for entry in reports]

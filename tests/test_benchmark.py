@@ -116,11 +116,11 @@ def test_without_cuda_the_gpu_part_says_not_measured(tmp_path, capsys):
 def test_the_gui_part_is_handed_in_and_fails_the_run_when_asked_for_and_impossible(capsys):
     asked = []
 
-    def gui_part(required: bool):
-        asked.append(required)
+    def gui_part(required: bool, busy: int):
+        asked.append((required, busy))
         return False
 
-    assert main(["--gui"], gui_part=gui_part) == 1 and asked == [True]
+    assert main(["--gui", "--busy", "2"], gui_part=gui_part) == 1 and asked == [(True, 2)]
     assert main(["--part", "gui"]) == 1  # without the GUI handed in, the part cannot run
     assert "not measured" in capsys.readouterr().out
 

@@ -260,6 +260,40 @@ def test_shell_scripts_are_executable_and_parse(script):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_installer_that_start_ui_runs_says_the_app_starts(tmp_path):
+    """start-ui.sh installs on first use and then starts the app itself: the installer it runs says the app starts,
+    where run by the user it says how to start it."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    # start-ui.sh as it is, with a stand-in installer and an interpreter that imports nothing until "installed"
+    shutil.copy(ROOT / "start-ui.sh", tmp_path / "start-ui.sh")
+    installed = tmp_path / "installed"
+    (tmp_path / "install.sh").write_text(
+        f'#!/usr/bin/env bash\necho "told: ${{ONETRAINER_STARTING_APP:-no}}"\ntouch {installed}\n'
+    )
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text(f'#!/usr/bin/env bash\n[ -f {installed} ] && echo "python $*"\n')
+    for script in (tmp_path / "install.sh", tmp_path / ".venv" / "bin" / "python"):
+        script.chmod(0o755)
+    started = subprocess.run([bash, str(tmp_path / "start-ui.sh")], capture_output=True, text=True, timeout=60)
+    assert "told: 1" in started.stdout and "python scripts/train_ui.py" in started.stdout, started.stdout
+    # the real installer's last step, run by start-ui.sh and by the user
+    text = (ROOT / "install.sh").read_text(encoding="utf-8")
+    last_step = 'say() { printf "==> %s\\n" "$*"; }\n' + text[text.index("# --- 4. ") :]
+    env = {k: v for k, v in os.environ.items() if k != "ONETRAINER_STARTING_APP"}
+    by_start_ui = subprocess.run(
+        [bash, "-euc", last_step], capture_output=True, text=True, env={**env, "ONETRAINER_STARTING_APP": "1"}
+    )
+    by_user = subprocess.run([bash, "-euc", last_step], capture_output=True, text=True, env=env)
+    assert by_start_ui.stdout.startswith("==> Done. Starting the app") and "./start-ui.sh" not in by_start_ui.stdout
+    assert "Start the app: ./start-ui.sh" in by_user.stdout
+    # Windows: the same, in the batch files
+    start_bat, install_bat = ((ROOT / name).read_text(encoding="utf-8") for name in ("start-ui.bat", "install.bat"))
+    assert 'set "ONETRAINER_STARTING_APP=1"\ncall "%~dp0install.bat"' in start_bat
+    assert 'if "%ONETRAINER_STARTING_APP%"=="1" (\n    echo ==^> Done. Starting the app' in install_bat
+
+
 def test_ci_runs_the_test_script():
     text = (ROOT / ".ci" / "run").read_text()
     assert "./scripts/test.sh" in text

@@ -3,6 +3,10 @@
 Views are created the first time their field applies and then only shown or hidden, so switching the model type
 or training method is cheap and keeps what was typed. No family or method is named here: `FieldInfo.applies`
 (the config's metadata) decides.
+
+A deferred form lays out its groups at once and creates its views a few at a time (`build_some`), so that the app can
+build its tabs in the Tk loop's spare time without holding input back for a whole tab (a tab of 60 fields is about
+half a second of the Tk thread, several seconds on a busy machine); anything that asks for its views finishes them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Form:
         columns: int = 3,
         default_group: str | None = None,
         fields: list[FieldInfo] | None = None,
+        deferred: bool = False,
     ) -> None:
         self.model = model
         self.dialogs = dialogs
@@ -55,7 +60,9 @@ class Form:
         # A tab's form shows the fields declared for that tab; windows pass their own (a concept's, a sample's).
         self.fields = fields if fields is not None else form_fields(model.config, tab)
         self._rows = {info.path: i + 1 for i, info in enumerate(self.fields)}
-        self.views: dict[str, FieldView] = {}
+        self._views: dict[str, FieldView] = {}
+        self._deferred = deferred
+        self._queued: list[tuple[FieldInfo, Group]] = []  # views to create (deferred), in layout order
         self.groups: dict[str, Group] = {}
         self._buttons: dict[str, list[tuple[str, Callable[[], None], str]]] = {}
         self.buttons: dict[str, ctk.CTkButton] = {}
@@ -76,31 +83,60 @@ class Form:
         ctx = self.model.context()
         return [info for info in self.fields if info.applies(ctx)]
 
+    @property
+    def views(self) -> dict[str, FieldView]:
+        """The views by path (every view that applies now is created first)."""
+        self.finish()
+        return self._views
+
+    @property
+    def complete(self) -> bool:
+        """Whether every field that applies has its view (a deferred form's are created by `build_some`)."""
+        return not self._queued
+
+    def build_some(self, count: int) -> bool:
+        """Create and show up to `count` of the views still to create; True when none is left."""
+        while self._queued and count > 0:
+            info, group = self._queued.pop(0)
+            self._show(info, group)
+            count -= 1
+        return not self._queued
+
+    def finish(self) -> None:
+        self.build_some(len(self._queued))
+
     def update(self) -> None:
         """Show the fields that apply to the config's current context, hide the rest, and lay the groups out."""
         visible = self.visible_fields()
         shown = {info.path for info in visible}
-        for path, view in self.views.items():
+        for path, view in self._views.items():
             if path not in shown and view.visible:
                 view.hide()
         arranged = arrange_groups(visible, self.default_group)
+        self._queued = []
         for title, members in arranged:
             group = self._group(title)
             for info in members:
-                view = self._view(info, group)
-                if view is not None and not view.visible:
-                    view.place(self._rows[info.path])
+                if self._deferred and info.path not in self._views:
+                    self._queued.append((info, group))
+                else:
+                    self._show(info, group)
             group.visible_rows = len(members)
         self._layout([self.groups[title] for title, _ in arranged])
 
+    def _show(self, info: FieldInfo, group: Group) -> None:
+        view = self._view(info, group)
+        if view is not None and not view.visible:
+            view.place(self._rows[info.path])
+
     def refresh(self) -> None:
         """Pull every shown value from the config (after it was replaced or edited elsewhere)."""
-        for view in self.views.values():
+        for view in self._views.values():  # views created later read the config then
             view.refresh()
 
     def mark(self, problems: dict[str, str]) -> None:
         """Show validation's message (by path) on each field; fields not named are cleared."""
-        for path, view in self.views.items():
+        for path, view in self._views.items():
             view.set_config_problem(problems.get(path))
             unit = getattr(view, "unit_view", None)
             if unit is not None:
@@ -109,7 +145,7 @@ class Form:
     def attach_button(self, path: str, text: str, command: Callable[[], None], tooltip: str = "") -> None:
         """A button beside a field's input ("…" opening a dialog); added when the field's view exists."""
         self._buttons.setdefault(path, []).append((text, command, tooltip))
-        view = self.views.get(path)
+        view = self._views.get(path)
         if view is not None:
             self._add_buttons(view)
 
@@ -129,14 +165,14 @@ class Form:
 
     def _config_changed(self, path: str | None) -> None:
         if self._unsubscribe is not None:  # a listener may still be called in the round that destroyed the form
-            sync_views(self.views.values(), path)
+            sync_views(self._views.values(), path)
 
     def _destroyed(self, event: Any) -> None:
         if event.widget is self.frame and self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
             self._unsubscribe_marks()
-            for view in self.views.values():  # a closed window's inputs no longer hold anything back
+            for view in self._views.values():  # a closed window's inputs no longer hold anything back
                 self.model.report_input(view, view.path, None)
                 unit = getattr(view, "unit_view", None)
                 if unit is not None:
@@ -158,12 +194,12 @@ class Form:
         return group
 
     def _view(self, info: FieldInfo, group: Group) -> FieldView | None:
-        view = self.views.get(info.path)
+        view = self._views.get(info.path)
         if view is None:
             view = make_view(group.frame, info, self.model, self.dialogs)
             if view is None:
                 return None
-            self.views[info.path] = view
+            self._views[info.path] = view
             self._add_buttons(view)
             view.set_config_problem(self.model.marks.get(info.path))
         return view

@@ -37,7 +37,10 @@ class FormTab:
         self.scroll = ctk.CTkScrollableFrame(page, fg_color="transparent")
         self.scroll.grid(row=0, column=0, sticky="nsew")
         self.scroll.grid_columnconfigure(0, weight=1)
-        self.form = Form(self.scroll, model, dialogs, key, columns=self.columns, default_group=self.default_group)
+        # Deferred: the app creates the fields a few at a time in the Tk loop's spare time (see App.tab).
+        self.form = Form(
+            self.scroll, model, dialogs, key, columns=self.columns, default_group=self.default_group, deferred=True
+        )
         self.form.frame.grid(row=0, column=0, sticky="ew")
 
     def update_context(self) -> None:

@@ -36,8 +36,9 @@ def format_count(value: float) -> str:
     return f"{value:.2g}"
 
 
-def nice_ticks(high: float, most: int = 5) -> list[float]:
-    """Round axis ticks from 0 to at least `high`: steps of 1, 2 or 5 × 10^k, at most `most` + 1 ticks.
+def nice_ticks(high: float, most: int = 5, whole: bool = False) -> list[float]:
+    """Round axis ticks from 0 to at least `high`: steps of 1, 2 or 5 × 10^k, at most `most` + 1 ticks; with `whole`
+    (an axis of counts) steps of at least 1, so that no tick is half an image.
 
     `nice_ticks(3240)` → `[0, 1000, 2000, 3000, 4000]`; the axis ends at the last tick, so bars scale to it.
     """
@@ -46,6 +47,8 @@ def nice_ticks(high: float, most: int = 5) -> list[float]:
     raw = high / most
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    if whole:
+        step = max(step, 1)
     count = math.ceil(high / step - 1e-9)
     return [round(i * step, 10) for i in range(count + 1)]
 
@@ -100,7 +103,7 @@ class BarChart(tkinter.Canvas):
             return
         left, right = MARGIN_LEFT, width - MARGIN_RIGHT
         top, bottom = MARGIN_TOP, height - MARGIN_BOTTOM
-        ticks = nice_ticks(max(self.values))
+        ticks = nice_ticks(max(self.values), whole=all(v.is_integer() for v in self.values))  # counts: whole ticks
         peak = ticks[-1]
         axis = themed(AXIS_COLOR)
         self.create_line(left, bottom, right, bottom, fill=axis)

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
+from PIL import Image
 
 from gui.concept_preview import concept_folder, first_image
 from gui.forms.fields import ERROR_COLOR, BoolView
 from gui.forms.selection import item_field
-from gui.widgets.pictures import set_picture, thumbnail
+from gui.widgets.pictures import fitted, set_picture, thumbnail_image
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import ConceptConfig
 from onetrainer.data.scan import FirstUsable, trains_on_references
@@ -25,28 +26,28 @@ THUMBNAIL_BOX = (176, 132)
 MUTED_TEXT = ("gray40", "gray60")
 
 # Thumbnails by (folder, subfolders included, references needed) → (the folder's modification time, its first usable
-# image as found, picture): the tab is rebuilt often.
-_thumbnails: dict[tuple[str, bool, bool], tuple[int, FirstUsable | None, ctk.CTkImage | None]] = {}
+# image as found, the small image): the tab is rebuilt often. The decoded image is kept, not its Tk picture, which
+# belongs to one Tk interpreter (a second window in the process, as the benchmark and tests open, could not show it).
+_thumbnails: dict[tuple[str, bool, bool], tuple[int, FirstUsable | None, Image.Image | None]] = {}
 
 
 def concept_thumbnail(
     concept: ConceptConfig, references: bool = False
 ) -> tuple[FirstUsable | None, ctk.CTkImage | None]:
     """The first image of the concept's folder that trains (broken files passed over, as the trainer does), small,
-    with what was found; cached until the folder changes. `references`: the model type trains on reference images."""
+    with what was found; decoded again only when the folder changes. `references`: the model type trains on reference
+    images."""
     folder = concept_folder(concept.path) if concept.path.strip() else None
     if folder is None or not folder.is_dir():
         return None, None
     key = (str(folder), concept.include_subdirectories, references)
     stamp = folder.stat().st_mtime_ns
     cached = _thumbnails.get(key)
-    if cached is not None and cached[0] == stamp:
-        return cached[1], cached[2]
-    found = first_image(concept, references)
-    image = found.image if found is not None else None
-    picture = thumbnail(image, THUMBNAIL_BOX) if image is not None else None
-    _thumbnails[key] = (stamp, found, picture)
-    return found, picture
+    if cached is None or cached[0] != stamp:
+        found = first_image(concept, references)
+        image = found.image if found is not None else None
+        cached = _thumbnails[key] = (stamp, found, thumbnail_image(image, THUMBNAIL_BOX) if image is not None else None)
+    return cached[1], (fitted(cached[2], THUMBNAIL_BOX) if cached[2] is not None else None)
 
 
 class ConceptCard:

@@ -1,4 +1,7 @@
-"""The latest samples on the sampling tab: a tile per sample (its newest image); a click shows it large."""
+"""The latest samples on the sampling tab: a tile per sample (its newest image); a click shows it large.
+
+A new sample changes its own tile only, and the image is decoded and made small on a worker thread: a real model's
+samples are megapixel files, and decoding them on the Tk thread held the window's input back at every sample."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ from typing import Any
 
 import customtkinter as ctk
 
+from gui.background import BackgroundResult, run_in_background
 from gui.gallery import SampleGallery, SampleImage
-from gui.widgets.pictures import set_picture, thumbnail
+from gui.widgets.pictures import fitted, set_picture, thumbnail_image
 from gui.windows.sample_viewer import SampleViewerWindow
 
 TILE_BOX = (150, 150)
@@ -28,7 +32,8 @@ class GalleryView:
         self.gallery = gallery
         self.workspace_dir = workspace_dir
         self.note = note  # a word about what the samples show (the demo's random-weight model draws noise)
-        self.tiles: list[ctk.CTkFrame] = []
+        self.tiles: list[ctk.CTkFrame] = []  # in the gallery's order
+        self._tiles: dict[str, tuple[SampleImage, ctk.CTkFrame]] = {}  # by sample: the image each tile shows
         self.viewer: SampleViewerWindow | None = None
         self.frame = ctk.CTkFrame(parent)
         self.frame.grid_columnconfigure(0, weight=1)
@@ -59,9 +64,19 @@ class GalleryView:
             self._unsubscribe()
             return
         self.show_note()
-        for tile in self.tiles:
-            tile.destroy()
-        self.tiles = [self._tile(i, image) for i, image in enumerate(self.gallery.images())]
+        images = self.gallery.images()
+        keys = {image.key for image in images}
+        for key in [k for k in self._tiles if k not in keys]:
+            self._tiles.pop(key)[1].destroy()
+        self.tiles = []
+        for position, image in enumerate(images):
+            shown = self._tiles.get(image.key)
+            if shown is None or shown[0] != image:
+                if shown is not None:
+                    shown[1].destroy()
+                shown = self._tiles[image.key] = (image, self._tile(image))
+            shown[1].grid(row=position // TILES_PER_ROW, column=position % TILES_PER_ROW, padx=4, pady=4, sticky="n")
+            self.tiles.append(shown[1])
         if self.tiles:
             self.empty_label.grid_remove()
         else:
@@ -76,12 +91,13 @@ class GalleryView:
         self.viewer = SampleViewerWindow(self.frame, image)
         return self.viewer
 
-    def _tile(self, position: int, image: SampleImage) -> ctk.CTkFrame:
+    def _tile(self, image: SampleImage) -> ctk.CTkFrame:
         tile = ctk.CTkFrame(self.tiles_frame)
-        tile.grid(row=position // TILES_PER_ROW, column=position % TILES_PER_ROW, padx=4, pady=4, sticky="n")
-        picture = ctk.CTkLabel(tile, text="", width=TILE_BOX[0], height=TILE_BOX[1])
+        picture = ctk.CTkLabel(tile, text="…", width=TILE_BOX[0], height=TILE_BOX[1])
         picture.grid(row=0, column=0, padx=6, pady=(6, 2))
-        set_picture(picture, thumbnail(image.path, TILE_BOX), "" if image.path.is_file() else "(file missing)")
+        run_in_background(
+            picture, lambda: thumbnail_image(image.path, TILE_BOX), lambda done: _show_picture(picture, image, done)
+        )
         step = f"step {image.step}" if image.step is not None else _shorten(image.path.stem, 18)
         caption = f"#{image.index + 1} · {step}\n{_shorten(image.prompt, 22)}"
         text = ctk.CTkLabel(tile, text=caption, justify="left", anchor="w", text_color=MUTED_TEXT)
@@ -89,6 +105,14 @@ class GalleryView:
         for widget in (tile, picture, text):
             widget.bind("<Button-1>", lambda _e, image=image: self.open(image))
         return tile
+
+
+def _show_picture(label: ctk.CTkLabel, image: SampleImage, done: BackgroundResult) -> None:
+    """The tile's picture, once the worker has decoded it (or why there is none)."""
+    if done.value is not None:
+        set_picture(label, fitted(done.value, TILE_BOX))
+    else:
+        set_picture(label, None, "(file missing)" if not image.path.is_file() else "(cannot read it)")
 
 
 def _shorten(text: str, limit: int) -> str:

@@ -24,14 +24,14 @@ def fitted(image: Image.Image, box: tuple[int, int], upscale: bool = True) -> ct
     return ctk.CTkImage(light_image=image, dark_image=image, size=fit_size(image.size, box, upscale))
 
 
-def thumbnail(path: Path, box: tuple[int, int]) -> ctk.CTkImage | None:
-    """A small picture of the image file at `path`; None when it cannot be read."""
+def thumbnail_image(path: Path, box: tuple[int, int]) -> Image.Image | None:
+    """The image file at `path` decoded and made small (no Tk: a worker thread may call it); None when unreadable."""
     try:
         image = open_rgb(path)
     except (OSError, UnidentifiedImageError, ValueError):
         return None
     image.thumbnail((box[0] * 2, box[1] * 2))  # keep some pixels for HiDPI scaling
-    return fitted(image, box)
+    return image
 
 
 def blank() -> ctk.CTkImage:

@@ -79,21 +79,29 @@ def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=int, default=2, metavar="B", help="batch per process for the ddp part (default 2)"
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the GUI part's input latency with N processes spinning beside it (a loaded CPU; default 0)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     return parser
 
 
 def main(
-    argv: Sequence[str] | None = None, prog: str = "benchmark.py", gui_part: Callable[[bool], Any] | None = None
+    argv: Sequence[str] | None = None, prog: str = "benchmark.py", gui_part: Callable[[bool, int], Any] | None = None
 ) -> int:
-    """`gui_part(required)` measures the GUI and returns its figures, None when it cannot and was not required, or
-    False when it cannot and was (the exit status is then 1)."""
+    """`gui_part(required, busy)` measures the GUI (`busy` processes loading the CPU beside its input measurement)
+    and returns its figures, None when it cannot and was not required, or False when it cannot and was (the exit
+    status is then 1)."""
     args = build_parser(prog).parse_args(argv)
     counts = (args.steps, args.warmup, args.repeat, args.images, args.batch_size)
-    if min(counts) < 1 or args.threads < 0 or args.processes < 2:
+    if min(counts) < 1 or min(args.threads, args.busy) < 0 or args.processes < 2:
         print(
-            f"{prog}: error: --steps, --warmup, --repeat, --images and --batch-size must be at least 1, --threads at "
-            "least 0, --processes at least 2",
+            f"{prog}: error: --steps, --warmup, --repeat, --images and --batch-size must be at least 1, --threads and "
+            "--busy at least 0, --processes at least 2",
             file=sys.stderr,
         )
         return 2
@@ -207,7 +215,7 @@ def main(
             print("\nGUI responsiveness: not measured: run scripts/benchmark.py, which brings the GUI")
             report["gui"] = False if required else None
         else:
-            report["gui"] = gui_part(required)
+            report["gui"] = gui_part(required, args.busy)
     report["process_peak_rss_bytes"] = process_peak_rss()
     report["machine"]["load_average_after"] = _load_average()
     peak = format_gib(report["process_peak_rss_bytes"])

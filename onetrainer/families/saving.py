@@ -58,7 +58,9 @@ def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
     """A diffusers pipeline written atomically as a folder, its weights in `dtype`, cast in the written files."""
     from safetensors.torch import load_file, save_file
 
-    with atomic_directory(destination) as tmp:
+    from onetrainer.util.quiet import no_progress_bars
+
+    with atomic_directory(destination) as tmp, no_progress_bars():
         pipe.save_pretrained(str(tmp), safe_serialization=True)
         if dtype != torch.float32:
             for file in tmp.rglob("*.safetensors"):

@@ -52,7 +52,10 @@ def build_tiny_pipeline(variant: str, seed: int = 0) -> DiffusionPipeline:
 
 def write_pipeline(pipeline: DiffusionPipeline, folder: Path, variant: TinyVariant, seed: int) -> None:
     """Save `pipeline` into the existing, empty `folder` in the layout users' diffusers models have."""
-    pipeline.save_pretrained(folder, safe_serialization=True)
+    from onetrainer.util.quiet import no_progress_bars
+
+    with no_progress_bars():
+        pipeline.save_pretrained(folder, safe_serialization=True)
     _use_real_model_index_entries(folder / "model_index.json")
     for name in ("text_encoder", "text_encoder_2"):
         if type(getattr(pipeline, name, None)).__name__ == "CLIPTextModel":

@@ -46,7 +46,7 @@ class ConsoleSink:
     def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stderr
         self._bar = None
-        self._loss: float | None = None
+        self._metrics: Metrics | None = None
         self._gone = False
 
     def emit(self, event: Event) -> None:
@@ -70,13 +70,14 @@ class ConsoleSink:
             if self._bar is not None:
                 self._bar.n = event.global_step
                 postfix = {"epoch": f"{event.epoch + 1}/{event.total_epochs}"}
-                if self._loss is not None:
-                    postfix["loss"] = f"{self._loss:.4f}"
+                if self._metrics is not None:  # the step's loss and its smoothed value, named as the app's footer
+                    postfix["loss"] = f"{self._metrics.loss:.4f}"
+                    postfix["smooth"] = f"{self._metrics.smooth_loss:.4f}"
                 self._bar.set_postfix(postfix, refresh=False)
                 self._bar.refresh()
             return
         if isinstance(event, Metrics):
-            self._loss = event.smooth_loss
+            self._metrics = event
             return
         if isinstance(event, Finished | Failed):
             self._close_bar()

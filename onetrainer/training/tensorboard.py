@@ -136,13 +136,22 @@ def find_free_port(start: int, host: str = "127.0.0.1", attempts: int = 100) -> 
     raise RuntimeError(f"no free port for TensorBoard between {start} and {start + attempts - 1}")
 
 
+# This process's servers by the port each was asked for. A server asked for the port of one still running here takes
+# that one over when it serves the same folder, else stops it first: the user has one TensorBoard at the port they set,
+# not a second on the next port beside one left running (the app's TensorBoard button's server when a run starts its
+# own on the same workspace; a run's server kept on, `tensorboard_always_on`, when the next run starts). Servers of
+# other processes (another run from the command line) are left alone: the new one moves to the next free port.
+_SERVERS: dict[int, TensorBoardServer] = {}
+_SERVERS_LOCK = threading.RLock()
+
+
 class TensorBoardServer:
     """A `tensorboard` process serving a log directory on 127.0.0.1 (or all interfaces when exposed).
 
     The process never outlives ours: it runs under `tensorboard_child.py`, which ends it when the
     pipe from this process closes (also when this process is killed). It has a session of its own, so a Ctrl+C in
     the terminal does not end it before the run has saved; the run stops it. Its output goes to `output_path` (when
-    given), so a server that dies can say why.
+    given), so a server that dies can say why. One server per asked-for port in a process (see `_SERVERS`).
     """
 
     def __init__(self, log_dir: Path, port: int, expose: bool = False, output_path: Path | None = None) -> None:
@@ -158,7 +167,31 @@ class TensorBoardServer:
         return f"http://localhost:{self.port}/"
 
     def start(self, wait_seconds: float = 0.0) -> str:
-        """Start the server on the requested port or the next free one; returns a line saying where it runs."""
+        """Start the server on the requested port or the next free one; returns a line saying where it runs. The
+        server this process runs on that port already is taken over (same folder) or stopped first (another)."""
+        with _SERVERS_LOCK:
+            earlier = _SERVERS.get(self.requested_port)
+            if earlier is not None and earlier is not self and earlier.running:
+                if earlier._serves(self.log_dir, self.expose):
+                    self._take_over(earlier)
+                    return f"TensorBoard: {self.url} (already running)"
+                earlier.stop()
+            line = self._spawn()
+            _SERVERS[self.requested_port] = self
+        if wait_seconds:
+            self.wait_until_serving(wait_seconds)
+        return line
+
+    def _serves(self, log_dir: Path, expose: bool) -> bool:
+        return self.expose == expose and self.log_dir.resolve() == Path(log_dir).resolve()
+
+    def _take_over(self, earlier: TensorBoardServer) -> None:
+        """Become the owner of `earlier`'s process (which then owns none: stopping it stops nothing)."""
+        self.process, self.port, self.output_path = earlier.process, earlier.port, earlier.output_path
+        earlier.process = None
+        _SERVERS[self.requested_port] = self
+
+    def _spawn(self) -> str:
         host = "0.0.0.0" if self.expose else "127.0.0.1"
         self.port = find_free_port(self.requested_port, host)
         args = [
@@ -182,8 +215,6 @@ class TensorBoardServer:
         finally:
             if output is not subprocess.DEVNULL:
                 output.close()
-        if wait_seconds:
-            self.wait_until_serving(wait_seconds)
         moved = "" if self.port == self.requested_port else f" (port {self.requested_port} was busy)"
         return f"TensorBoard: {self.url}{moved}"
 
@@ -213,6 +244,9 @@ class TensorBoardServer:
         return f"TensorBoard on port {self.port} stopped (exit code {self.process.returncode}){reason}"
 
     def stop(self) -> None:
+        with _SERVERS_LOCK:
+            if _SERVERS.get(self.requested_port) is self:
+                del _SERVERS[self.requested_port]
         if self.process is None:
             return
         with contextlib.suppress(OSError):

@@ -152,3 +152,18 @@ def test_references_alone_are_those_loaded_with_the_image_and_the_image_is_not_d
     monkeypatch.setattr(samples, "open_rgb", lambda path: opened.append(Path(path).name) or real_open(path))
     samples.load_references(entry, PlannedSample(0, Bucket(48, 40), 1), concept)
     assert opened == ["edit-reference-1.png", "edit-reference-2.png"]
+
+
+def test_the_readme_names_the_files_beside_an_image_as_they_are_found(tmp_path: Path):
+    """The README's names for the caption, mask and reference files are the ones the scan finds (its example too)."""
+    from onetrainer.data.images import MASK_SUFFIX, REFERENCE_SUFFIX, mask_path_of
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in ("<image>.txt", f"<image>{MASK_SUFFIX}.png", f"<image>{REFERENCE_SUFFIX}.<ext>",
+                 f"<image>{REFERENCE_SUFFIX}-1.<ext>", f"<image>{REFERENCE_SUFFIX}-2.<ext>"):  # fmt: skip
+        assert f"`{name}`" in readme, name
+    assert "`photo.jpg` with `photo-reference.png`" in readme
+    photo, reference = _image(tmp_path / "photo.jpg"), _image(tmp_path / "photo-reference.png")
+    assert reference_paths_of(photo) == (reference,) and list_images(tmp_path) == [photo]
+    assert mask_path_of(photo).name == "photo-masklabel.png"

@@ -130,6 +130,7 @@ def test_the_concept_window_edits_and_previews_the_augmentation(app, tmp_path: P
         assert facts["Images found"] == "4" and facts["Unreadable files"] == "0"
         rows = statistics.statistics.bucket_rows
         assert rows and statistics.chart.bar_count == len(rows)
+        assert all(float(tick).is_integer() for tick in _y_ticks(statistics.chart))  # images are counted whole
     screenshot(window, "concept-window-statistics")
 
     # Removing a concept moves the others: the open window closes rather than edit the wrong one.
@@ -223,3 +224,51 @@ def test_the_concept_window_shows_reference_images_and_counts_images_without_any
         assert facts["Images found"] == "3"
         assert facts["Images with reference images"] == "2" and facts["Images without any"] == "1"
     window.close()
+
+
+def _y_ticks(chart) -> list[str]:
+    return [chart.itemcget(item, "text") for item in chart.find_withtag("y-tick")]
+
+
+def test_a_chart_of_counts_has_whole_ticks(app) -> None:
+    """Two images in the largest bucket: the axis reads 0, 1, 2, not 0, 0.5, 1, 1.5, 2 (half images)."""
+    from gui.widgets.bar_chart import BarChart
+
+    chart = BarChart(app)
+    try:
+        chart.draw([2, 1], ["64x64", "64x96"], title="images per bucket")
+        assert _y_ticks(chart) == ["0", "1", "2"]
+        chart.draw([0.25, 0.5])  # a chart of fractions keeps its finer ticks
+        assert _y_ticks(chart) == ["0", "0.1", "0.2", "0.3", "0.4", "0.5"]
+    finally:
+        chart.destroy()
+
+
+def test_a_concepts_thumbnail_shows_in_a_second_window_of_the_process(app, tmp_path: Path) -> None:
+    """The thumbnail cache keeps the decoded image, not a Tk picture of the first window's interpreter: the benchmark
+    opens the app twice in one process, and the second concepts tab failed to show the demo's thumbnail."""
+    import tkinter
+
+    import customtkinter as ctk
+    from PIL import Image
+
+    from gui.widgets.concept_card import concept_thumbnail
+    from gui.widgets.pictures import set_picture
+    from onetrainer.config import ConceptConfig
+
+    (tmp_path / "cats").mkdir()
+    Image.new("RGB", (40, 30), "red").save(tmp_path / "cats" / "a.png")
+    concept = ConceptConfig(name="cats", path=str(tmp_path / "cats"))
+    # An earlier window shows it first (Tk pictures are made in the default root's interpreter: that window's then).
+    first = ctk.CTk()
+    shared_root, tkinter._default_root = tkinter._default_root, first
+    try:
+        set_picture(ctk.CTkLabel(first), concept_thumbnail(concept))
+    finally:
+        tkinter._default_root = shared_root
+        first.destroy()
+    label = ctk.CTkLabel(app)
+    try:
+        set_picture(label, concept_thumbnail(concept))  # raised TclError: image "pyimage…" doesn't exist
+    finally:
+        label.destroy()

@@ -194,6 +194,9 @@ def test_axis_ticks_are_round() -> None:
     assert nice_ticks(0.37) == [0, 0.1, 0.2, 0.3, 0.4]
     assert nice_ticks(7) == [0, 2, 4, 6, 8]
     assert nice_ticks(0) == [0, 1]
+    # an axis of counts (images per bucket) has no half images: 2 images are 0, 1, 2, not 0, 0.5, 1, 1.5, 2
+    assert nice_ticks(2, whole=True) == [0, 1, 2] and nice_ticks(1, whole=True) == [0, 1]
+    assert nice_ticks(7, whole=True) == [0, 2, 4, 6, 8]
 
 
 def test_axis_labels_stay_short() -> None:

@@ -80,6 +80,23 @@ def test_the_latest_samples_come_from_events_and_the_workspace(app, tmp_path: Pa
     assert "start it first" in app.footer.status
 
 
+def test_another_presets_workspace_shows_none_of_the_demos_samples(app) -> None:
+    """The latest samples are the loaded config's: after the demo trained, a preset with another workspace shows
+    neither the demo's image nor its note; a sample in the new workspace stays."""
+    gallery = app.select_tab("sampling").gallery
+    assert app.load_preset("demo")
+    demo = Path(app.model.config.workspace_dir).absolute() / "samples" / "0 - a red circle" / "demo-sample-3-1-0.jpg"
+    app._handle(SampleReady(3, 0, "a red circle", str(demo)))
+    kept = Path("workspace/run").absolute() / "samples" / "0 - a cat" / "run-sample-9-1-0.jpg"
+    app._handle(SampleReady(9, 0, "a cat", str(kept)))
+    assert len(gallery.tiles) == 2 and "random weights" in gallery.note_label.cget("text")
+
+    assert app.load_preset("sd15/lora")
+    assert Path(app.model.config.workspace_dir).absolute() == Path("workspace/run").absolute()
+    assert [image.path for image in app.gallery.images()] == [kept] and len(gallery.tiles) == 1
+    assert gallery.note_label.cget("text") == ""
+
+
 def test_an_edit_models_sample_takes_reference_images_in_the_editor(app, tmp_path: Path) -> None:
     """The sample window of an edit model offers its reference images: typed as a list separated by ';' or added with
     the browse button; other model types do not show the field."""
@@ -107,3 +124,30 @@ def test_an_edit_models_sample_takes_reference_images_in_the_editor(app, tmp_pat
     view.browse()
     assert app.model.config.samples[0].reference_images[-1] == str(tmp_path / "c.webp")
     assert view.var.get().count("; ") == 2
+
+
+def test_sample_pictures_are_decoded_off_the_tk_thread_and_a_sample_changes_its_own_tile(
+    app, tmp_path: Path, monkeypatch, pump_until
+) -> None:
+    """A real model's samples are megapixel files: decoding them on the Tk thread, every tile again at every sample,
+    held the window's input back. A worker decodes; a new sample changes its own tile only."""
+    import threading
+
+    import gui.widgets.pictures as pictures
+
+    decoded_on: list[threading.Thread] = []
+    open_rgb = pictures.open_rgb
+    monkeypatch.setattr(
+        pictures, "open_rgb", lambda path: decoded_on.append(threading.current_thread()) or open_rgb(path)
+    )
+    gallery = app.select_tab("sampling").gallery
+    cat = _image(tmp_path / "samples" / "0 - a cat" / "run-training-sample-3-1-0.jpg", "red", 1)
+    app._handle(SampleReady(3, 0, "a cat", str(cat)))
+    tile = gallery.tiles[0]
+    picture = tile.winfo_children()[0]
+    pump_until(app, lambda: picture.cget("text") == "")  # "…" until the worker's picture is shown
+    dog = _image(tmp_path / "samples" / "1 - a dog" / "run-training-sample-6-2-0.jpg", "blue", 2)
+    app._handle(SampleReady(6, 1, "a dog", str(dog)))
+    assert gallery.tiles[0] is tile and len(gallery.tiles) == 2
+    pump_until(app, lambda: gallery.tiles[1].winfo_children()[0].cget("text") == "")
+    assert len(decoded_on) == 2 and threading.main_thread() not in decoded_on

@@ -26,8 +26,26 @@ def build_count(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_builds_once_then_reuses(tmp_path: Path, build_count: list[str]) -> None:
+@pytest.fixture
+def progress_bars_on() -> Any:
+    """transformers' and diffusers' progress bars shown, as in a process that has not quieted them (the suite has)."""
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    modules = (diffusers_logging, transformers_logging)
+    before = [module.is_progress_bar_enabled() for module in modules]
+    for module in modules:
+        module.enable_progress_bar()
+    yield modules
+    for module, enabled in zip(modules, before, strict=True):
+        (module.enable_progress_bar if enabled else module.disable_progress_bar)()
+
+
+def test_builds_once_then_reuses(tmp_path: Path, build_count: list[str], progress_bars_on, capsys) -> None:
     first = tiny_model_dir("sd15", cache_root=tmp_path)
+    # The first use builds it quietly: no "Writing model shards" bar in the terminal, and bars shown after as before.
+    assert "Writing model shards" not in capsys.readouterr().err
+    assert all(module.is_progress_bar_enabled() for module in progress_bars_on)
     assert first == tmp_path / "tiny-models" / f"sd15-v{TINY_MODEL_VERSION}"
     assert (first / "model_index.json").is_file()
     stamp = (first / "unet" / "diffusion_pytorch_model.safetensors").stat().st_mtime_ns

@@ -324,3 +324,23 @@ def test_a_missing_cuda_device_falls_back_to_the_cpu_with_a_warning_on_stderr(ca
     assert masker.device.type == "cpu"
     captured = capsys.readouterr()
     assert "no CUDA device" in captured.err and captured.out == ""  # stdout lists the files written
+
+
+def test_the_readme_lists_the_folder_onnxruntime_writes(tmp_path: Path):
+    """onnxruntime (the u2net masker's runtime) writes a folder under the user's cache on import: the README's list
+    of the folders outside the repository names each one it writes."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    pytest.importorskip("onnxruntime")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", "import onnxruntime"], env=env, check=True, timeout=120)
+    written = [p.relative_to(tmp_path / "cache") for p in (tmp_path / "cache").rglob("*") if p.is_dir()]
+    deepest = [p for p in written if not any(q != p and q.is_relative_to(p) for q in written)]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for folder in deepest:
+        assert f"`~/.cache/{folder.as_posix()}/`" in readme, folder

@@ -13,6 +13,8 @@ from onetrainer.training.events import (
     CacheProgress,
     Failed,
     Finished,
+    Metrics,
+    Progress,
     SampleReady,
     Started,
     Status,
@@ -83,3 +85,13 @@ def test_caching_shows_a_progress_bar_on_the_terminal_and_one_line_in_the_logs(t
         None,
         None,
     ]
+
+
+def test_the_terminals_bar_names_the_loss_and_the_smoothed_loss_as_the_footer_does():
+    console = io.StringIO()
+    sink = ConsoleSink(console)
+    sink.emit(Started("run-1", total_steps=6, total_epochs=2, steps_per_epoch=3))
+    sink.emit(Metrics(1, loss=0.25, smooth_loss=0.75, learning_rates={"lr": 1e-4}))
+    sink.emit(Progress(1, 6, 0, 2, 1, 3, 4.0, 1.25))
+    sink.close()
+    assert "loss=0.2500" in console.getvalue() and "smooth=0.7500" in console.getvalue()

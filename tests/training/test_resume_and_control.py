@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -163,18 +164,46 @@ def test_rolling_backups_keep_the_newest(tmp_path):
     assert isinstance(outcome, Finished) and [read_progress(b).global_step for b in backups] == [3, 4]
 
 
-def test_tensorboard_server_serves_and_moves_to_a_free_port(tmp_path):
+def test_tensorboard_server_serves_and_moves_past_a_port_another_program_holds(tmp_path):
     port = find_free_port(16006)
-    first = TensorBoardServer(tmp_path, port)
-    second = TensorBoardServer(tmp_path, port)
+    server = TensorBoardServer(tmp_path, port)
     try:
-        assert first.start(wait_seconds=60) == f"TensorBoard: http://localhost:{port}/"
-        assert first.wait_until_serving(60)
-        with urllib.request.urlopen(first.url, timeout=10) as response:
+        assert server.start(wait_seconds=60) == f"TensorBoard: http://localhost:{port}/"
+        assert server.wait_until_serving(60)
+        with urllib.request.urlopen(server.url, timeout=10) as response:
             assert response.status == 200
-        message = second.start()
-        assert second.port != port and f"port {port} was busy" in message
     finally:
-        first.stop()
-        second.stop()
-    assert not first.running and not second.running
+        server.stop()
+    assert not server.running
+    with socket.socket() as taken:  # another program (another run's process) holds the port
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        moved = TensorBoardServer(tmp_path, port)
+        try:
+            message = moved.start()
+            assert moved.port != port and f"port {port} was busy" in message
+        finally:
+            moved.stop()
+
+
+def test_one_tensorboard_per_port_in_a_process(tmp_path):
+    """A server asked for the port of one this process runs takes that one over (the same folder: the app's
+    TensorBoard button's server when a run starts on its workspace) or stops it first (another folder: a kept server
+    when the next run starts elsewhere): one TensorBoard at the port the user set, none left on the next port."""
+    port = find_free_port(17006)
+    button = TensorBoardServer(tmp_path / "a", port)
+    run = TensorBoardServer(tmp_path / "a" / ".." / "a", port)
+    elsewhere = TensorBoardServer(tmp_path / "b", port)
+    try:
+        button.start()
+        child = button.process
+        assert run.start() == f"TensorBoard: http://localhost:{port}/ (already running)"
+        assert run.process is child and run.port == port and not button.running
+        button.stop()  # owns nothing now: the run's server goes on
+        assert run.running
+        elsewhere.start()
+        assert elsewhere.port == port and elsewhere.process is not child and elsewhere.running
+        assert child.poll() is not None and not run.running
+    finally:
+        for server in (button, run, elsewhere):
+            server.stop()

@@ -1,4 +1,5 @@
-"""The harmless bitsandbytes notice about a missing `kernels` package is not shown; everything else still is."""
+"""Notices known to be harmless (bitsandbytes' missing `kernels`, transformers' torchvision fallback, diffusers'
+empty float32 list) are not shown; everything else those loggers log still is."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import onetrainer  # noqa: F401  (installs the filter, as any use of the package does)
 from tests.conftest import ROOT
@@ -40,3 +42,63 @@ def test_preflight_output_has_no_bitsandbytes_kernels_notice(tmp_path):
     assert "estimate:" in result.stdout
     assert "kernels" not in result.stdout + result.stderr
     assert "gemm_4bit" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("logger_name", "harmless", "other"),
+    [
+        (
+            "transformers.utils.import_utils",
+            "`CLIPImageProcessor` requires torchvision (not installed); falling back to `CLIPImageProcessorPil` for "
+            "backward compatibility. Install torchvision to use the default backend, or import "
+            "`CLIPImageProcessorPil` directly to silence this warning.",
+            "`Foo` requires torchvision >= 0.27",
+        ),
+        (
+            "diffusers.models.modeling_utils",
+            "There are modules in UNet2DConditionModel that should be kept in float32: []. Casting directly with "
+            "`to()` can lead to inconsistent results; set `torch_dtype` in `from_pretrained()` instead to keep these "
+            "modules in float32.",
+            "There are modules in T5EncoderModel that should be kept in float32: ['wo']. Casting directly …",
+        ),
+    ],
+)
+def test_library_notices_of_nothing_wrong_are_filtered(logger_name, harmless, other):
+    logger = logging.getLogger(logger_name)
+    heard = _Recorder()
+    logger.addHandler(heard)  # the libraries' own loggers do not propagate to the root: listen on the logger itself
+    try:
+        logger.warning(harmless)
+        logger.warning(other)
+    finally:
+        logger.removeHandler(heard)
+    assert heard.messages == [other]
+
+
+def test_diffusers_cast_of_a_model_keeping_nothing_in_float32_is_quiet():
+    """The real warning: diffusers' `to(dtype)` of a model with no float32 layers."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, latent_channels=4, layers_per_block=1)
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    level = logger.level
+    heard = _Recorder()
+    logger.addHandler(heard)
+    logger.setLevel(logging.WARNING)  # as in a process where nothing made diffusers quiet (the suite's runs do)
+    try:
+        vae.to(torch.float32)
+        vae._keep_in_fp32_modules = ["encoder"]
+        vae.to(torch.float32)
+    finally:
+        logger.removeHandler(heard)
+        logger.setLevel(level)
+    assert len(heard.messages) == 1 and "should be kept in float32: ['encoder']" in heard.messages[0]
+
+
+class _Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
