@@ -263,12 +263,12 @@ def test_a_concepts_thumbnail_shows_in_a_second_window_of_the_process(app, tmp_p
     first = ctk.CTk()
     shared_root, tkinter._default_root = tkinter._default_root, first
     try:
-        set_picture(ctk.CTkLabel(first), concept_thumbnail(concept))
+        set_picture(ctk.CTkLabel(first), concept_thumbnail(concept)[1])
     finally:
         tkinter._default_root = shared_root
         first.destroy()
     label = ctk.CTkLabel(app)
     try:
-        set_picture(label, concept_thumbnail(concept))  # raised TclError: image "pyimage…" doesn't exist
+        set_picture(label, concept_thumbnail(concept)[1])  # raised TclError: image "pyimage…" doesn't exist
     finally:
         label.destroy()
