@@ -77,6 +77,7 @@ from onetrainer.training.events import (
     Warning_,
 )
 from onetrainer.training.fused_back_pass import FusedBackPass
+from onetrainer.training.interruptible import checked_in_every_layer
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
@@ -954,6 +955,13 @@ class Trainer:
         outdated, size = remove_outdated_entries(config.cache_dir)
         if outdated:
             self.status(f"removed {outdated} cache entries of an earlier format ({size / 1024**2:.1f} MiB)")
+        # A stop is noticed inside the encoders as well (before each layer), not only between the entries they write:
+        # one batch of a large encoder can take minutes.
+        with checked_in_every_layer(self.model.parts.values(), lambda: self._stop_point(sync=False)):
+            self._fill_latent_and_text_caches()
+
+    def _fill_latent_and_text_caches(self) -> None:
+        config = self.config
         ranks = self.dist
         stats = fill_latent_cache(
             self.data, self.family, self.model, config, self.with_masks, self._caching_progress, ranks
@@ -975,8 +983,8 @@ class Trainer:
             self.events.emit(CacheFilled("captions", text_stats.needed, text_stats.encoded, text_stats.seconds))
 
     def _caching_progress(self, kind: str, done: int, total: int) -> None:
-        """A cache pass's progress (the footer's bar, the terminal's), reported after each entry it writes: that is
-        where a stop ends caching, keeping every entry written so far."""
+        """A cache pass's progress (the footer's bar, the terminal's), reported after each entry it writes: a stop ends
+        caching there (or inside the encoders, `_fill_caches`), keeping every entry written so far."""
         now = time.monotonic()
         if done == 0:
             self._caching_since = now

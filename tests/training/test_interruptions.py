@@ -139,6 +139,34 @@ def test_a_stop_during_caching_ends_it_after_the_current_entry_and_keeps_what_is
     assert sink.of(CacheFilled)[0].encoded == 3 and len(_entries(tmp_path / "cache", "latents")) == 4
 
 
+def test_a_stop_inside_an_encoders_forward_pass_ends_it_at_the_next_layer(tmp_path, monkeypatch):
+    """A batch of a large encoder can take minutes: a stop requested while it runs ends it before its next layer, and
+    nothing of that batch is written."""
+    image_folder(tmp_path)  # 4 images of one bucket: one encoding batch
+    control = TrainingControl()
+    finished: list[str] = []
+    fill = trainer_module.fill_latent_cache
+
+    def stop_in_the_first_layer(data, family, model, *args, **kwargs):
+        def after_forward(module, _args, _output) -> None:
+            finished.append(type(module).__name__)
+            control.request_stop()  # as the Stop button does, from within the VAE's first layer
+
+        handles = [m.register_forward_hook(after_forward) for part in model.parts.values() for m in part.modules()]
+        try:
+            return fill(data, family, model, *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    monkeypatch.setattr(trainer_module, "fill_latent_cache", stop_in_the_first_layer)
+    outcome, sink = run(tiny_config(tmp_path), control)
+    assert isinstance(outcome, Finished) and outcome.reason == "stopped during caching"
+    assert len(finished) == 1  # the layer that saw the stop; no other layer of the batch ran after it
+    assert not _entries(tmp_path / "cache", "latents") and not _entries(tmp_path / "cache", "text")
+    assert "stopped during caching: 0 of 4 images were encoded" in texts(sink) and not sink.of(Started)
+
+
 def test_a_failed_periodic_backup_warns_and_training_goes_on(tmp_path, monkeypatch):
     image_folder(tmp_path)
     real = trainer_module.write_backup
