@@ -344,3 +344,17 @@ def test_the_readme_lists_the_folder_onnxruntime_writes(tmp_path: Path):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for folder in deepest:
         assert f"`~/.cache/{folder.as_posix()}/`" in readme, folder
+
+
+def test_onnxruntime_writes_no_telemetry_under_the_app(tmp_path: Path):
+    """The app turns onnxruntime's telemetry off unless the environment chose: imported after onetrainer, it writes
+    nothing under the user's cache (imported alone it writes the folder the test above finds)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", "import onetrainer, onnxruntime"], env=env, check=True, timeout=120)
+    assert not list((tmp_path / "cache").rglob("*"))
