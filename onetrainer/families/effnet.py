@@ -202,12 +202,15 @@ def encode(encoder: EfficientNetEncoder, images: torch.Tensor, wuerstchen: bool)
 
 
 def encoder_from_state_dict(
-    state_dict: Mapping[str, torch.Tensor], source: str = "the EfficientNet file"
+    state_dict: Mapping[str, torch.Tensor], source: str = "the EfficientNet file", dtype: torch.dtype | None = None
 ) -> EfficientNetEncoder:
-    """A published effnet state dict (Würstchen's or Cascade's) → the encoder, loaded strictly, in eval mode.
+    """A published effnet state dict (Würstchen's or Cascade's) → the encoder, loaded strictly, in eval mode; `dtype`:
+    built without weights and given the state's tensors in it (no float32 copy on the way), else in float32.
 
     Widths are read from the file, so the tiny test encoders load the same way.
     """
+    from onetrainer.families.loading import empty_module
+
     affine = "mapper.1.weight" in state_dict
     try:
         channels = [state_dict["backbone.0.0.weight"].shape[0]]
@@ -215,10 +218,16 @@ def encoder_from_state_dict(
             state_dict[f"backbone.{i}.0.block.{_last_conv(state_dict, i)}.0.weight"].shape[0] for i in range(1, 7)
         ]
         head = state_dict["backbone.7.0.weight"].shape[0]
-        encoder = EfficientNetEncoder(affine, channels, head, state_dict["mapper.0.weight"].shape[0])
+        arguments = (affine, channels, head, state_dict["mapper.0.weight"].shape[0])
     except (KeyError, ValueError) as error:
         raise ValueError(f"{source} is not an EfficientNetV2-S encoder (backbone.*, mapper.*): {error}") from None
-    result = encoder.load_state_dict(dict(state_dict), strict=False)
+    if dtype is None:
+        encoder = EfficientNetEncoder(*arguments)
+        result = encoder.load_state_dict(dict(state_dict), strict=False)
+    else:  # every tensor of the encoder is in the file (a missing one is refused below): none is computed in float32
+        encoder = empty_module(lambda: EfficientNetEncoder(*arguments))
+        state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state_dict.items()}
+        result = encoder.load_state_dict(state, strict=False, assign=True)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
             f"{source} does not match the EfficientNetV2-S encoder: missing {result.missing_keys[:5]}, "
@@ -227,16 +236,17 @@ def encoder_from_state_dict(
     return encoder.eval().requires_grad_(False)
 
 
-def load_encoder(path: str | Path) -> EfficientNetEncoder:
+def load_encoder(path: str | Path, dtype: torch.dtype | None = None) -> EfficientNetEncoder:
     """The encoder from Stability's `effnet_encoder.safetensors` or a diffusers-style folder such as
-    warp-ai/EfficientNetEncoder (`diffusion_pytorch_model.safetensors` beside its config.json)."""
-    from safetensors.torch import load_file
+    warp-ai/EfficientNetEncoder (`diffusion_pytorch_model.safetensors` beside its config.json), in `dtype` (None:
+    float32)."""
+    from onetrainer.weights.checkpoint_files import load_state_dict
 
     path = Path(path)
     file = path / "diffusion_pytorch_model.safetensors" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"EfficientNet encoder not found: {file} (a .safetensors file or a folder with one)")
-    return encoder_from_state_dict(load_file(file), str(file))
+    return encoder_from_state_dict(load_state_dict(file, dtype), str(file), dtype)
 
 
 def _last_conv(state_dict: Mapping[str, torch.Tensor], stage: int) -> int:

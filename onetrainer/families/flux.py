@@ -58,12 +58,16 @@ from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, 
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
     ModelLoadError,
+    assign_weights,
     cast_parts,
     check_inpainting,
-    checked_load,
+    empty_module,
+    file_reading,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
     part_wise_base,
+    read_pretrained,
 )
 from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
 from onetrainer.families.sources import resolve_local
@@ -119,7 +123,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         what = "the text encoders, the VAE and the tokenizers"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
-        tokenizers = self._load_text_encoders(where, options, parts)
+        tokenizers = self._load_text_encoders(config, where, options, parts)
         parts["vae"] = load_vae(config, where, options)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
@@ -150,7 +154,8 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             )
         override = config.transformer.model_name.strip()
         if not override:
-            transformer = load_diffusers_component(cls, where, "transformer", options)
+            dtype = load_dtype(config, "transformer")
+            transformer = load_diffusers_component(cls, where, "transformer", options, dtype=dtype)
         else:
             transformer = self._transformer_override(cls, override, base_config, config)
             where = override
@@ -162,37 +167,37 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
     ) -> torch.nn.Module:
         from onetrainer.util import gguf_weights
 
+        dtype = load_dtype(config, "transformer")
         path = resolve_local(override)
         if path.is_dir():
             subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
-            return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+            return read_pretrained(cls, str(path), dtype, subfolder=subfolder, local_files_only=True)
         if not path.is_file():
             raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
         gguf = gguf_weights.is_gguf_file(path)
         try:
+            read, read_in = (None, None) if gguf else file_reading(path, dtype)
             if gguf:  # pre-quantized blocks, kept as they are (`util/gguf_weights.py`)
                 state, transformer_config = flux_keys.convert_original(gguf_weights.read_gguf(path), base_config, path)
             else:
-                state, transformer_config = flux_keys.read_original_checkpoint(path, base_config)
+                state, transformer_config = flux_keys.read_original_checkpoint(path, base_config, read)
         except ValueError as e:
             raise ModelLoadError(f"cannot read the transformer (transformer.model_name): {e}") from e
-        from accelerate import init_empty_weights
-
-        with init_empty_weights(include_buffers=False):  # the file's tensors become the weights: no second copy
-            transformer = cls.from_config(transformer_config)
+        transformer = empty_module(lambda: cls.from_config(transformer_config))  # the file's tensors become the weights
         if gguf:
             if config.transformer.weight_dtype not in GGUF_WEIGHT_DTYPES:
                 raise ModelLoadError(gguf_weights.NEEDS_GGUF_DTYPE.format(path=path))
             gguf_weights.prepare_gguf_layers(transformer, state, config.transformer.weight_dtype)
-        checked_load(transformer, state, f"the transformer {path}", assign=True)
-        return transformer
+        return assign_weights(transformer, state, dtype, f"the transformer {path}", read_in)
 
     def _check_transformer(self, transformer: torch.nn.Module, config: TrainConfig, where: str) -> None:
         """Refuse a transformer that does not fit the model type (Flux: an inpainting one, or the reverse)."""
 
     @abstractmethod
-    def _load_text_encoders(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> dict[str, object]:
-        """Adds the text encoders to `parts`; returns their tokenizers by part."""
+    def _load_text_encoders(
+        self, config: TrainConfig, where: str, options: dict, parts: dict[str, torch.nn.Module]
+    ) -> dict[str, object]:
+        """Adds the text encoders to `parts`, each read in its `load_dtype`; returns their tokenizers by part."""
 
     @abstractmethod
     def _slots(self, config: TrainConfig, parts: dict, tokenizers: dict) -> list[TextEncoderSlot]:
@@ -335,11 +340,11 @@ class FluxFamily(FluxTransformerFamily):
         fill = channels.in_channels > (channels.out_channels or channels.in_channels)
         check_inpainting(fill, config.model_type, where, "Flux model (Fill)")
 
-    def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
+    def _load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
-        parts["text_encoder"] = load_diffusers_component(CLIPTextModel, where, "text_encoder", options)
-        parts["text_encoder_2"] = load_diffusers_component(T5EncoderModel, where, "text_encoder_2", options)
+        for part, cls in (("text_encoder", CLIPTextModel), ("text_encoder_2", T5EncoderModel)):
+            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         return {
             "text_encoder": load_tokenizer(where, options),
             "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2", cls=AutoTokenizer),
@@ -472,10 +477,11 @@ class ChromaFamily(FluxTransformerFamily):
     }
     legacy_prefixes: ClassVar[dict[str, str]] = {"text_encoder": flux_lora.CHROMA_T5_READ_PREFIXES[-1]}
 
-    def _load_text_encoders(self, where, options, parts) -> dict[str, object]:
+    def _load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
         from transformers import AutoTokenizer, T5EncoderModel
 
-        parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options)
+        dtype = load_dtype(config, "text_encoder")
+        parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype)
         return {"text_encoder": load_tokenizer(where, options, cls=AutoTokenizer)}
 
     def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:

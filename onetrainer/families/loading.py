@@ -1,8 +1,15 @@
 """Loading helpers shared by the families: diffusers components with clear errors, dtypes, strict state dicts, a
-fine-tune backup as a base model, the inpainting check of a model type."""
+fine-tune backup as a base model, the inpainting check of a model type.
+
+Every part is read in the dtype it is kept in (`load_dtype`), never first in float32 and cast afterwards: diffusers
+builds its models in float32 unless told otherwise, and a BFLOAT_16 Flux transformer read that way took 44 GiB of RAM
+on its way to 22. A weight read in its part's dtype is rounded once from the file's value, as the cast after a float32
+read rounded it (float32 holds every 16-bit value exactly), so the weights are the same to the bit.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +23,7 @@ from onetrainer.util.dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
-    from onetrainer.config.enums import ModelType
+    from onetrainer.config.enums import DataType, ModelType
     from onetrainer.util.hub import FileSets
 
 log = logging.getLogger(__name__)
@@ -43,13 +50,143 @@ def hub_options(source, config: TrainConfig, what: str = "the base model", file_
     return options
 
 
-def load_diffusers_component(cls, where: str, subfolder: str, options: dict, config_only: bool = False):
+def load_diffusers_component(
+    cls, where: str, subfolder: str | None, options: dict, config_only: bool = False, dtype: torch.dtype | None = None
+):
+    """A part of a diffusers folder or hub id (`cls`: a diffusers or transformers model class), read in `dtype`
+    (`load_dtype`; None: as its library reads it); `config_only`: its config alone."""
     try:
         if config_only:
             return cls.load_config(where, subfolder=subfolder, **options)
-        return cls.from_pretrained(where, subfolder=subfolder, **options)
+        return read_pretrained(cls, where, dtype, subfolder=subfolder, **options)
     except (OSError, ValueError) as e:
         raise ModelLoadError(_explain(where, subfolder, options, e)) from e
+
+
+def load_data_type(config: TrainConfig, part: str) -> DataType:
+    """The data type `part` is read in: the one it is kept in. A plain weight dtype is itself; a quantized kind
+    (FLOAT_8, INT_8, the W8A8 kinds, NFLOAT_4, and a GGUF file's float tensors) is the training dtype, which
+    `quantize_part` casts the whole part to before it quantizes: the quantizer reads the same values as after a float32
+    read and that cast, so the quantized weights do not change either (reading such a part as its file stores it would
+    change them: a float32 file quantized from float32 instead of from the training dtype). The estimate counts the
+    load by it (`training/estimate.py`)."""
+    from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES
+
+    data_type = config.part(part).weight_dtype
+    if data_type in QUANTIZED_WEIGHT_DTYPES or data_type in GGUF_WEIGHT_DTYPES:
+        return config.train_dtype
+    return data_type
+
+
+def load_dtype(config: TrainConfig, part: str) -> torch.dtype:
+    """`load_data_type` as a torch dtype: what every loading path reads the part in."""
+    return torch_dtype(load_data_type(config, part))
+
+
+def read_pretrained(cls, where: str, dtype: torch.dtype | None, **options) -> torch.nn.Module:
+    """`cls.from_pretrained(where, **options)` with the weights read in `dtype` (None: as the library reads them).
+
+    What the weights do not bring is left as a read in the library's own dtype followed by a cast to `dtype` left it
+    (`_cast_as_before`): the buffers a model computes itself (rotary frequencies, position tables) and the layers the
+    library keeps in float32 (transformers' `_keep_in_fp32_modules`, T5's `wo` when it reads in float16)."""
+    if dtype is None:
+        return cls.from_pretrained(where, **options)
+    own = _library_dtype(cls, where, options)
+    if own is None:  # a transformers config that names no dtype: read as its files store the weights, as before
+        return cls.from_pretrained(where, **options)
+    module = cls.from_pretrained(where, dtype=dtype, **options)
+    _cast_as_before(module, own, dtype)
+    return module
+
+
+def _library_dtype(cls, where: str, options: dict) -> torch.dtype | None:
+    """The dtype `cls.from_pretrained` reads weights in when it is not told one: diffusers builds its models in float32
+    (whatever the files hold); transformers reads them in the dtype the config names (`dtype="auto"`), None where it
+    names none."""
+    from diffusers import ModelMixin
+
+    if issubclass(cls, ModelMixin):
+        return torch.float32
+    from transformers import AutoConfig
+
+    config_class = getattr(cls, "config_class", None) or AutoConfig  # the auto classes read any model's config
+    named = getattr(config_class.from_pretrained(where, **options), "dtype", None)
+    if isinstance(named, str):
+        named = getattr(torch, named, None)
+    return named if isinstance(named, torch.dtype) else None
+
+
+def _cast_as_before(module: torch.nn.Module, read_in: torch.dtype, dtype: torch.dtype) -> None:
+    """After `module`'s weights were read in `dtype` where they used to be read in `read_in` and then cast: the rest
+    (buffers the model computes itself, layers its library keeps in float32) as that cast left it. The cast took the
+    whole module to `dtype` when `read_in` was another dtype, and nothing otherwise (a Qwen text encoder released in
+    bfloat16 keeps its float32 rotary frequencies)."""
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    if read_in != dtype and any(t.is_floating_point() and t.dtype != dtype for t in tensors):
+        module.to(dtype=dtype)
+
+
+def empty_module(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """`build()` without weights (on the meta device; buffers real), for `assign_weights`: no float32 copy of a model
+    that a file's tensors then replace."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        return build()
+
+
+def read_dtypes(config: TrainConfig, prefixes: dict[str, str | None]) -> Callable[[str], torch.dtype | None]:
+    """For `load_state_dict` reading one file that holds several parts: a tensor's dtype by the longest of `prefixes`
+    its name starts with, {prefix: part} (the part's `load_dtype`; None, or no prefix: kept as the file stores it)."""
+    ordered = sorted(prefixes.items(), key=lambda item: -len(item[0]))
+    dtypes = {part: load_dtype(config, part) for part in prefixes.values() if part is not None}
+
+    def dtype_of(key: str) -> torch.dtype | None:
+        part = next((part for prefix, part in ordered if key.startswith(prefix)), None)
+        return dtypes.get(part) if part is not None else None
+
+    return dtype_of
+
+
+def file_reading(path: Path, dtype: torch.dtype, prefix: str = "") -> tuple[torch.dtype | None, torch.dtype | None]:
+    """How to read a file whose tensors (those under `prefix`) a module built without weights takes as its own, for
+    the module to be in `dtype`: (the dtype to read them in, `assign_weights`' `read_in`). Where the file stores them
+    all in one dtype (its safetensors header says), they are read in `dtype`, and that one was the module's before the
+    cast; else (several dtypes, a pickle) they are read as stored and the module's first weight tells."""
+    from onetrainer.weights.checkpoint_files import stored_float_dtype
+
+    stored = stored_float_dtype(path, prefix)
+    return (dtype, stored) if stored is not None else (None, None)
+
+
+def assign_weights(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype, what: str, read_in: torch.dtype | None
+) -> torch.nn.Module:
+    """`module`, built without weights (accelerate's `init_empty_weights`), takes `state`'s tensors as its weights,
+    each floating one cast to `dtype` as it is taken (`state` is emptied, so a tensor of another dtype is let go once
+    its cast is made); a weight missing or left over is an error naming `what` (`checked_load`). `read_in`: the dtype
+    the module's weights used to be in before the cast to `dtype` (float32 for a module that was built in float32 and
+    had the file's tensors copied in; None: the dtype its first weight has in `state`, for one that took them as they
+    were), which decides the rest as `_cast_as_before` does. Each weight is contiguous and none is shared by two names,
+    as copies into a built module were."""
+    names = [name for name, _ in module.named_parameters()]
+    if read_in is None:
+        first = state.get(names[0]) if names else None
+        read_in = first.dtype if first is not None else dtype
+    weights: dict[str, torch.Tensor] = {}
+    taken: set[tuple[int, int, tuple[int, ...]]] = set()
+    for key in list(state):
+        tensor = state.pop(key)
+        if tensor.is_floating_point():
+            tensor = tensor.to(dtype).contiguous()
+        where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if where in taken:  # one tensor under two names: each weight its own, as copies into a built module were
+            tensor = tensor.clone()
+        taken.add(where)
+        weights[key] = tensor
+    checked_load(module, weights, what, assign=True)
+    _cast_as_before(module, read_in, dtype)
+    return module
 
 
 def load_tokenizer(where: str, options: dict, subfolder: str = "tokenizer", cls=None):
@@ -81,7 +218,8 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
 
 
 def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
-    """Put each part in its configured weight dtype (the quantization filter applies to the denoiser)."""
+    """Put each part in its configured weight dtype (the quantization filter applies to the denoiser). A part read in
+    `load_dtype` is in it already: a plain one is left as it is, a quantized one is quantized."""
     from onetrainer.config.model_types import model_type_info
     from onetrainer.util.quantize import quantize_part
 
@@ -162,27 +300,26 @@ def load_transformer_part(
 ) -> torch.nn.Module:
     """The base's transformer (`cls`, diffusers), or the transformer part's own model (`transformer.model_name`): a
     diffusers folder, or one file whose weights `to_diffusers` names as diffusers does, built on the base's
-    transformer config without weights (the file's tensors become them: no second copy in memory)."""
-    from accelerate import init_empty_weights
-
+    transformer config without weights (the file's tensors become them, read in `load_dtype`: no second copy in
+    memory)."""
     from onetrainer.families.sources import resolve_local
     from onetrainer.weights.checkpoint_files import load_state_dict
 
+    dtype = load_dtype(config, "transformer")
     override = config.transformer.model_name.strip()
     if not override:
-        return load_diffusers_component(cls, where, "transformer", options)
+        return load_diffusers_component(cls, where, "transformer", options, dtype=dtype)
     path = resolve_local(override)
     if path.is_dir():
         subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
-        return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        return read_pretrained(cls, str(path), dtype, subfolder=subfolder, local_files_only=True)
     if not path.is_file():
         raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
     base_config = load_diffusers_component(cls, where, "transformer", options, config_only=True)
     try:
-        state = to_diffusers(load_state_dict(path))
+        read, read_in = file_reading(path, dtype)
+        state = to_diffusers(load_state_dict(path, read))
     except ValueError as e:
         raise ModelLoadError(f"cannot read the transformer (transformer.model_name) {path}: {e}") from e
-    with init_empty_weights(include_buffers=False):
-        transformer = cls.from_config(base_config)
-    checked_load(transformer, state, f"the transformer {path}", assign=True)
-    return transformer
+    transformer = empty_module(lambda: cls.from_config(base_config))
+    return assign_weights(transformer, state, dtype, f"the transformer {path}", read_in)

@@ -34,11 +34,14 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     ModelLoadError,
+    assign_weights,
     cast_parts,
-    checked_load,
+    empty_module,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
     part_wise_base,
+    read_pretrained,
 )
 from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
@@ -82,9 +85,10 @@ class PixArtFamily(Family):
 
         where, options = part_wise_base(config, "PixArt", "T5, the VAE and the tokenizer", self.info.hub_file_sets)
         transformer, extra = self._load_transformer(config, where, options)
+        dtype = load_dtype(config, "text_encoder")
         parts = {
             "transformer": transformer,
-            "text_encoder": load_diffusers_component(T5EncoderModel, where, "text_encoder", options),
+            "text_encoder": load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype),
             "vae": load_vae(config, where, options),
         }
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
@@ -104,24 +108,29 @@ class PixArtFamily(Family):
         checkpoint (.pth / .safetensors) read with the base transformer's config."""
         from diffusers import PixArtTransformer2DModel
 
+        dtype = load_dtype(config, "transformer")
         override = config.transformer.model_name.strip()
         if not override:
-            return load_diffusers_component(PixArtTransformer2DModel, where, "transformer", options), {}
+            return load_diffusers_component(PixArtTransformer2DModel, where, "transformer", options, dtype=dtype), {}
         path = resolve_local(override)
         if path.is_dir():
             subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
-            return PixArtTransformer2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True), {}
+            transformer = read_pretrained(
+                PixArtTransformer2DModel, str(path), dtype, subfolder=subfolder, local_files_only=True
+            )
+            return transformer, {}
         if not path.is_file():
             raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
         transformer_config = load_diffusers_component(
             PixArtTransformer2DModel, where, "transformer", options, config_only=True
         )
         try:
-            state, native_only = pixart_keys.read_native_checkpoint(path, transformer_config)
+            state, native_only = pixart_keys.read_native_checkpoint(path, transformer_config, dtype)
         except ValueError as e:
             raise ModelLoadError(f"cannot read the transformer (transformer.model_name): {e}") from e
-        transformer = PixArtTransformer2DModel.from_config(transformer_config)
-        checked_load(transformer, state, f"the PixArt transformer {path}")
+        transformer = empty_module(lambda: PixArtTransformer2DModel.from_config(transformer_config))
+        # built in float32 and the file's tensors copied in, before: the weights as that copy and the cast left them
+        assign_weights(transformer, state, dtype, f"the PixArt transformer {path}", torch.float32)
         return transformer, {"y_embedding": native_only.get(pixart_keys.Y_EMBEDDING)}
 
     # -- text and images ------------------------------------------------------------------------------------------

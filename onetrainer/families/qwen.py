@@ -36,6 +36,7 @@ from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
     load_transformer_part,
     part_wise_base,
@@ -93,11 +94,17 @@ class QwenImageFamily(LanguageModelFlowFamily):
         encoder = Qwen2_5_VLForConditionalGeneration
         parts: dict[str, torch.nn.Module] = {
             "transformer": load_transformer_part(QwenImageTransformer2DModel, config, where, options, without_prefix),
-            "text_encoder": load_diffusers_component(encoder, where, "text_encoder", options),
+            "text_encoder": load_diffusers_component(
+                encoder, where, "text_encoder", options, dtype=load_dtype(config, "text_encoder")
+            ),
         }
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
-        vae = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options)
-        parts["vae"] = load_vae_override(config, vae.config, AutoencoderKLQwenImage) if config.vae.model_name else vae
+        if config.vae.model_name:
+            vae_config = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options, config_only=True)
+            parts["vae"] = load_vae_override(config, vae_config, AutoencoderKLQwenImage)
+        else:
+            dtype = load_dtype(config, "vae")
+            parts["vae"] = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options, dtype=dtype)
         return self._loaded(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------

@@ -22,12 +22,15 @@ from onetrainer.families.base import (
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
+    assign_weights,
     cast_parts,
     check_inpainting,
-    checked_load,
+    empty_module,
     hub_options,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
+    read_dtypes,
 )
 from onetrainer.families.saving import cast_state, plain_state
 from onetrainer.families.schedules import discrete_schedule
@@ -54,6 +57,10 @@ if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+
+# SD 2's OpenCLIP-H layer after the penultimate one the model conditions on: not in the text encoder, kept for saving.
+UNUSED_TEXT_LAYER = TEXT_PREFIX + "model.transformer.resblocks.23."
 
 
 def is_sd2(model_type: ModelType) -> bool:
@@ -89,20 +96,22 @@ class StableDiffusionFamily(StableDiffusionBase):
         options = hub_options(source, config)
         where = source.location
         parts = {
-            "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
-            "text_encoder": load_diffusers_component(CLIPTextModel, where, "text_encoder", options),
-            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+            part: load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
+            for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel), ("vae", AutoencoderKL))
         }
         tokenizer = load_tokenizer(where, options)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         return parts, tokenizer, scheduler_config, {}
 
-    def _load_single_file(self, path: Path, model_type: ModelType):
+    def _load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel
 
-        state = load_state_dict(path)
+        model_type = config.model_type
+        # SD 2's last text encoder layer, which the model does not use, is kept as the file has it, for saving.
+        owners = {UNET_PREFIX: "unet", VAE_PREFIX: "vae", TEXT_PREFIX: "text_encoder", UNUSED_TEXT_LAYER: None}
+        state = load_state_dict(path, read_dtypes(config, owners))
         metadata = read_safetensors_metadata(path) if path.suffix.lower() == ".safetensors" else {}
         detected = _detect_checkpoint(state, path)
         expected_v2 = is_sd2(model_type)
@@ -114,18 +123,22 @@ class StableDiffusionFamily(StableDiffusionBase):
         check_inpainting(detected["inpainting"], model_type, path, "checkpoint")
 
         configs = json.loads(metadata[CONFIGS_KEY]) if CONFIGS_KEY in metadata else _reference_configs(model_type)
-        unet = UNet2DConditionModel.from_config(configs["unet"])
-        checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
-        vae = AutoencoderKL.from_config(configs["vae"])
+        kept = {k: v for k, v in state.items() if k.startswith(UNUSED_TEXT_LAYER)}
+
+        # Built in float32 and the file's tensors copied in before: the weights as that copy and the cast left them.
+        def assign(part: str, module: torch.nn.Module, weights: dict, what: str) -> torch.nn.Module:
+            return assign_weights(module, weights, load_dtype(config, part), f"{what} of {path}", torch.float32)
+
+        unet = empty_module(lambda: UNet2DConditionModel.from_config(configs["unet"]))
+        assign("unet", unet, convert_ldm_unet_checkpoint(state, unet.config), "the UNet")
+        vae = empty_module(lambda: AutoencoderKL.from_config(configs["vae"]))
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
-        checked_load(
-            text_encoder, convert_text_encoder(state, text_encoder, detected["v2"]), f"the text encoder of {path}"
-        )
+        assign("vae", vae, convert_vae(vae_state, vae), "the VAE")
+        text_encoder = empty_module(lambda: CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"]))))
+        text_state = convert_text_encoder(state, text_encoder, detected["v2"])
+        assign("text_encoder", text_encoder, text_state, "the text encoder")
         tokenizer = single_file_tokenizer(metadata, detected["v2"])
         scheduler_config = dict(reference.DDIM_EPSILON)
-        kept = {k: v for k, v in state.items() if k.startswith(TEXT_PREFIX + "model.transformer.resblocks.23.")}
         return {"unet": unet, "text_encoder": text_encoder, "vae": vae}, tokenizer, scheduler_config, {"kept": kept}
 
     # -- text and images ------------------------------------------------------------------------------------------

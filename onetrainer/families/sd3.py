@@ -42,6 +42,7 @@ from onetrainer.families.loading import (
     ModelLoadError,
     cast_parts,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
     part_wise_base,
 )
@@ -98,7 +99,10 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
             parts = {}
         if "transformer" not in parts:
-            parts["transformer"] = load_diffusers_component(SD3Transformer2DModel, where, "transformer", options)
+            dtype = load_dtype(config, "transformer")
+            parts["transformer"] = load_diffusers_component(
+                SD3Transformer2DModel, where, "transformer", options, dtype=dtype
+            )
         check_model_type(dict(parts["transformer"].config), config.model_type, config.base_model_name)
         with_t5 = config.text_encoder_3.include  # left out: never loaded, zeros in its place (`encode_text`)
         encoders = {"text_encoder": CLIPTextModelWithProjection, "text_encoder_2": CLIPTextModelWithProjection}
@@ -106,7 +110,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             encoders["text_encoder_3"] = T5EncoderModel
         for part, cls in encoders.items():
             if part not in parts:
-                parts[part] = load_diffusers_component(cls, where, part, options)
+                parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizers = {
             "text_encoder": load_tokenizer(where, options),
             "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2"),

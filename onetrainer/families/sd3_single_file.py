@@ -12,14 +12,22 @@ not fit is an error naming the part and the file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.families.loading import ModelLoadError, as_module_state, checked_load, hub_options
+from onetrainer.families.loading import (
+    ModelLoadError,
+    as_module_state,
+    assign_weights,
+    empty_module,
+    file_reading,
+    hub_options,
+    load_dtype,
+    read_dtypes,
+)
 from onetrainer.families.vae import VAE_PREFIX, convert_vae
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.sd3_keys import TEXT_ENCODER_PREFIXES, TRANSFORMER_PREFIX
@@ -28,6 +36,8 @@ if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 # diffusers' own choice of config repository for each variant of an SD 3 file (`single_file_utils`).
+# The parts whose tensors a module built without weights takes as they are, by their prefix in the file.
+PART_PREFIXES = {TRANSFORMER_PREFIX: "transformer", **{prefix: part for part, prefix in TEXT_ENCODER_PREFIXES.items()}}
 COMPANIONS = {
     "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
     "sd35_medium": "stabilityai/stable-diffusion-3.5-medium",
@@ -59,8 +69,12 @@ def read_single_file(path: Path, config: TrainConfig) -> SingleFileParts:
 
     from onetrainer.families.sources import resolve_source
 
-    state = load_state_dict(path)
-    transformer_state = {k[len(TRANSFORMER_PREFIX) :]: v for k, v in state.items() if k.startswith(TRANSFORMER_PREFIX)}
+    # Each part read in its dtype (the VAE used to be built in float32 and the file's tensors copied in; the others
+    # took the file's tensors as they were, `file_reading`), each part's tensors taken out of `state` as it gets them.
+    readings = {part: file_reading(path, load_dtype(config, part), prefix) for prefix, part in PART_PREFIXES.items()}
+    owners = {prefix: part for prefix, part in PART_PREFIXES.items() if readings[part][0] is not None}
+    state = load_state_dict(path, read_dtypes(config, {**owners, VAE_PREFIX: "vae"}))
+    transformer_state = _take(state, TRANSFORMER_PREFIX)
     if not transformer_state:
         raise ModelLoadError(
             f"{path} holds no Stable Diffusion 3 transformer (no weights under {TRANSFORMER_PREFIX}): choose a "
@@ -75,23 +89,32 @@ def read_single_file(path: Path, config: TrainConfig) -> SingleFileParts:
         converted = convert_sd3_transformer_checkpoint_to_diffusers(transformer_state)
     except (KeyError, IndexError) as e:
         raise ModelLoadError(f"the transformer of {path} is not in Stability AI's layout: missing {e}") from e
-    result.parts["transformer"] = _assigned(
-        lambda: SD3Transformer2DModel.from_config(transformer_config), lambda _: converted, f"the transformer of {path}"
-    )
+    del transformer_state  # the converted names hold its tensors
+    transformer = empty_module(lambda: SD3Transformer2DModel.from_config(transformer_config))
+    what = f"the transformer of {path}"
+    dtype = load_dtype(config, "transformer")
+    result.parts["transformer"] = assign_weights(transformer, converted, dtype, what, readings["transformer"][1])
 
-    vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
+    vae_state = _take(state, VAE_PREFIX)
     if vae_state:
-        vae = AutoencoderKL.from_config(_config(AutoencoderKL, companion, "vae", options))
-        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
-        result.parts["vae"] = vae
+        vae = empty_module(lambda: AutoencoderKL.from_config(_config(AutoencoderKL, companion, "vae", options)))
+        dtype, what = load_dtype(config, "vae"), f"the VAE of {path}"
+        result.parts["vae"] = assign_weights(vae, convert_vae(vae_state, vae), dtype, what, torch.float32)
 
     for part, prefix in TEXT_ENCODER_PREFIXES.items():
         if part == "text_encoder_3" and not config.text_encoder_3.include:
             continue
-        encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        encoder_state = _take(state, prefix)
         if encoder_state:
-            result.parts[part] = _text_encoder(part, encoder_state, companion, options, f"the {part} of {path}")
+            what = f"the {part} of {path}"
+            dtype = load_dtype(config, part)
+            result.parts[part] = _text_encoder(part, encoder_state, companion, options, what, dtype, readings[part][1])
     return result
+
+
+def _take(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors under `prefix`, without it, taken out of `state` (so that a part's tensors go once it has them)."""
+    return {key[len(prefix) :]: state.pop(key) for key in [k for k in state if k.startswith(prefix)]}
 
 
 def _config(cls, where: str, subfolder: str, options: dict) -> dict:
@@ -100,18 +123,9 @@ def _config(cls, where: str, subfolder: str, options: dict) -> dict:
     return dict(load_diffusers_component(cls, where, subfolder, options, config_only=True))
 
 
-def _assigned(build: Callable[[], torch.nn.Module], state_of: Callable, what: str) -> torch.nn.Module:
-    """A module built without weights, the file's tensors (`state_of(module)`, in its names) assigned as its weights:
-    no second copy in memory."""
-    from accelerate import init_empty_weights
-
-    with init_empty_weights(include_buffers=False):
-        module = build()
-    checked_load(module, state_of(module), what, assign=True)
-    return module
-
-
-def _text_encoder(part: str, state: dict, where: str, options: dict, what: str) -> torch.nn.Module:
+def _text_encoder(
+    part: str, state: dict, where: str, options: dict, what: str, dtype: torch.dtype, read_in: torch.dtype | None
+) -> torch.nn.Module:
     from transformers import AutoConfig, CLIPTextModelWithProjection, T5EncoderModel
 
     try:
@@ -123,7 +137,8 @@ def _text_encoder(part: str, state: dict, where: str, options: dict, what: str) 
         # SAI's files hold no CLIP-L projection: it is the identity (diffusers' SD 3 folders hold an identity matrix,
         # ComfyUI starts every CLIP's projection as one)
         state["text_projection.weight"] = torch.eye(encoder_config.hidden_size, encoder_config.projection_dim)
-    encoder = _assigned(lambda: cls(encoder_config), lambda module: as_module_state(module, state), what)
+    encoder = empty_module(lambda: cls(encoder_config))
+    assign_weights(encoder, as_module_state(encoder, state), dtype, what, read_in)
     if part == "text_encoder_3":  # assigned apart, T5's token tables are tied again: one weight, one gradient
         encoder.encoder.embed_tokens = encoder.shared
     return encoder

@@ -53,14 +53,14 @@ class StableDiffusionBase(Family):
         """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
-            return self._load_single_file(source.path, config.model_type)
+            return self._load_single_file(source.path, config)
         if source.kind == "backup":
             source = backup_model_source(source.path)
         return self._load_diffusers(source, config)
 
     @abstractmethod
-    def _load_single_file(self, path: Path, model_type: ModelType):
-        """The same from an original single file."""
+    def _load_single_file(self, path: Path, config: TrainConfig):
+        """The same from an original single file, each part read in its `loading.load_dtype`."""
 
     @abstractmethod
     def _load_diffusers(self, source: ModelSource, config: TrainConfig):

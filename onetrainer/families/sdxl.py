@@ -27,12 +27,15 @@ from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, Tex
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     ModelLoadError,
+    assign_weights,
     cast_parts,
     check_inpainting,
-    checked_load,
+    empty_module,
     hub_options,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
+    read_dtypes,
 )
 from onetrainer.families.saving import cast_state, plain_state
 from onetrainer.families.schedules import discrete_schedule
@@ -103,11 +106,15 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         where = source.location
         if source.kind != "hub":
             _check_folder(Path(where), config.model_type)
+        classes = {
+            "unet": UNet2DConditionModel,
+            "text_encoder": CLIPTextModel,
+            "text_encoder_2": CLIPTextModelWithProjection,
+            "vae": AutoencoderKL,
+        }
         parts = {
-            "unet": load_diffusers_component(UNet2DConditionModel, where, "unet", options),
-            "text_encoder": load_diffusers_component(CLIPTextModel, where, "text_encoder", options),
-            "text_encoder_2": load_diffusers_component(CLIPTextModelWithProjection, where, "text_encoder_2", options),
-            "vae": load_diffusers_component(AutoencoderKL, where, "vae", options),
+            part: load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
+            for part, cls in classes.items()
         }
         tokenizers = (load_tokenizer(where, options), load_tokenizer(where, options, subfolder="tokenizer_2"))
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
@@ -118,25 +125,34 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         extra = {"force_zeros_for_empty_prompt": bool(index.get("force_zeros_for_empty_prompt", True))}
         return parts, tokenizers, scheduler_config, extra
 
-    def _load_single_file(self, path: Path, model_type: ModelType):
+    def _load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-        state = load_state_dict(path)
+        model_type = config.model_type
+        owners = {UNET_PREFIX: "unet", VAE_PREFIX: "vae", CLIP_L_PREFIX: "text_encoder"}
+        owners[CLIP_G_PREFIX] = "text_encoder_2"
+        state = load_state_dict(path, read_dtypes(config, owners))
         metadata = read_safetensors_metadata(path) if path.suffix.lower() == ".safetensors" else {}
         _check_checkpoint(state, path, model_type)
         configs = json.loads(metadata[CONFIGS_KEY]) if CONFIGS_KEY in metadata else _reference_configs(model_type)
 
-        unet = UNet2DConditionModel.from_config(configs["unet"])
-        checked_load(unet, convert_ldm_unet_checkpoint(state, unet.config), f"the UNet of {path}")
-        vae = AutoencoderKL.from_config(configs["vae"])
+        # Built in float32 and the file's tensors copied in before: the weights as that copy and the cast left them.
+        def assign(part: str, module: torch.nn.Module, weights: dict, what: str) -> torch.nn.Module:
+            return assign_weights(module, weights, load_dtype(config, part), f"{what} of {path}", torch.float32)
+
+        unet = empty_module(lambda: UNet2DConditionModel.from_config(configs["unet"]))
+        assign("unet", unet, convert_ldm_unet_checkpoint(state, unet.config), "the UNet")
+        vae = empty_module(lambda: AutoencoderKL.from_config(configs["vae"]))
         vae_state = {k[len(VAE_PREFIX) :]: v for k, v in state.items() if k.startswith(VAE_PREFIX)}
-        checked_load(vae, convert_vae(vae_state, vae), f"the VAE of {path}")
-        text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"])))
-        checked_load(text_encoder, convert_text_encoder(state, text_encoder, False), f"text encoder 1 of {path}")
-        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**clip_config(configs["text_encoder_2"])))
-        checked_load(text_encoder_2, _convert_open_clip_g(state, text_encoder_2), f"text encoder 2 of {path}")
+        assign("vae", vae, convert_vae(vae_state, vae), "the VAE")
+        text_encoder = empty_module(lambda: CLIPTextModel(CLIPTextConfig(**clip_config(configs["text_encoder"]))))
+        assign("text_encoder", text_encoder, convert_text_encoder(state, text_encoder, False), "text encoder 1")
+        text_encoder_2 = empty_module(
+            lambda: CLIPTextModelWithProjection(CLIPTextConfig(**clip_config(configs["text_encoder_2"])))
+        )
+        assign("text_encoder_2", text_encoder_2, _convert_open_clip_g(state, text_encoder_2), "text encoder 2")
 
         # The two tokenizers share CLIP's vocabulary; the first pads with the end token, the second with "!".
         tokenizers = (single_file_tokenizer(metadata, False), single_file_tokenizer(metadata, True))

@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.families.loading import ModelLoadError, checked_load, hub_options, load_diffusers_component
+from onetrainer.families.loading import (
+    ModelLoadError,
+    assign_weights,
+    empty_module,
+    hub_options,
+    load_diffusers_component,
+    load_dtype,
+    read_pretrained,
+)
 from onetrainer.families.sources import ModelNotFound, resolve_local, resolve_source
 from onetrainer.util.part_dtypes import compute_weight
 from onetrainer.weights.checkpoint_files import load_state_dict
@@ -41,8 +49,10 @@ def load_vae(config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
     config."""
     from diffusers import AutoencoderKL
 
-    vae = load_diffusers_component(AutoencoderKL, where, "vae", options)
-    return load_vae_override(config, vae.config) if config.vae.model_name else vae
+    if config.vae.model_name:
+        base_config = load_diffusers_component(AutoencoderKL, where, "vae", options, config_only=True)
+        return load_vae_override(config, base_config)
+    return load_diffusers_component(AutoencoderKL, where, "vae", options, dtype=load_dtype(config, "vae"))
 
 
 def load_vae_override(config: TrainConfig, base_config, cls=None) -> torch.nn.Module:
@@ -54,24 +64,28 @@ def load_vae_override(config: TrainConfig, base_config, cls=None) -> torch.nn.Mo
 
     kl = cls is None or cls is AutoencoderKL
     cls = AutoencoderKL if cls is None else cls
+    dtype = load_dtype(config, "vae")
     name = config.vae.model_name.strip()
     path = resolve_local(name)
     if path.is_dir():
         subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
-        return cls.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+        return read_pretrained(cls, str(path), dtype, subfolder=subfolder, local_files_only=True)
     if path.is_file():
-        state = load_state_dict(path)
-        vae = cls.from_config(dict(base_config))
+        # a whole original checkpoint's other parts are not the VAE's: read as stored, and let go at once
+        state = load_state_dict(path, lambda key: dtype if key.startswith(VAE_PREFIX) else None)
+        vae = empty_module(lambda: cls.from_config(dict(base_config)))
         prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in state) else ""
+        if not prefix:
+            state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        checked_load(vae, convert_vae(state, vae) if kl else state, f"VAE {path}")
-        return vae
+        # built in float32 and the file's tensors copied in, before: the weights as that copy and the cast left them
+        return assign_weights(vae, convert_vae(state, vae) if kl else state, dtype, f"VAE {path}", torch.float32)
     try:
         source = resolve_source(name)
     except ModelNotFound as e:
         raise ModelLoadError(f"VAE override (vae.model_name) not found: {e}") from e
     options = hub_options(source, config, "the VAE override")
     try:  # a VAE repo keeps its config at the top; a pipeline repo in vae/
-        return cls.from_pretrained(name, **options)
+        return read_pretrained(cls, name, dtype, **options)
     except (OSError, ValueError):
-        return load_diffusers_component(cls, name, "vae", options)
+        return load_diffusers_component(cls, name, "vae", options, dtype=dtype)

@@ -32,11 +32,13 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     ModelLoadError,
+    assign_weights,
     backup_model_source,
     cast_parts,
-    checked_load,
+    empty_module,
     hub_options,
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
 )
 from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
@@ -99,7 +101,10 @@ class WuerstchenPriorFamily(Family):
         options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
         parts = {"prior": self._load_prior(config, where, options)}
-        parts["text_encoder"] = load_diffusers_component(self._text_encoder_class(), where, "text_encoder", options)
+        dtype = load_dtype(config, "text_encoder")
+        parts["text_encoder"] = load_diffusers_component(
+            self._text_encoder_class(), where, "text_encoder", options, dtype=dtype
+        )
         tokenizer = load_tokenizer(where, options)
         decoder_parts, decoder_tokenizer = self._load_decoder(config)
         parts.update(decoder_parts)
@@ -125,8 +130,8 @@ class WuerstchenPriorFamily(Family):
         """The transformers class of the prior's text encoder."""
 
     @abstractmethod
-    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
-        """The prior from a single file named as the prior's model (`prior.model_name`)."""
+    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
+        """The prior from a single file named as the prior's model (`prior.model_name`), read in `dtype`."""
 
     @abstractmethod
     def _decoder_name(self, config: TrainConfig) -> str:
@@ -140,20 +145,21 @@ class WuerstchenPriorFamily(Family):
         """The base's prior, or the prior part's own model (`prior.model_name`): a diffusers folder or hub id, or a
         single file (`_prior_from_file`)."""
         cls = self._prior_class()
+        dtype = load_dtype(config, "prior")
         override = config.part("prior").model_name.strip()
         if not override:
-            return load_diffusers_component(cls, where, "prior", options)
+            return load_diffusers_component(cls, where, "prior", options, dtype=dtype)
         path = resolve_local(override)
         if not path.exists() and is_hub_id(override):
             files = self.info.part_hub_file_sets["prior"]
             options = hub_options(ModelSource("hub", override), config, "the prior (prior.model_name)", files)
-            return load_diffusers_component(cls, override, "prior", options)
+            return load_diffusers_component(cls, override, "prior", options, dtype=dtype)
         if path.is_dir():
             subfolder = "prior" if (path / "prior" / "config.json").is_file() else None
-            return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True})
+            return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True}, dtype=dtype)
         if not path.is_file():
             raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
-        return self._prior_from_file(path, where, options)
+        return self._prior_from_file(path, where, options, dtype)
 
     def _load_decoder(self, config: TrainConfig) -> tuple[dict[str, torch.nn.Module], object]:
         """The decoder and its VQGAN (and the variant's own decoder parts, `_decoder_extras`), with the decoder's
@@ -166,14 +172,21 @@ class WuerstchenPriorFamily(Family):
         options = hub_options(source, config, "the decoder (decoder.model_name)", files)
         where = source.location
         parts = {
-            "decoder": load_diffusers_component(self._decoder_class(), where, "decoder", options),
-            "decoder_vqgan": load_diffusers_component(PaellaVQModel, where, "vqgan", options),
+            "decoder": load_diffusers_component(
+                self._decoder_class(), where, "decoder", options, dtype=load_dtype(config, "decoder")
+            ),
+            "decoder_vqgan": load_diffusers_component(
+                PaellaVQModel, where, "vqgan", options, dtype=load_dtype(config, "decoder_vqgan")
+            ),
         }
-        tokenizer = self._load_decoder_extras(where, options, parts)
+        tokenizer = self._load_decoder_extras(config, where, options, parts)
         return parts, tokenizer
 
-    def _load_decoder_extras(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> object:
-        """Adds the variant's own decoder parts to `parts`; returns the decoder's tokenizer, if it has one."""
+    def _load_decoder_extras(
+        self, config: TrainConfig, where: str, options: dict, parts: dict[str, torch.nn.Module]
+    ) -> object:
+        """Adds the variant's own decoder parts to `parts` (each in its `load_dtype`); returns the decoder's tokenizer,
+        if it has one."""
         return None
 
     def _prior_autocast(self, config: TrainConfig) -> torch.dtype | None:
@@ -346,7 +359,7 @@ class WuerstchenFamily(WuerstchenPriorFamily):
 
         return CLIPTextModel
 
-    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
+    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
         raise ModelLoadError(
             f"prior.model_name: {path} is a single file; a Würstchen v2 prior is read from a diffusers folder or "
             "hub id (single stage C files are Stable Cascade's)"
@@ -358,11 +371,14 @@ class WuerstchenFamily(WuerstchenPriorFamily):
     def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
         return _load_effnet(config, False)
 
-    def _load_decoder_extras(self, where: str, options: dict, parts: dict[str, torch.nn.Module]) -> object:
+    def _load_decoder_extras(self, config, where, options, parts) -> object:
         """Würstchen's decoder has a text encoder of its own (CLIP-H), with its tokenizer."""
         from transformers import CLIPTextModel
 
-        parts["decoder_text_encoder"] = load_diffusers_component(CLIPTextModel, where, "text_encoder", options)
+        dtype = load_dtype(config, "decoder_text_encoder")
+        parts["decoder_text_encoder"] = load_diffusers_component(
+            CLIPTextModel, where, "text_encoder", options, dtype=dtype
+        )
         return load_tokenizer(where, options)
 
     def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
@@ -427,11 +443,11 @@ class CascadeFamily(WuerstchenPriorFamily):
 
         return CLIPTextModelWithProjection
 
-    def _prior_from_file(self, path: Path, where: str, options: dict) -> torch.nn.Module:
+    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
         """A single stage C file in Stability's layout (`stage_c.safetensors`, `stage_c_lite`) or diffusers', on the
         config it fits."""
         base_config = load_diffusers_component(self._prior_class(), where, "prior", options, config_only=True)
-        return _stage_c_from_file(path, base_config)
+        return _stage_c_from_file(path, base_config, dtype)
 
     def _decoder_name(self, config: TrainConfig) -> str:
         return "stabilityai/stable-cascade"  # the released model's decoder
@@ -524,7 +540,7 @@ def _load_effnet(config: TrainConfig, cascade: bool) -> torch.nn.Module:
     if not where.exists() and is_hub_id(name):
         where = _hub_effnet_file(ModelSource("hub", name), config)
     try:
-        return effnet.load_encoder(where)
+        return effnet.load_encoder(where, load_dtype(config, "effnet_encoder"))
     except (FileNotFoundError, ValueError) as error:
         raise ModelLoadError(f"effnet_encoder.model_name: {error}") from error
 
@@ -562,15 +578,16 @@ def _hub_effnet_file(source, config: TrainConfig) -> Path:
     )
 
 
-def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
-    """A stage C single file (prior.model_name) as a StableCascadeUNet on the config it fits."""
+def _stage_c_from_file(path: Path, base_config: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """A stage C single file (prior.model_name) as a StableCascadeUNet on the config it fits, read in `dtype`."""
     from diffusers import StableCascadeUNet
-    from safetensors.torch import load_file
+
+    from onetrainer.weights.checkpoint_files import load_state_dict
 
     if path.suffix != ".safetensors":
         raise ModelLoadError(f"prior.model_name: {path} is not a .safetensors stage C file")
     try:
-        state = load_file(str(path))
+        state = load_state_dict(path, dtype)
     except Exception as error:  # safetensors raises its own error types for a damaged header
         raise ModelLoadError(f"prior.model_name: cannot read {path}: {error}") from error
     found = stage_c_config(state, base_config)
@@ -580,9 +597,9 @@ def _stage_c_from_file(path: Path, base_config: dict) -> torch.nn.Module:
             "nor Stable Cascade's 3.6B or lite prior"
         )
     config, converted = found
-    prior = StableCascadeUNet.from_config(config)
-    checked_load(prior, converted, f"the stage C file {path} (prior.model_name)")
-    return prior
+    prior = empty_module(lambda: StableCascadeUNet.from_config(config))
+    # built in float32 and the file's tensors copied in, before: the weights as that copy and the cast left them
+    return assign_weights(prior, converted, dtype, f"the stage C file {path} (prior.model_name)", torch.float32)
 
 
 def stage_c_config(state: dict[str, torch.Tensor], base_config: dict) -> tuple[dict, dict] | None:

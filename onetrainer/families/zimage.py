@@ -37,6 +37,7 @@ from onetrainer.families.base import Conditioning, LoadedModel, first_weight
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.loading import (
     load_diffusers_component,
+    load_dtype,
     load_tokenizer,
     load_transformer_part,
     part_wise_base,
@@ -89,7 +90,8 @@ class ZImageFamily(LanguageModelFlowFamily):
         parts: dict[str, torch.nn.Module] = {"transformer": transformer}
         # Its timestep embedder casts its input to its first layer's weight dtype: a float8 weight would make it float8
         setattr(parts["transformer"], KEEP_UNQUANTIZED, ("t_embedder",))
-        parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options)
+        dtype = load_dtype(config, "text_encoder")
+        parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options, dtype=dtype)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         parts["vae"] = load_vae(config, where, options)
         return self._loaded(config, parts, tokenizer, where, options)

@@ -12,7 +12,7 @@ time is the peak. With the denoiser's blocks offloaded, its weights and the acti
 their sum is largest (`_offloaded_step`), not each at its own largest. Time = the denoiser's training FLOPs per
 step (forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
 throughput. Host RAM (`_add_host`) = the process itself + the larger of the load (every part read into CPU memory
-before any moves, as its library reads it) and what training keeps on the host (parts off the device, offloaded
+before any moves, in the dtype it is read in) and what training keeps on the host (parts off the device, offloaded
 blocks and their state, offloaded activations, a CPU EMA, the caches' entries in memory).
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
@@ -77,11 +77,6 @@ MIB = 1024**2
 # kernel libraries in host memory besides: an allowance until a GPU measurement replaces it.
 HOST_PROCESS = 0.5 * GIB
 HOST_CUDA_RUNTIME = 1.5 * GIB
-# Bytes per parameter as a part is read, before it is cast to its weight dtype: diffusers' `from_pretrained` builds
-# its models in float32 and casts the file's tensors to them (whatever the file holds); transformers reads them as the
-# config says (`dtype="auto"`), which for the released encoders is 16-bit.
-DIFFUSERS_LOAD_BYTES = 4.0
-TRANSFORMERS_LOAD_BYTES = 2.0
 # The activations measured on the meta device are the tensors autograd keeps; a real step holds more at its peak: the
 # gradients flowing back through the largest block, the block being recomputed under checkpointing, the allocator's
 # rounding. One factor for every family, set from the two GPU measurements in docs/benchmarks.md (the 512 px and 1024 px
@@ -143,8 +138,9 @@ class PartCount:
     # The largest trained tensor (a fine-tune): the fused back pass holds its gradient and the optimizer's working
     # copies while it steps it.
     largest_trained: int = 0
-    # Bytes per parameter while the part is read (`DIFFUSERS_LOAD_BYTES`, a file's own dtype), before its cast.
-    load_bytes: float = DIFFUSERS_LOAD_BYTES
+    # Bytes per parameter while the part is read (`families/loading.load_data_type`'s, or more where its library reads
+    # it as its files store it); None: its weight dtype's.
+    load_bytes: float | None = None
     # Trained parameters whose optimizer state waits in page-locked CPU memory with their offloaded blocks, in float32
     # elements as torch's pinned allocator takes them (each tensor rounded up to a power of two bytes).
     trained_pinned: float = 0.0
@@ -169,7 +165,7 @@ class PartCount:
         """The part in CPU memory as it is read: a quantized file's blocks as they are, else `load_bytes` each."""
         if self.dtype in GGUF_WEIGHT_DTYPES:
             return self.bytes
-        return self.params * self.load_bytes
+        return self.params * (self.load_bytes or BYTES[self.dtype])
 
     @property
     def block_home_bytes(self) -> float:
@@ -361,8 +357,8 @@ def estimate_from_counts(
 def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings) -> None:
     """The process's host RAM, as the trainer holds it (`training/placement.py`, `memory/layer_offload.py`).
 
-    Loading reads every part into CPU memory before any is cast or moved (`families/*.load`), each as its library
-    reads it (`PartCount.load_bytes`). While training, the CPU keeps: the parts not on the device (encoders whose
+    Loading reads every part into CPU memory before any is quantized or moved (`families/*.load`), each in the dtype
+    it is read in (`PartCount.load_bytes`). While training, the CPU keeps: the parts not on the device (encoders whose
     outputs are cached, parts used only for samples) in their weight dtype; with layer offloading, every block's
     moving weights in page-locked buffers (the window on the device is a copy), and for offloaded trained blocks their
     optimizer state (torch's pinned allocator); with activation offloading, the checkpointed blocks' inputs; an EMA on
@@ -564,18 +560,19 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
             offload.offloaded, _gguf_bytes(part_config), offload.trained_offloaded, offload.blocks, offload.window,
-            largest, _load_bytes(part_config, info), offload.trained_pinned,
+            largest, _load_bytes(config, part, info), offload.trained_pinned,
         )  # fmt: skip
     return counts
 
 
-def _load_bytes(part_config, info: dict) -> float:
-    """Bytes per parameter while the part is read: a part's own single file (`model_name`, a transformer in its
-    original layout) becomes the weights as its tensors are, 16-bit; else as the part's library reads it."""
-    name = (getattr(part_config, "model_name", "") or "").strip()
-    if name and Path(name).suffix.lower() in (".safetensors", ".ckpt", ".pt", ".bin"):
-        return TRANSFORMERS_LOAD_BYTES
-    return info.get("load_bytes", DIFFUSERS_LOAD_BYTES)
+def _load_bytes(config: TrainConfig, part: str, info: dict) -> float:
+    """Bytes per parameter while the part is read: in the dtype every loading path reads it in
+    (`families/loading.load_data_type`: its weight dtype, the training dtype for a quantized kind); where its library
+    reads it as its files store it (`stored_bytes`: a transformers config that names no dtype) and it is cast
+    afterwards, the larger."""
+    from onetrainer.families.loading import load_data_type
+
+    return max(BYTES[load_data_type(config, part)], info.get("stored_bytes", 0.0))
 
 
 def _gguf_bytes(part_config) -> float | None:
@@ -714,7 +711,8 @@ def folder_shapes(folder: Path, parts: tuple[str, ...]) -> Shapes:
         if part in shapes:
             config = _part_config(folder / part / "config.json")
             shapes[part]["kept"] = _kept_layers(config)
-            shapes[part]["load_bytes"] = _read_bytes(config, stored / max(shapes[part]["params"], 1))
+            if _read_as_stored(config):
+                shapes[part]["stored_bytes"] = stored / max(shapes[part]["params"], 1)
     return shapes
 
 
@@ -728,13 +726,10 @@ def _part_config(config_file: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _read_bytes(config: dict, stored: float) -> float:
-    """Bytes per parameter as a part's library reads it: diffusers in float32; transformers in the dtype its config
-    names (else as the file stores it, `stored` bytes each)."""
-    if "architectures" not in config:
-        return DIFFUSERS_LOAD_BYTES
-    named = str(config.get("dtype") or config.get("torch_dtype") or "")
-    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(named, stored or TRANSFORMERS_LOAD_BYTES)
+def _read_as_stored(config: dict) -> bool:
+    """Whether a part is read as its files store it rather than in its load dtype: a transformers model whose config
+    names no dtype (`families/loading.read_pretrained`)."""
+    return "architectures" in config and not (config.get("dtype") or config.get("torch_dtype"))
 
 
 def _kept_layers(data: dict) -> list[str]:
@@ -762,11 +757,8 @@ def module_shapes(module: torch.nn.Module) -> dict:
             layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
     tensors = [(name, p.numel()) for name, p in module.named_parameters()]
     kept = list(getattr(module, "_keep_in_fp32_modules", None) or [])
-    # A transformers model is read as its released files store it (16-bit), a diffusers one in float32.
-    transformers_model = type(module).__module__.startswith("transformers.")
-    load = TRANSFORMERS_LOAD_BYTES if transformers_model else DIFFUSERS_LOAD_BYTES
     params = sum(count for _, count in tensors)
-    return {"params": params, "layers": layers, "tensors": tensors, "kept": kept, "load_bytes": load}
+    return {"params": params, "layers": layers, "tensors": tensors, "kept": kept}
 
 
 @lru_cache(maxsize=16)

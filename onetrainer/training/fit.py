@@ -96,8 +96,8 @@ class Fit:
         estimate = self.estimate
         if estimate.host_loading >= estimate.host_training:
             return (
-                f"loading alone reads {size_text(estimate.host_loading)} into RAM: every part as its library reads it, "
-                "a diffusers part in float32, before any is cast or moved to the GPU"
+                f"loading alone reads {size_text(estimate.host_loading)} into RAM: every part in its weight dtype (a "
+                "quantized one in the training dtype), before any is quantized or moved to the GPU"
             )
         return f"training keeps {size_text(estimate.host_training)} in RAM: {estimate.host_text()}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,19 +39,65 @@ def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
     return dict(read_safetensors_header(path).get("__metadata__") or {})
 
 
-def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint file; a nested `state_dict` (legacy checkpoints) is unwrapped."""
+# The floating dtypes of a safetensors header.
+_SAFETENSORS_FLOATS = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def stored_float_dtype(path: str | os.PathLike, prefix: str = "") -> torch.dtype | None:
+    """The one dtype a safetensors file stores all its floating tensors under `prefix` in, from its header alone; None
+    where they are of several dtypes, where there are none, or for a file of another format (not read)."""
+    if Path(path).suffix.lower() != ".safetensors":
+        return None
+    header = read_safetensors_header(path)
+    found = {
+        _SAFETENSORS_FLOATS[info["dtype"]]
+        for key, info in header.items()
+        if key != "__metadata__" and key.startswith(prefix) and info.get("dtype") in _SAFETENSORS_FLOATS
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+# What `load_state_dict` casts a floating tensor to: one dtype for all, or a function of the tensor's name (None: kept
+# as the file stores it).
+ReadDtype = torch.dtype | Callable[[str], torch.dtype | None] | None
+
+
+def load_state_dict(path: str | os.PathLike, dtype: ReadDtype = None) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint file; a nested `state_dict` (legacy checkpoints) is unwrapped. `dtype`: each floating
+    tensor cast as it is read (a safetensors file's tensors one at a time, so the file is never in memory in its own,
+    wider dtype beside them); None: as the file stores them."""
     path = Path(path)
     if path.suffix.lower() == ".safetensors":
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        if dtype is None:
+            return load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            return {key: _read_as(key, f.get_tensor(key), dtype) for key in f.keys()}  # noqa: SIM118 (not a dict)
     data = _load_pickle_safely(path)
     while isinstance(data, dict) and "state_dict" in data and isinstance(data["state_dict"], dict):
         data = data["state_dict"]
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a state dict")
-    return {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    state = {}
+    for key in [k for k, v in data.items() if isinstance(v, torch.Tensor)]:
+        state[key] = _read_as(key, data.pop(key), dtype)  # popped: the stored tensor is let go as its cast is made
+    return state
+
+
+def _read_as(key: str, tensor: torch.Tensor, dtype: ReadDtype) -> torch.Tensor:
+    wanted = dtype(key) if callable(dtype) else dtype
+    if wanted is None or not tensor.is_floating_point():
+        return tensor
+    return tensor.to(wanted)
 
 
 class _Inert:

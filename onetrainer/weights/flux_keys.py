@@ -262,13 +262,14 @@ def original_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def read_original_checkpoint(
-    path: str | os.PathLike, reference: Mapping[str, Any]
+    path: str | os.PathLike, reference: Mapping[str, Any], dtype: torch.dtype | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """An original Flux.1 / Chroma single file (safetensors, or a pickle read without running code) → (the
-    diffusers state dict, the transformer config: `reference`, the released config of the model type, with what the
-    file determines, `original_topology`, over it). A Chroma file for a Flux.1 reference (or the reverse) is refused;
-    a Fill file for the dev reference is not (compare `in_channels`). Errors name the file."""
-    return convert_original(load_state_dict(path), reference, path)  # its errors name the file already
+    diffusers state dict, its floating tensors read in `dtype` (None: as stored), the transformer config: `reference`,
+    the released config of the model type, with what the file determines, `original_topology`, over it). A Chroma
+    file for a Flux.1 reference (or the reverse) is refused; a Fill file for the dev reference is not (compare
+    `in_channels`). Errors name the file."""
+    return convert_original(load_state_dict(path, dtype), reference, path)  # its errors name the file already
 
 
 def convert_original(

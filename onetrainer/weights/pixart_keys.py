@@ -199,11 +199,12 @@ def native_topology(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def read_native_checkpoint(
-    path: str | os.PathLike, config: Mapping[str, Any]
+    path: str | os.PathLike, config: Mapping[str, Any], dtype: torch.dtype | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """An original PixArt file (`.pth` read with `weights_only`, its `state_dict` unwrapped, or `.safetensors`) →
-    (a diffusers state dict for a transformer with `config`, the native-only tensors); errors name the file."""
-    state_dict = load_state_dict(path)  # its errors name the file already
+    (a diffusers state dict for a transformer with `config`, its weights read in `dtype` (None: as stored); the
+    native-only tensors, as the file stores them); errors name the file."""
+    state_dict = load_state_dict(path, lambda key: None if key in NATIVE_ONLY else dtype)  # errors name the file
     try:
         return native_to_diffusers(state_dict, config)
     except (KeyError, ValueError) as error:

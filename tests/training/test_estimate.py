@@ -25,7 +25,6 @@ from onetrainer.training.estimate import (
     counts_of,
     estimate,
     estimate_from_counts,
-    folder_shapes,
     model_shapes,
     reference_shapes,
     size_text,
@@ -155,25 +154,43 @@ def test_host_ram_is_the_process_and_the_larger_of_the_load_and_training():
     assert on_cpu.host_bytes == HOST_PROCESS + max(on_cpu.host_loading, on_cpu.host_training)
 
 
-def test_parts_are_counted_as_their_library_reads_them(tmp_path):
-    """diffusers reads a 16-bit file into float32 parameters, transformers keeps the file's (config's) dtype: the
-    estimate counts the load as the libraries really do it."""
-    import torch
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextModel
+def test_parts_are_counted_in_the_dtype_they_are_read_in(tmp_path, monkeypatch):
+    """Every part is read in its weight dtype, a quantized one in the training dtype it is quantized from, whatever its
+    files hold (`families/loading.load_dtype`): the estimate counts the load as `family.load` reads it. A transformers
+    part whose config names no dtype is read as its files store it (float32 here), and counted so."""
+    import json
+    import shutil
 
+    from onetrainer.families import load_family_class
     from onetrainer.tiny import tiny_model_dir
+    from onetrainer.util import quantize
+    from tests.helpers import local_config
 
-    source = tiny_model_dir("sd15")
-    for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel)):
-        cls.from_pretrained(source / part).to(torch.bfloat16).save_pretrained(tmp_path / part)
-    shapes = folder_shapes(tmp_path, ("unet", "text_encoder"))
-    for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel)):
-        read = next(cls.from_pretrained(tmp_path / part).parameters()).element_size()
-        assert shapes[part]["load_bytes"] == read, part
-    assert (shapes["unet"]["load_bytes"], shapes["text_encoder"]["load_bytes"]) == (4.0, 2.0)
-    released = reference_shapes("FLUX_DEV_1")  # the released transformer (diffusers) and T5 (transformers, 16-bit)
-    assert (released["transformer"]["load_bytes"], released["text_encoder_2"]["load_bytes"]) == (4.0, 2.0)
+    read: dict[str, int] = {}  # each part's bytes per weight as loading hands it over, before it is quantized
+    quantize_part = quantize.quantize_part
+
+    def recording(name, module, config, filtered=False):
+        read[name] = next(module.parameters()).element_size()
+        return quantize_part(name, module, config, filtered)
+
+    monkeypatch.setattr(quantize, "quantize_part", recording)
+    folder = tmp_path / "sd15"
+    shutil.copytree(tiny_model_dir("sd15"), folder)  # saved in float32
+    config_file = folder / "text_encoder" / "config.json"
+    data = {k: v for k, v in json.loads(config_file.read_text()).items() if k not in ("dtype", "torch_dtype")}
+    config_file.write_text(json.dumps(data))
+    dtypes = {"unet": "BFLOAT_16", "text_encoder": "FLOAT_8", "vae": "FLOAT_32"}
+    config = local_config(
+        config_from_dict({"model_type": "STABLE_DIFFUSION_15", "base_model_name": str(folder), "train_dtype":
+                          "BFLOAT_16", **{part: {"weight_dtype": dtype} for part, dtype in dtypes.items()}})[0]
+    )  # fmt: skip
+    counts = counts_of(config, model_shapes(config)[0])
+    assert {part: count.load_bytes for part, count in counts.items()} == {"unet": 2.0, "text_encoder": 4.0, "vae": 4.0}
+    load_family_class(config.model_type)().load(config)
+    assert read == {"unet": 2, "text_encoder": 4, "vae": 4}
+    released = counts_of(config, reference_shapes(config.model_type))  # the released configs name their dtype
+    loads = {part: count.load_bytes for part, count in released.items()}
+    assert loads == {"unet": 2.0, "text_encoder": 2.0, "vae": 4.0}
 
 
 def test_times_and_sizes_read_as_a_person_writes_them():
