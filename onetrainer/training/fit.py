@@ -82,14 +82,15 @@ class Fit:
         budget = " and ".join(budgets)
         estimate = self.estimate
         figures = f"{size_text(estimate.peak_bytes)} VRAM, {size_text(estimate.host_bytes)} RAM" if estimate else "?"
-        if not self.changes:
-            return f"fits {budget} as it is (≈ {figures})" if self.fits else f"nothing left to change: ≈ {figures}"
         if self.fits:
+            if not self.changes:
+                return f"fits {budget} as it is (≈ {figures})"
             return f"fitted to {budget}: ≈ {figures} with {len(self.changes)} change(s)"
         why = [] if self.fits_vram else ["a lower resolution, or a LoRA, needs less VRAM"]
         if not self.fits_ram and estimate is not None:
             why.append(self.ram_reason())
-        return f"cannot fit {budget}: ≈ {figures} after every change below ({'; '.join(why)})"
+        after = "after every change below" if self.changes else "and nothing is left to change"
+        return f"cannot fit {budget}: ≈ {figures} {after} ({'; '.join(why)})"
 
     def ram_reason(self) -> str:
         """What keeps the host RAM over its budget."""

@@ -133,6 +133,17 @@ def test_the_fit_rounds_as_the_estimate_beside_start():
     assert small.summary().startswith("≈ 631 MiB VRAM · 3.0 GiB RAM")  # the same figures beside Start
 
 
+def test_a_run_over_its_budgets_with_nothing_left_to_change_says_which_and_why():
+    large = Estimate(
+        6 * GIB, None, {}, device="cuda", host_bytes=34 * GIB, host_loading=32 * GIB, host_training=9 * GIB
+    )
+    config, _ = config_from_dict({})
+    fit = fit_to_budget(config, 8 * GIB, estimate_of=lambda _config: large, ram_budget_bytes=32 * GIB)
+    assert not fit.fits and not fit.changes
+    assert fit.headline.startswith("cannot fit 8.0 GiB VRAM and 32.0 GiB RAM: ≈ 6.0 GiB VRAM, 34.0 GiB RAM and nothing")
+    assert "loading alone reads 32.0 GiB into RAM" in fit.headline  # where the RAM goes
+
+
 def test_train_py_fits_the_run_prints_each_change_and_exits_unless_asked_to_train(tmp_path, capsys, monkeypatch):
     from onetrainer.cli import train as cli_train
     from onetrainer.cli.train import EXIT_INVALID, EXIT_OK, main
