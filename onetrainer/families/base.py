@@ -65,6 +65,10 @@ class LoadedModel:
     source: str
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific state (e.g. original keys to keep)
 
+    def __post_init__(self) -> None:
+        # A plain dict: a part stored later is kept as it is given, not put in its form as loading's `KeptParts` does.
+        self.parts = dict(self.parts)
+
     @property
     def v_prediction(self) -> bool:
         return self.schedule.prediction is PredictionType.V

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -57,9 +57,9 @@ from onetrainer.families.base import (
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
     assign_weights,
-    cast_parts,
     check_inpainting,
     empty_module,
     file_reading,
@@ -122,13 +122,13 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
 
         what = "the text encoders, the VAE and the tokenizers"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        parts: dict[str, torch.nn.Module] = {"transformer": self._load_transformer(config, where, options)}
+        parts = KeptParts(config)
+        parts["transformer"] = self._load_transformer(config, where, options)
         tokenizers = self._load_text_encoders(config, where, options, parts)
         parts["vae"] = load_vae(config, where, options)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )
-        cast_parts(parts, config)
         slots = self._slots(config, parts, tokenizers)
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
         extra = {
@@ -195,15 +195,18 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
 
     @abstractmethod
     def _load_text_encoders(
-        self, config: TrainConfig, where: str, options: dict, parts: dict[str, torch.nn.Module]
+        self, config: TrainConfig, where: str, options: dict, parts: KeptParts
     ) -> dict[str, object]:
-        """Adds the text encoders to `parts`, each read in its `load_dtype`; returns their tokenizers by part."""
+        """Adds the text encoders to `parts`, each read in its `load_dtype`, in declared order; returns their
+        tokenizers by part."""
 
     @abstractmethod
-    def _slots(self, config: TrainConfig, parts: dict, tokenizers: dict) -> list[TextEncoderSlot]:
+    def _slots(self, config: TrainConfig, parts: Mapping, tokenizers: dict) -> list[TextEncoderSlot]:
         """The text encoders as the methods see them, in the order of `info.parts`."""
 
-    def _t5_slot(self, config: TrainConfig, part: str, parts: dict, tokenizers: dict, prefix: str) -> TextEncoderSlot:
+    def _t5_slot(
+        self, config: TrainConfig, part: str, parts: Mapping, tokenizers: dict, prefix: str
+    ) -> TextEncoderSlot:
         t5 = parts[part]
         return TextEncoderSlot(
             part, t5, tokenizers[part], prefix, "t5", config.part(part).layer_skip,

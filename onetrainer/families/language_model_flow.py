@@ -12,7 +12,7 @@ import torch
 
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot
 from onetrainer.families.latent_patches import PATCH
-from onetrainer.families.loading import cast_parts, load_diffusers_component
+from onetrainer.families.loading import KeptParts, load_diffusers_component
 from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
 from onetrainer.weights import kohya_lora
 
@@ -29,9 +29,9 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
     # The text encoder's vectors' key in an embedding file (ComfyUI's name for the encoder).
     embedding_key: ClassVar[str]
 
-    def _loaded(self, config: TrainConfig, parts: dict, tokenizer, where: str, options: dict) -> LoadedModel:
-        """The model from its loaded parts: cast as configured, the text encoder's slot, the schedule on the model's
-        own scheduler config."""
+    def _loaded(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
+        """The model from its parts (each put in its form as it was read), the text encoder's slot, the schedule on
+        the model's own scheduler config."""
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
@@ -39,7 +39,6 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )
-        cast_parts(parts, config)
         slot = TextEncoderSlot(
             "text_encoder",
             parts["text_encoder"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -217,20 +217,49 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
     )
 
 
-def cast_parts(parts: dict[str, torch.nn.Module], config: TrainConfig) -> None:
-    """Put each part in its configured weight dtype (the quantization filter applies to the denoiser). A part read in
-    `load_dtype` is in it already: a plain one is left as it is, a quantized one is quantized."""
-    from onetrainer.config.model_types import model_type_info
+def keep_part(name: str, module: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
+    """The part `name`, just read (in its `load_dtype`), put in the form it is kept in: quantized where its weight dtype
+    is a quantized kind (the quantization filter applies to the denoiser), else cast to its weight dtype where its
+    library read it in another (a transformers config naming no dtype)."""
     from onetrainer.util.quantize import quantize_part
 
     denoiser = model_type_info(config.model_type).family.parts[0]
-    for name, module in parts.items():
-        # the quantized kinds: stored in 8 or 4 bits, computed in the train dtype
-        if quantize_part(name, module, config, filtered=name == denoiser):
-            continue
+    # the quantized kinds: stored in 8 or 4 bits, computed in the train dtype
+    if not quantize_part(name, module, config, filtered=name == denoiser):
         dtype = torch_dtype(config.part(name).weight_dtype)
         if next(module.parameters()).dtype != dtype:
             module.to(dtype=dtype)
+    return module
+
+
+class KeptParts(MutableMapping[str, torch.nn.Module]):
+    """A model's parts as its family reads them: each is put in the form it is kept in (`keep_part`: quantized, or
+    cast) when it is stored here, before the next part is read. Loading's host RAM peak is then the parts read so far
+    as they are kept plus the part being read (in the training dtype where it is to be quantized), not every part as
+    read: a FLOAT_8 Flux transformer is quantized to 11 GiB before T5 is read, not kept in bfloat16 (22 GiB) until every
+    part is in. A family stores each part here as soon as it has it, in its declared order (`FamilyInfo.parts`, which
+    the estimate counts the load by); parts that arrive together (an original single file's) are stored once the
+    file's tensors are let go, since quantizing one while they are held would add its quantized copy. Every way of
+    storing goes through `__setitem__` (`update`, `setdefault`); `LoadedModel` keeps a plain dict of them."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self._config = config
+        self._parts: dict[str, torch.nn.Module] = {}
+
+    def __setitem__(self, name: str, module: torch.nn.Module) -> None:
+        self._parts[name] = keep_part(name, module, self._config)
+
+    def __getitem__(self, name: str) -> torch.nn.Module:
+        return self._parts[name]
+
+    def __delitem__(self, name: str) -> None:
+        del self._parts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
 
 
 def checked_load(module: torch.nn.Module, state: dict, what: str, assign: bool = False) -> None:

@@ -33,9 +33,9 @@ from onetrainer.families.base import (
     first_weight,
 )
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
     assign_weights,
-    cast_parts,
     empty_module,
     load_diffusers_component,
     load_dtype,
@@ -84,16 +84,14 @@ class PixArtFamily(Family):
         from transformers import AutoTokenizer, T5EncoderModel
 
         where, options = part_wise_base(config, "PixArt", "T5, the VAE and the tokenizer", self.info.hub_file_sets)
+        parts = KeptParts(config)
         transformer, extra = self._load_transformer(config, where, options)
+        parts["transformer"] = transformer
         dtype = load_dtype(config, "text_encoder")
-        parts = {
-            "transformer": transformer,
-            "text_encoder": load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype),
-            "vae": load_vae(config, where, options),
-        }
+        parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype)
+        parts["vae"] = load_vae(config, where, options)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
-        cast_parts(parts, config)
         t5 = parts["text_encoder"]
         slot = TextEncoderSlot(
             "text_encoder", t5, tokenizer, pixart_lora.TEXT_ENCODER_PREFIX, "t5", config.text_encoder.layer_skip,

@@ -35,6 +35,7 @@ from onetrainer.families.base import Conditioning, LoadedModel, first_weight
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
+    KeptParts,
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
@@ -92,12 +93,13 @@ class QwenImageFamily(LanguageModelFlowFamily):
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
         encoder = Qwen2_5_VLForConditionalGeneration
-        parts: dict[str, torch.nn.Module] = {
-            "transformer": load_transformer_part(QwenImageTransformer2DModel, config, where, options, without_prefix),
-            "text_encoder": load_diffusers_component(
-                encoder, where, "text_encoder", options, dtype=load_dtype(config, "text_encoder")
-            ),
-        }
+        parts = KeptParts(config)
+        parts["transformer"] = load_transformer_part(
+            QwenImageTransformer2DModel, config, where, options, without_prefix
+        )
+        parts["text_encoder"] = load_diffusers_component(
+            encoder, where, "text_encoder", options, dtype=load_dtype(config, "text_encoder")
+        )
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         if config.vae.model_name:
             vae_config = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options, config_only=True)

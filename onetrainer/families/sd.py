@@ -21,9 +21,9 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
     assign_weights,
-    cast_parts,
     check_inpainting,
     empty_module,
     hub_options,
@@ -76,11 +76,11 @@ class StableDiffusionFamily(StableDiffusionBase):
 
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
-        parts, tokenizer, scheduler_config, extra = self._read_source(config)
+        parts = KeptParts(config)
+        tokenizer, scheduler_config, extra = self._read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
-        cast_parts(parts, config)
         v_prediction = wants_v_prediction(config, model_type)
         slot = TextEncoderSlot(
             "text_encoder", parts["text_encoder"], tokenizer, "lora_te", "emb_params", config.text_encoder.layer_skip
@@ -89,19 +89,17 @@ class StableDiffusionFamily(StableDiffusionBase):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, extra)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
         options = hub_options(source, config)
         where = source.location
-        parts = {
-            part: load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
-            for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel), ("vae", AutoencoderKL))
-        }
+        for part, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel), ("vae", AutoencoderKL)):
+            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
-        return parts, tokenizer, scheduler_config, {}
+        return tokenizer, scheduler_config, {}
 
     def _load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel

@@ -39,8 +39,8 @@ from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import SD3
 from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
-    cast_parts,
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
@@ -91,13 +91,14 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         from onetrainer.noise.flow_matching import FlowMatchingSchedule
 
         source = resolve_source(config.base_model_name)
+        parts = KeptParts(config)
         if source.kind == "single_file":  # the file's parts; configs, tokenizers and the rest from its companion
             read = read_single_file(source.path, config)
-            parts, where, options = read.parts, read.companion, read.options
+            parts.update(read.parts)  # in their form once the file's tensors, all in memory as it is read, are let go
+            where, options = read.companion, read.options
         else:
             what = "the text encoders, the VAE and the tokenizers"
             where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-            parts = {}
         if "transformer" not in parts:
             dtype = load_dtype(config, "transformer")
             parts["transformer"] = load_diffusers_component(
@@ -126,7 +127,6 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )
-        cast_parts(parts, config)
         slots = [
             TextEncoderSlot(
                 part, parts[part], tokenizers[part], KOHYA_PREFIXES[part], EMBEDDING_KEYS[part],

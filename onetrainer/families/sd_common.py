@@ -18,7 +18,7 @@ from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import Family, LoadedModel
 from onetrainer.families.inpainting import inpainting_cache, inpainting_sample_inputs
-from onetrainer.families.loading import backup_model_source
+from onetrainer.families.loading import KeptParts, backup_model_source
 from onetrainer.families.saving import model_file_metadata, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, cache_root, resolve_source
 from onetrainer.families.vae import encode_latents
@@ -49,22 +49,28 @@ class StableDiffusionBase(Family):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def _read_source(self, config: TrainConfig):
-        """The parts, tokenizer(s), scheduler config and extras of the base model, wherever it is."""
+    def _read_source(self, config: TrainConfig, parts: KeptParts):
+        """The base model's parts, wherever it is, added to `parts`; returns its tokenizer(s), scheduler config and
+        extras."""
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
-            return self._load_single_file(source.path, config)
+            # The whole file is in memory while its parts are built: they are put in their form once it is let go.
+            file_parts, *rest = self._load_single_file(source.path, config)
+            parts.update(file_parts)
+            return rest
         if source.kind == "backup":
             source = backup_model_source(source.path)
-        return self._load_diffusers(source, config)
+        return self._load_diffusers(source, config, parts)
 
     @abstractmethod
     def _load_single_file(self, path: Path, config: TrainConfig):
-        """The same from an original single file, each part read in its `loading.load_dtype`."""
+        """The parts, tokenizer(s), scheduler config and extras from an original single file, each part read in its
+        `loading.load_dtype`."""
 
     @abstractmethod
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
-        """The same from a diffusers folder or hub id."""
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+        """The same from a diffusers folder or hub id, each part added to `parts` as it is read (in declared order);
+        returns the rest."""
 
     # -- images ---------------------------------------------------------------------------------------------------
 

@@ -26,9 +26,9 @@ from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
     assign_weights,
-    cast_parts,
     check_inpainting,
     empty_module,
     hub_options,
@@ -80,11 +80,11 @@ class StableDiffusionXLFamily(StableDiffusionBase):
 
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
-        parts, tokenizers, scheduler_config, extra = self._read_source(config)
+        parts = KeptParts(config)
+        tokenizers, scheduler_config, extra = self._read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
-        cast_parts(parts, config)
         for part, tokenizer in zip(("text_encoder", "text_encoder_2"), tokenizers):
             pool_at_end_token(parts[part], tokenizer)
         v_prediction = wants_v_prediction(config, model_type)
@@ -98,7 +98,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig):
+    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -112,10 +112,8 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             "text_encoder_2": CLIPTextModelWithProjection,
             "vae": AutoencoderKL,
         }
-        parts = {
-            part: load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
-            for part, cls in classes.items()
-        }
+        for part, cls in classes.items():
+            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizers = (load_tokenizer(where, options), load_tokenizer(where, options, subfolder="tokenizer_2"))
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         try:
@@ -123,7 +121,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         except (OSError, ValueError):
             index = {}
         extra = {"force_zeros_for_empty_prompt": bool(index.get("force_zeros_for_empty_prompt", True))}
-        return parts, tokenizers, scheduler_config, extra
+        return tokenizers, scheduler_config, extra
 
     def _load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel

@@ -31,10 +31,10 @@ from onetrainer.families.base import (
     first_weight,
 )
 from onetrainer.families.loading import (
+    KeptParts,
     ModelLoadError,
     assign_weights,
     backup_model_source,
-    cast_parts,
     empty_module,
     hub_options,
     load_diffusers_component,
@@ -100,18 +100,17 @@ class WuerstchenPriorFamily(Family):
             )
         options = hub_options(source, config, file_sets=self.info.hub_file_sets)
         where = source.location
-        parts = {"prior": self._load_prior(config, where, options)}
+        parts = KeptParts(config)
+        parts["prior"] = self._load_prior(config, where, options)
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(
             self._text_encoder_class(), where, "text_encoder", options, dtype=dtype
         )
         tokenizer = load_tokenizer(where, options)
-        decoder_parts, decoder_tokenizer = self._load_decoder(config)
-        parts.update(decoder_parts)
+        decoder_tokenizer = self._load_decoder(config, parts)
         parts["effnet_encoder"] = self._effnet_encoder(config)
         for module in parts.values():
             module.requires_grad_(False)
-        cast_parts(parts, config)
         slot = TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizer, "lora_te", "clip_g")
         schedule = ContinuousCosineSchedule(self.remap)
         extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": self._prior_autocast(config)}
@@ -161,9 +160,10 @@ class WuerstchenPriorFamily(Family):
             raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
         return self._prior_from_file(path, where, options, dtype)
 
-    def _load_decoder(self, config: TrainConfig) -> tuple[dict[str, torch.nn.Module], object]:
-        """The decoder and its VQGAN (and the variant's own decoder parts, `_decoder_extras`), with the decoder's
-        tokenizer (None where the decoder has no text encoder of its own)."""
+    def _load_decoder(self, config: TrainConfig, parts: KeptParts) -> object:
+        """Adds the decoder, the variant's own decoder parts (`_load_decoder_extras`) and the decoder's VQGAN to
+        `parts`, in declared order; returns the decoder's tokenizer (None where the decoder has no text encoder of its
+        own)."""
         from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
 
         name = config.part("decoder").model_name or self._decoder_name(config)
@@ -171,20 +171,16 @@ class WuerstchenPriorFamily(Family):
         files = self.info.part_hub_file_sets["decoder"]
         options = hub_options(source, config, "the decoder (decoder.model_name)", files)
         where = source.location
-        parts = {
-            "decoder": load_diffusers_component(
-                self._decoder_class(), where, "decoder", options, dtype=load_dtype(config, "decoder")
-            ),
-            "decoder_vqgan": load_diffusers_component(
-                PaellaVQModel, where, "vqgan", options, dtype=load_dtype(config, "decoder_vqgan")
-            ),
-        }
+        parts["decoder"] = load_diffusers_component(
+            self._decoder_class(), where, "decoder", options, dtype=load_dtype(config, "decoder")
+        )
         tokenizer = self._load_decoder_extras(config, where, options, parts)
-        return parts, tokenizer
+        parts["decoder_vqgan"] = load_diffusers_component(
+            PaellaVQModel, where, "vqgan", options, dtype=load_dtype(config, "decoder_vqgan")
+        )
+        return tokenizer
 
-    def _load_decoder_extras(
-        self, config: TrainConfig, where: str, options: dict, parts: dict[str, torch.nn.Module]
-    ) -> object:
+    def _load_decoder_extras(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> object:
         """Adds the variant's own decoder parts to `parts` (each in its `load_dtype`); returns the decoder's tokenizer,
         if it has one."""
         return None

@@ -36,6 +36,7 @@ from onetrainer.config.model_types import Z_IMAGE
 from onetrainer.families.base import Conditioning, LoadedModel, first_weight
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.loading import (
+    KeptParts,
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
@@ -87,9 +88,11 @@ class ZImageFamily(LanguageModelFlowFamily):
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         transformer = load_transformer_part(ZImageTransformer2DModel, config, where, options, zimage_keys.to_diffusers)
-        parts: dict[str, torch.nn.Module] = {"transformer": transformer}
         # Its timestep embedder casts its input to its first layer's weight dtype: a float8 weight would make it float8
-        setattr(parts["transformer"], KEEP_UNQUANTIZED, ("t_embedder",))
+        # (set before the part is stored, which quantizes it)
+        setattr(transformer, KEEP_UNQUANTIZED, ("t_embedder",))
+        parts = KeptParts(config)
+        parts["transformer"] = transformer
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options, dtype=dtype)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)

@@ -11,9 +11,10 @@ the optimizer's state, no training activations) — where a text encoder is larg
 time is the peak. With the denoiser's blocks offloaded, its weights and the activations are taken where in the passes
 their sum is largest (`_offloaded_step`), not each at its own largest. Time = the denoiser's training FLOPs per
 step (forward + backward = 3 forwards, 4 with checkpointing's recomputation) over the device's measured matmul
-throughput. Host RAM (`_add_host`) = the process itself + the larger of the load (every part read into CPU memory
-before any moves, in the dtype it is read in) and what training keeps on the host (parts off the device, offloaded
-blocks and their state, offloaded activations, a CPU EMA, the caches' entries in memory).
+throughput. Host RAM (`_add_host`) = the process itself + the larger of the load (at its largest: the part being read,
+in the dtype it is read in, beside the parts read before it as they are kept) and what training keeps on the host
+(parts off the device, offloaded blocks and their state, offloaded activations, a CPU EMA, the caches' entries in
+memory).
 
 Nothing here knows a family. The parameter counts come from the model that will be trained (`model_shapes`): the
 safetensors headers of a local diffusers folder, of a built model, or of a hub model in the local cache (no
@@ -168,6 +169,12 @@ class PartCount:
         return self.params * (self.load_bytes or BYTES[self.dtype])
 
     @property
+    def read_bytes(self) -> float:
+        """The part in CPU memory once it is read and put in its form (`families/loading.keep_part`): its weights in
+        their dtype, but NFLOAT_4's, which bitsandbytes quantizes only on the CUDA device: they wait as read."""
+        return self.loading_bytes if self.dtype is DataType.NFLOAT_4 else self.bytes
+
+    @property
     def block_home_bytes(self) -> float:
         """Layer offloading's CPU copies of the part's moving block weights: every block's, whichever are on the
         device (`memory/layer_offload.py` keeps each block's weights in one page-locked buffer of its exact size)."""
@@ -209,6 +216,8 @@ class Settings:
     fused_back_pass: bool = False
     ema: str = "OFF"  # the EMA's float32 copy of the trained parameters: "GPU" (on the device), "CPU", "OFF"
     memory_caches: int = 0  # caches that keep entries in memory (latents, text outputs), each up to its limit
+    # The base model is one original file: all of its parts are in memory as it is read, before any is put in its form.
+    read_at_once: bool = False
 
 
 def size_text(size: float) -> str:
@@ -357,8 +366,9 @@ def estimate_from_counts(
 def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings) -> None:
     """The process's host RAM, as the trainer holds it (`training/placement.py`, `memory/layer_offload.py`).
 
-    Loading reads every part into CPU memory before any is quantized or moved (`families/*.load`), each in the dtype
-    it is read in (`PartCount.load_bytes`). While training, the CPU keeps: the parts not on the device (encoders whose
+    Loading (`_loading_bytes`) reads the parts one at a time, in the family's declared order (the order of `counts`),
+    each in the dtype it is read in (`PartCount.load_bytes`) and put in its form (quantized, or cast) before the next
+    is read (`families/loading.KeptParts`). While training, the CPU keeps: the parts not on the device (encoders whose
     outputs are cached, parts used only for samples) in their weight dtype; with layer offloading, every block's
     moving weights in page-locked buffers (the window on the device is a copy), and for offloaded trained blocks their
     optimizer state (torch's pinned allocator); with activation offloading, the checkpointed blocks' inputs; an EMA on
@@ -380,13 +390,32 @@ def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings
         "caches in memory (at most)": settings.memory_caches * MEMORY_LIMIT_BYTES,
     }
     process = HOST_PROCESS + (HOST_CUDA_RUNTIME if settings.device == "cuda" else 0.0)
-    result.host_loading = sum(c.loading_bytes for c in counts.values())
+    result.host_loading = _loading_bytes(counts, settings.read_at_once)
     result.host_training = sum(training.values())
     if result.host_loading >= result.host_training:
-        result.host_parts = {"the process": process, "loading (every part as read)": result.host_loading}
+        result.host_parts = {"the process": process, LOADING: result.host_loading}
     else:
         result.host_parts = {"the process": process, **training}
     result.host_bytes = process + max(result.host_loading, result.host_training)
+
+
+LOADING = "loading (the part being read, those before it as kept)"
+
+
+def _loading_bytes(counts: dict[str, PartCount], at_once: bool = False) -> float:
+    """The host RAM loading holds at its largest, `counts` in the order the parts are read: the part being read, in
+    the dtype it is read in, beside the parts read before it as they are kept (`PartCount.read_bytes`: a FLOAT_8 part
+    at 1 byte a weight once quantized, where it was read in 2). Quantizing a part replaces its weights one layer at a
+    time (`util/quantize.py`): one layer's quantized copy (tens of MiB) is not counted. `at_once`: one original file
+    holding the whole model, all of whose parts are in memory as read before any is put in its form (an upper bound
+    where the file holds some of them and the rest are read after it)."""
+    if at_once:
+        return sum(c.loading_bytes for c in counts.values())
+    largest = kept = 0.0
+    for count in counts.values():
+        largest = max(largest, kept + count.loading_bytes)
+        kept += count.read_bytes
+    return largest
 
 
 def _offloaded_step(count: PartCount, settings: Settings) -> tuple[float, float] | None:
@@ -498,12 +527,23 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         and config.training_method is not TrainingMethod.EMBEDDING,
         ema=config.ema.value,
         memory_caches=(1 + text_encoders_frozen(config)) if config.latent_caching else 0,
+        read_at_once=_one_file(config.base_model_name),
     )
 
 
+def _one_file(name: str) -> bool:
+    """Whether the base model is one original file (SD's, SDXL's, SD 3's), whose parts are read together."""
+    from onetrainer.families.sources import ModelNotFound, resolve_source
+
+    try:
+        return resolve_source(name).kind == "single_file"
+    except ModelNotFound:
+        return False
+
+
 def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCount]:
-    """Per part: its size, dtype, whether it is on the device while stepping, and what trains on it, from the roles
-    the family declares."""
+    """Per part, in the family's declared order (the order loading reads them in): its size, dtype, whether it is on
+    the device while stepping, and what trains on it, from the roles the family declares."""
     from onetrainer.data.caching import text_encoders_frozen
     from onetrainer.families.base import PartRole
     from onetrainer.methods.base import layer_filter_patterns
@@ -518,7 +558,8 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
     from onetrainer.config.model_types import left_out
 
     counts = {}
-    for part, info in shapes.items():
+    order = {part: i for i, part in enumerate(family.info.parts)}
+    for part, info in sorted(shapes.items(), key=lambda item: order.get(item[0], len(order))):
         if left_out(config, part):
             continue  # never loaded
         role = family.part_roles.get(part, PartRole.SAMPLING)

@@ -97,8 +97,8 @@ class Fit:
         estimate = self.estimate
         if estimate.host_loading >= estimate.host_training:
             return (
-                f"loading alone reads {size_text(estimate.host_loading)} into RAM: every part in its weight dtype (a "
-                "quantized one in the training dtype), before any is quantized or moved to the GPU"
+                f"loading alone holds {size_text(estimate.host_loading)} in RAM: the part being read in its weight "
+                "dtype (a quantized one in the training dtype), beside the parts read before it as they are kept"
             )
         return f"training keeps {size_text(estimate.host_training)} in RAM: {estimate.host_text()}"
 

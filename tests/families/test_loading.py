@@ -144,3 +144,83 @@ def test_a_file_of_mixed_dtypes_gives_every_weight_the_parts_dtype(tmp_path, arr
     _, model = load("flux-dev", transformer={**PLAIN, "model_name": str(path)})
     assert arriving["transformer"] == {torch.bfloat16}
     assert {p.dtype for p in model.part("transformer").parameters()} == {torch.bfloat16}
+
+
+FLOAT8_PARTS = ("transformer", "unet", "prior", "text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+def tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's parameters and buffers, float8 ones as their bytes (which `torch.equal` compares on a CPU)."""
+    named = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    return {name: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for name, t in named.items()}
+
+
+@pytest.mark.parametrize(
+    ("variant", "transformer_file"),
+    [
+        ("sd15", False),
+        ("sdxl", False),
+        ("pixart", False),
+        ("sd3", False),
+        ("flux-dev", False),
+        ("flux-dev", True),  # the transformer from Black Forest Labs' file (`assign_weights`), the rest from the base
+        ("chroma", False),
+        ("z-image", False),  # its transformer keeps its timestep embedder unquantized (`KEEP_UNQUANTIZED`)
+        ("qwen-image", False),
+        ("wuerstchen", False),
+    ],
+)
+def test_each_part_is_quantized_before_the_next_is_read(variant, transformer_file, tmp_path, monkeypatch):
+    """Loading's host RAM peak is the parts read so far as they are kept plus the part being read: each part is put in
+    its form (here FLOAT_8, read in bfloat16) as soon as it is read, before the next part's read begins
+    (`loading.KeptParts`), not once every part is in (a Flux transformer was 22 GiB in bfloat16 beside T5 then). The
+    parts are read in their family's declared order, which the estimate counts the load by, and are quantized to the
+    bit as when every part was read first."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.config.model_types import model_type_info
+    from onetrainer.families import loading
+    from onetrainer.util.quantize import quantize_part
+
+    file = {}
+    if transformer_file:
+        file = {"model_name": str(saved(variant, ModelFormat.ORIGINAL_TRANSFORMER, tmp_path / "model.safetensors"))}
+    declared = model_type_info(config_from_dict(config_data(variant))[0].model_type).family.parts
+    float8 = {part: {"weight_dtype": "FLOAT_8"} for part in declared if part in FLOAT8_PARTS}
+    if file:
+        float8["transformer"] |= file
+    read: list[torch.nn.Module] = []  # every module read, in order
+    unquantized: list[list[torch.nn.Module]] = []  # at each read's start, the earlier modules with no float8 weight
+    read_pretrained, checked_load = loading.read_pretrained, loading.checked_load
+
+    def starting() -> None:
+        unquantized.append([m for m in read if all(p.dtype != torch.float8_e4m3fn for p in m.parameters())])
+
+    def reading(cls, where, dtype, **options):  # a diffusers or transformers folder (`load_diffusers_component`)
+        starting()
+        read.append(read_pretrained(cls, where, dtype, **options))
+        return read[-1]
+
+    def assigning(module, state, what, assign=False):  # a file's tensors (`assign_weights`)
+        starting()
+        checked_load(module, state, what, assign)
+        read.append(module)
+
+    with monkeypatch.context() as patches:
+        patches.setattr(loading, "read_pretrained", reading)
+        patches.setattr(loading, "checked_load", assigning)
+        _, model = load(variant, **float8)
+    names = {id(module): name for name, module in model.parts.items()}
+    quantized = {id(model.part(part)) for part in float8}
+    assert [[names[id(m)] for m in earlier if id(m) in quantized] for earlier in unquantized] == [[]] * len(read)
+    order = [names[id(m)] for m in read if id(m) in names]
+    assert order == [part for part in declared if part in order]
+
+    # every part read in bfloat16 first, then quantized, as loading did before
+    _, before = load(variant, **({"transformer": {**PLAIN, **file}} if file else {}))
+    config = config_from_dict(config_data(variant, train_dtype="BFLOAT_16") | float8)[0]
+    for part in float8:
+        assert quantize_part(part, before.part(part), config, filtered=part == declared[0])
+    for name, part in model.parts.items():
+        ours, expected = tensors(part), tensors(before.part(name))
+        assert ours.keys() == expected.keys(), name
+        assert all(ours[k].dtype == t.dtype and torch.equal(ours[k], t) for k, t in expected.items()), name

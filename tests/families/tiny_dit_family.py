@@ -211,18 +211,19 @@ class TinyDiTFamily(Family):
     sampling_parts = frozenset(INFO.parts)
 
     def load(self, config) -> LoadedModel:
-        from onetrainer.util.dtypes import torch_dtype
+        from onetrainer.families.loading import KeptParts
 
-        parts, tokenizer = build_parts()
+        built, tokenizer = build_parts()
         if config.base_model_name != BASE_MODEL:  # a fine-tune this family wrote
             from safetensors.torch import load_file
 
             state = load_file(config.base_model_name)
-            for name, module in parts.items():
+            for name, module in built.items():
                 module.load_state_dict({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
-        for name, module in parts.items():
+        parts = KeptParts(config)  # each part in its configured form (cast, or quantized) as it is stored
+        for name, module in built.items():
             module.requires_grad_(False)
-            module.to(dtype=torch_dtype(config.part(name).weight_dtype))
+            parts[name] = module
         t5 = parts["text_encoder"]
         slot = TextEncoderSlot("text_encoder", t5, tokenizer, "lora_te", "t5", token_embedding=t5.encoder.embed_tokens)
         schedule = ContinuousCosineSchedule(cascade_remap)

@@ -16,6 +16,7 @@ from onetrainer.training.estimate import (
     GIB,
     HOST_CUDA_RUNTIME,
     HOST_PROCESS,
+    LOADING,
     MIB,
     OVERHEAD,
     Activations,
@@ -133,7 +134,7 @@ def test_host_ram_is_the_process_and_the_larger_of_the_load_and_training():
     plain = estimate_from_counts(counts, cuda)
     assert (plain.host_loading, plain.host_training) == (3e9, 5e8)
     assert plain.host_bytes == HOST_PROCESS + HOST_CUDA_RUNTIME + 3e9  # loading is the peak
-    assert "loading (every part as read)" in plain.host_parts and "(while training: 477 MiB)" in plain.text()
+    assert LOADING in plain.host_parts and "(while training: 477 MiB)" in plain.text()
 
     # Offloaded blocks (every block's weights, pinned: 1.6e9), their trained state (pinned, 8 bytes each for Adam),
     # an EMA on the CPU (float32: 4e7), two caches in memory: training is now the peak.
@@ -152,6 +153,31 @@ def test_host_ram_is_the_process_and_the_larger_of_the_load_and_training():
     on_cpu = estimate_from_counts(counts, replace(SD, device="cpu", memory_caches=2))
     assert on_cpu.host_training == on_cpu.peak_bytes + 5e8 + 2 * MEMORY_LIMIT_BYTES
     assert on_cpu.host_bytes == HOST_PROCESS + max(on_cpu.host_loading, on_cpu.host_training)
+
+
+def test_loading_holds_the_part_being_read_beside_the_earlier_ones_as_kept():
+    """Each part is put in its form as soon as it is read (`families/loading.KeptParts`), in the family's declared
+    order: the load's peak is the part being read, in the dtype it is read in, beside the earlier parts as kept. A
+    Flux-like model: a FLOAT_8 transformer read in bfloat16, then a 16-bit T5."""
+    transformer = PartCount(12_000_000_000, DataType.FLOAT_8, plain=0, load_bytes=2.0)  # 24e9 read, 12e9 kept
+    t5 = PartCount(5_000_000_000, DataType.BFLOAT_16, on_device=False)  # 10e9 read and kept
+    read_first = estimate_from_counts({"transformer": transformer, "text_encoder": t5}, SD)
+    assert read_first.host_loading == 24e9  # the transformer as read: 12e9 + 10e9 once T5 is read
+    read_last = estimate_from_counts({"text_encoder": t5, "transformer": transformer}, SD)
+    assert read_last.host_loading == 10e9 + 24e9
+    # NFLOAT_4 waits as read until it is moved to the CUDA device, which quantizes it
+    nf4 = replace(transformer, dtype=DataType.NFLOAT_4)
+    assert estimate_from_counts({"transformer": nf4, "text_encoder": t5}, SD).host_loading == 24e9 + 10e9
+    # one original file holding every part: all of them in memory as read, before any is quantized
+    at_once = estimate_from_counts({"transformer": transformer, "text_encoder": t5}, replace(SD, read_at_once=True))
+    assert at_once.host_loading == 24e9 + 10e9
+
+
+def test_parts_are_counted_in_the_order_they_are_read():
+    config = config_from_dict({"model_type": "FLUX_DEV_1", "base_model_name": "black-forest-labs/FLUX.1-dev"})[0]
+    shapes = reference_shapes(config.model_type)
+    assert list(counts_of(config, dict(reversed(shapes.items())))) == ["transformer", "text_encoder", "text_encoder_2",
+                                                                      "vae"]  # fmt: skip
 
 
 def test_parts_are_counted_in_the_dtype_they_are_read_in(tmp_path, monkeypatch):
