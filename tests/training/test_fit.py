@@ -141,7 +141,7 @@ def test_a_run_over_its_budgets_with_nothing_left_to_change_says_which_and_why()
     fit = fit_to_budget(config, 8 * GIB, estimate_of=lambda _config: large, ram_budget_bytes=32 * GIB)
     assert not fit.fits and not fit.changes
     assert fit.headline.startswith("cannot fit 8.0 GiB VRAM and 32.0 GiB RAM: ≈ 6.0 GiB VRAM, 34.0 GiB RAM and nothing")
-    assert "loading alone reads 32.0 GiB into RAM" in fit.headline  # where the RAM goes
+    assert "loading alone holds 32.0 GiB in RAM" in fit.headline  # where the RAM goes
 
 
 def test_train_py_fits_the_run_prints_each_change_and_exits_unless_asked_to_train(tmp_path, capsys, monkeypatch):
