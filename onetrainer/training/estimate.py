@@ -532,7 +532,7 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
 
 
 def _one_file(name: str) -> bool:
-    """Whether the base model is one original file (SD's, SDXL's, SD 3's), whose parts are read together."""
+    """Whether the base model is one original file holding every part (a single-file checkpoint), read together."""
     from onetrainer.families.sources import ModelNotFound, resolve_source
 
     try:
