@@ -298,3 +298,11 @@ class CountingHub:
                 self._record(connection)
             self._server.close()
         return [path for path in self._paths if path not in self.TELEMETRY]
+
+
+def timestep_settings(**fields):
+    """The timestep settings a run of a config with these fields (the others at their defaults) draws with."""
+    from onetrainer.config import TrainConfig
+    from onetrainer.training.settings import timestep_settings as of_config
+
+    return of_config(TrainConfig(**fields))

@@ -81,6 +81,7 @@ from onetrainer.training.interruptible import checked_in_every_layer
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
+from onetrainer.training.settings import StepSettings
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.validation import (
     LOSS_METADATA_KEY,
@@ -129,6 +130,8 @@ class Trainer:
         as_given: dict | None = None,
     ) -> None:
         self.config = config
+        # What the step's maths take from the config (noise, timesteps, losses), built once: they never read it.
+        self.settings = StepSettings.from_config(config)
         # The config as the user gave it, for the workspace's record (the run's copy has a named-model source's names
         # replaced with the local folders it built).
         self.as_given = as_given
@@ -465,7 +468,7 @@ class Trainer:
         return self.family.encode_text(self.model, captions)
 
     def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
-        config, family, model = self.config, self.family, self.model
+        config, settings, family, model = self.config, self.settings, self.family, self.model
         latents = self._latents(batch)
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
@@ -482,13 +485,15 @@ class Trainer:
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
         draws = self.draws
-        global_noise = sample_noise(draws.like(latents), generator, config)
+        global_noise = sample_noise(draws.like(latents), generator, settings.draws)
         noise = draws.mine(global_noise).to(latents.device, latents.dtype)
         if timesteps is None:
             timesteps = draws.mine(
-                schedule.sample_times(draws.size(len(latents)), generator, config, self.device, latents.shape)
+                schedule.sample_times(
+                    draws.size(len(latents)), generator, settings.timesteps, self.device, latents.shape
+                )
             )
-        perturbed = draws.mine(perturb_noise(global_noise, generator, config)).to(latents.device)
+        perturbed = draws.mine(perturb_noise(global_noise, generator, settings.draws)).to(latents.device)
         noisy = schedule.add_noise(latents, perturbed, timesteps)
 
         keep_unmasked = (
@@ -524,7 +529,7 @@ class Trainer:
                 base = family.predict(model, noisy, model_time, conditioning, extra).output.float()
             target = torch.where(prior_rows, base, target.float())
 
-        pixel_loss = per_pixel_loss(prediction, target.float(), config)
+        pixel_loss = per_pixel_loss(prediction, target.float(), settings.losses)
         per_sample = reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
         if config.loss_weight_fn is not LossWeight.CONSTANT:  # a weight of 1: no operator for it every step
             per_sample = per_sample * timestep_weights(
