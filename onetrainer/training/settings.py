@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from onetrainer.noise.draws import DrawSettings
 from onetrainer.noise.losses import LossSettings
 from onetrainer.noise.timesteps import TimestepSettings
+from onetrainer.training.distributed import ReduceSettings
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -47,6 +48,17 @@ def loss_settings(config: TrainConfig) -> LossSettings:
     )
 
 
+def reduce_settings(config: TrainConfig) -> ReduceSettings:
+    precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
+    return ReduceSettings(
+        in_float32=precision.startswith("FLOAT_32"),
+        stochastic=precision.endswith("_STOCHASTIC"),
+        # buckets of `async_gradient_reduce_buffer` MB; without the fused reduce one parameter at a time
+        bucket_bytes=max(1, int(config.async_gradient_reduce_buffer)) * 2**20 if config.fused_gradient_reduce else 0,
+        asynchronous=config.async_gradient_reduce,
+    )
+
+
 @dataclass(frozen=True)
 class StepSettings:
     """Everything a training step's maths takes from the config, in one object the trainer keeps."""
@@ -54,7 +66,8 @@ class StepSettings:
     timesteps: TimestepSettings
     draws: DrawSettings
     losses: LossSettings
+    reduce: ReduceSettings
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> StepSettings:
-        return cls(timestep_settings(config), draw_settings(config), loss_settings(config))
+        return cls(timestep_settings(config), draw_settings(config), loss_settings(config), reduce_settings(config))

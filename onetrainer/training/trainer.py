@@ -58,7 +58,6 @@ from onetrainer.training.distributed import (
     GlobalDraws,
     StoppedByRank,
     SyncedControl,
-    scaler_factor,
 )
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
@@ -80,6 +79,7 @@ from onetrainer.training.fused_back_pass import FusedBackPass
 from onetrainer.training.interruptible import checked_in_every_layer
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
+from onetrainer.training.processes import scaler_factor
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
 from onetrainer.training.settings import StepSettings
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
@@ -130,7 +130,7 @@ class Trainer:
         as_given: dict | None = None,
     ) -> None:
         self.config = config
-        # What the step's maths take from the config (noise, timesteps, losses), built once: they never read it.
+        # What the step's maths take from the config (noise, losses, gradient reduce), built once: they never read it.
         self.settings = StepSettings.from_config(config)
         # The config as the user gave it, for the workspace's record (the run's copy has a named-model source's names
         # replaced with the local folders it built).
@@ -435,7 +435,7 @@ class Trainer:
         result = self.dist.sync(self.control.local, loss)
         self.control.update(result)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        self.dist.average_gradients(params, self.config)
+        self.dist.average_gradients(params, self.settings.reduce)
         return result.loss
 
     def _caption_drops(self, count: int, generator: torch.Generator) -> list[torch.Tensor | None]:
