@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ConceptType, EMAMode, LossWeight
+from onetrainer.config.timing import Interval
 from onetrainer.data.cache import clear_cache, remove_outdated_entries
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
 from onetrainer.data.loader import RunBatches
@@ -31,6 +32,7 @@ from onetrainer.methods import create_method
 from onetrainer.noise.draws import perturb_noise, sample_noise
 from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.weighting import timestep_weights
+from onetrainer.precision.dtypes import fallback_dtype
 from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
 from onetrainer.training import stochastic_rounding
 from onetrainer.training.checkpoint import (
@@ -95,11 +97,9 @@ from onetrainer.training.validation import (
 )
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
-from onetrainer.util.dtypes import fallback_dtype
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
 from onetrainer.util.threads import MODEL_LIBRARY_LOCK
-from onetrainer.util.timing import Interval
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -552,7 +552,8 @@ class Trainer:
     def _latents(self, batch: Batch) -> torch.Tensor:
         if batch.latents is not None:
             return batch.latents.to(self.device).float()
-        with torch.no_grad(), autocast(self.device, fallback_dtype(self.config)):
+        config = self.config
+        with torch.no_grad(), autocast(self.device, fallback_dtype(config.train_dtype, config.fallback_train_dtype)):
             return self.family.encode_images(self.model, batch.pixels.to(self.device)).float().to(self.device)
 
     def _pixels(self, batch: Batch) -> torch.Tensor | None:
