@@ -298,3 +298,19 @@ class CountingHub:
                 self._record(connection)
             self._server.close()
         return [path for path in self._paths if path not in self.TELEMETRY]
+
+
+def timestep_settings(**fields):
+    """The timestep settings a run of a config with these fields (the others at their defaults) draws with."""
+    from onetrainer.config import TrainConfig
+    from onetrainer.training.settings import timestep_settings as of_config
+
+    return of_config(TrainConfig(**fields))
+
+
+def quantize_as_configured(name: str, module, config, filtered: bool = False) -> bool:
+    """`quantize_part` on the part `name` as a run of `config` calls it (`families/loading.keep_part`)."""
+    from onetrainer.families.loading import quantization_settings
+    from onetrainer.precision.quantize import quantize_part
+
+    return quantize_part(name, module, config.part(name).weight_dtype, quantization_settings(config), filtered)

@@ -260,13 +260,14 @@ def test_the_bare_flux_loop_draws_sigma_as_our_flow_matching_schedule():
     from onetrainer.benchmark.flux_overhead import sample_sigmas
     from onetrainer.config import config_from_dict
     from onetrainer.noise.flow_matching import FlowMatchingSchedule
+    from onetrainer.training.settings import timestep_settings
 
     schedule = FlowMatchingSchedule({"num_train_timesteps": 1000}, patch_size=2)
     for shift in (1.0, 3.0):
         config, _ = config_from_dict({"timestep_distribution": "LOGIT_NORMAL", "timestep_shift": shift})
         torch.manual_seed(0)
         bare = sample_sigmas(20000, config, 1000, CPU)
-        ours = schedule.sample_times(20000, torch.Generator().manual_seed(1), config, CPU)
+        ours = schedule.sample_times(20000, torch.Generator().manual_seed(1), timestep_settings(config), CPU)
         assert bare.min() >= 1e-3 and bare.max() <= 1.0
         assert torch.allclose(bare * 1000, (bare * 1000).round())  # on the training steps
         quantiles = torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9])

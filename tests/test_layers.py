@@ -15,13 +15,13 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "onetrainer"
 
-# Lowest first. A module may import from its own layer and the layers below it. `config.enums` is the vocabulary
-# every layer shares (the utilities map its data types to torch's).
+# Lowest first. A module may import from its own layer and the layers below it. The utilities are generic and import
+# nothing of the config; what reads the config's data types (`precision`) stands above it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config.enums",),
     ("util", "resources"),
     ("memory",),
     ("config",),
+    ("precision",),
     ("weights",),
     ("sampling",),
     ("noise",),

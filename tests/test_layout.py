@@ -1,4 +1,5 @@
-"""Project-wide rules: ruff is clean, and the core library never imports the GUI."""
+"""Project-wide rules: ruff is clean, the core library never imports the GUI, and the maths and the utilities never
+read the config."""
 
 from __future__ import annotations
 
@@ -72,3 +73,65 @@ def test_families_config_and_training_know_no_tiny_models():
                         assert not alias.name.startswith("onetrainer.tiny"), f"{where} imports {alias.name}"
             for text in _string_constants(tree):
                 assert not text.strip().startswith("tiny:"), f"{where} holds the string {text[:40]!r}"
+
+
+# The maths and the mechanisms take small frozen settings built once from the config (`training/settings.py`,
+# `training/processes.py`, `families/loading.quantization_settings`), never the config itself; the utilities import
+# nothing of the config at all (docs/architecture.md, "Layers").
+NO_TRAIN_CONFIG = ("noise", "util", "precision", "training/distributed.py")
+NO_CONFIG = ("util",)
+
+
+def _imported_names(path, source: str | None = None) -> set[str]:
+    """Every `module` and `module.name` a file imports: at the top, in functions and under TYPE_CHECKING alike (an
+    annotation that names the config is a function that takes it)."""
+    import ast
+
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _reads_train_config(names: set[str]) -> bool:
+    return any(n in ("onetrainer.config.TrainConfig", "onetrainer.config.train_config") or
+               n.startswith("onetrainer.config.train_config.") for n in names)  # fmt: skip
+
+
+def _reads_config(names: set[str]) -> bool:
+    return any(n == "onetrainer.config" or n.startswith("onetrainer.config.") for n in names)
+
+
+def _files(places: tuple[str, ...]):
+    for place in places:
+        target = ROOT / "onetrainer" / place
+        yield from sorted(target.rglob("*.py")) if target.is_dir() else [target]
+
+
+def test_the_maths_take_settings_and_the_utilities_import_nothing_of_the_config():
+    reading = [str(p.relative_to(ROOT)) for p in _files(NO_TRAIN_CONFIG) if _reads_train_config(_imported_names(p))]
+    assert not reading, f"these import TrainConfig, where they should take small settings built from it: {reading}"
+    config = [str(p.relative_to(ROOT)) for p in _files(NO_CONFIG) if _reads_config(_imported_names(p))]
+    assert not config, f"these utilities import from onetrainer.config: {config}"
+
+
+def test_the_config_import_check_can_fail():
+    """The reading above sees an import under TYPE_CHECKING, inside a function and through a submodule."""
+    path = ROOT / "onetrainer" / "util" / "planted.py"
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from onetrainer.config import TrainConfig\n"
+    assert _reads_train_config(_imported_names(path, typing_only))
+    in_function = "def f():\n    from onetrainer.config.train_config import TrainConfig\n"
+    assert _reads_train_config(_imported_names(path, in_function))
+    enums = "from onetrainer.config.enums import DataType\n"
+    assert _reads_config(_imported_names(path, enums)) and not _reads_train_config(_imported_names(path, enums))
+    assert _reads_config(_imported_names(path, "from onetrainer import config\n"))
+    assert not _reads_config(_imported_names(path, "from onetrainer.util.fs import atomic_write_json\n"))

@@ -37,9 +37,11 @@ MUTED_TEXT = ("gray40", "gray60")
 
 
 def histogram(config: Any) -> list[float]:
-    from onetrainer.noise.timesteps import timestep_histogram  # torch: imported when the window first draws
+    # torch: imported when the window first draws
+    from onetrainer.noise.timesteps import timestep_histogram
+    from onetrainer.training.settings import timestep_settings
 
-    return [float(v) for v in timestep_histogram(config, bins=BINS, samples=SAMPLES).tolist()]
+    return [float(v) for v in timestep_histogram(timestep_settings(config), bins=BINS, samples=SAMPLES).tolist()]
 
 
 class TimestepWindow(ctk.CTkToplevel):

@@ -5,8 +5,8 @@ The transformer is FLUX.1-dev's (the released config in `onetrainer/families/ref
 weight dtype, so nothing is downloaded and no fp32 copy is ever held. The step is our Flux family's, at the settings
 a Flux LoRA trains with:
 
-- bfloat16 base weights (or FLOAT_8: stored as float8 through `util/quantize.to_float8`, computed in bfloat16; or
-  INT_8 / INT_W8A8 / FLOAT_W8A8 through `util/quantize.to_scaled_8bit`), fp32 LoRA weights (our default LoRA weight
+- bfloat16 base weights (or FLOAT_8: stored as float8 through `precision/quantize.to_float8`, computed in bfloat16; or
+  INT_8 / INT_W8A8 / FLOAT_W8A8 through `precision/quantize.to_scaled_8bit`), fp32 LoRA weights (our default LoRA weight
   dtype) at rank 16 on the family's `attn-mlp` layers, bfloat16 autocast (no grad scaler), gradient checkpointing,
   batch 1;
 - 1024 px: 128×128 latents of 16 channels, packed 2×2 into 4096 image tokens with their (0, row, column) ids, and
@@ -42,7 +42,7 @@ TEXT_TOKENS = 512  # FLUX.1-dev's T5 prompt length
 VAE_FACTOR = 8
 LATENT_CHANNELS = 16
 WEIGHT_DTYPES = ("BFLOAT_16", "FLOAT_8")
-# `util/quantize.to_scaled_8bit`'s kinds
+# `precision/quantize.to_scaled_8bit`'s kinds
 SCALED_8BIT = ("INT_8", "INT_W8A8", "FLOAT_W8A8", "INT_W8A8_COMPRESSED", "FLOAT_W8A8_COMPRESSED")
 LABEL = "Flux.1-dev-size transformer LoRA"
 
@@ -135,9 +135,9 @@ def flux_lora_benchmark(
     from onetrainer.config.model_types import FAMILIES
     from onetrainer.families.flux import PATCH, FluxFamily, image_ids, pack, unpack
     from onetrainer.memory.layer_offload import LayerOffload
+    from onetrainer.precision.quantize import to_float8, to_scaled_8bit
     from onetrainer.training.fused_back_pass import FusedBackPass
     from onetrainer.util.layer_filter import name_matches
-    from onetrainer.util.quantize import to_float8, to_scaled_8bit
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")
@@ -159,7 +159,7 @@ def flux_lora_benchmark(
     elif weight_dtype in SCALED_8BIT:
         codec = None
         if weight_dtype.endswith("_COMPRESSED"):
-            from onetrainer.util.weight_codecs import codec_for
+            from onetrainer.precision.weight_codecs import codec_for
 
             # A trained model's weights are mostly small (random initial ones are uniform, which no coder shrinks):
             # normal weights compress about as a trained model's do, or a little less.

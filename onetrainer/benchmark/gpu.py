@@ -116,9 +116,9 @@ def unet_lora_benchmark(
     from onetrainer.config.model_types import FAMILIES
     from onetrainer.noise.discrete import DiscreteSchedule
     from onetrainer.noise.prediction import PredictionType
+    from onetrainer.precision.quantize import to_float8
     from onetrainer.tiny import reference
     from onetrainer.util.layer_filter import name_matches
-    from onetrainer.util.quantize import to_float8
 
     if steps < 1 or warmup < 1:
         raise ValueError("steps and warmup must be at least 1")

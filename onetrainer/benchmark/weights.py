@@ -3,9 +3,9 @@ on the CPU.
 
 Each dtype trains in a fresh process (`probe_peak_rss`): the UNet (SD 1.5's topology at half width, ~215 M
 parameters, so the weights dominate as they do at full size) is built, stored as FLOAT_16, as float8
-(`util/quantize.to_float8`) or as INT_8 / INT_W8A8 (`util/quantize.to_scaled_8bit`), and takes LoRA steps at a 16×16
-latent in float16. The figures are the stored weight bytes, the peak RSS above the process's RSS with the libraries
-imported, and the time of the steps after the first.
+(`precision/quantize.to_float8`) or as INT_8 / INT_W8A8 (`precision/quantize.to_scaled_8bit`), and takes LoRA steps at
+a 16×16 latent in float16. The figures are the stored weight bytes, the peak RSS above the process's RSS with the
+libraries imported, and the time of the steps after the first.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def probe_main(dtype: str, steps: int) -> None:
 
     from onetrainer.benchmark.memory import current_rss, peak_rss_since_reset, process_peak_rss, reset_peak_rss
     from onetrainer.config.enums import DataType
-    from onetrainer.util.quantize import to_float8, to_scaled_8bit
+    from onetrainer.precision.quantize import to_float8, to_scaled_8bit
 
     unet = half_width_unet().to(torch.float16)
     unet.requires_grad_(False)

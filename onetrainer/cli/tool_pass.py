@@ -42,7 +42,7 @@ def torch_dtype(name: str | None):
     if name is None:
         return None
     from onetrainer.config.enums import DataType
-    from onetrainer.util.dtypes import torch_dtype as convert
+    from onetrainer.precision.dtypes import torch_dtype as convert
 
     return convert(DataType(name))
 

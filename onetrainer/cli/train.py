@@ -191,7 +191,7 @@ def _set_text(value) -> str:
 def _preflight(config: TrainConfig) -> int:
     from onetrainer.config.io import pack
     from onetrainer.data.preflight import preflight_report
-    from onetrainer.training.distributed import preflight_text
+    from onetrainer.training.processes import preflight_text
 
     packed, _ = pack(config)
     report = preflight_report(packed)

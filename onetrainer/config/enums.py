@@ -83,17 +83,17 @@ class DataType(ConfigEnum):
 
 
 # OneTrainer's _COMPRESSED kinds: a W8A8 kind's 8-bit weights kept losslessly compressed on the GPU
-# (`util/weight_codecs.py`), each mapped to the kind it compresses.
+# (`precision/weight_codecs.py`), each mapped to the kind it compresses.
 COMPRESSED_WEIGHT_DTYPES = {
     DataType.FLOAT_W8A8_COMPRESSED: DataType.FLOAT_W8A8,
     DataType.INT_W8A8_COMPRESSED: DataType.INT_W8A8,
 }
-# The weight data types that store a frozen part quantized (`util/quantize.py`).
+# The weight data types that store a frozen part quantized (`precision/quantize.py`).
 QUANTIZED_WEIGHT_DTYPES = frozenset(
     {DataType.FLOAT_8, DataType.NFLOAT_4, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8}
     | COMPRESSED_WEIGHT_DTYPES.keys()
 )
-# A transformer read pre-quantized from a .gguf file (`util/gguf_weights.py`): frozen too.
+# A transformer read pre-quantized from a .gguf file (`precision/gguf_weights.py`): frozen too.
 GGUF_WEIGHT_DTYPES = frozenset({DataType.GGUF, DataType.GGUF_A8_FLOAT, DataType.GGUF_A8_INT})
 
 

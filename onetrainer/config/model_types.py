@@ -66,7 +66,8 @@ OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own
 SEQUENCE_LENGTH = "sequence_length"
 # A part whose blocks can wait in CPU memory while others compute (`offload_fraction`; `Family.layer_blocks`).
 LAYER_OFFLOADING = "layer_offloading"
-# A part its own model can give as a .gguf file, weights pre-quantized (the GGUF weight dtypes; `util/gguf_weights.py`).
+# A part its own model can give as a .gguf file, weights pre-quantized (the GGUF weight dtypes;
+# `precision/gguf_weights.py`).
 GGUF_FILE = "gguf_file"
 # A part the model can do without (OneTrainer's `include`): left out, it is not loaded and the family puts zeros where
 # its output would be, as the model's pipeline does without it (SD 3's T5).

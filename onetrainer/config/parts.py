@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from onetrainer.config.enums import DataType, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import (
@@ -34,8 +36,20 @@ WEIGHT_DTYPES = (
     DataType.GGUF_A8_INT,
     DataType.GGUF_A8_FLOAT,
 )
+# A part's own model given as a .gguf file holds pre-quantized blocks, which only the GGUF weight dtypes read
+# (`precision/gguf_weights.py`): the validation and the family's loading say so in the same words.
+GGUF_SUFFIX = ".gguf"
+NEEDS_GGUF_DTYPE = (
+    "{path} is a GGUF file: its weights are quantized already, so the transformer's weight dtype must be GGUF (or "
+    "GGUF_A8_INT / GGUF_A8_FLOAT for 8-bit products)"
+)
 TRAINING = frozenset({TrainingMethod.FINE_TUNE, TrainingMethod.LORA})
 STOP_UNITS = (TimeUnit.NEVER, TimeUnit.EPOCH, TimeUnit.STEP)
+
+
+def is_gguf_file(name: str | os.PathLike) -> bool:
+    """Whether a part's model (`model_name`) names a .gguf file."""
+    return Path(str(name).strip()).suffix.lower() == GGUF_SUFFIX
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """OneTrainer's `quantization` block: which layers of the denoiser a quantized weight dtype quantizes, and SVDQuant.
 
-The layer filter is built (`util/quantize.filtered_out`), and so is SVDQuant for the 8-bit kinds
-(`util/svd_quant.py`); for NFLOAT_4 (bitsandbytes' layers) and GGUF weights (quantized in their file already) it is
+The layer filter is built (`precision/quantize.filtered_out`), and so is SVDQuant for the 8-bit kinds
+(`precision/svd_quant.py`); for NFLOAT_4 (bitsandbytes' layers) and GGUF weights (quantized in their file already) it is
 not (`NotBuilt`): the run checks say so when such a denoiser would use it.
 """
 
@@ -16,7 +16,7 @@ from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 if TYPE_CHECKING:
     from onetrainer.config.train_config import TrainConfig
 
-# The weight dtypes that store a part quantized (`util/quantize.py`, and a GGUF file's).
+# The weight dtypes that store a part quantized (`precision/quantize.py`, and a GGUF file's).
 QUANTIZED_DTYPES = QUANTIZED_WEIGHT_DTYPES | GGUF_WEIGHT_DTYPES
 SVD_DTYPES = (DataType.NONE, DataType.FLOAT_32, DataType.BFLOAT_16)
 
@@ -32,7 +32,7 @@ def quantized_denoisers(config: TrainConfig) -> list[str]:
     return [p for p, r in roles.items() if r is PartRole.DENOISER and config.part(p).weight_dtype in QUANTIZED_DTYPES]
 
 
-# The quantized kinds SVDQuant corrects (`util/quantize.svd_settings`).
+# The quantized kinds SVDQuant corrects (`precision/quantize.svd_settings`).
 SVD_CORRECTED = frozenset(
     {DataType.FLOAT_8, DataType.INT_8, DataType.INT_W8A8, DataType.FLOAT_W8A8, *COMPRESSED_WEIGHT_DTYPES}
 )

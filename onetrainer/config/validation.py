@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
 # The quantized kinds whose layers keep no plain weight for an adapter to read: 8 bits with a scale per output
-# channel (`util/quantize.to_scaled_8bit`) and a GGUF file's blocks (`util/gguf_weights.py`).
+# channel (`precision/quantize.to_scaled_8bit`) and a GGUF file's blocks (`precision/gguf_weights.py`).
 SCALED_8BIT = (
     DataType.INT_8,
     DataType.INT_W8A8,
@@ -477,7 +477,7 @@ def _gguf_parts(config: TrainConfig, family) -> list[Problem]:
     """A GGUF weight dtype needs the part's own model to be a .gguf file, on a part that can read one; a .gguf file
     needs a GGUF weight dtype."""
     from onetrainer.config.model_types import GGUF_FILE, OWN_MODEL
-    from onetrainer.util.gguf_weights import NEEDS_GGUF_DTYPE, is_gguf_file
+    from onetrainer.config.parts import NEEDS_GGUF_DTYPE, is_gguf_file
 
     problems = []
     for part in family.parts:

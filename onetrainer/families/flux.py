@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, ModelFormat
 from onetrainer.config.model_types import CHROMA, FLUX, SampleDefaults
+from onetrainer.config.parts import NEEDS_GGUF_DTYPE, is_gguf_file
 from onetrainer.families.base import (
     BatchInputs,
     CaptionDropout,
@@ -165,7 +166,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
     def _transformer_override(
         self, cls: type, override: str, base_config: dict, config: TrainConfig
     ) -> torch.nn.Module:
-        from onetrainer.util import gguf_weights
+        from onetrainer.precision import gguf_weights
 
         dtype = load_dtype(config, "transformer")
         path = resolve_local(override)
@@ -174,10 +175,10 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             return read_pretrained(cls, str(path), dtype, subfolder=subfolder, local_files_only=True)
         if not path.is_file():
             raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
-        gguf = gguf_weights.is_gguf_file(path)
+        gguf = is_gguf_file(path)
         try:
             read, read_in = (None, None) if gguf else file_reading(path, dtype)
-            if gguf:  # pre-quantized blocks, kept as they are (`util/gguf_weights.py`)
+            if gguf:  # pre-quantized blocks, kept as they are (`precision/gguf_weights.py`)
                 state, transformer_config = flux_keys.convert_original(gguf_weights.read_gguf(path), base_config, path)
             else:
                 state, transformer_config = flux_keys.read_original_checkpoint(path, base_config, read)
@@ -186,7 +187,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         transformer = empty_module(lambda: cls.from_config(transformer_config))  # the file's tensors become the weights
         if gguf:
             if config.transformer.weight_dtype not in GGUF_WEIGHT_DTYPES:
-                raise ModelLoadError(gguf_weights.NEEDS_GGUF_DTYPE.format(path=path))
+                raise ModelLoadError(NEEDS_GGUF_DTYPE.format(path=path))
             gguf_weights.prepare_gguf_layers(transformer, state, config.transformer.weight_dtype)
         return assign_weights(transformer, state, dtype, f"the transformer {path}", read_in)
 

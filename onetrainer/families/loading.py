@@ -19,11 +19,12 @@ import torch
 
 from onetrainer.config.model_types import model_type_info
 from onetrainer.families.sources import ModelSource
-from onetrainer.util.dtypes import torch_dtype
+from onetrainer.precision.dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
     from onetrainer.config.enums import DataType, ModelType
+    from onetrainer.precision.quantize import QuantizationSettings
     from onetrainer.util.hub import FileSets
 
 log = logging.getLogger(__name__)
@@ -217,16 +218,37 @@ def _explain(where: str, subfolder: str, options: dict, error: Exception) -> str
     )
 
 
-def keep_part(name: str, module: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
+def quantization_settings(config: TrainConfig) -> QuantizationSettings:
+    """What quantizing the parts of a run of `config` takes besides each part's weight dtype (`precision/quantize.py`
+    never reads the config): the training dtype the quantized layers compute in, the train device, SVDQuant's settings
+    (cached under `quantization.cache_dir`, else the run's cache directory) and the quantization layer filter."""
+    from onetrainer.precision.quantize import QuantizationSettings, svd_settings
+    from onetrainer.util.layer_filter import split_patterns
+
+    quantization = config.quantization
+    cache = quantization.cache_dir or (str(Path(config.cache_dir) / "svd_quant") if config.cache_dir else None)
+    return QuantizationSettings(
+        compute_dtype=torch_dtype(config.train_dtype),
+        train_device=config.train_device,
+        svd=svd_settings(quantization.svd_rank, quantization.svd_dtype, config.train_device, cache),
+        layer_filter=tuple(split_patterns(quantization.layer_filter)),
+        layer_filter_regex=quantization.layer_filter_regex,
+    )
+
+
+def keep_part(
+    name: str, module: torch.nn.Module, config: TrainConfig, quantization: QuantizationSettings
+) -> torch.nn.Module:
     """The part `name`, just read (in its `load_dtype`), put in the form it is kept in: quantized where its weight dtype
     is a quantized kind (the quantization filter applies to the denoiser), else cast to its weight dtype where its
     library read it in another (a transformers config naming no dtype)."""
-    from onetrainer.util.quantize import quantize_part
+    from onetrainer.precision.quantize import quantize_part
 
     denoiser = model_type_info(config.model_type).family.parts[0]
+    weight_dtype = config.part(name).weight_dtype
     # the quantized kinds: stored in 8 or 4 bits, computed in the train dtype
-    if not quantize_part(name, module, config, filtered=name == denoiser):
-        dtype = torch_dtype(config.part(name).weight_dtype)
+    if not quantize_part(name, module, weight_dtype, quantization, filtered=name == denoiser):
+        dtype = torch_dtype(weight_dtype)
         if next(module.parameters()).dtype != dtype:
             module.to(dtype=dtype)
     return module
@@ -244,10 +266,11 @@ class KeptParts(MutableMapping[str, torch.nn.Module]):
 
     def __init__(self, config: TrainConfig) -> None:
         self._config = config
+        self._quantization = quantization_settings(config)  # once per load, for every part
         self._parts: dict[str, torch.nn.Module] = {}
 
     def __setitem__(self, name: str, module: torch.nn.Module) -> None:
-        self._parts[name] = keep_part(name, module, self._config)
+        self._parts[name] = keep_part(name, module, self._config, self._quantization)
 
     def __getitem__(self, name: str) -> torch.nn.Module:
         return self._parts[name]

@@ -45,7 +45,7 @@ from onetrainer.families.saving import model_file_metadata, plain_state, save_pi
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
-from onetrainer.util.dtypes import fallback_dtype, torch_dtype
+from onetrainer.precision.dtypes import fallback_dtype, torch_dtype
 from onetrainer.weights import cascade_keys, cascade_lora
 from onetrainer.weights.clip_names import with_text_model
 from onetrainer.weights.metadata import ModelKind
@@ -456,7 +456,7 @@ class CascadeFamily(WuerstchenPriorFamily):
         (`fallback_train_dtype`)."""
         if config.train_dtype is not DataType.FLOAT_16:
             return None
-        return torch_dtype(fallback_dtype(config))
+        return torch_dtype(fallback_dtype(config.train_dtype, config.fallback_train_dtype))
 
     def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
         # clip_text: the last layer's hidden states without the final norm; clip_text_pooled: text_embeds.

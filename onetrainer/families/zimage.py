@@ -46,7 +46,7 @@ from onetrainer.families.loading import (
 from onetrainer.families.saving import plain_state
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
-from onetrainer.util.quantize import KEEP_UNQUANTIZED
+from onetrainer.precision.quantize import KEEP_UNQUANTIZED
 from onetrainer.weights import zimage_keys
 from onetrainer.weights.metadata import ModelKind
 

@@ -94,9 +94,9 @@ def inject(
 
 def _plain_adapter_layers(layer: torch.nn.Module) -> None:
     """Make the adapter's own layers plain torch layers. peft builds a convolution's LoRA down and up layers as
-    `type(base_layer)`: over a quantized convolution (`util/quantize.py`) they would be a frozen 8-bit class without
-    its scale (INT_8, the W8A8 kinds: an AttributeError at the first step) or a float8 class whose backward pass gives
-    its own weight no gradient (FLOAT_8: the convolutions' LoRA never trains)."""
+    `type(base_layer)`: over a quantized convolution (`precision/quantize.py`) they would be a frozen 8-bit class
+    without its scale (INT_8, the W8A8 kinds: an AttributeError at the first step) or a float8 class whose backward pass
+    gives its own weight no gradient (FLOAT_8: the convolutions' LoRA never trains)."""
     inside_base = {id(m) for m in layer.get_base_layer().modules()}
     for sub in layer.modules():
         if (

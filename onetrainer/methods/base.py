@@ -13,10 +13,10 @@ import torch.utils.checkpoint
 
 from onetrainer.config.enums import TrainingMethod
 from onetrainer.config.resolution import parse_resolution
+from onetrainer.config.timing import stop_after_reached
 from onetrainer.families.base import Family, LoadedModel
 from onetrainer.methods.embedding import EmbeddingSet, bundled_embeddings, embedding_file_path
-from onetrainer.util.dtypes import torch_dtype
-from onetrainer.util.timing import stop_after_reached
+from onetrainer.precision.dtypes import torch_dtype
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.embedding_file import save_embedding
 from onetrainer.weights.metadata import model_metadata

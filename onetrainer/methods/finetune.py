@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.methods.base import Method, layer_filter_patterns
-from onetrainer.util.dtypes import torch_dtype
+from onetrainer.precision.dtypes import torch_dtype
 from onetrainer.util.layer_filter import name_matches
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import torch
 from onetrainer.config.enums import ModelFormat
 from onetrainer.methods import adapters
 from onetrainer.methods.base import Method, layer_filter_patterns
-from onetrainer.util.dtypes import torch_dtype
+from onetrainer.precision.dtypes import torch_dtype
 from onetrainer.util.fs import atomic_file
 from onetrainer.weights import diffusers_lora
 from onetrainer.weights.checkpoint_files import load_state_dict

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.methods.base import Method
-from onetrainer.util.dtypes import torch_dtype
+from onetrainer.precision.dtypes import torch_dtype
 from onetrainer.weights.embedding_file import save_embedding
 
 if TYPE_CHECKING:

@@ -6,5 +6,7 @@ per-pixel losses (`losses`), the loss weighting by noise level (`weighting`) and
 learned-variance outputs (`variational_bound`).
 
 Layering: this package imports only `onetrainer.config.enums`, `onetrainer.util` and (inside functions)
-`onetrainer.sampling.schedulers`; families and the trainer import it, never the other way round.
+`onetrainer.sampling.schedulers`; families and the trainer import it, never the other way round. It never reads the
+config: what it needs of the settings comes as small frozen objects (`timesteps.TimestepSettings`,
+`draws.DrawSettings`, `losses.LossSettings`) that the trainer builds once per run (`training/settings.py`).
 """

@@ -19,7 +19,7 @@ from onetrainer.noise.prediction import PredictionType
 from onetrainer.noise.schedule import VariancePreservingSchedule
 
 if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+    from onetrainer.noise.timesteps import TimestepSettings
 
 S = 0.008
 ALPHA_BAR_MIN = 1e-4
@@ -74,11 +74,11 @@ class ContinuousCosineSchedule(VariancePreservingSchedule):
         self,
         count: int,
         generator: torch.Generator,
-        config: TrainConfig,
+        settings: TimestepSettings,
         device,
         latent_shape: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        t = timesteps.noising_range(timesteps.unit_timesteps(count, config, generator), config)
+        t = timesteps.noising_range(timesteps.unit_timesteps(count, settings, generator), settings)
         return self.remap(t_from_bins(bins_from_unit(t))).to(device)
 
     def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:

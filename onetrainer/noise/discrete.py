@@ -14,7 +14,7 @@ from onetrainer.noise.prediction import PredictionType
 from onetrainer.noise.schedule import VariancePreservingSchedule
 
 if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+    from onetrainer.noise.timesteps import TimestepSettings
 
 
 class DiscreteSchedule(VariancePreservingSchedule):
@@ -50,11 +50,11 @@ class DiscreteSchedule(VariancePreservingSchedule):
         self,
         count: int,
         generator: torch.Generator,
-        config: TrainConfig,
+        settings: TimestepSettings,
         device,
         latent_shape: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        return timesteps.sample_timesteps(count, self.num_train_timesteps, generator, config, device)
+        return timesteps.sample_timesteps(count, self.num_train_timesteps, generator, settings, device)
 
     def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:
         # Timestep t of N sits at (t + 1) / N: a half is t = N/2 − 1, as the validation time always was.

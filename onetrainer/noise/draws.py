@@ -6,29 +6,35 @@ distributed runs and the golden tests depend on it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+
+@dataclass(frozen=True)
+class DrawSettings:
+    """How strong the offset noise and the input perturbation are (0: none). Built once per run from the config
+    (`training/settings.py`)."""
+
+    offset_noise_weight: float
+    perturbation_noise_weight: float
 
 
-def sample_noise(latents: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
+def sample_noise(latents: torch.Tensor, generator: torch.Generator, settings: DrawSettings) -> torch.Tensor:
     """Gaussian noise, plus offset noise (a per-sample, per-channel constant).
 
     Drawn on the CPU from `generator` (a CPU generator), so a run gives the same noise on every device.
     """
     noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
-    if config.offset_noise_weight > 0:
+    if settings.offset_noise_weight > 0:
         offset = torch.randn((latents.shape[0], latents.shape[1], 1, 1), generator=generator, dtype=torch.float32)
-        noise = noise + config.offset_noise_weight * offset
+        noise = noise + settings.offset_noise_weight * offset
     return noise.to(latents.device, latents.dtype)
 
 
-def perturb_noise(noise: torch.Tensor, generator: torch.Generator, config: TrainConfig) -> torch.Tensor:
+def perturb_noise(noise: torch.Tensor, generator: torch.Generator, settings: DrawSettings) -> torch.Tensor:
     """Input perturbation: the model sees slightly different noise than its target (arXiv 2301.11706)."""
-    if config.perturbation_noise_weight <= 0:
+    if settings.perturbation_noise_weight <= 0:
         return noise
     extra = torch.randn(noise.shape, generator=generator, dtype=torch.float32).to(noise.device, noise.dtype)
-    return noise + config.perturbation_noise_weight * extra
+    return noise + settings.perturbation_noise_weight * extra

@@ -50,7 +50,7 @@ from onetrainer.noise.schedule import NoiseSchedule
 from onetrainer.util.threads import library_attribute
 
 if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+    from onetrainer.noise.timesteps import TimestepSettings
 
 SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
 
@@ -114,11 +114,12 @@ class FlowMatchingSchedule(NoiseSchedule):
         mu = self.mu(latent_height, latent_width)
         return mu if self.time_shift_type == "linear" else math.exp(mu)
 
-    def training_shift(self, config: TrainConfig, latent_shape: Sequence[int] | None) -> float:
-        """The shift training draws with: `timestep_shift`, or with `dynamic_timestep_shifting` the resolution shift
-        of these latents ([…, h, w]) in its place (OneTrainer: the dynamic shift replaces the static one)."""
-        if not config.dynamic_timestep_shifting:
-            return float(config.timestep_shift)
+    def training_shift(self, settings: TimestepSettings, latent_shape: Sequence[int] | None) -> float:
+        """The shift training draws with: the static shift (`timestep_shift`), or with the dynamic shift
+        (`dynamic_timestep_shifting`) the resolution shift of these latents ([…, h, w]) in its place (OneTrainer: the
+        dynamic shift replaces the static one)."""
+        if not settings.dynamic_shift:
+            return float(settings.shift)
         if latent_shape is None or len(latent_shape) < 2:
             raise ValueError("the dynamic timestep shift needs the latents' shape [..., h, w]")
         return self.resolution_shift(int(latent_shape[-2]), int(latent_shape[-1]))
@@ -129,15 +130,15 @@ class FlowMatchingSchedule(NoiseSchedule):
         self,
         count: int,
         generator: torch.Generator,
-        config: TrainConfig,
+        settings: TimestepSettings,
         device,
         latent_shape: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """σ per sample in [1/T, 1] (float32): the configured distribution, shifted (statically or by the latents'
         resolution), placed in the noising-strength range and discretised to the T training steps, σ = (k + 1)/T.
         Drawn on the CPU from `generator`, then moved to `device`."""
-        shift = self.training_shift(config, latent_shape)
-        steps = timesteps.sample_timesteps(count, self.num_train_timesteps, generator, config, "cpu", shift)
+        shift = self.training_shift(settings, latent_shape)
+        steps = timesteps.sample_timesteps(count, self.num_train_timesteps, generator, settings, "cpu", shift)
         return ((steps + 1).float() / self.num_train_timesteps).to(device)
 
     def validation_times(self, fractions: torch.Tensor, device) -> torch.Tensor:

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The strength of each per-pixel loss function (0: off) and Huber's δ. Built once per run from the config
+    (`training/settings.py`)."""
+
+    mse_strength: float
+    mae_strength: float
+    huber_strength: float
+    huber_delta: float
+    log_cosh_strength: float
 
 
-def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+def per_pixel_loss(prediction: torch.Tensor, target: torch.Tensor, settings: LossSettings) -> torch.Tensor:
     """The sum of the enabled loss functions, per element (not reduced)."""
     prediction = prediction.float()
     target = target.float()
     terms = []
-    if config.mse_strength:
-        terms.append((config.mse_strength, F.mse_loss(prediction, target, reduction="none")))
-    if config.mae_strength:
-        terms.append((config.mae_strength, F.l1_loss(prediction, target, reduction="none")))
-    if config.huber_strength:
-        huber = F.huber_loss(prediction, target, reduction="none", delta=config.huber_delta)
-        terms.append((config.huber_strength, huber))
-    if config.log_cosh_strength:
-        terms.append((config.log_cosh_strength, _log_cosh(prediction - target)))
+    if settings.mse_strength:
+        terms.append((settings.mse_strength, F.mse_loss(prediction, target, reduction="none")))
+    if settings.mae_strength:
+        terms.append((settings.mae_strength, F.l1_loss(prediction, target, reduction="none")))
+    if settings.huber_strength:
+        huber = F.huber_loss(prediction, target, reduction="none", delta=settings.huber_delta)
+        terms.append((settings.huber_strength, huber))
+    if settings.log_cosh_strength:
+        terms.append((settings.log_cosh_strength, _log_cosh(prediction - target)))
     loss = None
     for strength, term in terms:
         # 1·x and 0 + x are x exactly: a lone term at strength 1 is the loss itself, without two more operators (and

@@ -25,7 +25,7 @@ import torch
 from onetrainer.noise.prediction import PredictionType
 
 if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
+    from onetrainer.noise.timesteps import TimestepSettings
 
 
 class NoiseSchedule(ABC):
@@ -44,11 +44,11 @@ class NoiseSchedule(ABC):
         self,
         count: int,
         generator: torch.Generator,
-        config: TrainConfig,
+        settings: TimestepSettings,
         device,
         latent_shape: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """`count` training times drawn from the configured distribution (`config`: the TrainConfig).
+        """`count` training times drawn from the configured distribution (`settings`, built once per run).
 
         `latent_shape` is the batch's latents' shape [B, C, h, w] (B may be this process's share of `count`), for a
         schedule whose times depend on the resolution (a flow shift by h·w); the others ignore it.

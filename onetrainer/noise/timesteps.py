@@ -7,24 +7,36 @@ Everything takes explicit generators, so the same inputs always give the same dr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
 from onetrainer.config.enums import TimestepDistribution
 
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
-
 _TABLE_SIZE = 1000
 
 
+@dataclass(frozen=True)
+class TimestepSettings:
+    """Which noise levels training draws: the distribution with its weight w and bias b, the static shift (or the
+    resolution-dependent one of a flow schedule: `dynamic_shift`) and the [min, max] noising-strength range. Built
+    once per run from the config (`training/settings.py`), so that the maths never read the config."""
+
+    distribution: TimestepDistribution
+    weight: float
+    bias: float
+    shift: float
+    dynamic_shift: bool
+    min_strength: float
+    max_strength: float
+
+
 def unit_timesteps(
-    count: int, config: TrainConfig, generator: torch.Generator, shift: float | None = None
+    count: int, settings: TimestepSettings, generator: torch.Generator, shift: float | None = None
 ) -> torch.Tensor:
-    """`count` draws in [0, 1) from the timestep distribution (w = noising_weight, b = noising_bias), shifted by
-    `shift` (default: the config's `timestep_shift`; a flow schedule passes its resolution-dependent shift)."""
-    kind, w, b = config.timestep_distribution, config.noising_weight, config.noising_bias
+    """`count` draws in [0, 1) from the timestep distribution (w = weight, b = bias), shifted by `shift` (default:
+    the settings' static shift; a flow schedule passes its resolution-dependent shift)."""
+    kind, w, b = settings.distribution, settings.weight, settings.bias
     if kind is TimestepDistribution.UNIFORM:
         x = torch.rand(count, generator=generator)
     elif kind is TimestepDistribution.LOGIT_NORMAL:
@@ -46,7 +58,7 @@ def unit_timesteps(
         cells = torch.multinomial(weights.float(), count, replacement=True, generator=generator)
         x = (cells.float() + torch.rand(count, generator=generator)) / _TABLE_SIZE
     x = x.clamp(0.0, 1.0 - 1e-6)
-    return shift_timesteps(x, config.timestep_shift if shift is None else shift)
+    return shift_timesteps(x, settings.shift if shift is None else shift)
 
 
 def timestep_density(kind: TimestepDistribution, w: float, b: float, x: torch.Tensor) -> torch.Tensor:
@@ -70,9 +82,9 @@ def shift_timesteps(x: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * x / ((shift - 1.0) * x + 1.0)
 
 
-def noising_range(unit: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+def noising_range(unit: torch.Tensor, settings: TimestepSettings) -> torch.Tensor:
     """A unit draw placed in [min, max] noising strength (the share of the schedule training covers)."""
-    low, high = config.min_noising_strength, config.max_noising_strength
+    low, high = settings.min_strength, settings.max_strength
     if low == 0 and high == 1:  # 0 + 1·u is u exactly: the whole schedule without two operators per step
         return unit
     return low + (high - low) * unit
@@ -82,19 +94,19 @@ def sample_timesteps(
     batch: int,
     num_timesteps: int,
     generator: torch.Generator,
-    config: TrainConfig,
+    settings: TimestepSettings,
     device,
     shift: float | None = None,
 ) -> torch.Tensor:
     """Integer timesteps: a draw from the configured distribution on [0, 1], shifted (by `shift`, default the
-    config's), then placed in [min, max] noising strength x T."""
-    t = noising_range(unit_timesteps(batch, config, generator, shift), config)
+    settings'), then placed in [min, max] noising strength x T."""
+    t = noising_range(unit_timesteps(batch, settings, generator, shift), settings)
     return (t * num_timesteps).long().clamp(0, num_timesteps - 1).to(device)
 
 
 def timestep_histogram(
-    config: TrainConfig, bins: int = 100, samples: int = 1_000_000, num_timesteps: int = 1000
+    settings: TimestepSettings, bins: int = 100, samples: int = 1_000_000, num_timesteps: int = 1000
 ) -> torch.Tensor:
     """How often each range of timesteps is drawn with these settings (for the GUI's preview): `bins` counts."""
-    t = sample_timesteps(samples, num_timesteps, torch.Generator().manual_seed(0), config, "cpu")
+    t = sample_timesteps(samples, num_timesteps, torch.Generator().manual_seed(0), settings, "cpu")
     return torch.histc(t.float(), bins=bins, min=0, max=num_timesteps - 1)

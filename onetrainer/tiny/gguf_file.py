@@ -1,5 +1,5 @@
 """A tiny model's transformer written as a .gguf file, as the Flux and Chroma GGUFs people download are laid out:
-for the tests and the benchmark of GGUF weights (`util/gguf_weights.py`), offline."""
+for the tests and the benchmark of GGUF weights (`precision/gguf_weights.py`), offline."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def convert(conversion: Conversion) -> list[Path]:
     import torch
 
     from onetrainer.families import load_family_class
-    from onetrainer.util.dtypes import torch_dtype
+    from onetrainer.precision.dtypes import torch_dtype
 
     problems = conversion.problems()
     if problems:

@@ -108,8 +108,8 @@ def extract(ex: Extraction, progress: Callable[[str, int, int], None] | None = N
     """Write the LoRA; its path, each layer's report and what was left out.
     `progress(what, done, total)` is told each phase and layer, and may raise to stop before anything is written."""
     from onetrainer.families.base import PartRole
+    from onetrainer.precision.dtypes import torch_dtype
     from onetrainer.tools.lora_files import _energy_rank, _factors
-    from onetrainer.util.dtypes import torch_dtype
     from onetrainer.util.fs import atomic_file
     from onetrainer.weights.lycoris_keys import to_kohya
     from onetrainer.weights.metadata import lora_metadata

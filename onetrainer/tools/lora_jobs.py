@@ -197,8 +197,8 @@ class LoraJob:
         from safetensors import safe_open
         from safetensors.torch import load_file, save_file
 
+        from onetrainer.precision.dtypes import torch_dtype
         from onetrainer.tools import lora_files as lf
-        from onetrainer.util.dtypes import torch_dtype
         from onetrainer.util.fs import atomic_file
         from onetrainer.weights.metadata import LORA_TOOL_KEY
 

@@ -59,8 +59,8 @@ def merge_into_base(merge: Merge, progress: Callable[[str, int, int], None] | No
     from onetrainer.config import TrainConfig
     from onetrainer.methods import create_method
     from onetrainer.methods.adapters import adapter_layers
+    from onetrainer.precision.dtypes import torch_dtype
     from onetrainer.tools.convert import load_float32
-    from onetrainer.util.dtypes import torch_dtype
 
     problems = merge.problems()
     if problems:

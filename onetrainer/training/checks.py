@@ -357,7 +357,7 @@ def _check_quantized_parts(config: TrainConfig) -> list[Problem]:
     for part in info.family.parts if info else ():
         if config.part(part).weight_dtype not in machine_dependent:
             continue  # only these depend on the machine (and asking torch costs its import)
-        from onetrainer.util.quantize import unsupported_reason
+        from onetrainer.precision.quantize import unsupported_reason
 
         reason = unsupported_reason(config.part(part).weight_dtype, part, config.train_device)
         if reason:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from onetrainer.config.enums import DataType
-from onetrainer.util.dtypes import torch_dtype
+from onetrainer.precision.dtypes import torch_dtype
 
 
 def training_threads() -> int:

@@ -17,6 +17,9 @@ CPU and on Windows, whose torch has no NCCL). The trainer stays one loop with sm
 - a rank that fails (an exception, a NaN loss) says so at the next `sync` and sends its message; the others raise
   `RankFailed` with it, so the run ends on every rank within one step with the failing rank's words;
 - sampling, saving, backups, validation, TensorBoard and console output happen on rank 0 only.
+
+This module never reads the config: joining takes the devices the ranks train on (`RankDevices`) and the reduce its
+`ReduceSettings`, both small frozen objects built from the config once (`processes.py`, `settings.py`).
 """
 
 from __future__ import annotations
@@ -25,15 +28,11 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.stochastic_rounding import round_stochastically
-
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
 
 COMMANDS = ("sample", "save", "backup")
 TIMEOUT_ENV = "ONETRAINER_DIST_TIMEOUT"  # seconds a rank waits for the others in one collective (default 30 min)
@@ -51,45 +50,35 @@ def world_size_from_environment() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def planned_world_size(config: TrainConfig) -> int:
-    """The number of processes a run of `config` uses: torchrun's WORLD_SIZE, or what the app launches."""
-    if world_size_from_environment() > 1:
-        return world_size_from_environment()
-    if config.multi_gpu:
-        return len(device_indexes(config)) or max(1, torch.cuda.device_count())
-    return 1
-
-
-def device_indexes(config: TrainConfig) -> list[int]:
+def device_indexes(setting: str) -> list[int]:
     """`device_indexes` ("0,1,3"): which GPU each local rank takes; empty means 0, 1, 2, …"""
     from onetrainer.training.checks import device_index_list
 
     try:
-        return device_index_list(config.device_indexes)
+        return device_index_list(setting)
     except ValueError as error:
         raise ValueError(f"device_indexes: {error}") from None
 
 
-def scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
-    """LR and loss scalers: BATCH scales by the global batch size (per GPU × processes), GRADIENT_ACCUMULATION by
-    the accumulation steps."""
-    factor = 1.0
-    if kind in ("BATCH", "BOTH"):
-        factor *= config.batch_size * world_size
-    if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
-        factor *= config.gradient_accumulation_steps
-    return factor
+@dataclass(frozen=True)
+class RankDevices:
+    """Where the ranks train: on the GPUs when `train_device` is a CUDA device (and there is one), local rank i on
+    the i-th of `device_indexes` ("0,1,3"; empty: every visible GPU in order), else on the CPU."""
+
+    train_device: str
+    device_indexes: str
 
 
-def preflight_text(config: TrainConfig) -> str:
-    """The batch per GPU, the global batch and what the LR scaler multiplies by."""
-    world = planned_world_size(config)
-    b = config.batch_size
-    scaler = config.learning_rate_scaler.value
-    factor = scaler_factor(scaler, config, world)
-    lr = f"learning rate × √{factor:g} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
-    processes = f"{world} processes" if world > 1 else "1 process"
-    return f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
+@dataclass(frozen=True)
+class ReduceSettings:
+    """How the trainable gradients are averaged over the ranks: in float32 or each weight's own dtype
+    (`in_float32`), rounded back to bfloat16 weights stochastically (`stochastic`), in buckets of `bucket_bytes`
+    (0: one parameter at a time) whose all-reduces are launched before the first is waited for (`asynchronous`)."""
+
+    in_float32: bool
+    stochastic: bool
+    bucket_bytes: int
+    asynchronous: bool
 
 
 @dataclass
@@ -146,28 +135,28 @@ class Distributed:
 
     # -- the group ----------------------------------------------------------------------------------------------
     @classmethod
-    def from_environment(cls, config: TrainConfig) -> Distributed | None:
+    def from_environment(cls, devices: RankDevices) -> Distributed | None:
         """Join torchrun's group when WORLD_SIZE > 1; None for a single-process run."""
         world = world_size_from_environment()
         if world <= 1:
             return None
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-        return cls.join(config, rank, world, local_rank)
+        return cls.join(devices, rank, world, local_rank)
 
     @classmethod
     def join(
-        cls, config: TrainConfig, rank: int, world: int, local_rank: int, init_method: str | None = None
+        cls, devices: RankDevices, rank: int, world: int, local_rank: int, init_method: str | None = None
     ) -> Distributed:
         """Join the group as `rank` of `world` (NCCL on CUDA, gloo on a CPU); `init_method` None reads torchrun's
         MASTER_ADDR / MASTER_PORT, the app's rank 0 (`launcher.py`) gives its own tcp:// address."""
         import torch.distributed as dist
 
-        use_cuda = config.train_device.startswith("cuda") and torch.cuda.is_available()
+        use_cuda = devices.train_device.startswith("cuda") and torch.cuda.is_available()
         if use_cuda:
-            indexes = device_indexes(config) or list(range(torch.cuda.device_count()))
+            indexes = device_indexes(devices.device_indexes) or list(range(torch.cuda.device_count()))
             if local_rank >= len(indexes):
                 raise ValueError(
-                    f"device_indexes: local rank {local_rank} has no GPU ({config.device_indexes or 'all GPUs'} "
+                    f"device_indexes: local rank {local_rank} has no GPU ({devices.device_indexes or 'all GPUs'} "
                     f"gives {len(indexes)}); start fewer processes per node"
                 )
             device = torch.device("cuda", indexes[local_rank])
@@ -256,19 +245,18 @@ class Distributed:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     # -- gradients ----------------------------------------------------------------------------------------------
-    def average_gradients(self, params: list[torch.nn.Parameter], config: TrainConfig) -> None:
-        """Average the trainable parameters' gradients over the ranks, in `gradient_reduce_precision`, in buckets of
-        `async_gradient_reduce_buffer` MB launched together when `async_gradient_reduce` is on. A parameter no rank
-        gave a gradient keeps none (an optimizer treats that differently from a zero gradient)."""
+    def average_gradients(self, params: list[torch.nn.Parameter], settings: ReduceSettings) -> None:
+        """Average the trainable parameters' gradients over the ranks, as `settings` say (in float32 or the weights'
+        dtype, in buckets launched together or one at a time). A parameter no rank gave a gradient keeps none (an
+        optimizer treats that differently from a zero gradient)."""
         import torch.distributed as dist
 
-        precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
-        stochastic = precision.endswith("_STOCHASTIC")
+        stochastic = settings.stochastic
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in params:
-            dtype = torch.float32 if precision.startswith("FLOAT_32") else p.dtype
+            dtype = torch.float32 if settings.in_float32 else p.dtype
             by_dtype.setdefault(dtype, []).append(p)
-        limit = max(1, int(config.async_gradient_reduce_buffer)) * 2**20 if config.fused_gradient_reduce else 0
+        limit = settings.bucket_bytes
         pending = []
         for dtype, group in by_dtype.items():
             for bucket in _buckets(group, limit, dtype):
@@ -280,9 +268,9 @@ class Distributed:
                         )
                     ]
                 )
-                work = dist.all_reduce(flat, async_op=config.async_gradient_reduce)
+                work = dist.all_reduce(flat, async_op=settings.asynchronous)
                 pending.append((work, flat, bucket))
-                if not config.async_gradient_reduce:
+                if not settings.asynchronous:
                     self._unflatten(flat, bucket, stochastic)
                     pending.pop()
         for work, flat, bucket in pending:

@@ -120,9 +120,9 @@ class PartCount:
     on_device: bool = True  # needed on the GPU during training steps
     trained: int = 0  # trained parameters of (or adapters on) this part
     text_encoder: bool = False  # the family declares it a text encoder (the advice may cache its outputs)
-    # A quantized part (FLOAT_8, NFLOAT_4) quantizes only its Linear and Conv2d weights (`util/quantize`): the rest —
-    # norms, embeddings, biases, the layers its class keeps out of low precision (`_keep_in_fp32_modules`) — stays in
-    # the training dtype, `plain_bytes` each.
+    # A quantized part (FLOAT_8, NFLOAT_4) quantizes only its Linear and Conv2d weights (`precision/quantize`): the
+    # rest — norms, embeddings, biases, the layers its class keeps out of low precision (`_keep_in_fp32_modules`) —
+    # stays in the training dtype, `plain_bytes` each.
     plain: int = 0
     plain_bytes: float = 2.0
     # Frozen block parameters layer offloading keeps in CPU memory at any time (`offload_fraction` of the blocks).
@@ -406,9 +406,9 @@ def _loading_bytes(counts: dict[str, PartCount], at_once: bool = False) -> float
     """The host RAM loading holds at its largest, `counts` in the order the parts are read: the part being read, in
     the dtype it is read in, beside the parts read before it as they are kept (`PartCount.read_bytes`: a FLOAT_8 part
     at 1 byte a weight once quantized, where it was read in 2). Quantizing a part replaces its weights one layer at a
-    time (`util/quantize.py`): one layer's quantized copy (tens of MiB) is not counted. `at_once`: one original file
-    holding the whole model, all of whose parts are in memory as read before any is put in its form (an upper bound
-    where the file holds some of them and the rest are read after it)."""
+    time (`precision/quantize.py`): one layer's quantized copy (tens of MiB) is not counted. `at_once`: one original
+    file holding the whole model, all of whose parts are in memory as read before any is put in its form (an upper
+    bound where the file holds some of them and the rest are read after it)."""
     if at_once:
         return sum(c.loading_bytes for c in counts.values())
     largest = kept = 0.0
@@ -620,7 +620,8 @@ def _gguf_bytes(part_config) -> float | None:
     """Bytes per quantized weight of a part read from a .gguf file, from the file's header; None otherwise."""
     if part_config.weight_dtype not in GGUF_WEIGHT_DTYPES:
         return None
-    from onetrainer.util.gguf_weights import gguf_bytes_per_weight, is_gguf_file
+    from onetrainer.config.parts import is_gguf_file
+    from onetrainer.precision.gguf_weights import gguf_bytes_per_weight
 
     name = (getattr(part_config, "model_name", "") or "").strip()
     return gguf_bytes_per_weight(name) if is_gguf_file(name) else None

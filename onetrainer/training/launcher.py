@@ -30,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onetrainer.training.distributed import planned_world_size, world_size_from_environment
+from onetrainer.training.distributed import world_size_from_environment
 from onetrainer.training.events import Broadcast, Failed, Finished, Warning_
+from onetrainer.training.processes import planned_world_size, rank_devices
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -176,7 +177,7 @@ def _join(config: TrainConfig, world: int, port: int, children: list[RankProcess
     # communicators only, so the run ends with a message (read when the NCCL group is made; unmeasured: no GPU).
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     try:
-        return Distributed.join(config, 0, world, 0, f"tcp://127.0.0.1:{port}")
+        return Distributed.join(rank_devices(config), 0, world, 0, f"tcp://127.0.0.1:{port}")
     except Exception as e:
         return Failed(f"cannot join the other training processes: {type(e).__name__}: {e}", traceback.format_exc())
 

@@ -81,13 +81,14 @@ def _train(
 ) -> Finished | Failed:
     """One process's run; `dist` is the group the launcher joined, else torchrun's (or none) is joined here."""
     from onetrainer.training.distributed import Distributed
+    from onetrainer.training.processes import rank_devices
     from onetrainer.training.workspace import WorkspaceBusy, WorkspaceLock
     from onetrainer.util.quiet import quiet_libraries
 
     quiet_libraries()
     if dist is None:
         try:
-            dist = Distributed.from_environment(config)
+            dist = Distributed.from_environment(rank_devices(config))
         except Exception as e:  # a bad rendezvous, device_indexes that name no GPU
             message = f"cannot join the other training processes: {type(e).__name__}: {e}"
             return Failed(message, traceback.format_exc())

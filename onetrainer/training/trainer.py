@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ConceptType, EMAMode, LossWeight
+from onetrainer.config.timing import Interval
 from onetrainer.data.cache import clear_cache, remove_outdated_entries
 from onetrainer.data.caching import fill_latent_cache, fill_text_cache, text_encoders_frozen
 from onetrainer.data.loader import RunBatches
@@ -31,6 +32,7 @@ from onetrainer.methods import create_method
 from onetrainer.noise.draws import perturb_noise, sample_noise
 from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.weighting import timestep_weights
+from onetrainer.precision.dtypes import fallback_dtype
 from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
 from onetrainer.training import stochastic_rounding
 from onetrainer.training.checkpoint import (
@@ -58,7 +60,6 @@ from onetrainer.training.distributed import (
     GlobalDraws,
     StoppedByRank,
     SyncedControl,
-    scaler_factor,
 )
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import (
@@ -80,7 +81,9 @@ from onetrainer.training.fused_back_pass import FusedBackPass
 from onetrainer.training.interruptible import checked_in_every_layer
 from onetrainer.training.optim import create_optimizer, effective_learning_rates, optimizer_spec
 from onetrainer.training.placement import Placement, offloaded_parts
+from onetrainer.training.processes import scaler_factor
 from onetrainer.training.schedules import build_lr_scheduler, warmup_steps_of
+from onetrainer.training.settings import StepSettings
 from onetrainer.training.tensorboard import TensorBoardServer, TensorBoardSink
 from onetrainer.training.validation import (
     LOSS_METADATA_KEY,
@@ -94,11 +97,9 @@ from onetrainer.training.validation import (
 )
 from onetrainer.training.workspace import Workspace, safe_name
 from onetrainer.util.disk import is_write_error, write_error_message
-from onetrainer.util.dtypes import fallback_dtype
 from onetrainer.util.fs import atomic_write_json, remove_leftovers
 from onetrainer.util.part_dtypes import parts_meet_safely
 from onetrainer.util.threads import MODEL_LIBRARY_LOCK
-from onetrainer.util.timing import Interval
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -129,6 +130,8 @@ class Trainer:
         as_given: dict | None = None,
     ) -> None:
         self.config = config
+        # What the step's maths take from the config (noise, losses, gradient reduce), built once: they never read it.
+        self.settings = StepSettings.from_config(config)
         # The config as the user gave it, for the workspace's record (the run's copy has a named-model source's names
         # replaced with the local folders it built).
         self.as_given = as_given
@@ -432,7 +435,7 @@ class Trainer:
         result = self.dist.sync(self.control.local, loss)
         self.control.update(result)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        self.dist.average_gradients(params, self.config)
+        self.dist.average_gradients(params, self.settings.reduce)
         return result.loss
 
     def _caption_drops(self, count: int, generator: torch.Generator) -> list[torch.Tensor | None]:
@@ -465,7 +468,7 @@ class Trainer:
         return self.family.encode_text(self.model, captions)
 
     def batch_loss(self, batch: Batch, generator: torch.Generator, timesteps: torch.Tensor | None = None):
-        config, family, model = self.config, self.family, self.model
+        config, settings, family, model = self.config, self.settings, self.family, self.model
         latents = self._latents(batch)
 
         captions = [self.method.embeddings.apply(c) for c in batch.captions]
@@ -482,13 +485,15 @@ class Trainer:
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
         draws = self.draws
-        global_noise = sample_noise(draws.like(latents), generator, config)
+        global_noise = sample_noise(draws.like(latents), generator, settings.draws)
         noise = draws.mine(global_noise).to(latents.device, latents.dtype)
         if timesteps is None:
             timesteps = draws.mine(
-                schedule.sample_times(draws.size(len(latents)), generator, config, self.device, latents.shape)
+                schedule.sample_times(
+                    draws.size(len(latents)), generator, settings.timesteps, self.device, latents.shape
+                )
             )
-        perturbed = draws.mine(perturb_noise(global_noise, generator, config)).to(latents.device)
+        perturbed = draws.mine(perturb_noise(global_noise, generator, settings.draws)).to(latents.device)
         noisy = schedule.add_noise(latents, perturbed, timesteps)
 
         keep_unmasked = (
@@ -524,7 +529,7 @@ class Trainer:
                 base = family.predict(model, noisy, model_time, conditioning, extra).output.float()
             target = torch.where(prior_rows, base, target.float())
 
-        pixel_loss = per_pixel_loss(prediction, target.float(), config)
+        pixel_loss = per_pixel_loss(prediction, target.float(), settings.losses)
         per_sample = reduce_loss(pixel_loss, weights, config.normalize_masked_area_loss)
         if config.loss_weight_fn is not LossWeight.CONSTANT:  # a weight of 1: no operator for it every step
             per_sample = per_sample * timestep_weights(
@@ -547,7 +552,8 @@ class Trainer:
     def _latents(self, batch: Batch) -> torch.Tensor:
         if batch.latents is not None:
             return batch.latents.to(self.device).float()
-        with torch.no_grad(), autocast(self.device, fallback_dtype(self.config)):
+        config = self.config
+        with torch.no_grad(), autocast(self.device, fallback_dtype(config.train_dtype, config.fallback_train_dtype)):
             return self.family.encode_images(self.model, batch.pixels.to(self.device)).float().to(self.device)
 
     def _pixels(self, batch: Batch) -> torch.Tensor | None:

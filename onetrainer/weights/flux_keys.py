@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from onetrainer.util.gguf_weights import logical_shape
+from onetrainer.precision.gguf_weights import logical_shape
 from onetrainer.weights.checkpoint_files import load_state_dict
 from onetrainer.weights.fused_lora import OriginalModule, swap_halves
 from onetrainer.weights.key_check import check_keys

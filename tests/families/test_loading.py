@@ -25,14 +25,14 @@ def config_data(variant: str, **changes) -> dict:
 def arriving(monkeypatch) -> dict[str, set[torch.dtype]]:
     """The dtypes of each part's weights as `cast_parts` receives them, by part: as its loading read them, before any
     cast or quantization."""
-    from onetrainer.util import quantize
+    from onetrainer.precision import quantize
 
     seen: dict[str, set[torch.dtype]] = {}
     quantize_part = quantize.quantize_part
 
-    def recording(name, module, config, filtered=False):
+    def recording(name, module, data_type, settings, filtered=False):
         seen[name] = {p.dtype for p in module.parameters() if p.is_floating_point()}
-        return quantize_part(name, module, config, filtered)
+        return quantize_part(name, module, data_type, settings, filtered)
 
     monkeypatch.setattr(quantize, "quantize_part", recording)
     return seen
@@ -179,7 +179,7 @@ def test_each_part_is_quantized_before_the_next_is_read(variant, transformer_fil
     from onetrainer.config import config_from_dict
     from onetrainer.config.model_types import model_type_info
     from onetrainer.families import loading
-    from onetrainer.util.quantize import quantize_part
+    from tests.helpers import quantize_as_configured
 
     file = {}
     if transformer_file:
@@ -219,7 +219,7 @@ def test_each_part_is_quantized_before_the_next_is_read(variant, transformer_fil
     _, before = load(variant, **({"transformer": {**PLAIN, **file}} if file else {}))
     config = config_from_dict(config_data(variant, train_dtype="BFLOAT_16") | float8)[0]
     for part in float8:
-        assert quantize_part(part, before.part(part), config, filtered=part == declared[0])
+        assert quantize_as_configured(part, before.part(part), config, filtered=part == declared[0])
     for name, part in model.parts.items():
         ours, expected = tensors(part), tensors(before.part(name))
         assert ours.keys() == expected.keys(), name

@@ -165,9 +165,9 @@ def test_a_flow_matching_schedule_trains_through_the_loop(tmp_path, monkeypatch)
     seen = []
 
     class Recording(FlowMatchingSchedule):
-        def sample_times(self, count, generator, config, device, latent_shape=None):
-            times = super().sample_times(count, generator, config, device, latent_shape)
-            seen.append((tuple(latent_shape), self.training_shift(config, latent_shape), times))
+        def sample_times(self, count, generator, settings, device, latent_shape=None):
+            times = super().sample_times(count, generator, settings, device, latent_shape)
+            seen.append((tuple(latent_shape), self.training_shift(settings, latent_shape), times))
             return times
 
     load = TinyDiTFamily.load

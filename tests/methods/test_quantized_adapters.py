@@ -20,11 +20,10 @@ from onetrainer.config.validation import PACKED, SCALED_8BIT
 from onetrainer.families import load_family_class
 from onetrainer.families.base import BatchInputs
 from onetrainer.methods import create_method
+from onetrainer.precision import weight_codecs
 from onetrainer.tiny.gguf_file import write_gguf_transformer
-from onetrainer.util import weight_codecs
-from onetrainer.util.quantize import quantize_part
-from tests.helpers import local_config, tiny_config
-from tests.util.test_compressed_weights import ZlibCodec
+from tests.helpers import local_config, quantize_as_configured, tiny_config
+from tests.precision.test_compressed_weights import ZlibCodec
 
 CPU = torch.device("cpu")
 ADAPTERS = {
@@ -113,7 +112,7 @@ def test_every_adapter_kind_trains_on_every_quantized_kind_or_is_refused(loaded,
         monkeypatch.setitem(weight_codecs.CODECS, codec.name, codec)
         monkeypatch.setattr(weight_codecs, "codec_for", lambda _device: codec)
     denoiser = copy.deepcopy(base.part(part))
-    assert quantize_part(part, denoiser, config, filtered=True)
+    assert quantize_as_configured(part, denoiser, config, filtered=True)
     model = dataclasses.replace(base, parts={**base.parts, part: denoiser})
     method = create_method(config, family, model, CPU)
     denoiser.eval()

@@ -12,13 +12,14 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-from onetrainer.config import TrainConfig
 from onetrainer.config.enums import LossWeight, NoiseScheduler, TimestepDistribution
 from onetrainer.noise import timesteps
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.flow_matching import FlowMatchingSchedule
 from onetrainer.noise.prediction import PredictionType
+from onetrainer.noise.timesteps import TimestepSettings
 from onetrainer.noise.weighting import timestep_weights
+from tests.helpers import timestep_settings
 
 # A dynamically shifting model's scheduler config (2×2 latent patches per token).
 DYNAMIC = {
@@ -41,8 +42,8 @@ def schedule(config=DYNAMIC, patch_size=2) -> FlowMatchingSchedule:
     return FlowMatchingSchedule(config, patch_size=patch_size)
 
 
-def draw(config: TrainConfig, latent_shape=(4, 16, 64, 64), seed=0, count=COUNT, flow=None) -> torch.Tensor:
-    return (flow or schedule()).sample_times(count, torch.Generator().manual_seed(seed), config, "cpu", latent_shape)
+def draw(settings: TimestepSettings, latent_shape=(4, 16, 64, 64), seed=0, count=COUNT, flow=None) -> torch.Tensor:
+    return (flow or schedule()).sample_times(count, torch.Generator().manual_seed(seed), settings, "cpu", latent_shape)
 
 
 def test_noise_target_snr_and_model_time_on_known_numbers():
@@ -79,9 +80,9 @@ DISTRIBUTIONS = {
 
 @pytest.mark.parametrize(("weight", "bias"), [(0.0, 0.0), (0.5, 0.0), (0.0, -0.3), (1.0, 0.4)])
 def test_the_logit_normal_draw_is_the_sigmoid_of_a_scaled_and_moved_normal(weight, bias):
-    config = TrainConfig(timestep_distribution=TimestepDistribution.LOGIT_NORMAL, noising_weight=weight,
-                         noising_bias=bias, timestep_shift=1.0)  # fmt: skip
-    drawn = timesteps.unit_timesteps(COUNT, config, torch.Generator().manual_seed(3))
+    settings = timestep_settings(timestep_distribution=TimestepDistribution.LOGIT_NORMAL, noising_weight=weight,
+                                 noising_bias=bias, timestep_shift=1.0)  # fmt: skip
+    drawn = timesteps.unit_timesteps(COUNT, settings, torch.Generator().manual_seed(3))
     normal = torch.randn(COUNT, generator=torch.Generator().manual_seed(3))
     assert torch.equal(drawn, torch.sigmoid(normal * (weight + 1.0) + bias).clamp(0.0, 1.0 - 1e-6))  # to the bit
 
@@ -89,7 +90,7 @@ def test_the_logit_normal_draw_is_the_sigmoid_of_a_scaled_and_moved_normal(weigh
 @pytest.mark.parametrize("kind", list(TimestepDistribution))
 def test_every_distribution_gives_sigma_on_the_training_steps_with_its_shape(kind):
     weight, bias, centre = DISTRIBUTIONS[kind]
-    sigma = draw(TrainConfig(timestep_distribution=kind, noising_weight=weight, noising_bias=bias))
+    sigma = draw(timestep_settings(timestep_distribution=kind, noising_weight=weight, noising_bias=bias))
     assert sigma.dtype == torch.float32 and sigma.shape == (COUNT,)
     assert on_the_training_grid(sigma)  # σ = (k + 1)/T, never 0
     if kind is TimestepDistribution.LOGIT_NORMAL:
@@ -100,7 +101,7 @@ def test_every_distribution_gives_sigma_on_the_training_steps_with_its_shape(kin
         assert sigma.mean().item() == pytest.approx(centre, abs=0.01)
     # the noising-strength range bounds every distribution: steps ⌊T·x⌋ for x in [0.2, 0.6)
     ranged = draw(
-        TrainConfig(
+        timestep_settings(
             timestep_distribution=kind,
             noising_weight=weight,
             noising_bias=bias,
@@ -114,21 +115,21 @@ def test_every_distribution_gives_sigma_on_the_training_steps_with_its_shape(kin
 
 
 def test_the_uniform_draws_reach_both_ends_of_the_schedule():
-    sigma = draw(TrainConfig(), count=200_000)
+    sigma = draw(timestep_settings(), count=200_000)
     assert sigma.min().item() == pytest.approx(1 / T) and sigma.max().item() == 1.0
 
 
 def test_static_shift_follows_the_formula_and_moves_towards_noise():
-    plain, shifted = draw(TrainConfig(timestep_shift=1.0)), draw(TrainConfig(timestep_shift=3.0))
+    plain, shifted = draw(timestep_settings(timestep_shift=1.0)), draw(timestep_settings(timestep_shift=3.0))
     # The same draws, shifted by s·x/(1 + (s − 1)·x) and then discretised: σ = (⌊T·x'⌋ + 1)/T.
-    x = timesteps.unit_timesteps(COUNT, TrainConfig(), torch.Generator().manual_seed(0)).double()
+    x = timesteps.unit_timesteps(COUNT, timestep_settings(), torch.Generator().manual_seed(0)).double()
     expected = (torch.floor(T * (3 * x / (1 + 2 * x))) + 1) / T
     assert (shifted.double() - expected).abs().max().item() < 1 / T + 1e-6  # at most a floor's rounding apart
     assert (shifted.double() - expected).abs().lt(1e-6).float().mean().item() > 0.999
     # E[3u/(1 + 2u)] for uniform u, plus the half step of the discretisation
     assert shifted.mean().item() == pytest.approx(1.5 - 0.75 * math.log(3) + 0.5 / T, abs=0.004)
     assert plain.mean().item() == pytest.approx(0.5, abs=0.004)
-    assert draw(TrainConfig(timestep_shift=0.5)).mean().item() < 0.45
+    assert draw(timestep_settings(timestep_shift=0.5)).mean().item() < 0.45
 
 
 @pytest.mark.parametrize("latent_size", [(64, 64), (128, 128), (96, 80), (65, 33), (16, 16)])
@@ -138,30 +139,32 @@ def test_dynamic_shift_is_diffusers_calculate_shift_of_the_token_count(latent_si
     tokens = (h // 2) * (w // 2)
     assert flow.tokens(h, w) == tokens
     assert flow.mu(h, w) == pytest.approx(calculate_shift(tokens, 256, 4096, 0.5, 1.15), abs=1e-12)
-    dynamic = TrainConfig(dynamic_timestep_shifting=True, timestep_shift=5.0)
+    dynamic = timestep_settings(dynamic_timestep_shifting=True, timestep_shift=5.0)
     assert flow.training_shift(dynamic, (2, 16, h, w)) == pytest.approx(math.exp(flow.mu(h, w)))
     # the dynamic shift replaces the static one (OneTrainer): the same draws as that shift set statically
-    static = TrainConfig(timestep_shift=math.exp(flow.mu(h, w)))
+    static = timestep_settings(timestep_shift=math.exp(flow.mu(h, w)))
     assert torch.equal(draw(dynamic, (2, 16, h, w), count=2000), draw(static, None, count=2000))
 
 
 def test_dynamic_shift_gives_more_noise_to_larger_latents():
-    config = TrainConfig(dynamic_timestep_shifting=True, timestep_distribution=TimestepDistribution.LOGIT_NORMAL)
-    means = [draw(config, (1, 16, size, size)).mean().item() for size in (32, 64, 128, 192)]
+    logit_normal = TimestepDistribution.LOGIT_NORMAL
+    settings = timestep_settings(dynamic_timestep_shifting=True, timestep_distribution=logit_normal)
+    means = [draw(settings, (1, 16, size, size)).mean().item() for size in (32, 64, 128, 192)]
     assert means == sorted(means) and means[-1] - means[0] > 0.1
-    assert draw(config, (1, 16, 64, 64)).mean().item() > draw(TrainConfig(), (1, 16, 64, 64)).mean().item()
+    assert draw(settings, (1, 16, 64, 64)).mean().item() > draw(timestep_settings(), (1, 16, 64, 64)).mean().item()
     # a patch size of 1 counts four times the tokens of the same latents
     assert schedule(patch_size=1).mu(64, 64) == pytest.approx(calculate_shift(4096, 256, 4096, 0.5, 1.15))
 
 
-def test_the_dynamic_shift_needs_the_latents_and_the_config_values():
-    config = TrainConfig(dynamic_timestep_shifting=True)
+def test_the_dynamic_shift_needs_the_latents_and_the_schedules_values():
+    settings = timestep_settings(dynamic_timestep_shifting=True)
     with pytest.raises(ValueError, match="latents' shape"):
-        schedule().sample_times(2, torch.Generator().manual_seed(0), config, "cpu", None)
+        schedule().sample_times(2, torch.Generator().manual_seed(0), settings, "cpu", None)
     missing = FlowMatchingSchedule({**DYNAMIC, "base_shift": None}, patch_size=2)
     with pytest.raises(ValueError, match="base_shift"):
-        missing.sample_times(2, torch.Generator().manual_seed(0), config, "cpu", (1, 16, 64, 64))
-    missing.sample_times(2, torch.Generator().manual_seed(0), TrainConfig(), "cpu", (1, 16, 64, 64))  # static: fine
+        missing.sample_times(2, torch.Generator().manual_seed(0), settings, "cpu", (1, 16, 64, 64))
+    static = timestep_settings()
+    missing.sample_times(2, torch.Generator().manual_seed(0), static, "cpu", (1, 16, 64, 64))  # static: fine
     defaults = schedule(STATIC)  # a config without the base/max values takes diffusers' defaults
     assert defaults.mu(128, 128) == pytest.approx(calculate_shift(4096))
     with pytest.raises(ValueError, match="patch_size"):
@@ -169,14 +172,15 @@ def test_the_dynamic_shift_needs_the_latents_and_the_config_values():
 
 
 def test_the_draws_are_deterministic_and_come_from_the_generator():
-    config = TrainConfig(timestep_distribution=TimestepDistribution.LOGIT_NORMAL, dynamic_timestep_shifting=True)
-    first, again = draw(config, seed=7, count=64), draw(config, seed=7, count=64)
+    logit_normal = TimestepDistribution.LOGIT_NORMAL
+    settings = timestep_settings(timestep_distribution=logit_normal, dynamic_timestep_shifting=True)
+    first, again = draw(settings, seed=7, count=64), draw(settings, seed=7, count=64)
     assert torch.equal(first, again)
-    assert not torch.equal(first, draw(config, seed=8, count=64))
+    assert not torch.equal(first, draw(settings, seed=8, count=64))
     generator = torch.Generator().manual_seed(7)
     flow = schedule()
-    one = flow.sample_times(32, generator, config, "cpu", (4, 16, 64, 64))
-    two = flow.sample_times(32, generator, config, "cpu", (4, 16, 64, 64))
+    one = flow.sample_times(32, generator, settings, "cpu", (4, 16, 64, 64))
+    two = flow.sample_times(32, generator, settings, "cpu", (4, 16, 64, 64))
     assert not torch.equal(one, two)  # the generator moves on
 
 
@@ -204,7 +208,7 @@ def test_the_samplers_sigmas_follow_the_dynamic_shift_of_training(latent_size):
     torch.testing.assert_close(sampler.sigmas, diffusers_sigmas(DYNAMIC, steps, calculate_shift(tokens)))
     # the same shift as training's dynamic shift at this size
     unshifted = torch.linspace(1.0, 1 / steps, steps, dtype=torch.float64)
-    shift = flow.training_shift(TrainConfig(dynamic_timestep_shifting=True), (1, 16, h, w))
+    shift = flow.training_shift(timestep_settings(dynamic_timestep_shifting=True), (1, 16, h, w))
     expected = timesteps.shift_timesteps(unshifted, shift).float()
     torch.testing.assert_close(sampler.sigmas[:-1], expected, rtol=1e-5, atol=1e-6)
     assert sampler.sigmas[-1].item() == 0.0
@@ -245,7 +249,7 @@ def test_every_weighting_is_finite_at_the_ends_of_the_schedule():
 
 def test_drawn_times_weight_finitely_and_the_variational_bound_stays_unsupported():
     flow = schedule()
-    sigma = draw(TrainConfig(timestep_shift=0.05), count=4096)  # crowded at the clean end
+    sigma = draw(timestep_settings(timestep_shift=0.05), count=4096)  # crowded at the clean end
     for fn in LossWeight:
         assert torch.isfinite(timestep_weights(fn, 1.0, flow, sigma)).all(), fn
     with pytest.raises(NotImplementedError, match="discrete"):

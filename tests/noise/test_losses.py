@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from onetrainer.config import TrainConfig
-from onetrainer.noise.draws import sample_noise
-from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
+from onetrainer.noise.draws import DrawSettings, sample_noise
+from onetrainer.noise.losses import LossSettings, mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.timesteps import sample_timesteps
+from onetrainer.training.settings import timestep_settings
 
 
 def test_masked_loss_weights_and_normalisation():
@@ -26,28 +27,30 @@ def test_masked_loss_weights_and_normalisation():
 
 
 def test_loss_functions_are_summed_with_their_strengths():
-    config = TrainConfig(mse_strength=0.5, mae_strength=2.0, huber_strength=1.0, huber_delta=1.0, log_cosh_strength=1.0)
+    settings = LossSettings(
+        mse_strength=0.5, mae_strength=2.0, huber_strength=1.0, huber_delta=1.0, log_cosh_strength=1.0
+    )
     pred, target = torch.tensor([[[[3.0]]]]), torch.tensor([[[[1.0]]]])
     diff = 2.0
     huber = 1.0 * (diff - 0.5)
     log_cosh = torch.log(torch.cosh(torch.tensor(diff))).item()
     expected = 0.5 * diff**2 + 2.0 * diff + huber + log_cosh
-    assert per_pixel_loss(pred, target, config).item() == pytest.approx(expected, rel=1e-5)
+    assert per_pixel_loss(pred, target, settings).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_timesteps_stay_within_the_noising_strength_range():
-    config = TrainConfig(min_noising_strength=0.2, max_noising_strength=0.5)
-    t = sample_timesteps(10000, 1000, torch.Generator().manual_seed(0), config, "cpu")
+    settings = timestep_settings(TrainConfig(min_noising_strength=0.2, max_noising_strength=0.5))
+    t = sample_timesteps(10000, 1000, torch.Generator().manual_seed(0), settings, "cpu")
     assert t.min().item() >= 200 and t.max().item() < 500 and t.max().item() > 480
 
 
 def test_noise_is_reproducible_and_offset_noise_is_per_channel():
-    config = TrainConfig(offset_noise_weight=0.0)
+    settings = DrawSettings(offset_noise_weight=0.0, perturbation_noise_weight=0.0)
     latents = torch.zeros(2, 4, 8, 8)
-    a = sample_noise(latents, torch.Generator().manual_seed(1), config)
-    b = sample_noise(latents, torch.Generator().manual_seed(1), config)
+    a = sample_noise(latents, torch.Generator().manual_seed(1), settings)
+    b = sample_noise(latents, torch.Generator().manual_seed(1), settings)
     assert torch.equal(a, b)
-    config.offset_noise_weight = 10.0
-    offset = sample_noise(latents, torch.Generator().manual_seed(1), config)
+    settings = DrawSettings(offset_noise_weight=10.0, perturbation_noise_weight=0.0)
+    offset = sample_noise(latents, torch.Generator().manual_seed(1), settings)
     per_channel_mean = (offset - a).mean(dim=(2, 3))
     assert per_channel_mean.abs().min() > 0.1  # a constant added per sample and channel

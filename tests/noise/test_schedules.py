@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from onetrainer.config import TrainConfig
 from onetrainer.config.enums import LossWeight, NoiseScheduler, TimestepDistribution
 from onetrainer.families.wuerstchen import wuerstchen_remap
 from onetrainer.noise.cosine import TIMESTEP_BINS, ContinuousCosineSchedule
 from onetrainer.noise.discrete import DiscreteSchedule
 from onetrainer.noise.prediction import PredictionType
 from onetrainer.noise.weighting import timestep_weights
+from tests.helpers import timestep_settings
 
 SD_BETAS = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012}
 
@@ -48,8 +48,8 @@ def test_continuous_noise_and_target():
 
 def test_continuous_times_are_binned_remapped_and_respect_the_noising_range():
     schedule = ContinuousCosineSchedule(wuerstchen_remap)
-    config = TrainConfig(min_noising_strength=0.2, max_noising_strength=0.5)
-    t = schedule.sample_times(20000, torch.Generator().manual_seed(0), config, "cpu")
+    settings = timestep_settings(min_noising_strength=0.2, max_noising_strength=0.5)
+    t = schedule.sample_times(20000, torch.Generator().manual_seed(0), settings, "cpu")
     assert t.dtype == torch.float32
     raw = (t - 0.001) / 1.08  # undo the remap: the draws lie on the 10000 bins inside [0.2, 0.5)
     bins = raw * TIMESTEP_BINS
@@ -62,17 +62,17 @@ def test_continuous_times_are_binned_remapped_and_respect_the_noising_range():
 
 @pytest.mark.parametrize("kind", list(TimestepDistribution))
 def test_every_distribution_works_on_both_schedules(kind):
-    config = TrainConfig(timestep_distribution=kind, noising_weight=1.0, noising_bias=0.5, timestep_shift=2.0)
+    settings = timestep_settings(timestep_distribution=kind, noising_weight=1.0, noising_bias=0.5, timestep_shift=2.0)
     continuous = ContinuousCosineSchedule(wuerstchen_remap).sample_times(
-        500, torch.Generator().manual_seed(1), config, "cpu"
+        500, torch.Generator().manual_seed(1), settings, "cpu"
     )
     assert continuous.min().item() >= 0.001 and continuous.max().item() <= 1.0
     discrete = DiscreteSchedule({}, PredictionType.EPSILON).sample_times(
-        500, torch.Generator().manual_seed(1), config, "cpu"
+        500, torch.Generator().manual_seed(1), settings, "cpu"
     )
     assert discrete.dtype == torch.long and discrete.min().item() >= 0 and discrete.max().item() < 1000
     # The same draw, in the two time scales: the discrete step is the continuous bin k / 10 (t = (k + 1) / 10000).
-    plain = ContinuousCosineSchedule().sample_times(500, torch.Generator().manual_seed(1), config, "cpu")
+    plain = ContinuousCosineSchedule().sample_times(500, torch.Generator().manual_seed(1), settings, "cpu")
     assert torch.equal(((plain * TIMESTEP_BINS).round().long() - 1) // 10, discrete)
 
 

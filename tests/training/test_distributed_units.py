@@ -1,5 +1,6 @@
-"""The pieces of `training/distributed.py` that need no second process: the preflight's batch line, the random draws
-sliced from the global batch, the gradient average's precision and buckets (a one-process gloo group)."""
+"""The pieces of `training/distributed.py` that need no second process: the preflight's batch line
+(`training/processes.py`), the random draws sliced from the global batch, the gradient average's precision and buckets
+(a one-process gloo group)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch
 import torch.distributed as dist
 
 from onetrainer.config import config_from_dict
-from onetrainer.training.distributed import Distributed, GlobalDraws, _buckets, preflight_text, stochastic_round
+from onetrainer.training.distributed import Distributed, GlobalDraws, _buckets, stochastic_round
 from onetrainer.training.launcher import free_port
+from onetrainer.training.processes import preflight_text
+from onetrainer.training.settings import reduce_settings
 
 
 def _config(**values):
@@ -81,7 +84,7 @@ def test_averaged_gradients_keep_their_dtype_and_a_missing_one_stays_missing(
     unused = torch.nn.Parameter(torch.zeros(2))
     half.grad = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)
     full.grad = torch.tensor([0.5, -1.0, 2.0])
-    one_process_group.average_gradients([half, full, unused], config)
+    one_process_group.average_gradients([half, full, unused], reduce_settings(config))
     assert half.grad.dtype == torch.bfloat16 and torch.equal(half.grad.float(), torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(full.grad, torch.tensor([0.5, -1.0, 2.0]))
     assert unused.grad is None  # an optimizer treats no gradient differently from a zero one

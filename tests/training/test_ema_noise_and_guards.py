@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from onetrainer.config import TrainConfig, config_from_dict
+from onetrainer.config import config_from_dict
 from onetrainer.config.enums import TimestepDistribution
 from onetrainer.noise import timesteps
 from onetrainer.training.checkpoint import list_backups
@@ -17,7 +17,7 @@ from onetrainer.training.control import TrainingControl
 from onetrainer.training.ema import EMA
 from onetrainer.training.events import Failed, Finished, ListSink, SampleReady, Warning_
 from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, local_config, read_scalars, tiny_config
+from tests.helpers import image_folder, local_config, read_scalars, timestep_settings, tiny_config
 
 
 def run(config_dict):
@@ -90,9 +90,8 @@ def test_training_with_ema(tmp_path):
 # -- timesteps --------------------------------------------------------------------------------------------------------
 
 
-def draws(**settings) -> torch.Tensor:
-    config = TrainConfig(**settings)
-    return timesteps.unit_timesteps(200_000, config, torch.Generator().manual_seed(0))
+def draws(**fields) -> torch.Tensor:
+    return timesteps.unit_timesteps(200_000, timestep_settings(**fields), torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize(
@@ -132,8 +131,7 @@ def test_shift_moves_timesteps_towards_noise():
 
 
 def test_histogram_for_the_preview():
-    config = TrainConfig(min_noising_strength=0.5)
-    histogram = timesteps.timestep_histogram(config, bins=10, samples=100_000)
+    histogram = timesteps.timestep_histogram(timestep_settings(min_noising_strength=0.5), bins=10, samples=100_000)
     assert histogram[:5].sum() == 0 and histogram[5:].sum() == 100_000
 
 

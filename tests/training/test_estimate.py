@@ -188,16 +188,16 @@ def test_parts_are_counted_in_the_dtype_they_are_read_in(tmp_path, monkeypatch):
     import shutil
 
     from onetrainer.families import load_family_class
+    from onetrainer.precision import quantize
     from onetrainer.tiny import tiny_model_dir
-    from onetrainer.util import quantize
     from tests.helpers import local_config
 
     read: dict[str, int] = {}  # each part's bytes per weight as loading hands it over, before it is quantized
     quantize_part = quantize.quantize_part
 
-    def recording(name, module, config, filtered=False):
+    def recording(name, module, data_type, settings, filtered=False):
         read[name] = next(module.parameters()).element_size()
-        return quantize_part(name, module, config, filtered)
+        return quantize_part(name, module, data_type, settings, filtered)
 
     monkeypatch.setattr(quantize, "quantize_part", recording)
     folder = tmp_path / "sd15"
@@ -233,7 +233,7 @@ def test_a_quantized_part_keeps_its_other_weights_in_the_training_dtype():
     assert PartCount(1000, DataType.FLOAT_8, plain=100, plain_bytes=2.0).bytes == 900 + 200
     assert PartCount(1000, DataType.NFLOAT_4, plain=100, plain_bytes=2.0).bytes == 900 * BYTES[DataType.NFLOAT_4] + 200
     assert PartCount(1000, DataType.BFLOAT_16, plain=100).bytes == 2000  # not quantized: all in its dtype
-    # T5's `wo` layers (transformers' _keep_in_fp32_modules) stay out of float8 (util/quantize), so the estimate
+    # T5's `wo` layers (transformers' _keep_in_fp32_modules) stay out of float8 (precision/quantize), so the estimate
     # counts them, with the norms and the token embedding, in the training dtype.
     from onetrainer.config import load_layers
 

@@ -29,9 +29,9 @@ def test_family_loss_terms_are_added_and_logged(tmp_path, monkeypatch):
         term = torch.full((len(noisy),), 10.0) + 0 * prediction.output.float().mean()
         return Prediction(prediction.output, {"extra": term}, variance=torch.zeros_like(prediction.output))
 
-    def recording_times(self, count, generator, config, device, latent_shape=None):
+    def recording_times(self, count, generator, settings, device, latent_shape=None):
         shapes.append(tuple(latent_shape))
-        return original_times(self, count, generator, config, device, latent_shape)
+        return original_times(self, count, generator, settings, device, latent_shape)
 
     def losses(patched: bool) -> list[float]:
         root = tmp_path / str(patched)

@@ -57,9 +57,9 @@ def test_8bit_scaled_weights_train_a_flux_lora_that_loads_as_trained(tmp_path, m
 
     from onetrainer.families import load_family_class
     from onetrainer.methods import create_method
-    from onetrainer.util import weight_codecs
-    from onetrainer.util.quantize import Scaled8BitLinear
-    from tests.util.test_compressed_weights import ZlibCodec
+    from onetrainer.precision import weight_codecs
+    from onetrainer.precision.quantize import Scaled8BitLinear
+    from tests.precision.test_compressed_weights import ZlibCodec
 
     codec = ZlibCodec()
     monkeypatch.setitem(weight_codecs.CODECS, codec.name, codec)
@@ -120,7 +120,7 @@ def test_a_new_lora_on_float8_weights_starts_from_unrounded_values(kind):
     from peft import LoraConfig, inject_adapter_in_model
 
     from onetrainer.config.enums import DataType
-    from onetrainer.util.quantize import to_float8, to_scaled_8bit
+    from onetrainer.precision.quantize import to_float8, to_scaled_8bit
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
@@ -136,7 +136,7 @@ def test_adapters_train_on_float8_layers():
     from peft import LoHaConfig, inject_adapter_in_model
 
     from onetrainer.methods.adapters import DoraLayer
-    from onetrainer.util.quantize import to_float8
+    from onetrainer.precision.quantize import to_float8
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 6))
@@ -164,7 +164,7 @@ def test_a_float8_t5_encodes_with_its_kept_layers_unquantized(train_dtype):
     # FLOAT_8 text encoders, OneTrainer's Chroma presets).
     from transformers import T5Config, T5EncoderModel
 
-    from onetrainer.util.quantize import quantize_part
+    from tests.helpers import quantize_as_configured
 
     torch.manual_seed(0)
     t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4,
@@ -174,7 +174,7 @@ def test_a_float8_t5_encodes_with_its_kept_layers_unquantized(train_dtype):
         reference = t5(ids).last_hidden_state
     cfg, _ = config_from_dict({"model_type": "PIXART_ALPHA", "train_dtype": train_dtype,
                                "text_encoder": {"weight_dtype": "FLOAT_8", "train": False}})  # fmt: skip
-    assert quantize_part("text_encoder", t5, cfg)
+    assert quantize_as_configured("text_encoder", t5, cfg)
     ff = t5.encoder.block[0].layer[-1].DenseReluDense
     assert ff.wi_0.weight.dtype == torch.float8_e4m3fn
     assert ff.wo.weight.dtype == (torch.bfloat16 if train_dtype == "BFLOAT_16" else torch.float32)
@@ -189,7 +189,7 @@ def test_a_float8_t5_encodes_with_its_kept_layers_unquantized(train_dtype):
 @pytest.mark.parametrize(("layer_filter", "regex"), [("attn", False), (r"^transformer_blocks\.\d+\.attn\.to_", True)])
 def test_the_quantization_filter_quantizes_only_the_denoisers_layers_it_names(tmp_path, layer_filter, regex):
     from onetrainer.families import load_family_class
-    from onetrainer.util.quantize import Scaled8BitLinear
+    from onetrainer.precision.quantize import Scaled8BitLinear
 
     config = tiny_config(tmp_path, variant="flux-dev", transformer={"weight_dtype": "INT_8"},
                          text_encoder_2={"weight_dtype": "INT_8", "train": False},

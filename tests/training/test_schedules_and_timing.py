@@ -10,8 +10,8 @@ import torch
 from onetrainer.config import TrainConfig
 from onetrainer.config.enums import LearningRateScheduler as LRS
 from onetrainer.config.enums import TimeUnit
+from onetrainer.config.timing import Interval, stop_after_reached
 from onetrainer.training.schedules import REX_D, Schedule, build_lr_scheduler, warmup_steps_of
-from onetrainer.util.timing import Interval, stop_after_reached
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from onetrainer.config import config_from_dict
+from onetrainer.precision import gguf_weights
 from onetrainer.tiny.gguf_file import write_gguf_transformer
 from onetrainer.training.events import Metrics
-from onetrainer.util import gguf_weights
 from tests.helpers import image_folder, local_config, run_config, tiny_config
 
 ALL_KINDS = ("Q8_0", "Q4_0", "Q5_0")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from onetrainer.config.enums import DataType
-from onetrainer.util.quantize import (
+from onetrainer.precision.quantize import (
     Scaled8BitConv2d,
     Scaled8BitLinear,
     W8A8Linear,

@@ -17,17 +17,17 @@ keep the training dtype (float32 under FLOAT_16, where such a layer overflows).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from onetrainer.config.enums import COMPRESSED_WEIGHT_DTYPES, GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType
-from onetrainer.util import weight_codecs
-from onetrainer.util.weight_codecs import CODECS, WeightCodec, unpack
+from onetrainer.precision import weight_codecs
+from onetrainer.precision.weight_codecs import CODECS, WeightCodec, unpack
 
 if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
-    from onetrainer.util.svd_quant import SvdSettings
+    from onetrainer.precision.svd_quant import SvdSettings
 
 QUANTIZED = QUANTIZED_WEIGHT_DTYPES
 FLOAT8 = torch.float8_e4m3fn
@@ -49,14 +49,23 @@ NF4_NEEDS_CUDA = (
 )
 
 
+@dataclass(frozen=True)
+class QuantizationSettings:
+    """What quantizing a part takes besides its weight dtype, built once per load from the config
+    (`families/loading.quantization_settings`): the dtype the quantized layers compute in (the training dtype), the
+    device that trains (which kinds it can hold, the compressed kinds' codec), SVDQuant's settings for the filtered
+    part (None: off), and OneTrainer's quantization layer filter (its patterns, substrings or regular expressions;
+    none: every layer)."""
+
+    compute_dtype: torch.dtype
+    train_device: str
+    svd: SvdSettings | None
+    layer_filter: tuple[str, ...]
+    layer_filter_regex: bool
+
+
 def is_quantized(data_type: DataType) -> bool:
     return data_type in QUANTIZED
-
-
-def compute_dtype(config: TrainConfig) -> torch.dtype:
-    from onetrainer.util.dtypes import torch_dtype
-
-    return torch_dtype(config.train_dtype)
 
 
 def unsupported_reason(data_type: DataType, part: str, device: str | torch.device | None = None) -> str | None:
@@ -86,69 +95,68 @@ def _trains_on_cuda(device: str | torch.device | None) -> bool:
     return torch.cuda.is_available()
 
 
-def quantize_part(name: str, module: torch.nn.Module, config: TrainConfig, filtered: bool = False) -> bool:
-    """Store a frozen part's weights quantized when its weight dtype asks for it; False when it does not. `filtered`:
-    only the layers `quantization.layer_filter` names (OneTrainer applies the filter to the denoiser)."""
-    data_type = config.part(name).weight_dtype
+def quantize_part(
+    name: str,
+    module: torch.nn.Module,
+    data_type: DataType,
+    settings: QuantizationSettings,
+    filtered: bool = False,
+) -> bool:
+    """Store a frozen part's weights quantized when its weight dtype `data_type` asks for it; False when it does not.
+    `filtered`: only the layers the quantization layer filter names, with SVDQuant where it is on (OneTrainer applies
+    both to the denoiser)."""
     if not is_quantized(data_type) and data_type not in GGUF_WEIGHT_DTYPES:
         return False
-    reason = unsupported_reason(data_type, name, config.train_device)
+    reason = unsupported_reason(data_type, name, settings.train_device)
     if reason:
         raise ValueError(reason)
-    dtype = compute_dtype(config)
+    dtype = settings.compute_dtype
     module.to(dtype=dtype)  # floating tensors only: a GGUF part's blocks stay as the file has them
     if data_type in GGUF_WEIGHT_DTYPES:
-        return True  # quantized as it was read (`util/gguf_weights.py`)
+        return True  # quantized as it was read (`precision/gguf_weights.py`)
     kept = kept_unquantized(module)
     if dtype == torch.float16:
         for layer in kept:
             layer.to(dtype=torch.float32)
     if filtered:
-        kept = kept + filtered_out(module, config)
-    svd = svd_settings(config) if filtered else None
+        kept = kept + filtered_out(module, settings.layer_filter, settings.layer_filter_regex)
+    svd = settings.svd if filtered else None
     if data_type is DataType.FLOAT_8:
         to_float8(module, kept, svd)
     elif data_type is DataType.NFLOAT_4:
         _to_nf4(module, dtype, kept)
     else:
         compressed = data_type in COMPRESSED_WEIGHT_DTYPES
-        codec = weight_codecs.codec_for(config.train_device) if compressed else None
+        codec = weight_codecs.codec_for(settings.train_device) if compressed else None
         to_scaled_8bit(module, data_type, kept, svd, codec)
     return True
 
 
-def svd_settings(config: TrainConfig) -> SvdSettings | None:
-    """SVDQuant's settings for the denoiser's quantized Linears (`quantization.svd_dtype`, NONE: off): the
-    decomposition runs on the training GPU when there is one, cached under `quantization.cache_dir` (default: the
-    run's cache directory)."""
+def svd_settings(rank: int, data_type: DataType, train_device: str, cache_dir: str | None) -> SvdSettings | None:
+    """SVDQuant's settings for the denoiser's quantized Linears (`data_type` of the factors, NONE: off): the
+    decomposition runs on the training GPU when there is one, cached under `cache_dir` (None: not cached)."""
     from pathlib import Path
 
-    from onetrainer.util.dtypes import torch_dtype
-    from onetrainer.util.svd_quant import SvdSettings
+    from onetrainer.precision.dtypes import torch_dtype
+    from onetrainer.precision.svd_quant import SvdSettings
 
-    quantization = config.quantization
-    if quantization.svd_dtype in (None, DataType.NONE):
+    if data_type in (None, DataType.NONE):
         return None
-    device = torch.device(config.train_device) if _trains_on_cuda(config.train_device) else torch.device("cpu")
-    cache = quantization.cache_dir or (str(Path(config.cache_dir) / "svd_quant") if config.cache_dir else None)
-    folder = Path(cache) if cache else None
-    return SvdSettings(quantization.svd_rank, torch_dtype(quantization.svd_dtype), device, folder)
+    device = torch.device(train_device) if _trains_on_cuda(train_device) else torch.device("cpu")
+    return SvdSettings(rank, torch_dtype(data_type), device, Path(cache_dir) if cache_dir else None)
 
 
-def filtered_out(module: torch.nn.Module, config: TrainConfig) -> list[torch.nn.Module]:
-    """The Linear and Conv2d layers that OneTrainer's quantization filter (`quantization.layer_filter`, comma-separated
-    parts of layer names, or regular expressions) leaves in the training dtype; none without a filter."""
-    from onetrainer.util.layer_filter import name_matches, split_patterns
+def filtered_out(module: torch.nn.Module, patterns: tuple[str, ...], regex: bool) -> list[torch.nn.Module]:
+    """The Linear and Conv2d layers that OneTrainer's quantization filter (`patterns`: parts of layer names, or
+    regular expressions) leaves in the training dtype; none without a filter."""
+    from onetrainer.util.layer_filter import name_matches
 
-    quantization = config.quantization
-    patterns = split_patterns(quantization.layer_filter)
     if not patterns:
         return []
     return [
         layer
         for layer_name, layer in module.named_modules()
-        if type(layer) in (torch.nn.Linear, torch.nn.Conv2d)
-        and not name_matches(layer_name, patterns, quantization.layer_filter_regex)
+        if type(layer) in (torch.nn.Linear, torch.nn.Conv2d) and not name_matches(layer_name, patterns, regex)
     ]
 
 
@@ -167,7 +175,7 @@ def kept_unquantized(module: torch.nn.Module) -> list[torch.nn.Module]:
 def to_float8(module: torch.nn.Module, kept: list[torch.nn.Module] = (), svd: SvdSettings | None = None) -> None:
     """Store every Linear and Conv2d weight of `module` as float8 (frozen), computed in the input's dtype; the layers
     in `kept` (and those inside them) stay as they are. `svd`: the Linears keep a low-rank correction
-    (`util/svd_quant.py`) and store the rest."""
+    (`precision/svd_quant.py`) and store the rest."""
     skipped = {id(m) for layer in kept for m in layer.modules()}
     for layer in list(module.modules()):
         if id(layer) in skipped:
@@ -189,7 +197,7 @@ def _split_off(layer: torch.nn.Module, svd: SvdSettings | None) -> tuple[torch.T
     """With SVDQuant, a plain Linear's low-rank factors, its weight left holding the residual; else None."""
     if svd is None or type(layer) is not torch.nn.Linear:
         return None
-    from onetrainer.util.svd_quant import split_low_rank
+    from onetrainer.precision.svd_quant import split_low_rank
 
     up, down, residual = split_low_rank(layer.weight.data, svd)
     layer.weight.data = residual
@@ -198,7 +206,7 @@ def _split_off(layer: torch.nn.Module, svd: SvdSettings | None) -> tuple[torch.T
 
 def _attach(layer: torch.nn.Module, low_rank: tuple[torch.Tensor, torch.Tensor] | None) -> None:
     if low_rank is not None:
-        from onetrainer.util.svd_quant import attach_correction
+        from onetrainer.precision.svd_quant import attach_correction
 
         attach_correction(layer, *low_rank)
 
@@ -319,8 +327,8 @@ def to_scaled_8bit(
 ) -> None:
     """Store every Linear and Conv2d weight of `module` (but those in `kept`) in 8 bits with a scale per output
     channel: INT_8 and INT_W8A8 as int8, FLOAT_W8A8 as float8; the W8A8 kinds also multiply their Linears in 8 bits.
-    `svd`: the Linears keep a low-rank correction (`util/svd_quant.py`) and store the rest. `codec`: the W8A8 Linears
-    keep their 8-bit weight compressed (the _COMPRESSED kinds, `util/weight_codecs.py`)."""
+    `svd`: the Linears keep a low-rank correction (`precision/svd_quant.py`) and store the rest. `codec`: the W8A8
+    Linears keep their 8-bit weight compressed (the _COMPRESSED kinds, `precision/weight_codecs.py`)."""
     data_type = COMPRESSED_WEIGHT_DTYPES.get(data_type, data_type)
     storage = FLOAT8 if data_type is DataType.FLOAT_W8A8 else torch.int8
     w8a8 = data_type in (DataType.INT_W8A8, DataType.FLOAT_W8A8)
@@ -443,7 +451,7 @@ class W8A8Linear(Scaled8BitLinear):
         return _Scaled8BitLinearFunction.apply(x, self.weight, self.weight_scale, self.bias, True)
 
 
-# -- INT_W8A8_COMPRESSED, FLOAT_W8A8_COMPRESSED: the W8A8 weight kept compressed (`util/weight_codecs.py`) ----------
+# -- INT_W8A8_COMPRESSED, FLOAT_W8A8_COMPRESSED: the W8A8 weight kept compressed (`precision/weight_codecs.py`) -------
 
 
 class _CompressedLinearFunction(torch.autograd.Function):

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from onetrainer.config.enums import DataType
-
-if TYPE_CHECKING:
-    from onetrainer.config import TrainConfig
 
 _TORCH = {
     DataType.FLOAT_32: torch.float32,
@@ -26,6 +21,6 @@ def torch_dtype(data_type: DataType) -> torch.dtype:
         raise ValueError(f"{data_type.value} has no torch dtype here") from None
 
 
-def fallback_dtype(config: TrainConfig) -> DataType:
+def fallback_dtype(train_dtype: DataType, fallback_train_dtype: DataType) -> DataType:
     """The precision for parts that are unstable in FLOAT_16 (the VAE): the fallback dtype when training in FLOAT_16."""
-    return config.fallback_train_dtype if config.train_dtype is DataType.FLOAT_16 else config.train_dtype
+    return fallback_train_dtype if train_dtype is DataType.FLOAT_16 else train_dtype

@@ -8,7 +8,7 @@ in the forward pass and again in the backward pass (autograd keeps the raw block
 stored in a float format (F32, F16, BF16), and any quantized tensor outside a Linear layer, become ordinary weights.
 
 GGUF_A8_INT and GGUF_A8_FLOAT (OneTrainer's kinds) multiply the dequantized weight in 8 bits: the weight and each row
-of the input quantized per row to int8 or float8, as INT_W8A8 / FLOAT_W8A8 do (`util/quantize.py`).
+of the input quantized per row to int8 or float8, as INT_W8A8 / FLOAT_W8A8 do (`precision/quantize.py`).
 
 A GGUF layer's state dict holds its weight dequantized to float32 (the layout of a plain Linear); loading float
 weights into one is refused, as nothing here writes GGUF blocks.
@@ -18,21 +18,10 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import torch
 
 from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, DataType
-
-GGUF_SUFFIX = ".gguf"
-NEEDS_GGUF_DTYPE = (
-    "{path} is a GGUF file: its weights are quantized already, so the transformer's weight dtype must be GGUF (or "
-    "GGUF_A8_INT / GGUF_A8_FLOAT for 8-bit products)"
-)
-
-
-def is_gguf_file(name: str | os.PathLike) -> bool:
-    return Path(str(name).strip()).suffix.lower() == GGUF_SUFFIX
 
 
 def _float_types() -> set:
@@ -127,7 +116,7 @@ def prepare_gguf_layers(module: torch.nn.Module, state: dict[str, torch.Tensor],
 class _GgufLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, raw, bias, quant_type, eight_bit):
-        from onetrainer.util.quantize import eight_bit_product_fits, linear_8bit, quantize_rows
+        from onetrainer.precision.quantize import eight_bit_product_fits, linear_8bit, quantize_rows
 
         ctx.save_for_backward(raw)
         ctx.quant_type = quant_type

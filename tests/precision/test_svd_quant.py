@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from onetrainer.config.enums import DataType
+from onetrainer.precision import svd_quant
+from onetrainer.precision.quantize import to_float8, to_scaled_8bit
+from onetrainer.precision.svd_quant import SvdSettings, split_low_rank
 from onetrainer.training.events import Metrics
-from onetrainer.util import svd_quant
-from onetrainer.util.quantize import to_float8, to_scaled_8bit
-from onetrainer.util.svd_quant import SvdSettings, split_low_rank
 from tests.helpers import image_folder, run_config, tiny_config
 
 CPU = torch.device("cpu")

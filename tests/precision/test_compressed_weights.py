@@ -1,6 +1,6 @@
 """INT_W8A8_COMPRESSED and FLOAT_W8A8_COMPRESSED layers: the W8A8 layer's 8-bit weight kept compressed and decompressed
 for each use. nvCOMP needs a CUDA GPU, so these tests give the layers a lossless coder of their own (zlib on the CPU)
-through the same registry (`util/weight_codecs.py`); the nvCOMP coder is checked on a GPU (docs/benchmarks.md)."""
+through the same registry (`precision/weight_codecs.py`); the nvCOMP coder is checked on a GPU (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from onetrainer.config.enums import DataType
-from onetrainer.util import weight_codecs
-from onetrainer.util.quantize import (
+from onetrainer.precision import weight_codecs
+from onetrainer.precision.quantize import (
     CompressedW8A8Linear,
     W8A8Linear,
     compressed_bytes,
     to_scaled_8bit,
     unsupported_reason,
 )
-from onetrainer.util.weight_codecs import unavailable_reason
+from onetrainer.precision.weight_codecs import unavailable_reason
 
 KINDS = {DataType.INT_W8A8_COMPRESSED: DataType.INT_W8A8, DataType.FLOAT_W8A8_COMPRESSED: DataType.FLOAT_W8A8}
 
@@ -105,7 +105,7 @@ def test_the_state_dict_is_a_plain_layers_and_loads_back(codec, kind):
 
 
 def test_svd_quant_corrects_a_compressed_layer_as_the_plain_one(codec):
-    from onetrainer.util.svd_quant import SvdSettings
+    from onetrainer.precision.svd_quant import SvdSettings
 
     svd = SvdSettings(4, torch.float32, torch.device("cpu"), None)
     plain, packed = _net(), _net()

@@ -1,4 +1,6 @@
-"""When periodic actions fire: "every N epochs / steps / seconds / minutes / hours", with "skip the first N".
+"""What the config's time settings mean: when periodic actions fire ("every N epochs / steps / seconds / minutes /
+hours", with "skip the first N") and when a part's "stop training after N epochs / steps" is reached. Beside the
+config's `TimeUnit` (plain Python, no torch), for the trainer and the methods that read these settings.
 
 Epoch actions fire at the end of every N-th epoch, step actions after every N-th optimizer step, time actions once
 N units of wall-clock time have passed since the action last ran. Nothing fires at step 0. "Skip the first N" counts

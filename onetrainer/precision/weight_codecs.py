@@ -1,10 +1,10 @@
 """The lossless coders behind FLOAT_W8A8_COMPRESSED and INT_W8A8_COMPRESSED, OneTrainer's compressed 8-bit weights: a
-W8A8 Linear's 8-bit weight (`util/quantize.CompressedW8A8Linear`) kept compressed by an entropy coder (NVIDIA nvCOMP's
-ANS, on the GPU) and decompressed just for the layer's own forward and backward pass. The products and the results are
-the W8A8 kind's, bit for bit; what changes is the memory the weights hold on the GPU and, with layer offloading, the
-bytes each block's copy moves. A model's 8-bit weights are far from uniform (most are small), which is what an entropy
-coder saves on (docs/benchmarks.md has figures); the cost is one decompression per use (the forward pass, a
-checkpointed block's recomputation, the backward pass).
+W8A8 Linear's 8-bit weight (`precision/quantize.CompressedW8A8Linear`) kept compressed by an entropy coder (NVIDIA
+nvCOMP's ANS, on the GPU) and decompressed just for the layer's own forward and backward pass. The products and the
+results are the W8A8 kind's, bit for bit; what changes is the memory the weights hold on the GPU and, with layer
+offloading, the bytes each block's copy moves. A model's 8-bit weights are far from uniform (most are small), which is
+what an entropy coder saves on (docs/benchmarks.md has figures); the cost is one decompression per use (the forward
+pass, a checkpointed block's recomputation, the backward pass).
 
 nvCOMP runs on CUDA only (the `nvidia-nvcomp-cu12` / `-cu13` packages): `unavailable_reason` says so before anything
 loads. The layer reaches its codec through a registry by name, from a torch custom operator, so a compiled block calls

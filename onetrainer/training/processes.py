@@ -1,0 +1,49 @@
+"""What a config asks of the processes that train it: how many there are (torchrun's, or what the app launches with
+`multi_gpu`: `launcher.py`), the devices the ranks train on, and what the learning-rate and loss scalers multiply by at
+that many processes. `distributed.py` is the mechanism and never reads the config; this is where it is read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from onetrainer.training.distributed import RankDevices, device_indexes, world_size_from_environment
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+
+def rank_devices(config: TrainConfig) -> RankDevices:
+    return RankDevices(config.train_device, config.device_indexes)
+
+
+def planned_world_size(config: TrainConfig) -> int:
+    """The number of processes a run of `config` uses: torchrun's WORLD_SIZE, or what the app launches."""
+    if world_size_from_environment() > 1:
+        return world_size_from_environment()
+    if config.multi_gpu:
+        return len(device_indexes(config.device_indexes)) or max(1, torch.cuda.device_count())
+    return 1
+
+
+def scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
+    """LR and loss scalers: BATCH scales by the global batch size (per GPU × processes), GRADIENT_ACCUMULATION by
+    the accumulation steps."""
+    factor = 1.0
+    if kind in ("BATCH", "BOTH"):
+        factor *= config.batch_size * world_size
+    if kind in ("GRADIENT_ACCUMULATION", "BOTH"):
+        factor *= config.gradient_accumulation_steps
+    return factor
+
+
+def preflight_text(config: TrainConfig) -> str:
+    """The batch per GPU, the global batch and what the LR scaler multiplies by."""
+    world = planned_world_size(config)
+    b = config.batch_size
+    scaler = config.learning_rate_scaler.value
+    factor = scaler_factor(scaler, config, world)
+    lr = f"learning rate × √{factor:g} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
+    processes = f"{world} processes" if world > 1 else "1 process"
+    return f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
