@@ -175,13 +175,16 @@ def test_tensorboard_server_serves_and_moves_past_a_port_another_program_holds(t
     finally:
         server.stop()
     assert not server.running
-    with socket.socket() as taken:  # another program (another run's process) holds the port
-        taken.bind(("127.0.0.1", port))
+    # Another program (another run's process) holds a port: one the system hands out, not the port just served, which
+    # the stopped server's closed connections may still hold for a while (TIME_WAIT) or another process may take.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
         taken.listen()
-        moved = TensorBoardServer(tmp_path, port)
+        held = taken.getsockname()[1]
+        moved = TensorBoardServer(tmp_path, held)
         try:
             message = moved.start()
-            assert moved.port != port and f"port {port} was busy" in message
+            assert moved.port != held and f"port {held} was busy" in message
         finally:
             moved.stop()
 
