@@ -275,7 +275,7 @@ class LoraJob:
 
 # Header entries of a training save that describe that one file, not a file made from it.
 RUN_ONLY_METADATA = ("ot_validation_loss", "ot_validation_step")
-# An intermediate save's name ends in -save-<step>-<epoch>-<epoch step> (`Trainer.save_intermediate`).
+# An intermediate save's name ends in -save-<step>-<epoch>-<epoch step> (`training/outputs.py: Outputs.save`).
 _SAVE_NAME = re.compile(r"-save-(\d+)-\d+-\d+\.safetensors$", re.IGNORECASE)
 
 

@@ -6,6 +6,10 @@ The trainer polls them at step boundaries; each request is taken once.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onetrainer.training.distributed import SyncResult
 
 
 class TrainingControl:
@@ -49,6 +53,15 @@ class TrainingControl:
                 self._pending.discard(command)
                 return True
             return False
+
+    # -- as `distributed.SyncedControl`, the view a run of several processes reads ---------------------------------
+    @property
+    def local(self) -> TrainingControl:
+        """This process's own commands: one process reads them live, so its view is the control itself."""
+        return self
+
+    def update(self, result: SyncResult) -> None:
+        """Nothing to keep: one process's `sync` (`distributed.SingleProcess`) takes no command."""
 
     def _request(self, command: str) -> None:
         with self._lock:

@@ -20,6 +20,9 @@ CPU and on Windows, whose torch has no NCCL). The trainer stays one loop with sm
 
 This module never reads the config: joining takes the devices the ranks train on (`RankDevices`) and the reduce its
 `ReduceSettings`, both small frozen objects built from the config once (`processes.py`, `settings.py`).
+
+A run of one process holds `SingleProcess`, the same interface with no one to meet (rank 0 of 1), so the trainer calls
+the group's methods without asking whether there is one.
 """
 
 from __future__ import annotations
@@ -334,3 +337,43 @@ class GlobalDraws:
 
 
 SINGLE = GlobalDraws(0, 1)
+
+
+class SingleProcess:
+    """A run of one process with `Distributed`'s interface (rank 0 of 1), so the trainer calls it unconditionally.
+
+    Nothing is exchanged: a collective returns its input untouched (no tensor, no copy), a `sync` reports this
+    process's own stop and takes no command (one process reads its commands live: `TrainingControl.update` keeps
+    nothing), and leaving only notes it.
+    """
+
+    rank, world_size, local_rank = 0, 1, 0
+    is_main = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.left = False
+
+    def close(self) -> None:
+        pass
+
+    def broadcast_object(self, value):
+        return value
+
+    def all_gather_object(self, value) -> list:
+        return [value]
+
+    def sync(
+        self, control: TrainingControl | None = None, loss: float = 0.0, failure: str | None = None, stop=False
+    ) -> SyncResult:
+        stopped = stop or (control is not None and control.stop_requested)
+        return SyncResult(stopped, set(), loss, failure is not None)
+
+    def leave(self, failure: str | None = None) -> None:
+        self.left = True
+
+    def barrier(self) -> None:
+        pass
+
+    def average_gradients(self, params: list[torch.nn.Parameter], settings: ReduceSettings) -> None:
+        """One process's gradients are the average already."""

@@ -164,7 +164,8 @@ def _user_message(error: Exception) -> str:
     from onetrainer.families.loading import ModelLoadError
     from onetrainer.families.sources import ModelNotFound
     from onetrainer.training.distributed import RankFailed
-    from onetrainer.training.trainer import NonFiniteLoss, SaveFailed
+    from onetrainer.training.outputs import SaveFailed
+    from onetrainer.training.trainer import NonFiniteLoss
 
     if isinstance(error, ModelLoadError | ModelNotFound | DatasetError | NonFiniteLoss | SaveFailed | RankFailed):
         return str(error)

@@ -12,8 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from onetrainer.training.events import Event, Metrics, SampleReady, Scalars
+from onetrainer.training.events import Event, Metrics, SampleReady, Scalars, Status, Warning_
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+    from onetrainer.training.events import Broadcast
+    from onetrainer.training.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -258,3 +264,48 @@ class TensorBoardServer:
             self.process.kill()
             self.process.wait(timeout=10)
         self.process = None
+
+
+class RunTensorBoard:
+    """A run's TensorBoard, rank 0's (`writes`): the event files, and with `tensorboard` on a server that is started
+    once more on the next free port when it ends on its own, and stopped with the run unless it is kept on."""
+
+    def __init__(self, config: TrainConfig, workspace: Workspace, events: Broadcast, writes: bool) -> None:
+        self.config, self.workspace, self.events, self.writes = config, workspace, events, writes
+        self.server: TensorBoardServer | None = None
+        self._retried = False
+
+    def start(self) -> None:
+        if not self.writes:
+            return
+        self.events.sinks.append(TensorBoardSink(self.workspace.tensorboard_dir, self.config.samples_to_tensorboard))
+        if self.config.tensorboard:
+            self._launch(self.config.tensorboard_port)
+
+    def _launch(self, port: int) -> None:
+        output = self.workspace.dir("logs") / f"{self.workspace.run_name}-tensorboard.log"
+        server = TensorBoardServer(self.workspace.dir("tensorboard"), port, self.config.tensorboard_expose, output)
+        try:
+            self.events.emit(Status(server.start()))
+            self.server = server
+        except (OSError, RuntimeError) as e:
+            self.events.emit(Warning_(f"TensorBoard could not start: {e}"))
+
+    def check(self) -> None:
+        """A server that ended on its own (another run's server took the port between our check and its start) is
+        started once more on the next free port; a second failure is reported with TensorBoard's own words."""
+        server = self.server
+        failure = server.failure() if server is not None else None
+        if failure is None:
+            return
+        self.server = None
+        if self._retried:
+            self.events.emit(Warning_(f"{failure}; TensorBoard is not available for this run"))
+            return
+        self._retried = True
+        self.events.emit(Warning_(f"{failure}; starting it on another port"))
+        self._launch((server.port or self.config.tensorboard_port) + 1)
+
+    def stop(self) -> None:
+        if self.server is not None and not self.config.tensorboard_always_on:
+            self.server.stop()

@@ -106,10 +106,10 @@ def test_an_offloaded_text_encoder_is_on_the_device_while_it_fills_the_cache(tmp
     """T5 offloaded and frozen: attached (its window on the training device) for the caching pass, detached after, as
     a cached encoder leaves the device; never encoding from the CPU copy it was loaded into."""
     from onetrainer.memory.layer_offload import LayerOffload
-    from onetrainer.training import trainer
+    from onetrainer.training import preparation
 
     order: list[str] = []
-    real_attach, real_detach, real_fill = LayerOffload.attach, LayerOffload.detach, trainer.fill_text_cache
+    real_attach, real_detach, real_fill = LayerOffload.attach, LayerOffload.detach, preparation.fill_text_cache
 
     def attach(self, device):
         order.append(f"attach {type(self.module).__name__}")
@@ -125,7 +125,7 @@ def test_an_offloaded_text_encoder_is_on_the_device_while_it_fills_the_cache(tmp
 
     monkeypatch.setattr(LayerOffload, "attach", attach)
     monkeypatch.setattr(LayerOffload, "detach", detach)
-    monkeypatch.setattr(trainer, "fill_text_cache", fill)
+    monkeypatch.setattr(preparation, "fill_text_cache", fill)
     image_folder(tmp_path, count=2)
     config = tiny_config(tmp_path, variant="flux-dev", epochs=1, text_encoder={"train": False},
                          text_encoder_2={"train": False, "offload_fraction": 0.5})  # fmt: skip

@@ -191,7 +191,7 @@ def test_nan_loss_stops_with_advice_and_keeps_the_last_backup(tmp_path, monkeypa
 
 def test_black_samples_are_reported_with_the_fix(tmp_path, monkeypatch):
     image_folder(tmp_path)
-    monkeypatch.setattr("onetrainer.training.trainer.render", lambda *a, **k: Image.new("RGB", (64, 64)))
+    monkeypatch.setattr("onetrainer.training.outputs.render", lambda *a, **k: Image.new("RGB", (64, 64)))
     config = tiny_config(tmp_path, epochs=1, sample_after=1, sample_after_unit="EPOCH",
                          samples=[{"prompt": "x", "width": 64, "height": 64}])  # fmt: skip
     outcome, sink = run(config)
@@ -210,7 +210,7 @@ def test_a_failed_sample_is_reported_and_training_goes_on(tmp_path, monkeypatch)
         rendered.append(sample.prompt)
         return Image.new("RGB", (64, 64), (200, 10, 10))
 
-    monkeypatch.setattr("onetrainer.training.trainer.render", render)
+    monkeypatch.setattr("onetrainer.training.outputs.render", render)
     samples = [{"prompt": p, "width": 64, "height": 64} for p in ("broken", "fine")]
     config = tiny_config(tmp_path, epochs=2, sample_after=1, sample_after_unit="EPOCH", samples=samples)
     outcome, sink = run(config)
@@ -236,7 +236,7 @@ def test_a_step_without_gradients_steps_past_a_grad_scaler(tmp_path, monkeypatch
         scalers.append(torch.amp.GradScaler("cpu"))
         return scalers[-1]
 
-    monkeypatch.setattr("onetrainer.training.trainer.grad_scaler", cpu_scaler)
+    monkeypatch.setattr("onetrainer.training.optimization.grad_scaler", cpu_scaler)
     outcome, _ = run(tiny_config(tmp_path, method="EMBEDDING", epochs=1))
     assert isinstance(outcome, Finished) and scalers
 

@@ -12,10 +12,13 @@ from safetensors import safe_open
 
 from onetrainer.config import config_from_dict
 from onetrainer.data.cache import _looks_complete
+from onetrainer.training import outputs as outputs_module
+from onetrainer.training import preparation as preparation_module
 from onetrainer.training import trainer as trainer_module
 from onetrainer.training.checkpoint import list_backups, read_progress
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import (
+    Broadcast,
     CacheFilled,
     CacheProgress,
     Failed,
@@ -28,6 +31,7 @@ from onetrainer.training.events import (
     Warning_,
 )
 from onetrainer.training.runner import run_training
+from onetrainer.training.tensorboard import RunTensorBoard
 from onetrainer.util.disk import write_error_message
 from tests.helpers import image_folder, tiny_config
 
@@ -145,7 +149,7 @@ def test_a_stop_inside_an_encoders_forward_pass_ends_it_at_the_next_layer(tmp_pa
     image_folder(tmp_path)  # 4 images of one bucket: one encoding batch
     control = TrainingControl()
     finished: list[str] = []
-    fill = trainer_module.fill_latent_cache
+    fill = preparation_module.fill_latent_cache
 
     def stop_in_the_first_layer(data, family, model, *args, **kwargs):
         def after_forward(module, _args, _output) -> None:
@@ -159,7 +163,7 @@ def test_a_stop_inside_an_encoders_forward_pass_ends_it_at_the_next_layer(tmp_pa
             for handle in handles:
                 handle.remove()
 
-    monkeypatch.setattr(trainer_module, "fill_latent_cache", stop_in_the_first_layer)
+    monkeypatch.setattr(preparation_module, "fill_latent_cache", stop_in_the_first_layer)
     outcome, sink = run(tiny_config(tmp_path), control)
     assert isinstance(outcome, Finished) and outcome.reason == "stopped during caching"
     assert len(finished) == 1  # the layer that saw the stop; no other layer of the batch ran after it
@@ -169,7 +173,7 @@ def test_a_stop_inside_an_encoders_forward_pass_ends_it_at_the_next_layer(tmp_pa
 
 def test_a_failed_periodic_backup_warns_and_training_goes_on(tmp_path, monkeypatch):
     image_folder(tmp_path)
-    real = trainer_module.write_backup
+    real = outputs_module.write_backup
     calls = []
 
     def full_disk_once(root, *args, **kwargs):
@@ -178,7 +182,7 @@ def test_a_failed_periodic_backup_warns_and_training_goes_on(tmp_path, monkeypat
             raise OSError(errno.ENOSPC, "No space left on device", str(root / "2026-backup-1-0-1"))
         return real(root, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "write_backup", full_disk_once)
+    monkeypatch.setattr(outputs_module, "write_backup", full_disk_once)
     config = tiny_config(tmp_path, epochs=1, backup_after=1, backup_after_unit="STEP", include_train_config="SETTINGS")
     outcome, sink = run(config)
     assert isinstance(outcome, Finished) and outcome.reason == "completed"
@@ -280,24 +284,22 @@ def test_a_tensorboard_server_that_lost_its_port_is_started_again_then_reported(
         def failure(self) -> str:
             return "TensorBoard on port 6006 stopped (exit code 1): it was already in use"
 
-    trainer = object.__new__(trainer_module.Trainer)  # only the TensorBoard bookkeeping is exercised
-    trainer.config = config_from_dict(tiny_config(tmp_path))[0]
     sink = ListSink()
-    trainer.warn = lambda text: sink.emit(Warning_(text))
+    tensorboard = RunTensorBoard(config_from_dict(tiny_config(tmp_path))[0], None, Broadcast([sink]), writes=True)
     launched: list[int] = []
 
     def launch(port: int) -> None:
         launched.append(port)
-        trainer.tensorboard_server = DeadServer()
+        tensorboard.server = DeadServer()
 
-    trainer._launch_tensorboard = launch
-    trainer.tensorboard_server = DeadServer()
-    trainer._check_tensorboard()
+    tensorboard._launch = launch
+    tensorboard.server = DeadServer()
+    tensorboard.check()
     assert launched == [6007] and "starting it on another port" in texts(sink, Warning_)
-    trainer._check_tensorboard()  # the second failure is reported, not retried forever
+    tensorboard.check()  # the second failure is reported, not retried forever
     assert launched == [6007] and "not available for this run" in texts(sink, Warning_)
     assert "already in use" in texts(sink, Warning_)
-    trainer._check_tensorboard()
+    tensorboard.check()
     assert launched == [6007]
 
 
