@@ -454,21 +454,16 @@ class Trainer:
 
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).
-        draws = self.draws
+        draws, size = self.draws, self.draws.size(len(latents))
         global_noise = sample_noise(draws.like(latents), generator, settings.draws)
         noise = draws.mine(global_noise).to(latents.device, latents.dtype)
         if timesteps is None:
-            timesteps = draws.mine(
-                schedule.sample_times(
-                    draws.size(len(latents)), generator, settings.timesteps, self.device, latents.shape
-                )
-            )
+            drawn = schedule.sample_times(size, generator, settings.timesteps, self.device, latents.shape)
+            timesteps = draws.mine(drawn)
         perturbed = draws.mine(perturb_noise(global_noise, generator, settings.draws)).to(latents.device)
         noisy = schedule.add_noise(latents, perturbed, timesteps)
 
-        keep_unmasked = (
-            draws.mine(torch.rand(draws.size(len(latents)), generator=generator)) < config.unmasked_probability
-        )
+        keep_unmasked = draws.mine(torch.rand(size, generator=generator)) < config.unmasked_probability
         inputs = BatchInputs(
             latents=latents,
             pixels=self._pixels(batch),
