@@ -20,7 +20,9 @@ PACKAGE = ROOT / "onetrainer"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("util", "resources"),
     ("memory",),
-    ("config",),
+    # The family registry is import strings only: the model-type table (config) reads the families' declarations
+    # through it (`config/model_types.py`).
+    ("config", "families.registry"),
     ("precision",),
     ("weights",),
     ("sampling",),
@@ -34,9 +36,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "benchmark", "__main__"),
 )
 
-# Family knowledge: the family modules (and their tiny models, key maps and benchmarks) may name the families; the
-# model-type table and the enums are the registry. Everything else speaks of parts and roles.
-FAMILY_SIDE = ("families/", "tiny/", "weights/", "benchmark/", "config/model_types.py", "config/enums.py")
+# Family knowledge: the family modules and their declarations (and their tiny models, key maps and benchmarks) may name
+# the families; the enums hold OneTrainer's names of the model types. Everything else speaks of parts and roles.
+FAMILY_SIDE = ("families/", "tiny/", "weights/", "benchmark/", "config/enums.py")
 # (`effnet_encoder` is also the name of OneTrainer's config block of that part: a part name, allowed as such.)
 # ("chroma" alone is also the colour term of the image augmentations: the family's names are matched.)
 FAMILY_WORDS = re.compile(

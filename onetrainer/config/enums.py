@@ -50,6 +50,10 @@ class ModelType(ConfigEnum):
     IDEOGRAM_4 = "IDEOGRAM_4"
 
 
+# A new config's model type, as in OneTrainer.
+DEFAULT_MODEL_TYPE = ModelType.STABLE_DIFFUSION_15
+
+
 class TrainingMethod(ConfigEnum):
     FINE_TUNE = "FINE_TUNE"
     LORA = "LORA"

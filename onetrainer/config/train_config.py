@@ -9,6 +9,7 @@ from typing import ClassVar
 from onetrainer.config.concept_config import ConceptConfig
 from onetrainer.config.embedding_config import TrainEmbeddingConfig
 from onetrainer.config.enums import (
+    DEFAULT_MODEL_TYPE,
     AttentionMechanism,
     ConfigPart,
     DataType,
@@ -131,7 +132,7 @@ class TrainConfig(ConfigNode):
 
     # -- top bar --------------------------------------------------------------------------------------------------
     model_type: ModelType = setting(
-        ModelType.STABLE_DIFFUSION_15,
+        DEFAULT_MODEL_TYPE,
         "Model type",
         "The kind of model you train. It decides which settings apply, the file formats and the defaults.",
         tab="top",

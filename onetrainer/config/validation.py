@@ -63,8 +63,9 @@ def model_type_not_built(model_type: ModelType) -> str:
 
 
 def context_of(config: TrainConfig) -> Context:
-    """The context deciding which fields apply. For an unsupported model type, the SD 1.5 facts stand in."""
-    info = MODEL_TYPES.get(config.model_type) or MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
+    """The context deciding which fields apply. For a model type no family declares, the first declared model type's
+    facts stand in."""
+    info = MODEL_TYPES.get(config.model_type) or next(iter(MODEL_TYPES.values()))
     text_encoders = len(info.family.parts_with(PartRole.TEXT_ENCODER))
     return Context(
         family=info.family.key,

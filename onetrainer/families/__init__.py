@@ -1,4 +1,5 @@
-"""The model families: an explicit registry from family key to the class implementing it.
+"""The model families: an explicit registry from family key to the class implementing it (`registry.py`, whose
+`FAMILY_CLASSES` this package re-exports), and loading a model type's class.
 
 Entries are import paths so that reading the registry (the GUI, validation) does not import torch.
 A family without an entry is known to the config (see `onetrainer.config.model_types`) but not trainable yet.
@@ -11,20 +12,9 @@ from collections.abc import Callable
 
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import MODEL_TYPES
+from onetrainer.families.registry import FAMILY_CLASSES
 
-FAMILY_CLASSES: dict[str, str] = {
-    "sd": "onetrainer.families.sd:StableDiffusionFamily",
-    "sdxl": "onetrainer.families.sdxl:StableDiffusionXLFamily",
-    "pixart": "onetrainer.families.pixart:PixArtFamily",
-    "sd3": "onetrainer.families.sd3:StableDiffusion3Family",
-    "flux": "onetrainer.families.flux:FluxFamily",
-    "chroma": "onetrainer.families.flux:ChromaFamily",
-    "qwen": "onetrainer.families.qwen:QwenImageFamily",
-    "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
-    "zimage": "onetrainer.families.zimage:ZImageFamily",
-    "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
-    "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
-}
+__all__ = ["FAMILY_CLASSES", "is_trainable", "load_family_class", "not_trainable_reason", "register_family"]
 
 
 def register_family(key: str, target: str) -> Callable[[], None]:

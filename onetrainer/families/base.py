@@ -11,7 +11,7 @@ save_backup / backup_state.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -160,6 +160,11 @@ class BatchInputs:
     cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
     # a family with `info.reference_images`: each sample's reference images, [3, h, w] in [-1, 1] on the device
     references: list[list[torch.Tensor]] | None = None
+
+
+# A fine-tune writer: a family's method, called as `writer(family, model, destination, dtype, metadata)` (`metadata`:
+# extra header entries of a single file).
+Writer = Callable[["Family", LoadedModel, Path, torch.dtype, "dict | None"], None]
 
 
 class _PartRolesOfInfo:
@@ -413,15 +418,16 @@ class Family(ABC):
 
     # -- savers ---------------------------------------------------------------------------------------------------
 
-    # The fine-tune output formats and the name of the method that writes each, called as
-    # `writer(model, destination, dtype, metadata)`: a name, so that a subclass's override of the writer is called.
-    writers: ClassVar[dict[ModelFormat, str]] = {}
+    # The fine-tune output formats and the method that writes each (`Writer`), the function itself: a format without a
+    # writer is found by the contract test, not at save time. A subclass that overrides a writer declares the table
+    # again (the contract test checks that every writer is the one the class has under its name).
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {}
 
     def save(
         self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
         """Write the whole model (fine-tune result) in `fmt` at `destination`; `metadata` joins a single file's
-        header. Default: the writer `writers` names for the format; any other format is refused in one message."""
+        header. Default: the format's writer in `writers`; any other format is refused in one message."""
         from onetrainer.families.saving import save_in_format
 
         save_in_format(self, self.writers, model, fmt, destination, dtype, metadata)

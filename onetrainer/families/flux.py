@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, ModelFormat
-from onetrainer.config.model_types import CHROMA, FLUX, SampleDefaults
+from onetrainer.config.model_types import SampleDefaults
 from onetrainer.config.parts import NEEDS_GGUF_DTYPE, is_gguf_file
 from onetrainer.families.base import (
     BatchInputs,
@@ -53,8 +53,10 @@ from onetrainer.families.base import (
     Family,
     LoadedModel,
     TextEncoderSlot,
+    Writer,
     first_weight,
 )
+from onetrainer.families.flux_info import CHROMA, FLUX
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
@@ -106,11 +108,6 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
     transformer_class: ClassVar[str]
     # Which conditioning tensors belong to which text encoder, for caption dropout per encoder.
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]]
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
-        ModelFormat.LEGACY_SAFETENSORS: "save_original_transformer",
-    }
     # The text encoders' module prefixes in OneTrainer's own (legacy) LoRA files, read besides the kohya ones.
     legacy_prefixes: ClassVar[dict[str, str]]
 
@@ -290,6 +287,12 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         state = flux_keys.diffusers_to_original(plain_state(transformer), transformer_config(model))
         metadata = model_file_metadata(self, model, destination, extra_metadata)
         write_single_file(state, destination, dtype, metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+        ModelFormat.LEGACY_SAFETENSORS: save_original_transformer,
+    }
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 

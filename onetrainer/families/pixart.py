@@ -16,13 +16,13 @@ attention mask, the SD VAE (Sigma: the SDXL VAE), linear betas, epsilon predicti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat, ModelType
-from onetrainer.config.model_types import PIXART
 from onetrainer.families.base import (
     BatchInputs,
     CaptionDropout,
@@ -30,6 +30,7 @@ from onetrainer.families.base import (
     Family,
     LoadedModel,
     TextEncoderSlot,
+    Writer,
     first_weight,
 )
 from onetrainer.families.loading import (
@@ -43,6 +44,7 @@ from onetrainer.families.loading import (
     part_wise_base,
     read_pretrained,
 )
+from onetrainer.families.pixart_info import PIXART
 from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.schedules import discrete_schedule
 from onetrainer.families.sources import resolve_local
@@ -71,12 +73,6 @@ class PixArtFamily(Family):
         "transformer": ("transformer_blocks",),
         "text_encoder": ("encoder.block",),
     }
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
-        ModelFormat.LEGACY_SAFETENSORS: "save_original_transformer",
-    }
-
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
@@ -241,6 +237,12 @@ class PixArtFamily(Family):
         resolution = model.type_info.resolution if _has_micro_conditions(model) else 512
         metadata = model_file_metadata(self, model, destination, extra_metadata, resolution)
         write_single_file(state, destination, dtype, metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+        ModelFormat.LEGACY_SAFETENSORS: save_original_transformer,
+    }
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         """A diffusers folder: the backup can also be used as a base model."""

@@ -24,14 +24,14 @@ frames, trained by rectified flow, conditioned on the language model of Qwen2.5-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.config.model_types import QWEN, QWEN_EDIT
-from onetrainer.families.base import Conditioning, LoadedModel, first_weight
+from onetrainer.families.base import Conditioning, LoadedModel, Writer, first_weight
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
@@ -42,6 +42,8 @@ from onetrainer.families.loading import (
     load_transformer_part,
     part_wise_base,
 )
+from onetrainer.families.qwen_info import QWEN, QWEN_EDIT
+from onetrainer.families.saving import FlowPipelineFolder
 from onetrainer.families.vae import load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
@@ -75,9 +77,9 @@ class QwenImageFamily(LanguageModelFlowFamily):
         "transformer": "diffusion_model.",
         "text_encoder": "text_encoders.qwen25_7b.transformer.",
     }
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: LanguageModelFlowFamily.save_original_transformer,
     }
 
     # -- loading --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from onetrainer.config.enums import ModelFormat
 from onetrainer.util.fs import atomic_directory, atomic_file
 
 if TYPE_CHECKING:
-    from onetrainer.families.base import Family, LoadedModel
+    from onetrainer.families.base import Family, LoadedModel, Writer
 
 
 def plain_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -70,22 +70,21 @@ def save_pipeline_folder(pipe, destination: Path, dtype: torch.dtype) -> None:
 
 def save_in_format(
     family: Family,
-    writers: Mapping[ModelFormat, str],
+    writers: Mapping[ModelFormat, Writer],
     model: LoadedModel,
     fmt: ModelFormat,
     destination: Path,
     dtype: torch.dtype,
     metadata: dict | None = None,
 ) -> None:
-    """`Family.save` through the family's table of writers: `writers` maps each output format to the name of the
-    family's method that writes it, called as `writer(model, destination, dtype, metadata)`. A name, not a function,
-    so that a subclass's override of the writer is the one called. Any other format is refused here, in one message
-    for every family."""
-    name = writers.get(fmt)
-    if name is None:
+    """`Family.save` through the family's table of writers: `writers` maps each output format to the family's method
+    that writes it, called as `writer(family, model, destination, dtype, metadata)`. Any other format is refused here,
+    in one message for every family."""
+    writer = writers.get(fmt)
+    if writer is None:
         formats = ", ".join(f.value for f in writers)
         raise ValueError(f"{fmt.value} is not a model format of {family.info.label} (it saves as {formats})")
-    getattr(family, name)(model, destination, dtype, metadata)
+    writer(family, model, destination, dtype, metadata)
 
 
 class FlowPipelineFolder:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ModelType
-from onetrainer.config.model_types import SD
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import (
     BatchInputs,
@@ -45,6 +44,7 @@ from onetrainer.families.sd_common import (
     single_file_tokenizer,
     wants_v_prediction,
 )
+from onetrainer.families.sd_info import SD
 from onetrainer.families.sources import ModelSource
 from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override
 from onetrainer.noise.prediction import Prediction

@@ -28,7 +28,7 @@ trained by rectified flow, conditioned on three text encoders.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -36,8 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from onetrainer.config.enums import ModelFormat, ModelType
-from onetrainer.config.model_types import SD3
-from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import (
+    CaptionDropout,
+    Conditioning,
+    Family,
+    LoadedModel,
+    TextEncoderSlot,
+    Writer,
+    first_weight,
+)
 from onetrainer.families.loading import (
     KeptParts,
     ModelLoadError,
@@ -47,6 +54,7 @@ from onetrainer.families.loading import (
     part_wise_base,
 )
 from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
+from onetrainer.families.sd3_info import SD3
 from onetrainer.families.sd3_single_file import read_single_file
 from onetrainer.families.sources import resolve_source
 from onetrainer.families.text_encoding import pool_at_end_token, t5_hidden_states
@@ -77,11 +85,6 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
         "transformer": ("transformer_blocks",),
         "text_encoder_3": ("encoder.block",),
     }
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_SINGLE_FILE: "save_original_file",
-    }
-
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
@@ -282,6 +285,11 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
             state.update(sd3_keys.text_encoder_to_original(slot.part, plain_state(slot.encoder)))
         metadata = model_file_metadata(self, model, destination, extra_metadata)
         write_single_file(state, destination, dtype, metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_SINGLE_FILE: save_original_file,
+    }
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 

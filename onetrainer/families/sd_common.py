@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -16,7 +17,7 @@ import torch
 from onetrainer.config.enums import ModelFormat, ModelType
 from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
-from onetrainer.families.base import Family, LoadedModel
+from onetrainer.families.base import Family, LoadedModel, Writer
 from onetrainer.families.inpainting import inpainting_cache, inpainting_sample_inputs
 from onetrainer.families.loading import KeptParts, backup_model_source
 from onetrainer.families.saving import model_file_metadata, save_pipeline_folder, write_single_file
@@ -41,11 +42,6 @@ class StableDiffusionBase(Family):
     folder, or one original single file from the family's `original_state_dict`). Each family subclasses it."""
 
     saved_scheduler: ClassVar[str]  # the sampler a saved diffusers folder names (what the model's authors ship)
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_SINGLE_FILE: "save_single_file",
-        ModelFormat.LEGACY_SAFETENSORS: "save_single_file",
-    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -136,6 +132,12 @@ class StableDiffusionBase(Family):
             metadata[TOKENIZER_KEY] = json.dumps({"vocab": tokenizer.get_vocab(), "merges": merges_of(tokenizer)})
         metadata.update(extra_metadata or {})
         write_single_file(state, destination, dtype, metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: save_diffusers,
+        ModelFormat.ORIGINAL_SINGLE_FILE: save_single_file,
+        ModelFormat.LEGACY_SAFETENSORS: save_single_file,
+    }
 
 
 def _config_of(part: torch.nn.Module) -> dict:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ModelType
-from onetrainer.config.model_types import SDXL, model_type_info
+from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
 from onetrainer.families.inpainting import inpainting_inputs
@@ -49,6 +49,7 @@ from onetrainer.families.sd_common import (
     single_file_tokenizer,
     wants_v_prediction,
 )
+from onetrainer.families.sdxl_info import SDXL
 from onetrainer.families.sources import ModelSource
 from onetrainer.families.text_encoding import pool_at_end_token
 from onetrainer.families.vae import VAE_PREFIX, convert_vae, load_vae_override

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -20,7 +20,6 @@ import torch
 from PIL import Image
 
 from onetrainer.config.enums import DataType, ModelFormat
-from onetrainer.config.model_types import CASCADE, WUERSTCHEN
 from onetrainer.families import effnet
 from onetrainer.families.base import (
     CaptionDropout,
@@ -28,6 +27,7 @@ from onetrainer.families.base import (
     Family,
     LoadedModel,
     TextEncoderSlot,
+    Writer,
     first_weight,
 )
 from onetrainer.families.loading import (
@@ -43,6 +43,7 @@ from onetrainer.families.loading import (
 )
 from onetrainer.families.saving import model_file_metadata, plain_state, save_pipeline_folder, write_single_file
 from onetrainer.families.sources import ModelSource, is_hub_id, resolve_local, resolve_source
+from onetrainer.families.wuerstchen_info import CASCADE, WUERSTCHEN
 from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
 from onetrainer.precision.dtypes import fallback_dtype, torch_dtype
@@ -86,8 +87,6 @@ class WuerstchenPriorFamily(Family):
     kind: ClassVar[ModelKind]  # what file metadata says the model is
     # The config attribute of the prior's and the decoder's input channel count.
     channels_key: ClassVar[str]
-    writers: ClassVar[dict[ModelFormat, str]] = {ModelFormat.DIFFUSERS: "save_diffusers"}
-
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
@@ -299,6 +298,8 @@ class WuerstchenPriorFamily(Family):
         single file's header entries, has no place in it)."""
         save_pipeline_folder(self._prior_pipeline(model), destination, dtype)
 
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: save_diffusers}
+
     def _prior_parts(self, model: LoadedModel) -> dict:
         """The components of the prior pipeline both variants write."""
         from diffusers import DDPMWuerstchenScheduler
@@ -422,10 +423,6 @@ class CascadeFamily(WuerstchenPriorFamily):
     remap = staticmethod(cascade_remap)
     kind = ModelKind("stable-cascade-v1-prior", "stable_cascade")
     channels_key = "in_channels"
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.LEGACY_SAFETENSORS: "save_stage_c",
-    }
 
     def _prior_class(self) -> type:
         from diffusers import StableCascadeUNet
@@ -501,6 +498,11 @@ class CascadeFamily(WuerstchenPriorFamily):
         state = cascade_keys.to_stability(plain_state(prior), prior.config)
         metadata = model_file_metadata(self, model, destination, extra_metadata, resolution=1024)
         write_single_file(state, destination, dtype, metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: WuerstchenPriorFamily.save_diffusers,
+        ModelFormat.LEGACY_SAFETENSORS: save_stage_c,
+    }
 
     def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
         """The prior: the native stage C path (split attention, as ComfyUI loads it), `lora_unet_` for KOHYA_LORA,

@@ -26,14 +26,14 @@ language model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.config.model_types import Z_IMAGE
-from onetrainer.families.base import Conditioning, LoadedModel, first_weight
+from onetrainer.families.base import Conditioning, LoadedModel, Writer, first_weight
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.loading import (
     KeptParts,
@@ -43,8 +43,9 @@ from onetrainer.families.loading import (
     load_transformer_part,
     part_wise_base,
 )
-from onetrainer.families.saving import plain_state
+from onetrainer.families.saving import FlowPipelineFolder, plain_state
 from onetrainer.families.vae import encode_latents, load_vae
+from onetrainer.families.zimage_info import Z_IMAGE
 from onetrainer.noise.prediction import Prediction
 from onetrainer.precision.quantize import KEEP_UNQUANTIZED
 from onetrainer.weights import zimage_keys
@@ -73,12 +74,6 @@ class ZImageFamily(LanguageModelFlowFamily):
         "transformer": "diffusion_model.",
         "text_encoder": "text_encoders.qwen3_4b.transformer.model.",
     }
-    writers: ClassVar[dict[ModelFormat, str]] = {
-        ModelFormat.DIFFUSERS: "save_diffusers",
-        ModelFormat.ORIGINAL_TRANSFORMER: "save_original_transformer",
-        ModelFormat.COMFY_TRANSFORMER: "save_comfy_transformer",
-    }
-
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
@@ -162,6 +157,12 @@ class ZImageFamily(LanguageModelFlowFamily):
         Load Diffusion Model and diffusers' `from_single_file` read."""
         state = zimage_keys.to_comfy(plain_state(model.part("transformer")))
         self.write_transformer(model, state, destination, dtype, extra_metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: LanguageModelFlowFamily.save_original_transformer,
+        ModelFormat.COMFY_TRANSFORMER: save_comfy_transformer,
+    }
 
     # -- names ----------------------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from onetrainer.families.base import Conditioning
+from onetrainer.families.registry import BUILT_IN_FAMILIES
 
 
 def test_conditioning_rows_stack_back_and_zero_per_caption():
@@ -146,3 +147,71 @@ def test_part_roles_are_declared_once_by_the_family_info():
     )
     assert mt.part_label("text_encoder_2") == "Text Encoder 2" and mt.part_label("decoder_vqgan") == "Decoder VQGAN"
     assert mt.part_role("vae") is mt.PartRole.IMAGE_ENCODER and mt.part_role("decoder") is mt.PartRole.SAMPLING
+
+
+# -- the declaration and the class agree ------------------------------------------------------------------------------
+
+
+def _family_class(key: str) -> type:
+    import importlib
+
+    from onetrainer.families import FAMILY_CLASSES
+
+    module, _, name = FAMILY_CLASSES[key].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("key", list(BUILT_IN_FAMILIES))
+def test_each_familys_declaration_and_class_agree(key):
+    """Formats ↔ writers, offloadable parts ↔ layer blocks, COMFY_LORA ↔ ComfyUI prefixes, reference images ↔ the
+    calls that encode them, and every part a fact names is one the family has (`contract.declaration_problems`)."""
+    from onetrainer.config.model_types import FAMILIES
+    from tests.families.contract import declaration_problems
+
+    assert declaration_problems(FAMILIES[key], _family_class(key)) == []
+
+
+def _tiny_model_of(key: str) -> tuple[str, str]:
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.model_types import family_of
+    from tests.helpers import TINY_MODELS
+
+    return next((t, v) for t, v in TINY_MODELS.items() if family_of(ModelType[t]).key == key)
+
+
+@pytest.mark.parametrize("key", list(BUILT_IN_FAMILIES))
+def test_each_family_loads_what_it_declares(key):
+    """The loaded tiny model (the real topology) has the declared parts in order, a list of modules at every layer
+    block path, a text-encoder slot per declared text encoder with LoRA blocks in it, the schedule its capabilities
+    assume, and layers for each layer preset (`contract.loaded_problems`)."""
+    from tests.families.contract import loaded_problems
+    from tests.helpers import loaded_model
+
+    model_type, variant = _tiny_model_of(key)
+    data = {"model_type": model_type, "base_model_name": f"tiny:{variant}", "training_method": "EMBEDDING"}
+    family, model = loaded_model({**data, "output_model_format": "SAFETENSORS"})
+    assert loaded_problems(family, model) == []
+
+
+def test_the_contract_checks_can_fail():
+    """A writer table that misses a format, a block list for a part without layer offloading and a writer that an
+    override bypasses are each found."""
+    import dataclasses
+
+    from onetrainer.config.enums import ModelFormat, TrainingMethod
+    from onetrainer.families.pixart import PixArtFamily
+    from onetrainer.families.pixart_info import PIXART
+    from tests.families.contract import declaration_problems
+
+    class Missing(PixArtFamily):
+        writers: ClassVar = {ModelFormat.DIFFUSERS: PixArtFamily.save_diffusers}
+        layer_blocks: ClassVar = {**PixArtFamily.layer_blocks, "vae": ("decoder.up_blocks",)}
+
+        def save_diffusers(self, model, destination, dtype, metadata=None):
+            pass
+
+    problems = declaration_problems(PIXART, Missing)
+    assert any("fine-tune formats" in p for p in problems) and any("layer offloading" in p for p in problems)
+    assert any("is not the class's own save_diffusers" in p for p in problems)
+    fewer = dataclasses.replace(PIXART, output_formats={**PIXART.output_formats, TrainingMethod.FINE_TUNE: ()})
+    assert any("not the registered" in p for p in declaration_problems(fewer, PixArtFamily))

@@ -188,3 +188,14 @@ def test_a_flow_matching_schedule_trains_through_the_loop(tmp_path, monkeypatch)
     assert shape[-2:] == (64 // 8, 64 // 8)
     assert shift == pytest.approx(math.exp(0.5 + (1.15 - 0.5) * (tokens - 256) / (4096 - 256)))
     assert times.dtype == torch.float32 and bool(((times > 0) & (times <= 1)).all())
+
+
+def test_its_declaration_and_class_agree_and_it_loads_what_it_declares(tmp_path):
+    """The contract test every built-in family passes (`contract.py`), on the template family."""
+    from tests.families.contract import declaration_problems, loaded_problems
+    from tests.helpers import loaded_model
+
+    assert declaration_problems(tiny_dit_family.INFO, TinyDiTFamily) == []
+    data = {"model_type": MODEL_TYPE.value, "base_model_name": BASE_MODEL, "training_method": "EMBEDDING"}
+    family, model = loaded_model({**data, "output_model_format": "SAFETENSORS"})
+    assert loaded_problems(family, model) == []

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from onetrainer.families.base import (
     Family,
     LoadedModel,
     TextEncoderSlot,
+    Writer,
     first_weight,
 )
 from onetrainer.noise.cosine import ContinuousCosineSchedule
@@ -280,9 +282,10 @@ class TinyDiTFamily(Family):
         array = ((pixels.permute(1, 2, 0).numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8)
         return Image.fromarray(array)
 
-    def save(
-        self, model: LoadedModel, fmt: ModelFormat, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    def save_safetensors(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
     ) -> None:
+        """Every part's weights in one file, `<part>.<weight name>` (what `load` reads back as a base model)."""
         from safetensors.torch import save_file
 
         state = {
@@ -293,6 +296,8 @@ class TinyDiTFamily(Family):
         }
         Path(destination).parent.mkdir(parents=True, exist_ok=True)
         save_file(state, str(destination), metadata=metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.SAFETENSORS: save_safetensors}
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         prefix = "lora_unet_" if part == self.denoiser_part else "lora_te_"

@@ -1,0 +1,186 @@
+"""The vocabulary a family declares itself in, without torch: its parts and their roles, capabilities, output formats
+and sample defaults (`FamilyInfo`, `ModelTypeInfo`).
+
+Each family declares its facts in a torch-free module beside its own (`onetrainer/families/<module>_info.py`, see
+`families/README.md`); `config/model_types.py` gathers them into the model-type table that the config, the GUI and the
+families read. This module names no family: it is what every declaration is written in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
+
+
+class PartRole(Enum):
+    """What a model part does in training. The family declares it per part (`FamilyInfo.part_roles`); it decides
+    when the part sits on the training device (`training/placement.py`), which part settings apply to it
+    (`roles=` in `config/parts.py`), which parts' outputs the caches hold and what a part's config block defaults to."""
+
+    DENOISER = "denoiser"  # runs every step (the trained network)
+    TEXT_ENCODER = "text_encoder"  # every step, unless its outputs are cached
+    IMAGE_ENCODER = "image_encoder"  # every step, unless the latents are cached
+    SAMPLING = "sampling"  # only to render samples (a decoder stage, a VQGAN, their text encoder)
+
+
+# Words a part name's label spells otherwise than capitalised (`text_encoder_2` → "Text Encoder 2").
+_LABEL_WORDS = {"unet": "UNet", "vae": "VAE", "vqgan": "VQGAN"}
+
+
+def default_part_label(part: str) -> str:
+    """A part's label derived from its name, for families that declare none."""
+    return " ".join(_LABEL_WORDS.get(word, word.capitalize()) for word in part.split("_"))
+
+
+@dataclass(frozen=True)
+class SampleDefaults:
+    width: int
+    height: int
+    diffusion_steps: int
+    cfg_scale: float
+    noise_scheduler: NoiseScheduler
+
+
+# Capabilities a family declares (`FamilyInfo.capabilities`): a setting declared with `needs=` one of them applies only
+# to the model types whose family has it, so the shared config never names a family.
+CIRCULAR_PADDING = "circular_padding"  # its convolutions can pad circularly (seamless textures)
+ZERO_TERMINAL_SNR = "zero_terminal_snr"  # a discrete schedule that can be rescaled to zero terminal SNR (+ v-pred)
+GENERALIZED_OFFSET_NOISE = "generalized_offset_noise"  # offset noise scaled with the discrete timestep
+LEARNED_VARIANCE = "learned_variance"  # the denoiser also predicts the variance, trained by the VB loss
+LAYER_SKIP = "layer_skip"  # its text encoding can take an earlier layer's output (clip skip, per text encoder)
+GUIDANCE_INPUT = "guidance_input"  # its denoiser takes a guidance scale as an input (a guidance-distilled model)
+# Its denoiser attends to the text's padding unless told not to (OneTrainer's "Force attention mask").
+TEXT_PADDING_MASK = "text_padding_mask"
+# A flow-matching schedule (`noise/flow_matching.py`): the resolution-dependent timestep shift, the SIGMA loss weight.
+FLOW_MATCHING = "flow_matching"
+# Its samples can guide away from a prediction with some transformer layers skipped (skip-layer guidance).
+SKIP_LAYER_GUIDANCE = "skip_layer_guidance"
+REFERENCE_IMAGES = "reference_images"  # an edit model: samples take reference images
+# Capabilities of one part (`FamilyInfo.part_capabilities`), for the settings inside a part block (`part_needs=`).
+OWN_MODEL = "own_model"  # the part loads from a file, folder or repo of its own (`<part>.model_name`)
+# A text encoder whose captions are padded and cut to the config's `text_encoder_N_sequence_length` tokens.
+SEQUENCE_LENGTH = "sequence_length"
+# A part whose blocks can wait in CPU memory while others compute (`offload_fraction`; `Family.layer_blocks`).
+LAYER_OFFLOADING = "layer_offloading"
+# A part its own model can give as a .gguf file, weights pre-quantized (the GGUF weight dtypes;
+# `precision/gguf_weights.py`).
+GGUF_FILE = "gguf_file"
+# A part the model can do without (OneTrainer's `include`): left out, it is not loaded and the family puts zeros where
+# its output would be, as the model's pipeline does without it (a third text encoder).
+OPTIONAL_PART = "optional_part"
+CAPABILITIES: frozenset[str] = frozenset(
+    {
+        CIRCULAR_PADDING,
+        ZERO_TERMINAL_SNR,
+        GENERALIZED_OFFSET_NOISE,
+        LEARNED_VARIANCE,
+        LAYER_SKIP,
+        FLOW_MATCHING,
+        GUIDANCE_INPUT,
+        TEXT_PADDING_MASK,
+        SKIP_LAYER_GUIDANCE,
+        REFERENCE_IMAGES,
+    }
+)
+
+
+@dataclass(frozen=True)
+class FileCaveat:
+    """An output file of `format` (of a `method` run) that another tool will not read as trained: the run checks
+    (`--check`, Start) warn when such a run trains `part` (a text encoder's LoRA), when its layer filter selects one of
+    the denoiser's `modules` (module paths, matched as the filter matches the model's), or, with neither, whenever it
+    writes that format."""
+
+    format: ModelFormat
+    message: str
+    part: str | None = None
+    modules: tuple[str, ...] = ()
+    method: TrainingMethod = TrainingMethod.LORA
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    key: str
+    label: str
+    # Every part with its role, in order; the first is the trained denoiser. The one declaration of the family's
+    # parts: `parts`, `Family.part_roles` and the config's part blocks are read from it.
+    part_roles: dict[str, PartRole]
+    bucket_step: int
+    methods: tuple[TrainingMethod, ...]
+    output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
+    layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The step of a sample's width and height the family renders (its latent and patch downscale; a multi-stage
+    # family's stages may need coarser steps): `--check` refuses other sample sizes, naming the sample.
+    sample_step: int = 8
+    # Parts that overflow in float16 (NaN losses): FLOAT_16 weights are refused before training, and under a FLOAT_16
+    # training dtype they compute in the fallback dtype.
+    float16_unsafe_parts: tuple[str, ...] = ()
+    # The base model's subfolders a part-wise load reads (no model_index.json): how the hub cache is recognised.
+    hub_parts: tuple[str, ...] = ()
+    # What shows a part's own model (`<part>.model_name`, a hub repo id) in the hub cache, {part: file sets, any one
+    # complete set will do}: a part read from a subfolder or a single file of a repository (`util/hub.is_cached`).
+    part_hub_file_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+    # Where to download a part's model by hand when no diffusers repository holds it, {part: URL of the file}: the
+    # answer to a preset's placeholder in `<part>.model_name` (one of OneTrainer's presets ships one).
+    part_downloads: dict[str, str] = field(default_factory=dict)
+    # Labels of parts whose name does not spell it (default: `default_part_label`).
+    part_labels: dict[str, str] = field(default_factory=dict)
+    # What single parts can do beyond the common part settings, {part: capabilities} (`OWN_MODEL`, …).
+    part_capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
+    # OneTrainer's configs before its `loss_weight_fn` setting trained this family with this loss weighting (the
+    # LossWeight member's name and its strength): migration v2 writes it into such a config.
+    implied_loss_weight: tuple[str, float] | None = None
+    # Output files of this family that a tool other than ours does not read as trained (`FileCaveat`).
+    file_caveats: tuple[FileCaveat, ...] = ()
+    # Output formats OneTrainer writes for this family that are not built here yet, by method: a config asking for one
+    # loads, and validation says it is not built yet and what to choose instead.
+    formats_to_come: dict[TrainingMethod, tuple[ModelFormat, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        roles = list(self.part_roles.values())
+        if not roles or roles[0] is not PartRole.DENOISER:
+            raise ValueError(f"family {self.key}: the first part must be the DENOISER, got {self.part_roles}")
+        if unknown := set(self.part_labels) - set(self.part_roles):
+            raise ValueError(f"family {self.key}: labels of parts it does not have: {sorted(unknown)}")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The part names in declaration order (the first is the trained denoiser)."""
+        return tuple(self.part_roles)
+
+    def parts_with(self, *roles: PartRole) -> tuple[str, ...]:
+        """The parts of these roles, in declaration order (e.g. the text encoders)."""
+        return tuple(p for p, r in self.part_roles.items() if r in roles)
+
+    def part_label(self, part: str) -> str:
+        return self.part_labels.get(part) or default_part_label(part)
+
+    @property
+    def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:
+        """What shows the base model in the hub cache beside a model_index.json (`util/hub.is_cached`)."""
+        return (tuple(f"{part}/config.json" for part in self.hub_parts),) if self.hub_parts else ()
+
+    # What the family can do beyond the common settings (the capability names above): decides which settings apply.
+    capabilities: frozenset[str] = frozenset()
+    # Whether it learns from reference images beside each training image (`<stem>-reference[-N].<ext>`, an edit
+    # model's inputs): an image without one is skipped and named; other families ignore reference images.
+    reference_images: bool = False
+    # The config reference's note on this family (`docs/config.md`, Family notes): its own settings and why.
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class ModelTypeInfo:
+    model_type: ModelType
+    label: str
+    family: FamilyInfo
+    resolution: int
+    v_prediction: bool
+    inpainting: bool
+    sample: SampleDefaults
+
+
+# The training methods of a family that offers them all.
+ALL_METHODS = (TrainingMethod.FINE_TUNE, TrainingMethod.LORA, TrainingMethod.EMBEDDING)

@@ -1,0 +1,48 @@
+"""Stable Diffusion 1.5 / 2.x: the UNet with one CLIP text encoder.
+
+The declaration of `sd.py`'s families (torch-free: the config and the GUI read it through
+`config/model_types.py`): their model types, parts, formats, capabilities, layer presets, notes and sample defaults.
+"""
+
+from __future__ import annotations
+
+from onetrainer.config.enums import ModelType, NoiseScheduler
+from onetrainer.config.family_info import (
+    ALL_METHODS,
+    OWN_MODEL,
+    FamilyInfo,
+    ModelTypeInfo,
+    PartRole,
+    SampleDefaults,
+)
+from onetrainer.families.sd_common_info import SD_CAPABILITIES, SD_LIKE_FORMATS, UNET_LAYER_PRESETS
+
+SD = FamilyInfo(
+    key="sd",
+    label="Stable Diffusion 1.5 / 2.x",
+    part_roles={"unet": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    bucket_step=8,
+    methods=ALL_METHODS,
+    output_formats=SD_LIKE_FORMATS,
+    layer_presets=UNET_LAYER_PRESETS,
+    capabilities=SD_CAPABILITIES,
+    part_capabilities={"vae": frozenset({OWN_MODEL})},
+)
+
+
+_SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
+_SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
+_SD2_BASE_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.DDIM)
+
+# The model types this module declares, in the order the model-type menu lists them.
+MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_15, "SD 1.5", SD, 512, False, False, _SD1_SAMPLE),
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_15_INPAINTING, "SD 1.5 Inpainting", SD, 512, False, True, _SD1_SAMPLE),
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_20_BASE, "SD 2.0 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_20, "SD 2.0 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_20_INPAINTING, "SD 2.0 Inpainting", SD, 512, False, True, _SD2_BASE_SAMPLE
+    ),
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_21_BASE, "SD 2.1 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
+    ModelTypeInfo(ModelType.STABLE_DIFFUSION_21, "SD 2.1 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
+)
