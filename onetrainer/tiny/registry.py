@@ -6,7 +6,8 @@ torch, diffusers and transformers inside its functions), so that listing the var
 - `VARIANTS`: its `TinyVariant`s, in the order they are listed, and `build_pipeline(variant, seed)`, which builds one
   (the same seed, the same weights);
 - `LISTING_ORDER` (optional): where its variants stand among the built-in ones in the listings (the `tiny:` names a
-  user is offered); without one they follow those, in the family registry's order;
+  user is offered): the order the tiny models were added in, which the listings kept before the families brought their
+  own and which the family registry's order is not; without one they follow those, in the family registry's order;
 - `DENOISER_INPUTS` (optional): {denoiser class name: `inputs(model, randn)`}, the made-up batch of the tiny step
   (`denoiser_step.py`);
 - `MODEL_INDEX_ENTRIES`, `store_extras(pipeline, folder, variant)`, `save_pipeline(pipeline, folder)` (optional):
