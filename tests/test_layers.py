@@ -159,3 +159,64 @@ def test_the_layer_test_sees_a_loop_and_an_upward_import(tmp_path):
     assert _imports("onetrainer.config.x", known["onetrainer.config.x"], known) == {"onetrainer.training.y"}
     assert _imports("onetrainer.training.y", known["onetrainer.training.y"], known) == set()
     assert _layer("onetrainer.training.y") > _layer("onetrainer.config.x")
+
+
+# The tiny package's shared files name fewer than three families: each family's tiny models, the inputs of its tiny
+# step, its storage hooks and its configs' width fields live in its own tiny module (`onetrainer/tiny/registry.py`).
+# A file is a family's own when it is named for a family module or key (`families/registry.py`), or begins with one
+# (`qwen_tokenizer.py`). One pattern per family, matched without regard to case.
+TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
+    family: re.compile(pattern, re.IGNORECASE)
+    for family, pattern in {
+        "sd": r"(?<![a-z0-9])sd[12]\d*|stable[ _-]?diffusion(?![ _-]?(?:xl|3))",
+        "sdxl": r"sdxl|stable[ _-]?diffusion[ _-]?xl",
+        "pixart": r"pixart",
+        "sd3": r"(?<![a-z0-9])sd3|stable[ _-]?diffusion[ _-]?3",
+        "flux": r"flux",
+        "chroma": r"chroma",
+        "qwen": r"qwen",
+        "zimage": r"z[ _-]?image",
+        "wuerstchen": r"w(?:ue|ü)rstchen",
+        "cascade": r"cascade",
+    }.items()
+}
+MOST_FAMILIES_IN_A_SHARED_TINY_FILE = 2
+
+
+def _family_file_stems() -> set[str]:
+    from onetrainer.families.registry import BUILT_IN_FAMILIES
+
+    return set(BUILT_IN_FAMILIES) | {
+        target.partition(":")[0].rpartition(".")[2] for target in BUILT_IN_FAMILIES.values()
+    }
+
+
+def _crowded_shared_files(folder: Path, family_stems: set[str]) -> list[str]:
+    """The files of `folder` that belong to no one family and name more families than a shared file may."""
+    crowded = []
+    for path in sorted(folder.rglob("*.py")):
+        if any(path.stem == stem or path.stem.startswith(f"{stem}_") for stem in family_stems):
+            continue
+        text = path.read_text(encoding="utf-8")
+        named = sorted(family for family, words in TINY_FAMILY_WORDS.items() if words.search(text))
+        if len(named) > MOST_FAMILIES_IN_A_SHARED_TINY_FILE:
+            crowded.append(f"{path.relative_to(folder).as_posix()}: {', '.join(named)}")
+    return crowded
+
+
+def test_no_shared_tiny_file_names_three_families():
+    crowded = _crowded_shared_files(PACKAGE / "tiny", _family_file_stems())
+    assert not crowded, "move each family's part into its tiny module (tiny/registry.py):\n" + "\n".join(crowded)
+
+
+def test_the_tiny_family_test_sees_a_switchboard(tmp_path):
+    """The check above must be able to fail: a planted shared file naming three families is found, the same text in a
+    family's own file or naming two families is not."""
+    switchboard = "KINDS = ('StableDiffusionPipeline', 'FluxPipeline', 'PixArtAlphaPipeline')\n"
+    (tmp_path / "switchboard.py").write_text(switchboard)
+    (tmp_path / "flux.py").write_text(switchboard)
+    (tmp_path / "flux_helpers.py").write_text(switchboard)
+    (tmp_path / "pair.py").write_text("# Würstchen's and Stable Cascade's stage C\n")
+    stems = _family_file_stems()
+    assert _crowded_shared_files(tmp_path, stems) == ["switchboard.py: flux, pixart, sd"]
+    assert {"sd", "sdxl", "flux", "chroma", "qwen", "cascade", "wuerstchen"} <= stems

@@ -1,6 +1,6 @@
 """Tiny versions of the parts the pipelines share: UNets, VAEs, CLIP text encoders and tokenizers, schedulers.
 
-Each tiny config is its real reference config with width fields replaced (`reference.TINY_WIDTH_FIELDS`).
+Each tiny config is its real reference config with width fields replaced (`reference.width_fields`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ HEAD_WIDTH = 8
 # for code that tells encoders apart by width.
 TEXT_WIDTHS = {768: 32, 1024: 48, 1280: 64}
 TEXT_HEADS = 4
-T5_WIDTH = 32  # the tiny T5 encoders' width (PixArt's, Flux's second, Chroma's)
+T5_WIDTH = 32  # the tiny T5 encoders' width, where the family asks for no other
 
 
 @contextlib.contextmanager
@@ -49,17 +49,17 @@ def tiny_config(kind: str, real: Config, depth: Config | None = None, **widths: 
     """`real` with some width fields replaced (and, for the block counts of `depth`, fewer repeated blocks); refuses
     anything else that would change the topology.
 
-    A nested config (`reference.NESTED_CONFIGS`: Qwen2.5-VL's `vision_config`) is given as a dict of its own widths
+    A nested config (a tiny module's `NESTED_CONFIGS`) is given as a dict of its own widths
     (and depths), checked against its own kind's fields and merged into the real one."""
     depth = depth or {}
-    extra = set(widths) - reference.TINY_WIDTH_FIELDS[kind]
+    extra = set(widths) - reference.width_fields(kind)
     if extra:
         raise ValueError(f"not a width field of a {kind}: {sorted(extra)}")
-    deeper = set(depth) - reference.TINY_DEPTH_FIELDS.get(kind, frozenset())
+    deeper = set(depth) - reference.depth_fields(kind)
     if deeper:
         raise ValueError(f"not a block count of a {kind}: {sorted(deeper)}")
     config = {**real, **widths, **depth}
-    for key in reference.NESTED_CONFIGS & (set(widths) | set(depth)):
+    for key in reference.nested_configs() & (set(widths) | set(depth)):
         config[key] = tiny_config(key, real[key], depth.get(key), **widths.get(key, {}))
     return config
 
@@ -172,3 +172,24 @@ def build_scheduler(config: Config) -> Any:
     """A diffusers scheduler from a config dict naming its class in `_class_name`, like scheduler_config.json."""
     scheduler_class = library_attribute("diffusers", config["_class_name"])
     return scheduler_class.from_config(init_kwargs(config))
+
+
+def unet_inputs(model: UNet2DConditionModel, randn: Any) -> dict[str, Any]:
+    """A conditioned UNet's batch of two (`denoiser_step.py`): latents at its sample size, 77 text tokens, and with
+    `text_time` added embeddings, a pooled text embedding and the six size numbers."""
+    from onetrainer.tiny.denoiser_step import TIMESTEPS
+
+    config = model.config
+    size = config.sample_size
+    inputs = {
+        "sample": randn(2, config.in_channels, size, size),
+        "timestep": torch.tensor(TIMESTEPS),
+        "encoder_hidden_states": randn(2, 77, config.cross_attention_dim),
+    }
+    if config.addition_embed_type == "text_time":
+        pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+        inputs["added_cond_kwargs"] = {
+            "text_embeds": randn(2, pooled),
+            "time_ids": torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]] * 2),
+        }
+    return inputs

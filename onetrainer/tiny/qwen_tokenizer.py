@@ -284,3 +284,14 @@ def build_qwen_tokenizer(flavour: QwenFlavour = QWEN3) -> PreTrainedTokenizerBas
     # The files are gone; nothing should try to copy them from here later.
     tokenizer.name_or_path = ""
     return tokenizer
+
+
+def rewrite_qwen_tokenizer(folder: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Replace what `save_pretrained` wrote for `tokenizer` with the hub's layout.
+
+    transformers 5 saves tokenizer.json and the chat template beside tokenizer_config.json (chat_template.jinja); hub
+    Qwen folders hold vocab.json + merges.txt too and keep the template inside tokenizer_config.json."""
+    import shutil
+
+    shutil.rmtree(folder)
+    write_qwen_tokenizer_files(folder, flavour_of(tokenizer))

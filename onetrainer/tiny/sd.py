@@ -2,19 +2,106 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from diffusers import StableDiffusionPipeline
-
-from onetrainer.tiny import components
-from onetrainer.util.threads import library_attribute
+from onetrainer.config.enums import ModelType
+from onetrainer.tiny import reference as ref
+from onetrainer.tiny.variant import TinyVariant
 
 if TYPE_CHECKING:
-    from onetrainer.tiny.registry import TinyVariant
+    from diffusers import StableDiffusionPipeline
+
+    from onetrainer.tiny.reference import Config
+
+LISTING_ORDER = 1
+
+
+def _sd1(unet: Config, scheduler: Config) -> dict[str, Config]:
+    return {
+        "unet": unet,
+        "vae": ref.SD_VAE,
+        "text_encoder": ref.CLIP_L_TEXT,
+        "tokenizer": ref.CLIP_TOKENIZER,
+        "scheduler": scheduler,
+    }
+
+
+def _sd2(unet: Config, scheduler: Config) -> dict[str, Config]:
+    return {
+        "unet": unet,
+        "vae": ref.SD_VAE,
+        "text_encoder": ref.OPEN_CLIP_H_TEXT,
+        "tokenizer": ref.OPEN_CLIP_TOKENIZER,
+        "scheduler": scheduler,
+    }
+
+
+VARIANTS = (
+    TinyVariant(
+        name="sd15",
+        model_type=ModelType.STABLE_DIFFUSION_15,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 1.5: CLIP-L text encoder (12 layers), PNDM, epsilon prediction",
+        module=__name__,
+        references=_sd1(ref.SD15_UNET, ref.PNDM_EPSILON),
+    ),
+    TinyVariant(
+        name="sd15-inpainting",
+        model_type=ModelType.STABLE_DIFFUSION_15_INPAINTING,
+        pipeline_class="StableDiffusionInpaintPipeline",
+        description="Stable Diffusion 1.5 inpainting: sd15 with a 9-channel UNet input (latent, masked latent, mask)",
+        module=__name__,
+        references=_sd1(ref.SD15_INPAINTING_UNET, ref.DDIM_EPSILON),
+    ),
+    TinyVariant(
+        name="sd20-base",
+        model_type=ModelType.STABLE_DIFFUSION_20_BASE,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.0 base (512 px): OpenCLIP-H text encoder (23 layers), linear projections, "
+        "per-block head counts, epsilon prediction",
+        module=__name__,
+        references=_sd2(ref.SD2_BASE_UNET, ref.PNDM_EPSILON),
+    ),
+    TinyVariant(
+        name="sd20",
+        model_type=ModelType.STABLE_DIFFUSION_20,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.0 (768 px): the SD 2 topology with v-prediction",
+        module=__name__,
+        references=_sd2(ref.SD2_768_UNET, ref.DDIM_V_PREDICTION),
+    ),
+    TinyVariant(
+        name="sd20-inpainting",
+        model_type=ModelType.STABLE_DIFFUSION_20_INPAINTING,
+        pipeline_class="StableDiffusionInpaintPipeline",
+        description="Stable Diffusion 2.0 inpainting: sd20-base with a 9-channel UNet input",
+        module=__name__,
+        references=_sd2(ref.SD2_INPAINTING_UNET, ref.PNDM_EPSILON),
+    ),
+    TinyVariant(
+        name="sd21-base",
+        model_type=ModelType.STABLE_DIFFUSION_21_BASE,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.1 base (512 px): the SD 2 topology, epsilon prediction",
+        module=__name__,
+        references=_sd2(ref.SD2_BASE_UNET, ref.PNDM_EPSILON),
+    ),
+    TinyVariant(
+        name="sd21",
+        model_type=ModelType.STABLE_DIFFUSION_21,
+        pipeline_class="StableDiffusionPipeline",
+        description="Stable Diffusion 2.1 (768 px): the SD 2 topology, v-prediction, attention upcast to fp32",
+        module=__name__,
+        references=_sd2(ref.SD21_768_UNET, ref.DDIM_V_PREDICTION),
+    ),
+)
 
 
 def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionPipeline:
     """The pipeline for `variant`, whose references name the real unet, vae, text_encoder, tokenizer, scheduler."""
+    from onetrainer.tiny import components
+    from onetrainer.util.threads import library_attribute
+
     refs = variant.references
     tokenizer, text_encoder = components.build_clip_text(refs, seed)
     vae_config = components.tiny_vae_config(refs["vae"], variant.resolution)
@@ -35,3 +122,12 @@ def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionPipeline:
         feature_extractor=None,
         requires_safety_checker=False,
     )
+
+
+def unet_inputs(model: Any, randn: Any) -> dict[str, Any]:
+    from onetrainer.tiny.components import unet_inputs
+
+    return unet_inputs(model, randn)
+
+
+DENOISER_INPUTS = {"UNet2DConditionModel": unet_inputs}

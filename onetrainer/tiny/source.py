@@ -1,6 +1,6 @@
 """`tiny:` names as a model source: resolved to local folders and files once, before any family loads a config.
 
-A user may name a tiny model (`tiny:sd15`, `tiny:cascade`, …) as the base model, or the demo images (`tiny:images`)
+A user may name a tiny model (`tiny:<variant>`) as the base model, or the demo images (`tiny:images`)
 as a concept folder, to try the trainer offline. The families, the config and the training package know nothing of
 these names: importing this module (or `onetrainer.tiny`) registers `TinySource` for the `tiny:` prefix with the
 families' source registry (`onetrainer/families/sources.py`), and the run (`training/runner.py`), `sample.py` and the
@@ -41,7 +41,7 @@ def unknown_tiny_reason(name: str) -> str:
 
 
 def _build(name: str) -> Path:
-    """The local folder of a `tiny:` name (models: `tiny:sd15`; the demo images: `tiny:images`), built once.
+    """The local folder of a `tiny:` name (models: `tiny:<variant>`; the demo images: `tiny:images`), built once.
 
     Raises ModelNotFound for an unknown one."""
     reason = unknown_tiny_reason(name)
@@ -57,24 +57,21 @@ def _build(name: str) -> Path:
     return tiny_model_dir(what)
 
 
-# The parts a tiny base model brings itself beside its folder: Würstchen's and Cascade's prior comes with its decoder
-# (`tiny:cascade` → the cascade-decoder folder) and a tiny EfficientNet encoder file. A real model's part does not fit
-# a tiny prior (other widths).
-_OWN_PARTS: dict[str, tuple[str, ...]] = {
-    "wuerstchen": ("decoder", "effnet_encoder"),
-    "cascade": ("decoder", "effnet_encoder"),
-}
+def _own_parts(name: str) -> tuple[str, ...]:
+    """The parts the tiny base `name` (a known `tiny:` model name) brings itself beside its folder
+    (`TinyVariant.own_parts`): a real model's part would not fit its widths."""
+    from onetrainer.tiny.registry import TINY_VARIANTS
+
+    variant = TINY_VARIANTS.get(name[len(TINY_PREFIX) :])
+    return variant.own_parts if variant is not None else ()
 
 
-def _build_own_part(variant: str, part: str) -> Path:
-    """Build (once, into the cache) the part `part` of the tiny base `variant` (see `_OWN_PARTS`); its local path."""
-    if part == "decoder":
-        from onetrainer.tiny.storage import tiny_model_dir
+def _build_own_part(name: str, part: str) -> Path:
+    """Build (once, into the cache) the part `part` of the tiny base `name`; its local path."""
+    from onetrainer.tiny.registry import TINY_VARIANTS
 
-        return tiny_model_dir(f"{variant}-decoder")
-    from onetrainer.tiny.effnet import tiny_effnet_file  # imports torch: only when the file is built or found
-
-    return tiny_effnet_file(wuerstchen=variant == "wuerstchen")
+    variant = TINY_VARIANTS[name[len(TINY_PREFIX) :]]
+    return variant.tiny_module().build_own_part(variant, part)
 
 
 def tiny_base_overrides(config: TrainConfig) -> dict[str, str]:
@@ -85,7 +82,7 @@ def tiny_base_overrides(config: TrainConfig) -> dict[str, str]:
     if not is_tiny_name(base) or unknown_tiny_reason(base):
         return {}
     ignored = {}
-    for part in _OWN_PARTS.get(base[len(TINY_PREFIX) :], ()):
+    for part in _own_parts(base):
         name = (config.part(part).model_name or "").strip()
         if name and not is_tiny_name(name) and is_hub_id(name) and not Path(name).expanduser().exists():
             ignored[f"{part}.model_name"] = name
@@ -101,8 +98,8 @@ def tiny_base_notice(base: str, ignored: dict[str, str]) -> str:
 
 def resolve_tiny_sources(config: TrainConfig) -> str:
     """Replace every `tiny:` name in `config` (in place: pass the run's copy) with the local path of what it builds:
-    the base model, a part's model, a concept folder; fill the parts a tiny base brings itself (its decoder and
-    EfficientNet encoder) where the config names none, and clear the hub overrides of them it does without.
+    the base model, a part's model, a concept folder; fill the parts a tiny base brings itself (`own_parts`) where
+    the config names none, and clear the hub overrides of them it does without.
 
     Returns the notice about those overrides ("" when there were none). Raises ModelNotFound for an unknown `tiny:`
     name (the run checks report it first)."""
@@ -114,10 +111,9 @@ def resolve_tiny_sources(config: TrainConfig) -> str:
             config.part(path.split(".")[0]).model_name = ""
         notice = tiny_base_notice(base, ignored) if ignored else ""
         config.base_model_name = str(_build(base))
-        variant = base[len(TINY_PREFIX) :]
-        for part in _OWN_PARTS.get(variant, ()):
+        for part in _own_parts(base):
             if not config.part(part).model_name.strip():
-                config.part(part).model_name = str(_build_own_part(variant, part))
+                config.part(part).model_name = str(_build_own_part(base, part))
     from onetrainer.config.model_types import all_parts
 
     for part in all_parts():

@@ -25,17 +25,9 @@ MARKER_FILE = "tiny_model.json"
 # The same lock as every model import and load (`util/threads`), so a build never imports beside the estimate's worker.
 TINY_BUILD_LOCK = MODEL_LIBRARY_LOCK
 _TOKENIZER_COMPONENTS = ("tokenizer", "tokenizer_2")
-# model_index.json entries as the real hub folders have them. Würstchen's models were saved from the (since
-# deprecated) `diffusers.pipelines.wuerstchen` module, which model_index.json names by its short name; Stable
-# Cascade's decoder reuses Würstchen's VQGAN. transformers without torchvision substitutes a PIL image processor, and
-# Qwen-Image-Edit's processor is built without its video half (`onetrainer/tiny/qwen.py`).
-_MODEL_INDEX_ENTRIES = {
-    "WuerstchenPrior": ["wuerstchen", "WuerstchenPrior"],
-    "WuerstchenDiffNeXt": ["wuerstchen", "WuerstchenDiffNeXt"],
-    "PaellaVQModel": ["wuerstchen", "PaellaVQModel"],
-    "CLIPImageProcessorPil": ["transformers", "CLIPImageProcessor"],
-    "ImageOnlyQwen2VLProcessor": ["transformers", "Qwen2VLProcessor"],
-}
+# model_index.json entries as the real hub folders have them, where diffusers writes others: transformers without
+# torchvision substitutes a PIL image processor. A tiny module adds its own (`MODEL_INDEX_ENTRIES`).
+_MODEL_INDEX_ENTRIES = {"CLIPImageProcessorPil": ["transformers", "CLIPImageProcessor"]}
 
 
 def get_variant(variant: str) -> TinyVariant:
@@ -54,24 +46,25 @@ def write_pipeline(pipeline: DiffusionPipeline, folder: Path, variant: TinyVaria
     """Save `pipeline` into the existing, empty `folder` in the layout users' diffusers models have."""
     from onetrainer.util.quiet import no_progress_bars
 
-    with no_progress_bars():
-        pipeline.save_pretrained(folder, safe_serialization=True)
-    _use_real_model_index_entries(folder / "model_index.json")
-    for name in ("text_encoder", "text_encoder_2"):
-        if type(getattr(pipeline, name, None)).__name__ == "CLIPTextModel":
-            _prefix_clip_text_keys(folder / name)
-        elif type(getattr(pipeline, name, None)).__name__ == "Qwen3Model":
-            _store_as_qwen3_causal_lm(folder / name)
-    for name in _TOKENIZER_COMPONENTS:
-        tokenizer = getattr(pipeline, name, None)
-        if tokenizer is not None and type(tokenizer).__name__ == "CLIPTokenizer":
-            _rewrite_clip_tokenizer(folder / name, tokenizer.pad_token)
-        elif tokenizer is not None and type(tokenizer).__name__ == "Qwen2Tokenizer":
-            _rewrite_qwen_tokenizer(folder / name, tokenizer)
-    if type(getattr(pipeline, "processor", None)).__name__ == "ImageOnlyQwen2VLProcessor":
-        from onetrainer.tiny.qwen import rewrite_processor_folder
-
-        rewrite_processor_folder(folder / "processor", variant.references["processor"])
+    module = variant.tiny_module()
+    save = getattr(module, "save_pipeline", None)
+    if save is not None:  # not a diffusers pipeline: the module writes its own layout
+        save(pipeline, folder)
+    else:
+        with no_progress_bars():
+            pipeline.save_pretrained(folder, safe_serialization=True)
+        entries = {**_MODEL_INDEX_ENTRIES, **getattr(module, "MODEL_INDEX_ENTRIES", {})}
+        _use_real_model_index_entries(folder / "model_index.json", entries)
+        for name in ("text_encoder", "text_encoder_2"):
+            if type(getattr(pipeline, name, None)).__name__ == "CLIPTextModel":
+                _prefix_clip_text_keys(folder / name)
+        for name in _TOKENIZER_COMPONENTS:
+            tokenizer = getattr(pipeline, name, None)
+            if tokenizer is not None and type(tokenizer).__name__ == "CLIPTokenizer":
+                _rewrite_clip_tokenizer(folder / name, tokenizer.pad_token)
+    store_extras = getattr(module, "store_extras", None)
+    if store_extras is not None:  # what the family's folders hold beyond what the pipeline saves
+        store_extras(pipeline, folder, variant)
     marker = {
         "variant": variant.name,
         "model_type": variant.model_type.name,
@@ -81,11 +74,11 @@ def write_pipeline(pipeline: DiffusionPipeline, folder: Path, variant: TinyVaria
     (folder / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
-def _use_real_model_index_entries(path: Path) -> None:
+def _use_real_model_index_entries(path: Path, entries: dict[str, list[str]]) -> None:
     index = json.loads(path.read_text(encoding="utf-8"))
     for name, entry in index.items():
-        if isinstance(entry, list) and len(entry) == 2 and entry[1] in _MODEL_INDEX_ENTRIES:
-            index[name] = _MODEL_INDEX_ENTRIES[entry[1]]
+        if isinstance(entry, list) and len(entry) == 2 and entry[1] in entries:
+            index[name] = entries[entry[1]]
     path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -99,32 +92,6 @@ def _prefix_clip_text_keys(folder: Path) -> None:
         tensors = load_file(path)
         renamed = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in tensors.items()}
         save_file(renamed, path, metadata={"format": "pt"})
-
-
-def _store_as_qwen3_causal_lm(folder: Path) -> None:
-    # Z-Image's text encoder on the hub is a Qwen3ForCausalLM checkpoint: its config names that class and its files
-    # hold the weights under `model.` (the LM head is the tied embedding, not stored). Diffusers loads it as the bare
-    # Qwen3Model (model_index.json), and transformers strips the prefix on load, for either class. Store what users'
-    # folders hold.
-    from safetensors.torch import load_file, save_file
-
-    for path in folder.glob("*.safetensors"):
-        tensors = load_file(path)
-        renamed = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
-        save_file(renamed, path, metadata={"format": "pt"})
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["architectures"] = ["Qwen3ForCausalLM"]
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def _rewrite_qwen_tokenizer(folder: Path, tokenizer) -> None:
-    # transformers 5 saves tokenizer.json and the chat template beside tokenizer_config.json (chat_template.jinja);
-    # hub Qwen folders hold vocab.json + merges.txt too and keep the template inside tokenizer_config.json.
-    from onetrainer.tiny.qwen_tokenizer import flavour_of, write_qwen_tokenizer_files
-
-    shutil.rmtree(folder)
-    write_qwen_tokenizer_files(folder, flavour_of(tokenizer))
 
 
 def _rewrite_clip_tokenizer(folder: Path, pad_token: str) -> None:

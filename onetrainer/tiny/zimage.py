@@ -3,13 +3,15 @@ hidden states of a Qwen3 text encoder, which reads prompts through Qwen3's chat 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from pathlib import Path
+from typing import Any
 
-from onetrainer.tiny import components
-from onetrainer.util.threads import library_attribute
+from onetrainer.config.enums import ModelType
+from onetrainer.tiny import reference as ref
+from onetrainer.tiny.variant import TinyVariant
 
-if TYPE_CHECKING:
-    from onetrainer.tiny.registry import TinyVariant
+LISTING_ORDER = 6
 
 # 2 heads of 16: the rotary embedding splits each head's width over its three position axes (text position or frame,
 # row, column), each an even number, as the real 32/48/48 split 128.
@@ -25,10 +27,48 @@ TEXT_KV_HEADS = 2
 TEXT_HEAD_WIDTH = 8
 TEXT_MLP_WIDTH = 128
 
+# The transformer's width, its heads (the rotary axes split each head's width) and the text encoder's width; Qwen3's
+# grouped key/value heads and the heads' own width (wider than the model in Qwen3-4B).
+WIDTH_FIELDS = {
+    "transformer": frozenset({"dim", "n_heads", "n_kv_heads", "axes_dims", "cap_feat_dim"}),
+    "text_encoder": frozenset({"num_key_value_heads", "head_dim"}),
+}
+# The main blocks are `n_layers` (its 2 + 2 refiner blocks stay); its Qwen3 text encoder repeats one decoder layer 36
+# times.
+DEPTH_FIELDS = {"transformer": frozenset({"n_layers"}), "text_encoder": frozenset({"num_hidden_layers"})}
+
+# Z-Image's 30 main blocks as 2 (its 2 + 2 refiner blocks stay); Qwen3-4B's 36 decoder layers as 3: the pipeline
+# reads the penultimate layer's output, so two layers feed the transformer and the last one's output goes unused, as in
+# the real model.
+Z_IMAGE_DEPTH = {"transformer": {"n_layers": 2}, "text_encoder": {"num_hidden_layers": 3}}
+
+VARIANTS = (
+    TinyVariant(
+        name="z-image",
+        model_type=ModelType.Z_IMAGE,
+        pipeline_class="ZImagePipeline",
+        description="Z-Image (Tongyi-MAI/Z-Image): single-stream DiT blocks (2 of the real 30, after 2 + 2 refiner "
+        "blocks for the image and the text) with 3D rotary positions, Qwen3-4B text encoder (3 of 36 layers, its "
+        "penultimate hidden states, prompts in Qwen3's chat template), 16-channel Flux VAE, flow-matching Euler at "
+        "shift 6",
+        module=__name__,
+        references={
+            "transformer": ref.Z_IMAGE_TRANSFORMER,
+            "vae": ref.Z_IMAGE_VAE,
+            "text_encoder": ref.QWEN3_4B_TEXT,
+            "tokenizer": ref.QWEN3_TOKENIZER,
+            "scheduler": ref.Z_IMAGE_SCHEDULER,
+        },
+        depths=Z_IMAGE_DEPTH,
+    ),
+)
+
 
 def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
     """Qwen3 at the tiny width, with the tokenizer's vocabulary and its own start / end token ids (the real config's
     151643 / 151645 are the same tokens' ids in the full vocabulary)."""
+    from onetrainer.tiny import components
+
     return components.tiny_config(
         "text_encoder",
         variant.references["text_encoder"],
@@ -46,6 +86,8 @@ def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> dict[str, 
 
 def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, Any]:
     """The transformer at the tiny width; `cap_feat_dim` is the text encoder's width, as 2560 is Qwen3-4B's."""
+    from onetrainer.tiny import components
+
     return components.tiny_config(
         "transformer",
         variant.references["transformer"],
@@ -61,7 +103,9 @@ def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, 
 def build_pipeline(variant: TinyVariant, seed: int) -> Any:
     """The pipeline for `variant`: the transformer, the Qwen3 text_encoder and its tokenizer, the VAE, the
     scheduler."""
+    from onetrainer.tiny import components
     from onetrainer.tiny.qwen_tokenizer import build_qwen_tokenizer
+    from onetrainer.util.threads import library_attribute
 
     refs = variant.references
     tokenizer = build_qwen_tokenizer()
@@ -74,3 +118,44 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
         text_encoder=text_encoder,
         tokenizer=tokenizer,
     )
+
+
+def transformer_inputs(model: Any, randn: Any) -> dict[str, Any]:
+    """Lists, one entry per sample: 8x8 latents (64 px) as one frame, and captions of their own lengths. The model
+    pads each part to a multiple of 32 tokens with its learned pad tokens (40 -> 64, 7 -> 32) and masks the shorter
+    sequence. The time runs from 0 (noise) to 1 (image)."""
+    import torch
+
+    from onetrainer.tiny.denoiser_step import TIME_FRACTIONS
+
+    config = model.config
+    return {
+        "x": [randn(config.in_channels, 1, 8, 8) for _ in range(2)],
+        "t": torch.tensor(TIME_FRACTIONS),
+        "cap_feats": [randn(40, config.cap_feat_dim), randn(7, config.cap_feat_dim)],
+    }
+
+
+DENOISER_INPUTS = {"ZImageTransformer2DModel": transformer_inputs}
+
+
+def store_extras(pipeline: Any, folder: Path, variant: TinyVariant) -> None:
+    """The text encoder and tokenizer as users' folders hold them.
+
+    Z-Image's text encoder on the hub is a Qwen3ForCausalLM checkpoint: its config names that class and its files
+    hold the weights under `model.` (the LM head is the tied embedding, not stored). Diffusers loads it as the bare
+    Qwen3Model (model_index.json), and transformers strips the prefix on load, for either class."""
+    from safetensors.torch import load_file, save_file
+
+    from onetrainer.tiny.qwen_tokenizer import rewrite_qwen_tokenizer
+
+    encoder = folder / "text_encoder"
+    for path in encoder.glob("*.safetensors"):
+        tensors = load_file(path)
+        renamed = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
+        save_file(renamed, path, metadata={"format": "pt"})
+    config_path = encoder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    rewrite_qwen_tokenizer(folder / "tokenizer", pipeline.tokenizer)

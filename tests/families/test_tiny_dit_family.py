@@ -18,10 +18,11 @@ from onetrainer.config.model_types import MODEL_TYPES
 from onetrainer.config.schema import errors, set_path, walk
 from onetrainer.config.validation import context_of
 from onetrainer.sampling.sampler import render
+from onetrainer.tiny import TINY_VARIANTS
 from onetrainer.training.events import SampleReady
-from tests.families import tiny_dit_family
+from tests.families import tiny_dit_family, tiny_dit_tiny
 from tests.families.tiny_dit_family import BASE_MODEL, DIT, MODEL_TYPE, PATCH_AUTOENCODER, TinyDiTFamily
-from tests.helpers import image_folder, run_config, tiny_config
+from tests.helpers import image_folder, local_config, run_config, tiny_config
 
 SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "height": 64, "diffusion_steps": 2}
 
@@ -29,10 +30,12 @@ SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "he
 @pytest.fixture(autouse=True)
 def registered():
     assert MODEL_TYPE not in MODEL_TYPES  # the proof: no shared module declares this model type
-    undo = tiny_dit_family.register()
+    assert tiny_dit_tiny.NAME not in TINY_VARIANTS  # nor its tiny model
+    undos = [tiny_dit_family.register(), tiny_dit_tiny.register()]
     yield
-    undo()
-    assert MODEL_TYPE not in MODEL_TYPES
+    for undo in reversed(undos):
+        undo()
+    assert MODEL_TYPE not in MODEL_TYPES and tiny_dit_tiny.NAME not in TINY_VARIANTS
 
 
 def train(root, method: str, **overrides) -> tuple[dict, list]:
@@ -75,7 +78,7 @@ def test_fine_tune_caches_masked_text_and_drops_captions_by_zeros(tmp_path):
     assert cached and all(set(entry) == {"hidden_states", "attention_mask"} for entry in cached)
     config, _ = config_from_dict({**data, "base_model_name": data["output_model_destination"]})
     family = TinyDiTFamily()
-    trained, base = family.load(config), family.load(config_from_dict({**data})[0])
+    trained, base = family.load(config), family.load(local_config(config_from_dict({**data})[0]))
     weight = "blocks.0.attn1.to_q.weight"
     assert not torch.equal(trained.part(DIT).state_dict()[weight], base.part(DIT).state_dict()[weight])
 
@@ -89,7 +92,7 @@ def test_embedding_on_t5(tmp_path):
 def test_sampling_is_the_familys_and_follows_the_seed():
     config, _ = config_from_dict({"model_type": MODEL_TYPE.value, "base_model_name": BASE_MODEL})
     family = TinyDiTFamily()
-    model = family.load(config)
+    model = family.load(local_config(config))
     sample = config_from_dict({"samples": [SAMPLE]})[0].samples[0]
     one, two = render(family, model, sample), render(family, model, sample)
     assert one.size == (64, 64) and (torch.tensor(list(one.getdata())) == torch.tensor(list(two.getdata()))).all()
@@ -112,7 +115,7 @@ def test_its_parts_settings_are_honoured(tmp_path):
         }
     )
     assert not errors(problems), problems
-    model = TinyDiTFamily().load(config)
+    model = TinyDiTFamily().load(local_config(config))
     dtypes = {name: next(model.part(name).parameters()).dtype for name in (DIT, PATCH_AUTOENCODER, "text_encoder")}
     assert dtypes == {DIT: torch.bfloat16, PATCH_AUTOENCODER: torch.float16, "text_encoder": torch.float32}
 
@@ -199,3 +202,22 @@ def test_its_declaration_and_class_agree_and_it_loads_what_it_declares(tmp_path)
     data = {"model_type": MODEL_TYPE.value, "base_model_name": BASE_MODEL, "training_method": "EMBEDDING"}
     family, model = loaded_model({**data, "output_model_format": "SAFETENSORS"})
     assert loaded_problems(family, model) == []
+
+
+def test_it_brings_its_own_tiny_model():
+    """`tiny:tiny-dit` is the family's own tiny module's, registered at test time: listed after the built-in ones, built
+    from the seed into a folder that the family loads, its denoiser's tiny step fed by the module's inputs."""
+    from onetrainer.families.sources import resolve_local
+    from onetrainer.tiny.denoiser_step import denoiser_inputs, prediction
+
+    assert list(TINY_VARIANTS)[-1] == tiny_dit_tiny.NAME
+    config, _ = config_from_dict({"model_type": MODEL_TYPE.value, "base_model_name": BASE_MODEL})
+    assert resolve_local(BASE_MODEL).is_dir()
+    model = TinyDiTFamily().load(local_config(config))
+    built = tiny_dit_family.build_parts(0)[0]
+    for name, module in built.items():
+        loaded = model.part(name).state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in module.state_dict().items()), name
+    dit = built[DIT].train()
+    prediction(dit(**denoiser_inputs(dit))).square().mean().backward()
+    assert all(p.grad is not None for p in dit.parameters())

@@ -44,9 +44,11 @@ from onetrainer.noise.cosine import ContinuousCosineSchedule
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights.metadata import ModelKind
 
-# Its weights are built from a seed, so the base model names no files: this module's folder, a local folder that passes
-# the run checks (a `tiny:` name is the tiny package's, resolved to its models before any family loads).
-BASE_MODEL = str(Path(__file__).resolve().parent)
+# Its tiny model (`tiny_dit_tiny.py`, registered at test time as a built-in family's is declared in `onetrainer/tiny/`):
+# a folder holding the parts' weights in one file, which `load` reads; a run resolves the name to it before the family
+# loads (`tests.helpers.local_config` does for a test that loads the family itself).
+BASE_MODEL = "tiny:tiny-dit"
+WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = ModelType.SANA  # a name from OneTrainer's list that no module of the trainer declares
 DIT, PATCH_AUTOENCODER = "dit", "patch_autoencoder"  # parts of its own: no TrainConfig field is named so
 TOKENS = 16
@@ -213,15 +215,16 @@ class TinyDiTFamily(Family):
     sampling_parts = frozenset(INFO.parts)
 
     def load(self, config) -> LoadedModel:
+        from safetensors.torch import load_file
+
         from onetrainer.families.loading import KeptParts
 
         built, tokenizer = build_parts()
-        if config.base_model_name != BASE_MODEL:  # a fine-tune this family wrote
-            from safetensors.torch import load_file
-
-            state = load_file(config.base_model_name)
-            for name, module in built.items():
-                module.load_state_dict({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
+        # The tiny model's folder, or a fine-tune this family wrote: one file of `<part>.<weight name>` tensors.
+        path = Path(config.base_model_name)
+        state = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
+        for name, module in built.items():
+            module.load_state_dict({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
         parts = KeptParts(config)  # each part in its configured form (cast, or quantized) as it is stored
         for name, module in built.items():
             module.requires_grad_(False)

@@ -19,10 +19,10 @@ from safetensors import safe_open
 
 from onetrainer.families.qwen_processor import load_processor
 from onetrainer.tiny import TINY_MODEL_VERSION, TINY_VARIANTS, build_tiny_pipeline, save_tiny_model
-from onetrainer.tiny.denoiser_step import PRIOR_LATENT
 from onetrainer.tiny.denoiser_step import denoiser as _denoiser
 from onetrainer.tiny.denoiser_step import denoiser_inputs as _denoiser_inputs
 from onetrainer.tiny.denoiser_step import prediction as _sample
+from onetrainer.tiny.wuerstchen import PRIOR_LATENT
 
 
 def _load(path: Path, pipeline_class: str) -> Any:

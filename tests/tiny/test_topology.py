@@ -13,6 +13,7 @@ from onetrainer.config.enums import ModelType
 from onetrainer.tiny import TINY_VARIANTS
 from onetrainer.tiny import reference as ref
 from onetrainer.tiny.components import tiny_config
+from onetrainer.tiny.reference import depth_fields, nested_configs, width_fields
 
 RealShapes = Callable[[str, str], dict[str, torch.Size]]
 PipelineOf = Callable[[str], Any]
@@ -65,9 +66,9 @@ def _as_in_the_hub_file(config: dict[str, Any], real: dict[str, Any]) -> dict[st
 
 
 def _assert_width_fields_only(kind: str, config: dict[str, Any], real: dict[str, Any], depth: dict[str, Any]) -> None:
-    assert set(depth) <= ref.TINY_DEPTH_FIELDS.get(kind, frozenset())
-    assert all(config[k] == v for k, v in depth.items() if k not in ref.NESTED_CONFIGS)
-    width_fields = ref.TINY_WIDTH_FIELDS[kind] | set(depth)
+    assert set(depth) <= depth_fields(kind)
+    assert all(config[k] == v for k, v in depth.items() if k not in nested_configs())
+    allowed = width_fields(kind) | set(depth)
     differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
     bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
     # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
@@ -76,8 +77,8 @@ def _assert_width_fields_only(kind: str, config: dict[str, Any], real: dict[str,
     )
     # transformers forgets the window size of a model that does not use its sliding window (Qwen2.5-VL).
     bookkeeping |= {"sliding_window"} if real.get("use_sliding_window") is False else set()
-    assert differing - bookkeeping <= width_fields
-    for key in ref.NESTED_CONFIGS & set(real):  # Qwen2.5-VL's vision tower: only its own width fields differ
+    assert differing - bookkeeping <= allowed
+    for key in nested_configs() & set(real):  # Qwen2.5-VL's vision tower: only its own width fields differ
         _assert_width_fields_only(key, config[key], real[key], depth.get(key, {}))
 
 
@@ -202,7 +203,7 @@ def test_variants_describe_themselves(tiny_pipeline: PipelineOf) -> None:
         assert variant.name == name
         assert isinstance(variant.model_type, ModelType)
         assert variant.description
-        assert variant.resolution == (128 if variant.family in ("wuerstchen", "cascade") else 64)
+        assert variant.resolution == (128 if variant.module.endswith((".wuerstchen", ".cascade")) else 64)
         assert type(tiny_pipeline(name)).__name__ == variant.pipeline_class
 
 
