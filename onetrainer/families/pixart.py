@@ -52,7 +52,6 @@ from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
 from onetrainer.weights import pixart_keys, pixart_lora
-from onetrainer.weights.adapter_kinds import LORA
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -258,39 +257,31 @@ class PixArtFamily(Family):
     # -- LoRA files -----------------------------------------------------------------------------------------------
 
     def lora_file_state(self, model, part, kind, state, alphas, ranks):
-        """KOHYA_LORA over PixArt's native names: LoRAs on to_q/to_k/to_v (to_k/to_v) become one exact LoRA on the
-        fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS kinds have no exact
-        fused form: they keep one entry per projection (our own reading only)."""
-        if part != "transformer" or kind != LORA:
+        """KOHYA_LORA over PixArt's native names (`pixart_lora.LAYOUT`): LoRAs on to_q/to_k/to_v (to_k/to_v) become
+        one exact LoRA on the fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS
+        kinds have no exact fused form: they keep one entry per projection (our own reading only)."""
+        if part != "transformer":
             return None
-        return pixart_lora.transformer_to_kohya(state, alphas, model.part("transformer").config)
+        return pixart_lora.LAYOUT.to_kohya(kind, state, alphas, ranks, _transformer_config(model))
 
     def read_lora_file(self, model, part, kind, state):
-        prefix = pixart_lora.TRANSFORMER_PREFIX + "_"
-        mine = {k: v for k, v in state.items() if k.startswith(prefix)}
-        if part != "transformer" or kind != LORA or not mine:
+        if part != "transformer":
             return None
-        fused = {pixart_lora.transformer_kohya_name(n.path) for n in self._native_modules(model).values()}
-        if not any(k.partition(".")[0] in fused for k in mine):
-            return None  # per-projection names: the generic reading
-        weights, alphas, ranks, unknown = pixart_lora.kohya_to_transformer(mine, model.part("transformer").config)
-        used = [k for k in mine if k.partition(".")[0] not in set(unknown)]
-        return weights, alphas, ranks, {}, used
-
-    def _native_modules(self, model: LoadedModel) -> dict:
-        return pixart_keys.module_map(model.part("transformer").config)
+        return pixart_lora.LAYOUT.read_file(kind, state, _transformer_config(model))
 
     # -- names ----------------------------------------------------------------------------------------------------
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "transformer":
-            native = pixart_keys.module_map(model.part("transformer").config).get(module_path)
-            path = native.path if native is not None and native.parts == 1 else module_path
-            return pixart_lora.transformer_kohya_name(path)
+            return pixart_lora.LAYOUT.kohya_name(module_path, _transformer_config(model))
         return pixart_lora.text_encoder_kohya_name(module_path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return SIGMA_KIND if model.model_type is ModelType.PIXART_SIGMA else KIND
+
+
+def _transformer_config(model: LoadedModel) -> dict:
+    return dict(model.part("transformer").config)
 
 
 def _has_micro_conditions(model: LoadedModel) -> bool:
