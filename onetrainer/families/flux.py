@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -51,6 +52,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -97,6 +99,17 @@ FILL_KIND = ModelKind("flux-1-fill-dev", "flux1")
 CHROMA_KIND = ModelKind("chroma", "chroma")
 
 
+@dataclass(slots=True)
+class FluxState(FamilyState):
+    """What a Flux / Chroma model keeps besides its parts: the schedule's T (`num_train_timesteps` of its scheduler
+    config), the guidance value the transformer is trained with (`transformer.guidance_scale`; dev and Fill take one),
+    and whether the T5 padding's hidden states are zeroed (`transformer.attention_mask`)."""
+
+    train_steps: int = DEFAULT_TRAIN_STEPS
+    guidance: float = 1.0
+    mask_padding: bool = False
+
+
 class FluxTransformerFamily(FlowPipelineFolder, Family):
     """What Flux and Chroma do alike: part-wise loading from a diffusers folder or hub id (or a backup), T5, the VAE's
     shifted latents, packing, the flow-matching schedule, the transformer call, sampling through the variant's
@@ -129,12 +142,12 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         )
         slots = self._slots(config, parts, tokenizers)
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {
-            "train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
-            "guidance": float(config.transformer.guidance_scale),
-            "mask_padding": bool(config.transformer.attention_mask),
-        }
-        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
+        state = FluxState(
+            train_steps=int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
+            guidance=float(config.transformer.guidance_scale),
+            mask_padding=bool(config.transformer.attention_mask),
+        )
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, state)
 
     def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
         """The base's transformer, or the transformer part's own model (`transformer.model_name`): a diffusers folder,
@@ -250,7 +263,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             hidden_states=pack(latents).to(dtype),
             encoder_hidden_states=text.to(dtype),
             # the schedule's model time is σ·T; the transformer takes σ (and multiplies by 1000 itself)
-            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            timestep=(timesteps.float() / model.family_state(FluxState).train_steps).to(dtype),
             img_ids=image_ids(height // PATCH, width // PATCH, device),
             txt_ids=torch.zeros(text.shape[1], 3, device=device),
             return_dict=False,
@@ -389,7 +402,8 @@ class FluxFamily(FluxTransformerFamily):
         latents = inputs.latents
         extra: dict[str, torch.Tensor] = {}
         if has_guidance(model):
-            extra["guidance"] = torch.full((len(latents),), model.extra.get("guidance", 1.0), device=latents.device)
+            guidance = model.family_state(FluxState).guidance
+            extra["guidance"] = torch.full((len(latents),), guidance, device=latents.device)
         if model.type_info.inpainting:
             extra.update(self._fill_inputs(model, inputs))
         return extra
@@ -422,7 +436,7 @@ class FluxFamily(FluxTransformerFamily):
             guidance = extra.get("guidance")
             if guidance is None:
                 device = conditioning.hidden_states.device
-                guidance = torch.full((count,), model.extra.get("guidance", 1.0), device=device)
+                guidance = torch.full((count,), model.family_state(FluxState).guidance, device=device)
             inputs["guidance"] = guidance
         return inputs
 
@@ -565,7 +579,7 @@ def padding_masked(model: LoadedModel, conditioning: Conditioning) -> torch.Tens
     attention mask"; the transformer attends to every token either way)."""
     hidden = conditioning.hidden_states
     mask = conditioning.get("attention_mask")
-    if not model.extra.get("mask_padding") or mask is None:
+    if not model.family_state(FluxState).mask_padding or mask is None:
         return hidden
     return hidden * mask[..., None].to(hidden.dtype)
 

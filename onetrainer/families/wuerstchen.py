@@ -13,6 +13,7 @@ import contextlib
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,6 +26,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -72,6 +74,15 @@ def cascade_remap(t: torch.Tensor) -> torch.Tensor:
     return (t + 0.001).clamp(0.001, 1.0)
 
 
+@dataclass(slots=True)
+class WuerstchenState(FamilyState):
+    """What a Würstchen / Stable Cascade model keeps besides its parts: the decoder's tokenizer (samples run the
+    decoder stages), and the dtype the prior computes in under a FLOAT_16 autocast (None: as the autocast)."""
+
+    decoder_tokenizer: object | None = None
+    prior_autocast: torch.dtype | None = None
+
+
 class WuerstchenPriorFamily(Family):
     """What Würstchen v2 and Stable Cascade do alike: part-wise loading, CLIP tokens, effnet latents, the cosine
     schedule, sampling prior (CFG) → decoder → VQGAN, the prior pipeline folder. Each variant is a subclass that
@@ -112,8 +123,8 @@ class WuerstchenPriorFamily(Family):
             module.requires_grad_(False)
         slot = TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizer, "lora_te", "clip_g")
         schedule = ContinuousCosineSchedule(self.remap)
-        extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": self._prior_autocast(config)}
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        state = WuerstchenState(decoder_tokenizer, self._prior_autocast(config))
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
 
     @abstractmethod
     def _prior_class(self) -> type:
@@ -395,7 +406,9 @@ class WuerstchenFamily(WuerstchenPriorFamily):
 
     def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         text_encoder = model.part("decoder_text_encoder")
-        ids, mask = self._tokens(model.extra["decoder_tokenizer"], [prompt], first_weight(text_encoder).device)
+        ids, mask = self._tokens(
+            model.family_state(WuerstchenState).decoder_tokenizer, [prompt], first_weight(text_encoder).device
+        )
         return text_encoder(ids, attention_mask=mask).last_hidden_state.to(device, dtype)
 
     def _decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
@@ -471,7 +484,7 @@ class CascadeFamily(WuerstchenPriorFamily):
         pooled = conditioning.pooled.to(dtype)[:, None]
         clip_img = torch.zeros(len(x), 1, CLIP_IMAGE_WIDTH, device=x.device, dtype=dtype)
         clip_img = clip_img[..., : prior.config.clip_image_in_channels]
-        with _prior_precision(x.device, model.extra.get("prior_autocast")):
+        with _prior_precision(x.device, model.family_state(WuerstchenState).prior_autocast):
             output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
         return Prediction(output)
 
