@@ -47,7 +47,7 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
     # The class of the family's state (`LoadedModel.family_state`): this one's, or a subclass with the family's own.
     state_class: ClassVar[type[LanguageModelFlowState]] = LanguageModelFlowState
 
-    def _loaded(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
+    def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
         """The model from its parts (each put in its form as it was read), the text encoder's slot, the schedule on
         the model's own scheduler config."""
         from diffusers import FlowMatchEulerDiscreteScheduler

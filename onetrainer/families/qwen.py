@@ -88,9 +88,9 @@ class QwenImageFamily(LanguageModelFlowFamily):
     def load(self, config: TrainConfig) -> LoadedModel:
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        return self._load_from(config, where, options)
+        return self.load_from(config, where, options)
 
-    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
+    def load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
         """The model from `where` (the base's folder or hub id, `part_wise_base`'s), its parts' overrides applied."""
         from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
@@ -110,7 +110,7 @@ class QwenImageFamily(LanguageModelFlowFamily):
         else:
             dtype = load_dtype(config, "vae")
             parts["vae"] = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options, dtype=dtype)
-        return self._loaded(config, parts, tokenizer, where, options)
+        return self.loaded_model(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -266,10 +266,10 @@ class QwenImageEditFamily(QwenImageFamily):
     sampling_parts = frozenset(QWEN_EDIT.parts)
     state_class = QwenEditState
 
-    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
+    def load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
         from onetrainer.families.qwen_processor import load_processor
 
-        model = super()._load_from(config, where, options)
+        model = super().load_from(config, where, options)
         # one tokenizer for the text encoder and the processor: an embedding's tokens, added to it, are the processor's
         processor = load_processor(where, options, tokenizer=model.text_encoders[0].tokenizer)
         model.family_state(QwenEditState).processor = processor

@@ -78,6 +78,6 @@ def test_flux_reads_its_guidance_and_schedule_length_from_its_state() -> None:
     model.parts["transformer"].config = type("Config", (), {"guidance_embeds": True})()
     hidden = torch.ones(2, 3, 4)
     conditioning = Conditioning({"hidden_states": hidden, "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])})
-    inputs = FluxFamily()._transformer_inputs(model, conditioning, {}, 2, 16)
+    inputs = FluxFamily().transformer_inputs(model, conditioning, {}, 2, 16)
     assert torch.equal(inputs["guidance"], torch.full((2,), 2.5))
     assert inputs["encoder_hidden_states"][0, 2].abs().sum() == 0  # mask_padding: the padding's states are zeroed
