@@ -87,7 +87,7 @@ class StableDiffusionFamily(StableDiffusionBase):
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts = KeptParts(config)
-        tokenizer, scheduler_config, state = self._read_source(config, parts)
+        tokenizer, scheduler_config, state = self.read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
@@ -99,7 +99,7 @@ class StableDiffusionFamily(StableDiffusionBase):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, state)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+    def load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
@@ -111,7 +111,7 @@ class StableDiffusionFamily(StableDiffusionBase):
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
         return tokenizer, scheduler_config, SDState()
 
-    def _load_single_file(self, path: Path, config: TrainConfig):
+    def load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel

@@ -98,7 +98,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts = KeptParts(config)
-        tokenizers, scheduler_config, state = self._read_source(config, parts)
+        tokenizers, scheduler_config, state = self.read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
@@ -115,7 +115,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
         return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, state)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+    def load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -140,7 +140,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         state = SDXLState(force_zeros_for_empty_prompt=bool(index.get("force_zeros_for_empty_prompt", True)))
         return tokenizers, scheduler_config, state
 
-    def _load_single_file(self, path: Path, config: TrainConfig):
+    def load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
