@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from PIL import Image
@@ -53,21 +53,42 @@ class TextEncoderSlot:
     token_embedding: torch.nn.Embedding | None = None
 
 
+@dataclass(slots=True)
+class FamilyState:
+    """A family's own state on its loaded model (`LoadedModel.state`): what `load` learns besides the parts and the
+    schedule and the family's methods read back (Flux's guidance and schedule length, PixArt's caption length, SD's
+    kept tensors). A family that keeps any declares a subclass, a slotted dataclass whose fields carry their defaults
+    (the one place they are written), and reads it with `model.family_state(ItsState)`; a field it does not declare
+    cannot be set. Nothing of it is saved: `load` derives it again, from a backup too."""
+
+
+State = TypeVar("State", bound=FamilyState)
+
+
 @dataclass
 class LoadedModel:
     """A loaded model: its parts by name, its text encoders and its noise schedule (which carries the prediction
-    type: `v_prediction` is derived from it)."""
+    type: `v_prediction` is derived from it), and the family's own state (`family_state`)."""
 
     model_type: ModelType
     parts: dict[str, torch.nn.Module]
     text_encoders: list[TextEncoderSlot]
     schedule: NoiseSchedule  # the training noise process (created by the family)
     source: str
-    extra: dict[str, Any] = field(default_factory=dict)  # family-specific state (e.g. original keys to keep)
+    state: FamilyState | None = None  # the family's own state, of the `FamilyState` subclass it declares
 
     def __post_init__(self) -> None:
         # A plain dict: a part stored later is kept as it is given, not put in its form as loading's `KeptParts` does.
         self.parts = dict(self.parts)
+
+    def family_state(self, kind: type[State]) -> State:
+        """The family's state, typed: a model made without one (the memory estimate's stand-in, a test's) gets
+        `kind`'s defaults, kept; a state of another class is a TypeError (another family's model)."""
+        if self.state is None:
+            self.state = kind()
+        if not isinstance(self.state, kind):
+            raise TypeError(f"this model holds {type(self.state).__name__}, not {kind.__name__}")
+        return self.state
 
     @property
     def v_prediction(self) -> bool:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -51,6 +52,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -97,13 +99,25 @@ FILL_KIND = ModelKind("flux-1-fill-dev", "flux1")
 CHROMA_KIND = ModelKind("chroma", "chroma")
 
 
+@dataclass(slots=True)
+class FluxState(FamilyState):
+    """What a Flux / Chroma model keeps besides its parts: the schedule's T (`num_train_timesteps` of its scheduler
+    config), the guidance value the transformer is trained with (`transformer.guidance_scale`; dev and Fill take one),
+    and whether the T5 padding's hidden states are zeroed (`transformer.attention_mask`)."""
+
+    train_steps: int = DEFAULT_TRAIN_STEPS
+    guidance: float = 1.0
+    mask_padding: bool = False
+
+
 class FluxTransformerFamily(FlowPipelineFolder, Family):
     """What Flux and Chroma do alike: part-wise loading from a diffusers folder or hub id (or a backup), T5, the VAE's
     shifted latents, packing, the flow-matching schedule, the transformer call, sampling through the variant's
-    pipeline, the pipeline folder. Each variant declares its facts and overrides the methods marked abstract."""
+    pipeline, the pipeline folder. Each variant declares its facts and overrides the methods marked abstract; the hooks
+    a variant may override are listed in `families/README.md`."""
 
     caption_dropout = CaptionDropout.ZEROS
-    _TRANSFORMER_BLOCKS = ("transformer_blocks", "single_transformer_blocks")
+    TRANSFORMER_BLOCKS = ("transformer_blocks", "single_transformer_blocks")
     # The diffusers class name of the variant's transformer (`_class_name` in its config.json).
     transformer_class: ClassVar[str]
     # Which conditioning tensors belong to which text encoder, for caption dropout per encoder.
@@ -122,19 +136,19 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts = KeptParts(config)
         parts["transformer"] = self._load_transformer(config, where, options)
-        tokenizers = self._load_text_encoders(config, where, options, parts)
+        tokenizers = self.load_text_encoders(config, where, options, parts)
         parts["vae"] = load_vae(config, where, options)
         scheduler_config = load_diffusers_component(
             FlowMatchEulerDiscreteScheduler, where, "scheduler", options, config_only=True
         )
-        slots = self._slots(config, parts, tokenizers)
+        slots = self.text_encoder_slots(config, parts, tokenizers)
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {
-            "train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
-            "guidance": float(config.transformer.guidance_scale),
-            "mask_padding": bool(config.transformer.attention_mask),
-        }
-        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
+        state = FluxState(
+            train_steps=int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)),
+            guidance=float(config.transformer.guidance_scale),
+            mask_padding=bool(config.transformer.attention_mask),
+        )
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, state)
 
     def _load_transformer(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
         """The base's transformer, or the transformer part's own model (`transformer.model_name`): a diffusers folder,
@@ -157,7 +171,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         else:
             transformer = self._transformer_override(cls, override, base_config, config)
             where = override
-        self._check_transformer(transformer, config, where)
+        self.check_transformer(transformer, config, where)
         return transformer
 
     def _transformer_override(
@@ -188,23 +202,20 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
             gguf_weights.prepare_gguf_layers(transformer, state, config.transformer.weight_dtype)
         return assign_weights(transformer, state, dtype, f"the transformer {path}", read_in)
 
-    def _check_transformer(self, transformer: torch.nn.Module, config: TrainConfig, where: str) -> None:
+    def check_transformer(self, transformer: torch.nn.Module, config: TrainConfig, where: str) -> None:
         """Refuse a transformer that does not fit the model type (Flux: an inpainting one, or the reverse)."""
 
     @abstractmethod
-    def _load_text_encoders(
-        self, config: TrainConfig, where: str, options: dict, parts: KeptParts
-    ) -> dict[str, object]:
+    def load_text_encoders(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> dict[str, object]:
         """Adds the text encoders to `parts`, each read in its `load_dtype`, in declared order; returns their
         tokenizers by part."""
 
     @abstractmethod
-    def _slots(self, config: TrainConfig, parts: Mapping, tokenizers: dict) -> list[TextEncoderSlot]:
+    def text_encoder_slots(self, config: TrainConfig, parts: Mapping, tokenizers: dict) -> list[TextEncoderSlot]:
         """The text encoders as the methods see them, in the order of `info.parts`."""
 
-    def _t5_slot(
-        self, config: TrainConfig, part: str, parts: Mapping, tokenizers: dict, prefix: str
-    ) -> TextEncoderSlot:
+    def t5_slot(self, config: TrainConfig, part: str, parts: Mapping, tokenizers: dict, prefix: str) -> TextEncoderSlot:
+        """A T5's slot (its token embedding is `encoder.embed_tokens`), for `text_encoder_slots`."""
         t5 = parts[part]
         return TextEncoderSlot(
             part, t5, tokenizers[part], prefix, "t5", config.part(part).layer_skip,
@@ -241,16 +252,16 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         transformer = model.part("transformer")
         dtype = first_weight(transformer).dtype
         device = noisy_latents.device
-        latents = self._latent_input(model, noisy_latents, extra)
+        latents = self.latent_input(model, noisy_latents, extra)
         height, width = latents.shape[-2:]
         tokens = (height // PATCH) * (width // PATCH)
-        inputs = self._transformer_inputs(model, conditioning, extra, len(latents), tokens)
+        inputs = self.transformer_inputs(model, conditioning, extra, len(latents), tokens)
         text = inputs.pop("encoder_hidden_states")
         output = transformer(
             hidden_states=pack(latents).to(dtype),
             encoder_hidden_states=text.to(dtype),
             # the schedule's model time is σ·T; the transformer takes σ (and multiplies by 1000 itself)
-            timestep=(timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)).to(dtype),
+            timestep=(timesteps.float() / model.family_state(FluxState).train_steps).to(dtype),
             img_ids=image_ids(height // PATCH, width // PATCH, device),
             txt_ids=torch.zeros(text.shape[1], 3, device=device),
             return_dict=False,
@@ -258,12 +269,12 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
         )[0]
         return Prediction(unpack(output, noisy_latents.shape[-2], noisy_latents.shape[-1]))
 
-    def _latent_input(self, model: LoadedModel, noisy_latents: torch.Tensor, extra: dict) -> torch.Tensor:
+    def latent_input(self, model: LoadedModel, noisy_latents: torch.Tensor, extra: dict) -> torch.Tensor:
         """What is packed into the transformer's image tokens (Fill adds its masked latents and mask)."""
         return noisy_latents
 
     @abstractmethod
-    def _transformer_inputs(
+    def transformer_inputs(
         self, model: LoadedModel, conditioning: Conditioning, extra: dict, count: int, image_tokens: int
     ) -> dict[str, torch.Tensor]:
         """The transformer's text inputs (`encoder_hidden_states` and the variant's own) for `count` samples."""
@@ -334,7 +345,7 @@ class FluxFamily(FluxTransformerFamily):
         "text_encoder_2": ("hidden_states",),
     }
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
-        "transformer": FluxTransformerFamily._TRANSFORMER_BLOCKS,
+        "transformer": FluxTransformerFamily.TRANSFORMER_BLOCKS,
         "text_encoder_2": ("encoder.block",),
     }
     legacy_prefixes: ClassVar[dict[str, str]] = {
@@ -342,12 +353,12 @@ class FluxFamily(FluxTransformerFamily):
         "text_encoder_2": flux_lora.T5_READ_PREFIXES[-1],
     }
 
-    def _check_transformer(self, transformer, config, where) -> None:
+    def check_transformer(self, transformer, config, where) -> None:
         channels = transformer.config
         fill = channels.in_channels > (channels.out_channels or channels.in_channels)
         check_inpainting(fill, config.model_type, where, "Flux model (Fill)")
 
-    def _load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
+    def load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
         for part, cls in (("text_encoder", CLIPTextModel), ("text_encoder_2", T5EncoderModel)):
@@ -357,12 +368,12 @@ class FluxFamily(FluxTransformerFamily):
             "text_encoder_2": load_tokenizer(where, options, subfolder="tokenizer_2", cls=AutoTokenizer),
         }
 
-    def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
+    def text_encoder_slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
         clip = TextEncoderSlot(
             "text_encoder", parts["text_encoder"], tokenizers["text_encoder"], flux_lora.CLIP_PREFIX, "clip_l",
             config.text_encoder.layer_skip,
         )  # fmt: skip
-        t5 = self._t5_slot(config, "text_encoder_2", parts, tokenizers, flux_lora.T5_PREFIX)
+        t5 = self.t5_slot(config, "text_encoder_2", parts, tokenizers, flux_lora.T5_PREFIX)
         t5.max_tokens = config.text_encoder_2_sequence_length
         return [clip, t5]
 
@@ -389,7 +400,8 @@ class FluxFamily(FluxTransformerFamily):
         latents = inputs.latents
         extra: dict[str, torch.Tensor] = {}
         if has_guidance(model):
-            extra["guidance"] = torch.full((len(latents),), model.extra.get("guidance", 1.0), device=latents.device)
+            guidance = model.family_state(FluxState).guidance
+            extra["guidance"] = torch.full((len(latents),), guidance, device=latents.device)
         if model.type_info.inpainting:
             extra.update(self._fill_inputs(model, inputs))
         return extra
@@ -407,13 +419,13 @@ class FluxFamily(FluxTransformerFamily):
             masked = inpainting_inputs(self, model, inputs)["masked_latents"]
         return {"masked_latents": masked, "mask": F.pixel_unshuffle(masks.to(masked.dtype), VAE_FACTOR)}
 
-    def _latent_input(self, model, noisy_latents, extra) -> torch.Tensor:
+    def latent_input(self, model, noisy_latents, extra) -> torch.Tensor:
         if not model.type_info.inpainting:
             return noisy_latents
         like = noisy_latents
         return torch.cat([like, extra["masked_latents"].to(like), extra["mask"].to(like)], dim=1)
 
-    def _transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
+    def transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
         inputs = {
             "encoder_hidden_states": padding_masked(model, conditioning),
             "pooled_projections": conditioning.pooled,
@@ -422,7 +434,7 @@ class FluxFamily(FluxTransformerFamily):
             guidance = extra.get("guidance")
             if guidance is None:
                 device = conditioning.hidden_states.device
-                guidance = torch.full((count,), model.extra.get("guidance", 1.0), device=device)
+                guidance = torch.full((count,), model.family_state(FluxState).guidance, device=device)
             inputs["guidance"] = guidance
         return inputs
 
@@ -479,20 +491,20 @@ class ChromaFamily(FluxTransformerFamily):
     transformer_class = "ChromaTransformer2DModel"
     encoder_outputs: ClassVar[dict[str, tuple[str, ...]]] = {"text_encoder": ("hidden_states",)}
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
-        "transformer": FluxTransformerFamily._TRANSFORMER_BLOCKS,
+        "transformer": FluxTransformerFamily.TRANSFORMER_BLOCKS,
         "text_encoder": ("encoder.block",),
     }
     legacy_prefixes: ClassVar[dict[str, str]] = {"text_encoder": flux_lora.CHROMA_T5_READ_PREFIXES[-1]}
 
-    def _load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
+    def load_text_encoders(self, config, where, options, parts) -> dict[str, object]:
         from transformers import AutoTokenizer, T5EncoderModel
 
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype)
         return {"text_encoder": load_tokenizer(where, options, cls=AutoTokenizer)}
 
-    def _slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
-        return [self._t5_slot(config, "text_encoder", parts, tokenizers, flux_lora.CHROMA_T5_PREFIX)]
+    def text_encoder_slots(self, config, parts, tokenizers) -> list[TextEncoderSlot]:
+        return [self.t5_slot(config, "text_encoder", parts, tokenizers, flux_lora.CHROMA_T5_PREFIX)]
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         hidden, mask = t5_hidden_states(model.text_encoders[0], captions, T5_TOKENS, use_mask=True)
@@ -501,7 +513,7 @@ class ChromaFamily(FluxTransformerFamily):
         attended = (positions[None, :] <= mask.sum(dim=1, keepdim=True)).to(mask.dtype)
         return Conditioning({"hidden_states": hidden, "attention_mask": attended})
 
-    def _transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
+    def transformer_inputs(self, model, conditioning, extra, count, image_tokens) -> dict[str, torch.Tensor]:
         hidden = conditioning.hidden_states
         mask = conditioning.get("attention_mask")
         if mask is None:
@@ -565,7 +577,7 @@ def padding_masked(model: LoadedModel, conditioning: Conditioning) -> torch.Tens
     attention mask"; the transformer attends to every token either way)."""
     hidden = conditioning.hidden_states
     mask = conditioning.get("attention_mask")
-    if not model.extra.get("mask_padding") or mask is None:
+    if not model.family_state(FluxState).mask_padding or mask is None:
         return hidden
     return hidden * mask[..., None].to(hidden.dtype)
 

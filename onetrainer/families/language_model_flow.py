@@ -5,12 +5,20 @@ derives from `LanguageModelFlowFamily` and declares its parts' loading, its text
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from onetrainer.families.base import CaptionDropout, Conditioning, Family, LoadedModel, TextEncoderSlot
+from onetrainer.families.base import (
+    CaptionDropout,
+    Conditioning,
+    Family,
+    FamilyState,
+    LoadedModel,
+    TextEncoderSlot,
+)
 from onetrainer.families.latent_patches import PATCH
 from onetrainer.families.loading import KeptParts, load_diffusers_component
 from onetrainer.families.saving import FlowPipelineFolder, model_file_metadata, plain_state, write_single_file
@@ -23,13 +31,23 @@ DEFAULT_TRAIN_STEPS = 1000
 KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
 
 
+@dataclass(slots=True)
+class LanguageModelFlowState(FamilyState):
+    """What such a model keeps besides its parts: the schedule's T (`num_train_timesteps` of its scheduler config),
+    which turns the model time σ·T back into σ. A family with more declares a subclass (`state_class`)."""
+
+    train_steps: int = DEFAULT_TRAIN_STEPS
+
+
 class LanguageModelFlowFamily(FlowPipelineFolder, Family):
     # The empty caption through the model's prompt template: what its pipeline's negative prompt is by default.
     caption_dropout = CaptionDropout.EMPTY_CAPTION
     # The text encoder's vectors' key in an embedding file (ComfyUI's name for the encoder).
     embedding_key: ClassVar[str]
+    # The class of the family's state (`LoadedModel.family_state`): this one's, or a subclass with the family's own.
+    state_class: ClassVar[type[LanguageModelFlowState]] = LanguageModelFlowState
 
-    def _loaded(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
+    def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
         """The model from its parts (each put in its form as it was read), the text encoder's slot, the schedule on
         the model's own scheduler config."""
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -48,8 +66,8 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
             config.text_encoder.layer_skip,
         )
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        state = self.state_class(train_steps=int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS)))
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
 
     def text_cache_row(self, conditioning: Conditioning, index: int) -> dict[str, torch.Tensor]:
         """The caption's tokens without the padding up to 512: `predict` cuts every caption to its attended tokens
@@ -59,7 +77,7 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
 
     def sigma(self, model: LoadedModel, timesteps: torch.Tensor) -> torch.Tensor:
         """σ from the model time σ·T the schedule gives `predict`."""
-        return timesteps.float() / model.extra.get("train_steps", DEFAULT_TRAIN_STEPS)
+        return timesteps.float() / model.family_state(LanguageModelFlowState).train_steps
 
     def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool):
         from onetrainer.sampling.sampler import render_pipeline

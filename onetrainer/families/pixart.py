@@ -17,6 +17,7 @@ attention mask, the SD VAE (Sigma: the SDXL VAE), linear betas, epsilon predicti
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -28,6 +29,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -52,7 +54,6 @@ from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
 from onetrainer.noise.variational_bound import split_learned_variance
 from onetrainer.weights import pixart_keys, pixart_lora
-from onetrainer.weights.adapter_kinds import LORA
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -62,6 +63,16 @@ CAPTION_TOKENS = {ModelType.PIXART_ALPHA: 120, ModelType.PIXART_SIGMA: 300}
 KIND = ModelKind("pixart-alpha", "pixart_alpha")
 SIGMA_KIND = ModelKind("pixart-sigma", "pixart_sigma")
 VAE_FACTOR = 8
+
+
+@dataclass(slots=True)
+class PixArtState(FamilyState):
+    """What a PixArt model keeps besides its parts: its caption length in T5 tokens (Alpha 120, Sigma 300), and the
+    "no caption" embedding of an original checkpoint it was read from (`y_embedder.y_embedding`, written back into
+    the original file it saves; None: zeros)."""
+
+    tokens: int = CAPTION_TOKENS[ModelType.PIXART_ALPHA]
+    y_embedding: torch.Tensor | None = None
 
 
 class PixArtFamily(Family):
@@ -81,7 +92,7 @@ class PixArtFamily(Family):
 
         where, options = part_wise_base(config, "PixArt", "T5, the VAE and the tokenizer", self.info.hub_file_sets)
         parts = KeptParts(config)
-        transformer, extra = self._load_transformer(config, where, options)
+        transformer, y_embedding = self._load_transformer(config, where, options)
         parts["transformer"] = transformer
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(T5EncoderModel, where, "text_encoder", options, dtype=dtype)
@@ -93,26 +104,29 @@ class PixArtFamily(Family):
             "text_encoder", t5, tokenizer, pixart_lora.TEXT_ENCODER_PREFIX, "t5", config.text_encoder.layer_skip,
             token_embedding=t5.encoder.embed_tokens,
         )  # fmt: skip
-        extra["tokens"] = CAPTION_TOKENS.get(config.model_type, 120)
+        state = PixArtState(y_embedding=y_embedding)
+        if config.model_type in CAPTION_TOKENS:
+            state.tokens = CAPTION_TOKENS[config.model_type]
         schedule = discrete_schedule(scheduler_config, False, config.rescale_noise_scheduler_to_zero_terminal_snr)
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
 
     def _load_transformer(self, config: TrainConfig, where: str, options: dict):
         """The base's transformer, or the transformer part's own model: a diffusers folder, or an original PixArt
-        checkpoint (.pth / .safetensors) read with the base transformer's config."""
+        checkpoint (.pth / .safetensors) read with the base transformer's config; and that checkpoint's "no caption"
+        embedding (None where there is none)."""
         from diffusers import PixArtTransformer2DModel
 
         dtype = load_dtype(config, "transformer")
         override = config.transformer.model_name.strip()
         if not override:
-            return load_diffusers_component(PixArtTransformer2DModel, where, "transformer", options, dtype=dtype), {}
+            return load_diffusers_component(PixArtTransformer2DModel, where, "transformer", options, dtype=dtype), None
         path = resolve_local(override)
         if path.is_dir():
             subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
             transformer = read_pretrained(
                 PixArtTransformer2DModel, str(path), dtype, subfolder=subfolder, local_files_only=True
             )
-            return transformer, {}
+            return transformer, None
         if not path.is_file():
             raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
         transformer_config = load_diffusers_component(
@@ -125,14 +139,18 @@ class PixArtFamily(Family):
         transformer = empty_module(lambda: PixArtTransformer2DModel.from_config(transformer_config))
         # built in float32 and the file's tensors copied in, before: the weights as that copy and the cast left them
         assign_weights(transformer, state, dtype, f"the PixArt transformer {path}", torch.float32)
-        return transformer, {"y_embedding": native_only.get(pixart_keys.Y_EMBEDDING)}
+        return transformer, native_only.get(pixart_keys.Y_EMBEDDING)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         slot = model.text_encoders[0]
         tokens = slot.tokenizer(
-            captions, padding="max_length", max_length=model.extra["tokens"], truncation=True, return_tensors="pt"
+            captions,
+            padding="max_length",
+            max_length=model.family_state(PixArtState).tokens,
+            truncation=True,
+            return_tensors="pt",
         )
         encoder = slot.encoder
         device = first_weight(encoder).device
@@ -200,7 +218,7 @@ class PixArtFamily(Family):
             "negative_prompt_embeds": negative.hidden_states,
             "negative_prompt_attention_mask": negative.get("attention_mask"),
             "use_resolution_binning": False,
-            "max_sequence_length": model.extra["tokens"],
+            "max_sequence_length": model.family_state(PixArtState).tokens,
         }
 
     def pipeline(self, model: LoadedModel, sampler):
@@ -231,8 +249,9 @@ class PixArtFamily(Family):
     ) -> None:
         """The transformer alone in PixArt's own keys (q/k/v fused), as ComfyUI and PixArt's scripts load it."""
         transformer = model.part("transformer")
+        kept = model.family_state(PixArtState)
         state = pixart_keys.diffusers_to_native(
-            plain_state(transformer), transformer.config, model.extra.get("y_embedding"), model.extra["tokens"]
+            plain_state(transformer), transformer.config, kept.y_embedding, kept.tokens
         )
         resolution = model.type_info.resolution if _has_micro_conditions(model) else 512
         metadata = model_file_metadata(self, model, destination, extra_metadata, resolution)
@@ -258,39 +277,31 @@ class PixArtFamily(Family):
     # -- LoRA files -----------------------------------------------------------------------------------------------
 
     def lora_file_state(self, model, part, kind, state, alphas, ranks):
-        """KOHYA_LORA over PixArt's native names: LoRAs on to_q/to_k/to_v (to_k/to_v) become one exact LoRA on the
-        fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS kinds have no exact
-        fused form: they keep one entry per projection (our own reading only)."""
-        if part != "transformer" or kind != LORA:
+        """KOHYA_LORA over PixArt's native names (`pixart_lora.LAYOUT`): LoRAs on to_q/to_k/to_v (to_k/to_v) become
+        one exact LoRA on the fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS
+        kinds have no exact fused form: they keep one entry per projection (our own reading only)."""
+        if part != "transformer":
             return None
-        return pixart_lora.transformer_to_kohya(state, alphas, model.part("transformer").config)
+        return pixart_lora.LAYOUT.to_kohya(kind, state, alphas, ranks, _transformer_config(model))
 
     def read_lora_file(self, model, part, kind, state):
-        prefix = pixart_lora.TRANSFORMER_PREFIX + "_"
-        mine = {k: v for k, v in state.items() if k.startswith(prefix)}
-        if part != "transformer" or kind != LORA or not mine:
+        if part != "transformer":
             return None
-        fused = {pixart_lora.transformer_kohya_name(n.path) for n in self._native_modules(model).values()}
-        if not any(k.partition(".")[0] in fused for k in mine):
-            return None  # per-projection names: the generic reading
-        weights, alphas, ranks, unknown = pixart_lora.kohya_to_transformer(mine, model.part("transformer").config)
-        used = [k for k in mine if k.partition(".")[0] not in set(unknown)]
-        return weights, alphas, ranks, {}, used
-
-    def _native_modules(self, model: LoadedModel) -> dict:
-        return pixart_keys.module_map(model.part("transformer").config)
+        return pixart_lora.LAYOUT.read_file(kind, state, _transformer_config(model))
 
     # -- names ----------------------------------------------------------------------------------------------------
 
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
         if part == "transformer":
-            native = pixart_keys.module_map(model.part("transformer").config).get(module_path)
-            path = native.path if native is not None and native.parts == 1 else module_path
-            return pixart_lora.transformer_kohya_name(path)
+            return pixart_lora.LAYOUT.kohya_name(module_path, _transformer_config(model))
         return pixart_lora.text_encoder_kohya_name(module_path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return SIGMA_KIND if model.model_type is ModelType.PIXART_SIGMA else KIND
+
+
+def _transformer_config(model: LoadedModel) -> dict:
+    return dict(model.part("transformer").config)
 
 
 def _has_micro_conditions(model: LoadedModel) -> bool:

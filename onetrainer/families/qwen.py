@@ -25,6 +25,7 @@ frames, trained by rectified flow, conditioned on the language model of Qwen2.5-
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -32,7 +33,7 @@ import torch
 
 from onetrainer.config.enums import ModelFormat
 from onetrainer.families.base import Conditioning, LoadedModel, Writer, first_weight
-from onetrainer.families.language_model_flow import LanguageModelFlowFamily
+from onetrainer.families.language_model_flow import LanguageModelFlowFamily, LanguageModelFlowState
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
     KeptParts,
@@ -87,9 +88,9 @@ class QwenImageFamily(LanguageModelFlowFamily):
     def load(self, config: TrainConfig) -> LoadedModel:
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        return self._load_from(config, where, options)
+        return self.load_from(config, where, options)
 
-    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
+    def load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
         """The model from `where` (the base's folder or hub id, `part_wise_base`'s), its parts' overrides applied."""
         from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
@@ -109,7 +110,7 @@ class QwenImageFamily(LanguageModelFlowFamily):
         else:
             dtype = load_dtype(config, "vae")
             parts["vae"] = load_diffusers_component(AutoencoderKLQwenImage, where, "vae", options, dtype=dtype)
-        return self._loaded(config, parts, tokenizer, where, options)
+        return self.loaded_model(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -243,6 +244,14 @@ _MIXED_REFERENCES = (
 )
 
 
+@dataclass(slots=True)
+class QwenEditState(LanguageModelFlowState):
+    """An edit model's state: besides the schedule's T, the processor that encodes a caption with its pictures (None
+    on a model made without it, the memory estimate's stand-in)."""
+
+    processor: object | None = None
+
+
 class QwenImageEditFamily(QwenImageFamily):
     """Qwen-Image-Edit (2509, 2511; QWEN_EDIT): the training image is the edit's result, its reference images
     (`<name>-reference[-N].<ext>`) the inputs. Each reference goes twice, as `QwenImageEditPlusPipeline` feeds it: to
@@ -255,22 +264,25 @@ class QwenImageEditFamily(QwenImageFamily):
 
     info = QWEN_EDIT
     sampling_parts = frozenset(QWEN_EDIT.parts)
+    state_class = QwenEditState
 
-    def _load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
+    def load_from(self, config: TrainConfig, where, options: dict) -> LoadedModel:
         from onetrainer.families.qwen_processor import load_processor
 
-        model = super()._load_from(config, where, options)
+        model = super().load_from(config, where, options)
         # one tokenizer for the text encoder and the processor: an embedding's tokens, added to it, are the processor's
-        model.extra["processor"] = load_processor(where, options, tokenizer=model.text_encoders[0].tokenizer)
+        processor = load_processor(where, options, tokenizer=model.text_encoders[0].tokenizer)
+        model.family_state(QwenEditState).processor = processor
         return model
 
     def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
         """The captions with their references (per caption, a list of [3, h, w] tensors in [-1, 1] or PIL images) as
         the pipeline encodes an instruction with its pictures. A model without the processor (the memory estimate's
         stand-in) encodes the captions as Qwen-Image does: 512 tokens, about an instruction with a picture."""
-        if "processor" not in model.extra:
+        processor = model.family_state(QwenEditState).processor
+        if processor is None:
             return super().encode_text(model, captions)
-        slot, processor = model.text_encoders[0], model.extra["processor"]
+        slot = model.text_encoders[0]
         references = references if references is not None else [[] for _ in captions]
         texts, images = [], []
         for caption, pictures in zip(captions, references):
@@ -360,7 +372,7 @@ class QwenImageEditFamily(QwenImageFamily):
             vae=model.part("vae"),
             text_encoder=slot.encoder,
             tokenizer=slot.tokenizer,
-            processor=model.extra["processor"],
+            processor=model.family_state(QwenEditState).processor,
             transformer=model.part("transformer"),
         )
 

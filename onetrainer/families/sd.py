@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import (
     BatchInputs,
     Conditioning,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     first_weight,
@@ -67,6 +69,14 @@ def is_sd2(model_type: ModelType) -> bool:
     return model_type.value.startswith("STABLE_DIFFUSION_2")
 
 
+@dataclass(slots=True)
+class SDState(FamilyState):
+    """What an SD model keeps besides its parts: an SD 2 single file's unused last text-encoder layer
+    (`UNUSED_TEXT_LAYER` keys, as the file has them), written back into the single file it saves."""
+
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 class StableDiffusionFamily(StableDiffusionBase):
     info = SD
     saved_scheduler = "DDIMScheduler"  # the sampler a saved diffusers folder names (what the model's authors ship)
@@ -77,7 +87,7 @@ class StableDiffusionFamily(StableDiffusionBase):
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts = KeptParts(config)
-        tokenizer, scheduler_config, extra = self._read_source(config, parts)
+        tokenizer, scheduler_config, state = self.read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
@@ -87,9 +97,9 @@ class StableDiffusionFamily(StableDiffusionBase):
         )
         zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
-        return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, extra)
+        return LoadedModel(model_type, parts, [slot], schedule, config.base_model_name, state)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+    def load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel
 
@@ -99,9 +109,9 @@ class StableDiffusionFamily(StableDiffusionBase):
             parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
-        return tokenizer, scheduler_config, {}
+        return tokenizer, scheduler_config, SDState()
 
-    def _load_single_file(self, path: Path, config: TrainConfig):
+    def load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel
@@ -137,7 +147,8 @@ class StableDiffusionFamily(StableDiffusionBase):
         assign("text_encoder", text_encoder, text_state, "the text encoder")
         tokenizer = single_file_tokenizer(metadata, detected["v2"])
         scheduler_config = dict(reference.DDIM_EPSILON)
-        return {"unet": unet, "text_encoder": text_encoder, "vae": vae}, tokenizer, scheduler_config, {"kept": kept}
+        parts = {"unet": unet, "text_encoder": text_encoder, "vae": vae}
+        return parts, tokenizer, scheduler_config, SDState(kept=kept)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -202,7 +213,7 @@ class StableDiffusionFamily(StableDiffusionBase):
             text = {
                 TEXT_PREFIX + "model." + k: v for k, v in ldm_keys.openclip_to_ldm(plain_state(text_encoder)).items()
             }
-            text.update(model.extra.get("kept", {}))
+            text.update(model.family_state(SDState).kept)
         else:
             text = {TEXT_PREFIX + k: v for k, v in ldm_keys.clip_to_ldm(plain_state(text_encoder)).items()}
         out.update(text)

@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 PATCH = 2  # latent pixels per patch side
 CLIP_TOKENS = 77
 T5_TOKENS = 256  # what StableDiffusion3Pipeline prompts T5 with
-DEFAULT_TRAIN_STEPS = 1000
 SD3_KIND = ModelKind("stable-diffusion-3-medium", "sd3")
 SD35_KIND = ModelKind("stable-diffusion-3.5", "sd3")
 KOHYA_PREFIXES = {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2", "text_encoder_3": "lora_te3"}
@@ -146,8 +145,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
                 )
             )  # fmt: skip
         schedule = FlowMatchingSchedule(scheduler_config, patch_size=PATCH)
-        extra = {"train_steps": int(scheduler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))}
-        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, extra)
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name)
 
     # -- text and images ------------------------------------------------------------------------------------------
 

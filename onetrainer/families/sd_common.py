@@ -45,26 +45,26 @@ class StableDiffusionBase(Family):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def _read_source(self, config: TrainConfig, parts: KeptParts):
+    def read_source(self, config: TrainConfig, parts: KeptParts):
         """The base model's parts, wherever it is, added to `parts`; returns its tokenizer(s), scheduler config and
-        extras."""
+        the family's state (`FamilyState`)."""
         source = resolve_source(config.base_model_name)
         if source.kind == "single_file":
             # The whole file is in memory while its parts are built: they are put in their form once it is let go.
-            file_parts, *rest = self._load_single_file(source.path, config)
+            file_parts, *rest = self.load_single_file(source.path, config)
             parts.update(file_parts)
             return rest
         if source.kind == "backup":
             source = backup_model_source(source.path)
-        return self._load_diffusers(source, config, parts)
+        return self.load_diffusers(source, config, parts)
 
     @abstractmethod
-    def _load_single_file(self, path: Path, config: TrainConfig):
-        """The parts, tokenizer(s), scheduler config and extras from an original single file, each part read in its
-        `loading.load_dtype`."""
+    def load_single_file(self, path: Path, config: TrainConfig):
+        """The parts, tokenizer(s), scheduler config and the family's state from an original single file, each part
+        read in its `loading.load_dtype`."""
 
     @abstractmethod
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+    def load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         """The same from a diffusers folder or hub id, each part added to `parts` as it is read (in declared order);
         returns the rest."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,14 @@ import torch
 from onetrainer.config.enums import ModelType
 from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
-from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, TextEncoderSlot, first_weight
+from onetrainer.families.base import (
+    BatchInputs,
+    Conditioning,
+    FamilyState,
+    LoadedModel,
+    TextEncoderSlot,
+    first_weight,
+)
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     KeptParts,
@@ -69,6 +77,14 @@ CLIP_G_PREFIX = "conditioner.embedders.1.model."  # OpenCLIP layout: transformer
 KOHYA_PREFIXES = {"unet": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
 
 
+@dataclass(slots=True)
+class SDXLState(FamilyState):
+    """What an SDXL model keeps besides its parts: its pipeline's `force_zeros_for_empty_prompt` (model_index.json;
+    True where it does not say, and for a single file), the negative prompt of its samples when none is given."""
+
+    force_zeros_for_empty_prompt: bool = True
+
+
 class StableDiffusionXLFamily(StableDiffusionBase):
     """Shares with SD (`sd_common.StableDiffusionBase`) the image encoding, inpainting's cache, sampling and saving;
     the rest is SDXL's own."""
@@ -82,7 +98,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
     def load(self, config: TrainConfig) -> LoadedModel:
         model_type = config.model_type
         parts = KeptParts(config)
-        tokenizers, scheduler_config, extra = self._read_source(config, parts)
+        tokenizers, scheduler_config, state = self.read_source(config, parts)
         _check_model_type(parts["unet"].config, model_type, config.base_model_name)
         if config.vae.model_name:
             parts["vae"] = load_vae_override(config, parts["vae"].config)
@@ -97,9 +113,9 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             slot.layer_skip = config.part(slot.part).layer_skip
         zero_terminal_snr = config.rescale_noise_scheduler_to_zero_terminal_snr
         schedule = discrete_schedule(scheduler_config, v_prediction, zero_terminal_snr)
-        return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, extra)
+        return LoadedModel(model_type, parts, slots, schedule, config.base_model_name, state)
 
-    def _load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
+    def load_diffusers(self, source: ModelSource, config: TrainConfig, parts: KeptParts):
         from diffusers import AutoencoderKL, DDPMScheduler, DiffusionPipeline, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -121,10 +137,10 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             index = DiffusionPipeline.load_config(where, **options)
         except (OSError, ValueError):
             index = {}
-        extra = {"force_zeros_for_empty_prompt": bool(index.get("force_zeros_for_empty_prompt", True))}
-        return tokenizers, scheduler_config, extra
+        state = SDXLState(force_zeros_for_empty_prompt=bool(index.get("force_zeros_for_empty_prompt", True)))
+        return tokenizers, scheduler_config, state
 
-    def _load_single_file(self, path: Path, config: TrainConfig):
+    def load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
         from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -156,7 +172,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
         # The two tokenizers share CLIP's vocabulary; the first pads with the end token, the second with "!".
         tokenizers = (single_file_tokenizer(metadata, False), single_file_tokenizer(metadata, True))
         parts = {"unet": unet, "text_encoder": text_encoder, "text_encoder_2": text_encoder_2, "vae": vae}
-        return parts, tokenizers, dict(reference.EULER_EPSILON), {"force_zeros_for_empty_prompt": True}
+        return parts, tokenizers, dict(reference.EULER_EPSILON), SDXLState()
 
     # -- text and images ------------------------------------------------------------------------------------------
 
@@ -261,7 +277,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             tokenizer_2=model.text_encoders[1].tokenizer,
             unet=model.part("unet"),
             scheduler=sampler,
-            force_zeros_for_empty_prompt=model.extra.get("force_zeros_for_empty_prompt", True),
+            force_zeros_for_empty_prompt=model.family_state(SDXLState).force_zeros_for_empty_prompt,
             add_watermarker=False,
             **kwargs,
         )
@@ -273,7 +289,7 @@ class StableDiffusionXLFamily(StableDiffusionBase):
             return super().prompt_arguments(model, prompt, negative_prompt)
         with torch.no_grad():
             positive = self.encode_text(model, [prompt])
-            if negative_prompt is None and model.extra.get("force_zeros_for_empty_prompt", True):
+            if negative_prompt is None and model.family_state(SDXLState).force_zeros_for_empty_prompt:
                 negative = positive.zeroed(torch.ones(1, dtype=torch.bool))
             else:
                 negative = self.encode_text(model, [negative_prompt or ""])

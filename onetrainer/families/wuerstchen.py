@@ -13,6 +13,7 @@ import contextlib
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,6 +26,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -72,6 +74,15 @@ def cascade_remap(t: torch.Tensor) -> torch.Tensor:
     return (t + 0.001).clamp(0.001, 1.0)
 
 
+@dataclass(slots=True)
+class WuerstchenState(FamilyState):
+    """What a Würstchen / Stable Cascade model keeps besides its parts: the decoder's tokenizer (samples run the
+    decoder stages), and the dtype the prior computes in under a FLOAT_16 autocast (None: as the autocast)."""
+
+    decoder_tokenizer: object | None = None
+    prior_autocast: torch.dtype | None = None
+
+
 class WuerstchenPriorFamily(Family):
     """What Würstchen v2 and Stable Cascade do alike: part-wise loading, CLIP tokens, effnet latents, the cosine
     schedule, sampling prior (CFG) → decoder → VQGAN, the prior pipeline folder. Each variant is a subclass that
@@ -103,46 +114,46 @@ class WuerstchenPriorFamily(Family):
         parts["prior"] = self._load_prior(config, where, options)
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(
-            self._text_encoder_class(), where, "text_encoder", options, dtype=dtype
+            self.text_encoder_class(), where, "text_encoder", options, dtype=dtype
         )
         tokenizer = load_tokenizer(where, options)
         decoder_tokenizer = self._load_decoder(config, parts)
-        parts["effnet_encoder"] = self._effnet_encoder(config)
+        parts["effnet_encoder"] = self.effnet_encoder(config)
         for module in parts.values():
             module.requires_grad_(False)
         slot = TextEncoderSlot("text_encoder", parts["text_encoder"], tokenizer, "lora_te", "clip_g")
         schedule = ContinuousCosineSchedule(self.remap)
-        extra = {"decoder_tokenizer": decoder_tokenizer, "prior_autocast": self._prior_autocast(config)}
-        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, extra)
+        state = WuerstchenState(decoder_tokenizer, self.prior_autocast_dtype(config))
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
 
     @abstractmethod
-    def _prior_class(self) -> type:
+    def prior_class(self) -> type:
         """The diffusers class of the prior (stage C)."""
 
     @abstractmethod
-    def _decoder_class(self) -> type:
+    def decoder_class(self) -> type:
         """The diffusers class of the decoder (stage B)."""
 
     @abstractmethod
-    def _text_encoder_class(self) -> type:
+    def text_encoder_class(self) -> type:
         """The transformers class of the prior's text encoder."""
 
     @abstractmethod
-    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
+    def prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
         """The prior from a single file named as the prior's model (`prior.model_name`), read in `dtype`."""
 
     @abstractmethod
-    def _decoder_name(self, config: TrainConfig) -> str:
+    def decoder_name(self, config: TrainConfig) -> str:
         """The decoder's model when `decoder.model_name` is empty."""
 
     @abstractmethod
-    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+    def effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
         """The EfficientNet encoder (`effnet_encoder.model_name`)."""
 
     def _load_prior(self, config: TrainConfig, where: str, options: dict) -> torch.nn.Module:
         """The base's prior, or the prior part's own model (`prior.model_name`): a diffusers folder or hub id, or a
-        single file (`_prior_from_file`)."""
-        cls = self._prior_class()
+        single file (`prior_from_file`)."""
+        cls = self.prior_class()
         dtype = load_dtype(config, "prior")
         override = config.part("prior").model_name.strip()
         if not override:
@@ -157,34 +168,34 @@ class WuerstchenPriorFamily(Family):
             return load_diffusers_component(cls, str(path), subfolder, {"local_files_only": True}, dtype=dtype)
         if not path.is_file():
             raise ModelLoadError(f"the prior's model (prior.model_name) was not found: {override}")
-        return self._prior_from_file(path, where, options, dtype)
+        return self.prior_from_file(path, where, options, dtype)
 
     def _load_decoder(self, config: TrainConfig, parts: KeptParts) -> object:
-        """Adds the decoder, the variant's own decoder parts (`_load_decoder_extras`) and the decoder's VQGAN to
+        """Adds the decoder, the variant's own decoder parts (`load_decoder_extras`) and the decoder's VQGAN to
         `parts`, in declared order; returns the decoder's tokenizer (None where the decoder has no text encoder of its
         own)."""
         from diffusers.pipelines.deprecated.wuerstchen import PaellaVQModel
 
-        name = config.part("decoder").model_name or self._decoder_name(config)
+        name = config.part("decoder").model_name or self.decoder_name(config)
         source = resolve_source(name)
         files = self.info.part_hub_file_sets["decoder"]
         options = hub_options(source, config, "the decoder (decoder.model_name)", files)
         where = source.location
         parts["decoder"] = load_diffusers_component(
-            self._decoder_class(), where, "decoder", options, dtype=load_dtype(config, "decoder")
+            self.decoder_class(), where, "decoder", options, dtype=load_dtype(config, "decoder")
         )
-        tokenizer = self._load_decoder_extras(config, where, options, parts)
+        tokenizer = self.load_decoder_extras(config, where, options, parts)
         parts["decoder_vqgan"] = load_diffusers_component(
             PaellaVQModel, where, "vqgan", options, dtype=load_dtype(config, "decoder_vqgan")
         )
         return tokenizer
 
-    def _load_decoder_extras(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> object:
+    def load_decoder_extras(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> object:
         """Adds the variant's own decoder parts to `parts` (each in its `load_dtype`); returns the decoder's tokenizer,
         if it has one."""
         return None
 
-    def _prior_autocast(self, config: TrainConfig) -> torch.dtype | None:
+    def prior_autocast_dtype(self, config: TrainConfig) -> torch.dtype | None:
         """The dtype the prior computes in under a FLOAT_16 autocast (`_prior_precision`); None: as the autocast."""
         return None
 
@@ -198,10 +209,10 @@ class WuerstchenPriorFamily(Family):
         slot = model.text_encoders[0]
         encoder = slot.encoder
         ids, mask = self._tokens(slot.tokenizer, captions, first_weight(encoder).device)
-        return self._conditioning(encoder, ids, mask)
+        return self.text_conditioning(encoder, ids, mask)
 
     @abstractmethod
-    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+    def text_conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
         """The prior's text conditioning from the text encoder's tokens and their mask."""
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
@@ -257,7 +268,7 @@ class WuerstchenPriorFamily(Family):
         decoder = model.part("decoder")
         weight = first_weight(decoder)
         device, dtype = weight.device, weight.dtype
-        text = self._decoder_text(model, sample.prompt, device, dtype)
+        text = self.decoder_text(model, sample.prompt, device, dtype)
         height = int(effnet_latents.shape[2] * DECODER_LATENT_SCALE)
         width = int(effnet_latents.shape[3] * DECODER_LATENT_SCALE)
         channels = getattr(decoder.config, self.channels_key)
@@ -266,7 +277,7 @@ class WuerstchenPriorFamily(Family):
         scheduler = self._scheduler(model, DECODER_STEPS)
         for t in scheduler.timesteps[:-1]:
             ratio = t.view(1).to(device, dtype)
-            out = self._decoder_step(decoder, x, ratio, effnet_latents, text)
+            out = self.decoder_step(decoder, x, ratio, effnet_latents, text)
             x = scheduler.step(out.float(), t.view(1), x.float()).prev_sample.to(dtype)
         vqgan = model.part("decoder_vqgan")
         vq_weight = first_weight(vqgan)
@@ -275,11 +286,11 @@ class WuerstchenPriorFamily(Family):
         return to_image(pixels[0].float().permute(1, 2, 0).cpu().numpy())
 
     @abstractmethod
-    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The decoder's text conditioning for the prompt, on `device` in `dtype`."""
 
     @abstractmethod
-    def _decoder_step(
+    def decoder_step(
         self,
         decoder: torch.nn.Module,
         x: torch.Tensor,
@@ -287,7 +298,7 @@ class WuerstchenPriorFamily(Family):
         effnet_latents: torch.Tensor,
         text: torch.Tensor,
     ) -> torch.Tensor:
-        """The decoder's prediction for `x` at `ratio`, conditioned on the effnet latents and `_decoder_text`."""
+        """The decoder's prediction for `x` at `ratio`, conditioned on the effnet latents and `decoder_text`."""
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
@@ -296,7 +307,7 @@ class WuerstchenPriorFamily(Family):
     ) -> None:
         """The prior pipeline folder (prior, text encoder, tokenizer, scheduler) that diffusers writes (`metadata`, a
         single file's header entries, has no place in it)."""
-        save_pipeline_folder(self._prior_pipeline(model), destination, dtype)
+        save_pipeline_folder(self.prior_pipeline(model), destination, dtype)
 
     writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: save_diffusers}
 
@@ -312,7 +323,7 @@ class WuerstchenPriorFamily(Family):
         }
 
     @abstractmethod
-    def _prior_pipeline(self, model: LoadedModel):
+    def prior_pipeline(self, model: LoadedModel):
         """diffusers' prior pipeline over the live prior and its text encoder."""
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
@@ -341,34 +352,34 @@ class WuerstchenFamily(WuerstchenPriorFamily):
     kind = ModelKind("wuerstchen-v2-prior", "wuerstchen_2")
     channels_key = "c_in"
 
-    def _prior_class(self) -> type:
+    def prior_class(self) -> type:
         from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPrior
 
         return WuerstchenPrior
 
-    def _decoder_class(self) -> type:
+    def decoder_class(self) -> type:
         from diffusers.pipelines.deprecated.wuerstchen import WuerstchenDiffNeXt
 
         return WuerstchenDiffNeXt
 
-    def _text_encoder_class(self) -> type:
+    def text_encoder_class(self) -> type:
         from transformers import CLIPTextModel
 
         return CLIPTextModel
 
-    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
+    def prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
         raise ModelLoadError(
             f"prior.model_name: {path} is a single file; a Würstchen v2 prior is read from a diffusers folder or "
             "hub id (single stage C files are Stable Cascade's)"
         )
 
-    def _decoder_name(self, config: TrainConfig) -> str:
+    def decoder_name(self, config: TrainConfig) -> str:
         return "warp-ai/wuerstchen"  # the released model's decoder
 
-    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+    def effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
         return _load_effnet(config, False)
 
-    def _load_decoder_extras(self, config, where, options, parts) -> object:
+    def load_decoder_extras(self, config, where, options, parts) -> object:
         """Würstchen's decoder has a text encoder of its own (CLIP-H), with its tokenizer."""
         from transformers import CLIPTextModel
 
@@ -378,7 +389,7 @@ class WuerstchenFamily(WuerstchenPriorFamily):
         )
         return load_tokenizer(where, options)
 
-    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+    def text_conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
         output = encoder(ids, attention_mask=mask)
         return Conditioning({"hidden_states": output.last_hidden_state, "attention_mask": mask})
 
@@ -393,15 +404,17 @@ class WuerstchenFamily(WuerstchenPriorFamily):
         dtype = first_weight(prior).dtype
         return Prediction(prior(noisy_latents.to(dtype), timesteps.to(dtype), conditioning.hidden_states.to(dtype)))
 
-    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         text_encoder = model.part("decoder_text_encoder")
-        ids, mask = self._tokens(model.extra["decoder_tokenizer"], [prompt], first_weight(text_encoder).device)
+        ids, mask = self._tokens(
+            model.family_state(WuerstchenState).decoder_tokenizer, [prompt], first_weight(text_encoder).device
+        )
         return text_encoder(ids, attention_mask=mask).last_hidden_state.to(device, dtype)
 
-    def _decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
+    def decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
         return decoder(x, ratio, effnet=effnet_latents, clip=text)
 
-    def _prior_pipeline(self, model: LoadedModel):
+    def prior_pipeline(self, model: LoadedModel):
         from diffusers.pipelines.deprecated.wuerstchen import WuerstchenPriorPipeline
 
         return WuerstchenPriorPipeline(**self._prior_parts(model))
@@ -424,38 +437,38 @@ class CascadeFamily(WuerstchenPriorFamily):
     kind = ModelKind("stable-cascade-v1-prior", "stable_cascade")
     channels_key = "in_channels"
 
-    def _prior_class(self) -> type:
+    def prior_class(self) -> type:
         from diffusers import StableCascadeUNet
 
         return StableCascadeUNet
 
-    _decoder_class = _prior_class  # stage B is a StableCascadeUNet too
+    decoder_class = prior_class  # stage B is a StableCascadeUNet too
 
-    def _text_encoder_class(self) -> type:
+    def text_encoder_class(self) -> type:
         from transformers import CLIPTextModelWithProjection
 
         return CLIPTextModelWithProjection
 
-    def _prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
+    def prior_from_file(self, path: Path, where: str, options: dict, dtype: torch.dtype) -> torch.nn.Module:
         """A single stage C file in Stability's layout (`stage_c.safetensors`, `stage_c_lite`) or diffusers', on the
         config it fits."""
-        base_config = load_diffusers_component(self._prior_class(), where, "prior", options, config_only=True)
+        base_config = load_diffusers_component(self.prior_class(), where, "prior", options, config_only=True)
         return _stage_c_from_file(path, base_config, dtype)
 
-    def _decoder_name(self, config: TrainConfig) -> str:
+    def decoder_name(self, config: TrainConfig) -> str:
         return "stabilityai/stable-cascade"  # the released model's decoder
 
-    def _effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
+    def effnet_encoder(self, config: TrainConfig) -> torch.nn.Module:
         return _load_effnet(config, True)
 
-    def _prior_autocast(self, config: TrainConfig) -> torch.dtype | None:
+    def prior_autocast_dtype(self, config: TrainConfig) -> torch.dtype | None:
         """The Cascade prior gives NaN in float16: under a FLOAT_16 training dtype it computes in the fallback dtype
         (`fallback_train_dtype`)."""
         if config.train_dtype is not DataType.FLOAT_16:
             return None
         return torch_dtype(fallback_dtype(config.train_dtype, config.fallback_train_dtype))
 
-    def _conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
+    def text_conditioning(self, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Conditioning:
         # clip_text: the last layer's hidden states without the final norm; clip_text_pooled: text_embeds.
         output = encoder(ids, attention_mask=mask, output_hidden_states=True)
         return Conditioning(
@@ -471,20 +484,20 @@ class CascadeFamily(WuerstchenPriorFamily):
         pooled = conditioning.pooled.to(dtype)[:, None]
         clip_img = torch.zeros(len(x), 1, CLIP_IMAGE_WIDTH, device=x.device, dtype=dtype)
         clip_img = clip_img[..., : prior.config.clip_image_in_channels]
-        with _prior_precision(x.device, model.extra.get("prior_autocast")):
+        with _prior_precision(x.device, model.family_state(WuerstchenState).prior_autocast):
             output = prior(x, ratio, clip_text_pooled=pooled, clip_text=hidden, clip_img=clip_img).sample
         return Prediction(output)
 
-    def _decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def decoder_text(self, model: LoadedModel, prompt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The pooled embedding of the prior's text encoder."""
         slot = model.text_encoders[0]
         ids, mask = self._tokens(slot.tokenizer, [prompt], first_weight(slot.encoder).device)
         return slot.encoder(ids, attention_mask=mask).text_embeds[:, None].to(device, dtype)
 
-    def _decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
+    def decoder_step(self, decoder, x, ratio, effnet_latents, text) -> torch.Tensor:
         return decoder(x, ratio, clip_text_pooled=text, effnet=effnet_latents).sample
 
-    def _prior_pipeline(self, model: LoadedModel):
+    def prior_pipeline(self, model: LoadedModel):
         from diffusers import StableCascadePriorPipeline
 
         return StableCascadePriorPipeline(**self._prior_parts(model), image_encoder=None, feature_extractor=None)

@@ -92,7 +92,7 @@ class ZImageFamily(LanguageModelFlowFamily):
         parts["text_encoder"] = load_diffusers_component(AutoModel, where, "text_encoder", options, dtype=dtype)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         parts["vae"] = load_vae(config, where, options)
-        return self._loaded(config, parts, tokenizer, where, options)
+        return self.loaded_model(config, parts, tokenizer, where, options)
 
     # -- text and images ------------------------------------------------------------------------------------------
 

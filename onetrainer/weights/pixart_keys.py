@@ -6,20 +6,23 @@ k/v into `blocks.N.cross_attn.kv_linear` (rows stacked in that order). It also h
 parameter for: `pos_embed` (the fixed sin-cos position table, which diffusers recomputes) and
 `y_embedder.y_embedding` (the learned "no caption" embedding PixArt's own training and sampling scripts use; tools
 detect a PixArt checkpoint and its token count by it). The map is derived from the transformer config: its number of
-layers, and whether the resolution/aspect-ratio embedders exist (the 1024 models, `sample_size == 128`).
+layers, its width, and whether the resolution/aspect-ratio embedders exist (the 1024 models, `sample_size == 128`).
+It is made of `fused_lora.OriginalModule`s, as Flux's and SD 3's maps are, so the one map converts checkpoints and
+names LoRA modules alike (`pixart_lora.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from onetrainer.weights.checkpoint_files import load_state_dict
+from onetrainer.weights.fused_lora import OriginalModule
 from onetrainer.weights.key_check import check_keys
 
 POS_EMBED = "pos_embed"
@@ -31,15 +34,6 @@ ALPHA_CAPTION_TOKENS = 120
 _PARAMETERS = ("weight", "bias")
 
 
-@dataclass(frozen=True)
-class NativeModule:
-    """Where a diffusers module's rows live natively: rows `index` of `parts` equal slices of module `path`."""
-
-    path: str
-    index: int = 0
-    parts: int = 1
-
-
 def has_micro_conditions(config: Mapping[str, Any]) -> bool:
     """Whether the transformer has resolution and aspect-ratio embedders (diffusers' own rule for `None`)."""
     explicit = config.get("use_additional_conditions")
@@ -48,34 +42,53 @@ def has_micro_conditions(config: Mapping[str, Any]) -> bool:
     return config["sample_size"] == 128
 
 
-def module_map(config: Mapping[str, Any]) -> dict[str, NativeModule]:
-    """Every diffusers module with a weight and a bias → its native module (a slice of it where fused)."""
+def module_map(config: Mapping[str, Any]) -> dict[str, OriginalModule]:
+    """Every diffusers module with a weight and a bias → its native module (a slice of it where fused: q|k|v of
+    `attn.qkv`, k|v of `cross_attn.kv_linear`, each the transformer's width)."""
+    return dict(_module_map(*_topology(config)))
+
+
+def original_module(module_path: str, config: Mapping[str, Any]) -> OriginalModule | None:
+    """Where one diffusers module lives natively (`module_map`), None for a module without a weight and a bias; a
+    lookup in a cached map, for naming modules one at a time."""
+    return _module_map(*_topology(config)).get(module_path)
+
+
+def _topology(config: Mapping[str, Any]) -> tuple[int, int, bool]:
+    """What the map depends on, as a cache key: the blocks, the width of the fused slices, the micro-conditions."""
+    width = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+    return int(config["num_layers"]), width, has_micro_conditions(config)
+
+
+@functools.lru_cache(maxsize=16)
+def _module_map(layers: int, width: int, micro_conditions: bool) -> dict[str, OriginalModule]:
     modules = {
-        "pos_embed.proj": NativeModule("x_embedder.proj"),
-        "caption_projection.linear_1": NativeModule("y_embedder.y_proj.fc1"),
-        "caption_projection.linear_2": NativeModule("y_embedder.y_proj.fc2"),
-        "adaln_single.emb.timestep_embedder.linear_1": NativeModule("t_embedder.mlp.0"),
-        "adaln_single.emb.timestep_embedder.linear_2": NativeModule("t_embedder.mlp.2"),
-        "adaln_single.linear": NativeModule("t_block.1"),
-        "proj_out": NativeModule("final_layer.linear"),
+        "pos_embed.proj": OriginalModule("x_embedder.proj"),
+        "caption_projection.linear_1": OriginalModule("y_embedder.y_proj.fc1"),
+        "caption_projection.linear_2": OriginalModule("y_embedder.y_proj.fc2"),
+        "adaln_single.emb.timestep_embedder.linear_1": OriginalModule("t_embedder.mlp.0"),
+        "adaln_single.emb.timestep_embedder.linear_2": OriginalModule("t_embedder.mlp.2"),
+        "adaln_single.linear": OriginalModule("t_block.1"),
+        "proj_out": OriginalModule("final_layer.linear"),
     }
-    if has_micro_conditions(config):
+    if micro_conditions:
         for diffusers_name, native_name in (("resolution", "csize"), ("aspect_ratio", "ar")):
             for linear, index in (("linear_1", 0), ("linear_2", 2)):
-                modules[f"adaln_single.emb.{diffusers_name}_embedder.{linear}"] = NativeModule(
+                modules[f"adaln_single.emb.{diffusers_name}_embedder.{linear}"] = OriginalModule(
                     f"{native_name}_embedder.mlp.{index}"
                 )
-    for n in range(config["num_layers"]):
+    qkv, kv = (width,) * 3, (width,) * 2
+    for n in range(layers):
         block, native = f"transformer_blocks.{n}", f"blocks.{n}"
         for index, projection in enumerate(("to_q", "to_k", "to_v")):
-            modules[f"{block}.attn1.{projection}"] = NativeModule(f"{native}.attn.qkv", index, 3)
-        modules[f"{block}.attn1.to_out.0"] = NativeModule(f"{native}.attn.proj")
-        modules[f"{block}.attn2.to_q"] = NativeModule(f"{native}.cross_attn.q_linear")
+            modules[f"{block}.attn1.{projection}"] = OriginalModule(f"{native}.attn.qkv", index, qkv)
+        modules[f"{block}.attn1.to_out.0"] = OriginalModule(f"{native}.attn.proj")
+        modules[f"{block}.attn2.to_q"] = OriginalModule(f"{native}.cross_attn.q_linear")
         for index, projection in enumerate(("to_k", "to_v")):
-            modules[f"{block}.attn2.{projection}"] = NativeModule(f"{native}.cross_attn.kv_linear", index, 2)
-        modules[f"{block}.attn2.to_out.0"] = NativeModule(f"{native}.cross_attn.proj")
-        modules[f"{block}.ff.net.0.proj"] = NativeModule(f"{native}.mlp.fc1")
-        modules[f"{block}.ff.net.2"] = NativeModule(f"{native}.mlp.fc2")
+            modules[f"{block}.attn2.{projection}"] = OriginalModule(f"{native}.cross_attn.kv_linear", index, kv)
+        modules[f"{block}.attn2.to_out.0"] = OriginalModule(f"{native}.cross_attn.proj")
+        modules[f"{block}.ff.net.0.proj"] = OriginalModule(f"{native}.mlp.fc1")
+        modules[f"{block}.ff.net.2"] = OriginalModule(f"{native}.mlp.fc2")
     return modules
 
 
@@ -132,10 +145,10 @@ def diffusers_to_native(
     for module, native in module_map(config).items():
         for p in _PARAMETERS:
             value = state_dict[f"{module}.{p}"]
-            if native.parts == 1:
+            if not native.fused:
                 out[f"{native.path}.{p}"] = value
             else:
-                fused.setdefault(f"{native.path}.{p}", [None] * native.parts)[native.index] = value
+                fused.setdefault(f"{native.path}.{p}", [None] * len(native.rows))[native.index] = value
     for key, slices in fused.items():
         out[key] = torch.cat(slices, dim=0)  # every slot is filled: check_keys saw every diffusers key
     for diffusers_key, native_key in parameter_map(config).items():
@@ -164,12 +177,13 @@ def native_to_diffusers(
     for module, native in module_map(config).items():
         for p in _PARAMETERS:
             value = weights[f"{native.path}.{p}"]
-            if native.parts > 1:
-                if value.shape[0] % native.parts:
+            if native.fused:
+                parts = len(native.rows)
+                if value.shape[0] % parts:
                     raise ValueError(
-                        f"{native.path}.{p} has {value.shape[0]} rows, not divisible into {native.parts} projections"
+                        f"{native.path}.{p} has {value.shape[0]} rows, not divisible into {parts} projections"
                     )
-                value = value.chunk(native.parts, dim=0)[native.index]
+                value = value.chunk(parts, dim=0)[native.index]
             out[f"{module}.{p}"] = value
     for diffusers_key, native_key in parameter_map(config).items():
         out[diffusers_key] = weights[native_key]

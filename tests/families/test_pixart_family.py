@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from onetrainer.config import config_from_dict
 from onetrainer.config.sample_config import SampleConfig
-from onetrainer.families.pixart import PixArtFamily
+from onetrainer.families.pixart import PixArtFamily, PixArtState
 from onetrainer.methods import create_method
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics
@@ -44,8 +44,9 @@ def transformer_output(model, seed: int = 0) -> torch.Tensor:
     transformer = model.part("transformer")
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn(1, 4, 8, 8, generator=generator)
-    text = torch.randn(1, model.extra["tokens"], transformer.config.caption_channels, generator=generator)
-    mask = torch.zeros(1, model.extra["tokens"], dtype=torch.long)
+    tokens = model.family_state(PixArtState).tokens
+    text = torch.randn(1, tokens, transformer.config.caption_channels, generator=generator)
+    mask = torch.zeros(1, tokens, dtype=torch.long)
     mask[:, :5] = 1
     added = {"resolution": torch.tensor([[64.0, 64.0]]), "aspect_ratio": torch.tensor([[1.0]])}
     with torch.no_grad():

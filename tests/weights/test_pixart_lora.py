@@ -1,4 +1,5 @@
-"""PixArt kohya LoRA: split q/k/v (k/v) adapters ↔ one exact block-diagonal LoRA on the fused native layer."""
+"""PixArt kohya LoRA (`pixart_lora.LAYOUT`, the fused layout Flux and SD 3 share): split q/k/v (k/v) adapters ↔ one
+exact block-diagonal LoRA on the fused native layer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
 from onetrainer.tiny import components
 from onetrainer.tiny import reference as ref
 from onetrainer.tiny.pixart import TRANSFORMER_HEADS
-from onetrainer.weights import pixart_keys, pixart_lora
+from onetrainer.weights import lycoris_keys, pixart_keys, pixart_lora
+from onetrainer.weights.adapter_kinds import LOHA, LORA
+from onetrainer.weights.fused_transformer_lora import unet_name
 
 WIDTH = TRANSFORMER_HEADS * components.HEAD_WIDTH
 CONFIG = components.tiny_config(
@@ -21,7 +24,17 @@ CONFIG = components.tiny_config(
     caption_channels=32,
 )
 SELF = "transformer_blocks.5.attn1"
+LAYOUT = pixart_lora.LAYOUT
 CROSS = "transformer_blocks.5.attn2"
+
+
+def to_kohya(state: dict, alphas) -> dict:
+    return LAYOUT.to_kohya(LORA, state, alphas, None, CONFIG)
+
+
+def from_kohya(state: dict) -> tuple[dict, dict, dict, list]:
+    read = LAYOUT.from_kohya(LORA, state, CONFIG)
+    return read.weights, read.alphas, read.ranks, read.unknown
 
 
 def _adapter(module: str, rank: int, generator: torch.Generator, inputs: int = WIDTH, outputs: int = WIDTH) -> dict:
@@ -57,7 +70,7 @@ def test_split_qkv_exports_exactly_as_one_fused_lora(ranks: tuple, alphas: tuple
         state |= _adapter(module, rank, generator)
     module_alphas = dict(zip(modules, alphas))
 
-    kohya = pixart_lora.transformer_to_kohya(state, module_alphas, CONFIG)
+    kohya = to_kohya(state, module_alphas)
 
     name = "lora_unet_blocks_5_attn_qkv"
     assert set(kohya) == {f"{name}.lora_down.weight", f"{name}.lora_up.weight", f"{name}.alpha"}
@@ -70,7 +83,7 @@ def test_split_qkv_exports_exactly_as_one_fused_lora(ranks: tuple, alphas: tuple
         assert torch.equal(kohya[f"{name}.lora_up.weight"][WIDTH : 2 * WIDTH, 4:8], state[f"{SELF}.to_k.lora_B.weight"])
 
     # And back: per-projection adapters with the same ΔW each.
-    weights, back_alphas, back_ranks, unknown = pixart_lora.kohya_to_transformer(kohya, CONFIG)
+    weights, back_alphas, back_ranks, unknown = from_kohya(kohya)
     assert unknown == [] and set(back_ranks) == set(modules)
     for module, alpha in zip(modules, alphas):
         assert torch.allclose(_peft_delta(weights, module, back_alphas[module]), _peft_delta(state, module, alpha))
@@ -89,7 +102,7 @@ def test_cross_attention_kv_fuses_two_adapters_and_q_and_proj_stay_single() -> N
         | _adapter(f"{CROSS}.to_out.0", 4, generator)
         | _adapter("transformer_blocks.5.ff.net.0.proj", 4, generator, outputs=4 * WIDTH)
     )
-    kohya = pixart_lora.transformer_to_kohya(state, 6.0, CONFIG)
+    kohya = to_kohya(state, 6.0)
 
     kv = "lora_unet_blocks_5_cross_attn_kv_linear"
     assert kohya[f"{kv}.lora_down.weight"].shape == (8, WIDTH)
@@ -108,12 +121,12 @@ def test_cross_attention_kv_fuses_two_adapters_and_q_and_proj_stay_single() -> N
 def test_a_fused_layer_with_only_some_projections_adapted() -> None:
     generator = torch.Generator().manual_seed(2)
     state = _adapter(f"{SELF}.to_q", 4, generator) | _adapter(f"{SELF}.to_v", 4, generator)
-    kohya = pixart_lora.transformer_to_kohya(state, 4.0, CONFIG)
+    kohya = to_kohya(state, 4.0)
     delta = _kohya_delta(kohya, "lora_unet_blocks_5_attn_qkv")
     assert not delta[WIDTH : 2 * WIDTH].any()  # k is unchanged
     assert torch.allclose(delta[2 * WIDTH :], _peft_delta(state, f"{SELF}.to_v", 4.0), atol=1e-5)
 
-    weights, alphas, ranks, _ = pixart_lora.kohya_to_transformer(kohya, CONFIG)
+    weights, alphas, ranks, _ = from_kohya(kohya)
     assert set(ranks) == {f"{SELF}.to_q", f"{SELF}.to_v"}
     assert torch.allclose(_peft_delta(weights, f"{SELF}.to_v", alphas[f"{SELF}.to_v"]), delta[2 * WIDTH :])
 
@@ -127,12 +140,12 @@ def test_a_lora_trained_on_the_fused_layer_cannot_be_split() -> None:
         f"{name}.alpha": torch.tensor(6.0),
     }
     with pytest.raises(ValueError, match=r"lora_unet_blocks_5_attn_qkv: .*not block-diagonal"):
-        pixart_lora.kohya_to_transformer(mixed, CONFIG)
+        from_kohya(mixed)
 
 
 def test_unknown_names_are_reported() -> None:
     stray = {"lora_unet_blocks_99_attn_qkv.lora_down.weight": torch.zeros(1, 1)}
-    assert pixart_lora.kohya_to_transformer(stray, CONFIG)[3] == ["lora_unet_blocks_99_attn_qkv"]
+    assert from_kohya(stray)[3] == ["lora_unet_blocks_99_attn_qkv"]
 
 
 def test_a_peft_lora_on_the_whole_transformer_matches_its_merge_in_native_keys() -> None:
@@ -143,7 +156,7 @@ def test_a_peft_lora_on_the_whole_transformer_matches_its_merge_in_native_keys()
     # init_lora_weights=False: random up matrices, so every adapter changes its layer.
     lora_config = LoraConfig(r=4, lora_alpha=2, target_modules=targets, init_lora_weights=False)
     inject_adapter_in_model(lora_config, model)
-    kohya = pixart_lora.transformer_to_kohya(get_peft_model_state_dict(model), 2.0, CONFIG)
+    kohya = to_kohya(get_peft_model_state_dict(model), 2.0)
 
     for module in model.modules():
         if hasattr(module, "merge"):
@@ -154,7 +167,7 @@ def test_a_peft_lora_on_the_whole_transformer_matches_its_merge_in_native_keys()
     names = {key.partition(".")[0] for key in kohya}
     assert "lora_unet_blocks_27_attn_qkv" in names and "lora_unet_csize_embedder_mlp_0" in names
     for native_key, weight in base.items():
-        name = pixart_lora.transformer_kohya_name(native_key.rpartition(".")[0])
+        name = unet_name(native_key.rpartition(".")[0])
         expected = weight
         if native_key.endswith(".weight") and name in names:
             expected = weight + _kohya_delta(kohya, name).reshape(weight.shape)
@@ -165,12 +178,38 @@ def test_t5_names() -> None:
     generator = torch.Generator().manual_seed(5)
     module = "encoder.block.0.layer.0.SelfAttention.q"
     state = _adapter(module, 2, generator)
-    kohya = pixart_lora.text_encoder_to_kohya(state, 3.0)
+    name_of = pixart_lora.text_encoder_kohya_name
+    kohya = lycoris_keys.to_kohya(LORA, state, name_of, {module: 3.0}, {module: 2})
     assert set(kohya) == {
         "lora_te1_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight",
         "lora_te1_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight",
         "lora_te1_encoder_block_0_layer_0_SelfAttention_q.alpha",
     }
-    weights, alphas, _, unknown = pixart_lora.kohya_to_text_encoder(kohya, [module, "encoder.block.0.layer.0"])
+    module_of = {name_of(path): path for path in (module, "encoder.block.0.layer.0")}
+    weights, alphas, _, _, unknown = lycoris_keys.from_kohya(LORA, kohya, module_of)
     assert unknown == [] and alphas == {module: 3.0}
     assert all(torch.equal(weights[k], v) for k, v in state.items())
+
+
+def test_per_projection_names_of_lycoris_kinds_and_of_older_files() -> None:
+    """Kinds without an exact fused form keep one entry per projection under `lora_unet_<diffusers path>` (PixArt's
+    names since its first files); whole modules keep their native names. A LoRA file with such names reads too."""
+    assert LAYOUT.kohya_name(f"{SELF}.to_q", CONFIG) == "lora_unet_transformer_blocks_5_attn1_to_q"
+    assert LAYOUT.kohya_name(f"{SELF}.to_out.0", CONFIG) == "lora_unet_blocks_5_attn_proj"
+    assert LAYOUT.kohya_name("no.such.module", CONFIG) == "lora_unet_no_such_module"
+    generator = torch.Generator().manual_seed(6)
+    loha = {
+        f"{SELF}.to_k.{name}": torch.randn(shape, generator=generator)
+        for name, shape in [("hada_w1_a", (WIDTH, 2)), ("hada_w1_b", (2, WIDTH)), ("hada_w2_a", (WIDTH, 2)),
+                            ("hada_w2_b", (2, WIDTH))]
+    }  # fmt: skip
+    kohya = LAYOUT.to_kohya(LOHA, loha, 2.0, {f"{SELF}.to_k": 2}, CONFIG)
+    assert {k.partition(".")[0] for k in kohya} == {"lora_unet_transformer_blocks_5_attn1_to_k"}
+    read = LAYOUT.from_kohya(LOHA, kohya, CONFIG)
+    assert read.alphas == {f"{SELF}.to_k": 2.0} and all(torch.equal(read.weights[k], v) for k, v in loha.items())
+
+    lora = _adapter(f"{SELF}.to_v", 4, generator)
+    named = lycoris_keys.to_kohya(LORA, lora, lambda m: LAYOUT.kohya_name(m, CONFIG), {f"{SELF}.to_v": 4.0}, {})
+    weights, alphas, ranks, unknown = from_kohya(named)
+    assert unknown == [] and ranks == {f"{SELF}.to_v": 4} and alphas == {f"{SELF}.to_v": 4.0}
+    assert all(torch.equal(weights[k], v) for k, v in lora.items())
