@@ -8,8 +8,10 @@ families read. This module names no family: it is what every declaration is writ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 
@@ -180,6 +182,13 @@ class ModelTypeInfo:
     v_prediction: bool
     inpainting: bool
     sample: SampleDefaults
+    # The released full-size model's parts as their diffusers / transformers configs ({part: config dict}): what the
+    # estimate counts a hub model that is not downloaded yet as (`families/meta_models.released_parts`); empty for a
+    # type without a reference model.
+    released_parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Released models of this type that differ in size: (a word of the base model's name, the parts that differ), the
+    # first word the name holds wins (SD 3.5 Medium beside Large).
+    released_variants: tuple[tuple[str, Mapping[str, Mapping[str, Any]]], ...] = ()
 
 
 # The training methods of a family that offers them all.

@@ -24,6 +24,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 # What other tools make of a LoRA file (`FileCaveat`). diffusers' load_lora_weights: drops a Flux T5 LoRA without an
@@ -173,9 +174,42 @@ _FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
 _CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
 
+_FLUX_ENCODERS = {"text_encoder": ref.CLIP_L_TEXT, "text_encoder_2": ref.T5_XXL_ENCODER, "vae": ref.FLUX_VAE}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.FLUX_DEV_1, "Flux.1 Dev / Schnell", FLUX, 1024, False, False, _FLUX_SAMPLE),
-    ModelTypeInfo(ModelType.FLUX_FILL_DEV_1, "Flux.1 Fill Dev", FLUX, 1024, False, True, _FLUX_FILL_SAMPLE),
-    ModelTypeInfo(ModelType.CHROMA_1, "Chroma1", CHROMA, 1024, False, False, _CHROMA_SAMPLE),
+    ModelTypeInfo(
+        ModelType.FLUX_DEV_1,
+        "Flux.1 Dev / Schnell",
+        FLUX,
+        1024,
+        False,
+        False,
+        _FLUX_SAMPLE,
+        released_parts={"transformer": ref.FLUX_DEV_TRANSFORMER, **_FLUX_ENCODERS},
+    ),
+    ModelTypeInfo(
+        ModelType.FLUX_FILL_DEV_1,
+        "Flux.1 Fill Dev",
+        FLUX,
+        1024,
+        False,
+        True,
+        _FLUX_FILL_SAMPLE,
+        released_parts={"transformer": ref.FLUX_FILL_TRANSFORMER, **_FLUX_ENCODERS},
+    ),
+    ModelTypeInfo(
+        ModelType.CHROMA_1,
+        "Chroma1",
+        CHROMA,
+        1024,
+        False,
+        False,
+        _CHROMA_SAMPLE,
+        released_parts={
+            "transformer": ref.CHROMA_TRANSFORMER,
+            "text_encoder": ref.T5_XXL_ENCODER,
+            "vae": ref.FLUX_VAE,
+        },
+    ),
 )

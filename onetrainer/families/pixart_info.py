@@ -18,6 +18,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 PIXART = FamilyInfo(
@@ -63,6 +64,19 @@ _PIXART_SAMPLE = SampleDefaults(1024, 1024, 25, 4.5, NoiseScheduler.DDIM)
 
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.PIXART_ALPHA, "PixArt-Alpha", PIXART, 1024, False, False, _PIXART_SAMPLE),
+    ModelTypeInfo(
+        ModelType.PIXART_ALPHA,
+        "PixArt-Alpha",
+        PIXART,
+        1024,
+        False,
+        False,
+        _PIXART_SAMPLE,
+        released_parts={
+            "transformer": ref.PIXART_ALPHA_TRANSFORMER,
+            "text_encoder": ref.T5_XXL_ENCODER,
+            "vae": ref.SD_VAE,
+        },
+    ),
     ModelTypeInfo(ModelType.PIXART_SIGMA, "PixArt-Sigma", PIXART, 1024, False, False, _PIXART_SAMPLE),
 )

@@ -20,6 +20,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 QWEN = FamilyInfo(
@@ -81,8 +82,24 @@ QWEN_EDIT = dataclasses.replace(
 )
 _QWEN_SAMPLE = SampleDefaults(1024, 1024, 30, 4.0, NoiseScheduler.EULER)
 
+# The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as).
+_QWEN_PARTS = {
+    "transformer": ref.QWEN_IMAGE_TRANSFORMER,
+    "text_encoder": ref.QWEN25_VL_7B_TEXT,
+    "vae": ref.QWEN_IMAGE_VAE,
+}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.QWEN, "Qwen-Image", QWEN, 1024, False, False, _QWEN_SAMPLE),
-    ModelTypeInfo(ModelType.QWEN_EDIT, "Qwen-Image-Edit (2509, 2511)", QWEN_EDIT, 1024, False, False, _QWEN_SAMPLE),
+    ModelTypeInfo(ModelType.QWEN, "Qwen-Image", QWEN, 1024, False, False, _QWEN_SAMPLE, released_parts=_QWEN_PARTS),
+    ModelTypeInfo(
+        ModelType.QWEN_EDIT,
+        "Qwen-Image-Edit (2509, 2511)",
+        QWEN_EDIT,
+        1024,
+        False,
+        False,
+        _QWEN_SAMPLE,
+        released_parts=_QWEN_PARTS,
+    ),
 )

@@ -19,6 +19,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 SD3 = FamilyInfo(
@@ -77,8 +78,35 @@ SD3 = FamilyInfo(
 _SD3_SAMPLE = SampleDefaults(1024, 1024, 28, 7.0, NoiseScheduler.EULER)
 _SD35_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 
+# The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as).
+_SD3_ENCODERS = {
+    "text_encoder": ref.CLIP_L_PROJECTED_TEXT,
+    "text_encoder_2": ref.CLIP_G_PROJECTED_TEXT,
+    "text_encoder_3": ref.T5_XXL_ENCODER,
+    "vae": ref.SD3_VAE,
+}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_3, "SD 3", SD3, 1024, False, False, _SD3_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_35, "SD 3.5 (Medium, Large)", SD3, 1024, False, False, _SD35_SAMPLE),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_3,
+        "SD 3",
+        SD3,
+        1024,
+        False,
+        False,
+        _SD3_SAMPLE,
+        released_parts={"transformer": ref.SD3_MEDIUM_TRANSFORMER, **_SD3_ENCODERS},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_35,
+        "SD 3.5 (Medium, Large)",
+        SD3,
+        1024,
+        False,
+        False,
+        _SD35_SAMPLE,
+        released_parts={"transformer": ref.SD35_LARGE_TRANSFORMER, **_SD3_ENCODERS},
+        released_variants=(("medium", {"transformer": ref.SD35_MEDIUM_TRANSFORMER}),),
+    ),
 )

@@ -15,6 +15,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.sd_common_info import SD_CAPABILITIES, SD_LIKE_FORMATS, UNET_LAYER_PRESETS
 
 SD = FamilyInfo(
@@ -34,15 +35,80 @@ _SD1_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.EULER_A)
 _SD2_SAMPLE = SampleDefaults(768, 768, 30, 7.5, NoiseScheduler.DDIM)
 _SD2_BASE_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.DDIM)
 
+# The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as).
+_SD1 = {"vae": ref.SD_VAE, "text_encoder": ref.CLIP_L_TEXT}
+_SD2 = {"vae": ref.SD_VAE, "text_encoder": ref.OPEN_CLIP_H_TEXT}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_15, "SD 1.5", SD, 512, False, False, _SD1_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_15_INPAINTING, "SD 1.5 Inpainting", SD, 512, False, True, _SD1_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_20_BASE, "SD 2.0 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_20, "SD 2.0 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
     ModelTypeInfo(
-        ModelType.STABLE_DIFFUSION_20_INPAINTING, "SD 2.0 Inpainting", SD, 512, False, True, _SD2_BASE_SAMPLE
+        ModelType.STABLE_DIFFUSION_15,
+        "SD 1.5",
+        SD,
+        512,
+        False,
+        False,
+        _SD1_SAMPLE,
+        released_parts={"unet": ref.SD15_UNET, **_SD1},
     ),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_21_BASE, "SD 2.1 Base (512)", SD, 512, False, False, _SD2_BASE_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_21, "SD 2.1 (768, v-pred)", SD, 768, True, False, _SD2_SAMPLE),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_15_INPAINTING,
+        "SD 1.5 Inpainting",
+        SD,
+        512,
+        False,
+        True,
+        _SD1_SAMPLE,
+        released_parts={"unet": ref.SD15_INPAINTING_UNET, **_SD1},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_20_BASE,
+        "SD 2.0 Base (512)",
+        SD,
+        512,
+        False,
+        False,
+        _SD2_BASE_SAMPLE,
+        released_parts={"unet": ref.SD2_BASE_UNET, **_SD2},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_20,
+        "SD 2.0 (768, v-pred)",
+        SD,
+        768,
+        True,
+        False,
+        _SD2_SAMPLE,
+        released_parts={"unet": ref.SD2_768_UNET, **_SD2},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_20_INPAINTING,
+        "SD 2.0 Inpainting",
+        SD,
+        512,
+        False,
+        True,
+        _SD2_BASE_SAMPLE,
+        released_parts={"unet": ref.SD2_INPAINTING_UNET, **_SD2},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_21_BASE,
+        "SD 2.1 Base (512)",
+        SD,
+        512,
+        False,
+        False,
+        _SD2_BASE_SAMPLE,
+        released_parts={"unet": ref.SD2_BASE_UNET, **_SD2},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_21,
+        "SD 2.1 (768, v-pred)",
+        SD,
+        768,
+        True,
+        False,
+        _SD2_SAMPLE,
+        released_parts={"unet": ref.SD21_768_UNET, **_SD2},
+    ),
 )

@@ -15,6 +15,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.sd_common_info import SD_CAPABILITIES, SD_LIKE_FORMATS, UNET_LAYER_PRESETS
 
 SDXL = FamilyInfo(
@@ -35,10 +36,29 @@ SDXL = FamilyInfo(
 )
 _SDXL_SAMPLE = SampleDefaults(1024, 1024, 30, 7.5, NoiseScheduler.EULER_A)
 
+# The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as).
+_SDXL = {"vae": ref.SDXL_VAE, "text_encoder": ref.CLIP_L_TEXT, "text_encoder_2": ref.OPEN_CLIP_BIGG_TEXT}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.STABLE_DIFFUSION_XL_10_BASE, "SDXL 1.0", SDXL, 1024, False, False, _SDXL_SAMPLE),
     ModelTypeInfo(
-        ModelType.STABLE_DIFFUSION_XL_10_BASE_INPAINTING, "SDXL 1.0 Inpainting", SDXL, 1024, False, True, _SDXL_SAMPLE
+        ModelType.STABLE_DIFFUSION_XL_10_BASE,
+        "SDXL 1.0",
+        SDXL,
+        1024,
+        False,
+        False,
+        _SDXL_SAMPLE,
+        released_parts={"unet": ref.SDXL_UNET, **_SDXL},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_XL_10_BASE_INPAINTING,
+        "SDXL 1.0 Inpainting",
+        SDXL,
+        1024,
+        False,
+        True,
+        _SDXL_SAMPLE,
+        released_parts={"unet": ref.SDXL_INPAINTING_UNET, **_SDXL},
     ),
 )

@@ -16,6 +16,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 
 _EFFNET_NOTE = (
     "`effnet_encoder.model_name` names the EfficientNet encoder that turns training images into the prior's "
@@ -122,8 +123,45 @@ CASCADE = FamilyInfo(
 )
 _WUERSTCHEN_SAMPLE = SampleDefaults(1024, 1024, 25, 4.0, NoiseScheduler.DDIM)
 
+# The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as);
+# the EfficientNet encoders have no config file of their own (Würstchen's with an affine mapper norm).
+_EFFNET = {"_module": "onetrainer.families.effnet", "_class_name": "EfficientNetEncoder"}
+_WUERSTCHEN_PARTS = {
+    "prior": ref.WUERSTCHEN_PRIOR,
+    "text_encoder": ref.LAION_BIGG_TEXT,
+    "decoder": ref.WUERSTCHEN_DECODER,
+    "decoder_text_encoder": ref.LAION_H_TEXT,
+    "decoder_vqgan": ref.PAELLA_VQGAN,
+    "effnet_encoder": {**_EFFNET, "affine": True},
+}
+_CASCADE_PARTS = {
+    "prior": ref.CASCADE_PRIOR_UNET,
+    "text_encoder": ref.OPEN_CLIP_BIGG_TEXT,
+    "decoder": ref.CASCADE_DECODER_UNET,
+    "decoder_vqgan": ref.PAELLA_VQGAN,
+    "effnet_encoder": {**_EFFNET, "affine": False},
+}
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.WUERSTCHEN_2, "Würstchen v2", WUERSTCHEN, 1024, False, False, _WUERSTCHEN_SAMPLE),
-    ModelTypeInfo(ModelType.STABLE_CASCADE_1, "Stable Cascade", CASCADE, 1024, False, False, _WUERSTCHEN_SAMPLE),
+    ModelTypeInfo(
+        ModelType.WUERSTCHEN_2,
+        "Würstchen v2",
+        WUERSTCHEN,
+        1024,
+        False,
+        False,
+        _WUERSTCHEN_SAMPLE,
+        released_parts=_WUERSTCHEN_PARTS,
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_CASCADE_1,
+        "Stable Cascade",
+        CASCADE,
+        1024,
+        False,
+        False,
+        _WUERSTCHEN_SAMPLE,
+        released_parts=_CASCADE_PARTS,
+    ),
 )

@@ -18,6 +18,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 from onetrainer.util.layer_filter import RegexPatterns
 
@@ -80,5 +81,18 @@ _Z_IMAGE_SAMPLE = SampleDefaults(1024, 1024, 28, 4.0, NoiseScheduler.EULER)
 
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
-    ModelTypeInfo(ModelType.Z_IMAGE, "Z-Image (Turbo)", Z_IMAGE, 1024, False, False, _Z_IMAGE_SAMPLE),
+    ModelTypeInfo(
+        ModelType.Z_IMAGE,
+        "Z-Image (Turbo)",
+        Z_IMAGE,
+        1024,
+        False,
+        False,
+        _Z_IMAGE_SAMPLE,
+        released_parts={
+            "transformer": ref.Z_IMAGE_TRANSFORMER,
+            "text_encoder": ref.QWEN3_4B_TEXT,
+            "vae": ref.Z_IMAGE_VAE,
+        },
+    ),
 )

@@ -215,3 +215,22 @@ def test_the_contract_checks_can_fail():
     assert any("is not the class's own save_diffusers" in p for p in problems)
     fewer = dataclasses.replace(PIXART, output_formats={**PIXART.output_formats, TrainingMethod.FINE_TUNE: ()})
     assert any("not the registered" in p for p in declaration_problems(fewer, PixArtFamily))
+
+
+def test_each_released_model_declares_every_part_of_its_family():
+    """What the estimate counts a hub model not yet downloaded as (`ModelTypeInfo.released_parts`, the family's
+    declaration) has one config per part the family loads, a variant only parts of it; a type without one is refused
+    by name."""
+    from onetrainer.config.model_types import MODEL_TYPES
+    from onetrainer.families.meta_models import is_model_config, released_parts
+
+    declared = [info for info in MODEL_TYPES.values() if info.released_parts]
+    assert len(declared) >= 20
+    for info in declared:
+        assert set(info.released_parts) == set(info.family.parts), info.model_type
+        assert all(is_model_config(config) for config in info.released_parts.values()), info.model_type
+        assert all(set(parts) <= set(info.family.parts) for _, parts in info.released_variants), info.model_type
+    medium = released_parts("STABLE_DIFFUSION_35", "stabilityai/stable-diffusion-3.5-medium")["transformer"]
+    assert medium != released_parts("STABLE_DIFFUSION_35")["transformer"]
+    with pytest.raises(ValueError, match="no reference model for PIXART_SIGMA"):
+        released_parts("PIXART_SIGMA")
