@@ -149,9 +149,9 @@ def test_the_tiny_part_times_every_tiny_denoiser_step(tmp_path, capsys):
 
 
 def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
-    from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
+    from onetrainer.benchmark.family_overhead import compare_family
 
-    figures = compare_pixart_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    figures = compare_family("pixart", steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
@@ -174,9 +174,9 @@ def test_the_ddp_part_needs_two_processes(capsys):
 
 
 def test_the_cascade_part_times_ours_and_the_bare_loop():
-    from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
+    from onetrainer.benchmark.family_overhead import compare_family
 
-    figures = compare_cascade_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    figures = compare_family("cascade", steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
