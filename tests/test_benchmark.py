@@ -257,7 +257,7 @@ def test_the_flux_part_compares_ours_with_the_bare_loop_and_reports_the_gpu_step
 
 def test_the_bare_flux_loop_draws_sigma_as_our_flow_matching_schedule():
     """Logit-normal σ on the T training steps, shifted by timestep_shift: the same distribution as our schedule's."""
-    from onetrainer.benchmark.flux_overhead import sample_sigmas
+    from onetrainer.benchmark.family_overhead import sample_sigmas
     from onetrainer.config import config_from_dict
     from onetrainer.noise.flow_matching import FlowMatchingSchedule
     from onetrainer.training.settings import timestep_settings

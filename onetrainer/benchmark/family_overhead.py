@@ -263,6 +263,22 @@ def optimizer_step(loss: torch.Tensor, params: list, optimizer: torch.optim.Opti
     loss.item()
 
 
+def sample_sigmas(count: int, config, num_train_timesteps: int, device: torch.device) -> torch.Tensor:
+    """σ per sample as the diffusers flow-matching examples draw it (logit-normal, mean `noising_bias`, standard
+    deviation `noising_weight` + 1, as our LOGIT_NORMAL), shifted by `timestep_shift` and placed on the T training
+    steps as our flow-matching schedule places it (σ = (⌊T·u⌋ + 1)/T, never 0): the flow families' bare loops share
+    it."""
+    from diffusers.training_utils import compute_density_for_timestep_sampling
+
+    u = compute_density_for_timestep_sampling(
+        "logit_normal", count, logit_mean=config.noising_bias, logit_std=config.noising_weight + 1.0
+    ).clamp(0.0, 1.0 - 1e-6)
+    shift = float(config.timestep_shift)
+    u = shift * u / ((shift - 1.0) * u + 1.0)
+    steps = (u * num_train_timesteps).long().clamp(0, num_train_timesteps - 1)
+    return ((steps + 1).float() / num_train_timesteps).to(device)
+
+
 def compare_with_bare(
     hook: FamilyOverhead, steps: int, warmup: int, repeat: int, progress: Callable[[str], None] | None = print
 ) -> dict:

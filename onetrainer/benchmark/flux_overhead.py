@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import BareLoop, FamilyOverhead, bare_pipeline_lora, lora_config
+from onetrainer.benchmark.family_overhead import (
+    BareLoop,
+    FamilyOverhead,
+    bare_pipeline_lora,
+    lora_config,
+    sample_sigmas,
+)
 from onetrainer.benchmark.overhead import _BARE_LOOP_SETTINGS, _beyond_the_bare_loop
 
 RESOLUTION = 64
@@ -56,21 +62,6 @@ def flux_config(workdir: Path, device: torch.device):
     if different:
         raise ValueError(f"the bare Flux loop does not do what the benchmark config asks for: {', '.join(different)}")
     return config, images
-
-
-def sample_sigmas(count: int, config, num_train_timesteps: int, device: torch.device) -> torch.Tensor:
-    """σ per sample as the diffusers Flux example draws it (logit-normal, mean `noising_bias`, standard deviation
-    `noising_weight` + 1, as our LOGIT_NORMAL), shifted by `timestep_shift` and placed on the T training steps as
-    our flow-matching schedule places it (σ = (⌊T·u⌋ + 1)/T, never 0)."""
-    from diffusers.training_utils import compute_density_for_timestep_sampling
-
-    u = compute_density_for_timestep_sampling(
-        "logit_normal", count, logit_mean=config.noising_bias, logit_std=config.noising_weight + 1.0
-    ).clamp(0.0, 1.0 - 1e-6)
-    shift = float(config.timestep_shift)
-    u = shift * u / ((shift - 1.0) * u + 1.0)
-    steps = (u * num_train_timesteps).long().clamp(0, num_train_timesteps - 1)
-    return ((steps + 1).float() / num_train_timesteps).to(device)
 
 
 class FluxBareLoop(BareLoop):

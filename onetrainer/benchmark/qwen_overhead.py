@@ -7,7 +7,7 @@ presets train) and shifted by `timestep_shift`. The bare loop takes `QwenImagePi
 memory up front the video VAE's latents of each image (one frame, normalised per channel by `latents_mean` /
 `latents_std`) and `encode_prompt`'s states of each caption (the template's first 34 tokens dropped). Each step pads
 the batch's captions to the longest with their mask (none when they are equally long, as the pipeline passes it),
-draws the noise and σ (`flux_overhead.sample_sigmas`), mixes x_t = (1 − σ)·x0 + σ·ε, calls the transformer on the 2x2-
+draws the noise and σ (`family_overhead.sample_sigmas`), mixes x_t = (1 − σ)·x0 + σ·ε, calls the transformer on the 2x2-
 packed latents with their grid and timestep σ, and trains the velocity ε − x0 with MSE. The driver and its timing:
 `family_overhead.py`.
 """
@@ -18,8 +18,13 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import BareLoop, FamilyOverhead, bare_pipeline_lora, lora_config
-from onetrainer.benchmark.flux_overhead import sample_sigmas
+from onetrainer.benchmark.family_overhead import (
+    BareLoop,
+    FamilyOverhead,
+    bare_pipeline_lora,
+    lora_config,
+    sample_sigmas,
+)
 from onetrainer.benchmark.overhead import _BARE_LOOP_SETTINGS, _beyond_the_bare_loop
 
 RESOLUTION = 64

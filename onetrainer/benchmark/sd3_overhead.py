@@ -6,7 +6,7 @@ Both train a LoRA (rank 4 on the attention layers, the family's `attn-only` pres
 drawn logit-normally (as OneTrainer's SD3 presets train), shifted by `timestep_shift` as our schedule shifts it. The
 bare loop takes `StableDiffusion3Pipeline`'s components and caches in memory up front what the diffusers SD3 LoRA
 example caches: the VAE latents, shifted and scaled ((z − shift)·scale), and `encode_prompt`'s joined hidden states and
-pooled outputs (T5's 256 tokens). Each step draws the noise and σ (`flux_overhead.sample_sigmas`), mixes
+pooled outputs (T5's 256 tokens). Each step draws the noise and σ (`family_overhead.sample_sigmas`), mixes
 x_t = (1 − σ)·x0 + σ·ε, calls the transformer with timestep σ·1000, and trains the velocity ε − x0 with MSE.
 The driver and its timing: `family_overhead.py`.
 """
@@ -17,8 +17,13 @@ from pathlib import Path
 
 import torch
 
-from onetrainer.benchmark.family_overhead import BareLoop, FamilyOverhead, bare_pipeline_lora, lora_config
-from onetrainer.benchmark.flux_overhead import sample_sigmas
+from onetrainer.benchmark.family_overhead import (
+    BareLoop,
+    FamilyOverhead,
+    bare_pipeline_lora,
+    lora_config,
+    sample_sigmas,
+)
 from onetrainer.benchmark.overhead import _BARE_LOOP_SETTINGS, _beyond_the_bare_loop
 
 RESOLUTION = 64
