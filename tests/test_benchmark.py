@@ -149,9 +149,9 @@ def test_the_tiny_part_times_every_tiny_denoiser_step(tmp_path, capsys):
 
 
 def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
-    from onetrainer.benchmark.pixart_overhead import compare_pixart_overhead
+    from onetrainer.benchmark.family_overhead import compare_family
 
-    figures = compare_pixart_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    figures = compare_family("pixart", steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
@@ -174,9 +174,9 @@ def test_the_ddp_part_needs_two_processes(capsys):
 
 
 def test_the_cascade_part_times_ours_and_the_bare_loop():
-    from onetrainer.benchmark.cascade_overhead import compare_cascade_overhead
+    from onetrainer.benchmark.family_overhead import compare_family
 
-    figures = compare_cascade_overhead(steps=1, warmup=1, repeat=1, progress=None)
+    figures = compare_family("cascade", steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
@@ -257,7 +257,7 @@ def test_the_flux_part_compares_ours_with_the_bare_loop_and_reports_the_gpu_step
 
 def test_the_bare_flux_loop_draws_sigma_as_our_flow_matching_schedule():
     """Logit-normal σ on the T training steps, shifted by timestep_shift: the same distribution as our schedule's."""
-    from onetrainer.benchmark.flux_overhead import sample_sigmas
+    from onetrainer.benchmark.family_overhead import sample_sigmas
     from onetrainer.config import config_from_dict
     from onetrainer.noise.flow_matching import FlowMatchingSchedule
     from onetrainer.training.settings import timestep_settings

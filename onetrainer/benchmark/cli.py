@@ -5,57 +5,84 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import platform
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from onetrainer.benchmark.memory import format_gib
+from onetrainer.benchmark.parts import SHARED_PARTS
 
 DESCRIPTION = (
-    "Measure what the trainer adds per step (tiny SD 1.5 LoRA through run_training vs a bare diffusers+peft loop, "
-    "same process, same maths), how fast the cache fills and how soon a fully cached run starts, the window's "
-    "responsiveness while the demo trains (--gui), and, with a CUDA device, SD 1.5- and SDXL-size UNet LoRA steps "
-    "and a Flux.1-dev-size transformer LoRA step (it/s, peak VRAM)."
+    "Measure what the trainer adds per step (a tiny model's LoRA through run_training vs a bare diffusers+peft loop, "
+    "same process, same maths; the same comparison for each family that declares one), how fast the cache fills and "
+    "how soon a fully cached run starts, the window's responsiveness while the demo trains (--gui), and, with a CUDA "
+    "device, full-size LoRA steps (it/s, peak VRAM)."
 )
-EPILOG = """\
-Parts: 'overhead' (with a many-epoch case: what an epoch boundary costs), 'calls' (Python calls per steady step of the
-overhead part's two loops: a count that compares two versions of the trainer where times are too noisy), 'pixart' (the
-same comparison on the tiny PixArt model: T5 mask, micro-conditions, the variance term), 'cascade' (the same on the tiny
-Stable Cascade prior: effnet latents, CLIP hidden + pooled, the cosine schedule with P2 weighting), 'flux' (the same on
-tiny FLUX.1-dev: packed latents, CLIP pooled + T5, the guidance input, logit-normal flow matching; with CUDA also the
-full-size Flux.1-dev LoRA step in bf16 and FLOAT_8 weights, it/s and peak VRAM, otherwise reported as not measured),
-'sd3' (the same on tiny SD 3.5 Medium: CLIP-L + CLIP-G + T5, the MMDiT-X transformer, logit-normal flow matching),
-'qwen' (the same on tiny Qwen-Image: Qwen2.5-VL's masked states, the video VAE's normalised latents, packed latents with
-their grid), 'offload' (tiny FLUX.1-dev's LoRA steps with the transformer's layers offloaded, 0.5 and 0.75, against
-none: steps/s, and peak VRAM on CUDA), 'caching', 'weights' (FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any
-machine), 'memory' (the memory engine: 'offload' and 'weights', and with CUDA the full-size Flux.1-dev LoRA with 8-bit
-weights and layer offloading at 512 and 1024 px and an SDXL-size LoRA with FLOAT_8 weights, it/s and peak VRAM against
-the goals), 'tiny' (one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on),
-'ddp' (images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU processes on
-gloo), 'gpu' (only with CUDA; otherwise reported as not measured), 'gui' (needs a display or Xvfb), 'all' (every part;
-the GUI only where a display can be had). 'presets' (not in 'all'): every shipped preset's estimated peak VRAM and
-host RAM at full size, recorded in docs/preset_memory.json and .md, the table tests/test_preset_memory.py guards; it
-prints what moved since the last. Figures and what they mean: docs/benchmarks.md."""
-PARTS = (
-    "overhead", "calls", "pixart", "cascade", "flux", "sd3", "qwen", "offload", "caching", "weights", "memory", "tiny",
-    "ddp", "gpu", "gui",
-)  # fmt: skip
+_CALLS_HELP = (
+    "Python calls per steady step of the overhead part's two loops: a count that compares two versions of the "
+    "trainer where times are too noisy"
+)
+_PRESETS_HELP = (
+    "every shipped preset's estimated peak VRAM and host RAM at full size, recorded in docs/preset_memory.json and "
+    ".md, the table tests/test_preset_memory.py guards; it prints what moved since the last"
+)
+
+
+def part_names() -> tuple[str, ...]:
+    """Every part 'all' runs, in order: the shared ones with each family's overhead part (`family_overheads`)."""
+    from onetrainer.benchmark.family_overhead import family_overheads
+
+    first, rest = SHARED_PARTS[:2], SHARED_PARTS[2:]
+    return (*first, *family_overheads(), *rest)
+
+
+def part_help() -> dict[str, str]:
+    """Each part's description for `--help`: a part that names a model says so in its own module."""
+    from onetrainer.benchmark import memory_engine, offload
+    from onetrainer.benchmark.family_overhead import family_overheads
+
+    shared = {
+        "overhead": "with a many-epoch case: what an epoch boundary costs",
+        "calls": _CALLS_HELP,
+        "offload": offload.PART_HELP,
+        "caching": "",
+        "weights": "FLOAT_8, INT_8, INT_W8A8 vs FLOAT_16 base weights; any machine",
+        "memory": memory_engine.PART_HELP,
+        "tiny": "one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on",
+        "ddp": "images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU "
+        "processes on gloo",
+        "gpu": "only with CUDA; otherwise reported as not measured",
+        "gui": "needs a display or Xvfb",
+    }
+    families = {part: hook.help for part, hook in family_overheads().items()}
+    return {part: shared[part] if part in shared else families[part] for part in part_names()}
+
+
+def epilog() -> str:
+    described = [f"'{part}'" + (f" ({text})" if text else "") for part, text in part_help().items()]
+    text = (
+        f"Parts: {', '.join(described)}, 'all' (every part; the GUI only where a display can be had). 'presets' (not "
+        f"in 'all'): {_PRESETS_HELP}. Figures and what they mean: docs/benchmarks.md."
+    )
+    return textwrap.fill(text, width=119, break_long_words=False, break_on_hyphens=False)
 
 
 def build_parser(prog: str = "benchmark.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=DESCRIPTION, epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=20, metavar="N", help="timed steps per run (default 20)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed steps first (default 3)")
     parser.add_argument(
         "--repeat", type=int, default=3, metavar="R", help="alternating repetitions; medians are reported (default 3)"
     )
-    parser.add_argument("--part", choices=("all", *PARTS, "presets"), default="all", help="what to run (default all)")
+    parser.add_argument(
+        "--part", choices=("all", *part_names(), "presets"), default="all", help="what to run (default all)"
+    )
     parser.add_argument("--gui", action="store_true", help="only the GUI's responsiveness (same as --part gui)")
     parser.add_argument(
         "--images", type=int, default=64, metavar="N", help="images for the caching measurement (default 64)"
@@ -105,7 +132,7 @@ def main(
             file=sys.stderr,
         )
         return 2
-    parts = ["gui"] if args.gui else (list(PARTS) if args.part == "all" else [args.part])
+    parts = ["gui"] if args.gui else (list(part_names()) if args.part == "all" else [args.part])
     if args.part == "memory":
         parts = ["offload", "weights", "memory"]
 
@@ -143,31 +170,22 @@ def main(
         calls = count_step_calls()
         print(format_step_calls(calls))
         report["calls"] = calls
-    families = (
-        ("pixart", "tiny PixArt-Alpha"),
-        ("cascade", "the tiny Stable Cascade prior"),
-        ("flux", "tiny FLUX.1-dev"),
-        ("sd3", "tiny SD 3.5 Medium"),
-        ("qwen", "tiny Qwen-Image"),
-    )
-    for part, label in families:
-        if part in parts:
-            compare = importlib.import_module(f"onetrainer.benchmark.{part}_overhead").__dict__[
-                f"compare_{part}_overhead"
-            ]
-            print(f"\nTrainer overhead on {label} ({args.repeat} alternating repetitions):")
-            figures = compare(max(args.steps // 2, 1), args.warmup, args.repeat)
-            print(format_family_overhead(figures))
-            report[part] = figures
-    if "flux" in parts:
-        from onetrainer.benchmark.flux_gpu import run_flux_gpu_part
+    from onetrainer.benchmark.family_overhead import compare_with_bare, family_overheads
 
-        print("\nFull-size Flux.1-dev LoRA step (CUDA only):")
-        report["flux"]["gpu"] = run_flux_gpu_part(max(args.steps // 2, 1), max(args.warmup - 1, 1))
+    overheads = {part: hook for part, hook in family_overheads().items() if part in parts}
+    for part, hook in overheads.items():
+        print(f"\nTrainer overhead on {hook.label} ({args.repeat} alternating repetitions):")
+        figures = compare_with_bare(hook, max(args.steps // 2, 1), args.warmup, args.repeat)
+        print(format_family_overhead(figures))
+        report[part] = figures
+    for part, hook in overheads.items():
+        for key, measure in hook.extras.items():
+            report[part][key] = measure(max(args.steps // 2, 1), args.warmup)
     if "offload" in parts:
+        from onetrainer.benchmark import offload
         from onetrainer.benchmark.offload import compare_offload, format_offload
 
-        print(f"\nLayer offloading on tiny FLUX.1-dev's transformer ({args.repeat} alternating repetitions):")
+        print(f"\n{offload.TITLE} ({args.repeat} alternating repetitions):")
         offload = compare_offload(max(args.steps // 2, 1), args.warmup, args.repeat)
         print(format_offload(offload))
         report["offload"] = offload
@@ -186,9 +204,10 @@ def main(
         print(format_weight_dtypes(weights))
         report["weights"] = weights
     if "memory" in parts:
+        from onetrainer.benchmark import memory_engine
         from onetrainer.benchmark.memory_engine import compare_gguf, format_gguf, run_memory_gpu_part
 
-        print(f"\nGGUF weights on tiny FLUX.1-dev's transformer ({args.repeat} alternating repetitions):")
+        print(f"\n{memory_engine.GGUF_TITLE} ({args.repeat} alternating repetitions):")
         gguf = compare_gguf(max(args.steps // 2, 1), args.warmup, args.repeat)
         print(format_gguf(gguf))
         report["gguf"] = gguf
@@ -199,6 +218,8 @@ def main(
         report["presets"] = record_preset_memory()
     if "tiny" in parts:
         print("\nTiny models, one denoiser training step (forward + backward, batch 2; best of 3):")
+        from onetrainer.benchmark.tiny_steps import measure_tiny_steps
+
         report["tiny"] = measure_tiny_steps()
     if "ddp" in parts:
         from onetrainer.benchmark.ddp import format_ddp, measure_ddp
@@ -239,20 +260,6 @@ def record_preset_memory() -> dict[str, dict]:
     table.write_table(rows)
     print(f"recorded in {table.TABLE_FILE} and {table.PAGE_FILE}")
     return rows
-
-
-def measure_tiny_steps() -> dict[str, dict]:
-    """Per tiny variant: every repetition's seconds and the best (the first repetition pays one-off setup)."""
-    from onetrainer.tiny import build_tiny_pipeline
-    from onetrainer.tiny.denoiser_step import time_training_step
-
-    figures = {}
-    for variant in ("sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"):
-        timings = time_training_step(build_tiny_pipeline(variant, seed=0))
-        figures[variant] = {"seconds": timings, "best_seconds": min(timings)}
-        each = " ".join(f"{t:.3f}" for t in timings)
-        print(f"{variant:<12}{min(timings):>8.3f} s   (runs: {each})")
-    return figures
 
 
 def run_gpu_part(steps: int, warmup: int) -> dict:

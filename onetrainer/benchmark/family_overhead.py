@@ -1,18 +1,146 @@
-"""The per-family overhead comparisons' shared half: our trainer's run, and the alternating repetitions against a
-family's bare diffusers + peft loop (`pixart_overhead.py`, `cascade_overhead.py`). Timing as `overhead.py`."""
+"""The per-family overhead comparisons' one driver: our trainer's run against a family's bare diffusers + peft loop,
+in alternating repetitions, timed as `overhead.py`. A family's `<key>_overhead.py` declares only what differs, its
+`OVERHEAD` (a `FamilyOverhead`: its benchmark config and its `BareLoop`); `family_overheads()` finds those by the
+family registry's keys, and `register_overhead` adds one at runtime (a family from elsewhere, a test)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import random
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from onetrainer.benchmark.memory import PeakMemory
-from onetrainer.benchmark.overhead import BARE, OURS, Run, _check_counts, _StepClock, step_durations
+from onetrainer.benchmark.overhead import (
+    BARE,
+    OURS,
+    Run,
+    _check_counts,
+    _load_pixels,
+    _StepClock,
+    _training_images,
+    step_durations,
+)
+from onetrainer.benchmark.parts import RESERVED
+
+
+class BareLoop:
+    """A family's bare loop, the one shape the driver (`run_bare`) takes: built from the benchmark config on the
+    device (its models loaded and frozen, peft's LoRA injected, `params` and their AdamW `optimizer` set), it encodes
+    each image and each caption once, up front, as the diffusers examples cache them, and then gives each step's loss.
+    Everything around that (caching, batches, the optimizer step, the clocks) is the driver's, the same for every
+    family, so that the loops differ only where the families' maths does."""
+
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+
+    def __init__(self, config, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """One image's latents ([C, h, w]) from its pixels ([3, H, W] in [-1, 1], on the device)."""
+        raise NotImplementedError
+
+    def encode_caption(self, caption: str) -> Any:
+        """What each step needs of one caption (the text encoders' outputs)."""
+        raise NotImplementedError
+
+    def cached(self) -> None:
+        """Everything is encoded: drop what only the encoding needed (the text encoders), as a training script
+        frees them before its loop; the step's peak memory would count them otherwise."""
+
+    def loss(self, latents: torch.Tensor, texts: list) -> torch.Tensor:
+        """The step's loss on a batch: its stacked latents and its captions' `encode_caption` results. The noise and
+        times are drawn here, in the family's own order."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FamilyOverhead:
+    """A family's overhead part, `scripts/benchmark.py --part <part>`: the figures go to the report under `part`."""
+
+    part: str
+    label: str  # the model compared, in the part's title: "Trainer overhead on <label>"
+    help: str  # what the part does, for `--help`
+    # (work folder, device) → (our LoRA config, its image folder): `lora_config` plus the family's own settings.
+    config: Callable[[Path, torch.device], tuple]
+    bare: Callable[[Any, torch.device], BareLoop]  # the BareLoop subclass
+    resolution: int  # the bare loop's image size (the config's)
+    # Check that the bare loop trains as many parameters as our method, and report the count; it loads the model once
+    # more, so only where the adapters' match is not evident from the layer filter alone.
+    check_trained: bool = False
+    # Further figures under the part's key, each run after every family's comparison: {key: fn(steps, warmup)}.
+    extras: dict[str, Callable[[int, int], Any]] = field(default_factory=dict)
+
+
+_REGISTERED: dict[str, FamilyOverhead] = {}
+
+
+def family_overheads() -> dict[str, FamilyOverhead]:
+    """Every overhead part by name: the `OVERHEAD` of `onetrainer/benchmark/<key>_overhead.py` for each family key
+    of the family registry that has one (in the registry's order), then those registered at runtime."""
+    from onetrainer.families.registry import FAMILY_CLASSES
+
+    found: dict[str, FamilyOverhead] = {}
+    for key in FAMILY_CLASSES:
+        name = f"{__package__}.{key}_overhead"
+        if importlib.util.find_spec(name) is not None:
+            hook = importlib.import_module(name).OVERHEAD
+            found[hook.part] = hook
+    return {**found, **_REGISTERED}
+
+
+def register_overhead(hook: FamilyOverhead) -> Callable[[], None]:
+    """Add an overhead part at runtime (a family from elsewhere); returns its undo."""
+    if hook.part in RESERVED or hook.part in family_overheads():
+        raise ValueError(f"a benchmark part named {hook.part!r} exists already")
+    _REGISTERED[hook.part] = hook
+
+    def undo() -> None:
+        if _REGISTERED.get(hook.part) is hook:
+            del _REGISTERED[hook.part]
+
+    return undo
+
+
+def compare_family(part: str, steps: int = 10, warmup: int = 2, repeat: int = 3, progress=print) -> dict:
+    """The part's comparison (`compare_with_bare` on its hook)."""
+    hook = family_overheads()[part]
+    return compare_with_bare(hook, steps, warmup, repeat, progress)
+
+
+def run_bare(hook: FamilyOverhead, config, images: Path, device: torch.device, steps: int, warmup: int):
+    """The bare loop's run and how many parameters it trained."""
+    _check_counts(steps, warmup)
+    with PeakMemory(device) as memory:
+        loop = hook.bare(config, device)
+        samples = _training_images(images)
+        with torch.no_grad():
+            latents_of = {p: loop.encode_image(_load_pixels(p, hook.resolution).to(device)) for p, _ in samples}
+            text_of = {c: loop.encode_caption(c) for c in {c for _, c in samples}}
+        loop.cached()
+        batches = batch_order(len(samples), config.batch_size)
+        times: list[float] = []
+        cpu_times: list[float] = []
+        for _ in range(warmup + steps):
+            batch = [samples[i] for i in next(batches)]
+            latents = torch.stack([latents_of[p] for p, _ in batch])
+            loss = loop.loss(latents, [text_of[c] for _, c in batch])
+            optimizer_step(loss, loop.params, loop.optimizer, config.clip_grad_norm)
+            times.append(time.perf_counter())
+            cpu_times.append(time.process_time())
+        trained = sum(p.numel() for p in loop.params)
+    cpu = step_durations(cpu_times, warmup, steps)
+    return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes, cpu), trained
 
 
 def run_ours(config, workdir: Path, device: torch.device, steps: int, warmup: int, name: str) -> Run:
@@ -135,41 +263,47 @@ def optimizer_step(loss: torch.Tensor, params: list, optimizer: torch.optim.Opti
     loss.item()
 
 
+def sample_sigmas(count: int, config, num_train_timesteps: int, device: torch.device) -> torch.Tensor:
+    """σ per sample as the diffusers flow-matching examples draw it (logit-normal, mean `noising_bias`, standard
+    deviation `noising_weight` + 1, as our LOGIT_NORMAL), shifted by `timestep_shift` and placed on the T training
+    steps as our flow-matching schedule places it (σ = (⌊T·u⌋ + 1)/T, never 0): the flow families' bare loops share
+    it."""
+    from diffusers.training_utils import compute_density_for_timestep_sampling
+
+    u = compute_density_for_timestep_sampling(
+        "logit_normal", count, logit_mean=config.noising_bias, logit_std=config.noising_weight + 1.0
+    ).clamp(0.0, 1.0 - 1e-6)
+    shift = float(config.timestep_shift)
+    u = shift * u / ((shift - 1.0) * u + 1.0)
+    steps = (u * num_train_timesteps).long().clamp(0, num_train_timesteps - 1)
+    return ((steps + 1).float() / num_train_timesteps).to(device)
+
+
 def compare_with_bare(
-    name: str,
-    make_config: Callable[[Path, torch.device], tuple],
-    run_bare: Callable[..., Run | tuple[Run, int]],
-    steps: int,
-    warmup: int,
-    repeat: int,
-    progress: Callable[[str], None] | None = print,
-    check_trained: bool = False,
+    hook: FamilyOverhead, steps: int, warmup: int, repeat: int, progress: Callable[[str], None] | None = print
 ) -> dict:
-    """Median steps/s of ours and of the bare loop over alternating repetitions, and their ratio. `make_config`
-    gives the config and the image folder in a work folder; `run_bare(config, images, device, steps, warmup)` gives
-    the run, or the run and how many parameters it trained: with `check_trained` that count must be our method's
-    (the same adapters, or the comparison is not like for like). Where both loops timed their steps' CPU time too,
-    the figures hold the ratio of that as well (steadier than wall time under other processes' load)."""
+    """Median steps/s of ours and of the hook's bare loop over alternating repetitions, their ratio, and the ratio of
+    the steps' CPU time (steadier than wall time under other processes' load); with `check_trained`, the bare loop's
+    trained parameter count, which must be our method's (the same adapters, or the comparison is not like for like)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     runs: dict[str, list[Run]] = {OURS: [], BARE: []}
     figures: dict = {"device": str(device), "steps": steps, "warmup": warmup, "repeat": repeat}
-    with tempfile.TemporaryDirectory(prefix=f"onetrainer-benchmark-{name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"onetrainer-benchmark-{hook.part}-") as tmp:
         workdir = Path(tmp)
-        config, images = make_config(workdir, device)
-        ours_trained = our_trained_parameters(config, device) if check_trained else None
+        config, images = hook.config(workdir, device)
+        ours_trained = our_trained_parameters(config, device) if hook.check_trained else None
         for rep in range(repeat):
             order = (OURS, BARE) if rep % 2 == 0 else (BARE, OURS)
             for variant in order:
                 if variant == OURS:
                     run = run_ours(config, workdir, device, steps, warmup, f"ours-{rep}")
                 else:
-                    run = run_bare(config, images, device, steps, warmup)
-                    if isinstance(run, tuple):
-                        run, trained = run
+                    run, trained = run_bare(hook, config, images, device, steps, warmup)
+                    if ours_trained is not None:
                         figures["trained_parameters"] = trained
-                        if ours_trained is not None and trained != ours_trained:
+                        if trained != ours_trained:
                             raise RuntimeError(
-                                f"the bare {name} loop trains {trained} parameters, our method {ours_trained}: "
+                                f"the bare {hook.part} loop trains {trained} parameters, our method {ours_trained}: "
                                 "the two do not train the same adapters"
                             )
                 runs[variant].append(run)

@@ -70,6 +70,12 @@ FLUX_CASES = (
 
 
 GGUF_KINDS = ("Q8_0", "Q4_0")
+GGUF_TITLE = "GGUF weights on tiny FLUX.1-dev's transformer"
+PART_HELP = (
+    "the memory engine: 'offload' and 'weights', and with CUDA the full-size Flux.1-dev LoRA with 8-bit weights and "
+    "layer offloading at 512 and 1024 px and an SDXL-size LoRA with FLOAT_8 weights, it/s and peak VRAM against the "
+    "goals"
+)
 
 
 def compare_gguf(

@@ -15,6 +15,11 @@ from pathlib import Path
 import torch
 
 FRACTIONS = (0.5, 0.75)
+TITLE = "Layer offloading on tiny FLUX.1-dev's transformer"
+PART_HELP = (
+    "tiny FLUX.1-dev's LoRA steps with the transformer's layers offloaded, 0.5 and 0.75, against none: steps/s, and "
+    "peak VRAM on CUDA"
+)
 
 
 def compare_offload(

@@ -6,37 +6,25 @@ Both train a LoRA (rank 4 on the attention layers, the family's `attn-only` pres
 drawn logit-normally (as OneTrainer's SD3 presets train), shifted by `timestep_shift` as our schedule shifts it. The
 bare loop takes `StableDiffusion3Pipeline`'s components and caches in memory up front what the diffusers SD3 LoRA
 example caches: the VAE latents, shifted and scaled ((z − shift)·scale), and `encode_prompt`'s joined hidden states and
-pooled outputs (T5's 256 tokens). Each step draws the noise and σ (`flux_overhead.sample_sigmas`), mixes
+pooled outputs (T5's 256 tokens). Each step draws the noise and σ (`family_overhead.sample_sigmas`), mixes
 x_t = (1 − σ)·x0 + σ·ε, calls the transformer with timestep σ·1000, and trains the velocity ε − x0 with MSE.
-Timing as `overhead.py`.
+The driver and its timing: `family_overhead.py`.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
 from onetrainer.benchmark.family_overhead import (
+    BareLoop,
+    FamilyOverhead,
     bare_pipeline_lora,
-    batch_order,
-    compare_with_bare,
     lora_config,
-    optimizer_step,
+    sample_sigmas,
 )
-from onetrainer.benchmark.flux_overhead import sample_sigmas
-from onetrainer.benchmark.memory import PeakMemory
-from onetrainer.benchmark.overhead import (
-    _BARE_LOOP_SETTINGS,
-    BARE,
-    Run,
-    _beyond_the_bare_loop,
-    _check_counts,
-    _load_pixels,
-    _training_images,
-    step_durations,
-)
+from onetrainer.benchmark.overhead import _BARE_LOOP_SETTINGS, _beyond_the_bare_loop
 
 RESOLUTION = 64
 MODEL = "tiny:sd35-medium"
@@ -75,54 +63,50 @@ def sd3_config(workdir: Path, device: torch.device):
     return config, images
 
 
-def run_bare(config, images: Path, device: torch.device, steps: int, warmup: int) -> tuple[Run, int]:
-    """The bare loop's run and how many parameters it trained."""
-    _check_counts(steps, warmup)
-    with PeakMemory(device) as memory:
-        pipe, transformer, params, optimizer = bare_pipeline_lora("StableDiffusion3Pipeline", config, device)
-        vae = pipe.vae
-        num_train_timesteps = int(pipe.scheduler.config.num_train_timesteps)
-        samples = _training_images(images)
-        with torch.no_grad():
-            latents_of = {}
-            for path, _ in samples:
-                z = vae.encode(_load_pixels(path, RESOLUTION)[None].to(device)).latent_dist.mode()[0]
-                latents_of[path] = (z - vae.config.shift_factor) * vae.config.scaling_factor
-            text_of = {}
-            for caption in {c for _, c in samples}:
-                hidden, _, pooled, _ = pipe.encode_prompt(
-                    caption, caption, caption, device=device, do_classifier_free_guidance=False
-                )
-                text_of[caption] = (hidden[0], pooled[0])
-        del pipe
-        batches = batch_order(len(samples), config.batch_size)
-        times: list[float] = []
-        cpu_times: list[float] = []
-        for _ in range(warmup + steps):
-            batch = [samples[i] for i in next(batches)]
-            latents = torch.stack([latents_of[p] for p, _ in batch])
-            hidden = torch.stack([text_of[c][0] for _, c in batch])
-            pooled = torch.stack([text_of[c][1] for _, c in batch])
-            noise = torch.randn_like(latents)
-            sigmas = sample_sigmas(len(latents), config, num_train_timesteps, device)
-            s = sigmas.view(-1, 1, 1, 1)
-            output = transformer(
-                hidden_states=(1.0 - s) * latents + s * noise,
-                encoder_hidden_states=hidden,
-                pooled_projections=pooled,
-                timestep=sigmas * num_train_timesteps,
-                return_dict=False,
-            )[0]
-            loss = torch.nn.functional.mse_loss(output.float(), (noise - latents).float())
-            optimizer_step(loss, params, optimizer, config.clip_grad_norm)
-            times.append(time.perf_counter())
-            cpu_times.append(time.process_time())
-        trained = sum(p.numel() for p in params)
-    cpu = step_durations(cpu_times, warmup, steps)
-    return Run(BARE, step_durations(times, warmup, steps), memory.peak_bytes, cpu), trained
+class SD3BareLoop(BareLoop):
+    def __init__(self, config, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.pipe, self.transformer, self.params, self.optimizer = bare_pipeline_lora(
+            "StableDiffusion3Pipeline", config, device
+        )
+        self.vae = self.pipe.vae
+        self.num_train_timesteps = int(self.pipe.scheduler.config.num_train_timesteps)
+
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        z = self.vae.encode(pixels[None]).latent_dist.mode()[0]
+        return (z - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+
+    def encode_caption(self, caption: str):
+        hidden, _, pooled, _ = self.pipe.encode_prompt(
+            caption, caption, caption, device=self.device, do_classifier_free_guidance=False
+        )
+        return hidden[0], pooled[0]
+
+    def cached(self) -> None:
+        self.pipe = None
+
+    def loss(self, latents: torch.Tensor, texts: list) -> torch.Tensor:
+        hidden = torch.stack([t[0] for t in texts])
+        pooled = torch.stack([t[1] for t in texts])
+        noise = torch.randn_like(latents)
+        sigmas = sample_sigmas(len(latents), self.config, self.num_train_timesteps, self.device)
+        s = sigmas.view(-1, 1, 1, 1)
+        output = self.transformer(
+            hidden_states=(1.0 - s) * latents + s * noise,
+            encoder_hidden_states=hidden,
+            pooled_projections=pooled,
+            timestep=sigmas * self.num_train_timesteps,
+            return_dict=False,
+        )[0]
+        return torch.nn.functional.mse_loss(output.float(), (noise - latents).float())
 
 
-def compare_sd3_overhead(steps: int = 10, warmup: int = 2, repeat: int = 3, progress=print) -> dict:
-    """Median steps/s of ours and of the bare loop over alternating repetitions, their ratio (also from the steps'
-    CPU time), and the trained parameter count, checked to be the same in both loops."""
-    return compare_with_bare("sd3", sd3_config, run_bare, steps, warmup, repeat, progress, check_trained=True)
+OVERHEAD = FamilyOverhead(
+    part="sd3",
+    label="tiny SD 3.5 Medium",
+    help="the same on tiny SD 3.5 Medium: CLIP-L + CLIP-G + T5, the MMDiT-X transformer, logit-normal flow matching",
+    config=sd3_config,
+    bare=SD3BareLoop,
+    resolution=RESOLUTION,
+    check_trained=True,
+)
