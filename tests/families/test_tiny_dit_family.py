@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from onetrainer.benchmark.family_overhead import family_overheads
 from onetrainer.config import config_from_dict
 from onetrainer.config.enums import DataType, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES
@@ -20,7 +21,7 @@ from onetrainer.config.validation import context_of
 from onetrainer.sampling.sampler import render
 from onetrainer.tiny import TINY_VARIANTS
 from onetrainer.training.events import SampleReady
-from tests.families import tiny_dit_family, tiny_dit_tiny
+from tests.families import tiny_dit_family, tiny_dit_overhead, tiny_dit_tiny
 from tests.families.tiny_dit_family import BASE_MODEL, DIT, MODEL_TYPE, PATCH_AUTOENCODER, TinyDiTFamily
 from tests.helpers import image_folder, local_config, run_config, tiny_config
 
@@ -31,11 +32,13 @@ SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "he
 def registered():
     assert MODEL_TYPE not in MODEL_TYPES  # the proof: no shared module declares this model type
     assert tiny_dit_tiny.NAME not in TINY_VARIANTS  # nor its tiny model
-    undos = [tiny_dit_family.register(), tiny_dit_tiny.register()]
+    assert tiny_dit_overhead.PART not in family_overheads()  # nor its benchmark part
+    undos = [tiny_dit_family.register(), tiny_dit_tiny.register(), tiny_dit_overhead.register()]
     yield
     for undo in reversed(undos):
         undo()
     assert MODEL_TYPE not in MODEL_TYPES and tiny_dit_tiny.NAME not in TINY_VARIANTS
+    assert tiny_dit_overhead.PART not in family_overheads()
 
 
 def train(root, method: str, **overrides) -> tuple[dict, list]:
@@ -221,3 +224,18 @@ def test_it_brings_its_own_tiny_model():
     dit = built[DIT].train()
     prediction(dit(**denoiser_inputs(dit))).square().mean().backward()
     assert all(p.grad is not None for p in dit.parameters())
+
+
+def test_its_benchmark_part_runs_through_the_one_overhead_driver(tmp_path, capsys):
+    """`scripts/benchmark.py --part tiny-dit` finds the part the family registered (its config and bare loop, from
+    `tiny_dit_overhead.py`), and the shared driver runs our trainer and the bare loop on its tiny model, checking both
+    train the same number of parameters."""
+    from onetrainer.benchmark.cli import main
+
+    out = tmp_path / "figures.json"
+    args = ["--part", tiny_dit_overhead.PART, "--steps", "2", "--warmup", "1", "--repeat", "1", "--json", str(out)]
+    assert main(args) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))[tiny_dit_overhead.PART]
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["trained_parameters"] > 0
+    assert "Trainer overhead on the template family's tiny DiT" in capsys.readouterr().out
