@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from onetrainer.tiny.images import write_demo_images
+from onetrainer.tiny.registry import TINY_VARIANTS
 
 VARIANT_MODEL_TYPES = {
     "sd15": "STABLE_DIFFUSION_15",
@@ -51,6 +52,11 @@ TINY_MODELS = {
     "WUERSTCHEN_2": "wuerstchen",
     "STABLE_CASCADE_1": "cascade",
 }
+# A family added since brings its tiny models in its own tiny module: its variants and model types from there, with no
+# line added here (issue 43).
+for _name, _variant in TINY_VARIANTS.items():
+    VARIANT_MODEL_TYPES.setdefault(_name, _variant.model_type.name)
+    TINY_MODELS.setdefault(_variant.model_type.name, _name)
 OUTPUTS = {
     "LORA": ("KOHYA_LORA", "lora.safetensors"),
     "FINE_TUNE": ("ORIGINAL_SINGLE_FILE", "model.safetensors"),
