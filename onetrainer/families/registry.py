@@ -22,6 +22,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "sd3": "onetrainer.families.sd3:StableDiffusion3Family",
         "flux": "onetrainer.families.flux:FluxFamily",
         "chroma": "onetrainer.families.flux:ChromaFamily",
+        "flux2": "onetrainer.families.flux2:Flux2Family",
         "qwen": "onetrainer.families.qwen:QwenImageFamily",
         "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
         "zimage": "onetrainer.families.zimage:ZImageFamily",

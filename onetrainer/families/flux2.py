@@ -1,0 +1,313 @@
+"""Flux.2 (Black Forest Labs' FLUX.2 [klein] 4B / 9B, base and distilled; [dev] declared, not built yet): a transformer
+of double-stream blocks (image and text apart, joint attention) and single-stream blocks, modulated once per model (not
+per block) by the time, over 2x2 patches of a 32-channel VAE's latents, trained by rectified flow and conditioned on
+three layers of a language model's hidden states.
+
+- Text ([klein]): each caption goes through Qwen3's chat template as one user message (`enable_thinking=False`, as
+  `Flux2KleinPipeline` prompts it), padded to 512 tokens; the hidden states of layers 9, 18 and 27 (the outputs of
+  the 9th, 18th and 27th decoder layers) side by side, [B, 512, 3·D], are the conditioning. The transformer attends
+  to every token, the padding included (neither the pipeline nor BFL's code masks it), so the text cache keeps the
+  whole row; the tokens' mask rides along for later use. The text positions are (0, 0, 0, l), l = 0…511.
+- Caption dropout encodes the empty caption through the template: what the base model's CFG pass is conditioned on.
+- Latents: the mode of the VAE's distribution (32 channels at 1/8 size), normalised by the VAE's batch-norm statistics
+  (`bn.running_mean`, `√(bn.running_var + batch_norm_eps)`), which are per channel of the 2x2-patchified latents
+  (128 channels): the latents stay [B, 32, h, w] (masks and caches at 1/8 size, as OneTrainer keeps them), each
+  element normalised by its patch channel's statistics. `pack` makes the transformer's tokens of them exactly as the
+  pipeline's patchify + pack does ((c, row, column) features, tokens row-major); image positions (0, row, column, 0).
+- The schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler config with 2x2 patches: x_t =
+  (1 − σ)·x0 + σ·ε, target ε − x0, the transformer takes σ (the pipelines pass timestep / 1000; it multiplies by 1000
+  itself). The training shift: the pipelines compute their μ by `compute_empirical_mu` from the image's token count
+  and the number of sampling steps, a rule for sampling that has no step count in training; training uses the
+  configured `timestep_shift`, or with `dynamic_timestep_shifting` the linear resolution shift on the scheduler
+  config's values (Flux.1's `calculate_shift`: μ from 0.5 at 256 tokens to 1.15 at 4096), as OneTrainer chose.
+- The guidance input ([dev]; [klein] has none): training feeds the fixed `transformer.guidance_scale`.
+- Sampling goes through `Flux2KleinPipeline` with our prompt embeddings (so embeddings apply): a base model with CFG
+  against the negative prompt, a distilled one (`is_distilled` in the folder's model_index.json) without, in 4 steps
+  by default.
+- Saving: the pipeline folder (also the backup, usable as a base model). LoRA files: DIFFUSERS_LORA (peft names under
+  `transformer.` / `text_encoder.`; `load_lora_weights` reads the transformer's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.config.model_types import SampleDefaults
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, Writer, first_weight
+from onetrainer.families.flux2_info import FLUX2
+from onetrainer.families.language_model_flow import LanguageModelFlowFamily, LanguageModelFlowState
+from onetrainer.families.latent_patches import PATCH, pack, unpack
+from onetrainer.families.loading import (
+    KeptParts,
+    ModelLoadError,
+    load_diffusers_component,
+    load_dtype,
+    load_tokenizer,
+    part_wise_base,
+)
+from onetrainer.families.saving import FlowPipelineFolder
+from onetrainer.noise.prediction import Prediction
+from onetrainer.util.part_dtypes import compute_weight
+from onetrainer.weights.metadata import ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+TEXT_TOKENS = 512  # what Flux2KleinPipeline prompts Qwen3 with
+QWEN3_LAYERS = (9, 18, 27)  # the hidden states the pipeline reads (`text_encoder_out_layers`; 0 is the embedding)
+DISTILLED_SAMPLE_STEPS = 4  # the distilled klein models' card: 4 steps, no CFG
+# ComfyUI's keys of klein's text encoders in an embedding file, by the encoder's width.
+EMBEDDING_KEYS = {2560: "qwen3_4b", 4096: "qwen3_8b"}
+KINDS = {
+    "dev": ModelKind("flux-2-dev", "flux2"),
+    7680: ModelKind("flux-2-klein-4b", "flux2"),
+    12288: ModelKind("flux-2-klein-9b", "flux2"),
+}
+KLEIN_KIND = ModelKind("flux-2-klein", "flux2")
+
+
+@dataclass(slots=True)
+class Flux2State(LanguageModelFlowState):
+    """What a Flux.2 model keeps besides its parts: the schedule's T, whether it is step-distilled (`is_distilled` of
+    its pipeline: samples without CFG, in few steps) and the guidance value a guidance-distilled transformer ([dev])
+    is trained with (`transformer.guidance_scale`)."""
+
+    distilled: bool = False
+    guidance: float = 1.0
+
+
+class Flux2Family(LanguageModelFlowFamily):
+    info = FLUX2
+    sampling_parts = frozenset(FLUX2.parts)
+    state_class = Flux2State
+    embedding_key = "qwen3_4b"  # klein 4B's; `load` gives 9B's Qwen3-8B its own
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)layers\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("transformer_blocks", "single_transformer_blocks"),
+        "text_encoder": ("model.layers",),
+    }
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+        from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+        what = "the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        refuse_dev(where, options)
+        parts = KeptParts(config)
+        for part, cls in (
+            ("transformer", Flux2Transformer2DModel),
+            ("text_encoder", Qwen3ForCausalLM),
+            ("vae", AutoencoderKLFlux2),
+        ):  # each stored (put in its configured form) before the next is read
+            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        model = self.loaded_model(config, parts, tokenizer, where, options)
+        slot = model.text_encoders[0]
+        slot.embedding_key = EMBEDDING_KEYS.get(slot.encoder.config.hidden_size, self.embedding_key)
+        state = model.family_state(Flux2State)
+        state.distilled = is_distilled(where, options)
+        state.guidance = float(config.transformer.guidance_scale)
+        return model
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        slot = model.text_encoders[0]
+        texts = [
+            slot.tokenizer.apply_chat_template(
+                [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True,
+                enable_thinking=False,
+            )
+            for caption in captions
+        ]  # fmt: skip
+        tokens = slot.tokenizer(
+            texts, padding="max_length", max_length=TEXT_TOKENS, truncation=True, return_tensors="pt"
+        )
+        device = first_weight(slot.encoder).device
+        mask = tokens.attention_mask.to(device)
+        # The decoder alone (the causal LM's `model`): the same hidden states, without the LM head's logits over the
+        # whole vocabulary for every token.
+        output = slot.encoder.model(
+            input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True, use_cache=False
+        )
+        hidden = torch.cat([output.hidden_states[k] for k in QWEN3_LAYERS], dim=-1)
+        return Conditioning({"hidden_states": hidden, "attention_mask": mask})
+
+    def text_cache_row(self, conditioning: Conditioning, index: int) -> dict[str, torch.Tensor]:
+        """The whole row: the transformer attends to the padding as well."""
+        return conditioning.row(index)
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        vae = model.part("vae")
+        weight = compute_weight(vae)
+        latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
+        return normalise_latents(vae, latents)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        if not has_guidance(model):
+            return {}
+        guidance = model.family_state(Flux2State).guidance
+        return {"guidance": torch.full((len(inputs.latents),), guidance, device=inputs.latents.device)}
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        device = noisy_latents.device
+        height, width = noisy_latents.shape[-2:]
+        text = conditioning.hidden_states.to(dtype)
+        guidance = None
+        if has_guidance(model):
+            guidance = extra.get("guidance")
+            if guidance is None:
+                guidance = torch.full((len(noisy_latents),), model.family_state(Flux2State).guidance, device=device)
+            guidance = guidance.to(dtype)
+        output = transformer(
+            hidden_states=pack(noisy_latents).to(dtype),
+            encoder_hidden_states=text,
+            timestep=self.sigma(model, timesteps).to(dtype),
+            img_ids=image_ids(height // PATCH, width // PATCH, device),
+            txt_ids=text_ids(text.shape[1], device),
+            guidance=guidance,
+            return_dict=False,
+        )[0]
+        return Prediction(unpack(output, height, width))
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import Flux2KleinPipeline
+
+        slot = model.text_encoders[0]
+        return Flux2KleinPipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            transformer=model.part("transformer"),
+            is_distilled=model.family_state(Flux2State).distilled,
+        )
+
+    def sample_prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None, arguments) -> dict:
+        """Our own embeddings of the prompt, and of the negative prompt where the pipeline guides with it (a base
+        model at a CFG scale above 1; the pipeline's own negative is the empty prompt)."""
+        dtype = first_weight(model.part("transformer")).dtype
+        out = {"prompt": None, "prompt_embeds": self.encode_text(model, [prompt]).hidden_states.to(dtype)}
+        if not model.family_state(Flux2State).distilled and arguments.get("guidance_scale", 0) > 1:
+            negative = self.encode_text(model, [negative_prompt or ""]).hidden_states.to(dtype)
+            out["negative_prompt_embeds"] = negative
+        return out
+
+    def sample_defaults(self, model: LoadedModel) -> SampleDefaults:
+        defaults = model.type_info.sample
+        if not model.family_state(Flux2State).distilled:
+            return defaults
+        return dataclasses.replace(defaults, diffusion_steps=DISTILLED_SAMPLE_STEPS, cfg_scale=1.0)
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers}
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        if has_guidance(model):
+            return KINDS["dev"]
+        return KINDS.get(model.part("transformer").config.joint_attention_dim, KLEIN_KIND)
+
+
+# -- pieces -----------------------------------------------------------------------------------------------------------
+
+
+def refuse_dev(where: str, options: dict) -> None:
+    """FLUX.2 [dev]'s Mistral Small text encoder is not built yet: refused by name before anything big is read."""
+    from transformers import AutoConfig
+
+    try:
+        encoder = AutoConfig.from_pretrained(where, subfolder="text_encoder", **options)
+    except (OSError, ValueError):
+        return  # the load itself says what is missing
+    if encoder.model_type != "qwen3":
+        raise ModelLoadError(
+            f"{where}: a Flux.2 model with a {encoder.model_type} text encoder (FLUX.2 [dev]'s Mistral Small) is not "
+            "built yet; FLUX.2 [klein] (a Qwen3 text encoder) is"
+        )
+
+
+def is_distilled(where: str, options: dict) -> bool:
+    """Whether the pipeline folder says its model is step-distilled (`is_distilled` in model_index.json; klein's
+    distilled models: samples without CFG)."""
+    from diffusers import DiffusionPipeline
+
+    try:
+        index = DiffusionPipeline.load_config(where, **options)
+    except (OSError, ValueError):
+        return False
+    return bool(index.get("is_distilled", False))
+
+
+def has_guidance(model: LoadedModel) -> bool:
+    """Whether the transformer takes a guidance value ([dev]; not [klein])."""
+    return bool(getattr(model.part("transformer").config, "guidance_embeds", False))
+
+
+def _batch_norm(vae: torch.nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's per-channel mean and standard deviation of its 2x2-patchified latents, [1, 4C, 1, 1]."""
+    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(like.device, like.dtype)
+    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(like.device, like.dtype)
+    return mean, std
+
+
+def patchify(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] → [B, 4C, h/2, w/2], channels (c, row, column) in order (the pipeline's `_patchify_latents`)."""
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 1, 3, 5, 2, 4)
+    return patches.reshape(b, c * PATCH * PATCH, h // PATCH, w // PATCH)
+
+
+def unpatchify(patches: torch.Tensor) -> torch.Tensor:
+    """The inverse of `patchify`."""
+    b, c4, h, w = patches.shape
+    c = c4 // (PATCH * PATCH)
+    latents = patches.reshape(b, c, PATCH, PATCH, h, w).permute(0, 1, 4, 2, 5, 3)
+    return latents.reshape(b, c, h * PATCH, w * PATCH)
+
+
+def normalise_latents(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """The VAE's latents [B, 32, h, w] normalised by its batch-norm statistics, which are per patch channel."""
+    patches = patchify(latents)
+    mean, std = _batch_norm(vae, patches)
+    return unpatchify((patches - mean) / std)
+
+
+def denormalise_latents(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """The inverse of `normalise_latents`: what the VAE decodes."""
+    patches = patchify(latents)
+    mean, std = _batch_norm(vae, patches)
+    return unpatchify(patches * std + mean)
+
+
+def image_ids(rows: int, columns: int, device) -> torch.Tensor:
+    """[rows·columns, 4] position ids of the image tokens: (0, row, column, 0), row-major as `pack` orders them (the
+    pipeline's `_prepare_latent_ids`)."""
+    ids = torch.zeros(rows, columns, 4, dtype=torch.long, device=device)
+    ids[..., 1] = torch.arange(rows, device=device)[:, None]
+    ids[..., 2] = torch.arange(columns, device=device)[None, :]
+    return ids.reshape(rows * columns, 4)
+
+
+def text_ids(length: int, device) -> torch.Tensor:
+    """[length, 4] position ids of the text tokens: (0, 0, 0, l) (the pipeline's `_prepare_text_ids`)."""
+    ids = torch.zeros(length, 4, dtype=torch.long, device=device)
+    ids[:, 3] = torch.arange(length, device=device)
+    return ids

@@ -1,0 +1,278 @@
+"""Flux.2 ([klein] 4B and 9B, base and distilled; [dev]): a transformer of double- and single-stream blocks over
+2x2-patchified 32-channel latents, conditioned on three layers of a language model's hidden states.
+
+The declaration of `flux2.py`'s family (torch-free: the config and the GUI read it through `config/model_types.py`):
+its model type, parts, formats, capabilities, layer presets, notes, sample defaults and the released models' full-size
+configs (declared here, not among the shared `reference_configs`: a new family touches only its own files).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
+from onetrainer.config.family_info import (
+    FLOW_MATCHING,
+    GUIDANCE_INPUT,
+    LAYER_OFFLOADING,
+    FamilyInfo,
+    ModelTypeInfo,
+    PartRole,
+    SampleDefaults,
+)
+from onetrainer.families.lora_caveats import text_encoder_caveat
+
+Config = dict[str, Any]
+
+# --- the released models' configs (their diffusers folders' config.json files) ------------------------------------
+
+# FLUX.2 [dev] (black-forest-labs/FLUX.2-dev transformer/): 8 double- and 48 single-stream blocks of 48 heads of 128
+# (6144 wide), 4 rotary axes of 32 (time, row, column, text position), the guidance embedding of a guidance-distilled
+# model; the text is Mistral Small 3.x's layers 10, 20 and 30 side by side (3 x 5120).
+FLUX2_DEV_TRANSFORMER: Config = {
+    "_class_name": "Flux2Transformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [32, 32, 32, 32],
+    "eps": 1e-06,
+    "guidance_embeds": True,
+    "in_channels": 128,
+    "joint_attention_dim": 15360,
+    "mlp_ratio": 3.0,
+    "num_attention_heads": 48,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "out_channels": None,
+    "patch_size": 1,
+    "rope_theta": 2000,
+    "timestep_guidance_channels": 256,
+}
+# FLUX.2 [klein] 4B (black-forest-labs/FLUX.2-klein-4B and -klein-base-4B; BFL's `Klein4BParams`): 5 + 20 blocks of 24
+# heads (3072 wide), no guidance embedding; the text is Qwen3-4B's layers 9, 18 and 27 (3 x 2560).
+FLUX2_KLEIN_4B_TRANSFORMER: Config = {
+    **FLUX2_DEV_TRANSFORMER,
+    "guidance_embeds": False,
+    "joint_attention_dim": 7680,
+    "num_attention_heads": 24,
+    "num_layers": 5,
+    "num_single_layers": 20,
+}
+# FLUX.2 [klein] 9B (-klein-9B and -klein-base-9B; `Klein9BParams`): 8 + 24 blocks of 32 heads (4096 wide); the text is
+# Qwen3-8B's layers 9, 18 and 27 (3 x 4096).
+FLUX2_KLEIN_9B_TRANSFORMER: Config = {
+    **FLUX2_KLEIN_4B_TRANSFORMER,
+    "joint_attention_dim": 12288,
+    "num_attention_heads": 32,
+    "num_layers": 8,
+    "num_single_layers": 24,
+}
+
+# Flux.2's VAE (AutoencoderKLFlux2, every Flux.2 model's vae/): the SD VAE's blocks with 32 latent channels and quant
+# convs; no shift or scale: latents are patchified 2x2 (128 channels) and normalised by the batch-norm statistics the
+# VAE carries (`bn.running_mean`, `bn.running_var`, eps 1e-4).
+FLUX2_VAE: Config = {
+    "_class_name": "AutoencoderKLFlux2",
+    "act_fn": "silu",
+    "batch_norm_eps": 0.0001,
+    "batch_norm_momentum": 0.1,
+    "block_out_channels": [128, 256, 512, 512],
+    "decoder_block_out_channels": None,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "in_channels": 3,
+    "latent_channels": 32,
+    "layers_per_block": 2,
+    "mid_block_add_attention": True,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "patch_size": [2, 2],
+    "sample_size": 1024,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "use_post_quant_conv": True,
+    "use_quant_conv": True,
+}
+
+# Qwen3-4B (klein 4B's text_encoder/, as the hub's Qwen3ForCausalLM checkpoint: the decoder under `model.`, the LM head
+# tied to the embedding). 36 layers; the pipeline reads the outputs of layers 9, 18 and 27.
+QWEN3_4B_CAUSAL_LM: Config = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+# Qwen3-8B (klein 9B's text_encoder/): 4096 wide, its own LM head.
+QWEN3_8B_CAUSAL_LM: Config = {
+    **QWEN3_4B_CAUSAL_LM,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "tie_word_embeddings": False,
+}
+
+# Mistral Small 3.2 24B as FLUX.2 [dev]'s text_encoder/ (Mistral3ForConditionalGeneration: a Pixtral vision tower, a
+# patch merger and a 40-layer Mistral decoder 5120 wide; the pipeline reads the text layers 10, 20 and 30).
+MISTRAL3_SMALL_24B: Config = {
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "model_type": "mistral3",
+    "image_token_index": 10,
+    "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
+    "vision_feature_layer": -1,
+    "text_config": {
+        "model_type": "mistral",
+        "attention_dropout": 0.0,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 32768,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "vocab_size": 131072,
+    },
+    "vision_config": {
+        "model_type": "pixtral",
+        "attention_dropout": 0.0,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "image_size": 1540,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "rope_theta": 10000.0,
+    },
+}
+
+# Every Flux.2 model's scheduler/ (FlowMatchEulerDiscreteScheduler): Flux.1's values. The pipelines pass their own μ
+# (`compute_empirical_mu`, from the image's token count and the step count), so only `use_dynamic_shifting` and
+# `num_train_timesteps` matter in samples; training's dynamic shift reads the linear rule's values (as OneTrainer).
+FLUX2_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "time_shift_type": "exponential",
+    "use_dynamic_shifting": True,
+}
+
+# tokenizer_config.json of klein's tokenizer/ (Qwen3's: Qwen2Tokenizer, "<|endoftext|>" pads, "<|im_end|>" ends a turn).
+FLUX2_KLEIN_TOKENIZER: Config = {
+    "tokenizer_class": "Qwen2Tokenizer",
+    "model_max_length": 131072,
+    "add_bos_token": False,
+    "add_prefix_space": False,
+    "bos_token": None,
+    "clean_up_tokenization_spaces": False,
+    "eos_token": "<|im_end|>",
+    "errors": "replace",
+    "pad_token": "<|endoftext|>",
+    "split_special_tokens": False,
+    "unk_token": None,
+}
+
+# --- the family -----------------------------------------------------------------------------------------------------
+
+# OneTrainer's Flux 2 presets: `blocks` (the numbered blocks: every `transformer_blocks.N.` and
+# `single_transformer_blocks.N.` module, not the embedders, modulations and output layers) and `full`.
+_FLUX2_LAYER_PRESETS = {"blocks": ("transformer_block",), "full": ()}
+FLUX2 = FamilyInfo(
+    key="flux2",
+    label="Flux.2",
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    bucket_step=16,
+    sample_step=16,
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
+    output_formats={
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+    },
+    # OneTrainer's presets write the fine-tune as the transformer alone (BFL's layout) and its LoRA saver writes BFL's
+    # names too: the key maps (`weights/`) are the next step of issue 44.
+    formats_to_come={
+        TrainingMethod.FINE_TUNE: (ModelFormat.ORIGINAL_TRANSFORMER,),
+        TrainingMethod.LORA: (ModelFormat.COMFY_LORA,),
+    },
+    layer_presets=_FLUX2_LAYER_PRESETS,
+    hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({GUIDANCE_INPUT, FLOW_MATCHING}),
+    part_capabilities={
+        "transformer": frozenset({LAYER_OFFLOADING}),
+        "text_encoder": frozenset({LAYER_OFFLOADING}),
+    },
+    file_caveats=(
+        text_encoder_caveat(
+            "text_encoder",
+            "diffusers' Flux2Pipeline / Flux2KleinPipeline.load_lora_weights reads the transformer's part of a "
+            "DIFFUSERS_LORA file only, not the text encoder's",
+        ),
+    ),
+    notes="One model type covers [klein] 4B and 9B, base and distilled, and [dev]: the transformer's config tells "
+    "which. Built so far: [klein], whose `text_encoder` is Qwen3 (4B or 8B): each caption goes through its chat "
+    "template as one user message (no thinking), padded to 512 tokens, and the hidden states of layers 9, 18 and 27 "
+    "side by side condition the transformer, padding included, as Flux2KleinPipeline prompts it ([dev]'s Mistral "
+    "Small text encoder is refused, not built yet). The VAE's 32-channel latents are normalised by its batch-norm "
+    "statistics over 2x2 patches and packed 2x2 into the transformer's tokens: training and sample sizes go in steps "
+    "of 16 px. Training draws the time as the other flow models do (`timestep_shift`, or the linear resolution "
+    "shift of `dynamic_timestep_shifting` on the scheduler's values, as OneTrainer); samples use the pipeline's own "
+    "empirical shift. [dev] takes the fixed `transformer.guidance_scale` in training. Samples: base [klein] with "
+    "CFG against the negative prompt, distilled [klein] (`is_distilled` in the folder's model_index.json) in 4 steps "
+    "without. LoRA files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part).",
+)
+
+# diffusers' pipeline defaults: 50 steps at CFG 4 (klein base; dev's embedded guidance 4); distilled klein: 4 steps,
+# no CFG (`flux2.Flux2Family.sample_defaults`).
+_FLUX2_SAMPLE = SampleDefaults(1024, 1024, 50, 4.0, NoiseScheduler.EULER)
+
+# The model types this module declares, in the order the model-type menu lists them.
+MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
+    ModelTypeInfo(
+        ModelType.FLUX_2,
+        "Flux.2 (klein, dev)",
+        FLUX2,
+        1024,
+        False,
+        False,
+        _FLUX2_SAMPLE,
+        released_parts={
+            "transformer": FLUX2_DEV_TRANSFORMER,
+            "text_encoder": MISTRAL3_SMALL_24B,
+            "vae": FLUX2_VAE,
+        },
+        released_variants=(
+            ("klein-4b", {"transformer": FLUX2_KLEIN_4B_TRANSFORMER, "text_encoder": QWEN3_4B_CAUSAL_LM}),
+            ("klein-base-4b", {"transformer": FLUX2_KLEIN_4B_TRANSFORMER, "text_encoder": QWEN3_4B_CAUSAL_LM}),
+            ("klein-9b", {"transformer": FLUX2_KLEIN_9B_TRANSFORMER, "text_encoder": QWEN3_8B_CAUSAL_LM}),
+            ("klein-base-9b", {"transformer": FLUX2_KLEIN_9B_TRANSFORMER, "text_encoder": QWEN3_8B_CAUSAL_LM}),
+        ),
+    ),
+)

@@ -1,0 +1,179 @@
+"""Flux.2 [klein] on its tiny model: the conditioning, the latents and the prediction are Flux2KleinPipeline's; a LoRA
+trained through the trainer (DIFFUSERS_LORA) loads in the pipeline's `load_lora_weights`, every module landing, and
+changes the transformer as ours; samples render with CFG and a negative prompt; a fine-tune's folder loads in diffusers
+and back as a base model; a distilled folder samples in 4 steps without CFG; [dev]'s text encoder is refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.families.flux2 import image_ids, patchify, text_ids, unpatchify
+from onetrainer.families.loading import ModelLoadError
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import image_folder, loaded_model, run_config, tiny_config
+
+VARIANT = "flux2-klein"
+CAPTIONS = ["a red circle", "two blue squares on a table"]
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), VARIANT, method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import Flux2KleinPipeline
+
+    pipe = Flux2KleinPipeline.from_pretrained(str(folder or tiny_model_dir(VARIANT)), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    """The transformer on fixed inputs as the pipeline calls it: 16 image tokens of 4x4 patches, 12 text tokens."""
+    generator = torch.Generator().manual_seed(0)
+    config = transformer.config
+    tokens = torch.randn(2, 16, config.in_channels, generator=generator)
+    text = torch.randn(2, 12, config.joint_attention_dim, generator=generator)
+    with torch.no_grad():
+        return transformer(
+            hidden_states=tokens, encoder_hidden_states=text, timestep=torch.tensor([0.3, 0.8]),
+            img_ids=image_ids(4, 4, "cpu"), txt_ids=text_ids(12, "cpu"), return_dict=False,
+        )[0]  # fmt: skip
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        theirs, their_text_ids = pipe.encode_prompt(list(CAPTIONS))
+        assert ours.hidden_states.shape == (2, 512, 96) and torch.equal(ours.hidden_states, theirs)
+        assert torch.equal(text_ids(512, "cpu"), their_text_ids[0])
+
+        # the mode of the VAE's latents, normalised per patch channel by its batch-norm statistics (not 0 and 1 here)
+        pixels = torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        assert latents.shape == (2, 32, 8, 6)
+        assert torch.allclose(patchify(latents), pipe._encode_vae_image(pixels, None), atol=1e-6)
+        assert torch.equal(unpatchify(patchify(latents)), latents)
+
+        # σ·1000 in, as the schedule gives it; the pipeline's tokens, positions and time σ; its prediction back
+        noisy, sigma = torch.randn(2, 32, 8, 6), torch.tensor([0.25, 0.75])
+        predicted = family.predict(model, noisy, sigma * 1000, ours, {}).output
+        patches = pipe._patchify_latents(noisy)
+        latent_ids = pipe._prepare_latent_ids(patches)
+        assert torch.equal(image_ids(4, 3, "cpu"), latent_ids[0])
+        raw = pipe.transformer(
+            hidden_states=pipe._pack_latents(patches), timestep=sigma, guidance=None, encoder_hidden_states=theirs,
+            txt_ids=their_text_ids, img_ids=latent_ids, return_dict=False,
+        )[0]  # fmt: skip
+        expected = pipe._unpatchify_latents(pipe._unpack_latents_with_ids(raw, latent_ids, 4, 3))
+    assert predicted.shape == noisy.shape and torch.allclose(predicted, expected, atol=1e-6)
+
+
+def test_the_text_cache_keeps_the_padding_the_transformer_attends_to():
+    from onetrainer.data.caching import encode_text_entries
+
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    assert [r["hidden_states"].shape for r in rows] == [(512, 96)] * 2
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on OneTrainer's `blocks` preset, a sample with a negative prompt (a base model: CFG)."""
+    root = tmp_path_factory.mktemp("flux2-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, VARIANT, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="blocks", output_model_destination=str(root / "out" / "lora.safetensors"),
+        text_encoder={"train": False},
+        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 64, "height": 48, "seed": 1,
+                  "diffusion_steps": 2, "cfg_scale": 4.0}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return config, run_config(config)
+
+
+def test_a_diffusers_lora_trains_samples_and_loads_in_the_pipeline_as_ours(lora_run):
+    config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (64, 48)
+    path = Path(config["output_model_destination"])
+    state = load_file(str(path))
+    modules = {k.rpartition(".lora_")[0] for k in state}
+    blocks = ("transformer.transformer_blocks.", "transformer.single_transformer_blocks.")
+    assert all(m.startswith(blocks) for m in modules)
+    assert {
+        "transformer.transformer_blocks.0.attn.to_q",
+        "transformer.single_transformer_blocks.1.attn.to_qkv_mlp_proj",
+        "transformer.transformer_blocks.1.ff_context.linear_out",
+    } <= modules
+
+    _, ours = our_model(method=True, lora_model_name=str(path))
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(str(path))
+    landed = {name for name, m in pipe.transformer.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)}
+    assert {f"transformer.{name}" for name in landed} == modules  # every module of the file, and only those
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-5)
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, VARIANT, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    expected = transformer_output(trained.transformer)
+    assert not torch.allclose(expected, transformer_output(base.transformer), atol=1e-5)
+    for name in ("text_encoder", "vae"):  # frozen: as they were, the VAE's batch-norm statistics too
+        ours, theirs = getattr(trained, name).state_dict(), getattr(base, name).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs), name
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_a_distilled_folder_samples_in_four_steps_without_cfg(tmp_path, monkeypatch):
+    folder = tmp_path / "distilled"
+    shutil.copytree(tiny_model_dir(VARIANT), folder)
+    index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    assert index["is_distilled"] is False
+    (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}), encoding="utf-8")
+    family, model = our_model(base_model_name=str(folder))
+    defaults = family.sample_defaults(model)
+    assert (defaults.diffusion_steps, defaults.cfg_scale) == (4, 1.0)
+    _, base = our_model()
+    assert family.sample_defaults(base).diffusion_steps == 50
+    assert family.pipeline(model, None).config.is_distilled
+    # no negative prompt is encoded for a distilled model, nor at CFG 1
+    assert "negative_prompt_embeds" not in family.sample_prompt_arguments(model, "a", "b", {"guidance_scale": 4.0})
+    assert "negative_prompt_embeds" not in family.sample_prompt_arguments(base, "a", "b", {"guidance_scale": 1.0})
+    assert "negative_prompt_embeds" in family.sample_prompt_arguments(base, "a", "b", {"guidance_scale": 4.0})
+
+
+def test_devs_mistral_text_encoder_is_refused_by_name(tmp_path):
+    folder = tmp_path / "dev"
+    shutil.copytree(tiny_model_dir(VARIANT), folder)
+    config_path = folder / "text_encoder" / "config.json"
+    (folder / "text_encoder" / "config.json").write_text(
+        json.dumps({**json.loads(config_path.read_text(encoding="utf-8")), "model_type": "mistral3"})
+    )
+    with pytest.raises(ModelLoadError, match=r"mistral3 text encoder .*not built yet"):
+        our_model(base_model_name=str(folder))
