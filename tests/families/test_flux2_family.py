@@ -177,3 +177,33 @@ def test_devs_mistral_text_encoder_is_refused_by_name(tmp_path):
     )
     with pytest.raises(ModelLoadError, match=r"mistral3 text encoder .*not built yet"):
         our_model(base_model_name=str(folder))
+
+
+def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `qwen3_4b` (klein 4B's encoder, as ComfyUI names it); set into diffusers'
+    tokenizer and encoder as new tokens, they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["qwen3_4b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    tokens = ["<shape>", "<shape>_1"]
+    pipe.tokenizer.add_tokens(tokens)
+    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    with torch.no_grad():
+        table = pipe.text_encoder.get_input_embeddings().weight
+        for token, vector in zip(tokens, vectors):
+            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
+        theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"])[0]
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
