@@ -24,7 +24,10 @@ three layers of a language model's hidden states.
 - Sampling goes through `Flux2KleinPipeline` with our prompt embeddings (so embeddings apply): a base model with CFG
   against the negative prompt, a distilled one (`is_distilled` in the folder's model_index.json) without, in 4 steps
   by default.
-- Saving: the pipeline folder (also the backup, usable as a base model). LoRA files: DIFFUSERS_LORA (peft names under
+- The transformer part may be its own file (`transformer.model_name`): BFL's layout (ComfyUI's prefix allowed) or
+  diffusers' names, read on the base's transformer config (`weights/flux2_keys.py`).
+- Saving: the pipeline folder (also the backup, usable as a base model), or the transformer alone in BFL's layout
+  (ORIGINAL_TRANSFORMER, as OneTrainer's presets write the fine-tune). LoRA files: DIFFUSERS_LORA (peft names under
   `transformer.` / `text_encoder.`; `load_lora_weights` reads the transformer's).
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -49,11 +53,13 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
+    load_transformer_part,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder
+from onetrainer.families.saving import FlowPipelineFolder, plain_state
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
+from onetrainer.weights import flux2_keys
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -102,12 +108,10 @@ class Flux2Family(LanguageModelFlowFamily):
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         refuse_dev(where, options)
-        parts = KeptParts(config)
-        for part, cls in (
-            ("transformer", Flux2Transformer2DModel),
-            ("text_encoder", Qwen3ForCausalLM),
-            ("vae", AutoencoderKLFlux2),
-        ):  # each stored (put in its configured form) before the next is read
+        parts = KeptParts(config)  # each part stored (put in its configured form) before the next is read
+        transformer = load_transformer_part(Flux2Transformer2DModel, config, where, options, flux2_keys.to_diffusers)
+        parts["transformer"] = transformer
+        for part, cls in (("text_encoder", Qwen3ForCausalLM), ("vae", AutoencoderKLFlux2)):
             parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         model = self.loaded_model(config, parts, tokenizer, where, options)
@@ -216,7 +220,19 @@ class Flux2Family(LanguageModelFlowFamily):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers}
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in Black Forest Labs' layout (`weights/flux2_keys.to_original`: fused double-block
+        q/k/v, the output modulation's halves swapped), which BFL's code, ComfyUI's Load Diffusion Model, diffusers'
+        `from_single_file` and `transformer.model_name` read."""
+        state = flux2_keys.to_original(plain_state(model.part("transformer")))
+        self.write_transformer(model, state, destination, dtype, extra_metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+    }
 
     # -- names ----------------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from onetrainer.config.family_info import (
     FLOW_MATCHING,
     GUIDANCE_INPUT,
     LAYER_OFFLOADING,
+    OWN_MODEL,
     FamilyInfo,
     ModelTypeInfo,
     PartRole,
@@ -213,20 +214,16 @@ FLUX2 = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
     },
-    # OneTrainer's presets write the fine-tune as the transformer alone (BFL's layout) and its LoRA saver writes BFL's
-    # names too: the key maps (`weights/`) are the next step of issue 44.
-    formats_to_come={
-        TrainingMethod.FINE_TUNE: (ModelFormat.ORIGINAL_TRANSFORMER,),
-        TrainingMethod.LORA: (ModelFormat.COMFY_LORA,),
-    },
+    # A LoRA in BFL's names (ComfyUI's, diffusers' converter reads it) is the next step of issue 44.
+    formats_to_come={TrainingMethod.LORA: (ModelFormat.COMFY_LORA,)},
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({GUIDANCE_INPUT, FLOW_MATCHING}),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     file_caveats=(
@@ -246,7 +243,10 @@ FLUX2 = FamilyInfo(
     "shift of `dynamic_timestep_shifting` on the scheduler's values, as OneTrainer); samples use the pipeline's own "
     "empirical shift. [dev] takes the fixed `transformer.guidance_scale` in training. Samples: base [klein] with "
     "CFG against the negative prompt, distilled [klein] (`is_distilled` in the folder's model_index.json) in 4 steps "
-    "without. LoRA files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part).",
+    "without. `transformer.model_name` may name a transformer file in Black Forest Labs' layout (ComfyUI's "
+    "`model.diffusion_model.` prefix too) or diffusers' names to train instead of the base model's; "
+    "ORIGINAL_TRANSFORMER writes BFL's layout (BFL's code, ComfyUI and diffusers' `from_single_file` read it). LoRA "
+    "files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part).",
 )
 
 # diffusers' pipeline defaults: 50 steps at CFG 4 (klein base; dev's embedded guidance 4); distilled klein: 4 steps,

@@ -1,7 +1,8 @@
 """Flux.2 [klein] on its tiny model: the conditioning, the latents and the prediction are Flux2KleinPipeline's; a LoRA
 trained through the trainer (DIFFUSERS_LORA) loads in the pipeline's `load_lora_weights`, every module landing, and
 changes the transformer as ours; samples render with CFG and a negative prompt; a fine-tune's folder loads in diffusers
-and back as a base model; a distilled folder samples in 4 steps without CFG; [dev]'s text encoder is refused by name."""
+and back as a base model, its transformer in BFL's layout in `from_single_file` and as `transformer.model_name`; a
+distilled folder samples in 4 steps without CFG; [dev]'s text encoder is refused by name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from onetrainer.config.enums import ModelFormat
 from onetrainer.families.flux2 import image_ids, patchify, text_ids, unpatchify
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.tiny import tiny_model_dir
@@ -146,8 +148,34 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     for name in ("text_encoder", "vae"):  # frozen: as they were, the VAE's batch-norm statistics too
         ours, theirs = getattr(trained, name).state_dict(), getattr(base, name).state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs), name
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    family, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
     assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+    # the transformer alone in BFL's layout: diffusers' from_single_file and ours (also with ComfyUI's prefix) read it
+    from diffusers import Flux2Transformer2DModel
+    from safetensors.torch import save_file
+
+    path = tmp_path / "flux2.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32)
+    state = load_file(str(path))
+    assert {
+        "double_blocks.0.img_attn.qkv.weight",
+        "double_blocks.1.txt_attn.qkv.weight",
+        "single_blocks.1.linear1.weight",
+        "final_layer.adaLN_modulation.1.weight",
+        "img_in.weight",
+        "time_in.in_layer.weight",
+    } <= state.keys()
+    assert not any(k.startswith(("transformer_blocks.", "guidance_in.")) for k in state)  # klein: no guidance input
+    read = Flux2Transformer2DModel.from_single_file(
+        str(path), config=str(tiny_model_dir(VARIANT)), subfolder="transformer"
+    )
+    assert torch.equal(transformer_output(read), expected)
+    comfy = tmp_path / "comfy.safetensors"
+    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
+    for file in (path, comfy):
+        _, again = our_model(transformer={"model_name": str(file)})
+        assert torch.equal(transformer_output(again.part("transformer")), expected), file
 
 
 def test_a_distilled_folder_samples_in_four_steps_without_cfg(tmp_path, monkeypatch):
