@@ -92,13 +92,14 @@ def test_the_text_cache_keeps_the_padding_the_transformer_attends_to():
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
-    """A DIFFUSERS_LORA on OneTrainer's `blocks` preset, a sample with a negative prompt (a base model: CFG)."""
+    """A DIFFUSERS_LORA on OneTrainer's `blocks` preset (as OneTrainer's presets: the resolution-dependent shift; and
+    caption dropout, the empty caption through the template), a sample with a negative prompt (a base model: CFG)."""
     root = tmp_path_factory.mktemp("flux2-lora")
     image_folder(root, count=2)
     config = tiny_config(
         root, VARIANT, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
         layer_filter_preset="blocks", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False},
+        text_encoder={"train": False, "dropout_probability": 0.5}, dynamic_timestep_shifting=True,
         samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 64, "height": 48, "seed": 1,
                   "diffusion_steps": 2, "cfg_scale": 4.0}],
         sample_after=2, sample_after_unit="EPOCH",
