@@ -28,7 +28,8 @@ three layers of a language model's hidden states.
   diffusers' names, read on the base's transformer config (`weights/flux2_keys.py`).
 - Saving: the pipeline folder (also the backup, usable as a base model), or the transformer alone in BFL's layout
   (ORIGINAL_TRANSFORMER, as OneTrainer's presets write the fine-tune). LoRA files: DIFFUSERS_LORA (peft names under
-  `transformer.` / `text_encoder.`; `load_lora_weights` reads the transformer's).
+  `transformer.` / `text_encoder.`; `load_lora_weights` reads the transformer's) or KOHYA_LORA over BFL's names
+  (`weights/flux2_lora.py`: exact fused q/k/v), which ComfyUI and diffusers' kohya Flux.2 converter read.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from onetrainer.families.loading import (
 from onetrainer.families.saving import FlowPipelineFolder, plain_state
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
-from onetrainer.weights import flux2_keys
+from onetrainer.weights import flux2_keys, flux2_lora
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -233,6 +234,27 @@ class Flux2Family(LanguageModelFlowFamily):
         ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
         ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
     }
+
+    # -- LoRA files and names -------------------------------------------------------------------------------------
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+        """The transformer's adapters over BFL's names (`flux2_lora.LAYOUT`: exact fused LoRAs on a double block's
+        q/k/v); the text encoder takes the generic layout."""
+        if part != self.denoiser_part:
+            return None
+        return flux2_lora.LAYOUT.to_kohya(kind, state, alphas, ranks, dict(model.part("transformer").config))
+
+    def read_lora_file(self, model, part, kind, state):
+        if part != self.denoiser_part:
+            return None
+        return flux2_lora.LAYOUT.read_file(kind, state, dict(model.part("transformer").config))
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """The transformer: `lora_unet_<BFL path>` (a slice of a fused layer: `lora_transformer_<diffusers path>`);
+        the text encoder: `lora_te1_<module path>`."""
+        if part == self.denoiser_part:
+            return flux2_lora.LAYOUT.kohya_name(module_path, dict(model.part("transformer").config))
+        return super().kohya_name(model, part, module_path)
 
     # -- names ----------------------------------------------------------------------------------------------------
 

@@ -13,10 +13,10 @@ from typing import Any
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
-    GUIDANCE_INPUT,
     LAYER_OFFLOADING,
     OWN_MODEL,
     FamilyInfo,
+    FileCaveat,
     ModelTypeInfo,
     PartRole,
     SampleDefaults,
@@ -215,18 +215,32 @@ FLUX2 = FamilyInfo(
     output_formats={
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
     },
-    # A LoRA in BFL's names (ComfyUI's, diffusers' converter reads it) is the next step of issue 44.
-    formats_to_come={TrainingMethod.LORA: (ModelFormat.COMFY_LORA,)},
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
-    capabilities=frozenset({GUIDANCE_INPUT, FLOW_MATCHING}),
+    # GUIDANCE_INPUT ([dev]'s `transformer.guidance_scale`) comes with [dev]: klein has no guidance input.
+    capabilities=frozenset({FLOW_MATCHING}),
     part_capabilities={
         "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     file_caveats=(
+        FileCaveat(
+            ModelFormat.KOHYA_LORA,
+            "the layer filter puts LoRA on the modulations, the guidance embedding or the output modulation "
+            "(double_stream_modulation_img/txt, single_stream_modulation, guidance_in, final_layer.adaLN_modulation in "
+            "BFL's names): ComfyUI reads them from a KOHYA_LORA file, diffusers' load_lora_weights drops them with a "
+            "warning; OneTrainer's `blocks` filter leaves them out",
+            modules=(
+                "double_stream_modulation_img.linear",
+                "double_stream_modulation_txt.linear",
+                "single_stream_modulation.linear",
+                "time_guidance_embed.guidance_embedder.linear_1",
+                "time_guidance_embed.guidance_embedder.linear_2",
+                "norm_out.linear",
+            ),
+        ),
         text_encoder_caveat(
             "text_encoder",
             "diffusers' Flux2Pipeline / Flux2KleinPipeline.load_lora_weights reads the transformer's part of a "
@@ -241,12 +255,14 @@ FLUX2 = FamilyInfo(
     "statistics over 2x2 patches and packed 2x2 into the transformer's tokens: training and sample sizes go in steps "
     "of 16 px. Training draws the time as the other flow models do (`timestep_shift`, or the linear resolution "
     "shift of `dynamic_timestep_shifting` on the scheduler's values, as OneTrainer); samples use the pipeline's own "
-    "empirical shift. [dev] takes the fixed `transformer.guidance_scale` in training. Samples: base [klein] with "
+    "empirical shift. Samples: base [klein] with "
     "CFG against the negative prompt, distilled [klein] (`is_distilled` in the folder's model_index.json) in 4 steps "
     "without. `transformer.model_name` may name a transformer file in Black Forest Labs' layout (ComfyUI's "
     "`model.diffusion_model.` prefix too) or diffusers' names to train instead of the base model's; "
     "ORIGINAL_TRANSFORMER writes BFL's layout (BFL's code, ComfyUI and diffusers' `from_single_file` read it). LoRA "
-    "files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part).",
+    "files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part) or KOHYA_LORA over BFL's "
+    "names (`lora_unet_double_blocks_0_img_attn_qkv`: exact fused q/k/v), which ComfyUI and diffusers' kohya "
+    "converter read (diffusers only the numbered blocks and the input and output layers).",
 )
 
 # diffusers' pipeline defaults: 50 steps at CFG 4 (klein base; dev's embedded guidance 4); distilled klein: 4 steps,

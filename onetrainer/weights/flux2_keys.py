@@ -20,11 +20,14 @@ A file in either layout may carry ComfyUI's `model.diffusion_model.` prefix or `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from onetrainer.weights.checkpoint_files import without_prefix
+from onetrainer.weights.fused_lora import OriginalModule
 
 # Top-level modules: diffusers' name → BFL's (whole module paths at the start of a key).
 _TOP_LEVEL = (
@@ -160,3 +163,44 @@ def to_diffusers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if renamed:
             out[renamed] = _swap_halves(value) if renamed.startswith(_SWAPPED + ".") else value
     return out
+
+
+def module_map(config: Mapping[str, Any]) -> dict[str, OriginalModule]:
+    """Every linear module of a Flux.2 transformer (diffusers path) → where its output rows live in BFL's layout (a
+    double block's q/k/v as thirds of `img_attn.qkv` / `txt_attn.qkv`; `norm_out.linear` with its halves swapped), for
+    a diffusers config (`dict(transformer.config)` will do): the kohya LoRA layout's map (`flux2_lora.py`)."""
+    return dict(
+        _module_map(
+            int(config["num_attention_heads"]) * int(config["attention_head_dim"]),
+            int(config["num_layers"]),
+            int(config["num_single_layers"]),
+            bool(config.get("guidance_embeds")),
+        )
+    )
+
+
+def original_module(module_path: str, config: Mapping[str, Any]) -> OriginalModule | None:
+    """Where one diffusers module lives (`module_map`), None for one without a linear weight; a cached lookup."""
+    return module_map(config).get(module_path)
+
+
+@functools.lru_cache(maxsize=16)
+def _module_map(inner: int, num_layers: int, num_single_layers: int, guidance: bool) -> dict[str, OriginalModule]:
+    modules: dict[str, OriginalModule] = {}
+    for ours, theirs in _TOP_LEVEL:
+        if "guidance_embedder" in ours and not guidance:
+            continue
+        modules[ours] = OriginalModule(theirs, swapped=ours == _SWAPPED)
+    qkv = (inner, inner, inner)
+    for i in range(num_layers):
+        for target, names in FUSED.items():
+            for index, name in enumerate(names):
+                modules[f"transformer_blocks.{i}.{name}"] = OriginalModule(f"double_blocks.{i}.{target}", index, qkv)
+        for ours, theirs in _DOUBLE:
+            if not ours.endswith(".weight"):  # a module, not a norm's scale
+                modules[f"transformer_blocks.{i}.{ours}"] = OriginalModule(f"double_blocks.{i}.{theirs}")
+    for i in range(num_single_layers):
+        for ours, theirs in _SINGLE:
+            if not ours.endswith(".weight"):
+                modules[f"single_transformer_blocks.{i}.{ours}"] = OriginalModule(f"single_blocks.{i}.{theirs}")
+    return modules

@@ -236,3 +236,69 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
         theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"])[0]
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_kohya_lora_over_bfl_names_loads_in_the_pipeline_as_ours(tmp_path):
+    """KOHYA_LORA on the numbered blocks: `lora_unet_<BFL path>`, a double block's q/k/v as one exact LoRA on
+    `img_attn_qkv`; diffusers' kohya Flux.2 converter splits it back and the pipeline's transformer gives ours."""
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="blocks", text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    path = config["output_model_destination"]
+    state = load_file(path)
+    names = {k.partition(".")[0] for k in state}
+    assert {"lora_unet_double_blocks_0_img_attn_qkv", "lora_unet_double_blocks_1_txt_attn_qkv",
+            "lora_unet_double_blocks_0_img_mlp_0", "lora_unet_single_blocks_1_linear1"} <= names  # fmt: skip
+    assert all(n.startswith(("lora_unet_double_blocks_", "lora_unet_single_blocks_")) for n in names)
+    assert state["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape[0] == 3 * 4  # rank 4 each
+
+    _, ours = our_model(method=True, lora_model_name=path, output_model_format="KOHYA_LORA")
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(path)
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-5)
+
+
+def test_a_kohya_lora_on_every_layer_applies_to_bfls_layout_as_the_merged_model(tmp_path):
+    """As ComfyUI applies a kohya file to BFL's checkpoint: each `lora_unet_<path>` entry adds up·down·alpha/rank to
+    `<path>.weight`, no entry left over; the result is our merged model in BFL's layout (fused q/k/v, the output
+    modulation's swapped halves included)."""
+    from peft.tuners.lora import LoraLayer
+
+    from onetrainer.weights import flux2_keys
+
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="full", text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert "lora_unet_final_layer_adaLN_modulation_1.lora_up.weight" in state
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"], layer_filter_preset="full")
+    transformer = ours.part("transformer")
+    base = {k.replace(".base_layer", ""): v.clone() for k, v in transformer.state_dict().items() if "lora_" not in k}
+    original = flux2_keys.to_original(base)
+    by_name = {k.replace(".", "_").removesuffix("_weight"): k for k in original}
+    for key in [k for k in state if k.endswith(".lora_down.weight")]:
+        name = key.partition(".")[0].removeprefix("lora_unet_")
+        down, up = state[key], state[key.replace("lora_down", "lora_up")]
+        alpha = float(state[key.replace("lora_down.weight", "alpha")])
+        original[by_name[name]] += up @ down * (alpha / down.shape[0])
+    for layer in transformer.modules():
+        if isinstance(layer, LoraLayer):
+            layer.merge()
+    merged = flux2_keys.to_original(
+        {k.replace(".base_layer", ""): v for k, v in transformer.state_dict().items() if "lora_" not in k}
+    )
+    assert merged.keys() == original.keys()
+    assert all(torch.allclose(merged[k], original[k], atol=1e-5) for k in merged)
+    assert not torch.allclose(
+        merged["double_blocks.0.img_attn.qkv.weight"],
+        flux2_keys.to_original(base)["double_blocks.0.img_attn.qkv.weight"],
+    )
