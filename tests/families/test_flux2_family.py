@@ -302,3 +302,38 @@ def test_a_kohya_lora_on_every_layer_applies_to_bfls_layout_as_the_merged_model(
         merged["double_blocks.0.img_attn.qkv.weight"],
         flux2_keys.to_original(base)["double_blocks.0.img_attn.qkv.weight"],
     )
+
+
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_write_kohya_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr as KOHYA_LORA: whole BFL modules under `lora_unet_<BFL path>`, a fused layer's projections each
+    under `lora_transformer_<diffusers path>` (no exact fused form); read back into a fresh model they give the
+    trained transformer's output."""
+    from onetrainer.methods.lora import LoraMethod
+
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = {}
+    save_output = LoraMethod.save_output
+
+    def keep_output(self, path, *args, **kwargs):
+        trained["output"] = transformer_output(self.model.part("transformer").eval())
+        return save_output(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="blocks", text_encoder={"train": False}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"lora_transformer_transformer_blocks_0_attn_to_q.{marker}" in state
+    assert f"lora_unet_single_blocks_0_linear1.{marker}" in state
+    _, again = our_model(
+        method=True, lora_model_name=config["output_model_destination"], output_model_format="KOHYA_LORA", **settings
+    )
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
