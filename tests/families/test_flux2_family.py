@@ -337,3 +337,59 @@ def test_lycoris_kinds_write_kohya_names_and_read_back_as_trained(tmp_path, monk
     assert torch.allclose(ours, trained["output"], atol=1e-5)
     _, plain = our_model()
     assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_a_guidance_distilled_transformer_gets_the_training_guidance():
+    """[dev]'s transformer path, on klein's tiny model with a guidance embedding: `predict` gives the transformer the
+    fixed `transformer.guidance_scale` (which it multiplies by 1000, as the time), and the batch's extras carry it."""
+    from diffusers import Flux2Transformer2DModel
+
+    from onetrainer.families.base import BatchInputs, Conditioning
+
+    family, model = our_model(transformer={"guidance_scale": 3.5})
+    config = {**model.part("transformer").config, "guidance_embeds": True}
+    torch.manual_seed(0)
+    model.parts["transformer"] = transformer = Flux2Transformer2DModel.from_config(config).eval()
+    noisy, sigma = torch.randn(2, 32, 4, 4), torch.tensor([0.25, 0.75])
+    conditioning = Conditioning({"hidden_states": torch.randn(2, 12, config["joint_attention_dim"])})
+    inputs = BatchInputs(noisy, None, [(32, 32)] * 2, [(0, 0)] * 2, None, torch.zeros(2, dtype=torch.bool))
+    extra = family.batch_extras(model, inputs)
+    assert torch.equal(extra["guidance"], torch.tensor([3.5, 3.5]))
+    with torch.no_grad():
+        predicted = family.predict(model, noisy, sigma * 1000, conditioning, extra).output
+        unguided = family.predict(model, noisy, sigma * 1000, conditioning, {"guidance": torch.ones(2)}).output
+        raw = transformer(
+            hidden_states=patchify(noisy).flatten(2).transpose(1, 2), encoder_hidden_states=conditioning.hidden_states,
+            timestep=sigma, guidance=torch.tensor([3.5, 3.5]), img_ids=image_ids(2, 2, "cpu"),
+            txt_ids=text_ids(12, "cpu"), return_dict=False,
+        )[0]  # fmt: skip
+    assert torch.allclose(predicted, unpatchify(raw.transpose(1, 2).reshape(2, 128, 2, 2)), atol=1e-6)
+    assert not torch.allclose(predicted, unguided, atol=1e-4)
+    assert family.metadata_kind(model).architecture == "flux-2-dev"
+
+
+def test_a_text_encoder_lora_is_written_and_read_back_in_either_format(tmp_path):
+    """The Qwen3 text encoder's LoRA (its decoder layers): under `text_encoder.` in DIFFUSERS_LORA, `lora_te1_` in
+    KOHYA_LORA; read back, it changes our conditioning (the pipelines' loaders read the transformer's part only: the
+    family's caveat says so)."""
+    image_folder(tmp_path, count=2)
+    outputs = {}
+    for fmt in ("DIFFUSERS_LORA", "KOHYA_LORA"):
+        config = tiny_config(
+            tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format=fmt,
+            layer_filter_preset="blocks", text_encoder={"train": True},
+            output_model_destination=str(tmp_path / "out" / f"{fmt}.safetensors"),
+        )  # fmt: skip
+        run_config(config)
+        state = load_file(config["output_model_destination"])
+        prefix = "text_encoder.model.layers.0." if fmt == "DIFFUSERS_LORA" else "lora_te1_model_layers_0_"
+        assert any(k.startswith(prefix) for k in state), sorted(state)[:5]
+        family, again = our_model(
+            method=True, lora_model_name=config["output_model_destination"], output_model_format=fmt
+        )
+        with torch.no_grad():
+            outputs[fmt] = family.encode_text(again, CAPTIONS).hidden_states
+    _, plain = our_model()
+    with torch.no_grad():
+        base = family.encode_text(plain, CAPTIONS).hidden_states
+    assert all(not torch.allclose(out, base, atol=1e-5) for out in outputs.values())  # both trained the encoder
