@@ -393,3 +393,26 @@ def test_a_text_encoder_lora_is_written_and_read_back_in_either_format(tmp_path)
     with torch.no_grad():
         base = family.encode_text(plain, CAPTIONS).hidden_states
     assert all(not torch.allclose(out, base, atol=1e-5) for out in outputs.values())  # both trained the encoder
+
+
+def test_layer_offloading_trains_the_same_lora(tmp_path):
+    """The presets' offloading (the transformer's double and single blocks and Qwen3's decoder layers, 75 % of each in
+    CPU memory, gradient checkpointing on) gives the losses and the LoRA training without it gives."""
+    from onetrainer.training.events import Metrics
+
+    def train(root: Path, fraction: float):
+        image_folder(root, count=2)
+        config = tiny_config(
+            root, VARIANT, "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
+            layer_filter_preset="blocks",
+            transformer={"offload_fraction": fraction, "gradient_checkpointing": True},
+            text_encoder={"train": False, "offload_fraction": fraction},
+        )  # fmt: skip
+        events = run_config(config)
+        return [e.loss for e in events if isinstance(e, Metrics)], load_file(config["output_model_destination"])
+
+    losses, weights = train(tmp_path / "plain", 0.0)
+    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.75)
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
