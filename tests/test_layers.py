@@ -220,3 +220,31 @@ def test_the_tiny_family_test_sees_a_switchboard(tmp_path):
     stems = _family_file_stems()
     assert _crowded_shared_files(tmp_path, stems) == ["switchboard.py: flux, pixart, sd"]
     assert {"sd", "sdxl", "flux", "chroma", "qwen", "cascade", "wuerstchen"} <= stems
+
+
+# Words that name a family or one of its models (`config/` may say "flow matching", never "Flux").
+MODEL_WORDS = re.compile(
+    FAMILY_WORDS.pattern + r"|qwen|z[-_ ]?image|\bsd ?[123]|\bsd ?15|stable[-_ ]diffusion|\bchroma\b",
+    re.IGNORECASE,
+)
+
+
+def config_lines_naming_a_model(package: Path) -> list[str]:
+    """The lines of the config package, OneTrainer's enums aside, that name a family or a model."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "enums.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if MODEL_WORDS.search(line):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_config_names_no_family_outside_the_enums(tmp_path):
+    """Each family declares its facts beside its module (`families/<module>_info.py`); the config's model-type table
+    gathers them, and defaults that name a model (OneTrainer's default model type and base model) sit in the enums."""
+    assert config_lines_naming_a_model(PACKAGE / "config") == []
+    (tmp_path / "planted.py").write_text('HINT = "layers 7,8,9 for SD 3.5 Medium"\nOK = "flow matching"\n')
+    (tmp_path / "enums.py").write_text('DEFAULT = "stable-diffusion-v1-5"\n')
+    assert config_lines_naming_a_model(tmp_path) == ['planted.py:1: HINT = "layers 7,8,9 for SD 3.5 Medium"']

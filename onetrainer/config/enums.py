@@ -50,8 +50,9 @@ class ModelType(ConfigEnum):
     IDEOGRAM_4 = "IDEOGRAM_4"
 
 
-# A new config's model type, as in OneTrainer.
+# A new config's model type and base model, as in OneTrainer.
 DEFAULT_MODEL_TYPE = ModelType.STABLE_DIFFUSION_15
+DEFAULT_BASE_MODEL = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 
 
 class TrainingMethod(ConfigEnum):

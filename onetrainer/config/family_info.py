@@ -187,7 +187,7 @@ class ModelTypeInfo:
     # type without a reference model.
     released_parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Released models of this type that differ in size: (a word of the base model's name, the parts that differ), the
-    # first word the name holds wins (SD 3.5 Medium beside Large).
+    # first word the name holds wins (a "medium" beside a large default).
     released_variants: tuple[tuple[str, Mapping[str, Mapping[str, Any]]], ...] = ()
 
 

@@ -172,14 +172,14 @@ def save_side_file(items: list[ConfigNode], path: str | os.PathLike) -> None:
 
 
 def list_presets() -> list[str]:
-    """Preset names: each file's path under `presets/` without `.json` (e.g. `sd15/lora`), sorted."""
+    """Preset names: each file's path under `presets/` without `.json` (e.g. `<model>/lora`), sorted."""
     if not PRESETS_DIR.is_dir():
         return []
     return sorted(p.relative_to(PRESETS_DIR).with_suffix("").as_posix() for p in PRESETS_DIR.rglob("*.json"))
 
 
 def preset_path(name_or_file: str | os.PathLike) -> Path:
-    """A preset name (`sd15/lora`) or a path to a JSON file."""
+    """A preset name (`<model>/lora`) or a path to a JSON file."""
     candidate = Path(name_or_file)
     if candidate.suffix == ".json" and candidate.is_file():
         return candidate

@@ -60,8 +60,8 @@ class SampleConfig(ConfigNode):
         "",
         "Skip-layer guidance",
         "Transformer layers (comma-separated numbers) skipped for an extra prediction that each step is guided away "
-        "from, between 1 % and 20 % of the steps at strength 2.8, as diffusers' pipeline does it: Stability AI "
-        "recommends 7,8,9 for SD 3.5 Medium (better anatomy and structure). Empty: off.",
+        "from, between 1 % and 20 % of the steps at strength 2.8, as diffusers' pipeline does it (the model type's "
+        "notes say which layers its makers recommend). Empty: off.",
         needs=SKIP_LAYER_GUIDANCE,
     )
     reference_images: list[str] = setting(

@@ -9,6 +9,7 @@ from typing import ClassVar
 from onetrainer.config.concept_config import ConceptConfig
 from onetrainer.config.embedding_config import TrainEmbeddingConfig
 from onetrainer.config.enums import (
+    DEFAULT_BASE_MODEL,
     DEFAULT_MODEL_TYPE,
     AttentionMechanism,
     ConfigPart,
@@ -330,12 +331,12 @@ class TrainConfig(ConfigNode):
 
     # -- model ----------------------------------------------------------------------------------------------------
     base_model_name: str = setting(
-        "stable-diffusion-v1-5/stable-diffusion-v1-5",
+        DEFAULT_BASE_MODEL,
         "Base model",
         "The model to train from: a diffusers folder, a single .safetensors / .ckpt file, a Hugging Face repo id, "
         "or a backup folder of an earlier run. To try a model type offline, without a download: its tiny model with "
-        "random weights, built locally (samples are noise), named tiny:<model> (tiny:sd15, …; the README lists one "
-        "for every model type).",
+        "random weights, built locally (samples are noise), named tiny:<model> (the README lists one for "
+        "every model type).",
         tab="model",
         group="Base model",
         widget="model",

@@ -55,7 +55,8 @@ SD3 = FamilyInfo(
             "of a DIFFUSERS_LORA file, not T5's LoRA",
         ),
     ),
-    notes="`text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
+    notes="Skip-layer guidance in samples: Stability AI recommends layers 7,8,9 for SD 3.5 Medium (better anatomy "
+    "and structure). `text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
     "counting from there, and on their projected pooled outputs), `text_encoder_3` T5-XXL (256 tokens, as diffusers' "
     "pipeline prompts it; `text_encoder_3.include` off leaves it out, never loaded, zeros in its place, as the "
     "pipeline without T5: 9.5 GB less, for smaller cards; load such a fine-tune's folder in diffusers with "
