@@ -55,24 +55,25 @@ SD3 = FamilyInfo(
             "of a DIFFUSERS_LORA file, not T5's LoRA",
         ),
     ),
-    notes="Skip-layer guidance in samples: Stability AI recommends layers 7,8,9 for SD 3.5 Medium (better anatomy "
-    "and structure). `text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, clip skip "
-    "counting from there, and on their projected pooled outputs), `text_encoder_3` T5-XXL (256 tokens, as diffusers' "
-    "pipeline prompts it; `text_encoder_3.include` off leaves it out, never loaded, zeros in its place, as the "
-    "pipeline without T5: 9.5 GB less, for smaller cards; load such a fine-tune's folder in diffusers with "
-    "`text_encoder_3=None, tokenizer_3=None`). The CLIPs' hidden states are joined along the features, zero-padded to "
-    "T5's width and joined with T5's along the sequence. The VAE's latents are shifted and scaled ((z - 0.0609) x "
-    "1.5305); training and sample sizes go in steps of 16 px. Samples render through diffusers' "
-    "StableDiffusion3Pipeline with the model's flow-matching Euler sampler (shift 3), whichever sampler is chosen. "
-    "The model type tells SD 3 from 3.5 by the transformer's config (3.5 normalises its queries and keys). Caption "
-    "dropout zeroes each encoder's share on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE writes one file in "
-    "Stability AI's layout holding the transformer, the VAE and the three text encoders (as OneTrainer writes it), "
-    "which ComfyUI's Load Checkpoint reads. Such a file (Stability AI's or ours) is also a base model: the "
-    "transformer, and the VAE and text encoders it holds, come from it; the configs, the tokenizers and the parts it "
-    "lacks from the variant's diffusers repository (stabilityai/stable-diffusion-3-medium-diffusers, "
-    "stable-diffusion-3.5-medium or -3.5-large, told apart by the file's weights; gated on the hub: `hf auth login` "
-    "once), as diffusers' from_single_file does, from the hub cache when offline. Embeddings hold a vector set for "
-    "each included encoder (file keys clip_l, clip_g, t5, as OneTrainer writes them).",
+    notes="Skip-layer guidance in samples: Stability AI recommends layers 7,8,9 for SD 3.5 Medium (better anatomy and "
+    "structure). `text_encoder` is CLIP-L, `text_encoder_2` CLIP-G (both condition on their penultimate layer, "
+    "clip skip counting from there, and on their projected pooled outputs), `text_encoder_3` T5-XXL (256 tokens, "
+    "as diffusers' pipeline prompts it; `text_encoder_3.include` off leaves it out, never loaded, zeros in its "
+    "place, as the pipeline without T5: 9.5 GB less, for smaller cards; load such a fine-tune's folder in "
+    "diffusers with `text_encoder_3=None, tokenizer_3=None`). The CLIPs' hidden states are joined along the "
+    "features, zero-padded to T5's width and joined with T5's along the sequence. The VAE's latents are shifted "
+    "and scaled ((z - 0.0609) x 1.5305); training and sample sizes go in steps of 16 px. Samples render through "
+    "diffusers' StableDiffusion3Pipeline with the model's flow-matching Euler sampler (shift 3), whichever sampler "
+    "is chosen. The model type tells SD 3 from 3.5 by the transformer's config (3.5 normalises its queries and "
+    "keys). Caption dropout zeroes each encoder's share on its own draw, as OneTrainer does. ORIGINAL_SINGLE_FILE "
+    "writes one file in Stability AI's layout holding the transformer, the VAE and the three text encoders (as "
+    "OneTrainer writes it), which ComfyUI's Load Checkpoint reads. Such a file (Stability AI's or ours) is also a "
+    "base model: the transformer, and the VAE and text encoders it holds, come from it; the configs, the "
+    "tokenizers and the parts it lacks from the variant's diffusers repository "
+    "(stabilityai/stable-diffusion-3-medium-diffusers, stable-diffusion-3.5-medium or -3.5-large, told apart by "
+    "the file's weights; gated on the hub: `hf auth login` once), as diffusers' from_single_file does, from the "
+    "hub cache when offline. Embeddings hold a vector set for each included encoder (file keys clip_l, clip_g, t5, "
+    "as OneTrainer writes them).",
 )
 
 # diffusers' pipeline defaults: SD 3 Medium 28 steps at CFG 7; the 3.5 model cards: 28 steps at 3.5 (Large)
