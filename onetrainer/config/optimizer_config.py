@@ -40,6 +40,13 @@ OFFERED_OPTIMIZERS = (
     Optimizer.CAME,
     Optimizer.SCHEDULE_FREE_ADAMW,
     Optimizer.SCHEDULE_FREE_SGD,
+    Optimizer.ADABELIEF,
+    Optimizer.TIGER,
+    Optimizer.AIDA,
+    Optimizer.YOGI,
+    Optimizer.ADOPT,
+    Optimizer.AdEMAMix,
+    Optimizer.AdEMAMix_8BIT,
 )
 
 
@@ -81,7 +88,10 @@ class TrainOptimizerConfig(ConfigNode):
     beta1: float | None = _p("Beta 1", "Decay of the running mean of the gradients (momentum).", minimum=0, maximum=1)
     beta2: float | None = _p("Beta 2", "Decay of the running mean of the squared gradients.", minimum=0, maximum=1)
     beta3: float | None = _p(
-        "Beta 3", "Third decay rate (Prodigy's d estimate, CAME, DAdapt Adan).", minimum=0, maximum=1
+        "Beta 3",
+        "Third decay rate (Prodigy's d estimate, CAME, DAdapt Adan, AdEMAMix's slow average).",
+        minimum=0,
+        maximum=1,
     )
     eps: float | None = _p("Epsilon", "A small number added to the denominator for numerical stability.", minimum=0)
     eps2: float | None = _p("Epsilon 2", "Adafactor's second epsilon (for the parameter scale).", minimum=0)
@@ -91,13 +101,17 @@ class TrainOptimizerConfig(ConfigNode):
     momentum: float | None = _p("Momentum", "Momentum factor (SGD, RMSprop, LARS).", minimum=0)
     dampening: float | None = _p("Dampening", "Dampening of the momentum (SGD, LARS).", minimum=0)
     nesterov: bool | None = _p("Nesterov", "Use Nesterov momentum.")
-    amsgrad: bool | None = _p("AMSGrad", "Use the AMSGrad variant (keeps the maximum of the second moment).")
+    amsgrad: bool | None = _p(
+        "AMSGrad", "Use the AMSGrad variant (keeps the maximum of the second moment; AdaBelief: of the variance)."
+    )
     maximize: bool | None = _p("Maximize", "Maximise the objective instead of minimising it.")
     foreach: bool | None = _p("Foreach", "Use the multi-tensor implementation (faster, more memory).")
     fused: bool | None = _p("Fused", "Use the fused CUDA kernel where torch has one.")
     capturable: bool | None = _p("Capturable", "Allow CUDA graph capture.")
     differentiable: bool | None = _p("Differentiable", "Make the optimizer step differentiable (research use).")
-    alpha: float | None = _p("Alpha", "Smoothing constant (RMSprop).", minimum=0)
+    alpha: float | None = _p(
+        "Alpha", "RMSprop: smoothing constant. AdEMAMix: the weight of the slow average in the update.", minimum=0
+    )
     centered: bool | None = _p("Centered", "Normalise by the estimated variance of the gradient (RMSprop).")
     lr_decay: float | None = _p("LR decay", "Learning-rate decay (Adagrad).", minimum=0)
     initial_accumulator_value: float | None = _p("Initial accumulator", "Starting value of Adagrad's sums.", minimum=0)
@@ -146,16 +160,44 @@ class TrainOptimizerConfig(ConfigNode):
             ),
         ),
     )
-    r: float | None = _p("r", "Schedule-free: polynomial weighting power.", minimum=0)
+    r: float | None = _p(
+        "r",
+        "Schedule-free: polynomial weighting power. Aida with AdaNorm: decay of the gradient-norm average.",
+        minimum=0,
+    )
     weight_lr_power: float | None = _p("Weight LR power", "Schedule-free: how the learning rate weights the average.")
     no_prox: bool | None = _p("No prox", "DAdapt Adan: how weight decay is applied.")
+    decoupled_decay: bool | None = _p(
+        "Decoupled decay", "Apply weight decay to the weights directly (AdamW style), not through the gradient."
+    )
+    fixed_decay: bool | None = _p(
+        "Fixed decay", "Decay the weights by a fixed amount, not scaled by the learning rate."
+    )
+    rectify: bool | None = _p(
+        "Rectify", "RAdam's rectification: no adaptive step while the variance estimate is still unreliable."
+    )
+    degenerated_to_sgd: bool | None = _p(
+        "Degenerate to SGD", "With rectify, take SGD steps (not none) while the variance estimate is unreliable."
+    )
+    n_sma_threshold: int | None = _p(
+        "SMA threshold", "With rectify, the length of the moving average from which adaptive steps start.", minimum=1
+    )
+    ams_bound: bool | None = _p("AMS bound", "Aida: keep the running maximum of the second moment (as AMSGrad).")
+    k: int | None = _p("k", "Aida: how many times the moments are projected onto each other.", minimum=0)
+    xi: float | None = _p("xi", "Aida: a small number that keeps the projections stable.", minimum=0)
+    adanorm: bool | None = _p("AdaNorm", "Aida: scale the gradient by the running average of its norm (AdaNorm).")
+    adam_debias: bool | None = _p(
+        "Adam debias", "Aida, Yogi: leave the first moment's bias correction out of the step."
+    )
+    cautious: bool | None = _p(
+        "Cautious", "ADOPT: skip the update's components whose sign disagrees with the gradient."
+    )
+    initial_accumulator: float | None = _p(
+        "Initial accumulator", "Yogi: the starting value of the second moment.", minimum=0
+    )
 
     # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
-    initial_accumulator: float | None = _ot("initial_accumulator")
     quant_block_size: int | None = _ot("quant_block_size")
-    k: int | None = _ot("k")
-    xi: float | None = _ot("xi")
-    n_sma_threshold: int | None = _ot("n_sma_threshold")
     prodigy_steps: int | None = _ot("prodigy_steps")
     beta3_ema: float | None = _ot("beta3_ema")
     alpha_grad: float | None = _ot("alpha_grad")
@@ -179,14 +221,6 @@ class TrainOptimizerConfig(ConfigNode):
         "and BFLOAT_16 or FLOAT_32 training; gradient clipping then clips each weight's gradient on its own.",
         ui=False,  # in the "..." dialog of the optimizers that can (`training/optim.dialog_parameters`)
     )
-    decoupled_decay: bool | None = _ot("decoupled_decay", False)
-    fixed_decay: bool | None = _ot("fixed_decay", False)
-    rectify: bool | None = _ot("rectify", False)
-    degenerated_to_sgd: bool | None = _ot("degenerated_to_sgd", False)
-    ams_bound: bool | None = _ot("ams_bound", False)
-    adanorm: bool | None = _ot("adanorm", False)
-    adam_debias: bool | None = _ot("adam_debias", False)
-    cautious: bool | None = _ot("cautious", False)
     use_speed: bool | None = _ot("use_speed", False)
     use_cautious: bool | None = _ot("use_cautious", False)
     use_grams: bool | None = _ot("use_grams", False)

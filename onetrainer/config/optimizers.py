@@ -47,6 +47,18 @@ def _two_betas(values: Kwargs) -> Kwargs:
     return values
 
 
+def _renamed(**names: str) -> Callable[[Kwargs], Kwargs]:
+    """OneTrainer's names -> the class's (`decoupled_decay` is pytorch-optimizer's `weight_decouple`), then `betas`."""
+
+    def convert(values: Kwargs) -> Kwargs:
+        for ours, theirs in names.items():
+            if ours in values:
+                values[theirs] = values.pop(ours)
+        return _betas(values)
+
+    return convert
+
+
 def _adafactor(values: Kwargs) -> Kwargs:
     values["eps"] = (values.pop("eps"), values.pop("eps2"))
     return values
@@ -77,6 +89,8 @@ _LAMB = {"bias_correction": True, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "we
          "adam_w_mode": True, "max_unorm": 1.0, "min_8bit_size": 4096}  # fmt: skip
 _LARS = {**_SGD, "momentum": 0.9, "max_unorm": 0.02, "min_8bit_size": 4096}
 _DADAPT = {"d0": 1e-6, "growth_rate": math.inf, "log_every": 0}
+_DECAY = {"decoupled_decay": True, "fixed_decay": False}  # pytorch-optimizer's weight_decouple / fixed_decay
+_ADEMAMIX = {"beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "eps": 1e-8, "alpha": 5.0, "weight_decay": 1e-2}
 
 
 def _row(optimizer: Optimizer, path: str, package: str, defaults: dict, **facts) -> OptimizerSpec:
@@ -140,6 +154,34 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
         _row(Optimizer.SCHEDULE_FREE_SGD, "schedulefree:SGDScheduleFree", "schedulefree",
              {"momentum": 0.9, "weight_decay": 0.0, "r": 0.0, "weight_lr_power": 2.0, "foreach": False},
              schedule_free=True),
+        # pytorch-optimizer (OneTrainer pins 3.6.0). OneTrainer builds AdaBelief from timm, whose `amsgrad` is
+        # pytorch-optimizer's `ams_bound` (the running maximum of the variance); its other knobs are the same.
+        # OneTrainer also passes Yogi `r` and `adanorm`, which Yogi in pytorch-optimizer never reads: left out.
+        _row(Optimizer.ADABELIEF, "pytorch_optimizer.optimizer.adabelief:AdaBelief", "pytorch-optimizer",
+             {"beta1": 0.9, "beta2": 0.999, "eps": 1e-16, "weight_decay": 0.0, "amsgrad": False, **_DECAY,
+              "rectify": True, "degenerated_to_sgd": True},
+             kwargs=_renamed(decoupled_decay="weight_decouple", amsgrad="ams_bound")),
+        _row(Optimizer.TIGER, "pytorch_optimizer.optimizer.tiger:Tiger", "pytorch-optimizer",
+             {"beta1": 0.965, "weight_decay": 0.01, **_DECAY},
+             kwargs=_renamed(decoupled_decay="weight_decouple", beta1="beta")),
+        _row(Optimizer.AIDA, "pytorch_optimizer.optimizer.aida:Aida", "pytorch-optimizer",
+             {"beta1": 0.9, "beta2": 0.999, "k": 2, "xi": 1e-20, "weight_decay": 0.0, **_DECAY,
+              "decoupled_decay": False, "rectify": False, "n_sma_threshold": 5, "degenerated_to_sgd": True,
+              "ams_bound": False, "r": 0.95, "adanorm": False, "adam_debias": False, "eps": 1e-8},
+             kwargs=_renamed(decoupled_decay="weight_decouple")),
+        _row(Optimizer.YOGI, "pytorch_optimizer.optimizer.yogi:Yogi", "pytorch-optimizer",
+             {"beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, **_DECAY, "adam_debias": False,
+              "initial_accumulator": 1e-6, "eps": 1e-3},
+             kwargs=_renamed(decoupled_decay="weight_decouple")),
+        _row(Optimizer.ADOPT, "pytorch_optimizer.optimizer.adopt:ADOPT", "pytorch-optimizer",
+             {"beta1": 0.9, "beta2": 0.9999, "weight_decay": 0.0, **_DECAY, "decoupled_decay": False, "cautious": False,
+              "eps": 1e-6},
+             kwargs=_renamed(decoupled_decay="weight_decouple")),
+        # bitsandbytes' AdEMAMix, as OneTrainer builds it (32-bit state unless optim_bits is 8).
+        _row(Optimizer.AdEMAMix, "bitsandbytes.optim:AdEMAMix", "bitsandbytes",
+             {**_ADEMAMIX, "optim_bits": 32, "min_8bit_size": 4096, "is_paged": False}),
+        _row(Optimizer.AdEMAMix_8BIT, "bitsandbytes.optim:AdEMAMix8bit", "bitsandbytes",
+             {**_ADEMAMIX, "min_8bit_size": 4096, "is_paged": False}),
     )
 }  # fmt: skip
 
