@@ -38,6 +38,7 @@ OFFERED_OPTIMIZERS = (
     Optimizer.DADAPT_SGD,
     Optimizer.ADAFACTOR,
     Optimizer.CAME,
+    Optimizer.CAME_8BIT,
     Optimizer.SCHEDULE_FREE_ADAMW,
     Optimizer.SCHEDULE_FREE_SGD,
     Optimizer.ADABELIEF,
@@ -185,6 +186,11 @@ class TrainOptimizerConfig(ConfigNode):
     ams_bound: bool | None = _p("AMS bound", "Aida: keep the running maximum of the second moment (as AMSGrad).")
     k: int | None = _p("k", "Aida: how many times the moments are projected onto each other.", minimum=0)
     xi: float | None = _p("xi", "Aida: a small number that keeps the projections stable.", minimum=0)
+    quant_block_size: int | None = _p(
+        "Quant block size",
+        "CAME 8-bit: elements per block of the 8-bit first moment (each block has its own scale).",
+        minimum=1,
+    )
     adanorm: bool | None = _p("AdaNorm", "Aida: scale the gradient by the running average of its norm (AdaNorm).")
     adam_debias: bool | None = _p(
         "Adam debias", "Aida, Yogi: leave the first moment's bias correction out of the step."
@@ -197,7 +203,6 @@ class TrainOptimizerConfig(ConfigNode):
     )
 
     # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
-    quant_block_size: int | None = _ot("quant_block_size")
     prodigy_steps: int | None = _ot("prodigy_steps")
     beta3_ema: float | None = _ot("beta3_ema")
     alpha_grad: float | None = _ot("alpha_grad")

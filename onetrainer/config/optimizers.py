@@ -154,6 +154,10 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
         _row(Optimizer.SCHEDULE_FREE_SGD, "schedulefree:SGDScheduleFree", "schedulefree",
              {"momentum": 0.9, "weight_decay": 0.0, "r": 0.0, "weight_lr_power": 2.0, "foreach": False},
              schedule_free=True),
+        # OneTrainer's own CAME with 8-bit first moments, written here (`onetrainer/training/came8bit.py`).
+        _row(Optimizer.CAME_8BIT, "onetrainer.training.came8bit:CAME8bit", "onetrainer",
+             {"eps": 1e-30, "eps2": 1e-16, "beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "weight_decay": 1e-2,
+              "min_8bit_size": 16384, "quant_block_size": 2048}, kwargs=_came),
         # pytorch-optimizer (OneTrainer pins 3.6.0). OneTrainer builds AdaBelief from timm, whose `amsgrad` is
         # pytorch-optimizer's `ams_bound` (the running maximum of the variance); its other knobs are the same.
         # OneTrainer also passes Yogi `r` and `adanorm`, which Yogi in pytorch-optimizer never reads: left out.

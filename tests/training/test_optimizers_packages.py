@@ -1,7 +1,9 @@
 """The optimizers built from pytorch-optimizer (AdaBelief, Tiger, Aida, Yogi, ADOPT) and bitsandbytes' AdEMAMix: the
 factory's optimizer steps as the package's own class, built with OneTrainer's arguments written out here (not taken
 from the table), on the same parameters and gradients; and its state survives a backup's save and load exactly.
-Training a tiny LoRA with each is `test_optimizers.test_every_optimizer_trains` (it runs every row of the table)."""
+CAME_8BIT (written here, `training/came8bit.py`) steps as `came_pytorch.CAME` where it keeps 32-bit state, and
+close to it where its first moment is 8-bit. Training a tiny LoRA with each is
+`test_optimizers.test_every_optimizer_trains` (it runs every row of the table)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import io
 import bitsandbytes as bnb
 import pytest
 import torch
+from came_pytorch import CAME
 from pytorch_optimizer.optimizer.adabelief import AdaBelief
 from pytorch_optimizer.optimizer.adopt import ADOPT
 from pytorch_optimizer.optimizer.aida import Aida
@@ -51,13 +54,12 @@ REFERENCE = {
         is_paged=False,
     ),
 }  # fmt: skip
-ADDED = list(REFERENCE)
+ADDED = [*REFERENCE, Optimizer.CAME_8BIT]
 
 
-def tiny_params(seed: int = 0) -> list[torch.nn.Parameter]:
+def tiny_params(seed: int = 0, shapes=((4, 1280), (1280, 4), (16,))) -> list[torch.nn.Parameter]:
     """A LoRA's shapes: a down and an up projection (the 8-bit state needs 4096+ elements) and a bias."""
     g = torch.Generator().manual_seed(seed)
-    shapes = ((4, 1280), (1280, 4), (16,))
     return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
 
 
@@ -66,8 +68,11 @@ def gradients(step: int, params) -> list[torch.Tensor]:
     return [torch.randn(p.shape, generator=g) for p in params]
 
 
-def ours(name: Optimizer, params):
-    return optim.create_optimizer(optim.table_defaults(name), [{"params": params, "lr": LR, "name": "lora"}], LR)
+def ours(name: Optimizer, params, **settings):
+    block = optim.table_defaults(name)
+    for key, value in settings.items():
+        setattr(block, key, value)
+    return optim.create_optimizer(block, [{"params": params, "lr": LR, "name": "lora"}], LR)
 
 
 def take_steps(optimizer, params, steps: range) -> None:
@@ -78,7 +83,7 @@ def take_steps(optimizer, params, steps: range) -> None:
         optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("name", ADDED, ids=lambda o: o.value)
+@pytest.mark.parametrize("name", list(REFERENCE), ids=lambda o: o.value)
 def test_the_first_steps_equal_the_packages_own_optimizer(name):
     mine, theirs = tiny_params(), tiny_params()
     optimizer = ours(name, mine)
@@ -103,6 +108,56 @@ def test_a_resumed_optimizer_continues_exactly(name):
     buffer.seek(0)
     resumed = ours(name, params)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    take_steps(resumed, params, range(3, 6))
+    for a, b in zip(params, straight):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# A 1x1 convolution and a matrix over CAME_8BIT's `min_8bit_size` (16384): 8-bit first moments; the rest 32-bit.
+LARGE = ((128, 160), (160, 128, 1, 1), (4, 1280), (16,))
+
+
+def came(params):
+    return CAME(params, lr=LR, eps=(1e-30, 1e-16), betas=(0.9, 0.999, 0.9999), weight_decay=1e-2)
+
+
+def test_came_8bit_steps_as_came_where_its_state_is_32_bit():
+    mine, theirs = tiny_params(), tiny_params()
+    take_steps(ours(Optimizer.CAME_8BIT, mine), mine, range(4))
+    take_steps(came(theirs), theirs, range(4))
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_came_8bit_keeps_large_first_moments_in_8_bits_and_steps_close_to_came():
+    shapes = LARGE[:1] + LARGE[2:]  # came_pytorch factors a 1x1 convolution otherwise; compared alone below
+    mine, theirs, start = tiny_params(shapes=shapes), tiny_params(shapes=shapes), tiny_params(shapes=shapes)
+    optimizer = ours(Optimizer.CAME_8BIT, mine)
+    take_steps(optimizer, mine, range(5))
+    take_steps(came(theirs), theirs, range(5))
+    state = optimizer.state[mine[0]]
+    assert state["exp_avg_q"].dtype == torch.uint8 and "exp_avg" not in state
+    assert "exp_avg" in optimizer.state[mine[1]]  # under min_8bit_size: 32-bit
+    for a, b, s in zip(mine, theirs, start):
+        moved, expected = a - s, b - s
+        assert (moved - expected).norm() < 0.05 * expected.norm()
+    conv = tiny_params(shapes=LARGE[1:2])
+    take_steps(ours(Optimizer.CAME_8BIT, conv), conv, range(2))
+    assert torch.isfinite(conv[0]).all()
+
+
+def test_came_8bit_resumes_exactly_with_8_bit_state():
+    straight = tiny_params(shapes=LARGE)
+    take_steps(ours(Optimizer.CAME_8BIT, straight), straight, range(6))
+    params = tiny_params(shapes=LARGE)
+    first = ours(Optimizer.CAME_8BIT, params)
+    take_steps(first, params, range(3))
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = ours(Optimizer.CAME_8BIT, params)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert resumed.state[params[0]]["exp_avg_q"].dtype == torch.uint8
     take_steps(resumed, params, range(3, 6))
     for a, b in zip(params, straight):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
