@@ -70,7 +70,9 @@ BYTES = {
 }
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
 # a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
-_STATE_BYTES = {"8BIT": 2.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}
+# AdEMAMix keeps a third (slow) first moment; Tiger one momentum; CAME_8BIT an 8-bit first moment beside factored ones.
+_STATE_BYTES = {"AdEMAMix_8BIT": 3.0, "CAME_8BIT": 1.0, "8BIT": 2.0, "AdEMAMix": 12.0, "TIGER": 4.0, "SGD": 4.0,
+                "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}  # fmt: skip
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
 # Host RAM (`Estimate.host_bytes`). The process itself: Python with torch, diffusers, transformers and peft imported
