@@ -600,7 +600,10 @@ class FluxKontextFamily(FluxFamily):
         arguments: dict = {"max_area": sample.width * sample.height}
         paths = [path for path in sample.reference_images if str(path).strip()]
         if len(paths) > 1:
-            raise ValueError(_ONE_REFERENCE.format(count=len(paths)).replace("training image", "sample"))
+            raise ValueError(
+                f"Flux.1 Kontext takes one reference image per sample, not {len(paths)}: keep one in the sample's "
+                "reference_images"
+            )
         if paths:
             arguments.update(image=reference_image(open_rgb(Path(paths[0]))), _auto_resize=False)
         return arguments
