@@ -1,9 +1,10 @@
 """Flux.1 Kontext [dev] on its tiny model: a reference's latents and position ids join the image's as
 FluxKontextPipeline joins them and the prediction covers the image's tokens only; without a reference it is plain
-Flux.1 dev; a second reference is refused by name; a LoRA trained through the trainer on images with references (an
-image without one skipped and named) samples with its reference and loads in the pipeline's `load_lora_weights` as
-ours; the same tiny model trains text to image (no references) as Flux.1 dev; a sample with a reference is the
-pipeline's own."""
+Flux.1 dev; a second reference is refused by name (a run on such an image stops, saying why); a LoRA trained through
+the trainer on images with references (an image without one skipped and named) samples with its reference and loads
+in the pipeline's `load_lora_weights` as ours; the same tiny model trains text to image (no references) as Flux.1
+dev; a sample with a reference is the pipeline's own; a fine-tune's folder is a FluxKontextPipeline and a base model
+again."""
 
 from __future__ import annotations
 
@@ -188,3 +189,40 @@ def test_the_kontext_model_trains_text_to_image_without_references(tmp_path):
                          output_model_format="DIFFUSERS_LORA")  # fmt: skip
     assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 1
     assert Path(config["output_model_destination"]).is_file()
+
+
+def test_a_run_on_an_image_with_two_references_stops_and_says_why(tmp_path):
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink
+    from onetrainer.training.runner import run_training
+
+    folder = image_folder(tmp_path, count=1)
+    (image,) = [p for p in folder.glob("*.png") if "-masklabel" not in p.name]
+    for n in (1, 2):
+        REFERENCE.save(folder / f"{image.stem}-reference-{n}.png")
+    config, problems = config_from_dict(tiny_config(tmp_path, VARIANT, "LORA", epochs=1, batch_size=1))
+    assert [p for p in problems if p.is_error] == []
+    outcome = run_training(config, TrainingControl(), [ListSink()])
+    assert not isinstance(outcome, Finished)
+    assert "one reference image per training image, not 2" in outcome.message
+
+
+def test_a_fine_tune_folder_is_a_kontext_pipeline_and_a_base_model_again(tmp_path):
+    from diffusers import FluxKontextPipeline
+
+    _kontext_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, VARIANT, "FINE_TUNE", epochs=1, batch_size=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False}, text_encoder_2={"train": False},
+    )  # fmt: skip
+    assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 2
+    out = tmp_path / "out" / "model"
+    trained = FluxKontextPipeline.from_pretrained(str(out), local_files_only=True)
+    base = pipeline()
+    assert not all(torch.equal(a, b) for a, b in zip(trained.transformer.parameters(), base.transformer.parameters()))
+    _, again = our_model(base_model_name=str(out))
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.part("transformer").parameters(), trained.transformer.parameters())
+    )
