@@ -510,9 +510,11 @@ class FluxKontextFamily(FluxFamily):
     The reference's size: the pipeline resizes a reference to one of Kontext's preferred resolutions (about 1024² px)
     unless called with `_auto_resize=False`. Training takes each reference at its own size instead (the image's crop
     applied), scaled down to at most `REFERENCE_AREA` pixels and its sides rounded down to 16 px as the pipeline
-    rounds them: a dataset's references at the training resolution (the bucket's size) train at that size, not
-    stretched to about 1024² px beside a 512 px image. Samples get the reference sized by the same rule and pass
-    `_auto_resize=False`, so they see what training saw. The references' latents are cached with their image."""
+    rounds them. The reference is not scaled with its image to the bucket: references saved at the training
+    resolution (the bucket's size, as Kontext pairs usually are) train at that size, not stretched to about 1024² px
+    beside a 512 px image; larger ones cost tokens up to 1024² px. Samples get the reference sized by the same rule
+    and pass `_auto_resize=False` (and the sample's area as `max_area`, else the pipeline renders about 1024² px), so
+    they see what training saw. The references' latents are cached with their image."""
 
     info = FLUX_KONTEXT
     sampling_parts = frozenset(FLUX_KONTEXT.parts)
@@ -568,7 +570,9 @@ class FluxKontextFamily(FluxFamily):
             hidden_states=joined.to(dtype),
             encoder_hidden_states=text.to(dtype),
             timestep=(timesteps.float() / model.family_state(FluxState).train_steps).to(dtype),
-            img_ids=torch.cat([image_ids(height // PATCH, width // PATCH, device), reference_ids(references)]),
+            img_ids=torch.cat(
+                [image_ids(height // PATCH, width // PATCH, device), reference_ids(references).to(device)]
+            ),
             txt_ids=torch.zeros(text.shape[1], 3, device=device),
             return_dict=False,
             **{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()},
@@ -733,9 +737,10 @@ def image_ids(rows: int, columns: int, device) -> torch.Tensor:
     return ids.reshape(rows * columns, 3)
 
 
-def reference_ids(references: torch.Tensor) -> torch.Tensor:
-    """The position ids of a Kontext reference's tokens: (1, row, column) over its own grid of 2x2 patches."""
-    ids = image_ids(references.shape[-2] // PATCH, references.shape[-1] // PATCH, references.device)
+def reference_ids(references: torch.Tensor, device=None) -> torch.Tensor:
+    """The position ids of a Kontext reference's tokens: (1, row, column) over its own grid of 2x2 patches (on
+    `device`, else the references')."""
+    ids = image_ids(references.shape[-2] // PATCH, references.shape[-1] // PATCH, device or references.device)
     ids[:, 0] = 1
     return ids
 
