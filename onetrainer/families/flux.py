@@ -1,8 +1,9 @@
-"""Flux.1 (dev, schnell, Fill) and Chroma: a transformer of double-stream blocks (image and text apart, joint
+"""Flux.1 (dev, schnell, Fill, Kontext) and Chroma: a transformer of double-stream blocks (image and text apart, joint
 attention) and single-stream blocks over 2x2-packed 16-channel VAE latents, trained by rectified flow.
 
 `FluxTransformerFamily` is what both do alike; `FluxFamily` (FLUX_DEV_1, FLUX_FILL_DEV_1) and `ChromaFamily`
-(CHROMA_1) each override what differs: the text encoders and their conditioning, the transformer's other inputs,
+(CHROMA_1) each override what differs (`FluxKontextFamily`, FLUX_KONTEXT_DEV_1, extends Flux's with a reference
+image's tokens): the text encoders and their conditioning, the transformer's other inputs,
 the pipeline.
 
 - Latents: the VAE's, shifted and scaled ((z - shift)·scale, `vae.encode_latents`), packed 2x2 into tokens with
@@ -35,6 +36,7 @@ the pipeline.
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +60,7 @@ from onetrainer.families.base import (
     Writer,
     first_weight,
 )
-from onetrainer.families.flux_info import CHROMA, FLUX
+from onetrainer.families.flux_info import CHROMA, FLUX, FLUX_KONTEXT
 from onetrainer.families.inpainting import inpainting_cache, inpainting_inputs, inpainting_sample_inputs
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
@@ -96,6 +98,7 @@ DEFAULT_TRAIN_STEPS = 1000  # the schedule's T where a model's scheduler config 
 DEV_KIND = ModelKind("flux-1-dev", "flux1")
 SCHNELL_KIND = ModelKind("flux-1-schnell", "flux1")
 FILL_KIND = ModelKind("flux-1-fill-dev", "flux1")
+KONTEXT_KIND = ModelKind("flux-1-kontext-dev", "flux1")
 CHROMA_KIND = ModelKind("chroma", "chroma")
 
 
@@ -483,6 +486,136 @@ class FluxFamily(FluxTransformerFamily):
         return dataclasses.replace(defaults, diffusion_steps=SCHNELL_SAMPLE_STEPS, cfg_scale=0.0)
 
 
+REFERENCE_AREA = 1024 * 1024  # a reference's most pixels (FluxKontextPipeline's `max_area`)
+REFERENCE_STEP = VAE_FACTOR * PATCH  # a reference's sides in steps of 16 px, as the pipeline rounds them
+_ONE_REFERENCE = (
+    "Flux.1 Kontext takes one reference image per training image, not {count}: keep `<name>-reference.<ext>` beside "
+    "each image and remove its numbered `<name>-reference-N.<ext>` files"
+)
+_MIXED_KONTEXT_REFERENCES = (
+    "the images of one batch have references of different sizes: train Flux.1 Kontext with batch size 1 (gradient "
+    "accumulation for larger batches) or give every reference of a bucket one size"
+)
+
+
+class FluxKontextFamily(FluxFamily):
+    """Flux.1 Kontext [dev] (FLUX_KONTEXT_DEV_1): Flux.1 dev's parts, conditioning and guidance input, learning to
+    change one reference image (`<name>-reference.<ext>`; a second is refused by name) into the training image.
+
+    As `FluxKontextPipeline` feeds it: the reference's latents are the VAE's mode, shifted and scaled as the image's
+    ((z − shift)·scale), packed 2x2 as the image's and appended to the noisy image's tokens; their position ids are the
+    image's kind, (1, row, column) over the reference's own grid, joined after the image's; the prediction (and so the
+    loss) covers the noisy image's tokens only. Without a reference it is plain Flux.1 dev (text to image).
+
+    The reference's size: the pipeline resizes a reference to one of Kontext's preferred resolutions (about 1024² px)
+    unless called with `_auto_resize=False`. Training takes each reference at its own size instead (the image's crop
+    applied), scaled down to at most `REFERENCE_AREA` pixels and its sides rounded down to 16 px as the pipeline
+    rounds them. The reference is not scaled with its image to the bucket: references saved at the training
+    resolution (the bucket's size, as Kontext pairs usually are) train at that size, not stretched to about 1024² px
+    beside a 512 px image; larger ones cost tokens up to 1024² px. Samples get the reference sized by the same rule
+    and pass `_auto_resize=False` (and the sample's area as `max_area`, else the pipeline renders about 1024² px), so
+    they see what training saw. The references' latents are cached with their image."""
+
+    info = FLUX_KONTEXT
+    sampling_parts = frozenset(FLUX_KONTEXT.parts)
+
+    def encode_references(self, model: LoadedModel, references: list) -> dict[str, torch.Tensor]:
+        """A sample's one reference as the transformer reads it, cached with its latents: its latents [C, h, w]
+        (packed in `predict`)."""
+        if len(references) != 1:
+            raise ValueError(_ONE_REFERENCE.format(count=len(references)))
+        pixels = reference_pixels(references[0]).to(first_weight(model.part("vae")).device)
+        return {"reference_latents": encode_latents(model.part("vae"), pixels)[0]}
+
+    def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
+        """Flux.1's encoding of the captions: the reference reaches the transformer only (the trainer hands an edit
+        family the batch's references here too)."""
+        return super().encode_text(model, captions)
+
+    def typical_references(self, model: LoadedModel) -> dict[str, torch.Tensor]:
+        """One square reference of `REFERENCE_AREA` pixels: 4,096 tokens joining the image's."""
+        side = math.isqrt(REFERENCE_AREA) // VAE_FACTOR
+        channels = model.part("vae").config.latent_channels
+        return {"reference_latents": torch.zeros(1, channels, side, side)}
+
+    def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        """Flux.1 dev's (the guidance) and each sample's reference latents: from the latent cache, else encoded
+        now; none where the batch has no references (plain text to image)."""
+        extra = super().batch_extras(model, inputs)
+        if "reference_latents" in inputs.cached:
+            references = inputs.cached["reference_latents"]
+        elif inputs.references and any(inputs.references):
+            encoded = [self.encode_references(model, pictures)["reference_latents"] for pictures in inputs.references]
+            if any(e.shape != encoded[0].shape for e in encoded):
+                raise ValueError(_MIXED_KONTEXT_REFERENCES)
+            references = torch.stack(encoded)
+        else:
+            return extra
+        extra["reference_latents"] = references
+        return extra
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        references = extra.get("reference_latents")
+        if references is None:
+            return super().predict(model, noisy_latents, timesteps, conditioning, extra)
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        device = noisy_latents.device
+        height, width = noisy_latents.shape[-2:]
+        image = pack(noisy_latents)
+        joined = torch.cat([image, pack(references.to(image))], dim=1)
+        inputs = self.transformer_inputs(model, conditioning, extra, len(noisy_latents), joined.shape[1])
+        text = inputs.pop("encoder_hidden_states")
+        output = transformer(
+            hidden_states=joined.to(dtype),
+            encoder_hidden_states=text.to(dtype),
+            timestep=(timesteps.float() / model.family_state(FluxState).train_steps).to(dtype),
+            img_ids=torch.cat(
+                [image_ids(height // PATCH, width // PATCH, device), reference_ids(references).to(device)]
+            ),
+            txt_ids=torch.zeros(text.shape[1], 3, device=device),
+            return_dict=False,
+            **{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()},
+        )[0]
+        return Prediction(unpack(output[:, : image.shape[1]], height, width))
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import FluxKontextPipeline
+
+        clip, t5 = model.text_encoders
+        return FluxKontextPipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=clip.encoder,
+            tokenizer=clip.tokenizer,
+            text_encoder_2=t5.encoder,
+            tokenizer_2=t5.tokenizer,
+            transformer=model.part("transformer"),
+        )
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """The sample's size as the pipeline's `max_area` (else it renders about 1024² px at the sample's aspect) and
+        its one reference image (`reference_images`), sized as training sizes it, the pipeline's own resizing off;
+        without one, a plain Flux.1 dev sample."""
+        from onetrainer.util.images import open_rgb
+
+        arguments: dict = {"max_area": sample.width * sample.height}
+        paths = [path for path in sample.reference_images if str(path).strip()]
+        if len(paths) > 1:
+            raise ValueError(
+                f"Flux.1 Kontext takes one reference image per sample, not {len(paths)}: keep one in the sample's "
+                "reference_images"
+            )
+        if paths:
+            arguments.update(image=reference_image(open_rgb(Path(paths[0]))), _auto_resize=False)
+        return arguments
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return KONTEXT_KIND
+
+
 class ChromaFamily(FluxTransformerFamily):
     """Chroma (CHROMA_1): T5-XXL alone, its mask also on the transformer's attention; real CFG in samples."""
 
@@ -602,3 +735,46 @@ def image_ids(rows: int, columns: int, device) -> torch.Tensor:
     ids[..., 1] += torch.arange(rows, device=device)[:, None]
     ids[..., 2] += torch.arange(columns, device=device)[None, :]
     return ids.reshape(rows * columns, 3)
+
+
+def reference_ids(references: torch.Tensor, device=None) -> torch.Tensor:
+    """The position ids of a Kontext reference's tokens: (1, row, column) over its own grid of 2x2 patches (on
+    `device`, else the references')."""
+    ids = image_ids(references.shape[-2] // PATCH, references.shape[-1] // PATCH, device or references.device)
+    ids[:, 0] = 1
+    return ids
+
+
+def reference_size(width: int, height: int) -> tuple[int, int]:
+    """(width, height) a Kontext reference is used at: scaled down to at most `REFERENCE_AREA` pixels, aspect kept,
+    the sides rounded down to multiples of 16 px (as FluxKontextPipeline rounds them)."""
+    if width * height > REFERENCE_AREA:
+        scale = math.sqrt(REFERENCE_AREA / (width * height))
+        width, height = round(width * scale), round(height * scale)
+    return max(width // REFERENCE_STEP, 1) * REFERENCE_STEP, max(height // REFERENCE_STEP, 1) * REFERENCE_STEP
+
+
+def reference_image(image):
+    """A sample's reference (a PIL image) at `reference_size`, resized as the pipeline resizes an image."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    width, height = reference_size(image.width, image.height)
+    if (width, height) == image.size:
+        return image
+    return VaeImageProcessor(vae_scale_factor=REFERENCE_STEP).resize(image, height, width)
+
+
+def reference_pixels(picture: torch.Tensor) -> torch.Tensor:
+    """A training reference ([3, h, w] in [-1, 1]) at `reference_size`, [1, 3, H, W]: as it is where it already has
+    that size, else resized as `reference_image` resizes a sample's (through a picture, as the pipeline does)."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    from onetrainer.sampling.sampler import to_image
+
+    height, width = picture.shape[-2:]
+    size = reference_size(width, height)
+    if size == (width, height):
+        return picture[None]
+    image = to_image(((picture.detach().float().cpu() + 1) / 2).permute(1, 2, 0).numpy())
+    resized = reference_image(image)
+    return VaeImageProcessor(vae_scale_factor=REFERENCE_STEP).preprocess(resized, size[1], size[0]).to(picture)

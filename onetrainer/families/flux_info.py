@@ -1,4 +1,4 @@
-"""Flux.1 (dev, schnell, Fill) and Chroma: a transformer of double- and single-stream blocks over 2x2-packed
+"""Flux.1 (dev, schnell, Fill, Kontext) and Chroma: a transformer of double- and single-stream blocks over 2x2-packed
 16-channel latents.
 
 The declaration of `flux.py`'s families (torch-free: the config and the GUI read it through
@@ -6,6 +6,8 @@ The declaration of `flux.py`'s families (torch-free: the config and the GUI read
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 from onetrainer.config.family_info import (
@@ -16,6 +18,7 @@ from onetrainer.config.family_info import (
     LAYER_OFFLOADING,
     LAYER_SKIP,
     OWN_MODEL,
+    REFERENCE_IMAGES,
     SEQUENCE_LENGTH,
     TEXT_PADDING_MASK,
     FamilyInfo,
@@ -141,6 +144,24 @@ FLUX = FamilyInfo(
     "training and samples. Fill (FLUX_FILL_DEV_1) trains on the concepts' masks (`<name>-masklabel.png`, white = "
     "repaint) with the masked image's latents and the mask as extra inputs." + _FLUX_NOTE,
 )
+FLUX_KONTEXT = dataclasses.replace(
+    FLUX,
+    key="flux_kontext",
+    label="Flux.1 Kontext",
+    reference_images=True,
+    capabilities=FLUX.capabilities | {REFERENCE_IMAGES},
+    notes="Flux.1 Kontext [dev] learns to change a reference image as the caption says: the training image is the "
+    "result, its one reference image (`<name>-reference.<ext>`) the input (a second one, `<name>-reference-2.<ext>`, "
+    "is refused by name: Kontext takes one). The reference's latents (the VAE's mode, shifted and scaled as the "
+    "image's) are packed as the image's and join the transformer's sequence after them, their position ids offset "
+    "(first id 1), as FluxKontextPipeline feeds them; the loss covers the result's tokens. The reference is used at "
+    "its own size (the image's crop applied, at most 1024x1024 px, sides rounded down to 16 px), not resized to "
+    "the pipeline's preferred Kontext resolutions: samples pass `_auto_resize=False` to match. The references' "
+    "latents are cached with their image; train with batch size 1 unless every reference of a batch has one size. "
+    "Samples need the sample's `reference_images` (one). The text encoders, guidance (`transformer.guidance_scale` "
+    "in training, the sample's CFG scale as the distilled guidance, 2.5 in BFL's examples, 3.5 diffusers' default), "
+    "LoRA files and fine-tunes are Flux.1 dev's." + _FLUX_NOTE,
+)
 CHROMA = FamilyInfo(
     key="chroma",
     label="Chroma",
@@ -172,6 +193,7 @@ CHROMA = FamilyInfo(
 # diffusers' pipeline defaults: dev 28 steps at distilled guidance 3.5, Fill at 30, Chroma 35 steps at CFG 5.
 _FLUX_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _FLUX_FILL_SAMPLE = SampleDefaults(1024, 1024, 28, 30.0, NoiseScheduler.EULER)
+_FLUX_KONTEXT_SAMPLE = SampleDefaults(1024, 1024, 28, 3.5, NoiseScheduler.EULER)
 _CHROMA_SAMPLE = SampleDefaults(1024, 1024, 35, 5.0, NoiseScheduler.EULER)
 
 _FLUX_ENCODERS = {"text_encoder": ref.CLIP_L_TEXT, "text_encoder_2": ref.T5_XXL_ENCODER, "vae": ref.FLUX_VAE}
@@ -197,6 +219,17 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
         True,
         _FLUX_FILL_SAMPLE,
         released_parts={"transformer": ref.FLUX_FILL_TRANSFORMER, **_FLUX_ENCODERS},
+    ),
+    ModelTypeInfo(
+        ModelType.FLUX_KONTEXT_DEV_1,
+        "Flux.1 Kontext Dev",
+        FLUX_KONTEXT,
+        1024,
+        False,
+        False,
+        _FLUX_KONTEXT_SAMPLE,
+        # FLUX.1-Kontext-dev's transformer has FLUX.1-dev's config (64 packed channels in and out, a guidance input)
+        released_parts={"transformer": ref.FLUX_DEV_TRANSFORMER, **_FLUX_ENCODERS},
     ),
     ModelTypeInfo(
         ModelType.CHROMA_1,

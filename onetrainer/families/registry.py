@@ -21,6 +21,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "pixart": "onetrainer.families.pixart:PixArtFamily",
         "sd3": "onetrainer.families.sd3:StableDiffusion3Family",
         "flux": "onetrainer.families.flux:FluxFamily",
+        "flux_kontext": "onetrainer.families.flux:FluxKontextFamily",
         "chroma": "onetrainer.families.flux:ChromaFamily",
         "flux2": "onetrainer.families.flux2:Flux2Family",
         "qwen": "onetrainer.families.qwen:QwenImageFamily",

@@ -73,7 +73,7 @@ def test_only_a_family_that_declares_references_learns_from_them():
     from onetrainer.config.model_types import MODEL_TYPES
 
     learning = {info.model_type for info in MODEL_TYPES.values() if info.family.reference_images}
-    assert learning == {ModelType.QWEN_EDIT}
+    assert learning == {ModelType.QWEN_EDIT, ModelType.FLUX_KONTEXT_DEV_1}
     assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.HUNYUAN_VIDEO))  # not trainable

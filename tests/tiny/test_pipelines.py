@@ -61,6 +61,8 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
         extra = {"use_resolution_binning": False, "clean_caption": False}
     if spec.pipeline_class == "QwenImageEditPlusPipeline":
         extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30))}
+    if spec.pipeline_class == "FluxKontextPipeline":  # at the asked size (max_area), the reference as it is
+        extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30)), "max_area": 64 * 64, "_auto_resize": False}
     size = spec.resolution
     # By name: the edit pipeline takes its reference images first.
     return pipeline(prompt=prompt, height=size, width=size, output_type="np", **common, **extra).images
