@@ -127,23 +127,10 @@ class Flux2Family(LanguageModelFlowFamily):
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         slot = model.text_encoders[0]
-        texts = [
-            slot.tokenizer.apply_chat_template(
-                [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True,
-                enable_thinking=False,
-            )
-            for caption in captions
-        ]  # fmt: skip
-        tokens = slot.tokenizer(
-            texts, padding="max_length", max_length=TEXT_TOKENS, truncation=True, return_tensors="pt"
-        )
-        device = first_weight(slot.encoder).device
-        mask = tokens.attention_mask.to(device)
+        ids, mask = self.chat_prompt_tokens(slot, captions, TEXT_TOKENS, enable_thinking=False)
         # The decoder alone (the causal LM's `model`): the same hidden states, without the LM head's logits over the
         # whole vocabulary for every token.
-        output = slot.encoder.model(
-            input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True, use_cache=False
-        )
+        output = slot.encoder.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
         hidden = torch.cat([output.hidden_states[k] for k in QWEN3_LAYERS], dim=-1)
         return Conditioning({"hidden_states": hidden, "attention_mask": mask})
 

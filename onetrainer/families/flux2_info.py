@@ -21,6 +21,7 @@ from onetrainer.config.family_info import (
     PartRole,
     SampleDefaults,
 )
+from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 Config = dict[str, Any]
@@ -93,32 +94,7 @@ FLUX2_VAE: Config = {
 
 # Qwen3-4B (klein 4B's text_encoder/, as the hub's Qwen3ForCausalLM checkpoint: the decoder under `model.`, the LM head
 # tied to the embedding). 36 layers; the pipeline reads the outputs of layers 9, 18 and 27.
-QWEN3_4B_CAUSAL_LM: Config = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "hidden_size": 2560,
-    "initializer_range": 0.02,
-    "intermediate_size": 9728,
-    "max_position_embeddings": 40960,
-    "max_window_layers": 36,
-    "num_attention_heads": 32,
-    "num_hidden_layers": 36,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-06,
-    "rope_scaling": None,
-    "rope_theta": 1000000,
-    "sliding_window": None,
-    "tie_word_embeddings": True,
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vocab_size": 151936,
-}
+QWEN3_4B_CAUSAL_LM: Config = {**ref.QWEN3_4B_TEXT, "architectures": ["Qwen3ForCausalLM"]}
 # Qwen3-8B (klein 9B's text_encoder/): 4096 wide, its own LM head.
 QWEN3_8B_CAUSAL_LM: Config = {
     **QWEN3_4B_CAUSAL_LM,

@@ -18,6 +18,7 @@ from onetrainer.families.base import (
     FamilyState,
     LoadedModel,
     TextEncoderSlot,
+    first_weight,
 )
 from onetrainer.families.latent_patches import PATCH
 from onetrainer.families.loading import KeptParts, load_diffusers_component
@@ -74,6 +75,24 @@ class LanguageModelFlowFamily(FlowPipelineFolder, Family):
         anyway, and 512 tokens of a 4–7B encoder's states are 5–7 MiB a caption in the cache and in each step's copy to
         the device, where a caption's own tokens are a few hundred KiB."""
         return conditioning.row_of_its_tokens(index)
+
+    def chat_prompt_tokens(
+        self, slot: TextEncoderSlot, captions: list[str], length: int, enable_thinking: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each caption as one user message of the language model's chat template (with the generation prompt, as the
+        pipelines prompt it), padded and cut to `length` tokens: the token ids and the attention mask, on the encoder's
+        device. `enable_thinking` is the template's switch for the model's thinking block, which the pipelines set
+        differently (Z-Image on, Flux.2 [klein] off)."""
+        texts = [
+            slot.tokenizer.apply_chat_template(
+                [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True,
+                enable_thinking=enable_thinking,
+            )
+            for caption in captions
+        ]  # fmt: skip
+        tokens = slot.tokenizer(texts, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+        device = first_weight(slot.encoder).device
+        return tokens.input_ids.to(device), tokens.attention_mask.to(device)
 
     def sigma(self, model: LoadedModel, timesteps: torch.Tensor) -> torch.Tensor:
         """σ from the model time σ·T the schedule gives `predict`."""

@@ -98,19 +98,8 @@ class ZImageFamily(LanguageModelFlowFamily):
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         slot = model.text_encoders[0]
-        texts = [
-            slot.tokenizer.apply_chat_template(
-                [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True,
-                enable_thinking=True,
-            )
-            for caption in captions
-        ]  # fmt: skip
-        tokens = slot.tokenizer(
-            texts, padding="max_length", max_length=TEXT_TOKENS, truncation=True, return_tensors="pt"
-        )
-        device = first_weight(slot.encoder).device
-        mask = tokens.attention_mask.to(device)
-        output = slot.encoder(input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True)
+        ids, mask = self.chat_prompt_tokens(slot, captions, TEXT_TOKENS, enable_thinking=True)
+        output = slot.encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         hidden = output.hidden_states[-(slot.layer_skip + 2)]
         return Conditioning({"hidden_states": hidden, "attention_mask": mask})
 
