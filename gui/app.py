@@ -699,6 +699,8 @@ class App(ctk.CTk):
             if problem.path not in paths and _value_at(config, problem.path) == value:
                 remaining.append(problem)
                 paths.add(problem.path)
+        if remaining and paths == {problem.path for problem, _ in self._refused}:
+            return  # the same problems (a revalidation that only caught up): the refusal's own line stays
         if not remaining:
             rechecked = self._run_checks_again(config)
             if rechecked is None:

@@ -341,6 +341,19 @@ def test_stop_and_a_preset_reset_the_rate_eta_and_loss(app, trainable, fake_trai
     assert footer.loss_label.cget("text") == "loss –" and footer.epoch_text.cget("text") == "–"
 
 
+def test_a_validation_that_catches_up_after_a_refusal_keeps_its_line(app, trainable) -> None:
+    """The delayed validation of a config change can run after Start refused it (a busy machine): with the same
+    problems open, the refusal's line stays as it was, rather than turning into "… left" with nothing fixed."""
+    trainable.concepts[0].path = "/no/such/folder"
+    trainable.base_model_name = "/no/such/model.safetensors"
+    app.model.replace(trainable)
+    assert app.start() is False
+    refused = app.footer.status
+    assert refused.startswith("Cannot start, 2 problems: error: Base model: model not found")
+    app.validate_now()  # what the scheduled validation does when it runs late
+    assert app.footer.status == refused
+
+
 def test_a_cannot_start_message_clears_once_fixed(app, trainable, pump_until) -> None:
     trainable.concepts[0].path = "/no/such/folder"
     app.model.replace(trainable)
