@@ -161,21 +161,6 @@ FLUX2_SCHEDULER: Config = {
     "use_dynamic_shifting": True,
 }
 
-# tokenizer_config.json of klein's tokenizer/ (Qwen3's: Qwen2Tokenizer, "<|endoftext|>" pads, "<|im_end|>" ends a turn).
-FLUX2_KLEIN_TOKENIZER: Config = {
-    "tokenizer_class": "Qwen2Tokenizer",
-    "model_max_length": 131072,
-    "add_bos_token": False,
-    "add_prefix_space": False,
-    "bos_token": None,
-    "clean_up_tokenization_spaces": False,
-    "eos_token": "<|im_end|>",
-    "errors": "replace",
-    "pad_token": "<|endoftext|>",
-    "split_special_tokens": False,
-    "unk_token": None,
-}
-
 # --- the family -----------------------------------------------------------------------------------------------------
 
 # OneTrainer's Flux 2 presets: `blocks` (the numbered blocks: every `transformer_blocks.N.` and

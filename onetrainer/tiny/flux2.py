@@ -8,6 +8,8 @@ from typing import Any
 
 from onetrainer.config.enums import ModelType
 from onetrainer.families import flux2_info as real
+from onetrainer.families import reference_configs as ref
+from onetrainer.tiny.qwen3_text import tiny_qwen3_config
 from onetrainer.tiny.variant import TinyVariant
 
 LISTING_ORDER = 10  # the order the tiny models were added in
@@ -17,14 +19,6 @@ LISTING_ORDER = 10  # the order the tiny models were added in
 TRANSFORMER_HEADS = 2
 HEAD_WIDTH = 16
 ROPE_AXES = [4, 4, 4, 4]
-
-# Qwen3 at a tiny width, in Qwen3-4B's proportions (as Z-Image's tiny one): 8 query heads of 8 over 32 channels, 2
-# key/value heads, a wide MLP.
-TEXT_WIDTH = 32
-TEXT_HEADS = 8
-TEXT_KV_HEADS = 2
-TEXT_HEAD_WIDTH = 8
-TEXT_MLP_WIDTH = 128
 
 # The transformer's text width (three text layers side by side) and rotary axes (they split the head width); Qwen3's
 # grouped key/value heads and the heads' own width.
@@ -56,31 +50,12 @@ VARIANTS = (
             "transformer": real.FLUX2_KLEIN_4B_TRANSFORMER,
             "vae": real.FLUX2_VAE,
             "text_encoder": real.QWEN3_4B_CAUSAL_LM,
-            "tokenizer": real.FLUX2_KLEIN_TOKENIZER,
+            "tokenizer": ref.QWEN3_TOKENIZER,  # klein's tokenizer/ is Qwen3's
             "scheduler": real.FLUX2_SCHEDULER,
         },
         depths=KLEIN_DEPTH,
     ),
 )
-
-
-def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
-    """Qwen3 at the tiny width, with the tokenizer's vocabulary and its own start / end token ids."""
-    from onetrainer.tiny import components
-
-    return components.tiny_config(
-        "text_encoder",
-        variant.references["text_encoder"],
-        depth=variant.depths.get("text_encoder"),
-        hidden_size=TEXT_WIDTH,
-        intermediate_size=TEXT_MLP_WIDTH,
-        num_attention_heads=TEXT_HEADS,
-        num_key_value_heads=TEXT_KV_HEADS,
-        head_dim=TEXT_HEAD_WIDTH,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.pad_token_id,  # "<|endoftext|>": Qwen3's config calls it the start token
-        eos_token_id=tokenizer.eos_token_id,
-    )
 
 
 def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, Any]:
@@ -110,7 +85,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
 
     refs = variant.references
     tokenizer = build_qwen_tokenizer()
-    text_encoder = components.build(tiny_text_encoder_config(variant, tokenizer), seed, "text_encoder")
+    text_encoder = components.build(tiny_qwen3_config(variant, tokenizer), seed, "text_encoder")
     config = tiny_transformer_config(variant, text_encoder.config.hidden_size)
     vae = components.build(components.tiny_vae_config(refs["vae"], variant.resolution), seed, "vae")
     with components.seeded(seed, "vae.bn"), torch.no_grad():

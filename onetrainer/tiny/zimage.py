@@ -9,6 +9,7 @@ from typing import Any
 
 from onetrainer.config.enums import ModelType
 from onetrainer.tiny import reference as ref
+from onetrainer.tiny.qwen3_text import tiny_qwen3_config
 from onetrainer.tiny.variant import TinyVariant
 
 LISTING_ORDER = 6
@@ -18,14 +19,6 @@ LISTING_ORDER = 6
 TRANSFORMER_HEADS = 2
 HEAD_WIDTH = 16
 ROPE_AXES = [4, 6, 6]
-
-# Qwen3 at a tiny width, in Qwen3-4B's proportions: queries wider than the model (8 heads of 8 over 32 channels, as
-# 32 x 128 over 2560), a quarter as many key/value heads (grouped-query attention), a wide MLP.
-TEXT_WIDTH = 32
-TEXT_HEADS = 8
-TEXT_KV_HEADS = 2
-TEXT_HEAD_WIDTH = 8
-TEXT_MLP_WIDTH = 128
 
 # The transformer's width, its heads (the rotary axes split each head's width) and the text encoder's width; Qwen3's
 # grouped key/value heads and the heads' own width (wider than the model in Qwen3-4B).
@@ -64,26 +57,6 @@ VARIANTS = (
 )
 
 
-def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
-    """Qwen3 at the tiny width, with the tokenizer's vocabulary and its own start / end token ids (the real config's
-    151643 / 151645 are the same tokens' ids in the full vocabulary)."""
-    from onetrainer.tiny import components
-
-    return components.tiny_config(
-        "text_encoder",
-        variant.references["text_encoder"],
-        depth=variant.depths.get("text_encoder"),
-        hidden_size=TEXT_WIDTH,
-        intermediate_size=TEXT_MLP_WIDTH,
-        num_attention_heads=TEXT_HEADS,
-        num_key_value_heads=TEXT_KV_HEADS,
-        head_dim=TEXT_HEAD_WIDTH,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.pad_token_id,  # "<|endoftext|>": Qwen3's config calls it the start token
-        eos_token_id=tokenizer.eos_token_id,
-    )
-
-
 def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, Any]:
     """The transformer at the tiny width; `cap_feat_dim` is the text encoder's width, as 2560 is Qwen3-4B's."""
     from onetrainer.tiny import components
@@ -109,7 +82,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
 
     refs = variant.references
     tokenizer = build_qwen_tokenizer()
-    text_encoder = components.build(tiny_text_encoder_config(variant, tokenizer), seed, "text_encoder")
+    text_encoder = components.build(tiny_qwen3_config(variant, tokenizer), seed, "text_encoder")
     config = tiny_transformer_config(variant, text_encoder.config.hidden_size)
     return library_attribute("diffusers", variant.pipeline_class)(
         transformer=components.build(config, seed, "transformer"),

@@ -1,0 +1,35 @@
+"""Qwen3 as a tiny text encoder, for the families that condition on it: their tiny modules build its config here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onetrainer.tiny.variant import TinyVariant
+
+# Qwen3 at a tiny width, in Qwen3-4B's proportions: queries wider than the model (8 heads of 8 over 32 channels, as
+# 32 x 128 over 2560), a quarter as many key/value heads (grouped-query attention), a wide MLP.
+TEXT_WIDTH = 32
+TEXT_HEADS = 8
+TEXT_KV_HEADS = 2
+TEXT_HEAD_WIDTH = 8
+TEXT_MLP_WIDTH = 128
+
+
+def tiny_qwen3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
+    """The variant's Qwen3 text encoder at the tiny width, with the tokenizer's vocabulary and its own start / end
+    token ids (the real config's 151643 / 151645 are the same tokens' ids in the full vocabulary)."""
+    from onetrainer.tiny import components
+
+    return components.tiny_config(
+        "text_encoder",
+        variant.references["text_encoder"],
+        depth=variant.depths.get("text_encoder"),
+        hidden_size=TEXT_WIDTH,
+        intermediate_size=TEXT_MLP_WIDTH,
+        num_attention_heads=TEXT_HEADS,
+        num_key_value_heads=TEXT_KV_HEADS,
+        head_dim=TEXT_HEAD_WIDTH,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.pad_token_id,  # "<|endoftext|>": Qwen3's config calls it the start token
+        eos_token_id=tokenizer.eos_token_id,
+    )
