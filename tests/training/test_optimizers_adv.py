@@ -346,3 +346,77 @@ def test_a_tiny_lora_overfits_with_it(name):
         losses.append(float(loss))
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-5:]) / 5 < 0.9 * losses[0], losses
+
+
+def test_a_run_samples_and_saves_prodigy_plus_schedule_free_at_its_evaluation_point(tmp_path, monkeypatch):
+    # Through the trainer: it trains in train mode, and each sample and the saved model are taken in eval mode (the
+    # averaged weights), training going on in train mode after each sample.
+    from onetrainer.methods.lora import LoraMethod
+    from onetrainer.training.outputs import Outputs
+    from tests.helpers import image_folder, run_config, tiny_config
+
+    seen: list[str] = []
+    mode = {"train": None}
+    original = prodigy_plus_schedulefree.ProdigyPlusScheduleFree.set_train_mode
+
+    def set_train_mode(self, train):
+        original(self, train)
+        mode["train"] = all(g["train_mode"] for g in self.param_groups)
+        seen.append("train" if train else "eval")
+
+    render, save, step = (
+        Outputs._render_samples,
+        LoraMethod.save_output,
+        prodigy_plus_schedulefree.ProdigyPlusScheduleFree.step,
+    )
+    monkeypatch.setattr(prodigy_plus_schedulefree.ProdigyPlusScheduleFree, "set_train_mode", set_train_mode)
+    monkeypatch.setattr(Outputs, "_render_samples", lambda *a: (seen.append(f"sample in {mode['train']}"), render(*a)))
+    monkeypatch.setattr(LoraMethod, "save_output", lambda *a: (seen.append(f"save in {mode['train']}"), save(*a))[1])
+    monkeypatch.setattr(
+        prodigy_plus_schedulefree.ProdigyPlusScheduleFree, "step",
+        lambda self, *a: (seen.append(f"step in {mode['train']}"), step(self, *a))[1],
+    )  # fmt: skip
+    image_folder(tmp_path)
+    run_config(tiny_config(
+        tmp_path, epochs=1, learning_rate=1.0, sample_after=1, sample_after_unit="STEP",
+        samples=[{"prompt": "a circle", "width": 64, "height": 64, "diffusion_steps": 2}],
+        optimizer={"optimizer": "PRODIGY_PLUS_SCHEDULE_FREE"},
+    ))  # fmt: skip
+    steps = [i for i, s in enumerate(seen) if s.startswith("step")]
+    assert len(steps) == 2 and all(seen[i] == "step in True" for i in steps)
+    assert seen.count("sample in False") == 2 and "sample in True" not in seen
+    assert seen[-3:] == ["eval", "save in False", "train"]
+
+
+def test_a_bfloat16_fine_tune_with_the_fused_back_pass_trains_with_prodigy_adv(tmp_path, monkeypatch):
+    # Through the trainer: each weight stepped by Prodigy_adv's own per-weight step, rounding itself into the
+    # BFLOAT_16 weights, and each step finished after the backward pass (its new D); nothing named by the checks.
+    from safetensors.torch import load_file
+
+    from onetrainer.training.checks import run_checks
+    from onetrainer.training.events import Metrics
+    from tests.helpers import image_folder, run_config, tiny_config
+
+    finished, per_weight = [], []
+    calculate_d, step_parameter = adv_optm.Prodigy_adv.calculate_d, adv_optm.Prodigy_adv.step_parameter
+    monkeypatch.setattr(adv_optm.Prodigy_adv, "calculate_d", lambda self: (finished.append(1), calculate_d(self)))
+    monkeypatch.setattr(
+        adv_optm.Prodigy_adv, "step_parameter",
+        lambda self, p, *a: (per_weight.append(p.grad is not None and p.dtype), step_parameter(self, p, *a)),
+    )  # fmt: skip
+    image_folder(tmp_path)
+    data = tiny_config(
+        tmp_path, method="FINE_TUNE", epochs=2, train_dtype="BFLOAT_16", learning_rate=1.0, clip_grad_norm=None,
+        unet={"weight_dtype": "BFLOAT_16", "train": True}, text_encoder={"train": False},
+        optimizer={"optimizer": "PRODIGY_ADV", "fused_back_pass": True, "d0": 1e-4},
+    )  # fmt: skip
+    config, _ = config_from_dict(data)
+    assert not [p for p in run_checks(config) if p.path.startswith("optimizer")]
+    events = run_config(data)
+    assert len([m for m in events if isinstance(m, Metrics)]) == 4
+    assert len(finished) == 4  # one finished step per optimizer step
+    stepped = [dtype for dtype in per_weight if dtype]  # weights stepped with a gradient: by the hooks
+    assert stepped and set(stepped) == {torch.bfloat16} and len(stepped) % 4 == 0
+    saved = load_file(str(tmp_path / "out" / "model.safetensors"))
+    unet = {k: v for k, v in saved.items() if k.startswith("model.diffusion_model.")}
+    assert unet and all(torch.isfinite(v.float()).all() for v in unet.values())
