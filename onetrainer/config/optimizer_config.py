@@ -246,7 +246,7 @@ class TrainOptimizerConfig(ConfigNode):
         "atan2 update", "adv-optm: divide by the second moment through atan2 (no epsilon needed, bounded steps)."
     )
     orthogonal_gradient: bool | None = _p(
-        "OrthoGrad", "Keep only the part of each gradient orthogonal to its weight (OrthoGrad: against overfitting)."
+        "OrthoGrad", "adv-optm: keep only the part of each gradient orthogonal to its weight (against overfitting)."
     )
     kourkoutas_beta: bool | None = _p(
         "Kourkoutas-beta",
