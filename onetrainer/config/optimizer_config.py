@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onetrainer.config.enums import Optimizer
-from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
+from onetrainer.config.optimizers import ROUNDING_OPTIMIZERS
 from onetrainer.config.schema import ConfigNode, NotBuilt, setting
 
 OFFERED_OPTIMIZERS = (
@@ -48,6 +48,12 @@ OFFERED_OPTIMIZERS = (
     Optimizer.ADOPT,
     Optimizer.AdEMAMix,
     Optimizer.AdEMAMix_8BIT,
+    Optimizer.ADAMW_ADV,
+    Optimizer.ADOPT_ADV,
+    Optimizer.PRODIGY_ADV,
+    Optimizer.SIGNSGD_ADV,
+    Optimizer.LION_ADV,
+    Optimizer.PRODIGY_PLUS_SCHEDULE_FREE,
 )
 
 
@@ -67,6 +73,17 @@ def bfloat16_weights_train(config) -> bool:
     names = info.family.parts if info else ("unet", "prior", "transformer")  # a family to come: its denoiser
     return any(
         getattr(config.part(n), "train", False) and config.part(n).weight_dtype is DataType.BFLOAT_16 for n in names
+    )
+
+
+def _adv_variant(feature: str):
+    """An adv-optm variant OneTrainer offers (adv-optm 2.2) that the adv-optm built here (2.5) no longer has."""
+    return NotBuilt(
+        feature,
+        "adv-optm 2.5, the version built here, no longer has it (OneTrainer pins 2.2.3), and the optimizer would take "
+        "plain steps at a learning rate chosen for the variant; turn it off",
+        error=True,
+        active=lambda value, config: bool(value) and config.optimizer.optimizer.value.endswith("_ADV"),
     )
 
 
@@ -138,7 +155,16 @@ class TrainOptimizerConfig(ConfigNode):
     safeguard_warmup: bool | None = _p("Safeguard warmup", "Avoid a too large D during a learning-rate warmup.")
     fsdp_in_use: bool | None = _p("FSDP in use", "Set when training with fully sharded data parallelism.")
     slice_p: int | None = _p("Slice p", "Compute Prodigy's statistics on every p-th element to save memory.", minimum=1)
-    clip_threshold: float | None = _p("Clip threshold", "Adafactor: threshold of the update's RMS.", minimum=0)
+    clip_threshold: float | None = _p(
+        "Clip threshold",
+        "Adafactor: threshold of the update's RMS.",
+        minimum=0,
+        not_built=NotBuilt(
+            "LION_ADV's update clipping (adv-optm 2.2's clip_threshold)",
+            "adv-optm 2.5, the version built here, no longer has it: the updates are not clipped",
+            active=lambda value, config: config.optimizer.optimizer is Optimizer.LION_ADV and bool(value),
+        ),
+    )
     decay_rate: float | None = _p("Decay rate", "Adafactor: exponent of the second-moment decay.")
     relative_step: bool | None = _p("Relative step", "Adafactor: compute the learning rate from the step count.")
     scale_parameter: bool | None = _p("Scale parameter", "Adafactor: scale the learning rate by the weights' RMS.")
@@ -147,7 +173,8 @@ class TrainOptimizerConfig(ConfigNode):
         "Stochastic rounding",
         "Round each update into BFLOAT_16 weights up or down at random, with the probability of its distance to each "
         "value, so small updates add up instead of being lost (such weights step in float32, a few at a time). For "
-        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion).",
+        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion); "
+        "adv-optm's *_ADV optimizers and Prodigy + schedule-free round by themselves (on by default).",
         not_built=NotBuilt(
             "stochastic rounding with an optimizer that steps all weights together (Prodigy, D-Adaptation, "
             "schedule-free, 8-bit)",
@@ -155,9 +182,7 @@ class TrainOptimizerConfig(ConfigNode):
             "fine-tune at a small learning rate may barely change its BFLOAT_16 weights (FLOAT_32 weights keep every "
             "update, at twice the memory; or choose AdamW, Adafactor, CAME or Lion)",
             active=lambda value, config: (
-                bool(value)
-                and bfloat16_weights_train(config)
-                and config.optimizer.optimizer not in PER_WEIGHT_OPTIMIZERS
+                bool(value) and bfloat16_weights_train(config) and config.optimizer.optimizer not in ROUNDING_OPTIMIZERS
             ),
         ),
     )
@@ -202,13 +227,98 @@ class TrainOptimizerConfig(ConfigNode):
         "Initial accumulator", "Yogi: the starting value of the second moment.", minimum=0
     )
 
+    # adv-optm (the *_ADV optimizers) and Prodigy + schedule-free.
+    prodigy_steps: int | None = _p(
+        "Prodigy steps",
+        "Prodigy (ADV, + schedule-free): stop adapting the step size D after this many steps (0 = never stop).",
+        minimum=0,
+    )
+    d_limiter: bool | None = _p(
+        "D limiter", "Prodigy (ADV, + schedule-free): let the step size D grow by at most 2^0.25 per step."
+    )
+    nnmf_factor: bool | None = _p(
+        "Factored state", "adv-optm: keep the moments as low-rank factors of each matrix (much less optimizer memory)."
+    )
+    cautious_wd: bool | None = _p(
+        "Cautious weight decay", "adv-optm: decay only the weights whose sign agrees with the update's direction."
+    )
+    use_atan2: bool | None = _p(
+        "atan2 update", "adv-optm: divide by the second moment through atan2 (no epsilon needed, bounded steps)."
+    )
+    orthogonal_gradient: bool | None = _p(
+        "OrthoGrad", "adv-optm: keep only the part of each gradient orthogonal to its weight (against overfitting)."
+    )
+    kourkoutas_beta: bool | None = _p(
+        "Kourkoutas-beta",
+        "adv-optm: lower beta 2 per layer while its gradients spike (held at beta 2 during the LR warmup).",
+    )
+    auto_kappa_p: bool | None = _p(
+        "Auto kappa p", "LION_ADV: choose the Lion-K exponent per weight from its shape (else plain sign steps)."
+    )
+    compile: bool | None = _p(
+        "Compile optimizer", "adv-optm: compile each weight's update with torch.compile (faster steps, slow start)."
+    )
+    use_AdEMAMix: bool | None = _p(
+        "AdEMAMix",
+        "OneTrainer's adv-optm 2.2: add a slow moving average of the gradients (AdEMAMix).",
+        not_built=_adv_variant("adv-optm's AdEMAMix variant"),
+    )
+    Simplified_AdEMAMix: bool | None = _p(
+        "Simplified AdEMAMix",
+        "OneTrainer's adv-optm 2.2: accumulate the gradients instead of averaging them.",
+        not_built=_adv_variant("adv-optm's simplified AdEMAMix variant"),
+    )
+    # The variants' own knobs: without the variant they do nothing (the variant switch is named instead).
+    beta3_ema: float | None = setting(
+        None, "beta3_ema", "OneTrainer optimizer parameter 'beta3_ema'.", ignored=True, is_inactive=lambda v: True
+    )
+    alpha_grad: float | None = setting(
+        None, "alpha_grad", "OneTrainer optimizer parameter 'alpha_grad'.", ignored=True, is_inactive=lambda v: True
+    )
+    use_speed: bool | None = _p(
+        "SPEED", "Prodigy + schedule-free: estimate D from the momentum's progress (SPEED; experimental)."
+    )
+    use_cautious: bool | None = _p(
+        "Cautious", "Prodigy + schedule-free: drop the update's components whose sign disagrees with the gradient."
+    )
+    use_grams: bool | None = _p(
+        "Grams", "Prodigy + schedule-free: take the gradient's sign with the update's magnitude (Grams)."
+    )
+    use_adopt: bool | None = _p(
+        "ADOPT", "Prodigy + schedule-free: update the second moment after the step (partial ADOPT)."
+    )
+    use_orthograd: bool | None = _p(
+        "OrthoGrad", "Prodigy + schedule-free: keep only the part of each gradient orthogonal to its weight."
+    )
+    weight_decay_by_lr: bool | None = _p(
+        "Weight decay by LR", "Prodigy + schedule-free: scale the weight decay by the learning rate (times D)."
+    )
+    split_groups: bool | None = _p(
+        "Split groups", "Prodigy + schedule-free: estimate a step size D for each parameter group on its own."
+    )
+    split_groups_mean: bool | None = _p(
+        "Split groups mean", "Prodigy + schedule-free: with split groups, use the harmonic mean of the groups' D."
+    )
+    factored: bool | None = _p(
+        "Factored", "Prodigy + schedule-free: keep the second moment as row and column factors (less memory)."
+    )
+    factored_fp32: bool | None = _p(
+        "Factored in FP32", "Prodigy + schedule-free: keep the factored second moment in float32."
+    )
+    use_stableadamw: bool | None = _p(
+        "StableAdamW", "Prodigy + schedule-free: scale each update by its RMS, as Adafactor does."
+    )
+    use_schedulefree: bool | None = _p(
+        "Schedule-free", "Prodigy + schedule-free: average the weights schedule-free (off: plain Prodigy steps)."
+    )
+    schedulefree_c: float | None = _p(
+        "Schedule-free C",
+        "Prodigy + schedule-free: weight of the latest step in the average (0 = the paper's).",
+        minimum=0,
+    )
     # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
-    prodigy_steps: int | None = _ot("prodigy_steps")
-    beta3_ema: float | None = _ot("beta3_ema")
-    alpha_grad: float | None = _ot("alpha_grad")
     beta1_warmup: int | None = _ot("beta1_warmup")
     min_beta1: float | None = _ot("min_beta1")
-    schedulefree_c: float | None = _ot("schedulefree_c")
     ns_steps: int | None = _ot("ns_steps")
     muon_hidden_layers: str | None = _ot("muon_hidden_layers")
     muon_adam_lr: float | None = _ot("muon_adam_lr")
@@ -226,34 +336,12 @@ class TrainOptimizerConfig(ConfigNode):
         "and BFLOAT_16 or FLOAT_32 training; gradient clipping then clips each weight's gradient on its own.",
         ui=False,  # in the "..." dialog of the optimizers that can (`training/optim.dialog_parameters`)
     )
-    use_speed: bool | None = _ot("use_speed", False)
-    use_cautious: bool | None = _ot("use_cautious", False)
-    use_grams: bool | None = _ot("use_grams", False)
-    use_adopt: bool | None = _ot("use_adopt", False)
-    use_orthograd: bool | None = _ot("use_orthograd", False)
-    nnmf_factor: bool | None = _ot("nnmf_factor", False)
-    orthogonal_gradient: bool | None = _ot("orthogonal_gradient", False)
-    use_atan2: bool | None = _ot("use_atan2", False)
-    use_AdEMAMix: bool | None = _ot("use_AdEMAMix", False)
-    Simplified_AdEMAMix: bool | None = _ot("Simplified_AdEMAMix", False)
-    kourkoutas_beta: bool | None = _ot("kourkoutas_beta", False)
     MuonWithAuxAdam: bool | None = _ot("MuonWithAuxAdam", False)
     muon_adam_regex: bool | None = _ot("muon_adam_regex", False)
     normuon_variant: bool | None = _ot("normuon_variant", False)
     low_rank_ortho: bool | None = _ot("low_rank_ortho", False)
     accelerated_ns: bool | None = _ot("accelerated_ns", False)
-    cautious_wd: bool | None = _ot("cautious_wd", False)
     approx_mars: bool | None = _ot("approx_mars", False)
-    auto_kappa_p: bool | None = _ot("auto_kappa_p", False)
-    compile: bool | None = _ot("compile", False)
-    weight_decay_by_lr: bool | None = _ot("weight_decay_by_lr", True)
-    split_groups: bool | None = _ot("split_groups", True)
-    split_groups_mean: bool | None = _ot("split_groups_mean", True)
-    factored: bool | None = _ot("factored", True)
-    factored_fp32: bool | None = _ot("factored_fp32", True)
-    use_stableadamw: bool | None = _ot("use_stableadamw", True)
-    d_limiter: bool | None = _ot("d_limiter", True)
-    use_schedulefree: bool | None = _ot("use_schedulefree", True)
     rms_rescaling: bool | None = _ot("rms_rescaling", True)
     muon_adam_config: dict | None = setting(
         None,

@@ -25,10 +25,20 @@ class OptimizerSpec:
     package: str  # the pip package that provides it, for the message when it is missing
     adaptive: bool = False  # estimates its own step size (d): the learning rate should be about 1
     schedule_free: bool = False  # needs optimizer.train() / .eval() around sampling and saving
+    warmup: str | None = None  # the constructor argument given the LR warmup's length in optimizer steps
+    # The class steps one weight itself (`step_parameter(param, group, index)`) and finishes an optimizer step with
+    # `step()` once every weight has stepped: the fused back pass calls these (`training/fused_back_pass.py`).
+    steps_each_weight: bool = False
+    group_defaults: dict[str, Any] = field(default_factory=dict)  # keys each parameter group gets unless it has them
     kwargs: Callable[[Kwargs], Kwargs] | None = field(default=None, compare=False)  # OneTrainer names -> constructor
 
     def constructor_kwargs(self, values: Kwargs) -> Kwargs:
         return (self.kwargs or _betas)(dict(values))
+
+    @property
+    def rounds_itself(self) -> bool:
+        """The class takes `stochastic_rounding` and rounds its updates into BFLOAT_16 weights itself."""
+        return "stochastic_rounding" in self.defaults
 
 
 def _betas(values: Kwargs) -> Kwargs:
@@ -57,6 +67,16 @@ def _renamed(**names: str) -> Callable[[Kwargs], Kwargs]:
         return _betas(values)
 
     return convert
+
+
+def _adv(values: Kwargs) -> Kwargs:
+    """adv-optm: OneTrainer's `compile` is its `compiled_optimizer`; OneTrainer's OrthoGrad switch (a bool, as adv-optm
+    2.2 took it) is 2.5's `orthogonal_gradient` mode, where 'flattened' is that same projection."""
+    if "compile" in values:
+        values["compiled_optimizer"] = values.pop("compile")
+    if "orthogonal_gradient" in values:
+        values["orthogonal_gradient"] = "flattened" if values["orthogonal_gradient"] else "disabled"
+    return _two_betas(values) if "beta3" in values else _betas(values)
 
 
 def _adafactor(values: Kwargs) -> Kwargs:
@@ -90,6 +110,9 @@ _LAMB = {"bias_correction": True, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "we
 _LARS = {**_SGD, "momentum": 0.9, "max_unorm": 0.02, "min_8bit_size": 4096}
 _DADAPT = {"d0": 1e-6, "growth_rate": math.inf, "log_every": 0}
 _DECAY = {"decoupled_decay": True, "fixed_decay": False}  # pytorch-optimizer's weight_decouple / fixed_decay
+# adv-optm's knobs every OneTrainer *_ADV optimizer passes (its class rounds BFLOAT_16 updates itself).
+_ADV = {"cautious_wd": False, "weight_decay": 0.0, "nnmf_factor": False, "stochastic_rounding": True, "compile": False,
+        "orthogonal_gradient": False}  # fmt: skip
 _ADEMAMIX = {"beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "eps": 1e-8, "alpha": 5.0, "weight_decay": 1e-2}
 
 
@@ -150,10 +173,10 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
               "weight_decay": 1e-2}, kwargs=_came),
         _row(Optimizer.SCHEDULE_FREE_ADAMW, "schedulefree:AdamWScheduleFree", "schedulefree",
              {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2, "r": 0.0, "weight_lr_power": 2.0,
-              "foreach": False}, schedule_free=True),
+              "foreach": False}, schedule_free=True, warmup="warmup_steps"),
         _row(Optimizer.SCHEDULE_FREE_SGD, "schedulefree:SGDScheduleFree", "schedulefree",
              {"momentum": 0.9, "weight_decay": 0.0, "r": 0.0, "weight_lr_power": 2.0, "foreach": False},
-             schedule_free=True),
+             schedule_free=True, warmup="warmup_steps"),
         # OneTrainer's own CAME with 8-bit first moments, written here (`onetrainer/training/came8bit.py`).
         _row(Optimizer.CAME_8BIT, "onetrainer.training.came8bit:CAME8bit", "onetrainer",
              {"eps": 1e-30, "eps2": 1e-16, "beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "weight_decay": 1e-2,
@@ -186,6 +209,39 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
              {**_ADEMAMIX, "optim_bits": 32, "min_8bit_size": 4096, "is_paged": False}),
         _row(Optimizer.AdEMAMix_8BIT, "bitsandbytes.optim:AdEMAMix8bit", "bitsandbytes",
              {**_ADEMAMIX, "min_8bit_size": 4096, "is_paged": False}),
+        # adv-optm 2.5 (OneTrainer pins 2.2.3, whose AdEMAMix variants and Lion clipping 2.5 no longer has: those
+        # OneTrainer knobs are named by the run checks, `optimizer_config.py`). OneTrainer gives the Kourkoutas-beta
+        # warmup the LR warmup's length. Each class steps one weight at a time itself (the fused back pass).
+        _row(Optimizer.ADAMW_ADV, "adv_optm:AdamW_adv", "adv-optm",
+             {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, **_ADV, "use_atan2": False, "kourkoutas_beta": False},
+             kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
+        _row(Optimizer.ADOPT_ADV, "adv_optm:Adopt_adv", "adv-optm",
+             {"beta1": 0.9, "beta2": 0.9999, "eps": 1e-6, **_ADV, "use_atan2": True, "kourkoutas_beta": False},
+             kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
+        _row(Optimizer.PRODIGY_ADV, "adv_optm:Prodigy_adv", "adv-optm",
+             {"beta1": 0.9, "beta2": 0.99, "beta3": None, "eps": 1e-8, **_ADV, "d0": 1e-6, "d_coef": 1.0,
+              "growth_rate": math.inf, "slice_p": 11, "prodigy_steps": 0, "d_limiter": False, "use_atan2": False,
+              "kourkoutas_beta": False},
+             adaptive=True, kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
+        _row(Optimizer.SIGNSGD_ADV, "adv_optm:SignSGD_adv", "adv-optm", {"momentum": 0.95, **_ADV},
+             kwargs=_adv, steps_each_weight=True),
+        _row(Optimizer.LION_ADV, "adv_optm:Lion_adv", "adv-optm",
+             {"beta1": 0.9, "beta2": 0.99, **_ADV, "auto_kappa_p": True}, kwargs=_adv, steps_each_weight=True,
+             # adv-optm 2.5.16's Lion_adv reloads its state through the helper of its other optimizers, which reads
+             # this key of each group that only they set: 'auto' is the rule Lion's state is made with (the weight's
+             # dtype; float32 when factored). Without it a backup's optimizer state cannot be loaded.
+             group_defaults={"actual_state_precision": "auto"}),
+        # Prodigy + schedule-free (OneTrainer pins 2.0.1): no warmup of its own (OneTrainer gives it none); with the
+        # fused back pass it is told so (`fused_back_pass`: its `step()` then only finishes the step).
+        _row(Optimizer.PRODIGY_PLUS_SCHEDULE_FREE, "prodigyplus.prodigy_plus_schedulefree:ProdigyPlusScheduleFree",
+             "prodigy-plus-schedule-free",
+             {"beta1": 0.9, "beta2": 0.99, "beta3": None, "weight_decay": 0.0, "weight_decay_by_lr": True,
+              "use_bias_correction": False, "d0": 1e-6, "d_coef": 1.0, "prodigy_steps": 0, "use_speed": False,
+              "eps": 1e-8, "split_groups": True, "split_groups_mean": False, "factored": True, "factored_fp32": True,
+              "fused_back_pass": False, "use_stableadamw": True, "use_cautious": False, "use_grams": False,
+              "use_adopt": False, "d_limiter": True, "stochastic_rounding": True, "use_schedulefree": True,
+              "schedulefree_c": 0.0, "use_orthograd": False},
+             adaptive=True, schedule_free=True, kwargs=_two_betas, steps_each_weight=True),
     )
 }  # fmt: skip
 
@@ -204,3 +260,9 @@ PER_WEIGHT_OPTIMIZERS = frozenset(
         Optimizer.LION,
     }
 )
+# The optimizers the fused back pass can step: the per-weight ones (shown one weight at a time) and those that step
+# one weight themselves.
+FUSABLE_OPTIMIZERS = PER_WEIGHT_OPTIMIZERS | {o for o, row in OPTIMIZERS.items() if row.steps_each_weight}
+# The optimizers that round updates into BFLOAT_16 weights stochastically: those this trainer steps in float32 a few
+# weights at a time (`training/stochastic_rounding.py`) and those whose class rounds itself.
+ROUNDING_OPTIMIZERS = PER_WEIGHT_OPTIMIZERS | {o for o, row in OPTIMIZERS.items() if row.rounds_itself}

@@ -108,10 +108,10 @@ def check_stochastic_rounding(config: TrainConfig) -> list[Problem]:
     """Stochastic rounding kept only in the remembered settings (OneTrainer's fine-tune presets keep it there), where
     this trainer would round stochastically: the run rounds to nearest unless the optimizer block asks."""
     from onetrainer.config.optimizer_config import bfloat16_weights_train
-    from onetrainer.training.stochastic_rounding import applies
+    from onetrainer.training.stochastic_rounding import rounds
 
     remembered = config.optimizer_defaults.get(config.optimizer.optimizer.value)
-    if remembered is None or not (applies(remembered) and bfloat16_weights_train(config)):
+    if remembered is None or rounds(config.optimizer) or not (rounds(remembered) and bfloat16_weights_train(config)):
         return []
     instead = "updates round to the nearest BFLOAT_16 value, so small ones are lost"
     return _only_remembered(config, "stochastic_rounding", "stochastic rounding", instead)
@@ -124,13 +124,13 @@ def check_fused_back_pass(config: TrainConfig) -> list[Problem]:
     if not config.optimizer.fused_back_pass:
         instead = "every gradient is held until the optimizer step (more VRAM)"
         return _only_remembered(config, "fused_back_pass", "the fused back pass", instead)
-    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+    from onetrainer.training.fused_back_pass import FUSABLE_OPTIMIZERS
 
     path = "optimizer.fused_back_pass"
     problems = []
     optimizer = config.optimizer.optimizer
-    if optimizer not in PER_WEIGHT_OPTIMIZERS:
-        offered = ", ".join(sorted(o.value for o in PER_WEIGHT_OPTIMIZERS))
+    if optimizer not in FUSABLE_OPTIMIZERS:
+        offered = ", ".join(sorted(o.value for o in FUSABLE_OPTIMIZERS))
         problems.append(
             Problem(
                 path,

@@ -71,8 +71,12 @@ BYTES = {
 # Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
 # a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
 # AdEMAMix keeps a third (slow) first moment; Tiger one momentum; CAME_8BIT an 8-bit first moment beside factored ones.
-_STATE_BYTES = {"AdEMAMix_8BIT": 3.0, "CAME_8BIT": 1.0, "8BIT": 2.0, "AdEMAMix": 12.0, "TIGER": 4.0, "SGD": 4.0,
-                "LION": 4.0, "PRODIGY": 16.0, "DADAPT": 12.0}  # fmt: skip
+# Prodigy + schedule-free keeps z, a factored second moment and Prodigy's s and p0 on every 11th element (slice_p: 8/11
+# bytes); PRODIGY_ADV two moments and those; ADAMW_ADV and ADOPT_ADV two moments (the default), LION_ADV and
+# SIGNSGD_ADV one (as LION and SGD). The first key found in the optimizer's name counts.
+_STATE_BYTES = {"PRODIGY_PLUS_SCHEDULE_FREE": 4.8, "PRODIGY_ADV": 8.8, "AdEMAMix_8BIT": 3.0, "CAME_8BIT": 1.0,
+                "8BIT": 2.0, "AdEMAMix": 12.0, "TIGER": 4.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0,
+                "DADAPT": 12.0}  # fmt: skip
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
 # Host RAM (`Estimate.host_bytes`). The process itself: Python with torch, diffusers, transformers and peft imported
@@ -1359,9 +1363,9 @@ def advice(
         )
     if settings.optimizer_state_bytes > 2:
         options.append(("an 8-bit optimizer", counts, replace(settings, optimizer_state_bytes=2.0)))
-    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+    from onetrainer.training.fused_back_pass import FUSABLE_OPTIMIZERS
 
-    fusable = config.optimizer.optimizer in PER_WEIGHT_OPTIMIZERS and config.train_dtype is not DataType.FLOAT_16
+    fusable = config.optimizer.optimizer in FUSABLE_OPTIMIZERS and config.train_dtype is not DataType.FLOAT_16
     if settings.trains_in_place and not settings.fused_back_pass and fusable and not config.multi_gpu:
         trial = config.copy()
         trial.optimizer.fused_back_pass = True

@@ -208,12 +208,12 @@ def _caching(trial: TrainConfig, fit: Fit, measure) -> None:
 def _fused_back_pass(trial: TrainConfig, fit: Fit, measure) -> None:
     """A fine-tune holds no gradients with the fused back pass (and can then offload its trained layers), where the
     optimizer updates each weight on its own: as fast, no quality lost."""
-    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+    from onetrainer.training.fused_back_pass import FUSABLE_OPTIMIZERS
 
     if (
         trial.training_method is TrainingMethod.FINE_TUNE
         and not trial.optimizer.fused_back_pass
-        and trial.optimizer.optimizer in PER_WEIGHT_OPTIMIZERS
+        and trial.optimizer.optimizer in FUSABLE_OPTIMIZERS
         and trial.train_dtype is not DataType.FLOAT_16
         and not trial.multi_gpu
     ):

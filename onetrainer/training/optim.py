@@ -53,13 +53,16 @@ def create_optimizer(
             f"here ({e}); install it or choose another optimizer"
         ) from None
     kwargs = spec.constructor_kwargs(resolved_parameters(config))
+    for group in param_groups:
+        for key, value in spec.group_defaults.items():
+            group.setdefault(key, value)
     if spec.optimizer is Optimizer.ADAFACTOR and kwargs.get("relative_step"):
         # Adaptive mode: Adafactor computes the step size from the step count; it must not be given one.
         for group in param_groups:
             group.pop("lr", None)
         return cls(param_groups, lr=None, **kwargs)
-    if spec.schedule_free:
-        kwargs["warmup_steps"] = warmup_steps  # schedule-free optimizers warm up themselves
+    if spec.warmup:  # schedule-free optimizers warm up themselves; adv-optm's Kourkoutas-beta holds beta2 meanwhile
+        kwargs[spec.warmup] = warmup_steps
     try:
         return cls(param_groups, lr=learning_rate, **kwargs)
     except (RuntimeError, ValueError, TypeError) as e:
@@ -74,7 +77,7 @@ def effective_learning_rates(optimizer) -> dict[str, float]:
         lr = group.get("lr")
         if lr is None:  # Adafactor's relative step: the rate it used for the first parameter
             lr = _adafactor_rate(optimizer, group)
-        lr = float(lr)
+        lr = float(group.get("effective_lr", lr))  # Prodigy + schedule-free: the rate its warmup lets through
         if group.get("d") is not None:
             lr *= float(group["d"])
         rates[name] = lr
@@ -138,10 +141,15 @@ def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
         spec = TrainOptimizerConfig.spec(name)
         assert spec is not None, name
         rows.append(OptimizerParameter(name, default, spec.type.kind, spec.meta.label, spec.meta.help))
-    from onetrainer.training.fused_back_pass import PER_WEIGHT_OPTIMIZERS
+    from onetrainer.config.optimizers import FUSABLE_OPTIMIZERS, PER_WEIGHT_OPTIMIZERS
 
-    if optimizer in PER_WEIGHT_OPTIMIZERS:  # trainer settings, not the optimizer's: never passed to its class
-        for name in ("fused_back_pass", "stochastic_rounding"):
+    # Trainer settings, not the optimizer's: never passed to its class (a class that takes them has them in its row).
+    trainer_settings = [
+        ("fused_back_pass", optimizer in FUSABLE_OPTIMIZERS),
+        ("stochastic_rounding", optimizer in PER_WEIGHT_OPTIMIZERS),
+    ]
+    for name, offered in trainer_settings:
+        if offered and name not in optimizer_spec(optimizer).defaults:
             spec = TrainOptimizerConfig.spec(name)
             rows.append(OptimizerParameter(name, False, "bool", spec.meta.label, spec.meta.help))
     return rows

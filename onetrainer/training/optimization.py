@@ -73,9 +73,11 @@ def build_optimization(
         ema_device = device if config.ema is EMAMode.GPU else torch.device("cpu")
         ema = EMA(params, config.ema_decay, config.ema_update_step_interval, ema_device)
     scaler = grad_scaler(device, config.train_dtype, param_groups)
-    fused = FusedBackPass(optimizer, config.clip_grad_norm) if config.optimizer.fused_back_pass else None
+    spec = optimizer_spec(config.optimizer.optimizer)
+    fused = None
+    if config.optimizer.fused_back_pass:
+        fused = FusedBackPass(optimizer, config.clip_grad_norm, spec.steps_each_weight)
     for offload in offloads.values():
         if offload.trained:
             offload.carry_optimizer_state(optimizer)
-    schedule_free = optimizer_spec(config.optimizer.optimizer).schedule_free
-    return Optimization(optimizer, lr_scheduler, schedule_free, ema, scaler, fused, params)
+    return Optimization(optimizer, lr_scheduler, spec.schedule_free, ema, scaler, fused, params)

@@ -123,3 +123,15 @@ def applies(optimizer: TrainOptimizerConfig) -> bool:
     from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
 
     return bool(optimizer.stochastic_rounding) and optimizer.optimizer in PER_WEIGHT_OPTIMIZERS
+
+
+def rounds(optimizer: TrainOptimizerConfig) -> bool:
+    """Whether BFLOAT_16 updates round stochastically with this block: here (`applies`), or in the optimizer's class
+    (adv-optm's, Prodigy + schedule-free), where an unset value takes the table's default (on)."""
+    from onetrainer.config.optimizers import OPTIMIZERS
+
+    row = OPTIMIZERS.get(optimizer.optimizer)
+    if row is not None and row.rounds_itself:
+        value = optimizer.stochastic_rounding
+        return bool(row.defaults["stochastic_rounding"] if value is None else value)
+    return applies(optimizer)

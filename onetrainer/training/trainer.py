@@ -384,7 +384,7 @@ class Trainer:
             total = self._sync_step(total)
         params = optimization.params
         if fused is not None:
-            fused.stepping = False  # every trained weight was updated as its gradient arrived
+            fused.finish()  # every trained weight was updated as its gradient arrived
         elif any(p.grad is not None for p in params):
             scaler.unscale_(optimizer)
             if self.config.clip_grad_norm is not None:
