@@ -22,7 +22,7 @@ from onetrainer.data.images import (
     read_text,
     reference_paths_of,
 )
-from onetrainer.data.scan import FirstUsable, first_usable_image
+from onetrainer.data.scan import FirstUsable, ReferenceRule, first_usable_image
 
 IMAGE_AUGMENT_MISSING = "The augmentation preview is not available yet (onetrainer.data.image_augment is missing)."
 TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.data.text_augment is missing)."
@@ -49,10 +49,10 @@ def concept_images(concept: ConceptConfig) -> list[Path]:
     return list_images(folder, concept.include_subdirectories)
 
 
-def first_image(concept: ConceptConfig, references: bool = False) -> FirstUsable | None:
+def first_image(concept: ConceptConfig, references: ReferenceRule | None = None) -> FirstUsable | None:
     """The first image of the concept's folder that trains (its card's thumbnail), in the order the trainer lists
-    them, with the files passed over; None without a folder. `references`: the model type trains on reference
-    images (`scan.trains_on_references`)."""
+    them, with the files passed over; None without a folder. `references`: how the model type trains on reference
+    images (`scan.reference_rule`)."""
     if not concept.path.strip():
         return None
     folder = concept_folder(concept.path)

@@ -49,6 +49,7 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Captions missing (trained with an empty caption)", entry.missing_captions),
             ("Masks missing (trained whole)", entry.missing_masks),
             ("Reference images missing (skipped)", entry.missing_references),
+            ("More reference images than the model takes (skipped)", entry.too_many_references),
             ("Masks of another size (resized)", entry.resized_masks),
         ):
             if items:

@@ -159,7 +159,9 @@ def edit_inputs(folder: Path, model_type: str) -> dict:
     references = []
     for image in sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name and "-reference" not in p.name):
         reference = folder / f"{image.stem}-reference.png"
-        ImageOps.mirror(Image.open(image).convert("RGB")).resize((48, 64)).save(reference)
+        ImageOps.mirror(Image.open(image).convert("RGB")).resize((64, 80)).save(
+            reference
+        )  # 64 px: the least Flux.2 takes
         references.append(str(reference))
     return {"reference_images": references[:1]}
 

@@ -330,3 +330,11 @@ def test_the_qwen_part_compares_ours_with_the_bare_loop(tmp_path, capsys):
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["trained_parameters"] > 0  # checked equal to our method's count, or the part would have failed
     assert "tiny Qwen-Image" in capsys.readouterr().out
+
+
+def test_the_flux2_part_times_ours_and_the_bare_loop_on_as_many_adapters():
+    from onetrainer.benchmark.family_overhead import compare_family
+
+    figures = compare_family("flux2", steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])

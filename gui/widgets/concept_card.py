@@ -15,7 +15,7 @@ from gui.forms.selection import item_field
 from gui.widgets.pictures import fitted, set_picture, thumbnail_image
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import ConceptConfig
-from onetrainer.data.scan import FirstUsable, trains_on_references
+from onetrainer.data.scan import FirstUsable, ReferenceRule, reference_rule
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -32,11 +32,11 @@ _thumbnails: dict[tuple[str, bool, bool], tuple[int, FirstUsable | None, Image.I
 
 
 def concept_thumbnail(
-    concept: ConceptConfig, references: bool = False
+    concept: ConceptConfig, references: ReferenceRule | None = None
 ) -> tuple[FirstUsable | None, ctk.CTkImage | None]:
     """The first image of the concept's folder that trains (broken files passed over, as the trainer does), small,
-    with what was found; decoded again only when the folder changes. `references`: the model type trains on reference
-    images."""
+    with what was found; decoded again only when the folder changes. `references`: how the model type trains on
+    reference images (`scan.reference_rule`)."""
     folder = concept_folder(concept.path) if concept.path.strip() else None
     if folder is None or not folder.is_dir():
         return None, None
@@ -105,7 +105,7 @@ class ConceptCard:
         self.folder_label.configure(text=_shorten_start(folder, 28) if folder else "no folder chosen")
 
     def show_thumbnail(self) -> None:
-        self.found, picture = concept_thumbnail(self.concept, trains_on_references(self.model.config))
+        self.found, picture = concept_thumbnail(self.concept, reference_rule(self.model.config))
         set_picture(self.picture, picture, "" if picture is not None else self.empty_text())
 
     def empty_text(self) -> str:
@@ -122,11 +122,11 @@ class ConceptCard:
         if not found.listed:
             return "images only in subfolders" if found.in_subfolders else "no images found"
         images = f"{found.listed} image{'s' if found.listed > 1 else ''}"
-        if not found.without_references:
+        if not found.without_references and not found.too_many_references:
             return f"{images}, none readable"
-        if not found.unreadable:
-            return f"{images}, no reference images"
-        return f"{images}, none usable"
+        if found.unreadable or (found.without_references and found.too_many_references):
+            return f"{images}, none usable"
+        return f"{images}, no reference images" if found.without_references else f"{images}, too many references"
 
     def sync(self, path: str) -> None:
         """The config changed at `path`: show what changed on this card."""

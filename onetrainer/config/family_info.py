@@ -167,8 +167,13 @@ class FamilyInfo:
     # What the family can do beyond the common settings (the capability names above): decides which settings apply.
     capabilities: frozenset[str] = frozenset()
     # Whether it learns from reference images beside each training image (`<stem>-reference[-N].<ext>`, an edit
-    # model's inputs): an image without one is skipped and named; other families ignore reference images.
+    # model's inputs); other families ignore reference images.
     reference_images: bool = False
+    # Whether an image without a reference is skipped and named (an edit-only model), rather than trained as plain
+    # text to image (a model that generates as well as edits).
+    references_required: bool = True
+    # The most references an image (and a sample) may have; an image with more is named and skipped (0: no limit).
+    max_references: int = 0
     # The config reference's note on this family (`docs/config.md`, Family notes): its own settings and why.
     notes: str = ""
 

@@ -341,14 +341,15 @@ def _ignored_section() -> str:
         (SampleConfig, "samples.N."),
         (TrainOptimizerConfig, "optimizer."),
     ):
-        names += [f"`{prefix}{s.name}`" for s in cls.specs() if s.meta.ignored]
+        names += [f"- `{prefix}{s.name}`: {s.meta.help}" for s in cls.specs() if s.meta.ignored]
     from onetrainer.config.embedding_config import TrainEmbeddingConfig
 
-    names += [f"`embedding.{s.name}`" for s in TrainEmbeddingConfig.specs() if s.meta.ignored]
+    names += [f"- `embedding.{s.name}`: {s.meta.help}" for s in TrainEmbeddingConfig.specs() if s.meta.ignored]
     return (
         "\n## OneTrainer settings accepted without effect\n\n"
         "These OneTrainer keys load without a warning while they hold OneTrainer's default (they change nothing "
-        "here); any other value gives a warning that it is ignored:\n\n" + ", ".join(names) + "\n"
+        "here; those OneTrainer itself overwrites load quietly with any value); any other value gives a warning that "
+        "it is ignored. Each with the reason:\n\n" + "\n".join(names) + "\n"
     )
 
 

@@ -13,6 +13,15 @@ OFFERED_SCHEDULERS = tuple(NoiseScheduler)
 _NEW_SIZE = "A sample added in the window starts at the training resolution (the largest, where it lists several)."
 
 
+def _from_training(label: str, default, source: str):
+    """A OneTrainer sample setting that OneTrainer overwrites from the training config's `source` before each sample."""
+    why = (
+        f"OneTrainer: set from the training config's `{source}` before every sample; samples here encode prompts and "
+        "schedule steps with the training config's settings the same way, so the sample's own copy changes nothing."
+    )
+    return setting(default, label, why, ui=False, ignored=True, is_inactive=lambda _value: True)
+
+
 @dataclass
 class SampleConfig(ConfigNode):
     enabled: bool = setting(True, "Enabled", "Render this sample during training.")
@@ -72,17 +81,29 @@ class SampleConfig(ConfigNode):
         needs=REFERENCE_IMAGES,
         widget="files",
     )
-    text_encoder_1_layer_skip: int = setting(
-        0, "TE 1 layer skip", "Set from the training config.", ui=False, ignored=True
+    # OneTrainer writes these into a sample from the training config before every sample (its
+    # `SampleConfig.from_train_config`), so a stored value never takes effect there either; samples here follow the
+    # training config's own settings the same way. Any value loads quietly: a OneTrainer samples file holds the copies.
+    text_encoder_1_layer_skip: int = _from_training("TE 1 layer skip", 0, "text_encoder_layer_skip")
+    text_encoder_2_layer_skip: int = _from_training("TE 2 layer skip", 0, "text_encoder_2_layer_skip")
+    text_encoder_3_layer_skip: int = _from_training("TE 3 layer skip", 0, "text_encoder_3_layer_skip")
+    text_encoder_4_layer_skip: int = _from_training("TE 4 layer skip", 0, "text_encoder_4_layer_skip")
+    text_encoder_1_sequence_length: int | None = _from_training(
+        "TE 1 sequence length", None, "text_encoder_sequence_length"
     )
-    text_encoder_2_layer_skip: int = setting(
-        0, "TE 2 layer skip", "Set from the training config.", ui=False, ignored=True
+    text_encoder_2_sequence_length: int | None = _from_training(
+        "TE 2 sequence length", None, "text_encoder_2_sequence_length"
     )
-    text_encoder_3_layer_skip: int = setting(0, "TE 3 layer skip", "OneTrainer.", ignored=True)
-    text_encoder_4_layer_skip: int = setting(0, "TE 4 layer skip", "OneTrainer.", ignored=True)
-    text_encoder_1_sequence_length: int | None = setting(None, "TE 1 sequence length", "OneTrainer.", ignored=True)
-    text_encoder_2_sequence_length: int | None = setting(None, "TE 2 sequence length", "OneTrainer.", ignored=True)
-    transformer_attention_mask: bool = setting(False, "Attention mask", "OneTrainer.", ignored=True)
-    force_last_timestep: bool = setting(False, "Force last timestep", "OneTrainer.", ignored=True)
-    frames: int = setting(1, "Frames", "OneTrainer: video models.", ignored=True)
-    length: float = setting(10.0, "Length", "OneTrainer: audio/video models.", ignored=True)
+    transformer_attention_mask: bool = _from_training("Attention mask", False, "transformer.attention_mask")
+    force_last_timestep: bool = _from_training(
+        "Force last timestep", False, "rescale_noise_scheduler_to_zero_terminal_snr"
+    )
+    frames: int = setting(
+        1,
+        "Frames",
+        "OneTrainer: a video sample's frames; video models are not built yet (the video issue).",
+        ignored=True,
+    )
+    length: float = setting(
+        10.0, "Length", "OneTrainer: an audio/video sample's length; video models are not built yet.", ignored=True
+    )

@@ -99,20 +99,27 @@ def _can_offload_layers(ctx, denoiser_only: bool = False) -> bool:
     return any(LAYER_OFFLOADING in family.part_capabilities.get(part, ()) for part in parts)
 
 
-def _ot(label: str, default=None, **meta):
-    """A OneTrainer setting this trainer accepts for compatibility but does not use."""
-    return setting(default, label, f"OneTrainer setting '{label}'; not used by this trainer.", ignored=True, **meta)
+def _ot(label: str, default=None, why: str = "not used by this trainer", **meta):
+    """A OneTrainer setting this trainer accepts for compatibility but does not use; `why`: the reason."""
+    return setting(default, label, f"OneTrainer setting '{label}': {why}.", ignored=True, **meta)
 
 
-def _ot_dict(label: str, active_key: str | None = None):
+def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by this trainer"):
     """A OneTrainer sub-object we do not use; it only matters when `active_key` in it is set."""
 
     def inactive(value) -> bool:
         return not isinstance(value, dict) or active_key is None or not value.get(active_key)
 
-    return setting(
-        None, label, f"OneTrainer setting '{label}'; not used by this trainer.", ignored=True, is_inactive=inactive
-    )
+    return setting(None, label, f"OneTrainer setting '{label}': {why}.", ignored=True, is_inactive=inactive)
+
+
+_VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
+_SEQUENCE = (
+    "a token limit some of OneTrainer's model types read for a language-model text encoder; the model types built "
+    "here prompt with their pipelines' own lengths (Flux.1's T5: `text_encoder_2_sequence_length`), and a setting for "
+    "it is not built yet"
+)
+_CLOUD = "remote training over SSH and RunPod, not built yet: the remote-training issue builds it"
 
 
 @dataclass
@@ -1216,14 +1223,16 @@ class TrainConfig(ConfigNode):
         ignored=True,
         is_inactive=lambda _value: True,
     )
-    frames: str = _ot("frames", "25")
-    text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512)
-    text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None)
-    text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None)
-    sample_video_format: str = _ot("sample_video_format", "MP4")
-    sample_audio_format: str = _ot("sample_audio_format", "MP3")
-    cloud: dict | None = _ot_dict("cloud", active_key="enabled")
-    secrets: dict | None = _ot_dict("secrets")
+    frames: str = _ot("frames", "25", _VIDEO)
+    text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512, _SEQUENCE)
+    text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None, _SEQUENCE)
+    text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None, _SEQUENCE)
+    sample_video_format: str = _ot("sample_video_format", "MP4", _VIDEO)
+    sample_audio_format: str = _ot(
+        "sample_audio_format", "MP3", "for OneTrainer's audio-and-video samples; no model type here makes sound"
+    )
+    cloud: dict | None = _ot_dict("cloud", active_key="enabled", why=_CLOUD)
+    secrets: dict | None = _ot_dict("secrets", why=_CLOUD)
 
     # -- derived facts ----------------------------------------------------------------------------------------------
 

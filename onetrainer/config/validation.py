@@ -302,17 +302,25 @@ def _sample_size_rules(config: TrainConfig) -> list[Problem]:
 
 
 def _sample_reference_rules(config: TrainConfig, family) -> list[Problem]:
-    """An edit model renders a sample only from reference images (the images the prompt changes): an enabled sample
-    without one would fail at every sample of the run, so it is named here, before loading."""
+    """An edit-only model renders a sample only from reference images (the images the prompt changes), and a model
+    takes at most `max_references`: an enabled sample that breaks either would fail at every sample of the run, so it
+    is named here, before loading."""
     if REFERENCE_IMAGES not in family.capabilities:
         return []
     problems = []
     for i, sample in enumerate(config.samples or []):
-        if sample.enabled and not [path for path in sample.reference_images if str(path).strip()]:
+        if not sample.enabled:
+            continue
+        count = len([path for path in sample.reference_images if str(path).strip()])
+        if not count and family.references_required:
             message = (
                 f"a {family.label} sample needs reference images (the images its prompt changes): add one, or "
                 "turn the sample off"
             )
+            problems.append(Problem(f"samples.{i}.reference_images", message))
+        elif family.max_references and count > family.max_references:
+            most = "one reference image" if family.max_references == 1 else f"at most {family.max_references}"
+            message = f"{family.label} takes {most} per sample, not {count}: remove the extra ones"
             problems.append(Problem(f"samples.{i}.reference_images", message))
     return problems
 

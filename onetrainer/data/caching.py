@@ -140,7 +140,7 @@ def _encode_latents(data, family, model, missing, with_masks, report: CacheRepor
                 if with_masks:
                     entry["mask"] = sample.mask
                 entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
-                if data.with_references:
+                if data.with_references and sample.references:  # none: a plain text-to-image sample
                     with torch.no_grad():
                         own = family.encode_references(model, sample.references)
                     entry.update({EXTRA_PREFIX + name: value.cpu() for name, value in own.items()})

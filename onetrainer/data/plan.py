@@ -74,7 +74,10 @@ def plan_epoch(
             entry = images[index]
             grid = grids[0] if len(grids) == 1 else grids[rng.randrange(len(grids))]
             chosen.append(PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), variation))
-    return _batched(chosen, config, epoch, seed, batch_size or config.batch_size)
+    # A batch's images have as many reference images each (an edit model that also trains plain text to image batches
+    # the two apart): their reference tokens stack. Families without references: one group per bucket, as before.
+    references = [len(entry.references) for entry in images]
+    return _batched(chosen, config, epoch, seed, batch_size or config.batch_size, lambda s: references[s.image])
 
 
 def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:
@@ -94,11 +97,14 @@ def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:
     return out or [rng.choice(members)]
 
 
-def _batched(samples: list[PlannedSample], config: TrainConfig, epoch: int, seed: int, size: int) -> EpochPlan:
+def _batched(
+    samples: list[PlannedSample], config: TrainConfig, epoch: int, seed: int, size: int, kind=lambda sample: 0
+) -> EpochPlan:
+    """Batches of one bucket and one `kind` each (the number of reference images)."""
     rng = random.Random(hash_seed(seed, epoch, 2))
-    by_bucket: dict[Bucket, list[PlannedSample]] = defaultdict(list)
+    by_bucket: dict[tuple[Bucket, int], list[PlannedSample]] = defaultdict(list)
     for sample in samples:
-        by_bucket[sample.bucket].append(sample)
+        by_bucket[sample.bucket, kind(sample)].append(sample)
     batches: list[list[PlannedSample]] = []
     dropped: list[PlannedSample] = []
     for bucket in sorted(by_bucket):

@@ -38,7 +38,8 @@ class ConceptReport:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     missing_captions: list[str] = field(default_factory=list)
     missing_masks: list[str] = field(default_factory=list)
-    missing_references: list[str] = field(default_factory=list)  # skipped: the model type trains on references
+    missing_references: list[str] = field(default_factory=list)  # skipped: the model type needs references
+    too_many_references: list[str] = field(default_factory=list)  # skipped: more than the model type takes
     with_references: int = 0  # images with reference images beside them (edit models learn from them)
     resized_masks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -70,6 +71,7 @@ class PreflightReport:
                 ("captions missing (trained with an empty caption)", c.missing_captions),
                 ("masks missing (trained whole)", c.missing_masks),
                 ("reference images missing (skipped)", c.missing_references),
+                ("more reference images than the model takes (skipped)", c.too_many_references),
                 ("masks of another size (resized)", c.resized_masks),
             ):
                 if items:
@@ -169,6 +171,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         missing_captions=[str(p) for p in scan.missing_captions],
         missing_masks=[str(p) for p in scan.missing_masks],
         missing_references=[str(p) for p in scan.missing_references],
+        too_many_references=[str(p) for p, _ in scan.too_many_references],
         with_references=sum(1 for e in scan.images if e.references),
         resized_masks=[str(p) for p in scan.resized_masks],
         problems=list(scan.problems),

@@ -57,8 +57,10 @@ class ConceptScan:
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
     missing_captions: list[Path] = field(default_factory=list)
     missing_masks: list[Path] = field(default_factory=list)
-    # images without a reference image where the model type trains on references: skipped, each named
+    # images without a reference image where the model type needs one: skipped, each named
     missing_references: list[Path] = field(default_factory=list)
+    # images with more reference images than the model type takes (image, count): skipped, each named
+    too_many_references: list[tuple[Path, int]] = field(default_factory=list)
     resized_masks: list[Path] = field(default_factory=list)
     caption_warnings: list[str] = field(default_factory=list)
     image_warnings: list[str] = field(default_factory=list)  # used, but probably not what the user meant
@@ -70,9 +72,42 @@ def fingerprint(path: Path) -> str:
     return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
-def scan_concept(index: int, concept, folder: Path, masked: bool, references: bool = False) -> ConceptScan:
-    """The concept's images; `references`: the model type trains on reference images, so an image without one is
-    skipped and named (`missing_references`)."""
+@dataclass(frozen=True)
+class ReferenceRule:
+    """How a model type trains on reference images (its family's `reference_images`, `references_required` and
+    `max_references`): which images the scan skips, each named."""
+
+    required: bool = True  # an image without one is skipped (else it trains as plain text to image)
+    most: int = 0  # an image with more is skipped (0: no limit)
+    label: str = "this model type"
+
+    def why_skipped(self, count: int) -> str:
+        """Why an image with `count` references does not train ("" when it does)."""
+        if count == 0 and self.required:
+            return "no reference image"
+        if self.most and count > self.most:
+            return f"{count} reference images ({self.label} takes {_at_most(self.most)})"
+        return ""
+
+
+def _at_most(most: int) -> str:
+    return "one" if most == 1 else f"at most {most}"
+
+
+def _rule(references: ReferenceRule | bool | None) -> ReferenceRule | None:
+    """`True`: references required, any number (an edit-only model's rule)."""
+    if references is True:
+        return ReferenceRule()
+    return references or None
+
+
+def scan_concept(
+    index: int, concept, folder: Path, masked: bool, references: ReferenceRule | bool | None = None
+) -> ConceptScan:
+    """The concept's images; `references`: how the model type trains on reference images (`reference_rule`): an image
+    without one where they are required (`missing_references`) or with more than it takes (`too_many_references`) is
+    skipped and named."""
+    rule = _rule(references)
     label = concept.name or concept.path
     scan = ConceptScan(index, label, folder, concept.type)
     if not folder.is_dir():
@@ -106,8 +141,11 @@ def scan_concept(index: int, concept, folder: Path, masked: bool, references: bo
             if masked:
                 scan.missing_masks.append(path)
         found = reference_paths_of(path)
-        if references and not found:
-            scan.missing_references.append(path)
+        if rule is not None and rule.why_skipped(len(found)):
+            if found:
+                scan.too_many_references.append((path, len(found)))
+            else:
+                scan.missing_references.append(path)
             continue
         entry = ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path), found)
         scan.images.append(entry)
@@ -122,7 +160,8 @@ class FirstUsable:
     image: Path | None  # None: no image of the folder trains
     listed: int  # image files in the folder (by extension)
     unreadable: tuple[tuple[Path, str], ...] = ()  # passed over: cannot be read (file, reason)
-    without_references: tuple[Path, ...] = ()  # passed over: no reference image, where the model trains on them
+    without_references: tuple[Path, ...] = ()  # passed over: no reference image, where the model needs one
+    too_many_references: tuple[tuple[Path, int], ...] = ()  # passed over: more references than the model takes
     in_subfolders: bool = False  # none listed, but its subfolders hold images (include_subdirectories is off)
 
     def reason(self) -> str:
@@ -147,31 +186,46 @@ class FirstUsable:
             parts.append(
                 f"{count_without} {have} (<name>{REFERENCE_SUFFIX}.png), which this model type trains on: {shown}{more}"
             )
+        if self.too_many_references:
+            many = self.too_many_references
+            shown = ", ".join(f"{path.name} ({n})" for path, n in many[:_NAMED])
+            more = f" and {len(many) - _NAMED} more" if len(many) > _NAMED else ""
+            have = "has" if len(many) == 1 else "have"
+            parts.append(f"{len(many)} {have} more reference images than this model type takes: {shown}{more}")
         return f"none of the {count} in {self.folder} can be trained: " + "; ".join(parts)
 
 
 _NAMED = 3  # files a reason names before "and N more"
 
 
-def first_usable_image(folder: Path, include_subdirectories: bool = False, references: bool = False) -> FirstUsable:
+def first_usable_image(
+    folder: Path, include_subdirectories: bool = False, references: ReferenceRule | bool | None = None
+) -> FirstUsable:
     """The first image of `folder` the scan would train on, reading headers in the scan's order until one is usable:
     one header for a folder that is fine, so the run checks and the concept card can afford it where a full scan
-    (every header) is for the statistics and the run. `references`: the model type trains on reference images."""
+    (every header) is for the statistics and the run. `references`: how the model type trains on reference images
+    (`reference_rule`)."""
+    rule = _rule(references)
     images = list_images(folder, include_subdirectories) if folder.is_dir() else []
     unreadable: list[tuple[Path, str]] = []
     without: list[Path] = []
+    too_many: list[tuple[Path, int]] = []
     for path in images:
         try:
             image_size(path)
         except UnreadableImage as e:
             unreadable.append((path, str(e)))
             continue
-        if references and not reference_paths_of(path):
-            without.append(path)
+        count = len(reference_paths_of(path)) if rule is not None else 0
+        if rule is not None and rule.why_skipped(count):
+            if count:
+                too_many.append((path, count))
+            else:
+                without.append(path)
             continue
-        return FirstUsable(folder, path, len(images), tuple(unreadable), tuple(without))
+        return FirstUsable(folder, path, len(images), tuple(unreadable), tuple(without), tuple(too_many))
     nested = not images and not include_subdirectories and folder.is_dir() and _images_below(folder)
-    return FirstUsable(folder, None, len(images), tuple(unreadable), tuple(without), nested)
+    return FirstUsable(folder, None, len(images), tuple(unreadable), tuple(without), tuple(too_many), nested)
 
 
 def _images_below(folder: Path) -> bool:
@@ -255,7 +309,7 @@ def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
 def scan_concepts(config: TrainConfig, resolve=lambda p: Path(p)) -> list[ConceptScan]:
     """Scan every enabled concept (training, validation and prior-prediction ones)."""
     out = []
-    references = trains_on_references(config)
+    references = reference_rule(config)
     for index, concept in enumerate(config.concepts or []):
         if not concept.enabled:
             continue
@@ -269,6 +323,17 @@ def trains_on_references(config: TrainConfig) -> bool:
 
     info = MODEL_TYPES.get(config.model_type)
     return bool(info is not None and info.family.reference_images)
+
+
+def reference_rule(config: TrainConfig) -> ReferenceRule | None:
+    """How the config's model type trains on reference images (None: it ignores them)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None or not info.family.reference_images:
+        return None
+    family = info.family
+    return ReferenceRule(family.references_required, family.max_references, info.label)
 
 
 def is_trained(scan: ConceptScan) -> bool:

@@ -500,7 +500,8 @@ _MIXED_KONTEXT_REFERENCES = (
 
 class FluxKontextFamily(FluxFamily):
     """Flux.1 Kontext [dev] (FLUX_KONTEXT_DEV_1): Flux.1 dev's parts, conditioning and guidance input, learning to
-    change one reference image (`<name>-reference.<ext>`; a second is refused by name) into the training image.
+    change one reference image (`<name>-reference.<ext>`; an image with more is named and skipped by the scan, one
+    without trains text to image) into the training image.
 
     As `FluxKontextPipeline` feeds it: the reference's latents are the VAE's mode, shifted and scaled as the image's
     ((z − shift)·scale), packed 2x2 as the image's and appended to the noisy image's tokens; their position ids are the

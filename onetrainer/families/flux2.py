@@ -24,6 +24,11 @@ three layers of a language model's hidden states.
 - Sampling goes through `Flux2KleinPipeline` with our prompt embeddings (so embeddings apply): a base model with CFG
   against the negative prompt, a distilled one (`is_distilled` in the folder's model_index.json) without, in 4 steps
   by default.
+- Edits: a training image's reference images (`<name>-reference[-N].<ext>`, at most `max_references`) enter as the
+  pipelines' `image=` does: each (the image's crop and flips applied) shrunk to at most 1024² px (Lanczos) and
+  centre-cropped to 16 px steps, its normalised latents packed as the image's and joined after the noisy image's
+  tokens, positions (10 + 10·i, row, column, 0) for reference i; the loss covers the image's tokens only. An image
+  without references trains text to image; each batch holds images with as many references (`data/plan.py`).
 - The transformer part may be its own file (`transformer.model_name`): BFL's layout (ComfyUI's prefix allowed) or
   diffusers' names, read on the base's transformer config (`weights/flux2_keys.py`).
 - Saving: the pipeline folder (also the backup, usable as a base model), or the transformer alone in BFL's layout
@@ -35,6 +40,7 @@ three layers of a language model's hidden states.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +83,9 @@ KINDS = {
     12288: ModelKind("flux-2-klein-9b", "flux2"),
 }
 KLEIN_KIND = ModelKind("flux-2-klein", "flux2")
+REFERENCE_AREA = 1024 * 1024  # a reference's most pixels: the pipelines shrink a larger one to this area
+REFERENCE_STEP = 16  # a reference's sides are cropped to multiples of 16 px (the VAE's 8 x the 2x2 patches)
+REFERENCE_TIME = 10  # reference i's time coordinate is 10 + 10·i (the pipelines' `_prepare_image_ids`)
 
 
 @dataclass(slots=True)
@@ -125,7 +134,9 @@ class Flux2Family(LanguageModelFlowFamily):
 
     # -- text and images ------------------------------------------------------------------------------------------
 
-    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+    def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
+        """The captions' conditioning; reference images reach the transformer only (the trainer hands a family that
+        learns from references the batch's references here too)."""
         slot = model.text_encoders[0]
         ids, mask = self.chat_prompt_tokens(slot, captions, TEXT_TOKENS, enable_thinking=False)
         # The decoder alone (the causal LM's `model`): the same hidden states, without the LM head's logits over the
@@ -144,13 +155,51 @@ class Flux2Family(LanguageModelFlowFamily):
         latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
         return normalise_latents(vae, latents)
 
+    def encode_references(self, model: LoadedModel, references: list) -> dict[str, torch.Tensor]:
+        """A sample's reference images as the transformer reads them, cached with its latents: their tokens, each
+        reference's normalised latents packed as the image's and joined in order, [N, 128], and the tokens' position
+        ids, (10 + 10·i, row, column, 0) for reference i, [N, 4]."""
+        most = self.info.max_references
+        if len(references) > most:
+            raise ValueError(f"Flux.2 takes at most {most} reference images per training image, not {len(references)}")
+        vae = model.part("vae")
+        weight = compute_weight(vae)
+        tokens, ids = [], []
+        for index, picture in enumerate(references):
+            pixels = reference_pixels(picture).to(weight.device, weight.dtype)
+            latents = normalise_latents(vae, vae.encode(pixels).latent_dist.mode())
+            tokens.append(pack(latents)[0])
+            ids.append(reference_ids(index, latents.shape[-2] // PATCH, latents.shape[-1] // PATCH, latents.device))
+        return {"reference_tokens": torch.cat(tokens), "reference_ids": torch.cat(ids)}
+
+    def typical_references(self, model: LoadedModel) -> dict[str, torch.Tensor]:
+        """One square reference of `REFERENCE_AREA` pixels: 4,096 tokens joining the image's."""
+        side = math.isqrt(REFERENCE_AREA) // REFERENCE_STEP
+        features = model.part("transformer").config.in_channels
+        return {
+            "reference_tokens": torch.zeros(1, side * side, features),
+            "reference_ids": reference_ids(0, side, side, "cpu")[None],
+        }
+
     # -- a training step ------------------------------------------------------------------------------------------
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
-        if not has_guidance(model):
-            return {}
-        guidance = model.family_state(Flux2State).guidance
-        return {"guidance": torch.full((len(inputs.latents),), guidance, device=inputs.latents.device)}
+        """The guidance ([dev]) and each sample's reference tokens and their ids: from the latent cache, else encoded
+        now; none where the batch's images have no references (plain text to image)."""
+        extra = {}
+        if has_guidance(model):
+            guidance = model.family_state(Flux2State).guidance
+            extra["guidance"] = torch.full((len(inputs.latents),), guidance, device=inputs.latents.device)
+        if "reference_tokens" in inputs.cached:
+            extra["reference_tokens"] = inputs.cached["reference_tokens"]
+            extra["reference_ids"] = inputs.cached["reference_ids"]
+        elif inputs.references and any(inputs.references):
+            encoded = [self.encode_references(model, pictures) for pictures in inputs.references]
+            if any(e["reference_ids"].shape != encoded[0]["reference_ids"].shape for e in encoded):
+                raise ValueError(_MIXED_REFERENCES)
+            extra["reference_tokens"] = torch.stack([e["reference_tokens"] for e in encoded])
+            extra["reference_ids"] = torch.stack([e["reference_ids"] for e in encoded])
+        return extra
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
         transformer = model.part("transformer")
@@ -164,16 +213,25 @@ class Flux2Family(LanguageModelFlowFamily):
             if guidance is None:
                 guidance = torch.full((len(noisy_latents),), model.family_state(Flux2State).guidance, device=device)
             guidance = guidance.to(dtype)
+        image = pack(noisy_latents)
+        tokens, ids = image, image_ids(height // PATCH, width // PATCH, device)
+        references = extra.get("reference_tokens")
+        if references is not None:  # an edit: the references' tokens follow the image's; the loss covers the image's
+            reference_positions = extra["reference_ids"]
+            if reference_positions.ndim == 3:  # one per sample, alike within a batch (the transformer takes one)
+                reference_positions = reference_positions[0]
+            tokens = torch.cat([image, references.to(image)], dim=1)
+            ids = torch.cat([ids, reference_positions.to(device, ids.dtype)])
         output = transformer(
-            hidden_states=pack(noisy_latents).to(dtype),
+            hidden_states=tokens.to(dtype),
             encoder_hidden_states=text,
             timestep=self.sigma(model, timesteps).to(dtype),
-            img_ids=image_ids(height // PATCH, width // PATCH, device),
+            img_ids=ids,
             txt_ids=text_ids(text.shape[1], device),
             guidance=guidance,
             return_dict=False,
         )[0]
-        return Prediction(unpack(output, height, width))
+        return Prediction(unpack(output[:, : image.shape[1]], height, width))
 
     # -- sampling -------------------------------------------------------------------------------------------------
 
@@ -199,6 +257,14 @@ class Flux2Family(LanguageModelFlowFamily):
             negative = self.encode_text(model, [negative_prompt or ""]).hidden_states.to(dtype)
             out["negative_prompt_embeds"] = negative
         return out
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """The sample's reference images (`reference_images`, in order), which the pipeline sizes as training does
+        (`reference_pixels`); none: a text-to-image sample."""
+        from onetrainer.util.images import open_rgb
+
+        paths = [path for path in sample.reference_images if str(path).strip()]
+        return {"image": [open_rgb(Path(path)) for path in paths]} if paths else {}
 
     def sample_defaults(self, model: LoadedModel) -> SampleDefaults:
         defaults = model.type_info.sample
@@ -329,6 +395,49 @@ def image_ids(rows: int, columns: int, device) -> torch.Tensor:
     ids[..., 1] = torch.arange(rows, device=device)[:, None]
     ids[..., 2] = torch.arange(columns, device=device)[None, :]
     return ids.reshape(rows * columns, 4)
+
+
+def reference_ids(index: int, rows: int, columns: int, device) -> torch.Tensor:
+    """[rows·columns, 4] position ids of reference `index`'s tokens: (10 + 10·index, row, column, 0)."""
+    ids = image_ids(rows, columns, device)
+    ids[:, 0] = REFERENCE_TIME + REFERENCE_TIME * index
+    return ids
+
+
+def reference_size(width: int, height: int) -> tuple[int, int]:
+    """(width, height) a reference is used at, as the pipelines size one: a larger one than `REFERENCE_AREA` pixels
+    scaled to that area (each side truncated), then the sides cropped down to multiples of 16 px."""
+    if width * height > REFERENCE_AREA:
+        scale = math.sqrt(REFERENCE_AREA / (width * height))
+        width, height = int(width * scale), int(height * scale)
+    return width // REFERENCE_STEP * REFERENCE_STEP, height // REFERENCE_STEP * REFERENCE_STEP
+
+
+def reference_pixels(picture: torch.Tensor) -> torch.Tensor:
+    """A training reference ([3, h, w] in [-1, 1]) as the pipelines prepare a reference image, [1, 3, H, W]: as it is
+    where it has `reference_size` already, else shrunk to `REFERENCE_AREA` (Lanczos) and centre-cropped to 16 px
+    steps through a picture, as `Flux2ImageProcessor` does (its `preprocess(..., resize_mode="crop")`)."""
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+    from PIL import Image
+
+    from onetrainer.sampling.sampler import to_image
+
+    height, width = picture.shape[-2:]
+    size = reference_size(width, height)
+    if size == (width, height):
+        return picture[None]
+    image = to_image(((picture.detach().float().cpu() + 1) / 2).permute(1, 2, 0).numpy())
+    if width * height > REFERENCE_AREA:
+        scale = math.sqrt(REFERENCE_AREA / (width * height))
+        image = image.resize((int(width * scale), int(height * scale)), Image.Resampling.LANCZOS)
+    processor = Flux2ImageProcessor(vae_scale_factor=REFERENCE_STEP)
+    return processor.preprocess(image, height=size[1], width=size[0], resize_mode="crop").to(picture)
+
+
+_MIXED_REFERENCES = (
+    "the images of one batch have references of different sizes: train Flux.2 edits with batch size 1 (gradient "
+    "accumulation for larger batches) or give the references of a bucket one size"
+)
 
 
 def text_ids(length: int, device) -> torch.Tensor:

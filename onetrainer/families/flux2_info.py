@@ -15,6 +15,7 @@ from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
     OWN_MODEL,
+    REFERENCE_IMAGES,
     FamilyInfo,
     FileCaveat,
     ModelTypeInfo,
@@ -166,6 +167,17 @@ FLUX2_SCHEDULER: Config = {
 # OneTrainer's Flux 2 presets: `blocks` (the numbered blocks: every `transformer_blocks.N.` and
 # `single_transformer_blocks.N.` module, not the embedders, modulations and output layers) and `full`.
 _FLUX2_LAYER_PRESETS = {"blocks": ("transformer_block",), "full": ()}
+_FLUX2_REFERENCES_NOTE = (
+    " Edits: an image's reference images (`<name>-reference.<ext>`, or `<name>-reference-1.<ext>`, `-2`, … in order; "
+    "at most 10, an image with more is named and skipped) are the images the caption changes into the training image; "
+    "an image without any trains text to image (a batch holds images with as many references each). As the pipelines "
+    "feed them, each reference (the image's crop and flips applied) is shrunk to at most 1024x1024 px and "
+    "centre-cropped to 16 px steps, its normalised latents packed as the image's and joined after the image's tokens "
+    "with time position 10 + 10·i for reference i; the loss covers the image's tokens. Their latents are cached with "
+    "the image; train with batch size 1 unless the references of a bucket have one size. A sample's "
+    "`reference_images` (up to 10) go to the pipeline's `image`; none: a text-to-image sample."
+)
+
 FLUX2 = FamilyInfo(
     key="flux2",
     label="Flux.2",
@@ -181,7 +193,12 @@ FLUX2 = FamilyInfo(
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     # GUIDANCE_INPUT ([dev]'s `transformer.guidance_scale`) comes with [dev]: klein has no guidance input.
-    capabilities=frozenset({FLOW_MATCHING}),
+    capabilities=frozenset({FLOW_MATCHING, REFERENCE_IMAGES}),
+    # Edits learn from reference images; an image without one trains text to image. Ten: the most references Black
+    # Forest Labs' FLUX.2 announcement and model cards state the models take (the pipelines set no limit).
+    reference_images=True,
+    references_required=False,
+    max_references=10,
     part_capabilities={
         "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
@@ -223,7 +240,7 @@ FLUX2 = FamilyInfo(
     "ORIGINAL_TRANSFORMER writes BFL's layout (BFL's code, ComfyUI and diffusers' `from_single_file` read it). LoRA "
     "files: DIFFUSERS_LORA (the pipelines' `load_lora_weights` read the transformer's part) or KOHYA_LORA over BFL's "
     "names (`lora_unet_double_blocks_0_img_attn_qkv`: exact fused q/k/v), which ComfyUI and diffusers' kohya "
-    "converter read (diffusers only the numbered blocks and the input and output layers).",
+    "converter read (diffusers only the numbered blocks and the input and output layers)." + _FLUX2_REFERENCES_NOTE,
 )
 
 # diffusers' pipeline defaults: 50 steps at CFG 4 (klein base; dev's embedded guidance 4); distilled klein: 4 steps,

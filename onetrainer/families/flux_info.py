@@ -149,17 +149,21 @@ FLUX_KONTEXT = dataclasses.replace(
     key="flux_kontext",
     label="Flux.1 Kontext",
     reference_images=True,
+    references_required=False,
+    max_references=1,
     capabilities=FLUX.capabilities | {REFERENCE_IMAGES},
     notes="Flux.1 Kontext [dev] learns to change a reference image as the caption says: the training image is the "
-    "result, its one reference image (`<name>-reference.<ext>`) the input (a second one, `<name>-reference-2.<ext>`, "
-    "is refused by name: Kontext takes one). The reference's latents (the VAE's mode, shifted and scaled as the "
-    "image's) are packed as the image's and join the transformer's sequence after them, their position ids offset "
-    "(first id 1), as FluxKontextPipeline feeds them; the loss covers the result's tokens. The reference is used at "
-    "its own size (the image's crop applied, at most 1024x1024 px, sides rounded down to 16 px), not resized to "
-    "the pipeline's preferred Kontext resolutions: samples pass `_auto_resize=False` to match. The references' "
-    "latents are cached with their image; train with batch size 1 unless every reference of a batch has one size. "
-    "Samples need the sample's `reference_images` (one). The text encoders, guidance (`transformer.guidance_scale` "
-    "in training, the sample's CFG scale as the distilled guidance, 2.5 in BFL's examples, 3.5 diffusers' default), "
+    "result, its one reference image (`<name>-reference.<ext>`) the input; an image with two or more (numbered "
+    "`<name>-reference-1.<ext>`, `-2`, …) is named and skipped (Kontext takes one), and an image without one trains "
+    "the model as plain text to image (a batch holds images of one kind). The reference's latents (the VAE's mode, "
+    "shifted and scaled as the image's) are packed as the image's and join the transformer's sequence after them, "
+    "their position ids offset (first id 1), as FluxKontextPipeline feeds them; the loss covers the result's tokens. "
+    "The reference is used at its own size (the image's crop applied, at most 1024x1024 px, sides rounded down to "
+    "16 px), not resized to the pipeline's preferred Kontext resolutions: samples pass `_auto_resize=False` to match. "
+    "The references' latents are cached with their image; train with batch size 1 unless every reference of a batch "
+    "has one size. A sample takes one `reference_images` entry, or none for a text-to-image sample. The text "
+    "encoders, guidance (`transformer.guidance_scale` in training, the sample's CFG scale as the distilled guidance, "
+    "2.5 in BFL's examples, 3.5 diffusers' default), "
     "LoRA files and fine-tunes are Flux.1 dev's." + _FLUX_NOTE,
 )
 CHROMA = FamilyInfo(

@@ -573,11 +573,11 @@ def _check_concept_images(config: TrainConfig, index: int) -> list[Problem]:
     """An enabled concept none of whose images trains (an empty folder, broken files, no reference images where the
     model type needs them), found from the first usable image (`scan.first_usable_image`): the run would stop after
     loading the model. A validation concept trains nothing, so it is only a warning there."""
-    from onetrainer.data.scan import first_usable_image, trains_on_references
+    from onetrainer.data.scan import first_usable_image, reference_rule
 
     concept = config.concepts[index]
     folder = Path(concept.path).expanduser()
-    found = first_usable_image(folder, concept.include_subdirectories, trains_on_references(config))
+    found = first_usable_image(folder, concept.include_subdirectories, reference_rule(config))
     if found.image is not None:
         return []
     if concept.type is ConceptType.VALIDATION:

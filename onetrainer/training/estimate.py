@@ -1052,10 +1052,10 @@ def _efficient_attention() -> Any:
     return EfficientAttention()
 
 
-def _training_inputs(family: Family, model: LoadedModel, height: int, width: int) -> tuple:
+def _training_inputs(family: Family, model: LoadedModel, height: int, width: int, references: bool) -> tuple:
     """One sample's denoiser inputs as the trainer makes them (fake tensors, under the model's `FakeTensorMode`):
     latents of an image of the run's size (`encode_images`), the text conditioning (`encode_text`), the batch extras
-    (`batch_extras`, with one typical reference for a family that learns from references)."""
+    (`batch_extras`, with one typical reference where `references`: the run trains on reference images)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -1070,7 +1070,7 @@ def _training_inputs(family: Family, model: LoadedModel, height: int, width: int
         sizes, no = [(height, width)], torch.zeros(1, dtype=torch.bool)
         try:
             with unset_fake_temporarily():  # real tensors, whose grids the family reads as numbers
-                references = family.typical_references(model)
+                references = family.typical_references(model) if references else {}
                 if references:  # the extras of cached references (the model is not needed for them)
                     extra = family.batch_extras(model, BatchInputs(torch.zeros(latents.shape), None, sizes, [(0, 0)],
                                                                    None, no, cached=references))  # fmt: skip
@@ -1170,7 +1170,7 @@ def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]
 
 
 @lru_cache(maxsize=8)
-def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Activations:
+def _measured(config_key: str, height: int, width: int, dtype_name: str, references: bool) -> Activations:
     """`measure_activations` for one model and size (cached: the GUI re-estimates after every edit)."""
     import json
 
@@ -1186,10 +1186,10 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Acti
     model = meta_model(config, configs, getattr(torch, dtype_name), mode)
     params = {p.untyped_storage()._cdata for module in model.parts.values() for p in module.parameters()}
     with mode:
-        inputs = _training_inputs(family, model, height, width)
+        inputs = _training_inputs(family, model, height, width, references)
         measurement, flops = _forward(family, model, inputs, params)
     tokens = inputs[0].shape[-2] * inputs[0].shape[-1]
-    with_reference = " and one reference's" if family.info.reference_images else ""
+    with_reference = " and one reference's" if references else ""
     source = f"measured on the denoiser's forward ({tokens} latent tokens per sample{with_reference})"
     return Activations(
         measurement.everything.total * PEAK_FACTOR,
@@ -1201,6 +1201,25 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str) -> Acti
         measurement.outside.total * PEAK_FACTOR,
         tuple((name, added * PEAK_FACTOR, own * PEAK_FACTOR) for name, added, own in measurement.calls),
     )
+
+
+def trains_on_references(config: TrainConfig) -> bool:
+    """Whether the run's samples carry reference images, as the estimate counts them: always where the model type
+    needs them (an edit-only model), and where they are optional (a model that also generates) when an enabled
+    concept's first image that trains has any (a preset, with no concepts yet, counts none)."""
+    from onetrainer.data.images import reference_paths_of
+    from onetrainer.data.scan import first_usable_image, reference_rule
+
+    rule = reference_rule(config)
+    if rule is None or rule.required:
+        return rule is not None
+    for concept in config.concepts or []:
+        if not concept.enabled or not concept.path.strip():
+            continue
+        found = first_usable_image(Path(concept.path).expanduser(), concept.include_subdirectories, rule)
+        if found.image is not None and reference_paths_of(found.image):
+            return True
+    return False
 
 
 def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
@@ -1221,7 +1240,7 @@ def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
         "huggingface_cache_dir": config.huggingface_cache_dir,
     }, sort_keys=True)  # fmt: skip
     try:
-        return _measured(key, height, width, dtype)
+        return _measured(key, height, width, dtype, trains_on_references(config))
     except EstimateCancelled:
         raise
     except Exception as error:  # the family's step does not run on the meta device

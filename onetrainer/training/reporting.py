@@ -39,6 +39,14 @@ def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say)
                 f"concept '{scan.name}': {len(scan.missing_references)} images have no reference image "
                 f"(<name>-reference.<ext>) and are skipped: {names}{more}"
             )
+        if scan.too_many_references:
+            many = scan.too_many_references
+            names = ", ".join(f"{p.name} ({n})" for p, n in many[:10])
+            more = "…" if len(many) > 10 else ""
+            warn(
+                f"concept '{scan.name}': {len(many)} images have more reference images than {config.model_type.value} "
+                f"takes and are skipped: {names}{more}"
+            )
         if scan.missing_masks and config.masked_training:
             status(f"concept '{scan.name}': {len(scan.missing_masks)} images have no mask (trained whole)")
     dropped = sorted({s.image for e in range(config.epochs) for s in data.plan(e).dropped})

@@ -91,6 +91,22 @@ def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
 
+def test_a_onetrainer_samples_copies_of_training_settings_load_quietly_and_every_ignored_key_says_why():
+    """OneTrainer writes the training config's layer skips, lengths, attention mask and zero-terminal-SNR into each
+    sample before sampling (`SampleConfig.from_train_config`): a samples file of a run with clip skip holds them."""
+    from onetrainer.config.reference import _ignored_section
+
+    sample = {"prompt": "a cat", "text_encoder_1_layer_skip": 1, "text_encoder_2_sequence_length": 77,
+              "transformer_attention_mask": True, "force_last_timestep": True}  # fmt: skip
+    config, problems = config_from_dict({"samples": [sample]})
+    assert problems == [] and config.samples[0].prompt == "a cat"
+    _, loud = config_from_dict({"samples": [{"prompt": "a clip", "frames": 49}]})  # a video sample: no video here
+    assert [p.path for p in loud] == ["samples.0.frames"]
+    lines = [line for line in _ignored_section().splitlines() if line.startswith("- `")]
+    assert lines and all(": " in line and len(line.partition(": ")[2]) > 20 for line in lines)
+    assert not [line for line in lines if line.endswith(": OneTrainer.")]
+
+
 def test_set_path_converts_and_validates():
     config = TrainConfig()
     assert set_path(config, "unet.learning_rate", 1e-5) == []

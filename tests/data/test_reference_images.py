@@ -57,7 +57,7 @@ def test_a_model_type_that_learns_from_references_skips_and_names_images_without
     assert [e.path.name for e in edits.images] == ["cat.png", "dog.jpg", "wolf.png"]
     assert [p.name for p in edits.missing_references] == ["bird.png", "lonely-reference.png"]
 
-    monkeypatch.setattr(scan_module, "trains_on_references", lambda config: True)
+    monkeypatch.setattr(scan_module, "reference_rule", lambda config: scan_module.ReferenceRule())
     config = TrainConfig(concepts=[concept], resolution="64", batch_size=1)
     report = preflight_report(config)
     (entry,) = report.concepts
@@ -68,12 +68,56 @@ def test_a_model_type_that_learns_from_references_skips_and_names_images_without
     assert "reference images missing (skipped): 2: bird.png, lonely-reference.png" in report.text()
 
 
+def test_a_model_that_also_generates_trains_images_without_references_and_skips_those_with_too_many(
+    folder: Path, monkeypatch
+):
+    """Kontext's rule: references optional, at most one. An image without one trains as plain text to image; one with
+    more is named and skipped, in the scan, the first-usable search, the preflight report and the trainer's warnings."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.data.scan import ReferenceRule, first_usable_image, reference_rule
+
+    rule = reference_rule(TrainConfig(model_type=ModelType.FLUX_KONTEXT_DEV_1))
+    assert rule == ReferenceRule(required=False, most=1, label="Flux.1 Kontext Dev")
+    concept = ConceptConfig(name="edits", path=str(folder))
+    scan = scan_concept(0, concept, folder, masked=False, references=rule)
+    assert [e.path.name for e in scan.images] == ["bird.png", "cat.png", "lonely-reference.png", "wolf.png"]
+    assert [(p.name, n) for p, n in scan.too_many_references] == [("dog.jpg", 3)] and not scan.missing_references
+    assert rule.why_skipped(3) == "3 reference images (Flux.1 Kontext Dev takes one)" and rule.why_skipped(0) == ""
+
+    only_dog = folder / "only-dog"
+    only_dog.mkdir()
+    for name in ("dog.png", "dog-reference-1.png", "dog-reference-2.png"):
+        _image(only_dog / name)
+    found = first_usable_image(only_dog, references=rule)
+    assert found.image is None and [(p.name, n) for p, n in found.too_many_references] == [("dog.png", 2)]
+    assert "1 has more reference images than this model type takes: dog.png (2)" in found.reason()
+
+    config = TrainConfig(model_type=ModelType.FLUX_KONTEXT_DEV_1, concepts=[concept], resolution="64", batch_size=1)
+    report = preflight_report(config)
+    assert "more reference images than the model takes (skipped): 1: dog.jpg" in report.text()
+
+
+def test_a_batch_holds_images_with_as_many_references_each(folder: Path):
+    """Images with and without a reference share a bucket here; each batch holds one kind, so references stack."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.data.plan import plan_epoch
+    from onetrainer.data.scan import reference_rule
+
+    config = TrainConfig(model_type=ModelType.FLUX_KONTEXT_DEV_1, resolution="64", batch_size=2)
+    images = scan_concept(0, ConceptConfig(path=str(folder)), folder, False, reference_rule(config)).images
+    config.concepts = [ConceptConfig(path=str(folder))]
+    plan = plan_epoch(images, config, epoch=0, step=16, seed=1)
+    kinds = [{len(images[s.image].references) for s in batch} for batch in plan.batches]
+    # bird (none) and cat, wolf (one each) share the 80x48 bucket: two batches there; lonely-reference.png is square
+    assert all(len(kind) == 1 for kind in kinds) and sorted(k for (k,) in kinds) == [0, 0, 1]
+
+
 def test_only_a_family_that_declares_references_learns_from_them():
     from onetrainer.config.enums import ModelType
     from onetrainer.config.model_types import MODEL_TYPES
 
     learning = {info.model_type for info in MODEL_TYPES.values() if info.family.reference_images}
-    assert learning == {ModelType.QWEN_EDIT, ModelType.FLUX_KONTEXT_DEV_1}
+    assert learning == {ModelType.QWEN_EDIT, ModelType.FLUX_KONTEXT_DEV_1, ModelType.FLUX_2}
     assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.HUNYUAN_VIDEO))  # not trainable

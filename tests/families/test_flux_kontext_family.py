@@ -139,7 +139,7 @@ def test_a_sample_with_a_reference_is_the_pipelines_own(tmp_path):
 
 
 def _kontext_folder(root: Path) -> Path:
-    """Three images: two with a reference (at one size, so a batch stacks them), one without (skipped)."""
+    """Three images: two with a reference (at one size, so a batch stacks them), one without (trained text to image)."""
     folder = image_folder(root, count=3)
     first, second, _ = sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name)
     for image in (first, second):
@@ -162,7 +162,7 @@ def test_a_kontext_lora_trains_on_references_samples_with_them_and_loads_in_the_
         sample_after=1, sample_after_unit="EPOCH",
     )  # fmt: skip
     events = run_config(config)
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2  # the image without a reference is skipped
+    assert len([e for e in events if isinstance(e, Metrics)]) == 3  # the image without a reference trains too
     (ready,) = [e for e in events if isinstance(e, SampleReady)]
     assert Image.open(ready.path).size == (64, 48)
 
@@ -191,21 +191,24 @@ def test_the_kontext_model_trains_text_to_image_without_references(tmp_path):
     assert Path(config["output_model_destination"]).is_file()
 
 
-def test_a_run_on_an_image_with_two_references_stops_and_says_why(tmp_path):
+def test_an_image_with_two_references_is_named_and_skipped_and_the_rest_trains(tmp_path):
     from onetrainer.config import config_from_dict
     from onetrainer.training.control import TrainingControl
-    from onetrainer.training.events import Finished, ListSink
+    from onetrainer.training.events import Finished, ListSink, Warning_
     from onetrainer.training.runner import run_training
 
-    folder = image_folder(tmp_path, count=1)
-    (image,) = [p for p in folder.glob("*.png") if "-masklabel" not in p.name]
+    folder = image_folder(tmp_path, count=2)
+    first, _ = sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name)
     for n in (1, 2):
-        REFERENCE.save(folder / f"{image.stem}-reference-{n}.png")
+        REFERENCE.save(folder / f"{first.stem}-reference-{n}.png")
     config, problems = config_from_dict(tiny_config(tmp_path, VARIANT, "LORA", epochs=1, batch_size=1))
     assert [p for p in problems if p.is_error] == []
-    outcome = run_training(config, TrainingControl(), [ListSink()])
-    assert not isinstance(outcome, Finished)
-    assert "one reference image per training image, not 2" in outcome.message
+    sink = ListSink()
+    outcome = run_training(config, TrainingControl(), [sink])
+    assert isinstance(outcome, Finished)
+    assert len([e for e in sink.events if isinstance(e, Metrics)]) == 1  # the other image, text to image
+    lines = " ".join(e.text for e in sink.events if isinstance(e, Warning_))
+    assert "more reference images than FLUX_KONTEXT_DEV_1 takes" in lines and f"{first.name} (2)" in lines
 
 
 def test_a_fine_tune_folder_is_a_kontext_pipeline_and_a_base_model_again(tmp_path):
@@ -217,7 +220,7 @@ def test_a_fine_tune_folder_is_a_kontext_pipeline_and_a_base_model_again(tmp_pat
         output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
         text_encoder={"train": False}, text_encoder_2={"train": False},
     )  # fmt: skip
-    assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 2
+    assert len([e for e in run_config(config) if isinstance(e, Metrics)]) == 3  # two edits, one text to image
     out = tmp_path / "out" / "model"
     trained = FluxKontextPipeline.from_pretrained(str(out), local_files_only=True)
     base = pipeline()
@@ -226,3 +229,19 @@ def test_a_fine_tune_folder_is_a_kontext_pipeline_and_a_base_model_again(tmp_pat
     assert all(
         torch.equal(a, b) for a, b in zip(again.part("transformer").parameters(), trained.transformer.parameters())
     )
+
+
+def test_a_kontext_sample_takes_one_reference_or_none_named_at_config_time(tmp_path):
+    from onetrainer.config import config_from_dict
+
+    reference = tmp_path / "ref.png"
+    REFERENCE.save(reference)
+    samples = [
+        {"prompt": "a cat", "width": 64, "height": 64},
+        {"prompt": "make it green", "width": 64, "height": 64, "reference_images": [str(reference)]},
+        {"prompt": "two", "width": 64, "height": 64, "reference_images": [str(reference), str(reference)]},
+    ]
+    _, problems = config_from_dict(tiny_config(tmp_path, VARIANT, "LORA", samples=samples))
+    errors = {p.path: p.message for p in problems if p.is_error}
+    assert list(errors) == ["samples.2.reference_images"]
+    assert "takes one reference image per sample, not 2" in errors["samples.2.reference_images"]

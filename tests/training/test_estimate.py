@@ -579,6 +579,30 @@ def test_an_edit_model_is_measured_with_a_reference_joining_the_image(monkeypatc
     assert with_reference.parts["activations"] > 3 * image_alone.parts["activations"]
 
 
+def test_a_model_that_also_generates_counts_a_reference_only_where_the_concepts_have_them(tmp_path):
+    """Flux.2 edits or generates: a run whose concept's images have references is measured with one, a run without
+    (or a preset, no concepts yet) with the image alone."""
+    from PIL import Image
+
+    from onetrainer.training import estimate as estimating
+    from tests.helpers import image_folder
+
+    folder = image_folder(tmp_path, count=1)
+    base = {"model_type": "FLUX_2", "base_model_name": "tiny:flux2-klein", "resolution": "512", "batch_size": 1,
+            "concepts": [{"path": str(folder)}]}  # fmt: skip
+    plain, _ = config_from_dict(base)
+    assert not estimating.trains_on_references(plain)
+    assert not estimating.trains_on_references(config_from_dict({**base, "concepts": []})[0])
+    (image,) = [p for p in folder.glob("*.png") if "-masklabel" not in p.name]
+    Image.new("RGB", (512, 512)).save(folder / f"{image.stem}-reference.png")
+    assert estimating.trains_on_references(plain)
+    estimating._measured.cache_clear()
+    edits = estimate(plain)
+    assert edits.activations_from.endswith("per sample and one reference's)"), edits.activations_from
+    assert estimating.trains_on_references(config_from_dict({"model_type": "QWEN_EDIT"})[0])  # needs them: always
+    assert not estimating.trains_on_references(config_from_dict({"model_type": "QWEN"})[0])
+
+
 # -- layer offloading: the window and the activations where they meet ------------------------------------------------
 
 
