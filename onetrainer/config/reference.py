@@ -68,6 +68,7 @@ def render() -> str:
         _list_section("Concepts", "concepts", ConceptConfig, "Each item of `concepts` (or of the concept file).")
     )
     out.append(_list_section("Samples", "samples", SampleConfig, "Each item of `samples` (or of the sample file)."))
+    out.append(_optimizer_guide_section())
     out.append(
         _list_section("Optimizer parameters", "optimizer", TrainOptimizerConfig, _OPTIMIZER_TEXT, parameters=True)
     )
@@ -330,6 +331,20 @@ def _not_built_section() -> str:
         "(`https://huggingface.co/<repo>/blob/<revision>/<file>`, or `resolve`), as OneTrainer's presets name "
         "single-file models: the run downloads that file once into the hub cache, and `--check` says whether it is "
         "there or can be downloaded.\n"
+    )
+
+
+def _optimizer_guide_section() -> str:
+    from onetrainer.config.optimizer_guide import guide_table
+
+    return (
+        "\n## Which optimizer for which job\n\n"
+        "Every optimizer that runs here (`optimizer.optimizer`): the memory its state takes per trained parameter "
+        "(fp32 weights take 4 B more, their gradients another 4 B), whether it sets its own step size (then leave the "
+        "learning rate at about 1), whether it needs a learning-rate schedule, and whether it can step each weight "
+        "inside the backward pass (`optimizer.fused_back_pass`, which saves the gradients' memory):\n\n"
+        + guide_table()
+        + "\n"
     )
 
 
