@@ -21,6 +21,9 @@ Say = Callable[[str], None]
 
 def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say) -> None:
     """Say what the scan found that will not be trained as it is: nothing is left out silently."""
+    from onetrainer.data.scan import reference_rule
+
+    rule = reference_rule(config)
     for scan in data.scans:
         for problem in scan.problems:
             warn(f"concept '{scan.name}': {problem}")
@@ -46,6 +49,13 @@ def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say)
             warn(
                 f"concept '{scan.name}': {len(many)} images have more reference images than {config.model_type.value} "
                 f"takes and are skipped: {names}{more}"
+            )
+        without = [e.path.name for e in scan.images if not e.references]
+        if rule is not None and not rule.required and without and len(without) < len(scan.images):
+            names = ", ".join(without[:10]) + ("…" if len(without) > 10 else "")
+            status(
+                f"concept '{scan.name}': {len(without)} images have no reference image and train {rule.label} as "
+                f"text to image: {names}"
             )
         if scan.missing_masks and config.masked_training:
             status(f"concept '{scan.name}': {len(scan.missing_masks)} images have no mask (trained whole)")

@@ -18,7 +18,7 @@ from PIL import Image
 from onetrainer.families.base import BatchInputs
 from onetrainer.families.flux import image_ids, pack, reference_ids, reference_size, unpack
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
+from onetrainer.training.events import Metrics, SampleReady, Status
 from tests.helpers import image_folder, loaded_model, run_config, tiny_config
 
 VARIANT = "flux-kontext"
@@ -163,6 +163,8 @@ def test_a_kontext_lora_trains_on_references_samples_with_them_and_loads_in_the_
     )  # fmt: skip
     events = run_config(config)
     assert len([e for e in events if isinstance(e, Metrics)]) == 3  # the image without a reference trains too
+    (line,) = [e.text for e in events if isinstance(e, Status) and "no reference image" in e.text]
+    assert "1 images have no reference image and train Flux.1 Kontext Dev as text to image" in line
     (ready,) = [e for e in events if isinstance(e, SampleReady)]
     assert Image.open(ready.path).size == (64, 48)
 
