@@ -247,3 +247,24 @@ def test_a_kontext_sample_takes_one_reference_or_none_named_at_config_time(tmp_p
     errors = {p.path: p.message for p in problems if p.is_error}
     assert list(errors) == ["samples.2.reference_images"]
     assert "takes one reference image per sample, not 2" in errors["samples.2.reference_images"]
+
+
+def test_an_embedding_learns_from_edits_and_samples_with_a_reference(tmp_path):
+    """Kontext's embeddings are Flux.1's (CLIP-L and T5 vectors, `clip_l` / `t5`), learnt on edit pairs; the sample
+    renders from its reference with the placeholder in the prompt."""
+    from safetensors.torch import load_file
+
+    folder = _kontext_folder(tmp_path)
+    for caption in folder.glob("*.txt"):
+        caption.write_text("<shape>, " + caption.read_text(encoding="utf-8"), encoding="utf-8")
+    reference = next(folder.glob("*-reference.png"))
+    config = tiny_config(
+        tmp_path, VARIANT, "EMBEDDING", epochs=1, batch_size=1,
+        samples=[{"prompt": "make <shape> green", "width": 64, "height": 48, "seed": 1, "diffusion_steps": 2,
+                  "reference_images": [str(reference)]}],
+        sample_after=1, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    events = run_config(config)
+    assert len([e for e in events if isinstance(e, Metrics)]) == 3
+    assert len([e for e in events if isinstance(e, SampleReady)]) == 1
+    assert set(load_file(config["output_model_destination"])) == {"clip_l", "t5"}
