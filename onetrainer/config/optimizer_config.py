@@ -8,6 +8,7 @@ optimizer uses, with their defaults and tooltips, is declared in that table (`on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from onetrainer.config.enums import Optimizer
 from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
@@ -48,6 +49,9 @@ OFFERED_OPTIMIZERS = (
     Optimizer.ADOPT,
     Optimizer.AdEMAMix,
     Optimizer.AdEMAMix_8BIT,
+    Optimizer.MUON,
+    Optimizer.MUON_ADV,
+    Optimizer.ADAMUON_ADV,
 )
 
 
@@ -81,7 +85,8 @@ class TrainOptimizerConfig(ConfigNode):
         Optimizer.ADAMW,
         "Optimizer",
         "The algorithm that updates the weights. AdamW is the safe default; the 8-bit variants save memory; "
-        "Prodigy and the DAdapt family find the learning rate themselves (set the learning rate to 1).",
+        "Prodigy and the DAdapt family find the learning rate themselves (set the learning rate to 1); Muon "
+        "orthogonalises the hidden layers' updates and trains the rest with an auxiliary Adam.",
         tab="training",
         group="Optimizer",
         choices=OFFERED_OPTIMIZERS,
@@ -147,7 +152,8 @@ class TrainOptimizerConfig(ConfigNode):
         "Stochastic rounding",
         "Round each update into BFLOAT_16 weights up or down at random, with the probability of its distance to each "
         "value, so small updates add up instead of being lost (such weights step in float32, a few at a time). For "
-        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion).",
+        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion, "
+        "Muon; MUON_ADV and ADAMUON_ADV round their updates themselves).",
         not_built=NotBuilt(
             "stochastic rounding with an optimizer that steps all weights together (Prodigy, D-Adaptation, "
             "schedule-free, 8-bit)",
@@ -209,13 +215,6 @@ class TrainOptimizerConfig(ConfigNode):
     beta1_warmup: int | None = _ot("beta1_warmup")
     min_beta1: float | None = _ot("min_beta1")
     schedulefree_c: float | None = _ot("schedulefree_c")
-    ns_steps: int | None = _ot("ns_steps")
-    muon_hidden_layers: str | None = _ot("muon_hidden_layers")
-    muon_adam_lr: float | None = _ot("muon_adam_lr")
-    muon_te1_adam_lr: float | None = _ot("muon_te1_adam_lr")
-    muon_te2_adam_lr: float | None = _ot("muon_te2_adam_lr")
-    beta2_normuon: float | None = _ot("beta2_normuon")
-    ortho_rank: int | None = _ot("ortho_rank")
     # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
     fused_back_pass: bool | None = setting(
         False,
@@ -231,21 +230,10 @@ class TrainOptimizerConfig(ConfigNode):
     use_grams: bool | None = _ot("use_grams", False)
     use_adopt: bool | None = _ot("use_adopt", False)
     use_orthograd: bool | None = _ot("use_orthograd", False)
-    nnmf_factor: bool | None = _ot("nnmf_factor", False)
-    orthogonal_gradient: bool | None = _ot("orthogonal_gradient", False)
-    use_atan2: bool | None = _ot("use_atan2", False)
     use_AdEMAMix: bool | None = _ot("use_AdEMAMix", False)
     Simplified_AdEMAMix: bool | None = _ot("Simplified_AdEMAMix", False)
     kourkoutas_beta: bool | None = _ot("kourkoutas_beta", False)
-    MuonWithAuxAdam: bool | None = _ot("MuonWithAuxAdam", False)
-    muon_adam_regex: bool | None = _ot("muon_adam_regex", False)
-    normuon_variant: bool | None = _ot("normuon_variant", False)
-    low_rank_ortho: bool | None = _ot("low_rank_ortho", False)
-    accelerated_ns: bool | None = _ot("accelerated_ns", False)
-    cautious_wd: bool | None = _ot("cautious_wd", False)
-    approx_mars: bool | None = _ot("approx_mars", False)
     auto_kappa_p: bool | None = _ot("auto_kappa_p", False)
-    compile: bool | None = _ot("compile", False)
     weight_decay_by_lr: bool | None = _ot("weight_decay_by_lr", True)
     split_groups: bool | None = _ot("split_groups", True)
     split_groups_mean: bool | None = _ot("split_groups_mean", True)
@@ -254,11 +242,97 @@ class TrainOptimizerConfig(ConfigNode):
     use_stableadamw: bool | None = _ot("use_stableadamw", True)
     d_limiter: bool | None = _ot("d_limiter", True)
     use_schedulefree: bool | None = _ot("use_schedulefree", True)
-    rms_rescaling: bool | None = _ot("rms_rescaling", True)
-    muon_adam_config: dict | None = setting(
-        None,
-        "muon_adam_config",
-        "OneTrainer optimizer parameter 'muon_adam_config'.",
-        ignored=True,
-        is_inactive=lambda v: not v,
+
+    # Muon (MUON, MUON_ADV, ADAMUON_ADV): the hidden layers' matrices step with Muon, the rest with an auxiliary Adam.
+    MuonWithAuxAdam: bool | None = _p(
+        "Muon with aux Adam",
+        "Muon only for the hidden layers (the weights whose names match 'Hidden layers'), an auxiliary Adam for "
+        "everything else: embeddings, norms, biases and the first and last layers. Off: every matrix steps with "
+        "Muon. Either way, what Muon cannot orthogonalise (vectors such as biases and norms, embedding vectors; for "
+        "MUON also convolution kernels, which torch's Muon does not take) steps with the auxiliary Adam.",
     )
+    muon_hidden_layers: str | None = _p(
+        "Hidden layers",
+        "Comma-separated patterns of the weights Muon trains, matched against each trained weight's name: its part, "
+        "then its path in the model (`unet.down_blocks.0.attentions.0.proj_in.weight`, a LoRA's "
+        "`unet.down_blocks.0.attentions.0.proj_in.lora_A.default.weight`). A pattern matches where it appears in "
+        "the name (or, with 'Use regex', where the regular expression finds a match). Empty: the model type's own "
+        "patterns, OneTrainer's (SD, SDXL, Würstchen and Stable Cascade 'block' and CLIP's 'encoder.layers', which "
+        "OneTrainer spells 'text_model.encoder.layers'; the transformer models 'transformer_blocks' and T5's "
+        "'encoder.block'; Z-Image 'layers' and 'refiner').",
+    )
+    muon_adam_regex: bool | None = _p(
+        "Use regex", "Read 'Hidden layers' as regular expressions (each searched in the weight's name)."
+    )
+    muon_adam_lr: float | None = _p(
+        "Aux Adam LR",
+        "Learning rate of the auxiliary Adam for the denoiser's (and other non-text-encoder parts') weights Muon does "
+        "not train. Empty: the part's own learning rate. The learning-rate scaler and schedule apply to it too.",
+        minimum=0,
+    )
+    muon_te1_adam_lr: float | None = _p(
+        "Aux Adam LR TE1",
+        "Learning rate of the auxiliary Adam for the first text encoder's weights Muon does not train. Empty: the "
+        "text encoder's own learning rate.",
+        minimum=0,
+    )
+    muon_te2_adam_lr: float | None = _p(
+        "Aux Adam LR TE2",
+        "Learning rate of the auxiliary Adam for the second text encoder's weights Muon does not train. Empty: the "
+        "text encoder's own learning rate.",
+        minimum=0,
+    )
+    muon_adam_config: dict[str, Any | None] | None = _p(
+        "Aux Adam settings",
+        'The auxiliary Adam\'s settings as a JSON object, e.g. {"beta1": 0.9, "beta2": 0.999}; a key left out '
+        "takes its default. MUON (torch's AdamW): beta1, beta2, eps, weight_decay. MUON_ADV and ADAMUON_ADV "
+        "(adv_optm's AdamW): beta1, beta2, eps, weight_decay, use_bias_correction, use_atan2, orthogonal_gradient, "
+        "nesterov, nnmf_factor, kourkoutas_beta. Other optimizer settings in it (OneTrainer writes them all) are "
+        "ignored.",
+    )
+    ns_steps: int | None = _p(
+        "Newton-Schulz steps",
+        "Muon: iterations that orthogonalise each update matrix (5 is enough; fewer are faster and rougher).",
+        minimum=1,
+    )
+    rms_rescaling: bool | None = _p(
+        "RMS rescaling",
+        "MUON_ADV, ADAMUON_ADV: scale each orthogonalised update to the size of an Adam update, so Adam's learning "
+        "rates (and schedules) carry over.",
+    )
+    normuon_variant: bool | None = _p(
+        "NorMuon",
+        "MUON_ADV, ADAMUON_ADV: normalise the orthogonalised update per output neuron by a running mean of its "
+        "squares (NorMuon): more even updates, one number of state per neuron.",
+    )
+    beta2_normuon: float | None = _p(
+        "NorMuon beta 2", "MUON_ADV: decay of NorMuon's per-neuron running mean of squares.", minimum=0, maximum=1
+    )
+    low_rank_ortho: bool | None = _p(
+        "Low-rank orthogonalisation",
+        "MUON_ADV, ADAMUON_ADV: orthogonalise a random low-rank projection of the update (faster on large matrices).",
+    )
+    ortho_rank: int | None = _p("Ortho rank", "The rank of the low-rank orthogonalisation.", minimum=1)
+    accelerated_ns: bool | None = _p(
+        "Accelerated Newton-Schulz",
+        "MUON_ADV, ADAMUON_ADV: Chebyshev-accelerated Newton-Schulz (CANS), its coefficients fitted each step.",
+    )
+    approx_mars: bool | None = _p(
+        "Approximate MARS",
+        "MUON_ADV, ADAMUON_ADV: MARS-M variance reduction (corrects the gradient by its change since the last "
+        "step; keeps the last gradient, one more copy of the weights).",
+    )
+    cautious_wd: bool | None = _p(
+        "Cautious weight decay", "Decay only where the weight's sign agrees with the update's (adv_optm)."
+    )
+    nnmf_factor: bool | None = _p(
+        "Factored state",
+        "adv_optm: keep the momentum factored (a row and a column vector and its signs): much less optimizer memory.",
+    )
+    orthogonal_gradient: bool | None = _p(
+        "OrthoGrad", "adv_optm: remove the part of the gradient along the weight itself (OrthoGrad) before the step."
+    )
+    use_atan2: bool | None = _p(
+        "atan2 update", "adv_optm: Adam's division replaced by atan2 (bounded updates, no epsilon needed)."
+    )
+    compile: bool | None = _p("Compile", "adv_optm: compile the step with torch.compile (faster after warming up).")

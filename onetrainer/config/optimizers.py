@@ -25,6 +25,10 @@ class OptimizerSpec:
     package: str  # the pip package that provides it, for the message when it is missing
     adaptive: bool = False  # estimates its own step size (d): the learning rate should be about 1
     schedule_free: bool = False  # needs optimizer.train() / .eval() around sampling and saving
+    # Muon: the hidden layers' matrices step with Muon, the rest with an auxiliary Adam whose settings
+    # (`muon_adam_config`) are these keys, with these defaults (`onetrainer.training.muon` splits the weights).
+    aux_adam: dict[str, Any] | None = None
+    rounds_itself: bool = False  # takes `stochastic_rounding` as its own argument (our float32 steps are not used)
     kwargs: Callable[[Kwargs], Kwargs] | None = field(default=None, compare=False)  # OneTrainer names -> constructor
 
     def constructor_kwargs(self, values: Kwargs) -> Kwargs:
@@ -68,6 +72,36 @@ def _came(values: Kwargs) -> Kwargs:
     values["eps"] = (values.pop("eps"), values.pop("eps2"))
     return _betas(values)
 
+
+def _adv(values: Kwargs) -> Kwargs:
+    """adv_optm's names: `compile` is `compiled_optimizer`, OrthoGrad a mode ("flattened" is OneTrainer's switch)."""
+    if "compile" in values:
+        values["compiled_optimizer"] = values.pop("compile")
+    if "orthogonal_gradient" in values:
+        values["orthogonal_gradient"] = "flattened" if values["orthogonal_gradient"] else "disabled"
+    return values
+
+
+def _adamuon(values: Kwargs) -> Kwargs:
+    return _betas(_adv(values))
+
+
+# The settings that decide which weights Muon trains and the auxiliary Adam's: read by the factory, never passed to
+# the optimizer's class as they are.
+MUON_SPLIT = ("MuonWithAuxAdam", "muon_hidden_layers", "muon_adam_regex", "muon_adam_lr", "muon_te1_adam_lr",
+              "muon_te2_adam_lr", "muon_adam_config")  # fmt: skip
+_MUON_SPLIT_DEFAULTS = {"MuonWithAuxAdam": True, "muon_hidden_layers": None, "muon_adam_regex": False,
+                        "muon_adam_lr": None, "muon_te1_adam_lr": None, "muon_te2_adam_lr": None,
+                        "muon_adam_config": {}}  # fmt: skip
+# OneTrainer's auxiliary Adam of MUON (its `MUON_AUX_ADAM_DEFAULTS`) and of the adv_optm Muons (its ADAMW_ADV
+# defaults, the keys adv_optm 2.5 takes as `adam_<key>`).
+_MUON_AUX_ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+_ADV_AUX_ADAM = {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "weight_decay": 0.0, "use_bias_correction": True,
+                 "use_atan2": False, "orthogonal_gradient": False, "nesterov": False, "nnmf_factor": False,
+                 "kourkoutas_beta": False}  # fmt: skip
+_ADV_MUON = {"cautious_wd": False, "weight_decay": 0.0, "accelerated_ns": False, "ns_steps": 5,
+             "low_rank_ortho": False, "ortho_rank": 128, "rms_rescaling": True, "nnmf_factor": False,
+             "stochastic_rounding": True, "compile": False}  # fmt: skip
 
 _TORCH_ADAM = {
     "beta1": 0.9,
@@ -186,6 +220,22 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
              {**_ADEMAMIX, "optim_bits": 32, "min_8bit_size": 4096, "is_paged": False}),
         _row(Optimizer.AdEMAMix_8BIT, "bitsandbytes.optim:AdEMAMix8bit", "bitsandbytes",
              {**_ADEMAMIX, "min_8bit_size": 4096, "is_paged": False}),
+        # Muon. OneTrainer builds MUON from Keller Jordan's `muon` package (MuonWithAuxAdam); here torch's own
+        # torch.optim.Muon (the same update: Nesterov momentum, 5 Newton-Schulz steps, the rate scaled by
+        # sqrt(max(1, rows/columns))) with torch's AdamW for the rest, behind one optimizer (training/muon.py).
+        _row(Optimizer.MUON, "onetrainer.training.muon:MuonWithAuxAdam", "torch",
+             {"momentum": 0.95, "weight_decay": 0.0, "nesterov": True, "ns_steps": 5, **_MUON_SPLIT_DEFAULTS},
+             aux_adam=_MUON_AUX_ADAM, kwargs=dict),
+        # adv_optm (OneTrainer pins 2.2.3; 2.5 takes OrthoGrad as a mode and no longer Simplified_AdEMAMix /
+        # alpha_grad for its Muons): one optimizer with 'muon' and 'adam' groups.
+        _row(Optimizer.MUON_ADV, "adv_optm:Muon_adv", "adv-optm",
+             {"beta1": 0.9, **_ADV_MUON, **_MUON_SPLIT_DEFAULTS, "nesterov": True, "normuon_variant": True,
+              "beta2_normuon": 0.95, "orthogonal_gradient": False, "approx_mars": False},
+             aux_adam=_ADV_AUX_ADAM, rounds_itself=True, kwargs=_adv),
+        _row(Optimizer.ADAMUON_ADV, "adv_optm:AdaMuon_adv", "adv-optm",
+             {"beta1": 0.95, "beta2": 0.95, "eps": 1e-8, **_ADV_MUON, **_MUON_SPLIT_DEFAULTS, "nesterov": False,
+              "use_atan2": False, "normuon_variant": True, "orthogonal_gradient": False, "approx_mars": False},
+             aux_adam=_ADV_AUX_ADAM, rounds_itself=True, kwargs=_adamuon),
     )
 }  # fmt: skip
 
@@ -202,5 +252,46 @@ PER_WEIGHT_OPTIMIZERS = frozenset(
         Optimizer.ADAFACTOR,
         Optimizer.CAME,
         Optimizer.LION,
+        Optimizer.MUON,  # each matrix is orthogonalised on its own
+        Optimizer.MUON_ADV,
+        Optimizer.ADAMUON_ADV,
     }
 )
+
+
+# -- Muon's split, read without torch (the config checks) --------------------------------------------------------------
+
+
+def muon_patterns(text: str | None) -> list[str]:
+    """The hidden-layer patterns of `muon_hidden_layers` (comma-separated; empty: none given)."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def muon_pattern_problem(text: str | None, regex: bool) -> str | None:
+    """Why `muon_hidden_layers` cannot be used as given (a regular expression that does not compile), or None."""
+    if not regex:
+        return None
+    import re
+
+    for pattern in muon_patterns(text):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            return f"'{pattern}' is not a regular expression ({e})"
+    return None
+
+
+def aux_adam_settings(spec: OptimizerSpec, given: dict | None) -> tuple[dict[str, Any], list[str]]:
+    """The auxiliary Adam's settings: the row's defaults, overridden by the non-null ones of `muon_adam_config`; and
+    the keys it does not know (OneTrainer writes its whole optimizer block there: those are known, and ignored)."""
+    from onetrainer.config.optimizer_config import TrainOptimizerConfig
+
+    values = dict(spec.aux_adam or {})
+    unknown = []
+    for key, value in (given or {}).items():
+        if key in values:
+            if value is not None:
+                values[key] = value
+        elif TrainOptimizerConfig.spec(key) is None:
+            unknown.append(key)
+    return values, unknown

@@ -479,14 +479,37 @@ def window_starts(at: list[int | None], blocks: int, window: int) -> list[tuple[
     return starts
 
 
-def optimizer_state_bytes(optimizer: Optimizer, beta1: float | None = None) -> float:
+def optimizer_state_bytes(optimizer: Optimizer, beta1: float | None = None, block=None) -> float:
+    """Optimizer state per trained parameter; `block` (the optimizer settings) refines Muon's."""
     if optimizer is Optimizer.ADAFACTOR:
         return 4.0 if beta1 else 0.0
+    if optimizer in (Optimizer.MUON, Optimizer.MUON_ADV, Optimizer.ADAMUON_ADV):
+        return _muon_state_bytes(optimizer, block)
     name = optimizer.value
     for key, value in _STATE_BYTES.items():
         if key in name:
             return value
     return 8.0  # Adam-like: two fp32 moments
+
+
+# Muon keeps one momentum per matrix weight (the hidden layers: nearly all trained parameters); the auxiliary Adam's
+# two moments cover the rest (norms, biases, first and last layers: a few percent, counted as this share).
+_MUON_ADAM_SHARE = 0.05
+
+
+def _muon_state_bytes(optimizer: Optimizer, block) -> float:
+    def setting(name: str, default):
+        value = getattr(block, name, None) if block is not None else None
+        return default if value is None else value
+
+    momentum = 4.0
+    if optimizer is not Optimizer.MUON and setting("nnmf_factor", False):
+        momentum = 0.25  # factored: a row, a column and one sign bit per element
+    if optimizer is Optimizer.ADAMUON_ADV and not setting("normuon_variant", True):
+        momentum *= 2  # and a second moment per element (NorMuon keeps one number per neuron instead)
+    if optimizer is not Optimizer.MUON and setting("approx_mars", False):
+        momentum += 4.0  # MARS-M keeps the last gradient
+    return (1 - _MUON_ADAM_SHARE) * momentum + _MUON_ADAM_SHARE * 8.0
 
 
 def training_device_type(name: str) -> str:
@@ -520,7 +543,9 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         batch_size=config.batch_size,
         gradient_checkpointing=bool(config.part(family.denoiser_part).gradient_checkpointing),
         trained_dtype_bytes=BYTES[trained_dtype],
-        optimizer_state_bytes=optimizer_state_bytes(config.optimizer.optimizer, config.optimizer.beta1),
+        optimizer_state_bytes=optimizer_state_bytes(
+            config.optimizer.optimizer, config.optimizer.beta1, config.optimizer
+        ),
         activations=activations,
         device=training_device_type(config.train_device),
         trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,

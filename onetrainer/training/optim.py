@@ -21,6 +21,7 @@ __all__ = ["OPTIMIZERS", "OptimizerSpec", "create_optimizer", "optimizer_spec"]
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+    from onetrainer.training.muon import MuonLayout
 
 
 def optimizer_spec(optimizer: Optimizer) -> OptimizerSpec:
@@ -40,10 +41,19 @@ def resolved_parameters(config: TrainOptimizerConfig) -> Kwargs:
 
 
 def create_optimizer(
-    config: TrainOptimizerConfig, param_groups: list[dict], learning_rate: float, warmup_steps: int = 0
+    config: TrainOptimizerConfig,
+    param_groups: list[dict],
+    learning_rate: float,
+    warmup_steps: int = 0,
+    muon_layout: MuonLayout | None = None,
 ):
-    """Build the optimizer for named parameter groups (each group dict has "params", "lr" and "name")."""
+    """Build the optimizer for named parameter groups (each group dict has "params", "lr" and "name"; the methods'
+    also "param_names" and "part", which only Muon reads: they are not passed on)."""
     spec = optimizer_spec(config.optimizer)
+    if spec.aux_adam is None:
+        for group in param_groups:
+            group.pop("param_names", None)
+            group.pop("part", None)
     module_name, _, class_name = spec.class_path.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
@@ -53,6 +63,13 @@ def create_optimizer(
             f"here ({e}); install it or choose another optimizer"
         ) from None
     kwargs = spec.constructor_kwargs(resolved_parameters(config))
+    if spec.aux_adam is not None:
+        from onetrainer.training import muon
+
+        try:
+            return muon.create(spec, config, kwargs, param_groups, muon_layout)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise RuntimeError(f"the optimizer {spec.optimizer.value} cannot be created here: {e}") from None
     if spec.optimizer is Optimizer.ADAFACTOR and kwargs.get("relative_step"):
         # Adaptive mode: Adafactor computes the step size from the step count; it must not be given one.
         for group in param_groups:
@@ -134,7 +151,8 @@ class OptimizerParameter:
 def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
     """The parameters the "..." dialog shows for `optimizer`, with labels and tooltips from the config declaration."""
     rows = []
-    for name, default in optimizer_spec(optimizer).defaults.items():
+    defaults = optimizer_spec(optimizer).defaults
+    for name, default in defaults.items():
         spec = TrainOptimizerConfig.spec(name)
         assert spec is not None, name
         rows.append(OptimizerParameter(name, default, spec.type.kind, spec.meta.label, spec.meta.help))
@@ -142,6 +160,8 @@ def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
 
     if optimizer in PER_WEIGHT_OPTIMIZERS:  # trainer settings, not the optimizer's: never passed to its class
         for name in ("fused_back_pass", "stochastic_rounding"):
+            if name in defaults:  # an optimizer that rounds its updates itself takes it as an argument
+                continue
             spec = TrainOptimizerConfig.spec(name)
             rows.append(OptimizerParameter(name, False, "bool", spec.meta.label, spec.meta.help))
     return rows
