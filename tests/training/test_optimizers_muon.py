@@ -299,3 +299,53 @@ def test_the_estimate_counts_one_momentum_for_muon():
     assert 4.0 <= muon < 0.6 * adamw
     config, _ = config_from_dict({"optimizer": {"optimizer": "ADAMUON_ADV", "normuon_variant": False}})
     assert optimizer_state_bytes(Optimizer.ADAMUON_ADV, block=config.optimizer) > muon  # a second moment too
+
+
+# -- a run --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "method"), [(Optimizer.MUON, "FINE_TUNE"), (Optimizer.MUON_ADV, "LORA")])
+def test_a_run_resumed_from_its_backup_continues_as_the_uninterrupted_run(tmp_path, name, method):
+    from onetrainer.training.checkpoint import list_backups
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink, Metrics, Progress
+    from onetrainer.training.runner import run_training
+
+    class StopAfter(ListSink):
+        def __init__(self, control: TrainingControl, steps: int) -> None:
+            super().__init__()
+            self.control, self.steps = control, steps
+
+        def emit(self, event) -> None:
+            super().emit(event)
+            if isinstance(event, Progress) and event.global_step >= self.steps:
+                self.control.request_stop()
+
+    def run(config: dict, control=None, sink=None):
+        cfg, problems = config_from_dict(config)
+        assert [p for p in problems if p.is_error] == []
+        sink = sink or ListSink()
+        return run_training(cfg, control or TrainingControl(), [sink]), sink
+
+    image_folder(tmp_path, count=6)
+    common = {"method": method, "epochs": 2, "backup_before_save": True, "optimizer": {"optimizer": name.value},
+              "concepts": [{"path": str(tmp_path / "images"), "seed": 7}]}  # fmt: skip
+    if method == "FINE_TUNE":
+        common.update(learning_rate=1e-4, output_model_format="DIFFUSERS", output_model_destination=str(tmp_path / "m"))
+    straight, sink = run(tiny_config(tmp_path / "a", **common))
+    assert isinstance(straight, Finished) and straight.reason == "completed"
+    expected = {m.global_step: m.loss for m in sink.of(Metrics)}
+    rates = sink.of(Metrics)[-1].learning_rates
+    group = "unet" if method == "FINE_TUNE" else "unet_lora"
+    assert {group, f"{group}/adam"} <= set(rates)  # Muon's and the aux Adam's groups, both reported
+
+    b = tiny_config(tmp_path / "b", **common)
+    control = TrainingControl()
+    stopped, first = run(b, control, StopAfter(control, 3))
+    assert stopped.reason == "stopped" and len(list_backups(tmp_path / "b" / "workspace" / "backup")) == 1
+    resumed, second = run({**b, "continue_last_backup": True})
+    assert isinstance(resumed, Finished) and resumed.reason == "completed"
+    got = {**{m.global_step: m.loss for m in first.of(Metrics)}, **{m.global_step: m.loss for m in second.of(Metrics)}}
+    assert sorted(got) == sorted(expected) and len(expected) == 6
+    for step, value in expected.items():
+        assert got[step] == pytest.approx(value, rel=1e-4, abs=1e-6), step
