@@ -257,9 +257,9 @@ class TrainOptimizerConfig(ConfigNode):
         "then its path in the model (`unet.down_blocks.0.attentions.0.proj_in.weight`, a LoRA's "
         "`unet.down_blocks.0.attentions.0.proj_in.lora_A.default.weight`). A pattern matches where it appears in "
         "the name (or, with 'Use regex', where the regular expression finds a match). Empty: the model type's own "
-        "patterns, OneTrainer's (SD, SDXL, Würstchen and Stable Cascade 'block' and CLIP's 'encoder.layers', which "
-        "OneTrainer spells 'text_model.encoder.layers'; the transformer models 'transformer_blocks' and T5's "
-        "'encoder.block'; Z-Image 'layers' and 'refiner').",
+        "patterns, OneTrainer's: the denoiser's blocks ('block', 'transformer_blocks', or 'layers' and 'refiner') and "
+        "the text encoders' layers ('encoder.layers', which OneTrainer spells 'text_model.encoder.layers', or "
+        "'encoder.block').",
     )
     muon_adam_regex: bool | None = _p(
         "Use regex", "Read 'Hidden layers' as regular expressions (each searched in the weight's name)."

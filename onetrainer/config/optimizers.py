@@ -283,15 +283,14 @@ def muon_pattern_problem(text: str | None, regex: bool) -> str | None:
 
 def aux_adam_settings(spec: OptimizerSpec, given: dict | None) -> tuple[dict[str, Any], list[str]]:
     """The auxiliary Adam's settings: the row's defaults, overridden by the non-null ones of `muon_adam_config`; and
-    the keys it does not know (OneTrainer writes its whole optimizer block there: those are known, and ignored)."""
-    from onetrainer.config.optimizer_config import TrainOptimizerConfig
-
+    the other keys given (OneTrainer writes its whole optimizer block there: the config check names those that are
+    no optimizer setting at all)."""
     values = dict(spec.aux_adam or {})
-    unknown = []
+    others = []
     for key, value in (given or {}).items():
         if key in values:
             if value is not None:
                 values[key] = value
-        elif TrainOptimizerConfig.spec(key) is None:
-            unknown.append(key)
-    return values, unknown
+        else:
+            others.append(key)
+    return values, others

@@ -401,7 +401,10 @@ def _muon_rules(config: TrainConfig, spec) -> list[Problem]:
     given = block.muon_adam_config
     if given is not None and not isinstance(given, dict):
         return [*problems, Problem("optimizer.muon_adam_config", "the auxiliary Adam's settings must be an object")]
-    values, unknown = aux_adam_settings(spec, given)
+    from onetrainer.config.optimizer_config import TrainOptimizerConfig
+
+    values, others = aux_adam_settings(spec, given)
+    unknown = [k for k in others if TrainOptimizerConfig.spec(k) is None]
     if unknown:
         known = ", ".join(spec.aux_adam)
         problems.append(

@@ -156,7 +156,7 @@ def create(
         layout.aux_adam = config.MuonWithAuxAdam is not False
     for key in MUON_SPLIT:
         kwargs.pop(key, None)
-    adam, _unknown = aux_adam_settings(spec, config.muon_adam_config)  # unknown keys: named by the config check
+    adam, _others = aux_adam_settings(spec, config.muon_adam_config)  # unknown keys: named by the config check
     split = split_groups(spec, groups, layout)
     if spec.class_path.startswith("adv_optm"):
         import importlib
