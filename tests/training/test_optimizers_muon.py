@@ -135,8 +135,8 @@ def tiny(seed: int = 0) -> dict[str, torch.nn.Parameter]:
     return {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.1) for n, s in SHAPES.items()}
 
 
-def groups_of(params: dict) -> list[dict]:
-    return [{"name": "unet", "params": list(params.values()), "lr": LR, "param_names": [f"unet.{n}" for n in params],
+def groups_of(params: dict, lr: float = LR) -> list[dict]:
+    return [{"name": "unet", "params": list(params.values()), "lr": lr, "param_names": [f"unet.{n}" for n in params],
              "part": "unet"}]  # fmt: skip
 
 
@@ -349,3 +349,42 @@ def test_a_run_resumed_from_its_backup_continues_as_the_uninterrupted_run(tmp_pa
     assert sorted(got) == sorted(expected) and len(expected) == 6
     for step, value in expected.items():
         assert got[step] == pytest.approx(value, rel=1e-4, abs=1e-6), step
+
+
+def test_stochastic_rounding_keeps_small_muon_updates_of_bfloat16_weights():
+    from onetrainer.training import stochastic_rounding
+
+    def run(dtype, rounded: bool) -> dict[str, torch.Tensor]:
+        params = {n: torch.nn.Parameter(p.detach().to(dtype) + 1.0) for n, p in tiny().items()}
+        block = optim.table_defaults(Optimizer.MUON)
+        block.stochastic_rounding = rounded
+        # Steps below half of bfloat16's spacing near 1 (0.0039): Muon's about 6e-4, the aux Adam's 1e-3.
+        layout = MuonLayout(["blocks."], aux_rates={"unet": 1e-3})
+        optimizer = optim.create_optimizer(block, groups_of(params, lr=1e-2), 1e-2, 0, layout)
+        if stochastic_rounding.applies(block):
+            stochastic_rounding.install(optimizer)
+        for p in params.values():
+            p.grad = torch.ones_like(p)  # the same direction every step: the updates add up
+        torch.manual_seed(0)
+        for _ in range(80):
+            optimizer.step()
+        return {n: p.detach().float() for n, p in params.items()}
+
+    exact, nearest, rounded = run(torch.float32, False), run(torch.bfloat16, False), run(torch.bfloat16, True)
+    start = {n: p.detach() + 1.0 for n, p in tiny().items()}
+    start_bf16 = {n: p.to(torch.bfloat16).float() for n, p in start.items()}
+    for key in ("blocks.0.q", "blocks.0.bias"):  # a Muon weight and an aux Adam weight
+        moved = (exact[key] - start[key]).mean()  # every element moves the same way: the mean shows the drift
+        assert moved.abs() > 1e-3
+        assert (nearest[key] - start_bf16[key]).mean().abs() < 0.1 * moved.abs()  # lost to round-to-nearest
+        assert ((rounded[key] - start_bf16[key]).mean() - moved).abs() < 0.25 * moved.abs(), key  # kept on average
+
+
+def test_adv_optm_rounds_its_own_updates():
+    from onetrainer.training import stochastic_rounding
+
+    for name in (Optimizer.MUON_ADV, Optimizer.ADAMUON_ADV):
+        block = optim.table_defaults(name)
+        assert block.stochastic_rounding is True and not stochastic_rounding.applies(block)
+        assert ours(name, tiny()).stochastic_rounding is True
+        assert ours(name, tiny(), stochastic_rounding=False).stochastic_rounding is False
