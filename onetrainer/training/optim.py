@@ -113,7 +113,7 @@ def table_defaults(optimizer: Optimizer) -> TrainOptimizerConfig:
     """A fresh optimizer block with the table's defaults for `optimizer`."""
     block = TrainOptimizerConfig(optimizer=optimizer)
     for name, value in optimizer_spec(optimizer).defaults.items():
-        setattr(block, name, value)
+        setattr(block, name, copy.deepcopy(value))  # a dict default (muon_adam_config) is not shared
     return block
 
 
