@@ -388,3 +388,23 @@ def test_adv_optm_rounds_its_own_updates():
         assert block.stochastic_rounding is True and not stochastic_rounding.applies(block)
         assert ours(name, tiny()).stochastic_rounding is True
         assert ours(name, tiny(), stochastic_rounding=False).stochastic_rounding is False
+
+
+def test_muon_overfits_a_tiny_lora(tmp_path):
+    from onetrainer.training.control import TrainingControl
+    from onetrainer.training.events import Finished, ListSink, Metrics
+    from onetrainer.training.runner import run_training
+
+    image_folder(tmp_path, count=1)
+    # One image at nearly one noise level: the loss falls as the LoRA learns it (at rate 0 it stays within ~10%).
+    config = tiny_config(
+        tmp_path, epochs=32, batch_size=1, learning_rate=1e-2, min_noising_strength=0.4, max_noising_strength=0.45,
+        optimizer={"optimizer": "MUON"}, concepts=[{"path": str(tmp_path / "images"), "seed": 3}],
+    )  # fmt: skip
+    cfg, problems = config_from_dict(config)
+    assert [p for p in problems if p.is_error] == []
+    sink = ListSink()
+    assert isinstance(run_training(cfg, TrainingControl(), [sink]), Finished)
+    losses = [m.loss for m in sink.of(Metrics)]
+    assert len(losses) == 32
+    assert sum(losses[-8:]) < 0.75 * sum(losses[:8])
