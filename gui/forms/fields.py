@@ -11,6 +11,7 @@ itself: a line appearing under a field would move every field below it while the
 
 from __future__ import annotations
 
+import json
 import tkinter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -360,6 +361,43 @@ class PathListView(EntryView):
         chosen = self.dialogs.open_file(self.info.meta.label or self.info.spec.name)
         if chosen:
             self.set_text(join_paths([*split_paths(self.var.get()), chosen]))
+
+
+class JsonObjectView(EntryView):
+    """A `dict` setting (e.g. Muon's auxiliary Adam settings) as one entry holding a JSON object; empty: None (the
+    defaults). Text that is not a JSON object is marked and not written."""
+
+    def shows(self, value: Any) -> bool:
+        try:
+            return _json_object(self.var.get()) == (value or None)
+        except ValueError:
+            return False
+
+    def _load(self, value: Any) -> None:
+        self.var.set(json.dumps(value) if value else "")
+
+    def _typed(self, *_args: Any) -> None:
+        if self._loading:
+            return
+        try:
+            value = _json_object(self.var.get())
+        except ValueError as e:
+            self.input_error = str(e)
+            self._show_error()
+            return
+        self.write(value)
+
+
+def _json_object(text: str) -> dict | None:
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e.msg} (at character {e.pos + 1})") from None
+    if not isinstance(value, dict):
+        raise ValueError('not a JSON object: write {"key": value, ...}')
+    return value
 
 
 PATH_SEPARATOR = "; "

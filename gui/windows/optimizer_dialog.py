@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
 
-from gui.forms.fields import BoolView, FieldView, make_view
+from gui.forms.fields import BoolView, FieldView, JsonObjectView, make_view
 from gui.forms.selection import node_field
 from gui.forms.values import display_text
 from gui.widgets.problem_line import ProblemLine
@@ -85,6 +85,8 @@ class OptimizerDialog(ctk.CTkToplevel):
             view: FieldView | None
             if parameter.kind == "bool":
                 view = DefaultedBoolView(self.scroll, info, self.model, None, default=parameter.default)
+            elif parameter.kind == "dict":  # Muon's auxiliary Adam settings: a JSON object
+                view = JsonObjectView(self.scroll, info, self.model, None)
             else:
                 view = make_view(self.scroll, info, self.model, None)
             if view is None:

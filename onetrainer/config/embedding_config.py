@@ -63,5 +63,9 @@ class TrainEmbeddingConfig(ConfigNode):
         widget="float_or_empty",
     )
     is_output_embedding: bool = setting(
-        False, "Output embedding", "OneTrainer: train at the text encoder's output.", ignored=True
+        False,
+        "Output embedding",
+        "OneTrainer: vectors added to the text encoder's output instead of new input tokens; not built yet: an "
+        "embedding here is an input embedding, the kind AUTOMATIC1111, Forge and ComfyUI load.",
+        ignored=True,
     )

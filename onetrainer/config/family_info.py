@@ -113,6 +113,9 @@ class FamilyInfo:
     methods: tuple[TrainingMethod, ...]
     output_formats: dict[TrainingMethod, tuple[ModelFormat, ...]]
     layer_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Muon's hidden layers when `optimizer.muon_hidden_layers` is empty: substrings of the trained weights' names
+    # (`training/muon.py`), OneTrainer's per model type; none: the config check asks for patterns.
+    muon_hidden_layers: tuple[str, ...] = ()
     # The step of a sample's width and height the family renders (its latent and patch downscale; a multi-stage
     # family's stages may need coarser steps): `--check` refuses other sample sizes, naming the sample.
     sample_step: int = 8

@@ -8,6 +8,7 @@ optimizer uses, with their defaults and tooltips, is declared in that table (`on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from onetrainer.config.enums import Optimizer
 from onetrainer.config.optimizers import ROUNDING_OPTIMIZERS
@@ -54,6 +55,9 @@ OFFERED_OPTIMIZERS = (
     Optimizer.SIGNSGD_ADV,
     Optimizer.LION_ADV,
     Optimizer.PRODIGY_PLUS_SCHEDULE_FREE,
+    Optimizer.MUON,
+    Optimizer.MUON_ADV,
+    Optimizer.ADAMUON_ADV,
 )
 
 
@@ -87,9 +91,14 @@ def _adv_variant(feature: str):
     )
 
 
-def _ot(label: str, default=None):
-    """A OneTrainer optimizer parameter for optimizers this trainer does not offer."""
-    return setting(default, label, f"OneTrainer optimizer parameter '{label}'.", ignored=True)
+def _adv_variant_knob(label: str, what: str):
+    """A knob of adv-optm 2.2's AdEMAMix variants, which 2.5 (built here) no longer has: the variant's own switch
+    (`use_AdEMAMix`, `Simplified_AdEMAMix`) is named by the run checks, so its knobs load quietly with any value."""
+    why = (
+        f"OneTrainer (adv-optm 2.2): {what}; adv-optm 2.5, built here, has no such variant (its switch is named by "
+        "the run checks), so the knob changes nothing."
+    )
+    return setting(None, label, why, ignored=True, is_inactive=lambda _value: True)
 
 
 @dataclass
@@ -98,7 +107,8 @@ class TrainOptimizerConfig(ConfigNode):
         Optimizer.ADAMW,
         "Optimizer",
         "The algorithm that updates the weights. AdamW is the safe default; the 8-bit variants save memory; "
-        "Prodigy and the DAdapt family find the learning rate themselves (set the learning rate to 1).",
+        "Prodigy and the DAdapt family find the learning rate themselves (set the learning rate to 1); Muon "
+        "orthogonalises the hidden layers' updates and trains the rest with an auxiliary Adam.",
         tab="training",
         group="Optimizer",
         choices=OFFERED_OPTIMIZERS,
@@ -173,8 +183,9 @@ class TrainOptimizerConfig(ConfigNode):
         "Stochastic rounding",
         "Round each update into BFLOAT_16 weights up or down at random, with the probability of its distance to each "
         "value, so small updates add up instead of being lost (such weights step in float32, a few at a time). For "
-        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion); "
-        "adv-optm's *_ADV optimizers and Prodigy + schedule-free round by themselves (on by default).",
+        "optimizers that update each weight on its own (AdamW, Adam, SGD, Adagrad, RMSprop, Adafactor, CAME, Lion, "
+        "Muon); adv-optm's *_ADV optimizers (MUON_ADV and ADAMUON_ADV too) and Prodigy + schedule-free round by "
+        "themselves (on by default).",
         not_built=NotBuilt(
             "stochastic rounding with an optimizer that steps all weights together (Prodigy, D-Adaptation, "
             "schedule-free, 8-bit)",
@@ -269,12 +280,8 @@ class TrainOptimizerConfig(ConfigNode):
         not_built=_adv_variant("adv-optm's simplified AdEMAMix variant"),
     )
     # The variants' own knobs: without the variant they do nothing (the variant switch is named instead).
-    beta3_ema: float | None = setting(
-        None, "beta3_ema", "OneTrainer optimizer parameter 'beta3_ema'.", ignored=True, is_inactive=lambda v: True
-    )
-    alpha_grad: float | None = setting(
-        None, "alpha_grad", "OneTrainer optimizer parameter 'alpha_grad'.", ignored=True, is_inactive=lambda v: True
-    )
+    beta3_ema: float | None = _adv_variant_knob("beta3_ema", "the AdEMAMix variants' slow average's decay")
+    alpha_grad: float | None = _adv_variant_knob("alpha_grad", "the AdEMAMix variants' weight of the current gradient")
     use_speed: bool | None = _p(
         "SPEED", "Prodigy + schedule-free: estimate D from the momentum's progress (SPEED; experimental)."
     )
@@ -317,15 +324,8 @@ class TrainOptimizerConfig(ConfigNode):
         minimum=0,
     )
     # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
-    beta1_warmup: int | None = _ot("beta1_warmup")
-    min_beta1: float | None = _ot("min_beta1")
-    ns_steps: int | None = _ot("ns_steps")
-    muon_hidden_layers: str | None = _ot("muon_hidden_layers")
-    muon_adam_lr: float | None = _ot("muon_adam_lr")
-    muon_te1_adam_lr: float | None = _ot("muon_te1_adam_lr")
-    muon_te2_adam_lr: float | None = _ot("muon_te2_adam_lr")
-    beta2_normuon: float | None = _ot("beta2_normuon")
-    ortho_rank: int | None = _ot("ortho_rank")
+    beta1_warmup: int | None = _adv_variant_knob("beta1_warmup", "simplified AdEMAMix's steps of beta1 warmup")
+    min_beta1: float | None = _adv_variant_knob("min_beta1", "simplified AdEMAMix's beta1 at the warmup's start")
     # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
     fused_back_pass: bool | None = setting(
         False,
@@ -336,17 +336,83 @@ class TrainOptimizerConfig(ConfigNode):
         "and BFLOAT_16 or FLOAT_32 training; gradient clipping then clips each weight's gradient on its own.",
         ui=False,  # in the "..." dialog of the optimizers that can (`training/optim.dialog_parameters`)
     )
-    MuonWithAuxAdam: bool | None = _ot("MuonWithAuxAdam", False)
-    muon_adam_regex: bool | None = _ot("muon_adam_regex", False)
-    normuon_variant: bool | None = _ot("normuon_variant", False)
-    low_rank_ortho: bool | None = _ot("low_rank_ortho", False)
-    accelerated_ns: bool | None = _ot("accelerated_ns", False)
-    approx_mars: bool | None = _ot("approx_mars", False)
-    rms_rescaling: bool | None = _ot("rms_rescaling", True)
-    muon_adam_config: dict | None = setting(
-        None,
-        "muon_adam_config",
-        "OneTrainer optimizer parameter 'muon_adam_config'.",
-        ignored=True,
-        is_inactive=lambda v: not v,
+
+    # Muon (MUON, MUON_ADV, ADAMUON_ADV): the hidden layers' matrices step with Muon, the rest with an auxiliary Adam.
+    MuonWithAuxAdam: bool | None = _p(
+        "Muon with aux Adam",
+        "Muon only for the hidden layers (the weights whose names match 'Hidden layers'), an auxiliary Adam for "
+        "everything else: embeddings, norms, biases and the first and last layers. Off: every matrix steps with "
+        "Muon. Either way, what Muon cannot orthogonalise (vectors such as biases and norms, embedding vectors; for "
+        "MUON also convolution kernels, which torch's Muon does not take) steps with the auxiliary Adam.",
+    )
+    muon_hidden_layers: str | None = _p(
+        "Hidden layers",
+        "Comma-separated patterns of the weights Muon trains, matched against each trained weight's name: its part, "
+        "then its path in the model (`unet.down_blocks.0.attentions.0.proj_in.weight`, a LoRA's "
+        "`unet.down_blocks.0.attentions.0.proj_in.lora_A.default.weight`). A pattern matches where it appears in "
+        "the name (or, with 'Use regex', where the regular expression finds a match). Empty: the model type's own "
+        "patterns, OneTrainer's: the denoiser's blocks ('block', 'transformer_blocks', or 'layers' and 'refiner') and "
+        "the text encoders' layers ('encoder.layers', which OneTrainer spells 'text_model.encoder.layers', or "
+        "'encoder.block'; the Model types table of docs/config.md lists each).",
+    )
+    muon_adam_regex: bool | None = _p(
+        "Use regex", "Read 'Hidden layers' as regular expressions (each searched in the weight's name)."
+    )
+    muon_adam_lr: float | None = _p(
+        "Aux Adam LR",
+        "Learning rate of the auxiliary Adam for the denoiser's (and other non-text-encoder parts') weights Muon does "
+        "not train. Empty: the part's own learning rate. The learning-rate scaler and schedule apply to it too.",
+        minimum=0,
+    )
+    muon_te1_adam_lr: float | None = _p(
+        "Aux Adam LR TE1",
+        "Learning rate of the auxiliary Adam for the first text encoder's weights Muon does not train. Empty: the "
+        "text encoder's own learning rate.",
+        minimum=0,
+    )
+    muon_te2_adam_lr: float | None = _p(
+        "Aux Adam LR TE2",
+        "Learning rate of the auxiliary Adam for the second text encoder's weights Muon does not train. Empty: the "
+        "text encoder's own learning rate.",
+        minimum=0,
+    )
+    muon_adam_config: dict[str, Any | None] | None = _p(
+        "Aux Adam settings",
+        'The auxiliary Adam\'s settings as a JSON object, e.g. {"beta1": 0.9, "beta2": 0.999}; a key left out '
+        "takes its default. MUON (torch's AdamW): beta1, beta2, eps, weight_decay. MUON_ADV and ADAMUON_ADV "
+        "(adv_optm's AdamW): beta1, beta2, eps, weight_decay, use_bias_correction, use_atan2, orthogonal_gradient, "
+        "nesterov, nnmf_factor, kourkoutas_beta. Other optimizer settings in it (OneTrainer writes them all) are "
+        "ignored.",
+    )
+    ns_steps: int | None = _p(
+        "Newton-Schulz steps",
+        "Muon: iterations that orthogonalise each update matrix (5 is enough; fewer are faster and rougher).",
+        minimum=1,
+    )
+    rms_rescaling: bool | None = _p(
+        "RMS rescaling",
+        "MUON_ADV, ADAMUON_ADV: scale each orthogonalised update to the size of an Adam update, so Adam's learning "
+        "rates (and schedules) carry over.",
+    )
+    normuon_variant: bool | None = _p(
+        "NorMuon",
+        "MUON_ADV, ADAMUON_ADV: normalise the orthogonalised update per output neuron by a running mean of its "
+        "squares (NorMuon): more even updates, one number of state per neuron.",
+    )
+    beta2_normuon: float | None = _p(
+        "NorMuon beta 2", "MUON_ADV: decay of NorMuon's per-neuron running mean of squares.", minimum=0, maximum=1
+    )
+    low_rank_ortho: bool | None = _p(
+        "Low-rank orthogonalisation",
+        "MUON_ADV, ADAMUON_ADV: orthogonalise a random low-rank projection of the update (faster on large matrices).",
+    )
+    ortho_rank: int | None = _p("Ortho rank", "The rank of the low-rank orthogonalisation.", minimum=1)
+    accelerated_ns: bool | None = _p(
+        "Accelerated Newton-Schulz",
+        "MUON_ADV, ADAMUON_ADV: Chebyshev-accelerated Newton-Schulz (CANS), its coefficients fitted each step.",
+    )
+    approx_mars: bool | None = _p(
+        "Approximate MARS",
+        "MUON_ADV, ADAMUON_ADV: MARS-M variance reduction (corrects the gradient by its change since the last "
+        "step; keeps the last gradient, one more copy of the weights).",
     )

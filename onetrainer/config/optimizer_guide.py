@@ -80,8 +80,8 @@ class GuideRow:
 
 def guide_rows() -> list[GuideRow]:
     """A row for each optimizer that runs here, in the table's order."""
+    from onetrainer.config.optimizer_memory import optimizer_state_bytes
     from onetrainer.config.optimizers import FUSABLE_OPTIMIZERS, OPTIMIZERS
-    from onetrainer.training.estimate import optimizer_state_bytes
 
     return [
         GuideRow(

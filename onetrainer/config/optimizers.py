@@ -30,6 +30,9 @@ class OptimizerSpec:
     # `step()` once every weight has stepped: the fused back pass calls these (`training/fused_back_pass.py`).
     steps_each_weight: bool = False
     group_defaults: dict[str, Any] = field(default_factory=dict)  # keys each parameter group gets unless it has them
+    # Muon: the hidden layers' matrices step with Muon, the rest with an auxiliary Adam whose settings
+    # (`muon_adam_config`) are these keys, with these defaults (`onetrainer.training.muon` splits the weights).
+    aux_adam: dict[str, Any] | None = None
     kwargs: Callable[[Kwargs], Kwargs] | None = field(default=None, compare=False)  # OneTrainer names -> constructor
 
     def constructor_kwargs(self, values: Kwargs) -> Kwargs:
@@ -72,10 +75,7 @@ def _renamed(**names: str) -> Callable[[Kwargs], Kwargs]:
 def _adv(values: Kwargs) -> Kwargs:
     """adv-optm: OneTrainer's `compile` is its `compiled_optimizer`; OneTrainer's OrthoGrad switch (a bool, as adv-optm
     2.2 took it) is 2.5's `orthogonal_gradient` mode, where 'flattened' is that same projection."""
-    if "compile" in values:
-        values["compiled_optimizer"] = values.pop("compile")
-    if "orthogonal_gradient" in values:
-        values["orthogonal_gradient"] = "flattened" if values["orthogonal_gradient"] else "disabled"
+    values = _adv_muon(values)
     return _two_betas(values) if "beta3" in values else _betas(values)
 
 
@@ -88,6 +88,36 @@ def _came(values: Kwargs) -> Kwargs:
     values["eps"] = (values.pop("eps"), values.pop("eps2"))
     return _betas(values)
 
+
+def _adv_muon(values: Kwargs) -> Kwargs:
+    """adv-optm's names (`_adv`), the betas left apart: its Muons take `beta1` as it is."""
+    if "compile" in values:
+        values["compiled_optimizer"] = values.pop("compile")
+    if "orthogonal_gradient" in values:
+        values["orthogonal_gradient"] = "flattened" if values["orthogonal_gradient"] else "disabled"
+    return values
+
+
+def _adamuon(values: Kwargs) -> Kwargs:
+    return _betas(_adv_muon(values))
+
+
+# The settings that decide which weights Muon trains and the auxiliary Adam's: read by the factory, never passed to
+# the optimizer's class as they are.
+MUON_SPLIT = ("MuonWithAuxAdam", "muon_hidden_layers", "muon_adam_regex", "muon_adam_lr", "muon_te1_adam_lr",
+              "muon_te2_adam_lr", "muon_adam_config")  # fmt: skip
+_MUON_SPLIT_DEFAULTS = {"MuonWithAuxAdam": True, "muon_hidden_layers": None, "muon_adam_regex": False,
+                        "muon_adam_lr": None, "muon_te1_adam_lr": None, "muon_te2_adam_lr": None,
+                        "muon_adam_config": {}}  # fmt: skip
+# OneTrainer's auxiliary Adam of MUON (its `MUON_AUX_ADAM_DEFAULTS`) and of the adv_optm Muons (its ADAMW_ADV
+# defaults, the keys adv_optm 2.5 takes as `adam_<key>`).
+_MUON_AUX_ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+_ADV_AUX_ADAM = {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "weight_decay": 0.0, "use_bias_correction": True,
+                 "use_atan2": False, "orthogonal_gradient": False, "nesterov": False, "nnmf_factor": False,
+                 "kourkoutas_beta": False}  # fmt: skip
+_ADV_MUON = {"cautious_wd": False, "weight_decay": 0.0, "accelerated_ns": False, "ns_steps": 5,
+             "low_rank_ortho": False, "ortho_rank": 128, "rms_rescaling": True, "nnmf_factor": False,
+             "stochastic_rounding": True, "compile": False}  # fmt: skip
 
 _TORCH_ADAM = {
     "beta1": 0.9,
@@ -242,6 +272,22 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
               "use_adopt": False, "d_limiter": True, "stochastic_rounding": True, "use_schedulefree": True,
               "schedulefree_c": 0.0, "use_orthograd": False},
              adaptive=True, schedule_free=True, kwargs=_two_betas, steps_each_weight=True),
+        # Muon. OneTrainer builds MUON from Keller Jordan's `muon` package (MuonWithAuxAdam); here torch's own
+        # torch.optim.Muon (the same update: Nesterov momentum, 5 Newton-Schulz steps, the rate scaled by
+        # sqrt(max(1, rows/columns))) with torch's AdamW for the rest, behind one optimizer (training/muon.py).
+        _row(Optimizer.MUON, "onetrainer.training.muon:MuonWithAuxAdam", "torch",
+             {"momentum": 0.95, "weight_decay": 0.0, "nesterov": True, "ns_steps": 5, **_MUON_SPLIT_DEFAULTS},
+             aux_adam=_MUON_AUX_ADAM, kwargs=dict),
+        # adv_optm (OneTrainer pins 2.2.3; 2.5 takes OrthoGrad as a mode and no longer Simplified_AdEMAMix /
+        # alpha_grad for its Muons): one optimizer with 'muon' and 'adam' groups.
+        _row(Optimizer.MUON_ADV, "adv_optm:Muon_adv", "adv-optm",
+             {"beta1": 0.9, **_ADV_MUON, **_MUON_SPLIT_DEFAULTS, "nesterov": True, "normuon_variant": True,
+              "beta2_normuon": 0.95, "orthogonal_gradient": False, "approx_mars": False},
+             aux_adam=_ADV_AUX_ADAM, kwargs=_adv_muon),
+        _row(Optimizer.ADAMUON_ADV, "adv_optm:AdaMuon_adv", "adv-optm",
+             {"beta1": 0.95, "beta2": 0.95, "eps": 1e-8, **_ADV_MUON, **_MUON_SPLIT_DEFAULTS, "nesterov": False,
+              "use_atan2": False, "normuon_variant": True, "orthogonal_gradient": False, "approx_mars": False},
+             aux_adam=_ADV_AUX_ADAM, kwargs=_adamuon),
     )
 }  # fmt: skip
 
@@ -258,6 +304,9 @@ PER_WEIGHT_OPTIMIZERS = frozenset(
         Optimizer.ADAFACTOR,
         Optimizer.CAME,
         Optimizer.LION,
+        Optimizer.MUON,  # each matrix is orthogonalised on its own
+        Optimizer.MUON_ADV,
+        Optimizer.ADAMUON_ADV,
     }
 )
 # The optimizers the fused back pass can step: the per-weight ones (shown one weight at a time) and those that step
@@ -266,3 +315,40 @@ FUSABLE_OPTIMIZERS = PER_WEIGHT_OPTIMIZERS | {o for o, row in OPTIMIZERS.items()
 # The optimizers that round updates into BFLOAT_16 weights stochastically: those this trainer steps in float32 a few
 # weights at a time (`training/stochastic_rounding.py`) and those whose class rounds itself.
 ROUNDING_OPTIMIZERS = PER_WEIGHT_OPTIMIZERS | {o for o, row in OPTIMIZERS.items() if row.rounds_itself}
+
+
+# -- Muon's split, read without torch (the config checks) --------------------------------------------------------------
+
+
+def muon_patterns(text: str | None) -> list[str]:
+    """The hidden-layer patterns of `muon_hidden_layers` (comma-separated; empty: none given)."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def muon_pattern_problem(text: str | None, regex: bool) -> str | None:
+    """Why `muon_hidden_layers` cannot be used as given (a regular expression that does not compile), or None."""
+    if not regex:
+        return None
+    import re
+
+    for pattern in muon_patterns(text):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            return f"'{pattern}' is not a regular expression ({e})"
+    return None
+
+
+def aux_adam_settings(spec: OptimizerSpec, given: dict | None) -> tuple[dict[str, Any], list[str]]:
+    """The auxiliary Adam's settings: the row's defaults, overridden by the non-null ones of `muon_adam_config`; and
+    the other keys given (OneTrainer writes its whole optimizer block there: the config check names those that are
+    no optimizer setting at all)."""
+    values = dict(spec.aux_adam or {})
+    others = []
+    for key, value in (given or {}).items():
+        if key in values:
+            if value is not None:
+                values[key] = value
+        else:
+            others.append(key)
+    return values, others

@@ -248,8 +248,9 @@ def _list_section(title: str, key: str, cls: type[ConfigNode], text: str, parame
 def _model_types_section() -> str:
     lines = [
         "\n## Model types\n",
-        "| `model_type` | Name | Family | Resolution | Prediction | Output formats (fine-tune / LoRA / embedding) |",
-        "|---|---|---|---|---|---|",
+        "| `model_type` | Name | Family | Resolution | Prediction | Output formats (fine-tune / LoRA / embedding) "
+        "| Muon's hidden layers |",
+        "|---|---|---|---|---|---|---|",
     ]
     for mt, info in MODEL_TYPES.items():
         formats = " / ".join(", ".join(f.value for f in fs) for fs in info.family.output_formats.values())
@@ -257,8 +258,10 @@ def _model_types_section() -> str:
             prediction = "flow (rectified flow matching)"
         else:
             prediction = "v" if info.v_prediction else "epsilon"
+        hidden = ", ".join(f"`{p}`" for p in info.family.muon_hidden_layers)
         lines.append(
-            f"| `{mt.value}` | {info.label} | {info.family.label} | {info.resolution} | {prediction} | {formats} |"
+            f"| `{mt.value}` | {info.label} | {info.family.label} | {info.resolution} | {prediction} | {formats} "
+            f"| {hidden} |"
         )
     return "\n".join(lines) + "\n"
 

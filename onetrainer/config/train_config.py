@@ -116,8 +116,8 @@ def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by 
 _VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
 _SEQUENCE = (
     "a token limit some of OneTrainer's model types read for a language-model text encoder; the model types built "
-    "here prompt with their pipelines' own lengths (Flux.1's T5: `text_encoder_2_sequence_length`), and a setting for "
-    "it is not built yet"
+    "here prompt with their pipelines' own lengths or `text_encoder_2_sequence_length`, and a "
+    "setting for it is not built yet"
 )
 _CLOUD = "remote training over SSH and RunPod, not built yet: the remote-training issue builds it"
 

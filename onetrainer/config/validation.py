@@ -376,6 +376,59 @@ def _optimizer_rules(config: TrainConfig) -> list[Problem]:
                 Severity.WARNING,
             )
         )
+    if spec is not None and spec.aux_adam is not None:
+        problems += _muon_rules(config, spec)
+    return problems
+
+
+def _muon_rules(config: TrainConfig, spec) -> list[Problem]:
+    """Muon's split: the hidden-layer patterns (a regular expression that compiles; some patterns to go by) and the
+    auxiliary Adam's settings (keys it knows, values of their kind)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+    from onetrainer.config.optimizers import aux_adam_settings, muon_pattern_problem, muon_patterns
+
+    block = config.optimizer
+    problems: list[Problem] = []
+    name = spec.optimizer.value
+    if why := muon_pattern_problem(block.muon_hidden_layers, bool(block.muon_adam_regex)):
+        problems.append(Problem("optimizer.muon_hidden_layers", f"{name}'s hidden layers: {why}"))
+    info = MODEL_TYPES.get(config.model_type)
+    if (
+        block.MuonWithAuxAdam is not False
+        and not muon_patterns(block.muon_hidden_layers)
+        and info is not None
+        and not info.family.muon_hidden_layers
+    ):
+        problems.append(
+            Problem(
+                "optimizer.muon_hidden_layers",
+                f"{name} has no default hidden layers for {config.model_type.value}: give the patterns of the weights "
+                "Muon should train (or turn 'Muon with aux Adam' off to give Muon every matrix)",
+            )
+        )
+    given = block.muon_adam_config
+    if given is not None and not isinstance(given, dict):
+        return [*problems, Problem("optimizer.muon_adam_config", "the auxiliary Adam's settings must be an object")]
+    from onetrainer.config.optimizer_config import TrainOptimizerConfig
+
+    values, others = aux_adam_settings(spec, given)
+    unknown = [k for k in others if TrainOptimizerConfig.spec(k) is None]
+    if unknown:
+        known = ", ".join(spec.aux_adam)
+        problems.append(
+            Problem(
+                "optimizer.muon_adam_config",
+                f"{name}'s auxiliary Adam has no setting {', '.join(repr(k) for k in unknown)}; it takes {known}",
+            )
+        )
+    for key, default in spec.aux_adam.items():
+        value = values[key]
+        flag = isinstance(default, bool)
+        if flag != isinstance(value, bool) or not isinstance(value, int | float):
+            wanted = "true or false" if flag else "a number"
+            problems.append(
+                Problem("optimizer.muon_adam_config", f"the auxiliary Adam's {key} must be {wanted}, not {value!r}")
+            )
     return problems
 
 

@@ -190,6 +190,7 @@ FLUX2 = FamilyInfo(
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
     },
+    muon_hidden_layers=("transformer_blocks", "encoder.block"),
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     # GUIDANCE_INPUT ([dev]'s `transformer.guidance_scale`) comes with [dev]: klein has no guidance input.

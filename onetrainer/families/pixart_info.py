@@ -37,6 +37,7 @@ PIXART = FamilyInfo(
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
+    muon_hidden_layers=("transformer_blocks", "encoder.block"),
     layer_presets={
         "attn-mlp": ("attn1", "attn2", "ff"),
         "attn-only": ("attn1", "attn2"),

@@ -36,6 +36,7 @@ QWEN = FamilyInfo(
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's Qwen presets
+    muon_hidden_layers=("transformer_blocks", "encoder.block"),
     layer_presets={
         "attn-mlp": ("attn", "img_mlp", "txt_mlp"),
         "attn-only": ("attn",),

@@ -25,6 +25,7 @@ SD = FamilyInfo(
     bucket_step=8,
     methods=ALL_METHODS,
     output_formats=SD_LIKE_FORMATS,
+    muon_hidden_layers=("block", "encoder.layers"),
     layer_presets=UNET_LAYER_PRESETS,
     capabilities=SD_CAPABILITIES,
     part_capabilities={"vae": frozenset({OWN_MODEL})},

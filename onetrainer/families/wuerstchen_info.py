@@ -55,6 +55,7 @@ WUERSTCHEN = FamilyInfo(
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # The prior is a flat list of blocks: no down/up blocks to offer.
+    muon_hidden_layers=("block", "encoder.layers"),
     layer_presets={"attn-only": ("attention",), "full": (), "mapper-only": ("mapper",)},
     hub_parts=("prior", "text_encoder"),
     part_capabilities={
@@ -92,6 +93,7 @@ CASCADE = FamilyInfo(
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.LEGACY_LORA),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
+    muon_hidden_layers=("block", "encoder.layers"),
     layer_presets={
         "attn-only": ("attention",),
         "full": (),

@@ -44,6 +44,7 @@ Z_IMAGE = FamilyInfo(
         ),
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA),
     },
+    muon_hidden_layers=("layers", "refiner"),
     layer_presets=_Z_IMAGE_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING}),

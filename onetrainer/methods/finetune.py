@@ -34,9 +34,13 @@ class FineTuneMethod(Method):
     def param_groups(self) -> list[dict]:
         groups = []
         for part in self.parts:
-            params = [p for p in self.model.part(part).parameters() if p.requires_grad]
-            if params:
-                groups.append({"name": part, "params": params, "lr": self.base_lr(part)})
+            named = [(n, p) for n, p in self.model.part(part).named_parameters() if p.requires_grad]
+            if named:
+                params, names = [p for _, p in named], [f"{part}.{n}" for n, _ in named]
+                # The names and the part are for Muon's split (`training/muon.py`); other optimizers never see them.
+                groups.append(
+                    {"name": part, "params": params, "lr": self.base_lr(part), "param_names": names, "part": part}
+                )
         return groups + self.embeddings.param_groups(self.embedding_lr())
 
     def freeze_part(self, part: str) -> None:

@@ -194,8 +194,12 @@ class LoraMethod(Method):
     def param_groups(self) -> list[dict]:
         groups = []
         for part in self.parts:
-            params = [p for _, p in adapters.iter_adapter_params(self.kind, self.model.part(part))]
-            groups.append({"name": f"{part}_lora", "params": params, "lr": self.base_lr(part)})
+            named = list(adapters.iter_adapter_params(self.kind, self.model.part(part)))
+            params, names = [p for _, p in named], [f"{part}.{n}" for n, _ in named]
+            # The names and the part are for Muon's split (`training/muon.py`); other optimizers never see them.
+            groups.append(
+                {"name": f"{part}_lora", "params": params, "lr": self.base_lr(part), "param_names": names, "part": part}
+            )
         return groups + self.embeddings.param_groups(self.embedding_lr())
 
     def freeze_part(self, part: str) -> None:

@@ -41,7 +41,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType, Optimizer, TrainingMethod
+from onetrainer.config.enums import GGUF_WEIGHT_DTYPES, QUANTIZED_WEIGHT_DTYPES, DataType, TrainingMethod
+from onetrainer.config.optimizer_memory import optimizer_state_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -68,15 +69,6 @@ BYTES = {
     DataType.GGUF_A8_INT: 1.0625,
     DataType.GGUF_A8_FLOAT: 1.0625,
 }
-# Optimizer state in bytes per trained parameter (fp32 states; 8-bit variants keep one byte per state). Adafactor keeps
-# a factored second moment (a row and a column per matrix: next to nothing) and, only with beta1, an fp32 first moment.
-# AdEMAMix keeps a third (slow) first moment; Tiger one momentum; CAME_8BIT an 8-bit first moment beside factored ones.
-# Prodigy + schedule-free keeps z, a factored second moment and Prodigy's s and p0 on every 11th element (slice_p: 8/11
-# bytes); PRODIGY_ADV two moments and those; ADAMW_ADV and ADOPT_ADV two moments (the default), LION_ADV and
-# SIGNSGD_ADV one (as LION and SGD). The first key found in the optimizer's name counts.
-_STATE_BYTES = {"PRODIGY_PLUS_SCHEDULE_FREE": 4.8, "PRODIGY_ADV": 8.8, "AdEMAMix_8BIT": 3.0, "CAME_8BIT": 1.0,
-                "8BIT": 2.0, "AdEMAMix": 12.0, "TIGER": 4.0, "SGD": 4.0, "LION": 4.0, "PRODIGY": 16.0,
-                "DADAPT": 12.0}  # fmt: skip
 OVERHEAD = 0.6 * GIB  # CUDA only: the context and the allocator's slack
 MIB = 1024**2
 # Host RAM (`Estimate.host_bytes`). The process itself: Python with torch, diffusers, transformers and peft imported
@@ -483,16 +475,6 @@ def window_starts(at: list[int | None], blocks: int, window: int) -> list[tuple[
     return starts
 
 
-def optimizer_state_bytes(optimizer: Optimizer, beta1: float | None = None) -> float:
-    if optimizer is Optimizer.ADAFACTOR:
-        return 4.0 if beta1 else 0.0
-    name = optimizer.value
-    for key, value in _STATE_BYTES.items():
-        if key in name:
-            return value
-    return 8.0  # Adam-like: two fp32 moments
-
-
 def training_device_type(name: str) -> str:
     """The device type that will train for a configured `train_device`: the CPU where CUDA (or MPS) is missing, as
     training falls back to it (`devices.select_device`)."""
@@ -524,7 +506,9 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         batch_size=config.batch_size,
         gradient_checkpointing=bool(config.part(family.denoiser_part).gradient_checkpointing),
         trained_dtype_bytes=BYTES[trained_dtype],
-        optimizer_state_bytes=optimizer_state_bytes(config.optimizer.optimizer, config.optimizer.beta1),
+        optimizer_state_bytes=optimizer_state_bytes(
+            config.optimizer.optimizer, config.optimizer.beta1, config.optimizer
+        ),
         activations=activations,
         device=training_device_type(config.train_device),
         trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,

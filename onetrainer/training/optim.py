@@ -21,6 +21,7 @@ __all__ = ["OPTIMIZERS", "OptimizerSpec", "create_optimizer", "optimizer_spec"]
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
+    from onetrainer.training.muon import MuonLayout
 
 
 def optimizer_spec(optimizer: Optimizer) -> OptimizerSpec:
@@ -40,10 +41,19 @@ def resolved_parameters(config: TrainOptimizerConfig) -> Kwargs:
 
 
 def create_optimizer(
-    config: TrainOptimizerConfig, param_groups: list[dict], learning_rate: float, warmup_steps: int = 0
+    config: TrainOptimizerConfig,
+    param_groups: list[dict],
+    learning_rate: float,
+    warmup_steps: int = 0,
+    muon_layout: MuonLayout | None = None,
 ):
-    """Build the optimizer for named parameter groups (each group dict has "params", "lr" and "name")."""
+    """Build the optimizer for named parameter groups (each group dict has "params", "lr" and "name"; the methods'
+    also "param_names" and "part", which only Muon reads: they are not passed on)."""
     spec = optimizer_spec(config.optimizer)
+    if spec.aux_adam is None:
+        for group in param_groups:
+            group.pop("param_names", None)
+            group.pop("part", None)
     module_name, _, class_name = spec.class_path.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
@@ -56,6 +66,13 @@ def create_optimizer(
     for group in param_groups:
         for key, value in spec.group_defaults.items():
             group.setdefault(key, value)
+    if spec.aux_adam is not None:
+        from onetrainer.training import muon
+
+        try:
+            return muon.create(spec, config, kwargs, param_groups, muon_layout)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise RuntimeError(f"the optimizer {spec.optimizer.value} cannot be created here: {e}") from None
     if spec.optimizer is Optimizer.ADAFACTOR and kwargs.get("relative_step"):
         # Adaptive mode: Adafactor computes the step size from the step count; it must not be given one.
         for group in param_groups:
@@ -99,7 +116,7 @@ def table_defaults(optimizer: Optimizer) -> TrainOptimizerConfig:
     """A fresh optimizer block with the table's defaults for `optimizer`."""
     block = TrainOptimizerConfig(optimizer=optimizer)
     for name, value in optimizer_spec(optimizer).defaults.items():
-        setattr(block, name, value)
+        setattr(block, name, copy.deepcopy(value))  # a dict default (muon_adam_config) is not shared
     return block
 
 
@@ -137,7 +154,8 @@ class OptimizerParameter:
 def dialog_parameters(optimizer: Optimizer) -> list[OptimizerParameter]:
     """The parameters the "..." dialog shows for `optimizer`, with labels and tooltips from the config declaration."""
     rows = []
-    for name, default in optimizer_spec(optimizer).defaults.items():
+    defaults = optimizer_spec(optimizer).defaults
+    for name, default in defaults.items():
         spec = TrainOptimizerConfig.spec(name)
         assert spec is not None, name
         rows.append(OptimizerParameter(name, default, spec.type.kind, spec.meta.label, spec.meta.help))

@@ -63,7 +63,12 @@ def build_optimization(
     for group in param_groups:
         group["lr"] *= lr_scale
     warmup = warmup_steps_of(config.learning_rate_warmup_steps, total_steps)
-    optimizer = create_optimizer(config.optimizer, param_groups, config.learning_rate, warmup)
+    layout = None
+    if optimizer_spec(config.optimizer.optimizer).aux_adam is not None:
+        from onetrainer.training.muon import layout_of
+
+        layout = layout_of(config, lr_scale)
+    optimizer = create_optimizer(config.optimizer, param_groups, config.learning_rate, warmup, layout)
     if stochastic_rounding.applies(config.optimizer):
         stochastic_rounding.install(optimizer)
     lr_scheduler = build_lr_scheduler(optimizer, config, total_steps, steps_per_epoch)

@@ -120,8 +120,11 @@ def _is_float_tensor(value) -> bool:
 def applies(optimizer: TrainOptimizerConfig) -> bool:
     """Whether an optimizer block rounds its BFLOAT_16 updates stochastically: asked for, with an optimizer that steps
     each weight on its own."""
-    from onetrainer.config.optimizers import PER_WEIGHT_OPTIMIZERS
+    from onetrainer.config.optimizers import OPTIMIZERS, PER_WEIGHT_OPTIMIZERS
 
+    spec = OPTIMIZERS.get(optimizer.optimizer)
+    if spec is not None and spec.rounds_itself:  # adv_optm: its own argument
+        return False
     return bool(optimizer.stochastic_rounding) and optimizer.optimizer in PER_WEIGHT_OPTIMIZERS
 
 

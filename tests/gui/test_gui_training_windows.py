@@ -102,3 +102,25 @@ def test_the_timestep_window_draws_the_histogram_of_its_settings(app, screenshot
     screenshot(window, "timestep-window")
     window.close()
     assert not window.winfo_exists()
+
+
+def test_the_muon_dialog_edits_its_patterns_and_aux_adam_settings(app) -> None:
+    menu = view_of(app, "training", "optimizer.optimizer").menu
+    choose_in_menu(menu, "MUON")
+    dialog = app.select_tab("training").open_optimizer_dialog()
+    assert list(dialog.views) == [p.name for p in optim.dialog_parameters(Optimizer.MUON)]
+    config = app.model.config
+    dialog.views["muon_hidden_layers"].set_text("attn1, ff.net")
+    assert config.optimizer.muon_hidden_layers == "attn1, ff.net"
+    settings = dialog.views["muon_adam_config"]
+    settings.set_text('{"beta1": 0.8, "weight_decay": 0.01}')
+    assert settings.input_error is None, settings.input_error
+    assert config.optimizer.muon_adam_config == {"beta1": 0.8, "weight_decay": 0.01}
+    settings.set_text('{"beta1": 0.8,')  # not JSON (yet): marked, and not written
+    assert settings.input_error and "not JSON" in settings.input_error
+    assert app.model.input_errors()
+    settings.set_text("[1, 2]")
+    assert "not a JSON object" in settings.input_error
+    settings.set_text("")  # empty: the defaults
+    assert config.optimizer.muon_adam_config is None and settings.input_error is None
+    dialog.close()

@@ -248,7 +248,7 @@ def test_a_quantized_part_keeps_its_other_weights_in_the_training_dtype():
 
 def test_adafactor_keeps_a_factored_second_moment():
     from onetrainer.config.enums import Optimizer
-    from onetrainer.training.estimate import optimizer_state_bytes
+    from onetrainer.config.optimizer_memory import optimizer_state_bytes
 
     assert optimizer_state_bytes(Optimizer.ADAFACTOR) == 0.0  # rows and columns: next to nothing per parameter
     assert optimizer_state_bytes(Optimizer.ADAFACTOR, beta1=0.9) == 4.0  # a first moment in float32

@@ -314,7 +314,7 @@ def test_the_dialog_shows_their_knobs_and_the_fused_back_pass_once():
 
 
 def test_the_estimate_counts_their_optimizer_state():
-    from onetrainer.training.estimate import optimizer_state_bytes
+    from onetrainer.config.optimizer_memory import optimizer_state_bytes
 
     assert optimizer_state_bytes(Optimizer.ADAMW_ADV) == optimizer_state_bytes(Optimizer.ADAMW) == 8.0
     assert optimizer_state_bytes(Optimizer.LION_ADV) == optimizer_state_bytes(Optimizer.SIGNSGD_ADV) == 4.0
