@@ -133,6 +133,9 @@ class Flux2Family(LanguageModelFlowFamily):
         model = self.loaded_model(config, parts, tokenizer, where, options)
         slot = model.text_encoders[0]
         if is_mistral(slot.encoder):
+            # The pipeline renders its prompts with the processor's chat template: where the folder holds one apart
+            # from the tokenizer's (a PixtralProcessor folder), it is the one that counts.
+            tokenizer.chat_template = processor_chat_template(where, options) or tokenizer.chat_template
             slot.embedding_key = DEV_EMBEDDING_KEY
         else:
             slot.embedding_key = EMBEDDING_KEYS.get(slot.encoder.config.hidden_size, self.embedding_key)
@@ -305,6 +308,33 @@ def text_encoder_class(where: str, options: dict) -> type:
             "FLUX.2 [klein]'s is Qwen3 (qwen3), FLUX.2 [dev]'s Mistral Small 3.2 (mistral3)"
         )
     return getattr(transformers, name)
+
+
+# Where a processor folder keeps its chat template: transformers 5 writes chat_template.jinja, earlier versions
+# chat_template.json ({"chat_template": ...}).
+PROCESSOR_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def processor_chat_template(where: str, options: dict) -> str | None:
+    """The chat template of the processor in the model's tokenizer/ (FLUX.2 [dev]'s is a PixtralProcessor folder), or
+    None where it holds none apart from the tokenizer's."""
+    import json
+
+    from transformers.utils import cached_file
+
+    for name in PROCESSOR_TEMPLATE_FILES:
+        try:
+            path = cached_file(
+                where, name, subfolder="tokenizer", _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False, **options,
+            )  # fmt: skip
+        except (OSError, ValueError):
+            path = None
+        if path is None:
+            continue
+        text = Path(path).read_text(encoding="utf-8")
+        return json.loads(text).get("chat_template") if name.endswith(".json") else text
+    return None
 
 
 def is_mistral(encoder: torch.nn.Module) -> bool:

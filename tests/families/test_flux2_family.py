@@ -231,6 +231,30 @@ def test_a_text_encoder_neither_qwen3_nor_mistral3_is_refused_by_name(tmp_path):
         our_model(base_model_name=str(folder))
 
 
+def test_devs_prompts_follow_the_processors_chat_template_where_the_folder_has_its_own(tmp_path):
+    """The hub's FLUX.2 [dev] tokenizer/ is a PixtralProcessor folder, whose chat template (which the pipeline renders
+    with) may sit apart from the tokenizer's (chat_template.json of older processors): that one is read."""
+    from onetrainer.tiny.mistral_tokenizer import CHAT_TEMPLATE
+
+    folder = tmp_path / "dev"
+    shutil.copytree(tiny_model_dir(DEV), folder)
+    tokenizer = folder / "tokenizer"
+    (tokenizer / "chat_template.jinja").unlink()
+    settings = json.loads((tokenizer / "tokenizer_config.json").read_text(encoding="utf-8"))
+    plain = "{{- bos_token }}{%- for m in messages %}{{- m.role }}{%- endfor %}"  # the tokenizer's own, another
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": plain}))
+    (tokenizer / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    family, model = our_model(variant=DEV, base_model_name=str(folder))
+    _, original = our_model(variant=DEV)
+    assert model.text_encoders[0].tokenizer.chat_template == CHAT_TEMPLATE
+    with torch.no_grad():
+        assert torch.equal(family.encode_text(model, CAPTIONS).hidden_states,
+                           family.encode_text(original, CAPTIONS).hidden_states)  # fmt: skip
+    (tokenizer / "chat_template.json").unlink()  # without a processor's template: the tokenizer's
+    _, bare = our_model(variant=DEV, base_model_name=str(folder))
+    assert bare.text_encoders[0].tokenizer.chat_template == plain
+
+
 def test_dev_loads_mistral_and_klein_qwen3_with_their_embedding_keys_and_kinds():
     """Both tiny models meet the family contract (`contract.loaded_problems`: the test of every family loads klein):
     each has a list of blocks at one of the text encoder's layer-block paths."""
