@@ -10,12 +10,13 @@ three layers of a language model's hidden states.
   whole row; the tokens' mask rides along for later use. The text positions are (0, 0, 0, l), l = 0…511.
 - Text ([dev]): the text encoder is Mistral Small 3.2 (`Mistral3ForConditionalGeneration`, used for text alone: its
   language model runs, the vision tower stays unused). Each caption (with any `[IMG]` removed, as the pipeline does)
-  is the user turn after FLUX.2's system message (`flux2_info.DEV_SYSTEM_MESSAGE`) in the tokenizer's chat template,
+  is the user turn after FLUX.2's system message (`flux2_info.DEV_SYSTEM_MESSAGE`) in the processor's chat template,
   padded and cut to 512 tokens; the hidden states of layers 10, 20 and 30 side by side, [B, 512, 3·D], as
   `Flux2Pipeline.encode_prompt` builds them; text positions as [klein]'s. Which text encoder a model has is read from
   its text_encoder/ config (`qwen3` or `mistral3`; another is refused by name). The hub's tokenizer/ is a
-  PixtralProcessor folder: only its tokenizer is read (transformers builds the processor only with torchvision, and
-  text prompts need the tokenizer alone; the processor tokenizes a text-only conversation exactly as it does).
+  PixtralProcessor folder: its tokenizer and its chat template are read, not the processor (transformers builds it
+  only with torchvision; for a text-only conversation it renders the template and tokenizes exactly as the tokenizer
+  does, the template writing the start token).
 - Caption dropout encodes the empty caption through the template: what the base model's CFG pass is conditioned on.
 - Latents: the mode of the VAE's distribution (32 channels at 1/8 size), normalised by the VAE's batch-norm statistics
   (`bn.running_mean`, `√(bn.running_var + batch_norm_eps)`), which are per channel of the 2x2-patchified latents
