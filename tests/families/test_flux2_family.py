@@ -231,6 +231,27 @@ def test_a_text_encoder_neither_qwen3_nor_mistral3_is_refused_by_name(tmp_path):
         our_model(base_model_name=str(folder))
 
 
+def test_a_dev_sample_is_the_pipelines_own_with_the_cfg_scale_as_its_guidance():
+    """[dev]'s sample: Flux2Pipeline from the prompt itself (its own encoding) at the sample's CFG scale gives our
+    sample; another CFG scale, another picture (the guidance reaches the transformer)."""
+    import numpy as np
+
+    from onetrainer.config.sample_config import SampleConfig
+
+    sample = SampleConfig(prompt="a red circle", negative_prompt="blue", width=64, height=48, seed=3,
+                          diffusion_steps=2, cfg_scale=4.0)  # fmt: skip
+    family, model = our_model(variant=DEV)
+    ours = np.asarray(family.sample(model, sample, lambda t: t, False), dtype=np.int16)
+    pipe = family.pipeline(model, model.schedule.sampler(sample.noise_scheduler, False))
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(prompt="a red circle", width=64, height=48, num_inference_steps=2, guidance_scale=4.0,
+                  output_type="np", generator=torch.Generator().manual_seed(3)).images[0]  # fmt: skip
+    assert ours.shape == (48, 64, 3) and np.abs(ours - (theirs * 255).round()).max() <= 1
+    sample.cfg_scale = 1.0
+    other = np.asarray(family.sample(model, sample, lambda t: t, False), dtype=np.int16)
+    assert np.abs(other - ours).max() > 1
+
+
 def test_devs_prompts_follow_the_processors_chat_template_where_the_folder_has_its_own(tmp_path):
     """The hub's FLUX.2 [dev] tokenizer/ is a PixtralProcessor folder, whose chat template (which the pipeline renders
     with) may sit apart from the tokenizer's (chat_template.json of older processors): that one is read."""
