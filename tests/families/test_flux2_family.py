@@ -360,23 +360,27 @@ def test_a_kohya_lora_over_bfl_names_loads_in_the_pipeline_as_ours(tmp_path, var
     assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-5)
 
 
-def test_a_kohya_lora_on_every_layer_applies_to_bfls_layout_as_the_merged_model(tmp_path):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_kohya_lora_on_every_layer_applies_to_bfls_layout_as_the_merged_model(tmp_path, variant):
     """As ComfyUI applies a kohya file to BFL's checkpoint: each `lora_unet_<path>` entry adds up·down·alpha/rank to
     `<path>.weight`, no entry left over; the result is our merged model in BFL's layout (fused q/k/v, the output
-    modulation's swapped halves included)."""
+    modulation's swapped halves included; [dev]'s guidance embedding too)."""
     from peft.tuners.lora import LoraLayer
 
     from onetrainer.weights import flux2_keys
 
     image_folder(tmp_path, count=2)
     config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        tmp_path, variant, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
         layer_filter_preset="full", text_encoder={"train": False},
     )  # fmt: skip
     run_config(config)
     state = load_file(config["output_model_destination"])
     assert "lora_unet_final_layer_adaLN_modulation_1.lora_up.weight" in state
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"], layer_filter_preset="full")
+    assert ("lora_unet_guidance_in_in_layer.lora_up.weight" in state) == (variant == DEV)
+    _, ours = our_model(
+        method=True, variant=variant, lora_model_name=config["output_model_destination"], layer_filter_preset="full"
+    )
     transformer = ours.part("transformer")
     base = {k.replace(".base_layer", ""): v.clone() for k, v in transformer.state_dict().items() if "lora_" not in k}
     original = flux2_keys.to_original(base)
