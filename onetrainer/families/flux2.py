@@ -1,4 +1,4 @@
-"""Flux.2 (Black Forest Labs' FLUX.2 [klein] 4B / 9B, base and distilled; [dev] declared, not built yet): a transformer
+"""Flux.2 (Black Forest Labs' FLUX.2 [klein] 4B / 9B, base and distilled, and FLUX.2 [dev]): a transformer
 of double-stream blocks (image and text apart, joint attention) and single-stream blocks, modulated once per model (not
 per block) by the time, over 2x2 patches of a 32-channel VAE's latents, trained by rectified flow and conditioned on
 three layers of a language model's hidden states.
@@ -8,6 +8,15 @@ three layers of a language model's hidden states.
   the 9th, 18th and 27th decoder layers) side by side, [B, 512, 3·D], are the conditioning. The transformer attends
   to every token, the padding included (neither the pipeline nor BFL's code masks it), so the text cache keeps the
   whole row; the tokens' mask rides along for later use. The text positions are (0, 0, 0, l), l = 0…511.
+- Text ([dev]): the text encoder is Mistral Small 3.2 (`Mistral3ForConditionalGeneration`, used for text alone: its
+  language model runs, the vision tower stays unused). Each caption (with any `[IMG]` removed, as the pipeline does)
+  is the user turn after FLUX.2's system message (`flux2_info.DEV_SYSTEM_MESSAGE`) in the processor's chat template,
+  padded and cut to 512 tokens; the hidden states of layers 10, 20 and 30 side by side, [B, 512, 3·D], as
+  `Flux2Pipeline.encode_prompt` builds them; text positions as [klein]'s. Which text encoder a model has is read from
+  its text_encoder/ config (`qwen3` or `mistral3`; another is refused by name). The hub's tokenizer/ is a
+  PixtralProcessor folder: its tokenizer and its chat template are read, not the processor (transformers builds it
+  only with torchvision; for a text-only conversation it renders the template and tokenizes exactly as the tokenizer
+  does, the template writing the start token).
 - Caption dropout encodes the empty caption through the template: what the base model's CFG pass is conditioned on.
 - Latents: the mode of the VAE's distribution (32 channels at 1/8 size), normalised by the VAE's batch-norm statistics
   (`bn.running_mean`, `√(bn.running_var + batch_norm_eps)`), which are per channel of the 2x2-patchified latents
@@ -20,10 +29,13 @@ three layers of a language model's hidden states.
   and the number of sampling steps, a rule for sampling that has no step count in training; training uses the
   configured `timestep_shift`, or with `dynamic_timestep_shifting` the linear resolution shift on the scheduler
   config's values (Flux.1's `calculate_shift`: μ from 0.5 at 256 tokens to 1.15 at 4096), as OneTrainer chose.
-- The guidance input ([dev]; [klein] has none): training feeds the fixed `transformer.guidance_scale`.
-- Sampling goes through `Flux2KleinPipeline` with our prompt embeddings (so embeddings apply): a base model with CFG
-  against the negative prompt, a distilled one (`is_distilled` in the folder's model_index.json) without, in 4 steps
-  by default.
+- The guidance input ([dev] is guidance-distilled; [klein]'s transformer has no guidance embedding): training feeds
+  the fixed `transformer.guidance_scale` (the `guidance` of each batch's extras), which the transformer multiplies by
+  1000 as the time; a transformer takes it where its config has `guidance_embeds`.
+- Sampling goes through our prompt embeddings (so embeddings apply): [klein] through `Flux2KleinPipeline`, a base
+  model with CFG against the negative prompt, a distilled one (`is_distilled` in the folder's model_index.json)
+  without, in 4 steps by default; [dev] through `Flux2Pipeline`, the sample's CFG scale as the embedded guidance,
+  no negative prompt (the pipeline has no unconditioned pass).
 - Edits: a training image's reference images (`<name>-reference[-N].<ext>`, at most `max_references`) enter as the
   pipelines' `image=` does: each (the image's crop and flips applied) shrunk to at most 1024² px (Lanczos) and
   centre-cropped to 16 px steps, its normalised latents packed as the image's and joined after the noisy image's
@@ -51,7 +63,7 @@ import torch
 from onetrainer.config.enums import ModelFormat
 from onetrainer.config.model_types import SampleDefaults
 from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, Writer, first_weight
-from onetrainer.families.flux2_info import FLUX2
+from onetrainer.families.flux2_info import DEV_SYSTEM_MESSAGE, FLUX2
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily, LanguageModelFlowState
 from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
@@ -72,11 +84,13 @@ from onetrainer.weights.metadata import ModelKind
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-TEXT_TOKENS = 512  # what Flux2KleinPipeline prompts Qwen3 with
+TEXT_TOKENS = 512  # what Flux2KleinPipeline prompts Qwen3 with, and Flux2Pipeline Mistral Small
 QWEN3_LAYERS = (9, 18, 27)  # the hidden states the pipeline reads (`text_encoder_out_layers`; 0 is the embedding)
+MISTRAL_LAYERS = (10, 20, 30)  # [dev]'s, of Mistral Small's 40 layers (Flux2Pipeline's `text_encoder_out_layers`)
 DISTILLED_SAMPLE_STEPS = 4  # the distilled klein models' card: 4 steps, no CFG
 # ComfyUI's keys of klein's text encoders in an embedding file, by the encoder's width.
 EMBEDDING_KEYS = {2560: "qwen3_4b", 4096: "qwen3_8b"}
+DEV_EMBEDDING_KEY = "mistral3_24b"  # ComfyUI's key of [dev]'s Mistral Small 3.2
 KINDS = {
     "dev": ModelKind("flux-2-dev", "flux2"),
     7680: ModelKind("flux-2-klein-4b", "flux2"),
@@ -103,30 +117,38 @@ class Flux2Family(LanguageModelFlowFamily):
     sampling_parts = frozenset(FLUX2.parts)
     state_class = Flux2State
     embedding_key = "qwen3_4b"  # klein 4B's; `load` gives 9B's Qwen3-8B its own
-    text_encoder_blocks: ClassVar[str] = r"(^|\.)layers\.\d+\."
+    # The decoder layers of either text encoder (Qwen3ForCausalLM's `model.layers`, Mistral3's language model's), not
+    # Mistral3's vision tower.
+    text_encoder_blocks: ClassVar[str] = r"^model\.(language_model\.)?layers\.\d+\."
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "transformer": ("transformer_blocks", "single_transformer_blocks"),
-        "text_encoder": ("model.layers",),
+        "text_encoder": ("model.layers", "model.language_model.layers"),  # [klein]'s Qwen3, [dev]'s Mistral
     }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
     def load(self, config: TrainConfig) -> LoadedModel:
         from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
+        from transformers import AutoTokenizer
 
         what = "the text encoder, the VAE and the tokenizer"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
-        refuse_dev(where, options)
+        encoder_class = text_encoder_class(where, options)  # before anything big is read
         parts = KeptParts(config)  # each part stored (put in its configured form) before the next is read
         transformer = load_transformer_part(Flux2Transformer2DModel, config, where, options, flux2_keys.to_diffusers)
         parts["transformer"] = transformer
-        for part, cls in (("text_encoder", Qwen3ForCausalLM), ("vae", AutoencoderKLFlux2)):
+        for part, cls in (("text_encoder", encoder_class), ("vae", AutoencoderKLFlux2)):
             parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         model = self.loaded_model(config, parts, tokenizer, where, options)
         slot = model.text_encoders[0]
-        slot.embedding_key = EMBEDDING_KEYS.get(slot.encoder.config.hidden_size, self.embedding_key)
+        if is_mistral(slot.encoder):
+            # The pipeline renders its prompts with the processor's chat template: where the folder holds one apart
+            # from the tokenizer's (a PixtralProcessor folder), it is the one that counts.
+            tokenizer.chat_template = processor_chat_template(where, options) or tokenizer.chat_template
+            slot.embedding_key = DEV_EMBEDDING_KEY
+        else:
+            slot.embedding_key = EMBEDDING_KEYS.get(slot.encoder.config.hidden_size, self.embedding_key)
         state = model.family_state(Flux2State)
         state.distilled = is_distilled(where, options)
         state.guidance = float(config.transformer.guidance_scale)
@@ -138,6 +160,8 @@ class Flux2Family(LanguageModelFlowFamily):
         """The captions' conditioning; reference images reach the transformer only (the trainer hands a family that
         learns from references the batch's references here too)."""
         slot = model.text_encoders[0]
+        if is_mistral(slot.encoder):
+            return mistral_conditioning(slot, captions)
         ids, mask = self.chat_prompt_tokens(slot, captions, TEXT_TOKENS, enable_thinking=False)
         # The decoder alone (the causal LM's `model`): the same hidden states, without the LM head's logits over the
         # whole vocabulary for every token.
@@ -236,9 +260,17 @@ class Flux2Family(LanguageModelFlowFamily):
     # -- sampling -------------------------------------------------------------------------------------------------
 
     def pipeline(self, model: LoadedModel, sampler):
-        from diffusers import Flux2KleinPipeline
+        from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
         slot = model.text_encoders[0]
+        if is_mistral(slot.encoder):
+            return Flux2Pipeline(
+                scheduler=sampler,
+                vae=model.part("vae"),
+                text_encoder=slot.encoder,
+                tokenizer=slot.tokenizer,
+                transformer=model.part("transformer"),
+            )
         return Flux2KleinPipeline(
             scheduler=sampler,
             vae=model.part("vae"),
@@ -250,10 +282,12 @@ class Flux2Family(LanguageModelFlowFamily):
 
     def sample_prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None, arguments) -> dict:
         """Our own embeddings of the prompt, and of the negative prompt where the pipeline guides with it (a base
-        model at a CFG scale above 1; the pipeline's own negative is the empty prompt)."""
+        [klein] at a CFG scale above 1; the pipeline's own negative is the empty prompt). [dev]'s pipeline takes the
+        CFG scale as its embedded guidance and has no negative pass."""
         dtype = first_weight(model.part("transformer")).dtype
         out = {"prompt": None, "prompt_embeds": self.encode_text(model, [prompt]).hidden_states.to(dtype)}
-        if not model.family_state(Flux2State).distilled and arguments.get("guidance_scale", 0) > 1:
+        guided = not model.family_state(Flux2State).distilled and not has_guidance(model)
+        if guided and arguments.get("guidance_scale", 0) > 1:
             negative = self.encode_text(model, [negative_prompt or ""]).hidden_states.to(dtype)
             out["negative_prompt_embeds"] = negative
         return out
@@ -320,19 +354,89 @@ class Flux2Family(LanguageModelFlowFamily):
 # -- pieces -----------------------------------------------------------------------------------------------------------
 
 
-def refuse_dev(where: str, options: dict) -> None:
-    """FLUX.2 [dev]'s Mistral Small text encoder is not built yet: refused by name before anything big is read."""
+# The text encoders a Flux.2 model may have, by their config's model_type: [klein]'s Qwen3, [dev]'s Mistral Small 3.2.
+TEXT_ENCODER_CLASSES = {"qwen3": "Qwen3ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration"}
+
+
+def text_encoder_class(where: str, options: dict) -> type:
+    """The class of the model's text encoder, told by its text_encoder/ config: Qwen3 ([klein]) or Mistral3 ([dev]);
+    another is refused by name before anything big is read."""
+    import transformers
     from transformers import AutoConfig
 
     try:
         encoder = AutoConfig.from_pretrained(where, subfolder="text_encoder", **options)
     except (OSError, ValueError):
-        return  # the load itself says what is missing
-    if encoder.model_type != "qwen3":
+        return transformers.Qwen3ForCausalLM  # the load itself says what is missing
+    name = TEXT_ENCODER_CLASSES.get(encoder.model_type)
+    if name is None:
         raise ModelLoadError(
-            f"{where}: a Flux.2 model with a {encoder.model_type} text encoder (FLUX.2 [dev]'s Mistral Small) is not "
-            "built yet; FLUX.2 [klein] (a Qwen3 text encoder) is"
+            f"{where}: a Flux.2 model with a {encoder.model_type} text encoder is not one this trainer knows: "
+            "FLUX.2 [klein]'s is Qwen3 (qwen3), FLUX.2 [dev]'s Mistral Small 3.2 (mistral3)"
         )
+    return getattr(transformers, name)
+
+
+# Where a processor folder keeps its chat template: transformers 5 writes chat_template.jinja, earlier versions
+# chat_template.json ({"chat_template": ...}).
+PROCESSOR_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def processor_chat_template(where: str, options: dict) -> str | None:
+    """The chat template of the processor in the model's tokenizer/ (FLUX.2 [dev]'s is a PixtralProcessor folder), or
+    None where it holds none apart from the tokenizer's."""
+    import json
+
+    from transformers.utils import cached_file
+
+    for name in PROCESSOR_TEMPLATE_FILES:
+        try:
+            path = cached_file(
+                where, name, subfolder="tokenizer", _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False, **options,
+            )  # fmt: skip
+        except (OSError, ValueError):
+            path = None
+        if path is None:
+            continue
+        text = Path(path).read_text(encoding="utf-8")
+        return json.loads(text).get("chat_template") if name.endswith(".json") else text
+    return None
+
+
+def is_mistral(encoder: torch.nn.Module) -> bool:
+    """Whether the text encoder is [dev]'s Mistral Small 3.2 (else [klein]'s Qwen3)."""
+    return getattr(encoder.config, "model_type", None) == "mistral3"
+
+
+def mistral_prompt_texts(tokenizer, captions: list[str]) -> list[str]:
+    """Each caption as Flux2Pipeline renders it: FLUX.2's system turn, then the caption (`[IMG]` removed, as the
+    pipeline does) as the user turn, in the tokenizer's chat template, without a generation prompt."""
+    texts = []
+    for caption in captions:
+        messages = [
+            {"role": "system", "content": [{"type": "text", "text": DEV_SYSTEM_MESSAGE}]},
+            {"role": "user", "content": [{"type": "text", "text": caption.replace("[IMG]", "")}]},
+        ]
+        texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False))
+    return texts
+
+
+def mistral_conditioning(slot, captions: list[str]) -> Conditioning:
+    """[dev]'s conditioning: the captions in the chat template (which writes its own start token), padded and cut to
+    512 tokens, through Mistral's language model alone (the pipeline's call runs it the same way for text, then the
+    LM head's logits over the whole vocabulary, which nothing reads); layers 10, 20 and 30 side by side."""
+    tokens = slot.tokenizer(
+        mistral_prompt_texts(slot.tokenizer, captions), padding="max_length", max_length=TEXT_TOKENS,
+        truncation=True, add_special_tokens=False, return_tensors="pt",
+    )  # fmt: skip
+    device = first_weight(slot.encoder).device
+    ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
+    output = slot.encoder.model.language_model(
+        input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
+    )
+    hidden = torch.cat([output.hidden_states[k] for k in MISTRAL_LAYERS], dim=-1)
+    return Conditioning({"hidden_states": hidden, "attention_mask": mask})
 
 
 def is_distilled(where: str, options: dict) -> bool:

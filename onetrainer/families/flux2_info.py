@@ -13,6 +13,7 @@ from typing import Any
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
+    GUIDANCE_INPUT,
     LAYER_OFFLOADING,
     OWN_MODEL,
     REFERENCE_IMAGES,
@@ -113,6 +114,7 @@ MISTRAL3_SMALL_24B: Config = {
     "multimodal_projector_bias": False,
     "projector_hidden_act": "gelu",
     "spatial_merge_size": 2,
+    "tie_word_embeddings": False,  # the language model's own LM head (transformers 5 reads the top-level setting)
     "vision_feature_layer": -1,
     "text_config": {
         "model_type": "mistral",
@@ -146,6 +148,13 @@ MISTRAL3_SMALL_24B: Config = {
         "rope_theta": 10000.0,
     },
 }
+
+# The system turn FLUX.2 [dev]'s pipeline puts before every prompt (BFL's `SYSTEM_MESSAGE`, diffusers'
+# `pipelines/flux2/system_messages.py`).
+DEV_SYSTEM_MESSAGE = (
+    "You are an AI that reasons about image descriptions. You give structured responses focusing on object "
+    "relationships, object\nattribution and actions without speculation."
+)
 
 # Every Flux.2 model's scheduler/ (FlowMatchEulerDiscreteScheduler): Flux.1's values. The pipelines pass their own μ
 # (`compute_empirical_mu`, from the image's token count and the step count), so only `use_dynamic_shifting` and
@@ -193,8 +202,8 @@ FLUX2 = FamilyInfo(
     muon_hidden_layers=("transformer_blocks", "encoder.block"),
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
-    # GUIDANCE_INPUT ([dev]'s `transformer.guidance_scale`) comes with [dev]: klein has no guidance input.
-    capabilities=frozenset({FLOW_MATCHING, REFERENCE_IMAGES}),
+    # GUIDANCE_INPUT: [dev]'s `transformer.guidance_scale` (klein's transformer has no guidance input and ignores it).
+    capabilities=frozenset({FLOW_MATCHING, GUIDANCE_INPUT, REFERENCE_IMAGES}),
     # Edits learn from reference images; an image without one trains text to image. Ten: the most references Black
     # Forest Labs' FLUX.2 announcement and model cards state the models take (the pipelines set no limit).
     reference_images=True,
@@ -226,11 +235,14 @@ FLUX2 = FamilyInfo(
             "DIFFUSERS_LORA file only, not the text encoder's",
         ),
     ),
-    notes="One model type covers [klein] 4B and 9B, base and distilled, and [dev]: the transformer's config tells "
-    "which. Built so far: [klein], whose `text_encoder` is Qwen3 (4B or 8B): each caption goes through its chat "
+    notes="One model type covers [klein] 4B and 9B, base and distilled, and [dev]: the transformer's config and the "
+    "text encoder tell which. [klein]'s `text_encoder` is Qwen3 (4B or 8B): each caption goes through its chat "
     "template as one user message (no thinking), padded to 512 tokens, and the hidden states of layers 9, 18 and 27 "
-    "side by side condition the transformer, padding included, as Flux2KleinPipeline prompts it ([dev]'s Mistral "
-    "Small text encoder is refused, not built yet). The VAE's 32-channel latents are normalised by its batch-norm "
+    "side by side condition the transformer, padding included, as Flux2KleinPipeline prompts it. [dev]'s is Mistral "
+    "Small 3.2 (Mistral3ForConditionalGeneration, its language model alone): each caption as a user message after "
+    "FLUX.2's system message, padded to 512 tokens, layers 10, 20 and 30, as Flux2Pipeline prompts it; [dev] is "
+    "guidance-distilled: training gives the transformer the fixed `transformer.guidance_scale`, samples the sample's "
+    "guidance (its CFG scale, no negative pass). The VAE's 32-channel latents are normalised by its batch-norm "
     "statistics over 2x2 patches and packed 2x2 into the transformer's tokens: training and sample sizes go in steps "
     "of 16 px. Training draws the time as the other flow models do (`timestep_shift`, or the linear resolution "
     "shift of `dynamic_timestep_shifting` on the scheduler's values, as OneTrainer); samples use the pipeline's own "

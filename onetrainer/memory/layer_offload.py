@@ -114,6 +114,8 @@ def _unlock(pointers: list[int]) -> None:
 
 class LayerOffload:
     """Offloads `fraction` of the blocks of `module` found under `block_paths` (ModuleLists, in execution order).
+    A path the module lacks is passed over (a family names the paths of each of its variants' modules, where they
+    differ); none found is an error.
 
     Inactive until `attach(device)`; `detach(offload_device)` puts every weight back in the module, as an ordinary
     module on that device. The hooks stay on the blocks and do nothing while detached."""
@@ -129,12 +131,17 @@ class LayerOffload:
         if not 0.0 < fraction < 1.0:
             raise OffloadError(f"an offload fraction must lie between 0 and 1 (exclusive), not {fraction}")
         blocks: list[torch.nn.Module] = []
+        found_any = False
         for path in block_paths:
             try:
                 found = module.get_submodule(path)
             except AttributeError:
-                raise OffloadError(f"{type(module).__name__} has no blocks at '{path}'") from None
+                continue
+            found_any = True
             blocks.extend(found)
+        if not found_any:
+            where = " or ".join(f"'{p}'" for p in block_paths)
+            raise OffloadError(f"{type(module).__name__} has no blocks at {where}")
         if len(blocks) < 2:
             raise OffloadError(f"{type(module).__name__} has {len(blocks)} block(s) under {list(block_paths)}")
         self.module = module

@@ -1,6 +1,8 @@
-"""Tiny Flux.2 [klein] pipeline: double- and single-stream blocks over 2x2-patchified 32-channel latents, conditioned on
-three layers of a Qwen3 text encoder, which reads prompts through Qwen3's chat template. Its full-size references are
-the family's own declaration (`families/flux2_info.py`)."""
+"""Tiny Flux.2 pipelines: double- and single-stream blocks over 2x2-patchified 32-channel latents, conditioned on three
+layers of a language model: [klein]'s Qwen3, which reads prompts through Qwen3's chat template, or [dev]'s Mistral Small
+3.2 (Mistral3ForConditionalGeneration with a one-block vision tower it never uses for text), which reads them after
+FLUX.2's system message through Mistral's; [dev]'s transformer has the guidance embedding. Their full-size references
+are the family's own declaration (`families/flux2_info.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from onetrainer.config.enums import ModelType
 from onetrainer.families import flux2_info as real
 from onetrainer.families import reference_configs as ref
+from onetrainer.tiny.mistral_tokenizer import MISTRAL_TOKENIZER
 from onetrainer.tiny.qwen3_text import tiny_qwen3_config
 from onetrainer.tiny.variant import TinyVariant
 
@@ -20,21 +23,50 @@ TRANSFORMER_HEADS = 2
 HEAD_WIDTH = 16
 ROPE_AXES = [4, 4, 4, 4]
 
+# Mistral Small 3.2 at a tiny width, in its proportions: queries narrower than the model (4 heads of 6 over 32
+# channels, as 32 x 128 over 5120), a quarter as many key/value heads, a wide MLP. Its Pixtral vision tower (unused
+# for text, but part of the class and its checkpoint): 2 heads of 8 (the real 16 of 64), a 2x MLP (the real 4x).
+MISTRAL_WIDTH = 32
+MISTRAL_HEADS = 4
+MISTRAL_KV_HEADS = 1
+MISTRAL_HEAD_WIDTH = 6
+MISTRAL_MLP_WIDTH = 128
+PIXTRAL_WIDTH = 16
+PIXTRAL_HEADS = 2
+PIXTRAL_HEAD_WIDTH = 8
+PIXTRAL_MLP_WIDTH = 32
+
 # The transformer's text width (three text layers side by side) and rotary axes (they split the head width); Qwen3's
-# grouped key/value heads and the heads' own width.
+# grouped key/value heads and the heads' own width; Mistral3's language model (`text_config`) and vision tower
+# (`vision_config`), nested: their own width fields are those of their kinds.
 WIDTH_FIELDS = {
     "transformer": frozenset({"joint_attention_dim", "axes_dims_rope"}),
-    "text_encoder": frozenset({"num_key_value_heads", "head_dim"}),
+    "text_encoder": frozenset({"num_key_value_heads", "head_dim", "text_config", "vision_config"}),
+    "text_config": frozenset(
+        {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"}
+    ),
+    "vision_config": frozenset({"hidden_size", "intermediate_size", "num_attention_heads", "head_dim"}),
 }
 DEPTH_FIELDS = {
     "transformer": frozenset({"num_layers", "num_single_layers"}),
-    "text_encoder": frozenset({"num_hidden_layers"}),
+    "text_encoder": frozenset({"num_hidden_layers", "text_config", "vision_config"}),
+    "text_config": frozenset({"num_hidden_layers"}),
+    "vision_config": frozenset({"num_hidden_layers"}),
 }
+NESTED_CONFIGS = frozenset({"text_config", "vision_config"})
 
 # klein 4B's 5 double- and 20 single-stream blocks as 2 of each. Qwen3-4B keeps 28 of its 36 layers: the pipeline reads
 # the outputs of layers 9, 18 and 27, and the 27th must stay an inner layer's output (the last hidden state is the
 # final norm's), as in the real model; 28 is the fewest that does.
 KLEIN_DEPTH = {"transformer": {"num_layers": 2, "num_single_layers": 2}, "text_encoder": {"num_hidden_layers": 28}}
+
+# [dev]'s 8 double- and 48 single-stream blocks as 2 of each. Mistral Small keeps 31 of its 40 layers: the pipeline
+# reads the outputs of layers 10, 20 and 30, the 30th an inner layer's output as in the real model; the vision tower
+# 1 of its 24 blocks.
+DEV_DEPTH = {
+    "transformer": {"num_layers": 2, "num_single_layers": 2},
+    "text_encoder": {"text_config": {"num_hidden_layers": 31}, "vision_config": {"num_hidden_layers": 1}},
+}
 
 VARIANTS = (
     TinyVariant(
@@ -55,7 +87,52 @@ VARIANTS = (
         },
         depths=KLEIN_DEPTH,
     ),
+    TinyVariant(
+        name="flux2-dev",
+        model_type=ModelType.FLUX_2,
+        pipeline_class="Flux2Pipeline",
+        description="FLUX.2 [dev]: [klein]'s blocks at [dev]'s layout (2 + 2 of the real 8 + 48) with the guidance "
+        "embedding of a guidance-distilled model, Mistral Small 3.2 text encoder (Mistral3ForConditionalGeneration: "
+        "31 of 40 language-model layers, the outputs of layers 10, 20 and 30 side by side, prompts after FLUX.2's "
+        "system message in Mistral's chat template; a 1-block Pixtral vision tower, unused for text), the same VAE "
+        "and scheduler; samples with embedded guidance (no CFG pass)",
+        module=__name__,
+        references={
+            "transformer": real.FLUX2_DEV_TRANSFORMER,
+            "vae": real.FLUX2_VAE,
+            "text_encoder": real.MISTRAL3_SMALL_24B,
+            "tokenizer": MISTRAL_TOKENIZER,
+            "scheduler": real.FLUX2_SCHEDULER,
+        },
+        depths=DEV_DEPTH,
+    ),
 )
+
+
+def tiny_mistral3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
+    """[dev]'s Mistral Small 3.2 at the tiny width, with the tokenizer's vocabulary (its control tokens keep their
+    real ids: `image_token_index` stays 10, `[IMG]`)."""
+    from onetrainer.tiny import components
+
+    return components.tiny_config(
+        "text_encoder",
+        variant.references["text_encoder"],
+        depth=variant.depths.get("text_encoder"),
+        text_config={
+            "hidden_size": MISTRAL_WIDTH,
+            "intermediate_size": MISTRAL_MLP_WIDTH,
+            "num_attention_heads": MISTRAL_HEADS,
+            "num_key_value_heads": MISTRAL_KV_HEADS,
+            "head_dim": MISTRAL_HEAD_WIDTH,
+            "vocab_size": len(tokenizer),
+        },
+        vision_config={
+            "hidden_size": PIXTRAL_WIDTH,
+            "intermediate_size": PIXTRAL_MLP_WIDTH,
+            "num_attention_heads": PIXTRAL_HEADS,
+            "head_dim": PIXTRAL_HEAD_WIDTH,
+        },
+    )
 
 
 def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, Any]:
@@ -75,18 +152,25 @@ def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, 
 
 
 def build_pipeline(variant: TinyVariant, seed: int) -> Any:
-    """The pipeline for `variant`: the transformer, the Qwen3 text_encoder and its tokenizer, the VAE (with batch-norm
-    statistics of its own seed, as a trained VAE's are not 0 and 1), the scheduler."""
+    """The pipeline for `variant`: the transformer, the text_encoder (Qwen3 or Mistral3) and its tokenizer, the VAE
+    (with batch-norm statistics of its own seed, as a trained VAE's are not 0 and 1), the scheduler."""
     import torch
 
     from onetrainer.tiny import components
+    from onetrainer.tiny.mistral_tokenizer import build_mistral_tokenizer
     from onetrainer.tiny.qwen_tokenizer import build_qwen_tokenizer
     from onetrainer.util.threads import library_attribute
 
     refs = variant.references
-    tokenizer = build_qwen_tokenizer()
-    text_encoder = components.build(tiny_qwen3_config(variant, tokenizer), seed, "text_encoder")
-    config = tiny_transformer_config(variant, text_encoder.config.hidden_size)
+    if refs["text_encoder"] is real.MISTRAL3_SMALL_24B:
+        tokenizer = build_mistral_tokenizer()
+        text_encoder = components.build(tiny_mistral3_config(variant, tokenizer), seed, "text_encoder")
+        text_width = text_encoder.config.text_config.hidden_size
+    else:
+        tokenizer = build_qwen_tokenizer()
+        text_encoder = components.build(tiny_qwen3_config(variant, tokenizer), seed, "text_encoder")
+        text_width = text_encoder.config.hidden_size
+    config = tiny_transformer_config(variant, text_width)
     vae = components.build(components.tiny_vae_config(refs["vae"], variant.resolution), seed, "vae")
     with components.seeded(seed, "vae.bn"), torch.no_grad():
         vae.bn.running_mean.copy_(0.3 * torch.randn_like(vae.bn.running_mean))
@@ -131,7 +215,15 @@ DENOISER_INPUTS = {"Flux2Transformer2DModel": transformer_inputs}
 
 def store_extras(pipeline: Any, folder: Any, variant: TinyVariant) -> None:
     """The tokenizer as the hub's klein folders hold it (vocab.json and merges.txt, the chat template inside
-    tokenizer_config.json)."""
+    tokenizer_config.json); [dev]'s as a Mistral tokenizer folder (tokenizer.json, tokenizer_config.json,
+    chat_template.jinja: the hub's PixtralProcessor folder holds those beside the image processor's files)."""
+    import shutil
+
+    from onetrainer.tiny.mistral_tokenizer import write_mistral_tokenizer_files
     from onetrainer.tiny.qwen_tokenizer import rewrite_qwen_tokenizer
 
-    rewrite_qwen_tokenizer(folder / "tokenizer", pipeline.tokenizer)
+    if variant.references["text_encoder"] is real.MISTRAL3_SMALL_24B:
+        shutil.rmtree(folder / "tokenizer")
+        write_mistral_tokenizer_files(folder / "tokenizer")
+    else:
+        rewrite_qwen_tokenizer(folder / "tokenizer", pipeline.tokenizer)

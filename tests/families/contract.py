@@ -116,7 +116,12 @@ def loaded_problems(family: Family, model: LoadedModel) -> list[str]:
     if list(model.parts) != list(info.parts):
         problems.append(f"loaded parts {list(model.parts)}, declared {list(info.parts)}")
     for part, paths in family.layer_blocks.items():
-        for path in paths:
+        # A family may name each of its variants' paths (Flux.2's Qwen3 or Mistral3 text encoder): those the loaded
+        # part has are lists of modules, and it has at least one.
+        present = [p for p in paths if _has_submodule(model.part(part), p)]
+        if not present:
+            problems.append(f"layer blocks of {part}: none of {list(paths)} in the loaded part")
+        for path in present:
             blocks = model.part(part).get_submodule(path)
             if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
                 problems.append(f"layer blocks {part}.{path} are not a list of modules")
@@ -140,3 +145,11 @@ def loaded_problems(family: Family, model: LoadedModel) -> list[str]:
         if patterns and not family.lora_targets(model, family.denoiser_part, patterns, regex):
             problems.append(f"layer preset {preset!r} selects no layer of the {family.denoiser_part}")
     return problems
+
+
+def _has_submodule(module: torch.nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image, ImageOps
 
 from onetrainer.families.flux2 import image_ids, reference_ids, reference_size
 from onetrainer.tools.masks import image_tensor
 from onetrainer.training.events import Finished, ListSink, Metrics, SampleReady, Warning_
-from tests.families.test_flux2_family import VARIANT, our_model, pipeline
+from tests.families.test_flux2_family import DEV, VARIANT, VARIANTS, our_model, pipeline
 from tests.helpers import image_folder, tiny_config
 
 
@@ -23,9 +24,10 @@ def _picture(size: tuple[int, int], seed: int) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def test_references_are_the_pipelines_tokens_ids_and_prediction():
-    family, model = our_model()
-    pipe = pipeline()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_references_are_the_pipelines_tokens_ids_and_prediction(variant):
+    family, model = our_model(variant=variant)
+    pipe = pipeline(variant=variant)
     # 80x72 is cropped to 80x64 (16 px steps); 64x64 is used as it is
     pictures = [_picture((80, 72), 1), _picture((64, 64), 2)]
     assert reference_size(80, 72) == (80, 64) and reference_size(2048, 1024) == (1440, 720)
@@ -42,22 +44,28 @@ def test_references_are_the_pipelines_tokens_ids_and_prediction():
     text = family.encode_text(model, ["make it blue"])
     noisy, sigma = torch.randn(1, 32, 8, 6), torch.tensor([0.5])
     extra = {"reference_tokens": ours["reference_tokens"][None], "reference_ids": ours["reference_ids"][None]}
+    guidance = torch.tensor([4.0]) if variant == DEV else None  # [dev]'s guidance input; [klein] has none
     with torch.no_grad():
+        if guidance is not None:
+            extra["guidance"] = guidance
         predicted = family.predict(model, noisy, sigma * 1000, text, extra).output
         patches = pipe._patchify_latents(noisy)
         raw = pipe.transformer(
-            hidden_states=torch.cat([pipe._pack_latents(patches), tokens], dim=1), timestep=sigma, guidance=None,
+            hidden_states=torch.cat([pipe._pack_latents(patches), tokens], dim=1), timestep=sigma, guidance=guidance,
             encoder_hidden_states=text.hidden_states, txt_ids=pipe._prepare_text_ids(text.hidden_states),
             img_ids=torch.cat([pipe._prepare_latent_ids(patches), ids], dim=1), return_dict=False,
         )[0][:, : 4 * 3]  # fmt: skip
         theirs = pipe._unpatchify_latents(raw.transpose(1, 2).reshape(1, 128, 4, 3))
-        plain = family.predict(model, noisy, sigma * 1000, text, {}).output
+        plain = family.predict(
+            model, noisy, sigma * 1000, text, {"guidance": guidance} if variant == DEV else {}
+        ).output
     assert torch.allclose(predicted, theirs, atol=1e-5)
     assert not torch.allclose(predicted, plain, atol=1e-4)  # the references change the prediction
     assert torch.equal(reference_ids(1, 2, 2, "cpu")[:, 1:], image_ids(2, 2, "cpu")[:, 1:])
 
 
-def test_an_edit_lora_trains_with_and_without_references_and_samples_with_two(tmp_path):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_edit_lora_trains_with_and_without_references_and_samples_with_two(tmp_path, variant):
     """One concept: an image with two references, one with one, one with none (text to image), and one with eleven,
     named and skipped (the model takes ten). Batch size 1; samples pass both references to the pipeline."""
     from onetrainer.config import config_from_dict
@@ -74,7 +82,7 @@ def test_an_edit_lora_trains_with_and_without_references_and_samples_with_two(tm
         mirrored.save(folder / f"{many.stem}-reference-{n}.png")
     references = [str(folder / f"{two.stem}-reference-{n}.png") for n in (1, 2)]
     data = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, batch_size=1, learning_rate=1e-2,
+        tmp_path, variant, "LORA", epochs=1, batch_size=1, learning_rate=1e-2,
         output_model_destination=str(tmp_path / "out" / "edit.safetensors"),
         samples=[{"prompt": "mirror it", "width": 64, "height": 48, "seed": 1, "diffusion_steps": 2,
                   "cfg_scale": 4.0, "reference_images": references}],

@@ -123,6 +123,11 @@ def test_weight_files_use_the_real_checkpoint_key_names(
             # Qwen2.5-VL's files name the decoder `model.` and the vision tower `visual.` (transformers 5 nests both).
             expected = {re.sub(r"^model\.(language_model\.)?", "model.", k) for k in expected}
             expected = {re.sub(r"^model\.visual\.", "visual.", k) for k in expected}
+        elif reference.get("architectures") == ["Mistral3ForConditionalGeneration"]:
+            # Mistral Small 3.x's files (Flux.2 [dev]'s text encoder) name the decoder `language_model.model.`, its LM
+            # head `language_model.lm_head`, the vision tower and projector at the top (transformers 5 nests them).
+            expected = {re.sub(r"^model\.language_model\.", "language_model.model.", k) for k in expected}
+            expected = {re.sub(r"^model\.", "", re.sub(r"^lm_head\.", "language_model.lm_head.", k)) for k in expected}
         elif reference.get("architectures", [""])[0].endswith("ForCausalLM"):
             # A causal LM's files (Flux.2 [klein]'s Qwen3) are its own state dict; a head tied to the embedding is not
             # stored.

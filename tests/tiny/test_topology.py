@@ -78,8 +78,8 @@ def _assert_width_fields_only(kind: str, config: dict[str, Any], real: dict[str,
     # transformers forgets the window size of a model that does not use its sliding window (Qwen2.5-VL).
     bookkeeping |= {"sliding_window"} if real.get("use_sliding_window") is False else set()
     assert differing - bookkeeping <= allowed
-    for key in nested_configs() & set(real):  # Qwen2.5-VL's vision tower: only its own width fields differ
-        _assert_width_fields_only(key, config[key], real[key], depth.get(key, {}))
+    for key in nested_configs() & set(real):  # Qwen2.5-VL's vision tower, Mistral3's: only their own widths differ
+        _assert_width_fields_only(key, _as_in_the_hub_file(config[key], real[key]), real[key], depth.get(key, {}))
 
 
 @pytest.mark.parametrize(("variant", "component"), CASES)
