@@ -42,7 +42,9 @@ def image_rng(concept, planned: PlannedSample, entry: ImageEntry) -> random.Rand
     """The draws of a sample's image augmentation (crop jitter, flip, rotation, …): seeded by the concept's seed, the
     variation and the image's file name, not its place in the scan. So an image is cropped and turned the same way when
     other images are added or removed: its cached latents, and an edit model's references cached with the caption, stay
-    in step with what the image gives now."""
+    in step with what the image gives now. Each window of a clip draws its own."""
+    if entry.window:
+        return random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 3, entry.window))
     return random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 3))
 
 

@@ -61,24 +61,25 @@ class Batch:
 def held_out_images(scans: list[ConceptScan], config: TrainConfig) -> dict[int, list[ImageEntry]]:
     """`validation_holdout` images of each STANDARD concept (with validation on), in the concept's image order: the
     same ones every run (chosen by a hash of the file's name and the concept's seed, so adding images rarely changes
-    them); a concept keeps at least one image to train on."""
+    them); a concept keeps at least one image to train on. A clip is held out or trained whole (all its windows)."""
     count = config.validation_holdout if config.validation else 0
     held: dict[int, list[ImageEntry]] = {}
     for scan in scans:
-        if count <= 0 or scan.kind is not ConceptType.STANDARD or len(scan.images) < 2:
+        files = list(dict.fromkeys(e.path for e in scan.images))
+        if count <= 0 or scan.kind is not ConceptType.STANDARD or len(files) < 2:
             continue
         seed = config.concepts[scan.index].seed
-        ranked = sorted(scan.images, key=lambda e: _holdout_rank(e, scan.folder, seed))
-        chosen = {id(e) for e in ranked[: min(count, len(scan.images) - 1)]}
-        held[scan.index] = [e for e in scan.images if id(e) in chosen]
+        ranked = sorted(files, key=lambda path: _holdout_rank(path, scan.folder, seed))
+        chosen = set(ranked[: min(count, len(files) - 1)])
+        held[scan.index] = [e for e in scan.images if e.path in chosen]
     return held
 
 
-def _holdout_rank(entry: ImageEntry, folder: Path, seed: int) -> int:
+def _holdout_rank(path: Path, folder: Path, seed: int) -> int:
     try:
-        name = entry.path.relative_to(folder).as_posix()
+        name = path.relative_to(folder).as_posix()
     except ValueError:
-        name = entry.path.name
+        name = path.name
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
 
 

@@ -277,3 +277,18 @@ def test_the_install_path_brings_pyav():
     assert 'pip_install -e "$TARGET"' in (ROOT / "install.sh").read_text(encoding="utf-8")
     source = (ROOT / "onetrainer" / "data" / "video.py").read_text(encoding="utf-8")
     assert "subprocess" not in source and "import av" in source
+
+
+def test_a_held_out_clip_is_held_out_whole(tmp_path):
+    folder = tmp_path / "held"
+    write_clip(folder / "a.mov")
+    write_clip(folder / "b.mov")
+    concept_dict = {"path": str(folder), "video": {"clip_mode": "EVEN", "max_windows": 3}}
+    config, _ = config_from_dict(
+        {"resolution": "64", "validation": True, "validation_holdout": 1, "concepts": [concept_dict]}
+    )
+    data = TrainingData(config, 8, video=RULE)
+    held = {e.path.name for e in data.validation_images}
+    trained = {e.path.name for e in data.images}
+    assert len(held) == 1 and held.isdisjoint(trained) and len(trained) == 1
+    assert len(data.validation_images) == 3 and len(data.images) == 3  # every window of each clip
