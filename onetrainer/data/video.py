@@ -184,6 +184,14 @@ def window_indexes(header: ClipHeader, bucket: int, window: int, concept, rng: r
     return indexes[start : start + bucket]
 
 
+def _upright(frame):
+    """A decoded frame as shown: turned by its display matrix (a phone's portrait clip is stored landscape and turned
+    on playback), in degrees counterclockwise as PIL turns."""
+    image = frame.to_image().convert("RGB")
+    turn = round(frame.rotation or 0) % 360
+    return image.rotate(turn, expand=True) if turn else image
+
+
 def decode_frames(path: Path, indexes: list[int]):
     """The frames at `indexes` (source frame numbers, repeats allowed) as RGB PIL images, decoding from the start up
     to the last one needed; ValueError naming the clip when it ends before (its header counted more frames)."""
@@ -200,7 +208,7 @@ def decode_frames(path: Path, indexes: list[int]):
             for number, frame in enumerate(container.decode(stream)):
                 decoded = number + 1
                 if number in wanted:
-                    found[number] = frame.to_image().convert("RGB")
+                    found[number] = _upright(frame)
                 if number >= last:
                     break
     except av.FFmpegError as e:

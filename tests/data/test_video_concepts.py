@@ -104,6 +104,25 @@ def test_the_scan_reads_clip_headers_captions_and_names_the_unreadable(clip_fold
     assert video.clip_header(write_clip(clip_folder / "sub" / "m.mkv", frames=9, fps=9)).frames == 9
 
 
+def test_a_clip_turned_by_its_display_matrix_is_decoded_upright(tmp_path):
+    """Phones store portrait clips landscape with a display rotation; the frames come out as they are shown."""
+    path = tmp_path / "phone.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 48, 32, "yuv420p"
+        stream.set_display_rotation(90)
+        array = np.zeros((32, 48, 3), np.uint8)
+        array[:, :12] = 255  # a white band on the stored frame's left
+        for packet in [*stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")), *stream.encode()]:
+            container.mux(packet)
+    [frame] = video.decode_frames(path, [0])
+    stored = Image.fromarray(array)
+    assert frame.size == (32, 48)
+    shown = np.asarray(frame, dtype=np.float32)
+    expected = np.asarray(stored.rotate(90, expand=True), dtype=np.float32)
+    assert np.abs(shown - expected).mean() < 12  # turned counterclockwise, as the display matrix says
+
+
 def test_frames_are_resampled_by_picking_the_frame_shown_at_each_instant():
     assert video.resampled_indexes(12, 12.0, 0.0) == list(range(12))
     assert video.resampled_indexes(12, 12.0, 6.0) == [0, 2, 4, 6, 8, 10]
