@@ -192,27 +192,68 @@ def _upright(frame):
     return image.rotate(turn, expand=True) if turn else image
 
 
+SEEK_AFTER = 48  # a window starting this many frames in seeks to the keyframe before it rather than decode from 0
+
+
 def decode_frames(path: Path, indexes: list[int]):
-    """The frames at `indexes` (source frame numbers, repeats allowed) as RGB PIL images, decoding from the start up
-    to the last one needed; ValueError naming the clip when it ends before (its header counted more frames)."""
+    """The frames at `indexes` (source frame numbers, repeats allowed) as RGB PIL images; ValueError naming the clip
+    when it ends before the last (its header counted more frames). A window far into a clip (`SEEK_AFTER`) is found by
+    seeking to the keyframe before it and numbering frames by their timestamps, where the clip has a constant rate and
+    timestamps (not a GIF); otherwise, or when the seek does not give every frame, frames are decoded from the start."""
     import av
 
     wanted = set(indexes)
-    last = max(indexes)
-    found = {}
-    decoded = 0
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for number, frame in enumerate(container.decode(stream)):
-                decoded = number + 1
-                if number in wanted:
-                    found[number] = _upright(frame)
-                if number >= last:
-                    break
+        found = _decode_seeking(path, wanted) if min(indexes) >= SEEK_AFTER else None
+        if found is None:
+            found, decoded = _decode_from_start(path, wanted)
+            if max(indexes) not in found:
+                raise ValueError(f"{path.name} ends after {decoded} frames; the sample needs frame {max(indexes) + 1}")
     except av.FFmpegError as e:
         raise ValueError(f"{path.name}: {_reason(e)}") from e
-    if last not in found:
-        raise ValueError(f"{path.name} ends after {decoded} frames; the sample needs frame {last + 1}")
     return [found[i] for i in indexes]
+
+
+def _decode_from_start(path: Path, wanted: set[int]) -> tuple[dict, int]:
+    """The wanted frames by their decoding order, and how many frames were decoded."""
+    import av
+
+    last = max(wanted)
+    found, decoded = {}, 0
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for number, frame in enumerate(container.decode(stream)):
+            decoded = number + 1
+            if number in wanted:
+                found[number] = _upright(frame)
+            if number >= last:
+                break
+    return found, decoded
+
+
+def _decode_seeking(path: Path, wanted: set[int]) -> dict | None:
+    """The wanted frames after a seek, numbered by timestamp (start time, time base and the average rate); None where
+    that numbering cannot be trusted or a wanted frame did not come, so the caller decodes from the start."""
+    import av
+
+    if path.suffix.lower() == ".gif":  # a GIF's frames each have their own delay: no constant rate to number them by
+        return None
+    first, last = min(wanted), max(wanted)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        rate, base = stream.average_rate, stream.time_base
+        if not rate or not base or stream.guessed_rate != rate:
+            return None
+        start = stream.start_time or 0
+        container.seek(start + int(Fraction(first) / rate / base), stream=stream, backward=True)
+        found = {}
+        for frame in container.decode(stream):
+            if frame.pts is None:
+                return None
+            number = round((frame.pts - start) * base * rate)
+            if number > last:
+                break
+            if number in wanted:
+                found[number] = _upright(frame)
+    return found if len(found) == len(wanted) else None

@@ -123,6 +123,37 @@ def test_a_clip_turned_by_its_display_matrix_is_decoded_upright(tmp_path):
     assert np.abs(shown - expected).mean() < 12  # turned counterclockwise, as the display matrix says
 
 
+@pytest.mark.parametrize("name", ["long.mp4", "long.mkv"])
+def test_a_window_far_into_a_clip_is_found_by_seeking_with_the_same_frames(tmp_path, monkeypatch, name):
+    """Past `SEEK_AFTER` frames the decoder seeks to the keyframe before the window (an mp4 with a keyframe every 12
+    frames; FFV1's every frame is one): the frames are those decoding from the start gives."""
+    path = tmp_path / name
+    codec, pixel_format = CODECS[path.suffix]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=24)
+        stream.width, stream.height, stream.pix_fmt = 48, 32, pixel_format
+        stream.codec_context.gop_size = 12
+        for number in range(120):
+            array = np.zeros((32, 48, 3), np.uint8)
+            array[..., 0] = number * 2
+            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    indexes = [61, 62, 63, 64, 65, 117]
+    seeks = []
+    real_seek = video._decode_seeking
+    monkeypatch.setattr(video, "_decode_seeking", lambda *a: seeks.append(1) or real_seek(*a))
+    sought = [np.asarray(f)[..., 0].mean() for f in video.decode_frames(path, indexes)]
+    assert seeks
+    frames, _ = video._decode_from_start(path, set(indexes))
+    linear = [np.asarray(frames[i])[..., 0].mean() for i in indexes]
+    assert np.allclose(sought, linear, atol=0.5) and abs(sought[0] - 122) < 3  # frame 61: red 122
+    assert real_seek(path, set(indexes)) is not None  # the seek gave them (no fallback)
+    with pytest.raises(ValueError, match="ends after 120 frames"):
+        video.decode_frames(path, [119, 120])
+
+
 def test_frames_are_resampled_by_picking_the_frame_shown_at_each_instant():
     assert video.resampled_indexes(12, 12.0, 0.0) == list(range(12))
     assert video.resampled_indexes(12, 12.0, 6.0) == [0, 2, 4, 6, 8, 10]
