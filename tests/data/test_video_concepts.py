@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from onetrainer.config import ConceptConfig, config_from_dict
+from onetrainer.config.enums import ConceptType
 from onetrainer.config.family_info import FrameCounts
 from onetrainer.data import video
 from onetrainer.data.buckets import bucket_grid
@@ -342,3 +343,22 @@ def test_a_held_out_clip_is_held_out_whole(tmp_path):
     trained = {e.path.name for e in data.images}
     assert len(held) == 1 and held.isdisjoint(trained) and len(trained) == 1
     assert len(data.validation_images) == 3 and len(data.images) == 3  # every window of each clip
+
+
+def test_a_batch_of_clips_stacks_to_b_3_f_h_w_and_validation_gives_clips_too(tmp_path):
+    folder = tmp_path / "batch"
+    write_clip(folder / "a.mov")
+    write_clip(folder / "b.mp4")
+    Image.new("RGB", (48, 32), (200, 100, 0)).save(folder / "c.png")
+    config, _ = config_from_dict({"resolution": "64", "batch_size": 2, "concepts": [{"path": str(folder)}]})
+    data = TrainingData(config, 8, video=RULE)
+    for batch in data.plan(0).batches:
+        loaded = data.load_batch(batch, 0, with_masks=False)
+        frames = batch[0].bucket.frames
+        assert loaded.pixels.shape == (2, 3, frames, batch[0].bucket.height, batch[0].bucket.width)
+    assert sorted(len(b) and b[0].bucket.frames for b in data.plan(0).batches) == [1, 5]
+    config.concepts[0].type = ConceptType.VALIDATION
+    config.concepts.append(ConceptConfig(path=str(folder), seed=3))
+    data = TrainingData(config, 8, video=RULE)
+    shapes = sorted(tuple(batch.pixels.shape[:3]) for _, batch in data.validation_batches(with_masks=False))
+    assert shapes == [(1, 3, 1), (1, 3, 5), (1, 3, 5)]
