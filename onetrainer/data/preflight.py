@@ -136,7 +136,11 @@ def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     except DatasetError as e:
         from onetrainer.data.scan import scan_concepts
 
-        report = PreflightReport([_concept_report(s, None, None) for s in scan_concepts(config, resolve)])
+        try:
+            scans = scan_concepts(config, resolve)
+        except ValueError:  # the run's frames per clip is not a count: the error says so
+            scans = []
+        report = PreflightReport([_concept_report(s, None, None) for s in scans])
         report.errors.append(str(e))
         return report
     plan = data.plan(0)

@@ -23,6 +23,7 @@ from PIL import Image
 from onetrainer.config import ConceptConfig, config_from_dict
 from onetrainer.config.enums import ConceptType
 from onetrainer.config.family_info import FrameCounts
+from onetrainer.data import scan as scanning
 from onetrainer.data import video
 from onetrainer.data.buckets import bucket_grid
 from onetrainer.data.plan import PlannedSample, bucket_of
@@ -305,7 +306,7 @@ def test_the_run_goes_on_without_the_clips(clip_folder, tmp_path):
     assert any(CLIPS_NEED_VIDEO in w and "walk.mp4" in w and "spin.gif" in w for w in warnings), warnings
 
 
-def test_concept_settings_are_validated_by_name_and_the_run_frames_parsed():
+def test_concept_settings_are_validated_by_name_and_the_run_frames_parsed(tmp_path, monkeypatch):
     _, problems = config_from_dict({"concepts": [{"path": "x", "video": {"clip_mode": "SIDEWAYS"}}]})
     assert any(p.path == "concepts.0.video.clip_mode" and p.is_error for p in problems), problems
     _, problems = config_from_dict({"concepts": [{"path": "x", "video": {"max_windows": 0}}]})
@@ -317,6 +318,12 @@ def test_concept_settings_are_validated_by_name_and_the_run_frames_parsed():
     config.frames = "many"
     with pytest.raises(ValueError, match="frames: 'many'"):
         run_frames(config)
+    # as a model type declaring `FamilyInfo.video` reads it: the run stops naming the setting, the preflight says it
+    monkeypatch.setattr(scanning, "video_rule", lambda config: video.VideoRule(FrameCounts(), run_frames(config)))
+    config.concepts = [ConceptConfig(path=str(tmp_path))]
+    with pytest.raises(DatasetError, match="frames: 'many'"):
+        TrainingData(config, 8)
+    assert any("frames: 'many'" in error for error in preflight_report(config).errors)
 
 
 def test_the_install_path_brings_pyav():
