@@ -51,9 +51,11 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Reference images missing (skipped)", entry.missing_references),
             ("More reference images than the model takes (skipped)", entry.too_many_references),
             ("Masks of another size (resized)", entry.resized_masks),
+            ("Clips need a video model type (skipped)", entry.clips_need_video),
         ):
             if items:
                 stats.notes.append(f"{label}: {_names(items)}")
+        stats.notes += [f"Short clip: {line}" for line in entry.short_clips]
         stats.notes += [f"Unreadable, skipped: {Path(path).name} ({reason})" for path, reason in entry.unreadable]
         stats.notes += [f"Problem: {problem}" for problem in entry.problems]
         stats.notes += [f"Warning: {warning}" for warning in entry.warnings]

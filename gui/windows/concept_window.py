@@ -1,4 +1,5 @@
-"""A concept's window: its general settings, image and text augmentation with live previews, and its statistics.
+"""A concept's window: its general settings, image and text augmentation with live previews, how its clips are cut
+(video model types), and its statistics.
 
 Every form is generated from `ConceptConfig`'s declarations at the concept's path (`concepts.2.…`), so typing here
 edits the app's config directly. The window closes itself when the concept list is replaced or reordered, since its
@@ -30,6 +31,7 @@ PAGES = (
     ("general", "general"),
     ("image", "image augmentation"),
     ("text", "text augmentation"),
+    ("video", "video clips"),
     ("statistics", "statistics"),
 )
 
@@ -106,6 +108,11 @@ class ConceptWindow(ctk.CTkToplevel):
             self.caption_preview = CaptionPreview(page, self.cursor)
             self._form_beside(page, key, self.caption_preview.frame)
             self.caption_preview.update_preview()
+        elif key == "video":  # how clips are cut into samples (video model types; image model types skip clips)
+            page.grid_columnconfigure(0, weight=1)
+            page.grid_rowconfigure(0, weight=1)
+            fields = node_fields(self.concept, self.base, key)
+            self._form(page, key, fields, columns=1).grid(row=0, column=0, sticky="nsew")
         else:
             self.statistics = StatisticsPane(page, self.model, self.index)
             self.statistics.frame.grid(row=0, column=0, sticky="nsew", padx=4, pady=4)

@@ -1,4 +1,5 @@
-"""A concept: a folder of training images with its captions, balancing and augmentation (OneTrainer's names)."""
+"""A concept: a folder of training images (and clips, for video models) with its captions, balancing and augmentation
+(OneTrainer's names)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from onetrainer.config.schema import ConfigNode, node, setting
 PROMPT_SOURCES = ("sample", "concept", "filename")
 TAG_DROPOUT_MODES = ("FULL", "RANDOM", "RANDOM WEIGHTED")
 SPECIAL_TAG_MODES = ("NONE", "BLACKLIST", "WHITELIST")
+CLIP_MODES = ("START", "EVEN", "RANDOM")  # how a clip is cut into windows (`data/video.py`)
+SHORT_CLIP_RULES = ("SHORTER", "PAD", "SKIP")  # what a clip shorter than its frames per clip does
 
 
 @dataclass
@@ -129,6 +132,48 @@ class ConceptTextConfig(ConfigNode):
     caps_randomize_lowercase: bool = setting(False, "Lowercase first", "Lowercase the caption before randomizing.")
 
 
+@dataclass
+class ConceptVideoConfig(ConfigNode):
+    frames: int = setting(
+        0,
+        "Frames per clip",
+        "How many frames each sample of a clip trains with, rounded down to a count the model's VAE takes (4k + 1 "
+        "for the causal video VAEs); 0 = the training's Frames (`frames`, 25 by default). Video model types only: "
+        "an image model type names the clips of a concept folder and skips them.",
+        minimum=0,
+    )
+    target_fps: float = setting(
+        0.0,
+        "Target fps",
+        "Resample clips to this frame rate first, by picking the frame shown at each instant of the new rate (a lower "
+        "rate spans more time per window); 0 = each clip's own rate.",
+        minimum=0,
+    )
+    clip_mode: str = setting(
+        "START",
+        "Clip windows",
+        "How a clip is cut into samples: START = one window from its first frame; EVEN = windows spread evenly from "
+        "the first frame to the last; RANDOM = windows at random starts, drawn again each epoch (from the seed, as "
+        "image augmentation is).",
+        choices=CLIP_MODES,
+    )
+    max_windows: int = setting(
+        1,
+        "Max windows per clip",
+        "The most samples a clip gives per epoch with EVEN or RANDOM windows (fewer when the clip has fewer distinct "
+        "starts).",
+        minimum=1,
+    )
+    short_clips: str = setting(
+        "SHORTER",
+        "Short clips",
+        "A clip shorter than the frames per clip is named in the scan and: SHORTER = trained in the longest frame "
+        "count it fills (its own temporal bucket); PAD = padded to the full count by repeating its last frame; "
+        "SKIP = skipped.",
+        choices=SHORT_CLIP_RULES,
+    )
+
+
 def _random_seed() -> int:
     return random.randint(-(2**30), 2**30)
 
@@ -193,4 +238,7 @@ class ConceptConfig(ConfigNode):
     image: ConceptImageConfig = node(ConceptImageConfig, "Image augmentation", "How images are augmented.")
     text: ConceptTextConfig = node(
         ConceptTextConfig, "Text augmentation", "Where captions come from and how they are augmented."
+    )
+    video: ConceptVideoConfig = node(
+        ConceptVideoConfig, "Video clips", "How the concept's clips are cut into samples (video model types)."
     )

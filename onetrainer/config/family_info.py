@@ -103,6 +103,35 @@ class FileCaveat:
 
 
 @dataclass(frozen=True)
+class FrameCounts:
+    """The clip lengths a video family's VAE takes: `step`·k + `offset` frames, k ≥ 0. The default is that of the causal
+    3-D VAEs (4× temporal compression after the first frame, which is encoded alone): 1, 5, 9, 13, …"""
+
+    step: int = 4
+    offset: int = 1
+
+    def __post_init__(self) -> None:
+        if self.step < 1 or self.offset < 1:
+            raise ValueError(f"frame counts {self.step}k + {self.offset}: the step and the offset must be at least 1")
+
+    @property
+    def smallest(self) -> int:
+        return self.offset
+
+    def at_most(self, frames: int) -> int:
+        """The longest count it takes that is not above `frames` (0: none is)."""
+        if frames < self.offset:
+            return 0
+        return self.offset + (frames - self.offset) // self.step * self.step
+
+    def takes(self, frames: int) -> bool:
+        return frames >= self.offset and (frames - self.offset) % self.step == 0
+
+    def __str__(self) -> str:
+        return f"{self.step}k + {self.offset}" if self.step > 1 else f"any count from {self.offset}"
+
+
+@dataclass(frozen=True)
 class FamilyInfo:
     key: str
     label: str
@@ -177,6 +206,9 @@ class FamilyInfo:
     references_required: bool = True
     # The most references an image (and a sample) may have; an image with more is named and skipped (0: no limit).
     max_references: int = 0
+    # A video family: the clip lengths its VAE takes (`FrameCounts()`, 4k + 1, unless it declares others). Its concepts
+    # train clips (`data/video.py`) and stills as one-frame clips; None, an image family: clips are named and skipped.
+    video: FrameCounts | None = None
     # The config reference's note on this family (`docs/config.md`, Family notes): its own settings and why.
     notes: str = ""
 

@@ -3,6 +3,9 @@
 The buckets of a target resolution R have about R² pixels and the aspect ratios 1:1 … 1:4 in both orientations, with
 width and height rounded to the family's quantization step (`FamilyInfo.bucket_step`: 8 to 128 px today). An image
 is scaled to cover its bucket and cropped, so small images are upscaled and never dropped for their size.
+
+On a video model type a bucket also has a frame count (its temporal bucket: the frames of each sample, a count the
+family's VAE takes; 1 for a still), so that a batch never mixes clip lengths. Images on image model types have none.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ ASPECT_RATIOS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
 class Bucket:
     width: int
     height: int
+    frames: int = 0  # a video model type's frames per sample (0: an image model type's image)
 
     @property
     def aspect(self) -> float:
         return self.height / self.width
 
     def __str__(self) -> str:
-        return f"{self.width}x{self.height}"
+        return f"{self.width}x{self.height}" + (f" {self.frames}f" if self.frames else "")
 
 
 def _round_to(value: float, step: int) -> int:

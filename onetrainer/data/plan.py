@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from onetrainer.config.enums import BalancingStrategy
@@ -73,11 +73,17 @@ def plan_epoch(
         for index in _balanced(members, concept, rng):
             entry = images[index]
             grid = grids[0] if len(grids) == 1 else grids[rng.randrange(len(grids))]
-            chosen.append(PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), variation))
+            chosen.append(PlannedSample(index, bucket_of(entry, grid), variation))
     # A batch's images have as many reference images each (an edit model that also trains plain text to image batches
     # the two apart): their reference tokens stack. Families without references: one group per bucket, as before.
     references = [len(entry.references) for entry in images]
     return _batched(chosen, config, epoch, seed, batch_size or config.batch_size, lambda s: references[s.image])
+
+
+def bucket_of(entry: ImageEntry, grid: tuple[Bucket, ...]) -> Bucket:
+    """The entry's bucket of `grid`: the nearest aspect, and on a video model type its frames (temporal bucket)."""
+    bucket = nearest_bucket(entry.width, entry.height, grid)
+    return replace(bucket, frames=entry.frames) if entry.frames else bucket
 
 
 def _balanced(members: list[int], concept, rng: random.Random) -> list[int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.config.model_types import model_type_info
+from onetrainer.data.scan import CLIPS_NEED_VIDEO
 from onetrainer.data.training_data import DatasetError, TrainingData
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class ConceptReport:
     too_many_references: list[str] = field(default_factory=list)  # skipped: more than the model type takes
     with_references: int = 0  # images with reference images beside them (edit models learn from them)
     resized_masks: list[str] = field(default_factory=list)
+    clips_need_video: list[str] = field(default_factory=list)  # skipped: the model type trains images
+    short_clips: list[str] = field(default_factory=list)  # "clip: N frames of M: what was done"
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
     buckets: list[BucketRow] = field(default_factory=list)
@@ -73,9 +76,12 @@ class PreflightReport:
                 ("reference images missing (skipped)", c.missing_references),
                 ("more reference images than the model takes (skipped)", c.too_many_references),
                 ("masks of another size (resized)", c.resized_masks),
+                (f"{CLIPS_NEED_VIDEO} (skipped)", c.clips_need_video),
             ):
                 if items:
                     lines.append(f"  {label}: {len(items)}: {_names(items)}")
+            for line in c.short_clips:
+                lines.append(f"  short clip: {line}")
             for path, reason in c.unreadable:
                 lines.append(f"  unreadable, skipped: {path} ({reason})")
             for problem in c.problems:
@@ -130,7 +136,11 @@ def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     except DatasetError as e:
         from onetrainer.data.scan import scan_concepts
 
-        report = PreflightReport([_concept_report(s, None, None) for s in scan_concepts(config, resolve)])
+        try:
+            scans = scan_concepts(config, resolve)
+        except ValueError:  # the run's frames per clip is not a count: the error says so
+            scans = []
+        report = PreflightReport([_concept_report(s, None, None) for s in scans])
         report.errors.append(str(e))
         return report
     plan = data.plan(0)
@@ -174,6 +184,8 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         too_many_references=[str(p) for p, _ in scan.too_many_references],
         with_references=sum(1 for e in scan.images if e.references),
         resized_masks=[str(p) for p in scan.resized_masks],
+        clips_need_video=[str(p) for p in scan.clips_need_video],
+        short_clips=[f"{p.name}: {n} frames of {wanted}, {done}" for p, n, wanted, done in scan.short_clips],
         problems=list(scan.problems),
         warnings=[*scan.caption_warnings, *scan.image_warnings],
         held_out=[str(e.path) for e in data.held_out.get(scan.index, [])] if data is not None else [],

@@ -4,6 +4,9 @@ Every random choice comes from generators seeded by the concept seed, the sample
 image, so a sample looks the same whenever it is loaded: in a worker process, after a resume, or when it is cached. An
 image's augmentation draws follow its file name, not its place in the scan, so adding or removing other images leaves
 them (and its cached latents) as they were.
+
+On a video model type a sample is a clip: [3, F, H, W], its F frames cut from the clip (`data/video.py`) and each
+scaled, cropped, flipped, turned and coloured by the same draws (a still is a one-frame clip).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LoadedSample:
-    pixels: torch.Tensor  # [3, H, W] in [-1, 1]
-    mask: torch.Tensor | None  # [1, H, W] in [0, 1], white = train
+    pixels: torch.Tensor  # [3, H, W] in [-1, 1]; on a video model type [3, F, H, W] (F = the bucket's frames)
+    mask: torch.Tensor | None  # [1, H, W] in [0, 1], white = train (one for a whole clip)
     original_size: tuple[int, int]  # (height, width) before scaling
     crop_offset: tuple[int, int]  # (top, left) in the scaled image
     # the image's reference images, each [3, h, w] in [-1, 1] at its own size, cropped, flipped and turned as the image
@@ -39,7 +42,9 @@ def image_rng(concept, planned: PlannedSample, entry: ImageEntry) -> random.Rand
     """The draws of a sample's image augmentation (crop jitter, flip, rotation, …): seeded by the concept's seed, the
     variation and the image's file name, not its place in the scan. So an image is cropped and turned the same way when
     other images are added or removed: its cached latents, and an edit model's references cached with the caption, stay
-    in step with what the image gives now."""
+    in step with what the image gives now. Each window of a clip draws its own."""
+    if entry.window:
+        return random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 3, entry.window))
     return random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 3))
 
 
@@ -52,19 +57,51 @@ def load_sample(
 ) -> LoadedSample:
     """The sample's pixels (and mask); `with_references`: also its reference images, moved as the image is (the same
     share of each cropped away, the same flip and rotation; their colours untouched)."""
-    from onetrainer.data.image_augment import augment_image, circular_mask_shrink, random_mask_rotate_crop
-
     rng = image_rng(concept, planned, entry)
-    image = open_rgb(entry.path)
-    original = (image.height, image.width)
+    frames = [open_rgb(entry.path)] if entry.clip is None else _clip_frames(entry, planned, concept)
+    size = frames[0].size
     mask = None
     if with_mask:
         if entry.mask is not None:
             mask = open_mask(entry.mask)
-            if mask.size != image.size:
-                mask = mask.resize(image.size, Image.Resampling.BILINEAR)
+            if mask.size != size:
+                mask = mask.resize(size, Image.Resampling.BILINEAR)
         else:
-            mask = Image.new("L", image.size, 255)  # no mask: the whole image trains
+            mask = Image.new("L", size, 255)  # no mask: the whole image trains
+    if not entry.frames:
+        return _load_image(frames[0], mask, entry, planned, concept, rng, with_references)
+    # A clip (or a still on a video model type): every frame takes the same draws, from a copy of the generator's state.
+    state = rng.getstate()
+    loaded = []
+    for frame in frames:
+        draws = random.Random()
+        draws.setstate(state)
+        loaded.append(_load_image(frame, mask, entry, planned, concept, draws, False))
+    pixels = torch.stack([one.pixels for one in loaded], dim=1)
+    first = loaded[0]
+    return LoadedSample(pixels, first.mask, first.original_size, first.crop_offset)
+
+
+def _clip_frames(entry: ImageEntry, planned: PlannedSample, concept) -> list[Image.Image]:
+    """The frames of the entry's window this sample trains (its start drawn from the variation for RANDOM windows)."""
+    from onetrainer.data.video import decode_frames
+
+    return decode_frames(entry.path, window_of(entry, planned, concept))
+
+
+def window_of(entry: ImageEntry, planned: PlannedSample, concept) -> list[int]:
+    """The clip's source frame numbers this sample trains (what `load_sample` decodes), for the previews and tests."""
+    from onetrainer.data.video import window_indexes
+
+    rng = random.Random(hash_seed(concept.seed, planned.variation, _name_seed(entry.path.name), 5))
+    return window_indexes(entry.clip, entry.frames, entry.window, concept, rng)
+
+
+def _load_image(image, mask, entry, planned, concept, rng: random.Random, with_references: bool) -> LoadedSample:
+    """One picture (an image, or a frame of a clip) scaled to cover the bucket, cropped and augmented by `rng`."""
+    from onetrainer.data.image_augment import augment_image, circular_mask_shrink, random_mask_rotate_crop
+
+    original = (image.height, image.width)
     settings = concept.image
     # OneTrainer's order: mask-driven crops first, then the bucket's scale and crop, then the augmentations.
     if mask is not None and settings.enable_random_circular_mask_shrink:

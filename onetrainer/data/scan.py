@@ -1,19 +1,22 @@
-"""Scanning the concepts: every image with its caption lines and mask, and every file that cannot be used, named.
+"""Scanning the concepts: every image (and, on a video model type, every clip's windows) with its caption lines and
+mask, and every file that cannot be used, named.
 
 Nothing is dropped silently: unreadable images, missing captions, missing or mis-sized masks, empty or missing folders
-all end up in the scan's lists, which the preflight report shows and the trainer logs.
+all end up in the scan's lists, which the preflight report shows and the trainer logs. So do clips on an image model
+type (`clips_need_video`: skipped) and clips shorter than their frames per clip (`short_clips`: what was done).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PIL import Image, UnidentifiedImageError
 
 from onetrainer.config.enums import ConceptType
+from onetrainer.data import video as clips
 from onetrainer.data.images import (
     IMAGE_EXTENSIONS,
     REFERENCE_SUFFIX,
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _ROTATED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 SMALL_IMAGE = 16  # pixels on the shorter side: scaled up to the bucket, such an image trains mostly blur
+CLIPS_NEED_VIDEO = "clips need a video model type"  # what the scan, the run and --check say of clips on image models
 LONG_CAPTION = 10_000  # characters; CLIP reads 77 tokens (a few hundred characters), so a longer file is a mistake
 
 
@@ -45,6 +49,11 @@ class ImageEntry:
     mask: Path | None
     fingerprint: str  # changes whenever the file changes (size and modification time)
     references: tuple[Path, ...] = ()  # its reference images, in order (`images.reference_paths_of`)
+    # On a video model type: the frames each sample trains with (its temporal bucket; 1 for a still). 0: an image on
+    # an image model type (its samples are [3, H, W], not [3, F, H, W]).
+    frames: int = 0
+    window: int = 0  # which window of its clip this entry trains (`video.window_indexes`)
+    clip: clips.ClipHeader | None = None  # a clip's header (None: a still image)
 
 
 @dataclass
@@ -62,6 +71,11 @@ class ConceptScan:
     # images with more reference images than the model type takes (image, count): skipped, each named
     too_many_references: list[tuple[Path, int]] = field(default_factory=list)
     resized_masks: list[Path] = field(default_factory=list)
+    # clips where the model type is not a video one: skipped, each named ("clips need a video model type")
+    clips_need_video: list[Path] = field(default_factory=list)
+    # clips shorter than their concept's frames per clip: (clip, its frames at the target rate, the frames per clip,
+    # what was done: "trained at N frames", "padded with its last frame" or "skipped")
+    short_clips: list[tuple[Path, int, int, str]] = field(default_factory=list)
     caption_warnings: list[str] = field(default_factory=list)
     image_warnings: list[str] = field(default_factory=list)  # used, but probably not what the user meant
     problems: list[str] = field(default_factory=list)  # the concept as a whole: folder missing, empty, …
@@ -102,11 +116,17 @@ def _rule(references: ReferenceRule | bool | None) -> ReferenceRule | None:
 
 
 def scan_concept(
-    index: int, concept, folder: Path, masked: bool, references: ReferenceRule | bool | None = None
+    index: int,
+    concept,
+    folder: Path,
+    masked: bool,
+    references: ReferenceRule | bool | None = None,
+    video: clips.VideoRule | None = None,
 ) -> ConceptScan:
     """The concept's images; `references`: how the model type trains on reference images (`reference_rule`): an image
     without one where they are required (`missing_references`) or with more than it takes (`too_many_references`) is
-    skipped and named."""
+    skipped and named. `video`: how the model type trains on clips (`video_rule`): each clip gives an entry per window
+    and each still one of one frame; None (an image model type): the clips are named in `clips_need_video`."""
     rule = _rule(references)
     label = concept.name or concept.path
     scan = ConceptScan(index, label, folder, concept.type)
@@ -114,8 +134,14 @@ def scan_concept(
         scan.problems.append(f"folder not found: {folder}")
         return scan
     images = list_images(folder, concept.include_subdirectories)
-    if not images:
-        scan.problems.append(f"no images in {folder}")
+    found_clips = clips.list_clips(folder, concept.include_subdirectories)
+    if video is None:
+        scan.clips_need_video = found_clips
+        found_clips = []
+    if not images and not found_clips:
+        held = scan.clips_need_video
+        need = f" (only {_count(len(held), 'clip')}: {CLIPS_NEED_VIDEO})" if held else ""
+        scan.problems.append(f"no images in {folder}{need}")
         return scan
     shared_lines: tuple[str, ...] = ()
     if concept.text.prompt_source == "concept":
@@ -124,7 +150,10 @@ def scan_concept(
             shared_lines = tuple(_read_caption(prompt_file, scan))
         else:
             scan.problems.append(f"caption file not found: {concept.text.prompt_path or '(empty)'}")
-    for path in images:
+    for path in sorted(images + found_clips):
+        if video is not None and clips.is_clip(path):
+            _scan_clip(path, index, concept, shared_lines, masked, video, scan)
+            continue
         size = _image_size(path, scan)
         if size is None:
             continue
@@ -148,8 +177,46 @@ def scan_concept(
                 scan.missing_references.append(path)
             continue
         entry = ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path), found)
+        if video is not None:  # a still trains as a one-frame clip
+            entry = replace(entry, frames=1)
         scan.images.append(entry)
     return scan
+
+
+def _scan_clip(path: Path, index: int, concept, shared: tuple[str, ...], masked: bool, video, scan: ConceptScan):
+    """A clip's entries, one per window (its header read, no frame decoded), or the clip named where it gives none."""
+    try:
+        header = clips.clip_header(path)
+    except clips.UnreadableClip as e:
+        scan.unreadable.append((path, str(e)))
+        return
+    if min(header.width, header.height) < SMALL_IMAGE:
+        scan.image_warnings.append(
+            f"{path} is only {header.width}x{header.height} pixels: scaled up, it trains mostly blur"
+        )
+    plan = clips.plan_clip(header, concept, video)
+    if plan.short:
+        scan.short_clips.append((path, plan.length, video.wanted(concept), plan.short))
+    if not plan.bucket:
+        return
+    captions = _captions_of(path, concept, shared, scan)
+    mask = mask_path_of(path)
+    if mask.is_file():
+        mask_size = _image_size(mask, None)
+        if mask_size is not None and mask_size != (header.width, header.height):
+            scan.resized_masks.append(mask)
+    else:
+        mask = None
+        if masked:
+            scan.missing_masks.append(path)
+    mark = fingerprint(path)
+    for window in range(plan.windows):
+        entry = ImageEntry(path, index, header.width, header.height, captions, mask, mark, (), plan.bucket, window)
+        scan.images.append(replace(entry, clip=header))
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -163,16 +230,20 @@ class FirstUsable:
     without_references: tuple[Path, ...] = ()  # passed over: no reference image, where the model needs one
     too_many_references: tuple[tuple[Path, int], ...] = ()  # passed over: more references than the model takes
     in_subfolders: bool = False  # none listed, but its subfolders hold images (include_subdirectories is off)
+    clips_need_video: tuple[Path, ...] = ()  # clips passed over: the model type is not a video one
 
     def reason(self) -> str:
         """Why no image of the folder trains ("" when one does), naming the files passed over."""
         if self.image is not None:
             return ""
         if not self.listed:
+            if self.clips_need_video:
+                only = _count(len(self.clips_need_video), "clip")
+                return f"no images in {self.folder}, only {only}: {self.clips_text()}"
             if self.in_subfolders:
                 return f"no images in {self.folder}, only in its subfolders: turn on 'Include subdirectories'"
             return f"no images in {self.folder} ({', '.join(IMAGE_EXTENSIONS)})"
-        count = f"{self.listed} image{'s' if self.listed > 1 else ''}"
+        count = _count(self.listed, "image" if self.image_files_only else "file")
         parts = []
         if self.unreadable:
             shown = ", ".join(f"{path.name} ({why})" for path, why in self.unreadable[:_NAMED])
@@ -194,23 +265,51 @@ class FirstUsable:
             parts.append(f"{len(many)} {have} more reference images than this model type takes: {shown}{more}")
         return f"none of the {count} in {self.folder} can be trained: " + "; ".join(parts)
 
+    @property
+    def image_files_only(self) -> bool:
+        return not any(clips.is_clip(path) for path, _ in self.unreadable)
+
+    def clips_text(self) -> str:
+        """The clips passed over as the model type is not a video one, named ("" when none)."""
+        held = self.clips_need_video
+        if not held:
+            return ""
+        shown = ", ".join(path.name for path in held[:_NAMED])
+        more = f" and {len(held) - _NAMED} more" if len(held) > _NAMED else ""
+        return f"{CLIPS_NEED_VIDEO}, skipped: {shown}{more}"
+
 
 _NAMED = 3  # files a reason names before "and N more"
 
 
 def first_usable_image(
-    folder: Path, include_subdirectories: bool = False, references: ReferenceRule | bool | None = None
+    folder: Path,
+    include_subdirectories: bool = False,
+    references: ReferenceRule | bool | None = None,
+    video: clips.VideoRule | None = None,
 ) -> FirstUsable:
     """The first image of `folder` the scan would train on, reading headers in the scan's order until one is usable:
     one header for a folder that is fine, so the run checks and the concept card can afford it where a full scan
     (every header) is for the statistics and the run. `references`: how the model type trains on reference images
-    (`reference_rule`)."""
+    (`reference_rule`); `video`: how it trains on clips (`video_rule`; a clip whose header reads is usable), None: the
+    folder's clips are listed in `clips_need_video`."""
     rule = _rule(references)
     images = list_images(folder, include_subdirectories) if folder.is_dir() else []
+    found_clips = clips.list_clips(folder, include_subdirectories) if folder.is_dir() else []
+    need_video = tuple(found_clips) if video is None else ()
+    if video is not None:
+        images = sorted(images + found_clips)
     unreadable: list[tuple[Path, str]] = []
     without: list[Path] = []
     too_many: list[tuple[Path, int]] = []
     for path in images:
+        if video is not None and clips.is_clip(path):
+            try:
+                clips.clip_header(path)
+            except clips.UnreadableClip as e:
+                unreadable.append((path, str(e)))
+                continue
+            return FirstUsable(folder, path, len(images), tuple(unreadable), clips_need_video=need_video)
         try:
             image_size(path)
         except UnreadableImage as e:
@@ -223,9 +322,13 @@ def first_usable_image(
             else:
                 without.append(path)
             continue
-        return FirstUsable(folder, path, len(images), tuple(unreadable), tuple(without), tuple(too_many))
+        return FirstUsable(
+            folder, path, len(images), tuple(unreadable), tuple(without), tuple(too_many), clips_need_video=need_video
+        )
     nested = not images and not include_subdirectories and folder.is_dir() and _images_below(folder)
-    return FirstUsable(folder, None, len(images), tuple(unreadable), tuple(without), tuple(too_many), nested)
+    return FirstUsable(
+        folder, None, len(images), tuple(unreadable), tuple(without), tuple(too_many), nested, need_video
+    )
 
 
 def _images_below(folder: Path) -> bool:
@@ -306,15 +409,41 @@ def _read_caption(path: Path, scan: ConceptScan) -> list[str]:
     return caption_lines(read_text(path))
 
 
-def scan_concepts(config: TrainConfig, resolve=lambda p: Path(p)) -> list[ConceptScan]:
-    """Scan every enabled concept (training, validation and prior-prediction ones)."""
+def scan_concepts(config: TrainConfig, resolve=lambda p: Path(p), video=...) -> list[ConceptScan]:
+    """Scan every enabled concept (training, validation and prior-prediction ones); `video`: how clips train (by
+    default the model type's `video_rule`)."""
     out = []
     references = reference_rule(config)
+    if video is ...:
+        video = video_rule(config)
     for index, concept in enumerate(config.concepts or []):
         if not concept.enabled:
             continue
-        out.append(scan_concept(index, concept, Path(resolve(concept.path)), config.masked_training, references))
+        folder = Path(resolve(concept.path))
+        out.append(scan_concept(index, concept, folder, config.masked_training, references, video))
     return out
+
+
+def video_rule(config: TrainConfig) -> clips.VideoRule | None:
+    """How the config's model type trains on clips (None: an image model type, whose concepts' clips are skipped)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None or info.family.video is None:
+        return None
+    return clips.VideoRule(info.family.video, run_frames(config), info.label)
+
+
+def run_frames(config: TrainConfig) -> int:
+    """The training's frames per clip (OneTrainer's `frames`, a text field): ValueError naming it when not a count."""
+    text = str(config.frames).strip()
+    try:
+        frames = int(text)
+    except ValueError:
+        raise ValueError(f"frames: {text!r} is not a whole number of frames") from None
+    if frames < 1:
+        raise ValueError(f"frames: {frames} is not a positive number of frames")
+    return frames
 
 
 def trains_on_references(config: TrainConfig) -> bool:

@@ -61,32 +61,38 @@ class Batch:
 def held_out_images(scans: list[ConceptScan], config: TrainConfig) -> dict[int, list[ImageEntry]]:
     """`validation_holdout` images of each STANDARD concept (with validation on), in the concept's image order: the
     same ones every run (chosen by a hash of the file's name and the concept's seed, so adding images rarely changes
-    them); a concept keeps at least one image to train on."""
+    them); a concept keeps at least one image to train on. A clip is held out or trained whole (all its windows)."""
     count = config.validation_holdout if config.validation else 0
     held: dict[int, list[ImageEntry]] = {}
     for scan in scans:
-        if count <= 0 or scan.kind is not ConceptType.STANDARD or len(scan.images) < 2:
+        files = list(dict.fromkeys(e.path for e in scan.images))
+        if count <= 0 or scan.kind is not ConceptType.STANDARD or len(files) < 2:
             continue
         seed = config.concepts[scan.index].seed
-        ranked = sorted(scan.images, key=lambda e: _holdout_rank(e, scan.folder, seed))
-        chosen = {id(e) for e in ranked[: min(count, len(scan.images) - 1)]}
-        held[scan.index] = [e for e in scan.images if id(e) in chosen]
+        ranked = sorted(files, key=lambda path: _holdout_rank(path, scan.folder, seed))
+        chosen = set(ranked[: min(count, len(files) - 1)])
+        held[scan.index] = [e for e in scan.images if e.path in chosen]
     return held
 
 
-def _holdout_rank(entry: ImageEntry, folder: Path, seed: int) -> int:
+def _holdout_rank(path: Path, folder: Path, seed: int) -> int:
     try:
-        name = entry.path.relative_to(folder).as_posix()
+        name = path.relative_to(folder).as_posix()
     except ValueError:
-        name = entry.path.name
+        name = path.name
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
 
 
 class TrainingData:
-    def __init__(self, config: TrainConfig, bucket_step: int, resolve=lambda p: Path(p)) -> None:
+    def __init__(self, config: TrainConfig, bucket_step: int, resolve=lambda p: Path(p), video=...) -> None:
+        """`video`: how clips train (`video.VideoRule`), by default the model type's (`scan.video_rule`; None for an
+        image model type, whose concepts' clips are named and skipped)."""
         self.config = config
         self.bucket_step = bucket_step
-        self.scans: list[ConceptScan] = scan_concepts(config, resolve)
+        try:
+            self.scans: list[ConceptScan] = scan_concepts(config, resolve, video)
+        except ValueError as e:  # the run's frames per clip is not a count
+            raise DatasetError(str(e)) from e
         # concept index → the images set aside for validation (`validation_holdout`), never trained
         self.held_out: dict[int, list[ImageEntry]] = held_out_images(self.scans, config)
         kept = {id(e) for held in self.held_out.values() for e in held}
@@ -192,6 +198,9 @@ class TrainingData:
             "seed": concept.seed,
             "augmentation": concept.image.to_dict(),
         }
+        if entry.clip is not None:  # only here, so the keys of images stay what they were
+            parts["window"] = entry.window
+            parts["video"] = concept.video.to_dict()
         if self.with_references:  # only here, so the keys of families without references stay what they were
             parts["references"] = [_fingerprint_or_gone(path) for path in entry.references]
         return parts
@@ -270,14 +279,15 @@ class TrainingData:
         """(index into `validation_images`, its batch) for each validation image, at the first resolution, with its
         first caption line; several ranks each get every `world_size`-th image, from `rank` on."""
         from onetrainer.config.resolution import parse_resolution
-        from onetrainer.data.buckets import buckets_for, nearest_bucket
+        from onetrainer.data.buckets import buckets_for
+        from onetrainer.data.plan import bucket_of
 
         config = self.config
         grid = buckets_for(parse_resolution(config.resolution), self.bucket_step, config.aspect_ratio_bucketing)[0]
         for index in range(rank, len(self.validation_images), world_size):
             entry = self.validation_images[index]
             concept = config.concepts[entry.concept]
-            sample = PlannedSample(index, nearest_bucket(entry.width, entry.height, grid), 0)
+            sample = PlannedSample(index, bucket_of(entry, grid), 0)
             try:
                 loaded = load_sample(entry, sample, concept, with_masks, self.with_references)
             except (OSError, ValueError, SyntaxError):

@@ -573,12 +573,18 @@ def _check_concept_images(config: TrainConfig, index: int) -> list[Problem]:
     """An enabled concept none of whose images trains (an empty folder, broken files, no reference images where the
     model type needs them), found from the first usable image (`scan.first_usable_image`): the run would stop after
     loading the model. A validation concept trains nothing, so it is only a warning there."""
-    from onetrainer.data.scan import first_usable_image, reference_rule
+    from onetrainer.data.scan import first_usable_image, reference_rule, video_rule
 
     concept = config.concepts[index]
     folder = Path(concept.path).expanduser()
-    found = first_usable_image(folder, concept.include_subdirectories, reference_rule(config))
+    try:
+        video = video_rule(config)
+    except ValueError as e:  # the run's frames per clip is not a count
+        return [Problem("frames", str(e))]
+    found = first_usable_image(folder, concept.include_subdirectories, reference_rule(config), video)
     if found.image is not None:
+        if found.clips_need_video:  # the images train; the clips beside them are skipped, named
+            return [Problem(f"concepts.{index}.path", found.clips_text(), Severity.WARNING)]
         return []
     if concept.type is ConceptType.VALIDATION:
         message = f"{found.reason()}; this validation concept measures nothing"

@@ -21,7 +21,7 @@ Say = Callable[[str], None]
 
 def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say) -> None:
     """Say what the scan found that will not be trained as it is: nothing is left out silently."""
-    from onetrainer.data.scan import reference_rule
+    from onetrainer.data.scan import CLIPS_NEED_VIDEO, reference_rule
 
     rule = reference_rule(config)
     for scan in data.scans:
@@ -35,6 +35,15 @@ def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say)
             warn(text)
         if scan.missing_captions:
             warn(f"concept '{scan.name}': {len(scan.missing_captions)} images have no caption file")
+        if scan.clips_need_video:
+            names = ", ".join(p.name for p in scan.clips_need_video[:10])
+            more = "…" if len(scan.clips_need_video) > 10 else ""
+            warn(
+                f"concept '{scan.name}': {len(scan.clips_need_video)} clips skipped, {CLIPS_NEED_VIDEO} "
+                f"({config.model_type.value} trains images): {names}{more}"
+            )
+        for path, length, wanted, done in scan.short_clips:
+            warn(f"{path}: {length} frames at the target rate, fewer than the {wanted} per clip: {done}")
         if scan.missing_references:
             names = ", ".join(p.name for p in scan.missing_references[:10])
             more = "…" if len(scan.missing_references) > 10 else ""

@@ -120,6 +120,15 @@ def test_the_concept_window_edits_and_previews_the_augmentation(app, tmp_path: P
         pump(window, lambda: captions.variations and captions.variations[0] == captions.captions[0].upper())
     screenshot(window, "concept-window-text")
 
+    window.select("video")  # how clips are cut into samples: a form generated from the concept's `video` node
+    video = window.forms["video"]
+    video.view("concepts.0.video.max_windows").set_text("3")
+    modes = video.view("concepts.0.video.clip_mode")
+    assert modes.menu.cget("values") == ["START", "EVEN", "RANDOM"]
+    modes._chosen("EVEN")  # what choosing it in the menu calls
+    assert app.model.config.concepts[0].video.max_windows == 3
+    assert app.model.config.concepts[0].video.clip_mode == "EVEN"
+
     window.select("statistics")
     statistics = window.statistics
     pump(window, lambda: statistics.job is None, timeout=60)
