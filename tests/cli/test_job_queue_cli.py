@@ -1,0 +1,105 @@
+"""`scripts/job_queue.py` and `train.py --queue`: adding checked configs, the list, moving and removing by position or
+id, a headless run with a failure in the middle, and the README's usage text."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from onetrainer.cli import job_queue
+from onetrainer.cli import train as train_cli
+from onetrainer.training.job_queue import FAILED, FINISHED, QUEUED, JobQueue
+from tests.conftest import ROOT
+from tests.helpers import image_folder, tiny_config
+
+
+def config_file(root: Path, **changes) -> Path:
+    image_folder(root, count=2)
+    path = root / "config.json"
+    path.write_text(json.dumps(tiny_config(root, **{"epochs": 1, **changes})), encoding="utf-8")
+    return path
+
+
+def queue_file(tmp_path: Path) -> JobQueue:
+    return JobQueue(tmp_path / "queue.json")
+
+
+def test_add_list_move_remove(tmp_path, capsys):
+    queue = queue_file(tmp_path)
+    q = ["--queue-file", str(queue.path)]
+    for name in ("a", "b", "c"):
+        assert job_queue.main([*q, "add", str(config_file(tmp_path / name)), "--name", name]) == 0
+    assert "Queued as entry 3 (q" in capsys.readouterr().out
+    assert job_queue.main([*q, "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("1. queued    a") < out.index("2. queued    b") < out.index("3. queued    c")
+    assert "3 waiting" in out
+    assert job_queue.main([*q, "move", "3", "1"]) == 0
+    assert [e.name for e in queue.entries()] == ["c", "a", "b"]
+    assert job_queue.main([*q, "remove", queue.entries()[1].id]) == 0
+    assert [e.name for e in queue.entries()] == ["c", "b"]
+    capsys.readouterr()
+    assert job_queue.main([*q, "remove", "7"]) == 1
+    assert "error: there is no entry 7: the queue has 2" in capsys.readouterr().err
+
+
+def test_an_invalid_config_is_not_queued(tmp_path, capsys):
+    queue = queue_file(tmp_path)
+    path = config_file(tmp_path, epochs=0)
+    assert job_queue.main(["--queue-file", str(queue.path), "add", str(path)]) == 2
+    assert "error: Epochs (epochs): 0 is out of range" in capsys.readouterr().err
+    assert not queue.path.exists()
+    assert job_queue.main(["--queue-file", str(queue.path), "add", str(tmp_path / "missing.json")]) == 2
+
+
+def test_train_py_queues_with_the_layers_applied(tmp_path, capsys):
+    path = config_file(tmp_path)
+    assert train_cli.main(["--config-path", str(path), "--set", "lora_rank=8", "--queue"]) == 0
+    (entry,) = JobQueue().entries()  # the app's queue (tests keep it in their own state folder)
+    assert entry.status == QUEUED and entry.config["lora_rank"] == 8 and entry.source == str(path)
+    assert "Queued as entry 1" in capsys.readouterr().out
+    assert train_cli.main(["--config-path", str(path), "--queue", "--check"]) == 2
+    assert "--queue queues the run instead" in capsys.readouterr().err
+
+
+def test_run_goes_on_after_a_failure_and_says_so(tmp_path, capsys):
+    queue = queue_file(tmp_path)
+    q = ["--queue-file", str(queue.path)]
+    assert job_queue.main([*q, "add", str(config_file(tmp_path / "a")), "--name", "first"]) == 0
+    assert job_queue.main([*q, "add", str(config_file(tmp_path / "b")), "--name", "second"]) == 0
+    shutil.rmtree(tmp_path / "a" / "images")
+    capsys.readouterr()
+    assert job_queue.main([*q, "run"]) == 1
+    err = capsys.readouterr().err
+    assert "== Queue: first: failed" in err and "== Queue: second: finished (completed: " in err
+    assert "Queue: 2 run(s), 1 failed; 0 waiting" in err and "  failed: first (q" in err
+    assert [e.status for e in queue.entries()] == [FAILED, FINISHED]
+    assert job_queue.main([*q, "run"]) == 0
+    assert "No run waits in the queue." in capsys.readouterr().out
+    assert job_queue.main([*q, "requeue", "2"]) == 0 and queue.entries()[1].status == QUEUED
+    assert job_queue.main([*q, "clear"]) == 0 and [e.name for e in queue.entries()] == ["second"]
+
+
+def test_readme_shows_the_usage_text():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert job_queue.build_parser().format_help().strip() in readme
+    assert train_cli.build_parser().format_help().strip() in readme
+
+
+def test_the_script_and_python_dash_m_run(tmp_path):
+    queue = queue_file(tmp_path)
+    script = ROOT / "scripts" / "job_queue.py"
+    listed = subprocess.run(
+        [sys.executable, str(script), "--queue-file", str(queue.path), "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and "The queue is empty" in listed.stdout, listed.stderr
+    helped = subprocess.run(
+        [sys.executable, "-m", "onetrainer", "job-queue", "-h"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert helped.returncode == 0 and "usage: python -m onetrainer job-queue" in helped.stdout
