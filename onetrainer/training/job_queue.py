@@ -323,18 +323,25 @@ class QueueRunnerLock:
         self.lock.release()
 
 
-def run_entry(entry: QueueEntry, control: TrainingControl, sinks: list[EventSink], train: TrainFunction | None = None):
-    """Train one entry's config as queued; never raises (a config that no longer loads is a failed run)."""
+def entry_config(entry: QueueEntry) -> TrainConfig | Failed:
+    """The entry's config as queued, or the refusal when it no longer loads (a config of another version)."""
     config, problems = config_from_dict(entry.config)
     if errors(problems):
-        events = Broadcast(sinks)
-        outcome = Failed(
+        return Failed(
             "The queued config cannot be trained:\n" + "\n".join(describe(p, config) for p in errors(problems)),
             refused=True,
         )
-        events.emit(outcome)
+    return config
+
+
+def run_entry(entry: QueueEntry, control: TrainingControl, sinks: list[EventSink], train: TrainFunction | None = None):
+    """Train one entry's config as queued; never raises (a config that no longer loads is a failed run)."""
+    config = entry_config(entry)
+    if isinstance(config, Failed):
+        events = Broadcast(sinks)
+        events.emit(config)
         events.close()
-        return outcome
+        return config
     if train is None:
         from onetrainer.training.runner import run_training as train
     return train(config, control, sinks)
