@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 from onetrainer.cli import job_queue
 from onetrainer.cli import train as train_cli
-from onetrainer.training.job_queue import FAILED, FINISHED, QUEUED, JobQueue
+from onetrainer.training.job_queue import FAILED, FINISHED, QUEUED, STOPPED, JobQueue
+from tests.cli.test_train_drills import Trainer, posix_only
 from tests.conftest import ROOT
 from tests.helpers import image_folder, tiny_config
 
@@ -103,3 +108,38 @@ def test_the_script_and_python_dash_m_run(tmp_path):
         [sys.executable, "-m", "onetrainer", "job-queue", "-h"], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert helped.returncode == 0 and "usage: python -m onetrainer job-queue" in helped.stdout
+
+
+@pytest.mark.slow
+@posix_only
+def test_ctrl_c_stops_the_current_run_cleanly_and_leaves_the_rest_queued(tmp_path):
+    queue = queue_file(tmp_path)
+    q = ["--queue-file", str(queue.path)]
+    assert job_queue.main([*q, "add", str(config_file(tmp_path / "long", epochs=200)), "--name", "long"]) == 0
+    assert job_queue.main([*q, "add", str(config_file(tmp_path / "next")), "--name", "next"]) == 0
+    runner = QueueProcess([*q, "run"])
+    runner.wait_for("loss=")  # the first run has trained a step
+    runner.process.send_signal(signal.SIGINT)
+    code = runner.finish()
+    assert code == 0, runner.text
+    assert "SIGINT: stopping after this step" in runner.text and "Traceback" not in runner.text
+    assert "== Queue: long: stopped (stopped" in runner.text
+    assert "Queue: 1 run(s), 0 failed; 1 waiting (stopped on request" in runner.text
+    long, waiting = queue.entries()
+    assert (long.status, waiting.status) == (STOPPED, QUEUED)
+    assert (tmp_path / "long" / "out" / "lora.safetensors").is_file()  # a stopped run saves its model
+    assert not (tmp_path / "next" / "workspace").exists()
+
+
+class QueueProcess(Trainer):
+    """`scripts/job_queue.py` in a subprocess, its output collected as `Trainer` collects train.py's."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "job_queue.py"), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self.output = b""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
