@@ -569,6 +569,9 @@ class App(ctk.CTk):
         if self.running:
             self.stop()
             return False
+        if self.queue_running:  # between two of the queue's runs
+            self.footer.set_status("The queue is running: its next run starts now (Stop queue stops it).", "warning")
+            return False
         config = self.model.config
         reason = not_trainable_reason(config.model_type)
         if reason:
@@ -968,6 +971,9 @@ class App(ctk.CTk):
         if self._closing or self._queue_stop:
             self._end_queue()
             return
+        if self.running:  # the last run's end is still being shown
+            self._schedule("queue next", QUEUE_NEXT_MS, self._next_in_queue)
+            return
         try:
             entry = self.job_queue.claim_next()
         except QueueError as e:
@@ -1101,6 +1107,9 @@ class App(ctk.CTk):
 
     def destroy(self) -> None:
         logging.getLogger().removeHandler(self._log_handler)
+        if self._queue_entry is not None and not self.runner.is_alive():  # closed before the poll recorded its end
+            self._queue_record(self._queue_entry, self.runner.outcome or Failed("the app closed during the run"))
+            self._queue_entry = None
         if self._queue_lock is not None:  # an entry still running is queued again by the next reader of the queue
             self._queue_lock.release()
             self._queue_lock = None

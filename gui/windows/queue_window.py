@@ -153,8 +153,9 @@ class QueueWindow(ctk.CTkToplevel):
     def run_or_stop(self) -> None:
         if self.app.queue_running:
             self.app.stop_queue()
-        else:
-            self.app.run_queue()
+        elif not self.app.run_queue():
+            self.say(self.app.footer.status, "error")  # why not (a run going, another process running the queue)
+            return
         self.refresh()
 
     def destroy(self) -> None:

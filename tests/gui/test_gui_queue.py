@@ -104,3 +104,32 @@ def test_a_refused_config_is_not_queued_and_a_failed_run_shows_its_reason(
     assert app.footer.status.startswith("Queue: 1 run(s), 1 failed; 0 waiting. Failed: "), app.footer.status
     assert app.footer.status_level == "error"
     assert not [w for w in app.dialogs.windows if w.winfo_exists()]  # no dialog waits for a queue's failure
+
+
+def test_stop_ends_the_queue_with_the_rest_queued_and_one_runner_at_a_time(
+    queue_app, tmp_path: Path, state_dir: Path
+) -> None:
+    from onetrainer.training.job_queue import STOPPED, QueueRunnerLock
+    from tests.gui.conftest import FakeTrainer
+
+    app = queue_app
+    app.runner.train_function = FakeTrainer(hold=True)  # holds after its first step until stopped
+    for name in ("a", "b"):
+        app.model.replace(tiny(tmp_path / name))
+        assert app.add_to_queue() is not None
+    queue = JobQueue(state_dir / "job-queue.json")
+    held = QueueRunnerLock.acquire(queue)  # as a terminal's job_queue.py run would
+    try:
+        window = app.open_queue()
+        window.run_button.invoke()
+        assert not app.queue_running
+        assert "is being run by process" in window.message.cget("text") and app.footer.status_level == "error"
+    finally:
+        held.release()
+    assert app.run_queue()
+    pump(app, lambda: app.footer.commands_enabled)  # the first run's steps go
+    assert app.start() is False  # Start is Stop while a run of the queue goes
+    pump(app, lambda: not app.queue_running)
+    assert [e.status for e in queue.entries()] == [STOPPED, QUEUED]
+    assert app.footer.status == "Queue: 1 run(s), 0 failed; 1 waiting (stopped: Run queue goes on with them)"
+    assert app.footer.queue_text == "Queue: 1 waiting"
