@@ -7,7 +7,8 @@ run's workspace lock as any run does; a failed entry is recorded with its reason
 at a time holds the queue (`job-queue.lock` beside the file, the workspace lock's kind of file).
 
 Every change reads the file, changes it and writes it whole, atomically (write then rename: a crash never leaves half
-a queue; the file gets the user's umask permissions), so the app and the command line can both edit one queue. An
+a queue; the file gets the user's umask permissions), holding `job-queue.json.edit` locked meanwhile (an OS file
+lock, gone with its process), so the app and the command line can both edit one queue without losing a change. An
 entry found "running" whose process is gone (a crash, a reboot) is queued again.
 
 An entry's `kind` says where it trains: "local" (this machine) is the only kind so far; a remote kind would carry its
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -139,12 +141,40 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
 
 
 def _this_process() -> dict[str, Any]:
-    import os
-
     from onetrainer.training.workspace import _process_started
 
     pid = os.getpid()
     return {"pid": pid, "host": socket.gethostname(), "started": _now(), "process_started": _process_started(pid)}
+
+
+@contextlib.contextmanager
+def _edit_lock(path: Path) -> Iterator[None]:
+    """Hold an OS lock on `path` (created when missing) while one process reads, changes and writes the queue: two
+    changes at once (the app adds while a terminal's runner records a run) would otherwise lose one of them. The OS
+    frees it when the process ends, so a crash never leaves the queue locked."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+b")  # noqa: SIM115  (held across the yield)
+    except OSError as e:
+        raise QueueError(f"cannot lock the queue file for a change ({path}): {e}") from None
+    try:
+        if os.name == "nt":
+            import msvcrt
+
+            handle.seek(0)
+            while True:
+                try:
+                    msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)  # retries for 10 s, then raises
+                    break
+                except OSError:
+                    continue
+        else:
+            import fcntl
+
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # closing the file releases its lock
 
 
 class JobQueue:
@@ -185,9 +215,10 @@ class JobQueue:
 
     @contextlib.contextmanager
     def _editing(self) -> Iterator[list[QueueEntry]]:
-        entries = self.entries()
-        yield entries
-        self._write(entries)
+        with _edit_lock(self.path.with_name(self.path.name + ".edit")):
+            entries = self.entries()
+            yield entries
+            self._write(entries)
 
     # -- what the list and the footer show -------------------------------------------------------------------------
 

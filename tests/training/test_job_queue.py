@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -131,7 +132,31 @@ def test_the_file_is_written_atomically_with_the_umask_modes(tmp_path, queue, mo
     with pytest.raises(QueueError, match=r"cannot write the queue file .*No space left"):
         queue.add(config_in(tmp_path / "b"), name="b")
     assert queue.path.read_bytes() == before  # the old queue, whole
-    assert sorted(p.name for p in queue.path.parent.iterdir()) == ["job-queue.json"]  # no temporary file left
+    # No temporary file left (the edit lock's file stays: it is only ever locked, never written).
+    assert sorted(p.name for p in queue.path.parent.iterdir()) == ["job-queue.json", "job-queue.json.edit"]
+
+
+def test_changes_at_once_lose_nothing(tmp_path, queue):
+    """Two writers at once (the app adds while a runner records): each change is made on the file as the other left
+    it, under the edit lock, so every entry arrives."""
+    config = config_in(tmp_path / "a")
+    errors = []
+
+    def add_some(prefix: str) -> None:
+        try:
+            for index in range(15):
+                JobQueue(queue.path).add(config, name=f"{prefix}{index}")
+        except Exception as e:  # shown by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=add_some, args=(prefix,)) for prefix in ("x", "y")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    names = [e.name for e in queue.entries()]
+    assert sorted(names) == sorted([f"x{i}" for i in range(15)] + [f"y{i}" for i in range(15)])
 
 
 def test_a_damaged_queue_file_is_named_not_dropped(queue):
