@@ -162,12 +162,13 @@ def _edit_lock(path: Path) -> Iterator[None]:
             import msvcrt
 
             handle.seek(0)
-            while True:
+            for attempt in range(6):  # LK_LOCK itself retries for 10 s
                 try:
-                    msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)  # retries for 10 s, then raises
+                    msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
                     break
-                except OSError:
-                    continue
+                except OSError as e:
+                    if attempt == 5:
+                        raise QueueError(f"the queue file stayed locked for a minute ({path}): {e}") from None
         else:
             import fcntl
 
