@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from onetrainer.cli import register_model_sources
 from onetrainer.cli.train import (
@@ -114,7 +115,7 @@ def _add(args) -> int:
         return EXIT_INVALID
     if not check_config(config, problems):
         return EXIT_INVALID
-    return queue_config(config, args.config, args.name or "", args.queue_file)
+    return queue_config(config, str(Path(args.config).absolute()), args.name or "", args.queue_file)
 
 
 def _list(queue) -> int:

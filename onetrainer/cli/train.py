@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.cli import register_model_sources
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     if args.preflight:
         return _preflight(config)
     if args.queue:
-        return queue_config(config, args.config_path or args.preset or "")
+        return queue_config(config, str(Path(args.config_path).absolute()) if args.config_path else args.preset)
     return _train(config)
 
 
@@ -171,7 +172,7 @@ def check_config(config: TrainConfig, problems: list) -> bool:
 
 def queue_config(config: TrainConfig, source: str, name: str = "", queue_file: str | None = None) -> int:
     """Add a checked config to the queue of runs (`scripts/job_queue.py` runs it), a copy as it is now."""
-    from onetrainer.training.job_queue import JobQueue, QueueError
+    from onetrainer.training.job_queue import JobQueue, QueueError, relative_paths
 
     queue = JobQueue(queue_file)
     try:
@@ -181,6 +182,13 @@ def queue_config(config: TrainConfig, source: str, name: str = "", queue_file: s
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     print(f"Queued as entry {position} ({entry.id}): {entry.name}")
+    relative = relative_paths(config)
+    if relative:
+        one = len(relative) == 1
+        print(
+            f"Note: {', '.join(relative)} {'is' if one else 'are'} relative: the queue's runner resolves "
+            f"{'it' if one else 'them'} in the folder it runs from (this one: {os.getcwd()})."
+        )
     print(f"The queue: {queue.path}; run it with scripts/job_queue.py run")
     return EXIT_OK
 

@@ -123,6 +123,20 @@ def entry_name(config: TrainConfig, source: str = "") -> str:
     return " → ".join(part for part in (base, output) if part) or "(unnamed config)"
 
 
+def relative_paths(config: TrainConfig) -> list[str]:
+    """The config's folders and files given relative (`workspace_dir=workspace/run`): a queued run resolves them in
+    the folder its runner started from, which may not be the folder it was queued from."""
+    found = [
+        f"{name}={getattr(config, name)}"
+        for name in ("workspace_dir", "cache_dir", "output_model_destination")
+        if getattr(config, name) and not Path(getattr(config, name)).expanduser().is_absolute()
+    ]
+    for index, concept in enumerate(config.concepts or []):
+        if concept.path and ":" not in concept.path and not Path(concept.path).expanduser().is_absolute():
+            found.append(f"concepts.{index}.path={concept.path}")
+    return found
+
+
 def _holder_alive(holder: dict[str, Any]) -> bool:
     from onetrainer.training.workspace import LockHolder, _alive
 

@@ -37,7 +37,8 @@ def test_add_list_move_remove(tmp_path, capsys):
     q = ["--queue-file", str(queue.path)]
     for name in ("a", "b", "c"):
         assert job_queue.main([*q, "add", str(config_file(tmp_path / name)), "--name", name]) == 0
-    assert "Queued as entry 3 (q" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Queued as entry 3 (q" in out and "Note:" not in out  # full paths
     assert job_queue.main([*q, "list"]) == 0
     out = capsys.readouterr().out
     assert out.index("1. queued    a") < out.index("2. queued    b") < out.index("3. queued    c")
@@ -49,6 +50,18 @@ def test_add_list_move_remove(tmp_path, capsys):
     capsys.readouterr()
     assert job_queue.main([*q, "remove", "7"]) == 1
     assert "error: there is no entry 7: the queue has 2" in capsys.readouterr().err
+
+
+def test_relative_paths_are_pointed_out(in_tmp, capsys):
+    config_file(in_tmp / "a", workspace_dir="workspace/run", concepts=[{"path": "a/images"}])
+    assert job_queue.main(["--queue-file", str(in_tmp / "q.json"), "add", "a/config.json"]) == 0
+    out = capsys.readouterr().out
+    expected = (
+        "Note: workspace_dir=workspace/run, concepts.0.path=a/images are relative: the queue's runner resolves them "
+        f"in the folder it runs from (this one: {in_tmp})."
+    )
+    assert expected in out
+    assert JobQueue(in_tmp / "q.json").entries()[0].source == str(in_tmp / "a" / "config.json")
 
 
 def test_an_invalid_config_is_not_queued(tmp_path, capsys):
