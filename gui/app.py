@@ -50,6 +50,7 @@ from gui.widgets.estimate import attach_estimate
 from gui.widgets.keys import bind_select_all
 from gui.widgets.tabview import TabView
 from gui.windows.closing_window import ClosingWindow
+from gui.windows.queue_window import QueueWindow, open_queue_window
 from onetrainer.config import (
     ConfigFileError,
     Problem,
@@ -69,6 +70,7 @@ from onetrainer.families import not_trainable_reason
 from onetrainer.training.checks import hub_ids_to_ask, run_checks
 from onetrainer.training.console import ConsoleSink
 from onetrainer.training.events import Event, Failed, Finished, Progress, SampleReady, Started, Status
+from onetrainer.training.job_queue import QUEUED, JobQueue, QueueEntry, QueueError, QueueRunnerLock, entry_config
 from onetrainer.util.browser import open_in_browser
 
 POLL_MS = 100
@@ -77,6 +79,8 @@ VALIDATE_DELAY_MS = 250
 AUTOSAVE_DELAY_MS = 1000
 TENSORBOARD_POLL_MS = 250
 TENSORBOARD_START_S = 30.0
+QUEUE_REFRESH_MS = 5000  # the footer's queue count follows a terminal's changes to the queue file
+QUEUE_NEXT_MS = 200  # between two runs of the queue: the window shows the first one's end
 # The tabs are built in the Tk loop's spare time, a piece every BUILD_TABS_MS: a tab's own widgets, or this many of
 # its fields (about 7 ms of the Tk thread each on a quiet machine, ten times that on a busy one). Input that arrives
 # meanwhile waits for one piece at most, and a click on a tab finds it built.
@@ -141,6 +145,7 @@ class App(ctk.CTk):
         limit_threads: bool = True,
         console: TextIO | None = None,
         tensorboard_server: Callable[[Path, int], Any] | None = None,
+        queue_path: Path | None = None,
     ) -> None:
         tk_finalizers.install()
         super().__init__()
@@ -190,6 +195,14 @@ class App(ctk.CTk):
         self.problems: list[Problem] = []
         self.tabs: dict[str, FormTab] = {}
         self.gallery = SampleGallery()  # the newest image of each sample, shown on the sampling tab
+        # The queue of runs: its file is found when used (the app's folder then), its runner lock held while the app
+        # runs the queue, and the entry being trained.
+        self._queue_path = queue_path
+        self.queue_window: QueueWindow | None = None
+        self._queue_lock: QueueRunnerLock | None = None
+        self._queue_entry: QueueEntry | None = None
+        self._queue_stop = False
+        self._queue_done: list[QueueEntry] = []  # the entries this Run queue has trained, as recorded
 
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
@@ -216,6 +229,8 @@ class App(ctk.CTk):
             on_tensorboard=self.open_tensorboard,
             on_export=self.export_config,
             on_log=self.open_log,
+            on_queue_add=self.add_to_queue,
+            on_queue=self.open_queue,
         )
         self.footer.grid(row=2, column=0, sticky="ew")
         # peak VRAM and s/step beside Start; a click fits the run to a VRAM budget
@@ -230,6 +245,7 @@ class App(ctk.CTk):
         if self.tabview.current is not None:
             self.tabs[self.tabview.current].form.finish()  # the first page opens whole; the others come in spare time
         self.validate_now()
+        self._queue_tick()
         if restore_problems:
             self._log_problems("Last session's config:", restore_problems)
             # At start-up a note is enough: the fields with problems are marked, and a dialog would greet every launch.
@@ -553,6 +569,9 @@ class App(ctk.CTk):
         if self.running:
             self.stop()
             return False
+        if self.queue_running:  # between two of the queue's runs
+            self.footer.set_status("The queue is running: its next run starts now (Stop queue stops it).", "warning")
+            return False
         config = self.model.config
         reason = not_trainable_reason(config.model_type)
         if reason:
@@ -572,6 +591,16 @@ class App(ctk.CTk):
             self._refuse(typed + problems, "start")
             self.estimate.resume()
             return False
+        self._begin_run(packed)
+        found = warnings(problems)
+        if found:
+            self.footer.set_status(f"Starting… ({len(found)} warning(s): {found[0].message})", "warning")
+        else:
+            self.footer.set_status("Starting…")
+        return True
+
+    def _begin_run(self, packed: TrainConfig) -> None:
+        """Hand a checked, packed copy to the trainer thread (Start, and each run of the queue)."""
         self._terminal_seen = False
         self._run_step = 0
         # No full garbage collection here (there was one, to free destroyed widgets' Tk objects on this thread): with a
@@ -583,13 +612,7 @@ class App(ctk.CTk):
         self._refused = None
         self.footer.reset_progress()
         self._set_running(True)
-        found = warnings(problems)
-        if found:
-            self.footer.set_status(f"Starting… ({len(found)} warning(s): {found[0].message})", "warning")
-        else:
-            self.footer.set_status("Starting…")
         self._schedule("poll", POLL_MS, self._poll)
-        return True
 
     def fit_to_vram(self, gib: float | None = None) -> bool:
         """The estimate's "fit to a VRAM budget": ask the budget (the free memory shown as the suggestion), find the
@@ -835,6 +858,13 @@ class App(ctk.CTk):
         if not self._terminal_seen:
             self._handle(self.runner.outcome or Failed("the training thread ended without a result"))
         self._set_running(False)
+        if self._queue_entry is not None:  # a run of the queue ended: record it, then the next one
+            entry, self._queue_entry = self._queue_entry, None
+            self._queue_record(entry, self.runner.outcome or Failed("the training thread ended without a result"))
+            control = self.runner.control
+            if control is not None and (control.stop_requested or control.abort_requested):
+                self._queue_stop = True  # Stop stops the queue too: the entries left stay queued
+            self._schedule("queue next", QUEUE_NEXT_MS, self._next_in_queue)
 
     def _set_running(self, running: bool) -> None:
         self.footer.set_running(running)
@@ -859,13 +889,166 @@ class App(ctk.CTk):
             self.gallery.add(event)
         if isinstance(event, Finished | Failed):
             self._terminal_seen = True
-        if isinstance(event, Failed) and not self._closing:
+        if isinstance(event, Failed) and not self._closing and self._queue_entry is None:
+            # A queue's failures go to the status line, the Log and the queue window: no dialog waits overnight.
             details = [event.message]
             if event.log_path:
                 details.append(f"Log: {event.log_path}")
             if event.traceback:
                 details.append(event.traceback)
             self.dialogs.show_error(event.headline, "\n\n".join(details))
+
+    # -- the queue of runs ---------------------------------------------------------------------------------------
+
+    @property
+    def job_queue(self) -> JobQueue:
+        return JobQueue(self._queue_path)
+
+    @property
+    def queue_running(self) -> bool:
+        return self._queue_lock is not None
+
+    def add_to_queue(self) -> QueueEntry | None:
+        """Queue a copy of the config being edited, checked as Start checks it (refused with every problem listed)."""
+        config = self.model.config
+        reason = not_trainable_reason(config.model_type)
+        if reason:
+            self.footer.set_status(f"Cannot queue: {reason}", "error")
+            return None
+        packed, _ = pack(config)
+        problems = run_checks(packed)
+        self._mark(problems)
+        typed = self.input_problems()
+        if typed or errors(problems):
+            self._refuse(typed + problems, "queue")
+            return None
+        try:
+            entry = self.job_queue.add(packed, source="app")
+            waiting = len(self.job_queue.waiting())
+        except QueueError as e:
+            self.footer.set_status(f"Cannot queue: {e}", "error")
+            return None
+        self.queue_changed()
+        self.log.add(f"Queued: {entry.name} ({entry.id})")
+        self.footer.set_status(
+            f"Added to the queue: {entry.name} ({waiting} waiting). Queue shows them; Run queue trains them.", "ok"
+        )
+        return entry
+
+    def open_queue(self) -> QueueWindow:
+        self.queue_window = open_queue_window(self)
+        return self.queue_window
+
+    def run_queue(self) -> bool:
+        """Train the queued entries one after another in this window (as `job_queue.py run` does in a terminal)."""
+        if self.queue_running:
+            return False
+        if self.running:
+            self.footer.set_status("A run is going: Run queue can start once it has ended.", "warning")
+            return False
+        try:
+            self._queue_lock = QueueRunnerLock.acquire(self.job_queue)
+        except QueueError as e:
+            self.footer.set_status(f"Cannot run the queue: {e}", "error")
+            self.log.add(f"Cannot run the queue: {e}")
+            return False
+        self._queue_stop = False
+        self._queue_done = []
+        self._next_in_queue()
+        return True
+
+    def stop_queue(self) -> None:
+        """Stop the queue: the current run stops as Stop stops it, the entries left stay queued."""
+        self._queue_stop = True
+        if self.runner.is_alive():
+            self.stop()
+        elif self._queue_entry is None:
+            self._end_queue()
+
+    def _next_in_queue(self) -> None:
+        if not self.queue_running:
+            return
+        if self._closing or self._queue_stop:
+            self._end_queue()
+            return
+        if self.running:  # the last run's end is still being shown
+            self._schedule("queue next", QUEUE_NEXT_MS, self._next_in_queue)
+            return
+        try:
+            entry = self.job_queue.claim_next()
+        except QueueError as e:
+            self.footer.set_status(f"The queue stopped: {e}", "error")
+            self._end_queue(summary=False)
+            return
+        if entry is None:
+            self._end_queue()
+            return
+        config = entry_config(entry)
+        if isinstance(config, Failed):
+            self._queue_record(entry, config)
+            self._schedule("queue next", QUEUE_NEXT_MS, self._next_in_queue)
+            return
+        self.estimate.pause()
+        self._queue_entry = entry
+        self._begin_run(config)
+        waiting = len(self.job_queue.waiting())
+        self.footer.set_status(f"Queue: training {entry.name} ({waiting} waiting after it)…")
+        self.log.add(f"Queue: {entry.name} ({entry.id}) starts")
+        self.queue_changed()
+
+    def _queue_record(self, entry: QueueEntry, outcome: Finished | Failed) -> None:
+        try:
+            recorded = self.job_queue.record(entry.id, outcome) or entry
+        except QueueError as e:
+            self.log.add(f"the queue could not record {entry.name}: {e}")
+            recorded = entry
+        self._queue_done.append(recorded)
+        self.log.add(
+            f"Queue: {recorded.name}: {recorded.status}" + (f" ({recorded.reason})" if recorded.reason else "")
+        )
+        self.queue_changed()
+
+    def _end_queue(self, summary: bool = True) -> None:
+        if self._queue_lock is not None:
+            self._queue_lock.release()
+            self._queue_lock = None
+        if summary:
+            failed = [e for e in self._queue_done if e.status == "failed"]
+            try:
+                waiting = len(self.job_queue.waiting())
+            except QueueError:
+                waiting = 0
+            text = f"Queue: {len(self._queue_done)} run(s), {len(failed)} failed; {waiting} waiting"
+            if self._queue_stop and waiting:
+                text += " (stopped: Run queue goes on with them)"
+            if failed:
+                text += f". Failed: {failed[0].name}: {failed[0].reason.strip().splitlines()[0]}"
+            self.footer.set_status(text, "error" if failed else "ok")
+            self.log.add(text)
+        self.queue_changed()
+
+    def queue_changed(self) -> None:
+        """The footer's queue count and the queue window follow a change of the queue."""
+        try:
+            entries = self.job_queue.entries()
+        except QueueError:
+            self.footer.set_queue("Queue: unreadable")
+            entries = None
+        if entries is not None:
+            waiting = sum(1 for e in entries if e.status == QUEUED)
+            if self.queue_running:
+                self.footer.set_queue(f"Queue: running, {waiting} waiting")
+            elif entries:
+                self.footer.set_queue(f"Queue: {waiting} waiting")
+            else:
+                self.footer.set_queue("Queue: empty")
+        window = self.queue_window
+        if window is not None and window.winfo_exists():
+            window.refresh()
+
+    def _queue_tick(self) -> None:
+        self.queue_changed()
+        self._schedule("queue", QUEUE_REFRESH_MS, self._queue_tick)
 
     # -- closing -------------------------------------------------------------------------------------------------
 
@@ -924,6 +1107,12 @@ class App(ctk.CTk):
 
     def destroy(self) -> None:
         logging.getLogger().removeHandler(self._log_handler)
+        if self._queue_entry is not None and not self.runner.is_alive():  # closed before the poll recorded its end
+            self._queue_record(self._queue_entry, self.runner.outcome or Failed("the app closed during the run"))
+            self._queue_entry = None
+        if self._queue_lock is not None:  # an entry still running is queued again by the next reader of the queue
+            self._queue_lock.release()
+            self._queue_lock = None
         if self.tensorboard is not None:
             self.tensorboard.stop()
             self.tensorboard = None

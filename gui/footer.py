@@ -91,6 +91,8 @@ class Footer(ctk.CTkFrame):
         on_tensorboard: Callable[[], None],
         on_export: Callable[[], None],
         on_log: Callable[[], None] | None = None,
+        on_queue_add: Callable[[], None] | None = None,
+        on_queue: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(master, corner_radius=0)
         self.grid_columnconfigure(1, weight=1)
@@ -127,7 +129,19 @@ class Footer(ctk.CTkFrame):
         # Both lines never wrap (a second line would make the footer taller and move the progress row): `one_line`
         # shortens them to the room they have, and the tooltip holds the whole text.
         self.status_label = ctk.CTkLabel(self, text="Ready.", anchor="w", justify="left")
-        self.status_label.grid(row=1, column=0, columnspan=8, sticky="ew", padx=10, pady=(2, 0))
+        self.status_label.grid(row=1, column=0, columnspan=6, sticky="ew", padx=10, pady=(2, 0))
+        # The queue of runs, above Start: how many wait (a click opens the queue window) and Add to queue.
+        self.queue_frame = ctk.CTkFrame(self, fg_color="transparent")
+        self.queue_frame.grid(row=1, column=6, columnspan=2, sticky="e", padx=(6, 10), pady=(2, 0))
+        self.queue_button = ctk.CTkButton(
+            self.queue_frame, text="Queue", width=130, command=on_queue or (lambda: None), fg_color="transparent",
+            border_width=1, text_color=("gray10", "gray90"),
+        )  # fmt: skip
+        self.queue_add_button = ctk.CTkButton(
+            self.queue_frame, text="Add to queue", width=130, command=on_queue_add or (lambda: None)
+        )
+        self.queue_button.pack(side="left", padx=3)
+        self.queue_add_button.pack(side="left", padx=3)
         self._status_text = "Ready."
         self._status_keep = ""
         self._status_level = "info"
@@ -181,7 +195,10 @@ class Footer(ctk.CTkFrame):
             width = max(self.winfo_toplevel().winfo_width(), 1000)
         if label is self.notice_label:
             return max(150, width - self.buttons.winfo_reqwidth() - 40)
-        return max(200, width - 30)
+        cell = self.grid_bbox(0, 1, 5, 1)  # the status line's columns, left of the queue's buttons
+        if cell[2] > 1:
+            return max(200, cell[2] - 20)
+        return max(200, width - self.queue_frame.winfo_reqwidth() - 40)
 
     def _measure(self, label: ctk.CTkLabel) -> Callable[[str], int]:
         font = label.cget("font")
@@ -243,6 +260,14 @@ class Footer(ctk.CTkFrame):
         self._status_level = level
         self.status_label.configure(text_color=STATUS_COLORS[level])
         self._show_status()
+
+    def set_queue(self, text: str) -> None:
+        """What the queue button says: "Queue: 2 waiting", "Queue: running, 1 waiting", "Queue: empty"."""
+        self.queue_button.configure(text=text)
+
+    @property
+    def queue_text(self) -> str:
+        return self.queue_button.cget("text")
 
     @property
     def status(self) -> str:

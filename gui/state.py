@@ -1,20 +1,20 @@
 """The app's memory between sessions: the last config, saved atomically on change and on exit.
 
-It lives in `$ONETRAINER_STATE_DIR` when set (tests), else `$XDG_CONFIG_HOME/onetrainer` or `~/.config/onetrainer`.
+It lives in `$ONETRAINER_STATE_DIR` when set (tests), else `$XDG_CONFIG_HOME/onetrainer` or `~/.config/onetrainer`
+(`onetrainer/util/app_dirs.py`: the queue of runs lives there too).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from onetrainer.config import ConfigFileError, Problem, TrainConfig, load_config, save_config
+from onetrainer.util.app_dirs import STATE_DIR_ENV, state_dir  # noqa: F401  (STATE_DIR_ENV: named from here too)
 from onetrainer.util.fs import atomic_write_json
 
-STATE_DIR_ENV = "ONETRAINER_STATE_DIR"
 LAST_CONFIG_NAME = "last-config.json"
 # Which concepts and samples of the last config came with a preset (see App.load_preset): kept beside the last config
 # so that the next preset still drops them after a restart.
@@ -22,14 +22,6 @@ PRESET_DATA_NAME = "last-preset-data.json"
 USER_PRESETS = "presets"
 # What a preset leaves alone: the user's data (see App.load_preset).
 DATA_FIELDS = ("concepts", "samples")
-
-
-def state_dir() -> Path:
-    explicit = os.environ.get(STATE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "onetrainer"
 
 
 def last_config_path() -> Path:

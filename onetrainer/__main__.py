@@ -1,4 +1,5 @@
-"""`python -m onetrainer train|create-train-files|sample|generate-masks|generate-captions|convert-model|ui ...`"""
+"""`python -m onetrainer train|job-queue|create-train-files|sample|generate-masks|generate-captions|convert-model|ui
+...`"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 COMMANDS = {
     "train": ("onetrainer.cli.train", "train a config headless"),
+    "job-queue": ("onetrainer.cli.job_queue", "queue training runs and run them one after another"),
     "create-train-files": ("onetrainer.cli.create_train_files", "write a default config, concepts and samples"),
     "sample": ("onetrainer.cli.sample", "render images from a model, with a LoRA or embeddings"),
     "generate-masks": ("onetrainer.cli.generate_masks", "write masks for a folder of images"),

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onetrainer.cli import register_model_sources
@@ -94,6 +95,12 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         action="store_true",
         help="train after --fit-vram / --fit-ram changed the config (without it they print the changes and exit)",
     )
+    parser.add_argument(
+        "--queue",
+        action="store_true",
+        help="check the config, then add it to the queue of runs instead of training now (scripts/job_queue.py "
+        "lists and runs the queue; with --fit-vram / --fit-ram, the changed config)",
+    )
     return parser
 
 
@@ -121,14 +128,34 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
     if args.train and (args.check or args.preflight):
         print(f"{prog}: error: --train trains; --check and --preflight check and exit: give one", file=sys.stderr)
         return EXIT_INVALID
+    if args.queue and (args.check or args.preflight or args.train):
+        print(
+            f"{prog}: error: --queue queues the run instead of training or checking it: give it alone", file=sys.stderr
+        )
+        return EXIT_INVALID
     if fitting:
         fitted = _fit(config, args.fit_vram, args.fit_ram)
         if fitted is not None:
             return fitted
-        if not (args.check or args.preflight or args.train):
+        if not (args.check or args.preflight or args.train or args.queue):
             print("Not trained: add --train to train it so, or --check / --preflight to check it.")
             return EXIT_OK
-    problems += run_checks(config, include_schema=False)
+    if not check_config(config, problems):
+        return EXIT_INVALID
+    if args.check:
+        print("The config is valid.")
+        return EXIT_OK
+    if args.preflight:
+        return _preflight(config)
+    if args.queue:
+        return queue_config(config, str(Path(args.config_path).absolute()) if args.config_path else args.preset)
+    return _train(config)
+
+
+def check_config(config: TrainConfig, problems: list) -> bool:
+    """Run the checks (beside the problems loading found) and print each problem on stderr; False when any is an
+    error (then the config cannot be trained)."""
+    problems = problems + run_checks(config, include_schema=False)
     # Problems name the concept or sample (from the side files too) and the field, then the path --set takes.
     named = _packed(config) if problems else config
     for problem in problems:
@@ -139,13 +166,31 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
         print(f"The config is invalid ({count} problem{'s' if count > 1 else ''}):", file=sys.stderr)
         for problem in errors(problems):
             print(f"  {describe(problem, named, with_path=True)}", file=sys.stderr)
-        return EXIT_INVALID
-    if args.check:
-        print("The config is valid.")
-        return EXIT_OK
-    if args.preflight:
-        return _preflight(config)
-    return _train(config)
+        return False
+    return True
+
+
+def queue_config(config: TrainConfig, source: str, name: str = "", queue_file: str | None = None) -> int:
+    """Add a checked config to the queue of runs (`scripts/job_queue.py` runs it), a copy as it is now."""
+    from onetrainer.training.job_queue import JobQueue, QueueError, relative_paths
+
+    queue = JobQueue(queue_file)
+    try:
+        entry = queue.add(config, name=name, source=source)
+        position = len(queue.entries())
+    except QueueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"Queued as entry {position} ({entry.id}): {entry.name}")
+    relative = relative_paths(config)
+    if relative:
+        one = len(relative) == 1
+        print(
+            f"Note: {', '.join(relative)} {'is' if one else 'are'} relative: the queue's runner resolves "
+            f"{'it' if one else 'them'} in the folder it runs from (this one: {os.getcwd()})."
+        )
+    print(f"The queue: {queue.path}; run it with scripts/job_queue.py run")
+    return EXIT_OK
 
 
 def _fit(config: TrainConfig, vram: float | None, ram: float | None) -> int | None:

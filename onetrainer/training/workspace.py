@@ -130,10 +130,12 @@ class WorkspaceLock:
         self.taken_over: LockHolder | None = None  # the dead run whose lock was taken over
 
     @classmethod
-    def acquire(cls, workspace_dir: str | Path) -> WorkspaceLock:
+    def acquire(cls, workspace_dir: str | Path, name: str = LOCK_NAME) -> WorkspaceLock:
+        """Hold `workspace_dir`'s lock file `name` (another name: the same kind of lock on something else, e.g. the
+        queue of runs' `job-queue.lock`)."""
         root = Path(workspace_dir).expanduser().absolute()  # named in full: a relative one depends on the start folder
         root.mkdir(parents=True, exist_ok=True)
-        path = root / LOCK_NAME
+        path = root / name
         pid = os.getpid()
         holder = LockHolder(
             pid, socket.gethostname(), datetime.datetime.now().isoformat(timespec="seconds"), _process_started(pid)

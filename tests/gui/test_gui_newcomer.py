@@ -428,7 +428,7 @@ def test_the_footer_is_not_clipped_at_1024_px(app, trainable, fake_trainer, pump
     settle(app, 0.5)
     width = footer.winfo_width()
     assert width <= 1024
-    for widget in (footer.status_label, footer.notice_label, footer.buttons, footer.loss_label):
+    for widget in (footer.status_label, footer.notice_label, footer.buttons, footer.loss_label, footer.queue_frame):
         right = widget.winfo_rootx() - footer.winfo_rootx() + widget.winfo_width()
         assert right <= width, widget
         assert widget.winfo_width() >= widget.winfo_reqwidth() - 1, widget  # got the room it asked for
