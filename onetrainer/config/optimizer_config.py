@@ -353,7 +353,8 @@ class TrainOptimizerConfig(ConfigNode):
         "the name (or, with 'Use regex', where the regular expression finds a match). Empty: the model type's own "
         "patterns, OneTrainer's: the denoiser's blocks ('block', 'transformer_blocks', or 'layers' and 'refiner') and "
         "the text encoders' layers ('encoder.layers', which OneTrainer spells 'text_model.encoder.layers', or "
-        "'encoder.block'; the Model types table of docs/config.md lists each).",
+        "'encoder.block', or 'model.layers' for a language model; the Model types table of docs/config.md lists "
+        "each).",
     )
     muon_adam_regex: bool | None = _p(
         "Use regex", "Read 'Hidden layers' as regular expressions (each searched in the weight's name)."

@@ -199,7 +199,7 @@ FLUX2 = FamilyInfo(
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
     },
-    muon_hidden_layers=("transformer_blocks", "encoder.block"),
+    muon_hidden_layers=("transformer_blocks", "model.layers"),  # Qwen3 or Mistral3 (language_model.layers)
     layer_presets=_FLUX2_LAYER_PRESETS,
     hub_parts=("transformer", "text_encoder", "vae"),
     # GUIDANCE_INPUT: [dev]'s `transformer.guidance_scale` (klein's transformer has no guidance input and ignores it).

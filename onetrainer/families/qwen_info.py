@@ -36,7 +36,7 @@ QWEN = FamilyInfo(
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's Qwen presets
-    muon_hidden_layers=("transformer_blocks", "encoder.block"),
+    muon_hidden_layers=("transformer_blocks", "model.layers"),  # Qwen2.5-VL language model layers
     layer_presets={
         "attn-mlp": ("attn", "img_mlp", "txt_mlp"),
         "attn-only": ("attn",),

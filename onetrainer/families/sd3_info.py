@@ -41,7 +41,7 @@ SD3 = FamilyInfo(
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's SD3 presets
-    muon_hidden_layers=("transformer_blocks", "encoder.block"),
+    muon_hidden_layers=("transformer_blocks", "encoder.block", "encoder.layers"),  # T5 blocks, CLIP layers
     layer_presets={"attn-only": ("attn",), "blocks": ("transformer_block",), "full": ()},
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({LAYER_SKIP, FLOW_MATCHING, SKIP_LAYER_GUIDANCE}),

@@ -133,6 +133,12 @@ def loaded_problems(family: Family, model: LoadedModel) -> list[str]:
     for part in encoders:
         if not family.lora_targets(model, part, [], False):
             problems.append(f"text_encoder_blocks selects no linear layer of {part}")
+    # Muon's default hidden layers (`info.muon_hidden_layers`, substrings of the trained weights' names, the part's
+    # name first) must find the denoiser's blocks and each text encoder's layers, or Muon trains nothing there.
+    for part in (family.denoiser_part, *encoders):
+        names = [f"{part}.{module}.weight" for module in family.lora_targets(model, part, [], False)]
+        if not any(pattern in name for name in names for pattern in info.muon_hidden_layers):
+            problems.append(f"muon_hidden_layers {list(info.muon_hidden_layers)} match no layer of {part}")
     flow = isinstance(model.schedule, FlowMatchingSchedule)
     if flow != (FLOW_MATCHING in info.capabilities):
         problems.append(f"capability {FLOW_MATCHING}: {not flow}, schedule {type(model.schedule).__name__}")
