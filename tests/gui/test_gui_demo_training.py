@@ -66,6 +66,26 @@ def test_start_with_the_demo_preset_trains_to_the_end(demo_app, in_tmp: Path, sc
     assert [c.name for c in loaded.concepts] == ["demo shapes"]
 
 
+@pytest.mark.parametrize("optimizer", ["PRODIGY_PLUS_SCHEDULE_FREE", "MUON", "ADAMW_ADV"])
+def test_an_optimizer_chosen_in_the_window_trains_the_demo(demo_app, in_tmp: Path, optimizer) -> None:
+    """OneTrainer's newer optimizers, chosen in the training tab's menu, train the demo LoRA (learning-rate-free ones
+    at the learning rate their table row asks for)."""
+    from onetrainer.config.optimizers import OPTIMIZERS
+    from tests.gui.helpers import choose_in_menu
+
+    app = demo_app
+    choose_in_menu(view_of(app, "training", "optimizer.optimizer").menu, optimizer)
+    rate = 1.0 if OPTIMIZERS[app.model.config.optimizer.optimizer].adaptive else 1e-3
+    output = in_tmp / "out" / "lora.safetensors"
+    settings = {"epochs": 1, "learning_rate": rate, "samples": [], "output_model_destination": str(output)}
+    for path, value in settings.items():
+        assert not errors(app.model.set(path, value)), path
+    app.footer.start_button.invoke()
+    pump(app, lambda: not app.footer.running, timeout=RUN_TIMEOUT)
+    assert app.footer.status.startswith("Finished (completed)"), app.footer.status
+    assert output.stat().st_size > 0
+
+
 def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
     app = demo_app
     assert app.start()

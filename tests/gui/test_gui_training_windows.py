@@ -124,3 +124,16 @@ def test_the_muon_dialog_edits_its_patterns_and_aux_adam_settings(app) -> None:
     settings.set_text("")  # empty: the defaults
     assert config.optimizer.muon_adam_config is None and settings.input_error is None
     dialog.close()
+
+
+def test_every_offered_optimizer_is_in_the_menu_and_its_dialog_lists_its_parameters(app) -> None:
+    from onetrainer.config.optimizer_config import OFFERED_OPTIMIZERS
+
+    menu = view_of(app, "training", "optimizer.optimizer").menu
+    dialog = app.select_tab("training").open_optimizer_dialog()
+    for optimizer in OFFERED_OPTIMIZERS:
+        choose_in_menu(menu, optimizer.value)
+        assert app.model.config.optimizer.optimizer is optimizer
+        assert list(dialog.views) == [p.name for p in optim.dialog_parameters(optimizer)], optimizer.value
+    choose_in_menu(menu, "ADAMW")
+    dialog.close()

@@ -178,3 +178,22 @@ def test_a_broken_custom_scheduler_is_a_clear_failure(tmp_path, images):
         custom_learning_rate_scheduler="no.such.Scheduler",
     )  # fmt: skip
     assert isinstance(outcome, Failed) and "cannot import 'no.such.Scheduler'" in outcome.message
+
+
+@pytest.mark.parametrize("name", [o for o in optim.OPTIMIZERS if o not in TRUST_RATIO], ids=lambda o: o.value)
+def test_every_optimizer_fine_tunes(tmp_path, images, name):
+    """The same optimizers on every weight of the tiny UNet (a fine-tune's parameter set: convolutions, norms, biases,
+    embeddings), as OneTrainer's fine-tune presets use them."""
+    from onetrainer.tiny import tiny_model_dir
+
+    destination = tmp_path / "out" / "model"
+    outcome, sink = train_with(
+        tmp_path, images, {"optimizer": name.value}, method="FINE_TUNE", output_model_format="DIFFUSERS",
+        output_model_destination=str(destination), learning_rate=learning_rate_for(name) / 10,
+        text_encoder={"train": False},
+    )  # fmt: skip
+    assert isinstance(outcome, Finished), getattr(outcome, "message", "")
+    assert all(math.isfinite(m.loss) for m in sink.of(Metrics))
+    before = load_file(str(next((tiny_model_dir("sd15") / "unet").glob("*.safetensors"))))
+    after = load_file(str(next((destination / "unet").glob("*.safetensors"))))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
