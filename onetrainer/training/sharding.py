@@ -158,8 +158,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _tie_again(module: torch.nn.Module) -> None:
-    """Tied weights (T5's `shared` and `encoder.embed_tokens`) are one parameter again after `load_state_dict(assign=
-    True)` gave each name its own: every name takes the parameter of the first name its group had in the skeleton."""
+    """Tied weights (a text encoder's token embedding held by two modules) are one parameter again after
+    `load_state_dict(assign=True)` gave each name its own: every name takes the first name's parameter."""
     for names in getattr(module, "_tied_groups", ()):
         first = module.get_parameter(names[0])
         for name in names[1:]:
