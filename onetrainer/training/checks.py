@@ -63,10 +63,11 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 
 def check_sharded(config: TrainConfig) -> list[Problem]:
     """What `multi_gpu_mode` SHARDED (`training/sharding.py`) does not combine with yet, each named on its setting:
-    other methods than a fine-tune, EMA, the fused back pass, layer offloading, compile, validation, stochastic
-    rounding, additional embeddings (errors; a trained part is never quantized, and frozen parts, quantized or not,
-    are not sharded); samples during training and the
-    stochastic rounding of averaged gradients, which it leaves out (warnings); one process, which trains unsharded."""
+    other methods than a fine-tune, EMA, the fused back pass, compile, validation, stochastic rounding of BFLOAT_16
+    weights, additional embeddings, a trained part's layer offloading (errors; a trained part is never quantized, and
+    frozen parts, quantized or not, are not sharded); samples during training and the stochastic rounding of averaged
+    gradients, which it leaves out (warnings); one process, which trains unsharded. A part's 'stop training after'
+    freezes its shards as it freezes a whole part."""
     import os
 
     from onetrainer.config.enums import MultiGpuMode, TimeUnit
