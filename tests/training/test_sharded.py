@@ -157,3 +157,40 @@ def test_a_sharded_backup_resumes_exactly(one_process, tmp_path):
     resumed = _torchrun(tmp_path, {**config, "continue_last_backup": True})
     assert "resumed from" in resumed.stdout + resumed.stderr
     _assert_same(_weights(tmp_path / "out" / "model"), one_process)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_before_the_save_ends_the_app_run_with_its_end_and_writes_nothing(tmp_path, monkeypatch):
+    """The app's Start (this process rank 0, rank 1 its child): rank 1 killed after the last step, as the gather of
+    the weights for the final save begins, ends the run with rank 1's end; no model, whole or in part, is written."""
+    from onetrainer.training import launcher
+    from onetrainer.training.events import Failed, Metrics
+
+    children = []
+
+    class Recorded(launcher.RankProcess):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            children.append(self)
+
+    monkeypatch.setattr(launcher, "RankProcess", Recorded)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(XDG))
+    monkeypatch.setenv("ONETRAINER_DIST_TIMEOUT", "60")
+    settings = _config(tmp_path, epochs=1, multi_gpu=True, device_indexes="0,1")
+    config, problems = config_from_dict(settings)
+    assert not [p for p in problems if p.is_error], problems
+
+    class Window:
+        def emit(self, event) -> None:
+            if isinstance(event, Metrics) and event.global_step == 2:  # the last step: the save comes next
+                children[0].process.kill()
+
+        def close(self) -> None:
+            pass
+
+    with torch_threads(training_threads()):
+        outcome = run_training(config, TrainingControl(), [Window()])
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.message.startswith("rank 1 of 2 failed: the process ended (killed by SIGKILL)"), outcome.message
+    out = tmp_path / "out"
+    assert not out.exists() or list(out.iterdir()) == [], list(out.iterdir())
