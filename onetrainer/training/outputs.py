@@ -254,10 +254,8 @@ class Outputs:
     def save(self, p: TrainProgress, validation: ValidationResult | None) -> None:
         """An intermediate save into the workspace's `save` folder; a failure is a warning and training goes on.
         Sharded, every process takes part in gathering the weights, which rank 0 writes."""
+        states = self.sharding.full_state() if self.sharding is not None else None  # every process gathers
         if not self.writes:
-            if self.sharding is not None:
-                with self.sharding.plain_parts():
-                    pass
             return
         fmt = self.config.output_model_format
         suffix = "" if fmt.is_directory else ".safetensors"
@@ -265,7 +263,7 @@ class Outputs:
         path = self.workspace.dir("save") / name
         self._use_validation(validation)
         try:
-            with self.optimization.inference_weights(), self.placement.whole(), self._plain():
+            with self.optimization.inference_weights(), self.placement.whole(), self._plain(states):
                 self.method.save_output(path)
         except Exception as e:
             if not is_write_error(e):
@@ -310,22 +308,23 @@ class Outputs:
         always); whether that worked is agreed, so that after a failed write every process writes the backup."""
         destination = Path(self.config.output_model_destination).expanduser()
         failure, error = None, None
-        with self.sharding.plain_parts():
-            if self.writes:
-                self._status("saving the model")
-                destination = self._final_destination()
-                self._use_validation(validation)
-                try:
-                    with self.placement.whole():
-                        self.method.save_output(destination)
-                except Exception as e:
-                    error = e
-                    reason = write_error_message(e, destination) if is_write_error(e) else failure_reason(e)
-                    failure = (reason, is_write_error(e))
+        states = self.sharding.full_state()  # every process gathers; a failed or killed one fails it everywhere
+        if self.writes:
+            self._status("saving the model")
+            destination = self._final_destination()
+            self._use_validation(validation)
+            try:
+                with self.placement.whole(), self.sharding.plain_parts(states):
+                    self.method.save_output(destination)
+            except Exception as e:
+                error = e
+                reason = write_error_message(e, destination) if is_write_error(e) else failure_reason(e)
+                failure = (reason, is_write_error(e))
+        del states
         failure = self.sharding.agree(failure)  # the others learn how rank 0's write went, and go on alike
         if failure is not None:
-            reason, written = failure
-            if not written:  # not the disk: rank 0's own error ends the run, the others end with its words
+            reason, disk = failure
+            if not disk:  # not the disk: rank 0's own error ends the run, the others end with its words
                 if error is not None:
                     raise error
                 raise RuntimeError(f"rank 0 could not save the model: {reason}")
@@ -337,9 +336,10 @@ class Outputs:
             self._record_checkpoint("final", destination, validation, p)
         return destination
 
-    def _plain(self):
-        """Rank 0's model with the full weights of the sharded parts for the duration (nothing when not sharded)."""
-        return self.sharding.plain_parts() if self.sharding is not None else contextlib.nullcontext()
+    def _plain(self, states: dict | None):
+        """Rank 0's model with the gathered full weights of the sharded parts for the duration (nothing when not
+        sharded)."""
+        return self.sharding.plain_parts(states) if self.sharding is not None else contextlib.nullcontext()
 
     def _final_destination(self) -> Path:
         """The output path; with 'Prevent overwrites', a file that appeared during training (another run's) is kept

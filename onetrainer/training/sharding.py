@@ -82,13 +82,9 @@ class ShardedParts:
         return {name: get_model_state_dict(self.model.part(name), options=options) for name in self.parts}
 
     @contextlib.contextmanager
-    def plain_parts(self) -> Iterator[None]:
-        """For the duration, rank 0's model holds plain modules with the full trained weights (in CPU memory) in place
-        of the sharded parts, for the family's saving; every process must enter (the gather is collective)."""
-        states = self.full_state()
-        if not self.dist.is_main:
-            yield
-            return
+    def plain_parts(self, states: dict[str, dict[str, torch.Tensor]]) -> Iterator[None]:
+        """For the duration, rank 0's model holds plain modules with the full trained weights `states` (`full_state`,
+        in CPU memory) in place of the sharded parts, for the family's saving. Rank 0's alone: no collective."""
         sharded = {name: self.model.parts[name] for name in self.parts}
         try:
             for name, state in states.items():

@@ -1,5 +1,6 @@
-"""`ddp_worker.py` (its faults) for the sharded tests, and one more: SHARD_TEST_SIZES=<folder>, where each rank writes
-how much of the trained weights and of the optimizer's state it holds after the first step (`rank<N>.json`)."""
+"""`ddp_worker.py` (its faults) for the sharded tests, and two more: SHARD_TEST_SIZES=<folder>, where each rank writes
+how much of the trained weights and of the optimizer's state it holds after the first step (`rank<N>.json`);
+SHARD_TEST_DISK_FULL=1, rank 0's final save fails as on a full disk."""
 
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ def train_step(self, batches):
 
 
 trainer_module.Trainer.train_step = train_step
+
+if os.environ.get("SHARD_TEST_DISK_FULL") and RANK == 0:
+    import errno
+
+    from onetrainer.methods.finetune import FineTuneMethod
+
+    def save_output(self, destination):
+        raise OSError(errno.ENOSPC, "No space left on device", str(destination))
+
+    FineTuneMethod.save_output = save_output
 assert ddp_worker.train_step is not None  # its faults stay installed beneath this
 
 if __name__ == "__main__":

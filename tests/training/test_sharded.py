@@ -101,11 +101,19 @@ def one_process(tmp_path_factory, _tiny_models):
 def test_two_sharded_processes_train_what_one_process_trains_at_2b(one_process, tmp_path):
     sizes = tmp_path / "sizes"
     sizes.mkdir()
-    done = _torchrun(tmp_path, _config(tmp_path), {"SHARD_TEST_SIZES": str(sizes)})
+    saves = {"save_every": 1, "save_every_unit": "EPOCH"}  # an intermediate save after the first epoch too
+    done = _torchrun(tmp_path, _config(tmp_path, **saves), {"SHARD_TEST_SIZES": str(sizes)})
     output = done.stdout + done.stderr
     assert re.search(r"transformer sharded over 2 processes as [1-9]\d* blocks and the rest", output), output
-    _assert_same(_weights(tmp_path / "out" / "model"), one_process)
+    final = _weights(tmp_path / "out" / "model")
+    _assert_same(final, one_process)
     assert output.count("model saved:") == 1
+    # The intermediate saves after each epoch are ordinary folders too, the last one of the final weights.
+    halfway, last = sorted((tmp_path / "workspace" / "save").iterdir(), key=lambda p: "-save-4-" in p.name)
+    assert "-save-2-1-0" in halfway.name and (halfway / "model_index.json").is_file()
+    assert _weights(last).keys() == final.keys() and all(torch.equal(_weights(last)[k], v) for k, v in final.items())
+    earlier = _weights(halfway)
+    assert earlier.keys() == final.keys() and any(not torch.equal(earlier[k], final[k]) for k in final)
     # During training each process held about half of the trained weights and of the optimizer's moments.
     ranks = [json.loads((sizes / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
     for kind in ("weights", "optimizer"):
@@ -144,11 +152,19 @@ def test_a_trained_text_encoder_is_sharded_too_and_the_output_is_an_ordinary_dif
 
 
 @pytest.mark.slow
-def test_a_sharded_backup_resumes_exactly(one_process, tmp_path):
-    config = _config(tmp_path, backup_before_save=True)
-    stopped = _torchrun(tmp_path, config, {"DDP_TEST_STOP": "2"})
-    assert "Finished (stopped)" in stopped.stdout + stopped.stderr
+def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_exactly(one_process, tmp_path):
+    """Stopped after step 2, rank 0's write of the model fails (a full disk): every rank hears it and writes its shards
+    into a backup, the run ends saying where the trained state is, and no model is left, whole or in part. Resumed
+    from that backup, the run ends with the weights of the uninterrupted one."""
+    config = _config(tmp_path)
+    with pytest.raises(AssertionError) as failed:
+        _torchrun(tmp_path, config, {"DDP_TEST_STOP": "2", "SHARD_TEST_DISK_FULL": "1"})
+    message = str(failed.value)
+    assert "the model could not be saved: " in message and "disk full" in message.lower(), message
     (backup,) = (tmp_path / "workspace" / "backup").iterdir()
+    assert f"The trained state is in the backup {backup}" in message
+    out = tmp_path / "out"
+    assert not out.exists() or list(out.iterdir()) == []
     meta = json.loads((backup / "meta.json").read_text(encoding="utf-8"))
     assert meta["sharded"] == {"processes": 2} and 0 < meta["progress"]["global_step"] < 4  # of 4 steps
     shards = sorted(p.name for p in (backup / "sharded").iterdir())
