@@ -287,8 +287,9 @@ class TrainConfig(ConfigNode):
     multi_gpu: bool = setting(
         False,
         "Multi-GPU",
-        "Train on several GPUs at once, one process per GPU (data parallel). 'Batch size' is per GPU: the global "
-        "batch is batch size × GPUs. Under torchrun the processes come from torchrun and this is not needed.",
+        "Train on several GPUs at once, one process per GPU (data parallel, or sharded: 'Multi-GPU mode'). 'Batch "
+        "size' is per GPU: the global batch is batch size × GPUs. Under torchrun the processes come from torchrun and "
+        "this is not needed.",
         tab="general",
         group="Device",
     )
@@ -318,7 +319,7 @@ class TrainConfig(ConfigNode):
         "Offload shards to CPU",
         "With Multi-GPU mode SHARDED: each GPU's shards of the weights, gradients and optimizer state stay in CPU "
         "memory and the optimizer steps there (FSDP2's CPUOffloadPolicy); a block's weights come to the GPU only "
-        "while it computes. Less VRAM, slower steps.",
+        "while it computes. Less VRAM, slower steps. On a CPU train device it has nothing to do.",
         tab="general",
         group="Device",
     )

@@ -66,8 +66,8 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
     other methods than a fine-tune, EMA, the fused back pass, compile, validation, stochastic rounding of BFLOAT_16
     weights, additional embeddings, a trained part's layer offloading (errors; a trained part is never quantized, and
     frozen parts, quantized or not, are not sharded); samples during training and the stochastic rounding of averaged
-    gradients, which it leaves out (warnings); one process, which trains unsharded. A part's 'stop training after'
-    freezes its shards as it freezes a whole part."""
+    gradients, which it leaves out, and the shards' CPU offload where it does nothing (warnings); one process, which
+    trains unsharded. A part's 'stop training after' freezes its shards as it freezes a whole part."""
     import os
 
     from onetrainer.config.enums import MultiGpuMode, TimeUnit
@@ -75,9 +75,15 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
     from onetrainer.training.stochastic_rounding import rounds
 
     if config.multi_gpu_mode is not MultiGpuMode.SHARDED:
-        return []
+        if not config.sharded_cpu_offload:
+            return []
+        message = "sharded_cpu_offload offloads the shards of multi_gpu_mode SHARDED only: it has no effect here"
+        return [Problem("sharded_cpu_offload", message, Severity.WARNING)]
     mode = "multi_gpu_mode SHARDED"
     problems = []
+    if config.sharded_cpu_offload and config.train_device.strip().startswith("cpu"):
+        message = "sharded_cpu_offload has nothing to do on a CPU train device: the shards are in CPU memory already"
+        problems.append(Problem("sharded_cpu_offload", message, Severity.WARNING))
 
     def refuse(path: str, what: str, instead: str) -> None:
         problems.append(Problem(path, f"{what} is not combined with {mode} yet: {instead}"))

@@ -184,7 +184,8 @@ def shard_parts(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
-    offload = CPUOffloadPolicy() if settings.cpu_offload else OffloadPolicy()
+    # FSDP2's CPU offload needs an accelerator to gather to; on a CPU the shards are in CPU memory anyway.
+    offload = CPUOffloadPolicy() if settings.cpu_offload and dist.device.type != "cpu" else OffloadPolicy()
     skeletons, blocks = {}, {}
     for name in parts:
         module = model.part(name)

@@ -140,6 +140,9 @@ def test_what_a_sharded_run_does_not_combine_with_is_named_on_its_setting(tmp_pa
 
     assert found() == {}
     assert found(multi_gpu_mode="DATA_PARALLEL", ema="GPU") == {}  # only the sharded mode is checked here
+    assert found(multi_gpu_mode="DATA_PARALLEL", sharded_cpu_offload=True) == {"sharded_cpu_offload": "warning"}
+    assert found(sharded_cpu_offload=True) == {"sharded_cpu_offload": "warning"}  # the tests train on the CPU
+    assert found(sharded_cpu_offload=True, train_device="cuda") == {}
     assert found(training_method="LORA", output_model_format="KOHYA_LORA") == {"multi_gpu_mode": "error"}
     assert found(multi_gpu=False) == {"multi_gpu_mode": "warning"}
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the processes are torchrun's
