@@ -32,6 +32,9 @@ def test_the_preflight_says_per_gpu_and_global_batch_and_the_lr_scale(monkeypatc
     monkeypatch.delenv("WORLD_SIZE")  # the app's multi_gpu: the processes are device_indexes'
     config = _config(batch_size=3, multi_gpu=True, device_indexes="0,1", train_device="cpu")
     assert preflight_text(config).startswith("batch: 3 per GPU × 2 processes = 6 global per micro-batch; LR scaler")
+    assert "sharded" not in preflight_text(config)
+    sharded = _config(batch_size=3, multi_gpu=True, device_indexes="0,1", train_device="cpu", multi_gpu_mode="SHARDED")
+    assert preflight_text(sharded).endswith("; the trained parts sharded over the 2 processes (FSDP2)")
 
 
 def test_each_rank_gets_its_slice_of_the_global_draw():
