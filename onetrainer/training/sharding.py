@@ -68,10 +68,17 @@ class ShardSizes:
 class ShardedParts:
     """The trained parts of a run, sharded over the group; what saving, backups and resuming need of them."""
 
-    def __init__(self, model: LoadedModel, parts: list[str], dist: Distributed, blocks: dict[str, int]) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        parts: list[str],
+        dist: Distributed,
+        blocks: dict[str, int],
+        skeletons: dict[str, torch.nn.Module],
+    ) -> None:
         self.model, self.parts, self.dist = model, list(parts), dist
         self.blocks = blocks  # part → how many declared blocks were sharded on their own
-        self._skeletons: dict[str, torch.nn.Module] = {}
+        self._skeletons = skeletons  # rank 0's: each part's module on the meta device, for `plain_parts`
 
     # -- saving: the full weights on rank 0 ---------------------------------------------------------------------------
     def full_state(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -203,6 +210,4 @@ def shard_parts(
                 count += 1
         fully_shard(module, mesh=mesh, mp_policy=precision, offload_policy=offload)
         blocks[name] = count
-    sharded = ShardedParts(model, parts, dist, blocks)
-    sharded._skeletons = skeletons
-    return sharded
+    return ShardedParts(model, parts, dist, blocks, skeletons)
