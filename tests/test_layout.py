@@ -78,7 +78,7 @@ def test_families_config_and_training_know_no_tiny_models():
 # The maths and the mechanisms take small frozen settings built once from the config (`training/settings.py`,
 # `training/processes.py`, `families/loading.quantization_settings`), never the config itself; the utilities import
 # nothing of the config at all (docs/architecture.md, "Layers").
-NO_TRAIN_CONFIG = ("noise", "util", "precision", "training/distributed.py")
+NO_TRAIN_CONFIG = ("noise", "util", "precision", "training/distributed.py", "training/sharding.py")
 NO_CONFIG = ("util",)
 
 

@@ -302,3 +302,10 @@ class GradientReducePrecision(ConfigEnum):
     FLOAT_32 = "FLOAT_32"
     WEIGHT_DTYPE_STOCHASTIC = "WEIGHT_DTYPE_STOCHASTIC"
     FLOAT_32_STOCHASTIC = "FLOAT_32_STOCHASTIC"
+
+
+class MultiGpuMode(ConfigEnum):
+    """How several processes share the training (ours: OneTrainer trains data parallel only)."""
+
+    DATA_PARALLEL = "DATA_PARALLEL"  # every process holds the whole model; gradients are averaged
+    SHARDED = "SHARDED"  # the trained parts' weights, gradients and optimizer state split over the processes (FSDP2)

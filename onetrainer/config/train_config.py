@@ -22,6 +22,7 @@ from onetrainer.config.enums import (
     LossWeight,
     ModelFormat,
     ModelType,
+    MultiGpuMode,
     PeftType,
     TimestepDistribution,
     TimeUnit,
@@ -286,8 +287,9 @@ class TrainConfig(ConfigNode):
     multi_gpu: bool = setting(
         False,
         "Multi-GPU",
-        "Train on several GPUs at once, one process per GPU (data parallel). 'Batch size' is per GPU: the global "
-        "batch is batch size × GPUs. Under torchrun the processes come from torchrun and this is not needed.",
+        "Train on several GPUs at once, one process per GPU (data parallel, or sharded: 'Multi-GPU mode'). 'Batch "
+        "size' is per GPU: the global batch is batch size × GPUs. Under torchrun the processes come from torchrun and "
+        "this is not needed.",
         tab="general",
         group="Device",
     )
@@ -296,6 +298,28 @@ class TrainConfig(ConfigNode):
         "Device indexes",
         "With Multi-GPU: the GPUs to train on, e.g. '0,1,3'; empty means every visible GPU. On a machine without "
         "CUDA (or with 'cpu' as train device) '0,1' starts two CPU processes.",
+        tab="general",
+        group="Device",
+    )
+    multi_gpu_mode: MultiGpuMode = setting(
+        MultiGpuMode.DATA_PARALLEL,
+        "Multi-GPU mode",
+        "How several GPUs share a run (with Multi-GPU or under torchrun). DATA_PARALLEL: every GPU holds the whole "
+        "model and trains its share of each batch. SHARDED: a full fine-tune's trained parts (the denoiser, block by "
+        "block, and a trained text encoder) are split over the GPUs with torch's FSDP2, each GPU holding 1/N of their "
+        "weights, gradients and optimizer state, for a model whose fine-tune does not fit one GPU; backups are sharded "
+        "(resumed on as many GPUs), the saved model is an ordinary file. Fine-tunes only; EMA, the fused back pass, "
+        "layer offloading, compile, validation and samples during training are not combined with it yet (the run "
+        "checks name them). One process trains unsharded.",
+        tab="general",
+        group="Device",
+    )
+    sharded_cpu_offload: bool = setting(
+        False,
+        "Offload shards to CPU",
+        "With Multi-GPU mode SHARDED: each GPU's shards of the weights, gradients and optimizer state stay in CPU "
+        "memory and the optimizer steps there (FSDP2's CPUOffloadPolicy); a block's weights come to the GPU only "
+        "while it computes. Less VRAM, slower steps. On a CPU train device it has nothing to do.",
         tab="general",
         group="Device",
     )

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from onetrainer.training.sharding import SHARDED_STATE
 from onetrainer.util.fs import atomic_directory
 
 if TYPE_CHECKING:
@@ -41,6 +43,10 @@ FORMAT_VERSION = 2
 
 class BackupDamaged(Exception):
     """A backup that cannot be restored (a file missing, cut short or unreadable); the message names it."""
+
+
+class BackupMismatch(RuntimeError):
+    """A sharded backup and a run that cannot resume it (unsharded, or on another number of processes)."""
 
 
 @dataclass
@@ -73,10 +79,12 @@ def write_backup(
     keep: int | None = None,
     validation: dict | None = None,
     keep_best: bool = False,
+    sharded: tuple[Path, int] | None = None,
 ) -> Path:
     """Write a backup of the run's state; with `keep`, delete this run's older backups beyond the newest `keep` (but
     with `keep_best`, never the one with the lowest validation loss). `validation` ({"loss", "step"}) is recorded in
-    its `meta.json`."""
+    its `meta.json`. A sharded run's (`sharded`: the DCP folder its processes wrote, and how many they were) holds
+    that folder as `sharded/` instead of the method's files and the optimizer's state, which are in it."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     target = backup_root / f"{stamp}-backup-{progress.suffix()}"
     suffix = 1
@@ -85,10 +93,15 @@ def write_backup(
         target = backup_root / f"{stamp}-backup-{progress.suffix()}-{suffix}"
     identity = run_identity(config)
     with atomic_directory(target) as tmp:
-        method.save_backup(tmp)
+        if sharded is None:
+            method.save_backup(tmp)
+            optimizer_state = {"optimizer": optimizer.state_dict()}
+        else:
+            os.replace(sharded[0], tmp / SHARDED_STATE)
+            optimizer_state = {}
         torch.save(
             {
-                "optimizer": optimizer.state_dict(),
+                **optimizer_state,
                 "lr_scheduler": lr_scheduler.state_dict(),
                 "group_names": [g.get("name") for g in optimizer.param_groups],
                 **(extra_state or {}),
@@ -110,6 +123,8 @@ def write_backup(
         }
         if validation is not None:
             meta["validation"] = validation
+        if sharded is not None:
+            meta["sharded"] = {"processes": sharded[1]}
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if keep:
         # Only this run's backups take part in the rolling window: another config's backups are never deleted.
@@ -198,19 +213,49 @@ def backup_settings(backup: Path) -> dict:
         return {}
 
 
-def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[TrainProgress, dict, list[str]]:
+def check_sharding(backup: Path, sharded) -> None:
+    """A sharded backup resumes only as a sharded run on as many processes, and a sharded run only from one: else
+    `BackupMismatch` says what to change."""
+    written = read_meta(backup).get("sharded")
+    processes = sharded.dist.world_size if sharded is not None else 1
+    if written is None and sharded is not None:
+        raise BackupMismatch(
+            f"{backup.name} is a backup of an unsharded run: resume it with multi_gpu_mode DATA_PARALLEL (or one "
+            "process), or start fresh without 'Continue from last backup'"
+        )
+    if written is not None and (sharded is None or written.get("processes") != processes):
+        raise BackupMismatch(
+            f"{backup.name} holds the shards of {written.get('processes')} processes (multi_gpu_mode SHARDED): "
+            f"resume it sharded on {written.get('processes')} processes (this run has {processes}"
+            f"{', unsharded' if sharded is None else ''}), or start fresh without 'Continue from last backup'"
+        )
+
+
+def restore_backup(
+    backup: Path, method, optimizer, lr_scheduler, sharded=None
+) -> tuple[TrainProgress, dict, list[str]]:
     """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings.
 
-    Raises `BackupDamaged` (before loading anything when a file is missing or cut short). The learning rates stay the
-    config's (LR schedules of ours): the backup brings the weights, the optimizer's moments, the schedule's position
-    and the random state.
+    Raises `BackupDamaged` (before loading anything when a file is missing or cut short), `BackupMismatch` when a
+    sharded backup meets another kind of run (`check_sharding`). The learning rates stay the config's (LR schedules
+    of ours): the backup brings the weights, the optimizer's moments, the schedule's position and the random state.
+    A sharded run (`sharded`: its `sharding.ShardedParts`) reads the weights and the optimizer's state from the
+    backup's shards, every process its own.
     """
     check_complete(backup)
+    check_sharding(backup, sharded)
     warnings: list[str] = []
     try:
         state = torch.load(backup / "optimizer.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged zip, or a pickle that asks for more than tensors and plain values
         raise BackupDamaged(f"{backup / 'optimizer.pt'} cannot be read safely ({e})") from e
+    if sharded is not None:
+        configured = _configured_rates(optimizer, lr_scheduler)
+        sharded.read_state(backup / SHARDED_STATE, optimizer)
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        _restore_configured_rates(optimizer, lr_scheduler, configured)
+        _restore_rng(backup, warnings)
+        return read_progress(backup), state, warnings
     try:
         method.load_backup(backup)
     except Exception as e:
@@ -227,13 +272,17 @@ def restore_backup(backup: Path, method, optimizer, lr_scheduler) -> tuple[Train
             f"the optimizer state in {backup.name} is for other parameter groups ({state.get('group_names')}); "
             "it starts fresh"
         )
+    _restore_rng(backup, warnings)
+    return read_progress(backup), state, warnings
+
+
+def _restore_rng(backup: Path, warnings: list[str]) -> None:
     rng = backup / "rng.pt"
     if rng.is_file():
         try:
             _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
         except Exception as e:
             warnings.append(f"{rng} cannot be read safely ({type(e).__name__}); the random state starts fresh")
-    return read_progress(backup), state, warnings
 
 
 def _keep_saved_state_dtypes(optimizer, saved: dict) -> None:

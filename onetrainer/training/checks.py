@@ -57,7 +57,81 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += check_fused_back_pass(config)
     problems += check_stochastic_rounding(config)
     problems += check_compile(config)
+    problems += check_sharded(config)
     return _without_superseded(problems)
+
+
+def check_sharded(config: TrainConfig) -> list[Problem]:
+    """What `multi_gpu_mode` SHARDED (`training/sharding.py`) does not combine with yet, each named on its setting:
+    other methods than a fine-tune, EMA, the fused back pass, compile, validation, stochastic rounding of BFLOAT_16
+    weights, additional embeddings, a trained part's layer offloading (errors; a trained part is never quantized, and
+    frozen parts, quantized or not, are not sharded); samples during training and the stochastic rounding of averaged
+    gradients, which it leaves out, and the shards' CPU offload where it does nothing (warnings); one process, which
+    trains unsharded. A part's 'stop training after' freezes its shards as it freezes a whole part."""
+    import os
+
+    from onetrainer.config.enums import MultiGpuMode, TimeUnit
+    from onetrainer.config.optimizer_config import bfloat16_weights_train
+    from onetrainer.training.stochastic_rounding import rounds
+
+    if config.multi_gpu_mode is not MultiGpuMode.SHARDED:
+        if not config.sharded_cpu_offload:
+            return []
+        message = "sharded_cpu_offload offloads the shards of multi_gpu_mode SHARDED only: it has no effect here"
+        return [Problem("sharded_cpu_offload", message, Severity.WARNING)]
+    mode = "multi_gpu_mode SHARDED"
+    problems = []
+    if config.sharded_cpu_offload and config.train_device.strip().startswith("cpu"):
+        message = "sharded_cpu_offload has nothing to do on a CPU train device: the shards are in CPU memory already"
+        problems.append(Problem("sharded_cpu_offload", message, Severity.WARNING))
+
+    def refuse(path: str, what: str, instead: str) -> None:
+        problems.append(Problem(path, f"{what} is not combined with {mode} yet: {instead}"))
+
+    if not config.multi_gpu and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        message = f"{mode} with one process trains unsharded: turn on multi_gpu (or start under torchrun)"
+        problems.append(Problem("multi_gpu_mode", message, Severity.WARNING))
+    if config.training_method is not TrainingMethod.FINE_TUNE:
+        refuse(
+            "multi_gpu_mode",
+            f"{config.training_method.value} training",
+            "it shards fine-tunes only; train DATA_PARALLEL",
+        )
+    if config.ema is not EMAMode.OFF:
+        refuse("ema", "EMA", "turn EMA off, or train DATA_PARALLEL")
+    if config.optimizer.fused_back_pass:
+        refuse("optimizer.fused_back_pass", "the fused back pass", "turn it off (FSDP2 reduces the gradients first)")
+    if config.compile:
+        refuse("compile", "compile", "turn it off")
+    if config.validation:
+        refuse("validation", "validation", "turn it off (every process would have to measure as many images)")
+    if any(e.train for e in config.additional_embeddings or []):
+        refuse("additional_embeddings", "training additional embeddings", "train them in a run of their own")
+    if rounds(config.optimizer) and bfloat16_weights_train(config):
+        refuse(
+            "optimizer.stochastic_rounding",
+            "stochastic rounding of BFLOAT_16 weights",
+            "turn it off, or keep the trained parts in FLOAT_32 (their shards are gathered in a 16-bit train dtype)",
+        )
+    info = MODEL_TYPES.get(config.model_type)
+    for part in info.family.parts if info is not None else ():
+        block = config.part(part)
+        if not getattr(block, "train", False):
+            continue
+        if block.offload_fraction and block.offload_fraction > 0:
+            refuse(f"{part}.offload_fraction", "layer offloading", f"set {part}.offload_fraction to 0")
+    samples = [s for s in config.samples or [] if s.enabled]
+    if samples and config.sample_after_unit is not TimeUnit.NEVER:
+        message = f"samples are not rendered during a {mode} run yet: none is (sample the saved model afterwards)"
+        problems.append(Problem("sample_after", message, Severity.WARNING))
+    precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
+    if precision.endswith("_STOCHASTIC") and bfloat16_weights_train(config):
+        message = (
+            f"with {mode} the averaged gradients of BFLOAT_16 weights are rounded to the nearest value, not "
+            "stochastically"
+        )
+        problems.append(Problem("gradient_reduce_precision", message, Severity.WARNING))
+    return problems
 
 
 def check_compile(config: TrainConfig) -> list[Problem]:

@@ -8,6 +8,7 @@ trained state in a backup and says how to save it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from onetrainer.training.events import Broadcast
     from onetrainer.training.optimization import Optimization
     from onetrainer.training.placement import Placement
+    from onetrainer.training.sharding import ShardedParts
     from onetrainer.training.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -79,10 +81,14 @@ class Outputs:
         device: torch.device,
         placement: Placement,
         optimization: Optimization,
+        sharding: ShardedParts | None = None,
     ) -> None:
         self.config, self.workspace, self.events, self.writes = config, workspace, events, writes
         self.family, self.model, self.method, self.device = family, model, method, device
         self.placement, self.optimization = placement, optimization
+        # SHARDED: every process takes part in gathering the weights for a save and in writing a backup's shards.
+        self.sharding = sharding
+        self._said_no_samples = False
         self.last_backup: Path | None = None
         self.backup_step = -1  # the step of the last backup written by this run (or resumed from)
         self.record: ValidationRecord | None = None  # with validation on
@@ -158,6 +164,11 @@ class Outputs:
         any was rendered (the parts are then in eval mode)."""
         if not self.writes or not any(s.enabled for s in (self.config.samples or [])):
             return False
+        if self.sharding is not None:  # rank 0 alone would wait for the others' shards of every block
+            if not self._said_no_samples:
+                self._warn("samples are not rendered during a sharded run yet (multi_gpu_mode SHARDED); none is")
+            self._said_no_samples = True
+            return False
         self._status("sampling")
         with self.optimization.inference_weights(), self.placement.for_sampling():
             self._render_samples("", p)
@@ -195,11 +206,22 @@ class Outputs:
 
     # -- checkpoints --------------------------------------------------------------------------------------------------
     def backup(self, p: TrainProgress, validation: ValidationResult | None) -> Path | None:
-        """Write a backup; a failure (a full disk) is a warning and training goes on."""
+        """Write a backup; a failure (a full disk) is a warning and training goes on. Sharded, every process writes its
+        shards first (`sharding.write_state`), which rank 0 moves into the backup."""
+        config, optimization = self.config, self.optimization
+        sharded = None
+        if self.sharding is not None:
+            self.report("writing a backup")
+            try:
+                shards = self.sharding.write_state(self.workspace.dir("backup"), optimization.optimizer)
+            except Exception as e:  # DCP raises on every process when one cannot write: they go on alike
+                self._warn(f"the backup at step {p.global_step} failed: {failure_reason(e)}")
+                return None
+            sharded = (shards, self.sharding.dist.world_size)
         if not self.writes:
             return None
-        self._status("writing a backup")
-        config, optimization = self.config, self.optimization
+        if self.sharding is None:
+            self._status("writing a backup")
         keep = config.rolling_backup_count if config.rolling_backup else None
         extra = {"ema": optimization.ema.state_dict()} if optimization.ema is not None else None
         folder = self.workspace.dir("backup")
@@ -217,6 +239,7 @@ class Outputs:
                     keep,
                     loss,
                     config.keep_best,
+                    sharded,
                 )
         except Exception as e:
             if not is_write_error(e):
@@ -229,7 +252,9 @@ class Outputs:
         return path
 
     def save(self, p: TrainProgress, validation: ValidationResult | None) -> None:
-        """An intermediate save into the workspace's `save` folder; a failure is a warning and training goes on."""
+        """An intermediate save into the workspace's `save` folder; a failure is a warning and training goes on.
+        Sharded, every process takes part in gathering the weights, which rank 0 writes."""
+        states = self.sharding.full_state() if self.sharding is not None else None  # every process gathers
         if not self.writes:
             return
         fmt = self.config.output_model_format
@@ -238,7 +263,7 @@ class Outputs:
         path = self.workspace.dir("save") / name
         self._use_validation(validation)
         try:
-            with self.optimization.inference_weights(), self.placement.whole():
+            with self.optimization.inference_weights(), self.placement.whole(), self._plain(states):
                 self.method.save_output(path)
         except Exception as e:
             if not is_write_error(e):
@@ -254,6 +279,8 @@ class Outputs:
         """Write the model. When that fails, the trained state is kept in a backup (`backup`, unless the last one is of
         this step) and the message says how to save it (resume saves a model that is missing or older than the last
         backup)."""
+        if self.sharding is not None:
+            return self._save_final_sharded(p, validation, backup)
         if not self.writes:
             return Path(self.config.output_model_destination).expanduser()
         self._status("saving the model")
@@ -273,6 +300,46 @@ class Outputs:
         self._status(f"model saved: {destination}")
         self._record_checkpoint("final", destination, validation, p)
         return destination
+
+    def _save_final_sharded(
+        self, p: TrainProgress, validation: ValidationResult | None, backup: Callable[[], Path | None]
+    ) -> Path:
+        """`save_final` of a sharded run: every process gathers the weights, rank 0 writes them (atomically, as
+        always); whether that worked is agreed, so that after a failed write every process writes the backup."""
+        destination = Path(self.config.output_model_destination).expanduser()
+        failure, error = None, None
+        states = self.sharding.full_state()  # every process gathers; a failed or killed one fails it everywhere
+        if self.writes:
+            self._status("saving the model")
+            destination = self._final_destination()
+            self._use_validation(validation)
+            try:
+                with self.placement.whole(), self.sharding.plain_parts(states):
+                    self.method.save_output(destination)
+            except Exception as e:
+                error = e
+                reason = write_error_message(e, destination) if is_write_error(e) else failure_reason(e)
+                failure = (reason, is_write_error(e))
+        del states
+        failure = self.sharding.agree(failure)  # the others learn how rank 0's write went, and go on alike
+        if failure is not None:
+            reason, disk = failure
+            if not disk:  # not the disk: rank 0's own error ends the run, the others end with its words
+                if error is not None:
+                    raise error
+                raise RuntimeError(f"rank 0 could not save the model: {reason}")
+            if self.backup_step != p.global_step:
+                backup()  # the trained state must survive a failed save (a bad output path, a full disk)
+            raise SaveFailed(self._save_failed_message(reason, p)) from error
+        if self.writes:
+            self._status(f"model saved: {destination}")
+            self._record_checkpoint("final", destination, validation, p)
+        return destination
+
+    def _plain(self, states: dict | None):
+        """Rank 0's model with the gathered full weights of the sharded parts for the duration (nothing when not
+        sharded)."""
+        return self.sharding.plain_parts(states) if self.sharding is not None else contextlib.nullcontext()
 
     def _final_destination(self) -> Path:
         """The output path; with 'Prevent overwrites', a file that appeared during training (another run's) is kept

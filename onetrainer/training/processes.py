@@ -39,11 +39,15 @@ def scaler_factor(kind: str, config: TrainConfig, world_size: int = 1) -> float:
 
 
 def preflight_text(config: TrainConfig) -> str:
-    """The batch per GPU, the global batch and what the LR scaler multiplies by."""
+    """The batch per GPU, the global batch and what the LR scaler multiplies by; whether the trained parts are
+    sharded."""
     world = planned_world_size(config)
     b = config.batch_size
     scaler = config.learning_rate_scaler.value
     factor = scaler_factor(scaler, config, world)
     lr = f"learning rate × √{factor:g} (learning_rate_scaler {scaler})" if factor != 1 else f"LR scaler {scaler}: none"
     processes = f"{world} processes" if world > 1 else "1 process"
-    return f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
+    text = f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
+    if world > 1 and config.multi_gpu_mode.value == "SHARDED":
+        text += f"; the trained parts sharded over the {world} processes (FSDP2)"
+    return text

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from onetrainer.methods.base import Method
     from onetrainer.training.optimization import Optimization
     from onetrainer.training.placement import Placement
+    from onetrainer.training.sharding import ShardedParts
 
 
 def resume(
@@ -32,6 +33,7 @@ def resume(
     optimization: Optimization,
     placement: Placement,
     warn: Callable[[str], None],
+    sharding: ShardedParts | None = None,
 ) -> tuple[Path, TrainProgress] | None:
     """Restore the newest intact backup of this run's identity in `folder` (other configs' backups are not looked at;
     a damaged one is named and the next older one is tried): the backup and the progress it continues from, or None
@@ -46,7 +48,7 @@ def resume(
         try:
             with placement.whole(written=True):
                 progress, state, warnings = restore_backup(
-                    backup, method, optimization.optimizer, optimization.lr_scheduler
+                    backup, method, optimization.optimizer, optimization.lr_scheduler, sharding
                 )
         except BackupDamaged as e:
             warn(f"backup {backup.name} is damaged and skipped: {e}")

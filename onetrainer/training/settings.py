@@ -14,6 +14,7 @@ from onetrainer.noise.draws import DrawSettings
 from onetrainer.noise.losses import LossSettings
 from onetrainer.noise.timesteps import TimestepSettings
 from onetrainer.training.distributed import ReduceSettings
+from onetrainer.training.sharding import ShardSettings
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -56,6 +57,24 @@ def reduce_settings(config: TrainConfig) -> ReduceSettings:
         # buckets of `async_gradient_reduce_buffer` MB; without the fused reduce one parameter at a time
         bucket_bytes=max(1, int(config.async_gradient_reduce_buffer)) * 2**20 if config.fused_gradient_reduce else 0,
         asynchronous=config.async_gradient_reduce,
+    )
+
+
+def shard_settings(config: TrainConfig) -> ShardSettings:
+    """A sharded run's numbers (`sharding.py`): float32 weights gathered and computed in a 16-bit train dtype (as
+    autocast would compute them), gradients averaged in float32 unless `gradient_reduce_precision` asks for the
+    weights' own dtype, the shards in CPU memory with `sharded_cpu_offload`."""
+    import torch
+
+    from onetrainer.config.enums import DataType
+    from onetrainer.precision.dtypes import torch_dtype
+
+    precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
+    sixteen = config.train_dtype in (DataType.BFLOAT_16, DataType.FLOAT_16)
+    return ShardSettings(
+        compute_dtype=torch_dtype(config.train_dtype) if sixteen else None,
+        reduce_dtype=torch.float32 if precision.startswith("FLOAT_32") else None,
+        cpu_offload=bool(config.sharded_cpu_offload),
     )
 
 

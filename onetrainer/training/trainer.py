@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.config.enums import ConceptType, LossWeight
+from onetrainer.config.enums import ConceptType, LossWeight, MultiGpuMode, TrainingMethod
 from onetrainer.data.loader import RunBatches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, TrainingData
@@ -56,7 +56,8 @@ from onetrainer.training.preparation import CacheFill, compile_denoiser
 from onetrainer.training.processes import scaler_factor
 from onetrainer.training.reporting import check_placeholders, nan_advice, progress_event, report_scan
 from onetrainer.training.resume import output_behind_backup, resume
-from onetrainer.training.settings import StepSettings
+from onetrainer.training.settings import StepSettings, shard_settings
+from onetrainer.training.sharding import ShardedParts, shard_parts
 from onetrainer.training.tensorboard import RunTensorBoard
 from onetrainer.training.validation import ValidationResult, range_fractions
 from onetrainer.training.workspace import Workspace
@@ -203,6 +204,8 @@ class Trainer:
         self.method.enable_gradient_checkpointing()
         if config.compile:
             compile_denoiser(self.family, self.model, self.device, self.warn, self.status)
+        # SHARDED (several processes): the trained parts split over them before the optimizer is built on the shards.
+        self.sharding = self._shard() if config.multi_gpu_mode is MultiGpuMode.SHARDED and self.world_size > 1 else None
         self.optimization = build_optimization(
             config,
             self.method.param_groups(),
@@ -223,16 +226,36 @@ class Trainer:
             self.device,
             self.placement,
             self.optimization,
+            self.sharding,
         )
+        if self.sharding is not None:
+            sizes = self.sharding.sizes(self.optimization.optimizer)
+            self.status(
+                f"sharded over {self.world_size} processes: this one holds {sizes.weights_local:,} of the "
+                f"{sizes.weights_whole:,} trained weights"
+            )
         if config.continue_last_backup:
             self._resume()
         if self.validating:
             self.outputs.open_record(self.progress.global_step if self.resumed_from is not None else None)
         self._stop_point()
 
+    def _shard(self) -> ShardedParts:
+        """The trained parts of a fine-tune, each declared block and then the part sharded with FSDP2."""
+        if self.config.training_method is not TrainingMethod.FINE_TUNE:
+            method = self.config.training_method.value
+            raise ValueError(f"multi_gpu_mode SHARDED trains fine-tunes only; {method} trains data parallel for now")
+        parts = self.method.trained_parts()
+        sharded = shard_parts(self.family, self.model, parts, shard_settings(self.config), self.dist)
+        for part in parts:
+            blocks = sharded.blocks[part]
+            unit = f"{blocks} blocks and the rest" if blocks else "one unit (the family declares no blocks for it)"
+            self.status(f"{part} sharded over {self.world_size} processes as {unit}")
+        return sharded
+
     def _resume(self) -> None:
         folder = self.workspace.dir("backup")
-        resumed = resume(self.config, folder, self.method, self.optimization, self.placement, self.warn)
+        resumed = resume(self.config, folder, self.method, self.optimization, self.placement, self.warn, self.sharding)
         if resumed is None:
             return
         backup, self.progress = resumed
@@ -404,8 +427,9 @@ class Trainer:
         """Every rank's status, the commands and the loss in one all-reduce, then the averaged gradients."""
         result = self.dist.sync(self.control.local, loss)
         self.control.update(result)
-        params = [p for p in self.optimization.params if p.requires_grad]
-        self.dist.average_gradients(params, self.settings.reduce)
+        if self.sharding is None:  # sharded gradients were reduce-scattered (averaged) in the backward pass
+            params = [p for p in self.optimization.params if p.requires_grad]
+            self.dist.average_gradients(params, self.settings.reduce)
         return result.loss
 
     def _caption_drops(self, count: int, generator: torch.Generator) -> list[torch.Tensor | None]:

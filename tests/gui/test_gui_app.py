@@ -15,7 +15,7 @@ from gui.forms.selection import form_fields
 from gui.labels import NOT_TRAINABLE_SUFFIX, method_label, model_type_label, offered_methods
 from gui.tabs import visible_tabs
 from onetrainer.config import ConceptConfig, TrainConfig, load_config, pack
-from onetrainer.config.enums import ModelFormat, ModelType, Optimizer, TimeUnit, TrainingMethod
+from onetrainer.config.enums import ModelFormat, ModelType, MultiGpuMode, Optimizer, TimeUnit, TrainingMethod
 from onetrainer.config.model_types import MODEL_TYPES, SUPPORTED_MODEL_TYPES
 from onetrainer.config.naming import describe
 from onetrainer.config.validation import context_of
@@ -94,6 +94,23 @@ def test_widget_kinds_follow_the_field_types(app) -> None:
     assert output_dtype.menu.cget("values") == ["FLOAT_32", "FLOAT_16", "BFLOAT_16"]
     # The tooltip shows the help text.
     assert learning_rate.tooltip_text().startswith(TrainConfig.spec("learning_rate").meta.help)
+
+
+def test_the_multi_gpu_mode_and_shard_offload_are_shown_beside_multi_gpu(app) -> None:
+    """Our sharded mode (OneTrainer has none) sits in the Device group with Multi-GPU, a choice of the two modes."""
+    group = TrainConfig.spec("multi_gpu").meta.group
+    for name in ("multi_gpu_mode", "sharded_cpu_offload"):
+        assert TrainConfig.spec(name).meta.group == group
+    mode = view_of(app, "general", "multi_gpu_mode")
+    assert isinstance(mode, ChoiceView) and mode.menu.cget("values") == ["DATA_PARALLEL", "SHARDED"]
+    choose_in_menu(mode.menu, "SHARDED")
+    assert app.model.config.multi_gpu_mode is MultiGpuMode.SHARDED
+    offload = view_of(app, "general", "sharded_cpu_offload")
+    assert isinstance(offload, BoolView)
+    offload.switch.toggle()
+    assert app.model.config.sharded_cpu_offload is True
+    offload.switch.toggle()
+    choose_in_menu(mode.menu, "DATA_PARALLEL")
 
 
 def test_typing_toggling_and_choosing_change_the_config(app) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from onetrainer.config import config_from_dict
@@ -177,3 +179,31 @@ def test_a_resumed_optimizer_keeps_its_float32_state_beside_bfloat16_weights(tmp
     restore_backup(folder, method, optimizer, scheduler)
     state = optimizer.state[resumed[1].weight]
     assert all(state[k].dtype == torch.float32 and torch.equal(state[k], v) for k, v in moments.items())
+
+
+def test_a_sharded_backup_resumes_only_sharded_on_as_many_processes(tmp_path):
+    """`checkpoint.check_sharding`: a sharded backup meets an unsharded run or another process count, or an unsharded
+    backup a sharded run: refused by name (not skipped as damaged, which would start the run fresh)."""
+    from types import SimpleNamespace
+
+    from onetrainer.training.checkpoint import BackupMismatch, check_sharding
+
+    def backup(name: str, sharded: dict | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        meta = {"progress": {"global_step": 3}, **({"sharded": sharded} if sharded else {})}
+        (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        return folder
+
+    def run(processes: int):
+        return SimpleNamespace(dist=SimpleNamespace(world_size=processes))
+
+    two, plain = backup("two", {"processes": 2}), backup("plain", None)
+    check_sharding(two, run(2))
+    check_sharding(plain, None)
+    with pytest.raises(BackupMismatch, match=r"holds the shards of 2 processes .*\(this run has 4\)"):
+        check_sharding(two, run(4))
+    with pytest.raises(BackupMismatch, match=re.escape("resume it sharded on 2 processes (this run has 1, unsharded)")):
+        check_sharding(two, None)
+    with pytest.raises(BackupMismatch, match="a backup of an unsharded run"):
+        check_sharding(plain, run(2))

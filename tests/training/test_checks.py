@@ -122,3 +122,41 @@ def test_an_edit_models_sample_without_reference_images_is_named_before_training
     # Other model types render samples from the prompt alone.
     config = write_config(in_tmp, tiny_config(in_tmp, samples=samples[:1]))
     assert main(["--config-path", str(config), "--check"]) == EXIT_OK
+
+
+def test_what_a_sharded_run_does_not_combine_with_is_named_on_its_setting(tmp_path, monkeypatch):
+    """`multi_gpu_mode` SHARDED: each setting it does not combine with yet is an error on that setting; what it leaves
+    out (samples, stochastic rounding of the averaged gradients, one process) a warning; a plain fine-tune passes."""
+    from onetrainer.training.checks import check_sharded
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = tiny_config(tmp_path, "pixart", method="FINE_TUNE", multi_gpu=True, device_indexes="0,1",
+                       multi_gpu_mode="SHARDED", output_model_format="DIFFUSERS")  # fmt: skip
+
+    def found(**overrides) -> dict[str, str]:
+        config, problems = config_from_dict({**base, **overrides})
+        assert not problems, problems
+        return {p.path: p.severity.value for p in check_sharded(config)}
+
+    assert found() == {}
+    assert found(multi_gpu_mode="DATA_PARALLEL", ema="GPU") == {}  # only the sharded mode is checked here
+    assert found(multi_gpu_mode="DATA_PARALLEL", sharded_cpu_offload=True) == {"sharded_cpu_offload": "warning"}
+    assert found(sharded_cpu_offload=True) == {"sharded_cpu_offload": "warning"}  # the tests train on the CPU
+    assert found(sharded_cpu_offload=True, train_device="cuda") == {}
+    assert found(training_method="LORA", output_model_format="KOHYA_LORA") == {"multi_gpu_mode": "error"}
+    assert found(multi_gpu=False) == {"multi_gpu_mode": "warning"}
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the processes are torchrun's
+    assert found(multi_gpu=False) == {}
+    assert found(ema="GPU", compile=True, validation=True) == {
+        "ema": "error",
+        "compile": "error",
+        "validation": "error",
+    }
+    assert found(optimizer={"optimizer": "ADAMW", "fused_back_pass": True}) == {"optimizer.fused_back_pass": "error"}
+    assert found(transformer={"offload_fraction": 0.5}) == {"transformer.offload_fraction": "error"}
+    assert found(text_encoder={"train": False, "weight_dtype": "FLOAT_8"}) == {}  # frozen parts are not sharded
+    bf16 = {"weight_dtype": "BFLOAT_16"}
+    rounding = found(transformer=bf16, optimizer={"optimizer": "ADAMW", "stochastic_rounding": True})
+    assert rounding == {"optimizer.stochastic_rounding": "error", "gradient_reduce_precision": "warning"}
+    sample = {"prompt": "a cat", "enabled": True}
+    assert found(samples=[sample], sample_after=1, sample_after_unit="EPOCH") == {"sample_after": "warning"}

@@ -32,6 +32,9 @@ def test_the_preflight_says_per_gpu_and_global_batch_and_the_lr_scale(monkeypatc
     monkeypatch.delenv("WORLD_SIZE")  # the app's multi_gpu: the processes are device_indexes'
     config = _config(batch_size=3, multi_gpu=True, device_indexes="0,1", train_device="cpu")
     assert preflight_text(config).startswith("batch: 3 per GPU × 2 processes = 6 global per micro-batch; LR scaler")
+    assert "sharded" not in preflight_text(config)
+    sharded = _config(batch_size=3, multi_gpu=True, device_indexes="0,1", train_device="cpu", multi_gpu_mode="SHARDED")
+    assert preflight_text(sharded).endswith("; the trained parts sharded over the 2 processes (FSDP2)")
 
 
 def test_each_rank_gets_its_slice_of_the_global_draw():
@@ -99,3 +102,25 @@ def test_gpus_use_nccl_where_torch_has_it_and_gloo_elsewhere(monkeypatch):
     assert (collective_backend(True), collective_backend(False)) == ("nccl", "gloo")
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)  # torch's Windows builds
     assert collective_backend(True) == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("train_dtype", "reduce", "compute", "reduced"),
+    [
+        ("FLOAT_32", "FLOAT_32_STOCHASTIC", None, torch.float32),
+        ("BFLOAT_16", "FLOAT_32", torch.bfloat16, torch.float32),
+        ("FLOAT_16", "WEIGHT_DTYPE", torch.float16, None),
+    ],
+)
+def test_a_sharded_run_gathers_in_a_16_bit_train_dtype_and_reduces_as_gradient_reduce_precision_says(
+    train_dtype, reduce, compute, reduced
+):
+    """`shard_settings`: float32 weights are gathered in a 16-bit train dtype (the one autocast computes them in),
+    never narrowed for a FLOAT_32 run; gradients averaged in float32 unless the weights' own dtype is asked for."""
+    from onetrainer.training.settings import shard_settings
+
+    config, _ = config_from_dict(
+        {"train_dtype": train_dtype, "gradient_reduce_precision": reduce, "sharded_cpu_offload": True}
+    )
+    settings = shard_settings(config)
+    assert (settings.compute_dtype, settings.reduce_dtype, settings.cpu_offload) == (compute, reduced, True)

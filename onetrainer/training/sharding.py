@@ -1,0 +1,213 @@
+"""Sharded fine-tunes (`multi_gpu_mode` SHARDED): the trained parts split over the processes with torch's FSDP2.
+
+Each trained part (the denoiser, and a text encoder that trains) gets `torch.distributed.fsdp.fully_shard` on every
+block the family declares for it (`Family.layer_blocks`, in execution order), then on the part itself, so a block's
+weights are gathered on every process just before it computes and freed after; between steps each process holds 1/N
+of the trained weights, of their gradients (reduce-scattered, averaged over the processes, in the backward pass) and
+of the optimizer's state, which the optimizer builds on the sharded (DTensor) parameters. A part without declared
+blocks is one unit (gathered whole while it computes; its gradients and optimizer state are still split).
+
+The numbers: `ShardSettings` (`settings.shard_settings`) gives the dtype the blocks are gathered and computed in (a
+16-bit train dtype over float32 weights; else the weights' own), the dtype gradients are averaged in (float32, or the
+computed one, after `gradient_reduce_precision`) and FSDP2's CPU offload of the shards.
+
+What is written: a backup is `torch.distributed.checkpoint` (DCP) shards of the trained parts and the optimizer, one
+file per process, written by every process into a folder rank 0 names, which rank 0 then moves into the backup folder
+as it writes the rest (`checkpoint.write_backup`); it resumes on as many processes. A saved model (the final one, the
+intermediate saves) is an ordinary file: every process takes part in gathering the full weights into rank 0's CPU
+memory (`get_model_state_dict(full_state_dict=True, cpu_offload=True)`), rank 0 puts them into a plain copy of each
+part's module (built on the meta device before sharding, its weights assigned from the gathered ones) in the model
+for the family's usual saving, which writes atomically, and puts the sharded part back. A rank that fails makes the
+gather fail on every rank before anything is written.
+
+This module never reads the config (`ShardSettings` is built in `settings.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from onetrainer.families.base import Family, LoadedModel
+    from onetrainer.training.distributed import Distributed
+
+SHARDED_STATE = "sharded"  # the DCP folder inside a backup
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """How the sharded parts compute and exchange: `compute_dtype` is the dtype float32 weights are gathered and
+    computed in (None: the weights' own), `reduce_dtype` the dtype gradients are averaged in (None: the computed
+    one), `cpu_offload` keeps the shards in CPU memory (FSDP2's `CPUOffloadPolicy`)."""
+
+    compute_dtype: torch.dtype | None
+    reduce_dtype: torch.dtype | None
+    cpu_offload: bool
+
+
+@dataclass(frozen=True)
+class ShardSizes:
+    """This process's share of the trained weights and of the optimizer's state, in elements (local / whole)."""
+
+    weights_local: int
+    weights_whole: int
+    optimizer_local: int
+    optimizer_whole: int
+
+
+class ShardedParts:
+    """The trained parts of a run, sharded over the group; what saving, backups and resuming need of them."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        parts: list[str],
+        dist: Distributed,
+        blocks: dict[str, int],
+        skeletons: dict[str, torch.nn.Module],
+    ) -> None:
+        self.model, self.parts, self.dist = model, list(parts), dist
+        self.blocks = blocks  # part → how many declared blocks were sharded on their own
+        self._skeletons = skeletons  # rank 0's: each part's module on the meta device, for `plain_parts`
+
+    # -- saving: the full weights on rank 0 ---------------------------------------------------------------------------
+    def full_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every process takes part; rank 0 gets each part's full state in CPU memory, the others empty dicts."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {name: get_model_state_dict(self.model.part(name), options=options) for name in self.parts}
+
+    @contextlib.contextmanager
+    def plain_parts(self, states: dict[str, dict[str, torch.Tensor]]) -> Iterator[None]:
+        """For the duration, rank 0's model holds plain modules with the full trained weights `states` (`full_state`,
+        in CPU memory) in place of the sharded parts, for the family's saving. Rank 0's alone: no collective."""
+        sharded = {name: self.model.parts[name] for name in self.parts}
+        try:
+            for name, state in states.items():
+                plain = copy.deepcopy(self._skeletons[name])
+                plain.load_state_dict(state, assign=True)
+                _tie_again(plain)
+                self.model.parts[name] = plain
+            yield
+        finally:
+            self.model.parts.update(sharded)
+
+    # -- backups: DCP shards ------------------------------------------------------------------------------------------
+    def _wrapped(self) -> torch.nn.Module:
+        """The sharded parts under one module (their names prefixed with the part's), for DCP's state dicts."""
+        return torch.nn.ModuleDict({name: self.model.part(name) for name in self.parts})
+
+    def write_state(self, folder: Path, optimizer: torch.optim.Optimizer) -> Path:
+        """Every process writes its shards of the trained weights and the optimizer's state into a new folder in
+        `folder`, named by rank 0 as a temporary one (a killed write leaves what the next run removes); its path."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        name = None
+        if self.dist.is_main:
+            name = f".{SHARDED_STATE}.pid{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        target = Path(folder) / self.dist.broadcast_object(name)
+        model_state, optimizer_state = get_state_dict(self._wrapped(), optimizer)
+        try:
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+        except BaseException:
+            if self.dist.is_main:
+                shutil.rmtree(target, ignore_errors=True)
+            raise
+        return target
+
+    def read_state(self, folder: Path, optimizer: torch.optim.Optimizer) -> None:
+        """Load the shards a backup holds (`write_state`) into the sharded parts and the optimizer (every process)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        wrapped = self._wrapped()
+        model_state, optimizer_state = get_state_dict(wrapped, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def agree(self, value):
+        """Rank 0's `value` on every process (whether rank 0's write failed, and why)."""
+        return self.dist.broadcast_object(value)
+
+    # -- how much each process holds ----------------------------------------------------------------------------------
+    def sizes(self, optimizer: torch.optim.Optimizer) -> ShardSizes:
+        trained = [p for name in self.parts for p in self.model.part(name).parameters() if p.requires_grad]
+        moments = [v for p in trained for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        moments = [v for v in moments if v.dim() > 0]  # not the step counts
+        return ShardSizes(
+            sum(_local(p).numel() for p in trained),
+            sum(p.numel() for p in trained),
+            sum(_local(v).numel() for v in moments),
+            sum(v.numel() for v in moments),
+        )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (a plain tensor is its own)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _tie_again(module: torch.nn.Module) -> None:
+    """Tied weights (a text encoder's token embedding held by two modules) are one parameter again after
+    `load_state_dict(assign=True)` gave each name its own: every name takes the first name's parameter."""
+    for names in getattr(module, "_tied_groups", ()):
+        first = module.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, attribute = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, attribute, first)
+
+
+def meta_skeleton(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose parameters are empty on the meta device (its buffers copied: non-persistent ones are
+    in no state dict), to be given the full weights by `load_state_dict(assign=True)`."""
+    memo: dict[int, object] = {}
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        memo[id(param)] = torch.nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+        groups.setdefault(id(param), []).append(name)
+    skeleton = copy.deepcopy(module, memo)
+    skeleton._tied_groups = [names for names in groups.values() if len(names) > 1]
+    return skeleton
+
+
+def shard_parts(
+    family: Family, model: LoadedModel, parts: list[str], settings: ShardSettings, dist: Distributed
+) -> ShardedParts:
+    """`fully_shard` each declared block of each part in `parts`, then the part; the sharded parts."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+    # FSDP2's CPU offload needs an accelerator to gather to; on a CPU the shards are in CPU memory anyway.
+    offload = CPUOffloadPolicy() if settings.cpu_offload and dist.device.type != "cpu" else OffloadPolicy()
+    skeletons, blocks = {}, {}
+    for name in parts:
+        module = model.part(name)
+        if dist.is_main:
+            skeletons[name] = meta_skeleton(module)
+        stored = {p.dtype for p in module.parameters() if p.is_floating_point()}
+        narrower = settings.compute_dtype is not None and stored == {torch.float32}
+        precision = MixedPrecisionPolicy(
+            param_dtype=settings.compute_dtype if narrower else None, reduce_dtype=settings.reduce_dtype
+        )
+        count = 0
+        for path in family.layer_blocks.get(name, ()):
+            for block in module.get_submodule(path):
+                fully_shard(block, mesh=mesh, mp_policy=precision, offload_policy=offload)
+                count += 1
+        fully_shard(module, mesh=mesh, mp_policy=precision, offload_policy=offload)
+        blocks[name] = count
+    return ShardedParts(model, parts, dist, blocks, skeletons)
