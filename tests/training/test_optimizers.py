@@ -197,3 +197,22 @@ def test_every_optimizer_fine_tunes(tmp_path, images, name):
     before = load_file(str(next((tiny_model_dir("sd15") / "unet").glob("*.safetensors"))))
     after = load_file(str(next((destination / "unet").glob("*.safetensors"))))
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("name", ["MUON", "MUON_ADV", "ADAMW_ADV", "PRODIGY_PLUS_SCHEDULE_FREE", "ADOPT", "CAME_8BIT"])
+def test_the_newer_optimizers_train_an_embedding(tmp_path, name):
+    """An embedding's vectors are single rows (Muon gives them to its auxiliary Adam); each optimizer moves them in
+    two steps (ADOPT takes none at its first)."""
+    from onetrainer.tiny import tiny_model_dir
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, method="EMBEDDING", epochs=2, learning_rate=learning_rate_for(Optimizer(name)),
+                         optimizer={"optimizer": name})  # fmt: skip
+    cfg, problems = config_from_dict(config)
+    assert [p for p in problems if p.is_error] == []
+    outcome = run_training(cfg, TrainingControl(), [ListSink()])
+    assert isinstance(outcome, Finished), getattr(outcome, "message", "")
+    vectors = load_file(config["output_model_destination"])["emb_params"]  # A1111's key of an SD 1.5 embedding
+    initial = load_file(str(next((tiny_model_dir("sd15") / "text_encoder").glob("*.safetensors"))))
+    table = initial["text_model.embeddings.token_embedding.weight"]
+    assert vectors.shape[0] == 2 and not any(torch.equal(vectors[0], row) for row in table)
