@@ -1,0 +1,204 @@
+"""Sana on its tiny model: the conditioning, the latents and the prediction are SanaPipeline's, a LoRA trained through
+the trainer samples and its DIFFUSERS_LORA file loads in diffusers' `load_lora_weights` (every module of it landing)
+as ours, a fine-tune's folder loads in diffusers and back as a base model, an embedding prompts the pipeline as
+ours."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.base import Conditioning
+from onetrainer.families.sana import COMPLEX_HUMAN_INSTRUCTION, TEXT_TOKENS
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import image_folder, loaded_model, run_config, tiny_config
+
+CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), "sana", method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import SanaPipeline
+
+    pipe = SanaPipeline.from_pretrained(str(folder or tiny_model_dir("sana")), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def pipeline_instruction() -> list[str]:
+    from diffusers import SanaPipeline
+
+    return inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, transformer.config.in_channels, 3, 2, generator=generator)
+    text = torch.randn(2, 7, transformer.config.caption_channels, generator=generator)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        return transformer(latents, text, torch.tensor([300.0, 800.0]), encoder_attention_mask=mask).sample
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    assert list(COMPLEX_HUMAN_INSTRUCTION) == pipeline_instruction()  # what __call__ prompts with
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(
+            list(CAPTIONS), True, negative_prompt="", complex_human_instruction=pipeline_instruction()
+        )
+        assert ours.hidden_states.shape[1] == TEXT_TOKENS
+        assert torch.equal(ours.hidden_states, embeds) and torch.equal(ours.tensors["attention_mask"], mask)
+        # samples prompt the negative side as the pipeline does, without the instruction
+        arguments = family.prompt_arguments(model, "a red circle", None)
+        assert torch.equal(arguments["negative_prompt_embeds"], negative[:1])
+        assert torch.equal(arguments["negative_prompt_attention_mask"], negative_mask[:1])
+
+        pixels = torch.rand(2, 3, 64, 96) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        assert latents.shape == (2, 32, 2, 3)
+        assert torch.equal(latents, pipe.vae.encode(pixels).latent * pipe.vae.config.scaling_factor)
+
+        # σ·1000 in, as the schedule gives it and the pipeline passes its timesteps; the flow out
+        noisy, sigma = torch.randn(2, 32, 2, 3), torch.tensor([0.25, 0.75])
+        predicted = family.predict(model, noisy, model.schedule.model_time(sigma), ours, {}).output
+        theirs = pipe.transformer(noisy, embeds, sigma * 1000, encoder_attention_mask=mask).sample
+    assert torch.equal(predicted, theirs)
+
+
+def test_clip_skip_takes_an_earlier_layer_through_gemmas_final_norm():
+    family, model = our_model(text_encoder={"layer_skip": 1})
+    _, plain = our_model()
+    encoder = model.part("text_encoder")
+    tokens = model.text_encoders[0].tokenizer(["a red circle"], return_tensors="pt")
+    with torch.no_grad():
+        skipped = family.encode_text(model, ["a red circle"]).hidden_states
+        full = family.encode_text(plain, ["a red circle"]).hidden_states
+        states = encoder(tokens.input_ids, output_hidden_states=True).hidden_states
+    assert not torch.allclose(skipped, full, atol=1e-4)
+    assert torch.allclose(encoder.norm(states[-2])[0, 0], skipped[0, 0], atol=1e-6)  # the start token's state
+
+
+def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+        assert [len(r["hidden_states"]) for r in rows] == lengths
+        cached = Conditioning.stack(rows, "cpu")
+        noisy, times = torch.randn(2, 32, 2, 2), torch.tensor([100.0, 900.0])
+        from_cache = family.predict(model, noisy, times, cached, {}).output
+        full = family.predict(model, noisy, times, encoded, {}).output
+    assert torch.allclose(from_cache, full, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on the blocks' attention and feed-forward (OneTrainer's `attn-mlp`: linear layers and the 1x1
+    convolutions), a sample with a negative prompt."""
+    root = tmp_path_factory.mktemp("sana-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "sana", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+        text_encoder={"train": False},
+        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
+                  "diffusion_steps": 2}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return config, run_config(config)
+
+
+def test_a_lora_trains_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (96, 64)
+    state = load_file(config["output_model_destination"])
+    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    assert all(k.startswith("transformer.transformer_blocks.") for k in state)
+    assert {"transformer_blocks.0.attn1.to_q", "transformer_blocks.1.attn2.to_out.0",
+            "transformer_blocks.0.ff.conv_inverted", "transformer_blocks.1.ff.conv_point"} <= modules  # fmt: skip
+    assert not any("conv_depth" in m for m in modules)  # the depthwise convolution is grouped: no LoRA
+
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(config["output_model_destination"])
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert landed == modules
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    from diffusers import DPMSolverMultistepScheduler
+
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, "sana", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    expected = transformer_output(trained.transformer)
+    assert not torch.allclose(expected, transformer_output(base.transformer), atol=1e-5)
+    for name in ("text_encoder", "vae"):  # frozen: as they were
+        ours, theirs = getattr(trained, name).state_dict(), getattr(base, name).state_dict()
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), name
+    assert isinstance(trained.scheduler, DPMSolverMultistepScheduler)  # the model's own sampler, as read
+    assert dict(trained.scheduler.config) == dict(base.scheduler.config)
+
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_an_embedding_trains_on_gemma_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `gemma` (OneTrainer's key); set into diffusers' tokenizer and encoder as new
+    tokens (the pipeline has no textual-inversion loader), they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="sana", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["gemma"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    tokens = ["<shape>", "<shape>_1"]
+    pipe.tokenizer.add_tokens(tokens)
+    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    with torch.no_grad():
+        table = pipe.text_encoder.get_input_embeddings().weight
+        for token, vector in zip(tokens, vectors):
+            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
+        theirs = pipe.encode_prompt(
+            ["a photo of <shape> <shape>_1"], False, complex_human_instruction=pipeline_instruction()
+        )[0]
+    assert torch.allclose(ours, theirs, atol=1e-5)
