@@ -7,7 +7,7 @@
   instruction's token count + 298, and of Gemma's last hidden states (clip skip: an earlier layer through the final
   norm) the start token and the last 299 tokens kept, with their mask: 300 tokens, the caption's and its padding. The
   pipeline's negative prompt goes without the instruction (300 tokens as they come), which samples follow.
-  OneTrainer encodes the caption alone; the released model was trained and samples with the instruction.
+  OneTrainer encodes the caption alone; the pipeline samples the released model with the instruction.
 - Caption dropout zeroes the hidden states and the mask, as OneTrainer does. The text cache keeps each caption's
   tokens without the padding (the transformer's cross-attention masks it, so the padding changes nothing).
 - Latents: the autoencoder's (it has no distribution: its encoding is the latent) times its `scaling_factor`.
@@ -17,7 +17,8 @@
   classifier-free guidance with the negative prompt, without resolution binning.
 - Saving: the pipeline folder, its scheduler as read (also the backup, usable as a base model). LoRA files:
   DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `SanaPipeline.load_lora_weights` reads the
-  transformer's).
+  transformer's) and KOHYA_LORA (OneTrainer's: `lora_unet_` / `lora_te_` + the diffusers module path, LyCORIS
+  kinds too).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ COMPLEX_HUMAN_INSTRUCTION = (
     "User Prompt: ",
 )
 TEXT_TOKENS = 300  # the pipeline's max_sequence_length: the tokens the transformer sees
-KOHYA_PREFIXES = {"transformer": "lora_transformer", "text_encoder": "lora_te"}
+# OneTrainer's KOHYA_LORA names for Sana: `lora_unet_` + the diffusers module path, `lora_te_` for Gemma-2
+KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te"}
 KIND = ModelKind("sana", "sana")
 DEFAULT_SAMPLER = "DPMSolverMultistepScheduler"
 

@@ -28,7 +28,7 @@ SANA = FamilyInfo(
     sample_step=32,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -57,14 +57,15 @@ SANA = FamilyInfo(
     notes="`text_encoder` is Gemma-2 (2B): as SanaPipeline prompts it, each caption is lowercased and put after "
     "Sana's complex human instruction (the text asking for an enhanced description), and the start token with the "
     "last 299 of those tokens (the caption's and its padding, 300 in all) condition the transformer, with their "
-    "mask (OneTrainer encodes the caption alone, 300 tokens: the conditioning here is the pipeline's, which the "
-    "released model was trained and samples with). Clip skip takes an earlier layer through Gemma's final norm. "
-    "Caption dropout zeroes the conditioning and its mask, as OneTrainer does. The latents are the DC-AE's (32x "
-    "down, 32 channels) times its scaling factor; training is rectified flow at the `timestep_shift` you set (Sana's "
-    "sampler shifts by its own `flow_shift`, 3 at 1024 px). Samples run SanaPipeline with the model's own DPM-Solver "
-    "sampler and classifier-free guidance with the negative prompt. LoRA files: DIFFUSERS_LORA (SanaPipeline's "
-    "`load_lora_weights`; ComfyUI has no Sana model). Fine-tunes: a diffusers folder (also the backup, usable as a "
-    "base model).",
+    "mask (OneTrainer encodes the caption alone, 300 tokens: the conditioning here is the one the pipeline samples "
+    "the released model with). Clip skip takes an earlier layer through Gemma's final norm. Caption dropout zeroes "
+    "the conditioning and its mask, as OneTrainer does. The latents are the DC-AE's (32x down, 32 channels) times its "
+    "scaling factor; training is rectified flow at the `timestep_shift` you set (Sana's sampler shifts by its own "
+    "`flow_shift`, 3 at 1024 px). Samples run SanaPipeline with the model's own DPM-Solver sampler and "
+    "classifier-free guidance with the negative prompt. LoRA files: DIFFUSERS_LORA (SanaPipeline's "
+    "`load_lora_weights`) or KOHYA_LORA (OneTrainer's names, `lora_unet_` / `lora_te_` + the diffusers module path; "
+    "LoHa and LoKr too, which diffusers does not load); ComfyUI has no Sana model. Fine-tunes: a diffusers folder "
+    "(also the backup, usable as a base model).",
 )
 _SANA_SAMPLE = SampleDefaults(1024, 1024, 20, 4.5, NoiseScheduler.DPMPP)
 

@@ -202,3 +202,37 @@ def test_an_embedding_trains_on_gemma_and_prompts_the_pipeline_as_ours(tmp_path)
             ["a photo of <shape> <shape>_1"], False, complex_human_instruction=pipeline_instruction()
         )[0]
     assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """KOHYA_LORA (OneTrainer's names for Sana: `lora_unet_` + the diffusers module path, `lora_te_` for Gemma-2), in
+    each adapter kind: read back into a fresh model it gives the trained transformer's output."""
+    from onetrainer.methods.lora import LoraMethod
+
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = {}
+    save_output = LoraMethod.save_output
+
+    def keep_output(self, path, *args, **kwargs):
+        trained["output"] = transformer_output(self.model.part("transformer").eval())
+        return save_output(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    config = tiny_config(
+        tmp_path, "sana", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    assert f"lora_unet_transformer_blocks_0_attn1_to_q.{marker}" in state
+    assert all(k.startswith("lora_unet_transformer_blocks_") or k.startswith("lora_te_layers_") for k in state)
+    assert any(k.startswith("lora_te_layers_0_self_attn_q_proj.") for k in state) is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
