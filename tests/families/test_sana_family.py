@@ -236,3 +236,29 @@ def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, 
     assert torch.allclose(ours, trained["output"], atol=1e-6)
     _, plain = our_model()
     assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path):
+    family, model = our_model()
+    with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
+        for weight in model.part("transformer").parameters():
+            weight.add_(0.01)
+    backup = tmp_path / "backup"
+    family.save_backup(model, backup / "model")
+    (backup / "meta.json").write_text("{}")
+    for part in model.parts:
+        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
+    _, again = our_model(base_model_name=str(backup))
+    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
+    assert again.schedule.sampler_config == model.schedule.sampler_config  # its own sampler kept
+
+
+def test_a_single_file_base_model_is_refused_with_what_to_give_instead(tmp_path):
+    from safetensors.torch import save_file
+
+    from onetrainer.families.loading import ModelLoadError
+
+    path = tmp_path / "sana.safetensors"
+    save_file({"x": torch.zeros(1)}, str(path))
+    with pytest.raises(ModelLoadError, match="diffusers folder or hub id"):
+        our_model(base_model_name=str(path))
