@@ -262,3 +262,37 @@ def test_a_single_file_base_model_is_refused_with_what_to_give_instead(tmp_path)
     save_file({"x": torch.zeros(1)}, str(path))
     with pytest.raises(ModelLoadError, match="diffusers folder or hub id"):
         our_model(base_model_name=str(path))
+
+
+def test_lora_tool_extracts_a_fine_tunes_changes_and_merges_them_back(tmp_path):
+    """`scripts/lora_tool.py extract` on a Sana folder whose attention and feed-forward 1x1 convolution changed by a
+    rank-2 amount gives a KOHYA_LORA of those two layers; merged into the base it gives the changed weights back."""
+    import shutil
+
+    from diffusers import SanaTransformer2DModel
+
+    from onetrainer.cli.lora_tool import main as lora_tool
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(tiny_model_dir("sana"), tuned)
+    transformer = SanaTransformer2DModel.from_pretrained(str(tuned), subfolder="transformer")
+    changed = ["transformer_blocks.0.attn1.to_q", "transformer_blocks.1.ff.conv_inverted"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in changed:
+            weight = transformer.get_submodule(name).weight
+            rows, columns = weight.flatten(1).shape
+            low_rank = torch.randn(rows, 2, generator=generator) @ torch.randn(2, columns, generator=generator)
+            weight += 0.05 * low_rank.reshape(weight.shape)
+    transformer.save_pretrained(str(tuned / "transformer"))
+    lora, merged = tmp_path / "extracted.safetensors", tmp_path / "merged"
+    common = ["--model-type", "SANA", "--base-model-name", "tiny:sana", "--output-dtype", "FLOAT_32"]
+    assert lora_tool(["extract", *common, "--input-name", str(tuned), "--rank", "2",
+                      "--output-model-destination", str(lora)]) == 0  # fmt: skip
+    modules = {k.partition(".")[0] for k in load_file(str(lora))}
+    assert modules == {"lora_unet_" + name.replace(".", "_") for name in changed}
+    assert lora_tool(["merge", *common, "--lora", str(lora), "--output-model-format", "DIFFUSERS",
+                      "--output-model-destination", str(merged)]) == 0  # fmt: skip
+    again = SanaTransformer2DModel.from_pretrained(str(merged), subfolder="transformer")
+    ours, theirs = again.state_dict(), transformer.state_dict()
+    assert all(torch.allclose(ours[k], theirs[k], atol=1e-5) for k in theirs)
