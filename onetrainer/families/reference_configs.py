@@ -897,3 +897,16 @@ SANA_SCHEDULER: Config = {
     "prediction_type": "flow_prediction",
     "use_flow_sigmas": True,
 }
+# Sana 600M (Efficient-Large-Model/Sana_600M_1024px_diffusers): the conversion script's SanaMS_600M_P1_D28, 28 blocks
+# of 36 heads of 32 (1152 wide), cross-attention in 16 heads of 72.
+SANA_600M_TRANSFORMER: Config = {
+    **SANA_1600M_TRANSFORMER,
+    "num_attention_heads": 36,
+    "num_cross_attention_heads": 16,
+    "cross_attention_head_dim": 72,
+    "cross_attention_dim": 1152,
+    "num_layers": 28,
+}
+# SANA 1.5 4.8B (Efficient-Large-Model/SANA1.5_4.8B_1024px_diffusers): SanaMS1.5_4800M_P1_D60, the 1600M's blocks 60
+# deep with RMS-normed queries and keys across the heads.
+SANA15_4800M_TRANSFORMER: Config = {**SANA_1600M_TRANSFORMER, "num_layers": 60, "qk_norm": "rms_norm_across_heads"}

@@ -117,6 +117,15 @@ class SanaFamily(FlowPipelineFolder, Family):
         from transformers import AutoModel, AutoTokenizer
 
         where, options = self._base(config)
+        transformer_config = load_diffusers_component(
+            SanaTransformer2DModel, where, "transformer", options, config_only=True
+        )
+        if transformer_config.get("guidance_embeds"):
+            raise ModelLoadError(
+                f"{config.base_model_name} is Sana Sprint (a guidance-distilled transformer sampled by SCM in a few "
+                "steps), which is not built yet: SANA trains Sana and SANA 1.5 (e.g. "
+                "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers)"
+            )
         parts = KeptParts(config)
         dtype = load_dtype(config, "transformer")
         parts["transformer"] = load_diffusers_component(

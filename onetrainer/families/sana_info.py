@@ -65,7 +65,8 @@ SANA = FamilyInfo(
     "classifier-free guidance with the negative prompt. LoRA files: DIFFUSERS_LORA (SanaPipeline's "
     "`load_lora_weights`) or KOHYA_LORA (OneTrainer's names, `lora_unet_` / `lora_te_` + the diffusers module path; "
     "LoHa and LoKr too, which diffusers does not load); ComfyUI has no Sana model. Fine-tunes: a diffusers folder "
-    "(also the backup, usable as a base model).",
+    "(also the backup, usable as a base model). One model type covers Sana 600M and 1600M and SANA 1.5 (the estimate "
+    "counts the one the base model's name says); Sana Sprint (guidance-distilled, SCM sampling) is refused.",
 )
 _SANA_SAMPLE = SampleDefaults(1024, 1024, 20, 4.5, NoiseScheduler.DPMPP)
 
@@ -84,5 +85,9 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
             "text_encoder": ref.GEMMA2_2B_TEXT,
             "vae": ref.SANA_DC_AE,
         },
+        released_variants=(
+            ("sana_600m", {"transformer": ref.SANA_600M_TRANSFORMER}),
+            ("4.8b", {"transformer": ref.SANA15_4800M_TRANSFORMER}),
+        ),
     ),
 )

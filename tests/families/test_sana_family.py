@@ -296,3 +296,33 @@ def test_lora_tool_extracts_a_fine_tunes_changes_and_merges_them_back(tmp_path):
     again = SanaTransformer2DModel.from_pretrained(str(merged), subfolder="transformer")
     ours, theirs = again.state_dict(), transformer.state_dict()
     assert all(torch.allclose(ours[k], theirs[k], atol=1e-5) for k in theirs)
+
+
+def test_the_estimate_counts_the_released_model_the_base_names():
+    """Sana 1600M by default, the 600M and SANA 1.5 4.8B where the base model's name says so (published sizes)."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.training.estimate import reference_shapes
+
+    sizes = {
+        "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers": 1.6e9,
+        "Efficient-Large-Model/Sana_600M_1024px_diffusers": 0.6e9,
+        "Efficient-Large-Model/SANA1.5_4.8B_1024px_diffusers": 4.8e9,
+    }
+    for name, size in sizes.items():
+        shapes = reference_shapes(ModelType.SANA, name)
+        assert shapes["transformer"]["params"] == pytest.approx(size, rel=0.03), name
+        assert shapes["text_encoder"]["params"] == pytest.approx(2.6e9, rel=0.03)  # Gemma-2 2B, its 256k vocabulary
+
+
+def test_sana_sprint_is_refused_by_name_before_its_weights_are_read(tmp_path):
+    import json
+    import shutil
+
+    from onetrainer.families.loading import ModelLoadError
+
+    folder = tmp_path / "sprint"
+    shutil.copytree(tiny_model_dir("sana"), folder)
+    config_file = folder / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
+    with pytest.raises(ModelLoadError, match="Sana Sprint"):
+        our_model(base_model_name=str(folder))
