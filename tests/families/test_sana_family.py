@@ -326,3 +326,19 @@ def test_sana_sprint_is_refused_by_name_before_its_weights_are_read(tmp_path):
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
     with pytest.raises(ModelLoadError, match="Sana Sprint"):
         our_model(base_model_name=str(folder))
+
+
+def test_a_dropped_caption_is_zeros_with_no_token_and_predicts_finitely():
+    """Caption dropout as OneTrainer's Sana does it: the row's states and mask zeroed; the transformer's cross-attention
+    then attends to no token (its mask bias is finite), and the prediction stays finite and differs from the kept
+    row's."""
+    family, model = our_model()
+    with torch.no_grad():
+        dropped = family.drop_captions(
+            model, CAPTIONS, [torch.tensor([True, False])], lambda c: family.encode_text(model, c)
+        )
+        assert not dropped.hidden_states[0].any() and not dropped.tensors["attention_mask"][0].any()
+        assert dropped.tensors["attention_mask"][1].any()
+        noisy = torch.randn(1, 32, 2, 2).expand(2, -1, -1, -1)
+        output = family.predict(model, noisy, torch.tensor([500.0, 500.0]), dropped, {}).output
+    assert torch.isfinite(output).all() and not torch.allclose(output[0], output[1], atol=1e-4)
