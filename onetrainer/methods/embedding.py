@@ -67,6 +67,8 @@ class _LookupHook:
         scale = getattr(module, "embed_scale", None)
         if isinstance(scale, torch.Tensor):
             looked_up = looked_up * scale.to(output.dtype)
+        elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
+            looked_up = looked_up * scale
         return torch.where(extra.unsqueeze(-1), looked_up.to(output.device), output)
 
 
