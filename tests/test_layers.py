@@ -176,6 +176,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "chroma": r"chroma",
         "qwen": r"qwen",
         "zimage": r"z[ _-]?image",
+        "sana": r"(?<![a-z0-9])sana(?![a-z])",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

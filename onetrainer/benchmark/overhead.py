@@ -323,8 +323,11 @@ def lora_targets(unet: torch.nn.Module, config: TrainConfig) -> list[str]:
     from onetrainer.util.layer_filter import name_matches
 
     patterns, regex = layer_filter_patterns(config, load_family_class(config.model_type)())
-    adaptable = (torch.nn.Linear, torch.nn.Conv2d)
-    return [n for n, m in unet.named_modules() if isinstance(m, adaptable) and name_matches(n, patterns, regex)]
+
+    def adaptable(module: torch.nn.Module) -> bool:  # linear and ungrouped conv layers, as the method adapts
+        return isinstance(module, torch.nn.Linear) or (isinstance(module, torch.nn.Conv2d) and module.groups == 1)
+
+    return [n for n, m in unet.named_modules() if adaptable(m) and name_matches(n, patterns, regex)]
 
 
 def _training_images(folder: Path) -> list[tuple[Path, str]]:

@@ -78,7 +78,7 @@ class GuideRow:
     suits: str
 
 
-def guide_rows() -> list[GuideRow]:
+def optimizer_guide_rows() -> list[GuideRow]:
     """A row for each optimizer that runs here, in the table's order."""
     from onetrainer.config.optimizer_memory import optimizer_state_bytes
     from onetrainer.config.optimizers import FUSABLE_OPTIMIZERS, OPTIMIZERS
@@ -97,13 +97,13 @@ def guide_rows() -> list[GuideRow]:
     ]
 
 
-def guide_table(rows: list[GuideRow] | None = None) -> str:
+def optimizer_guide_table(rows: list[GuideRow] | None = None) -> str:
     """The rows as a Markdown table."""
     lines = [
         "| Optimizer | State per trained parameter | Learning rate | Schedule | Fused back pass | Package | Suits |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in rows if rows is not None else guide_rows():
+    for row in rows if rows is not None else optimizer_guide_rows():
         state = f"{row.state_bytes:g} B"
         rate = "sets its own (use 1.0)" if row.own_step_size else "set it"
         schedule = "not needed" if row.schedule_free else "as configured"

@@ -338,7 +338,7 @@ def _not_built_section() -> str:
 
 
 def _optimizer_guide_section() -> str:
-    from onetrainer.config.optimizer_guide import guide_table
+    from onetrainer.config.optimizer_guide import optimizer_guide_table
 
     return (
         "\n## Which optimizer for which job\n\n"
@@ -346,7 +346,7 @@ def _optimizer_guide_section() -> str:
         "(fp32 weights take 4 B more, their gradients another 4 B), whether it sets its own step size (then leave the "
         "learning rate at about 1), whether it needs a learning-rate schedule, and whether it can step each weight "
         "inside the backward pass (`optimizer.fused_back_pass`, which saves the gradients' memory):\n\n"
-        + guide_table()
+        + optimizer_guide_table()
         + "\n"
     )
 

@@ -777,3 +777,136 @@ CASCADE_PRIOR_LITE_UNET: Config = {
     "down_num_layers_per_block": [4, 12],
     "up_num_layers_per_block": [12, 4],
 }
+
+# --- Sana ---------------------------------------------------------------------------------------------------------
+
+# Sana 1600M at 1024 px (Efficient-Large-Model/Sana_1600M_1024px_diffusers and its BF16 twin, transformer/config.json):
+# diffusers' conversion script (scripts/convert_sana_to_diffusers.py, model SanaMS_1600M_P1_D20 at --image_size 1024)
+# writes these values. 20 blocks of 70 linear-attention heads of 32 (2240 wide), cross-attention to the text in 20
+# heads of 112, a GLUMBConv feed-forward (1x1 conv, 3x3 depthwise conv, 1x1 conv, 2.5x wide), no position embedding
+# at 1024 px (`interpolation_scale` None), 1x1 patches of the DC-AE's 32-channel latents; Gemma-2's 2304-wide hidden
+# states in.
+SANA_1600M_TRANSFORMER: Config = {
+    "_class_name": "SanaTransformer2DModel",
+    "attention_bias": False,
+    "attention_head_dim": 32,
+    "caption_channels": 2304,
+    "cross_attention_dim": 2240,
+    "cross_attention_head_dim": 112,
+    "dropout": 0.0,
+    "guidance_embeds": False,
+    "guidance_embeds_scale": 0.1,
+    "in_channels": 32,
+    "interpolation_scale": None,
+    "mlp_ratio": 2.5,
+    "norm_elementwise_affine": False,
+    "norm_eps": 1e-06,
+    "num_attention_heads": 70,
+    "num_cross_attention_heads": 20,
+    "num_layers": 20,
+    "out_channels": 32,
+    "patch_size": 1,
+    "qk_norm": None,
+    "sample_size": 32,
+    "timestep_scale": 1.0,
+}
+# Sana's deep-compression autoencoder (mit-han-lab/dc-ae-f32c32-sana-1.0-diffusers, the `vae` of Sana's diffusers
+# folders; diffusers' scripts/convert_dcae_to_diffusers.py, "dc-ae-f32c32-sana-1.0"): 32x down to 32 channels, residual
+# blocks in the first three stages and EfficientViT (multi-scale linear attention) blocks in the last three; the
+# latents are scaled by 0.41407 (no shift).
+SANA_DC_AE: Config = {
+    "_class_name": "AutoencoderDC",
+    "attention_head_dim": 32,
+    "decoder_act_fns": "silu",
+    "decoder_block_out_channels": [128, 256, 512, 512, 1024, 1024],
+    "decoder_block_types": [
+        "ResBlock",
+        "ResBlock",
+        "ResBlock",
+        "EfficientViTBlock",
+        "EfficientViTBlock",
+        "EfficientViTBlock",
+    ],
+    "decoder_layers_per_block": [3, 3, 3, 3, 3, 3],
+    "decoder_norm_types": "rms_norm",
+    "decoder_qkv_multiscales": [[], [], [], [5], [5], [5]],
+    "downsample_block_type": "conv",
+    "encoder_block_out_channels": [128, 256, 512, 512, 1024, 1024],
+    "encoder_block_types": [
+        "ResBlock",
+        "ResBlock",
+        "ResBlock",
+        "EfficientViTBlock",
+        "EfficientViTBlock",
+        "EfficientViTBlock",
+    ],
+    "encoder_layers_per_block": [2, 2, 2, 3, 3, 3],
+    "encoder_qkv_multiscales": [[], [], [], [5], [5], [5]],
+    "in_channels": 3,
+    "latent_channels": 32,
+    "scaling_factor": 0.41407,
+    "upsample_block_type": "interpolate",
+}
+# Gemma-2 2B instruct (Efficient-Large-Model/gemma-2-2b-it, google/gemma-2-2b-it's weights; the `text_encoder` of Sana's
+# diffusers folders, loaded as the bare Gemma2Model, which diffusers' conversion script takes from the causal LM with
+# `get_decoder()`): 26 layers alternating sliding-window (4096) and full attention, 8 query heads and 4 key/value heads
+# of 256 (queries wider than the 2304-wide model), logits soft-capped at 50 in attention. The values are transformers'
+# Gemma2Config defaults, which are this model's.
+GEMMA2_2B_TEXT: Config = {
+    "architectures": ["Gemma2Model"],
+    "model_type": "gemma2",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "initializer_range": 0.02,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+    "vocab_size": 256000,
+}
+# Gemma's tokenizer (byte-fallback BPE, "▁" for spaces), as Sana's folders ship it: a start token before every text,
+# no end token (SanaPipeline pads on the right itself).
+GEMMA_TOKENIZER: Config = {
+    "tokenizer_class": "GemmaTokenizer",
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "bos_token": "<bos>",
+    "eos_token": "<eos>",
+    "pad_token": "<pad>",
+    "unk_token": "<unk>",
+}
+# Sana's sampler (scheduler/scheduler_config.json of the 1024 px folders; diffusers' conversion script's default
+# "flow-dpm_solver"): DPM-Solver++ on flow sigmas shifted by 3 (4096 px: 6), the model predicting the flow.
+SANA_SCHEDULER: Config = {
+    "_class_name": "DPMSolverMultistepScheduler",
+    "flow_shift": 3.0,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+}
+# Sana 600M (Efficient-Large-Model/Sana_600M_1024px_diffusers): the conversion script's SanaMS_600M_P1_D28, 28 blocks
+# of 36 heads of 32 (1152 wide), cross-attention in 16 heads of 72.
+SANA_600M_TRANSFORMER: Config = {
+    **SANA_1600M_TRANSFORMER,
+    "num_attention_heads": 36,
+    "num_cross_attention_heads": 16,
+    "cross_attention_head_dim": 72,
+    "cross_attention_dim": 1152,
+    "num_layers": 28,
+}
+# SANA 1.5 4.8B (Efficient-Large-Model/SANA1.5_4.8B_1024px_diffusers): SanaMS1.5_4800M_P1_D60, the 1600M's blocks 60
+# deep with RMS-normed queries and keys across the heads.
+SANA15_4800M_TRANSFORMER: Config = {**SANA_1600M_TRANSFORMER, "num_layers": 60, "qk_norm": "rms_norm_across_heads"}

@@ -27,6 +27,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "qwen": "onetrainer.families.qwen:QwenImageFamily",
         "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
         "zimage": "onetrainer.families.zimage:ZImageFamily",
+        "sana": "onetrainer.families.sana:SanaFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

@@ -62,6 +62,13 @@ class _LookupHook:
             return output
         table = torch.cat([t.to(output.dtype) for t in self.tables])
         looked_up = table[(ids - self.own_vocab).clamp(min=0, max=table.shape[0] - 1)]
+        # A scaled embedding (Gemma's: its rows times √width) scales the vectors as it scales its own rows: a file's
+        # vectors are rows of the token table, as another tool sets them in.
+        scale = getattr(module, "embed_scale", None)
+        if isinstance(scale, torch.Tensor):
+            looked_up = looked_up * scale.to(output.dtype)
+        elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
+            looked_up = looked_up * scale
         return torch.where(extra.unsqueeze(-1), looked_up.to(output.device), output)
 
 

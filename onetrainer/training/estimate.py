@@ -786,7 +786,9 @@ def module_shapes(module: torch.nn.Module) -> dict:
         if isinstance(layer, torch.nn.Linear):
             layers.append((name, layer.in_features, layer.out_features, 1))
         elif isinstance(layer, torch.nn.Conv2d):
-            layers.append((name, layer.in_channels, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
+            # a grouped convolution's weight reads in_channels / groups per output, as a file's weight shape says
+            fan_in = layer.in_channels // layer.groups
+            layers.append((name, fan_in, layer.out_channels, layer.kernel_size[0] * layer.kernel_size[1]))
     tensors = [(name, p.numel()) for name, p in module.named_parameters()]
     kept = list(getattr(module, "_keep_in_fp32_modules", None) or [])
     params = sum(count for _, count in tensors)

@@ -24,6 +24,7 @@ FAMILY_PATTERNS = {
     "chroma": r"chroma_?1|chroma(pipeline|transformer|family)",
     "qwen": r"qwen",
     "zimage": r"\bz[_-]?image",
+    "sana": r"\bsana\b",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }

@@ -39,15 +39,15 @@ def test_presets_and_family_fields_are_documented():
 
 
 def test_every_optimizer_says_what_it_suits_and_the_readme_shows_the_usual_ones_as_generated():
-    from onetrainer.config.optimizer_guide import SUITS, guide_rows, guide_table
+    from onetrainer.config.optimizer_guide import SUITS, optimizer_guide_rows, optimizer_guide_table
     from onetrainer.config.optimizers import OPTIMIZERS
 
     assert set(OPTIMIZERS) <= set(SUITS)
-    rows = {row.optimizer.value: row for row in guide_rows()}
+    rows = {row.optimizer.value: row for row in optimizer_guide_rows()}
     assert rows["PRODIGY"].own_step_size and not rows["ADAMW"].own_step_size
     assert rows["PRODIGY_PLUS_SCHEDULE_FREE"].schedule_free and rows["PRODIGY_PLUS_SCHEDULE_FREE"].fused_back_pass
     assert rows["ADAMW_8BIT"].state_bytes < rows["ADAMW"].state_bytes == 8.0
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shown = readme.split("### Choosing an optimizer", 1)[1].split("\n\n###", 1)[0]
     names = [line.split("`")[1] for line in shown.splitlines() if line.startswith("| `")]
-    assert len(names) >= 5 and guide_table([rows[name] for name in names]) in shown
+    assert len(names) >= 5 and optimizer_guide_table([rows[name] for name in names]) in shown

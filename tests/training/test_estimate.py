@@ -715,3 +715,18 @@ def test_an_offloaded_flux_lora_is_estimated_within_ten_percent_of_the_gpu(resol
     result = estimate(config, device="cuda")
     step = (sum(result.parts.values()) - OVERHEAD) / GIB
     assert measured * 0.9 < step < measured * 1.1
+
+
+def test_a_grouped_convolution_counts_the_weights_it_has():
+    """A depthwise convolution (Sana's feed-forward, the DC-AE's attention) holds in_channels / groups weights per
+    output: its quantized share is its weight, never more than the module (which once made a FLOAT_8 estimate
+    negative)."""
+    import torch
+
+    from onetrainer.training.estimate import module_shapes
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, groups=64), torch.nn.Conv2d(64, 32, 1))
+    shapes = module_shapes(module)
+    quantized = sum(fan_in * fan_out * area for _, fan_in, fan_out, area in shapes["layers"])
+    assert quantized == sum(layer.weight.numel() for layer in module)
+    assert shapes["params"] - quantized == sum(layer.bias.numel() for layer in module)
