@@ -20,9 +20,11 @@ import torch
 
 from onetrainer.benchmark.memory import PeakMemory
 from onetrainer.benchmark.overhead import (
+    _BARE_LOOP_SETTINGS,
     BARE,
     OURS,
     Run,
+    _beyond_the_bare_loop,
     _check_counts,
     _load_pixels,
     _StepClock,
@@ -211,6 +213,29 @@ def lora_config(workdir: Path, device: torch.device, label: str, settings: dict)
     config, problems = config_from_dict({**common, **settings})
     if errors(problems):
         raise ValueError(f"the {label} benchmark config is invalid: " + "; ".join(str(p) for p in errors(problems)))
+    return config, images
+
+
+# What a flow family's bare loop implements beyond the shared LoRA settings: σ drawn logit-normally and shifted by the
+# fixed `timestep_shift` (`sample_sigmas`), no resolution-dependent shift.
+FLOW_BARE_SETTINGS = {
+    **_BARE_LOOP_SETTINGS,
+    "timestep_distribution": "LOGIT_NORMAL",
+    "dynamic_timestep_shifting": False,
+}
+
+
+def comparable_lora_config(
+    workdir: Path, device: torch.device, label: str, settings: dict, bare_settings: dict = FLOW_BARE_SETTINGS
+):
+    """`lora_config` with the family's `settings`, refused where it asks for what the family's bare loop does not do
+    (`bare_settings`: the settings the loop implements, with their values)."""
+    config, images = lora_config(workdir, device, label, settings)
+    different = _beyond_the_bare_loop(config, bare_settings)
+    if different:
+        raise ValueError(
+            f"the bare {label} loop does not do what the benchmark config asks for: {', '.join(different)}"
+        )
     return config, images
 
 
