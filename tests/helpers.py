@@ -322,3 +322,16 @@ def quantize_as_configured(name: str, module, config, filtered: bool = False) ->
     from onetrainer.precision.quantize import quantize_part
 
     return quantize_part(name, module, config.part(name).weight_dtype, quantization_settings(config), filtered)
+
+
+def assert_only_the_denoiser_trained(trained, base, output, frozen: tuple[str, ...] = ("text_encoder", "vae")):
+    """A fine-tune's pipeline folder against its base's: the transformer's `output` moved, and every `frozen` part is
+    as it was, each of its tensors (a VAE's batch-norm statistics too). Returns the trained transformer's output."""
+    import torch
+
+    expected = output(trained.transformer)
+    assert not torch.allclose(expected, output(base.transformer), atol=1e-5)
+    for name in frozen:
+        ours, theirs = getattr(trained, name).state_dict(), getattr(base, name).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs), name
+    return expected
