@@ -7,8 +7,6 @@ per-weight step) and rounds BFLOAT_16 updates itself. Training a tiny LoRA with 
 
 from __future__ import annotations
 
-import io
-
 import adv_optm
 import pytest
 import torch
@@ -19,6 +17,7 @@ from onetrainer.config.enums import Optimizer
 from onetrainer.training import optim
 from onetrainer.training.fused_back_pass import FusedBackPass
 from onetrainer.training.optimization import Optimization
+from tests.training.optimizer_steps import assert_resumes_exactly, take_steps, tiny_params
 
 LR = 1e-2
 WARMUP = 7  # the LR warmup's length, which OneTrainer gives adv-optm's Kourkoutas-beta warmup
@@ -56,19 +55,9 @@ def package_class(name: Optimizer):
     return getattr(module, class_name)
 
 
-def tiny_params(seed: int = 0, shapes=((4, 64), (64, 4), (16,))) -> list[torch.nn.Parameter]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
-
-
 def groups(params) -> list[dict]:
     # Two named groups, as a LoRA of two parts (Prodigy + schedule-free then estimates a step size for each).
     return [{"params": params[:2], "lr": LR, "name": "unet"}, {"params": params[2:], "lr": LR, "name": "te"}]
-
-
-def gradients(step: int, params) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    return [torch.randn(p.shape, generator=g) for p in params]
 
 
 def ours(name: Optimizer, params, **settings):
@@ -81,14 +70,6 @@ def ours(name: Optimizer, params, **settings):
 def theirs(name: Optimizer, params):
     _, _, kwargs = EXPECTED[name]
     return package_class(name)(groups(params), **kwargs)
-
-
-def take_steps(optimizer, params, steps: range) -> None:
-    for step in steps:
-        for p, g in zip(params, gradients(step, params)):
-            p.grad = g.clone()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 @pytest.mark.parametrize("name", NAMES, **ids)
@@ -119,20 +100,7 @@ def test_the_first_steps_equal_the_packages_own_optimizer(name):
 
 @pytest.mark.parametrize("name", NAMES, **ids)
 def test_a_resumed_optimizer_continues_exactly(name):
-    # As a backup does: the state dict through torch.save and a weights-only load, into a fresh optimizer.
-    straight = tiny_params()
-    take_steps(ours(name, straight), straight, range(6))
-    params = tiny_params()
-    first = ours(name, params)
-    take_steps(first, params, range(3))
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = ours(name, params)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    take_steps(resumed, params, range(3, 6))
-    for a, b in zip(params, straight):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_resumes_exactly(lambda params: ours(name, params), tiny_params)
 
 
 def _model(seed: int = 0) -> torch.nn.Sequential:

@@ -22,6 +22,8 @@ from pytorch_optimizer.optimizer.yogi import Yogi
 from onetrainer.config import config_from_dict
 from onetrainer.config.enums import Optimizer
 from onetrainer.training import optim
+from tests.training import optimizer_steps
+from tests.training.optimizer_steps import assert_resumes_exactly, take_steps
 
 LR = 1e-2
 
@@ -59,13 +61,7 @@ ADDED = [*REFERENCE, Optimizer.CAME_8BIT]
 
 def tiny_params(seed: int = 0, shapes=((4, 1280), (1280, 4), (16,))) -> list[torch.nn.Parameter]:
     """A LoRA's shapes: a down and an up projection (the 8-bit state needs 4096+ elements) and a bias."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
-
-
-def gradients(step: int, params) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    return [torch.randn(p.shape, generator=g) for p in params]
+    return optimizer_steps.tiny_params(seed, shapes)
 
 
 def ours(name: Optimizer, params, **settings):
@@ -73,14 +69,6 @@ def ours(name: Optimizer, params, **settings):
     for key, value in settings.items():
         setattr(block, key, value)
     return optim.create_optimizer(block, [{"params": params, "lr": LR, "name": "lora"}], LR)
-
-
-def take_steps(optimizer, params, steps: range) -> None:
-    for step in steps:
-        for p, g in zip(params, gradients(step, params)):
-            p.grad = g.clone()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 @pytest.mark.parametrize("name", list(REFERENCE), ids=lambda o: o.value)
@@ -97,20 +85,7 @@ def test_the_first_steps_equal_the_packages_own_optimizer(name):
 
 @pytest.mark.parametrize("name", ADDED, ids=lambda o: o.value)
 def test_a_resumed_optimizer_continues_exactly(name):
-    # As a backup does: the state dict through torch.save and a weights-only load, into a fresh optimizer.
-    straight = tiny_params()
-    take_steps(ours(name, straight), straight, range(6))
-    params = tiny_params()
-    first = ours(name, params)
-    take_steps(first, params, range(3))
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = ours(name, params)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    take_steps(resumed, params, range(3, 6))
-    for a, b in zip(params, straight):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_resumes_exactly(lambda params: ours(name, params), tiny_params)
 
 
 # A 1x1 convolution and a matrix over CAME_8BIT's `min_8bit_size` (16384): 8-bit first moments; the rest 32-bit.
