@@ -26,6 +26,9 @@ def tiny(root: Path):
 @pytest.fixture
 def queue_app(app, state_dir: Path, trainable_sd):
     app.runner.train_function = None  # the real trainer
+    # This test's queue file (`state_dir`): the footer reads it now, not at its next 5 s look, which the shared window
+    # might otherwise take after an earlier test's queue
+    app.queue_changed()
     yield app
     if app.queue_running:
         app.stop_queue()
