@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from onetrainer.families.base import BatchInputs
 from onetrainer.families.flux import image_ids, pack, reference_ids, reference_size, unpack
@@ -252,8 +253,6 @@ def test_a_kontext_sample_takes_one_reference_or_none_named_at_config_time(tmp_p
 def test_an_embedding_learns_from_edits_and_samples_with_a_reference(tmp_path):
     """Kontext's embeddings are Flux.1's (CLIP-L and T5 vectors, `clip_l` / `t5`), learnt on edit pairs; the sample
     renders from its reference with the placeholder in the prompt."""
-    from safetensors.torch import load_file
-
     folder = _kontext_folder(tmp_path)
     for caption in folder.glob("*.txt"):
         caption.write_text("<shape>, " + caption.read_text(encoding="utf-8"), encoding="utf-8")
@@ -268,3 +267,39 @@ def test_an_embedding_learns_from_edits_and_samples_with_a_reference(tmp_path):
     assert len([e for e in events if isinstance(e, Metrics)]) == 3
     assert len([e for e in events if isinstance(e, SampleReady)]) == 1
     assert set(load_file(config["output_model_destination"])) == {"clip_l", "t5"}
+
+
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_learn_edits_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr on Kontext's edit pairs, as KOHYA_LORA in Flux.1's layout: read back into a fresh model they
+    give the trained transformer's output."""
+    from onetrainer.methods.lora import LoraMethod
+    from onetrainer.tiny.denoiser_step import denoiser_inputs
+
+    def output(transformer):
+        with torch.no_grad():
+            return transformer(**denoiser_inputs(transformer)).sample
+
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    _kontext_folder(tmp_path)
+    trained = {}
+    save_output = LoraMethod.save_output
+
+    def keep_output(self, path, *args, **kwargs):  # the transformer as trained, when the run writes its file
+        trained["output"] = output(self.model.part("transformer").eval())
+        return save_output(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, batch_size=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-mlp", text_encoder={"train": False}, text_encoder_2={"train": False}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    path = config["output_model_destination"]
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"lora_transformer_transformer_blocks_0_attn_to_q.{marker}" in load_file(path)
+    _, again = our_model(method=True, lora_model_name=path, output_model_format="KOHYA_LORA", **settings)
+    _, plain = our_model()
+    ours = output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    assert not torch.allclose(ours, output(plain.part("transformer")), atol=1e-4)  # it trained
