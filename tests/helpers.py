@@ -335,3 +335,33 @@ def assert_only_the_denoiser_trained(trained, base, output, frozen: tuple[str, .
         ours, theirs = getattr(trained, name).state_dict(), getattr(base, name).state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs), name
     return expected
+
+
+def keep_trained_output(monkeypatch, output) -> dict:
+    """The transformer's `output` as trained, taken when a LoRA run writes its file (`trained["output"]`), for
+    comparing with the file read back into a fresh model."""
+    from onetrainer.methods.lora import LoraMethod
+
+    trained: dict = {}
+    save_output = LoraMethod.save_output
+
+    def keep_output(self, path, *args, **kwargs):
+        trained["output"] = output(self.model.part("transformer").eval())
+        return save_output(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    return trained
+
+
+def add_embedding_tokens(pipe, vectors, placeholder: str = "<shape>") -> None:
+    """An embedding file's vectors set into a diffusers pipeline as new tokens (`<p>`, `<p>_1`, …), as a user loads
+    an embedding there."""
+    import torch
+
+    tokens = [placeholder] + [f"{placeholder}_{i}" for i in range(1, len(vectors))]
+    pipe.tokenizer.add_tokens(tokens)
+    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    with torch.no_grad():
+        table = pipe.text_encoder.get_input_embeddings().weight
+        for token, vector in zip(tokens, vectors, strict=True):
+            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector

@@ -23,7 +23,15 @@ from onetrainer.families.flux2 import image_ids, patchify, text_ids, unpatchify
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import assert_only_the_denoiser_trained, image_folder, loaded_model, run_config, tiny_config
+from tests.helpers import (
+    add_embedding_tokens,
+    assert_only_the_denoiser_trained,
+    image_folder,
+    keep_trained_output,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
 
 VARIANT = "flux2-klein"
 DEV = "flux2-dev"
@@ -317,13 +325,8 @@ def test_an_embedding_trains_and_prompts_the_pipeline_as_ours(tmp_path, variant,
     model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline(variant=variant)
-    tokens = ["<shape>", "<shape>_1"]
-    pipe.tokenizer.add_tokens(tokens)
-    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
-        table = pipe.text_encoder.get_input_embeddings().weight
-        for token, vector in zip(tokens, vectors):
-            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
         theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"])[0]
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
@@ -405,18 +408,10 @@ def test_lycoris_kinds_write_kohya_names_and_read_back_as_trained(tmp_path, monk
     """LoHa and LoKr as KOHYA_LORA: whole BFL modules under `lora_unet_<BFL path>`, a fused layer's projections each
     under `lora_transformer_<diffusers path>` (no exact fused form); read back into a fresh model they give the
     trained transformer's output."""
-    from onetrainer.methods.lora import LoraMethod
 
     settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     image_folder(tmp_path, count=2)
-    trained = {}
-    save_output = LoraMethod.save_output
-
-    def keep_output(self, path, *args, **kwargs):
-        trained["output"] = transformer_output(self.model.part("transformer").eval())
-        return save_output(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
         layer_filter_preset="blocks", text_encoder={"train": False}, **settings,

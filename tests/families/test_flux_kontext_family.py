@@ -20,7 +20,7 @@ from onetrainer.families.base import BatchInputs
 from onetrainer.families.flux import image_ids, pack, reference_ids, reference_size, unpack
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady, Status
-from tests.helpers import image_folder, loaded_model, run_config, tiny_config
+from tests.helpers import image_folder, keep_trained_output, loaded_model, run_config, tiny_config
 
 VARIANT = "flux-kontext"
 REFERENCE = Image.new("RGB", (48, 64), (200, 30, 30))
@@ -273,7 +273,6 @@ def test_an_embedding_learns_from_edits_and_samples_with_a_reference(tmp_path):
 def test_lycoris_kinds_learn_edits_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """LoHa and LoKr on Kontext's edit pairs, as KOHYA_LORA in Flux.1's layout: read back into a fresh model they
     give the trained transformer's output."""
-    from onetrainer.methods.lora import LoraMethod
     from onetrainer.tiny.denoiser_step import denoiser_inputs
 
     def output(transformer):
@@ -282,14 +281,7 @@ def test_lycoris_kinds_learn_edits_and_read_back_as_trained(tmp_path, monkeypatc
 
     settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     _kontext_folder(tmp_path)
-    trained = {}
-    save_output = LoraMethod.save_output
-
-    def keep_output(self, path, *args, **kwargs):  # the transformer as trained, when the run writes its file
-        trained["output"] = output(self.model.part("transformer").eval())
-        return save_output(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    trained = keep_trained_output(monkeypatch, output)
     config = tiny_config(
         tmp_path, VARIANT, "LORA", epochs=1, batch_size=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
         layer_filter_preset="attn-mlp", text_encoder={"train": False}, text_encoder_2={"train": False}, **settings,

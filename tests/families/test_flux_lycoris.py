@@ -11,9 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from onetrainer.methods.lora import LoraMethod
 from tests.families.test_flux_family import lora_run, our_model, transformer_output
-from tests.helpers import image_folder
+from tests.helpers import image_folder, keep_trained_output
 
 KINDS = {
     "loha": {"peft_type": "LOHA"},
@@ -25,14 +24,7 @@ KINDS = {
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_lycoris_kinds_train_on_flux_dev_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     image_folder(tmp_path, count=2)
-    trained = {}
-    save_output = LoraMethod.save_output
-
-    def keep_output(self, path, *args, **kwargs):  # the transformer as trained, when the run writes its file
-        trained["output"] = transformer_output(self.model.part("transformer").eval())
-        return save_output(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    trained = keep_trained_output(monkeypatch, transformer_output)
     # one step (two images, batch 2) at 1e-2: at 1e-3 LoHa's Hadamard product barely moves from zero
     config, _ = lora_run(tmp_path, "flux-dev", output_model_format="KOHYA_LORA", layer_filter_preset="attn-mlp",
                          learning_rate=1e-2, text_encoder={"train": False}, text_encoder_2={"train": False},

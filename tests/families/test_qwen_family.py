@@ -21,7 +21,7 @@ from onetrainer.families.latent_patches import pack, unpack
 from onetrainer.families.qwen import used_tokens
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import image_folder, loaded_model, local_config, run_config, tiny_config
+from tests.helpers import add_embedding_tokens, image_folder, loaded_model, local_config, run_config, tiny_config
 
 CAPTIONS = ["a red circle", "two blue squares on a table"]
 
@@ -199,13 +199,8 @@ def test_an_embedding_trains_and_prompts_the_pipeline_as_ours(tmp_path):
     model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, torch.device("cpu"))
     pipe = pipeline()
-    tokens = ["<shape>", "<shape>_1"]
-    pipe.tokenizer.add_tokens(tokens)
-    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
-        table = pipe.text_encoder.get_input_embeddings().weight
-        for token, vector in zip(tokens, vectors):
-            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
         ours, _ = used_tokens(family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]))
         theirs, _ = pipe.encode_prompt(["a photo of <shape> <shape>_1"])
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)

@@ -18,7 +18,15 @@ from onetrainer.families.base import Conditioning
 from onetrainer.families.sana import COMPLEX_HUMAN_INSTRUCTION, TEXT_TOKENS
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import assert_only_the_denoiser_trained, image_folder, loaded_model, run_config, tiny_config
+from tests.helpers import (
+    add_embedding_tokens,
+    assert_only_the_denoiser_trained,
+    image_folder,
+    keep_trained_output,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
 
@@ -186,13 +194,8 @@ def test_an_embedding_trains_on_gemma_and_prompts_the_pipeline_as_ours(tmp_path)
     model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
-    tokens = ["<shape>", "<shape>_1"]
-    pipe.tokenizer.add_tokens(tokens)
-    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
-        table = pipe.text_encoder.get_input_embeddings().weight
-        for token, vector in zip(tokens, vectors):
-            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
         theirs = pipe.encode_prompt(
             ["a photo of <shape> <shape>_1"], False, complex_human_instruction=pipeline_instruction()
@@ -204,18 +207,10 @@ def test_an_embedding_trains_on_gemma_and_prompts_the_pipeline_as_ours(tmp_path)
 def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (OneTrainer's names for Sana: `lora_unet_` + the diffusers module path, `lora_te_` for Gemma-2), in
     each adapter kind: read back into a fresh model it gives the trained transformer's output."""
-    from onetrainer.methods.lora import LoraMethod
 
     settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     image_folder(tmp_path, count=2)
-    trained = {}
-    save_output = LoraMethod.save_output
-
-    def keep_output(self, path, *args, **kwargs):
-        trained["output"] = transformer_output(self.model.part("transformer").eval())
-        return save_output(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, "sana", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
         layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,

@@ -20,7 +20,15 @@ from onetrainer.families.zimage import caption_tokens
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from onetrainer.weights import zimage_keys
-from tests.helpers import assert_only_the_denoiser_trained, image_folder, loaded_model, run_config, tiny_config
+from tests.helpers import (
+    add_embedding_tokens,
+    assert_only_the_denoiser_trained,
+    image_folder,
+    keep_trained_output,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
 
 CAPTIONS = ["a red circle", "two blue squares on a table"]
 
@@ -205,13 +213,8 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
     model = family.load(local_config(cfg))
     method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
-    tokens = ["<shape>", "<shape>_1"]
-    pipe.tokenizer.add_tokens(tokens)
-    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
-        table = pipe.text_encoder.get_input_embeddings().weight
-        for token, vector in zip(tokens, vectors):
-            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
         ours = caption_tokens(family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]), torch.float32)
         theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"], do_classifier_free_guidance=False)[0]
     assert ours[0].shape == theirs[0].shape and torch.allclose(ours[0], theirs[0], atol=1e-5)
@@ -221,18 +224,10 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
 def test_lycoris_kinds_write_comfy_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """LoHa and LoKr as COMFY_LORA: LyCORIS' weight names under `diffusion_model.<diffusers module>` (ComfyUI maps them
     as it maps a LoRA's); read back into a fresh model they give the trained transformer's output."""
-    from onetrainer.methods.lora import LoraMethod
 
     settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     image_folder(tmp_path, count=2)
-    trained = {}
-    save_output = LoraMethod.save_output
-
-    def keep_output(self, path, *args, **kwargs):
-        trained["output"] = transformer_output(self.model.part("transformer").eval())
-        return save_output(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(LoraMethod, "save_output", keep_output)
+    trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, "z-image", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
         layer_filter_preset="attn-only", text_encoder={"train": False}, **settings,
