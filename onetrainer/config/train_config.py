@@ -116,9 +116,9 @@ def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by 
 
 _VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
 _SEQUENCE = (
-    "a token limit some of OneTrainer's model types read for a language-model text encoder; the model types built "
-    "here prompt with their pipelines' own lengths or `text_encoder_2_sequence_length`, and a "
-    "setting for it is not built yet"
+    "a token limit OneTrainer's config lists beside `text_encoder_sequence_length` and "
+    "`text_encoder_2_sequence_length`; none of OneTrainer's model types reads it, and a model type here with a third "
+    "or fourth text encoder prompts it with its pipeline's own length"
 )
 _CLOUD = "remote training over SSH and RunPod, not built yet: the remote-training issue builds it"
 
@@ -394,6 +394,19 @@ class TrainConfig(ConfigNode):
     text_encoder_2: ModelPartConfig = _part("text_encoder_2")
     text_encoder_3: ModelPartConfig = _part("text_encoder_3", PartRole.TEXT_ENCODER)
     text_encoder_4: ModelPartConfig = _part("text_encoder_4", PartRole.TEXT_ENCODER)
+    text_encoder_sequence_length: int | None = setting(
+        512,
+        "Sequence length",
+        "How many tokens of each prompt this language-model text encoder reads, the chat template's own text (a "
+        "system message) included, in training and in samples: longer prompts are cut, shorter ones padded "
+        "(OneTrainer's name and default, the pipelines' own length). Empty: the model's own. Longer costs time and "
+        "memory in every step that encodes text; the cached text is encoded again when it changes.",
+        tab="training",
+        group=part_label("text_encoder"),
+        minimum=1,
+        about_part="text_encoder",
+        part_needs=SEQUENCE_LENGTH,
+    )
     text_encoder_2_sequence_length: int | None = setting(
         77,
         "Sequence length",
@@ -1248,7 +1261,6 @@ class TrainConfig(ConfigNode):
         is_inactive=lambda _value: True,
     )
     frames: str = _ot("frames", "25", _VIDEO)
-    text_encoder_sequence_length: int | None = _ot("text_encoder_sequence_length", 512, _SEQUENCE)
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None, _SEQUENCE)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None, _SEQUENCE)
     sample_video_format: str = _ot("sample_video_format", "MP4", _VIDEO)

@@ -4,14 +4,16 @@ per block) by the time, over 2x2 patches of a 32-channel VAE's latents, trained 
 three layers of a language model's hidden states.
 
 - Text ([klein]): each caption goes through Qwen3's chat template as one user message (`enable_thinking=False`, as
-  `Flux2KleinPipeline` prompts it), padded to 512 tokens; the hidden states of layers 9, 18 and 27 (the outputs of
-  the 9th, 18th and 27th decoder layers) side by side, [B, 512, 3·D], are the conditioning. The transformer attends
+  `Flux2KleinPipeline` prompts it), padded to `text_encoder_sequence_length` tokens (OneTrainer's setting; 512, the
+  pipelines' own, by default); the hidden states of layers 9, 18 and 27 (the outputs of
+  the 9th, 18th and 27th decoder layers) side by side, [B, L, 3·D], are the conditioning. The transformer attends
   to every token, the padding included (neither the pipeline nor BFL's code masks it), so the text cache keeps the
   whole row; the tokens' mask rides along for later use. The text positions are (0, 0, 0, l), l = 0…511.
 - Text ([dev]): the text encoder is Mistral Small 3.2 (`Mistral3ForConditionalGeneration`, used for text alone: its
   language model runs, the vision tower stays unused). Each caption (with any `[IMG]` removed, as the pipeline does)
   is the user turn after FLUX.2's system message (`flux2_info.DEV_SYSTEM_MESSAGE`) in the processor's chat template,
-  padded and cut to 512 tokens; the hidden states of layers 10, 20 and 30 side by side, [B, 512, 3·D], as
+  padded and cut to `text_encoder_sequence_length` tokens, the system message counted in them (as the pipeline's
+  `max_sequence_length` and OneTrainer count); the hidden states of layers 10, 20 and 30 side by side, [B, L, 3·D], as
   `Flux2Pipeline.encode_prompt` builds them; text positions as [klein]'s. Which text encoder a model has is read from
   its text_encoder/ config (`qwen3` or `mistral3`; another is refused by name). The hub's tokenizer/ is a
   PixtralProcessor folder: its tokenizer and its chat template are read, not the processor (transformers builds it
@@ -142,6 +144,7 @@ class Flux2Family(LanguageModelFlowFamily):
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         model = self.loaded_model(config, parts, tokenizer, where, options)
         slot = model.text_encoders[0]
+        slot.max_tokens = config.text_encoder_sequence_length  # None: the pipelines' own 512
         if is_mistral(slot.encoder):
             # The pipeline renders its prompts with the processor's chat template: where the folder holds one apart
             # from the tokenizer's (a PixtralProcessor folder), it is the one that counts.
@@ -162,7 +165,7 @@ class Flux2Family(LanguageModelFlowFamily):
         slot = model.text_encoders[0]
         if is_mistral(slot.encoder):
             return mistral_conditioning(slot, captions)
-        ids, mask = self.chat_prompt_tokens(slot, captions, TEXT_TOKENS, enable_thinking=False)
+        ids, mask = self.chat_prompt_tokens(slot, captions, slot.max_tokens or TEXT_TOKENS, enable_thinking=False)
         # The decoder alone (the causal LM's `model`): the same hidden states, without the LM head's logits over the
         # whole vocabulary for every token.
         output = slot.encoder.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
@@ -424,11 +427,12 @@ def mistral_prompt_texts(tokenizer, captions: list[str]) -> list[str]:
 
 def mistral_conditioning(slot, captions: list[str]) -> Conditioning:
     """[dev]'s conditioning: the captions in the chat template (which writes its own start token), padded and cut to
-    512 tokens, through Mistral's language model alone (the pipeline's call runs it the same way for text, then the
-    LM head's logits over the whole vocabulary, which nothing reads); layers 10, 20 and 30 side by side."""
+    the slot's tokens (512 by default), through Mistral's language model alone (the pipeline's call runs it the same
+    way for text, then the LM head's logits over the whole vocabulary, which nothing reads); layers 10, 20 and 30
+    side by side."""
     tokens = slot.tokenizer(
-        mistral_prompt_texts(slot.tokenizer, captions), padding="max_length", max_length=TEXT_TOKENS,
-        truncation=True, add_special_tokens=False, return_tensors="pt",
+        mistral_prompt_texts(slot.tokenizer, captions), padding="max_length",
+        max_length=slot.max_tokens or TEXT_TOKENS, truncation=True, add_special_tokens=False, return_tensors="pt",
     )  # fmt: skip
     device = first_weight(slot.encoder).device
     ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)

@@ -17,6 +17,7 @@ from onetrainer.config.family_info import (
     LAYER_OFFLOADING,
     OWN_MODEL,
     REFERENCE_IMAGES,
+    SEQUENCE_LENGTH,
     FamilyInfo,
     FileCaveat,
     ModelTypeInfo,
@@ -211,7 +212,7 @@ FLUX2 = FamilyInfo(
     max_references=10,
     part_capabilities={
         "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
-        "text_encoder": frozenset({LAYER_OFFLOADING}),
+        "text_encoder": frozenset({SEQUENCE_LENGTH, LAYER_OFFLOADING}),
     },
     file_caveats=(
         FileCaveat(
@@ -237,10 +238,12 @@ FLUX2 = FamilyInfo(
     ),
     notes="One model type covers [klein] 4B and 9B, base and distilled, and [dev]: the transformer's config and the "
     "text encoder tell which. [klein]'s `text_encoder` is Qwen3 (4B or 8B): each caption goes through its chat "
-    "template as one user message (no thinking), padded to 512 tokens, and the hidden states of layers 9, 18 and 27 "
+    "template as one user message (no thinking), padded to `text_encoder_sequence_length` tokens (512, the "
+    "pipeline's), and the hidden states of layers 9, 18 and 27 "
     "side by side condition the transformer, padding included, as Flux2KleinPipeline prompts it. [dev]'s is Mistral "
     "Small 3.2 (Mistral3ForConditionalGeneration, its language model alone): each caption as a user message after "
-    "FLUX.2's system message, padded to 512 tokens, layers 10, 20 and 30, as Flux2Pipeline prompts it; [dev] is "
+    "FLUX.2's system message, padded to `text_encoder_sequence_length` tokens (the system message counted in them), "
+    "layers 10, 20 and 30, as Flux2Pipeline prompts it; [dev] is "
     "guidance-distilled: training gives the transformer the fixed `transformer.guidance_scale`, samples the sample's "
     "guidance (its CFG scale, no negative pass). The VAE's 32-channel latents are normalised by its batch-norm "
     "statistics over 2x2 patches and packed 2x2 into the transformer's tokens: training and sample sizes go in steps "

@@ -116,6 +116,28 @@ def test_the_text_cache_keeps_the_padding_the_transformer_attends_to():
     assert [r["hidden_states"].shape for r in rows] == [(512, 96)] * 2
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_sequence_length_cuts_and_pads_the_prompt_as_the_pipelines_max_sequence_length(variant):
+    """`text_encoder_sequence_length` (OneTrainer's setting, shown for Flux.2 alone): the conditioning has that many
+    tokens, a longer caption cut as the pipeline's `max_sequence_length` cuts it ([dev]'s system message counted in
+    them), the prediction reads them, and the text encoder's slot carries the length, which the text cache's key holds."""
+    long_caption = " ".join(["a red circle beside a blue square"] * 40)
+    family, model = our_model(variant=variant, text_encoder_sequence_length=300)
+    pipe = pipeline(variant=variant)
+    with torch.no_grad():
+        ours = family.encode_text(model, [long_caption, CAPTIONS[0]])
+        theirs, _ = pipe.encode_prompt([long_caption, CAPTIONS[0]], max_sequence_length=300)
+        assert ours.hidden_states.shape == (2, 300, 96) and torch.equal(ours.hidden_states, theirs)
+        assert ours.tensors["attention_mask"][0].all()  # the long caption fills every token: it was cut
+        predicted = family.predict(model, torch.randn(2, 32, 8, 6), torch.tensor([250.0, 750.0]), ours, {}).output
+    assert predicted.shape == (2, 32, 8, 6)
+    _, default = our_model(variant=variant)
+    assert [s.max_tokens for s in model.text_encoders] == [300] and [s.max_tokens for s in default.text_encoders] == [
+        512
+    ]
+    assert family.encode_text(default, [CAPTIONS[0]]).hidden_states.shape[1] == 512  # the pipelines' own, by default
+
+
 @pytest.fixture(scope="module", params=VARIANTS)
 def lora_run(request, tmp_path_factory):
     """A DIFFUSERS_LORA on OneTrainer's `blocks` preset (as OneTrainer's presets: the resolution-dependent shift; and
