@@ -206,6 +206,10 @@ class FamilyInfo:
     references_required: bool = True
     # The most references an image (and a sample) may have; an image with more is named and skipped (0: no limit).
     max_references: int = 0
+    # Whether its text encoder reads the references with the caption (a vision-language encoder: `encode_text` takes
+    # `references=`): the text cache then has an entry per caption and references. Otherwise the references reach the
+    # denoiser alone and a caption is encoded once, whatever its image's references.
+    text_reads_references: bool = False
     # A video family: the clip lengths its VAE takes (`FrameCounts()`, 4k + 1, unless it declares others). Its concepts
     # train clips (`data/video.py`) and stills as one-frame clips; None, an image family: clips are named and skipped.
     video: FrameCounts | None = None

@@ -252,7 +252,7 @@ def fill_text_cache(
         report("captions", 0, len(missing))
     for keys in _encoding_groups(data, needed, missing):
         pictures = None
-        if data.with_references:  # a group is one sample's captions
+        if data.text_with_references:  # a group is one sample's captions
             (references,) = data.load_references([needed[keys[0]][1]])
             pictures = [references] * len(keys)
         for key, entry in zip(keys, encode_text_entries(family, model, [needed[k][0] for k in keys], pictures)):
@@ -269,7 +269,7 @@ def _needed_texts(data: TrainingData, text_cache: TextCache, config, apply_embed
     """Every caption the run's epochs use, by text-cache key: (caption, None), or (caption, its sample) where the
     family reads the sample's references with it. The empty caption, which caption dropout trains with, is there
     too (for a reference family with each sample, where dropout is on)."""
-    with_references = data.with_references
+    with_references = data.text_with_references
     dropout = any(config.part(slot.part).dropout_probability > 0 for slot in text_cache.model.text_encoders)
     needed: dict[str, tuple[str, PlannedSample | None]] = {}
     if not with_references:
@@ -297,7 +297,7 @@ def _needed_texts(data: TrainingData, text_cache: TextCache, config, apply_embed
 
 def _encoding_groups(data: TrainingData, needed: dict, missing: list[str]) -> list[list[str]]:
     """The missing keys in groups encoded together: 16 captions, or one sample's captions (its references)."""
-    if not data.with_references:
+    if not data.text_with_references:
         return [missing[start : start + 16] for start in range(0, len(missing), 16)]
     by_sample: dict[str, list[str]] = defaultdict(list)
     for key in missing:

@@ -454,6 +454,14 @@ def trains_on_references(config: TrainConfig) -> bool:
     return bool(info is not None and info.family.reference_images)
 
 
+def text_reads_references(config: TrainConfig) -> bool:
+    """Whether the config's model type encodes each caption with its image's references (`text_reads_references`)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(config.model_type)
+    return bool(info is not None and info.family.reference_images and info.family.text_reads_references)
+
+
 def reference_rule(config: TrainConfig) -> ReferenceRule | None:
     """How the config's model type trains on reference images (None: it ignores them)."""
     from onetrainer.config.model_types import MODEL_TYPES

@@ -21,6 +21,7 @@ from onetrainer.data.scan import (
     fingerprint,
     is_trained,
     scan_concepts,
+    text_reads_references,
     trains_on_references,
 )
 
@@ -114,6 +115,8 @@ class TrainingData:
         self.latent_key_base: dict | None = None
         # the family learns from reference images: each batch carries them, decoded with the images
         self.with_references = trains_on_references(config)
+        # ... and its text encoder reads them with each caption: the text cache keys each caption with its references
+        self.text_with_references = text_reads_references(config)
         self._keys: dict[tuple, str] = {}
         self._keys_base: dict | None = None
         self._reference_keys: dict[tuple, str] = {}
@@ -232,7 +235,7 @@ class TrainingData:
             original_sizes=[],
             crop_offsets=[],
         )
-        if self.with_references:
+        if self.text_with_references:
             batch.reference_keys = [self.reference_key(s) for s in samples]
         if cached is not None:
             batch.latents = torch.stack([c["latents"] for c in cached])
@@ -242,7 +245,7 @@ class TrainingData:
                 batch.masks = torch.stack([c["mask"] for c in cached])
             names = [k for k in cached[0] if k.startswith(EXTRA_PREFIX)]
             batch.cached_extras = {k[len(EXTRA_PREFIX) :]: _stack(k, [c[k] for c in cached]) for k in names}
-            if self.with_references and not text_cached:  # the text encoder reads them with the caption each step
+            if self.text_with_references and not text_cached:  # the text encoder reads them with the caption each step
                 batch.references = self.load_references(samples)
             return batch
         loaded = [self._load_one(samples, s, with_masks, batch.problems) for s in samples]

@@ -528,11 +528,6 @@ class FluxKontextFamily(FluxFamily):
         pixels = reference_pixels(references[0]).to(first_weight(model.part("vae")).device)
         return {"reference_latents": encode_latents(model.part("vae"), pixels)[0]}
 
-    def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
-        """Flux.1's encoding of the captions: the reference reaches the transformer only (the trainer hands an edit
-        family the batch's references here too)."""
-        return super().encode_text(model, captions)
-
     def typical_references(self, model: LoadedModel) -> dict[str, torch.Tensor]:
         """One square reference of `REFERENCE_AREA` pixels: 4,096 tokens joining the image's."""
         side = math.isqrt(REFERENCE_AREA) // VAE_FACTOR

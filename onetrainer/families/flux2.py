@@ -159,9 +159,9 @@ class Flux2Family(LanguageModelFlowFamily):
 
     # -- text and images ------------------------------------------------------------------------------------------
 
-    def encode_text(self, model: LoadedModel, captions: list[str], references=None) -> Conditioning:
-        """The captions' conditioning; reference images reach the transformer only (the trainer hands a family that
-        learns from references the batch's references here too)."""
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        """The captions' conditioning; reference images reach the transformer only, so a caption is encoded (and
+        cached) once whatever its image's references."""
         slot = model.text_encoders[0]
         if is_mistral(slot.encoder):
             return mistral_conditioning(slot, captions)

@@ -69,6 +69,7 @@ QWEN_EDIT = dataclasses.replace(
     key="qwen_edit",
     label="Qwen-Image-Edit",
     reference_images=True,
+    text_reads_references=True,  # Qwen2.5-VL sees the pictures with the instruction
     capabilities=QWEN.capabilities | {REFERENCE_IMAGES},
     notes="The edit models (Qwen-Image-Edit-2509, -2511) learn to change reference images as the caption says: "
     "the training image is the result, its reference images (`<name>-reference.<ext>`, or `<name>-reference-1.<ext>`, "

@@ -469,12 +469,13 @@ class Trainer:
         references = None
         if batch.references is not None:
             references = [[r.to(self.device) for r in sample] for sample in batch.references]
+        text_references = references if self.data.text_with_references else None  # else they reach `predict` alone
         drops = self._caption_drops(len(captions), generator)
         if any(d is not None for d in drops):  # the family knows where each encoder's share of the conditioning is
-            encode = lambda c: self._encode_captions(c, batch, references)  # noqa: E731
+            encode = lambda c: self._encode_captions(c, batch, text_references)  # noqa: E731
             conditioning = family.drop_captions(model, captions, drops, encode)
         else:
-            conditioning = self._encode_captions(captions, batch, references)
+            conditioning = self._encode_captions(captions, batch, text_references)
 
         schedule = model.schedule
         # Drawn at the global batch's size and sliced (`distributed.GlobalDraws`; the whole batch in one process).

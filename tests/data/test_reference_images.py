@@ -121,6 +121,9 @@ def test_only_a_family_that_declares_references_learns_from_them():
     assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.HUNYUAN_VIDEO))  # not trainable
+    # Qwen2.5-VL reads the pictures with the instruction; Kontext's and Flux.2's text encoders read the caption alone
+    reading = {t for t in learning if scan_module.text_reads_references(TrainConfig(model_type=t))}
+    assert reading == {ModelType.QWEN_EDIT}
 
 
 def _halves(path: Path, size: tuple[int, int]) -> Path:

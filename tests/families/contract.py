@@ -78,6 +78,14 @@ def declaration_problems(info: FamilyInfo, family_class: type[Family]) -> list[s
             f"encode_references and typical_references overridden: {encodes}"
         )
 
+    # The text encoder reads the references (the text cache keys captions with them) ↔ `encode_text` takes them.
+    reads = "references" in inspect.signature(family_class.encode_text).parameters
+    if info.text_reads_references != reads or (reads and not info.reference_images):
+        problems.append(
+            f"text_reads_references {info.text_reads_references}, encode_text takes references: {reads}, "
+            f"reference_images {info.reference_images}"
+        )
+
     # Every fact about a part names a part the family has; every capability is one the settings know.
     named = {
         "sampling_parts": set(family_class.sampling_parts),

@@ -120,7 +120,8 @@ def test_the_text_cache_keeps_the_padding_the_transformer_attends_to():
 def test_the_sequence_length_cuts_and_pads_the_prompt_as_the_pipelines_max_sequence_length(variant):
     """`text_encoder_sequence_length` (OneTrainer's setting, shown for Flux.2 alone): the conditioning has that many
     tokens, a longer caption cut as the pipeline's `max_sequence_length` cuts it ([dev]'s system message counted in
-    them), the prediction reads them, and the text encoder's slot carries the length, which the text cache's key holds."""
+    them), the prediction reads them, and the text encoder's slot carries the length, which the text cache's key
+    holds."""
     long_caption = " ".join(["a red circle beside a blue square"] * 40)
     family, model = our_model(variant=variant, text_encoder_sequence_length=300)
     pipe = pipeline(variant=variant)
