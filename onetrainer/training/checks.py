@@ -184,12 +184,11 @@ def check_model_split(config: TrainConfig) -> list[Problem]:
 
 
 def _check_split_devices(config: TrainConfig) -> list[Problem]:
-    from onetrainer.training.processes import split_device_names
-
     try:
         names = split_device_names(config)
     except ValueError as error:
-        return [Problem("split_devices", str(error).removeprefix("split_devices: "))]
+        field, _, message = str(error).partition(": ")
+        return [Problem(field, message)]
     if len(names) < 2:
         where = f"split_devices lists {len(names)}" if (config.split_devices or "").strip() else "found"
         message = (
@@ -459,6 +458,32 @@ def device_index_list(text: str) -> list[int]:
     if not all(part.isdigit() for part in parts):
         raise ValueError(f"{text.strip()!r} is not a comma-separated list of GPU numbers, e.g. '0,1'")
     return [int(part) for part in parts]
+
+
+def split_device_names(config: TrainConfig) -> list[str]:
+    """MODEL_SPLIT's devices as written in `split_devices` ("cuda:0,cuda:1", "cuda:0,cpu"); empty: the GPUs of
+    `device_indexes` (every visible GPU when that is empty). A ValueError naming the field for a name torch does not
+    read as a device."""
+    import torch
+
+    text = (config.split_devices or "").strip()
+    if not text:
+        try:
+            indexes = device_index_list(config.device_indexes)
+        except ValueError as error:
+            raise ValueError(f"device_indexes: {error}") from None
+        if not indexes and torch.cuda.is_available():
+            indexes = list(range(torch.cuda.device_count()))
+        return [f"cuda:{i}" for i in indexes]
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        try:
+            torch.device(name)
+        except (RuntimeError, ValueError):
+            raise ValueError(
+                f"split_devices: {name!r} is not a device; list them as 'cuda:0,cuda:1' (or 'cuda:0,cpu')"
+            ) from None
+    return names
 
 
 def check_devices(config: TrainConfig) -> list[Problem]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from onetrainer.training.checks import split_device_names
 from onetrainer.training.distributed import RankDevices, device_indexes, world_size_from_environment
 
 if TYPE_CHECKING:
@@ -23,27 +24,6 @@ def model_split_wanted(config: TrainConfig) -> bool:
     return (
         bool(config.multi_gpu) and config.multi_gpu_mode.value == "MODEL_SPLIT" and world_size_from_environment() <= 1
     )
-
-
-def split_device_names(config: TrainConfig) -> list[str]:
-    """MODEL_SPLIT's devices as written in `split_devices` ("cuda:0,cuda:1", "cuda:0,cpu"); empty: the GPUs of
-    `device_indexes` (every visible GPU when that is empty). A ValueError naming the field for a name torch does not
-    read as a device."""
-    text = (config.split_devices or "").strip()
-    if not text:
-        indexes = device_indexes(config.device_indexes)
-        if not indexes and torch.cuda.is_available():
-            indexes = list(range(torch.cuda.device_count()))
-        return [f"cuda:{i}" for i in indexes]
-    names = [name.strip() for name in text.split(",")]
-    for name in names:
-        try:
-            torch.device(name)
-        except (RuntimeError, ValueError):
-            raise ValueError(
-                f"split_devices: {name!r} is not a device; list them as 'cuda:0,cuda:1' (or 'cuda:0,cpu')"
-            ) from None
-    return names
 
 
 def split_devices(config: TrainConfig) -> list[torch.device]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from onetrainer.families import load_family_class
 from onetrainer.memory.model_split import ModelSplit, SplitError, assign_blocks, block_modules, module_bytes
@@ -211,34 +213,39 @@ def test_a_denoiser_split_over_a_gpu_and_the_cpu_computes_what_it_computes_whole
 def _train(root, split: bool, **overrides):
     from safetensors.torch import load_file
 
-    from onetrainer.training.events import Metrics, Status
+    from onetrainer.training.events import Metrics, SampleReady, Status
     from tests.helpers import image_folder, run_config, tiny_config
 
     image_folder(root, count=2)
     extra = {"multi_gpu": True, "multi_gpu_mode": "MODEL_SPLIT", "split_devices": "cpu,cpu"} if split else {}
     config = tiny_config(
         root, variant="pixart", epochs=2, output_model_destination=str(root / "out" / "lora.safetensors"),
-        transformer={"gradient_checkpointing": True}, **extra, **overrides,
+        transformer={"gradient_checkpointing": True}, sample_after=1, sample_after_unit="EPOCH",
+        samples=[{"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}], **extra, **overrides,
     )  # fmt: skip
     events = run_config(config)
     losses = [e.loss for e in events if isinstance(e, Metrics)]
     statuses = [e.text for e in events if isinstance(e, Status)]
-    return losses, load_file(str(root / "out" / "lora.safetensors")), statuses
+    samples = [np.asarray(Image.open(e.path)) for e in events if isinstance(e, SampleReady)]
+    return losses, load_file(str(root / "out" / "lora.safetensors")), statuses, samples
 
 
 def test_a_lora_trained_split_over_two_devices_equals_the_unsplit_one(tmp_path, monkeypatch) -> None:
-    """Tiny PixArt, LoRA with gradient checkpointing: the same losses and the same trained file, bit for bit; the run
-    says how it split the blocks, and the blocks computed through the split's hooks."""
+    """Tiny PixArt, LoRA with gradient checkpointing: the same losses, the same trained file and the same samples
+    after each epoch, bit for bit; the run says how it split the blocks, and the blocks computed through the split's
+    hooks."""
     from onetrainer.memory import model_split
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    losses, weights, _ = _train(tmp_path / "whole", split=False)
+    losses, weights, _, samples = _train(tmp_path / "whole", split=False)
     attached = []
     attach = model_split.ModelSplit.attach
     monkeypatch.setattr(model_split.ModelSplit, "attach", lambda self: attached.append(self) or attach(self))
-    split_losses, split_weights, statuses = _train(tmp_path / "split", split=True)
+    split_losses, split_weights, statuses, split_samples = _train(tmp_path / "split", split=True)
     assert attached and attached[0].active and len(set(attached[0].assignment)) == 2
     assert any("transformer split over 2 devices: blocks 0–" in s for s in statuses), statuses
     assert len(losses) == 2 and split_losses == losses
     assert split_weights.keys() == weights.keys()
     assert all(torch.equal(split_weights[k], weights[k]) for k in weights)
+    assert len(samples) == 2 and len(split_samples) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(samples, split_samples))
