@@ -202,7 +202,9 @@ class ModelSplit:
         self.active = True
 
     def _rest_to(self, module: torch.nn.Module, device: torch.device, held: set[int]) -> None:
-        """`module` on `device`, except the blocks in `held` (left where they are)."""
+        """`module` on `device`, except the blocks in `held` (left where they are): a child without blocks inside
+        moves with `Module.to`, as a whole part moves (quantized layers carry their state along), the module's own
+        tensors and those of the blocks' parents one by one."""
         for name, param in module.named_parameters(recurse=False):
             if param.device != device:
                 module._parameters[name] = _param_to(param, device)
@@ -210,8 +212,12 @@ class ModelSplit:
             if buffer is not None and buffer.device != device:
                 module._buffers[name] = buffer.to(device)
         for child in module.children():
-            if id(child) not in held:
+            if id(child) in held:
+                continue
+            if any(id(inner) in held for inner in child.modules()):
                 self._rest_to(child, device, held)
+            else:
+                child.to(device)
 
     def detach(self, device: torch.device | str) -> None:
         """The whole module on `device`; the hooks go quiet."""

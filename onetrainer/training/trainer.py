@@ -162,6 +162,7 @@ class Trainer:
         caches."""
         config = self.config
         self.device = self.dist.device
+        self.step_devices = [self.device]  # the devices whose generators each step seeds
         self.status("loading the model")
         with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
             self.family = load_family_class(config.model_type)()
@@ -193,6 +194,7 @@ class Trainer:
         if split:  # the blocks (with their adapters) on their devices, sized by the devices' free memory now
             model_split = split_denoiser(family, self.model, split_devices(config))
             self.placement.split_part(split[0], model_split)
+            self.step_devices = list(dict.fromkeys(model_split.devices))  # a block's dropout draws on its device
             self.status(f"{split[0]} split over {len(model_split.devices)} devices: {model_split.describe()}")
         # Now on the device as the others are: a window of blocks at a time, or spread (caching encodes with them).
         if offloaded or split:
@@ -381,7 +383,8 @@ class Trainer:
     def train_step(self, batches: list[Batch]) -> float:
         """One optimizer step over `batches` (gradient accumulation); returns the mean loss of the micro-batches."""
         seed = hash_seed(self.data.seed, self.progress.global_step)
-        seed_step_generators(seed, self.device)  # adapter dropout and anything else that uses the global generators
+        for device in self.step_devices:  # adapter dropout and anything else that uses the global generators
+            seed_step_generators(seed, device)
         generator = torch.Generator(device="cpu").manual_seed(seed)
         losses = []
         self._family_losses = {}

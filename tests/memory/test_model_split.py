@@ -210,7 +210,7 @@ def test_a_denoiser_split_over_a_gpu_and_the_cpu_computes_what_it_computes_whole
 # -- a LoRA trained split --------------------------------------------------------------------------------------------
 
 
-def _train(root, split: bool, **overrides):
+def _train(root, split: bool, resumed: bool = False, **overrides):
     from safetensors.torch import load_file
 
     from onetrainer.training.events import Metrics, SampleReady, Status
@@ -221,9 +221,15 @@ def _train(root, split: bool, **overrides):
     config = tiny_config(
         root, variant="pixart", epochs=2, output_model_destination=str(root / "out" / "lora.safetensors"),
         transformer={"gradient_checkpointing": True}, sample_after=1, sample_after_unit="EPOCH",
-        samples=[{"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}], **extra, **overrides,
+        **{"samples": [{"prompt": "a red circle", "width": 64, "height": 64, "diffusion_steps": 2}], **extra,
+           **overrides},
     )  # fmt: skip
-    events = run_config(config)
+    if resumed:  # stopped after the first step (a backup), then continued from it
+        from tests.memory.test_offloaded_training import _stopped_after_one_step
+
+        events = _stopped_after_one_step(config) + run_config({**config, "continue_last_backup": True})
+    else:
+        events = run_config(config)
     losses = [e.loss for e in events if isinstance(e, Metrics)]
     statuses = [e.text for e in events if isinstance(e, Status)]
     samples = [np.asarray(Image.open(e.path)) for e in events if isinstance(e, SampleReady)]
@@ -249,3 +255,14 @@ def test_a_lora_trained_split_over_two_devices_equals_the_unsplit_one(tmp_path, 
     assert all(torch.equal(split_weights[k], weights[k]) for k in weights)
     assert len(samples) == 2 and len(split_samples) == 2
     assert all(np.array_equal(a, b) for a, b in zip(samples, split_samples))
+
+
+def test_a_split_lora_run_resumes_from_its_backup_as_it_would_have_trained_on(tmp_path, monkeypatch) -> None:
+    """Stopped after the first step and continued from the backup, split over two devices both times: the losses and
+    the trained file of the uninterrupted split run."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    losses, weights, _, _ = _train(tmp_path / "straight", split=True, samples=[])
+    resumed_losses, resumed_weights, statuses, _ = _train(tmp_path / "resumed", split=True, resumed=True, samples=[])
+    assert any(s.startswith("resumed from") for s in statuses), statuses
+    assert len(losses) == 2 and resumed_losses == losses
+    assert all(torch.equal(resumed_weights[k], weights[k]) for k in weights)
