@@ -192,7 +192,11 @@ def _devices(value) -> set[str]:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("variant", ["pixart", "flux-dev"])
-def test_a_denoiser_split_over_a_gpu_and_the_cpu_computes_what_it_computes_whole(variant: str) -> None:
+def test_a_denoiser_split_over_a_gpu_and_the_cpu_computes_what_it_computes_whole(variant: str, monkeypatch) -> None:
+    """The first half of the blocks on the GPU, the second on the CPU: the denoiser's inputs (on the CPU) are taken
+    to the GPU by the split, its output comes back on the GPU, every weight gets a gradient where it lies."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 convolutions, as on the CPU
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     model = denoiser(build_tiny_pipeline(variant, seed=0)).train()
     paths = _blocks_of(variant)
     inputs = denoiser_inputs(model)
@@ -200,10 +204,13 @@ def test_a_denoiser_split_over_a_gpu_and_the_cpu_computes_what_it_computes_whole
     count = len(block_modules(model, paths))
     split = ModelSplit(model, paths, ["cuda:0", "cpu"], assign_blocks([1] * count, [1, 1]))
     split.attach()
-    on_gpu = {k: v.to("cuda:0") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    output, grads = _outputs_and_grads(model, on_gpu)
+    output, grads = _outputs_and_grads(model, inputs)
     assert output.device == torch.device("cuda:0")
+    assert {p.device.type for p in split.blocks[0].parameters()} == {"cuda"}
+    assert {p.device.type for p in split.blocks[-1].parameters()} == {"cpu"}
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
+    named = dict(model.named_parameters())
+    assert all(grads[n].device == named[n].device for n in grads)
     torch.testing.assert_close(output.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
