@@ -287,9 +287,10 @@ class TrainConfig(ConfigNode):
     multi_gpu: bool = setting(
         False,
         "Multi-GPU",
-        "Train on several GPUs at once, one process per GPU (data parallel, or sharded: 'Multi-GPU mode'). 'Batch "
-        "size' is per GPU: the global batch is batch size × GPUs. Under torchrun the processes come from torchrun and "
-        "this is not needed.",
+        "Train on several GPUs at once: one process per GPU (data parallel, or sharded), or one process with the "
+        "model split over the GPUs ('Multi-GPU mode'). 'Batch size' is per GPU: the global batch is batch size × GPUs "
+        "(one process, split: the batch size). Under torchrun the processes come from torchrun and this is not "
+        "needed.",
         tab="general",
         group="Device",
     )
