@@ -273,3 +273,29 @@ def test_a_split_lora_run_resumes_from_its_backup_as_it_would_have_trained_on(tm
     assert any(s.startswith("resumed from") for s in statuses), statuses
     assert len(losses) == 2 and resumed_losses == losses
     assert all(torch.equal(resumed_weights[k], weights[k]) for k in weights)
+
+
+def test_a_loras_adapters_live_with_their_block(tmp_path) -> None:
+    """The LoRA's adapters are inside the blocks' layers: split over the CPU and the meta device, every weight of a
+    block on the second device (its adapters included) is there, and everything else of the transformer (the first
+    half's blocks with their adapters, the layers outside the blocks) on the first."""
+    from onetrainer.training.placement import split_denoiser
+    from tests.helpers import loaded_model, tiny_config
+
+    family, model = loaded_model(tiny_config(tmp_path, "pixart", layer_filter_preset="full"), method=True)
+    devices = [torch.device("cpu"), torch.device("meta")]
+    split = split_denoiser(family, model, devices, free=lambda _d: 2**40)  # about equal budgets: halves
+    split.attach()
+    transformer = model.part("transformer")
+    second = {id(b) for i, b in enumerate(split.blocks) if split.assignment[i] == 1}
+    assert second and len(second) < len(split.blocks)
+    on_second = {
+        f"{path}.{name}"
+        for path, module in transformer.named_modules()
+        if id(module) in second
+        for name, _ in module.named_parameters()
+    }
+    adapters = {n for n, p in transformer.named_parameters() if p.requires_grad}
+    assert adapters & on_second and adapters - on_second  # adapters in both halves
+    for name, param in transformer.named_parameters():
+        assert param.device.type == ("meta" if name in on_second else "cpu"), name
