@@ -148,6 +148,20 @@ def test_the_tiny_part_times_every_tiny_denoiser_step(tmp_path, capsys):
     assert "cascade" in capsys.readouterr().out
 
 
+def test_the_split_part_times_a_tiny_step_whole_and_split(tmp_path, capsys, monkeypatch):
+    from onetrainer.benchmark import model_split
+
+    monkeypatch.setattr(model_split, "VARIANTS", ("pixart",))
+    out = tmp_path / "figures.json"
+    assert main(["--part", "split", "--repeat", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))["split"]
+    assert "pixart cpu,cpu" in figures
+    figure = figures["pixart cpu,cpu"]
+    assert figure["blocks"] >= 2 and figure["whole_ms"] > 0 and figure["split_ms"] > 0
+    assert figure["ratio"] == figure["split_ms"] / figure["whole_ms"]
+    assert "pixart cpu,cpu" in capsys.readouterr().out
+
+
 def test_the_pixart_part_times_ours_and_the_bare_loop(capsys):
     from onetrainer.benchmark.family_overhead import compare_family
 

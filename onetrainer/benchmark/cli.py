@@ -42,7 +42,7 @@ def part_names() -> tuple[str, ...]:
 
 def part_help() -> dict[str, str]:
     """Each part's description for `--help`: a part that names a model says so in its own module."""
-    from onetrainer.benchmark import memory_engine, offload
+    from onetrainer.benchmark import memory_engine, model_split, offload
     from onetrainer.benchmark.family_overhead import family_overheads
 
     shared = {
@@ -55,6 +55,7 @@ def part_help() -> dict[str, str]:
         "tiny": "one training step of each tiny model's denoiser, the figure the test fixtures' speed rests on",
         "ddp": "images/s at a fixed batch per process with 1 and --processes processes: GPUs with CUDA, else CPU "
         "processes on gloo",
+        "split": model_split.PART_HELP,
         "gpu": "only with CUDA; otherwise reported as not measured",
         "gui": "needs a display or Xvfb",
     }
@@ -228,6 +229,11 @@ def main(
         ddp = measure_ddp(args.processes, args.steps, args.warmup, args.batch_size)
         print(format_ddp(ddp))
         report["ddp"] = ddp.to_dict()
+    if "split" in parts:
+        from onetrainer.benchmark import model_split
+
+        print(f"\n{model_split.TITLE} ({args.repeat} alternating repetitions):")
+        report["split"] = model_split.compare_split(args.repeat)
     if "gpu" in parts:
         report["gpu"] = run_gpu_part(args.steps, args.warmup)
     if "gui" in parts:

@@ -2,5 +2,5 @@
 'calls'), and the names a family's part may not take. Here, not in `cli.py`, because the registry of family parts
 (`family_overhead.register_overhead`) checks new names against them and the CLI imports that registry."""
 
-SHARED_PARTS = ("overhead", "calls", "offload", "caching", "weights", "memory", "tiny", "ddp", "gpu", "gui")
+SHARED_PARTS = ("overhead", "calls", "offload", "caching", "weights", "memory", "tiny", "ddp", "split", "gpu", "gui")
 RESERVED = (*SHARED_PARTS, "all", "presets")

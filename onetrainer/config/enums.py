@@ -309,3 +309,4 @@ class MultiGpuMode(ConfigEnum):
 
     DATA_PARALLEL = "DATA_PARALLEL"  # every process holds the whole model; gradients are averaged
     SHARDED = "SHARDED"  # the trained parts' weights, gradients and optimizer state split over the processes (FSDP2)
+    MODEL_SPLIT = "MODEL_SPLIT"  # one process: the denoiser's blocks spread over the devices, activations handed across

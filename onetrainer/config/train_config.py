@@ -287,9 +287,10 @@ class TrainConfig(ConfigNode):
     multi_gpu: bool = setting(
         False,
         "Multi-GPU",
-        "Train on several GPUs at once, one process per GPU (data parallel, or sharded: 'Multi-GPU mode'). 'Batch "
-        "size' is per GPU: the global batch is batch size × GPUs. Under torchrun the processes come from torchrun and "
-        "this is not needed.",
+        "Train on several GPUs at once: one process per GPU (data parallel, or sharded), or one process with the "
+        "model split over the GPUs ('Multi-GPU mode'). 'Batch size' is per GPU: the global batch is batch size × GPUs "
+        "(one process, split: the batch size). Under torchrun the processes come from torchrun and this is not "
+        "needed.",
         tab="general",
         group="Device",
     )
@@ -310,7 +311,19 @@ class TrainConfig(ConfigNode):
         "weights, gradients and optimizer state, for a model whose fine-tune does not fit one GPU; backups are sharded "
         "(resumed on as many GPUs), the saved model is an ordinary file. Fine-tunes only; EMA, the fused back pass, "
         "layer offloading, compile, validation and samples during training are not combined with it yet (the run "
-        "checks name them). One process trains unsharded.",
+        "checks name them). One process trains unsharded. MODEL_SPLIT: one process, no torchrun; a LoRA's denoiser "
+        "blocks spread over the GPUs of 'Split devices' by their free memory (the first blocks on the first GPU, the "
+        "rest on the next), the activations handed from one to the next, for a LoRA on a model no single GPU holds; "
+        "the GPUs take turns, so it is no faster than one GPU that fits the model.",
+        tab="general",
+        group="Device",
+    )
+    split_devices: str = setting(
+        "",
+        "Split devices",
+        "With Multi-GPU mode MODEL_SPLIT: the devices the denoiser's blocks are spread over, in order, e.g. "
+        "'cuda:0,cuda:1' (the first is the training device, which also holds the rest of the model); empty means the "
+        "GPUs of 'Device indexes' (every visible GPU when that is empty). 'cuda:0,cpu' splits over a GPU and the CPU.",
         tab="general",
         group="Device",
     )

@@ -213,7 +213,8 @@ class Family(ABC):
     # `encoder.layers.N.`, T5's `encoder.block.N.`), as kohya trains them.
     text_encoder_blocks: ClassVar[str] = r"(^|\.)(layers|block)\.\d+\."
     # The blocks layer offloading moves, {part: module paths of ModuleLists in execution order}, for the parts the
-    # family declares `LAYER_OFFLOADING` for (`FamilyInfo.part_capabilities`).
+    # family declares `LAYER_OFFLOADING` for (`FamilyInfo.part_capabilities`); the denoiser's are also those
+    # MODEL_SPLIT spreads over devices and SHARDED shards one by one.
     layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {}
     # ComfyUI's prefix of each part's modules, for a family offering COMFY_LORA (`weights/comfy_lora.py`).
     comfy_prefixes: ClassVar[dict[str, str]] = {}

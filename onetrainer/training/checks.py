@@ -58,6 +58,7 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     problems += check_stochastic_rounding(config)
     problems += check_compile(config)
     problems += check_sharded(config)
+    problems += check_model_split(config)
     return _without_superseded(problems)
 
 
@@ -132,6 +133,85 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
         )
         problems.append(Problem("gradient_reduce_precision", message, Severity.WARNING))
     return problems
+
+
+def check_model_split(config: TrainConfig) -> list[Problem]:
+    """What `multi_gpu_mode` MODEL_SPLIT (`memory/model_split.py`: one process, the denoiser's blocks over several
+    devices) needs and does not combine with, each named on its setting: a LoRA (a fine-tune, an embedding run: errors;
+    a fine-tune too large for one GPU trains SHARDED), a denoiser whose family declares its blocks, two devices or more
+    in `split_devices` that this machine has, one process (not torchrun), no layer offloading of the denoiser, no
+    compile (errors); `multi_gpu` off, where the mode is not used (a warning)."""
+    import os
+
+    from onetrainer.config.enums import MultiGpuMode
+
+    if config.multi_gpu_mode is not MultiGpuMode.MODEL_SPLIT:
+        return []
+    mode = "multi_gpu_mode MODEL_SPLIT"
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return [Problem("multi_gpu_mode", f"{mode} trains in one process: start it without torchrun")]
+    if not config.multi_gpu:
+        message = f"{mode} splits the model only with multi_gpu on: this run trains on {config.train_device} alone"
+        return [Problem("multi_gpu_mode", message, Severity.WARNING)]
+    problems = []
+
+    def refuse(path: str, what: str, instead: str) -> None:
+        problems.append(Problem(path, f"{what} is not combined with {mode}: {instead}"))
+
+    if config.training_method is not TrainingMethod.LORA:
+        refuse(
+            "multi_gpu_mode",
+            f"{config.training_method.value} training",
+            "it splits LoRA training; a fine-tune too large for one GPU trains SHARDED",
+        )
+    info = MODEL_TYPES.get(config.model_type)
+    if info is not None:
+        from onetrainer.config.model_types import LAYER_OFFLOADING
+
+        denoiser = info.family.parts[0]
+        if LAYER_OFFLOADING not in info.family.part_capabilities.get(denoiser, ()):
+            refuse(
+                "multi_gpu_mode",
+                f"{info.family.label}",
+                f"its {denoiser} declares no blocks to split; train DATA_PARALLEL",
+            )
+        elif (config.part(denoiser).offload_fraction or 0) > 0:
+            refuse(f"{denoiser}.offload_fraction", "layer offloading", f"set {denoiser}.offload_fraction to 0")
+    if config.compile:
+        refuse("compile", "compile", "turn it off")
+    problems += _check_split_devices(config)
+    return problems
+
+
+def _check_split_devices(config: TrainConfig) -> list[Problem]:
+    try:
+        names = split_device_names(config)
+    except ValueError as error:
+        field, _, message = str(error).partition(": ")
+        return [Problem(field, message)]
+    if len(names) < 2:
+        where = f"split_devices lists {len(names)}" if (config.split_devices or "").strip() else "found"
+        message = (
+            f"multi_gpu_mode MODEL_SPLIT needs 2 devices or more ({where}): list them in split_devices, e.g. "
+            "'cuda:0,cuda:1' or 'cuda:0,cpu'"
+        )
+        return [Problem("split_devices", message)]
+    import torch
+
+    devices = [torch.device(n) for n in names]
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            return [Problem("split_devices", f"{', '.join(map(str, cuda))}: this machine has no CUDA device")]
+        indexes = [d.index if d.index is not None else torch.cuda.current_device() for d in cuda]
+        missing = [i for i in indexes if i >= count]
+        if missing:
+            names_missing = ", ".join(f"cuda:{i}" for i in missing)
+            return [Problem("split_devices", f"{names_missing} does not exist: this machine has {count} GPU(s)")]
+        if len(set(indexes)) != len(indexes):
+            return [Problem("split_devices", "a GPU is named twice: each GPU takes one share of the blocks")]
+    return []
 
 
 def check_compile(config: TrainConfig) -> list[Problem]:
@@ -380,12 +460,40 @@ def device_index_list(text: str) -> list[int]:
     return [int(part) for part in parts]
 
 
+def split_device_names(config: TrainConfig) -> list[str]:
+    """MODEL_SPLIT's devices as written in `split_devices` ("cuda:0,cuda:1", "cuda:0,cpu"); empty: the GPUs of
+    `device_indexes` (every visible GPU when that is empty). A ValueError naming the field for a name torch does not
+    read as a device."""
+    import torch
+
+    text = (config.split_devices or "").strip()
+    if not text:
+        try:
+            indexes = device_index_list(config.device_indexes)
+        except ValueError as error:
+            raise ValueError(f"device_indexes: {error}") from None
+        if not indexes and torch.cuda.is_available():
+            indexes = list(range(torch.cuda.device_count()))
+        return [f"cuda:{i}" for i in indexes]
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        try:
+            torch.device(name)
+        except (RuntimeError, ValueError):
+            raise ValueError(
+                f"split_devices: {name!r} is not a device; list them as 'cuda:0,cuda:1' (or 'cuda:0,cpu')"
+            ) from None
+    return names
+
+
 def check_devices(config: TrainConfig) -> list[Problem]:
     """`multi_gpu` needs two devices or more: `device_indexes` lists them (CPU processes on a machine without CUDA),
     or, empty, every visible GPU. Under torchrun the processes are torchrun's and `multi_gpu` plays no part."""
     import os
 
     if not config.multi_gpu or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return []
+    if config.multi_gpu_mode.value == "MODEL_SPLIT":  # one process over split_devices (check_model_split)
         return []
     text = (config.device_indexes or "").strip()
     try:

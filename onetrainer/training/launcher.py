@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from onetrainer.training.distributed import world_size_from_environment
 from onetrainer.training.events import Broadcast, Failed, Finished, Warning_
-from onetrainer.training.processes import planned_world_size, rank_devices
+from onetrainer.training.processes import model_split_wanted, planned_world_size, rank_devices
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -44,8 +44,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch_wanted(config: TrainConfig) -> bool:
-    """`multi_gpu` outside torchrun: this process starts the others."""
-    return bool(config.multi_gpu) and world_size_from_environment() <= 1
+    """`multi_gpu` outside torchrun: this process starts the others (not for MODEL_SPLIT, which is one process)."""
+    return bool(config.multi_gpu) and world_size_from_environment() <= 1 and not model_split_wanted(config)
 
 
 def free_port() -> int:

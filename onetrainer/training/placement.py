@@ -15,6 +15,7 @@ import torch
 
 from onetrainer.families.base import PartRole
 from onetrainer.memory.layer_offload import LayerOffload
+from onetrainer.memory.model_split import ModelSplit
 
 DEVICE, OFFLOAD = "device", "offload"
 
@@ -38,6 +39,8 @@ class Placement:
         self.moves: list[tuple[str, str]] = []
         # Parts whose blocks are offloaded (`memory/layer_offload.py`): placed by their offloader, never whole.
         self.offloads: dict[str, LayerOffload] = {}
+        # Parts whose blocks are spread over several devices (`memory/model_split.py`): placed by their split.
+        self.splits: dict[str, ModelSplit] = {}
 
     def per_step(self, trained: Iterable[str], latents_cached: bool, text_cached: bool) -> set[str]:
         """The parts a training step runs."""
@@ -57,7 +60,13 @@ class Placement:
             where = DEVICE if name in wanted else OFFLOAD
             if self.location.get(name) != where:
                 offload = self.offloads.get(name)
-                if offload is None:
+                split = self.splits.get(name)
+                if split is not None:
+                    if where == DEVICE:
+                        split.attach()
+                    else:
+                        split.detach(self.offload)
+                elif offload is None:
                     module.to(self.device if where == DEVICE else self.offload)
                 elif where == DEVICE:
                     offload.attach(self.device)
@@ -72,6 +81,12 @@ class Placement:
             self.parts[name].to(self.offload)
             self.location[name] = OFFLOAD
         self.offloads[name] = offload
+
+    def split_part(self, name: str, split: ModelSplit) -> None:
+        """From now on, `name` goes to the device through `split` (its blocks on several devices)."""
+        self.splits[name] = split
+        if self.location.get(name) == DEVICE:
+            split.attach()
 
     @contextlib.contextmanager
     def whole(self, written: bool = False) -> Iterator[None]:
@@ -133,3 +148,34 @@ def offloaded_parts(config, family) -> dict[str, Callable[[torch.nn.Module], Lay
                 trained=trained,
             )
     return out
+
+
+def free_memory(device: torch.device) -> int:
+    """The bytes free on `device` now: CUDA's free memory, else the RAM available."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def split_denoiser(family, model, devices: list[torch.device], free=free_memory) -> ModelSplit:
+    """The denoiser's declared blocks (`Family.layer_blocks`) spread over `devices` (`multi_gpu_mode` MODEL_SPLIT),
+    each device's share of their bytes following its free memory (`free`, measured now, the denoiser still in CPU
+    memory); the first device's budget less what of the denoiser lives there besides its blocks. Not attached yet."""
+    from onetrainer.memory.model_split import SplitError, assign_blocks, block_modules, module_bytes
+
+    part = family.denoiser_part
+    paths = family.layer_blocks.get(part)
+    if not paths:
+        raise SplitError(
+            f"{type(family).__name__} declares no blocks of its {part} to split: train it on one device "
+            "(multi_gpu_mode DATA_PARALLEL)"
+        )
+    module = model.part(part)
+    blocks = block_modules(module, paths)
+    sizes = [module_bytes(b) for b in blocks]
+    rest = module_bytes(module) - sum(sizes)
+    budgets = [free(d) for d in devices]
+    budgets[0] = max(0, budgets[0] - rest)
+    return ModelSplit(module, paths, devices, assign_blocks(sizes, budgets))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from onetrainer.training.checks import split_device_names
 from onetrainer.training.distributed import RankDevices, device_indexes, world_size_from_environment
 
 if TYPE_CHECKING:
@@ -18,10 +19,30 @@ def rank_devices(config: TrainConfig) -> RankDevices:
     return RankDevices(config.train_device, config.device_indexes)
 
 
+def model_split_wanted(config: TrainConfig) -> bool:
+    """`multi_gpu` with `multi_gpu_mode` MODEL_SPLIT outside torchrun: one process, the denoiser split over devices."""
+    return (
+        bool(config.multi_gpu) and config.multi_gpu_mode.value == "MODEL_SPLIT" and world_size_from_environment() <= 1
+    )
+
+
+def split_devices(config: TrainConfig) -> list[torch.device]:
+    """MODEL_SPLIT's devices, each with its index (a bare 'cuda' is the current GPU)."""
+    out = []
+    for name in split_device_names(config):
+        device = torch.device(name)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        out.append(device)
+    return out
+
+
 def planned_world_size(config: TrainConfig) -> int:
     """The number of processes a run of `config` uses: torchrun's WORLD_SIZE, or what the app launches."""
     if world_size_from_environment() > 1:
         return world_size_from_environment()
+    if model_split_wanted(config):
+        return 1
     if config.multi_gpu:
         return len(device_indexes(config.device_indexes)) or max(1, torch.cuda.device_count())
     return 1
@@ -50,4 +71,10 @@ def preflight_text(config: TrainConfig) -> str:
     text = f"batch: {b} per GPU × {processes} = {b * world} global per micro-batch; {lr}"
     if world > 1 and config.multi_gpu_mode.value == "SHARDED":
         text += f"; the trained parts sharded over the {world} processes (FSDP2)"
+    if model_split_wanted(config):
+        try:
+            devices = ", ".join(split_device_names(config)) or "no device"
+        except ValueError as error:
+            devices = str(error)
+        text += f"; the denoiser's blocks split over {devices} (one process)"
     return text

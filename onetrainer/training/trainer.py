@@ -51,9 +51,9 @@ from onetrainer.training.optim import effective_learning_rates
 from onetrainer.training.optimization import build_optimization
 from onetrainer.training.outputs import Outputs, prepare_workspace
 from onetrainer.training.periodic import Periodic
-from onetrainer.training.placement import Placement, offloaded_parts
+from onetrainer.training.placement import Placement, offloaded_parts, split_denoiser
 from onetrainer.training.preparation import CacheFill, compile_denoiser
-from onetrainer.training.processes import scaler_factor
+from onetrainer.training.processes import model_split_wanted, scaler_factor, split_devices
 from onetrainer.training.reporting import check_placeholders, nan_advice, progress_event, report_scan
 from onetrainer.training.resume import output_behind_backup, resume
 from onetrainer.training.settings import StepSettings, shard_settings
@@ -98,7 +98,9 @@ class Trainer:
         # outputs are rank 0's (see distributed.py). One process holds a stand-in with no one to meet, and reads its
         # commands live.
         if dist is None:
-            dist = SingleProcess(select_device(config.train_device, self.warn))
+            # MODEL_SPLIT trains on the first of its devices, where the rest of the model lives.
+            first = str(split_devices(config)[0]) if model_split_wanted(config) else config.train_device
+            dist = SingleProcess(select_device(first, self.warn))
         else:
             control = SyncedControl(control)
         self.dist, self.control = dist, control
@@ -160,6 +162,7 @@ class Trainer:
         caches."""
         config = self.config
         self.device = self.dist.device
+        self.step_devices = [self.device]  # the devices whose generators each step seeds
         self.status("loading the model")
         with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
             self.family = load_family_class(config.model_type)()
@@ -169,9 +172,13 @@ class Trainer:
         family = self.family
         self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
         offloaded = offloaded_parts(config, family)
+        # MODEL_SPLIT: the denoiser's blocks spread over the split devices, never whole on the first.
+        split = [family.denoiser_part] if model_split_wanted(config) else []
         # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
         self.placement.place(
-            n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING and n not in offloaded
+            n
+            for n, role in family.part_roles.items()
+            if role is not PartRole.SAMPLING and n not in offloaded and n not in split
         )
         self._stop_point()
         self.status("reading the training images")
@@ -184,7 +191,13 @@ class Trainer:
             self.warn(notice)
         for part, offload in offloaded.items():
             self.placement.offload_layers(part, offload(self.model.part(part)))
-        if offloaded:  # now on the device as the others are, a window of blocks at a time (caching encodes with them)
+        if split:  # the blocks (with their adapters) on their devices, sized by the devices' free memory now
+            model_split = split_denoiser(family, self.model, split_devices(config))
+            self.placement.split_part(split[0], model_split)
+            self.step_devices = list(dict.fromkeys(model_split.devices))  # a block's dropout draws on its device
+            self.status(f"{split[0]} split over {len(model_split.devices)} devices: {model_split.describe()}")
+        # Now on the device as the others are: a window of blocks at a time, or spread (caching encodes with them).
+        if offloaded or split:
             self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
         check_placeholders(self.data, config, self.method, self.warn)
         self.with_masks = config.masked_training or self.model.type_info.inpainting
@@ -370,7 +383,8 @@ class Trainer:
     def train_step(self, batches: list[Batch]) -> float:
         """One optimizer step over `batches` (gradient accumulation); returns the mean loss of the micro-batches."""
         seed = hash_seed(self.data.seed, self.progress.global_step)
-        seed_step_generators(seed, self.device)  # adapter dropout and anything else that uses the global generators
+        for device in self.step_devices:  # adapter dropout and anything else that uses the global generators
+            seed_step_generators(seed, device)
         generator = torch.Generator(device="cpu").manual_seed(seed)
         losses = []
         self._family_losses = {}

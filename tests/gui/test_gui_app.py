@@ -97,12 +97,19 @@ def test_widget_kinds_follow_the_field_types(app) -> None:
 
 
 def test_the_multi_gpu_mode_and_shard_offload_are_shown_beside_multi_gpu(app) -> None:
-    """Our sharded mode (OneTrainer has none) sits in the Device group with Multi-GPU, a choice of the two modes."""
+    """Our sharded and split modes (OneTrainer has neither) sit in the Device group with Multi-GPU, a choice of the
+    three modes, with the split's devices beside them."""
     group = TrainConfig.spec("multi_gpu").meta.group
     for name in ("multi_gpu_mode", "sharded_cpu_offload"):
         assert TrainConfig.spec(name).meta.group == group
     mode = view_of(app, "general", "multi_gpu_mode")
-    assert isinstance(mode, ChoiceView) and mode.menu.cget("values") == ["DATA_PARALLEL", "SHARDED"]
+    assert isinstance(mode, ChoiceView) and mode.menu.cget("values") == ["DATA_PARALLEL", "SHARDED", "MODEL_SPLIT"]
+    assert TrainConfig.spec("split_devices").meta.group == group
+    split = view_of(app, "general", "split_devices")
+    split.set_text("cuda:0,cuda:1")
+    assert app.model.config.split_devices == "cuda:0,cuda:1"
+    choose_in_menu(mode.menu, "MODEL_SPLIT")
+    assert app.model.config.multi_gpu_mode is MultiGpuMode.MODEL_SPLIT
     choose_in_menu(mode.menu, "SHARDED")
     assert app.model.config.multi_gpu_mode is MultiGpuMode.SHARDED
     offload = view_of(app, "general", "sharded_cpu_offload")

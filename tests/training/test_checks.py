@@ -124,6 +124,50 @@ def test_an_edit_models_sample_without_reference_images_is_named_before_training
     assert main(["--config-path", str(config), "--check"]) == EXIT_OK
 
 
+def test_what_a_model_split_needs_and_does_not_combine_with_is_named_on_its_setting(tmp_path, monkeypatch):
+    """`multi_gpu_mode` MODEL_SPLIT: a LoRA on a family with denoiser blocks over two devices passes; a fine-tune, a
+    family without declared blocks, the denoiser's layer offloading, compile, torchrun, fewer than two devices, a bad
+    device name and GPUs this machine lacks are errors on their setting; multi_gpu off a warning."""
+    import torch
+
+    from onetrainer.training.checks import check_devices, check_model_split
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = tiny_config(tmp_path, "pixart", multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", split_devices="cpu,cpu")
+
+    def found(**overrides) -> dict[str, str]:
+        config, problems = config_from_dict({**base, **overrides})
+        assert not problems, problems
+        if config.multi_gpu_mode.value == "MODEL_SPLIT":  # device_indexes plays no part: the split has its devices
+            assert check_devices(config) == []
+        return {p.path: p.severity.value for p in check_model_split(config)}
+
+    assert found() == {}
+    assert found(multi_gpu_mode="DATA_PARALLEL", split_devices="cpu") == {}
+    assert found(multi_gpu=False) == {"multi_gpu_mode": "warning"}
+    assert found(training_method="FINE_TUNE", output_model_format="DIFFUSERS") == {"multi_gpu_mode": "error"}
+    sd = tiny_config(tmp_path, "sd15", multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", split_devices="cpu,cpu")
+    config, _ = config_from_dict(sd)
+    (problem,) = check_model_split(config)
+    assert problem.path == "multi_gpu_mode" and "declares no blocks" in problem.message
+    assert found(transformer={"offload_fraction": 0.5}) == {"transformer.offload_fraction": "error"}
+    assert found(compile=True) == {"compile": "error"}
+    assert found(split_devices="cpu") == {"split_devices": "error"}
+    assert found(split_devices="cpu,gpu:x") == {"split_devices": "error"}
+    if not torch.cuda.is_available():
+        config, _ = config_from_dict({**base, "split_devices": "cuda:0,cpu"})
+        (problem,) = check_model_split(config)
+        assert problem.path == "split_devices" and "no CUDA device" in problem.message
+        config, _ = config_from_dict({**base, "split_devices": ""})  # no device_indexes, no GPU: none found
+        assert [p.path for p in check_model_split(config)] == ["split_devices"]
+    else:
+        config, _ = config_from_dict({**base, "split_devices": f"cuda:0,cuda:{torch.cuda.device_count()}"})
+        (problem,) = check_model_split(config)
+        assert problem.path == "split_devices" and "does not exist" in problem.message
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert found() == {"multi_gpu_mode": "error"}
+
+
 def test_what_a_sharded_run_does_not_combine_with_is_named_on_its_setting(tmp_path, monkeypatch):
     """`multi_gpu_mode` SHARDED: each setting it does not combine with yet is an error on that setting; what it leaves
     out (samples, stochastic rounding of the averaged gradients, one process) a warning; a plain fine-tune passes."""

@@ -37,6 +37,28 @@ def test_the_preflight_says_per_gpu_and_global_batch_and_the_lr_scale(monkeypatc
     assert preflight_text(sharded).endswith("; the trained parts sharded over the 2 processes (FSDP2)")
 
 
+def test_a_model_split_is_one_process_over_its_devices(monkeypatch):
+    """MODEL_SPLIT with multi_gpu: the app launches no other process; the devices are split_devices', else the GPUs of
+    device_indexes; the preflight names them."""
+    from onetrainer.training.launcher import launch_wanted
+    from onetrainer.training.processes import planned_world_size, split_device_names, split_devices
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    split = _config(batch_size=2, multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", split_devices="cpu, cpu")
+    assert not launch_wanted(split) and planned_world_size(split) == 1
+    assert split_devices(split) == [torch.device("cpu"), torch.device("cpu")]
+    assert preflight_text(split) == (
+        "batch: 2 per GPU × 1 process = 2 global per micro-batch; LR scaler NONE: none; the denoiser's blocks split "
+        "over cpu, cpu (one process)"
+    )
+    indexed = _config(multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", device_indexes="1,0")
+    assert split_device_names(indexed) == ["cuda:1", "cuda:0"]
+    with pytest.raises(ValueError, match="split_devices: 'gpu:x' is not a device"):
+        split_device_names(_config(multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", split_devices="cpu,gpu:x"))
+    parallel = _config(multi_gpu=True, device_indexes="0,1", split_devices="cpu,cpu")
+    assert launch_wanted(parallel) and planned_world_size(parallel) == 2
+
+
 def test_each_rank_gets_its_slice_of_the_global_draw():
     generator = torch.Generator().manual_seed(3)
     drawn = torch.randn(GlobalDraws(0, 2).size(3), generator=generator)
