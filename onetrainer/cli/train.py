@@ -149,7 +149,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "train.py") -> int:
         return _preflight(config)
     if args.queue:
         return queue_config(config, str(Path(args.config_path).absolute()) if args.config_path else args.preset)
-    return _train(config)
+    code = _train(config)
+    from onetrainer.training.distributed import end_worker_process, world_size_from_environment
+
+    if world_size_from_environment() > 1:  # one rank of torchrun's run: ended without the interpreter's teardown
+        end_worker_process(code)
+    return code
 
 
 def check_config(config: TrainConfig, problems: list) -> bool:

@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -179,11 +180,33 @@ class Distributed:
             )
         return cls(rank, world, local_rank, device)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Leave the group. After a run every rank finished (`finished`), the ranks meet first, so no rank tears its
+        side of the group down while another still has a collective in flight; after a failure a rank may be gone,
+        and nobody waits for it."""
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if finished:
+                with contextlib.suppress(Exception):  # a rank that ended meanwhile: the teardown goes on
+                    dist.barrier()
             dist.destroy_process_group()
+
+
+def end_worker_process(code: int) -> NoReturn:
+    """End one rank's process (started by torchrun or the app) once its run is over, without the interpreter's
+    teardown. The threads torch's process group and autograd started outlive the run, and one that still holds a
+    Python object while the interpreter is being finalized aborts the process (SIGABRT, "terminate called without an
+    active exception"): torchrun then reports a finished run as failed and stops the other ranks. Everything the run
+    writes is written and closed by now; the log handlers and the output streams are flushed here."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
     def broadcast_object(self, value):
         import torch.distributed as dist

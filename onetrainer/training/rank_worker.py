@@ -54,4 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from onetrainer.training.distributed import end_worker_process
+
+    end_worker_process(main())

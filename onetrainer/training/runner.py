@@ -141,8 +141,10 @@ def _train_locked(
         return Failed(f"cannot create the workspace {config.workspace_dir}: {write_error_message(e, where)}")
     events.sinks.insert(0, log_sink)
     trainer = Trainer(config, control, events, workspace, dist, as_given)
+    outcome = None
     try:
-        return trainer.run()
+        outcome = trainer.run()
+        return outcome
     except KeyboardInterrupt:  # a second Ctrl+C: end now, with one line in the log instead of a traceback
         return Failed(ABORTED, "", str(log_path))
     except Exception as e:
@@ -156,7 +158,7 @@ def _train_locked(
     finally:
         trainer.stop_tensorboard()
         if dist is not None:
-            dist.close()
+            dist.close(finished=isinstance(outcome, Finished))
 
 
 def _user_message(error: Exception) -> str:

@@ -146,3 +146,25 @@ def test_a_sharded_run_gathers_in_a_16_bit_train_dtype_and_reduces_as_gradient_r
     )
     settings = shard_settings(config)
     assert (settings.compute_dtype, settings.reduce_dtype, settings.cpu_offload) == (compute, reduced, True)
+
+
+def test_a_rank_ends_with_its_code_and_its_output_flushed_without_the_interpreters_teardown(tmp_path):
+    """`end_worker_process`: what was printed (unflushed) and logged reaches its streams, the exit code is the run's,
+    and nothing of the interpreter's teardown runs (an atexit handler stands for it)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, logging, sys\n"
+        "from onetrainer.training.distributed import end_worker_process\n"
+        f"logging.basicConfig(filename={str(tmp_path / 'run.log')!r}, level=logging.INFO)\n"
+        "atexit.register(lambda: print('teardown ran', flush=True))\n"
+        "logging.getLogger('onetrainer').info('logged line')\n"
+        "print('printed line', end='')\n"
+        "print('stderr line', end='', file=sys.stderr)\n"
+        "end_worker_process(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3
+    assert done.stdout == "printed line" and done.stderr == "stderr line"
+    assert "logged line" in (tmp_path / "run.log").read_text(encoding="utf-8")
