@@ -192,22 +192,6 @@ class Distributed:
                     dist.barrier()
             dist.destroy_process_group()
 
-
-def end_worker_process(code: int) -> NoReturn:
-    """End one rank's process (started by torchrun or the app) once its run is over, without the interpreter's
-    teardown. The threads torch's process group and autograd started outlive the run, and one that still holds a
-    Python object while the interpreter is being finalized aborts the process (SIGABRT, "terminate called without an
-    active exception"): torchrun then reports a finished run as failed and stops the other ranks. Everything the run
-    writes is written and closed by now; the log handlers and the output streams are flushed here."""
-    import logging
-    import sys
-
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
     def broadcast_object(self, value):
         import torch.distributed as dist
 
@@ -377,7 +361,7 @@ class SingleProcess:
         self.device = device
         self.left = False
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
         pass
 
     def broadcast_object(self, value):
@@ -400,3 +384,19 @@ class SingleProcess:
 
     def average_gradients(self, params: list[torch.nn.Parameter], settings: ReduceSettings) -> None:
         """One process's gradients are the average already."""
+
+
+def end_worker_process(code: int) -> NoReturn:
+    """End one rank's process (started by torchrun or the app) once its run is over, without the interpreter's
+    teardown. The threads torch's process group and autograd started outlive the run, and one that still holds a
+    Python object while the interpreter is being finalized aborts the process (SIGABRT, "terminate called without an
+    active exception"): torchrun then reports a finished run as failed and stops the other ranks. Everything the run
+    writes is written and closed by now; the log handlers and the output streams are flushed here."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
