@@ -308,9 +308,9 @@ class TrainConfig(ConfigNode):
         "model and trains its share of each batch. SHARDED: a full fine-tune's trained parts (the denoiser, block by "
         "block, and a trained text encoder) are split over the GPUs with torch's FSDP2, each GPU holding 1/N of their "
         "weights, gradients and optimizer state, for a model whose fine-tune does not fit one GPU; backups are sharded "
-        "(resumed on as many GPUs), the saved model is an ordinary file. Fine-tunes only; EMA, the fused back pass, "
-        "layer offloading, compile, validation and samples during training are not combined with it yet (the run "
-        "checks name them). One process trains unsharded.",
+        "(they resume on any number of GPUs, or unsharded), the saved model is an ordinary file. Fine-tunes only; "
+        "EMA, the fused back pass, layer offloading, compile, validation and samples during training are not combined "
+        "with it yet (the run checks name them). One process trains unsharded.",
         tab="general",
         group="Device",
     )
