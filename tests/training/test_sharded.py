@@ -205,6 +205,40 @@ def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_ex
 
 
 @pytest.mark.slow
+def test_shards_written_by_two_ranks_resume_on_three_and_whole_in_one_process(tmp_path):
+    """DCP reshards: a backup's shards written by 2 ranks (`ShardedParts.write_state`, blocks of uneven split: 10 and
+    3 rows) load on 3 (`ShardedParts.read_state`) with every weight and AdamW moment as written, and whole into plain
+    parts in this process, with no process group (`read_state_whole`)."""
+    from onetrainer.training.sharding import read_state_whole
+    from tests.training import reshard_worker
+
+    worker = Path(__file__).with_name("reshard_worker.py")
+    for mode, ranks in (("write", 2), ("read", 3)):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
+                   "127.0.0.1", "--master_port", str(free_port()), str(worker), mode, str(tmp_path)]  # fmt: skip
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    written, read = (torch.load(tmp_path / f"{m}.pt", weights_only=True) for m in ("write", "read"))
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert written["model"].keys() == read["model"].keys() and len(written["model"]) == 6
+    assert all(torch.equal(written["model"][k], read["model"][k]) for k in written["model"])
+    assert written["optimizer"]["state"].keys() == read["optimizer"]["state"].keys()
+    for name, state in written["optimizer"]["state"].items():
+        assert state.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(state[k], read["optimizer"]["state"][name][k]) for k in state)
+    assert any(float(v.abs().max()) > 0 for v in written["optimizer"]["state"]["denoiser.0.weight"].values())
+
+    plain = reshard_worker.parts()
+    optimizer = torch.optim.AdamW([p for m in plain.values() for p in m.parameters()], lr=1e-2)
+    read_state_whole(plain, tmp_path / "sharded", optimizer)
+    named = {f"{part}.{n}": p for part, m in plain.items() for n, p in m.named_parameters()}
+    assert all(torch.equal(p, written["model"][n]) for n, p in named.items())
+    for name, param in named.items():
+        assert all(torch.equal(v, written["optimizer"]["state"][name][k]) for k, v in optimizer.state[param].items())
+
+
+@pytest.mark.slow
 def test_a_rank_killed_before_the_save_ends_the_app_run_with_its_end_and_writes_nothing(tmp_path, monkeypatch):
     """The app's Start (this process rank 0, rank 1 its child): rank 1 killed after the last step, as the gather of
     the weights for the final save begins, ends the run with rank 1's end; no model, whole or in part, is written."""
