@@ -643,9 +643,10 @@ class App(ctk.CTk):
 
         def work():
             from onetrainer.training.estimate import device_throughput
-            from onetrainer.training.fit import GIB, fit_to_budget
+            from onetrainer.training.fit import GIB, fit_to_budget, machine_gpus
 
-            return fit_to_budget(packed, gib * GIB, device_throughput(device), first=first)
+            gpus = machine_gpus(device)
+            return fit_to_budget(packed, gib * GIB, device_throughput(device), first=first, gpus=gpus)
 
         run_in_background(self, work, self._fitted)
         return True

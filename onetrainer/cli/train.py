@@ -202,7 +202,7 @@ def _fit(config: TrainConfig, vram: float | None, ram: float | None) -> int | No
     """Apply the changes that fit the estimate into `vram` GiB of GPU memory and `ram` GiB of host RAM (printed); an
     exit code when it cannot."""
     from onetrainer.training.estimate import device_throughput, training_device_type
-    from onetrainer.training.fit import GIB, apply, fit_to_budget
+    from onetrainer.training.fit import GIB, apply, fit_to_budget, machine_gpus
 
     asked = {"--fit-vram": vram, "--fit-ram": ram}
     for flag, gib in asked.items():
@@ -215,6 +215,7 @@ def _fit(config: TrainConfig, vram: float | None, ram: float | None) -> int | No
             vram * GIB if vram is not None else None,
             device_throughput(config.train_device),
             ram_budget_bytes=ram * GIB if ram is not None else None,
+            gpus=machine_gpus(config.train_device),
         )
     except ValueError as e:
         print(f"error: cannot estimate this config to fit it: {e}", file=sys.stderr)

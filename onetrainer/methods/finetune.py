@@ -51,10 +51,12 @@ class FineTuneMethod(Method):
         self.family.save_backup(self.model, folder / "model")
         self._save_embedding_state(folder)
 
-    def load_backup(self, folder: Path) -> None:
+    def backup_states(self, folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+        """Each trained part's weights in a backup that `save_backup` wrote (a sharded run loads them so)."""
+        return {part: self.family.backup_state(self.model, folder / "model", part) for part in self.parts}
 
-        for part in self.parts:
-            state = self.family.backup_state(self.model, folder / "model", part)
+    def load_backup(self, folder: Path) -> None:
+        for part, state in self.backup_states(folder).items():
             own = self.model.part(part).state_dict()
             with torch.no_grad():
                 for key, value in state.items():

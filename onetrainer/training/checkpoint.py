@@ -46,7 +46,8 @@ class BackupDamaged(Exception):
 
 
 class BackupMismatch(RuntimeError):
-    """A sharded backup and a run that cannot resume it (unsharded, or on another number of processes)."""
+    """A backup that does not hold what this run trains, where the backup or the run is sharded (a part trained now
+    and not then; an optimizer group of another size); the message names the backup and why."""
 
 
 @dataclass
@@ -213,67 +214,83 @@ def backup_settings(backup: Path) -> dict:
         return {}
 
 
-def check_sharding(backup: Path, sharded) -> None:
-    """A sharded backup resumes only as a sharded run on as many processes, and a sharded run only from one: else
-    `BackupMismatch` says what to change."""
-    written = read_meta(backup).get("sharded")
-    processes = sharded.dist.world_size if sharded is not None else 1
-    if written is None and sharded is not None:
-        raise BackupMismatch(
-            f"{backup.name} is a backup of an unsharded run: resume it with multi_gpu_mode DATA_PARALLEL (or one "
-            "process), or start fresh without 'Continue from last backup'"
-        )
-    if written is not None and (sharded is None or written.get("processes") != processes):
-        raise BackupMismatch(
-            f"{backup.name} holds the shards of {written.get('processes')} processes (multi_gpu_mode SHARDED): "
-            f"resume it sharded on {written.get('processes')} processes (this run has {processes}"
-            f"{', unsharded' if sharded is None else ''}), or start fresh without 'Continue from last backup'"
-        )
-
-
 def restore_backup(
     backup: Path, method, optimizer, lr_scheduler, sharded=None
 ) -> tuple[TrainProgress, dict, list[str]]:
     """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings.
 
-    Raises `BackupDamaged` (before loading anything when a file is missing or cut short), `BackupMismatch` when a
-    sharded backup meets another kind of run (`check_sharding`). The learning rates stay the config's (LR schedules
-    of ours): the backup brings the weights, the optimizer's moments, the schedule's position and the random state.
-    A sharded run (`sharded`: its `sharding.ShardedParts`) reads the weights and the optimizer's state from the
-    backup's shards, every process its own.
+    Raises `BackupDamaged` (before loading anything when a file is missing or cut short), `BackupMismatch` when the
+    backup does not hold what this run trains (its message names the backup and why). The learning rates stay the
+    config's (LR schedules of ours): the backup brings the weights, the optimizer's moments, the schedule's position
+    and the random state; an optimizer of other parameter groups starts fresh, with a warning.
+
+    Sharded or not, a backup resumes in either mode and on any number of processes (`sharded`: this run's
+    `sharding.ShardedParts`, or None): a sharded backup's DCP shards are read by every process of a sharded run, each
+    its share (DCP reshards when the count differs: `ShardedParts.read_state`), or whole by each process of an
+    unsharded one (`sharding.read_state_whole`, no collective); an unsharded backup's full weights and optimizer state
+    are split by a sharded run (`ShardedParts.read_whole_state`), or loaded by the method as always.
     """
     check_complete(backup)
-    check_sharding(backup, sharded)
     warnings: list[str] = []
     try:
         state = torch.load(backup / "optimizer.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged zip, or a pickle that asks for more than tensors and plain values
         raise BackupDamaged(f"{backup / 'optimizer.pt'} cannot be read safely ({e})") from e
-    if sharded is not None:
-        configured = _configured_rates(optimizer, lr_scheduler)
-        sharded.read_state(backup / SHARDED_STATE, optimizer)
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-        _restore_configured_rates(optimizer, lr_scheduler, configured)
-        _restore_rng(backup, warnings)
-        return read_progress(backup), state, warnings
-    try:
-        method.load_backup(backup)
-    except Exception as e:
-        raise BackupDamaged(f"the trained weights in {backup} cannot be read ({e})") from e
     names = [g.get("name") for g in optimizer.param_groups]
-    if state.get("group_names") == names:
-        configured = _configured_rates(optimizer, lr_scheduler)
-        optimizer.load_state_dict(state["optimizer"])
-        _keep_saved_state_dtypes(optimizer, state["optimizer"])
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-        _restore_configured_rates(optimizer, lr_scheduler, configured)
-    else:
+    same_groups = state.get("group_names") == names
+    if not same_groups:
         warnings.append(
             f"the optimizer state in {backup.name} is for other parameter groups ({state.get('group_names')}); "
             "it starts fresh"
         )
+    configured = _configured_rates(optimizer, lr_scheduler)
+    written = read_meta(backup).get("sharded")
+    if written is not None or sharded is not None:
+        _restore_sharding(backup, written, method, optimizer if same_groups else None, state, sharded)
+    else:
+        try:
+            method.load_backup(backup)
+        except Exception as e:
+            raise BackupDamaged(f"the trained weights in {backup} cannot be read ({e})") from e
+        if same_groups:
+            optimizer.load_state_dict(state["optimizer"])
+            _keep_saved_state_dtypes(optimizer, state["optimizer"])
+    if same_groups:
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        _restore_configured_rates(optimizer, lr_scheduler, configured)
     _restore_rng(backup, warnings)
     return read_progress(backup), state, warnings
+
+
+def _restore_sharding(backup: Path, written: dict | None, method, optimizer, state: dict, sharded) -> None:
+    """`restore_backup`'s weights and optimizer state where the backup or the run is sharded (`optimizer` None: the
+    weights alone). A backup that does not hold what this run trains is a `BackupMismatch` naming it and why."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from onetrainer.training.sharding import read_state_whole
+
+    mode = f"sharded on {sharded.dist.world_size} processes" if sharded is not None else "unsharded"
+    try:
+        if written is not None and sharded is not None:
+            sharded.read_state(backup / SHARDED_STATE, optimizer)
+        elif written is not None:
+            parts = {name: method.model.part(name) for name in method.trained_parts()}
+            read_state_whole(parts, backup / SHARDED_STATE, optimizer)
+        else:
+            if not hasattr(method, "backup_states"):
+                raise ValueError("a sharded run resumes a fine-tune's backup only")
+            states = method.backup_states(backup)
+            sharded.read_whole_state(states, state.get("optimizer") if optimizer is not None else None, optimizer)
+    except (BackupDamaged, BackupMismatch):
+        raise
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException, holding each process's failure
+        what = f"the shards of {written.get('processes')} processes" if written is not None else "an unsharded run's"
+        cause = next(iter(getattr(e, "failures", {}).values()), e)
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise BackupMismatch(
+            f"backup {backup.name} ({what}) cannot be resumed by this run ({mode}): {reason}. It holds the parts "
+            "the run that wrote it trained: train the same parts, or start fresh without 'Continue from last backup'"
+        ) from e
 
 
 def _restore_rng(backup: Path, warnings: list[str]) -> None:

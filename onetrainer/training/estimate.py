@@ -143,6 +143,9 @@ class PartCount:
     # Trained parameters whose optimizer state waits in page-locked CPU memory with their offloaded blocks, in float32
     # elements as torch's pinned allocator takes them (each tensor rounded up to a power of two bytes).
     trained_pinned: float = 0.0
+    # The parameters of the part's largest declared block (`Family.layer_blocks`; 0: none declared), the unit a
+    # sharded run gathers at a time (`_sharded`).
+    largest_block: int = 0
 
     @property
     def bytes(self) -> float:
@@ -216,6 +219,12 @@ class Settings:
     memory_caches: int = 0  # caches that keep entries in memory (latents, text outputs), each up to its limit
     # The base model is one original file: all of its parts are in memory as it is read, before any is put in its form.
     read_at_once: bool = False
+    # Several processes, one per GPU (`processes.planned_world_size`): the peak is per GPU, for the configured
+    # `multi_gpu_mode` (`MODES`), and the estimate shows each mode's beside it.
+    processes: int = 1
+    multi_gpu_mode: str = "DATA_PARALLEL"
+    sharded_cpu_offload: bool = False  # SHARDED: the shards, their gradients and optimizer state in host RAM
+    compute_bytes: float = 2.0  # the train dtype's bytes: a sharded run gathers float32 weights in it
 
 
 def size_text(size: float) -> str:
@@ -260,6 +269,10 @@ class Estimate:
     host_training: float = 0.0
     # The config names a CUDA device this machine lacks: the CPU trains, and the time per step is the CPU's.
     no_gpu: bool = False
+    # Several processes: how many, the configured mode's name (`MODES`' label) and each mode's peak per GPU.
+    processes: int = 1
+    mode: str = ""
+    modes: dict[str, float] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool | None:
@@ -283,7 +296,8 @@ class Estimate:
         step = f" · {step_time_text(self.step_seconds)}" if self.step_seconds is not None else ""
         if self.device == "cpu":
             return f"≈ {size_text(self.host_bytes)} RAM{step} {self.on_the_cpu}"
-        return f"≈ {size_text(self.peak_bytes)} {self.memory} · {size_text(self.host_bytes)} RAM{step}"
+        per_gpu = " per GPU" if self.processes > 1 else ""
+        return f"≈ {size_text(self.peak_bytes)} {self.memory}{per_gpu} · {size_text(self.host_bytes)} RAM{step}"
 
     def text(self) -> str:
         if self.device == "cpu":  # the step's memory is RAM too: the process's peak is the figure
@@ -291,18 +305,24 @@ class Estimate:
             step_parts = "  the step: "
         else:
             peak = f"estimated peak {self.memory} {size_text(self.peak_bytes)}"
+            if self.processes > 1:
+                peak += f" per GPU ({self.processes} processes, {self.mode})"
             if self.free_bytes is not None:
                 peak += f" (free: {size_text(self.free_bytes)})"
             step_parts = "  "
         step = f", about {step_time_text(self.step_seconds)}" if self.step_seconds is not None else ""
         lines = [peak + step]
+        if len(self.modes) > 1 and self.device != "cpu":
+            shown = ", ".join(f"{label} {size_text(peak)}" for label, peak in self.modes.items())
+            lines.append(f"  per GPU in each mode (multi_gpu_mode): {shown}")
         lines.append(step_parts + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
         if self.resident_bytes > sum(self.parts.values()):
             lines.append(
-                f"  the peak is while every part is on the device (loading, filling the caches, samples): "
+                f"  the peak is while every part is on the device ({self._whole_moment()}): "
                 f"{size_text(self.resident_bytes)}; a training step needs {size_text(sum(self.parts.values()))}"
             )
-        lines.append(f"  host RAM {size_text(self.host_bytes)} at its peak: {self.host_text()}")
+        per_process = " per process" if self.processes > 1 else ""
+        lines.append(f"  host RAM{per_process} {size_text(self.host_bytes)} at its peak: {self.host_text()}")
         if self.counted_from:
             lines.append(f"  parameters counted from {self.counted_from}")
         if self.activations_from:
@@ -311,6 +331,12 @@ class Estimate:
             lines.append("  does not fit; these bring it under:" if self.advice else "  does not fit")
             lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
+
+    def _whole_moment(self) -> str:
+        """When every part is on the device at once."""
+        if self.mode == MODES["SHARDED"].label:
+            return "loading, filling the caches: the trained parts are sharded after"
+        return "loading, filling the caches, samples"
 
     def host_text(self) -> str:
         """What the host RAM's peak is made of, and the other moment's figure."""
@@ -323,7 +349,24 @@ class Estimate:
 def estimate_from_counts(
     counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None = None
 ) -> Estimate:
-    """Peak bytes and seconds per step from parameter counts (see the module docstring for the model)."""
+    """Peak bytes and seconds per step from parameter counts (see the module docstring for the model). With several
+    processes, the peak per GPU of the configured `multi_gpu_mode`, and in `modes` each mode's that applies."""
+    if settings.processes <= 1:
+        return _one_process(counts, settings, flops_per_second)
+    results = {
+        name: mode.per_gpu(counts, settings, flops_per_second)
+        for name, mode in MODES.items()
+        if mode.applies(counts, settings)
+    }
+    name = settings.multi_gpu_mode if settings.multi_gpu_mode in results else "DATA_PARALLEL"
+    result = results[name]
+    result.processes, result.mode = settings.processes, MODES[name].label
+    result.modes = {MODES[n].label: r.peak_bytes for n, r in results.items()}
+    return result
+
+
+def _one_process(counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None) -> Estimate:
+    """One process's peak: on one GPU, or on each GPU of a data-parallel run (every GPU holds the whole run)."""
     weights = sum(c.device_bytes for c in counts.values() if c.on_device)
     trained = sum(c.trained for c in counts.values())
     if settings.trains_in_place:
@@ -361,7 +404,72 @@ def estimate_from_counts(
     return result
 
 
-def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings) -> None:
+def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None) -> Estimate:
+    """Each GPU's peak in a sharded fine-tune (`training/sharding.py`): the trained parts' weights, gradients and
+    optimizer state divided by the processes; the units in flight whole — the block being computed and the next one
+    (FSDP2 gathers one ahead) in the dtype they are gathered in, and one block's full gradients in float32 before
+    they are reduce-scattered (a part without declared blocks is one unit); the frozen parts and the activations as
+    one process has them. `sharded_cpu_offload` (on a GPU) moves the shards and their gradients and optimizer state
+    to host RAM. The other moment: before the trained parts are sharded, every part is whole on each GPU (loading,
+    filling the caches), with no optimizer state yet; samples are not rendered during a sharded run."""
+    n = settings.processes
+    one = _one_process(counts, settings, flops_per_second)
+    sharded = {k: c for k, c in counts.items() if c.trained and c.on_device}
+    whole = one.parts["weights"] - sum(c.device_bytes for c in sharded.values())
+    shards = sum(c.bytes for c in sharded.values()) / n
+    gradients = sum(c.trained * BYTES[c.dtype] for c in sharded.values()) / n
+    state = sum(c.trained for c in sharded.values()) * settings.optimizer_state_bytes / n
+    in_flight = max((_unit(c) * (2 * _gathered_bytes(c, settings) + 4.0) for c in sharded.values()), default=0.0)
+    held = shards + gradients + state
+    offloaded = settings.sharded_cpu_offload and settings.device == "cuda"
+    parts = {
+        "weights (frozen parts)": whole,
+        f"shards (1/{n} of the trained weights, gradients, optimizer state)": 0.0 if offloaded else held,
+        "gathered blocks": in_flight,
+        "activations": one.parts["activations"],
+    }
+    if "overhead" in one.parts:
+        parts["overhead"] = one.parts["overhead"]
+    resident = sum(c.device_bytes for c in counts.values()) + parts.get("overhead", 0.0)
+    step = sum(parts.values())
+    result = Estimate(max(step, resident), one.step_seconds, parts, device=settings.device, resident_bytes=resident)
+    _add_host(result, counts, settings, {"the shards (sharded_cpu_offload)": held} if offloaded else None)
+    return result
+
+
+def _unit(count: PartCount) -> int:
+    """The parameters a sharded part gathers at a time: its largest declared block, else the whole part."""
+    return count.largest_block or count.params
+
+
+def _gathered_bytes(count: PartCount, settings: Settings) -> float:
+    """Bytes per weight as a sharded part's blocks are gathered: float32 weights in the 16-bit train dtype (FSDP2's
+    mixed precision), others in their own."""
+    return min(settings.compute_bytes, 4.0) if count.dtype is DataType.FLOAT_32 else BYTES[count.dtype]
+
+
+class Mode(NamedTuple):
+    """A `multi_gpu_mode` the estimate knows: its label, whether it applies to a run, and each GPU's peak in it."""
+
+    label: str
+    applies: Callable[[dict[str, PartCount], Settings], bool]
+    per_gpu: Callable[[dict[str, PartCount], Settings, float | None], Estimate]
+
+
+# Several processes: every mode the estimate figures (the configured one is the peak; the others are shown beside it).
+MODES: dict[str, Mode] = {
+    "DATA_PARALLEL": Mode("data parallel", lambda counts, settings: True, _one_process),
+    "SHARDED": Mode(
+        "sharded",
+        lambda counts, settings: settings.trains_in_place and any(c.trained and c.on_device for c in counts.values()),
+        _sharded,
+    ),
+}
+
+
+def _add_host(
+    result: Estimate, counts: dict[str, PartCount], settings: Settings, extra: dict[str, float] | None = None
+) -> None:
     """The process's host RAM, as the trainer holds it (`training/placement.py`, `memory/layer_offload.py`).
 
     Loading (`_loading_bytes`) reads the parts one at a time, in the family's declared order (the order of `counts`),
@@ -386,6 +494,7 @@ def _add_host(result: Estimate, counts: dict[str, PartCount], settings: Settings
         "offloaded activations": per_sample.block_inputs * settings.batch_size if offloaded_inputs else 0.0,
         "EMA": sum(c.trained for c in counts.values()) * 4.0 if settings.ema == "CPU" else 0.0,
         "caches in memory (at most)": settings.memory_caches * MEMORY_LIMIT_BYTES,
+        **(extra or {}),
     }
     process = HOST_PROCESS + (HOST_CUDA_RUNTIME if settings.device == "cuda" else 0.0)
     result.host_loading = _loading_bytes(counts, settings.read_at_once)
@@ -499,6 +608,7 @@ def family_of(config: TrainConfig) -> Family:
 
 def settings_of(config: TrainConfig, activations: Activations) -> Settings:
     from onetrainer.data.caching import text_encoders_frozen
+    from onetrainer.training.processes import planned_world_size
 
     family = family_of(config)
     trained_dtype = config.lora_weight_dtype if config.training_method is TrainingMethod.LORA else DataType.FLOAT_32
@@ -518,6 +628,10 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         ema=config.ema.value,
         memory_caches=(1 + text_encoders_frozen(config)) if config.latent_caching else 0,
         read_at_once=_one_file(config.base_model_name),
+        processes=planned_world_size(config),
+        multi_gpu_mode=config.multi_gpu_mode.value,
+        sharded_cpu_offload=bool(config.sharded_cpu_offload),
+        compute_bytes=BYTES.get(config.train_dtype, 2.0),
     )
 
 
@@ -591,7 +705,7 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         counts[part] = PartCount(
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
             offload.offloaded, _gguf_bytes(part_config), offload.trained_offloaded, offload.blocks, offload.window,
-            largest, _load_bytes(config, part, info), offload.trained_pinned,
+            largest, _load_bytes(config, part, info), offload.trained_pinned, _largest_block(family, part, info),
         )  # fmt: skip
     return counts
 
@@ -675,6 +789,28 @@ def _offloaded_params(config: TrainConfig, family: Family, part: str, info: dict
         return _Offload()
     named = tuple((f"{paths[path]}.{index}", int(size * moving)) for (path, index), size in zip(keys, blocks))
     return _Offload(offloaded, trained_offloaded, named, window, trained_pinned)
+
+
+def _block_sizes(family: Family, part: str, info: dict) -> dict[tuple[int, int], int]:
+    """The parameters of each of the part's declared blocks (`Family.layer_blocks`), keyed (list, index) in execution
+    order, from the part's tensors."""
+    import re
+
+    paths = family.layer_blocks.get(part, ())
+    if not paths:
+        return {}
+    pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
+    sizes: dict[tuple[int, int], int] = {}
+    for name, count in info.get("tensors", ()):
+        found = pattern.match(name)
+        if found:
+            key = (paths.index(found.group(1)), int(found.group(2)))
+            sizes[key] = sizes.get(key, 0) + count
+    return sizes
+
+
+def _largest_block(family: Family, part: str, info: dict) -> int:
+    return max(_block_sizes(family, part, info).values(), default=0)
 
 
 def _adapter_params(config: TrainConfig, layers: list[tuple[str, int, int, int]], denoiser: bool, blocks: str) -> int:

@@ -31,7 +31,7 @@ from onetrainer.training.estimate import GIB, Estimate, size_text
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
 
-__all__ = ["GIB", "Change", "Fit", "apply", "fit_to_budget"]
+__all__ = ["GIB", "Change", "Fit", "apply", "fit_to_budget", "machine_gpus"]
 WIDE_DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
 MAX_OFFLOAD = 0.9
 OFFLOAD_PRECISION = 0.05  # the offload fraction is searched to this step
@@ -116,10 +116,12 @@ def fit_to_budget(
     estimate_of: Callable[[TrainConfig], Estimate] | None = None,
     ram_budget_bytes: float | None = None,
     first: Estimate | None = None,
+    gpus: int = 1,
 ) -> Fit:
     """The changes (applied to a copy, never to `config`) that bring the estimate under `budget_bytes` of VRAM (None:
     no VRAM budget) and, given, `ram_budget_bytes` of host RAM. `first`: the config's estimate already made for
-    `device` (the one beside Start), the fit's starting point."""
+    `device` (the one beside Start), the fit's starting point. `gpus`: the machine's GPUs (each with the budget), over
+    which a fine-tune may be sharded (`_sharding`)."""
     from onetrainer.training.estimate import estimate
 
     def measure(trial: TrainConfig) -> Estimate:
@@ -133,6 +135,7 @@ def fit_to_budget(
     steps = (
         _caching,
         _fused_back_pass,
+        lambda trial, fit, measure: _sharding(trial, fit, measure, gpus),
         _eight_bit_optimizer,
         _checkpointing,
         _eight_bit_weights,
@@ -155,6 +158,17 @@ def fit_to_budget(
     if fit.fits and any(c.path == "batch_size" for c in fit.changes):
         _refine_offloading(trial, fit, measure)  # at the smaller batch, less offloading may do
     return fit
+
+
+def machine_gpus(train_device: str) -> int:
+    """The GPUs a fit may shard over: the visible CUDA devices where the config trains on CUDA, else 1."""
+    from onetrainer.training.estimate import training_device_type
+
+    if training_device_type(train_device) != "cuda":
+        return 1
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _breaks_ram(fit: Fit, before: Estimate, after: Estimate) -> bool:
@@ -220,6 +234,57 @@ def _fused_back_pass(trial: TrainConfig, fit: Fit, measure) -> None:
         why = "each weight updated as its gradient arrives: no gradients held"
         _set(trial, fit, "optimizer.fused_back_pass", True, why)
         fit.estimate = measure(trial)
+
+
+# Sharding on its own, then with what it combines with that saves more (activations recomputed; the shards in host RAM).
+SHARDED_WITH = ((), ("checkpointing",), ("checkpointing", "sharded_cpu_offload"))
+
+
+def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
+    """A full fine-tune that one GPU cannot hold even with the fused back pass, sharded over the machine's `gpus`
+    (`multi_gpu_mode` SHARDED: each GPU holds 1/N of the trained weights, gradients and optimizer state): taken only
+    where the sharded estimate fits the budget — on its own, else with gradient checkpointing, else with the shards
+    in host RAM too — and the config combines with sharding (`checks.check_sharded`), in place of the fused back pass
+    (which sharding does not combine with). Not taken, nothing changes and the one-GPU steps go on."""
+    from onetrainer.config.enums import MultiGpuMode
+    from onetrainer.training.checks import check_sharded
+
+    if gpus < 2 or trial.training_method is not TrainingMethod.FINE_TUNE:
+        return
+    if trial.multi_gpu and trial.multi_gpu_mode is MultiGpuMode.SHARDED:
+        return
+    base = trial.copy()
+    undone = [c for c in fit.changes if c.path == "optimizer.fused_back_pass"]
+    base.optimizer.fused_back_pass = undone[0].before if undone else base.optimizer.fused_back_pass
+    listed = [i.strip() for i in base.device_indexes.split(",") if i.strip()]
+    if not (base.multi_gpu and len(listed) >= 2):  # the GPUs the config lists for several processes, else all
+        base.device_indexes = ",".join(str(i) for i in range(gpus))
+    base.multi_gpu, base.multi_gpu_mode = True, MultiGpuMode.SHARDED
+    if any(p.is_error for p in check_sharded(base)):
+        return
+    for extra in SHARDED_WITH:
+        candidate, scratch = base.copy(), Fit(fit.budget, ram_budget=fit.ram_budget)
+        if "checkpointing" in extra:
+            _checkpointing(candidate, scratch, lambda _trial: None)
+        if "sharded_cpu_offload" in extra:
+            candidate.sharded_cpu_offload = True
+        estimate = measure(candidate)
+        if fit.budget is None or estimate.peak_bytes > fit.budget or _breaks_ram(fit, fit.estimate, estimate):
+            continue
+        for change in undone:  # back as it was: sharding replaces it
+            fit.changes.remove(change)
+            _set_value(trial, Change(change.path, change.after, change.before, ""))
+        processes = len([i for i in base.device_indexes.split(",") if i.strip()])
+        why = f"the trained weights, gradients and optimizer state split over {processes} GPUs"
+        _set(trial, fit, "multi_gpu", True, "one process per GPU")
+        _set(trial, fit, "multi_gpu_mode", MultiGpuMode.SHARDED, why)
+        _set(trial, fit, "device_indexes", base.device_indexes, "the GPUs the run shards over")
+        fit.changes += scratch.changes
+        apply(trial, scratch.changes)
+        if "sharded_cpu_offload" in extra:
+            _set(trial, fit, "sharded_cpu_offload", True, "the shards wait in host RAM between steps")
+        fit.estimate = estimate
+        return
 
 
 def _eight_bit_optimizer(trial: TrainConfig, fit: Fit, measure) -> None:

@@ -13,7 +13,10 @@ computed one, after `gradient_reduce_precision`) and FSDP2's CPU offload of the 
 
 What is written: a backup is `torch.distributed.checkpoint` (DCP) shards of the trained parts and the optimizer, one
 file per process, written by every process into a folder rank 0 names, which rank 0 then moves into the backup folder
-as it writes the rest (`checkpoint.write_backup`); it resumes on as many processes. A saved model (the final one, the
+as it writes the rest (`checkpoint.write_backup`). It resumes on any number of processes (DCP reads each process's
+share of every tensor from the shards that hold it: `ShardedParts.read_state`), or unsharded in one process, with no
+process group (`read_state_whole`); an unsharded run's backup resumes sharded too (`ShardedParts.read_whole_state`:
+every process reads the full weights and optimizer state and keeps its shard). A saved model (the final one, the
 intermediate saves) is an ordinary file: every process takes part in gathering the full weights into rank 0's CPU
 memory (`get_model_state_dict(full_state_dict=True, cpu_offload=True)`), rank 0 puts them into a plain copy of each
 part's module (built on the meta device before sharding, its weights assigned from the gathered ones) in the model
@@ -127,16 +130,45 @@ class ShardedParts:
             raise
         return target
 
-    def read_state(self, folder: Path, optimizer: torch.optim.Optimizer) -> None:
-        """Load the shards a backup holds (`write_state`) into the sharded parts and the optimizer (every process)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    def read_state(self, folder: Path, optimizer: torch.optim.Optimizer | None) -> None:
+        """Load the shards a backup holds (`write_state`, by any number of processes: DCP reads each process's share
+        of every tensor from the shards that hold it) into the sharded parts and the optimizer (every process; None:
+        the weights alone, the optimizer starts fresh)."""
+        _load_shards(self._wrapped(), folder, optimizer, no_dist=False)
+
+    def read_whole_state(
+        self, states: dict[str, dict[str, torch.Tensor]], optimizer_state: dict | None, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Load an unsharded run's backup into the sharded parts (every process): `states` each part's full weights
+        (every process reads them), `optimizer_state` the optimizer's `state_dict()` (its parameters numbered in the
+        order of the groups, which a fine-tune builds alike sharded or not; None: the optimizer starts fresh). Each
+        process keeps its shard of every tensor (`set_state_dict(full_state_dict=True)`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
         wrapped = self._wrapped()
-        model_state, optimizer_state = get_state_dict(wrapped, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=folder)
-        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        model_state = {f"{part}.{key}": value for part, state in states.items() for key, value in state.items()}
+        missing = [n for n, p in wrapped.named_parameters() if p.requires_grad and n not in model_state]
+        if missing:
+            raise ValueError(f"it holds no weights for {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}")
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        if optimizer_state is None:
+            set_model_state_dict(wrapped, model_state, options=options)
+            return
+        names = {id(p): n for n, p in wrapped.named_parameters()}
+        saved_groups = optimizer_state["param_groups"]
+        name_of: dict[int, str] = {}
+        for saved, group in zip(saved_groups, optimizer.param_groups, strict=True):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"its optimizer group {group.get('name')!r} has {len(saved['params'])} weights, this run's "
+                    f"{len(group['params'])}"
+                )
+            name_of.update((index, names[id(p)]) for index, p in zip(saved["params"], group["params"]))
+        full = {
+            "state": {name_of[index]: value for index, value in optimizer_state["state"].items()},
+            "param_groups": [{**g, "params": [name_of[i] for i in g["params"]]} for g in saved_groups],
+        }
+        set_state_dict(wrapped, optimizer, model_state_dict=model_state, optim_state_dict=full, options=options)
 
     def agree(self, value):
         """Rank 0's `value` on every process (whether rank 0's write failed, and why)."""
@@ -153,6 +185,41 @@ class ShardedParts:
             sum(_local(v).numel() for v in moments),
             sum(v.numel() for v in moments),
         )
+
+
+def read_state_whole(parts: dict[str, torch.nn.Module], folder: Path, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a sharded backup's shards (`ShardedParts.write_state`, by any number of processes) into unsharded `parts`
+    (name → module, as the sharded run named them) and their optimizer (None: the weights alone), in this process
+    alone: DCP reads every tensor whole, no collective (so one process without a process group, or each process of a
+    data-parallel run, resumes it)."""
+    _load_shards(torch.nn.ModuleDict(parts), folder, optimizer, no_dist=True)
+
+
+def _load_shards(wrapped: torch.nn.Module, folder: Path, optimizer: torch.optim.Optimizer | None, no_dist: bool):
+    """DCP's load of a backup's `model` (and `optimizer`) state into `wrapped`'s parameters (sharded or not) and
+    `optimizer`, which `get_state_dict` gives the form the shards were written in (parameters named by their path)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if optimizer is None:
+        state = {"model": get_model_state_dict(wrapped)}
+    else:
+        model_state, optimizer_state = get_state_dict(wrapped, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+    with warnings.catch_warnings():  # one process without a group: DCP says it assumes so
+        warnings.filterwarnings("ignore", message=".*single process")
+        dcp.load(state, checkpoint_id=folder, no_dist=no_dist)
+    if optimizer is None:
+        set_model_state_dict(wrapped, state["model"])
+    else:
+        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

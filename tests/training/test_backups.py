@@ -181,29 +181,76 @@ def test_a_resumed_optimizer_keeps_its_float32_state_beside_bfloat16_weights(tmp
     assert all(state[k].dtype == torch.float32 and torch.equal(state[k], v) for k, v in moments.items())
 
 
-def test_a_sharded_backup_resumes_only_sharded_on_as_many_processes(tmp_path):
-    """`checkpoint.check_sharding`: a sharded backup meets an unsharded run or another process count, or an unsharded
-    backup a sharded run: refused by name (not skipped as damaged, which would start the run fresh)."""
-    from types import SimpleNamespace
+class PartsMethod:
+    """A fine-tune's parts as `checkpoint` sees them: `model.part(name)`, `trained_parts()`."""
 
-    from onetrainer.training.checkpoint import BackupMismatch, check_sharding
+    def __init__(self, parts: dict[str, torch.nn.Module]) -> None:
+        self.parts = parts
+        self.model = self
 
-    def backup(name: str, sharded: dict | None) -> Path:
-        folder = tmp_path / name
-        folder.mkdir()
-        meta = {"progress": {"global_step": 3}, **({"sharded": sharded} if sharded else {})}
-        (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        return folder
+    def part(self, name: str) -> torch.nn.Module:
+        return self.parts[name]
 
-    def run(processes: int):
-        return SimpleNamespace(dist=SimpleNamespace(world_size=processes))
+    def trained_parts(self) -> list[str]:
+        return list(self.parts)
 
-    two, plain = backup("two", {"processes": 2}), backup("plain", None)
-    check_sharding(two, run(2))
-    check_sharding(plain, None)
-    with pytest.raises(BackupMismatch, match=r"holds the shards of 2 processes .*\(this run has 4\)"):
-        check_sharding(two, run(4))
-    with pytest.raises(BackupMismatch, match=re.escape("resume it sharded on 2 processes (this run has 1, unsharded)")):
-        check_sharding(two, None)
-    with pytest.raises(BackupMismatch, match="a backup of an unsharded run"):
-        check_sharding(plain, run(2))
+
+def test_a_sharded_backup_resumes_whole_in_one_process_with_its_weights_and_optimizer_state(tmp_path):
+    """A sharded backup's DCP shards (written here by one process in the form `ShardedParts.write_state` gives them:
+    every tensor named part.path, the optimizer's state by the same names) load into an unsharded run without a
+    process group: weights and AdamW's moments equal, the schedule at its step. A run that trains a part the shards
+    do not hold is refused with the backup's name and why, not skipped as damaged."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from onetrainer.training.checkpoint import BackupMismatch
+
+    def run(seed: int, parts=("denoiser", "encoder")):
+        torch.manual_seed(seed)
+        modules = {"denoiser": torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)),
+                   "encoder": torch.nn.Linear(3, 4)}  # fmt: skip
+        method = PartsMethod({name: modules[name] for name in parts})
+        params = [{"params": list(m.parameters()), "name": n, "lr": 1e-2} for n, m in method.parts.items()]
+        optimizer = torch.optim.AdamW(params)
+        return method, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+
+    method, optimizer, scheduler = run(0)
+    for _ in range(3):
+        loss = method.part("denoiser")(method.part("encoder")(torch.randn(5, 3))).square().mean()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    shards = tmp_path / "backup" / ".sharded.tmp"
+    model_state, optimizer_state = get_state_dict(torch.nn.ModuleDict(method.parts), optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=shards, no_dist=True)
+    config, _ = config_from_dict(tiny_config(tmp_path))
+    folder = write_backup(
+        tmp_path / "backup", None, optimizer, scheduler, TrainProgress(0, 3, 3), config, sharded=(shards, 2)
+    )
+    assert json.loads((folder / "meta.json").read_text())["sharded"] == {"processes": 2}
+
+    resumed, resumed_optimizer, resumed_scheduler = run(1)
+    progress, _, warnings = restore_backup(folder, resumed, resumed_optimizer, resumed_scheduler)
+    assert progress.global_step == 3 and warnings == []
+    pairs = [(p, q) for name in method.parts for p, q in zip(method.part(name).parameters(),
+                                                              resumed.part(name).parameters())]  # fmt: skip
+    assert all(torch.equal(p, q) for p, q in pairs)
+    for p, q in pairs:
+        saved, loaded = optimizer.state[p], resumed_optimizer.state[q]
+        assert saved.keys() == loaded.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert resumed_scheduler.last_epoch == 3 and resumed_optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 / 4)
+
+    # Written by a run that trained only the denoiser, resumed by one that trains the encoder too: named, refused.
+    method, optimizer, scheduler = run(0, parts=("denoiser",))
+    shards = tmp_path / "backup" / ".sharded.tmp"
+    model_state, optimizer_state = get_state_dict(torch.nn.ModuleDict(method.parts), optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=shards, no_dist=True)
+    partial = write_backup(
+        tmp_path / "partial", None, optimizer, scheduler, TrainProgress(0, 1, 1), config, sharded=(shards, 2)
+    )
+    with pytest.raises(BackupMismatch, match=rf"backup {re.escape(partial.name)} \(the shards of 2 processes\) "
+                       r"cannot be resumed by this run \(unsharded\): .*encoder") as refused:  # fmt: skip
+        restore_backup(partial, run(1)[0], *run(1)[1:])
+    assert "start fresh without 'Continue from last backup'" in str(refused.value)

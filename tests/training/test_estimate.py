@@ -102,6 +102,71 @@ def test_a_flux_fine_tune_offloads_its_trained_blocks_only_with_the_fused_back_p
     assert with_it.peak_bytes < without.peak_bytes - 10 * GIB  # no gradients, three quarters of weights and state
 
 
+def _sharded_setup(**changes):
+    """A fine-tune of a float32 transformer (blocks of 1/40 of it) beside a frozen text encoder on the device, in a
+    bfloat16 train dtype, with AdamW's 8 bytes of state per weight."""
+    counts = {
+        "transformer": PartCount(4_000_000_000, DataType.FLOAT_32, trained=4_000_000_000, largest_block=100_000_000),
+        "text_encoder": PartCount(1_000_000_000, DataType.BFLOAT_16, text_encoder=True),
+    }
+    settings = replace(SD, gradient_checkpointing=True, trains_in_place=True, compute_bytes=2.0, **changes)
+    return counts, settings
+
+
+def test_the_sharded_peak_per_gpu_shrinks_with_the_processes_and_stays_sensible_beside_one_process():
+    """SHARDED: the trained part's weights, gradients and optimizer state divided by the processes, two blocks
+    gathered in the 16-bit train dtype and one block's float32 gradients in flight, the frozen encoder and the
+    activations as one process has them; each mode's peak per GPU is shown, the configured one is the peak."""
+    counts, settings = _sharded_setup()
+    one = estimate_from_counts(counts, settings)
+    assert one.processes == 1 and one.modes == {} and "per GPU" not in one.text()
+    trained_state = 4e9 * (4 + 4 + 8)  # weights, gradients, AdamW's moments
+    steps = []
+    for n in (2, 4, 8):
+        result = estimate_from_counts(counts, replace(settings, processes=n, multi_gpu_mode="SHARDED"))
+        assert result.mode == "sharded" and result.processes == n
+        shards = f"shards (1/{n} of the trained weights, gradients, optimizer state)"
+        assert result.parts[shards] == pytest.approx(trained_state / n)
+        assert result.parts["gathered blocks"] == pytest.approx(1e8 * (2 * 2 + 4))
+        assert result.parts["weights (frozen parts)"] == pytest.approx(2e9)
+        assert result.parts["activations"] == one.parts["activations"]
+        # Data parallel holds the whole run on every GPU: its figure per GPU is one process's.
+        assert result.modes == {"data parallel": one.peak_bytes, "sharded": result.peak_bytes}
+        assert one.peak_bytes / n < result.peak_bytes < one.peak_bytes
+        steps.append(sum(result.parts.values()))
+        assert f"per GPU ({n} processes, sharded)" in result.text() and "per GPU in each mode" in result.text()
+    assert steps[0] > steps[1] > steps[2]
+    # Before the trained part is sharded (loading, caching) every GPU holds every part whole: with many processes
+    # that moment is the peak.
+    many = estimate_from_counts(counts, replace(settings, processes=64, multi_gpu_mode="SHARDED"))
+    assert many.peak_bytes == many.resident_bytes == pytest.approx(4e9 * 4 + 2e9 + OVERHEAD)
+    assert "the trained parts are sharded after" in many.text()
+    # Configured data parallel on 4 GPUs: one process's peak per GPU, the sharded one beside it.
+    parallel = estimate_from_counts(counts, replace(settings, processes=4))
+    assert parallel.peak_bytes == one.peak_bytes and parallel.mode == "data parallel"
+    assert parallel.modes["sharded"] < parallel.peak_bytes
+
+
+def test_the_shards_cpu_offload_moves_them_to_host_ram_and_a_lora_is_not_sharded():
+    counts, settings = _sharded_setup()
+    sharded = replace(settings, processes=4, multi_gpu_mode="SHARDED")
+    kept = estimate_from_counts(counts, sharded)
+    offloaded = estimate_from_counts(counts, replace(sharded, sharded_cpu_offload=True))
+    held = 4e9 * (4 + 4 + 8) / 4
+    assert offloaded.parts["shards (1/4 of the trained weights, gradients, optimizer state)"] == 0.0
+    assert sum(kept.parts.values()) - sum(offloaded.parts.values()) == pytest.approx(held)
+    assert offloaded.host_training - kept.host_training == pytest.approx(held)
+    # On a CPU train device the shards are in RAM anyway: the setting changes nothing.
+    on_cpu = replace(sharded, device="cpu")
+    cpu_with = estimate_from_counts(counts, replace(on_cpu, sharded_cpu_offload=True))
+    assert cpu_with.host_bytes == estimate_from_counts(counts, on_cpu).host_bytes
+    # A LoRA trains adapters beside a frozen model: only data parallel applies, whatever the mode says.
+    lora = {"transformer": PartCount(4_000_000_000, DataType.BFLOAT_16, trained=10_000_000)}
+    result = estimate_from_counts(lora, replace(sharded, trains_in_place=False))
+    assert result.mode == "data parallel" and list(result.modes) == ["data parallel"]
+    assert result.peak_bytes == estimate_from_counts(lora, replace(settings, trains_in_place=False)).peak_bytes
+
+
 def test_the_peak_is_the_larger_of_the_step_and_every_part_on_the_device():
     # Loading, filling the caches and rendering a sample hold every part at once: with a large text encoder whose
     # outputs are cached (Flux's and Chroma's T5), that time is the peak, not the step.

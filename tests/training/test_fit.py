@@ -8,7 +8,7 @@ import json
 import pytest
 
 from onetrainer.config import config_from_dict, load_layers
-from onetrainer.config.enums import DataType, Optimizer
+from onetrainer.config.enums import DataType, MultiGpuMode, Optimizer
 from onetrainer.training.estimate import MIB, Estimate, estimate
 from onetrainer.training.fit import GIB, apply, fit_to_budget
 
@@ -65,6 +65,46 @@ def test_a_flux_fine_tune_is_fitted_to_16_gib_with_the_fused_back_pass_and_its_b
     config.ema = config.ema.__class__("CPU")
     with_ema = {c.path for c in fit_to_budget(config, 16 * GIB).changes}
     assert "transformer.offload_fraction" not in with_ema
+
+
+def _flux_full_fine_tune():
+    """Flux's transformer fine-tuned in float32 with AdamW: about 180 GiB on one GPU, 44 GiB of it the weights."""
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "FINE_TUNE", "output_model_format": "ORIGINAL_TRANSFORMER",
+        "base_model_name": "black-forest-labs/FLUX.1-dev", "resolution": "512", "batch_size": 1,
+        "train_dtype": "BFLOAT_16", "latent_caching": True, "optimizer": {"optimizer": "ADAMW"},
+        "transformer": {"weight_dtype": "FLOAT_32"},
+        "text_encoder": {"train": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder_2": {"train": False, "weight_dtype": "FLOAT_8"},
+    })  # fmt: skip
+    return config
+
+
+def test_a_full_fine_tune_too_big_for_one_gpu_is_sharded_over_the_machines_gpus():
+    """On one GPU the fit takes the fused back pass and layer offloading; with 4 GPUs it shards instead (and drops
+    the fused back pass, which sharding does not combine with), a change the estimate of the applied config agrees
+    with; with 2 GPUs the shards must wait in host RAM too; beside an EMA (not combined with sharding) it does not."""
+    config = _flux_full_fine_tune()
+    alone = fit_to_budget(config, 80 * GIB)
+    assert alone.fits and "multi_gpu_mode" not in {c.path for c in alone.changes}
+    assert {c.path: c.after for c in alone.changes}["optimizer.fused_back_pass"] is True
+
+    four = fit_to_budget(config, 80 * GIB, gpus=4)
+    changed = {c.path: c.after for c in four.changes}
+    assert four.fits and changed == {"multi_gpu": True, "multi_gpu_mode": MultiGpuMode.SHARDED,
+                                     "device_indexes": "0,1,2,3"}  # fmt: skip
+    assert "split over 4 GPUs" in four.text() and four.estimate.mode == "sharded"
+    assert four.estimate.peak_bytes <= 80 * GIB < four.estimate.modes["data parallel"]
+    applied = config.copy()
+    apply(applied, four.changes)
+    assert estimate(applied, device="cuda").peak_bytes == pytest.approx(four.estimate.peak_bytes)
+
+    two = {c.path: c.after for c in fit_to_budget(config, 80 * GIB, gpus=2).changes}
+    assert two["multi_gpu_mode"] is MultiGpuMode.SHARDED and two["sharded_cpu_offload"] is True
+    assert two["device_indexes"] == "0,1"
+
+    config.ema = config.ema.__class__("GPU")
+    assert "multi_gpu_mode" not in {c.path for c in fit_to_budget(config, 80 * GIB, gpus=4).changes}
 
 
 def _fake_estimate(config) -> Estimate:

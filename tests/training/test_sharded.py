@@ -152,13 +152,19 @@ def test_a_trained_text_encoder_is_sharded_too_and_the_output_is_an_ordinary_dif
 
 
 @pytest.mark.slow
-def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_exactly(one_process, tmp_path):
-    """Stopped after step 2, rank 0's write of the model fails (a full disk): every rank hears it and writes its shards
-    into a backup, the run ends saying where the trained state is, and no model is left, whole or in part. Resumed
-    from that backup, the run ends with the weights of the uninterrupted one."""
+def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_exactly_on_one_process_and_two(
+    one_process, tmp_path
+):
+    """Stopped after step 1 or 2, rank 0's write of the model fails (a full disk): every rank hears it and writes its
+    shards into a backup, the run ends saying where the trained state is, and no model is left, whole or in part. That
+    backup resumes in one process, unsharded, at the global batch (2), which stops after one more step and writes an
+    ordinary backup; that one resumes sharded on two processes, which end with the weights of the uninterrupted run:
+    the shards of 2 read whole by one process (no process group), one process's backup split over 2."""
+    from onetrainer.training.events import Metrics
+
     config = _config(tmp_path)
     with pytest.raises(AssertionError) as failed:
-        _torchrun(tmp_path, config, {"DDP_TEST_STOP": "2", "SHARD_TEST_DISK_FULL": "1"})
+        _torchrun(tmp_path, config, {"DDP_TEST_STOP": "1", "SHARD_TEST_DISK_FULL": "1"})
     message = str(failed.value)
     assert "the model could not be saved: " in message and "disk full" in message.lower(), message
     (backup,) = (tmp_path / "workspace" / "backup").iterdir()
@@ -166,13 +172,70 @@ def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_ex
     out = tmp_path / "out"
     assert not out.exists() or list(out.iterdir()) == []
     meta = json.loads((backup / "meta.json").read_text(encoding="utf-8"))
-    assert meta["sharded"] == {"processes": 2} and 0 < meta["progress"]["global_step"] < 4  # of 4 steps
+    stopped = meta["progress"]["global_step"]  # after the step Stop came in, or the next: the ranks agree on it
+    assert meta["sharded"] == {"processes": 2} and stopped in (1, 2)  # of 4 steps
     shards = sorted(p.name for p in (backup / "sharded").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards
     assert not (backup / "model").exists()  # the weights are in the shards, not gathered into one process
+
+    control, statuses = TrainingControl(), []
+
+    class Window:
+        def emit(self, event) -> None:
+            statuses.append(str(getattr(event, "text", "")))
+            if isinstance(event, Metrics) and event.global_step == stopped + 1:
+                control.request_stop()
+
+        def close(self) -> None:
+            pass
+
+    alone = {**config, "continue_last_backup": True, "batch_size": 2, "multi_gpu_mode": "DATA_PARALLEL",
+             "backup_before_save": True, "output_model_destination": str(tmp_path / "alone" / "model")}  # fmt: skip
+    with torch_threads(training_threads()):
+        outcome = run_training(config_from_dict(alone)[0], control, [Window()])
+    assert isinstance(outcome, Finished) and (outcome.reason, outcome.global_step) == ("stopped", stopped + 1), outcome
+    assert any(f"resumed from {backup.name}" in s for s in statuses), statuses
+    (ordinary,) = [p for p in (tmp_path / "workspace" / "backup").iterdir() if p != backup]
+    assert "sharded" not in json.loads((ordinary / "meta.json").read_text(encoding="utf-8"))
+    assert (ordinary / "model").is_dir() and not (ordinary / "sharded").exists()
+
     resumed = _torchrun(tmp_path, {**config, "continue_last_backup": True})
-    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert f"resumed from {ordinary.name}: " in resumed.stdout + resumed.stderr
     _assert_same(_weights(tmp_path / "out" / "model"), one_process)
+
+
+@pytest.mark.slow
+def test_shards_written_by_two_ranks_resume_on_three_and_whole_in_one_process(tmp_path):
+    """DCP reshards: a backup's shards written by 2 ranks (`ShardedParts.write_state`, blocks of uneven split: 10 and
+    3 rows) load on 3 (`ShardedParts.read_state`) with every weight and AdamW moment as written, and whole into plain
+    parts in this process, with no process group (`read_state_whole`)."""
+    from onetrainer.training.sharding import read_state_whole
+    from tests.training import reshard_worker
+
+    worker = Path(__file__).with_name("reshard_worker.py")
+    for mode, ranks in (("write", 2), ("read", 3)):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
+                   "127.0.0.1", "--master_port", str(free_port()), str(worker), mode, str(tmp_path)]  # fmt: skip
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    written, read = (torch.load(tmp_path / f"{m}.pt", weights_only=True) for m in ("write", "read"))
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert written["model"].keys() == read["model"].keys() and len(written["model"]) == 6
+    assert all(torch.equal(written["model"][k], read["model"][k]) for k in written["model"])
+    assert written["optimizer"]["state"].keys() == read["optimizer"]["state"].keys()
+    for name, state in written["optimizer"]["state"].items():
+        assert state.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(state[k], read["optimizer"]["state"][name][k]) for k in state)
+    assert any(float(v.abs().max()) > 0 for v in written["optimizer"]["state"]["denoiser.0.weight"].values())
+
+    plain = reshard_worker.parts()
+    optimizer = torch.optim.AdamW([p for m in plain.values() for p in m.parameters()], lr=1e-2)
+    read_state_whole(plain, tmp_path / "sharded", optimizer)
+    named = {f"{part}.{n}": p for part, m in plain.items() for n, p in m.named_parameters()}
+    assert all(torch.equal(p, written["model"][n]) for n, p in named.items())
+    for name, param in named.items():
+        assert all(torch.equal(v, written["optimizer"]["state"][name][k]) for k, v in optimizer.state[param].items())
 
 
 @pytest.mark.slow
