@@ -164,6 +164,7 @@ class RemoteRun:
         self.command_count = 0
         self.local_workspace = Path(config.workspace_dir)
         self.local_output = Path(config.output_model_destination)
+        self.tensorboard = None
 
     # -- the whole run ----------------------------------------------------------------------------------------------
     def run(self) -> Finished | Failed:
@@ -192,6 +193,8 @@ class RemoteRun:
             self._act(outcome)
             return outcome
         finally:
+            if self.tensorboard is not None:
+                self.tensorboard.stop()
             if self.host is not None:
                 self.host.close()
 
@@ -324,6 +327,7 @@ class RemoteRun:
                 "",
                 str(self.local_workspace),
             )
+            self._start_tensorboard(event.run_name)
         elif isinstance(event, SampleReady) and self.settings.download_samples:
             local = self.local_path(event.path)
             if local is not None:
@@ -332,6 +336,20 @@ class RemoteRun:
                     event = SampleReady(event.global_step, event.index, event.prompt, str(local))
         self.events.emit(event)
         return None
+
+    def _start_tensorboard(self, run_name: str) -> None:
+        """The streamed losses, learning rates and samples written into a TensorBoard folder here, as a local run
+        writes them (`workspace_dir/tensorboard/<run>`), and with `tensorboard` on its server started here: the app's
+        TensorBoard button shows the remote run live, without a tunnel."""
+        if self.tensorboard is not None:
+            return
+        from onetrainer.training.tensorboard import RunTensorBoard
+        from onetrainer.training.workspace import SUBDIRS, Workspace
+
+        for sub in SUBDIRS:
+            (self.local_workspace / sub).mkdir(parents=True, exist_ok=True)
+        self.tensorboard = RunTensorBoard(self.config, Workspace(self.local_workspace, run_name), self.events, True)
+        self.tensorboard.start()
 
     def _send_commands(self) -> None:
         if self.control.stop_requested and not self.stop_sent:
@@ -403,7 +421,10 @@ class RemoteRun:
             if wanted
         ]
         for name in folders:
-            got.add(self.host.download(posixpath.join(self.layout.workspace, name), self.local_workspace / name))
+            # The host's TensorBoard files beside the ones written here from the streamed events (not into the same
+            # folder: TensorBoard would show each value twice).
+            local = self.local_workspace / ("tensorboard-host" if name == "tensorboard" else name)
+            got.add(self.host.download(posixpath.join(self.layout.workspace, name), local))
         got.add(
             self.host.download(
                 self.layout.file("run.log"), self.local_workspace / "logs" / f"remote-{settings.run_id}.log"
@@ -502,6 +523,7 @@ def remote_config(config: TrainConfig, settings: CloudSettings) -> RemoteConfig:
     for value in data.values():
         if isinstance(value, dict) and value.get("model_name") and Path(value["model_name"]).exists():
             value["model_name"] = _place(Path(value["model_name"]), models_dir, uploads)
+    data["tensorboard"] = False  # no server on the host: the streamed events feed one here (RemoteRun)
     data["workspace_dir"] = layout.workspace
     data["cache_dir"] = posixpath.join(layout.run_dir, "cache")
     output = posixpath.join(layout.output_dir, Path(config.output_model_destination).name or "model")

@@ -25,7 +25,7 @@ from onetrainer.remote.settings import CloudError, load_cloud_secrets, secrets_p
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.events import Failed, Finished, ListSink, Progress, SampleReady, Status, Warning_
 from onetrainer.training.runner import run_training
-from tests.helpers import image_folder, tiny_config
+from tests.helpers import image_folder, read_scalars, tiny_config
 from tests.remote.conftest import PASSPHRASE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +146,10 @@ def test_the_commands_act_on_the_remote_run_and_the_outputs_download(trained):
     saves = list((root / "workspace" / "save").rglob("*.safetensors"))
     assert saves, "Save now wrote nothing that was downloaded"
     assert list((root / "workspace" / "logs").glob("remote-tiny1.log"))
+    # The streamed losses in a TensorBoard folder here (the host's own files were not downloaded).
+    scalars = read_scalars(root / "workspace" / "tensorboard")
+    steps = [step for step, _ in scalars["loss/train_step"]]
+    assert steps == sorted(set(steps)) and steps[-1] == sink.of(Progress)[-1].global_step
 
 
 def test_the_run_s_files_are_sent_only_when_their_content_changed(trained, secrets):
