@@ -500,6 +500,31 @@ def _place(local: Path, folder: str, uploads: dict[str, Path]) -> str:
     return target
 
 
+# Paths the run rewrites itself (its own folders on the host) or never reads there (the side files are inlined).
+_NOT_SENT = {"workspace_dir", "cache_dir", "output_model_destination", "huggingface_cache_dir", "debug_dir"}
+_NOT_SENT |= {"concept_file_name", "sample_definition_file_name"}
+
+
+def _send_local_paths(data, key: str, uploads: dict[str, Path], data_dir: str, models_dir: str) -> None:
+    """Every setting naming a local file or folder (a concept's images and prompts, a base model or part, a LoRA or
+    embedding to continue from, a sample's base image…) sent to the host and renamed to its place there: concept
+    folders under `data/`, the rest under `models/`."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            if name == "cloud":
+                continue
+            if isinstance(value, str):
+                wanted = name in ("path", "prompt_path") or name.endswith(("_name", "_path"))
+                if wanted and name not in _NOT_SENT and value and Path(value).exists():
+                    folder = data_dir if name in ("path", "prompt_path") else models_dir
+                    data[name] = _place(Path(value), folder, uploads)
+            else:
+                _send_local_paths(value, name, uploads, data_dir, models_dir)
+    elif isinstance(data, list):
+        for item in data:
+            _send_local_paths(item, key, uploads, data_dir, models_dir)
+
+
 def remote_config(config: TrainConfig, settings: CloudSettings) -> RemoteConfig:
     """The packed config with the host's paths, the cloud block off and no secrets; and the files to send."""
     from onetrainer.config.io import pack
@@ -512,17 +537,7 @@ def remote_config(config: TrainConfig, settings: CloudSettings) -> RemoteConfig:
     uploads: dict[str, Path] = {}
     data_dir = posixpath.join(settings.remote_dir, "data")
     models_dir = posixpath.join(settings.remote_dir, "models")
-    for concept in data.get("concepts") or []:
-        if concept.get("path") and Path(concept["path"]).exists():
-            concept["path"] = _place(Path(concept["path"]), data_dir, uploads)
-        text = concept.get("text") or {}
-        if text.get("prompt_path") and Path(text["prompt_path"]).exists():
-            text["prompt_path"] = _place(Path(text["prompt_path"]), data_dir, uploads)
-    if data.get("base_model_name") and Path(data["base_model_name"]).exists():
-        data["base_model_name"] = _place(Path(data["base_model_name"]), models_dir, uploads)
-    for value in data.values():
-        if isinstance(value, dict) and value.get("model_name") and Path(value["model_name"]).exists():
-            value["model_name"] = _place(Path(value["model_name"]), models_dir, uploads)
+    _send_local_paths(data, "", uploads, data_dir, models_dir)
     data["tensorboard"] = False  # no server on the host: the streamed events feed one here (RemoteRun)
     data["workspace_dir"] = layout.workspace
     data["cache_dir"] = posixpath.join(layout.run_dir, "cache")

@@ -245,3 +245,25 @@ def test_a_wrong_cloud_setting_is_named(tmp_path):
     config, _ = config_from_dict(tiny_config(tmp_path, cloud={"enabled": True, "type": "LINUX", "run_id": "a/b"}))
     outcome = run_training(config, TrainingControl(), [])
     assert isinstance(outcome, Failed) and outcome.refused and "cloud.run_id" in outcome.message
+
+
+def test_every_local_file_the_config_names_is_sent_and_renamed(tmp_path):
+    """The concept's images and the LoRA to continue from are sent; a hub name and the run's own folders are not."""
+    from onetrainer.remote.settings import CloudSettings
+
+    image_folder(tmp_path)
+    lora = tmp_path / "start.safetensors"
+    lora.write_bytes(b"weights")
+    data = tiny_config(tmp_path, lora_model_name=str(lora), cloud=_cloud(Path("/srv/ot")))
+    config, _ = config_from_dict(data)
+    remote = remote_run.remote_config(config, CloudSettings.from_dict(config.cloud))
+    assert remote.data["lora_model_name"].startswith("/srv/ot/models/start.safetensors-")
+    assert remote.uploads[remote.data["lora_model_name"]] == lora
+    concept = remote.data["concepts"][0]["path"]
+    assert concept.startswith("/srv/ot/data/images-")
+    assert sorted(p.name for p in remote.uploads.values() if p.parent == tmp_path / "images") == sorted(
+        p.name for p in (tmp_path / "images").iterdir()
+    )
+    assert remote.data["base_model_name"] == "tiny:sd15"
+    assert remote.data["workspace_dir"] == "/srv/ot/runs/tiny1/workspace" and remote.data["tensorboard"] is False
+    assert remote.data["output_model_destination"] == "/srv/ot/runs/tiny1/output/lora.safetensors"
