@@ -8,7 +8,10 @@ RUN_DIR (`<cloud.remote_dir>/runs/<cloud.run_id>`) holds what the local side upl
   the local side tails it, from the start again after a reconnect;
 - `control/`: a file per command the local side sends (`<n>-stop`, `<n>-sample`, `<n>-save`, `<n>-backup`), taken
   and deleted here at once; the trainer acts on it at its next step, as on the app's buttons;
-- `outcome.json`: the run's last event, written when it ends (the run's log is `run.log`, this process's output).
+- `outcome.json`: the run's last event, written when it ends (the run's log is `run.log`, this process's output);
+- `on_end.json` (detached runs): the shell command `cloud.on_detached_finish` / `on_detached_error` asked for (RunPod:
+  stop or delete the pod), run at the end unless the local side follows the run (its `follower` file touched within
+  `FOLLOWER_SECONDS`): then the local side downloads first and acts with `on_finish` / `on_error`.
 
 The process runs in a session of its own, its input /dev/null, so a dropped connection leaves it training; SIGTERM
 and SIGHUP stop it as the Stop button does (a backup and the model are written).
@@ -29,6 +32,7 @@ from onetrainer.training.events import Event, Failed, event_to_json
 
 COMMANDS = ("stop", "sample", "save", "backup")
 POLL_SECONDS = 0.5
+FOLLOWER_SECONDS = 60.0
 
 
 class JsonLinesSink:
@@ -97,7 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(event_to_json(outcome), encoding="utf-8")
     os.replace(tmp, run_dir / "outcome.json")
     sink.close()
+    run_end_action(run_dir, failed=isinstance(outcome, Failed))
     return 0 if not isinstance(outcome, Failed) else 1
+
+
+def run_end_action(run_dir: Path, failed: bool) -> str | None:
+    """The detached run's end action (`on_end.json`), unless a follower is there to act after downloading; the
+    command run, if any."""
+    import subprocess
+    import time
+
+    try:
+        actions = json.loads((run_dir / "on_end.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    command = actions.get("failed" if failed else "finished")
+    follower = run_dir / "follower"
+    if not command or (follower.exists() and time.time() - follower.stat().st_mtime < FOLLOWER_SECONDS):
+        return None
+    print(f"running the end action: {command}", flush=True)
+    subprocess.run(command, shell=True, check=False)
+    return command
 
 
 if __name__ == "__main__":

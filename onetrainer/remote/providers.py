@@ -22,6 +22,10 @@ class Provider(Protocol):
         """STOP or DELETE the host after the run (`setting` names the cloud field that asked, for messages)."""
         ...
 
+    def detached_command(self, action: str, events: Broadcast, setting: str) -> str | None:
+        """The shell command the host runs itself to STOP or DELETE itself when a detached run ends unfollowed."""
+        ...
+
 
 class LinuxProvider:
     def __init__(self, settings: CloudSettings, secrets: CloudSecrets) -> None:
@@ -35,6 +39,11 @@ class LinuxProvider:
 
     def act(self, action: str, events: Broadcast, setting: str) -> None:
         events.emit(Warning_(f"{setting} {action}: a LINUX host is the user's machine: it is left running as it is"))
+
+    def detached_command(self, action: str, events: Broadcast, setting: str) -> str | None:
+        if action != "NONE":
+            self.act(action, events, setting)
+        return None
 
 
 def provider_for(settings: CloudSettings, secrets: CloudSecrets) -> Provider:

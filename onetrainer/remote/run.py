@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 POLL_SECONDS = 0.5
 ALIVE_CHECK_SECONDS = 5.0
+FOLLOWER_TOUCH_SECONDS = 15.0  # well within the agent's FOLLOWER_SECONDS
 RECONNECT_SECONDS = float(os.environ.get("ONETRAINER_RECONNECT_SECONDS", "600"))
 # Environment for the remote trainer (JSON object), e.g. its cache folders; the tests point them into a temp folder.
 REMOTE_ENV = "ONETRAINER_REMOTE_ENV"
@@ -165,6 +166,7 @@ class RemoteRun:
         self.local_workspace = Path(config.workspace_dir)
         self.local_output = Path(config.output_model_destination)
         self.tensorboard = None
+        self.followed = float("-inf")  # when the follower file was last touched
 
     # -- the whole run ----------------------------------------------------------------------------------------------
     def run(self) -> Finished | Failed:
@@ -271,6 +273,15 @@ class RemoteRun:
             f"setsid nohup {shlex.quote(self.layout.python)} -m onetrainer.remote.agent {run_dir} "
             f"> {run_dir}/run.log 2>&1 < /dev/null & echo $! > {run_dir}/launch.pid; }}"
         )
+        if self.settings.detach_trainer:
+            actions = {
+                key: self.provider.detached_command(action, self.events, name)
+                for key, action, name in (
+                    ("finished", self.settings.on_detached_finish, "cloud.on_detached_finish"),
+                    ("failed", self.settings.on_detached_error, "cloud.on_detached_error"),
+                )
+            }
+            self.host.put_bytes(json.dumps(actions).encode(), self.layout.file("on_end.json"))
         self.host.check(command, "starting the trainer")
         self.events.emit(
             Status(f"the run {self.settings.run_id!r} started on {self.host.label} ({self.layout.run_dir})")
@@ -352,6 +363,10 @@ class RemoteRun:
         self.tensorboard.start()
 
     def _send_commands(self) -> None:
+        now = time.monotonic()
+        if now - self.followed > FOLLOWER_TOUCH_SECONDS:  # the agent leaves the end action to us while we follow
+            self.host.run(f"touch {shlex.quote(self.layout.file('follower'))}")
+            self.followed = now
         if self.control.stop_requested and not self.stop_sent:
             self.pending.append("stop")
             self.stop_sent = True

@@ -165,3 +165,10 @@ class RunPodProvider:
                 data["cloud"]["id"] = ""
                 write_secrets_file(data, self.secrets_file)
             events.emit(Status(f"{setting}: deleted the pod {self.secrets.id}"))
+
+    def detached_command(self, action: str, events: Broadcast, setting: str) -> str | None:
+        """RunPod's pods carry `runpodctl` and their own id ($RUNPOD_POD_ID, in /etc/rp_environment for a login)."""
+        verb = {"STOP": "stop", "DELETE": "remove"}.get(action)
+        if verb is None:
+            return None
+        return f'[ -f /etc/rp_environment ] && . /etc/rp_environment; runpodctl {verb} pod "$RUNPOD_POD_ID"'
