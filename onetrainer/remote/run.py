@@ -267,8 +267,12 @@ class RemoteRun:
         assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         # Only the trainer goes to the background, its output in run.log: a backgrounded `cd && …` list would keep the
         # session's output open (the command would not return until the run ends).
+        # The Hugging Face token (the secrets file's `huggingface_token`, for gated models) reaches the trainer's
+        # environment through the session's input: never on a command line, in a file or a log on the host.
+        token = huggingface_token()
+        read_token = "IFS= read -r HF_TOKEN; export HF_TOKEN; " if token else ""
         command = (
-            f"cd {shlex.quote(self.settings.onetrainer_dir)} && {{ "
+            f"cd {shlex.quote(self.settings.onetrainer_dir)} && {{ {read_token}"
             f"HF_HOME={shlex.quote(self.settings.huggingface_cache_dir)} PYTHONUNBUFFERED=1 {assignments} "
             f"setsid nohup {shlex.quote(self.layout.python)} -m onetrainer.remote.agent {run_dir} "
             f"> {run_dir}/run.log 2>&1 < /dev/null & echo $! > {run_dir}/launch.pid; }}"
@@ -282,7 +286,7 @@ class RemoteRun:
                 )
             }
             self.host.put_bytes(json.dumps(actions).encode(), self.layout.file("on_end.json"))
-        self.host.check(command, "starting the trainer")
+        self.host.check(command, "starting the trainer", stdin=(token + "\n").encode() if token else b"")
         self.events.emit(
             Status(f"the run {self.settings.run_id!r} started on {self.host.label} ({self.layout.run_dir})")
         )
@@ -469,6 +473,13 @@ class RemoteRun:
                 self.provider.act(action, self.events, name)
             except (CloudError, RemoteError) as e:
                 self.events.emit(Warning_(f"{name} {action}: {e}"))
+
+
+def huggingface_token() -> str:
+    from onetrainer.remote.settings import read_secrets_file
+
+    token = read_secrets_file().get("huggingface_token") or ""
+    return token.strip() if isinstance(token, str) else ""
 
 
 def remote_environment() -> dict[str, str]:

@@ -29,6 +29,7 @@ from tests.helpers import image_folder, read_scalars, tiny_config
 from tests.remote.conftest import PASSPHRASE
 
 ROOT = Path(__file__).resolve().parents[2]
+HF_TOKEN = "hf_TestToken0123456789abcdef"  # a second secret: it reaches the trainer's environment on the host only
 pytestmark = pytest.mark.slow
 
 
@@ -57,7 +58,9 @@ def secrets_env(ssh_server, tmp_path_factory):
         "OMP_WAIT_POLICY": "PASSIVE",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    path = write_secrets_file(ssh_server.secrets(), base / "secrets" / "secrets.json")
+    path = write_secrets_file(
+        {**ssh_server.secrets(), "huggingface_token": HF_TOKEN}, base / "secrets" / "secrets.json"
+    )
     return {"ONETRAINER_SECRETS": str(path), remote_run.REMOTE_ENV: json.dumps(env)}
 
 
@@ -104,6 +107,8 @@ def trained(ssh_server, secrets_env, tmp_path_factory):
                 super().emit(event)
                 if isinstance(event, Progress) and not seen.get("cut"):
                     seen["cut"] = True
+                    pid = (remote / "runs" / "tiny1" / "launch.pid").read_text().strip()
+                    seen["environ"] = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                     hosts[-1].client.close()  # the connection drops mid-run
                     control.request_sample()
                     control.request_save()
@@ -113,7 +118,15 @@ def trained(ssh_server, secrets_env, tmp_path_factory):
 
         sink = Driver()
         outcome = run_training(config, control, [sink])
-    return {"root": root, "remote": remote, "config": config, "detached": detached, "sink": sink, "outcome": outcome}
+    return {
+        "root": root,
+        "remote": remote,
+        "config": config,
+        "detached": detached,
+        "sink": sink,
+        "outcome": outcome,
+        "environ": seen.get("environ"),
+    }
 
 
 def test_a_detached_run_is_reattached_and_survives_a_cut_connection(trained):
@@ -175,9 +188,12 @@ def test_no_written_file_holds_the_secret(trained, ssh_server, tmp_path_factory)
     found = []
     for folder in (trained["root"], trained["remote"], base / "state", base / "remote-state"):
         for path in folder.rglob("*"):
-            if path.is_file() and path != secrets_file and PASSPHRASE.encode() in path.read_bytes():
-                found.append(path)
+            if path.is_file() and path != secrets_file:
+                data = path.read_bytes()
+                if PASSPHRASE.encode() in data or HF_TOKEN.encode() in data:
+                    found.append(path)
     assert found == []
+    assert f"HF_TOKEN={HF_TOKEN}".encode() in trained["environ"]  # where the token is meant to be
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
     assert PASSPHRASE.encode() in secrets_file.read_bytes()  # the search would have found it
 
