@@ -179,6 +179,8 @@ class RemoteRun:
             else:
                 self._install()
                 remote = self._upload()
+                if self.control.stop_requested:  # Stop while the trainer or the files were being sent
+                    return Finished("stopped before the run started on the host")
                 self._start(remote)
                 if self.settings.detach_trainer:
                     return Finished(

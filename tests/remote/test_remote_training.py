@@ -283,3 +283,15 @@ def test_every_local_file_the_config_names_is_sent_and_renamed(tmp_path):
     assert remote.data["base_model_name"] == "tiny:sd15"
     assert remote.data["workspace_dir"] == "/srv/ot/runs/tiny1/workspace" and remote.data["tensorboard"] is False
     assert remote.data["output_model_destination"] == "/srv/ot/runs/tiny1/output/lora.safetensors"
+
+
+def test_stop_before_the_start_starts_nothing(ssh_server, secrets, tmp_path):
+    """Stop pressed while the files travel: the run never starts on the host."""
+    image_folder(tmp_path)
+    config, _ = config_from_dict(tiny_config(tmp_path, cloud=_cloud(tmp_path / "host", update_onetrainer=False)))
+    control = TrainingControl()
+    control.request_stop()
+    outcome = run_training(config, control, [])
+    assert isinstance(outcome, Finished) and outcome.reason == "stopped before the run started on the host"
+    assert not (tmp_path / "host" / "runs" / "tiny1" / "launch.pid").exists()
+    assert (tmp_path / "host" / "runs" / "tiny1" / "config.json").is_file()
