@@ -148,6 +148,7 @@ def test_a_wrong_api_key_or_pod_is_named_without_the_key(api, ssh_server, tmp_pa
         runpod.RunPodProvider(_settings(), CloudSecrets())
 
 
+@pytest.mark.slow
 def test_a_run_on_a_created_pod_stops_it_at_the_end(api, ssh_server, tmp_path, tmp_path_factory, monkeypatch):
     """The same remote run as LINUX's, its host from the API; `on_finish` STOP stops the pod after the download."""
     secrets_file = write_secrets_file(ssh_server.secrets(host="", port=0, api_key=API_KEY), tmp_path / "s.json")
