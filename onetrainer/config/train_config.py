@@ -120,7 +120,19 @@ _SEQUENCE = (
     "`text_encoder_2_sequence_length`; none of OneTrainer's model types reads it, and a model type here with a third "
     "or fourth text encoder prompts it with its pipeline's own length"
 )
-_CLOUD = "remote training over SSH and RunPod, not built yet: the remote-training issue builds it"
+
+
+def _holds_a_value(value) -> bool:
+    """A secrets block with anything in it (OneTrainer's empty defaults load quietly)."""
+    if isinstance(value, dict):
+        return any(_holds_a_value(v) for v in value.values())
+    return value not in (None, "", 0, "root")
+
+
+_SECRETS = (
+    "secrets are read from the secrets file only (secrets.json in the app's folder, mode 0600), never from a config, "
+    "so none is written with one"
+)
 
 
 @dataclass
@@ -1280,8 +1292,21 @@ class TrainConfig(ConfigNode):
     sample_audio_format: str = _ot(
         "sample_audio_format", "MP3", "for OneTrainer's audio-and-video samples; no model type here makes sound"
     )
-    cloud: dict | None = _ot_dict("cloud", active_key="enabled", why=_CLOUD)
-    secrets: dict | None = _ot_dict("secrets", why=_CLOUD)
+    cloud: dict | None = setting(
+        None,
+        "Cloud",
+        "Train on another machine over SSH (OneTrainer's cloud block: `enabled`, `type` LINUX or RUNPOD, "
+        "`remote_dir`, `onetrainer_dir`, `install_cmd`, `run_id`, `download_*`, `on_finish`, …; the README's "
+        "'Train on a rented GPU'). The host, user, key file and password come from the secrets file, never from here.",
+        ui=False,
+    )
+    secrets: dict | None = setting(
+        None,
+        "secrets",
+        f"OneTrainer setting 'secrets': {_SECRETS}.",
+        ignored=True,
+        is_inactive=lambda value: not _holds_a_value(value),
+    )
 
     # -- derived facts ----------------------------------------------------------------------------------------------
 

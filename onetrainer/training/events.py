@@ -265,3 +265,28 @@ class Broadcast:
         for sink in self.sinks:
             with contextlib.suppress(Exception):
                 sink.close()
+
+
+# The events' own names, for a run in another process or on another machine to send them as lines of JSON.
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in Event.__args__}
+
+
+def event_to_json(event: Event) -> str:
+    """One line of JSON: the event's type and its fields (NaN and infinity as JSON5-style literals Python reads)."""
+    import dataclasses
+    import json
+
+    return json.dumps({"type": type(event).__name__, **dataclasses.asdict(event)}, ensure_ascii=False)
+
+
+def event_from_json(line: str) -> Event | None:
+    """An event from `event_to_json`'s line; None for a line that is none (a type this version does not know)."""
+    import dataclasses
+    import json
+
+    data = json.loads(line)
+    cls = EVENT_TYPES.get(data.pop("type", None)) if isinstance(data, dict) else None
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in data.items() if key in names})

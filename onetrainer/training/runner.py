@@ -47,6 +47,10 @@ def run_training(
             events.emit(outcome)
             events.close()
             return outcome
+    if isinstance(config.cloud, dict) and config.cloud.get("enabled"):  # trains on the cloud block's host
+        from onetrainer.remote.run import run_remote
+
+        return run_remote(config, control, events.sinks)
     config, problems = pack(config)
     from onetrainer.families.sources import SourceFailed, prepare_config
 

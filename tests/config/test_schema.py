@@ -84,10 +84,12 @@ def test_infinity_is_written_and_read_like_onetrainer():
 
 
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
-    _, quiet = config_from_dict({"frames": "25", "cloud": {"enabled": False, "type": "RUNPOD"}})
+    _, quiet = config_from_dict({"frames": "25", "secrets": {"huggingface_token": "", "cloud": {"user": "root"}}})
     assert quiet == []
-    _, loud = config_from_dict({"frames": "49", "cloud": {"enabled": True}})  # video frames: no video family here
-    assert {p.path for p in loud} == {"frames", "cloud"}
+    # video frames: no video family here; secrets come from the secrets file only
+    _, loud = config_from_dict({"frames": "49", "secrets": {"cloud": {"password": "hunter2"}}})
+    assert {p.path for p in loud} == {"frames", "secrets"}
+    assert not any("hunter2" in p.message for p in loud)
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
 
