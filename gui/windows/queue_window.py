@@ -101,6 +101,8 @@ class QueueWindow(ctk.CTkToplevel):
             )
             radio.grid(row=position, column=0, sticky="w", padx=4, pady=2)
             detail = entry.status
+            if entry.kind == "remote":  # trains on the host of its cloud block
+                detail += f", remote ({entry.config.get('cloud', {}).get('type', 'LINUX')})"
             if entry.reason:
                 detail += f": {entry.reason.strip().splitlines()[0]}"
             elif entry.config.get("output_model_destination"):  # which run it is, where names repeat

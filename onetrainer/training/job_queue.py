@@ -11,8 +11,9 @@ a queue; the file gets the user's umask permissions), holding `job-queue.json.ed
 lock, gone with its process), so the app and the command line can both edit one queue without losing a change. An
 entry found "running" whose process is gone (a crash, a reboot) is queued again.
 
-An entry's `kind` says where it trains: "local" (this machine) is the only kind so far; a remote kind would carry its
-host's settings beside the config in the same entry (never a secret: those stay in the secrets file).
+An entry's `kind` says where it trains: "local" (this machine) or "remote" (its config's enabled `cloud` block: the
+host's settings travel in the queued config, never a secret, which stays in the secrets file and is read when the run
+starts). A remote entry trains on its host as any remote run does (`remote/run.py`), the runner following it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from onetrainer.util.fs import atomic_write_json
 QUEUE_NAME = "job-queue.json"
 LOCK_NAME = "job-queue.lock"
 VERSION = 1
-KINDS = ("local",)
+KINDS = ("local", "remote")
 QUEUED, RUNNING, FINISHED, STOPPED, FAILED = "queued", "running", "finished", "stopped", "failed"
 STATUSES = (QUEUED, RUNNING, FINISHED, STOPPED, FAILED)
 DONE = (FINISHED, STOPPED, FAILED)
@@ -108,12 +109,19 @@ class QueueEntry:
 
     def line(self, position: int) -> str:
         """One line of the list: position, status, name, id (and the reason of a failed or stopped run below)."""
-        text = f"{position:>3}. {self.status:<9} {self.name}  ({self.id}, queued {self.added.replace('T', ' ')})"
+        where = ", remote" if self.kind == "remote" else ""
+        text = f"{position:>3}. {self.status:<9} {self.name}  ({self.id}{where}, queued {self.added.replace('T', ' ')})"
         if self.reason:  # how it ended, why it failed, or that it was queued again after an interruption
             text += f"\n       {self.reason}"
         if self.log_path and self.status in DONE:
             text += f"\n       log: {self.log_path}"
         return text
+
+
+def run_kind(config: TrainConfig) -> str:
+    """ "remote" for a config whose `cloud` block is enabled (it trains on that host), else "local"."""
+    cloud = config.cloud
+    return "remote" if isinstance(cloud, dict) and cloud.get("enabled") else "local"
 
 
 def entry_name(config: TrainConfig, source: str = "") -> str:
@@ -264,8 +272,10 @@ class JobQueue:
 
     # -- changes ---------------------------------------------------------------------------------------------------
 
-    def add(self, config: TrainConfig, name: str = "", source: str = "", kind: str = "local") -> QueueEntry:
-        """Queue a copy of `config` (packed: the concepts and samples files' contents are copied too)."""
+    def add(self, config: TrainConfig, name: str = "", source: str = "", kind: str | None = None) -> QueueEntry:
+        """Queue a copy of `config` (packed: the concepts and samples files' contents are copied too); `kind` None:
+        where the config trains (`run_kind`)."""
+        kind = kind or run_kind(config)
         if kind not in KINDS:
             raise QueueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         packed, _ = pack(config)

@@ -295,3 +295,32 @@ def test_stop_before_the_start_starts_nothing(ssh_server, secrets, tmp_path):
     assert isinstance(outcome, Finished) and outcome.reason == "stopped before the run started on the host"
     assert not (tmp_path / "host" / "runs" / "tiny1" / "launch.pid").exists()
     assert (tmp_path / "host" / "runs" / "tiny1" / "config.json").is_file()
+
+
+def test_a_queue_trains_a_remote_run_and_then_a_local_one(secrets, tmp_path):
+    """The queue takes a config with its cloud block as a remote entry: it trains on the host (its LoRA downloaded
+    here), then the local entry after it trains here; the queued file holds the host's settings, never a secret."""
+    from onetrainer.remote.settings import load_cloud_secrets
+    from onetrainer.training.job_queue import FINISHED, JobQueue, run_queue
+
+    queue = JobQueue(tmp_path / "state" / "job-queue.json")
+    configs = []
+    for name, cloud in (("remote", _cloud(tmp_path / "host", run_id="queued1")), ("local", None)):
+        root = tmp_path / name
+        image_folder(root, count=2)
+        config, problems = config_from_dict(tiny_config(root, epochs=1, **({"cloud": cloud} if cloud else {})))
+        assert not [p for p in problems if p.is_error], problems
+        configs.append(config)
+    remote, local = (queue.add(config) for config in configs)
+    assert (remote.kind, local.kind) == ("remote", "local")
+    assert ", remote," in remote.line(1) and ", remote," not in local.line(2)
+    result = run_queue(queue)
+    assert [e.status for e in queue.entries()] == [FINISHED, FINISHED], [e.reason for e in queue.entries()]
+    assert [outcome.reason for _, outcome in result.done] == ["completed", "completed"]
+    for name in ("remote", "local"):
+        assert (tmp_path / name / "out" / "lora.safetensors").is_file()
+    assert (tmp_path / "host" / "runs" / "queued1").is_dir()  # the remote entry trained on the host
+    queued = queue.path.read_text(encoding="utf-8")
+    given = load_cloud_secrets()
+    assert given.password == PASSPHRASE
+    assert not [v for v in (given.password, given.api_key, HF_TOKEN) if v and v in queued]
