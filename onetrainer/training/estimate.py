@@ -335,7 +335,7 @@ class Estimate:
     def _whole_moment(self) -> str:
         """When every part is on the device at once."""
         if self.mode == MODES["SHARDED"].label:
-            return "loading, filling the caches: the trained parts are sharded after"
+            return "loading, filling the caches: the trained parts wait in RAM and are sharded a block at a time after"
         return "loading, filling the caches, samples"
 
     def host_text(self) -> str:
@@ -410,8 +410,9 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     (FSDP2 gathers one ahead) in the dtype they are gathered in, and one block's full gradients in float32 before
     they are reduce-scattered (a part without declared blocks is one unit); the frozen parts and the activations as
     one process has them. `sharded_cpu_offload` (on a GPU) moves the shards and their gradients and optimizer state
-    to host RAM. The other moment: before the trained parts are sharded, every part is whole on each GPU (loading,
-    filling the caches), with no optimizer state yet; samples are not rendered during a sharded run."""
+    to host RAM. The other moment: loading and filling the caches, the frozen parts whole on each GPU while the
+    trained parts wait in host RAM (the trainer shards them from there, a block at a time: one unit whole on the GPU
+    as it is cut); samples are not rendered during a sharded run."""
     n = settings.processes
     one = _one_process(counts, settings, flops_per_second)
     sharded = {k: c for k, c in counts.items() if c.trained and c.on_device}
@@ -430,7 +431,8 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     }
     if "overhead" in one.parts:
         parts["overhead"] = one.parts["overhead"]
-    resident = sum(c.device_bytes for c in counts.values()) + parts.get("overhead", 0.0)
+    cutting = max((_unit(c) * c.bytes / c.params for c in sharded.values() if c.params), default=0.0)
+    resident = whole + cutting + parts.get("overhead", 0.0)
     step = sum(parts.values())
     result = Estimate(max(step, resident), one.step_seconds, parts, device=settings.device, resident_bytes=resident)
     _add_host(result, counts, settings, {"the shards (sharded_cpu_offload)": held} if offloaded else None)

@@ -41,6 +41,8 @@ class Placement:
         self.offloads: dict[str, LayerOffload] = {}
         # Parts whose blocks are spread over several devices (`memory/model_split.py`): placed by their split.
         self.splits: dict[str, ModelSplit] = {}
+        # Parts sharded over the processes (`training/sharding.py`): each rank's shard is on the device for good.
+        self.sharded: set[str] = set()
 
     def per_step(self, trained: Iterable[str], latents_cached: bool, text_cached: bool) -> set[str]:
         """The parts a training step runs."""
@@ -55,7 +57,7 @@ class Placement:
 
     def place(self, on_device: Iterable[str]) -> None:
         """Put exactly `on_device` on the training device, every other part on the offload device."""
-        wanted = set(on_device)
+        wanted = set(on_device) | self.sharded
         for name, module in self.parts.items():
             where = DEVICE if name in wanted else OFFLOAD
             if self.location.get(name) != where:
@@ -74,6 +76,13 @@ class Placement:
                     offload.detach(self.offload)
                 self.location[name] = where
                 self.moves.append((name, where))
+
+    def mark_sharded(self, names: Iterable[str]) -> None:
+        """`names` were sharded (FSDP2 moved each block's shard to the device as it sharded it): on the device from
+        now on, and never moved whole."""
+        for name in names:
+            self.sharded.add(name)
+            self.location[name] = DEVICE
 
     def offload_layers(self, name: str, offload: LayerOffload) -> None:
         """From now on, `name` goes to the device through `offload` (its blocks a window at a time)."""

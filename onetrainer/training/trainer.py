@@ -174,12 +174,16 @@ class Trainer:
         offloaded = offloaded_parts(config, family)
         # MODEL_SPLIT: the denoiser's blocks spread over the split devices, never whole on the first.
         split = [family.denoiser_part] if model_split_wanted(config) else []
+        # SHARDED: the trained parts wait in host RAM; sharding moves them to the device a block at a time, so no GPU
+        # ever holds one whole (the reason to shard is that it would not fit).
+        self.on_host_until_sharded = self._sharded_parts()
         # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
         self.placement.place(
             n
             for n, role in family.part_roles.items()
             if role is not PartRole.SAMPLING and n not in offloaded and n not in split
-        )
+            and n not in self.on_host_until_sharded
+        )  # fmt: skip
         self._stop_point()
         self.status("reading the training images")
         self.data = TrainingData(config, self.model.type_info.family.bucket_step, resolve_local)
@@ -198,7 +202,11 @@ class Trainer:
             self.status(f"{split[0]} split over {len(model_split.devices)} devices: {model_split.describe()}")
         # Now on the device as the others are: a window of blocks at a time, or spread (caching encodes with them).
         if offloaded or split:
-            self.placement.place(n for n, role in family.part_roles.items() if role is not PartRole.SAMPLING)
+            self.placement.place(
+                n
+                for n, role in family.part_roles.items()
+                if role is not PartRole.SAMPLING and n not in self.on_host_until_sharded
+            )
         check_placeholders(self.data, config, self.method, self.warn)
         self.with_masks = config.masked_training or self.model.type_info.inpainting
         self.text_cache = None
@@ -209,7 +217,15 @@ class Trainer:
             )
         # Frozen encoders whose outputs are cached leave the device (they come back to sample and validate).
         trained = self.method.trained_parts()
-        self.placement.place(self.placement.per_step(trained, config.latent_caching, self.text_cache is not None))
+        per_step = self.placement.per_step(trained, config.latent_caching, self.text_cache is not None)
+        self.placement.place(n for n in per_step if n not in self.on_host_until_sharded)
+
+    def _sharded_parts(self) -> list[str]:
+        """The parts a sharded run shards (a fine-tune's trained denoiser and text encoders); none otherwise."""
+        if self.config.multi_gpu_mode is not MultiGpuMode.SHARDED or self.world_size <= 1:
+            return []
+        candidates = [self.family.denoiser_part, *(s.part for s in self.model.text_encoders)]
+        return [p for p in candidates if self.config.part(p).train]
 
     def _build(self, total_steps: int, steps_per_epoch: int) -> None:
         """The optimizer and what steps with it, what rank 0 writes, and the last backup's state when resuming."""
@@ -260,6 +276,7 @@ class Trainer:
             raise ValueError(f"multi_gpu_mode SHARDED trains fine-tunes only; {method} trains data parallel for now")
         parts = self.method.trained_parts()
         sharded = shard_parts(self.family, self.model, parts, shard_settings(self.config), self.dist)
+        self.placement.mark_sharded(parts)
         for part in parts:
             blocks = sharded.blocks[part]
             unit = f"{blocks} blocks and the rest" if blocks else "one unit (the family declares no blocks for it)"

@@ -1,5 +1,6 @@
 """`ddp_worker.py` (its faults) for the sharded tests, and two more: SHARD_TEST_SIZES=<folder>, where each rank writes
-how much of the trained weights and of the optimizer's state it holds after the first step (`rank<N>.json`);
+how much of the trained weights and of the optimizer's state it holds after the first step, and every move of a whole
+part between the device and the host before it (`rank<N>.json`);
 SHARD_TEST_DISK_FULL=1, rank 0's final save fails as on a full disk."""
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def train_step(self, batches):
     folder = os.environ.get("SHARD_TEST_SIZES")
     if folder and self.progress.global_step == 0 and self.sharding is not None:
         sizes = self.sharding.sizes(self.optimization.optimizer)
-        Path(folder, f"rank{RANK}.json").write_text(json.dumps(dataclasses.asdict(sizes)), encoding="utf-8")
+        report = {**dataclasses.asdict(sizes), "moves": self.placement.moves}  # each part moved whole, and where
+        Path(folder, f"rank{RANK}.json").write_text(json.dumps(report), encoding="utf-8")
     return loss
 
 

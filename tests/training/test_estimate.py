@@ -136,11 +136,11 @@ def test_the_sharded_peak_per_gpu_shrinks_with_the_processes_and_stays_sensible_
         steps.append(sum(result.parts.values()))
         assert f"per GPU ({n} processes, sharded)" in result.text() and "per GPU in each mode" in result.text()
     assert steps[0] > steps[1] > steps[2]
-    # Before the trained part is sharded (loading, caching) every GPU holds every part whole: with many processes
-    # that moment is the peak.
+    # Before the trained part is sharded (loading, caching) it waits in host RAM: the GPU holds the frozen parts and,
+    # as the part is cut, one block whole; never the trained part whole, however many processes share it.
     many = estimate_from_counts(counts, replace(settings, processes=64, multi_gpu_mode="SHARDED"))
-    assert many.peak_bytes == many.resident_bytes == pytest.approx(4e9 * 4 + 2e9 + OVERHEAD)
-    assert "the trained parts are sharded after" in many.text()
+    assert many.resident_bytes == pytest.approx(2e9 + 1e8 * 4 + OVERHEAD)
+    assert many.peak_bytes == pytest.approx(sum(many.parts.values())) and many.peak_bytes < 4e9 * 4
     # Configured data parallel on 4 GPUs: one process's peak per GPU, the sharded one beside it.
     parallel = estimate_from_counts(counts, replace(settings, processes=4))
     assert parallel.peak_bytes == one.peak_bytes and parallel.mode == "data parallel"

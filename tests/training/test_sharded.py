@@ -123,6 +123,9 @@ def test_two_sharded_processes_train_what_one_process_trains_at_2b(one_process, 
         for r in ranks:
             assert 0.4 * whole <= r[f"{kind}_local"] <= 0.6 * whole, (kind, ranks)
     assert ranks[0]["optimizer_whole"] == 2 * ranks[0]["weights_whole"]  # AdamW's two moments per weight
+    # The transformer waited in host RAM until sharding moved its shards to the device: never placed there whole.
+    for r in ranks:
+        assert ["transformer", "device"] not in r["moves"] and ["vae", "device"] in r["moves"], r["moves"]
 
 
 @pytest.mark.slow
