@@ -1,0 +1,270 @@
+"""ERNIE-Image on its tiny model: the conditioning, the latents and the prediction are ErnieImagePipeline's, a LoRA
+trained through the trainer samples and its DIFFUSERS_LORA file loads in diffusers' `load_lora_weights` (every module
+of it landing) as ours, a fine-tune's folder loads in diffusers and back as a base model, KOHYA_LORA files read back
+as trained in each adapter kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.base import Conditioning
+from onetrainer.families.ernie import BATCH_NORM_EPS, TEXT_TOKENS, caption_rows
+from onetrainer.families.vae_batch_norm import patchify, unpatchify
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import (
+    assert_only_the_denoiser_trained,
+    image_folder,
+    keep_trained_output,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
+
+CAPTIONS = ["a red circle", "Two BLUE squares on a table, seen from above"]
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), "ernie", method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import ErnieImagePipeline
+
+    pipe = ErnieImagePipeline.from_pretrained(str(folder or tiny_model_dir("ernie")), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, transformer.config.in_channels, 2, 3, generator=generator)
+    text = torch.randn(2, 7, transformer.config.text_in_dim, generator=generator)
+    with torch.no_grad():
+        return transformer(latents, torch.tensor([300.0, 800.0]), text, torch.tensor([7, 4])).sample
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        theirs = pipe.encode_prompt(list(CAPTIONS), "cpu")  # each prompt alone, unpadded
+        rows = caption_rows(ours)
+        assert [len(r) for r in rows] == [len(t) for t in theirs] and len(theirs[0]) < len(theirs[1])
+        assert all(torch.allclose(r, t, atol=1e-6) for r, t in zip(rows, theirs))
+        # the empty caption (caption dropout, the default negative prompt) is the start token alone, as the pipeline's
+        (empty,) = pipe.encode_prompt("", "cpu")
+        assert len(empty) == 1 and torch.allclose(caption_rows(family.encode_text(model, [""]))[0], empty, atol=1e-6)
+
+        pixels = torch.rand(2, 3, 64, 96) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        assert latents.shape == (2, 32, 8, 12)
+        # what the pipeline decodes: its batch-norm denormalisation (epsilon 1e-5) of the patchified latents
+        vae = pipe.vae
+        mean = vae.bn.running_mean.view(1, -1, 1, 1)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + BATCH_NORM_EPS)
+        raw = vae.encode(pixels).latent_dist.mode()
+        assert torch.allclose(patchify(latents) * std + mean, pipe._patchify_latents(raw), atol=1e-5)
+        assert torch.equal(patchify(latents), pipe._patchify_latents(unpatchify(patchify(latents))))
+
+        # σ·1000 in, as the schedule gives it and the pipeline passes its timesteps; the flow out, patchified as the
+        # pipeline's latents are
+        noisy, sigma = torch.randn(2, 32, 4, 6), torch.tensor([0.25, 0.75])
+        predicted = family.predict(model, noisy, model.schedule.model_time(sigma), ours, {}).output
+        text, lengths = pipe._pad_text(theirs, "cpu", torch.float32, pipe.transformer.config.text_in_dim)
+        raw = pipe.transformer(pipe._patchify_latents(noisy), sigma * 1000, text, lengths, return_dict=False)[0]
+    assert torch.allclose(predicted, pipe._unpatchify_latents(raw), atol=1e-5)
+
+
+def test_clip_skip_takes_an_earlier_hidden_state():
+    family, model = our_model(text_encoder={"layer_skip": 1})
+    _, plain = our_model()
+    encoder = model.part("text_encoder")
+    tokens = model.text_encoders[0].tokenizer(["a red circle"], return_tensors="pt")
+    with torch.no_grad():
+        skipped = family.encode_text(model, ["a red circle"]).hidden_states
+        full = family.encode_text(plain, ["a red circle"]).hidden_states
+        states = encoder(tokens.input_ids, output_hidden_states=True).hidden_states
+    assert not torch.allclose(skipped, full, atol=1e-4)
+    assert torch.allclose(states[-3], skipped, atol=1e-6) and torch.allclose(states[-2], full, atol=1e-6)
+
+
+def test_captions_are_cut_at_512_tokens():
+    family, model = our_model()
+    with torch.no_grad():
+        encoded = family.encode_text(model, ["circle " * 600, "a square"])
+    assert encoded.hidden_states.shape[1] == TEXT_TOKENS
+    assert encoded.tensors["attention_mask"].sum(dim=1).tolist() == [TEXT_TOKENS, 3]
+
+
+def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+        assert [len(r["hidden_states"]) for r in rows] == lengths
+        cached = Conditioning.stack(rows, "cpu")
+        noisy, times = torch.randn(2, 32, 4, 4), torch.tensor([100.0, 900.0])
+        from_cache = family.predict(model, noisy, times, cached, {}).output
+        full = family.predict(model, noisy, times, encoded, {}).output
+    assert torch.allclose(from_cache, full, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on the blocks' attention and MLP (OneTrainer's `attn-mlp`), a sample with a negative prompt;
+    latents and text cached."""
+    root = tmp_path_factory.mktemp("ernie-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "ernie", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+        text_encoder={"train": False}, latent_caching=True,
+        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
+                  "diffusion_steps": 2}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return config, run_config(config)
+
+
+def test_a_lora_trains_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (96, 64)
+    cache = Path(config["cache_dir"])
+    assert any(cache.rglob("*")), "latents and text were cached"
+    state = load_file(config["output_model_destination"])
+    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    assert all(k.startswith("transformer.layers.") for k in state)
+    assert {"layers.0.self_attention.to_q", "layers.1.self_attention.to_out.0", "layers.0.mlp.gate_proj",
+            "layers.1.mlp.linear_fc2"} <= modules  # fmt: skip
+
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(config["output_model_destination"])
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert landed == modules
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+
+
+def test_a_sample_is_the_pipelines_own_render_of_the_prompt(lora_run):
+    """Our sample path (our prompt embeddings, the prompt enhancer off) renders what the pipeline renders from the
+    prompt text itself."""
+    import numpy as np
+
+    from onetrainer.config.sample_config import SampleConfig
+    from onetrainer.sampling.sampler import to_image
+
+    family, model = our_model()
+    sample = SampleConfig(prompt="a red circle", negative_prompt="blue", width=64, height=32, seed=3,
+                          diffusion_steps=3, cfg_scale=4.0)  # fmt: skip
+    with torch.no_grad():
+        ours = np.asarray(family.sample(model, sample, lambda text: text, False))
+        pipe = pipeline()
+        theirs = pipe(
+            prompt="a red circle", negative_prompt="blue", width=64, height=32, num_inference_steps=3,
+            guidance_scale=4.0, generator=torch.Generator().manual_seed(3), output_type="np", use_pe=False,
+        ).images[0]  # fmt: skip
+    assert np.abs(ours.astype(int) - np.asarray(to_image(theirs)).astype(int)).max() <= 1
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, "ernie", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    expected = assert_only_the_denoiser_trained(trained, base, transformer_output)
+    assert dict(trained.scheduler.config) == dict(base.scheduler.config)
+
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_an_original_transformer_file_reads_back_as_the_transformer_part(tmp_path):
+    """ORIGINAL_TRANSFORMER (diffusers' names, as OneTrainer writes it) and the same file in ComfyUI's layout
+    (`model.diffusion_model.` prefix) both load as `transformer.model_name`."""
+    from safetensors.torch import save_file
+
+    from onetrainer.config.enums import ModelFormat
+
+    family, model = our_model()
+    with torch.no_grad():
+        for weight in model.part("transformer").parameters():
+            weight.add_(0.01)
+    path = tmp_path / "transformer.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32)
+    expected = transformer_output(model.part("transformer"))
+    _, again = our_model(transformer={"model_name": str(path)})
+    assert torch.equal(transformer_output(again.part("transformer")), expected)
+    comfy = tmp_path / "comfy.safetensors"
+    save_file({f"model.diffusion_model.{k}": v for k, v in load_file(str(path)).items()}, str(comfy))
+    _, comfy_model = our_model(transformer={"model_name": str(comfy)})
+    assert torch.equal(transformer_output(comfy_model.part("transformer")), expected)
+
+
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+def test_kohya_files_write_unet_and_te_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Ministral), in each adapter kind: read
+    back into a fresh model it gives the trained transformer's output."""
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "ernie", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    assert f"lora_unet_layers_0_self_attention_to_q.{marker}" in state
+    assert all(k.startswith("lora_unet_layers_") or k.startswith("lora_te1_language_model_layers_") for k in state)
+    assert any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state) is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path):
+    family, model = our_model()
+    with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
+        for weight in model.part("transformer").parameters():
+            weight.add_(0.01)
+    backup = tmp_path / "backup"
+    family.save_backup(model, backup / "model")
+    (backup / "meta.json").write_text("{}")
+    for part in model.parts:
+        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
+    _, again = our_model(base_model_name=str(backup))
+    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
+
+
+def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
+    from onetrainer.config.enums import ModelType
+    from onetrainer.training.estimate import reference_shapes
+
+    shapes = reference_shapes(ModelType.ERNIE, "baidu/ERNIE-Image")
+    assert shapes["transformer"]["params"] == pytest.approx(8.0e9, rel=0.03)
+    assert shapes["text_encoder"]["params"] == pytest.approx(3.8e9, rel=0.06)  # Ministral 3 3B with its vision tower
