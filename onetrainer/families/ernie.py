@@ -26,8 +26,9 @@ rectified flow.
   `model.diffusion_model.` / `diffusion_model.` prefix allowed (ComfyUI's ERNIE model has diffusers' module names).
 - Saving: the pipeline folder (also the backup, usable as a base model) or the transformer alone in diffusers' names
   (ORIGINAL_TRANSFORMER, as OneTrainer writes it). LoRA files: DIFFUSERS_LORA (peft names under `transformer.` /
-  `text_encoder.`; `ErnieImagePipeline.load_lora_weights` reads the transformer's) and KOHYA_LORA (`lora_unet_` /
-  `lora_te1_` + the module path, LyCORIS kinds too).
+  `text_encoder.`; `ErnieImagePipeline.load_lora_weights` reads the transformer's), KOHYA_LORA (`lora_unet_` /
+  `lora_te1_` + the module path, LyCORIS kinds too) and COMFY_LORA (`diffusion_model.` + the module path, which
+  ComfyUI's ERNIE model has; Ministral's under its `ministral3_3b` text encoder's `transformer.model.`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ class ErnieFamily(LanguageModelFlowFamily):
         "transformer": ("layers",),
         "text_encoder": ("language_model.layers",),
     }
+    # ComfyUI's ERNIE model has diffusers' module names; its `ministral3_3b` text encoder keeps the language model as
+    # `model.` (no `language_model.` level: `comfy_module_path`), as its Qwen3 for Z-Image.
+    comfy_prefixes: ClassVar[dict[str, str]] = {
+        "transformer": "diffusion_model.",
+        "text_encoder": "text_encoders.ministral3_3b.transformer.model.",
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -125,8 +132,8 @@ class ErnieFamily(LanguageModelFlowFamily):
     # -- a training step ------------------------------------------------------------------------------------------
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
-        """The flow of the patchified latents (unpatchified again); the text is each caption's tokens (`text_lens`,
-        the rows cut to the longest caption), the time σ·1000 in float32 (as OneTrainer passes it)."""
+        """The flow of the patchified latents (unpatchified again); the text is each caption's tokens (`text_lens`),
+        the time σ·1000 in float32 (as OneTrainer passes it)."""
         transformer = model.part("transformer")
         dtype = first_weight(transformer).dtype
         text, lengths = caption_tokens(conditioning)
@@ -175,20 +182,26 @@ class ErnieFamily(LanguageModelFlowFamily):
 
     # -- names ----------------------------------------------------------------------------------------------------
 
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        """Ministral's decoder is the model of ComfyUI's text encoder itself (transformers nests it as
+        `language_model.`)."""
+        if part == "text_encoder":
+            return module_path.removeprefix("language_model.")
+        return module_path
+
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND
 
 
 def caption_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
-    """The text the transformer takes: the rows cut to the longest caption's tokens, [B, T, D], and each caption's
-    token count, [B] (its tokens first, the padding after, as the mask says)."""
+    """The text the transformer takes: the rows as they are, [B, T, D], and each caption's token count, [B] (its
+    tokens first, the padding after, as the mask says). The transformer attends to a caption's first `text_lens`
+    tokens only and places the image after them, so padding beyond them changes nothing (and nothing here depends on
+    the values: the memory estimate runs this step without any)."""
     hidden, mask = conditioning.hidden_states, conditioning.get("attention_mask")
     if mask is None:
         return hidden, torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long, device=hidden.device)
-    lengths = mask.sum(dim=1).long()
-    if hidden.device.type == "meta" or lengths.device.type == "meta":  # the memory estimate's: every token
-        return hidden, lengths
-    return hidden[:, : int(lengths.max())], lengths.to(hidden.device)
+    return hidden, mask.sum(dim=1).long().to(hidden.device)
 
 
 def caption_rows(conditioning: Conditioning) -> list[torch.Tensor]:

@@ -144,7 +144,7 @@ ERNIE = FamilyInfo(
     output_formats={
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.COMFY_LORA),
     },
     muon_hidden_layers=("layers",),  # the DiT's blocks, Ministral's decoder layers (language_model.layers)
     layer_presets=_ERNIE_LAYER_PRESETS,
@@ -177,9 +177,13 @@ ERNIE = FamilyInfo(
     "run ErnieImagePipeline with our prompt embeddings and CFG against the negative prompt (Turbo: CFG scale 1, 8 "
     "steps). `transformer.model_name` may name a transformer file in diffusers' names (ComfyUI's "
     "`model.diffusion_model.` prefix too). LoRA files: DIFFUSERS_LORA (ErnieImagePipeline's `load_lora_weights`) "
-    "or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the module path, LoHa and LoKr too). Fine-tunes: a diffusers folder "
-    "(also the backup, usable as a base model) or the transformer alone in diffusers' names (ORIGINAL_TRANSFORMER, "
-    "as OneTrainer writes it).",
+    "or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the module path, LoHa and LoKr too; ComfyUI reads the "
+    "transformer's `lora_unet_` names, its ERNIE model having diffusers' module paths) or COMFY_LORA "
+    "(`diffusion_model.` + the module path; Ministral's under ComfyUI's "
+    "`text_encoders.ministral3_3b.transformer.model.`). Fine-tunes: a diffusers "
+    "folder (also the backup, usable as a base model) or the transformer alone in diffusers' names "
+    "(ORIGINAL_TRANSFORMER, as OneTrainer writes it). Embeddings train Ministral's token table (the file's key "
+    "`ministral3_3b`, ComfyUI's name of the encoder); OneTrainer offers none for ERNIE.",
 )
 # the pipeline's defaults: 50 steps at CFG 4, 1024 px (ERNIE-Image-Turbo: 8 steps, CFG 1)
 _ERNIE_SAMPLE = SampleDefaults(1024, 1024, 50, 4.0, NoiseScheduler.EULER)

@@ -268,3 +268,108 @@ def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
     shapes = reference_shapes(ModelType.ERNIE, "baidu/ERNIE-Image")
     assert shapes["transformer"]["params"] == pytest.approx(8.0e9, rel=0.03)
     assert shapes["text_encoder"]["params"] == pytest.approx(3.8e9, rel=0.06)  # Ministral 3 3B with its vision tower
+
+
+def test_an_embedding_trains_on_ministral_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `ministral3_3b` (ComfyUI's name of ERNIE-Image's text encoder); set into
+    diffusers' tokenizer and encoder as new tokens, they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import add_embedding_tokens, local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="ernie", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["ministral3_3b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    add_embedding_tokens(pipe, vectors)
+    with torch.no_grad():
+        ours = caption_rows(family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]))[0]
+        (theirs,) = pipe.encode_prompt(["a photo of <shape> <shape>_1"], "cpu")
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_dropped_caption_is_the_empty_captions_start_token():
+    """Caption dropout encodes the empty caption (what the pipeline's default negative prompt is): the dropped row is
+    the start token's states alone, the kept row its caption's."""
+    family, model = our_model()
+    encode = lambda captions: family.encode_text(model, captions)  # noqa: E731
+    with torch.no_grad():
+        dropped = family.drop_captions(model, CAPTIONS, [torch.tensor([True, False])], encode)
+        empty, kept = encode([""]), encode(CAPTIONS[1:])
+    rows = caption_rows(dropped)
+    assert torch.allclose(rows[0], caption_rows(empty)[0], atol=1e-6) and len(rows[0]) == 1
+    assert torch.allclose(rows[1], caption_rows(kept)[0], atol=1e-6)
+
+
+def test_text_encoder_loras_go_on_ministrals_decoder_layers_not_the_vision_tower():
+    family, model = our_model()
+    targets = family.lora_targets(model, "text_encoder", [], False)
+    assert targets and all(t.startswith("language_model.layers.") for t in targets)
+    assert family.metadata_kind(model).architecture == "ernie-image"
+    assert model.text_encoders[0].embedding_key == "ministral3_3b"
+
+
+def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's blocks and of Ministral's layers waiting off the device (`layer_blocks`), with
+    gradient checkpointing as the presets train: the same losses and the same LoRA as without."""
+    from onetrainer.memory import layer_offload
+
+    offloaders = []
+    made = layer_offload.LayerOffload.__init__
+
+    def keep(self, module, *args, **kwargs):
+        made(self, module, *args, **kwargs)
+        offloaders.append((type(module).__name__, self))
+
+    monkeypatch.setattr(layer_offload.LayerOffload, "__init__", keep)
+
+    def train(root: Path, fraction: float):
+        image_folder(root, count=2)
+        config = tiny_config(
+            root, "ernie", "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
+            layer_filter_preset="attn-mlp",
+            transformer={"offload_fraction": fraction, "gradient_checkpointing": True},
+            text_encoder={"train": False, "offload_fraction": fraction},
+        )  # fmt: skip
+        losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+        return losses, load_file(config["output_model_destination"])
+
+    losses, weights = train(tmp_path / "plain", 0.0)
+    assert not offloaders
+    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.5)
+    moved = {name for name, offloader in offloaders if offloader.moves}  # blocks came in and went out as they ran
+    assert moved == {"ErnieImageTransformer2DModel", "Mistral3Model"}
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+
+
+@pytest.mark.parametrize("kind", ["lora", "lokr"])
+def test_comfy_files_write_comfyuis_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """COMFY_LORA: the transformer's adapters under `diffusion_model.<diffusers module>` (ComfyUI's ERNIE model has
+    diffusers' module paths), Ministral's under `text_encoders.ministral3_3b.transformer.model.<decoder module>`; read
+    back into a fresh model they give the trained transformer's output."""
+    settings = {"lora": {}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "ernie", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "lokr": "lokr_w1"}[kind]
+    assert f"diffusion_model.layers.0.self_attention.to_q.{marker}" in state
+    te = "text_encoders.ministral3_3b.transformer.model.layers."
+    assert all(k.startswith("diffusion_model.layers.") or k.startswith(te) for k in state)
+    assert any(k.startswith(te + "0.self_attn.q_proj.") for k in state) is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
