@@ -408,3 +408,19 @@ def test_lora_tool_extracts_a_fine_tunes_changes_and_merges_them_back(tmp_path):
     again = ErnieImageTransformer2DModel.from_pretrained(str(merged), subfolder="transformer")
     ours, theirs = again.state_dict(), transformer.state_dict()
     assert all(torch.allclose(ours[k], theirs[k], atol=1e-5) for k in theirs)
+
+
+def test_the_dynamic_training_shift_is_onetrainers_on_the_vaes_latents():
+    """`dynamic_timestep_shifting` shifts by e^μ, μ linear in the 2x2 patches of the VAE's latents between the
+    scheduler config's (256, 0.5) and (4096, 1.15), as OneTrainer's `calculate_timestep_shift` computes it from the
+    unpatchified latents' size; the pipeline's own sampling shift is the scheduler's."""
+    import math
+
+    _, model = our_model()
+    config = model.schedule.scheduler_config
+    for height, width in ((64, 64), (128, 96)):  # 512 px and 1024 x 768 px
+        tokens = (height // 2) * (width // 2)
+        base, most = config["base_image_seq_len"], config["max_image_seq_len"]
+        slope = (config["max_shift"] - config["base_shift"]) / (most - base)
+        mu = tokens * slope + config["base_shift"] - slope * base
+        assert model.schedule.resolution_shift(height, width) == pytest.approx(math.exp(mu))
