@@ -424,3 +424,13 @@ def test_the_dynamic_training_shift_is_onetrainers_on_the_vaes_latents():
         slope = (config["max_shift"] - config["base_shift"]) / (most - base)
         mu = tokens * slope + config["base_shift"] - slope * base
         assert model.schedule.resolution_shift(height, width) == pytest.approx(math.exp(mu))
+
+
+def test_turbo_samples_in_8_steps_without_cfg_and_the_base_model_as_its_type_says():
+    import dataclasses
+
+    family, model = our_model()
+    assert family.sample_defaults(model) == model.type_info.sample
+    assert (model.type_info.sample.diffusion_steps, model.type_info.sample.cfg_scale) == (50, 4.0)
+    turbo = family.sample_defaults(dataclasses.replace(model, source="baidu/ERNIE-Image-Turbo"))
+    assert (turbo.diffusion_steps, turbo.cfg_scale) == (8, 1.0)
