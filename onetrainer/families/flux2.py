@@ -78,6 +78,10 @@ from onetrainer.families.loading import (
     part_wise_base,
 )
 from onetrainer.families.saving import FlowPipelineFolder, plain_state
+from onetrainer.families.vae_batch_norm import (
+    encode_normalised,
+    normalise_latents,
+)
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
 from onetrainer.weights import flux2_keys, flux2_lora
@@ -177,10 +181,7 @@ class Flux2Family(LanguageModelFlowFamily):
         return conditioning.row(index)
 
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        vae = model.part("vae")
-        weight = compute_weight(vae)
-        latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
-        return normalise_latents(vae, latents)
+        return encode_normalised(model.part("vae"), pixels)
 
     def encode_references(self, model: LoadedModel, references: list) -> dict[str, torch.Tensor]:
         """A sample's reference images as the transformer reads them, cached with its latents: their tokens, each
@@ -458,42 +459,6 @@ def is_distilled(where: str, options: dict) -> bool:
 def has_guidance(model: LoadedModel) -> bool:
     """Whether the transformer takes a guidance value ([dev]; not [klein])."""
     return bool(getattr(model.part("transformer").config, "guidance_embeds", False))
-
-
-def _batch_norm(vae: torch.nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The VAE's per-channel mean and standard deviation of its 2x2-patchified latents, [1, 4C, 1, 1]."""
-    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(like.device, like.dtype)
-    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(like.device, like.dtype)
-    return mean, std
-
-
-def patchify(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, h, w] → [B, 4C, h/2, w/2], channels (c, row, column) in order (the pipeline's `_patchify_latents`)."""
-    b, c, h, w = latents.shape
-    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 1, 3, 5, 2, 4)
-    return patches.reshape(b, c * PATCH * PATCH, h // PATCH, w // PATCH)
-
-
-def unpatchify(patches: torch.Tensor) -> torch.Tensor:
-    """The inverse of `patchify`."""
-    b, c4, h, w = patches.shape
-    c = c4 // (PATCH * PATCH)
-    latents = patches.reshape(b, c, PATCH, PATCH, h, w).permute(0, 1, 4, 2, 5, 3)
-    return latents.reshape(b, c, h * PATCH, w * PATCH)
-
-
-def normalise_latents(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
-    """The VAE's latents [B, 32, h, w] normalised by its batch-norm statistics, which are per patch channel."""
-    patches = patchify(latents)
-    mean, std = _batch_norm(vae, patches)
-    return unpatchify((patches - mean) / std)
-
-
-def denormalise_latents(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
-    """The inverse of `normalise_latents`: what the VAE decodes."""
-    patches = patchify(latents)
-    mean, std = _batch_norm(vae, patches)
-    return unpatchify(patches * std + mean)
 
 
 def image_ids(rows: int, columns: int, device) -> torch.Tensor:

@@ -71,29 +71,8 @@ FLUX2_KLEIN_9B_TRANSFORMER: Config = {
     "num_single_layers": 24,
 }
 
-# Flux.2's VAE (AutoencoderKLFlux2, every Flux.2 model's vae/): the SD VAE's blocks with 32 latent channels and quant
-# convs; no shift or scale: latents are patchified 2x2 (128 channels) and normalised by the batch-norm statistics the
-# VAE carries (`bn.running_mean`, `bn.running_var`, eps 1e-4).
-FLUX2_VAE: Config = {
-    "_class_name": "AutoencoderKLFlux2",
-    "act_fn": "silu",
-    "batch_norm_eps": 0.0001,
-    "batch_norm_momentum": 0.1,
-    "block_out_channels": [128, 256, 512, 512],
-    "decoder_block_out_channels": None,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "in_channels": 3,
-    "latent_channels": 32,
-    "layers_per_block": 2,
-    "mid_block_add_attention": True,
-    "norm_num_groups": 32,
-    "out_channels": 3,
-    "patch_size": [2, 2],
-    "sample_size": 1024,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "use_post_quant_conv": True,
-    "use_quant_conv": True,
-}
+# Flux.2's VAE (every Flux.2 model's vae/; ERNIE-Image's too): the shared reference config.
+FLUX2_VAE: Config = ref.FLUX2_VAE
 
 # Qwen3-4B (klein 4B's text_encoder/, as the hub's Qwen3ForCausalLM checkpoint: the decoder under `model.`, the LM head
 # tied to the embedding). 36 layers; the pipeline reads the outputs of layers 9, 18 and 27.

@@ -344,7 +344,29 @@ def as_module_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     own = set(module.state_dict())
     if "shared.weight" in state and "encoder.embed_tokens.weight" in own:
         state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
-    return {(k if k in own else k.removeprefix("text_model.")): v for k, v in state.items()}
+    return {_own_name(k, own): v for k, v in state.items()}
+
+
+# The checkpoint layout transformers 5 writes for its vision-language models (Mistral3: FLUX.2 [dev]'s and
+# ERNIE-Image's text encoders), which their module trees nest differently: a file's prefix → the module's, by class.
+_LEGACY_PREFIXES = (
+    ("language_model.model.", ("language_model.", "model.language_model.")),
+    ("language_model.lm_head.", ("lm_head.",)),
+    ("vision_tower.", ("model.vision_tower.",)),
+    ("multi_modal_projector.", ("model.multi_modal_projector.",)),
+)
+
+
+def _own_name(key: str, own: set[str]) -> str:
+    """A file's weight name as the module names it (`as_module_state`)."""
+    if key in own:
+        return key
+    for prefix, candidates in _LEGACY_PREFIXES:
+        if key.startswith(prefix):
+            for candidate in candidates:
+                if candidate + key[len(prefix) :] in own:
+                    return candidate + key[len(prefix) :]
+    return key.removeprefix("text_model.")
 
 
 def load_transformer_part(

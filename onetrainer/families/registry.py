@@ -28,6 +28,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
         "zimage": "onetrainer.families.zimage:ZImageFamily",
         "sana": "onetrainer.families.sana:SanaFamily",
+        "ernie": "onetrainer.families.ernie:ErnieFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

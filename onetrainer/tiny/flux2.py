@@ -11,6 +11,8 @@ from typing import Any
 from onetrainer.config.enums import ModelType
 from onetrainer.families import flux2_info as real
 from onetrainer.families import reference_configs as ref
+from onetrainer.tiny import mistral3_text
+from onetrainer.tiny.mistral3_text import tiny_mistral3_config
 from onetrainer.tiny.mistral_tokenizer import MISTRAL_TOKENIZER
 from onetrainer.tiny.qwen3_text import tiny_qwen3_config
 from onetrainer.tiny.variant import TinyVariant
@@ -23,37 +25,22 @@ TRANSFORMER_HEADS = 2
 HEAD_WIDTH = 16
 ROPE_AXES = [4, 4, 4, 4]
 
-# Mistral Small 3.2 at a tiny width, in its proportions: queries narrower than the model (4 heads of 6 over 32
-# channels, as 32 x 128 over 5120), a quarter as many key/value heads, a wide MLP. Its Pixtral vision tower (unused
-# for text, but part of the class and its checkpoint): 2 heads of 8 (the real 16 of 64), a 2x MLP (the real 4x).
-MISTRAL_WIDTH = 32
-MISTRAL_HEADS = 4
-MISTRAL_KV_HEADS = 1
-MISTRAL_HEAD_WIDTH = 6
-MISTRAL_MLP_WIDTH = 128
-PIXTRAL_WIDTH = 16
-PIXTRAL_HEADS = 2
-PIXTRAL_HEAD_WIDTH = 8
-PIXTRAL_MLP_WIDTH = 32
-
 # The transformer's text width (three text layers side by side) and rotary axes (they split the head width); Qwen3's
 # grouped key/value heads and the heads' own width; Mistral3's language model (`text_config`) and vision tower
 # (`vision_config`), nested: their own width fields are those of their kinds.
 WIDTH_FIELDS = {
     "transformer": frozenset({"joint_attention_dim", "axes_dims_rope"}),
-    "text_encoder": frozenset({"num_key_value_heads", "head_dim", "text_config", "vision_config"}),
-    "text_config": frozenset(
-        {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"}
-    ),
-    "vision_config": frozenset({"hidden_size", "intermediate_size", "num_attention_heads", "head_dim"}),
+    "text_encoder": frozenset({"num_key_value_heads", "head_dim"}) | mistral3_text.WIDTH_FIELDS["text_encoder"],
+    "text_config": mistral3_text.WIDTH_FIELDS["text_config"],
+    "vision_config": mistral3_text.WIDTH_FIELDS["vision_config"],
 }
 DEPTH_FIELDS = {
     "transformer": frozenset({"num_layers", "num_single_layers"}),
-    "text_encoder": frozenset({"num_hidden_layers", "text_config", "vision_config"}),
-    "text_config": frozenset({"num_hidden_layers"}),
-    "vision_config": frozenset({"num_hidden_layers"}),
+    "text_encoder": frozenset({"num_hidden_layers"}) | mistral3_text.DEPTH_FIELDS["text_encoder"],
+    "text_config": mistral3_text.DEPTH_FIELDS["text_config"],
+    "vision_config": mistral3_text.DEPTH_FIELDS["vision_config"],
 }
-NESTED_CONFIGS = frozenset({"text_config", "vision_config"})
+NESTED_CONFIGS = mistral3_text.NESTED_CONFIGS
 
 # klein 4B's 5 double- and 20 single-stream blocks as 2 of each. Qwen3-4B keeps 28 of its 36 layers: the pipeline reads
 # the outputs of layers 9, 18 and 27, and the 27th must stay an inner layer's output (the last hidden state is the
@@ -107,32 +94,6 @@ VARIANTS = (
         depths=DEV_DEPTH,
     ),
 )
-
-
-def tiny_mistral3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
-    """[dev]'s Mistral Small 3.2 at the tiny width, with the tokenizer's vocabulary (its control tokens keep their
-    real ids: `image_token_index` stays 10, `[IMG]`)."""
-    from onetrainer.tiny import components
-
-    return components.tiny_config(
-        "text_encoder",
-        variant.references["text_encoder"],
-        depth=variant.depths.get("text_encoder"),
-        text_config={
-            "hidden_size": MISTRAL_WIDTH,
-            "intermediate_size": MISTRAL_MLP_WIDTH,
-            "num_attention_heads": MISTRAL_HEADS,
-            "num_key_value_heads": MISTRAL_KV_HEADS,
-            "head_dim": MISTRAL_HEAD_WIDTH,
-            "vocab_size": len(tokenizer),
-        },
-        vision_config={
-            "hidden_size": PIXTRAL_WIDTH,
-            "intermediate_size": PIXTRAL_MLP_WIDTH,
-            "num_attention_heads": PIXTRAL_HEADS,
-            "head_dim": PIXTRAL_HEAD_WIDTH,
-        },
-    )
 
 
 def tiny_transformer_config(variant: TinyVariant, text_width: int) -> dict[str, Any]:

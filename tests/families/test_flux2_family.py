@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 
 from onetrainer.config.enums import ModelFormat
 from onetrainer.families.base import Conditioning
-from onetrainer.families.flux2 import image_ids, patchify, text_ids, unpatchify
+from onetrainer.families.flux2 import image_ids, text_ids
 from onetrainer.families.loading import ModelLoadError
+from onetrainer.families.vae_batch_norm import patchify, unpatchify
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from tests.helpers import (

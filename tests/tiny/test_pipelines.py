@@ -128,6 +128,10 @@ def test_weight_files_use_the_real_checkpoint_key_names(
             # head `language_model.lm_head`, the vision tower and projector at the top (transformers 5 nests them).
             expected = {re.sub(r"^model\.language_model\.", "language_model.model.", k) for k in expected}
             expected = {re.sub(r"^model\.", "", re.sub(r"^lm_head\.", "language_model.lm_head.", k)) for k in expected}
+        elif reference.get("architectures") == ["Mistral3Model"]:
+            # ERNIE-Image's Ministral 3 3B: transformers 5 writes the bare model's decoder as a Mistral3 checkpoint's,
+            # under `language_model.model.` (no LM head), the vision tower and projector at the top.
+            expected = {re.sub(r"^language_model\.", "language_model.model.", k) for k in expected}
         elif reference.get("architectures", [""])[0].endswith("ForCausalLM"):
             # A causal LM's files (Flux.2 [klein]'s Qwen3) are its own state dict; a head tied to the embedding is not
             # stored.
