@@ -28,6 +28,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "qwen_edit": "onetrainer.families.qwen:QwenImageEditFamily",
         "zimage": "onetrainer.families.zimage:ZImageFamily",
         "sana": "onetrainer.families.sana:SanaFamily",
+        "krea2": "onetrainer.families.krea2:Krea2Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }
