@@ -20,7 +20,10 @@ of Qwen3-VL's hidden states which the transformer fuses itself (`Krea2Transforme
 - Samples run `Krea2Pipeline` with our prompt embeddings; its `guidance_scale` g gives cond + g·(cond − uncond), the
   usual CFG at 1 + g, so the sample's CFG scale s goes in as s − 1 (s ≤ 1: no guidance). A distilled model
   (`is_distilled` in model_index.json) samples in 8 steps without guidance by default.
-- Saving: the pipeline folder (also the backup), with the layer taps and `is_distilled` in its model_index.json.
+- The transformer part may be its own file (`transformer.model_name`): Krea's layout (raw.safetensors) or diffusers'
+  names, ComfyUI's prefix allowed (`weights/krea2_keys.py`), read on the base's transformer config.
+- Saving: the pipeline folder (also the backup), with the layer taps and `is_distilled` in its model_index.json, or
+  the transformer alone in Krea's names (ORIGINAL_TRANSFORMER, as OneTrainer writes it).
   LoRA files: DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `Krea2Pipeline.load_lora_weights`
   reads the transformer's) and KOHYA_LORA (`lora_unet_` / `lora_te1_` + the diffusers module path).
 """
@@ -42,16 +45,17 @@ from onetrainer.families.latent_patches import PATCH, pack, unpack
 from onetrainer.families.loading import (
     KeptParts,
     ModelLoadError,
-    backup_model_source,
-    hub_options,
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
+    load_transformer_part,
+    part_wise_base,
 )
 from onetrainer.families.reference_configs import KREA2_SELECT_LAYERS
 from onetrainer.families.saving import FlowPipelineFolder
 from onetrainer.families.video_vae import encode_frames
 from onetrainer.noise.prediction import Prediction
+from onetrainer.weights import krea2_keys
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -89,7 +93,21 @@ class Krea2Family(LanguageModelFlowFamily):
         "transformer": ("transformer_blocks",),
         "text_encoder": ("language_model.layers",),
     }
-    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers}
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in Krea's own names (krea/Krea-2-Raw's raw.safetensors, OneTrainer's
+        ORIGINAL_TRANSFORMER), which diffusers' `from_single_file` and this trainer (`transformer.model_name`) read."""
+        from onetrainer.families.saving import plain_state
+
+        state = krea2_keys.to_original(plain_state(model.part("transformer")))
+        self.write_transformer(model, state, destination, dtype, extra_metadata)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -97,11 +115,11 @@ class Krea2Family(LanguageModelFlowFamily):
         from diffusers import AutoencoderKLQwenImage, Krea2Transformer2DModel
         from transformers import AutoTokenizer, Qwen3VLModel
 
-        where, options = self._base(config)
+        what = "the Qwen3-VL text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts = KeptParts(config)
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(
-            Krea2Transformer2DModel, where, "transformer", options, dtype=dtype
+        parts["transformer"] = load_transformer_part(
+            Krea2Transformer2DModel, config, where, options, krea2_keys.to_diffusers
         )
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(Qwen3VLModel, where, "text_encoder", options, dtype=dtype)
@@ -118,21 +136,6 @@ class Krea2Family(LanguageModelFlowFamily):
                 f"{len(state.select_layers)} layers, but the transformer reads {taps} (num_text_layers)"
             )
         return model
-
-    def _base(self, config: TrainConfig) -> tuple[str, dict]:
-        """Where the diffusers base model is (a folder, a hub id or a fine-tune backup) and its hub options; a single
-        file is refused: Krea 2 is released as diffusers folders, whose parts this reads."""
-        from onetrainer.families.sources import resolve_source
-
-        source = resolve_source(config.base_model_name)
-        if source.kind == "single_file":
-            raise ModelLoadError(
-                f"{source.location} is a single file: Krea 2 loads from a diffusers folder or hub id (with its "
-                "transformer, Qwen3-VL text encoder, VAE, tokenizer and scheduler), e.g. krea/Krea-2-Raw"
-            )
-        if source.kind == "backup":
-            source = backup_model_source(source.path)
-        return source.location, hub_options(source, config, file_sets=self.info.hub_file_sets)
 
     # -- text and images ------------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, Trai
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
+    OWN_MODEL,
     FamilyInfo,
     ModelTypeInfo,
     PartRole,
@@ -28,7 +29,7 @@ KREA2 = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's Krea 2 presets (BaseKrea2Setup.LAYER_PRESETS), matched as substrings of the module paths
@@ -42,7 +43,7 @@ KREA2 = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({FLOW_MATCHING}),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     # OneTrainer runs Qwen3-VL outside float16 autocast (BaseKrea2Setup)
@@ -65,7 +66,9 @@ KREA2 = FamilyInfo(
     "scale is the usual one (Krea's `guidance_scale` is CFG − 1), 1 turns it off (the distilled Turbo model, whose "
     "model_index.json says `is_distilled`, samples in 8 steps without it). LoRA files: DIFFUSERS_LORA "
     "(Krea2Pipeline's `load_lora_weights`) or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the diffusers module path; "
-    "LoHa and LoKr too). Fine-tunes: a diffusers folder (also the backup, usable as a base model).",
+    "LoHa and LoKr too). Fine-tunes: a diffusers folder (also the backup, usable as a base model) or the transformer "
+    "alone in Krea's own names (ORIGINAL_TRANSFORMER, krea/Krea-2-Raw's raw.safetensors layout), which "
+    "`transformer.model_name` reads back over a diffusers base (diffusers' names too).",
 )
 _KREA2_SAMPLE = SampleDefaults(1024, 1024, 28, 5.5, NoiseScheduler.EULER)
 

@@ -229,8 +229,34 @@ def test_a_single_file_base_model_is_refused_with_what_to_give_instead(tmp_path)
 
     path = tmp_path / "krea2.safetensors"
     save_file({"x": torch.zeros(1)}, str(path))
-    with pytest.raises(ModelLoadError, match="diffusers folder or hub id"):
+    with pytest.raises(ModelLoadError, match=r"diffusers Krea 2 folder or hub id .*transformer\.model_name"):
         our_model(base_model_name=str(path))
+
+
+def test_the_original_transformer_is_kreas_layout_read_by_diffusers_and_back_as_the_transformers_model(tmp_path):
+    """ORIGINAL_TRANSFORMER writes Krea's names (raw.safetensors: `blocks.N.attn.wq`, flattened modulation tables),
+    which diffusers' `from_single_file` reads on the base's config, and `transformer.model_name` reads back."""
+    from diffusers import Krea2Transformer2DModel
+
+    from onetrainer.config.enums import ModelFormat
+
+    family, model = our_model()
+    with torch.no_grad():  # a transformer unlike the base's
+        for weight in model.part("transformer").parameters():
+            weight.add_(0.01)
+    expected = transformer_output(model.part("transformer"))
+    path = tmp_path / "raw.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
+    state = load_file(str(path))
+    width = model.part("transformer").config.num_attention_heads * model.part("transformer").config.attention_head_dim
+    assert state["blocks.1.mod.lin"].shape == (6 * width,) and "txtfusion.projector.weight" in state
+    assert "blocks.0.attn.qknorm.qnorm.scale" in state and not any(k.startswith("transformer_blocks") for k in state)
+    theirs = Krea2Transformer2DModel.from_single_file(
+        str(path), config=str(tiny_model_dir("krea2")), subfolder="transformer", local_files_only=True
+    )
+    assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
+    _, again = our_model(transformer={"model_name": str(path)})
+    assert torch.equal(transformer_output(again.part("transformer")), expected)
 
 
 def test_the_estimate_counts_the_released_model():
