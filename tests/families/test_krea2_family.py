@@ -18,8 +18,10 @@ from onetrainer.families.krea2 import TEXT_TOKENS, Krea2State
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from tests.helpers import (
+    add_embedding_tokens,
     assert_only_the_denoiser_trained,
     image_folder,
+    keep_trained_output,
     loaded_model,
     run_config,
     tiny_config,
@@ -267,3 +269,57 @@ def test_the_estimate_counts_the_released_model():
     shapes = reference_shapes(ModelType.KREA_2, "krea/Krea-2-Raw")
     assert shapes["transformer"]["params"] == pytest.approx(12.8e9, rel=0.02)
     assert shapes["text_encoder"]["params"] == pytest.approx(4.44e9, rel=0.02)
+
+
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Qwen3-VL's language model), in each
+    adapter kind: read back into a fresh model it gives the trained transformer's output."""
+
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "krea2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    assert f"lora_unet_transformer_blocks_0_attn_to_q.{marker}" in state
+    assert f"lora_unet_text_fusion_refiner_blocks_0_attn_to_gate.{marker}" in state
+    assert all(k.startswith(("lora_unet_transformer_blocks_", "lora_unet_text_fusion_", "lora_te1_")) for k in state)
+    te = any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state)
+    assert te is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
+    (the pipeline has no textual-inversion loader), they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="krea2", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["qwen3vl_4b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    add_embedding_tokens(pipe, vectors)
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
+        theirs, mask = pipe.encode_prompt(["a photo of <shape> <shape>_1"])
+    assert torch.equal(ours.tensors["attention_mask"], mask)
+    assert torch.allclose(ours.hidden_states, theirs, atol=1e-5)
