@@ -358,3 +358,24 @@ def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
     assert len(losses) == 2 and losses == offloaded_losses
     assert weights.keys() == offloaded_weights.keys()
     assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+
+
+def test_a_dropped_caption_is_the_empty_captions_tokens_from_the_text_cache():
+    """Caption dropout encodes the empty caption (the pipeline's negative prompt); from the text cache, the batch's
+    rows of different lengths stack padded and predict as the captions encoded whole."""
+    from onetrainer.families.krea2 import attended_tokens
+
+    family, model = our_model()
+    cache = {c: row for c, row in zip(["", *CAPTIONS], encode_text_entries(family, model, ["", *CAPTIONS]))}
+    with torch.no_grad():
+        dropped = family.drop_captions(
+            model, CAPTIONS, [torch.tensor([True, False])], lambda c: Conditioning.stack([cache[x] for x in c], "cpu")
+        )
+        hidden, mask = attended_tokens(dropped)
+        empty, _ = attended_tokens(family.encode_text(model, [""]))
+        assert torch.equal(hidden[0, : empty.shape[1]], empty[0]) and int(mask[0].sum()) == empty.shape[1] == 5
+        whole = family.encode_text(model, ["", CAPTIONS[1]])
+        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([300.0, 700.0])
+        from_cache = family.predict(model, noisy, times, dropped, {}).output
+        full = family.predict(model, noisy, times, whole, {}).output
+    assert torch.allclose(from_cache, full, atol=1e-6)
