@@ -177,6 +177,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "qwen": r"qwen",
         "zimage": r"z[ _-]?image",
         "sana": r"(?<![a-z0-9])sana(?![a-z])",
+        "krea2": r"krea[ _-]?2",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

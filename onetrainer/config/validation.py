@@ -10,6 +10,7 @@ from onetrainer.config.enums import (
     COMPRESSED_WEIGHT_DTYPES,
     GGUF_WEIGHT_DTYPES,
     QUANTIZED_WEIGHT_DTYPES,
+    AttentionMechanism,
     DataType,
     LearningRateScheduler,
     LossWeight,
@@ -51,6 +52,11 @@ def _not_yet(bound: BoundField, value) -> str | None:
     """What to say about a OneTrainer value that exists there and is not built here, instead of "not supported"."""
     if isinstance(value, ModelType) and value not in MODEL_TYPES:
         return model_type_not_built(value)
+    if isinstance(value, AttentionMechanism):
+        return (
+            f"{value.value} is a OneTrainer attention mechanism that is not built yet here: torch's SDPA (SDP) is the "
+            "one this trainer offers, and it uses the flash or cuDNN kernels itself where torch finds them fastest"
+        )
     return None
 
 

@@ -46,6 +46,7 @@ from onetrainer.families.loading import (
 from onetrainer.families.qwen_info import QWEN, QWEN_EDIT
 from onetrainer.families.saving import FlowPipelineFolder
 from onetrainer.families.vae import load_vae_override
+from onetrainer.families.video_vae import encode_frames
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
 from onetrainer.weights.checkpoint_files import without_prefix
@@ -212,18 +213,6 @@ def used_tokens(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor 
         return hidden, mask
     hidden, mask = hidden[:, :used], mask[:, :used]
     return hidden, None if bool(mask.all()) else mask
-
-
-def encode_frames(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    """Pixels [B, 3, H, W] in [-1, 1] → the video VAE's latents of each as a one-frame video [B, 16, h, w], normalised
-    per channel by the VAE's `latents_mean` / `latents_std`."""
-    weight = compute_weight(vae)
-    frames = pixels.to(weight.device, weight.dtype)[:, :, None]
-    latents = vae.encode(frames).latent_dist.mode()[:, :, 0]
-    shape = (1, -1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
-    std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-    return (latents - mean) / std
 
 
 EDIT_TEMPLATE = (

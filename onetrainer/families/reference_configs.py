@@ -935,3 +935,103 @@ SANA_600M_TRANSFORMER: Config = {
 # SANA 1.5 4.8B (Efficient-Large-Model/SANA1.5_4.8B_1024px_diffusers): SanaMS1.5_4800M_P1_D60, the 1600M's blocks 60
 # deep with RMS-normed queries and keys across the heads.
 SANA15_4800M_TRANSFORMER: Config = {**SANA_1600M_TRANSFORMER, "num_layers": 60, "qk_norm": "rms_norm_across_heads"}
+
+# --- Krea 2 -------------------------------------------------------------------------------------------------------
+
+# Krea 2 (krea/Krea-2-Raw, krea/Krea-2-Turbo; transformer/config.json: diffusers' Krea2Transformer2DModel defaults,
+# which its conversion writes): a single-stream MMDiT of 28 blocks, 48 query heads and 12 key/value heads of 128 (6144
+# wide), a SwiGLU feed-forward 16384 wide, rotary positions split 32/48/48 over (t, row, column), 2x2 patches of the
+# Qwen-Image VAE's 16 channels in (64). The text arrives as 12 tapped layers of Qwen3-VL-4B's 2560-wide states per
+# token, fused by two blocks across the layers and two across the tokens (20 heads of 128, 6912 wide) before joining
+# the image tokens.
+KREA2_TRANSFORMER: Config = {
+    "_class_name": "Krea2Transformer2DModel",
+    "in_channels": 64,
+    "num_layers": 28,
+    "attention_head_dim": 128,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 12,
+    "intermediate_size": 16384,
+    "timestep_embed_dim": 256,
+    "text_hidden_dim": 2560,
+    "num_text_layers": 12,
+    "text_num_attention_heads": 20,
+    "text_num_key_value_heads": 20,
+    "text_intermediate_size": 6912,
+    "num_layerwise_text_blocks": 2,
+    "num_refiner_text_blocks": 2,
+    "axes_dims_rope": [32, 48, 48],
+    "rope_theta": 1000.0,
+    "norm_eps": 1e-05,
+}
+# Qwen3-VL-4B-Instruct (Qwen/Qwen3-VL-4B-Instruct config.json) as Krea 2's text encoder, loaded as the bare
+# Qwen3VLModel (the pipeline's class): a Qwen3 decoder of 36 layers, 32 query heads and 8 key/value heads of 128 over
+# 2560 channels, RMS-normed queries and keys, interleaved multimodal rotary sections 24/20/20 (text tokens advance all
+# three together); its vision tower of 24 blocks over 16 px patches, merged 2x2 into tokens of the decoder's width,
+# blocks 5, 11 and 17 feeding the decoder's first layers (deepstack). The pipeline stacks the hidden states of the
+# embedding output's 2nd, 5th, ... 35th successors (`text_encoder_select_layers`, 12 of them). Transformers 5 keeps
+# `rope_theta` / `rope_scaling` in `rope_parameters`.
+QWEN3_VL_4B_TEXT: Config = {
+    "architectures": ["Qwen3VLModel"],
+    "model_type": "qwen3_vl",
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": True,
+    "text_config": {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2560,
+        "initializer_range": 0.02,
+        "intermediate_size": 9728,
+        "max_position_embeddings": 262144,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": [24, 20, 20],
+            "rope_type": "default",
+            "rope_theta": 5000000,
+        },
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "vocab_size": 151936,
+    },
+    "vision_config": {
+        "deepstack_visual_indexes": [5, 11, 17],
+        "depth": 24,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1024,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 4096,
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 2560,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+# The Krea 2 pipeline's taps of Qwen3-VL-4B's `hidden_states` (0 is the embedding output): every third layer from 2.
+KREA2_SELECT_LAYERS: tuple[int, ...] = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)
+# Krea 2's sampler (the pipeline's documented scheduler config): flow-matching Euler, sigmas shifted exponentially by
+# the image's token count, mu from 0.5 at 256 tokens to 1.15 at 6400 (the distilled Turbo model samples at mu 1.15).
+KREA2_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 6400,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "time_shift_type": "exponential",
+    "use_dynamic_shifting": True,
+}

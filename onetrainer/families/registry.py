@@ -29,6 +29,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "zimage": "onetrainer.families.zimage:ZImageFamily",
         "sana": "onetrainer.families.sana:SanaFamily",
         "ernie": "onetrainer.families.ernie:ErnieFamily",
+        "krea2": "onetrainer.families.krea2:Krea2Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

@@ -25,6 +25,7 @@ FAMILY_PATTERNS = {
     "qwen": r"qwen",
     "zimage": r"\bz[_-]?image",
     "sana": r"\bsana\b",
+    "krea2": r"krea[ _-]?2",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }
