@@ -40,6 +40,7 @@ from gui.state import (
 )
 from gui.tabs import visible_tabs
 from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
+from gui.tabs.cloud import CloudTab
 from gui.tabs.concepts import ConceptsTab
 from gui.tabs.form_tab import FormTab
 from gui.tabs.sampling import SamplingTab, random_weights_note
@@ -95,6 +96,7 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
     "sampling": SamplingTab,
     "additional_embeddings": AdditionalEmbeddingsTab,
     "tools": ToolsTab,
+    "cloud": CloudTab,
 }
 
 
