@@ -167,13 +167,14 @@ class RemoteRun:
         self.local_output = Path(config.output_model_destination)
         self.tensorboard = None
         self.followed = float("-inf")  # when the follower file was last touched
+        self.reattached = False  # following a run started earlier: its events come again from the first
 
     # -- the whole run ----------------------------------------------------------------------------------------------
     def run(self) -> Finished | Failed:
         self.host = SshHost(self.secrets)
         self.events.emit(Status(f"connected to {self.host.label}"))
         try:
-            attach = self._state() == "running"
+            attach = self.reattached = self._state() == "running"
             if attach:
                 self.events.emit(Status(f"reattaching to the run {self.settings.run_id!r} on {self.host.label}"))
             else:
@@ -357,7 +358,8 @@ class RemoteRun:
     def _start_tensorboard(self, run_name: str) -> None:
         """The streamed losses, learning rates and samples written into a TensorBoard folder here, as a local run
         writes them (`workspace_dir/tensorboard/<run>`), and with `tensorboard` on its server started here: the app's
-        TensorBoard button shows the remote run live, without a tunnel."""
+        TensorBoard button shows the remote run live, without a tunnel. A reattached run's events come again from its
+        first step: the steps already in its folder (written when it was followed before) are not written twice."""
         if self.tensorboard is not None:
             return
         from onetrainer.training.tensorboard import RunTensorBoard
@@ -365,7 +367,8 @@ class RemoteRun:
 
         for sub in SUBDIRS:
             (self.local_workspace / sub).mkdir(parents=True, exist_ok=True)
-        self.tensorboard = RunTensorBoard(self.config, Workspace(self.local_workspace, run_name), self.events, True)
+        workspace = Workspace(self.local_workspace, run_name)
+        self.tensorboard = RunTensorBoard(self.config, workspace, self.events, True, continues=self.reattached)
         self.tensorboard.start()
 
     def _send_commands(self) -> None:
