@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_SINK_NUMBERS = itertools.count(1)
 WRITE_INTERVAL = 1.0  # seconds between the writes of what was queued (TensorBoard itself reloads every 30 s or so)
 
 
@@ -44,7 +46,10 @@ class TensorBoardSink:
         self.written = dict(written or {})
 
         log_dir.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{id(self)}"
+        # A number of this process's own (not `id(self)`, which a closed sink's successor may get in the same second:
+        # the new file would replace the old one, as a reattached run's sink follows the closed one).
+        number = next(_SINK_NUMBERS)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{number:06d}"
         self.path = log_dir / name
         self._records = RecordWriter(self.path.open("wb"))
         self.samples = samples

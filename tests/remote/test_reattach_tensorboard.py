@@ -36,6 +36,7 @@ def test_a_reattached_run_writes_each_step_once(tmp_path):
     assert sink.written["loss/train_step"] == 3
     scalars = read_scalars(tmp_path / "workspace" / "tensorboard")
     assert sorted(step for step, _ in scalars["loss/train_step"]) == [1, 2, 3, 4, 5, 6]
+    assert len(list((tmp_path / "workspace" / "tensorboard" / "run-1").glob("events.out.tfevents.*"))) == 2
 
 
 def test_a_new_run_of_the_same_name_writes_every_step(tmp_path):
