@@ -402,8 +402,12 @@ class CloudTab(FormTab):
             self.secrets_error = str(e)
             self._show_note()
             return
-        cloud = data.get("cloud") if isinstance(data.get("cloud"), dict) else {}
-        data["cloud"] = {**cloud, view.field.key: value}
+        cloud = dict(data["cloud"]) if isinstance(data.get("cloud"), dict) else {}
+        if value in ("", 0):  # an emptied field leaves the file: its default applies (user root, port 22)
+            cloud.pop(view.field.key, None)
+        else:
+            cloud[view.field.key] = value
+        data["cloud"] = cloud
         try:
             write_secrets_file(data, path)
         except OSError as e:

@@ -153,6 +153,10 @@ def test_a_new_secrets_file_is_created_with_mode_0600(app, tmp_path, monkeypatch
     tab.inputs["api_key"].set_text("rp_key")
     assert _mode(path) == 0o600
     assert json.loads(path.read_text(encoding="utf-8")) == {"cloud": {"api_key": "rp_key"}}
+    tab.inputs["user"].set_text("")  # emptied: the default (root) applies again
+    tab.inputs["port"].set_text("")
+    assert json.loads(path.read_text(encoding="utf-8")) == {"cloud": {"api_key": "rp_key"}}
+    assert load_cloud_secrets(None, path).user == "root"
 
 
 def test_reattach_starts_with_the_run_id_only_when_cloud_training_is_on(app, secrets_file, monkeypatch) -> None:
