@@ -226,8 +226,9 @@ GROUPS: tuple[tuple[str, tuple[CloudField, ...]], ...] = (
 LAYOUT = (("Connection",), ("Run", "Actions"), ("Downloads", "RunPod"))
 CLOUD_DEFAULTS = {f.name: getattr(CloudSettings(), f.name) for f in fields(CloudSettings)}
 REATTACH_TEXT = (
-    "Start with this run id: when the host still has the run (the app or the connection was closed, or it was "
-    "detached), it is followed from its first step and its outputs are downloaded; otherwise it starts anew."
+    "Follow the host's run of this run id (the app or the connection was closed, or it was detached): from its first "
+    "step, then its outputs are downloaded. Never starts a run: a host without it says so. (Start also follows a run "
+    "that is still there, and starts one when there is none.)"
 )
 
 
@@ -417,7 +418,7 @@ class CloudTab(FormTab):
         self._show_note()
 
     def reattach(self) -> bool:
-        """Start with the config's run id, which follows the host's run of that id when it is still there."""
+        """Follow the host's run of the config's run id (`App.start(reattach=True)`: `cloud.attach_only`)."""
         cloud = self.model.config.cloud if isinstance(self.model.config.cloud, dict) else {}
         host = self.host
         if not cloud.get("enabled"):
@@ -426,7 +427,7 @@ class CloudTab(FormTab):
             return False
         if host is None or not hasattr(host, "start") or getattr(host, "running", False):
             return False
-        return bool(host.start())
+        return bool(host.start(reattach=True))
 
 
 def _parse(field: CloudField, text: Any) -> Any:

@@ -18,7 +18,8 @@ What happens, in order (each step a Status event: the footer, the terminal and t
    `on_error` act on the host (RUNPOD: stop or delete the pod).
 
 Reattach: a run directory on the host for `cloud.run_id` that is not marked collected is followed instead of starting
-a new run, from its first event (the app or the connection restarted; a finished run is downloaded then).
+a new run, from its first event (the app or the connection restarted; a finished run is downloaded then). With
+`cloud.attach_only` (the cloud tab's Reattach now) a host without that run refuses the start instead.
 """
 
 from __future__ import annotations
@@ -175,6 +176,13 @@ class RemoteRun:
         self.events.emit(Status(f"connected to {self.host.label}"))
         try:
             attach = self.reattached = self._state() == "running"
+            if not attach and self.settings.attach_only:
+                return Failed(
+                    f"cloud.attach_only: {self.host.label} has no run {self.settings.run_id!r} to reattach to (none "
+                    f"was started under that id in {self.layout.run_dir}, or it was downloaded already); Start "
+                    "without Reattach starts one",
+                    refused=True,
+                )
             if attach:
                 self.events.emit(Status(f"reattaching to the run {self.settings.run_id!r} on {self.host.label}"))
             else:

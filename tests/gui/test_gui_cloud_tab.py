@@ -159,13 +159,25 @@ def test_a_new_secrets_file_is_created_with_mode_0600(app, tmp_path, monkeypatch
     assert load_cloud_secrets(None, path).user == "root"
 
 
-def test_reattach_starts_with_the_run_id_only_when_cloud_training_is_on(app, secrets_file, monkeypatch) -> None:
-    starts: list[dict] = []
-    monkeypatch.setattr(app, "start", lambda: starts.append(dict(app.model.config.cloud or {})) or True)
+def test_reattach_hands_the_trainer_an_attach_only_copy(app, secrets_file, trainable, pump_until) -> None:
+    app.model.replace(trainable)
     tab = app.select_tab("cloud")
-    assert tab.reattach() is False and not starts
+    assert tab.reattach() is False and not app.running  # cloud training is off: nothing starts
     assert "Train remotely" in app.footer.status
     tab.inputs["enabled"].widget.toggle()
     tab.inputs["run_id"].set_text("earlier-run")
     tab.reattach_button.invoke()
-    assert starts == [{"enabled": True, "run_id": "earlier-run"}]
+    assert app.running, app.footer.status
+    pump_until(app, lambda: not app.footer.running)
+    handed = app.runner.train_function.config
+    assert handed.cloud == {"enabled": True, "run_id": "earlier-run", "attach_only": True}
+    assert CloudSettings.from_dict(handed.cloud).attach_only
+    assert "attach_only" not in app.model.config.cloud  # the config itself: never saved with it
+
+
+def test_start_hands_the_cloud_block_as_it_is(app, secrets_file, trainable, pump_until) -> None:
+    trainable.cloud = {"enabled": True, "run_id": "r"}
+    app.model.replace(trainable)
+    assert app.start()
+    pump_until(app, lambda: not app.footer.running)
+    assert app.runner.train_function.config.cloud == {"enabled": True, "run_id": "r"}

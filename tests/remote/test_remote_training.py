@@ -295,3 +295,16 @@ def test_stop_before_the_start_starts_nothing(ssh_server, secrets, tmp_path):
     assert isinstance(outcome, Finished) and outcome.reason == "stopped before the run started on the host"
     assert not (tmp_path / "host" / "runs" / "tiny1" / "launch.pid").exists()
     assert (tmp_path / "host" / "runs" / "tiny1" / "config.json").is_file()
+
+
+def test_attach_only_refuses_a_host_without_the_run_and_starts_nothing(ssh_server, secrets, tmp_path):
+    """Reattach now (`cloud.attach_only`) with a run id the host has no run of: refused by name, nothing sent."""
+    image_folder(tmp_path)
+    cloud = _cloud(tmp_path / "host", run_id="never-started", attach_only=True)
+    config, _ = config_from_dict(tiny_config(tmp_path, cloud=cloud))
+    sink = ListSink()
+    outcome = run_training(config, TrainingControl(), [sink])
+    assert isinstance(outcome, Failed) and outcome.refused, outcome
+    assert "cloud.attach_only" in outcome.message and "'never-started'" in outcome.message
+    assert not (tmp_path / "host" / "runs").exists() and not (tmp_path / "host" / "data").exists()
+    assert not any("sending" in s.text or "checking the trainer" in s.text for s in sink.of(Status))
