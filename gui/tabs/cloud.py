@@ -39,6 +39,8 @@ MUTED_TEXT = ("gray40", "gray60")
 ERROR_TEXT = ("#b3261e", "#ff8a80")
 ERROR_BORDER = "#d9534f"
 MASK = "•"
+SUB_TYPES = ("", "SECURE", "COMMUNITY")  # RunPod's cloud types ("": either)
+CHOICE_LABELS = {"": "ANY"}  # how a choice's value shows in its menu, where it is not the value itself
 CONFIG = "config"  # a field of the config's `cloud` block
 SECRET = "secret"  # a field of the secrets file's `cloud` object
 
@@ -163,7 +165,13 @@ GROUPS: tuple[tuple[str, tuple[CloudField, ...]], ...] = (
             CloudField("create", "Create pod", "Create a pod when no pod id is given.", kind="bool"),
             CloudField("name", "Pod name", "The name of a created pod."),
             CloudField("gpu_type", "GPU type", "A created pod's GPU, e.g. NVIDIA RTX A5000."),
-            CloudField("sub_type", "Cloud type", "SECURE or COMMUNITY; empty: either."),
+            CloudField(
+                "sub_type",
+                "Cloud type",
+                "RunPod's secure or community cloud for a created pod; ANY: either.",
+                kind="choice",
+                choices=SUB_TYPES,
+            ),
             CloudField("volume_size", "Volume (GB)", "A created pod's volume, mounted at /workspace.", kind="int"),
             CloudField("min_download", "Min. download (Mbps)", "A created pod's least download speed.", kind="int"),
         ),
@@ -247,7 +255,8 @@ class CloudInput:
             self.widget: Any = ctk.CTkSwitch(parent, text="", width=44, command=self._edited)
             self.widget.grid(row=row, column=1, sticky="w", padx=(0, 10), pady=3)
         elif field.kind == "choice":
-            self.widget = ctk.CTkOptionMenu(parent, values=list(field.choices), width=140, command=self._edited)
+            labels = [CHOICE_LABELS.get(value, value) for value in field.choices]
+            self.widget = ctk.CTkOptionMenu(parent, values=labels, width=140, command=self._edited)
             self.widget.grid(row=row, column=1, sticky="w", padx=(0, 10), pady=3)
         else:
             self.var = ctk.StringVar()
@@ -272,7 +281,8 @@ class CloudInput:
         if self.field.kind == "bool":
             return bool(self.widget.get())
         if self.field.kind == "choice":
-            return self.widget.get()
+            shown = self.widget.get()
+            return next((value for value in self.field.choices if CHOICE_LABELS.get(value, value) == shown), shown)
         return self.var.get()
 
     def show(self, value: Any) -> None:
@@ -281,7 +291,7 @@ class CloudInput:
             if self.field.kind == "bool":
                 (self.widget.select if value else self.widget.deselect)()
             elif self.field.kind == "choice":
-                self.widget.set(str(value))
+                self.widget.set(CHOICE_LABELS.get(str(value), str(value)))
             elif self.field.kind == "int" and self.field.store == SECRET:
                 self.var.set(str(value) if value else "")
             else:
@@ -425,7 +435,10 @@ class CloudTab(FormTab):
             if host is not None and hasattr(host, "footer"):
                 host.footer.set_status("Reattach: turn on Train remotely first (the cloud tab).", "warning")
             return False
-        if host is None or not hasattr(host, "start") or getattr(host, "running", False):
+        if host is None or not hasattr(host, "start"):
+            return False
+        if getattr(host, "running", False):  # the app's Start would stop it
+            host.footer.set_status("Reattach: a run is going on; stop it first.", "warning")
             return False
         return bool(host.start(reattach=True))
 

@@ -48,6 +48,8 @@ def _fill(tab: CloudTab) -> None:
     inputs["download_backups"].widget.toggle()
     choose_in_menu(inputs["on_finish"].widget, "STOP")
     choose_in_menu(inputs["on_error"].widget, "DELETE")
+    assert inputs["sub_type"].get() == "" and inputs["sub_type"].widget.get() == "ANY"
+    choose_in_menu(inputs["sub_type"].widget, "COMMUNITY")
 
 
 def test_the_cloud_tab_edits_the_config_and_the_secrets_file(app, secrets_file, tmp_path, screenshot) -> None:
@@ -70,6 +72,7 @@ def test_the_cloud_tab_edits_the_config_and_the_secrets_file(app, secrets_file, 
     assert settings.install_cmd == "" and settings.own_install
     assert settings.update_onetrainer is False and settings.download_backups is True
     assert (settings.on_finish, settings.on_error) == ("STOP", "DELETE")
+    assert settings.sub_type == "COMMUNITY"
     for secret in ("host", "port", "user", "key_file", "password", "api_key", "id"):
         assert secret not in cloud  # the secrets go to the secrets file only
     assert app.model.unsaved
@@ -159,7 +162,7 @@ def test_a_new_secrets_file_is_created_with_mode_0600(app, tmp_path, monkeypatch
     assert load_cloud_secrets(None, path).user == "root"
 
 
-def test_reattach_hands_the_trainer_an_attach_only_copy(app, secrets_file, trainable, pump_until) -> None:
+def test_reattach_hands_the_trainer_an_attach_only_copy(app, secrets_file, trainable, pump_until, fake_trainer) -> None:
     app.model.replace(trainable)
     tab = app.select_tab("cloud")
     assert tab.reattach() is False and not app.running  # cloud training is off: nothing starts
@@ -171,6 +174,11 @@ def test_reattach_hands_the_trainer_an_attach_only_copy(app, secrets_file, train
     pump_until(app, lambda: not app.footer.running)
     handed = app.runner.train_function.config
     assert handed.cloud == {"enabled": True, "run_id": "earlier-run", "attach_only": True}
+    app.runner.train_function = fake_trainer(hold=True)
+    assert app.start()
+    assert tab.reattach() is False and "stop it first" in app.footer.status and app.running  # never stops the run
+    app.runner.train_function.release.set()
+    pump_until(app, lambda: not app.footer.running)
     assert CloudSettings.from_dict(handed.cloud).attach_only
     assert "attach_only" not in app.model.config.cloud  # the config itself: never saved with it
 
