@@ -40,6 +40,7 @@ from gui.state import (
 )
 from gui.tabs import visible_tabs
 from gui.tabs.additional_embeddings import AdditionalEmbeddingsTab
+from gui.tabs.cloud import CloudTab
 from gui.tabs.concepts import ConceptsTab
 from gui.tabs.form_tab import FormTab
 from gui.tabs.sampling import SamplingTab, random_weights_note
@@ -95,6 +96,7 @@ TAB_CLASSES: dict[str, type[FormTab]] = {
     "sampling": SamplingTab,
     "additional_embeddings": AdditionalEmbeddingsTab,
     "tools": ToolsTab,
+    "cloud": CloudTab,
 }
 
 
@@ -564,8 +566,11 @@ class App(ctk.CTk):
     def running(self) -> bool:
         return self.runner.is_alive() or self.footer.running
 
-    def start(self) -> bool:
-        """Start (or, while running, stop). Refuses with every problem listed when the config cannot be trained."""
+    def start(self, reattach: bool = False) -> bool:
+        """Start (or, while running, stop). Refuses with every problem listed when the config cannot be trained.
+
+        `reattach` (the cloud tab's Reattach now): the run only follows the host's run of `cloud.run_id`, never starts
+        one (`cloud.attach_only` set in the copy handed to the trainer; the config itself is left as it is)."""
         if self.running:
             self.stop()
             return False
@@ -591,6 +596,8 @@ class App(ctk.CTk):
             self._refuse(typed + problems, "start")
             self.estimate.resume()
             return False
+        if reattach:
+            packed.cloud = {**(packed.cloud or {}), "attach_only": True}
         self._begin_run(packed)
         found = warnings(problems)
         if found:

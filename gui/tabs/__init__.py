@@ -29,6 +29,7 @@ TABS: tuple[TabSpec, ...] = (
     # Shown for the methods the list's declaration names (LoRA and fine-tune).
     TabSpec("additional_embeddings", "additional embeddings", TrainConfig.spec("additional_embeddings").meta.methods),
     TabSpec("tools", "tools"),
+    TabSpec("cloud", "cloud"),  # the config's `cloud` block and the secrets file (gui/tabs/cloud.py)
 )
 
 

@@ -32,6 +32,7 @@ TAB_TITLES = {
     "lora": "LoRA tab",
     "embedding": "Embedding tab",
     "additional_embeddings": "Additional embeddings tab",
+    "cloud": "Cloud tab",
 }
 
 HEADER = """\

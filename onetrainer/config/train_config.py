@@ -1297,8 +1297,9 @@ class TrainConfig(ConfigNode):
         "Cloud",
         "Train on another machine over SSH (OneTrainer's cloud block: `enabled`, `type` LINUX or RUNPOD, "
         "`remote_dir`, `onetrainer_dir`, `install_cmd`, `run_id`, `download_*`, `on_finish`, …; the README's "
-        "'Train on a rented GPU'). The host, user, key file and password come from the secrets file, never from here.",
-        ui=False,
+        "'Train on a rented GPU'); edited on the app's cloud tab. The host, user, key file and password come from the "
+        "secrets file (the cloud tab writes it), never from here.",
+        tab="cloud",  # the cloud tab's own widgets edit it (gui/tabs/cloud.py): no generated form shows an object
     )
     secrets: dict | None = setting(
         None,

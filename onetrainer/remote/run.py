@@ -18,7 +18,8 @@ What happens, in order (each step a Status event: the footer, the terminal and t
    `on_error` act on the host (RUNPOD: stop or delete the pod).
 
 Reattach: a run directory on the host for `cloud.run_id` that is not marked collected is followed instead of starting
-a new run, from its first event (the app or the connection restarted; a finished run is downloaded then).
+a new run, from its first event (the app or the connection restarted; a finished run is downloaded then). With
+`cloud.attach_only` (the cloud tab's Reattach now) a host without that run refuses the start instead.
 """
 
 from __future__ import annotations
@@ -167,13 +168,21 @@ class RemoteRun:
         self.local_output = Path(config.output_model_destination)
         self.tensorboard = None
         self.followed = float("-inf")  # when the follower file was last touched
+        self.reattached = False  # following a run started earlier: its events come again from the first
 
     # -- the whole run ----------------------------------------------------------------------------------------------
     def run(self) -> Finished | Failed:
         self.host = SshHost(self.secrets)
         self.events.emit(Status(f"connected to {self.host.label}"))
         try:
-            attach = self._state() == "running"
+            attach = self.reattached = self._state() == "running"
+            if not attach and self.settings.attach_only:
+                return Failed(
+                    f"cloud.attach_only: {self.host.label} has no run {self.settings.run_id!r} to reattach to (none "
+                    f"was started under that id in {self.layout.run_dir}, or it was downloaded already); Start "
+                    "without Reattach starts one",
+                    refused=True,
+                )
             if attach:
                 self.events.emit(Status(f"reattaching to the run {self.settings.run_id!r} on {self.host.label}"))
             else:
@@ -357,7 +366,8 @@ class RemoteRun:
     def _start_tensorboard(self, run_name: str) -> None:
         """The streamed losses, learning rates and samples written into a TensorBoard folder here, as a local run
         writes them (`workspace_dir/tensorboard/<run>`), and with `tensorboard` on its server started here: the app's
-        TensorBoard button shows the remote run live, without a tunnel."""
+        TensorBoard button shows the remote run live, without a tunnel. A reattached run's events come again from its
+        first step: the steps already in its folder (written when it was followed before) are not written twice."""
         if self.tensorboard is not None:
             return
         from onetrainer.training.tensorboard import RunTensorBoard
@@ -365,7 +375,8 @@ class RemoteRun:
 
         for sub in SUBDIRS:
             (self.local_workspace / sub).mkdir(parents=True, exist_ok=True)
-        self.tensorboard = RunTensorBoard(self.config, Workspace(self.local_workspace, run_name), self.events, True)
+        workspace = Workspace(self.local_workspace, run_name)
+        self.tensorboard = RunTensorBoard(self.config, workspace, self.events, True, continues=self.reattached)
         self.tensorboard.start()
 
     def _send_commands(self) -> None:

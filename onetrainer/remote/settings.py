@@ -49,6 +49,9 @@ class CloudSettings:
     update_onetrainer: bool = True
     detach_trainer: bool = False
     run_id: str = "job1"
+    # Only follow the host's run of `run_id`, never start one (the cloud tab's Reattach now; `--set
+    # cloud.attach_only=true`): a host without that run refuses the start, naming it.
+    attach_only: bool = False
     download_samples: bool = True
     download_output_model: bool = True
     download_saves: bool = True

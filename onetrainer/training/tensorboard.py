@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_SINK_NUMBERS = itertools.count(1)
 WRITE_INTERVAL = 1.0  # seconds between the writes of what was queued (TensorBoard itself reloads every 30 s or so)
 
 
@@ -36,11 +38,18 @@ class TensorBoardSink:
     the file. (torch's `SummaryWriter` hands every record to a thread of its own as it comes: on a
     small model that hand-over costs the loop about 0.5 ms a step.) `flush` and `close` write everything queued."""
 
-    def __init__(self, log_dir: Path, samples: bool = True) -> None:
+    def __init__(self, log_dir: Path, samples: bool = True, written: dict[str, int] | None = None) -> None:
+        """`written`: the last step of each tag already in the folder (`written_steps`): a value of a tag at a step
+        up to it is not written again (a reattached remote run's events, replayed from its first step)."""
         from tensorboard.summary.writer.record_writer import RecordWriter
 
+        self.written = dict(written or {})
+
         log_dir.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{id(self)}"
+        # A number of this process's own (not `id(self)`, which a closed sink's successor may get in the same second:
+        # the new file would replace the old one, as a reattached run's sink follows the closed one).
+        number = next(_SINK_NUMBERS)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{number:06d}"
         self.path = log_dir / name
         self._records = RecordWriter(self.path.open("wb"))
         self.samples = samples
@@ -93,21 +102,28 @@ class TensorBoardSink:
         if isinstance(event, Metrics):
             values = {"loss/train_step": event.loss, "smooth_loss/train_step": event.smooth_loss}
             values.update({f"lr/{name}": value for name, value in event.learning_rates.items()})
-            return [_scalars({**values, **event.extra})]
+            values = self._new({**values, **event.extra}, event.global_step)
+            return [_scalars(values)] if values else []
         if isinstance(event, Scalars):
-            return [_scalars(event.values)]
+            values = self._new(event.values, event.global_step)
+            return [_scalars(values)] if values else []
         if isinstance(event, SampleReady):
-            return [self._image(event)]
+            tag = _image_tag(event)
+            return [self._image(tag, event)] if self._new({tag: 0}, event.global_step) else []
         return []
 
-    def _image(self, event: SampleReady):
+    def _new(self, values: dict[str, float], step: int) -> dict[str, float]:
+        """The values whose tag has no record at `step` or later in the folder yet."""
+        return {tag: value for tag, value in values.items() if step > self.written.get(tag, -1)}
+
+    def _image(self, tag: str, event: SampleReady):
         import numpy as np
         from PIL import Image
         from torch.utils.tensorboard.summary import image
 
         with Image.open(event.path) as opened:
             array = np.asarray(opened.convert("RGB"))
-        return image(f"sample/{event.index} - {event.prompt}", array, dataformats="HWC")
+        return image(tag, array, dataformats="HWC")
 
     @staticmethod
     def _event(wall_time: float | None = None, **fields):
@@ -117,6 +133,30 @@ class TensorBoardSink:
 
     def _write(self, record) -> None:
         self._records.write(record.SerializeToString())
+
+
+def _image_tag(event: SampleReady) -> str:
+    return f"sample/{event.index} - {event.prompt}"
+
+
+def written_steps(log_dir: Path) -> dict[str, int]:
+    """The last step of each tag in the event files of `log_dir` ({} when it has none). A file cut short (the app
+    ended while it wrote) counts with the records it holds whole."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event as EventRecord
+
+    last: dict[str, int] = {}
+    if not Path(log_dir).is_dir():
+        return last
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+        try:
+            for raw in RawEventFileLoader(str(path)).Load():
+                record = EventRecord.FromString(raw)
+                for value in record.summary.value:
+                    last[value.tag] = max(last.get(value.tag, -1), record.step)
+        except Exception as e:  # an unreadable file: its steps are written again rather than lost
+            log.warning("TensorBoard file %s could not be read: %s", path, e)
+    return last
 
 
 def _scalars(values: dict[str, float]):
@@ -270,15 +310,22 @@ class RunTensorBoard:
     """A run's TensorBoard, rank 0's (`writes`): the event files, and with `tensorboard` on a server that is started
     once more on the next free port when it ends on its own, and stopped with the run unless it is kept on."""
 
-    def __init__(self, config: TrainConfig, workspace: Workspace, events: Broadcast, writes: bool) -> None:
+    def __init__(
+        self, config: TrainConfig, workspace: Workspace, events: Broadcast, writes: bool, continues: bool = False
+    ) -> None:
+        """`continues`: the run's events come again from its first step (a reattached remote run): the steps its
+        folder has already are not written twice."""
         self.config, self.workspace, self.events, self.writes = config, workspace, events, writes
+        self.continues = continues
         self.server: TensorBoardServer | None = None
         self._retried = False
 
     def start(self) -> None:
         if not self.writes:
             return
-        self.events.sinks.append(TensorBoardSink(self.workspace.tensorboard_dir, self.config.samples_to_tensorboard))
+        folder = self.workspace.tensorboard_dir
+        written = written_steps(folder) if self.continues else None
+        self.events.sinks.append(TensorBoardSink(folder, self.config.samples_to_tensorboard, written))
         if self.config.tensorboard:
             self._launch(self.config.tensorboard_port)
 

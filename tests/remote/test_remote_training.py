@@ -324,3 +324,16 @@ def test_a_queue_trains_a_remote_run_and_then_a_local_one(secrets, tmp_path):
     given = load_cloud_secrets()
     assert given.password == PASSPHRASE
     assert not [v for v in (given.password, given.api_key, HF_TOKEN) if v and v in queued]
+
+
+def test_attach_only_refuses_a_host_without_the_run_and_starts_nothing(ssh_server, secrets, tmp_path):
+    """Reattach now (`cloud.attach_only`) with a run id the host has no run of: refused by name, nothing sent."""
+    image_folder(tmp_path)
+    cloud = _cloud(tmp_path / "host", run_id="never-started", attach_only=True)
+    config, _ = config_from_dict(tiny_config(tmp_path, cloud=cloud))
+    sink = ListSink()
+    outcome = run_training(config, TrainingControl(), [sink])
+    assert isinstance(outcome, Failed) and outcome.refused, outcome
+    assert "cloud.attach_only" in outcome.message and "'never-started'" in outcome.message
+    assert not (tmp_path / "host" / "runs").exists() and not (tmp_path / "host" / "data").exists()
+    assert not any("sending" in s.text or "checking the trainer" in s.text for s in sink.of(Status))
