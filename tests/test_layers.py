@@ -31,9 +31,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data",),
     ("methods",),
     ("tiny",),
-    ("training",),
+    # Remote training is a way to run training (`run_training` hands a cloud config to it); its agent is the
+    # host-side program, a command line of its own.
+    ("training", "remote"),
     ("tools",),
-    ("cli", "benchmark", "__main__"),
+    ("cli", "benchmark", "__main__", "remote.agent"),
 )
 
 # Family knowledge: the family modules and their declarations (and their tiny models, key maps and benchmarks) may name

@@ -652,10 +652,15 @@ class TrainConfig(ConfigNode):
     attention_mechanism: AttentionMechanism = setting(
         AttentionMechanism.SDP,
         "Attention",
-        "The attention implementation (torch scaled-dot-product).",
+        "The attention kernel: SDP lets torch's scaled-dot-product attention pick the fastest one for each call; "
+        "CUDNN puts cuDNN's fused attention first and FLASH FlashAttention-2 (torch's own build), on a CUDA GPU, "
+        "falling back to torch's choice where that kernel cannot serve a call (a mask, a head size, a CPU). Same "
+        "results up to rounding; which is fastest depends on the GPU and the model. cuDNN's backward pass failed at "
+        "a large model's attention size with torch 2.11 on an H200 ('illegal memory access'): SDP if that happens. "
+        "FLEX is OneTrainer's flex attention, not built here.",
         tab="training",
         group="Precision",
-        choices=(AttentionMechanism.SDP,),
+        choices=(AttentionMechanism.SDP, AttentionMechanism.CUDNN, AttentionMechanism.FLASH),
     )
     ema: EMAMode = setting(
         EMAMode.OFF,

@@ -54,8 +54,8 @@ def _not_yet(bound: BoundField, value) -> str | None:
         return model_type_not_built(value)
     if isinstance(value, AttentionMechanism):
         return (
-            f"{value.value} is a OneTrainer attention mechanism that is not built yet here: torch's SDPA (SDP) is the "
-            "one this trainer offers, and it uses the flash or cuDNN kernels itself where torch finds them fastest"
+            f"{value.value} is a OneTrainer attention mechanism that is not built yet here: SDP, CUDNN and FLASH are "
+            "(torch's scaled-dot-product kernels)"
         )
     return None
 

@@ -56,7 +56,7 @@ def world_size_from_environment() -> int:
 
 def device_indexes(setting: str) -> list[int]:
     """`device_indexes` ("0,1,3"): which GPU each local rank takes; empty means 0, 1, 2, …"""
-    from onetrainer.training.checks import device_index_list
+    from onetrainer.training.device_lists import device_index_list
 
     try:
         return device_index_list(setting)

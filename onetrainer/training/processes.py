@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from onetrainer.training.checks import split_device_names
+from onetrainer.training.device_lists import split_device_names
 from onetrainer.training.distributed import RankDevices, device_indexes, world_size_from_environment
 
 if TYPE_CHECKING:

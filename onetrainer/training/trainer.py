@@ -35,6 +35,7 @@ from onetrainer.noise.draws import perturb_noise, sample_noise
 from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.weighting import timestep_weights
 from onetrainer.precision.dtypes import fallback_dtype
+from onetrainer.training.attention import attention_kernels
 from onetrainer.training.checkpoint import TrainProgress
 from onetrainer.training.control import TrainingControl
 from onetrainer.training.devices import autocast, seed_step_generators, select_device
@@ -169,6 +170,8 @@ class Trainer:
             self.model = self.family.load(config)
         # Parts in different dtypes (a bf16 denoiser, a float32 VAE) meet in caching, the loss, validation and samples.
         self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
+        # CUDNN / FLASH: that attention kernel first for every step and sample of the run (`training/attention.py`).
+        self._loaded.enter_context(attention_kernels(config.attention_mechanism))
         family = self.family
         self.placement = Placement(self.model.parts, family.part_roles, family.sampling_parts, self.device)
         offloaded = offloaded_parts(config, family)

@@ -1,8 +1,7 @@
 """OneTrainer's own Krea 2 presets (`tests/config/onetrainer_presets/Krea 2/`, unchanged: LoRA 16 / 24 GB with an
 INT_W8A8 transformer, fine-tunes 16 / 24 GB written as ORIGINAL_TRANSFORMER) pass `scripts/train.py --check` with a
 local model: the base model pointed at `tiny:krea2`, the concepts at a tiny image folder, everything else as OneTrainer
-ships it. Their one error is `attention_mechanism: CUDNN` (this trainer offers torch's SDPA alone, which picks cuDNN's
-kernel itself where torch finds it fastest); with `attention_mechanism=SDP` set they pass with no error."""
+ships it, their `attention_mechanism: CUDNN` included (cuDNN's attention kernel first, `training/attention.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 
 from onetrainer.cli.train import EXIT_OK, main
 from onetrainer.config import load_layers
-from onetrainer.config.enums import ModelFormat, ModelType, TrainingMethod
+from onetrainer.config.enums import AttentionMechanism, ModelFormat, ModelType, TrainingMethod
 from onetrainer.training.checks import Severity, run_checks
 from tests.conftest import onetrainer_presets_dir
 from tests.helpers import image_folder
@@ -40,11 +39,7 @@ def test_onetrainer_krea2_presets_pass_check_with_a_local_model(in_tmp: Path, ca
     fine_tune = config.training_method is TrainingMethod.FINE_TUNE
     expected = ModelFormat.ORIGINAL_TRANSFORMER if fine_tune else ModelFormat.DIFFUSERS_LORA
     assert config.output_model_format is expected
-    errors = [(p.path, p.message) for p in problems if p.severity is Severity.ERROR]
-    assert [path for path, _ in errors] == ["attention_mechanism"] and "CUDNN" in errors[0][1]
-    assert "not built yet" in errors[0][1] and "allowed: SDP" in errors[0][1]
-    overrides.append("attention_mechanism=SDP")
-    config, problems = load_layers(None, FOLDER / name, overrides)
+    assert config.attention_mechanism is AttentionMechanism.CUDNN
     problems += run_checks(config, include_schema=False)
     assert [p.message for p in problems if p.severity is Severity.ERROR] == []
 
