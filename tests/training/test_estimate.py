@@ -258,6 +258,35 @@ def test_the_split_is_shown_beside_data_parallel_and_applies_to_a_lora_on_a_gpu_
     )
 
 
+def test_without_measured_blocks_a_splits_activations_are_shared_as_the_blocks_bytes_are():
+    counts, settings = _split_setup(2)
+    rule = replace(settings, activations=PER_SAMPLE)  # the per-parameter rule: no block figures
+    one = estimate_from_counts(counts, replace(rule, split_devices=()))
+    split = estimate_from_counts(counts, rule)
+    assert sum(split.devices.values()) == pytest.approx(one.peak_bytes + OVERHEAD)
+
+
+def test_the_split_devices_and_their_memory_come_from_the_config():
+    import torch
+
+    from onetrainer.training.estimate import split_memory
+
+    config, _ = config_from_dict({"model_type": "FLUX_DEV_1", "training_method": "LORA", "split_devices": "cuda:0,cpu"})
+    assert split_memory(config) == ()  # multi_gpu off: no split figure
+    config.multi_gpu = True
+    (gpu, gpu_memory), (cpu, ram) = split_memory(config)
+    assert (gpu, cpu) == ("cuda:0", "cpu") and ram > 0
+    if torch.cuda.is_available():
+        assert gpu_memory == torch.cuda.get_device_properties(0).total_memory
+    else:
+        assert gpu_memory is None  # a GPU this machine lacks: of unknown size
+    assert split_memory(config, 12 * GIB)[0] == ("cuda:0", 12 * GIB)  # the fit's budget for each GPU
+    config.split_devices = "cuda:0"
+    assert split_memory(config) == ()  # one device: no split
+    config.split_devices, config.device_indexes = "", "0,1,2"
+    assert [name for name, _ in split_memory(config)] == ["cuda:0", "cuda:1", "cuda:2"]
+
+
 def test_a_flux_lora_counts_its_blocks_for_a_split():
     config, _ = config_from_dict({
         "model_type": "FLUX_DEV_1", "training_method": "LORA", "resolution": "512", "lora_rank": 16,
