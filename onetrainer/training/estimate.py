@@ -146,6 +146,9 @@ class PartCount:
     # The parameters of the part's largest declared block (`Family.layer_blocks`; 0: none declared), the unit a
     # sharded run gathers at a time (`_sharded`).
     largest_block: int = 0
+    # The part's declared blocks in execution order, each as (its name in the part, its parameters, the adapter
+    # parameters inside it): what a model split (`_split`) spreads over its devices. Only a LoRA's denoiser.
+    split_blocks: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def bytes(self) -> float:
@@ -225,6 +228,11 @@ class Settings:
     multi_gpu_mode: str = "DATA_PARALLEL"
     sharded_cpu_offload: bool = False  # SHARDED: the shards, their gradients and optimizer state in host RAM
     compute_bytes: float = 2.0  # the train dtype's bytes: a sharded run gathers float32 weights in it
+    # MODEL_SPLIT's devices (`checks.split_device_names`), each with the memory the run may use on it (None: not known
+    # here, e.g. a GPU this machine lacks: every such device is taken to be of one size, the smallest that holds its
+    # share, `_split`). Given for every `multi_gpu` config of two devices or more, so the split's figure is shown
+    # beside the other modes'; the configured mode is MODEL_SPLIT when `multi_gpu_mode` says so.
+    split_devices: tuple[tuple[str, float | None], ...] = ()
 
 
 def size_text(size: float) -> str:
@@ -273,6 +281,14 @@ class Estimate:
     processes: int = 1
     mode: str = ""
     modes: dict[str, float] = field(default_factory=dict)
+    # A model split (the configured mode): each device's peak by its name, and which of the blocks it holds.
+    devices: dict[str, float] = field(default_factory=dict)
+    device_blocks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the peak is per: the processes, or the devices of a model split."""
+        return max(self.processes, len(self.devices))
 
     @property
     def fits(self) -> bool | None:
@@ -296,7 +312,7 @@ class Estimate:
         step = f" · {step_time_text(self.step_seconds)}" if self.step_seconds is not None else ""
         if self.device == "cpu":
             return f"≈ {size_text(self.host_bytes)} RAM{step} {self.on_the_cpu}"
-        per_gpu = " per GPU" if self.processes > 1 else ""
+        per_gpu = " per GPU" if self.gpus > 1 else ""
         return f"≈ {size_text(self.peak_bytes)} {self.memory}{per_gpu} · {size_text(self.host_bytes)} RAM{step}"
 
     def text(self) -> str:
@@ -305,7 +321,9 @@ class Estimate:
             step_parts = "  the step: "
         else:
             peak = f"estimated peak {self.memory} {size_text(self.peak_bytes)}"
-            if self.processes > 1:
+            if self.devices:
+                peak += f" per GPU (the fullest of {len(self.devices)} devices, one process, {self.mode})"
+            elif self.processes > 1:
                 peak += f" per GPU ({self.processes} processes, {self.mode})"
             if self.free_bytes is not None:
                 peak += f" (free: {size_text(self.free_bytes)})"
@@ -315,6 +333,12 @@ class Estimate:
         if len(self.modes) > 1 and self.device != "cpu":
             shown = ", ".join(f"{label} {size_text(peak)}" for label, peak in self.modes.items())
             lines.append(f"  per GPU in each mode (multi_gpu_mode): {shown}")
+        if self.devices:
+            shown = ", ".join(
+                f"{name} {size_text(peak)} ({self.device_blocks.get(name, 'no blocks')})"
+                for name, peak in self.devices.items()
+            )
+            lines.append(f"  each device of the split: {shown}")
         lines.append(step_parts + ", ".join(f"{k} {size_text(v)}" for k, v in self.parts.items()))
         if self.resident_bytes > sum(self.parts.values()):
             lines.append(
@@ -350,17 +374,20 @@ def estimate_from_counts(
     counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None = None
 ) -> Estimate:
     """Peak bytes and seconds per step from parameter counts (see the module docstring for the model). With several
-    processes, the peak per GPU of the configured `multi_gpu_mode`, and in `modes` each mode's that applies."""
-    if settings.processes <= 1:
+    processes, the peak per GPU of the configured `multi_gpu_mode`, and in `modes` each mode's that applies. A model
+    split (one process over `Settings.split_devices`) is per GPU too, its devices' figures in `devices`; the other
+    modes are then figured over as many GPUs."""
+    split = settings.multi_gpu_mode == "MODEL_SPLIT" and len(settings.split_devices) >= 2
+    if settings.processes <= 1 and not split:
         return _one_process(counts, settings, flops_per_second)
+    gpus = settings.processes if settings.processes > 1 else len(settings.split_devices)
+    each = replace(settings, processes=gpus)
     results = {
-        name: mode.per_gpu(counts, settings, flops_per_second)
-        for name, mode in MODES.items()
-        if mode.applies(counts, settings)
+        name: mode.per_gpu(counts, each, flops_per_second) for name, mode in MODES.items() if mode.applies(counts, each)
     }
     name = settings.multi_gpu_mode if settings.multi_gpu_mode in results else "DATA_PARALLEL"
     result = results[name]
-    result.processes, result.mode = settings.processes, MODES[name].label
+    result.processes, result.mode = (1 if name == "MODEL_SPLIT" else gpus), MODES[name].label
     result.modes = {MODES[n].label: r.peak_bytes for n, r in results.items()}
     return result
 
@@ -450,6 +477,184 @@ def _gathered_bytes(count: PartCount, settings: Settings) -> float:
     return min(settings.compute_bytes, 4.0) if count.dtype is DataType.FLOAT_32 else BYTES[count.dtype]
 
 
+def _split_part(counts: dict[str, PartCount]) -> str | None:
+    """The part a model split spreads (the one with declared blocks counted for it: a LoRA's denoiser), or None."""
+    return next((name for name, count in counts.items() if len(count.split_blocks) >= 2), None)
+
+
+def _split_applies(counts: dict[str, PartCount], settings: Settings) -> bool:
+    """A model split: a LoRA (adapters beside frozen weights) on a GPU, whose denoiser declares its blocks and is not
+    layer-offloaded (`checks.check_model_split` refuses both), over two devices or more."""
+    part = _split_part(counts)
+    return (
+        part is not None
+        and not settings.trains_in_place
+        and settings.device == "cuda"
+        and len(settings.split_devices) >= 2
+        and not counts[part].offloaded
+    )
+
+
+def _split(counts: dict[str, PartCount], settings: Settings, flops_per_second: float | None) -> Estimate:
+    """Each device's peak in a model split (`memory/model_split.py`, one process): the denoiser's declared blocks
+    spread over `Settings.split_devices` by `assign_blocks`, the function the run's `placement.split_denoiser` uses,
+    with the budgets it gives it: each device's memory less the CUDA context, the first device's less what is there
+    when the split is made (every other part, counted whole, and the denoiser outside its blocks with its adapters); a
+    block's size is its weights in their stored dtype and its adapters in the LoRA dtype. A device's peak: its blocks'
+    weights and its adapters' share of the training state (weights, gradients, optimizer state, a GPU EMA: the state
+    per adapter parameter as one process has it), its activations (`_split_activations`) and the overhead; the first
+    device also holds everything outside the blocks as one process does. Devices of unknown memory (GPUs this machine
+    lacks) are taken to be of one size: the smallest at which each holds its share (found by halving; the first
+    device's share grows with the size). The step's time is one device's: the devices take turns. A CPU device's
+    figure is host RAM (added to it); the peak is the fullest GPU's."""
+    from onetrainer.memory.model_split import SplitError, assign_blocks
+
+    one = _one_process(counts, settings, flops_per_second)
+    part = _split_part(counts)
+    denoiser = counts[part]
+    blocks = denoiser.split_blocks
+    per_weight = denoiser.bytes / denoiser.params
+    names = [name for name, _ in settings.split_devices]
+    cuda = [name.startswith("cuda") for name in names]
+    n = len(names)
+    sizes = [params * per_weight + adapters * settings.trained_dtype_bytes for _, params, adapters in blocks]
+    block_params = sum(params for _, params, _ in blocks)
+    block_adapters = sum(adapters for _, _, adapters in blocks)
+    rest = (denoiser.params - block_params) * per_weight
+    rest += (denoiser.trained - block_adapters) * settings.trained_dtype_bytes
+    # When the split is made every part the step or the caching uses is on the first device (not only those the step
+    # keeps there): every other part is counted, which a part used only for samples overstates.
+    first_held = sum(c.device_bytes for k, c in counts.items() if k != part) + rest
+    trained = sum(c.trained for c in counts.values())
+    overhead = one.parts.get("overhead", 0.0)
+    state_per = one.parts["training state"] / trained if trained else 0.0
+    weights_all = sum(c.device_bytes for c in counts.values())
+    resident_per = (one.resident_bytes - weights_all - overhead) / trained if trained else 0.0
+
+    def assign(size: float) -> list[int]:
+        budgets = []
+        for d, (_name, memory) in enumerate(settings.split_devices):
+            budget = (size if memory is None else memory) - (OVERHEAD if cuda[d] else 0.0)
+            budgets.append(max(0.0, budget - (first_held if d == 0 else 0.0)))
+        try:
+            return assign_blocks(sizes, budgets)
+        except SplitError:  # no device has room (the run refuses it): every block on the last device
+            return [n - 1] * len(sizes)
+
+    def figures(assignment: list[int]) -> tuple[list[dict[str, float]], list[float]]:
+        weights, adapters = [0.0] * n, [0.0] * n
+        for (_, params, adapter), d in zip(blocks, assignment):
+            weights[d] += params * per_weight
+            adapters[d] += adapter
+        activations = _split_activations(one.parts["activations"], settings, blocks, sizes, assignment, n)
+        moved_weights, moved_adapters = sum(weights[1:]), sum(adapters[1:])
+        steps, resident = [], []
+        for d in range(n):
+            if d == 0:  # everything outside the blocks, as one process holds it, less the blocks elsewhere
+                step = {
+                    "weights": one.parts["weights"] - moved_weights,
+                    "training state": one.parts["training state"] - moved_adapters * state_per,
+                    "activations": activations[0],
+                }
+                held = one.resident_bytes - overhead - moved_weights - moved_adapters * resident_per
+            else:
+                step = {
+                    "weights": weights[d],
+                    "training state": adapters[d] * state_per,
+                    "activations": activations[d],
+                }
+                held = weights[d] + adapters[d] * resident_per
+            if cuda[d]:
+                step["overhead"] = OVERHEAD
+                held += OVERHEAD
+            steps.append(step)
+            resident.append(held)
+        return steps, resident
+
+    def peaks(assignment: list[int]) -> list[float]:
+        steps, resident = figures(assignment)
+        return [max(sum(step.values()), held) for step, held in zip(steps, resident)]
+
+    unknown = [d for d, (_, memory) in enumerate(settings.split_devices) if memory is None]
+    size = 0.0
+    if unknown:
+        low, high = 0.0, one.peak_bytes  # at one device's peak each device holds its share: none holds more
+        for _ in range(40):
+            middle = (low + high) / 2
+            found = peaks(assign(middle))
+            if all(found[d] <= middle for d in unknown):
+                high = middle
+            else:
+                low = middle
+        size = high
+    assignment = assign(size)
+    steps, resident = figures(assignment)
+    device_peaks = [max(sum(step.values()), held) for step, held in zip(steps, resident)]
+    on_gpus = [d for d in range(n) if cuda[d]] or list(range(n))
+    fullest = max(on_gpus, key=lambda d: device_peaks[d])
+    peak = device_peaks[fullest]
+    result = Estimate(peak, one.step_seconds, steps[fullest], device=settings.device, resident_bytes=resident[fullest])
+    result.devices = dict(zip(names, device_peaks))
+    result.device_blocks = {names[d]: _block_span(assignment, d) for d in range(n)}
+    on_cpu = sum(device_peaks[d] for d in range(1, n) if not cuda[d])
+    _add_host(result, counts, settings, {"split blocks on the CPU": on_cpu} if on_cpu else None)
+    return result
+
+
+def _block_span(assignment: list[int], device: int) -> str:
+    """ "blocks 0–27": a device's blocks in a split's assignment ("no blocks" where it has none)."""
+    indexes = [i for i, d in enumerate(assignment) if d == device]
+    if not indexes:
+        return "no blocks"
+    return f"block {indexes[0]}" if len(indexes) == 1 else f"blocks {indexes[0]}–{indexes[-1]}"
+
+
+def _split_activations(
+    total: float,
+    settings: Settings,
+    blocks: tuple[tuple[str, int, int], ...],
+    sizes: list[float],
+    assignment: list[int],
+    n: int,
+) -> list[float]:
+    """Each split device's activations (`total`: one process's). The rule: a block's tensors live where the block
+    runs, so the activations follow the blocks. With gradient checkpointing (from the measured block calls,
+    `Activations.blocks`) a device holds the inputs checkpointing keeps for the blocks after its own (a block's added
+    input is the previous block's output, kept on the device that made it; in CPU memory with activation offloading)
+    and the largest of its blocks' own tensors, recomputed one block at a time in the backward pass; the first device
+    holds what is kept outside the blocks too. So under checkpointing a device's activations shrink with its share of
+    the blocks but never below one block's recomputation, and the sum over the devices exceeds one device's figure by
+    one recomputed block on each other device. Without checkpointing, the blocks' part of all that is kept (`kept`
+    less what is outside them) is shared as the blocks' own tensors are. Without measured blocks (the per-parameter
+    rule) the activations are shared as the blocks' bytes are."""
+    per_sample = settings.activations
+    device_of = {name: assignment[i] for i, (name, _, _) in enumerate(blocks)}
+    calls = per_sample.blocks
+    if not calls or not any(name in device_of for name, _, _ in calls):
+        share = [0.0] * n
+        for size, d in zip(sizes, assignment):
+            share[d] += size
+        whole = sum(share) or 1.0
+        return [total * s / whole for s in share]
+    out, largest, own_sums = [0.0] * n, [0.0] * n, [0.0] * n
+    out[0] = per_sample.outside
+    before = 0  # the device that made the running block's input
+    for name, inputs, own in calls:
+        d = device_of.get(name, 0)  # a checkpointed module that is not a declared block runs on the first device
+        if settings.gradient_checkpointing and not settings.activation_offloading:
+            out[before] += inputs
+        largest[d] = max(largest[d], own)
+        own_sums[d] += own
+        before = d
+    if settings.gradient_checkpointing:
+        out = [o + m for o, m in zip(out, largest)]
+    else:
+        in_blocks = max(per_sample.kept - per_sample.outside, 0.0)
+        whole = sum(own_sums) or 1.0
+        out = [o + in_blocks * s / whole for o, s in zip(out, own_sums)]
+    return [o * settings.batch_size for o in out]
+
+
 class Mode(NamedTuple):
     """A `multi_gpu_mode` the estimate knows: its label, whether it applies to a run, and each GPU's peak in it."""
 
@@ -466,6 +671,7 @@ MODES: dict[str, Mode] = {
         lambda counts, settings: settings.trains_in_place and any(c.trained and c.on_device for c in counts.values()),
         _sharded,
     ),
+    "MODEL_SPLIT": Mode("model split", _split_applies, _split),
 }
 
 
@@ -608,7 +814,9 @@ def family_of(config: TrainConfig) -> Family:
         raise ValueError(f"no estimate for {config.model_type.value}: {error}") from None
 
 
-def settings_of(config: TrainConfig, activations: Activations) -> Settings:
+def settings_of(config: TrainConfig, activations: Activations, device_memory: float | None = None) -> Settings:
+    """The estimate's settings of a config. `device_memory`: the memory of each GPU a model split would use (the fit
+    passes its budget); None: each GPU's own where this machine has it (`split_memory`)."""
     from onetrainer.data.caching import text_encoders_frozen
     from onetrainer.training.processes import planned_world_size
 
@@ -634,7 +842,44 @@ def settings_of(config: TrainConfig, activations: Activations) -> Settings:
         multi_gpu_mode=config.multi_gpu_mode.value,
         sharded_cpu_offload=bool(config.sharded_cpu_offload),
         compute_bytes=BYTES.get(config.train_dtype, 2.0),
+        split_devices=split_memory(config, device_memory),
     )
+
+
+def split_memory(config: TrainConfig, device_memory: float | None = None) -> tuple[tuple[str, float | None], ...]:
+    """A `multi_gpu` config's model-split devices (`checks.split_device_names`: `split_devices`, else the GPUs of
+    `device_indexes`, else every visible GPU), each with the memory the run could use on it: `device_memory` for a GPU
+    where given, else the GPU's total memory where this machine has it (not its free memory: asking that would open a
+    CUDA context on every GPU from the window), None where it lacks it; for the CPU the RAM available. Empty: not
+    `multi_gpu`, or fewer than two devices."""
+    if not config.multi_gpu:
+        return ()
+    from onetrainer.training.checks import split_device_names
+
+    try:
+        names = split_device_names(config)
+    except ValueError:  # the checks name the field
+        return ()
+    if len(names) < 2:
+        return ()
+    import torch
+
+    out: list[tuple[str, float | None]] = []
+    for name in names:
+        device = torch.device(name)
+        memory: float | None = None
+        if device.type == "cpu":
+            import psutil
+
+            memory = float(psutil.virtual_memory().available)
+        elif device.type == "cuda" and device_memory is not None:
+            memory = float(device_memory)
+        elif device.type == "cuda" and torch.cuda.is_available():
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            if index < torch.cuda.device_count():
+                memory = float(torch.cuda.get_device_properties(index).total_memory)
+        out.append((name, memory))
+    return tuple(out)
 
 
 def _one_file(name: str) -> bool:
@@ -674,6 +919,7 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
         denoiser = role is PartRole.DENOISER
         train = bool(getattr(part_config, "train", False)) and (denoiser or text)
         largest = 0
+        split_blocks: tuple[tuple[str, int, int], ...] = ()
         if config.training_method is TrainingMethod.FINE_TUNE:
             tensors = info.get("tensors", [])
             if not train:
@@ -689,6 +935,8 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             if denoiser:
                 layers = [layer for layer in layers if name_matches(layer[0], patterns, regex)]
             trained = _adapter_params(config, layers, denoiser, family.text_encoder_blocks)
+            if denoiser:
+                split_blocks = _split_blocks(config, family, part, info, layers)
         else:
             trained = 0
         if denoiser or train:
@@ -708,6 +956,7 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
             info["params"], part_config.weight_dtype, on_device, trained, text, info["params"] - quantized, plain_bytes,
             offload.offloaded, _gguf_bytes(part_config), offload.trained_offloaded, offload.blocks, offload.window,
             largest, _load_bytes(config, part, info), offload.trained_pinned, _largest_block(family, part, info),
+            split_blocks,
         )  # fmt: skip
     return counts
 
@@ -809,6 +1058,30 @@ def _block_sizes(family: Family, part: str, info: dict) -> dict[tuple[int, int],
             key = (paths.index(found.group(1)), int(found.group(2)))
             sizes[key] = sizes.get(key, 0) + count
     return sizes
+
+
+def _split_blocks(
+    config: TrainConfig, family: Family, part: str, info: dict, layers: list[tuple[str, int, int, int]]
+) -> tuple[tuple[str, int, int], ...]:
+    """A LoRA denoiser's declared blocks in execution order, each as (its name, its parameters, the adapter
+    parameters of the adapted `layers` inside it), for a model split (`PartCount.split_blocks`)."""
+    import re
+
+    sizes = _block_sizes(family, part, info)
+    if len(sizes) < 2:
+        return ()
+    paths = family.layer_blocks[part]
+    pattern = re.compile(rf"^({'|'.join(re.escape(p) for p in paths)})\.(\d+)\.")
+    inside: dict[tuple[int, int], list] = {}
+    for layer in layers:
+        found = pattern.match(layer[0])
+        if found:
+            inside.setdefault((paths.index(found.group(1)), int(found.group(2))), []).append(layer)
+    out = []
+    for path, index in sorted(sizes):
+        adapters = _adapter_params(config, inside.get((path, index), []), True, "")
+        out.append((f"{paths[path]}.{index}", sizes[(path, index)], adapters))
+    return tuple(out)
 
 
 def _largest_block(family: Family, part: str, info: dict) -> int:
@@ -1420,10 +1693,12 @@ def estimate(
     flops_per_second: float | None = None,
     cancelled: Callable[[], bool] | None = None,
     device: str | None = None,
+    device_memory: float | None = None,
 ) -> Estimate:
     """The estimate for a config, with advice when it does not fit in `free_bytes`. Raises `EstimateCancelled` soon
     after `cancelled()` turns true. `device` ("cuda", "cpu"): the device type to estimate for, in place of the one
-    that would train here (a preset's VRAM sized on a machine without a GPU)."""
+    that would train here (a preset's VRAM sized on a machine without a GPU). `device_memory`: each GPU's memory for a
+    model split (`settings_of`)."""
     from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
     token = _CANCELLED.set(cancelled)
@@ -1437,7 +1712,7 @@ def estimate(
             activations = measure_activations(config, shapes)
     finally:
         _CANCELLED.reset(token)
-    settings = settings_of(config, activations)
+    settings = settings_of(config, activations, device_memory)
     if device is not None:
         settings = replace(settings, device=device)
     result = estimate_from_counts(counts, settings, flops_per_second)

@@ -4,10 +4,12 @@
 The steps come in the order that costs the least: what costs no quality and little time first (cached latents and
 text, a fine-tune's fused back pass, an 8-bit optimizer, gradient checkpointing), then 8-bit frozen weights,
 activation offloading, layer offloading (the smallest fraction that fits, found by halving the interval), and the
-batch size last. Each step is taken only where it applies to the model type, the method and the part, and the search
-stops as soon as the estimate fits. The result is a list of ordinary config values (`Change`): the app applies them
-to the window's config, `scripts/train.py --fit-vram` to the run's, and the user can change each of them afterwards.
-The resolution and the data are never touched.
+batch size last. On a machine with several GPUs a fine-tune one GPU cannot hold is sharded over them (`_sharding`,
+after the fused back pass), and a LoRA that one GPU could hold only by offloading most of its blocks is split over
+them (`_splitting`, in place of layer offloading). Each step is taken only where it applies to the model type, the
+method and the part, and the search stops as soon as the estimate fits. The result is a list of ordinary config
+values (`Change`): the app applies them to the window's config, `scripts/train.py --fit-vram` to the run's, and the
+user can change each of them afterwards. The resolution and the data are never touched.
 
 With a RAM budget, a step that would push the estimated host RAM over it (layer offloading keeps every block's weights
 in CPU memory, activation offloading the blocks' inputs) is left out and named; a step is kept only where it lowers a
@@ -121,13 +123,13 @@ def fit_to_budget(
     """The changes (applied to a copy, never to `config`) that bring the estimate under `budget_bytes` of VRAM (None:
     no VRAM budget) and, given, `ram_budget_bytes` of host RAM. `first`: the config's estimate already made for
     `device` (the one beside Start), the fit's starting point. `gpus`: the machine's GPUs (each with the budget), over
-    which a fine-tune may be sharded (`_sharding`)."""
+    which a fine-tune may be sharded (`_sharding`) or a LoRA's denoiser split (`_splitting`)."""
     from onetrainer.training.estimate import estimate
 
     def measure(trial: TrainConfig) -> Estimate:
         if estimate_of is not None:
             return estimate_of(trial)
-        return estimate(trial, flops_per_second=flops_per_second, device=device)
+        return estimate(trial, flops_per_second=flops_per_second, device=device, device_memory=budget_bytes)
 
     trial = config.copy()
     fit = Fit(budget_bytes, ram_budget=ram_budget_bytes)
@@ -140,6 +142,7 @@ def fit_to_budget(
         _checkpointing,
         _eight_bit_weights,
         _activation_offloading,
+        lambda trial, fit, measure: _splitting(trial, fit, measure, gpus),
         _offloading,
         _batch_size,
     )
@@ -161,7 +164,7 @@ def fit_to_budget(
 
 
 def machine_gpus(train_device: str) -> int:
-    """The GPUs a fit may shard over: the visible CUDA devices where the config trains on CUDA, else 1."""
+    """The GPUs a fit may shard or split over: the visible CUDA devices where the config trains on CUDA, else 1."""
     from onetrainer.training.estimate import training_device_type
 
     if training_device_type(train_device) != "cuda":
@@ -285,6 +288,65 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
             _set(trial, fit, "sharded_cpu_offload", True, "the shards wait in host RAM between steps")
         fit.estimate = estimate
         return
+
+
+# Layer offloading on one GPU up to this fraction of the blocks is preferred to a model split: the blocks' copies hide
+# behind the compute (docs/benchmarks.md: 70 % of Flux's blocks 2–5 % slower on an H200's PCIe 5; a consumer card's
+# PCIe 4 at fewer lanes moves them several times slower), and the other GPUs stay free. Beyond it, the split.
+SPLIT_BEYOND_OFFLOAD = 0.5
+
+
+def _splitting(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
+    """A LoRA that one GPU cannot hold after the cheap one-GPU steps (cached encoders, an 8-bit optimizer,
+    checkpointing, 8-bit frozen weights, activation offloading), split over the machine's `gpus` (`multi_gpu_mode`
+    MODEL_SPLIT: one process, the denoiser's blocks spread over the GPUs by their memory, `split_devices` the GPUs the
+    config lists for several processes, else all) in place of layer offloading — where one GPU would have to offload
+    more than `SPLIT_BEYOND_OFFLOAD` of the blocks, or cannot fit at any fraction, or only by breaking the RAM budget
+    (offloading keeps every block's weights in host RAM; the split keeps none there).
+
+    Why there: the split costs no quality and next to no time against one GPU (the GPUs take turns; only the hidden
+    states cross between them, `docs/benchmarks.md`'s split part), but it takes the other GPUs, which then do nothing
+    in parallel; a little layer offloading costs one GPU a few per cent, so up to half the blocks offloading is the
+    cheaper answer, and beyond that (the window shrinks, the copies stop hiding behind the compute, and every step
+    moves most of the model over PCIe) a user with GPUs to spare is better served by the split. A config already
+    training data parallel keeps offloading wherever any fraction fits: each GPU then still trains its own share of
+    the batch, which the split (one process) would give up. Taken only where the split's estimate (each GPU the
+    budget) fits and `checks.check_model_split` allows it (the devices it names are the `gpus` the caller says the
+    machine has); the denoiser's layer offloading, which a split does not combine with, is set to 0 with it. Not
+    taken, nothing changes and layer offloading goes on."""
+    from onetrainer.config.enums import MultiGpuMode
+    from onetrainer.training.checks import check_model_split
+
+    if gpus < 2 or fit.budget is None or trial.training_method is not TrainingMethod.LORA:
+        return
+    if trial.multi_gpu and trial.multi_gpu_mode is MultiGpuMode.MODEL_SPLIT:
+        return
+    parallel = trial.multi_gpu and trial.multi_gpu_mode is MultiGpuMode.DATA_PARALLEL
+    scratch = trial.copy()
+    parts = [p for p in _offloadable(scratch) if scratch.part(p).offload_fraction == 0]
+    if parts:  # how far one GPU would offload (the next step's search)
+        fraction, offloaded = _smallest_fraction(scratch, parts, fit.budget, measure)
+        fits = offloaded.peak_bytes <= fit.budget and not _breaks_ram(fit, fit.estimate, offloaded)
+        if fits and (fraction <= SPLIT_BEYOND_OFFLOAD or parallel):
+            return
+    denoiser = model_type_info(trial.model_type).family.parts[0]
+    base = trial.copy()
+    listed = [i.strip() for i in base.device_indexes.split(",") if i.strip()]
+    indexes = listed if base.multi_gpu and len(listed) >= 2 else [str(i) for i in range(gpus)]
+    devices = ",".join(f"cuda:{i}" for i in indexes)
+    base.multi_gpu, base.multi_gpu_mode, base.split_devices = True, MultiGpuMode.MODEL_SPLIT, devices
+    base.part(denoiser).offload_fraction = 0.0
+    if any(p.is_error and p.path != "split_devices" for p in check_model_split(base)):
+        return
+    estimate = measure(base)
+    if estimate.peak_bytes > fit.budget or _breaks_ram(fit, fit.estimate, estimate):
+        return
+    _set(trial, fit, "multi_gpu", True, "the denoiser over several GPUs, one process")
+    why = f"the denoiser's blocks spread over {len(indexes)} GPUs by their memory (no faster than one GPU)"
+    _set(trial, fit, "multi_gpu_mode", MultiGpuMode.MODEL_SPLIT, why)
+    _set(trial, fit, "split_devices", devices, "the GPUs the blocks are spread over")
+    _set(trial, fit, f"{denoiser}.offload_fraction", 0.0, "a split is not combined with layer offloading")
+    fit.estimate = estimate
 
 
 def _eight_bit_optimizer(trial: TrainConfig, fit: Fit, measure) -> None:

@@ -167,6 +167,141 @@ def test_the_shards_cpu_offload_moves_them_to_host_ram_and_a_lora_is_not_sharded
     assert result.peak_bytes == estimate_from_counts(lora, replace(settings, trains_in_place=False)).peak_bytes
 
 
+def _split_setup(devices: int, memory: float | None = None, **changes):
+    """A LoRA on a bfloat16 transformer of 40 declared blocks (1e8 weights and 1e6 adapter weights each, 1e8 weights
+    and 1e6 adapter weights outside them) beside a small text encoder, split over `devices` of `memory` (None: not
+    known here), with checkpointing and activations measured per block (each block's added input 10 MiB, its own
+    tensors 200 MiB, 300 MiB outside the blocks)."""
+    blocks = tuple((f"blocks.{i}", 100_000_000, 1_000_000) for i in range(40))
+    counts = {
+        "transformer": PartCount(4_100_000_000, DataType.BFLOAT_16, trained=41_000_000, split_blocks=blocks),
+        "text_encoder": PartCount(1_000_000, DataType.BFLOAT_16, text_encoder=True),
+    }
+    measured = Activations(
+        kept=9 * GIB, checkpointed=(300 + 400 + 200) * MIB, flops=1e12, part="transformer", outside=300 * MIB,
+        blocks=tuple((f"blocks.{i}", 10 * MIB, 200 * MIB) for i in range(40)),
+    )  # fmt: skip
+    names = tuple((f"cuda:{i}", memory) for i in range(devices))
+    changes = {"gradient_checkpointing": True, **changes}
+    settings = replace(SD, activations=measured, multi_gpu_mode="MODEL_SPLIT", split_devices=names, **changes)
+    return counts, settings
+
+
+def test_a_model_split_spreads_the_denoisers_blocks_and_each_device_holds_its_share():
+    """MODEL_SPLIT: per device its blocks' weights, its adapters' training state, the activations of its blocks
+    (checkpointing: the inputs it made, its largest block's recomputation), the overhead; the first device the rest
+    of the model too. With devices of unknown size each holds its share at the smallest common size: the figures
+    shrink as devices are added, and across the devices they add up to one device's step plus what each further
+    device holds again (its CUDA context, one block's recomputation)."""
+    counts, settings = _split_setup(1)
+    one = estimate_from_counts(counts, settings)  # one device: no split
+    assert one.devices == {} and one.modes == {}
+    fullest = []
+    for n in (2, 3, 4):
+        result = estimate_from_counts(*_split_setup(n))
+        assert result.mode == "model split" and result.processes == 1 and result.gpus == n
+        assert list(result.devices) == [f"cuda:{i}" for i in range(n)]
+        assert result.modes == {"data parallel": one.peak_bytes, "model split": result.peak_bytes}
+        assert result.peak_bytes == max(result.devices.values()) < one.peak_bytes
+        extra = (n - 1) * (OVERHEAD + 200 * MIB)
+        assert sum(result.devices.values()) == pytest.approx(one.peak_bytes + extra)
+        fullest.append(result.peak_bytes)
+        text = result.text()
+        assert f"per GPU (the fullest of {n} devices, one process, model split)" in text
+        assert (
+            "per GPU in each mode (multi_gpu_mode): data parallel" in text
+            and "each device of the split: cuda:0" in text
+        )
+        assert "blocks 0–" in text and "per GPU" in result.summary()
+    assert fullest[0] > fullest[1] > fullest[2]
+
+
+def test_a_split_over_devices_of_known_memory_assigns_the_blocks_as_the_run_does():
+    """The blocks go where `assign_blocks` (the run's `split_denoiser`) puts them for the devices' budgets: each
+    device's memory less its CUDA context, the first's less every other part and the denoiser outside its blocks."""
+    from onetrainer.memory.model_split import assign_blocks
+
+    counts, settings = _split_setup(2, 12 * GIB)
+    # a text encoder whose outputs are cached: off the device while stepping, on the first when the split is made
+    counts["text_encoder"] = PartCount(2_000_000_000, DataType.BFLOAT_16, on_device=False, text_encoder=True)
+    result = estimate_from_counts(counts, settings)
+    block = 1e8 * 2 + 1e6 * 4  # bfloat16 weights, float32 adapters
+    first_held = 2e9 * 2 + (1e8 * 2 + 1e6 * 4)  # the text encoder, the denoiser outside its blocks
+    assignment = assign_blocks([block] * 40, [12 * GIB - OVERHEAD - first_held, 12 * GIB - OVERHEAD])
+    on_first = assignment.count(0)
+    assert 0 < on_first < 20  # the first device holds the rest too: fewer blocks
+    assert result.device_blocks == {"cuda:0": f"blocks 0–{on_first - 1}", "cuda:1": f"blocks {on_first}–39"}
+    # device 1: its blocks, their adapters' weights, gradients and AdamW state, the inputs it made (its blocks' but
+    # the first's, which device 0 made) and one block's recomputation, the overhead
+    blocks = 40 - on_first
+    own = blocks * (2e8 + 1e6 * (4 + 4 + 8)) + (blocks - 1) * 10 * MIB + 200 * MIB + OVERHEAD
+    assert result.devices["cuda:1"] == pytest.approx(own)
+
+
+def test_the_split_is_shown_beside_data_parallel_and_applies_to_a_lora_on_a_gpu_only():
+    counts, settings = _split_setup(2)
+    parallel = estimate_from_counts(counts, replace(settings, multi_gpu_mode="DATA_PARALLEL", processes=2))
+    assert parallel.mode == "data parallel" and parallel.devices == {} and "model split" in parallel.modes
+    assert "each device of the split" not in parallel.text()
+    # a fine-tune (SHARDED is its answer), a layer-offloaded denoiser, the CPU: no split figure
+    for changed in (
+        replace(settings, trains_in_place=True),
+        replace(settings, device="cpu"),
+    ):
+        assert "model split" not in estimate_from_counts(counts, changed).modes
+    offloaded = {**counts, "transformer": replace(counts["transformer"], offloaded=1_000_000_000)}
+    assert "model split" not in estimate_from_counts(offloaded, settings).modes
+    # without checkpointing, the blocks' tensors are shared as the blocks' own are: the first device holds fewer
+    plain = estimate_from_counts(counts, replace(settings, gradient_checkpointing=False))
+    assert sum(plain.devices.values()) == pytest.approx(
+        estimate_from_counts(*_split_setup(1, gradient_checkpointing=False)).peak_bytes + OVERHEAD
+    )
+
+
+def test_without_measured_blocks_a_splits_activations_are_shared_as_the_blocks_bytes_are():
+    counts, settings = _split_setup(2)
+    rule = replace(settings, activations=PER_SAMPLE)  # the per-parameter rule: no block figures
+    one = estimate_from_counts(counts, replace(rule, split_devices=()))
+    split = estimate_from_counts(counts, rule)
+    assert sum(split.devices.values()) == pytest.approx(one.peak_bytes + OVERHEAD)
+
+
+def test_the_split_devices_and_their_memory_come_from_the_config():
+    import torch
+
+    from onetrainer.training.estimate import split_memory
+
+    config, _ = config_from_dict({"model_type": "FLUX_DEV_1", "training_method": "LORA", "split_devices": "cuda:0,cpu"})
+    assert split_memory(config) == ()  # multi_gpu off: no split figure
+    config.multi_gpu = True
+    (gpu, gpu_memory), (cpu, ram) = split_memory(config)
+    assert (gpu, cpu) == ("cuda:0", "cpu") and ram > 0
+    if torch.cuda.is_available():
+        assert gpu_memory == torch.cuda.get_device_properties(0).total_memory
+    else:
+        assert gpu_memory is None  # a GPU this machine lacks: of unknown size
+    assert split_memory(config, 12 * GIB)[0] == ("cuda:0", 12 * GIB)  # the fit's budget for each GPU
+    config.split_devices = "cuda:0"
+    assert split_memory(config) == ()  # one device: no split
+    config.split_devices, config.device_indexes = "", "0,1,2"
+    assert [name for name, _ in split_memory(config)] == ["cuda:0", "cuda:1", "cuda:2"]
+
+
+def test_a_flux_lora_counts_its_blocks_for_a_split():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "resolution": "512", "lora_rank": 16,
+        "transformer": {"weight_dtype": "BFLOAT_16"}, "text_encoder": {"train": False},
+        "text_encoder_2": {"train": False},
+    })  # fmt: skip
+    transformer = counts_of(config, reference_shapes(config.model_type))["transformer"]
+    names = [name for name, _, _ in transformer.split_blocks]
+    assert len(names) == 57 and names[0] == "transformer_blocks.0" and names[-1] == "single_transformer_blocks.37"
+    assert 0.9 * transformer.params < sum(p for _, p, _ in transformer.split_blocks) < transformer.params
+    assert 0.9 * transformer.trained < sum(a for _, _, a in transformer.split_blocks) <= transformer.trained
+    config.training_method = config.training_method.__class__("FINE_TUNE")
+    assert counts_of(config, reference_shapes(config.model_type))["transformer"].split_blocks == ()
+
+
 def test_the_peak_is_the_larger_of_the_step_and_every_part_on_the_device():
     # Loading, filling the caches and rendering a sample hold every part at once: with a large text encoder whose
     # outputs are cached (Flux's and Chroma's T5), that time is the peak, not the step.

@@ -140,6 +140,98 @@ def test_the_cheapest_changes_come_first_and_the_search_stops_when_it_fits(budge
         assert {c.path: c.after for c in fit.changes}[last] == 0.2
 
 
+def _flux_big_lora():
+    """A rank-64 Flux LoRA at 512 px: about 12 GiB on one GPU after the cheap steps, which 12 GiB holds only with
+    more than half of the blocks offloaded."""
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "output_model_format": "KOHYA_LORA", "lora_rank": 64,
+        "base_model_name": "black-forest-labs/FLUX.1-dev", "resolution": "512", "batch_size": 1,
+        "train_dtype": "BFLOAT_16", "latent_caching": True, "optimizer": {"optimizer": "ADAMW"},
+        "transformer": {"weight_dtype": "BFLOAT_16"},
+        "text_encoder": {"train": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder_2": {"train": False, "weight_dtype": "BFLOAT_16"},
+    })  # fmt: skip
+    return config
+
+
+def test_a_big_flux_lora_is_split_over_two_12_gib_gpus_rather_than_mostly_offloaded():
+    """One 12 GiB GPU: FLOAT_8 weights and more than half of the blocks offloaded; two: the same cheap steps, then the
+    denoiser split over both instead of the offloading, a change the estimate of the applied config agrees with."""
+    config = _flux_big_lora()
+    alone = fit_to_budget(config, 12 * GIB)
+    one = {c.path: c.after for c in alone.changes}
+    assert alone.fits and one["transformer.offload_fraction"] > 0.5 and "multi_gpu_mode" not in one
+
+    two = fit_to_budget(config, 12 * GIB, gpus=2)
+    changed = {c.path: c.after for c in two.changes}
+    assert two.fits and changed["multi_gpu_mode"] is MultiGpuMode.MODEL_SPLIT and changed["multi_gpu"] is True
+    assert changed["split_devices"] == "cuda:0,cuda:1" and "transformer.offload_fraction" not in changed
+    assert changed["transformer.weight_dtype"] is DataType.FLOAT_8  # the one-GPU steps before it still come first
+    assert two.estimate.mode == "model split" and list(two.estimate.devices) == ["cuda:0", "cuda:1"]
+    assert max(two.estimate.devices.values()) <= 12 * GIB < two.estimate.modes["data parallel"]
+    assert "spread over 2 GPUs" in two.text()
+    applied = config.copy()
+    apply(applied, two.changes)
+    assert estimate(applied, device="cuda", device_memory=12 * GIB).peak_bytes == pytest.approx(two.estimate.peak_bytes)
+
+
+def _split_estimate(config) -> Estimate:
+    """`_fake_estimate`, with a split over several GPUs saving 9 GiB."""
+    result = _fake_estimate(config)
+    if config.multi_gpu and config.multi_gpu_mode is MultiGpuMode.MODEL_SPLIT:
+        result.peak_bytes -= 9 * GIB
+    return result
+
+
+@pytest.mark.parametrize(
+    ("budget", "gpus", "split"),
+    [(9.0, 2, False), (5.0, 2, True), (5.0, 1, False), (1.0, 2, True)],
+)  # fmt: skip
+def test_the_split_replaces_offloading_of_more_than_half_the_blocks(budget, gpus, split):
+    """Before offloading (batch 1): 20 - 2 - 3 - 4 - 0.5 - 1 = 9.5 GiB. At 9 GiB, 0.1 of the blocks offloaded fits
+    one GPU: no split; at 5 GiB one GPU needs 0.6: split over two (0.5 GiB), offloaded on one; at 1 GiB no fraction
+    fits one GPU: split."""
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
+        "latent_caching": True, "transformer": {"gradient_checkpointing": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder": {"train": False, "weight_dtype": "FLOAT_8"}, "text_encoder_2": {"train": False},
+    })  # fmt: skip
+    fit = fit_to_budget(config, budget * GIB, estimate_of=_split_estimate, gpus=gpus)
+    changed = {c.path: c.after for c in fit.changes}
+    assert fit.fits
+    assert (changed.get("multi_gpu_mode") is MultiGpuMode.MODEL_SPLIT) is split
+    assert ("transformer.offload_fraction" in changed) is not split
+
+
+def test_the_split_is_not_chosen_for_a_fine_tune_beside_data_parallel_or_what_it_does_not_combine_with():
+    config, _ = config_from_dict({
+        "model_type": "FLUX_DEV_1", "training_method": "LORA", "output_model_format": "KOHYA_LORA",
+        "latent_caching": True, "transformer": {"gradient_checkpointing": False, "weight_dtype": "BFLOAT_16"},
+        "text_encoder": {"train": False, "weight_dtype": "FLOAT_8"}, "text_encoder_2": {"train": False},
+    })  # fmt: skip
+
+    def split_chosen(trial) -> bool:
+        fit = fit_to_budget(trial, 5 * GIB, estimate_of=_split_estimate, gpus=2)
+        return any(c.path == "multi_gpu_mode" and c.after is MultiGpuMode.MODEL_SPLIT for c in fit.changes)
+
+    assert split_chosen(config)
+    fine_tune = config.copy()
+    fine_tune.training_method = fine_tune.training_method.__class__("FINE_TUNE")
+    assert not split_chosen(fine_tune)
+    compiled = config.copy()
+    compiled.compile = True  # check_model_split refuses compile
+    assert not split_chosen(compiled)
+    # already data parallel over 2 GPUs: each still trains its share of the batch with 0.6 of its blocks offloaded
+    parallel = config.copy()
+    parallel.multi_gpu, parallel.device_indexes = True, "0,1"
+    assert not split_chosen(parallel)
+    # ... but where no fraction fits one GPU, the split is the way
+    assert any(
+        c.after is MultiGpuMode.MODEL_SPLIT
+        for c in fit_to_budget(parallel, 1 * GIB, estimate_of=_split_estimate, gpus=2).changes
+    )
+
+
 def _ram_estimate(config) -> Estimate:
     """`_fake_estimate` with host RAM: 10 GiB, and 20 GiB more once layer offloading keeps the blocks in RAM."""
     result = _fake_estimate(config)
