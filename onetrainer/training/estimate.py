@@ -854,7 +854,7 @@ def split_memory(config: TrainConfig, device_memory: float | None = None) -> tup
     `multi_gpu`, or fewer than two devices."""
     if not config.multi_gpu:
         return ()
-    from onetrainer.training.checks import split_device_names
+    from onetrainer.training.device_lists import split_device_names
 
     try:
         names = split_device_names(config)

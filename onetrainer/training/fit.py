@@ -291,8 +291,9 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
 
 
 # Layer offloading on one GPU up to this fraction of the blocks is preferred to a model split: the blocks' copies hide
-# behind the compute (docs/benchmarks.md: 70 % of Flux's blocks 2–5 % slower on an H200's PCIe 5; a consumer card's
-# PCIe 4 at fewer lanes moves them several times slower), and the other GPUs stay free. Beyond it, the split.
+# behind the compute (docs/benchmarks.md: 70 % of a 12 B transformer's blocks 2–5 % slower on an H200's PCIe 5; a
+# consumer card's PCIe 4 at fewer lanes moves them several times slower), and the other GPUs stay free. Beyond it,
+# the split.
 SPLIT_BEYOND_OFFLOAD = 0.5
 
 
