@@ -39,6 +39,8 @@ _SD2_BASE_SAMPLE = SampleDefaults(512, 512, 30, 7.5, NoiseScheduler.DDIM)
 # The released models' parts as their diffusers configs (what the estimate counts a hub model not yet downloaded as).
 _SD1 = {"vae": ref.SD_VAE, "text_encoder": ref.CLIP_L_TEXT}
 _SD2 = {"vae": ref.SD_VAE, "text_encoder": ref.OPEN_CLIP_H_TEXT}
+# SD 2.0 depth's UNet: SD 2 base's with a fifth input channel, the depth map at latent size in [-1, 1].
+SD2_DEPTH_UNET = {**ref.SD2_BASE_UNET, "in_channels": 5}
 
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
@@ -91,6 +93,17 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
         True,
         _SD2_BASE_SAMPLE,
         released_parts={"unet": ref.SD2_INPAINTING_UNET, **_SD2},
+    ),
+    ModelTypeInfo(
+        ModelType.STABLE_DIFFUSION_20_DEPTH,
+        "SD 2.0 Depth",
+        SD,
+        512,
+        False,
+        False,
+        _SD2_BASE_SAMPLE,
+        released_parts={"unet": SD2_DEPTH_UNET, **_SD2},
+        depth_input=True,
     ),
     ModelTypeInfo(
         ModelType.STABLE_DIFFUSION_21_BASE,
