@@ -51,13 +51,27 @@ def estimate_depth(estimator, processor, pixels: torch.Tensor, latent_size: tupl
     return normalise_depth(depth, latent_size)
 
 
+def depth_maps(estimator, processor, pixels: torch.Tensor, files: list | None, latent_size) -> torch.Tensor:
+    """Each image's depth map at latent size, normalised: its file's (`files`: per image a [1, H, W] map moved as the
+    image, or None) where it has one, the estimator's for the others (only those run through it)."""
+    files = files if files is not None else [None] * pixels.shape[0]
+    missing = [i for i, file in enumerate(files) if file is None]
+    out = torch.empty(pixels.shape[0], 1, *latent_size, device=pixels.device)
+    if missing:
+        out[missing] = estimate_depth(estimator, processor, pixels[missing], latent_size).to(out)
+    for i, file in enumerate(files):
+        if file is not None:
+            out[i] = normalise_depth(file.to(pixels.device), latent_size)[0]
+    return out
+
+
 def depth_input(family, model, inputs) -> torch.Tensor:
-    """A batch's depth maps [B, 1, h, w]: the cached ones; without a cache, estimated from its pixels; for the
+    """A batch's depth maps [B, 1, h, w]: the cached ones; without a cache, from its depth files and pixels; for the
     memory estimate (neither), zeros of that size."""
     if DEPTH_EXTRA in inputs.cached:
         return inputs.cached[DEPTH_EXTRA]
     if inputs.pixels is not None:
-        return family.depth_maps(model, inputs.pixels)
+        return family.depth_maps(model, inputs.pixels, inputs.depths)
     latents = inputs.latents
     return torch.zeros(latents.shape[0], 1, *latents.shape[-2:], device=latents.device, dtype=latents.dtype)
 

@@ -21,7 +21,7 @@ from onetrainer.families.base import (
     TextEncoderSlot,
     first_weight,
 )
-from onetrainer.families.depth import DEPTH_EXTRA, depth_input, depth_sample_inputs, estimate_depth
+from onetrainer.families.depth import DEPTH_EXTRA, depth_input, depth_maps, depth_sample_inputs
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     KeptParts,
@@ -188,16 +188,19 @@ class StableDiffusionFamily(StableDiffusionBase):
             hidden = output.last_hidden_state
         return Conditioning({"hidden_states": hidden})
 
-    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+    def cache_extras(
+        self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None, depths: list | None = None
+    ) -> dict:
         if model.type_info.depth_input:
-            return {DEPTH_EXTRA: self.depth_maps(model, pixels)}
+            return {DEPTH_EXTRA: self.depth_maps(model, pixels, depths)}
         return super().cache_extras(model, pixels, masks)
 
-    def depth_maps(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
-        """SD 2.0 depth: the depth estimator's depth map of each image at latent size, in [-1, 1] per image."""
+    def depth_maps(self, model: LoadedModel, pixels: torch.Tensor, files: list | None = None) -> torch.Tensor:
+        """SD 2.0 depth: each image's depth map at latent size, in [-1, 1] per image: its depth map file's where
+        `files` has one, else the depth estimator's."""
         state = model.family_state(SDState)
         latent_size = _latent_size(model, pixels.shape[-2:])
-        return estimate_depth(state.depth_estimator, state.depth_processor, pixels, latent_size)
+        return depth_maps(state.depth_estimator, state.depth_processor, pixels, files, latent_size)
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
         if model.type_info.depth_input:

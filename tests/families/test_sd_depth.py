@@ -114,3 +114,21 @@ def test_tiny_folder_loads_in_the_pipeline():
 
     pipe = StableDiffusionDepth2ImgPipeline.from_pretrained(str(tiny_model_dir("sd20-depth")))
     assert pipe.depth_estimator is not None and pipe.unet.config.in_channels == 5
+
+
+def test_a_depth_file_stands_in_for_the_estimate_of_its_image(model):
+    from onetrainer.families.base import BatchInputs
+
+    pixels = torch.cat([_pixels(_picture(6)), _pixels(_picture(7))])
+    ramp = torch.linspace(0, 255, 64).repeat(64, 1)[None]  # [1, H, W], as a file loads
+    maps = FAMILY.depth_maps(model, pixels, [ramp, None])
+    assert torch.allclose(maps[0], normalise_depth(ramp, (8, 8))[0])
+    assert torch.allclose(maps[1], FAMILY.depth_maps(model, pixels[1:])[0])  # the estimator's for the other
+    assert torch.equal(FAMILY.cache_extras(model, pixels, None, depths=[ramp, None])[DEPTH_EXTRA], maps)
+    # uncached latents: the batch's pixels and depth files give the same
+    no = torch.zeros(2, dtype=torch.bool)
+    inputs = BatchInputs(torch.zeros(2, 4, 8, 8), pixels, [(64, 64)] * 2, [(0, 0)] * 2, None, no, depths=[ramp, None])
+    assert torch.equal(FAMILY.batch_extras(model, inputs)[DEPTH_EXTRA], maps)
+    # the memory estimate's stand-in (no pixels, nothing cached): a flat map of the latents' size
+    inputs = BatchInputs(torch.zeros(2, 4, 8, 8), None, [(64, 64)] * 2, [(0, 0)] * 2, None, no)
+    assert FAMILY.batch_extras(model, inputs)[DEPTH_EXTRA].shape == (2, 1, 8, 8)
