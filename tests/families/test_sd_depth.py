@@ -132,3 +132,18 @@ def test_a_depth_file_stands_in_for_the_estimate_of_its_image(model):
     # the memory estimate's stand-in (no pixels, nothing cached): a flat map of the latents' size
     inputs = BatchInputs(torch.zeros(2, 4, 8, 8), None, [(64, 64)] * 2, [(0, 0)] * 2, None, no)
     assert FAMILY.batch_extras(model, inputs)[DEPTH_EXTRA].shape == (2, 1, 8, 8)
+
+
+def test_a_samples_base_image_applies_to_depth_models():
+    from onetrainer.config import TrainConfig
+    from onetrainer.config.enums import ModelType
+    from onetrainer.config.sample_config import SampleConfig
+    from onetrainer.config.validation import context_of
+
+    meta = SampleConfig.spec("base_image_path").meta
+    applies = {t: meta.applies(context_of(TrainConfig(model_type=t))) for t in ModelType if t.name.startswith("STAB")}
+    assert applies[ModelType.STABLE_DIFFUSION_20_DEPTH] and applies[ModelType.STABLE_DIFFUSION_20_INPAINTING]
+    assert not applies[ModelType.STABLE_DIFFUSION_20_BASE]
+    assert not SampleConfig.spec("mask_image_path").meta.applies(
+        context_of(TrainConfig(model_type=ModelType.STABLE_DIFFUSION_20_DEPTH))
+    )
