@@ -29,6 +29,15 @@ SD = FamilyInfo(
     layer_presets=UNET_LAYER_PRESETS,
     capabilities=SD_CAPABILITIES,
     part_capabilities={"vae": frozenset({OWN_MODEL})},
+    notes="SD 2.0 depth (stabilityai/stable-diffusion-2-depth): the UNet takes each image's depth map as a fifth "
+    "input channel, at latent size and scaled to [-1, 1] per image as StableDiffusionDepth2ImgPipeline does. It is "
+    "the `<name>-depth.png` beside the image (greyscale, 8 or 16 bits, brighter = nearer; scaled, cropped, flipped "
+    "and turned with the image, never trained as an image) where there is one, else the model folder's depth "
+    "estimator's (its DPT-Hybrid from `depth_estimator/` and `feature_extractor/`, run in float32 once per image "
+    "variation and cached with the latents). A depth model loads from a diffusers folder or hub id, not a single file "
+    "(it lacks the estimator); a DIFFUSERS fine-tune is the depth pipeline's folder, estimator included, and LoRA "
+    "files load with the pipeline's `load_lora_weights`. Samples are drawn from pure noise on the depth of the "
+    "sample's base image (`base_image_path`; without one, a flat depth map).",
 )
 
 
