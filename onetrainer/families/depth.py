@@ -29,10 +29,12 @@ def normalise_depth(depth: torch.Tensor, latent_size: tuple[int, int]) -> torch.
     return 2.0 * (depth - low) / (high - low).clamp_min(1e-12) - 1.0
 
 
-def estimate_depth(estimator, processor, pixels: torch.Tensor, latent_size: tuple[int, int]) -> torch.Tensor:
+def estimate_depth(
+    estimator, processor, pixels: torch.Tensor, latent_size: tuple[int, int], device: torch.device | None = None
+) -> torch.Tensor:
     """The depth estimator's depth map of each image (`pixels` [B, 3, H, W] in [-1, 1]) at latent size, normalised
-    (`normalise_depth`). The images go to the processor as 8-bit pictures, as a sample's image does in the pipeline;
-    the estimator runs on the pixels' device and goes back where it was."""
+    (`normalise_depth`), on the pixels' device. The images go to the processor as 8-bit pictures, as a sample's image
+    does in the pipeline; the estimator runs on `device` (default: the pixels') and goes back where it was."""
     from PIL import Image
 
     if estimator is None or processor is None:
@@ -40,7 +42,7 @@ def estimate_depth(estimator, processor, pixels: torch.Tensor, latent_size: tupl
     array = ((pixels.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
     images = [Image.fromarray(image.cpu().numpy()) for image in array]
     home = next(estimator.parameters()).device
-    device = pixels.device
+    device = device or pixels.device
     estimator.to(device)
     try:
         with torch.no_grad():
@@ -48,17 +50,20 @@ def estimate_depth(estimator, processor, pixels: torch.Tensor, latent_size: tupl
             depth = estimator(values).predicted_depth
     finally:
         estimator.to(home)
-    return normalise_depth(depth, latent_size)
+    return normalise_depth(depth, latent_size).to(pixels.device)
 
 
-def depth_maps(estimator, processor, pixels: torch.Tensor, files: list | None, latent_size) -> torch.Tensor:
-    """Each image's depth map at latent size, normalised: its file's (`files`: per image a [1, H, W] map moved as the
-    image, or None) where it has one, the estimator's for the others (only those run through it)."""
+def depth_maps(
+    estimator, processor, pixels: torch.Tensor, files: list | None, latent_size, device: torch.device | None = None
+) -> torch.Tensor:
+    """Each image's depth map at latent size, normalised, on the pixels' device: its file's (`files`: per image a
+    [1, H, W] map moved as the image, or None) where it has one, the estimator's (run on `device`) for the others
+    (only those run through it)."""
     files = files if files is not None else [None] * pixels.shape[0]
     missing = [i for i, file in enumerate(files) if file is None]
     out = torch.empty(pixels.shape[0], 1, *latent_size, device=pixels.device)
     if missing:
-        out[missing] = estimate_depth(estimator, processor, pixels[missing], latent_size).to(out)
+        out[missing] = estimate_depth(estimator, processor, pixels[missing], latent_size, device).to(out)
     for i, file in enumerate(files):
         if file is not None:
             out[i] = normalise_depth(file.to(pixels.device), latent_size)[0]

@@ -197,10 +197,12 @@ class StableDiffusionFamily(StableDiffusionBase):
 
     def depth_maps(self, model: LoadedModel, pixels: torch.Tensor, files: list | None = None) -> torch.Tensor:
         """SD 2.0 depth: each image's depth map at latent size, in [-1, 1] per image: its depth map file's where
-        `files` has one, else the depth estimator's."""
+        `files` has one, else the depth estimator's, run where the VAE is (the training device while latents are
+        cached: the caching pass hands over pixels on the CPU)."""
         state = model.family_state(SDState)
         latent_size = _latent_size(model, pixels.shape[-2:])
-        return depth_maps(state.depth_estimator, state.depth_processor, pixels, files, latent_size)
+        device = first_weight(model.part("vae")).device
+        return depth_maps(state.depth_estimator, state.depth_processor, pixels, files, latent_size, device)
 
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
         if model.type_info.depth_input:

@@ -90,3 +90,20 @@ def test_the_depth_file_keys_the_latent_cache(folder: Path):
     assert data._latent_key(planned, False) != before
     plain = TrainingData(TrainConfig(concepts=[concept], resolution="64", batch_size=1), 8)
     assert not plain.with_depth and data.with_depth
+
+
+def test_mask_driven_crops_and_rotation_move_the_depth_map_too(folder: Path):
+    """Masked training's rotate-and-crop and circular shrink, and a random rotation: the depth map takes the same."""
+    mask = np.zeros((64, 96), dtype=np.uint8)
+    mask[16:48, 40:72] = 255
+    Image.fromarray(mask).save(folder / "room-masklabel.png")
+    settings = {"enable_random_mask_rotate_crop": True, "enable_random_circular_mask_shrink": True}
+    concept = _concept(folder, seed=4, enable_random_rotate=True, random_rotate_max_angle=15.0, **settings)
+    entry = next(e for e in scan_concept(0, concept, folder, masked=True).images if e.path.name == "room.png")
+    loaded = [load_sample(entry, PlannedSample(0, Bucket(32, 32), v), concept, True, with_depth=True) for v in range(3)]
+    greys = [(sample.pixels[0] + 1) * 127.5 for sample in loaded]
+    for sample, grey in zip(loaded, greys):
+        # bilinear rotation and bicubic scaling on 8-bit pixels against a float map: close, not bit-equal
+        assert (sample.depth[0].clamp(0, 255) - grey).abs().mean() < 1.0
+    # another variation's crop and turn is far off: the closeness above is the same moves, not a blur
+    assert (loaded[0].depth[0].clamp(0, 255) - greys[1]).abs().mean() > 10.0

@@ -134,3 +134,22 @@ def test_a_sample_renders_from_its_base_image(tmp_path):
     expected = FAMILY.depth_maps(model, torch.from_numpy(np.asarray(_input_image(), np.float32) / 127.5 - 1)
                                  .permute(2, 0, 1)[None])  # fmt: skip
     assert torch.equal(arguments["depth_map"], expected[:, 0]) and arguments["strength"] == 1.0
+
+
+def test_without_a_latent_cache_each_step_reads_the_depth_files(tmp_path, monkeypatch):
+    """Latent caching off: the batches carry their depth files to `batch_extras`, the image with one gets its map and
+    the other the estimator's, and the run trains."""
+    from onetrainer.families import sd
+
+    seen = []
+    real = sd.StableDiffusionFamily.depth_maps
+
+    def spy(self, model, pixels, files=None):
+        seen.append([f is not None for f in files] if files is not None else None)
+        return real(self, model, pixels, files)
+
+    monkeypatch.setattr(sd.StableDiffusionFamily, "depth_maps", spy)
+    _train(tmp_path, latent_caching=False)
+    assert not list((tmp_path / "cache").rglob("latents/**/*.safetensors"))
+    assert seen and all(flags is not None and len(flags) == 2 for flags in seen)
+    assert all(sorted(flags) == [False, True] for flags in seen)  # a batch of both images: one file, one estimate
