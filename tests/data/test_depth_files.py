@@ -12,11 +12,14 @@ import torch
 from PIL import Image
 
 from onetrainer.config import ConceptConfig, TrainConfig
+from onetrainer.config.enums import ModelType
 from onetrainer.data.buckets import Bucket
 from onetrainer.data.images import depth_path_of, is_depth_map, list_images
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import load_sample
 from onetrainer.data.scan import scan_concept
+
+DEPTH = ModelType.STABLE_DIFFUSION_20_DEPTH
 
 
 def _blocks(size: tuple[int, int], seed: int) -> np.ndarray:
@@ -81,7 +84,7 @@ def test_the_depth_file_keys_the_latent_cache(folder: Path):
     from onetrainer.data.training_data import TrainingData
 
     concept = ConceptConfig(name="c", path=str(folder))
-    config = TrainConfig(concepts=[concept], resolution="64", batch_size=1, model_type="STABLE_DIFFUSION_20_DEPTH")
+    config = TrainConfig(concepts=[concept], resolution="64", batch_size=1, model_type=DEPTH)
     data = TrainingData(config, 8)
     room = next(i for i, e in enumerate(data.images) if e.path.name == "room.png")
     planned = PlannedSample(room, Bucket(64, 64), 0)
@@ -107,3 +110,20 @@ def test_mask_driven_crops_and_rotation_move_the_depth_map_too(folder: Path):
         assert (sample.depth[0].clamp(0, 255) - grey).abs().mean() < 1.0
     # another variation's crop and turn is far off: the closeness above is the same moves, not a blur
     assert (loaded[0].depth[0].clamp(0, 255) - greys[1]).abs().mean() > 10.0
+
+
+def test_the_preflight_report_counts_the_depth_files(folder: Path):
+    from onetrainer.data.preflight import preflight_report
+
+    concept = ConceptConfig(name="c", path=str(folder))
+    depth = TrainConfig(concepts=[concept], resolution="64", batch_size=1, model_type=DEPTH)
+    report = preflight_report(depth)
+    assert report.concepts[0].with_depth == 1
+    assert "depth maps: 1 from -depth.png files, 2 by the model's depth estimator" in report.text()
+    plain = preflight_report(TrainConfig(concepts=[concept], resolution="64", batch_size=1))
+    assert plain.concepts[0].with_depth is None and "depth maps" not in plain.text()
+    from gui.preflight_view import concept_statistics
+
+    facts = dict(concept_statistics(report, 0).facts)
+    assert facts["Images with a depth map file"] == "1" and facts["Depth maps to estimate"] == "2"
+    assert "Images with a depth map file" not in dict(concept_statistics(plain, 0).facts)
