@@ -147,3 +147,14 @@ def test_a_samples_base_image_applies_to_depth_models():
     assert not SampleConfig.spec("mask_image_path").meta.applies(
         context_of(TrainConfig(model_type=ModelType.STABLE_DIFFUSION_20_DEPTH))
     )
+
+
+def test_a_single_file_is_written_in_the_original_layout_and_not_read_back(model, tmp_path):
+    from safetensors.torch import load_file
+
+    path = tmp_path / "depth.safetensors"
+    FAMILY.save_single_file(model, path, torch.float32)
+    # the original layout of 512-depth-ema.ckpt: five input channels; the estimator is no part of it
+    assert load_file(str(path))["model.diffusion_model.input_blocks.0.0.weight"].shape[1] == 5
+    with pytest.raises(ModelLoadError, match="lacks its depth estimator"):
+        FAMILY.load(config(base_model_name=str(path)))
