@@ -251,13 +251,13 @@ class StableDiffusionFamily(StableDiffusionBase):
             requires_safety_checker=False,
         )
 
-    # -- saving ---------------------------------------------------------------------------------------------------
-
     def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
         arguments = super().pipeline_arguments(model, sample, zero_terminal_snr)
         if model.type_info.depth_input:
             arguments.update(depth_sample_inputs(self, model, sample))
         return arguments
+
+    # -- saving ---------------------------------------------------------------------------------------------------
 
     def original_state_dict(self, model: LoadedModel, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole model in the original (LDM) key layout, as A1111, Forge and ComfyUI read it."""
