@@ -42,6 +42,7 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
             ("Masks missing", str(len(entry.missing_masks))),
             ("Masks resized", str(len(entry.resized_masks))),
             *_reference_facts(entry),
+            *_depth_facts(entry),
             ("Unreadable files", str(len(entry.unreadable))),
         ]
         for label, items in (
@@ -72,6 +73,14 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
     ]
     stats.notes += [f"Error: {error}" for error in report.errors]
     return stats
+
+
+def _depth_facts(entry: Any) -> list[tuple[str, str]]:
+    """A model type with a depth input: how many images bring their depth map file, how many the model estimates."""
+    if entry.with_depth is None:
+        return []
+    estimated = entry.images - entry.with_depth
+    return [("Images with a depth map file", str(entry.with_depth)), ("Depth maps to estimate", str(estimated))]
 
 
 def _reference_facts(entry: Any) -> list[tuple[str, str]]:

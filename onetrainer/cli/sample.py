@@ -117,7 +117,11 @@ def build_parser(prog: str = "sample.py") -> argparse.ArgumentParser:
         choices=[s.value for s in NoiseScheduler],
         help=f"one of {', '.join(s.value for s in NoiseScheduler)}",
     )
-    prompt.add_argument("--base-image", metavar="FILE", help="inpainting models: the image to paint into")
+    prompt.add_argument(
+        "--base-image",
+        metavar="FILE",
+        help="inpainting models: the image to paint into; depth models: the image whose depth the sample is drawn on",
+    )
     prompt.add_argument("--mask-image", metavar="FILE", help="inpainting models: white = paint here")
     prompt.add_argument("--count", type=int, default=1, metavar="N", help="images per prompt (default: 1)")
 
@@ -234,7 +238,7 @@ def _jobs(args: argparse.Namespace, config: TrainConfig) -> list[_Job]:
             raise UsageError("no prompt: give --prompt (the config has no enabled sample)")
     info = model_type_info(config.model_type)
     for sample in samples:
-        _apply_arguments(sample, args)
+        _apply_arguments(sample, args, info.depth_input)
         if sample.width % 8 or sample.height % 8 or min(sample.width, sample.height) < 8:
             raise UsageError(f"{sample.width}x{sample.height}: width and height must be multiples of 8")
         if sample.diffusion_steps < 1:
@@ -286,7 +290,7 @@ def _use_model_defaults(defaults, samples: list[SampleConfig], args: argparse.Na
             sample.noise_scheduler = defaults.noise_scheduler
 
 
-def _apply_arguments(sample: SampleConfig, args: argparse.Namespace) -> None:
+def _apply_arguments(sample: SampleConfig, args: argparse.Namespace, depth_input: bool = False) -> None:
     """The options that were given override the sample's settings."""
     given = {
         "negative_prompt": args.negative_prompt,
@@ -303,7 +307,9 @@ def _apply_arguments(sample: SampleConfig, args: argparse.Namespace) -> None:
             setattr(sample, name, value)
     if args.seed is not None and args.random_seed is None:
         sample.random_seed = False  # an explicit seed wins over a config sample's random seed
-    if args.base_image or args.mask_image:
+    if depth_input and args.base_image and not args.mask_image:  # a depth model's sample: the base image alone
+        sample.base_image_path = args.base_image
+    elif args.base_image or args.mask_image:
         if not (args.base_image and args.mask_image):
             raise UsageError("inpainting needs both --base-image and --mask-image")
         sample.sample_inpainting = True

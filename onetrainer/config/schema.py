@@ -76,6 +76,7 @@ class Context:
     model_type: Any  # ModelType; typed loosely to keep this module free of the model table
     inpainting: bool = False
     text_encoder_count: int = 1
+    depth_input: bool = False  # the model type takes a depth map of each image (`ModelTypeInfo.depth_input`)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ def context_of(config: TrainConfig) -> Context:
         model_type=info.model_type,
         inpainting=info.inpainting,
         text_encoder_count=text_encoders,
+        depth_input=info.depth_input,
     )
 
 

@@ -118,7 +118,9 @@ def _encode_latents(data, family, model, missing, with_masks, report: CacheRepor
             for key, sample in chunk:
                 try:
                     image, concept = data.images[sample.image], data.concept(sample)
-                    loaded.append(load_sample(image, sample, concept, with_masks, data.with_references))
+                    loaded.append(
+                        load_sample(image, sample, concept, with_masks, data.with_references, data.with_depth)
+                    )
                     keys.append(key)
                 except (OSError, ValueError, SyntaxError) as e:
                     failed[sample.image] = f"cannot be decoded ({e})"
@@ -130,7 +132,10 @@ def _encode_latents(data, family, model, missing, with_masks, report: CacheRepor
             with torch.no_grad():
                 latents = family.encode_images(model, pixels).float().cpu()
                 masks = torch.stack([s.mask for s in loaded]) if with_masks else None
-                extra = family.cache_extras(model, pixels, masks)
+                if data.with_depth:
+                    extra = family.cache_extras(model, pixels, masks, depths=[s.depth for s in loaded])
+                else:
+                    extra = family.cache_extras(model, pixels, masks)
             for i, (key, sample) in enumerate(zip(keys, loaded)):
                 entry = {
                     "latents": latents[i],

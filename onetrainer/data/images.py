@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".avif")
 MASK_SUFFIX = "-masklabel"
 REFERENCE_SUFFIX = "-reference"
+# A training image's depth map (`<stem>-depth.png`: brighter = nearer), for a model type with a depth input.
+DEPTH_SUFFIX = "-depth"
 _REFERENCE = re.compile(rf"^(?P<stem>.+){REFERENCE_SUFFIX}(?:-(?P<number>\d+))?$")
 
 
@@ -32,7 +34,20 @@ def is_training_image(path: Path) -> bool:
         and not stem.endswith(MASK_SUFFIX)
         and not stem.endswith("-condlabel")
         and not is_reference_image(path)
+        and not is_depth_map(path)
     )
+
+
+def is_depth_map(path: Path) -> bool:
+    """Whether `path` is the depth map of a training image beside it (`<stem>-depth.png`): never trained itself."""
+    if path.suffix.lower() != ".png" or not path.stem.endswith(DEPTH_SUFFIX):
+        return False
+    stem = path.stem[: -len(DEPTH_SUFFIX)]
+    return any(path.with_name(stem + ext).is_file() for ext in _with_upper(IMAGE_EXTENSIONS))
+
+
+def depth_path_of(image: Path) -> Path:
+    return image.with_name(f"{image.stem}{DEPTH_SUFFIX}.png")
 
 
 def is_reference_image(path: Path) -> bool:

@@ -42,6 +42,8 @@ class ConceptReport:
     missing_references: list[str] = field(default_factory=list)  # skipped: the model type needs references
     too_many_references: list[str] = field(default_factory=list)  # skipped: more than the model type takes
     with_references: int = 0  # images with reference images beside them (edit models learn from them)
+    # a model type with a depth input: the images with a depth map file beside them (the others' is estimated)
+    with_depth: int | None = None
     resized_masks: list[str] = field(default_factory=list)
     clips_need_video: list[str] = field(default_factory=list)  # skipped: the model type trains images
     short_clips: list[str] = field(default_factory=list)  # "clip: N frames of M: what was done"
@@ -70,6 +72,11 @@ class PreflightReport:
             lines.append(f"Concept '{c.name}'{kind}: {c.folder}")
             held = f" ({len(c.held_out)} held out for validation, not trained: {_names(c.held_out)})"
             lines.append(f"  images: {c.images}" + (held if c.held_out else ""))
+            if c.with_depth is not None:
+                estimated = c.images - c.with_depth
+                lines.append(
+                    f"  depth maps: {c.with_depth} from -depth.png files, {estimated} by the model's depth estimator"
+                )
             for label, items in (
                 ("captions missing (trained with an empty caption)", c.missing_captions),
                 ("masks missing (trained whole)", c.missing_masks),
@@ -183,6 +190,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         missing_references=[str(p) for p in scan.missing_references],
         too_many_references=[str(p) for p, _ in scan.too_many_references],
         with_references=sum(1 for e in scan.images if e.references),
+        with_depth=sum(1 for e in scan.images if e.depth is not None) if data is not None and data.with_depth else None,
         resized_masks=[str(p) for p in scan.resized_masks],
         clips_need_video=[str(p) for p in scan.clips_need_video],
         short_clips=[f"{p.name}: {n} frames of {wanted}, {done}" for p, n, wanted, done in scan.short_clips],

@@ -36,6 +36,9 @@ class LoadedSample:
     crop_offset: tuple[int, int]  # (top, left) in the scaled image
     # the image's reference images, each [3, h, w] in [-1, 1] at its own size, cropped, flipped and turned as the image
     references: list[torch.Tensor] = field(default_factory=list)
+    # with `with_depth`: the image's depth map file [1, H, W] (its values as the file has them, larger = nearer),
+    # scaled, cropped, flipped and turned exactly as the image; None where the image has none
+    depth: torch.Tensor | None = None
 
 
 def image_rng(concept, planned: PlannedSample, entry: ImageEntry) -> random.Random:
@@ -53,10 +56,16 @@ def _name_seed(name: str) -> int:
 
 
 def load_sample(
-    entry: ImageEntry, planned: PlannedSample, concept, with_mask: bool, with_references: bool = False
+    entry: ImageEntry,
+    planned: PlannedSample,
+    concept,
+    with_mask: bool,
+    with_references: bool = False,
+    with_depth: bool = False,
 ) -> LoadedSample:
     """The sample's pixels (and mask); `with_references`: also its reference images, moved as the image is (the same
-    share of each cropped away, the same flip and rotation; their colours untouched)."""
+    share of each cropped away, the same flip and rotation; their colours untouched); `with_depth`: also its depth map
+    file, moved exactly as the image is."""
     rng = image_rng(concept, planned, entry)
     frames = [open_rgb(entry.path)] if entry.clip is None else _clip_frames(entry, planned, concept)
     size = frames[0].size
@@ -69,7 +78,10 @@ def load_sample(
         else:
             mask = Image.new("L", size, 255)  # no mask: the whole image trains
     if not entry.frames:
-        return _load_image(frames[0], mask, entry, planned, concept, rng, with_references)
+        loaded = _load_image(frames[0], mask, entry, planned, concept, rng, with_references)
+        if with_depth and entry.depth is not None:
+            loaded.depth = _moved_depth(entry, frames[0].size, mask, planned, concept)
+        return loaded
     # A clip (or a still on a video model type): every frame takes the same draws, from a copy of the generator's state.
     state = rng.getstate()
     loaded = []
@@ -120,6 +132,43 @@ def _load_image(image, mask, entry, planned, concept, rng: random.Random, with_r
     pixels = _to_tensor(image) * 2.0 - 1.0
     mask_tensor = _to_tensor(mask) if mask is not None else None
     return LoadedSample(pixels, mask_tensor, original, (box[1], box[0]), references)
+
+
+def _moved_depth(entry: ImageEntry, size: tuple[int, int], mask, planned: PlannedSample, concept) -> torch.Tensor:
+    """The image's depth map through the same steps as the image (`_load_image`), by the same draws (a generator in
+    the image's starting state): at the image's size, the mask-driven crop, the bucket's scale and crop, the flip and
+    rotation; no colour change."""
+    from onetrainer.data.image_augment import (
+        apply_geometry,
+        augmentation_geometry,
+        circular_mask_shrink,
+        random_mask_rotate_crop,
+    )
+
+    depth = _open_depth(entry.depth)
+    if depth.size != size:
+        depth = depth.resize(size, Image.Resampling.BILINEAR)
+    rng = image_rng(concept, planned, entry)
+    settings = concept.image
+    if mask is not None and settings.enable_random_circular_mask_shrink:
+        mask = circular_mask_shrink(mask, rng)
+    if mask is not None and settings.enable_random_mask_rotate_crop:
+        depth, mask = random_mask_rotate_crop(
+            depth, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
+        )
+    scaled, box = _scale_and_crop(depth.size, planned, settings, rng)
+    depth = depth.resize(scaled, Image.Resampling.BICUBIC).crop(box)  # the image's filter: its pixels line up
+    depth, _ = apply_geometry(depth, None, *augmentation_geometry(settings, rng))
+    return torch.from_numpy(np.asarray(depth, dtype=np.float32).copy())[None]
+
+
+def _open_depth(path) -> Image.Image:
+    """A depth map file as one float channel: 8- or 16-bit greyscale, or the mean of its colours."""
+    with Image.open(path) as image:
+        image.load()
+        if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+            return image.convert("F") if image.mode != "I;16" else Image.fromarray(np.asarray(image, np.float32))
+        return image.convert("L").convert("F")
 
 
 def load_references(entry: ImageEntry, planned: PlannedSample, concept) -> list[torch.Tensor]:

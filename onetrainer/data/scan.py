@@ -21,6 +21,7 @@ from onetrainer.data.images import (
     IMAGE_EXTENSIONS,
     REFERENCE_SUFFIX,
     caption_lines,
+    depth_path_of,
     is_training_image,
     list_images,
     mask_path_of,
@@ -54,6 +55,7 @@ class ImageEntry:
     frames: int = 0
     window: int = 0  # which window of its clip this entry trains (`video.window_indexes`)
     clip: clips.ClipHeader | None = None  # a clip's header (None: a still image)
+    depth: Path | None = None  # its depth map beside it (`images.depth_path_of`), read by a model with a depth input
 
 
 @dataclass
@@ -176,7 +178,10 @@ def scan_concept(
             else:
                 scan.missing_references.append(path)
             continue
+        depth = depth_path_of(path)
         entry = ImageEntry(path, index, size[0], size[1], captions, mask, fingerprint(path), found)
+        if depth.is_file():
+            entry = replace(entry, depth=depth)
         if video is not None:  # a still trains as a one-frame clip
             entry = replace(entry, frames=1)
         scan.images.append(entry)

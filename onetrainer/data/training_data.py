@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.enums import ConceptType
+from onetrainer.config.model_types import model_type_info
 from onetrainer.data.cache import DiskCache, cache_key
 from onetrainer.data.plan import EpochPlan, PlannedSample, hash_seed, plan_epoch
 from onetrainer.data.samples import caption_for, load_references, load_sample
@@ -52,6 +53,9 @@ class Batch:
     references: list[list[torch.Tensor]] | None = None
     # each sample's `TrainingData.reference_key`, where the family learns from references (keys its cached conditioning)
     reference_keys: list[str] | None = None
+    # each sample's depth map file [1, H, W] moved as its image (None where it has none), for a model type with a
+    # depth input whose latents are not cached
+    depths: list[torch.Tensor | None] | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -117,6 +121,8 @@ class TrainingData:
         self.with_references = trains_on_references(config)
         # ... and its text encoder reads them with each caption: the text cache keys each caption with its references
         self.text_with_references = text_reads_references(config)
+        # the model type takes a depth map of each image: its depth map file, moved as the image, where it has one
+        self.with_depth = model_type_info(config.model_type).depth_input
         self._keys: dict[tuple, str] = {}
         self._keys_base: dict | None = None
         self._reference_keys: dict[tuple, str] = {}
@@ -206,6 +212,8 @@ class TrainingData:
             parts["video"] = concept.video.to_dict()
         if self.with_references:  # only here, so the keys of families without references stay what they were
             parts["references"] = [_fingerprint_or_gone(path) for path in entry.references]
+        if self.with_depth:  # likewise: its depth map file, or the estimator's (none)
+            parts["depth"] = _fingerprint_or_gone(entry.depth) if entry.depth is not None else None
         return parts
 
     def reference_key(self, sample: PlannedSample) -> str:
@@ -252,6 +260,8 @@ class TrainingData:
         batch.pixels = torch.stack([s.pixels for s in loaded])
         if self.with_references:
             batch.references = [s.references for s in loaded]
+        if self.with_depth:
+            batch.depths = [s.depth for s in loaded]
         batch.original_sizes = [s.original_size for s in loaded]
         batch.crop_offsets = [s.crop_offset for s in loaded]
         if with_masks:
@@ -292,7 +302,7 @@ class TrainingData:
             concept = config.concepts[entry.concept]
             sample = PlannedSample(index, bucket_of(entry, grid), 0)
             try:
-                loaded = load_sample(entry, sample, concept, with_masks, self.with_references)
+                loaded = load_sample(entry, sample, concept, with_masks, self.with_references, self.with_depth)
             except (OSError, ValueError, SyntaxError):
                 continue  # reported by the scan's preflight; a validation image never stops training
             yield (
@@ -307,6 +317,7 @@ class TrainingData:
                     crop_offsets=[loaded.crop_offset],
                     pixels=loaded.pixels[None],
                     masks=loaded.mask[None] if loaded.mask is not None else None,
+                    depths=[loaded.depth] if self.with_depth else None,
                 ),
             )
 
@@ -322,6 +333,7 @@ class TrainingData:
                     self.concept(candidate),
                     with_mask,
                     self.with_references,
+                    self.with_depth,
                 )
             except (OSError, ValueError, SyntaxError) as e:
                 problems.append(f"{entry.path}: cannot be decoded ({e}); another image of the batch is used instead")

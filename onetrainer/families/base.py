@@ -181,6 +181,9 @@ class BatchInputs:
     cached: dict[str, torch.Tensor] = field(default_factory=dict)  # the `cache_extras` of the batch, stacked
     # a family with `info.reference_images`: each sample's reference images, [3, h, w] in [-1, 1] on the device
     references: list[list[torch.Tensor]] | None = None
+    # a model type with a depth input, the latents not cached: each sample's depth map file [1, H, W] on the device,
+    # moved as its image (None where it has none)
+    depths: list[torch.Tensor | None] | None = None
 
 
 # A fine-tune writer: a family's method, called as `writer(family, model, destination, dtype, metadata)` (`metadata`:
@@ -282,9 +285,13 @@ class Family(ABC):
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels [B, 3, H, W] in [-1, 1] → latents [B, C, h, w] as the denoiser takes them (scaled)."""
 
-    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+    def cache_extras(
+        self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None, depths: list | None = None
+    ) -> dict:
         """Per-sample tensors to cache with the latents of `pixels` ([B, 3, H, W] in [-1, 1]; `masks` [B, 1, H, W]
-        in [0, 1] when the run uses masks): each value [B, ...]. They come back in `BatchInputs.cached`."""
+        in [0, 1] when the run uses masks; `depths`, for a model type with a depth input, each sample's depth map file
+        [1, H, W] moved as its image, or None where it has none): each value [B, ...]. They come back in
+        `BatchInputs.cached`."""
         return {}
 
     def encode_references(self, model: LoadedModel, references: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -394,7 +394,9 @@ class FluxFamily(FluxTransformerFamily):
 
     # -- a training step ------------------------------------------------------------------------------------------
 
-    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+    def cache_extras(
+        self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None, depths: list | None = None
+    ) -> dict:
         if not model.type_info.inpainting or masks is None:
             return {}
         return inpainting_cache(self, model, pixels, masks)

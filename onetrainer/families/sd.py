@@ -6,11 +6,12 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from onetrainer.config.enums import ModelType
+from onetrainer.config.model_types import model_type_info
 from onetrainer.families import reference_configs as reference
 from onetrainer.families.base import (
     BatchInputs,
@@ -20,6 +21,7 @@ from onetrainer.families.base import (
     TextEncoderSlot,
     first_weight,
 )
+from onetrainer.families.depth import DEPTH_EXTRA, depth_input, depth_maps, depth_sample_inputs
 from onetrainer.families.inpainting import inpainting_inputs
 from onetrainer.families.loading import (
     KeptParts,
@@ -75,6 +77,11 @@ class SDState(FamilyState):
     (`UNUSED_TEXT_LAYER` keys, as the file has them), written back into the single file it saves."""
 
     kept: dict[str, torch.Tensor] = field(default_factory=dict)
+    # SD 2.0 depth: the depth estimator (DPTForDepthEstimation) and its image processor, from the model folder's
+    # `depth_estimator/` and `feature_extractor/`; no part (nothing trains it), used to cache each image's depth map
+    # and for samples.
+    depth_estimator: Any = None
+    depth_processor: Any = None
 
 
 class StableDiffusionFamily(StableDiffusionBase):
@@ -109,7 +116,11 @@ class StableDiffusionFamily(StableDiffusionBase):
             parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options)
         scheduler_config = load_diffusers_component(DDPMScheduler, where, "scheduler", options, config_only=True)
-        return tokenizer, scheduler_config, SDState()
+        state = SDState()
+        if model_type_info(config.model_type).depth_input:
+            _check_model_type(parts["unet"].config, config.model_type, config.base_model_name)  # before the estimator
+            state.depth_estimator, state.depth_processor = _load_depth_estimator(where, options)
+        return tokenizer, scheduler_config, state
 
     def load_single_file(self, path: Path, config: TrainConfig):
         from diffusers import AutoencoderKL, UNet2DConditionModel
@@ -117,6 +128,11 @@ class StableDiffusionFamily(StableDiffusionBase):
         from transformers import CLIPTextConfig, CLIPTextModel
 
         model_type = config.model_type
+        if model_type_info(model_type).depth_input:
+            raise ModelLoadError(
+                f"{path}: {model_type.value} loads from a diffusers folder or hub id (a single file lacks its depth "
+                "estimator)"
+            )
         # SD 2's last text encoder layer, which the model does not use, is kept as the file has it, for saving.
         owners = {UNET_PREFIX: "unet", VAE_PREFIX: "vae", TEXT_PREFIX: "text_encoder", UNUSED_TEXT_LAYER: None}
         state = load_state_dict(path, read_dtypes(config, owners))
@@ -172,7 +188,25 @@ class StableDiffusionFamily(StableDiffusionBase):
             hidden = output.last_hidden_state
         return Conditioning({"hidden_states": hidden})
 
+    def cache_extras(
+        self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None, depths: list | None = None
+    ) -> dict:
+        if model.type_info.depth_input:
+            return {DEPTH_EXTRA: self.depth_maps(model, pixels, depths)}
+        return super().cache_extras(model, pixels, masks)
+
+    def depth_maps(self, model: LoadedModel, pixels: torch.Tensor, files: list | None = None) -> torch.Tensor:
+        """SD 2.0 depth: each image's depth map at latent size, in [-1, 1] per image: its depth map file's where
+        `files` has one, else the depth estimator's, run where the VAE is (the training device while latents are
+        cached: the caching pass hands over pixels on the CPU)."""
+        state = model.family_state(SDState)
+        latent_size = _latent_size(model, pixels.shape[-2:])
+        device = first_weight(model.part("vae")).device
+        return depth_maps(state.depth_estimator, state.depth_processor, pixels, files, latent_size, device)
+
     def batch_extras(self, model: LoadedModel, inputs: BatchInputs) -> dict[str, torch.Tensor]:
+        if model.type_info.depth_input:
+            return {DEPTH_EXTRA: depth_input(self, model, inputs)}
         if not model.type_info.inpainting or inputs.input_masks is None:
             return {}
         return inpainting_inputs(self, model, inputs)
@@ -182,6 +216,8 @@ class StableDiffusionFamily(StableDiffusionBase):
         sample = noisy_latents
         if "mask" in extra:
             sample = torch.cat([noisy_latents, extra["mask"], extra["masked_latents"]], dim=1)
+        if DEPTH_EXTRA in extra:  # as StableDiffusionDepth2ImgPipeline: the latents, then the depth map
+            sample = torch.cat([noisy_latents, extra[DEPTH_EXTRA].to(noisy_latents)], dim=1)
         dtype = first_weight(unet).dtype
         return Prediction(unet(sample.to(dtype), timesteps, conditioning.hidden_states.to(dtype)).sample)
 
@@ -190,6 +226,19 @@ class StableDiffusionFamily(StableDiffusionBase):
     def pipeline(self, model: LoadedModel, sampler):
         from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
+        if model.type_info.depth_input:
+            from diffusers import StableDiffusionDepth2ImgPipeline
+
+            state = model.family_state(SDState)
+            return StableDiffusionDepth2ImgPipeline(
+                vae=model.part("vae"),
+                text_encoder=model.part("text_encoder"),
+                tokenizer=model.text_encoders[0].tokenizer,
+                unet=model.part("unet"),
+                scheduler=sampler,
+                depth_estimator=state.depth_estimator,
+                feature_extractor=state.depth_processor,
+            )
         cls = StableDiffusionInpaintPipeline if model.type_info.inpainting else StableDiffusionPipeline
         return cls(
             vae=model.part("vae"),
@@ -201,6 +250,12 @@ class StableDiffusionFamily(StableDiffusionBase):
             feature_extractor=None,
             requires_safety_checker=False,
         )
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        arguments = super().pipeline_arguments(model, sample, zero_terminal_snr)
+        if model.type_info.depth_input:
+            arguments.update(depth_sample_inputs(self, model, sample))
+        return arguments
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
@@ -237,13 +292,33 @@ class StableDiffusionFamily(StableDiffusionBase):
 
 
 def _check_model_type(unet_config, model_type: ModelType, source: str) -> None:
-    """The model must be what the model type says: SD 2.x UNets use linear projections, inpainting ones 9 inputs."""
+    """The model must be what the model type says: SD 2.x UNets use linear projections, inpainting ones 9 inputs,
+    depth ones 5."""
     v2 = bool(unet_config.get("use_linear_projection"))
     inpainting = unet_config.get("in_channels") == 9
     if v2 != is_sd2(model_type):
         kind = "an SD 2.x" if v2 else "an SD 1.x"
         raise ModelLoadError(f"{source} is {kind} model, which does not fit the model type {model_type.value}")
     check_inpainting(inpainting, model_type, source)
+    depth = unet_config.get("in_channels") == 5
+    if depth != model_type_info(model_type).depth_input:
+        which = "a depth" if depth else "not a depth"
+        raise ModelLoadError(f"{source} is {which} model, which does not fit the model type {model_type.value}")
+
+
+def _load_depth_estimator(where, options: dict):
+    """SD 2.0 depth's depth estimator and its image processor, in float32 (DPT-Hybrid's batch norms do not take
+    float16: the pipeline autocasts them for the same reason)."""
+    from transformers import DPTForDepthEstimation, DPTImageProcessor
+
+    estimator = load_diffusers_component(DPTForDepthEstimation, where, "depth_estimator", options, dtype=torch.float32)
+    processor = load_diffusers_component(DPTImageProcessor, where, "feature_extractor", options)
+    return estimator.eval().requires_grad_(False), processor
+
+
+def _latent_size(model: LoadedModel, size) -> tuple[int, int]:
+    scale = 2 ** (len(model.part("vae").config.block_out_channels) - 1)
+    return int(size[0]) // scale, int(size[1]) // scale
 
 
 def _detect_checkpoint(state: dict, path: Path) -> dict:
@@ -266,5 +341,6 @@ def _reference_configs(model_type: ModelType) -> dict:
         ModelType.STABLE_DIFFUSION_21: reference.SD21_768_UNET,
         ModelType.STABLE_DIFFUSION_20_INPAINTING: reference.SD2_INPAINTING_UNET,
     }
+    # (a depth model is never read from a single file: `load_single_file` refuses it before)
     text = reference.OPEN_CLIP_H_TEXT if is_sd2(model_type) else reference.CLIP_L_TEXT
     return {"unet": unets[model_type], "vae": reference.SD_VAE, "text_encoder": text}

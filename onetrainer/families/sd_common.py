@@ -73,7 +73,9 @@ class StableDiffusionBase(Family):
     def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
         return encode_latents(model.part("vae"), pixels)
 
-    def cache_extras(self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None) -> dict:
+    def cache_extras(
+        self, model: LoadedModel, pixels: torch.Tensor, masks: torch.Tensor | None, depths: list | None = None
+    ) -> dict:
         if not model.type_info.inpainting or masks is None:
             return {}
         return inpainting_cache(self, model, pixels, masks)

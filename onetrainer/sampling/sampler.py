@@ -54,7 +54,18 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
     arguments.update(family.pipeline_arguments(model, sample, zero_terminal_snr))
     negative = apply_embeddings(sample.negative_prompt) or None
     arguments.update(family.sample_prompt_arguments(model, apply_embeddings(sample.prompt), negative, arguments))
-    return to_image(pipe(**arguments).images[0])
+    return to_image(pipe(**_taken(pipe, arguments)).images[0])
+
+
+def _taken(pipe, arguments: dict) -> dict:
+    """The arguments less a size the pipeline's call does not take: an image-to-image pipeline's (SD 2.0 depth's)
+    image gives it (every other argument goes as it is: one it does not take is an error)."""
+    import inspect
+
+    parameters = inspect.signature(pipe.__call__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return arguments
+    return {k: v for k, v in arguments.items() if k in parameters or k not in ("width", "height")}
 
 
 def failure_reason(error: Exception) -> str:

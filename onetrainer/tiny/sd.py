@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from onetrainer.config.enums import ModelType
+from onetrainer.families.sd_info import SD2_DEPTH_UNET
 from onetrainer.tiny import reference as ref
 from onetrainer.tiny.variant import TinyVariant
 
@@ -79,6 +80,15 @@ VARIANTS = (
         references=_sd2(ref.SD2_INPAINTING_UNET, ref.PNDM_EPSILON),
     ),
     TinyVariant(
+        name="sd20-depth",
+        model_type=ModelType.STABLE_DIFFUSION_20_DEPTH,
+        pipeline_class="StableDiffusionDepth2ImgPipeline",
+        description="Stable Diffusion 2.0 depth: sd20-base with a 5-channel UNet input (latent, depth map) and a "
+        "tiny random DPT depth estimator (a plain ViT DPT standing in for DPT-Hybrid) with its image processor",
+        module=__name__,
+        references=_sd2(SD2_DEPTH_UNET, ref.PNDM_EPSILON),
+    ),
+    TinyVariant(
         name="sd21-base",
         model_type=ModelType.STABLE_DIFFUSION_21_BASE,
         pipeline_class="StableDiffusionPipeline",
@@ -110,18 +120,44 @@ def build_pipeline(variant: TinyVariant, seed: int) -> StableDiffusionPipeline:
         cross_attention_dim=text_encoder.config.hidden_size,
         sample_size=components.latent_size(vae_config, variant.resolution),
     )
-    # StableDiffusionPipeline or StableDiffusionInpaintPipeline: they take the same parts.
     pipeline_class = library_attribute("diffusers", variant.pipeline_class)
-    return pipeline_class(
-        vae=components.build_vae(vae_config, seed),
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=components.build_unet(unet_config, seed),
-        scheduler=components.build_scheduler(refs["scheduler"]),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
+    parts = {
+        "vae": components.build_vae(vae_config, seed),
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "unet": components.build_unet(unet_config, seed),
+        "scheduler": components.build_scheduler(refs["scheduler"]),
+    }
+    if variant.pipeline_class == "StableDiffusionDepth2ImgPipeline":
+        return pipeline_class(**parts, **_tiny_depth_estimator(seed, variant.resolution))
+    # StableDiffusionPipeline or StableDiffusionInpaintPipeline: they take the same parts.
+    return pipeline_class(**parts, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+
+
+def _tiny_depth_estimator(seed: int, resolution: int) -> dict[str, Any]:
+    """A tiny random DPT (4 ViT layers of width 32 on 8 px patches) and its image processor at the tiny resolution
+    (the real one resizes to 384 px and normalises to [-1, 1]: mean and std 0.5)."""
+    from transformers import DPTConfig, DPTForDepthEstimation, DPTImageProcessor
+
+    from onetrainer.tiny.components import seeded
+
+    config = DPTConfig(
+        image_size=resolution,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=37,
+        backbone_out_indices=(0, 1, 2, 3),
+        neck_hidden_sizes=[16, 32, 32, 32],
+        fusion_hidden_size=32,
+        head_hidden_size=16,
     )
+    with seeded(seed, "depth_estimator"):
+        estimator = DPTForDepthEstimation(config).eval()
+    size = {"height": resolution, "width": resolution}
+    processor = DPTImageProcessor(size=size, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return {"depth_estimator": estimator, "feature_extractor": processor}
 
 
 def unet_inputs(model: Any, randn: Any) -> dict[str, Any]:

@@ -532,6 +532,7 @@ class Trainer:
             keep_unmasked=keep_unmasked,
             cached={k: v.to(self.device) for k, v in batch.cached_extras.items()},
             references=references,
+            depths=[d.to(self.device) if d is not None else None for d in batch.depths] if batch.depths else None,
         )
         # Every copy to the device happens before the forward pass: a copy from (pageable) CPU memory waits for what the
         # device has queued, so one after the forward would hold the backward pass back until the forward has run.

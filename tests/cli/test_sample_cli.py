@@ -214,3 +214,15 @@ def test_prior_families_sample_through_the_decoder_from_the_script(in_tmp, varia
     args = ["--model-type", model_type, "--base-model", f"tiny:{variant}", *FAST, "--prompt", "a red circle"]
     assert main([*args, "--width", str(size[0]), "--height", str(size[1]), "--output", "out.png"]) == 0
     assert Image.open(in_tmp / "out.png").size == size
+
+
+def test_a_depth_model_samples_on_its_base_images_depth(in_tmp):
+    """SD 2.0 depth: `--base-image` alone gives the sample its depth map; another image, another picture."""
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(in_tmp / name)
+    args = ["--model-type", "STABLE_DIFFUSION_20_DEPTH", "--base-model", "tiny:sd20-depth", *FAST, "--prompt", "a room"]
+    assert main([*args, "--base-image", "a.png", "--output", "a-out.png"]) == EXIT_OK
+    assert main([*args, "--base-image", "b.png", "--output", "b-out.png"]) == EXIT_OK
+    assert Image.open(in_tmp / "a-out.png").size == (64, 64)
+    assert differ(in_tmp / "a-out.png", in_tmp / "b-out.png")
