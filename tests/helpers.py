@@ -365,3 +365,50 @@ def add_embedding_tokens(pipe, vectors, placeholder: str = "<shape>") -> None:
         table = pipe.text_encoder.get_input_embeddings().weight
         for token, vector in zip(tokens, vectors, strict=True):
             table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
+
+
+def assert_offloading_trains_the_same_lora(
+    root: Path,
+    monkeypatch,
+    variant: str,
+    moved: set[str] | None,
+    fraction: float = 0.5,
+    layer_filter_preset: str = "attn-mlp",
+) -> None:
+    """A tiny LoRA trained twice, with `fraction` of the transformer's and the frozen text encoder's declared blocks
+    waiting off the device (`layer_blocks`) and without, gradient checkpointing on as the presets train: the same
+    losses and the same LoRA. `moved`: the classes whose blocks came in and went out as they ran (None: unchecked)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from onetrainer.memory import layer_offload
+    from onetrainer.training.events import Metrics
+
+    offloaders = []
+    made = layer_offload.LayerOffload.__init__
+
+    def keep(self, module, *args, **kwargs):
+        made(self, module, *args, **kwargs)
+        offloaders.append((type(module).__name__, self))
+
+    monkeypatch.setattr(layer_offload.LayerOffload, "__init__", keep)
+
+    def train(folder: Path, share: float):
+        image_folder(folder, count=2)
+        config = tiny_config(
+            folder, variant, "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
+            layer_filter_preset=layer_filter_preset,
+            transformer={"offload_fraction": share, "gradient_checkpointing": True},
+            text_encoder={"train": False, "offload_fraction": share},
+        )  # fmt: skip
+        losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+        return losses, load_file(config["output_model_destination"])
+
+    losses, weights = train(root / "plain", 0.0)
+    assert not offloaders
+    offloaded_losses, offloaded_weights = train(root / "offloaded", fraction)
+    if moved is not None:
+        assert {name for name, offloader in offloaders if offloader.moves} == moved
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)

@@ -19,6 +19,7 @@ from onetrainer.families.vae_batch_norm import patchify, unpatchify
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from tests.helpers import (
+    assert_offloading_trains_the_same_lora,
     assert_only_the_denoiser_trained,
     image_folder,
     keep_trained_output,
@@ -319,36 +320,9 @@ def test_text_encoder_loras_go_on_ministrals_decoder_layers_not_the_vision_tower
 def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
     """Half of the transformer's blocks and of Ministral's layers waiting off the device (`layer_blocks`), with
     gradient checkpointing as the presets train: the same losses and the same LoRA as without."""
-    from onetrainer.memory import layer_offload
-
-    offloaders = []
-    made = layer_offload.LayerOffload.__init__
-
-    def keep(self, module, *args, **kwargs):
-        made(self, module, *args, **kwargs)
-        offloaders.append((type(module).__name__, self))
-
-    monkeypatch.setattr(layer_offload.LayerOffload, "__init__", keep)
-
-    def train(root: Path, fraction: float):
-        image_folder(root, count=2)
-        config = tiny_config(
-            root, "ernie", "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
-            layer_filter_preset="attn-mlp",
-            transformer={"offload_fraction": fraction, "gradient_checkpointing": True},
-            text_encoder={"train": False, "offload_fraction": fraction},
-        )  # fmt: skip
-        losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
-        return losses, load_file(config["output_model_destination"])
-
-    losses, weights = train(tmp_path / "plain", 0.0)
-    assert not offloaders
-    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.5)
-    moved = {name for name, offloader in offloaders if offloader.moves}  # blocks came in and went out as they ran
-    assert moved == {"ErnieImageTransformer2DModel", "Mistral3Model"}
-    assert len(losses) == 2 and losses == offloaded_losses
-    assert weights.keys() == offloaded_weights.keys()
-    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, "ernie", {"ErnieImageTransformer2DModel", "Mistral3Model"}
+    )
 
 
 @pytest.mark.parametrize("kind", ["lora", "lokr"])

@@ -26,6 +26,7 @@ from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from tests.helpers import (
     add_embedding_tokens,
+    assert_offloading_trains_the_same_lora,
     assert_only_the_denoiser_trained,
     image_folder,
     keep_trained_output,
@@ -512,25 +513,10 @@ def test_a_text_encoder_lora_is_written_and_read_back_in_either_format(tmp_path,
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_layer_offloading_trains_the_same_lora(tmp_path, variant):
+def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch, variant):
     """The presets' offloading (the transformer's double and single blocks and the text encoder's decoder layers,
     Qwen3's or Mistral's, 75 % of each in CPU memory, gradient checkpointing on) gives the losses and the LoRA training
     without it gives."""
-    from onetrainer.training.events import Metrics
-
-    def train(root: Path, fraction: float):
-        image_folder(root, count=2)
-        config = tiny_config(
-            root, variant, "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
-            layer_filter_preset="blocks",
-            transformer={"offload_fraction": fraction, "gradient_checkpointing": True},
-            text_encoder={"train": False, "offload_fraction": fraction},
-        )  # fmt: skip
-        events = run_config(config)
-        return [e.loss for e in events if isinstance(e, Metrics)], load_file(config["output_model_destination"])
-
-    losses, weights = train(tmp_path / "plain", 0.0)
-    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.75)
-    assert len(losses) == 2 and losses == offloaded_losses
-    assert weights.keys() == offloaded_weights.keys()
-    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, variant, None, fraction=0.75, layer_filter_preset="blocks"
+    )
