@@ -3,7 +3,7 @@
 
 The declaration of `ernie.py`'s family (torch-free: the config and the GUI read it through `config/model_types.py`):
 its model type, parts, formats, capabilities, layer presets, notes, sample defaults and the released model's full-size
-configs (declared here: only the VAE, Flux.2's, is shared in `reference_configs`).
+configs (declared here: only the VAE, Flux.2's, and the Pixtral vision tower are shared in `reference_configs`).
 """
 
 from __future__ import annotations
@@ -93,20 +93,7 @@ MINISTRAL3_3B: Config = {
         "tie_word_embeddings": True,
         "vocab_size": 131072,
     },
-    "vision_config": {
-        "model_type": "pixtral",
-        "attention_dropout": 0.0,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "hidden_size": 1024,
-        "image_size": 1540,
-        "intermediate_size": 4096,
-        "num_attention_heads": 16,
-        "num_channels": 3,
-        "num_hidden_layers": 24,
-        "patch_size": 14,
-        "rope_theta": 10000.0,
-    },
+    "vision_config": {**ref.PIXTRAL_VISION},
 }
 
 # ERNIE-Image's scheduler/ (FlowMatchEulerDiscreteScheduler). The pipeline sets its sigmas itself (linspace(1, 0) over

@@ -113,20 +113,7 @@ MISTRAL3_SMALL_24B: Config = {
         "sliding_window": None,
         "vocab_size": 131072,
     },
-    "vision_config": {
-        "model_type": "pixtral",
-        "attention_dropout": 0.0,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "hidden_size": 1024,
-        "image_size": 1540,
-        "intermediate_size": 4096,
-        "num_attention_heads": 16,
-        "num_channels": 3,
-        "num_hidden_layers": 24,
-        "patch_size": 14,
-        "rope_theta": 10000.0,
-    },
+    "vision_config": {**ref.PIXTRAL_VISION},
 }
 
 # The system turn FLUX.2 [dev]'s pipeline puts before every prompt (BFL's `SYSTEM_MESSAGE`, diffusers'

@@ -1035,3 +1035,21 @@ KREA2_SCHEDULER: Config = {
     "time_shift_type": "exponential",
     "use_dynamic_shifting": True,
 }
+
+
+# The Pixtral vision tower of Mistral Small 3.x / Ministral 3 (`Mistral3ForConditionalGeneration.vision_config`), the
+# same in FLUX.2 [dev]'s and ERNIE-Image's text encoders: counted by the estimate, never run (they prompt with text).
+PIXTRAL_VISION: dict[str, Any] = {
+    "model_type": "pixtral",
+    "attention_dropout": 0.0,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "image_size": 1540,
+    "intermediate_size": 4096,
+    "num_attention_heads": 16,
+    "num_channels": 3,
+    "num_hidden_layers": 24,
+    "patch_size": 14,
+    "rope_theta": 10000.0,
+}
