@@ -21,7 +21,6 @@ from gui.tabs.form_tab import FormTab, TabHost
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.remote.settings import (
     ACTIONS,
-    FILE_SYNCS,
     TYPES,
     CloudError,
     CloudSecrets,
@@ -107,13 +106,6 @@ GROUPS: tuple[tuple[str, tuple[CloudField, ...]], ...] = (
                 "RunPod pod id",
                 "RUNPOD: the pod to train on; empty: create one (Create pod) (saved in the secrets file).",
                 SECRET,
-            ),
-            CloudField(
-                "file_sync",
-                "File sync",
-                "OneTrainer's file transfer choice; files travel over SFTP either way here.",
-                kind="choice",
-                choices=FILE_SYNCS,
             ),
         ),
     ),
