@@ -29,7 +29,6 @@ class OptimizerSpec:
     # The class steps one weight itself (`step_parameter(param, group, index)`) and finishes an optimizer step with
     # `step()` once every weight has stepped: the fused back pass calls these (`training/fused_back_pass.py`).
     steps_each_weight: bool = False
-    group_defaults: dict[str, Any] = field(default_factory=dict)  # keys each parameter group gets unless it has them
     # Muon: the hidden layers' matrices step with Muon, the rest with an auxiliary Adam whose settings
     # (`muon_adam_config`) are these keys, with these defaults (`onetrainer.training.muon` splits the weights).
     aux_adam: dict[str, Any] | None = None
