@@ -80,24 +80,9 @@ def bfloat16_weights_train(config) -> bool:
     )
 
 
-def _adv_variant(feature: str):
-    """An adv-optm variant OneTrainer offers (adv-optm 2.2) that the adv-optm built here (2.5) no longer has."""
-    return NotBuilt(
-        feature,
-        "adv-optm 2.5, the version built here, no longer has it (OneTrainer pins 2.2.3), and the optimizer would take "
-        "plain steps at a learning rate chosen for the variant; turn it off",
-        error=True,
-        active=lambda value, config: bool(value) and config.optimizer.optimizer.value.endswith("_ADV"),
-    )
-
-
-def _adv_variant_knob(label: str, what: str):
-    """A knob of adv-optm 2.2's AdEMAMix variants, which 2.5 (built here) no longer has: the variant's own switch
-    (`use_AdEMAMix`, `Simplified_AdEMAMix`) is named by the run checks, so its knobs load quietly with any value."""
-    why = (
-        f"OneTrainer (adv-optm 2.2): {what}; adv-optm 2.5, built here, has no such variant (its switch is named by "
-        "the run checks), so the knob changes nothing."
-    )
+def _unused_knob(label: str, what: str):
+    """A OneTrainer setting that OneTrainer passes to no optimizer: it loads with any value and changes nothing."""
+    why = f"OneTrainer: {what}; OneTrainer passes it to no optimizer, so it changes nothing here either."
     return setting(None, label, why, ignored=True, is_inactive=lambda _value: True)
 
 
@@ -117,7 +102,8 @@ class TrainOptimizerConfig(ConfigNode):
     beta2: float | None = _p("Beta 2", "Decay of the running mean of the squared gradients.", minimum=0, maximum=1)
     beta3: float | None = _p(
         "Beta 3",
-        "Third decay rate (Prodigy's d estimate, CAME, DAdapt Adan, AdEMAMix's slow average).",
+        "Third decay rate (Prodigy's d estimate, CAME, DAdapt Adan, AdEMAMix's slow average; ADAMW_ADV and ADOPT_ADV: "
+        "their AdEMAMix slow average).",
         minimum=0,
         maximum=1,
     )
@@ -138,7 +124,9 @@ class TrainOptimizerConfig(ConfigNode):
     capturable: bool | None = _p("Capturable", "Allow CUDA graph capture.")
     differentiable: bool | None = _p("Differentiable", "Make the optimizer step differentiable (research use).")
     alpha: float | None = _p(
-        "Alpha", "RMSprop: smoothing constant. AdEMAMix: the weight of the slow average in the update.", minimum=0
+        "Alpha",
+        "RMSprop: smoothing constant. AdEMAMix (and the *_ADV AdEMAMix): the weight of the slow average in the update.",
+        minimum=0,
     )
     centered: bool | None = _p("Centered", "Normalise by the estimated variance of the gradient (RMSprop).")
     lr_decay: float | None = _p("LR decay", "Learning-rate decay (Adagrad).", minimum=0)
@@ -167,13 +155,8 @@ class TrainOptimizerConfig(ConfigNode):
     slice_p: int | None = _p("Slice p", "Compute Prodigy's statistics on every p-th element to save memory.", minimum=1)
     clip_threshold: float | None = _p(
         "Clip threshold",
-        "Adafactor: threshold of the update's RMS.",
+        "Adafactor: threshold of the update's RMS. LION_ADV: clip the update (0 = no clipping).",
         minimum=0,
-        not_built=NotBuilt(
-            "LION_ADV's update clipping (adv-optm 2.2's clip_threshold)",
-            "adv-optm 2.5, the version built here, no longer has it: the updates are not clipped",
-            active=lambda value, config: config.optimizer.optimizer is Optimizer.LION_ADV and bool(value),
-        ),
     )
     decay_rate: float | None = _p("Decay rate", "Adafactor: exponent of the second-moment decay.")
     relative_step: bool | None = _p("Relative step", "Adafactor: compute the learning rate from the step count.")
@@ -271,17 +254,20 @@ class TrainOptimizerConfig(ConfigNode):
     )
     use_AdEMAMix: bool | None = _p(
         "AdEMAMix",
-        "OneTrainer's adv-optm 2.2: add a slow moving average of the gradients (AdEMAMix).",
-        not_built=_adv_variant("adv-optm's AdEMAMix variant"),
+        "ADAMW_ADV, ADOPT_ADV, PRODIGY_ADV: add a slow moving average of the gradients (AdEMAMix), weighted by alpha. "
+        "Its decay is beta3 for ADAMW_ADV and ADOPT_ADV, beta3_ema for PRODIGY_ADV (as OneTrainer passes them).",
     )
     Simplified_AdEMAMix: bool | None = _p(
         "Simplified AdEMAMix",
-        "OneTrainer's adv-optm 2.2: accumulate the gradients instead of averaging them.",
-        not_built=_adv_variant("adv-optm's simplified AdEMAMix variant"),
+        "ADOPT_ADV, PRODIGY_ADV, SIGNSGD_ADV and the adv-optm Muons: accumulate the gradients instead of averaging "
+        "them, the current gradient weighted by alpha_grad (use a high beta 1 and a lower learning rate).",
     )
-    # The variants' own knobs: without the variant they do nothing (the variant switch is named instead).
-    beta3_ema: float | None = _adv_variant_knob("beta3_ema", "the AdEMAMix variants' slow average's decay")
-    alpha_grad: float | None = _adv_variant_knob("alpha_grad", "the AdEMAMix variants' weight of the current gradient")
+    beta3_ema: float | None = _p(
+        "Beta3 EMA", "PRODIGY_ADV with AdEMAMix: decay of the slow average.", minimum=0, maximum=1
+    )
+    alpha_grad: float | None = _p(
+        "Alpha grad", "Simplified AdEMAMix: weight of the current gradient in the accumulated update.", minimum=0
+    )
     use_speed: bool | None = _p(
         "SPEED", "Prodigy + schedule-free: estimate D from the momentum's progress (SPEED; experimental)."
     )
@@ -324,8 +310,8 @@ class TrainOptimizerConfig(ConfigNode):
         minimum=0,
     )
     # OneTrainer parameters of optimizers this trainer does not offer: accepted, no effect.
-    beta1_warmup: int | None = _adv_variant_knob("beta1_warmup", "simplified AdEMAMix's steps of beta1 warmup")
-    min_beta1: float | None = _adv_variant_knob("min_beta1", "simplified AdEMAMix's beta1 at the warmup's start")
+    beta1_warmup: int | None = _unused_knob("beta1_warmup", "simplified AdEMAMix's steps of beta1 warmup")
+    min_beta1: float | None = _unused_knob("min_beta1", "simplified AdEMAMix's beta1 at the warmup's start")
     # OneTrainer's memory engine: read and kept, not built yet (the run checks say what happens instead).
     fused_back_pass: bool | None = setting(
         False,
@@ -382,8 +368,8 @@ class TrainOptimizerConfig(ConfigNode):
         'The auxiliary Adam\'s settings as a JSON object, e.g. {"beta1": 0.9, "beta2": 0.999}; a key left out '
         "takes its default. MUON (torch's AdamW): beta1, beta2, eps, weight_decay. MUON_ADV and ADAMUON_ADV "
         "(adv_optm's AdamW): beta1, beta2, eps, weight_decay, use_bias_correction, use_atan2, orthogonal_gradient, "
-        "nesterov, nnmf_factor, kourkoutas_beta. Other optimizer settings in it (OneTrainer writes them all) are "
-        "ignored.",
+        "nnmf_factor, kourkoutas_beta, use_AdEMAMix, beta3_ema, alpha. Other optimizer settings in it (OneTrainer "
+        "writes them all) are ignored.",
     )
     ns_steps: int | None = _p(
         "Newton-Schulz steps",

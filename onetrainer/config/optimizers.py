@@ -29,7 +29,6 @@ class OptimizerSpec:
     # The class steps one weight itself (`step_parameter(param, group, index)`) and finishes an optimizer step with
     # `step()` once every weight has stepped: the fused back pass calls these (`training/fused_back_pass.py`).
     steps_each_weight: bool = False
-    group_defaults: dict[str, Any] = field(default_factory=dict)  # keys each parameter group gets unless it has them
     # Muon: the hidden layers' matrices step with Muon, the rest with an auxiliary Adam whose settings
     # (`muon_adam_config`) are these keys, with these defaults (`onetrainer.training.muon` splits the weights).
     aux_adam: dict[str, Any] | None = None
@@ -73,10 +72,15 @@ def _renamed(**names: str) -> Callable[[Kwargs], Kwargs]:
 
 
 def _adv(values: Kwargs) -> Kwargs:
-    """adv-optm: OneTrainer's `compile` is its `compiled_optimizer`; OneTrainer's OrthoGrad switch (a bool, as adv-optm
-    2.2 took it) is 2.5's `orthogonal_gradient` mode, where 'flattened' is that same projection."""
+    """adv-optm: OneTrainer's `compile` is its `compiled_optimizer`; ADAMW_ADV and ADOPT_ADV take OneTrainer's beta3 as
+    their AdEMAMix slow average's decay (`beta3_ema`), as OneTrainer passes it; PRODIGY_ADV's beta3 is Prodigy's own
+    (its AdEMAMix decay is the `beta3_ema` setting)."""
     values = _adv_muon(values)
-    return _two_betas(values) if "beta3" in values else _betas(values)
+    if "beta3_ema" in values:
+        return _two_betas(values)
+    if "beta3" in values:
+        values["beta3_ema"] = values.pop("beta3")
+    return _betas(values)
 
 
 def _adafactor(values: Kwargs) -> Kwargs:
@@ -93,8 +97,6 @@ def _adv_muon(values: Kwargs) -> Kwargs:
     """adv-optm's names (`_adv`), the betas left apart: its Muons take `beta1` as it is."""
     if "compile" in values:
         values["compiled_optimizer"] = values.pop("compile")
-    if "orthogonal_gradient" in values:
-        values["orthogonal_gradient"] = "flattened" if values["orthogonal_gradient"] else "disabled"
     return values
 
 
@@ -109,15 +111,18 @@ MUON_SPLIT = ("MuonWithAuxAdam", "muon_hidden_layers", "muon_adam_regex", "muon_
 _MUON_SPLIT_DEFAULTS = {"MuonWithAuxAdam": True, "muon_hidden_layers": None, "muon_adam_regex": False,
                         "muon_adam_lr": None, "muon_te1_adam_lr": None, "muon_te2_adam_lr": None,
                         "muon_adam_config": {}}  # fmt: skip
+# adv-optm's AdEMAMix variants, as OneTrainer passes them (off by default).
+_ADV_ADEMAMIX = {"use_AdEMAMix": False, "alpha": 5.0}
+_ADV_SIMPLIFIED = {"Simplified_AdEMAMix": False, "alpha_grad": 100.0}
 # OneTrainer's auxiliary Adam of MUON (its `MUON_AUX_ADAM_DEFAULTS`) and of the adv_optm Muons (its ADAMW_ADV
-# defaults, the keys adv_optm 2.5 takes as `adam_<key>`).
+# defaults, the keys adv_optm 2.2.3 takes as `adam_<key>`).
 _MUON_AUX_ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 _ADV_AUX_ADAM = {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "weight_decay": 0.0, "use_bias_correction": True,
-                 "use_atan2": False, "orthogonal_gradient": False, "nesterov": False, "nnmf_factor": False,
-                 "kourkoutas_beta": False}  # fmt: skip
+                 "use_atan2": False, "orthogonal_gradient": False, "nnmf_factor": False, "kourkoutas_beta": False,
+                 "use_AdEMAMix": False, "beta3_ema": 0.9999, "alpha": 5.0}  # fmt: skip
 _ADV_MUON = {"cautious_wd": False, "weight_decay": 0.0, "accelerated_ns": False, "ns_steps": 5,
              "low_rank_ortho": False, "ortho_rank": 128, "rms_rescaling": True, "nnmf_factor": False,
-             "stochastic_rounding": True, "compile": False}  # fmt: skip
+             "stochastic_rounding": True, "compile": False, **_ADV_SIMPLIFIED}  # fmt: skip
 
 _TORCH_ADAM = {
     "beta1": 0.9,
@@ -239,28 +244,26 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
              {**_ADEMAMIX, "optim_bits": 32, "min_8bit_size": 4096, "is_paged": False}),
         _row(Optimizer.AdEMAMix_8BIT, "bitsandbytes.optim:AdEMAMix8bit", "bitsandbytes",
              {**_ADEMAMIX, "min_8bit_size": 4096, "is_paged": False}),
-        # adv-optm 2.5 (OneTrainer pins 2.2.3, whose AdEMAMix variants and Lion clipping 2.5 no longer has: those
-        # OneTrainer knobs are named by the run checks, `optimizer_config.py`). OneTrainer gives the Kourkoutas-beta
-        # warmup the LR warmup's length. Each class steps one weight at a time itself (the fused back pass).
+        # adv-optm 2.2.3, as OneTrainer pins it. OneTrainer gives the Kourkoutas-beta warmup the LR warmup's length.
+        # Each class steps one weight at a time itself (the fused back pass).
         _row(Optimizer.ADAMW_ADV, "adv_optm:AdamW_adv", "adv-optm",
-             {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, **_ADV, "use_atan2": False, "kourkoutas_beta": False},
+             {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8, **_ADV, "use_atan2": False, "kourkoutas_beta": False,
+              **_ADV_ADEMAMIX, "beta3": 0.9999},
              kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
         _row(Optimizer.ADOPT_ADV, "adv_optm:Adopt_adv", "adv-optm",
-             {"beta1": 0.9, "beta2": 0.9999, "eps": 1e-6, **_ADV, "use_atan2": True, "kourkoutas_beta": False},
+             {"beta1": 0.9, "beta2": 0.9999, "eps": 1e-6, **_ADV, "use_atan2": True, "kourkoutas_beta": False,
+              **_ADV_ADEMAMIX, "beta3": 0.9999, **_ADV_SIMPLIFIED},
              kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
         _row(Optimizer.PRODIGY_ADV, "adv_optm:Prodigy_adv", "adv-optm",
              {"beta1": 0.9, "beta2": 0.99, "beta3": None, "eps": 1e-8, **_ADV, "d0": 1e-6, "d_coef": 1.0,
               "growth_rate": math.inf, "slice_p": 11, "prodigy_steps": 0, "d_limiter": False, "use_atan2": False,
-              "kourkoutas_beta": False},
+              "kourkoutas_beta": False, **_ADV_ADEMAMIX, "beta3_ema": 0.9999, **_ADV_SIMPLIFIED},
              adaptive=True, kwargs=_adv, warmup="k_warmup_steps", steps_each_weight=True),
-        _row(Optimizer.SIGNSGD_ADV, "adv_optm:SignSGD_adv", "adv-optm", {"momentum": 0.95, **_ADV},
+        _row(Optimizer.SIGNSGD_ADV, "adv_optm:SignSGD_adv", "adv-optm", {"momentum": 0.95, **_ADV, **_ADV_SIMPLIFIED},
              kwargs=_adv, steps_each_weight=True),
         _row(Optimizer.LION_ADV, "adv_optm:Lion_adv", "adv-optm",
-             {"beta1": 0.9, "beta2": 0.99, **_ADV, "auto_kappa_p": True}, kwargs=_adv, steps_each_weight=True,
-             # adv-optm 2.5.16's Lion_adv reloads its state through the helper of its other optimizers, which reads
-             # this key of each group that only they set: 'auto' is the rule Lion's state is made with (the weight's
-             # dtype; float32 when factored). Without it a backup's optimizer state cannot be loaded.
-             group_defaults={"actual_state_precision": "auto"}),
+             {"beta1": 0.9, "beta2": 0.99, **_ADV, "clip_threshold": 0.0, "auto_kappa_p": True}, kwargs=_adv,
+             steps_each_weight=True),
         # Prodigy + schedule-free (OneTrainer pins 2.0.1): no warmup of its own (OneTrainer gives it none); with the
         # fused back pass it is told so (`fused_back_pass`: its `step()` then only finishes the step).
         _row(Optimizer.PRODIGY_PLUS_SCHEDULE_FREE, "prodigyplus.prodigy_plus_schedulefree:ProdigyPlusScheduleFree",
@@ -278,8 +281,7 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
         _row(Optimizer.MUON, "onetrainer.training.muon:MuonWithAuxAdam", "torch",
              {"momentum": 0.95, "weight_decay": 0.0, "nesterov": True, "ns_steps": 5, **_MUON_SPLIT_DEFAULTS},
              aux_adam=_MUON_AUX_ADAM, kwargs=dict),
-        # adv_optm (OneTrainer pins 2.2.3; 2.5 takes OrthoGrad as a mode and no longer Simplified_AdEMAMix /
-        # alpha_grad for its Muons): one optimizer with 'muon' and 'adam' groups.
+        # adv_optm 2.2.3, as OneTrainer pins it: one optimizer with 'muon' and 'adam' groups.
         _row(Optimizer.MUON_ADV, "adv_optm:Muon_adv", "adv-optm",
              {"beta1": 0.9, **_ADV_MUON, **_MUON_SPLIT_DEFAULTS, "nesterov": True, "normuon_variant": True,
               "beta2_normuon": 0.95, "orthogonal_gradient": False, "approx_mars": False},

@@ -164,9 +164,6 @@ def create(
         cls = getattr(importlib.import_module("adv_optm"), spec.class_path.partition(":")[2])
         for group in split:
             group["optim_type"] = "muon" if group.pop("use_muon") else "adam"
-            if group["optim_type"] == "adam":
-                # adv_optm 2.5's load_state_dict reads this of every group, but sets it only on its Muon groups.
-                group["actual_state_precision"] = "auto"
         return cls(split, **kwargs, **_adv_adam_kwargs(adam))
     torch_adam = {
         "betas": (adam["beta1"], adam["beta2"]),
@@ -177,7 +174,6 @@ def create(
 
 
 def _adv_adam_kwargs(adam: dict) -> dict:
-    out = {f"adam_{k}": v for k, v in adam.items() if k not in ("beta1", "beta2", "orthogonal_gradient")}
+    out = {f"adam_{k}": v for k, v in adam.items() if k not in ("beta1", "beta2")}
     out["adam_betas"] = (adam["beta1"], adam["beta2"])
-    out["adam_orthogonal_gradient"] = "flattened" if adam["orthogonal_gradient"] else "disabled"
     return out

@@ -63,9 +63,6 @@ def create_optimizer(
             f"here ({e}); install it or choose another optimizer"
         ) from None
     kwargs = spec.constructor_kwargs(resolved_parameters(config))
-    for group in param_groups:
-        for key, value in spec.group_defaults.items():
-            group.setdefault(key, value)
     if spec.aux_adam is not None:
         from onetrainer.training import muon
 

@@ -1,9 +1,9 @@
 """adv-optm's *_ADV optimizers (AdamW, ADOPT, Prodigy, SignSGD, Lion) and Prodigy + schedule-free, as OneTrainer
 builds them: the factory calls the package's class with exactly OneTrainer's arguments (written out here from its
-`create.py` and default table, mapped onto adv-optm 2.5), steps as that class does on the same parameters and
-gradients, resumes exactly from a backup's state dict, steps the same with the fused back pass (the class's own
-per-weight step) and rounds BFLOAT_16 updates itself. Training a tiny LoRA with each is
-`test_optimizers.test_every_optimizer_trains` (it runs every row of the table)."""
+`create.py` and default table; adv-optm 2.2.3, as OneTrainer pins it), steps as that class does on the same
+parameters and gradients (the AdEMAMix variants too), resumes exactly from a backup's state dict, steps the same with
+the fused back pass (the class's own per-weight step) and rounds BFLOAT_16 updates itself. Training a tiny LoRA with
+each is `test_optimizers.test_every_optimizer_trains` (it runs every row of the table)."""
 
 from __future__ import annotations
 
@@ -23,21 +23,28 @@ LR = 1e-2
 WARMUP = 7  # the LR warmup's length, which OneTrainer gives adv-optm's Kourkoutas-beta warmup
 
 _ADV = dict(weight_decay=0.0, nnmf_factor=False, cautious_wd=False, stochastic_rounding=True,
-            orthogonal_gradient="disabled", compiled_optimizer=False)  # fmt: skip
-# OneTrainer's arguments for each (its default table's values), adv-optm 2.5's names.
+            orthogonal_gradient=False, compiled_optimizer=False)  # fmt: skip
+_ADEMAMIX = dict(use_AdEMAMix=False, beta3_ema=0.9999, alpha=5.0)
+_SIMPLIFIED = dict(Simplified_AdEMAMix=False, alpha_grad=100.0)
+# OneTrainer's arguments for each (its default table's values; ADAMW_ADV and ADOPT_ADV take beta3 as beta3_ema).
 EXPECTED = {
     Optimizer.ADAMW_ADV: (adv_optm, "AdamW_adv", dict(
         lr=LR, betas=(0.9, 0.99), eps=1e-8, **_ADV, use_atan2=False, kourkoutas_beta=False, k_warmup_steps=WARMUP,
+        **_ADEMAMIX,
     )),
     Optimizer.ADOPT_ADV: (adv_optm, "Adopt_adv", dict(
         lr=LR, betas=(0.9, 0.9999), eps=1e-6, **_ADV, use_atan2=True, kourkoutas_beta=False, k_warmup_steps=WARMUP,
+        **_ADEMAMIX, **_SIMPLIFIED,
     )),
     Optimizer.PRODIGY_ADV: (adv_optm, "Prodigy_adv", dict(
         lr=LR, betas=(0.9, 0.99), beta3=None, eps=1e-8, **_ADV, d0=1e-6, d_coef=1.0, growth_rate=float("inf"),
         slice_p=11, prodigy_steps=0, d_limiter=False, use_atan2=False, kourkoutas_beta=False, k_warmup_steps=WARMUP,
+        **_ADEMAMIX, **_SIMPLIFIED,
     )),
-    Optimizer.SIGNSGD_ADV: (adv_optm, "SignSGD_adv", dict(lr=LR, momentum=0.95, **_ADV)),
-    Optimizer.LION_ADV: (adv_optm, "Lion_adv", dict(lr=LR, betas=(0.9, 0.99), **_ADV, auto_kappa_p=True)),
+    Optimizer.SIGNSGD_ADV: (adv_optm, "SignSGD_adv", dict(lr=LR, momentum=0.95, **_ADV, **_SIMPLIFIED)),
+    Optimizer.LION_ADV: (adv_optm, "Lion_adv", dict(
+        lr=LR, betas=(0.9, 0.99), **_ADV, clip_threshold=0.0, auto_kappa_p=True,
+    )),
     Optimizer.PRODIGY_PLUS_SCHEDULE_FREE: (prodigy_plus_schedulefree, "ProdigyPlusScheduleFree", dict(
         lr=LR, betas=(0.9, 0.99), beta3=None, weight_decay=0.0, weight_decay_by_lr=True, use_bias_correction=False,
         d0=1e-6, d_coef=1.0, prodigy_steps=0, use_speed=False, eps=1e-8, split_groups=True, split_groups_mean=False,
@@ -251,25 +258,74 @@ def test_the_checks_accept_the_fused_back_pass_and_their_rounding(name):
     assert named == [f"optimizer_defaults.{name.value}.stochastic_rounding"]
 
 
-@pytest.mark.parametrize("name", [o for o in NAMES if o.value.endswith("_ADV")], **ids)
-@pytest.mark.parametrize("variant", ["use_AdEMAMix", "Simplified_AdEMAMix"])
-def test_the_adamix_variants_adv_optm_2_5_lacks_are_refused_by_name(name, variant):
+# The AdEMAMix variants OneTrainer passes (adv-optm 2.2.3): which optimizers take each, OneTrainer's knobs set off
+# their defaults, and the package's own arguments for them. ADAMW_ADV and ADOPT_ADV get beta3 as beta3_ema.
+ADEMAMIX = {
+    Optimizer.ADAMW_ADV: (dict(use_AdEMAMix=True, beta3=0.995, alpha=3.0),
+                          dict(use_AdEMAMix=True, beta3_ema=0.995, alpha=3.0)),
+    Optimizer.ADOPT_ADV: (dict(use_AdEMAMix=True, beta3=0.995, alpha=3.0),
+                          dict(use_AdEMAMix=True, beta3_ema=0.995, alpha=3.0)),
+    Optimizer.PRODIGY_ADV: (dict(use_AdEMAMix=True, beta3_ema=0.995, alpha=3.0),
+                            dict(use_AdEMAMix=True, beta3_ema=0.995, alpha=3.0)),
+}  # fmt: skip
+SIMPLIFIED = {
+    name: (
+        dict(Simplified_AdEMAMix=True, alpha_grad=20.0, **({"beta1": 0.99} if name.value != "SIGNSGD_ADV" else {})),
+        dict(Simplified_AdEMAMix=True, alpha_grad=20.0),
+    )
+    for name in (Optimizer.ADOPT_ADV, Optimizer.PRODIGY_ADV, Optimizer.SIGNSGD_ADV)
+}
+
+
+def _variant_cases():
+    for table in (ADEMAMIX, SIMPLIFIED):
+        for name, (settings, arguments) in table.items():
+            yield pytest.param(name, settings, arguments, id=f"{name.value}-{next(iter(settings))}")
+
+
+@pytest.mark.parametrize(("name", "settings", "arguments"), list(_variant_cases()))
+def test_the_ademamix_variants_step_as_the_packages_own_optimizer(name, settings, arguments):
+    # A LoRA's weights with the variant on: the same steps as the package's class given OneTrainer's arguments with
+    # the variant's, on the same gradients, and different steps from the variant off (the knobs reach it).
+    _, _, expected = EXPECTED[name]
+    reference_kwargs = {**expected, **arguments}
+    if "beta1" in settings:
+        reference_kwargs["betas"] = (settings["beta1"], reference_kwargs["betas"][1])
+    start = {}
+    if optim.OPTIMIZERS[name].adaptive:  # Prodigy: steps of lr x D large enough to tell the variant from plain steps
+        start = {"d0": 1e-3}
+        reference_kwargs.update(start)
+    mine, reference, plain = tiny_params(), tiny_params(), tiny_params()
+    take_steps(ours(name, mine, **settings, **start), mine, range(5))
+    take_steps(package_class(name)(groups(reference), **reference_kwargs), reference, range(5))
+    take_steps(ours(name, plain, **start), plain, range(5))
+    for a, b in zip(mine, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(not torch.allclose(a, off) for a, off in zip(mine, plain))
+
+
+@pytest.mark.parametrize(("name", "settings", "arguments"), list(_variant_cases()))
+def test_a_onetrainer_config_with_a_variant_loads_and_runs_without_being_named(name, settings, arguments):
     from onetrainer.training.checks import not_built_settings
 
-    config, _ = config_from_dict({"optimizer": {"optimizer": name.value, variant: True}})
-    named = [p for p in not_built_settings(config) if p.path == f"optimizer.{variant}"]
-    assert named and named[0].is_error and "adv-optm 2.5" in named[0].message
-    off, _ = config_from_dict({"optimizer": {"optimizer": name.value, variant: False}})
-    assert not [p for p in not_built_settings(off) if p.path == f"optimizer.{variant}"]
+    config, problems = config_from_dict({"optimizer": {"optimizer": name.value, **settings}})
+    assert [p.message for p in problems if p.path.startswith("optimizer")] == []
+    assert not [p for p in not_built_settings(config) if p.path.startswith("optimizer.")]
+    for key, value in settings.items():
+        assert getattr(config.optimizer, key) == value
 
 
-def test_lion_adv_clipping_is_named():
+def test_lion_adv_clips_as_onetrainer_asks():
     from onetrainer.training.checks import not_built_settings
 
     config, _ = config_from_dict({"optimizer": {"optimizer": "LION_ADV", "clip_threshold": 1.0}})
-    assert any(p.path == "optimizer.clip_threshold" and not p.is_error for p in not_built_settings(config))
-    adafactor, _ = config_from_dict({"optimizer": {"optimizer": "ADAFACTOR", "clip_threshold": 1.0}})
-    assert not [p for p in not_built_settings(adafactor) if p.path == "optimizer.clip_threshold"]
+    assert not [p for p in not_built_settings(config) if p.path == "optimizer.clip_threshold"]
+    mine, reference = tiny_params(), tiny_params()
+    take_steps(ours(Optimizer.LION_ADV, mine, clip_threshold=0.05), mine, range(3))
+    _, _, expected = EXPECTED[Optimizer.LION_ADV]
+    take_steps(adv_optm.Lion_adv(groups(reference), **{**expected, "clip_threshold": 0.05}), reference, range(3))
+    for a, b in zip(mine, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_the_dialog_shows_their_knobs_and_the_fused_back_pass_once():

@@ -168,7 +168,8 @@ def reference(name: Optimizer, params: dict) -> list:
     groups = [{"params": hidden, "optim_type": "muon"}, {"params": rest, "optim_type": "adam", "lr": AUX_LR}]
     common = dict(lr=LR, weight_decay=0.0, cautious_wd=False, accelerated_ns=False, ns_steps=5, low_rank_ortho=False,
                   ortho_rank=128, rms_rescaling=True, nnmf_factor=False, stochastic_rounding=True,
-                  orthogonal_gradient="disabled", approx_mars=False, normuon_variant=True, compiled_optimizer=False,
+                  orthogonal_gradient=False, approx_mars=False, normuon_variant=True, compiled_optimizer=False,
+                  Simplified_AdEMAMix=False, alpha_grad=100.0,
                   adam_betas=(0.9, 0.99), adam_eps=1e-8, adam_weight_decay=0.0)  # fmt: skip
     if name is Optimizer.MUON_ADV:
         return [Muon_adv(groups, beta1=0.9, nesterov=True, beta2_normuon=0.95, **common)]
@@ -278,7 +279,7 @@ def test_the_aux_adam_settings_reach_the_optimizer():
     assert (adam["betas"], adam["weight_decay"], adam["eps"], adam["lr"]) == ((0.8, 0.999), 0.1, 1e-8, AUX_LR)
     adv = ours(Optimizer.MUON_ADV, tiny(), muon_adam_config={"beta2": 0.9, "orthogonal_gradient": True})
     assert adv.param_groups[0]["adam_betas"] == (0.9, 0.9)
-    assert adv.param_groups[0]["adam_orthogonal_gradient"] == "flattened"
+    assert adv.param_groups[0]["adam_orthogonal_gradient"] is True
 
 
 def test_the_estimate_counts_one_momentum_for_muon():
