@@ -233,7 +233,7 @@ class ModelTypeInfo:
     # Released models of this type that differ in size: (a word of the base model's name, the parts that differ), the
     # first word the name holds wins (a "medium" beside a large default).
     released_variants: tuple[tuple[str, Mapping[str, Mapping[str, Any]]], ...] = ()
-    # The denoiser also takes a depth map of each image (SD 2.0 depth): from a `<stem>-depth.png` beside a training
+    # The denoiser also takes a depth map of each image: from a `<stem>-depth.png` beside a training
     # image where there is one, else the model's own depth estimator's; samples take it from their input image.
     depth_input: bool = False
 

@@ -52,7 +52,7 @@ class SampleConfig(ConfigNode):
     base_image_path: str = setting(
         "",
         "Base image",
-        "Inpainting: the image to paint into. Depth models (SD 2.0 depth): the image whose depth map (its depth "
+        "Inpainting: the image to paint into. Depth models: the image whose depth map (its depth "
         "estimator's) the sample is drawn on, from pure noise; without one, a flat depth map.",
         widget="file",
         when=lambda ctx: ctx.inpainting or ctx.depth_input,

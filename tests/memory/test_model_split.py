@@ -25,7 +25,18 @@ from onetrainer.tiny.denoiser_step import denoiser, denoiser_inputs, prediction
 
 # One tiny variant per denoiser class whose family declares its blocks (Flux Fill and Kontext, SD 3 and 3.5 Large,
 # Flux.2 dev and Qwen-Image-Edit share one of these classes).
-SPLIT_VARIANTS = ("pixart", "flux-dev", "chroma", "sd35-medium", "z-image", "qwen-image", "flux2-klein", "sana")
+SPLIT_VARIANTS = (
+    "pixart",
+    "flux-dev",
+    "chroma",
+    "sd35-medium",
+    "z-image",
+    "qwen-image",
+    "flux2-klein",
+    "sana",
+    "ernie",
+    "krea2",
+)
 
 
 def _family(variant: str):
