@@ -2,10 +2,12 @@
 
 Every model here computes attention through `torch.nn.functional.scaled_dot_product_attention` (diffusers' processors
 and transformers' SDPA path), which picks a kernel per call: on a CUDA GPU flash, memory-efficient, cuDNN or the
-plain math one, on a CPU its own. SDP leaves that choice to torch. CUDNN and FLASH put cuDNN's fused attention or
-FlashAttention-2 (torch's build of it: no extra package) first for the whole run, training steps and samples alike;
-a call the preferred kernel cannot serve (a mask it does not take, a head size it lacks, a CPU) falls back to the
-next in torch's order, so a preference never fails a run. OneTrainer sets the same kernels through diffusers'
+plain math one, on a CPU its own. SDP leaves that choice to torch, less cuDNN's kernel on a CUDA device
+(`devices.select_device`: its backward failed at a large model's attention size). CUDNN and FLASH put cuDNN's fused
+attention or FlashAttention-2 (torch's build of it: no extra package) first for the whole run, training steps and
+samples alike; a call the preferred kernel cannot serve (a mask it does not take, a head size it lacks, a CPU) falls
+back to flash, memory-efficient and math in that order (FLASH never to cuDNN's), so a preference never fails a
+run. OneTrainer sets the same kernels through diffusers'
 attention backends (`_native_cudnn`, and the flash-attn package for FLASH); the kernels are torch's either way.
 FLEX (torch's flex attention) is not built: it needs the model's attention rewritten around it.
 """
@@ -27,6 +29,7 @@ def attention_kernels(mechanism: AttentionMechanism) -> contextlib.AbstractConte
         raise ValueError(f"attention_mechanism: {mechanism.value} is not built here")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    first = SDPBackend.CUDNN_ATTENTION if mechanism is AttentionMechanism.CUDNN else SDPBackend.FLASH_ATTENTION
-    rest = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    return sdpa_kernel([first, *(b for b in rest if b != first)], set_priority=True)
+    fallbacks = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    if mechanism is AttentionMechanism.CUDNN:
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, *fallbacks], set_priority=True)
+    return sdpa_kernel(fallbacks, set_priority=True)
