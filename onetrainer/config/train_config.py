@@ -321,12 +321,13 @@ class TrainConfig(ConfigNode):
         "model and trains its share of each batch. SHARDED: a full fine-tune's trained parts (the denoiser, block by "
         "block, and a trained text encoder) are split over the GPUs with torch's FSDP2, each GPU holding 1/N of their "
         "weights, gradients and optimizer state, for a model whose fine-tune does not fit one GPU; backups are sharded "
-        "(they resume on any number of GPUs, or unsharded), the saved model is an ordinary file. Fine-tunes only; "
-        "EMA, the fused back pass, layer offloading, compile, validation and samples during training are not combined "
-        "with it yet (the run checks name them). One process trains unsharded. MODEL_SPLIT: one process, no "
-        "torchrun; a LoRA's denoiser blocks spread over the GPUs of 'Split devices' by their free memory (the first "
-        "blocks on the first GPU, the rest on the next), the activations handed from one to the next, for a LoRA on a "
-        "model no single GPU holds; the GPUs take turns, so it is no faster than one GPU that fits the model.",
+        "(they resume on any number of GPUs, or unsharded), the saved model is an ordinary file; an EMA is sharded "
+        "too, and every GPU takes part in validation and samples. Fine-tunes only; the fused back pass, layer "
+        "offloading and compile are not combined with it yet (the run checks name them). One process trains "
+        "unsharded. MODEL_SPLIT: one process, no torchrun; a LoRA's denoiser blocks spread over the GPUs of 'Split "
+        "devices' by their free memory (the first blocks on the first GPU, the rest on the next), the activations "
+        "handed from one to the next, for a LoRA on a model no single GPU holds; the GPUs take turns, so it is no "
+        "faster than one GPU that fits the model.",
         tab="general",
         group="Device",
     )

@@ -215,7 +215,7 @@ def backup_settings(backup: Path) -> dict:
 
 
 def restore_backup(
-    backup: Path, method, optimizer, lr_scheduler, sharded=None
+    backup: Path, method, optimizer, lr_scheduler, sharded=None, ema=None
 ) -> tuple[TrainProgress, dict, list[str]]:
     """Load a backup into a freshly set-up run; returns the progress, the extra state and warnings.
 
@@ -228,7 +228,9 @@ def restore_backup(
     `sharding.ShardedParts`, or None): a sharded backup's DCP shards are read by every process of a sharded run, each
     its share (DCP reshards when the count differs: `ShardedParts.read_state`), or whole by each process of an
     unsharded one (`sharding.read_state_whole`, no collective); an unsharded backup's full weights and optimizer state
-    are split by a sharded run (`ShardedParts.read_whole_state`), or loaded by the method as always.
+    are split by a sharded run (`ShardedParts.read_whole_state`), or loaded by the method as always. A sharded
+    backup's EMA average is in its shards too, read into `ema` (the run's `training.ema.EMA`, or None) here; the caller
+    loads the returned state's `ema` entry (the count of updates, and an unsharded backup's average) into it.
     """
     check_complete(backup)
     warnings: list[str] = []
@@ -246,7 +248,8 @@ def restore_backup(
     configured = _configured_rates(optimizer, lr_scheduler)
     written = read_meta(backup).get("sharded")
     if written is not None or sharded is not None:
-        _restore_sharding(backup, written, method, optimizer if same_groups else None, state, sharded)
+        in_shards = ema if (state.get("ema") or {}).get("in_shards") else None
+        _restore_sharding(backup, written, method, optimizer if same_groups else None, state, sharded, in_shards)
     else:
         try:
             method.load_backup(backup)
@@ -262,9 +265,10 @@ def restore_backup(
     return read_progress(backup), state, warnings
 
 
-def _restore_sharding(backup: Path, written: dict | None, method, optimizer, state: dict, sharded) -> None:
+def _restore_sharding(backup: Path, written: dict | None, method, optimizer, state: dict, sharded, ema=None) -> None:
     """`restore_backup`'s weights and optimizer state where the backup or the run is sharded (`optimizer` None: the
-    weights alone). A backup that does not hold what this run trains is a `BackupMismatch` naming it and why."""
+    weights alone), and the EMA's average where the backup's shards hold it (`ema`: the run's EMA, else None). A
+    backup that does not hold what this run trains is a `BackupMismatch` naming it and why."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     from onetrainer.training.sharding import read_state_whole
@@ -272,10 +276,10 @@ def _restore_sharding(backup: Path, written: dict | None, method, optimizer, sta
     mode = f"sharded on {sharded.dist.world_size} processes" if sharded is not None else "unsharded"
     try:
         if written is not None and sharded is not None:
-            sharded.read_state(backup / SHARDED_STATE, optimizer)
+            sharded.read_state(backup / SHARDED_STATE, optimizer, ema)
         elif written is not None:
             parts = {name: method.model.part(name) for name in method.trained_parts()}
-            read_state_whole(parts, backup / SHARDED_STATE, optimizer)
+            read_state_whole(parts, backup / SHARDED_STATE, optimizer, ema)
         else:
             if not hasattr(method, "backup_states"):
                 raise ValueError("a sharded run resumes a fine-tune's backup only")

@@ -65,14 +65,15 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
 
 def check_sharded(config: TrainConfig) -> list[Problem]:
     """What `multi_gpu_mode` SHARDED (`training/sharding.py`) does not combine with yet, each named on its setting:
-    other methods than a fine-tune, EMA, the fused back pass, compile, validation, stochastic rounding of BFLOAT_16
-    weights, additional embeddings, a trained part's layer offloading (errors; a trained part is never quantized, and
-    frozen parts, quantized or not, are not sharded); samples during training and the stochastic rounding of averaged
-    gradients, which it leaves out, and the shards' CPU offload where it does nothing (warnings); one process, which
-    trains unsharded. A part's 'stop training after' freezes its shards as it freezes a whole part."""
+    other methods than a fine-tune, the fused back pass, compile, stochastic rounding of BFLOAT_16 weights, additional
+    embeddings, a trained part's layer offloading (errors; a trained part is never quantized, and frozen parts,
+    quantized or not, are not sharded); the stochastic rounding of averaged gradients, which it leaves out, and the
+    shards' CPU offload where it does nothing (warnings); one process, which trains unsharded. A part's 'stop training
+    after' freezes its shards as it freezes a whole part. EMA (sharded as the weights), validation and samples (every
+    process computing in step) combine."""
     import os
 
-    from onetrainer.config.enums import MultiGpuMode, TimeUnit
+    from onetrainer.config.enums import MultiGpuMode
     from onetrainer.config.optimizer_config import bfloat16_weights_train
     from onetrainer.training.stochastic_rounding import rounds
 
@@ -99,14 +100,10 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
             f"{config.training_method.value} training",
             "it shards fine-tunes only; train DATA_PARALLEL",
         )
-    if config.ema is not EMAMode.OFF:
-        refuse("ema", "EMA", "turn EMA off, or train DATA_PARALLEL")
     if config.optimizer.fused_back_pass:
         refuse("optimizer.fused_back_pass", "the fused back pass", "turn it off (FSDP2 reduces the gradients first)")
     if config.compile:
         refuse("compile", "compile", "turn it off")
-    if config.validation:
-        refuse("validation", "validation", "turn it off (every process would have to measure as many images)")
     if any(e.train for e in config.additional_embeddings or []):
         refuse("additional_embeddings", "training additional embeddings", "train them in a run of their own")
     if rounds(config.optimizer) and bfloat16_weights_train(config):
@@ -122,10 +119,6 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
             continue
         if block.offload_fraction and block.offload_fraction > 0:
             refuse(f"{part}.offload_fraction", "layer offloading", f"set {part}.offload_fraction to 0")
-    samples = [s for s in config.samples or [] if s.enabled]
-    if samples and config.sample_after_unit is not TimeUnit.NEVER:
-        message = f"samples are not rendered during a {mode} run yet: none is (sample the saved model afterwards)"
-        problems.append(Problem("sample_after", message, Severity.WARNING))
     precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
     if precision.endswith("_STOCHASTIC") and bfloat16_weights_train(config):
         message = (

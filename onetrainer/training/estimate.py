@@ -439,7 +439,7 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     one process has them. `sharded_cpu_offload` (on a GPU) moves the shards and their gradients and optimizer state
     to host RAM. The other moment: loading and filling the caches, the frozen parts whole on each GPU while the
     trained parts wait in host RAM (the trainer shards them from there, a block at a time: one unit whole on the GPU
-    as it is cut); samples are not rendered during a sharded run."""
+    as it is cut). An EMA is sharded as the weights are (1/N of its float32 copy on each GPU, or in host RAM)."""
     n = settings.processes
     one = _one_process(counts, settings, flops_per_second)
     sharded = {k: c for k, c in counts.items() if c.trained and c.on_device}
@@ -447,6 +447,8 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     shards = sum(c.bytes for c in sharded.values()) / n
     gradients = sum(c.trained * BYTES[c.dtype] for c in sharded.values()) / n
     state = sum(c.trained for c in sharded.values()) * settings.optimizer_state_bytes / n
+    if settings.ema == "GPU":  # each process averages its own shard
+        state += sum(c.trained for c in sharded.values()) * 4.0 / n
     in_flight = max((_unit(c) * (2 * _gathered_bytes(c, settings) + 4.0) for c in sharded.values()), default=0.0)
     held = shards + gradients + state
     offloaded = settings.sharded_cpu_offload and settings.device == "cuda"
@@ -462,7 +464,7 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     resident = whole + cutting + parts.get("overhead", 0.0)
     step = sum(parts.values())
     result = Estimate(max(step, resident), one.step_seconds, parts, device=settings.device, resident_bytes=resident)
-    _add_host(result, counts, settings, {"the shards (sharded_cpu_offload)": held} if offloaded else None)
+    _add_host(result, counts, settings, {"the shards (sharded_cpu_offload)": held} if offloaded else None, 1 / n)
     return result
 
 
@@ -676,7 +678,11 @@ MODES: dict[str, Mode] = {
 
 
 def _add_host(
-    result: Estimate, counts: dict[str, PartCount], settings: Settings, extra: dict[str, float] | None = None
+    result: Estimate,
+    counts: dict[str, PartCount],
+    settings: Settings,
+    extra: dict[str, float] | None = None,
+    share: float = 1.0,
 ) -> None:
     """The process's host RAM, as the trainer holds it (`training/placement.py`, `memory/layer_offload.py`).
 
@@ -700,7 +706,7 @@ def _add_host(
         "their optimizer state (pinned)": sum(c.trained_pinned for c in counts.values())
         * settings.optimizer_state_bytes,
         "offloaded activations": per_sample.block_inputs * settings.batch_size if offloaded_inputs else 0.0,
-        "EMA": sum(c.trained for c in counts.values()) * 4.0 if settings.ema == "CPU" else 0.0,
+        "EMA": sum(c.trained for c in counts.values()) * 4.0 * share if settings.ema == "CPU" else 0.0,
         "caches in memory (at most)": settings.memory_caches * MEMORY_LIMIT_BYTES,
         **(extra or {}),
     }

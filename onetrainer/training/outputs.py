@@ -88,7 +88,6 @@ class Outputs:
         self.placement, self.optimization = placement, optimization
         # SHARDED: every process takes part in gathering the weights for a save and in writing a backup's shards.
         self.sharding = sharding
-        self._said_no_samples = False
         self.last_backup: Path | None = None
         self.backup_step = -1  # the step of the last backup written by this run (or resumed from)
         self.record: ValidationRecord | None = None  # with validation on
@@ -162,20 +161,22 @@ class Outputs:
     def sample(self, p: TrainProgress) -> bool:
         """Render the enabled samples (the EMA's weights, and the trained ones too with `non_ema_sampling`); whether
         any was rendered (the parts are then in eval mode)."""
-        if not self.writes or not any(s.enabled for s in (self.config.samples or [])):
+        # Sharded, every process renders every sample in step with the others (each block's forward gathers its shards
+        # from all of them); rank 0 alone writes what it rendered.
+        if not (self.writes or self.sharding is not None) or not any(s.enabled for s in (self.config.samples or [])):
             return False
-        if self.sharding is not None:  # rank 0 alone would wait for the others' shards of every block
-            if not self._said_no_samples:
-                self._warn("samples are not rendered during a sharded run yet (multi_gpu_mode SHARDED); none is")
-            self._said_no_samples = True
-            return False
-        self._status("sampling")
-        with self.optimization.inference_weights(), self.placement.for_sampling():
+        self.report("sampling")
+        with self.resharded(), self.optimization.inference_weights(), self.placement.for_sampling():
             self._render_samples("", p)
         if self.optimization.ema is not None and self.config.non_ema_sampling:
-            with self.optimization.inference_weights(use_ema=False), self.placement.for_sampling():
+            with self.resharded(), self.optimization.inference_weights(use_ema=False), self.placement.for_sampling():
                 self._render_samples(" - no-ema", p)
         return True
+
+    def resharded(self):
+        """Around computing with the weights outside training (samples, validation): sharded, every part holds its
+        shards alone before and after (`ShardedParts.resharded`)."""
+        return self.sharding.resharded() if self.sharding is not None else contextlib.nullcontext()
 
     def _render_samples(self, suffix: str, p: TrainProgress) -> None:
         ext = self.config.sample_image_format.extension
@@ -193,10 +194,14 @@ class Outputs:
                     self.device,
                     self.config.rescale_noise_scheduler_to_zero_terminal_snr,
                 )
+                if not self.writes:
+                    continue
                 path = save_image(image, folder / name, self.config.sample_image_format.value)
             except Exception as e:  # a preview is never worth the run
                 log.exception("sample %d failed", index)  # the traceback goes to the run's log file
-                self._warn(f"sample {index} ('{sample.prompt + suffix}') failed: {failure_reason(e)}; training goes on")
+                if self.writes:
+                    message = f"sample {index} ('{sample.prompt + suffix}') failed: {failure_reason(e)}"
+                    self._warn(f"{message}; training goes on")
                 release_cached_memory(self.device)
                 continue
             broken = looks_broken(image)
@@ -213,7 +218,9 @@ class Outputs:
         if self.sharding is not None:
             self.report("writing a backup")
             try:
-                shards = self.sharding.write_state(self.workspace.dir("backup"), optimization.optimizer)
+                shards = self.sharding.write_state(
+                    self.workspace.dir("backup"), optimization.optimizer, optimization.ema
+                )
             except Exception as e:  # DCP raises on every process when one cannot write: they go on alike
                 self._warn(f"the backup at step {p.global_step} failed: {failure_reason(e)}")
                 return None
@@ -254,7 +261,10 @@ class Outputs:
     def save(self, p: TrainProgress, validation: ValidationResult | None) -> None:
         """An intermediate save into the workspace's `save` folder; a failure is a warning and training goes on.
         Sharded, every process takes part in gathering the weights, which rank 0 writes."""
-        states = self.sharding.full_state() if self.sharding is not None else None  # every process gathers
+        states = None
+        if self.sharding is not None:
+            with self.optimization.inference_weights():  # every process gathers the weights saved (the EMA's)
+                states = self.sharding.full_state()
         if not self.writes:
             return
         fmt = self.config.output_model_format
@@ -263,7 +273,8 @@ class Outputs:
         path = self.workspace.dir("save") / name
         self._use_validation(validation)
         try:
-            with self.optimization.inference_weights(), self.placement.whole(), self._plain(states):
+            weights = self.optimization.inference_weights() if states is None else contextlib.nullcontext()
+            with weights, self.placement.whole(), self._plain(states):
                 self.method.save_output(path)
         except Exception as e:
             if not is_write_error(e):
@@ -308,6 +319,8 @@ class Outputs:
         always); whether that worked is agreed, so that after a failed write every process writes the backup."""
         destination = Path(self.config.output_model_destination).expanduser()
         failure, error = None, None
+        if self.optimization.ema is not None:
+            self.optimization.ema.copy_to_params()  # the final model takes the averaged weights (each its shard)
         states = self.sharding.full_state()  # every process gathers; a failed or killed one fails it everywhere
         if self.writes:
             self._status("saving the model")

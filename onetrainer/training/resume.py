@@ -48,7 +48,7 @@ def resume(
         try:
             with placement.whole(written=True):
                 progress, state, warnings = restore_backup(
-                    backup, method, optimization.optimizer, optimization.lr_scheduler, sharding
+                    backup, method, optimization.optimizer, optimization.lr_scheduler, sharding, optimization.ema
                 )
         except BackupDamaged as e:
             warn(f"backup {backup.name} is damaged and skipped: {e}")

@@ -43,6 +43,7 @@ import torch
 if TYPE_CHECKING:
     from onetrainer.families.base import Family, LoadedModel
     from onetrainer.training.distributed import Distributed
+    from onetrainer.training.ema import EMA
 
 SHARDED_STATE = "sharded"  # the DCP folder inside a backup
 
@@ -106,14 +107,36 @@ class ShardedParts:
         finally:
             self.model.parts.update(sharded)
 
+    # -- computing outside training: samples, validation ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def resharded(self) -> Iterator[None]:
+        """Every sharded module holds its shards alone before and after the block. FSDP2 keeps a part's outermost
+        weights gathered after a forward (the backward would gather them again), so after sampling or validating with
+        the EMA's average swapped into the shards, the next training step would compute with the average; and the
+        average swapped in while they are gathered would not be seen."""
+        self._reshard()
+        try:
+            yield
+        finally:
+            self._reshard()
+
+    def _reshard(self) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for name in self.parts:
+            for module in self.model.part(name).modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
     # -- backups: DCP shards ------------------------------------------------------------------------------------------
     def _wrapped(self) -> torch.nn.Module:
         """The sharded parts under one module (their names prefixed with the part's), for DCP's state dicts."""
         return torch.nn.ModuleDict({name: self.model.part(name) for name in self.parts})
 
-    def write_state(self, folder: Path, optimizer: torch.optim.Optimizer) -> Path:
-        """Every process writes its shards of the trained weights and the optimizer's state into a new folder in
-        `folder`, named by rank 0 as a temporary one (a killed write leaves what the next run removes); its path."""
+    def write_state(self, folder: Path, optimizer: torch.optim.Optimizer, ema: EMA | None = None) -> Path:
+        """Every process writes its shards of the trained weights, the optimizer's state and the EMA's average (when
+        on) into a new folder in `folder`, named by rank 0 as a temporary one (a killed write leaves what the next run
+        removes); its path."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -122,19 +145,26 @@ class ShardedParts:
             name = f".{SHARDED_STATE}.pid{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         target = Path(folder) / self.dist.broadcast_object(name)
         model_state, optimizer_state = get_state_dict(self._wrapped(), optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        if ema is not None:
+            state["ema"] = ema.shard_state()
         try:
-            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+            dcp.save(state, checkpoint_id=target)
         except BaseException:
             if self.dist.is_main:
                 shutil.rmtree(target, ignore_errors=True)
             raise
         return target
 
-    def read_state(self, folder: Path, optimizer: torch.optim.Optimizer | None) -> None:
+    def read_state(self, folder: Path, optimizer: torch.optim.Optimizer | None, ema: EMA | None = None) -> None:
         """Load the shards a backup holds (`write_state`, by any number of processes: DCP reads each process's share
         of every tensor from the shards that hold it) into the sharded parts and the optimizer (every process; None:
-        the weights alone, the optimizer starts fresh)."""
-        _load_shards(self._wrapped(), folder, optimizer, no_dist=False)
+        the weights alone, the optimizer starts fresh), and the EMA's average into `ema` (None: the backup holds
+        none, or this run keeps none)."""
+        targets = ema.shard_state() if ema is not None else None
+        _load_shards(self._wrapped(), folder, optimizer, no_dist=False, ema=targets)
+        if ema is not None:
+            ema.load_shards(targets)
 
     def read_whole_state(
         self, states: dict[str, dict[str, torch.Tensor]], optimizer_state: dict | None, optimizer: torch.optim.Optimizer
@@ -187,17 +217,28 @@ class ShardedParts:
         )
 
 
-def read_state_whole(parts: dict[str, torch.nn.Module], folder: Path, optimizer: torch.optim.Optimizer | None) -> None:
+def read_state_whole(
+    parts: dict[str, torch.nn.Module], folder: Path, optimizer: torch.optim.Optimizer | None, ema: EMA | None = None
+) -> None:
     """Load a sharded backup's shards (`ShardedParts.write_state`, by any number of processes) into unsharded `parts`
     (name → module, as the sharded run named them) and their optimizer (None: the weights alone), in this process
     alone: DCP reads every tensor whole, no collective (so one process without a process group, or each process of a
-    data-parallel run, resumes it)."""
-    _load_shards(torch.nn.ModuleDict(parts), folder, optimizer, no_dist=True)
+    data-parallel run, resumes it). `ema`: an unsharded EMA that reads the backup's average whole (None: the backup
+    holds none, or this run keeps none)."""
+    targets = ema.whole_targets() if ema is not None else None
+    _load_shards(torch.nn.ModuleDict(parts), folder, optimizer, no_dist=True, ema=targets)
 
 
-def _load_shards(wrapped: torch.nn.Module, folder: Path, optimizer: torch.optim.Optimizer | None, no_dist: bool):
+def _load_shards(
+    wrapped: torch.nn.Module,
+    folder: Path,
+    optimizer: torch.optim.Optimizer | None,
+    no_dist: bool,
+    ema: dict[str, torch.Tensor] | None = None,
+):
     """DCP's load of a backup's `model` (and `optimizer`) state into `wrapped`'s parameters (sharded or not) and
-    `optimizer`, which `get_state_dict` gives the form the shards were written in (parameters named by their path)."""
+    `optimizer`, which `get_state_dict` gives the form the shards were written in (parameters named by their path);
+    `ema`, the EMA's tensors to read its average into in place."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
@@ -213,6 +254,8 @@ def _load_shards(wrapped: torch.nn.Module, folder: Path, optimizer: torch.optim.
     else:
         model_state, optimizer_state = get_state_dict(wrapped, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
+    if ema is not None:
+        state["ema"] = ema
     with warnings.catch_warnings():  # one process without a group: DCP says it assumes so
         warnings.filterwarnings("ignore", message=".*single process")
         dcp.load(state, checkpoint_id=folder, no_dist=no_dist)

@@ -66,6 +66,8 @@ from onetrainer.util.part_dtypes import parts_meet_safely
 from onetrainer.util.threads import MODEL_LIBRARY_LOCK
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from onetrainer.config import TrainConfig
 
 
@@ -608,17 +610,8 @@ class Trainer:
         draws, self.draws = self.draws, SINGLE  # each image's batch whole, on the rank that measures it
         for module in self.model.parts.values():
             module.eval()
-        with torch.no_grad(), self.optimization.inference_weights(), self.placement.for_encoding():
-            for index, batch in self.data.validation_batches(self.with_masks, self.dist.rank, self.dist.world_size):
-                batch = dataclasses.replace(batch, latents=self._latents(batch))  # encoded once for every range
-                losses = []
-                for fraction in fractions:
-                    generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
-                    times = self.model.schedule.validation_times(fraction.repeat(batch.size), self.device)
-                    with autocast(self.device, self.config.train_dtype):
-                        losses.append(float(self.batch_loss(batch, generator, times)))
-                concept = self.config.concepts[self.data.validation_images[index].concept]
-                measured[index] = (concept.name or concept.path, losses)
+        with torch.no_grad(), self.outputs.resharded(), self.optimization.inference_weights():
+            self._validate_each(fractions, measured)
         self.draws = draws
         self._set_train_mode()
         measured = {i: v for part in self.dist.all_gather_object(measured) for i, v in part.items()}
@@ -626,6 +619,39 @@ class Trainer:
         if result is not None:
             self.last_validation = result
         return result
+
+    def _validate_each(self, fractions, measured: dict[int, tuple[str, list[float]]]) -> None:
+        """Measure this rank's share of the validation images into `measured` (index → concept, one loss per range)."""
+        with self.placement.for_encoding():
+            for index, batch, counted in self._validation_batches():
+                batch = dataclasses.replace(batch, latents=self._latents(batch))  # encoded once for every range
+                losses = []
+                for fraction in fractions:
+                    generator = torch.Generator(device="cpu").manual_seed(hash_seed(self.data.seed, index, 0xFA1))
+                    times = self.model.schedule.validation_times(fraction.repeat(batch.size), self.device)
+                    with autocast(self.device, self.config.train_dtype):
+                        losses.append(float(self.batch_loss(batch, generator, times)))
+                if not counted:
+                    continue  # a stand-in's measure (sharded): computed in step with the others, recorded by its rank
+                concept = self.config.concepts[self.data.validation_images[index].concept]
+                measured[index] = (concept.name or concept.path, losses)
+
+    def _validation_batches(self) -> Iterator[tuple[int, Batch, bool]]:
+        """This rank's share of the validation images: (index, batch, whether its loss counts). Sharded, every rank
+        must compute as often as the others (each forward gathers the blocks' shards from all of them): a rank with
+        fewer images (their count does not divide, or one failed to load) measures stand-ins after its own, which do
+        not count, up to the busiest rank's count."""
+        shares = self.data.validation_batches(self.with_masks, self.dist.rank, self.dist.world_size)
+        if self.sharding is None:
+            yield from ((index, batch, True) for index, batch in shares)
+            return
+        own = list(shares)
+        rounds = max(self.dist.all_gather_object(len(own)))
+        yield from ((index, batch, True) for index, batch in own)
+        if len(own) < rounds:
+            index, stand_in = own[-1] if own else next(iter(self.data.validation_batches(self.with_masks)))
+            for _ in range(rounds - len(own)):
+                yield index, stand_in, False
 
     def _checkpoint_validation(self) -> ValidationResult | None:
         """The validation of the weights as they are now, for a checkpoint: the last one when it was at this step,

@@ -83,7 +83,8 @@ def _flux_full_fine_tune():
 def test_a_full_fine_tune_too_big_for_one_gpu_is_sharded_over_the_machines_gpus():
     """On one GPU the fit takes the fused back pass and layer offloading; with 4 GPUs it shards instead (and drops
     the fused back pass, which sharding does not combine with), a change the estimate of the applied config agrees
-    with; with 2 GPUs the shards must wait in host RAM too; beside an EMA (not combined with sharding) it does not."""
+    with; with 2 GPUs the shards must wait in host RAM too. An EMA on the GPU is sharded too: a quarter of its copy
+    on each of 4 GPUs."""
     config = _flux_full_fine_tune()
     alone = fit_to_budget(config, 80 * GIB)
     assert alone.fits and "multi_gpu_mode" not in {c.path for c in alone.changes}
@@ -103,8 +104,16 @@ def test_a_full_fine_tune_too_big_for_one_gpu_is_sharded_over_the_machines_gpus(
     assert two["multi_gpu_mode"] is MultiGpuMode.SHARDED and two["sharded_cpu_offload"] is True
     assert two["device_indexes"] == "0,1"
 
+    without = estimate(config, device="cuda").parts["training state"]
     config.ema = config.ema.__class__("GPU")
-    assert "multi_gpu_mode" not in {c.path for c in fit_to_budget(config, 80 * GIB, gpus=4).changes}
+    copy = estimate(config, device="cuda").parts["training state"] - without  # the EMA's float32 copy, in one process
+    with_ema = fit_to_budget(config, 80 * GIB, gpus=4)
+    assert with_ema.fits and with_ema.estimate.mode == "sharded" and copy > 0
+
+    def shards(fit) -> float:
+        return next(v for k, v in fit.estimate.parts.items() if k.startswith("shards"))
+
+    assert shards(with_ema) - shards(four) == pytest.approx(copy / 4)
 
 
 def _fake_estimate(config) -> Estimate:

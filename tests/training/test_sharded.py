@@ -210,8 +210,10 @@ def test_a_failed_final_save_keeps_the_state_in_a_sharded_backup_that_resumes_ex
 @pytest.mark.slow
 def test_shards_written_by_two_ranks_resume_on_three_and_whole_in_one_process(tmp_path):
     """DCP reshards: a backup's shards written by 2 ranks (`ShardedParts.write_state`, blocks of uneven split: 10 and
-    3 rows) load on 3 (`ShardedParts.read_state`) with every weight and AdamW moment as written, and whole into plain
-    parts in this process, with no process group (`read_state_whole`)."""
+    3 rows) load on 3 (`ShardedParts.read_state`) with every weight, AdamW moment and EMA average as written, and
+    whole into plain parts in this process, with no process group (`read_state_whole`); an unsharded EMA's full
+    average splits over 3 ranks as written."""
+    from onetrainer.training.ema import EMA
     from onetrainer.training.sharding import read_state_whole
     from tests.training import reshard_worker
 
@@ -232,9 +234,16 @@ def test_shards_written_by_two_ranks_resume_on_three_and_whole_in_one_process(tm
         assert all(torch.equal(state[k], read["optimizer"]["state"][name][k]) for k in state)
     assert any(float(v.abs().max()) > 0 for v in written["optimizer"]["state"]["denoiser.0.weight"].values())
 
+    assert len(written["ema"]) == len(read["ema"]) == len(read["split"]) == 6
+    for average, again, split, weight in zip(written["ema"], read["ema"], read["split"], written["model"].values()):
+        assert torch.equal(average, again) and torch.equal(average, split) and not torch.equal(average, weight)
+
     plain = reshard_worker.parts()
-    optimizer = torch.optim.AdamW([p for m in plain.values() for p in m.parameters()], lr=1e-2)
-    read_state_whole(plain, tmp_path / "sharded", optimizer)
+    params = [p for m in plain.values() for p in m.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    ema = EMA(params, 0.9, 1, torch.device("cpu"))
+    read_state_whole(plain, tmp_path / "sharded", optimizer, ema)
+    assert all(torch.equal(a, b) for a, b in zip(ema.shadow, written["ema"]))
     named = {f"{part}.{n}": p for part, m in plain.items() for n, p in m.named_parameters()}
     assert all(torch.equal(p, written["model"][n]) for n, p in named.items())
     for name, param in named.items():
@@ -276,3 +285,76 @@ def test_a_rank_killed_before_the_save_ends_the_app_run_with_its_end_and_writes_
     assert outcome.message.startswith("rank 1 of 2 failed: the process ended (killed by SIGKILL)"), outcome.message
     out = tmp_path / "out"
     assert not out.exists() or list(out.iterdir()) == [], list(out.iterdir())
+
+
+def _averaged_validated_and_sampled(root: Path, config: dict) -> dict:
+    """`config` with an EMA (CPU, updated every step; its warm-up keeps the average well apart from the weights),
+    validation of 3 images each epoch (2 ranks: one measures 2, the other 1 and a stand-in), a sample each epoch and a
+    backup before the save."""
+    folder = root / "validation"
+    folder.mkdir()
+    for path in sorted((root / "images").iterdir())[:6]:  # 3 images and their captions
+        (folder / path.name).write_bytes(path.read_bytes())
+    held_out = {"name": "held out", "path": str(folder), "type": "VALIDATION", "seed": 5}
+    sample = {"prompt": "a red square", "seed": 7, "diffusion_steps": 2, "width": 64, "height": 64, "enabled": True}
+    return {**config, "ema": "CPU", "ema_update_step_interval": 1,
+            "validation": True, "validate_after": 1, "validate_after_unit": "EPOCH",
+            "samples": [sample], "sample_after": 1, "sample_after_unit": "EPOCH", "sample_image_format": "PNG",
+            "backup_before_save": True, "concepts": [*config["concepts"], held_out]}  # fmt: skip
+
+
+def _validation_losses(root: Path) -> dict[int, float]:
+    record = json.loads((root / "workspace" / "validation.json").read_text(encoding="utf-8"))
+    return {v["step"]: v["loss"] for v in record["validations"]}
+
+
+def _samples(root: Path) -> dict:
+    """Each sample's pixels by its folder (the EMA's, the trained weights') and step."""
+    import numpy as np
+    from PIL import Image
+
+    paths = (root / "workspace" / "samples").rglob("*.png")
+    return {
+        (p.parent.name, p.name.split("-training-sample-")[1]): np.asarray(Image.open(p).convert("RGB"), dtype=np.int16)
+        for p in paths
+    }
+
+
+@pytest.mark.slow
+def test_a_sharded_run_keeps_an_ema_validates_and_samples_as_one_process_does(tmp_path):
+    """EMA, validation and samples in a sharded run give what one process gives at the global batch: the final model
+    (the average, each process averaging its shard), every validation loss (the rank with fewer images computing a
+    stand-in in step with the other), the samples (every process rendering, rank 0 writing). The backup's shards hold
+    the average, which one process reads whole: the weights of the final model."""
+    from diffusers import PixArtTransformer2DModel
+
+    from onetrainer.training.ema import EMA
+    from onetrainer.training.sharding import read_state_whole
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    _one_process(_averaged_validated_and_sampled(one, _config(one, batch_size=2, multi_gpu_mode="DATA_PARALLEL")))
+    _torchrun(two, _averaged_validated_and_sampled(two, _config(two)))
+
+    final = _weights(two / "out" / "model")
+    _assert_same(final, _weights(one / "out" / "model"))
+    losses = _validation_losses(two)
+    assert losses.keys() == _validation_losses(one).keys() == {2, 4}
+    assert losses == pytest.approx(_validation_losses(one), rel=1e-4)
+    sharded, alone = _samples(two), _samples(one)
+    assert sharded.keys() == alone.keys() and len(sharded) == 4  # after each epoch, the EMA's and the trained weights'
+    for key, pixels in sharded.items():
+        assert pixels.shape == (64, 64, 3) and int(abs(pixels - alone[key]).max()) <= 2 and pixels.std() > 1, key
+    steps = sorted(k for k in sharded if "no-ema" not in k[0])
+    assert int(abs(sharded[steps[0]] - sharded[steps[1]]).max()) > 2  # the samples follow the training
+
+    (backup,) = (two / "workspace" / "backup").iterdir()
+    transformer = PixArtTransformer2DModel.from_pretrained(
+        tiny_model_dir(VARIANT, cache_root=XDG / "onetrainer") / "transformer"
+    )
+    params = [p for p in transformer.parameters()]
+    ema = EMA(params, 0.999, 1, torch.device("cpu"))
+    read_state_whole({"transformer": transformer}, backup / "sharded", None, ema)
+    names = [n for n, _ in transformer.named_parameters()]
+    for name, average, weight in zip(names, ema.shadow, params):
+        torch.testing.assert_close(average, final[f"transformer/{name}"].float(), rtol=0, atol=0, msg=name)
+        assert not torch.equal(weight, average)  # the backup's weights are the trained ones, apart from the average
