@@ -157,3 +157,30 @@ def test_the_sampling_tool_renders_and_plays_a_video_model_types_clips(app, tmp_
             window.destroy()
     finally:
         undo()
+
+
+def test_a_video_model_type_shows_its_video_format_and_each_samples_frames(app) -> None:
+    from onetrainer.config.enums import ModelType
+    from tests.sampling import video_family
+
+    def shown(form, path: str) -> bool:
+        view = form.view(path)
+        return view is not None and view.visible
+
+    undo = video_family.register()
+    try:
+        app.topbar.choose_model_type(video_family.MODEL_TYPE)
+        tab = app.select_tab("sampling")
+        tab.editor.add_button.invoke()
+        assert shown(tab.form, "sample_video_format")
+        tab.editor.button(0, "…").invoke()
+        assert shown(tab.editor_window.form, "samples.0.frames")
+        tab.editor_window.destroy()
+        app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)  # an image model type: neither applies
+        assert not shown(app.select_tab("sampling").form, "sample_video_format")
+        tab.editor.button(0, "…").invoke()
+        assert not shown(tab.editor_window.form, "samples.0.frames")
+        tab.editor_window.destroy()
+    finally:
+        app.topbar.choose_model_type(ModelType.STABLE_DIFFUSION_15)
+        undo()
