@@ -104,6 +104,11 @@ def gif_bytes(clip: SampleClip, max_side: int | None = None) -> bytes:
         scale = max_side / max(frames[0].size)
         size = (max(1, round(frames[0].width * scale)), max(1, round(frames[0].height * scale)))
         frames = [frame.resize(size, Image.Resampling.LANCZOS) for frame in frames]
+    # Each frame its own 256-colour palette by the fast octree (Pillow's default median cut takes ~0.6 s a frame at
+    # 832x480: 20 s for a 33-frame clip, against 0.7 s so), dithered.
+    frames = [
+        frame.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.FLOYDSTEINBERG) for frame in frames
+    ]
     out = io.BytesIO()
     duration = max(10, round(1000 / clip.fps / 10) * 10)  # GIF delays are hundredths of a second
     frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)
