@@ -47,7 +47,15 @@ class ClipPlayer(ctk.CTkFrame):
 
         self.stop()
         set_picture(self.picture, None, "…")
-        run_in_background(self, lambda: read_clip(path), lambda done: self._loaded(path, done))
+        box = self.box
+
+        def work() -> SampleClip:
+            clip = read_clip(path)
+            for frame in clip.frames:  # made small here, not on the Tk thread (keeping pixels for HiDPI scaling)
+                frame.thumbnail((box[0] * 2, box[1] * 2))
+            return clip
+
+        run_in_background(self, work, lambda done: self._loaded(path, done))
 
     def _loaded(self, path: Path, done: BackgroundResult) -> None:
         if not self.winfo_exists():
