@@ -1,4 +1,6 @@
 """The latest sample images: the newest image of each sample, from the trainer's events or the workspace folder.
+A video model's samples are clips (a video file, or an image sequence folder: `onetrainer/sampling/clip_files.py`),
+listed as images are.
 
 The trainer writes each sample's images into `workspace_dir/samples/<index> - <prompt>[ - no-ema]/`; that folder name
 identifies a sample here, for images heard of through `SampleReady` events and found on disk alike. No Tk.
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onetrainer.data.images import IMAGE_EXTENSIONS
+from onetrainer.sampling.clip_files import CLIP_SUFFIXES, is_clip
 from onetrainer.training.events import SampleReady
 
 SAMPLES_FOLDER = "samples"
@@ -27,13 +30,26 @@ class SampleImage:
     path: Path
     step: int | None = None  # known when heard of through an event
 
+    @property
+    def clip(self) -> bool:
+        """Whether the sample is a clip (a video model's), shown as its first frame with a play control."""
+        return is_clip(self.path)
+
 
 def sample_history(folder: Path) -> list[Path]:
-    """The images of one sample's folder, oldest first."""
+    """The images (and clips) of one sample's folder, oldest first."""
     if not folder.is_dir():
         return []
-    images = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
+    images = [p for p in folder.iterdir() if _is_sample(p)]
     return sorted(images, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def _is_sample(path: Path) -> bool:
+    if path.name.startswith("."):  # a write in progress (`util/fs.py`'s temporary siblings)
+        return False
+    if path.is_file():
+        return path.suffix.lower() in (*IMAGE_EXTENSIONS, *CLIP_SUFFIXES)
+    return is_clip(path)  # an image sequence folder
 
 
 def scan_samples(workspace_dir: str | Path) -> dict[str, SampleImage]:

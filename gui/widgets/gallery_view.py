@@ -1,4 +1,5 @@
-"""The latest samples on the sampling tab: a tile per sample (its newest image); a click shows it large.
+"""The latest samples on the sampling tab: a tile per sample (its newest image; a clip's first frame, marked "▶ clip");
+a click shows it large (a clip plays).
 
 A new sample changes its own tile only, and the image is decoded and made small on a worker thread: a real model's
 samples are megapixel files, and decoding them on the Tk thread held the window's input back at every sample."""
@@ -99,7 +100,8 @@ class GalleryView:
             picture, lambda: thumbnail_image(image.path, TILE_BOX), lambda done: _show_picture(picture, image, done)
         )
         step = f"step {image.step}" if image.step is not None else _shorten(image.path.stem, 18)
-        caption = f"#{image.index + 1} · {step}\n{_shorten(image.prompt, 22)}"
+        clip = " · ▶ clip" if image.clip else ""  # a click plays it (the viewer)
+        caption = f"#{image.index + 1} · {step}{clip}\n{_shorten(image.prompt, 22)}"
         text = ctk.CTkLabel(tile, text=caption, justify="left", anchor="w", text_color=MUTED_TEXT)
         text.grid(row=1, column=0, sticky="w", padx=6, pady=(0, 6))
         for widget in (tile, picture, text):

@@ -25,9 +25,12 @@ def fitted(image: Image.Image, box: tuple[int, int], upscale: bool = True) -> ct
 
 
 def thumbnail_image(path: Path, box: tuple[int, int]) -> Image.Image | None:
-    """The image file at `path` decoded and made small (no Tk: a worker thread may call it); None when unreadable."""
+    """The image file at `path` decoded and made small (no Tk: a worker thread may call it); a sample clip's first
+    frame; None when unreadable."""
+    from onetrainer.sampling.clip_files import is_clip, read_clip
+
     try:
-        image = open_rgb(path)
+        image = read_clip(path, max_frames=1).first if is_clip(path) else open_rgb(path)
     except (OSError, UnidentifiedImageError, ValueError):
         return None
     image.thumbnail((box[0] * 2, box[1] * 2))  # keep some pixels for HiDPI scaling

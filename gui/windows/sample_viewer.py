@@ -1,4 +1,5 @@
-"""A sample's images, large, with previous / next through the run's history of that sample."""
+"""A sample's images, large, with previous / next through the run's history of that sample; a clip (a video model's
+sample) plays in place of the image, looping, with play / pause and frame steps."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import customtkinter as ctk
 from PIL import UnidentifiedImageError
 
 from gui.gallery import SampleImage, sample_history
+from gui.widgets.clip_player import ClipPlayer
 from gui.widgets.pictures import fitted, set_picture
 from gui.window_position import place_over
 from onetrainer.data.images import open_rgb
+from onetrainer.sampling.clip_files import is_clip
 
 VIEW_BOX = (640, 640)
 
@@ -32,6 +35,7 @@ class SampleViewerWindow(ctk.CTkToplevel):
         self.caption.pack(side="left", padx=8)
         self.picture = ctk.CTkLabel(self, text="")
         self.picture.grid(row=1, column=0, sticky="nsew", padx=10, pady=10)
+        self.player = ClipPlayer(self, VIEW_BOX)  # shown in the picture's place for a clip
         self.history: list[Path] = sample_history(sample.path.parent) or [sample.path]
         self.position = self.history.index(sample.path) if sample.path in self.history else len(self.history) - 1
         self.show()
@@ -44,6 +48,14 @@ class SampleViewerWindow(ctk.CTkToplevel):
     def show(self) -> None:
         path = self.history[self.position]
         self.caption.configure(text=f"{path.name}  ({self.position + 1} / {len(self.history)})")
+        if is_clip(path):
+            self.picture.grid_remove()
+            self.player.grid(row=1, column=0, sticky="nsew", padx=10, pady=10)
+            self.player.load(path)
+            return
+        self.player.stop()
+        self.player.grid_remove()
+        self.picture.grid()
         try:
             set_picture(self.picture, fitted(open_rgb(path), VIEW_BOX))
         except (OSError, UnidentifiedImageError) as e:

@@ -1,10 +1,11 @@
 """The tools tab's sampling window: render from a chosen model with a LoRA and embeddings, outside training.
 
 It builds `scripts/sample.py`'s arguments and renders through the same code (`onetrainer.cli.sample.render_images`)
-on a worker thread, and shows the images. Opened from the app, it starts from the current config: its model type and
-base model, the LoRA or embedding it trains (once that file exists), its first sample's prompt and settings, and the
-workspace's `samples/sampling-tool` folder for the images; what the config does not give comes from the last use
-(kept in the app's state folder).
+on a worker thread, and shows the images (a video model type's clips play in place, looping). Opened from the app,
+it starts from the current config: its model type and base model, the LoRA or embedding it trains (once that file
+exists), its first sample's prompt and settings (a video model type's: its frames, and the config's video format),
+and the workspace's `samples/sampling-tool` folder for the images; what the config does not give comes from the last
+use (kept in the app's state folder).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from PIL import Image
 from gui.background import BackgroundResult, run_in_background
 from gui.dialogs import MODEL_FILES
 from gui.state import state_dir
+from gui.widgets.clip_player import ClipPlayer
 from gui.widgets.model_type_menu import ModelTypeMenu, trained_output
 from gui.widgets.path_entry import PathEntry, in_window_terms
 from gui.window_position import place_over
 from onetrainer.config import TrainConfig, TrainingMethod
-from onetrainer.config.enums import NoiseScheduler
+from onetrainer.config.enums import NoiseScheduler, VideoFormat
+from onetrainer.sampling.clip_files import is_clip
 from onetrainer.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 SETTINGS_NAME = "sampling-tool.json"
 ERROR_TEXT = ("#b00020", "#ff6b6b")
 THUMBNAIL = 192
+CLIP_CONTROLS = 40  # the height of a clip's play controls, under its picture in the same row
 # (key, label, default): text fields, in the order shown; numbers are checked before rendering.
 TEXT_FIELDS = (
     ("base_model", "Base model", ""),
@@ -46,6 +50,7 @@ TEXT_FIELDS = (
     ("cfg_scale", "CFG scale", "7"),
     ("seed", "Seed", "42"),
     ("count", "Images", "1"),
+    ("frames", "Frames (video models)", ""),
     ("device", "Device", ""),
     ("output", "Output folder", ""),
 )
@@ -70,6 +75,8 @@ OPTION_FIELDS = {
     "--device": "Device",
     "--output": "Output folder",
     "--sampler": "Sampler",
+    "--frames": "Frames",
+    "--video-format": "Video format",
 }
 
 
@@ -77,6 +84,14 @@ def output_folder(config: TrainConfig) -> Path:
     """Where the window writes for `config`: `<workspace_dir>/samples/sampling-tool` (never the folder the app was
     started from)."""
     return Path(config.workspace_dir).expanduser() / "samples" / OUTPUT_FOLDER
+
+
+def _video(model_type) -> bool:
+    """Whether the model type renders clips (its family declares `FamilyInfo.video`)."""
+    from onetrainer.config.model_types import MODEL_TYPES
+
+    info = MODEL_TYPES.get(model_type)
+    return info is not None and info.family.video is not None
 
 
 def _count(n: int, noun: str) -> str:
@@ -95,6 +110,7 @@ class SamplingWindow(ctk.CTkToplevel):
         self.job = None
         self.images: list[Path] = []
         self._thumbnails: list[ctk.CTkImage] = []
+        self.players: list[ClipPlayer] = []  # the rendered clips, playing
         self.grid_columnconfigure(1, weight=1)
         row = 0
         # The menu shows the labels the main window shows ("SD 1.5"); arguments take the model type's name.
@@ -122,6 +138,13 @@ class SamplingWindow(ctk.CTkToplevel):
         self.sampler = ctk.CTkOptionMenu(self, values=[s.value for s in NoiseScheduler])
         self.sampler.set(NoiseScheduler.DDIM.value)
         self.sampler.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
+        row += 1
+        ctk.CTkLabel(self, text="Video format (video models)", anchor="w").grid(
+            row=row, column=0, sticky="w", padx=(12, 6), pady=3
+        )
+        self.video_format = ctk.CTkOptionMenu(self, values=[f.value for f in VideoFormat])
+        self.video_format.set(VideoFormat.MP4.value)
+        self.video_format.grid(row=row, column=1, sticky="ew", padx=(0, 12), pady=3)
         row += 1
         self.render_button = ctk.CTkButton(self, text="Render", width=120, command=self.render)
         self.render_button.grid(row=row, column=0, columnspan=2, sticky="w", padx=12, pady=(10, 4))
@@ -160,12 +183,16 @@ class SamplingWindow(ctk.CTkToplevel):
                                ("seed", sample.seed)):  # fmt: skip
                 self._set(key, f"{value:g}" if isinstance(value, float) else str(value))
             self.sampler.set(sample.noise_scheduler.value)
+            if _video(config.model_type):
+                self._set("frames", str(sample.frames))
+        self.video_format.set(config.sample_video_format.value)
 
     # -- settings -------------------------------------------------------------------------------------------------
 
     def settings(self) -> dict[str, str]:
         values = {key: entry.get() for key, entry in self.entries.items()}
         values.update(model_type=self.model_type.model_type.value, sampler=self.sampler.get())
+        values["video_format"] = self.video_format.get()
         return values
 
     def load_settings(self) -> None:
@@ -182,6 +209,8 @@ class SamplingWindow(ctk.CTkToplevel):
             self.model_type.set_model_type(saved["model_type"])
         if saved.get("sampler") in self.sampler.cget("values"):
             self.sampler.set(saved["sampler"])
+        if saved.get("video_format") in self.video_format.cget("values"):
+            self.video_format.set(saved["video_format"])
 
     def save_settings(self) -> None:
         with contextlib.suppress(OSError):  # remembering the settings is a convenience; rendering goes on
@@ -212,6 +241,13 @@ class SamplingWindow(ctk.CTkToplevel):
         for key, option in (("width", "--width"), ("height", "--height"), ("steps", "--steps"),
                             ("cfg_scale", "--cfg-scale"), ("seed", "--seed"), ("count", "--count")):  # fmt: skip
             args += [option, values[key].strip()]
+        if _video(self.model_type.model_type):  # an image model type renders images: no frames, no video format
+            frames = values["frames"].strip()
+            if frames:
+                if not frames.isdigit():
+                    raise ValueError(f"Frames: '{values['frames']}' is not a number")
+                args += ["--frames", frames]
+            args += ["--video-format", values["video_format"]]
         if values["device"].strip():
             args += ["--device", values["device"].strip()]
         if not values["output"].strip():
@@ -244,7 +280,8 @@ class SamplingWindow(ctk.CTkToplevel):
             self._show(in_window_terms(str(result.error), OPTION_FIELDS), error=True)
             return
         self.images = list(result.value)
-        where = f"{_count(len(self.images), 'image')}: {self.images[0].parent}" if self.images else "nothing rendered"
+        noun = "clip" if any(is_clip(path) for path in self.images) else "image"
+        where = f"{_count(len(self.images), noun)}: {self.images[0].parent}" if self.images else "nothing rendered"
         self._show(where)
         self._show_images()
 
@@ -252,7 +289,14 @@ class SamplingWindow(ctk.CTkToplevel):
         for child in self.gallery.winfo_children():
             child.destroy()
         self._thumbnails = []
+        self.players = []
         for column, path in enumerate(self.images):
+            if is_clip(path):
+                player = ClipPlayer(self.gallery, (THUMBNAIL, THUMBNAIL - CLIP_CONTROLS))
+                player.grid(row=0, column=column, padx=4, pady=4)
+                player.load(path)
+                self.players.append(player)
+                continue
             with Image.open(path) as opened:
                 image = opened.convert("RGB")
             image.thumbnail((THUMBNAIL, THUMBNAIL))

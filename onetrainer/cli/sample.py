@@ -1,4 +1,5 @@
-"""`scripts/sample.py`: render images from a model, optionally with a LoRA and embeddings, without the GUI.
+"""`scripts/sample.py`: render images (a video model type: clips) from a model, optionally with a LoRA and
+embeddings, without the GUI.
 
 Loading and rendering go through the trainer's own code (the family's `load`, the training method that applies a
 LoRA or embedding file, `onetrainer.sampling.sampler.render`), so an image rendered here with a sample's settings is
@@ -26,7 +27,7 @@ from onetrainer.config import (
     errors,
     load_layers,
 )
-from onetrainer.config.enums import DataType, NoiseScheduler
+from onetrainer.config.enums import DataType, NoiseScheduler, VideoFormat
 from onetrainer.config.io import read_side_file
 from onetrainer.config.model_types import SUPPORTED_MODEL_TYPES, all_parts, model_type_info
 from onetrainer.util.threads import MODEL_LIBRARY_LOCK
@@ -36,6 +37,7 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+VIDEO_SUFFIXES = {".mp4": VideoFormat.MP4, ".webm": VideoFormat.WEBM, ".gif": VideoFormat.GIF}
 DTYPES = (DataType.FLOAT_32, DataType.FLOAT_16, DataType.BFLOAT_16)
 # Where the trainer writes a placeholder into its embedding files; A1111 files have none and use the file name.
 PLACEHOLDER_KEY = "onetrainer.placeholder"
@@ -63,6 +65,11 @@ name without extension (as AUTOMATIC1111 does). Embeddings bundled in the LoRA
 file are applied under their own placeholders.
 The output: one image goes to --output when it ends in .png, .jpg or .webp;
 otherwise --output is a folder, which receives <index>-<prompt>-<seed>.png.
+A video model type renders clips of --frames frames (else the sample's), in
+--video-format (else the config's sample_video_format, MP4); one clip goes to
+--output when it ends in .mp4, .webm or .gif (which give the format), else the
+folder receives <index>-<prompt>-<seed>.mp4 (.webm, .gif; an image sequence
+is a folder of frames).
 Each path written is printed on its own line.
 Exit codes: 0 done, 1 the model, LoRA or embedding cannot be loaded or a
 render failed, 2 invalid arguments or config.
@@ -124,6 +131,9 @@ def build_parser(prog: str = "sample.py") -> argparse.ArgumentParser:
     )
     prompt.add_argument("--mask-image", metavar="FILE", help="inpainting models: white = paint here")
     prompt.add_argument("--count", type=int, default=1, metavar="N", help="images per prompt (default: 1)")
+    prompt.add_argument(
+        "--frames", type=int, metavar="N", help="video model types: the clip's length in frames (4k + 1: 1, 5, 9, ...)"
+    )
 
     run = parser.add_argument_group("output")
     run.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, mps (default: cuda when available)")
@@ -134,7 +144,15 @@ def build_parser(prog: str = "sample.py") -> argparse.ArgumentParser:
         help="the weight data type of every part: FLOAT_32, FLOAT_16 or BFLOAT_16 (default: the config's, else "
         "FLOAT_32)",
     )
-    run.add_argument("--output", metavar="PATH", required=True, help="an image file (one image) or a folder")
+    run.add_argument(
+        "--video-format",
+        metavar="FORMAT",
+        choices=[f.value for f in VideoFormat],
+        help=f"video model types: one of {', '.join(f.value for f in VideoFormat)} (default: the config's, else MP4)",
+    )
+    run.add_argument(
+        "--output", metavar="PATH", required=True, help="an image or clip file (one image or clip) or a folder"
+    )
     return parser
 
 
@@ -201,6 +219,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
             raise UsageError(f"unknown model type '{args.model_type}' (see the list in --help)") from None
     if args.base_model:
         config.base_model_name = args.base_model
+    if args.video_format:
+        config.sample_video_format = VideoFormat(args.video_format)
     if args.clip_skip is not None:
         if args.clip_skip < 0:
             raise UsageError("--clip-skip cannot be negative")
@@ -247,6 +267,7 @@ def _jobs(args: argparse.Namespace, config: TrainConfig) -> list[_Job]:
             raise UsageError(f"the CFG scale cannot be negative ({sample.cfg_scale})")
         if sample.sample_inpainting and not info.inpainting:
             raise UsageError(f"{info.label} is not an inpainting model: --base-image and --mask-image do not apply")
+        _check_frames(sample, args, info)
 
     rendered: list[SampleConfig] = []
     for sample in samples:
@@ -258,14 +279,32 @@ def _jobs(args: argparse.Namespace, config: TrainConfig) -> list[_Job]:
             rendered.append(one)
 
     output = Path(args.output).expanduser()
-    if output.suffix.lower() in IMAGE_SUFFIXES and not output.is_dir():
+    video = info.family.video is not None
+    if output.suffix.lower() in VIDEO_SUFFIXES and not output.is_dir() and not video:
+        raise UsageError(f"{info.label} renders images, not clips: --output {output} needs .png, .jpg or .webp")
+    if output.suffix.lower() in (*IMAGE_SUFFIXES, *VIDEO_SUFFIXES) and not output.is_dir():
         if len(rendered) > 1:
-            raise UsageError(f"{len(rendered)} images are rendered: --output must be a folder, not {output}")
+            what = "clips" if video else "images"
+            raise UsageError(f"{len(rendered)} {what} are rendered: --output must be a folder, not {output}")
         return [_Job(rendered[0], output, defaults_only)]
     return [
         _Job(sample, output / f"{index}-{safe_name(sample.prompt)}-{sample.seed}.png", defaults_only)
         for index, sample in enumerate(rendered)
     ]
+
+
+def _check_frames(sample: SampleConfig, args: argparse.Namespace, info) -> None:
+    """A clip's frame count must be one the video family renders; an image model type takes no --frames."""
+    from onetrainer.config.validation import frame_count_message
+
+    counts = info.family.video
+    if counts is None:
+        if args.frames is not None:
+            raise UsageError(f"--frames: {info.label} renders images, not clips")
+        return
+    if not counts.takes(sample.frames):
+        where = "--frames" if args.frames is not None else "the sample's frames"
+        raise UsageError(f"{where}: {frame_count_message(sample.frames, info.family)}")
 
 
 def _default_sample(model_type: ModelType) -> SampleConfig:
@@ -301,6 +340,7 @@ def _apply_arguments(sample: SampleConfig, args: argparse.Namespace, depth_input
         "seed": args.seed,
         "random_seed": args.random_seed,
         "noise_scheduler": NoiseScheduler(args.sampler) if args.sampler else None,
+        "frames": args.frames,
     }
     for name, value in given.items():
         if value is not None:
@@ -473,7 +513,7 @@ def _reason(error: Exception) -> str:
 def _render_all(
     family, model, method, device, config: TrainConfig, jobs: list[_Job], report: Callable[[Path], None]
 ) -> None:
-    from onetrainer.sampling.sampler import looks_broken, render, save_image
+    from onetrainer.sampling.sampler import looks_broken, render, save_sample
 
     for number, job in enumerate(jobs, start=1):
         sample = job.sample
@@ -490,8 +530,9 @@ def _render_all(
         except Exception as e:
             raise SampleError(f"rendering {sample.prompt!r} failed: {type(e).__name__}: {e}") from e
         fmt = "JPG" if job.path.suffix.lower() in (".jpg", ".jpeg") else "PNG"
+        video_format = VIDEO_SUFFIXES.get(job.path.suffix.lower(), config.sample_video_format)
         try:
-            path = save_image(image, job.path, fmt)
+            path = save_sample(image, job.path, fmt, video_format)
         except OSError as e:
             raise SampleError(f"cannot write {job.path}: {e.strerror or e}") from e
         broken = looks_broken(image)

@@ -273,6 +273,22 @@ class ImageFormat(ConfigEnum):
         return ".png" if self is ImageFormat.PNG else ".jpg"
 
 
+class VideoFormat(ConfigEnum):
+    """How a video model's sample clip is written (`sampling/clip_files.py`). OneTrainer's spellings (MP4 and the
+    image sequences) plus WEBM and GIF; an image sequence is a folder of numbered frames."""
+
+    MP4 = "MP4"
+    WEBM = "WEBM"
+    GIF = "GIF"
+    PNG_IMAGE_SEQUENCE = "PNG_IMAGE_SEQUENCE"
+    JPG_IMAGE_SEQUENCE = "JPG_IMAGE_SEQUENCE"
+
+    @property
+    def extension(self) -> str:
+        """The file's suffix; "" for an image sequence (a folder)."""
+        return {VideoFormat.MP4: ".mp4", VideoFormat.WEBM: ".webm", VideoFormat.GIF: ".gif"}.get(self, "")
+
+
 class TimeUnit(ConfigEnum):
     EPOCH = "EPOCH"
     STEP = "STEP"

@@ -13,6 +13,13 @@ OFFERED_SCHEDULERS = tuple(NoiseScheduler)
 _NEW_SIZE = "A sample added in the window starts at the training resolution (the largest, where it lists several)."
 
 
+def video_model(ctx) -> bool:
+    """Whether the model type renders clips (its family declares `FamilyInfo.video`): video samples' settings apply."""
+    from onetrainer.config.model_types import family_of
+
+    return family_of(ctx.model_type).video is not None
+
+
 def _from_training(label: str, default, source: str):
     """A OneTrainer sample setting that OneTrainer overwrites from the training config's `source` before each sample."""
     why = (
@@ -102,8 +109,11 @@ class SampleConfig(ConfigNode):
     frames: int = setting(
         1,
         "Frames",
-        "OneTrainer: a video sample's frames; video models are not built yet (the video issue).",
-        ignored=True,
+        "The sample's length in frames: a count the model's VAE takes (4k + 1 for the causal video VAEs: 1, 5, 9, …); "
+        "the clip is written in the sampling tab's Video format. Image model types ignore it, as OneTrainer's do.",
+        minimum=1,
+        when=video_model,
+        when_text="video model types",
     )
     length: float = setting(
         10.0, "Length", "OneTrainer: an audio/video sample's length; video models are not built yet.", ignored=True

@@ -27,6 +27,7 @@ from onetrainer.config.enums import (
     TimestepDistribution,
     TimeUnit,
     TrainingMethod,
+    VideoFormat,
 )
 from onetrainer.config.migrations import CURRENT_VERSION, TRAIN_CONFIG_MIGRATIONS, TRAIN_CONFIG_RENAMED_KEYS
 from onetrainer.config.model_types import (
@@ -44,7 +45,7 @@ from onetrainer.config.model_types import (
 from onetrainer.config.optimizer_config import TrainOptimizerConfig
 from onetrainer.config.parts import PART_FACTORIES, ModelPartConfig, new_part_block
 from onetrainer.config.quantization_config import QuantizationConfig
-from onetrainer.config.sample_config import SampleConfig
+from onetrainer.config.sample_config import SampleConfig, video_model
 from onetrainer.config.schema import ConfigNode, node, setting
 
 LORA = frozenset({TrainingMethod.LORA})
@@ -1017,6 +1018,16 @@ class TrainConfig(ConfigNode):
     sample_image_format: ImageFormat = setting(
         ImageFormat.JPG, "Image format", "PNG or JPG.", tab="sampling", group="Sampling"
     )
+    sample_video_format: VideoFormat = setting(
+        VideoFormat.MP4,
+        "Video format",
+        "How a video model's sample clips are written: MP4 (H.264), WEBM (VP9), GIF (plays anywhere, 256 colours), or "
+        "a folder of PNG or JPG frames (PNG_IMAGE_SEQUENCE, JPG_IMAGE_SEQUENCE).",
+        tab="sampling",
+        group="Sampling",
+        when=video_model,
+        when_text="video model types",
+    )
     non_ema_sampling: bool = setting(
         True,
         "Non-EMA sampling",
@@ -1294,7 +1305,6 @@ class TrainConfig(ConfigNode):
     frames: str = _ot("frames", "25", _VIDEO)
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None, _SEQUENCE)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None, _SEQUENCE)
-    sample_video_format: str = _ot("sample_video_format", "MP4", _VIDEO)
     sample_audio_format: str = _ot(
         "sample_audio_format", "MP3", "for OneTrainer's audio-and-video samples; no model type here makes sound"
     )

@@ -300,12 +300,26 @@ def _sample_size_rules(config: TrainConfig) -> list[Problem]:
                 lower = max(step, pixels // step * step)
                 message = f"must be a multiple of {step} for {family.label} (try {lower} or {lower + step})"
                 problems.append(Problem(f"samples.{i}.{side}", message))
+        if family.video is not None and not family.video.takes(sample.frames):
+            problems.append(Problem(f"samples.{i}.frames", frame_count_message(sample.frames, family)))
+        elif family.video is None and sample.frames != 1:  # a OneTrainer video sample on an image model type
+            message = f"{family.label} renders images: the sample's {sample.frames} frames are ignored"
+            problems.append(Problem(f"samples.{i}.frames", message, Severity.WARNING))
         if sample.skip_guidance_layers.strip():
             try:
                 skip_guidance_layers(sample.skip_guidance_layers)
             except ValueError as e:
                 problems.append(Problem(f"samples.{i}.skip_guidance_layers", str(e)))
     return problems
+
+
+def frame_count_message(frames: int, family) -> str:
+    """Why a sample's frame count is not one the video family renders, with the nearest counts it does."""
+    counts = family.video
+    lower = counts.at_most(frames) or counts.smallest
+    nearest = f"{lower} or {lower + counts.step}" if lower < frames else str(lower)
+    first = ", ".join(str(counts.offset + k * counts.step) for k in range(3))
+    return f"{frames} frames is not a count {family.label} renders ({counts}: {first}, …); try {nearest}"
 
 
 def _sample_reference_rules(config: TrainConfig, family) -> list[Problem]:

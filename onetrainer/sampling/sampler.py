@@ -1,4 +1,5 @@
-"""Rendering sample images from a live model (during training) or a loaded one (the sampling script)."""
+"""Rendering samples from a live model (during training) or a loaded one (the sampling script): an image, or a video
+family's `SampleClip`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from onetrainer.sampling.clip import SampleClip
 from onetrainer.util.part_dtypes import parts_meet_safely
 
 log = logging.getLogger(__name__)
@@ -17,9 +19,9 @@ NOT_FINITE = "onetrainer.not_finite"  # Image.info key: the decoded sample held 
 
 
 def render(family, model, sample, apply_embeddings=lambda text: text, device="cpu", zero_terminal_snr=None):
-    """One image for a sample definition, rendered by the family (`family.sample`) with every part in eval mode; the
-    model's modules are used as they are (adapters included), each computing in its own dtype (a half-precision
-    denoiser hands its latents to a float32 VAE).
+    """One image (a video family: a `SampleClip`) for a sample definition, rendered by the family (`family.sample`)
+    with every part in eval mode; the model's modules are used as they are (adapters included), each computing in its
+    own dtype (a half-precision denoiser hands its latents to a float32 VAE).
     `zero_terminal_snr`: None = the model's schedule's."""
     if zero_terminal_snr is None:
         zero_terminal_snr = model.schedule.zero_terminal_snr
@@ -84,13 +86,15 @@ def to_image(array: np.ndarray) -> Image.Image:
     return image
 
 
-def looks_broken(image: Image.Image) -> str | None:
-    """A reason when a sample is all black or not a number (usually an fp16 VAE), else None."""
-    if image.info.get(NOT_FINITE):
+def looks_broken(sample: Image.Image | SampleClip) -> str | None:
+    """A reason when a sample (an image, or every frame of a clip) is all black or not a number (usually an fp16 VAE),
+    else None."""
+    frames = sample.frames if isinstance(sample, SampleClip) else [sample]
+    if any(frame.info.get(NOT_FINITE) for frame in frames):
         return "the sample decoded to NaN (not a number)"
-    array = np.asarray(image)
-    if array.size and array.max() == 0:
-        return "the sample is all black"
+    arrays = [np.asarray(frame) for frame in frames]
+    if all(array.size for array in arrays) and all(array.max() == 0 for array in arrays):
+        return "the sample is all black" if len(frames) == 1 else "every frame of the sample clip is all black"
     return None
 
 
@@ -101,3 +105,14 @@ def save_image(image: Image.Image, path: Path, fmt: str) -> Path:
     else:
         image.save(path)
     return path
+
+
+def save_sample(sample: Image.Image | SampleClip, path: Path, image_format: str, video_format) -> Path:
+    """A rendered sample written at `path`: an image in `image_format` (the path as it is), a video family's clip in
+    `video_format` (`VideoFormat`: the path's suffix becomes the format's, `sampling/clip_files.py`); the path
+    written."""
+    if isinstance(sample, SampleClip):
+        from onetrainer.sampling.clip_files import write_clip
+
+        return write_clip(sample, path, video_format)
+    return save_image(sample, path, image_format)

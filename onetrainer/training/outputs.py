@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
+from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_sample
 from onetrainer.training.checkpoint import run_identity, write_backup
 from onetrainer.training.devices import release_cached_memory
 from onetrainer.training.events import BestCheckpoint, SampleReady, Scalars, Status, Validated, Warning_
@@ -196,7 +196,9 @@ class Outputs:
                 )
                 if not self.writes:
                     continue
-                path = save_image(image, folder / name, self.config.sample_image_format.value)
+                path = save_sample(
+                    image, folder / name, self.config.sample_image_format.value, self.config.sample_video_format
+                )
             except Exception as e:  # a preview is never worth the run
                 log.exception("sample %d failed", index)  # the traceback goes to the run's log file
                 if self.writes:

@@ -121,6 +121,10 @@ class TensorBoardSink:
         from PIL import Image
         from torch.utils.tensorboard.summary import image
 
+        from onetrainer.sampling.clip_files import is_clip
+
+        if is_clip(event.path):
+            return _animated_image(tag, Path(event.path))
         with Image.open(event.path) as opened:
             array = np.asarray(opened.convert("RGB"))
         return image(tag, array, dataformats="HWC")
@@ -133,6 +137,27 @@ class TensorBoardSink:
 
     def _write(self, record) -> None:
         self._records.write(record.SerializeToString())
+
+
+TENSORBOARD_CLIP_SIDE = 512  # a clip's animated preview is scaled down to this longest side (a GIF of full-size frames
+# would be tens of MB per sample)
+
+
+def _animated_image(tag: str, path: Path):
+    """A sample clip as TensorBoard's image plugin shows a video: an image summary holding an animated GIF (what
+    `SummaryWriter.add_video` writes, without the moviepy it needs)."""
+    import io
+
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    from onetrainer.sampling.clip_files import gif_bytes, read_clip
+
+    data = gif_bytes(read_clip(path), TENSORBOARD_CLIP_SIDE)
+    with Image.open(io.BytesIO(data)) as opened:
+        width, height = opened.size
+    picture = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
+    return Summary(value=[Summary.Value(tag=tag, image=picture)])
 
 
 def _image_tag(event: SampleReady) -> str:

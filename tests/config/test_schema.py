@@ -102,8 +102,10 @@ def test_a_onetrainer_samples_copies_of_training_settings_load_quietly_and_every
               "transformer_attention_mask": True, "force_last_timestep": True}  # fmt: skip
     config, problems = config_from_dict({"samples": [sample]})
     assert problems == [] and config.samples[0].prompt == "a cat"
-    _, loud = config_from_dict({"samples": [{"prompt": "a clip", "frames": 49}]})  # a video sample: no video here
-    assert [p.path for p in loud] == ["samples.0.frames"]
+    # a video sample on an image model type: its frames apply to video model types only, and loading says so
+    _, [loud] = config_from_dict({"samples": [{"prompt": "a clip", "frames": 49}]})
+    assert loud.path == "samples.0.frames" and loud.severity is Severity.WARNING
+    assert "renders images: the sample's 49 frames are ignored" in loud.message
     lines = [line for line in _ignored_section().splitlines() if line.startswith("- `")]
     assert lines and all(": " in line and len(line.partition(": ")[2]) > 20 for line in lines)
     assert not [line for line in lines if line.endswith("'.") or line.endswith(": OneTrainer.")]  # a reason each
