@@ -257,12 +257,20 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
     if trial.multi_gpu and trial.multi_gpu_mode is MultiGpuMode.SHARDED:
         return
     base = trial.copy()
-    undone = [c for c in fit.changes if c.path == "optimizer.fused_back_pass"]
-    base.optimizer.fused_back_pass = undone[0].before if undone else base.optimizer.fused_back_pass
+    trained = [p for p in _roles(base) if getattr(base.part(p), "train", False)]
+    # What sharding replaces, undone where an earlier step of the fit took it: the fused back pass, the trained parts'
+    # layer offloading (their shards are on each GPU, or in host RAM with `sharded_cpu_offload`).
+    replaced = {"optimizer.fused_back_pass", *(f"{p}.offload_fraction" for p in trained)}
+    undone = [c for c in fit.changes if c.path in replaced]
+    for change in undone:
+        _set_value(base, Change(change.path, change.after, change.before, ""))
     listed = [i.strip() for i in base.device_indexes.split(",") if i.strip()]
     if not (base.multi_gpu and len(listed) >= 2):  # the GPUs the config lists for several processes, else all
         base.device_indexes = ",".join(str(i) for i in range(gpus))
     base.multi_gpu, base.multi_gpu_mode = True, MultiGpuMode.SHARDED
+    needed = _sharding_needs(base, trained)
+    for path, value, _why in needed:
+        _set_value(base, Change(path, get_path(base, path), value, ""))
     if any(p.is_error for p in check_sharded(base)):
         return
     for extra in SHARDED_WITH:
@@ -279,6 +287,8 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
             _set_value(trial, Change(change.path, change.after, change.before, ""))
         processes = len([i for i in base.device_indexes.split(",") if i.strip()])
         why = f"the trained weights, gradients and optimizer state split over {processes} GPUs"
+        for path, value, reason in needed:
+            _set(trial, fit, path, value, reason)
         _set(trial, fit, "multi_gpu", True, "one process per GPU")
         _set(trial, fit, "multi_gpu_mode", MultiGpuMode.SHARDED, why)
         _set(trial, fit, "device_indexes", base.device_indexes, "the GPUs the run shards over")
@@ -288,6 +298,29 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
             _set(trial, fit, "sharded_cpu_offload", True, "the shards wait in host RAM between steps")
         fit.estimate = estimate
         return
+
+
+def _sharding_needs(config: TrainConfig, trained: list[str]) -> list[tuple[str, Any, str]]:
+    """The settings a config must change to be sharded (path, value, why): the fused back pass off, a trained part's
+    layer offloading off (the shards replace it), and BFLOAT_16 trained weights with stochastic rounding kept in
+    FLOAT_32 instead (gathered and computed in the 16-bit train dtype, as sharding does; it does not round its updates
+    stochastically), so that small updates are kept as the rounding kept them."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.optimizer_config import bfloat16_weights_train
+    from onetrainer.training.stochastic_rounding import rounds
+
+    needs = []
+    if config.optimizer.fused_back_pass:
+        needs.append(("optimizer.fused_back_pass", False, "sharding reduces the gradients after the backward pass"))
+    for part in trained:
+        if config.part(part).offload_fraction:
+            needs.append((f"{part}.offload_fraction", 0.0, "sharding replaces a trained part's layer offloading"))
+    if rounds(config.optimizer) and bfloat16_weights_train(config):
+        why = "float32 weights computed in the 16-bit train dtype, in place of stochastic rounding (not sharded)"
+        for part in trained:
+            if config.part(part).weight_dtype is DataType.BFLOAT_16:
+                needs.append((f"{part}.weight_dtype", DataType.FLOAT_32, why))
+    return needs
 
 
 # Layer offloading on one GPU up to this fraction of the blocks is preferred to a model split: the blocks' copies hide

@@ -116,6 +116,32 @@ def test_a_full_fine_tune_too_big_for_one_gpu_is_sharded_over_the_machines_gpus(
     assert shards(with_ema) - shards(four) == pytest.approx(copy / 4)
 
 
+def test_a_shipped_fine_tune_that_offloads_and_rounds_is_sharded_with_what_sharding_needs():
+    """Flux.2 [dev]'s 48 GB fine-tune (fused back pass, half the transformer's blocks offloaded, BFLOAT_16 weights
+    rounded stochastically), fitted to 24 GiB on 4 GPUs: sharded, which takes the fused back pass and the offloading
+    off (sharding replaces both) and keeps the transformer in FLOAT_32 (sharding does not round stochastically; the
+    weights are computed in BFLOAT_16), each change said; the result passes the sharded checks and is estimated as
+    fitted. On one GPU it does not fit at all."""
+    from onetrainer.config.io import load_preset
+    from onetrainer.training.checks import check_sharded
+
+    config, problems = load_preset("flux2/finetune-48gb-dev")
+    assert not [p for p in problems if p.is_error]
+    assert not fit_to_budget(config.copy(), 24 * GIB).fits
+    fit = fit_to_budget(config.copy(), 24 * GIB, gpus=4)
+    changed = {c.path: c for c in fit.changes}
+    assert fit.fits and fit.estimate.mode == "sharded" and fit.estimate.peak_bytes <= 24 * GIB
+    assert changed["optimizer.fused_back_pass"].after is False
+    assert changed["transformer.offload_fraction"].after == 0.0
+    assert changed["transformer.weight_dtype"].after is DataType.FLOAT_32
+    assert "stochastic rounding" in changed["transformer.weight_dtype"].why
+    assert changed["multi_gpu_mode"].after is MultiGpuMode.SHARDED
+    applied = config.copy()
+    apply(applied, fit.changes)
+    assert not [p for p in check_sharded(applied) if p.is_error]
+    assert estimate(applied, device="cuda").peak_bytes == pytest.approx(fit.estimate.peak_bytes)
+
+
 def _fake_estimate(config) -> Estimate:
     """A peak that each setting the fit may change lowers by a known amount."""
     gib = 20.0
