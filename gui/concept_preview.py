@@ -64,16 +64,18 @@ def concept_items(concept: ConceptConfig) -> list[Path]:
     )
 
 
-def first_image(concept: ConceptConfig, references: ReferenceRule | None = None) -> FirstUsable | None:
-    """The first image of the concept's folder that trains (its card's thumbnail), in the order the trainer lists
-    them, with the files passed over; None without a folder. `references`: how the model type trains on reference
-    images (`scan.reference_rule`)."""
+def first_image(
+    concept: ConceptConfig, references: ReferenceRule | None = None, video: VideoRule | None = None
+) -> FirstUsable | None:
+    """The first image (or, on a video model type, clip) of the concept's folder that trains (its card's thumbnail),
+    in the order the trainer lists them, with the files passed over; None without a folder. `references`: how the
+    model type trains on reference images (`scan.reference_rule`); `video`: how it trains on clips (`clip_rule`)."""
     if not concept.path.strip():
         return None
     folder = concept_folder(concept.path)
     if not folder.is_dir():
         return None
-    return first_usable_image(folder, concept.include_subdirectories, references)
+    return first_usable_image(folder, concept.include_subdirectories, references, video)
 
 
 def captions_of(image: Path, concept: ConceptConfig) -> list[str]:

@@ -155,3 +155,13 @@ def test_the_statistics_count_clips_beside_images_and_name_each_unreadable_clip_
     assert [n for n in stats.notes if "a-broken" in n] == ["Unreadable, skipped: a-broken.mp4 (damaged)"]
     # A concept without clips shows no clip facts.
     assert "Clips found" not in dict(concept_statistics(_report(images=3), 0, ClipCensus()).facts)
+
+
+def test_a_cards_thumbnail_of_a_clip_is_its_first_frame_made_small(folder: Path) -> None:
+    from gui.widgets.concept_card import THUMBNAIL_BOX, _small
+
+    write_clip(folder / "e-big.mkv", frames=3, size=(640, 480))
+    small = _small(folder / "e-big.mkv")
+    assert frame_number(small) == 0 and small.width <= THUMBNAIL_BOX[0] * 2 and small.height <= THUMBNAIL_BOX[1] * 2
+    assert _small(folder / "a-broken.mp4") is None
+    assert _small(folder / "d-still.png").size == (32, 24)

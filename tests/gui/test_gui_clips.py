@@ -219,3 +219,19 @@ def test_the_dataset_tool_steps_through_clips_and_edits_their_captions(app, fold
     press(tool.canvas, "<Up>")
     assert tool.position == 2 and tool.caption_text() == "a cat spins fast" and tool.clip_bar.winfo_ismapped()
     tool.close()
+
+
+def test_a_concept_card_shows_a_clips_first_frame_on_a_video_model_type(app, folder: Path, video_type) -> None:
+    only_clips = folder.parent / "only-clips"
+    write_clip(only_clips / "walk.mp4", frames=4)
+    write_clip(only_clips / "spin.mkv", frames=3)
+    app.model.config.concepts = [ConceptConfig(name="cats", path=str(folder)), ConceptConfig(path=str(only_clips))]
+    app.model.replace(app.model.config)
+    tab = app.select_tab("concepts")
+    mixed, clips = tab.cards
+    assert mixed.found.image.name == "d-still.png" and mixed.picture.cget("text") == ""  # the still: an image type
+    assert clips.found.image is None and clips.picture.cget("text") == "2 clips: need a video model type"
+    assert app.model.set("model_type", VIDEO_STAND_IN) == []
+    assert mixed.found.image.name == "b-walk.mp4" and mixed.picture.cget("text") == ""  # the broken clip passed over
+    assert [p.name for p, _ in mixed.found.unreadable] == ["a-broken.mp4"]
+    assert clips.found.image.name == "spin.mkv" and clips.picture.cget("text") == ""
