@@ -138,14 +138,7 @@ CLIP_MODE_WORDS = {  # how the windows are cut (`ConceptVideoConfig.clip_mode`),
 def clip_frame(path: Path, index: int) -> Image.Image:
     """Frame `index` of the clip at `path`, upright as it is shown; UnreadableClip saying why when it cannot be
     decoded (a damaged file, or one that ends before its header said)."""
-    from onetrainer.data.video import decode_frames
-
-    try:
-        return decode_frames(path, [index])[0]
-    except UnreadableClip:
-        raise
-    except (ValueError, OSError, IndexError) as e:  # PyAV's errors are OSErrors or come as ValueError
-        raise UnreadableClip(str(e) or type(e).__name__) from e
+    return clip_frame_run(path, [index])[0]
 
 
 def clip_rule(config: Any) -> tuple[VideoRule | None, str]:
@@ -192,26 +185,53 @@ def _count(n: int, word: str) -> str:
 
 
 class ClipFrames:
-    """A clip shown a frame at a time: its header, the frame shown (decoded when asked, the last one kept) and steps
-    that wrap round its ends. UnreadableClip from the constructor when its header cannot be read."""
+    """A clip shown a frame at a time: its header, the frame shown and steps that wrap round its ends. Frames are
+    decoded in runs of `CHUNK` (the run holding the frame asked for, made at most `limit` pixels on the longer side),
+    so stepping through a clip decodes it once per run rather than from its start at every step. UnreadableClip from
+    the constructor when its header cannot be read."""
 
-    def __init__(self, path: Path) -> None:
+    CHUNK = 8
+
+    def __init__(self, path: Path, limit: int = 1024) -> None:
         self.path = path
         self.header = clip_header(path)
+        self.limit = limit
         self.position = 0
-        self._decoded: tuple[int, Image.Image] | None = None
+        self._run: dict[int, Image.Image] = {}
 
     def frame(self) -> Image.Image:
         """The frame shown (UnreadableClip when it cannot be decoded: the clip ends before its header said)."""
-        if self._decoded is None or self._decoded[0] != self.position:
-            self._decoded = (self.position, clip_frame(self.path, self.position))
-        return self._decoded[1]
+        if self.position not in self._run:
+            start = self.position // self.CHUNK * self.CHUNK
+            numbers = list(range(start, min(start + self.CHUNK, self.header.frames)))
+            try:
+                decoded = clip_frame_run(self.path, numbers)
+            except UnreadableClip:  # the run passes the clip's real end (a header's estimate): this frame alone
+                numbers, decoded = [self.position], [clip_frame(self.path, self.position)]
+            self._run = {number: _at_most(image, self.limit) for number, image in zip(numbers, decoded, strict=True)}
+        return self._run[self.position]
 
     def step(self, delta: int) -> None:
         self.position = (self.position + delta) % self.header.frames
 
     def label(self) -> str:
         return f"frame {self.position + 1} / {self.header.frames}"
+
+
+def clip_frame_run(path: Path, numbers: list[int]) -> list[Image.Image]:
+    """The frames `numbers` of a clip, decoded in one pass (UnreadableClip as `clip_frame`)."""
+    from onetrainer.data.video import decode_frames
+
+    try:
+        return decode_frames(path, numbers)
+    except (ValueError, OSError, IndexError) as e:  # PyAV's errors are OSErrors or come as ValueError
+        raise UnreadableClip(str(e) or type(e).__name__) from e
+
+
+def _at_most(image: Image.Image, limit: int) -> Image.Image:
+    if max(image.size) > limit:
+        image.thumbnail((limit, limit))
+    return image
 
 
 @dataclass

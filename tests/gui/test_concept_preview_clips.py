@@ -70,9 +70,26 @@ def test_a_clip_is_stepped_through_frame_by_frame_and_wraps_round(folder: Path) 
 def test_a_clip_that_ends_before_its_header_said_is_named(folder: Path) -> None:
     clip = ClipFrames(folder / "c-spin.mkv")
     clip.header = replace(clip.header, frames=9)  # as an estimated Matroska count may be
-    clip.step(7)
+    clip.step(2)
+    assert frame_number(clip.frame()) == 2  # its run of frames 1-8 passes the end: the frame is decoded alone
+    clip.step(5)
     with pytest.raises(UnreadableClip, match=r"c-spin\.mkv ends after 3 frames"):
         clip.frame()
+
+
+def test_stepping_decodes_a_run_of_frames_once_made_small(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onetrainer.data import video
+
+    asked: list[list[int]] = []
+    real = video.decode_frames
+    monkeypatch.setattr(video, "decode_frames", lambda path, numbers: asked.append(numbers) or real(path, numbers))
+    clip = ClipFrames(write_clip(folder / "e-big.mkv", frames=10, size=(96, 64)), limit=48)
+    for _ in range(9):
+        assert frame_number(clip.frame()) == clip.position and clip.frame().size == (48, 32)
+        clip.step(1)
+    assert asked == [list(range(8)), [8, 9]]
+    clip.step(-3)  # back into the first run: decoded again (one run is kept)
+    assert frame_number(clip.frame()) == 6 and asked[-1] == list(range(8))
 
 
 def test_the_clip_line_says_the_frames_duration_rate_and_windows(folder: Path) -> None:
