@@ -120,7 +120,7 @@ def test_the_concept_window_previews_clips_on_an_image_model_type(app, folder: P
     window.close()
 
 
-def test_the_clip_preview_follows_the_video_settings_and_the_model_type(app, folder: Path, video_type) -> None:
+def test_the_clip_preview_follows_the_video_settings_and_the_model_type(app, folder: Path, video_type, screenshot):
     app.model.config.frames = "5"  # the run's frames per clip (OneTrainer's `frames`)
     window = _window(app, folder)
     window.select("video")
@@ -141,6 +141,8 @@ def test_the_clip_preview_follows_the_video_settings_and_the_model_type(app, fol
     form.view("concepts.0.video.target_fps").set_text("6")
     pump(window, lambda: _text(clip.windows).startswith("6 frames at 6 fps; 2 windows of 5 frames"))
     assert _text(clip.windows).endswith("(shorter than 9 frames per clip: trained at 5 frames)")
+    settle(window, 0.2)
+    screenshot(window, "concept-window-clip-video-type")
     clip.next_button.invoke()
     clip.next_button.invoke()
     assert "trains as a one-frame clip on a video type" in _text(clip.note)  # the still
