@@ -1,4 +1,5 @@
-"""What the concept window previews: a concept's images, their captions and masks, and their augmented versions.
+"""What the concept window previews: a concept's images and clips, their captions and masks, their augmented versions,
+and what each clip gives under the concept's video settings.
 
 No Tk here. The augmentation functions live in `onetrainer.data` and are imported when a preview is made; when they
 are missing the preview says so instead of failing.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -22,7 +24,8 @@ from onetrainer.data.images import (
     read_text,
     reference_paths_of,
 )
-from onetrainer.data.scan import FirstUsable, ReferenceRule, first_usable_image
+from onetrainer.data.scan import CLIPS_NEED_VIDEO, FirstUsable, ReferenceRule, first_usable_image
+from onetrainer.data.video import ClipHeader, UnreadableClip, VideoRule, clip_header, is_clip, list_clips
 
 IMAGE_AUGMENT_MISSING = "The augmentation preview is not available yet (onetrainer.data.image_augment is missing)."
 TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.data.text_augment is missing)."
@@ -49,16 +52,30 @@ def concept_images(concept: ConceptConfig) -> list[Path]:
     return list_images(folder, concept.include_subdirectories)
 
 
-def first_image(concept: ConceptConfig, references: ReferenceRule | None = None) -> FirstUsable | None:
-    """The first image of the concept's folder that trains (its card's thumbnail), in the order the trainer lists
-    them, with the files passed over; None without a folder. `references`: how the model type trains on reference
-    images (`scan.reference_rule`)."""
+def concept_items(concept: ConceptConfig) -> list[Path]:
+    """The concept's images and clips in the order the scan walks them (empty when its folder does not exist)."""
+    if not concept.path.strip():
+        return []
+    folder = concept_folder(concept.path)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        list_images(folder, concept.include_subdirectories) + list_clips(folder, concept.include_subdirectories)
+    )
+
+
+def first_image(
+    concept: ConceptConfig, references: ReferenceRule | None = None, video: VideoRule | None = None
+) -> FirstUsable | None:
+    """The first image (or, on a video model type, clip) of the concept's folder that trains (its card's thumbnail),
+    in the order the trainer lists them, with the files passed over; None without a folder. `references`: how the
+    model type trains on reference images (`scan.reference_rule`); `video`: how it trains on clips (`clip_rule`)."""
     if not concept.path.strip():
         return None
     folder = concept_folder(concept.path)
     if not folder.is_dir():
         return None
-    return first_usable_image(folder, concept.include_subdirectories, references)
+    return first_usable_image(folder, concept.include_subdirectories, references, video)
 
 
 def captions_of(image: Path, concept: ConceptConfig) -> list[str]:
@@ -83,7 +100,7 @@ class AugmentedImage:
 
 def augmented_image(image_path: Path, concept: ConceptConfig, seed: int) -> AugmentedImage:
     """The image and its mask as one epoch's augmentation would make them for this seed."""
-    image = open_rgb(image_path)
+    image = clip_frame(image_path, 0) if is_clip(image_path) else open_rgb(image_path)
     references = list(reference_paths_of(image_path))
     mask_path = mask_path_of(image_path)
     mask = open_mask(mask_path) if mask_path.is_file() else None
@@ -107,3 +124,159 @@ def augmented_captions(captions: list[str], concept: ConceptConfig, seed: int, c
         return [], TEXT_AUGMENT_MISSING
     rng = random.Random(seed)
     return [augment_caption(rng.choice(captions), concept.text, rng) for _ in range(count)], ""
+
+
+# -- clips -------------------------------------------------------------------------------------------------------
+
+CLIP_MODE_WORDS = {  # how the windows are cut (`ConceptVideoConfig.clip_mode`), as the preview says it
+    "START": "from the first frame",
+    "EVEN": "spread evenly over the clip",
+    "RANDOM": "at random starts drawn again each epoch",
+}
+
+
+def clip_frame(path: Path, index: int) -> Image.Image:
+    """Frame `index` of the clip at `path`, upright as it is shown; UnreadableClip saying why when it cannot be
+    decoded (a damaged file, or one that ends before its header said)."""
+    return clip_frame_run(path, [index])[0]
+
+
+def clip_rule(config: Any) -> tuple[VideoRule | None, str]:
+    """How the config's model type trains on clips (`scan.video_rule`; None: an image model type) and, when the
+    training's frames per clip is not a count, the error naming it (then no rule)."""
+    from onetrainer.data import scan
+
+    try:
+        return scan.video_rule(config), ""
+    except ValueError as e:
+        return None, str(e)
+
+
+def clip_facts(header: ClipHeader) -> str:
+    """A clip's frames, duration, rate and size, as its header gives them."""
+    seconds = f"{header.frames / header.fps:.2f} s" if header.fps > 0 else "duration unknown"
+    fps = f"{header.fps:.3g} fps" if header.fps > 0 else "rate unknown"
+    return f"{header.frames} frames · {seconds} · {fps} · {header.width}x{header.height}"
+
+
+def clip_windows(header: ClipHeader, concept: ConceptConfig, rule: VideoRule | None, rule_error: str = "") -> str:
+    """What the clip gives under the concept's video settings for the model type: its windows and their frames, the
+    short-clip rule applied, or why it is skipped (an image model type: the scan's words)."""
+    from onetrainer.data.video import plan_clip
+
+    if rule_error:
+        return f"windows unknown: {rule_error}"
+    if rule is None:
+        return f"{CLIPS_NEED_VIDEO}; skipped"
+    plan = plan_clip(header, concept, rule)
+    settings = concept.video
+    resampled = f"{plan.length} frames at {settings.target_fps:g} fps; " if settings.target_fps > 0 else ""
+    wanted = rule.wanted(concept)
+    if not plan.bucket:
+        return f"{resampled}shorter than {wanted} frames per clip: skipped"
+    text = f"{resampled}{_count(plan.windows, 'window')} of {_count(plan.bucket, 'frame')}"
+    if not plan.short.startswith("padded"):  # a padded clip gives its one window from its first frame
+        text += f", {CLIP_MODE_WORDS.get(settings.clip_mode, settings.clip_mode)}"
+    return text + (f" (shorter than {wanted} frames per clip: {plan.short})" if plan.short else "")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class ClipFrames:
+    """A clip shown a frame at a time: its header, the frame shown and steps that wrap round its ends. Frames are
+    decoded in runs of `CHUNK` (the run holding the frame asked for, made at most `limit` pixels on the longer side),
+    so stepping through a clip decodes it once per run rather than from its start at every step. UnreadableClip from
+    the constructor when its header cannot be read."""
+
+    CHUNK = 8
+
+    def __init__(self, path: Path, limit: int = 1024) -> None:
+        self.path = path
+        self.header = clip_header(path)
+        self.limit = limit
+        self.position = 0
+        self._run: dict[int, Image.Image] = {}
+
+    def frame(self) -> Image.Image:
+        """The frame shown (UnreadableClip when it cannot be decoded: the clip ends before its header said)."""
+        if self.position not in self._run:
+            start = self.position // self.CHUNK * self.CHUNK
+            numbers = list(range(start, min(start + self.CHUNK, self.header.frames)))
+            try:
+                decoded = clip_frame_run(self.path, numbers)
+            except UnreadableClip:  # the run passes the clip's real end (a header's estimate): this frame alone
+                numbers, decoded = [self.position], [clip_frame(self.path, self.position)]
+            self._run = {number: _at_most(image, self.limit) for number, image in zip(numbers, decoded, strict=True)}
+        return self._run[self.position]
+
+    def step(self, delta: int) -> None:
+        self.position = (self.position + delta) % self.header.frames
+
+    def label(self) -> str:
+        return f"frame {self.position + 1} / {self.header.frames}"
+
+
+def clip_frame_run(path: Path, numbers: list[int]) -> list[Image.Image]:
+    """The frames `numbers` of a clip, decoded in one pass (UnreadableClip as `clip_frame`)."""
+    from onetrainer.data.video import decode_frames
+
+    try:
+        return decode_frames(path, numbers)
+    except (ValueError, OSError, IndexError) as e:  # PyAV's errors are OSErrors or come as ValueError
+        raise UnreadableClip(str(e) or type(e).__name__) from e
+
+
+def _at_most(image: Image.Image, limit: int) -> Image.Image:
+    if max(image.size) > limit:
+        image.thumbnail((limit, limit))
+    return image
+
+
+@dataclass
+class ClipCensus:
+    """A concept's clips counted from their headers: the readable ones with their frames and seconds (a clip without
+    a rate adds none), the windows they give on a video model type (the scan's samples from clips; 0 on an image
+    one), and the unreadable ones named with why."""
+
+    clips: int = 0
+    frames: int = 0
+    seconds: float = 0.0
+    windows: int = 0
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def clip_census(concept: ConceptConfig, rule: VideoRule | None = None) -> ClipCensus:
+    """The census of the concept's clips (its folder's, as the scan lists them) under the model type's `rule`
+    (`clip_rule`; None: an image model type); reads headers only."""
+    from onetrainer.data.video import plan_clip
+
+    census = ClipCensus()
+    if not concept.path.strip():
+        return census
+    folder = concept_folder(concept.path)
+    if not folder.is_dir():
+        return census
+    for path in list_clips(folder, concept.include_subdirectories):
+        try:
+            header = clip_header(path)
+        except UnreadableClip as e:
+            census.unreadable.append((path, str(e)))
+            continue
+        census.clips += 1
+        census.frames += header.frames
+        census.seconds += header.frames / header.fps if header.fps > 0 else 0.0
+        if rule is not None:
+            census.windows += plan_clip(header, concept, rule).windows
+    return census
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person reads them: 4.2 s, 3 min 05 s, 1 h 02 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"

@@ -26,8 +26,9 @@ def _names(paths: list[str]) -> str:
     return shown + (f" … and {len(paths) - LISTED_FILES} more" if len(paths) > LISTED_FILES else "")
 
 
-def concept_statistics(report: Any, index: int) -> ConceptStatistics:
-    """The facts, notes and bucket table of concept `index` (of the config's list), and the run's totals."""
+def concept_statistics(report: Any, index: int, clips: Any = None) -> ConceptStatistics:
+    """The facts, notes and bucket table of concept `index` (of the config's list), and the run's totals. `clips`: the
+    concept's `concept_preview.ClipCensus` (its clips counted beside its images where it has any)."""
     stats = ConceptStatistics()
     entry = next((c for c in report.concepts if c.index == index), None)
     if entry is None:
@@ -36,7 +37,8 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
         stats.facts += [
             ("Folder", entry.folder),
             ("Trained on", "yes" if entry.trained else "no (validation)"),
-            ("Images found", str(entry.images)),
+            ("Images found", str(entry.images - (clips.windows if clips is not None else 0))),
+            *_clip_facts(clips),
             ("Held out for validation", str(len(entry.held_out))),
             ("Captions missing", str(len(entry.missing_captions))),
             ("Masks missing", str(len(entry.missing_masks))),
@@ -58,6 +60,9 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
                 stats.notes.append(f"{label}: {_names(items)}")
         stats.notes += [f"Short clip: {line}" for line in entry.short_clips]
         stats.notes += [f"Unreadable, skipped: {Path(path).name} ({reason})" for path, reason in entry.unreadable]
+        named = {Path(path) for path, _ in entry.unreadable}  # a video model type's scan names its unreadable clips
+        others = [(path, why) for path, why in (clips.unreadable if clips is not None else []) if path not in named]
+        stats.notes += [f"Unreadable clip: {path.name} ({reason})" for path, reason in others]
         stats.notes += [f"Problem: {problem}" for problem in entry.problems]
         stats.notes += [f"Warning: {warning}" for warning in entry.warnings]
         if entry.buckets:
@@ -73,6 +78,23 @@ def concept_statistics(report: Any, index: int) -> ConceptStatistics:
     ]
     stats.notes += [f"Error: {error}" for error in report.errors]
     return stats
+
+
+def _clip_facts(clips: Any) -> list[tuple[str, str]]:
+    """The concept's clips (a `ClipCensus`): how many read, their frames and duration, the windows they give (the
+    samples a video model type trains, which the report's entries count with the images), the unreadable ones."""
+    if clips is None or not (clips.clips or clips.unreadable):
+        return []
+    from gui.concept_preview import duration_text
+
+    facts = [
+        ("Clips found", str(clips.clips)),
+        ("Clip frames", str(clips.frames)),
+        ("Clip duration", duration_text(clips.seconds)),
+    ]
+    if clips.windows:
+        facts.append(("Clip windows (samples)", str(clips.windows)))
+    return [*facts, ("Unreadable clips", str(len(clips.unreadable)))]
 
 
 def _depth_facts(entry: Any) -> list[tuple[str, str]]:

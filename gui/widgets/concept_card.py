@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 from PIL import Image
 
-from gui.concept_preview import concept_folder, first_image
+from gui.concept_preview import clip_frame, clip_rule, concept_folder, first_image
 from gui.forms.fields import ERROR_COLOR, BoolView
 from gui.forms.selection import item_field
 from gui.widgets.pictures import fitted, set_picture, thumbnail_image
 from gui.widgets.tooltip import add_tooltip
 from onetrainer.config import ConceptConfig
 from onetrainer.data.scan import FirstUsable, ReferenceRule, reference_rule
+from onetrainer.data.video import UnreadableClip, VideoRule, is_clip
 
 if TYPE_CHECKING:
     from gui.dialogs import Dialogs
@@ -25,29 +26,43 @@ CARD_WIDTH = 200
 THUMBNAIL_BOX = (176, 132)
 MUTED_TEXT = ("gray40", "gray60")
 
-# Thumbnails by (folder, subfolders included, references needed) → (the folder's modification time, its first usable
-# image as found, the small image): the tab is rebuilt often. The decoded image is kept, not its Tk picture, which
-# belongs to one Tk interpreter (a second window in the process, as the benchmark and tests open, could not show it).
-_thumbnails: dict[tuple[str, bool, bool], tuple[int, FirstUsable | None, Image.Image | None]] = {}
+# Thumbnails by (folder, subfolders included, reference rule, video rule) → (the folder's modification time, its first
+# usable image as found, the small image): the tab is rebuilt often. The decoded image is kept, not its Tk picture,
+# which belongs to one Tk interpreter (a second window in the process, as the benchmark and tests open, could not show
+# it).
+_thumbnails: dict[tuple[Any, ...], tuple[int, FirstUsable | None, Image.Image | None]] = {}
 
 
 def concept_thumbnail(
-    concept: ConceptConfig, references: ReferenceRule | None = None
+    concept: ConceptConfig, references: ReferenceRule | None = None, video: VideoRule | None = None
 ) -> tuple[FirstUsable | None, ctk.CTkImage | None]:
     """The first image of the concept's folder that trains (broken files passed over, as the trainer does), small,
     with what was found; decoded again only when the folder changes. `references`: how the model type trains on
-    reference images (`scan.reference_rule`)."""
+    reference images (`scan.reference_rule`); `video`: how it trains on clips (`clip_rule`: a clip's first frame may
+    be the thumbnail)."""
     folder = concept_folder(concept.path) if concept.path.strip() else None
     if folder is None or not folder.is_dir():
         return None, None
-    key = (str(folder), concept.include_subdirectories, references)
+    key = (str(folder), concept.include_subdirectories, references, video)
     stamp = folder.stat().st_mtime_ns
     cached = _thumbnails.get(key)
     if cached is None or cached[0] != stamp:
-        found = first_image(concept, references)
+        found = first_image(concept, references, video)
         image = found.image if found is not None else None
-        cached = _thumbnails[key] = (stamp, found, thumbnail_image(image, THUMBNAIL_BOX) if image is not None else None)
+        cached = _thumbnails[key] = (stamp, found, _small(image) if image is not None else None)
     return cached[1], (fitted(cached[2], THUMBNAIL_BOX) if cached[2] is not None else None)
+
+
+def _small(path: Path) -> Image.Image | None:
+    """An image, or a clip's first frame, made small for a thumbnail (None when it cannot be decoded)."""
+    if not is_clip(path):
+        return thumbnail_image(path, THUMBNAIL_BOX)
+    try:
+        frame = clip_frame(path, 0)
+    except UnreadableClip:
+        return None
+    frame.thumbnail((THUMBNAIL_BOX[0] * 2, THUMBNAIL_BOX[1] * 2))
+    return frame
 
 
 class ConceptCard:
@@ -105,7 +120,8 @@ class ConceptCard:
         self.folder_label.configure(text=_shorten_start(folder, 28) if folder else "no folder chosen")
 
     def show_thumbnail(self) -> None:
-        self.found, picture = concept_thumbnail(self.concept, reference_rule(self.model.config))
+        video, _ = clip_rule(self.model.config)
+        self.found, picture = concept_thumbnail(self.concept, reference_rule(self.model.config), video)
         set_picture(self.picture, picture, "" if picture is not None else self.empty_text())
 
     def empty_text(self) -> str:
@@ -120,6 +136,9 @@ class ConceptCard:
         if found.image is not None:
             return f"{found.image.name} cannot be shown"
         if not found.listed:
+            if found.clips_need_video:  # its clips are skipped on an image model type
+                count = len(found.clips_need_video)
+                return f"{count} clip{'s' if count > 1 else ''}: need a video model type"
             return "images only in subfolders" if found.in_subfolders else "no images found"
         images = f"{found.listed} image{'s' if found.listed > 1 else ''}"
         if not found.without_references and not found.too_many_references:

@@ -1,7 +1,9 @@
-"""The concept window's live previews: an image and its mask as augmented, and the augmented captions.
+"""The concept window's live previews: an image and its mask as augmented, the augmented captions, and a clip with
+what it gives under the concept's video settings.
 
-Both walk the concept's images with previous / next (one shared position) and redraw when the concept's settings
-change. The augmentation itself comes from `onetrainer.data` (see `gui.concept_preview`).
+All walk the concept's images and clips with previous / next (one shared position) and redraw when the concept's
+settings change (a clip's augmented preview is its first frame: one draw applies to all its frames). The augmentation
+itself comes from `onetrainer.data` (see `gui.concept_preview`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ from typing import Any
 import customtkinter as ctk
 from PIL import UnidentifiedImageError
 
-from gui.concept_preview import augmented_captions, augmented_image, captions_of, concept_images
+from gui.concept_preview import (
+    ClipFrames,
+    augmented_captions,
+    augmented_image,
+    captions_of,
+    clip_facts,
+    clip_windows,
+    concept_items,
+)
 from gui.widgets.pictures import fitted, set_picture
 from onetrainer.config import ConceptConfig
 from onetrainer.data.images import open_rgb
+from onetrainer.data.video import UnreadableClip, VideoRule, is_clip
 
 PREVIEW_BOX = (300, 300)
 NOTE_COLOR = ("#9a6700", "#e3b341")
 MUTED_TEXT = ("gray40", "gray60")
 CAPTION_VARIATIONS = 4
+NO_ITEMS = "No images or clips in the concept's folder."
 
 
 class PreviewCursor:
-    """The concept's images and the one being previewed; listeners redraw when it moves."""
+    """The concept's images and clips (`images`, in the scan's order) and the one being previewed; listeners redraw
+    when it moves."""
 
     def __init__(self, concept: Callable[[], ConceptConfig]) -> None:
         self._concept = concept
@@ -40,7 +53,7 @@ class PreviewCursor:
 
     def images(self) -> list[Path]:
         if self._images is None:
-            self._images = concept_images(self.concept)
+            self._images = concept_items(self.concept)
         return self._images
 
     def current(self) -> Path | None:
@@ -129,11 +142,11 @@ class ImagePreview(_PreviewPane):
         path = self.cursor.current()
         self.file_label.configure(text=self.cursor.label())
         if path is None:
-            self._clear("No images in the concept's folder." if self.cursor.concept.path else "Choose a folder first.")
+            self._clear(NO_ITEMS if self.cursor.concept.path else "Choose a folder first.")
             return
         try:
             result = augmented_image(path, self.cursor.concept, self.seed)
-        except (OSError, UnidentifiedImageError) as e:
+        except (OSError, UnidentifiedImageError, UnreadableClip) as e:
             self._clear(f"Cannot read {path.name}: {e}")
             return
         except Exception as e:  # a setting the augmentation refuses: say which, keep the window alive
@@ -147,7 +160,8 @@ class ImagePreview(_PreviewPane):
         else:
             set_picture(self.mask_label, None, "no mask file:\nthe whole image trains")
         self._show_references(result.references)
-        self._note(result.note)
+        clip = f"A clip: its first frame, as augmented (one draw applies to all its frames). {result.note}"
+        self._note(clip.strip() if is_clip(path) else result.note)
 
     def _show_references(self, references: list) -> None:
         """The image's first reference image and how many it has (edit models learn from them; others ignore them)."""
@@ -199,7 +213,7 @@ class CaptionPreview(_PreviewPane):
         concept = self.cursor.concept
         self.captions, self.variations, note = [], [], ""
         if path is None:
-            note = "No images in the concept's folder." if concept.path else "Choose a folder first."
+            note = NO_ITEMS if concept.path else "Choose a folder first."
         else:
             try:
                 self.captions = captions_of(path, concept)
@@ -207,10 +221,112 @@ class CaptionPreview(_PreviewPane):
             except Exception as e:  # an unreadable caption file or a refused setting: shown, not raised
                 note = f"Cannot make the captions: {e}"
             if not self.captions and not note:
-                note = "This image has no caption (it trains with an empty prompt)."
+                kind = "clip" if is_clip(path) else "image"
+                note = f"This {kind} has no caption (it trains with an empty prompt)."
         _set_text(self.original, "\n".join(self.captions))
         _set_text(self.augmented, "\n".join(f"• {line}" for line in self.variations))
         self._note(note)
+
+
+class ClipPreview(_PreviewPane):
+    """A clip as stored (no augmentation): a frame at a time from its first, its frames, duration and rate, and the
+    windows it gives under the concept's video settings for the model type (`rule`: `concept_preview.clip_rule`)."""
+
+    title = "Clip"
+
+    def __init__(self, parent: Any, cursor: PreviewCursor, rule: Callable[[], tuple[VideoRule | None, str]]) -> None:
+        super().__init__(parent, cursor)
+        self.rule = rule
+        self.reroll_button.pack_forget()  # the frames as stored: there is no random draw to redo
+        body = ctk.CTkFrame(self.frame, fg_color="transparent")
+        body.grid(row=3, column=0, sticky="nsew", padx=10, pady=(6, 0))
+        self.frame.grid_rowconfigure(3, weight=1)
+        self.picture = ctk.CTkLabel(body, text="", width=PREVIEW_BOX[0], height=PREVIEW_BOX[1])
+        self.picture.grid(row=0, column=0, sticky="nw")
+        steps = ctk.CTkFrame(body, fg_color="transparent")
+        steps.grid(row=1, column=0, sticky="w", pady=(4, 0))
+        self.previous_frame_button = ctk.CTkButton(steps, text="◀ Frame", width=80, command=lambda: self.step(-1))
+        self.next_frame_button = ctk.CTkButton(steps, text="Frame ▶", width=80, command=lambda: self.step(1))
+        self.frame_label = ctk.CTkLabel(steps, text="", text_color=MUTED_TEXT)
+        for widget in (self.previous_frame_button, self.next_frame_button, self.frame_label):
+            widget.pack(side="left", padx=(0, 6))
+        self.facts = ctk.CTkLabel(body, text="", anchor="w", justify="left", wraplength=440)
+        self.facts.grid(row=2, column=0, sticky="w", pady=(6, 0))
+        self.windows = ctk.CTkLabel(body, text="", anchor="w", justify="left", wraplength=440)
+        self.windows.grid(row=3, column=0, sticky="w")
+        self.clip: ClipFrames | None = None  # the clip shown (None: an image, an unreadable clip or nothing)
+        self.shown: Path | None = None
+        self.unreadable = ""  # why the clip shown cannot be read
+
+    def update_preview(self) -> None:
+        """Show the cursor's item (keeping the frame shown when it is the same clip: the settings changed)."""
+        path = self.cursor.current()
+        self.file_label.configure(text=self.cursor.label())
+        if path != self.shown:
+            self.shown, self.clip, self.unreadable = path, None, ""
+            if path is not None and is_clip(path):
+                try:
+                    self.clip = ClipFrames(path)
+                except UnreadableClip as e:
+                    self.unreadable = f"{path.name} cannot be read: {e}. The scan names it and skips it."
+        if path is None:
+            self._show_nothing(NO_ITEMS if self.cursor.concept.path else "Choose a folder first.")
+        elif self.unreadable:
+            self._show_nothing(self.unreadable)
+        elif self.clip is None:
+            self._show_still(path)
+        else:
+            self._show_clip(self.clip)
+
+    def step(self, delta: int) -> None:
+        """Show the frame `delta` frames on (round the clip's ends)."""
+        if self.clip is not None:
+            self.clip.step(delta)
+            self._show_clip(self.clip)
+
+    def _show_clip(self, clip: ClipFrames) -> None:
+        rule, error = self.rule()
+        self.facts.configure(text=clip_facts(clip.header))
+        self.windows.configure(text=clip_windows(clip.header, self.cursor.concept, rule, error))
+        self.frame_label.configure(text=clip.label())
+        self._frame_buttons("normal" if clip.header.frames > 1 else "disabled")
+        try:
+            set_picture(self.picture, fitted(clip.frame(), PREVIEW_BOX))
+        except UnreadableClip as e:
+            set_picture(self.picture, None)
+            self._note(f"Cannot decode frame {clip.position + 1}: {e}")
+            return
+        self._note("")
+
+    def _show_still(self, path: Path) -> None:
+        rule, error = self.rule()
+        self.frame_label.configure(text="")
+        self._frame_buttons("disabled")
+        self.windows.configure(text="")
+        try:
+            image = open_rgb(path)
+        except (OSError, UnidentifiedImageError) as e:
+            self._show_nothing(f"Cannot read {path.name}: {e}")
+            return
+        set_picture(self.picture, fitted(image, PREVIEW_BOX))
+        self.facts.configure(text=f"a still image, {image.width}x{image.height}")
+        if error:
+            self._note(error)
+        elif rule is None:
+            self._note("A still: it trains as an image on this model type (and as a one-frame clip on a video one).")
+        else:
+            self._note(f"A still: it trains as a one-frame clip on {rule.label}.")
+
+    def _show_nothing(self, message: str) -> None:
+        set_picture(self.picture, None)
+        for label in (self.facts, self.windows, self.frame_label):
+            label.configure(text="")
+        self._frame_buttons("disabled")
+        self._note(message)
+
+    def _frame_buttons(self, state: str) -> None:
+        self.previous_frame_button.configure(state=state)
+        self.next_frame_button.configure(state=state)
 
 
 def _set_text(box: ctk.CTkTextbox, text: str) -> None:

@@ -1,6 +1,8 @@
-"""The concept window's statistics: the concept's part of the preflight report, with a chart of its buckets.
+"""The concept window's statistics: the concept's part of the preflight report, with a chart of its buckets, and its
+clips counted (frames, duration, unreadable ones named) whatever the model type.
 
-The report reads every image's size, so it is made on a worker thread from a packed copy of the config.
+The report reads every image's size and every clip's header, so it is made on a worker thread from a packed copy of
+the config.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.background import BackgroundJob, BackgroundResult, run_in_background
-from gui.concept_preview import concept_folder
+from gui.concept_preview import ClipCensus, clip_census, clip_rule, concept_folder
 from gui.preflight_view import PREFLIGHT_MISSING, ConceptStatistics, concept_statistics
 from gui.widgets.bar_chart import BarChart
 from onetrainer.config import pack
@@ -27,6 +29,16 @@ def _preflight(config: Any) -> Any:
     from onetrainer.data.preflight import preflight_report  # imported late: it may pull in more than the window
 
     return preflight_report(config, resolve=concept_folder)  # `tiny:images` too
+
+
+def _report_and_clips(config: Any, index: int) -> tuple[Any, ClipCensus | None]:
+    """The preflight report and the census of concept `index`'s clips (None: no such concept)."""
+    report = _preflight(config)
+    concepts = config.concepts or []
+    if index >= len(concepts):
+        return report, None
+    rule, _ = clip_rule(config)  # the report names a frames-per-clip error itself
+    return report, clip_census(concepts[index], rule)
 
 
 class StatisticsPane:
@@ -55,10 +67,11 @@ class StatisticsPane:
         """Make the report again (the folder's files may have changed)."""
         self.cancel()
         packed, _ = pack(self.model.config)
-        self.status.configure(text="Reading the concept's images…", text_color=MUTED_TEXT)
+        self.status.configure(text="Reading the concept's images and clips…", text_color=MUTED_TEXT)
         self.chart.show_message("computing…")
         self.refresh_button.configure(state="disabled")
-        self.job = run_in_background(self.frame, lambda: _preflight(packed), self._done)
+        index = self.index
+        self.job = run_in_background(self.frame, lambda: _report_and_clips(packed, index), self._done)
 
     def cancel(self) -> None:
         if self.job is not None:
@@ -74,7 +87,8 @@ class StatisticsPane:
         if result.error is not None:
             self._failed(f"The report failed: {type(result.error).__name__}: {result.error}")
             return
-        self.show(concept_statistics(result.value, self.index))
+        report, census = result.value
+        self.show(concept_statistics(report, self.index, census))
 
     def _failed(self, text: str) -> None:
         self.statistics = None

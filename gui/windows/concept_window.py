@@ -1,5 +1,5 @@
 """A concept's window: its general settings, image and text augmentation with live previews, how its clips are cut
-(video model types), and its statistics.
+(video model types) beside a clip's preview (its frames, rate and the windows it gives), and its statistics.
 
 Every form is generated from `ConceptConfig`'s declarations at the concept's path (`concepts.2.…`), so typing here
 edits the app's config directly. The window closes itself when the concept list is replaced or reordered, since its
@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import customtkinter as ctk
 
+from gui.concept_preview import clip_rule
 from gui.forms.form import Form
 from gui.forms.selection import FieldInfo, node_fields
 from gui.widgets.problem_line import ProblemLine
 from gui.widgets.tabview import TabView
 from gui.window_position import place_over
-from gui.windows.augmentation_preview import CaptionPreview, ImagePreview, PreviewCursor
+from gui.windows.augmentation_preview import CaptionPreview, ClipPreview, ImagePreview, PreviewCursor
 from gui.windows.concept_statistics import StatisticsPane
 from onetrainer.config import ConceptConfig
 
@@ -48,6 +49,7 @@ class ConceptWindow(ctk.CTkToplevel):
         self.forms: dict[str, Form] = {}
         self.image_preview: ImagePreview | None = None
         self.caption_preview: CaptionPreview | None = None
+        self.clip_preview: ClipPreview | None = None
         self.statistics: StatisticsPane | None = None
         self._problems: dict[str, str] = {}
         self._closed = False
@@ -109,10 +111,9 @@ class ConceptWindow(ctk.CTkToplevel):
             self._form_beside(page, key, self.caption_preview.frame)
             self.caption_preview.update_preview()
         elif key == "video":  # how clips are cut into samples (video model types; image model types skip clips)
-            page.grid_columnconfigure(0, weight=1)
-            page.grid_rowconfigure(0, weight=1)
-            fields = node_fields(self.concept, self.base, key)
-            self._form(page, key, fields, columns=1).grid(row=0, column=0, sticky="nsew")
+            self.clip_preview = ClipPreview(page, self.cursor, lambda: clip_rule(self.model.config))
+            self._form_beside(page, key, self.clip_preview.frame)
+            self.clip_preview.update_preview()
         else:
             self.statistics = StatisticsPane(page, self.model, self.index)
             self.statistics.frame.grid(row=0, column=0, sticky="nsew", padx=4, pady=4)
@@ -143,6 +144,9 @@ class ConceptWindow(ctk.CTkToplevel):
         if path is None or path == "concepts" or self.index >= len(self.model.config.concepts or []):
             self.close()
             return
+        if path in ("model_type", "frames"):  # the windows a clip gives depend on the model type's frame counts
+            self._later("video", self._update_clip_preview)
+            return
         if not path.startswith(self.base + "."):
             return
         field = path[len(self.base) + 1 :]
@@ -152,10 +156,17 @@ class ConceptWindow(ctk.CTkToplevel):
             self.cursor.reload()
             self._later("image", lambda: self.image_preview and self.image_preview.update_preview())
             self._later("text", lambda: self.caption_preview and self.caption_preview.update_preview())
+            self._later("video", self._update_clip_preview)
+        elif field.startswith("video.") or field == "video":
+            self._later("video", self._update_clip_preview)
         elif field.startswith("image.") or field == "image":
             self._later("image", lambda: self.image_preview and self.image_preview.update_preview())
         elif field.startswith("text.") or field == "text":
             self._later("text", lambda: self.caption_preview and self.caption_preview.update_preview())
+
+    def _update_clip_preview(self) -> None:
+        if self.clip_preview is not None:
+            self.clip_preview.update_preview()
 
     def _later(self, name: str, callback: Callable[[], object]) -> None:
         """Redraw a preview once typing pauses (each keystroke that changes a value lands here)."""

@@ -1,6 +1,7 @@
-"""The dataset tool: walk a folder's images, edit their captions, and paint their training masks.
+"""The dataset tool: walk a folder's images and clips, edit their captions, and paint the images' training masks.
 
 Captions are saved as `<stem>.txt` (Enter), masks as `<stem>-masklabel.png` after every stroke; both atomically.
+A clip shows a frame at a time (its first, then Left / Right or the frame buttons); masks are not painted on clips.
 The painting itself (strokes, fill, undo, saving) is `gui.mask_editing.MaskDocument`; this window maps pointer
 events on the canvas to image pixels and shows the result.
 """
@@ -14,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 from PIL import ImageTk, UnidentifiedImageError
 
+from gui.concept_preview import ClipFrames, clip_facts
 from gui.mask_editing import IGNORE, TRAIN, MaskDocument
 from gui.widgets.bar_chart import themed
 from gui.widgets.pictures import fit_size, fitted, set_picture
 from gui.window_position import place_over
 from onetrainer.data.images import list_images, open_rgb, read_text, reference_paths_of
+from onetrainer.data.video import UnreadableClip, is_clip, list_clips
 from onetrainer.util.fs import atomic_write_text
 
 if TYPE_CHECKING:
@@ -33,8 +36,10 @@ REFERENCE_THUMBNAILS = 4  # reference images shown under the caption (an edit mo
 THUMBNAIL_BOX = (64, 64)
 HELP = (
     "Left drag: paint (train) · Right drag: erase · Wheel or [ ]: brush size · F: fill tool, B: brush · "
-    "M: mask only · Ctrl+Z: undo · Up/Down: previous/next image · Enter: save caption (Shift+Enter: new line)"
+    "M: mask only · Ctrl+Z: undo · Up/Down: previous/next image · Left/Right: a clip's previous/next frame · "
+    "Enter: save caption (Shift+Enter: new line)"
 )
+NO_MASKS_ON_CLIPS = "masks are not painted on clips"
 
 
 class DatasetToolWindow(ctk.CTkToplevel):
@@ -48,6 +53,7 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self.images: list[Path] = []
         self.position = -1
         self.document: MaskDocument | None = None
+        self.clip: ClipFrames | None = None  # the clip shown (None: an image, or an unreadable clip)
         self.loaded_caption = ""
         self.tool = "brush"
         self.brush = DEFAULT_BRUSH
@@ -78,16 +84,36 @@ class DatasetToolWindow(ctk.CTkToplevel):
         ctk.CTkButton(bar, text="Open folder…", width=120, command=self.choose_folder).pack(side="left")
         self.folder_label = ctk.CTkLabel(bar, text="", anchor="w", text_color=MUTED_TEXT, width=300)
         self.folder_label.pack(side="left", padx=10)
-        self.undo_button = ctk.CTkButton(bar, text="Undo", width=70, command=self.undo)
+        # The painting tools, shown for an image; a clip shows its frame steps in their place.
+        self.paint_bar = paint = ctk.CTkFrame(bar, fg_color="transparent")
+        paint.pack(side="right")
+        self.undo_button = ctk.CTkButton(paint, text="Undo", width=70, command=self.undo)
         self.undo_button.pack(side="right")
-        self.mask_only_switch = ctk.CTkSwitch(bar, text="Mask only", command=self._mask_only_toggled)
+        self.mask_only_switch = ctk.CTkSwitch(paint, text="Mask only", command=self._mask_only_toggled)
         self.mask_only_switch.pack(side="right", padx=12)
-        self.brush_label = ctk.CTkLabel(bar, text="", width=110)
+        self.brush_label = ctk.CTkLabel(paint, text="", width=110)
         self.brush_label.pack(side="right", padx=6)
-        self.tool_buttons = ctk.CTkSegmentedButton(bar, values=["Brush", "Fill"], command=self._tool_chosen)
+        self.tool_buttons = ctk.CTkSegmentedButton(paint, values=["Brush", "Fill"], command=self._tool_chosen)
         self.tool_buttons.set("Brush")
         self.tool_buttons.pack(side="right", padx=6)
         self._show_brush()
+        self.clip_bar = ctk.CTkFrame(bar, fg_color="transparent")
+        self.clip_note = ctk.CTkLabel(self.clip_bar, text=NO_MASKS_ON_CLIPS.capitalize(), text_color=MUTED_TEXT)
+        self.previous_frame_button = ctk.CTkButton(
+            self.clip_bar, text="◀ Frame", width=80, command=lambda: self.step_frame(-1)
+        )
+        self.next_frame_button = ctk.CTkButton(
+            self.clip_bar, text="Frame ▶", width=80, command=lambda: self.step_frame(1)
+        )
+        self.frame_label = ctk.CTkLabel(self.clip_bar, text="", text_color=MUTED_TEXT, width=110)
+        for widget in (self.clip_note, self.previous_frame_button, self.next_frame_button, self.frame_label):
+            widget.pack(side="left", padx=(0, 6))
+
+    def _show_bar(self, clip: bool) -> None:
+        """The frame steps for a clip, the painting tools for an image."""
+        shown, hidden = (self.clip_bar, self.paint_bar) if clip else (self.paint_bar, self.clip_bar)
+        hidden.pack_forget()
+        shown.pack(side="right")
 
     def _build_list(self) -> None:
         frame = ctk.CTkFrame(self)
@@ -171,6 +197,8 @@ class DatasetToolWindow(ctk.CTkToplevel):
         for key, delta in (("<Up>", -1), ("<Down>", 1)):
             self.bind(key, lambda e, d=delta: self._outside_text(e) and self._step(d))
         self.bind("<Control-z>", lambda e: self._outside_text(e) and self.undo())
+        for key, delta in (("<Left>", -1), ("<Right>", 1)):
+            self.bind(key, lambda e, d=delta: self._outside_text(e) and self.step_frame(d))
         for key, action in (
             ("f", lambda: self.set_tool("fill")),
             ("b", lambda: self.set_tool("brush")),
@@ -193,25 +221,27 @@ class DatasetToolWindow(ctk.CTkToplevel):
     # -- images ----------------------------------------------------------------------------------------------------
 
     def choose_folder(self) -> None:
-        folder = self.dialogs.open_dir("Open a folder of images") if self.dialogs is not None else ""
+        folder = self.dialogs.open_dir("Open a folder of images and clips") if self.dialogs is not None else ""
         if folder:
             self.open_folder(folder)
 
     def open_folder(self, folder: str | Path) -> None:
         self._keep_caption()
         self.folder = Path(folder)
-        self.images = list_images(self.folder) if self.folder.is_dir() else []
+        self.images = sorted(list_images(self.folder) + list_clips(self.folder)) if self.folder.is_dir() else []
         self.folder_label.configure(text=str(self.folder))
         self.listbox.delete(0, "end")
         for path in self.images:
             self.listbox.insert("end", path.name)
         self.position = -1
         self.document = None
+        self.clip = None
+        self._show_bar(clip=False)
         if self.images:
             self.show_image(0)
         else:
             self.render()
-            self._show_status(f"No images in {self.folder}.")
+            self._show_status(f"No images or clips in {self.folder}.")
 
     def show_image(self, index: int) -> None:
         if not self.images:
@@ -223,16 +253,49 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self.listbox.selection_clear(0, "end")
         self.listbox.selection_set(index)
         self.listbox.see(index)
-        try:
-            self.document = MaskDocument(path)
-        except (OSError, UnidentifiedImageError) as e:
-            self.document = None
-            self._show_status(f"Cannot read {path.name}: {e}")
+        self.document, self.clip = None, None
+        if is_clip(path):
+            self._open_clip(path)
         else:
-            self._show_status(f"{path.name}: {'mask found' if self.document.has_mask else 'no mask (trains whole)'}")
+            self._show_bar(clip=False)
+            try:
+                self.document = MaskDocument(path)
+            except (OSError, UnidentifiedImageError) as e:
+                self._show_status(f"Cannot read {path.name}: {e}")
+            else:
+                self._show_status(
+                    f"{path.name}: {'mask found' if self.document.has_mask else 'no mask (trains whole)'}"
+                )
         self._load_caption(path)
         self._show_references(path)
         self.render()
+
+    def _open_clip(self, path: Path) -> None:
+        """Show a clip from its first frame, with its frame steps; its caption is edited as an image's."""
+        self._show_bar(clip=True)
+        try:
+            self.clip = ClipFrames(path)
+        except UnreadableClip as e:
+            self._frame_steps()
+            self._show_status(f"Cannot read {path.name}: {e} (a run names it and skips it)")
+            return
+        self._frame_steps()
+        self._show_status(f"{path.name}: a clip, {clip_facts(self.clip.header)}; {NO_MASKS_ON_CLIPS}")
+
+    def step_frame(self, delta: int) -> None:
+        """Show a clip's frame `delta` frames on (round its ends); nothing for an image."""
+        if self.clip is None:
+            return
+        self.clip.step(delta)
+        self._frame_steps()
+        self.render()
+
+    def _frame_steps(self) -> None:
+        clip = self.clip
+        state = "normal" if clip is not None and clip.header.frames > 1 else "disabled"
+        self.previous_frame_button.configure(state=state)
+        self.next_frame_button.configure(state=state)
+        self.frame_label.configure(text=clip.label() if clip is not None else "unreadable clip")
 
     def _show_references(self, image: Path) -> None:
         """The image's reference images, the first few as pictures; none shown for an image without any."""
@@ -328,6 +391,8 @@ class DatasetToolWindow(ctk.CTkToplevel):
 
     def _press(self, event: Any, value: int) -> None:
         self.canvas.focus_set()  # the shortcuts then reach the window, not the caption
+        if self.clip is not None:
+            self._show_status(f"{self.clip.path.name}: {NO_MASKS_ON_CLIPS}; its caption is edited below")
         if self.document is None:
             return
         self._button_value = value
@@ -378,14 +443,27 @@ class DatasetToolWindow(ctk.CTkToplevel):
 
     def render(self) -> None:
         self.canvas.delete("picture")
-        if self.document is None:
+        if self.clip is not None:
+            try:
+                picture = self.clip.frame()
+            except UnreadableClip as e:
+                self._show_status(f"{self.clip.path.name}: cannot decode frame {self.clip.position + 1}: {e}")
+                return
+        elif self.document is not None:
+            picture = None
+        else:
             return
+        size = picture.size if picture is not None else self.document.size
         width = self.canvas.winfo_width() if self.canvas.winfo_width() > 1 else CANVAS_SIZE[0]
         height = self.canvas.winfo_height() if self.canvas.winfo_height() > 1 else CANVAS_SIZE[1]
-        shown = fit_size(self.document.size, (width, height))
-        self.scale = shown[0] / self.document.size[0]
+        shown = fit_size(size, (width, height))
+        self.scale = shown[0] / size[0]
         self.offset = ((width - shown[0]) // 2, (height - shown[1]) // 2)
-        self._photo = ImageTk.PhotoImage(self.document.composite(shown, self.mask_only), master=self.canvas)
+        if picture is not None:
+            shown_picture = picture.resize(shown)
+        else:
+            shown_picture = self.document.composite(shown, self.mask_only)
+        self._photo = ImageTk.PhotoImage(shown_picture, master=self.canvas)
         self.canvas.create_image(*self.offset, image=self._photo, anchor="nw", tags="picture")
         self.canvas.tag_lower("picture")
 

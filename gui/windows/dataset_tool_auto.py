@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.windows.tool_pass_window import describe_download
+from onetrainer.data.video import is_clip
 from onetrainer.tools.downloads import DownloadProgress
 from onetrainer.tools.folder_pass import ImageDone, ImageSkipped, PassFailed, PassFinished, PassThread
 from onetrainer.util.fs import atomic_write_bytes
@@ -105,9 +106,12 @@ class DatasetAutomation:
         if image is None:
             self.tool._show_status("Open a folder of images first.")
             return False
+        if not folder and is_clip(image):  # the maskers and captioners read images
+            self.tool._show_status(f"Auto {kind} works on images; {image.name} is a clip.")
+            return False
         self.tool._keep_caption()  # a caption being typed is saved before anything replaces it
         if folder:
-            images, previous = list(self.tool.images), None
+            images, previous = [path for path in self.tool.images if not is_clip(path)], None
         else:
             images = [image]
             if kind == "mask":
