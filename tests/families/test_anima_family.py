@@ -1,0 +1,267 @@
+"""Anima on its tiny model: the conditioning (Qwen3's states through the LLM adapter, T5 ids as its queries), the
+latents and the prediction are AnimaModularPipeline's, the text cache keeps each caption's T5 tokens, a LoRA trained
+through the trainer samples through the pipeline and its DIFFUSERS_LORA file loads in the pipeline's
+`load_lora_weights` (every module of it landing) as ours, its KOHYA_LORA file has OneTrainer's names and reads back, a
+fine-tune's folder loads in diffusers and back as a base model, and its original single file loads in diffusers'
+`from_single_file` and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.anima import TEXT_TOKENS, allow_padding_mask_resize
+from onetrainer.families.base import Conditioning
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import (
+    assert_only_the_denoiser_trained,
+    image_folder,
+    keep_trained_output,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
+
+CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), "anima", method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import ModularPipeline
+
+    allow_padding_mask_resize()
+    pipe = ModularPipeline.from_pretrained(str(folder or tiny_model_dir("anima")))
+    pipe.load_components(dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    """Two one-frame 4x6 latents, 5 text tokens (the transformer takes no text mask)."""
+    allow_padding_mask_resize()
+    config = transformer.config
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, config.in_channels, 1, 4, 6, generator=generator)
+    text = torch.randn(2, 5, config.text_embed_dim, generator=generator)
+    with torch.no_grad():
+        return transformer(latents, torch.tensor([0.3, 0.8]), text, padding_mask=torch.zeros(1, 1, 32, 48)).sample
+
+
+def pipeline_text(pipe, captions: list[str]) -> torch.Tensor:
+    """The pipeline's own prompt encoding: its text-encoder step, then its text-conditioning step."""
+    from diffusers.modular_pipelines.anima.before_denoise import AnimaTextConditioningStep
+    from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
+
+    encoded = AnimaTextEncoderStep.encode_prompt(pipe, list(captions), prepare_unconditional_embeds=False)
+    return AnimaTextConditioningStep._condition_prompt_embeds(
+        pipe,
+        encoded["qwen_prompt_embeds"],
+        encoded["qwen_attention_mask"],
+        encoded["t5_input_ids"],
+        encoded["t5_attention_mask"],
+        torch.device("cpu"),
+        torch.float32,
+        torch.float32,
+    )
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        theirs = pipeline_text(pipe, CAPTIONS)
+        assert ours.hidden_states.shape == theirs.shape == (2, TEXT_TOKENS, 32)
+        assert torch.allclose(ours.hidden_states, theirs, atol=1e-5)
+        t5 = pipe.t5_tokenizer(CAPTIONS, padding="longest", return_tensors="pt").attention_mask
+        assert torch.equal(ours.tensors["attention_mask"][:, : t5.shape[1]], t5)
+        assert not ours.hidden_states[:, t5.shape[1] :].any()  # zeros after the T5 tokens, as the adapter pads
+
+        pixels = torch.rand(2, 3, 64, 96) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        vae = pipe.vae
+        raw = vae.encode(pixels[:, :, None]).latent_dist.mode()[:, :, 0]
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1)
+        assert latents.shape == (2, 16, 8, 12)
+        assert torch.allclose(latents, (raw - mean) / std, atol=1e-6)  # what the pipeline decodes back
+
+        # σ·1000 from the schedule; the pipeline's loop gives the transformer t / 1000 and a zero padding mask
+        noisy, sigma = torch.randn(2, 16, 4, 6), torch.tensor([0.25, 0.75])
+        predicted = family.predict(model, noisy, model.schedule.model_time(sigma), ours, {}).output
+        expected = pipe.transformer(
+            hidden_states=noisy[:, :, None], timestep=sigma, encoder_hidden_states=theirs,
+            padding_mask=torch.zeros(1, 1, 32, 48), return_dict=False,
+        )[0][:, :, 0]  # fmt: skip
+    assert torch.allclose(predicted, expected, atol=1e-5)
+
+
+def test_the_text_cache_keeps_each_captions_t5_tokens_and_predicts_the_same():
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
+        cached = Conditioning.stack(rows, "cpu")
+        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
+        from_cache = family.predict(model, noisy, times, cached, {}).output
+        full = family.predict(model, noisy, times, encoded, {}).output
+    assert torch.allclose(from_cache, full, atol=1e-6)
+
+
+def test_samples_prompt_the_pipeline_with_our_encoding():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        arguments = family.prompt_arguments(model, "a red circle", "blue")
+        from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
+
+        theirs = AnimaTextEncoderStep.encode_prompt(pipe, ["a red circle"], negative_prompt="blue")
+    assert arguments.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert value.shape == arguments[key].shape, key
+        assert torch.allclose(arguments[key].float(), value.float(), atol=1e-5), key
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers (self- and cross-attention, the MLP), its latents and
+    captions cached, a sample with a negative prompt."""
+    root = tmp_path_factory.mktemp("anima-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "anima", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+        text_encoder={"train": False}, latent_caching=True,
+        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
+                  "diffusion_steps": 2, "cfg_scale": 3.0}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return root, config, run_config(config)
+
+
+def test_a_lora_trains_caches_samples_and_every_module_lands_in_the_pipeline_as_ours(lora_run):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    root, config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (96, 64)
+    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    state = load_file(config["output_model_destination"])
+    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    assert all(k.startswith("transformer.") for k in state)
+    assert {"transformer_blocks.0.attn1.to_q", "transformer_blocks.1.attn2.to_out.0",
+            "transformer_blocks.1.ff.net.2"} <= modules  # fmt: skip
+    assert not any(m.startswith(("patch_embed", "time_embed", "norm_out", "proj_out")) for m in modules)
+    assert not any(".norm1." in m or ".norm2." in m for m in modules)  # the AdaLN branches are not attention
+
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(config["output_model_destination"])
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert landed == modules
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+
+
+def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch):
+    """KOHYA_LORA: `lora_unet_` + the original DiT's module path (`blocks_0_self_attn_q_proj`), as OneTrainer writes
+    it; read back into a fresh model it gives the trained transformer's output."""
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert "lora_unet_blocks_0_self_attn_q_proj.lora_down.weight" in state
+    assert "lora_unet_blocks_1_cross_attn_output_proj.alpha" in state
+    assert all(k.startswith(("lora_unet_blocks_0_", "lora_unet_blocks_1_")) for k in state)
+    assert not any("mlp" in k for k in state)
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+@pytest.fixture(scope="module")
+def fine_tune(tmp_path_factory):
+    """A fine-tune of the transformer written as a diffusers folder, and the trained model."""
+    root = tmp_path_factory.mktemp("anima-ft")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "anima", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(root / "out" / "model"), output_dtype="FLOAT_32", text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    return root / "out" / "model"
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(fine_tune):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    trained = pipeline(fine_tune)
+    base = pipeline()
+    frozen = ("text_encoder", "text_conditioner", "vae")
+    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
+    assert trained.scheduler.config.shift == base.scheduler.config.shift
+    _, model = our_model(base_model_name=str(fine_tune))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_the_original_single_file_is_netted_dit_and_adapter_read_by_diffusers_and_back(tmp_path):
+    """ORIGINAL_TRANSFORMER writes the released layout (`net.blocks.N.self_attn.q_proj`, the adapter under
+    `net.llm_adapter.`): diffusers' `from_single_file` reads the DiT on the base's config, `transformer.model_name`
+    reads back both."""
+    from diffusers import CosmosTransformer3DModel
+
+    from onetrainer.config.enums import ModelFormat
+
+    family, model = our_model()
+    with torch.no_grad():  # a transformer and an adapter unlike the base's
+        for weight in [*model.part("transformer").parameters(), *model.part("text_encoder").conditioner.parameters()]:
+            weight.add_(0.01)
+    expected = transformer_output(model.part("transformer"))
+    expected_text = family.encode_text(model, CAPTIONS).hidden_states.detach()
+    path = tmp_path / "anima.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
+    state = load_file(str(path))
+    assert all(k.startswith("net.") for k in state)
+    assert {"net.x_embedder.proj.1.weight", "net.t_embedder.1.linear_1.weight", "net.t_embedding_norm.weight",
+            "net.blocks.1.adaln_modulation_cross_attn.2.weight", "net.blocks.0.self_attn.q_norm.weight",
+            "net.blocks.0.mlp.layer1.weight", "net.final_layer.linear.weight", "net.llm_adapter.embed.weight",
+            "net.llm_adapter.blocks.1.cross_attn.o_proj.weight"} <= set(state)  # fmt: skip
+    adapter = {k.removeprefix("net.llm_adapter."): v for k, v in state.items() if k.startswith("net.llm_adapter.")}
+    assert adapter.keys() == model.part("text_encoder").conditioner.state_dict().keys()
+    dit = [k for k in state if not k.startswith("net.llm_adapter.")]
+    assert len(dit) == len(model.part("transformer").state_dict())
+
+    dit_only = str(tmp_path / "dit.safetensors")  # diffusers' single-file loader reads the DiT (its adapter apart)
+    from safetensors.torch import save_file
+
+    save_file({k: state[k] for k in dit}, dit_only)
+    theirs = CosmosTransformer3DModel.from_single_file(
+        dit_only, config=str(tiny_model_dir("anima")), subfolder="transformer", local_files_only=True
+    )
+    assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
+    _, again = our_model(transformer={"model_name": str(path)})
+    assert torch.equal(transformer_output(again.part("transformer")), expected)
+    assert torch.equal(family.encode_text(again, CAPTIONS).hidden_states, expected_text)
