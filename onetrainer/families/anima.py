@@ -85,10 +85,14 @@ class AnimaTextEncoder(torch.nn.Module):
     """Qwen3 (`language_model`, the pipeline's `text_encoder`) and the LLM adapter (`conditioner`, its
     `text_conditioner`) as one part: captions' token ids in, the transformer's text out."""
 
-    def __init__(self, language_model: torch.nn.Module, conditioner: torch.nn.Module) -> None:
+    def __init__(self, language_model: torch.nn.Module | dict, conditioner: torch.nn.Module | dict) -> None:
+        """From the two modules, or from their configs (the released model's, `meta_models.instantiate`: the
+        estimate builds the part so, on the meta device)."""
+        from onetrainer.families.meta_models import instantiate
+
         super().__init__()
-        self.language_model = language_model
-        self.conditioner = conditioner
+        self.language_model = instantiate(language_model) if isinstance(language_model, dict) else language_model
+        self.conditioner = instantiate(conditioner) if isinstance(conditioner, dict) else conditioner
 
     @property
     def config(self):
@@ -209,6 +213,7 @@ class AnimaFamily(LanguageModelFlowFamily):
     # -- a training step ------------------------------------------------------------------------------------------
 
     def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        allow_padding_mask_resize()  # the estimate predicts on a model it built itself
         transformer = model.part("transformer")
         dtype = first_weight(transformer).dtype
         height, width = noisy_latents.shape[-2:]

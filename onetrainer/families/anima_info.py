@@ -24,7 +24,6 @@ ANIMA = FamilyInfo(
     # `text_encoder` is Qwen3-0.6B together with the LLM adapter that turns its states into the transformer's text
     # (diffusers' `text_conditioner`): they run, move and cache as one
     part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
-    part_labels={"text_encoder": "Text Encoder (Qwen3 + LLM adapter)"},
     # the VAE downsamples 8x and the transformer takes 2x2 patches: a token is 16 px (the pipeline's own check)
     bucket_step=16,
     sample_step=16,
@@ -79,7 +78,13 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
         _ANIMA_SAMPLE,
         released_parts={
             "transformer": ref.ANIMA_TRANSFORMER,
-            "text_encoder": ref.QWEN3_06B_TEXT,
+            # Qwen3 and the LLM adapter, the part's own class built from their configs
+            "text_encoder": {
+                "_module": "onetrainer.families.anima",
+                "_class_name": "AnimaTextEncoder",
+                "language_model": ref.QWEN3_06B_TEXT,
+                "conditioner": ref.ANIMA_TEXT_CONDITIONER,
+            },
             "vae": ref.QWEN_IMAGE_VAE,
         },
     ),
