@@ -20,8 +20,10 @@ Qwen3-0.6B through an LLM adapter (diffusers' `AnimaTextConditioner`).
   `net.llm_adapter.`; the adapter is read from it too), ComfyUI's prefix or diffusers' names, on the base's config.
 - Saving: the pipeline folder (also the backup), or the original single file (ORIGINAL_TRANSFORMER, as OneTrainer
   writes it and Anima was released). LoRA files: DIFFUSERS_LORA (peft names under `transformer.`;
-  `AnimaModularPipeline.load_lora_weights` reads them) and KOHYA_LORA (`lora_unet_` + the original DiT's module path,
-  as OneTrainer names them; `lora_te1_` + Qwen3's).
+  `AnimaModularPipeline.load_lora_weights` reads them), KOHYA_LORA (`lora_unet_` + the original DiT's module path,
+  as OneTrainer names them; `lora_te1_` + Qwen3's) and COMFY_LORA (`diffusion_model.` + the original DiT's module
+  path, dots kept: ComfyUI's names, which diffusers' Anima loader also converts; it reads no `alpha`, so a file
+  trained with alpha = rank loads there as trained).
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ class AnimaFamily(LanguageModelFlowFamily):
         "transformer": ("transformer_blocks",),
         "text_encoder": ("language_model.layers",),
     }
+    # ComfyUI's prefix of the DiT (the original file's `net.` dropped): its LoRA loader takes `diffusion_model.` + the
+    # original module path of every weight (`comfy_module_path`); Qwen3's LoRA keeps kohya's `lora_te1_` names
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model."}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -338,6 +343,9 @@ class AnimaFamily(LanguageModelFlowFamily):
         if part == "transformer":
             return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], anima_keys.original_module_path(module_path))
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path.removeprefix("language_model."))
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        return anima_keys.original_module_path(module_path) if part == "transformer" else module_path
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND

@@ -29,7 +29,7 @@ ANIMA = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.COMFY_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -57,12 +57,13 @@ ANIMA = FamilyInfo(
     "text. `text_encoder` is Qwen3 and the adapter together (they move, train and cache as one; OneTrainer trains "
     "neither). The VAE is Qwen-Image's (Wan's) on single frames, latents normalised per channel; training is "
     "rectified flow (the transformer takes sigma and predicts the flow). Samples run AnimaModularPipeline with "
-    "classifier-free guidance. LoRA files: DIFFUSERS_LORA (the pipeline's `load_lora_weights`) or KOHYA_LORA "
-    "(`lora_unet_` + the original DiT's module names, as OneTrainer writes them). Fine-tunes: a diffusers folder "
+    "classifier-free guidance. LoRA files: DIFFUSERS_LORA (the pipeline's `load_lora_weights`), KOHYA_LORA "
+    "(`lora_unet_` + the original DiT's module names, as OneTrainer writes them) or COMFY_LORA (`diffusion_model.` + "
+    "the original DiT's module paths, ComfyUI's names, which diffusers' Anima loader converts too but without an "
+    "`alpha`: train with alpha = rank for it); LoHa and LoKr too. Fine-tunes: a diffusers folder "
     "(also the backup, usable as a base model) or the original single file (ORIGINAL_TRANSFORMER: the DiT under "
     "`net.` in NVIDIA's names with the adapter under `net.llm_adapter.`, as Anima was released), which "
     "`transformer.model_name` reads back over a diffusers base.",
-    formats_to_come={TrainingMethod.LORA: (ModelFormat.COMFY_LORA,)},
 )
 _ANIMA_SAMPLE = SampleDefaults(1024, 1024, 30, 4.0, NoiseScheduler.EULER)
 

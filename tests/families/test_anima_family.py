@@ -20,6 +20,7 @@ from onetrainer.families.base import Conditioning
 from onetrainer.tiny import tiny_model_dir
 from onetrainer.training.events import Metrics, SampleReady
 from tests.helpers import (
+    assert_offloading_trains_the_same_lora,
     assert_only_the_denoiser_trained,
     image_folder,
     keep_trained_output,
@@ -178,27 +179,110 @@ def test_a_lora_trains_caches_samples_and_every_module_lands_in_the_pipeline_as_
     assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
 
 
-def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA: `lora_unet_` + the original DiT's module path (`blocks_0_self_attn_q_proj`), as OneTrainer writes
-    it; read back into a fresh model it gives the trained transformer's output."""
+    it, `lora_te1_` + Qwen3's, in each adapter kind; read back into a fresh model it gives the trained transformer's
+    output."""
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     image_folder(tmp_path, count=2)
     trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": False},
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
     )  # fmt: skip
     run_config(config)
     state = load_file(config["output_model_destination"])
-    assert "lora_unet_blocks_0_self_attn_q_proj.lora_down.weight" in state
-    assert "lora_unet_blocks_1_cross_attn_output_proj.alpha" in state
-    assert all(k.startswith(("lora_unet_blocks_0_", "lora_unet_blocks_1_")) for k in state)
-    assert not any("mlp" in k for k in state)
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    assert f"lora_unet_blocks_0_self_attn_q_proj.{marker}" in state
+    assert f"lora_unet_blocks_1_cross_attn_output_proj.{marker}" in state
+    assert all(k.startswith(("lora_unet_blocks_0_", "lora_unet_blocks_1_", "lora_te1_layers_")) for k in state)
+    assert not any("mlp" in k for k in state if k.startswith("lora_unet_"))  # attn-only: the DiT's attention
+    assert any(k.startswith("lora_te1_layers_0_self_attn_q_proj.") for k in state) is (kind == "lora")
     file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file)
+    _, again = our_model(method=True, **file, **settings)
     ours = transformer_output(again.part("transformer"))
     assert torch.allclose(ours, trained["output"], atol=1e-6)
     _, plain = our_model()
     assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_comfy_files_use_comfyuis_names_which_diffusers_anima_loader_lands(tmp_path, monkeypatch):
+    """COMFY_LORA: `diffusion_model.` + the original DiT's module path, dots kept, kohya's suffixes (what ComfyUI's
+    LoRA loader maps onto its Anima model): read back as trained. Diffusers' Anima loader converts those names too,
+    with peft's suffixes and no alpha: so renamed (trained with alpha = rank, the scale 1 it assumes), every module
+    lands in the pipeline and it predicts as ours."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="attn-mlp", text_encoder={"train": False}, lora_rank=4, lora_alpha=4.0,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert "diffusion_model.blocks.0.self_attn.q_proj.lora_down.weight" in state
+    assert "diffusion_model.blocks.1.mlp.layer2.lora_up.weight" in state
+    assert all(k.startswith("diffusion_model.blocks.") for k in state)
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
+    _, again = our_model(method=True, **file, lora_rank=4, lora_alpha=4.0)
+    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+
+    pipe = pipeline()
+    peft_suffixes = {".lora_down.": ".lora_A.", ".lora_up.": ".lora_B."}
+    renamed = {}
+    for key, value in state.items():
+        for old, new in peft_suffixes.items():
+            key = key.replace(old, new)
+        if not key.endswith(".alpha"):
+            renamed[key] = value
+    pipe.load_lora_weights(renamed)
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert "transformer_blocks.0.attn1.to_q" in landed and "transformer_blocks.1.ff.net.2" in landed
+    assert len(landed) == len({k.rpartition(".lora_")[0] for k in state if ".lora_" in k})
+    assert torch.allclose(transformer_output(pipe.transformer), trained["output"], atol=1e-5)
+
+
+def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under the text encoder's key; set into the pipeline's tokenizer and Qwen3 as new
+    tokens (it has no textual-inversion loader), its prompt encoding gives our conditioning (the adapter's T5 ids are
+    of the same prompt text)."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="anima", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["qwen3_06b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    prompt = method.embeddings.apply("a photo of <shape>")
+    tokens = prompt.removeprefix("a photo of ").split(" ")
+    assert len(tokens) == len(vectors) > 1
+    pipe.tokenizer.add_tokens(tokens)  # the vectors under the names the prompt holds (T5 reads the same text)
+    pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    with torch.no_grad():
+        table = pipe.text_encoder.get_input_embeddings().weight
+        for token, vector in zip(tokens, vectors, strict=True):
+            table[pipe.tokenizer.convert_tokens_to_ids(token)] = vector
+        ours = family.encode_text(model, [prompt])
+        theirs = pipeline_text(pipe, [prompt])
+    assert torch.allclose(ours.hidden_states, theirs, atol=1e-5)
+
+
+def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the DiT's blocks and of Qwen3's decoder layers waiting off the device (`layer_blocks`), with gradient
+    checkpointing as the presets train: the same losses and the same LoRA as without."""
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, "anima", {"CosmosTransformer3DModel", "AnimaTextEncoder"}
+    )
 
 
 @pytest.fixture(scope="module")
