@@ -17,6 +17,7 @@ from onetrainer.config.family_info import (
     SampleDefaults,
 )
 from onetrainer.families import reference_configs as ref
+from onetrainer.families.lora_caveats import text_encoder_caveat
 
 ANIMA = FamilyInfo(
     key="anima",
@@ -50,6 +51,13 @@ ANIMA = FamilyInfo(
     },
     # OneTrainer runs Qwen3 outside float16 autocast (BaseAnimaSetup)
     float16_unsafe_parts=("text_encoder",),
+    file_caveats=(
+        text_encoder_caveat(
+            "text_encoder",
+            "diffusers' AnimaModularPipeline.load_lora_weights reads the transformer's (and the LLM adapter's) part of "
+            "a DIFFUSERS_LORA file, not the Qwen3 LoRA",
+        ),
+    ),
     notes="Anima (circlestone-labs) is NVIDIA's Cosmos-Predict2-2B DiT fine-tuned on Qwen3-0.6B's text through an "
     "LLM adapter: as AnimaModularPipeline encodes a caption, Qwen3 reads it as plain text (no template) and its last "
     "hidden states, padding zeroed, go into the adapter (diffusers' `text_conditioner`), whose queries are learned "

@@ -349,3 +349,21 @@ def test_the_original_single_file_is_netted_dit_and_adapter_read_by_diffusers_an
     _, again = our_model(transformer={"model_name": str(path)})
     assert torch.equal(transformer_output(again.part("transformer")), expected)
     assert torch.equal(family.encode_text(again, CAPTIONS).hidden_states, expected_text)
+
+
+def test_the_sampling_tool_renders_the_model_and_its_lora(lora_run, in_tmp):
+    """scripts/sample.py on the tiny model: a picture of the asked size through the pipeline, which the LoRA trained
+    above changes."""
+    import numpy as np
+
+    from onetrainer.cli.sample import EXIT_OK, main
+
+    _, config, _ = lora_run
+    base = str(tiny_model_dir("anima"))
+    args = ["--model-type", "ANIMA", "--base-model", base, "--width", "64", "--height", "48", "--steps", "2",
+            "--cfg-scale", "3", "--device", "cpu", "--prompt", "a red circle", "--seed", "3"]  # fmt: skip
+    assert main([*args, "--output", "plain.png"]) == EXIT_OK
+    assert main([*args, "--lora", config["output_model_destination"], "--output", "lora.png"]) == EXIT_OK
+    plain, lora = (np.asarray(Image.open(in_tmp / n).convert("RGB"), dtype=np.int16) for n in ("plain.png", "lora.png"))
+    assert plain.shape == (48, 64, 3) and plain.std() > 0
+    assert np.abs(plain - lora).max() > 0
