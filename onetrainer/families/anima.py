@@ -22,8 +22,8 @@ Qwen3-0.6B through an LLM adapter (diffusers' `AnimaTextConditioner`).
   writes it and Anima was released). LoRA files: DIFFUSERS_LORA (peft names under `transformer.`;
   `AnimaModularPipeline.load_lora_weights` reads them), KOHYA_LORA (`lora_unet_` + the original DiT's module path,
   as OneTrainer names them; `lora_te1_` + Qwen3's) and COMFY_LORA (`diffusion_model.` + the original DiT's module
-  path, dots kept: ComfyUI's names, which diffusers' Anima loader also converts; it reads no `alpha`, so a file
-  trained with alpha = rank loads there as trained).
+  path, Qwen3's under `text_encoders.qwen3_06b.transformer.model.`, dots kept, kohya's suffixes: ComfyUI's names,
+  which diffusers' Anima loader also converts, though it takes peft's `lora_A`/`lora_B` and no `alpha`).
 """
 
 from __future__ import annotations
@@ -148,9 +148,13 @@ class AnimaFamily(LanguageModelFlowFamily):
         "transformer": ("transformer_blocks",),
         "text_encoder": ("language_model.layers",),
     }
-    # ComfyUI's prefix of the DiT (the original file's `net.` dropped): its LoRA loader takes `diffusion_model.` + the
-    # original module path of every weight (`comfy_module_path`); Qwen3's LoRA keeps kohya's `lora_te1_` names
-    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model."}
+    # ComfyUI's prefixes of the DiT (the original file's `net.` dropped) and of its Qwen3 text encoder (`qwen3_06b`,
+    # whose Qwen3Model is the `model` of ComfyUI's wrapper): its LoRA loader takes `<prefix><module path>` for every
+    # weight, the DiT's in the original names and Qwen3's without our `language_model.` level (`comfy_module_path`)
+    comfy_prefixes: ClassVar[dict[str, str]] = {
+        "transformer": "diffusion_model.",
+        "text_encoder": "text_encoders.qwen3_06b.transformer.model.",
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -345,7 +349,9 @@ class AnimaFamily(LanguageModelFlowFamily):
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path.removeprefix("language_model."))
 
     def comfy_module_path(self, part: str, module_path: str) -> str:
-        return anima_keys.original_module_path(module_path) if part == "transformer" else module_path
+        if part == "transformer":
+            return anima_keys.original_module_path(module_path)
+        return module_path.removeprefix("language_model.")
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND

@@ -218,13 +218,16 @@ def test_comfy_files_use_comfyuis_names_which_diffusers_anima_loader_lands(tmp_p
     trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-mlp", text_encoder={"train": False}, lora_rank=4, lora_alpha=4.0,
+        layer_filter_preset="attn-mlp", text_encoder={"train": True}, lora_rank=4, lora_alpha=4.0,
     )  # fmt: skip
     run_config(config)
     state = load_file(config["output_model_destination"])
     assert "diffusion_model.blocks.0.self_attn.q_proj.lora_down.weight" in state
     assert "diffusion_model.blocks.1.mlp.layer2.lora_up.weight" in state
-    assert all(k.startswith("diffusion_model.blocks.") for k in state)
+    assert "text_encoders.qwen3_06b.transformer.model.layers.1.mlp.down_proj.alpha" in state
+    assert all(
+        k.startswith(("diffusion_model.blocks.", "text_encoders.qwen3_06b.transformer.model.layers.")) for k in state
+    )
     file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
     _, again = our_model(method=True, **file, lora_rank=4, lora_alpha=4.0)
     assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
@@ -240,7 +243,9 @@ def test_comfy_files_use_comfyuis_names_which_diffusers_anima_loader_lands(tmp_p
     pipe.load_lora_weights(renamed)
     landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
     assert "transformer_blocks.0.attn1.to_q" in landed and "transformer_blocks.1.ff.net.2" in landed
-    assert len(landed) == len({k.rpartition(".lora_")[0] for k in state if ".lora_" in k})
+    assert len(landed) == len(
+        {k.rpartition(".lora_")[0] for k in state if k.startswith("diffusion_model.") and ".lora_" in k}
+    )
     assert torch.allclose(transformer_output(pipe.transformer), trained["output"], atol=1e-5)
 
 
