@@ -15,6 +15,9 @@ from onetrainer.weights.checkpoint_files import without_prefix
 
 CHECKPOINT_PREFIX = "net."  # the original file's wrapper around the DiT and its adapter
 ADAPTER = "llm_adapter."  # the adapter's place in the original model, beside the DiT's modules
+# Buffers a Cosmos checkpoint may carry besides the weights (the rotary tables, training counters; diffusers' own
+# single-file conversion drops them too)
+_NOT_WEIGHTS = ("pos_embedder.", "accum_", "logvar.")
 
 # diffusers' leading module path → the original's
 _TOP = (
@@ -88,6 +91,7 @@ def split_original(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.T
     which pass as they are) as the transformer's state dict in diffusers' names and the adapter's (empty where the
     file has none)."""
     state = without_prefix(dict(state), (CHECKPOINT_PREFIX, "model.diffusion_model.", "diffusion_model."))
+    state = {k: v for k, v in state.items() if not k.startswith(_NOT_WEIGHTS) and not k.endswith("_extra_state")}
     adapter = {k[len(ADAPTER) :]: v for k, v in state.items() if k.startswith(ADAPTER)}
     rest = {k: v for k, v in state.items() if not k.startswith(ADAPTER)}
     if any(k.startswith("transformer_blocks.") for k in rest):

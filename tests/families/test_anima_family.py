@@ -372,3 +372,14 @@ def test_the_sampling_tool_renders_the_model_and_its_lora(lora_run, in_tmp):
     plain, lora = (np.asarray(Image.open(in_tmp / n).convert("RGB"), dtype=np.int16) for n in ("plain.png", "lora.png"))
     assert plain.shape == (48, 64, 3) and plain.std() > 0
     assert np.abs(plain - lora).max() > 0
+
+
+def test_a_backup_gives_each_part_back_the_text_encoder_from_its_two_folders(tmp_path):
+    """A fine-tune backup is the pipeline folder; the text-encoder part (Qwen3 and the adapter) is read back from
+    `text_encoder/` and `text_conditioner/` under the part's own names."""
+    family, model = our_model()
+    family.save_backup(model, tmp_path / "model")
+    for part in ("transformer", "text_encoder"):
+        state, own = family.backup_state(model, tmp_path / "model", part), model.part(part).state_dict()
+        assert state.keys() == own.keys(), part
+        assert all(torch.equal(state[k], own[k]) for k in own), part
