@@ -383,3 +383,22 @@ def test_a_backup_gives_each_part_back_the_text_encoder_from_its_two_folders(tmp
         state, own = family.backup_state(model, tmp_path / "model", part), model.part(part).state_dict()
         assert state.keys() == own.keys(), part
         assert all(torch.equal(state[k], own[k]) for k in own), part
+
+
+def test_a_dropped_caption_is_the_empty_caption_the_pipelines_negative_prompt():
+    """Caption dropout encodes "" (no Qwen3 token at all, the T5 end token alone), finite and as the pipeline encodes
+    its default negative prompt; from the text cache it predicts as encoded whole."""
+    family, model = our_model()
+    pipe = pipeline()
+    cache = dict(zip(["", *CAPTIONS], encode_text_entries(family, model, ["", *CAPTIONS]), strict=True))
+    with torch.no_grad():
+        empty = family.encode_text(model, [""]).hidden_states
+        assert torch.isfinite(empty).all() and empty[:, 1:].abs().sum() == 0  # the adapter's output at one T5 token
+        assert torch.allclose(empty, pipeline_text(pipe, [""]), atol=1e-5)
+        dropped = family.drop_captions(
+            model, CAPTIONS, [torch.tensor([True, False])], lambda c: Conditioning.stack([cache[x] for x in c], "cpu")
+        )
+        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([300.0, 700.0])
+        from_cache = family.predict(model, noisy, times, dropped, {}).output
+        whole = family.predict(model, noisy, times, family.encode_text(model, ["", CAPTIONS[1]]), {}).output
+    assert torch.allclose(from_cache, whole, atol=1e-6)
