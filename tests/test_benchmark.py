@@ -376,3 +376,11 @@ def test_the_ernie_part_times_ours_and_the_bare_loop_training_the_same_lora():
     figures = compare_family("ernie", steps=1, warmup=1, repeat=1, progress=None)
     assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
+
+
+def test_the_anima_part_times_ours_and_the_bare_loop_training_the_same_lora():
+    from onetrainer.benchmark.family_overhead import compare_family
+
+    figures = compare_family("anima", steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])

@@ -251,6 +251,8 @@ def bare_pipeline_lora(pipeline_class: str, config, device: torch.device):
 
     model_dir = str(resolve_local(config.base_model_name))
     pipe = library_attribute("diffusers", pipeline_class).from_pretrained(model_dir, local_files_only=True)
+    if hasattr(pipe, "load_components"):  # a modular pipeline (`ModularPipeline`) reads its components on request
+        pipe.load_components(dtype=torch.float32)
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             module.requires_grad_(False)

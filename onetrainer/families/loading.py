@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from onetrainer.config.model_types import model_type_info
-from onetrainer.families.sources import ModelSource
+from onetrainer.families.sources import ModelSource, is_pipeline_folder
 from onetrainer.precision.dtypes import torch_dtype
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ def backup_model_source(backup: Path) -> ModelSource:
     """The whole model in a fine-tune backup (`<backup>/model`, a diffusers folder) as the source to load; a backup
     of a LoRA or embedding run holds no whole model, and is refused with what to do instead."""
     folder = backup / "model"
-    if (folder / "model_index.json").is_file():
+    if is_pipeline_folder(folder):
         return ModelSource("diffusers", str(folder))
     raise ModelLoadError(
         f"{backup} is a backup of a LoRA or embedding run, not a whole model: resume it with 'Continue from last "

@@ -328,6 +328,18 @@ QWEN3_4B_TEXT: Config = {
     "vocab_size": 151936,
 }
 
+# Qwen3-0.6B (Anima's text_encoder/config.json, read as the bare Qwen3Model): 28 decoder layers of 1024, 16 query
+# heads of 128 over 8 key/value heads; Qwen3-4B's vocabulary, rotary base and special tokens.
+QWEN3_06B_TEXT: Config = {
+    **QWEN3_4B_TEXT,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_window_layers": 28,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+}
+
 # Qwen2.5-VL-7B-Instruct (Qwen/Qwen2.5-VL-7B-Instruct config.json) as Qwen-Image's text encoder (Qwen/Qwen-Image and
 # Qwen-Image-Edit-2509/-2511 text_encoder/), the whole model: the files hold the decoder under `model.`, the vision
 # tower under `visual.` and the untied `lm_head` (transformers 5 moves the first two under `model.language_model.` and
@@ -532,6 +544,43 @@ QWEN_IMAGE_TRANSFORMER: Config = {
 # Qwen-Image-Edit-2511 (Qwen/Qwen-Image-Edit-2511 transformer/config.json): the same weights' layout, but the reference
 # images' tokens are modulated as at time 0 (`zero_cond_t`), the generated ones at the step's time.
 QWEN_IMAGE_EDIT_2511_TRANSFORMER: Config = {**QWEN_IMAGE_TRANSFORMER, "zero_cond_t": True}
+
+# Anima (circlestone-labs/Anima-Base-v1.0-Diffusers transformer/config.json: NVIDIA's Cosmos-Predict2-2B DiT, which
+# Anima fine-tunes): 28 blocks of 16 heads of 128 (self-attention, cross-attention to 1024-wide text, an MLP, each
+# AdaLN-modulated through a 256-wide low-rank branch), 3D rotary positions (spatial scale 4), the padding mask as a
+# 17th input channel, 1x2x2 patches of 16-channel latents.
+ANIMA_TRANSFORMER: Config = {
+    "_class_name": "CosmosTransformer3DModel",
+    "adaln_lora_dim": 256,
+    "attention_head_dim": 128,
+    "concat_padding_mask": True,
+    "extra_pos_embed_type": None,
+    "in_channels": 16,
+    "max_size": [128, 240, 240],
+    "mlp_ratio": 4.0,
+    "num_attention_heads": 16,
+    "num_layers": 28,
+    "out_channels": 16,
+    "patch_size": [1, 2, 2],
+    "rope_scale": [1.0, 4.0, 4.0],
+    "text_embed_dim": 1024,
+}
+# Anima's LLM adapter (text_conditioner/config.json; `net.llm_adapter.` in the original file): 6 blocks over learned
+# embeddings of the caption's T5 token ids (as queries), each self-attention, cross-attention to Qwen3-0.6B's last
+# hidden states and an MLP; its output, padded with zeros to 512 tokens, is the transformer's text.
+ANIMA_TEXT_CONDITIONER: Config = {
+    "_class_name": "AnimaTextConditioner",
+    "min_sequence_length": 512,
+    "mlp_ratio": 4.0,
+    "model_dim": 1024,
+    "num_attention_heads": 16,
+    "num_layers": 6,
+    "source_dim": 1024,
+    "target_dim": 1024,
+    "target_vocab_size": 32128,
+    "use_layer_norm": False,
+    "use_self_attention": True,
+}
 
 # --- Würstchen v2 and Stable Cascade ------------------------------------------------------------------------------
 
@@ -773,6 +822,14 @@ Z_IMAGE_SCHEDULER: Config = {
 }
 # Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo): the distilled model samples (in ~8 steps, without CFG) at shift 3.
 Z_IMAGE_TURBO_SCHEDULER: Config = {**Z_IMAGE_SCHEDULER, "shift": 3.0}
+# Anima's scheduler (scheduler/config.json): flow-matching Euler at a fixed shift of 3, which the pipeline applies to
+# its linear sigmas; no resolution-dependent shift.
+ANIMA_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": False,
+}
 # Qwen-Image (Qwen/Qwen-Image scheduler/scheduler_config.json; Qwen-Image-Edit-2509's is the same): rectified flow,
 # sigmas shifted exponentially by the image's token count (mu from 0.5 at 256 tokens to 0.9 at 8192, the pipelines
 # compute it), the last one stretched to 0.02.

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth")
 BACKUP_MARKER = "meta.json"
+# What marks a diffusers pipeline folder: its index, or a modular pipeline's (diffusers' ModularPipeline).
+PIPELINE_INDEX_FILES = ("model_index.json", "modular_model_index.json")
 
 
 @dataclass(frozen=True)
@@ -50,13 +52,18 @@ def is_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name.strip()))
 
 
+def is_pipeline_folder(folder: Path) -> bool:
+    """Whether `folder` is a diffusers pipeline folder (its `model_index.json`, or a modular pipeline's index)."""
+    return any((folder / name).is_file() for name in PIPELINE_INDEX_FILES)
+
+
 def resolve_source(name: str) -> ModelSource:
     name = name.strip()
     local = _plain_path(name)  # a family sees local paths only: the run has prepared its config
     if local.is_dir():
         if (local / BACKUP_MARKER).is_file():
             return ModelSource("backup", str(local))
-        if (local / "model_index.json").is_file():
+        if is_pipeline_folder(local):
             return ModelSource("diffusers", str(local))
         raise ModelNotFound(f"{local} is a folder but not a diffusers model (no model_index.json) or a backup")
     if local.is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from onetrainer.tiny.variant import TinyVariant
@@ -33,3 +34,21 @@ def tiny_qwen3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
         bos_token_id=tokenizer.pad_token_id,  # "<|endoftext|>": Qwen3's config calls it the start token
         eos_token_id=tokenizer.eos_token_id,
     )
+
+
+def store_as_causal_lm(folder: Path) -> None:
+    """A saved Qwen3Model folder as the hub's Qwen3 text encoders are: a Qwen3ForCausalLM checkpoint, its config naming
+    that class and its files holding the weights under `model.` (the LM head is the tied embedding, not stored).
+    Diffusers loads it as the bare Qwen3Model, and transformers strips the prefix on load, for either class."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    for path in folder.glob("*.safetensors"):
+        tensors = load_file(path)
+        renamed = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
+        save_file(renamed, path, metadata={"format": "pt"})
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

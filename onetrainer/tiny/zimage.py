@@ -3,13 +3,12 @@ hidden states of a Qwen3 text encoder, which reads prompts through Qwen3's chat 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from onetrainer.config.enums import ModelType
 from onetrainer.tiny import reference as ref
-from onetrainer.tiny.qwen3_text import tiny_qwen3_config
+from onetrainer.tiny.qwen3_text import store_as_causal_lm, tiny_qwen3_config
 from onetrainer.tiny.variant import TinyVariant
 
 LISTING_ORDER = 6
@@ -113,22 +112,9 @@ DENOISER_INPUTS = {"ZImageTransformer2DModel": transformer_inputs}
 
 
 def store_extras(pipeline: Any, folder: Path, variant: TinyVariant) -> None:
-    """The text encoder and tokenizer as users' folders hold them.
-
-    Z-Image's text encoder on the hub is a Qwen3ForCausalLM checkpoint: its config names that class and its files
-    hold the weights under `model.` (the LM head is the tied embedding, not stored). Diffusers loads it as the bare
-    Qwen3Model (model_index.json), and transformers strips the prefix on load, for either class."""
-    from safetensors.torch import load_file, save_file
-
+    """The text encoder and tokenizer as users' folders hold them (Z-Image's text encoder on the hub is a
+    Qwen3ForCausalLM checkpoint: `qwen3_text.store_as_causal_lm`)."""
     from onetrainer.tiny.qwen_tokenizer import rewrite_qwen_tokenizer
 
-    encoder = folder / "text_encoder"
-    for path in encoder.glob("*.safetensors"):
-        tensors = load_file(path)
-        renamed = {k if k.startswith("model.") else f"model.{k}": v for k, v in tensors.items()}
-        save_file(renamed, path, metadata={"format": "pt"})
-    config_path = encoder / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["architectures"] = ["Qwen3ForCausalLM"]
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    store_as_causal_lm(folder / "text_encoder")
     rewrite_qwen_tokenizer(folder / "tokenizer", pipeline.tokenizer)

@@ -26,6 +26,7 @@ FAMILY_PATTERNS = {
     "zimage": r"\bz[_-]?image",
     "sana": r"\bsana\b",
     "krea2": r"krea[ _-]?2",
+    "anima": r"(?<![a-z])anima(?![a-z])",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }
