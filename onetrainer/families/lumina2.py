@@ -21,7 +21,9 @@ sequence) over Flux's 16-channel VAE latents, conditioned on Gemma-2, trained by
 - Saving: the pipeline folder (also the backup, usable as a base model), or the transformer alone in the released
   layout (ORIGINAL_TRANSFORMER: fused q/k/v, what diffusers' `from_single_file` and ComfyUI read).
 - LoRA files: DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `Lumina2Pipeline.load_lora_weights`
-  reads the transformer's) and KOHYA_LORA (`lora_unet_` / `lora_te1_` + the diffusers module path, LyCORIS kinds too).
+  reads the transformer's), COMFY_LORA (the released names under `diffusion_model.`, q/k/v fused, the scale folded:
+  `weights/lumina2_lora`, what ComfyUI applies and diffusers' loader converts) and KOHYA_LORA (`lora_unet_` /
+  `lora_te1_` + the diffusers module path, LyCORIS kinds too).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from onetrainer.families.lumina2_info import LUMINA2
 from onetrainer.families.saving import FlowPipelineFolder, plain_state
 from onetrainer.families.vae import encode_latents, load_vae
 from onetrainer.noise.prediction import Prediction
-from onetrainer.weights import lumina2_keys
+from onetrainer.weights import lumina2_keys, lumina2_lora
+from onetrainer.weights.adapter_kinds import LORA
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -73,6 +76,9 @@ class Lumina2Family(LanguageModelFlowFamily):
         "transformer": ("layers",),
         "text_encoder": ("layers",),
     }
+
+    # ComfyUI's prefix of the Lumina 2 model: its LoRA loader takes `diffusion_model.<module>` for every weight of it
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model."}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -179,3 +185,31 @@ class Lumina2Family(LanguageModelFlowFamily):
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        return lumina2_lora.comfy_path(module_path)
+
+    def lora_format_state(self, model, part, kind, state, alphas, ranks, fmt):
+        """COMFY_LORA's LoRA on the transformer: the released names, q/k/v fused, the scale folded
+        (`weights/lumina2_lora`); every other file, kind and part: the generic layout."""
+        if fmt is ModelFormat.COMFY_LORA and part == "transformer" and kind == LORA:
+            return lumina2_lora.to_comfy(state, alphas, qkv_rows(model))
+        return None
+
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A COMFY_LORA file's names as kohya's (a fused qkv LoRA split into q, k and v); other files as they are."""
+        if "transformer" in model.parts and any(k.startswith(lumina2_lora.PREFIX) for k in state):
+            modules = {
+                path: self.kohya_name(model, "transformer", path)
+                for path, module in model.part("transformer").named_modules()
+                if isinstance(module, torch.nn.Linear)
+            }
+            state = lumina2_lora.from_comfy(state, modules, qkv_rows(model))
+        return super().kohya_named_lora(model, state)
+
+
+def qkv_rows(model: LoadedModel) -> tuple[int, int, int]:
+    """The output widths of the transformer's q, k and v: the model's width, and its key/value heads' for k and v."""
+    config = model.part("transformer").config
+    kv = config.num_kv_heads * (config.hidden_size // config.num_attention_heads)
+    return config.hidden_size, kv, kv

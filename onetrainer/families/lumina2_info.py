@@ -29,7 +29,7 @@ LUMINA2 = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -66,7 +66,10 @@ LUMINA2 = FamilyInfo(
     "training is rectified flow at the `timestep_shift` you set (the released sampler shifts by 6): the transformer "
     "takes 1 - sigma (0 is noise) and predicts the negative flow, as the pipeline reads it. Samples run "
     "Lumina2Pipeline with classifier-free guidance and its normalisation. LoRA files: DIFFUSERS_LORA (diffusers' "
-    "`load_lora_weights`) or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the diffusers module path; LoHa and LoKr too). "
+    "`load_lora_weights`), COMFY_LORA (the released module names under `diffusion_model.`, q/k/v as one exact LoRA "
+    "on the fused qkv, the scale folded in: what ComfyUI applies, and diffusers' `load_lora_weights` where every "
+    "linear layer of each block is trained, the `blocks` preset; LoHa and LoKr keep q/k/v apart there, which only "
+    "this trainer reads) or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the diffusers module path; LoHa and LoKr too). "
     "Fine-tunes: a diffusers folder (also the backup, usable as a base model) or the transformer alone in the layout "
     "Alpha-VLLM released it in (ORIGINAL_TRANSFORMER: fused q/k/v, what ComfyUI's Load Diffusion Model and "
     "diffusers' `from_single_file` read), which `transformer.model_name` reads back over a diffusers base.",

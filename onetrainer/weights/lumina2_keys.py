@@ -49,6 +49,12 @@ def _rename(key: str, top, block) -> str:
     return key
 
 
+def released_name(key: str) -> str:
+    """A diffusers weight name (or module path + ".weight") in the released layout; q/k/v keep theirs (`to_original`
+    fuses them)."""
+    return _rename(key, _TOP, _BLOCK)
+
+
 def to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A `Lumina2Transformer2DModel` state dict in the released layout; ValueError where a block has only some of
     q/k/v."""

@@ -327,3 +327,97 @@ def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
     assert_offloading_trains_the_same_lora(
         tmp_path, monkeypatch, "lumina2", {"Lumina2Transformer2DModel", "Gemma2Model"}
     )
+
+
+class _SplitAtTinyWidths:
+    """torch for diffusers' Lumina 2 converters, which split fused q/k/v rows at the released model's widths (2304 |
+    768 | 768): the tiny model's in their place, every other call torch's own (the converters' names are theirs)."""
+
+    def __init__(self, widths: list[int]) -> None:
+        self.widths = widths
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def split(self, tensor, sizes, dim=0):
+        return torch.split(tensor, self.widths if list(sizes) == [2304, 768, 768] else sizes, dim=dim)
+
+
+@pytest.fixture(scope="module")
+def comfy_run(tmp_path_factory):
+    """A COMFY_LORA on every linear layer of the blocks (`blocks`: what diffusers' converter of such files takes)."""
+    root = tmp_path_factory.mktemp("lumina2-comfy")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "lumina2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="blocks", text_encoder={"train": False}, lora_alpha=4.0,
+    )  # fmt: skip
+    run_config(config)
+    return config
+
+
+def test_a_comfy_lora_is_the_released_layout_with_qkv_fused_and_loads_in_diffusers_as_ours(comfy_run, monkeypatch):
+    from diffusers.loaders import lora_conversion_utils
+
+    state = load_file(comfy_run["output_model_destination"])
+    assert all(k.startswith("diffusion_model.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in state)
+    width = 36
+    qkv_down, qkv_up = (
+        state["diffusion_model.layers.0.attention.qkv.lora_A.weight"],
+        state["diffusion_model.layers.0.attention.qkv.lora_B.weight"],
+    )
+    rank = qkv_down.shape[0] // 3
+    assert qkv_up.shape == (width * 5 // 3, 3 * rank)
+    assert not qkv_up[:width, rank:].any() and not qkv_up[width:, :rank].any()  # block-diagonal: exact
+    assert {"diffusion_model.context_refiner.1.feed_forward.w3.lora_B.weight",
+            "diffusion_model.noise_refiner.0.adaLN_modulation.1.lora_A.weight",
+            "diffusion_model.layers.1.attention.out.lora_A.weight"} <= set(state)  # fmt: skip
+
+    _, ours = our_model(method=True, lora_model_name=comfy_run["output_model_destination"], lora_alpha=4.0)
+    expected = transformer_output(ours.part("transformer"))
+    _, plain = our_model()
+    assert not torch.allclose(expected, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    pipe = pipeline()
+    monkeypatch.setattr(lora_conversion_utils, "torch", _SplitAtTinyWidths([width, width // 3, width // 3]))
+    pipe.load_lora_weights(comfy_run["output_model_destination"])
+    monkeypatch.undo()
+    assert torch.allclose(transformer_output(pipe.transformer), expected, atol=1e-5)
+
+
+def test_a_lokr_comfy_lora_keeps_qkv_apart_and_reads_back_as_trained(tmp_path, monkeypatch):
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    settings = {"peft_type": "LOKR", "lokr_dim": 2}
+    config = tiny_config(
+        tmp_path, "lumina2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="attn-mlp", text_encoder={"train": False}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert "diffusion_model.layers.0.attn.to_k.lokr_w1" in state
+    assert "diffusion_model.layers.0.feed_forward.w2.lokr_w1" in state
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+
+
+def test_a_fused_qkv_lora_with_one_down_matrix_reads_as_the_same_change_per_projection():
+    """A peer's LoRA trained on the fused layer itself (one down matrix for q, k and v, alpha given): each projection
+    gets that down matrix and its own up rows, at the file's scale: the same ΔW."""
+    from onetrainer.weights.lumina2_lora import from_comfy
+
+    generator = torch.Generator().manual_seed(0)
+    down, up = torch.randn(4, 36, generator=generator), torch.randn(60, 4, generator=generator)
+    state = {
+        "diffusion_model.layers.0.attention.qkv.lora_down.weight": down,
+        "diffusion_model.layers.0.attention.qkv.lora_up.weight": up,
+        "diffusion_model.layers.0.attention.qkv.alpha": torch.tensor(2.0),
+    }
+    names = {f"layers.0.attn.{p}": f"lora_unet_layers_0_attn_{p}" for p in ("to_q", "to_k", "to_v")}
+    read = from_comfy(state, names, (36, 12, 12))
+    deltas = []
+    for p in ("to_q", "to_k", "to_v"):
+        name = f"lora_unet_layers_0_attn_{p}"
+        scale = float(read[f"{name}.alpha"]) / read[f"{name}.lora_down.weight"].shape[0]
+        deltas.append(read[f"{name}.lora_up.weight"] @ read[f"{name}.lora_down.weight"] * scale)
+    assert torch.allclose(torch.cat(deltas), up @ down * 0.5, atol=1e-5)
