@@ -28,7 +28,8 @@ sequence) over Flux's 16-channel VAE latents, conditioned on Gemma-2, trained by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -129,13 +130,14 @@ class Lumina2Family(LanguageModelFlowFamily):
         mask = conditioning.get("attention_mask")
         if mask is None:  # every token attended
             mask = torch.ones(conditioning.hidden_states.shape[:2], dtype=torch.long, device=noisy_latents.device)
-        output = transformer(
-            hidden_states=noisy_latents.to(dtype),
-            timestep=time.to(dtype),
-            encoder_hidden_states=conditioning.hidden_states.to(dtype),
-            encoder_attention_mask=mask,
-            return_dict=False,
-        )[0]
+        with caption_lengths_without_values(transformer, mask):
+            output = transformer(
+                hidden_states=noisy_latents.to(dtype),
+                timestep=time.to(dtype),
+                encoder_hidden_states=conditioning.hidden_states.to(dtype),
+                encoder_attention_mask=mask,
+                return_dict=False,
+            )[0]
         return Prediction(-output)  # x0 − ε, negated as the pipeline does: the flow
 
     # -- sampling -------------------------------------------------------------------------------------------------
@@ -206,6 +208,41 @@ class Lumina2Family(LanguageModelFlowFamily):
             }
             state = lumina2_lora.from_comfy(state, modules, qkv_rows(model))
         return super().kohya_named_lora(model, state)
+
+
+@contextmanager
+def caption_lengths_without_values(transformer: torch.nn.Module, mask: torch.Tensor) -> Iterator[None]:
+    """For a mask without values (the memory estimate's fake or meta tensors): the transformer's rotary embedder reads
+    each caption's length from the mask's values (`mask.sum(dim=1).tolist()`), so it is handed a stand-in that says
+    every token is attended (the worst case the estimate counts); the rest of the forward takes the mask as it is.
+    Otherwise nothing changes."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not (is_fake(mask) or mask.device.type == "meta"):
+        yield
+        return
+    embedder = transformer.rope_embedder
+    every_token = _EveryToken(tuple(mask.shape))
+    embedder.forward = lambda hidden_states, _mask: type(embedder).forward(embedder, hidden_states, every_token)
+    try:
+        yield
+    finally:
+        del embedder.forward
+
+
+class _EveryToken:
+    """What the rotary embedder reads of a caption mask, every token attended: its shape and each row's count."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def sum(self, dim: int) -> _Counts:
+        return _Counts([self.shape[1]] * self.shape[0])
+
+
+class _Counts(list):
+    def tolist(self) -> list[int]:
+        return list(self)
 
 
 def qkv_rows(model: LoadedModel) -> tuple[int, int, int]:

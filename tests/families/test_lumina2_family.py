@@ -295,6 +295,17 @@ def test_the_estimate_counts_the_released_model():
     assert shapes["text_encoder"]["params"] == pytest.approx(2.61e9, rel=0.03)
 
 
+def test_the_estimate_measures_the_transformers_step_on_the_meta_device(tmp_path):
+    """The transformer reads the captions' lengths from the mask's values, which the estimate's tensors lack: it is
+    told every token is attended, so the step is measured rather than guessed by the per-parameter rule."""
+    from onetrainer.config import load_layers
+    from onetrainer.training.estimate import estimate
+
+    config, _ = load_layers("lumina2/lora-16gb", None, [])
+    config.huggingface_cache_dir = str(tmp_path)  # the released model's configs, not a download
+    assert estimate(config, device="cuda").activations_from.startswith("measured on the denoiser's forward")
+
+
 def test_an_embedding_trains_on_gemma2_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), they give our conditioning."""
