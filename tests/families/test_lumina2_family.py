@@ -432,3 +432,21 @@ def test_a_fused_qkv_lora_with_one_down_matrix_reads_as_the_same_change_per_proj
         scale = float(read[f"{name}.alpha"]) / read[f"{name}.lora_down.weight"].shape[0]
         deltas.append(read[f"{name}.lora_up.weight"] @ read[f"{name}.lora_down.weight"] * scale)
     assert torch.allclose(torch.cat(deltas), up @ down * 0.5, atol=1e-5)
+
+
+def test_the_sampling_tool_renders_through_the_pipeline_with_the_comfy_lora(comfy_run, tmp_path):
+    """scripts/sample.py on tiny:lumina2 with a negative prompt, without and with the COMFY_LORA: same seed, the LoRA
+    changes the image."""
+    import numpy as np
+
+    from onetrainer.cli.sample import main
+
+    args = ["--model-type", "LUMINA_2", "--base-model", "tiny:lumina2", "--prompt", "a red circle",
+            "--negative-prompt", "blue", "--width", "96", "--height", "64", "--steps", "2", "--cfg-scale", "4",
+            "--seed", "3", "--device", "cpu"]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "plain.png")]) == 0
+    lora = ["--lora", comfy_run["output_model_destination"]]
+    assert main([*args, *lora, "--output", str(tmp_path / "lora.png")]) == 0
+    plain, with_lora = Image.open(tmp_path / "plain.png"), Image.open(tmp_path / "lora.png")
+    assert plain.size == with_lora.size == (96, 64)
+    assert not np.array_equal(np.asarray(plain), np.asarray(with_lora))
