@@ -133,7 +133,7 @@ class Lumina2Family(LanguageModelFlowFamily):
         with caption_lengths_without_values(transformer, mask):
             output = transformer(
                 hidden_states=noisy_latents.to(dtype),
-                timestep=time.to(dtype),
+                timestep=time,  # float32, as the pipeline gives it: the sinusoidal embedding reads its digits
                 encoder_hidden_states=conditioning.hidden_states.to(dtype),
                 encoder_attention_mask=mask,
                 return_dict=False,
