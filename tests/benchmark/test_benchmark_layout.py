@@ -26,6 +26,7 @@ FAMILY_PATTERNS = {
     "zimage": r"\bz[_-]?image",
     "sana": r"\bsana\b",
     "krea2": r"krea[ _-]?2",
+    "lumina2": r"lumina",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }
