@@ -181,6 +181,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "sana": r"(?<![a-z0-9])sana(?![a-z])",
         "krea2": r"krea[ _-]?2",
         "anima": r"(?<![a-z])anima(?![a-z])",
+        "lumina2": r"lumina",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

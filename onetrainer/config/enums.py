@@ -49,6 +49,8 @@ class ModelType(ConfigEnum):
     Z_IMAGE = "Z_IMAGE"
     ERNIE = "ERNIE"
     IDEOGRAM_4 = "IDEOGRAM_4"
+    # Lumina-Image 2.0: OneTrainer does not train it; issue 45 asks for it because peers do (sd-scripts, ai-toolkit)
+    LUMINA_2 = "LUMINA_2"
 
 
 # A new config's model type and base model, as in OneTrainer.

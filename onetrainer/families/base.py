@@ -402,6 +402,21 @@ class Family(ABC):
         (`weights/lycoris_keys.to_kohya` over `kohya_name`)."""
         return None
 
+    def lora_format_state(
+        self,
+        model: LoadedModel,
+        part: str,
+        kind: str,
+        state: dict[str, torch.Tensor],
+        alphas: dict,
+        ranks: dict,
+        fmt: ModelFormat,
+    ) -> dict[str, torch.Tensor] | None:
+        """One part's adapter state in the LoRA file format `fmt` (KOHYA_LORA, LEGACY_LORA or COMFY_LORA), for a family
+        whose layout differs by format (a COMFY_LORA over the fused layers of ComfyUI's model, written as that model
+        names them); default: `lora_file_state`, the family's one layout for every such format."""
+        return self.lora_file_state(model, part, kind, state, alphas, ranks)
+
     def read_lora_file(self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor]):
         """The inverse of `lora_file_state` for a kohya file: (peft weights, alphas, ranks, LoKr structure, the file
         keys used) for `part`, or None for the generic reading."""

@@ -971,6 +971,38 @@ GEMMA_TOKENIZER: Config = {
     "pad_token": "<pad>",
     "unk_token": "<unk>",
 }
+# Lumina-Image 2.0 (Alpha-VLLM/Lumina-Image-2.0 transformer/config.json): the 2.6B unified "NextDiT". 26 joint blocks
+# of 24 query heads of 96 sharing 8 key/value heads (2304 wide) over one sequence of the caption's tokens and the
+# image's, each kind refined first by 2 blocks of its own (the image's modulated by the time, the caption's not);
+# Gemma-2 2B's hidden states (2304) in; 3D rotary axes 32/32/32 over (caption position, row, column); a SwiGLU rounded
+# up to a multiple of 256; 2x2 patches of Flux's 16-channel latents.
+LUMINA2_TRANSFORMER: Config = {
+    "_class_name": "Lumina2Transformer2DModel",
+    "axes_dim_rope": [32, 32, 32],
+    "axes_lens": [300, 512, 512],
+    "cap_feat_dim": 2304,
+    "ffn_dim_multiplier": None,
+    "hidden_size": 2304,
+    "in_channels": 16,
+    "multiple_of": 256,
+    "norm_eps": 1e-05,
+    "num_attention_heads": 24,
+    "num_kv_heads": 8,
+    "num_layers": 26,
+    "num_refiner_layers": 2,
+    "out_channels": None,
+    "patch_size": 2,
+    "sample_size": 128,
+    "scaling_factor": 1.0,
+}
+# Lumina-Image 2.0 (scheduler/scheduler_config.json): rectified flow at a fixed shift of 6; the pipeline passes a
+# resolution-dependent `mu` too, which applies only with dynamic shifting: off.
+LUMINA2_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 6.0,
+    "use_dynamic_shifting": False,
+}
 # Sana's sampler (scheduler/scheduler_config.json of the 1024 px folders; diffusers' conversion script's default
 # "flow-dpm_solver"): DPM-Solver++ on flow sigmas shifted by 3 (4096 px: 6), the model predicting the flow.
 SANA_SCHEDULER: Config = {

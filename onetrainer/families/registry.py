@@ -31,6 +31,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "ernie": "onetrainer.families.ernie:ErnieFamily",
         "krea2": "onetrainer.families.krea2:Krea2Family",
         "anima": "onetrainer.families.anima:AnimaFamily",
+        "lumina2": "onetrainer.families.lumina2:Lumina2Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 from onetrainer.config.enums import ModelType
 from onetrainer.tiny import reference as ref
+from onetrainer.tiny.gemma2_text import GEMMA2_WIDTH_FIELDS, TEXT_WIDTH, tiny_gemma2_config
 from onetrainer.tiny.variant import TinyVariant
 
 LISTING_ORDER = 12  # the order the tiny models were added in
@@ -15,13 +16,6 @@ LISTING_ORDER = 12  # the order the tiny models were added in
 # Sana 1600M's 20 x 112 is its 70 x 32 = 2240.
 TRANSFORMER_HEADS = 2
 HEAD_WIDTH = 8
-# Gemma-2 at a tiny width in Gemma-2 2B's proportions: half as many key/value heads as query heads (2 of 16 here, 8 of
-# 256 there), the attention scaled by the head width (`query_pre_attn_scalar`, 256 = head_dim there), a wide MLP.
-TEXT_WIDTH = 32
-TEXT_HEADS = 2
-TEXT_KV_HEADS = 1
-TEXT_HEAD_WIDTH = 16
-TEXT_MLP_WIDTH = 64
 # The autoencoder's six stages at 1/16 of the real widths (128 … 1024); its attention heads 8 wide (real: 32).
 VAE_CHANNELS = [8, 16, 32, 32, 64, 64]
 VAE_HEAD_WIDTH = 8
@@ -30,7 +24,7 @@ WIDTH_FIELDS = {
     "transformer": frozenset(
         {"num_cross_attention_heads", "cross_attention_head_dim", "cross_attention_dim", "caption_channels"}
     ),
-    "text_encoder": frozenset({"num_key_value_heads", "head_dim", "query_pre_attn_scalar"}),
+    "text_encoder": GEMMA2_WIDTH_FIELDS,
     "vae": frozenset({"encoder_block_out_channels", "decoder_block_out_channels", "attention_head_dim"}),
 }
 # Sana 1600M's 20 blocks as 2; Gemma-2 2B's 26 layers as 2 (one sliding-window layer, one full, as they alternate).
@@ -56,28 +50,6 @@ VARIANTS = (
         depths=SANA_DEPTH,
     ),
 )
-
-
-def tiny_gemma2_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
-    """Gemma-2 at the tiny width, with the tokenizer's vocabulary and its special tokens' ids (0–2, as the real
-    ones')."""
-    from onetrainer.tiny import components
-
-    return components.tiny_config(
-        "text_encoder",
-        variant.references["text_encoder"],
-        depth=variant.depths.get("text_encoder"),
-        hidden_size=TEXT_WIDTH,
-        intermediate_size=TEXT_MLP_WIDTH,
-        num_attention_heads=TEXT_HEADS,
-        num_key_value_heads=TEXT_KV_HEADS,
-        head_dim=TEXT_HEAD_WIDTH,
-        query_pre_attn_scalar=TEXT_HEAD_WIDTH,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
 
 
 def build_pipeline(variant: TinyVariant, seed: int) -> Any:

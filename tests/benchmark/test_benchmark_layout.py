@@ -27,6 +27,7 @@ FAMILY_PATTERNS = {
     "sana": r"\bsana\b",
     "krea2": r"krea[ _-]?2",
     "anima": r"(?<![a-z])anima(?![a-z])",
+    "lumina2": r"lumina",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }

@@ -37,6 +37,7 @@ SPLIT_VARIANTS = (
     "ernie",
     "krea2",
     "anima",
+    "lumina2",
 )
 
 
