@@ -1,0 +1,267 @@
+"""Ideogram 4 (IDEOGRAM_4): a single-stream DiT (`Ideogram4Transformer2DModel`) over one packed sequence of text
+tokens and 2x2-patched 32-channel latents of Flux.2's VAE, conditioned on 13 of Qwen3-VL-8B's decoder layers side by
+side, trained by rectified flow; a second transformer of the same shape (`unconditional_transformer`) is the
+negative branch of the pipeline's asymmetric classifier-free guidance and runs only in samples.
+
+- Text, as `Ideogram4Pipeline.encode_prompt` prompts Qwen3-VL: each caption one user message of the chat template
+  (content a list with one text part) with the assistant's opening, no special tokens added; the outputs of the
+  decoder layers the pipeline taps (`QWEN3_VL_ACTIVATION_LAYERS`, its own loop over the layers:
+  `Ideogram4Pipeline._get_text_encoder_hidden_states`) interleaved per channel ([B, L, width·13]), the padding zeroed.
+  The pipeline pads on the left to 2048 tokens; we pad a batch on the right to its longest (at most 2048, cut as
+  OneTrainer cuts): the decoder is causal, so each caption's tokens get the same states at the same positions. The
+  text cache keeps each caption's tokens.
+- Caption dropout encodes the empty caption (the template around nothing; OneTrainer refuses caption dropout here).
+- Latents: the mode of the VAE's distribution, patched 2x2 into tokens of (row, column, channel) as the pipeline
+  unpatches them, normalised per token channel by the VAE's batch-norm statistics with its configured epsilon (what
+  the pipeline decodes), unpatched back to [B, 32, h, w] (masks and the loss at the VAE's 1/8 size, as OneTrainer).
+- A step packs [text][image] as the pipeline and OneTrainer do: each caption's tokens end where the image begins
+  (`Ideogram4Pipeline._prepare_ids`: text positions from 0, image positions offset, one segment per sample, the text
+  padding its own segment). The transformer takes the time 1 − σ and predicts x0 − ε, the negative of the flow target.
+  The schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's scheduler config, its resolution shift the
+  pipeline's (e^μ, μ = ½·log(pixels / 512²): `ResolutionShiftSchedule`), as OneTrainer's `dynamic_timestep_shifting`.
+- Samples run `Ideogram4Pipeline` (its logit-normal sigmas shifted by the resolution, the model's Euler scheduler):
+  the prompt as text (the pipeline takes no embeddings; its encoding is ours, a test says so) cut to its own tokens
+  (`max_sequence_length`), the sample's CFG scale s as a constant guidance (uncond + s·(cond − uncond); s ≤ 1: the
+  conditional transformer alone, as OneTrainer). The negative prompt is not used: the unconditional transformer sees
+  the image tokens only.
+- The transformer part may be its own file (`transformer.model_name`): the original layout (fused `attention.qkv`,
+  `attention.o`) or diffusers' names, ComfyUI's prefix allowed (`weights/ideogram4_keys.py`).
+- Saving: the pipeline folder (also the backup, usable as a base model). LoRA files: DIFFUSERS_LORA (peft names under
+  `transformer.` / `text_encoder.`; `Ideogram4Pipeline.load_lora_weights` reads the transformer's) and KOHYA_LORA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.families.base import Conditioning, LoadedModel, Writer, first_weight
+from onetrainer.families.ideogram4_info import IDEOGRAM4
+from onetrainer.families.language_model_flow import LanguageModelFlowFamily
+from onetrainer.families.loading import (
+    KeptParts,
+    load_diffusers_component,
+    load_dtype,
+    load_tokenizer,
+    load_transformer_part,
+    part_wise_base,
+)
+from onetrainer.families.saving import FlowPipelineFolder
+from onetrainer.families.vae_batch_norm import batch_norm_statistics
+from onetrainer.noise.flow_matching import FlowMatchingSchedule
+from onetrainer.noise.prediction import Prediction
+from onetrainer.util.part_dtypes import compute_weight
+from onetrainer.weights import ideogram4_keys
+from onetrainer.weights.metadata import ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+
+PATCH = 2  # latent pixels per token side
+TEXT_TOKENS = 2048  # OneTrainer's PROMPT_MAX_LENGTH (the pipeline's max_sequence_length): the most tokens of a caption
+VAE_SCALE = 8  # pixels per latent pixel
+BASE_PIXELS = 512 * 512  # the pipeline's resolution shift is relative to 512x512
+KIND = ModelKind("ideogram-4", "ideogram-4")
+
+
+class ResolutionShiftSchedule(FlowMatchingSchedule):
+    """Rectified flow whose resolution shift is Ideogram's (`_resolution_aware_mu` with base 0, as OneTrainer's
+    `calculate_timestep_shift`): μ = ½·log(pixels / 512²), the pixels of latents h x w being (8h)·(8w), shift e^μ."""
+
+    def mu(self, latent_height: int, latent_width: int) -> float:
+        pixels = latent_height * VAE_SCALE * latent_width * VAE_SCALE
+        return 0.5 * math.log(pixels / BASE_PIXELS)
+
+    def resolution_shift(self, latent_height: int, latent_width: int) -> float:
+        return math.exp(self.mu(latent_height, latent_width))
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] → [B, (h/2)·(w/2), 4C], each token's channels (row, column, channel) in order: the inverse of the
+    pipeline's unpatching before it decodes."""
+    b, c, h, w = latents.shape
+    patches = latents.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 2, 4, 3, 5, 1)
+    return patches.reshape(b, (h // PATCH) * (w // PATCH), PATCH * PATCH * c)
+
+
+def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack` for latents h x w."""
+    b, _, c4 = tokens.shape
+    c = c4 // (PATCH * PATCH)
+    patches = tokens.reshape(b, height // PATCH, width // PATCH, PATCH, PATCH, c).permute(0, 5, 1, 3, 2, 4)
+    return patches.reshape(b, c, height, width)
+
+
+def token_statistics(vae: torch.nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's batch-norm mean and standard deviation per token channel, [1, 1, 4C] (its configured epsilon)."""
+    mean, std = batch_norm_statistics(vae, like)
+    return mean.view(1, 1, -1), std.view(1, 1, -1)
+
+
+def encode_latents(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels [B, 3, H, W] in [-1, 1] → the normalised latents [B, 32, H/8, W/8] (what the pipeline decodes back)."""
+    weight = compute_weight(vae)
+    latents = vae.encode(pixels.to(weight.device, weight.dtype)).latent_dist.mode()
+    tokens = pack(latents)
+    mean, std = token_statistics(vae, tokens)
+    return unpack((tokens - mean) / std, latents.shape[-2], latents.shape[-1])
+
+
+def end_aligned(conditioning: Conditioning) -> tuple[torch.Tensor, list[int]]:
+    """The text as the packed sequence holds it: each caption's tokens (first in our rows, the padding after) moved to
+    the end of the text block, [B, T, D], and each caption's token count. Without a mask, or for tensors without values
+    (the memory estimate's), every token counts."""
+    hidden, mask = conditioning.hidden_states, conditioning.get("attention_mask")
+    count, tokens = hidden.shape[0], hidden.shape[1]
+    if mask is None:
+        return hidden, [tokens] * count
+    try:
+        lengths = [int(n) for n in mask.sum(dim=1).tolist()]
+    except (RuntimeError, NotImplementedError):
+        return hidden, [tokens] * count
+    shift = torch.tensor([tokens - n for n in lengths], device=hidden.device)
+    source = (torch.arange(tokens, device=hidden.device)[None, :] - shift[:, None]) % tokens
+    aligned = hidden.gather(1, source[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    keep = torch.arange(tokens, device=hidden.device)[None, :] >= shift[:, None]
+    return aligned * keep[:, :, None].to(aligned.dtype), lengths
+
+
+class Ideogram4Family(LanguageModelFlowFamily):
+    info = IDEOGRAM4
+    sampling_parts = frozenset(IDEOGRAM4.parts)
+    embedding_key = "qwen3vl_8b"
+    # Qwen3-VL's decoder layers (Qwen3VLModel's `language_model.layers`), not the vision tower's.
+    text_encoder_blocks: ClassVar[str] = r"^language_model\.layers\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("layers",),
+        "text_encoder": ("language_model.layers",),
+    }
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        from diffusers import AutoencoderKLFlux2, Ideogram4Transformer2DModel
+        from transformers import AutoTokenizer, Qwen3VLModel
+
+        what = "the text encoder, the unconditional transformer, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        parts = KeptParts(config)  # each part stored (put in its configured form) before the next is read
+        parts["transformer"] = load_transformer_part(
+            Ideogram4Transformer2DModel, config, where, options, ideogram4_keys.to_diffusers
+        )
+        for part, cls in (
+            ("text_encoder", Qwen3VLModel),
+            ("unconditional_transformer", Ideogram4Transformer2DModel),
+            ("vae", AutoencoderKLFlux2),
+        ):
+            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        model = self.loaded_model(config, parts, tokenizer, where, options)
+        model.schedule = ResolutionShiftSchedule(model.schedule.scheduler_config, patch_size=PATCH)
+        return model
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def prompt_texts(self, tokenizer, captions: Sequence[str]) -> list[str]:
+        """Each caption as the pipeline renders it: one user message with one text part, the assistant's opening."""
+        return [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": [{"type": "text", "text": caption}]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for caption in captions
+        ]
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        """The captions through the chat template, padded on the right to the batch's longest (at most 2048 tokens):
+        the tapped layers' outputs side by side, [B, L, width·13], the padding zeroed, and the tokens' mask."""
+        from diffusers import Ideogram4Pipeline
+
+        slot = model.text_encoders[0]
+        tokens = slot.tokenizer(
+            self.prompt_texts(slot.tokenizer, captions), padding="longest", max_length=TEXT_TOKENS, truncation=True,
+            add_special_tokens=False, return_tensors="pt", padding_side="right",
+        )  # fmt: skip
+        device = first_weight(slot.encoder).device
+        ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
+        positions = torch.arange(ids.shape[1], device=device)[None, :].expand(ids.shape[0], -1)
+        taps = Ideogram4Pipeline._get_text_encoder_hidden_states(slot.encoder, ids, mask, positions)
+        hidden = torch.stack(taps, dim=0).permute(1, 2, 3, 0).reshape(ids.shape[0], ids.shape[1], -1)
+        return Conditioning({"hidden_states": hidden * mask[:, :, None].to(hidden.dtype), "attention_mask": mask})
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_latents(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        """The flow of the latents' tokens, packed after the text as the pipeline packs them; the time 1 − σ."""
+        from diffusers import Ideogram4Pipeline
+
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        device = noisy_latents.device
+        height, width = noisy_latents.shape[-2:]
+        image = pack(noisy_latents)
+        text, lengths = end_aligned(conditioning)
+        count, text_tokens = text.shape[0], text.shape[1]
+        positions, segments, indicator = Ideogram4Pipeline._prepare_ids(
+            lengths, height // PATCH, width // PATCH, text_tokens, device
+        )
+        text = text.to(device, dtype)
+        features = torch.cat([text, text.new_zeros(count, image.shape[1], text.shape[-1])], dim=1)
+        hidden = torch.cat([image.new_zeros(count, text_tokens, image.shape[-1]), image], dim=1).to(dtype)
+        sigma = self.sigma(model, timesteps).to(device)
+        output = transformer(
+            hidden_states=hidden,
+            timestep=(1.0 - sigma).to(dtype),
+            encoder_hidden_states=features,
+            position_ids=positions,
+            segment_ids=segments,
+            indicator=indicator,
+            return_dict=False,
+        )[0]
+        return Prediction(-unpack(output[:, text_tokens:], height, width))
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import Ideogram4Pipeline
+
+        slot = model.text_encoders[0]
+        return Ideogram4Pipeline(
+            scheduler=sampler,
+            vae=model.part("vae"),
+            text_encoder=slot.encoder,
+            tokenizer=slot.tokenizer,
+            transformer=model.part("transformer"),
+            unconditional_transformer=model.part("unconditional_transformer"),
+        )
+
+    def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
+        """The sample's CFG scale as the pipeline's constant guidance (its per-step schedule off); at most 1: none."""
+        return {"guidance_scale": max(1.0, float(sample.cfg_scale)), "guidance_schedule": None}
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """The prompt as text (the pipeline encodes it as `encode_text` does), its text block as long as its tokens;
+        the negative prompt has no place (the unconditional transformer sees no text)."""
+        tokenizer = model.text_encoders[0].tokenizer
+        (text,) = self.prompt_texts(tokenizer, [prompt])
+        count = len(tokenizer(text, add_special_tokens=False).input_ids)
+        return {"prompt": prompt, "max_sequence_length": max(1, min(count, TEXT_TOKENS))}
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+    }
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return KIND

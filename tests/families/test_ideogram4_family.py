@@ -1,0 +1,196 @@
+"""Ideogram 4 on its tiny model: the conditioning (13 of Qwen3-VL's layers through the chat template) equals
+Ideogram4Pipeline's `encode_prompt`, the latents are what the pipeline decodes, the prediction is the transformer's
+as the pipeline packs [text][image]; the text cache keeps each caption's tokens; a LoRA trained through the trainer
+samples through the pipeline (both transformers) and its DIFFUSERS_LORA file loads in diffusers' `load_lora_weights`
+(every module of it landing) as ours; a fine-tune's folder loads in diffusers and back as a base model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.data.caching import encode_text_entries
+from onetrainer.families.base import Conditioning
+from onetrainer.families.ideogram4 import ResolutionShiftSchedule, pack
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import assert_only_the_denoiser_trained, image_folder, loaded_model, run_config, tiny_config
+
+CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), "ideogram4", method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import Ideogram4Pipeline
+
+    pipe = Ideogram4Pipeline.from_pretrained(str(folder or tiny_model_dir("ideogram4")), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    """Two rows of 2x3 latent tokens after a 5-token text block (the second caption 3 tokens, padded on the left)."""
+    from diffusers import Ideogram4Pipeline
+
+    config = transformer.config
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 11, config.in_channels, generator=generator)
+    text = torch.randn(2, 11, config.llm_features_dim, generator=generator)
+    positions, segments, indicator = Ideogram4Pipeline._prepare_ids([5, 3], 2, 3, 5, "cpu")
+    with torch.no_grad():
+        return transformer(hidden, torch.tensor([0.3, 0.8]), text, positions, segments, indicator).sample[:, 5:]
+
+
+def pipeline_prediction(pipe, noisy_tokens: torch.Tensor, sigma: torch.Tensor, grid: tuple[int, int], prompts):
+    """The transformer's output on the image tokens as the pipeline calls it (its text block of 2048 tokens, left-
+    padded, the time 1 − σ)."""
+    features, positions, segments, indicator = pipe.encode_prompt(prompts, grid[0], grid[1], 2048, "cpu")
+    hidden = torch.cat([torch.zeros(len(prompts), 2048, noisy_tokens.shape[-1]), noisy_tokens], dim=1)
+    output = pipe.transformer(
+        hidden_states=hidden, timestep=1.0 - sigma, encoder_hidden_states=features, position_ids=positions,
+        segment_ids=segments, indicator=indicator,
+    ).sample  # fmt: skip
+    return output[:, 2048:]
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        features, _, _, indicator = pipe.encode_prompt(list(CAPTIONS), 1, 1, 2048, "cpu")
+        lengths = [int(n) for n in ours.tensors["attention_mask"].sum(dim=1)]
+        assert ours.hidden_states.shape == (2, max(lengths), 13 * 32)  # 13 tapped layers of 32 side by side
+        assert lengths == [int(n) for n in (indicator == 3).sum(dim=1)] and lengths[0] < lengths[1]
+        for row, n in enumerate(lengths):  # the pipeline's tokens end where the image begins
+            assert torch.allclose(ours.hidden_states[row, :n], features[row, 2048 - n : 2048], atol=1e-6)
+            assert not ours.hidden_states[row, n:].any()
+
+        pixels = torch.rand(2, 3, 64, 96) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        vae = pipe.vae
+        raw = vae.encode(pixels).latent_dist.mode()
+        assert latents.shape == (2, 32, 8, 12)
+        # what the pipeline's decode un-normalises and unpatches back to the VAE's latents
+        tokens = pack(latents)
+        std = torch.sqrt(vae.bn.running_var + vae.config.batch_norm_eps).view(1, 1, -1)
+        z = (tokens * std + vae.bn.running_mean.view(1, 1, -1)).view(2, 4, 6, 2, 2, 32).permute(0, 5, 1, 3, 2, 4)
+        assert torch.allclose(z.reshape(2, 32, 8, 12), raw, atol=1e-5)
+
+        # σ·1000 from the schedule, 1 − σ into the transformer, the flow ε − x0 the negative of its output
+        noisy, sigma = torch.randn(2, 32, 4, 6), torch.tensor([0.25, 0.75])
+        predicted = family.predict(model, noisy, model.schedule.model_time(sigma), ours, {}).output
+        theirs = pipeline_prediction(pipe, pack(noisy), sigma, (2, 3), list(CAPTIONS))
+    assert torch.allclose(pack(predicted), -theirs, atol=1e-5)
+
+
+def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        encoded = family.encode_text(model, CAPTIONS)
+        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1]
+        cached = Conditioning.stack(rows, "cpu")
+        noisy, times = torch.randn(2, 32, 2, 2), torch.tensor([100.0, 900.0])
+        from_cache = family.predict(model, noisy, times, cached, {}).output
+        full = family.predict(model, noisy, times, encoded, {}).output
+    assert torch.allclose(from_cache, full, atol=1e-6)
+
+
+def test_the_dynamic_shift_is_the_pipelines_resolution_shift():
+    from diffusers.pipelines.ideogram4.pipeline_ideogram4 import _resolution_aware_mu
+
+    _, model = our_model()
+    assert isinstance(model.schedule, ResolutionShiftSchedule)
+    for h, w in ((64, 64), (128, 96), (32, 48)):
+        mu = _resolution_aware_mu(height=8 * h, width=8 * w, base_mu=0.0)
+        assert math.isclose(model.schedule.resolution_shift(h, w), math.exp(mu))
+    assert math.isclose(model.schedule.resolution_shift(128, 128), 2.0)  # 1024 px: twice 512's side
+
+
+def test_samples_pass_the_prompt_cut_to_its_tokens_and_the_cfg_scale_as_constant_guidance():
+    from onetrainer.config.sample_config import SampleConfig
+
+    family, model = our_model()
+    arguments = family.pipeline_arguments(model, SampleConfig(cfg_scale=4.0), False)
+    assert arguments == {"guidance_scale": 4.0, "guidance_schedule": None}
+    assert family.pipeline_arguments(model, SampleConfig(cfg_scale=0.5), False)["guidance_scale"] == 1.0
+    prompt = family.prompt_arguments(model, "a red circle", "blue")
+    with torch.no_grad():
+        encoded = family.encode_text(model, ["a red circle"])
+    assert prompt == {"prompt": "a red circle", "max_sequence_length": encoded.hidden_states.shape[1]}
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers, its latents and captions cached, a sample with CFG."""
+    root = tmp_path_factory.mktemp("ideogram4-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "ideogram4", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+        text_encoder={"train": False}, latent_caching=True,
+        samples=[{"prompt": "a red circle", "width": 96, "height": 64, "seed": 1, "diffusion_steps": 2,
+                  "cfg_scale": 3.0}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return root, config, run_config(config)
+
+
+def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    root, config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (96, 64)
+    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    state = load_file(config["output_model_destination"])
+    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    assert all(k.startswith("transformer.") for k in state)
+    assert {"layers.0.attention.to_q", "layers.1.attention.to_out.0", "layers.1.feed_forward.w3"} <= modules
+    assert not any(m.startswith(("input_proj", "llm_cond_proj", "t_embedding", "final_layer")) for m in modules)
+    assert not any("adaln_modulation" in m for m in modules)
+
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    unconditional = transformer_output(pipe.unconditional_transformer)
+    pipe.load_lora_weights(config["output_model_destination"])
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert landed == modules
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    # the unconditional transformer trained nothing
+    assert torch.equal(transformer_output(ours.part("unconditional_transformer")), unconditional)
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, "ideogram4", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    frozen = ("text_encoder", "vae", "unconditional_transformer")
+    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
+
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
