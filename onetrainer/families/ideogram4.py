@@ -26,8 +26,10 @@ negative branch of the pipeline's asymmetric classifier-free guidance and runs o
   the image tokens only.
 - The transformer part may be its own file (`transformer.model_name`): the original layout (fused `attention.qkv`,
   `attention.o`) or diffusers' names, ComfyUI's prefix allowed (`weights/ideogram4_keys.py`).
-- Saving: the pipeline folder (also the backup, usable as a base model). LoRA files: DIFFUSERS_LORA (peft names under
-  `transformer.` / `text_encoder.`; `Ideogram4Pipeline.load_lora_weights` reads the transformer's) and KOHYA_LORA.
+- Saving: the pipeline folder (also the backup, usable as a base model) or the transformer alone in the original
+  layout (ORIGINAL_TRANSFORMER, as OneTrainer writes it; diffusers has no single-file reader for it). LoRA files:
+  DIFFUSERS_LORA (peft names under `transformer.` / `text_encoder.`; `Ideogram4Pipeline.load_lora_weights` reads the
+  transformer's) and KOHYA_LORA (LoHa and LoKr too).
 """
 
 from __future__ import annotations
@@ -257,8 +259,19 @@ class Ideogram4Family(LanguageModelFlowFamily):
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
+    def save_original_transformer(
+        self, model: LoadedModel, destination, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in the original layout (fused `attention.qkv`, `attention.o`: OneTrainer's
+        ORIGINAL_TRANSFORMER), which `transformer.model_name` reads back over a diffusers base."""
+        from onetrainer.families.saving import plain_state
+
+        state = ideogram4_keys.to_original(plain_state(model.part("transformer")))
+        self.write_transformer(model, state, destination, dtype, extra_metadata)
+
     writers: ClassVar[Mapping[ModelFormat, Writer]] = {
         ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
     }
 
     # -- names ----------------------------------------------------------------------------------------------------

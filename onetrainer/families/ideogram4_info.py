@@ -136,7 +136,7 @@ IDEOGRAM4 = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     muon_hidden_layers=("layers",),  # the DiT's blocks, Qwen3-VL's decoder layers (language_model.layers)
@@ -170,8 +170,10 @@ IDEOGRAM4 = FamilyInfo(
     "uncond); the negative prompt is not used. Samples run Ideogram4Pipeline (its logit-normal schedule shifted by "
     "the resolution, the sample's CFG scale constant over the steps). LoRA files: DIFFUSERS_LORA "
     "(Ideogram4Pipeline's `load_lora_weights`) or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the module path; LoHa "
-    "and LoKr too). Fine-tunes: a diffusers folder (also the backup, usable as a base model). OneTrainer offers no "
-    "embeddings for Ideogram 4; here they train Qwen3-VL's token table.",
+    "and LoKr too). Fine-tunes: a diffusers folder (also the backup, usable as a base model) or the transformer "
+    "alone in the original layout (ORIGINAL_TRANSFORMER, as OneTrainer writes it: fused `attention.qkv`, "
+    "`attention.o`), which `transformer.model_name` reads back over a diffusers base (diffusers' names too). "
+    "OneTrainer offers no embeddings for Ideogram 4; here they train Qwen3-VL's token table.",
 )
 # OneTrainer's sample defaults for Ideogram 4 (25 steps at CFG 3, 1024 px: lowered from the pipeline's 48 steps at 7)
 _IDEOGRAM4_SAMPLE = SampleDefaults(1024, 1024, 25, 3.0, NoiseScheduler.EULER)

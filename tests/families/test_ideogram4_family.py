@@ -194,3 +194,75 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 
     _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
     assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_model(tmp_path):
+    """ORIGINAL_TRANSFORMER writes the original layout (`attention.qkv` = q, k, v stacked; `attention.o`), the rest in
+    diffusers' names; `transformer.model_name` reads it back (and ComfyUI's prefix, and diffusers' names)."""
+    from safetensors.torch import save_file
+
+    from onetrainer.config.enums import ModelFormat
+
+    family, model = our_model()
+    transformer = model.part("transformer")
+    with torch.no_grad():  # a transformer unlike the base's
+        for weight in transformer.parameters():
+            weight.add_(0.01)
+    expected = transformer_output(transformer)
+    path = tmp_path / "ideogram4.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
+    state = load_file(str(path))
+    attention = transformer.layers[1].attention
+    fused = torch.cat([attention.to_q.weight, attention.to_k.weight, attention.to_v.weight])
+    assert torch.equal(state["layers.1.attention.qkv.weight"], fused)
+    assert torch.equal(state["layers.1.attention.o.weight"], attention.to_out[0].weight)
+    assert not any(".to_q." in k or ".to_out." in k for k in state)
+    assert "llm_cond_proj.weight" in state and "final_layer.adaln_modulation.bias" in state
+    diffusers_names = {k for k in transformer.state_dict() if ".attention.to_" not in k}
+    assert diffusers_names <= set(state)
+    _, again = our_model(transformer={"model_name": str(path)})
+    assert torch.equal(transformer_output(again.part("transformer")), expected)
+    comfy = tmp_path / "comfy.safetensors"
+    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
+    _, prefixed = our_model(transformer={"model_name": str(comfy)})
+    assert torch.equal(transformer_output(prefixed.part("transformer")), expected)
+
+
+def test_the_estimate_counts_the_released_model():
+    """Ideogram 4's transformers (diffusers' default config, each about 9.5B) and Qwen3-VL-8B with its vision
+    tower, as the bare Qwen3VLModel the pipeline loads (8.8B less its 0.6B LM head)."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.training.estimate import reference_shapes
+
+    shapes = reference_shapes(ModelType.IDEOGRAM_4, "ideogram-ai/ideogram-v4")
+    assert shapes["transformer"]["params"] == shapes["unconditional_transformer"]["params"]
+    assert shapes["transformer"]["params"] == pytest.approx(9.5e9, rel=0.05)
+    assert shapes["text_encoder"]["params"] == pytest.approx(8.15e9, rel=0.02)
+
+
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Qwen3-VL's language model), in each
+    adapter kind: read back into a fresh model it gives the trained transformer's output."""
+    from tests.helpers import keep_trained_output
+
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "ideogram4", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    assert f"lora_unet_layers_0_attention_to_q.{marker}" in state
+    assert all(k.startswith(("lora_unet_layers_", "lora_te1_")) for k in state)
+    te = any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state)
+    assert te is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
