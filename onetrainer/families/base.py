@@ -395,11 +395,19 @@ class Family(ABC):
         return {}
 
     def lora_file_state(
-        self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor], alphas: dict, ranks: dict
+        self,
+        model: LoadedModel,
+        part: str,
+        kind: str,
+        state: dict[str, torch.Tensor],
+        alphas: dict,
+        ranks: dict,
+        fmt: ModelFormat = ModelFormat.KOHYA_LORA,
     ) -> dict[str, torch.Tensor] | None:
         """A family's own kohya / LyCORIS layout for one part's adapter state (peft names), e.g. adapters on separate
         projections written as one LoRA on the fused layer of the original checkpoint; None: the generic layout
-        (`weights/lycoris_keys.to_kohya` over `kohya_name`)."""
+        (`weights/lycoris_keys.to_kohya` over `lora_file_name`). `fmt`: the file's format (KOHYA_LORA, LEGACY_LORA or
+        COMFY_LORA), for a family whose own layout names modules differently in them."""
         return None
 
     def read_lora_file(self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor]):

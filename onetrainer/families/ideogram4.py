@@ -58,6 +58,7 @@ from onetrainer.noise.flow_matching import FlowMatchingSchedule
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
 from onetrainer.weights import ideogram4_keys
+from onetrainer.weights.fused_transformer_lora import FusedLayout, unet_name
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -132,6 +133,24 @@ def end_aligned(conditioning: Conditioning) -> tuple[torch.Tensor, list[int]]:
     return aligned * keep[:, :, None].to(aligned.dtype), lengths
 
 
+LAYOUT = FusedLayout("Ideogram 4", ideogram4_keys.module_map, ideogram4_keys.original_module)
+COMFY_PREFIX = "diffusion_model."
+
+
+def comfy_names(config) -> dict[str, str]:
+    """Each transformer module's kohya name in `LAYOUT` (`lora_unet_<original path>`, or for q/k/v kept apart
+    `lora_transformer_<diffusers path>`) → its COMFY_LORA name, `diffusion_model.` + that path with its dots."""
+    names = {}
+    for module, original in ideogram4_keys.module_map(config).items():
+        names[LAYOUT.diffusers_named(module)] = COMFY_PREFIX + module
+        names[LAYOUT.kohya_name(module, config)] = COMFY_PREFIX + (
+            module if original.fused or original.swapped else original.path
+        )
+        if original.fused:
+            names[unet_name(original.path)] = COMFY_PREFIX + original.path
+    return names
+
+
 class Ideogram4Family(LanguageModelFlowFamily):
     info = IDEOGRAM4
     sampling_parts = frozenset(IDEOGRAM4.parts)
@@ -142,6 +161,7 @@ class Ideogram4Family(LanguageModelFlowFamily):
         "transformer": ("layers",),
         "text_encoder": ("language_model.layers",),
     }
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": COMFY_PREFIX}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -274,7 +294,52 @@ class Ideogram4Family(LanguageModelFlowFamily):
         ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
     }
 
-    # -- names ----------------------------------------------------------------------------------------------------
+    # -- LoRA files and names -------------------------------------------------------------------------------------
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
+        """The transformer's adapters over the original names (`LAYOUT`: q/k/v as one exact LoRA on `attention.qkv`,
+        `to_out.0` as `attention.o`; LyCORIS kinds keep q/k/v apart under diffusers' paths): `lora_unet_` + the path
+        (KOHYA_LORA, OneTrainer's kohya layout) or `diffusion_model.` + the dotted path (COMFY_LORA, which diffusers'
+        Ideogram 4 LoRA conversion reads); the text encoder takes the generic layout."""
+        if part != "transformer":
+            return None
+        config = model.part("transformer").config
+        written = LAYOUT.to_kohya(kind, state, alphas, ranks, config)
+        if fmt is not ModelFormat.COMFY_LORA:
+            return written
+        dotted = comfy_names(config)
+        return {f"{dotted[name]}.{rest}": v for key, v in written.items() for name, _, rest in [key.partition(".")]}
+
+    def read_lora_file(self, model, part, kind, state):
+        if part != "transformer":
+            return None
+        return LAYOUT.read_file(kind, state, model.part("transformer").config)
+
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A COMFY_LORA file's transformer names back to the kohya names `LAYOUT` reads."""
+        if "transformer" not in model.parts or not any(k.startswith(COMFY_PREFIX) for k in state):
+            return state
+        kohya = {dotted: name for name, dotted in comfy_names(model.part("transformer").config).items()}
+        out = {}
+        for key, value in state.items():
+            pieces = key.split(".")
+            for cut in range(len(pieces) - 1, 0, -1):  # the longest module path the key starts with
+                name = ".".join(pieces[:cut])
+                if name in kohya:
+                    key = ".".join([kohya[name], *pieces[cut:]])
+                    break
+            out[key] = value
+        return out
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        if part == "transformer":
+            return LAYOUT.kohya_name(module_path, model.part("transformer").config)
+        return super().kohya_name(model, part, module_path)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        if part == "transformer" and fmt is ModelFormat.COMFY_LORA:
+            return comfy_names(model.part("transformer").config)[self.kohya_name(model, part, module_path)]
+        return self.kohya_name(model, part, module_path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND

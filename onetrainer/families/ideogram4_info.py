@@ -135,7 +135,7 @@ IDEOGRAM4 = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.COMFY_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -169,8 +169,12 @@ IDEOGRAM4 = FamilyInfo(
     "alone as the guidance's negative branch (the image tokens without text), blended as uncond + CFG·(cond − "
     "uncond); the negative prompt is not used. Samples run Ideogram4Pipeline (its logit-normal schedule shifted by "
     "the resolution, the sample's CFG scale constant over the steps). LoRA files: DIFFUSERS_LORA "
-    "(Ideogram4Pipeline's `load_lora_weights`) or KOHYA_LORA (`lora_unet_` / `lora_te1_` + the module path; LoHa "
-    "and LoKr too). Fine-tunes: a diffusers folder (also the backup, usable as a base model) or the transformer "
+    "(Ideogram4Pipeline's `load_lora_weights`), KOHYA_LORA (OneTrainer's kohya layout over the original names: "
+    "`lora_unet_` + the path, q/k/v as one exact LoRA on `attention.qkv`, `to_out.0` as `attention.o`; Qwen3-VL "
+    "under `lora_te1_`) or COMFY_LORA (the same under `diffusion_model.` with the dotted path, which "
+    "`load_lora_weights` converts too; a layer filter beyond the blocks, OneTrainer's `full`, writes modules it "
+    "refuses). LoHa and LoKr keep q/k/v apart under diffusers' paths (`lora_transformer_`). Fine-tunes: a "
+    "diffusers folder (also the backup, usable as a base model) or the transformer "
     "alone in the original layout (ORIGINAL_TRANSFORMER, as OneTrainer writes it: fused `attention.qkv`, "
     "`attention.o`), which `transformer.model_name` reads back over a diffusers base (diffusers' names too). "
     "OneTrainer offers no embeddings for Ideogram 4; here they train Qwen3-VL's token table.",

@@ -258,7 +258,7 @@ class LoraMethod(Method):
                 )
             else:
                 own = self.family.lora_file_state(
-                    self.model, part, self.kind, state, self.alphas[part], self.ranks[part]
+                    self.model, part, self.kind, state, self.alphas[part], self.ranks[part], fmt
                 )  # fmt: skip
                 name_of = lambda m, p=part: self.family.lora_file_name(self.model, p, m, fmt)  # noqa: E731
                 out.update(

@@ -6,6 +6,7 @@ calls its output projection `attention.o` (diffusers' `attention.to_out.0`). A f
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -54,3 +55,46 @@ def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             for name, part in zip(SPLIT, value.chunk(3, dim=0)):
                 out[f"{match.group(1)}.{name}.weight"] = part.contiguous()
     return out
+
+
+# -- LoRA files over the original names (`weights/fused_transformer_lora.FusedLayout`) ---------------------------------
+
+# The transformer's linear modules outside the blocks, and in each block besides q/k/v and the output projection: the
+# same path in both layouts.
+_TOP_LEVEL = (
+    "input_proj",
+    "llm_cond_proj",
+    "t_embedding.mlp_in",
+    "t_embedding.mlp_out",
+    "adaln_proj",
+    "final_layer.linear",
+    "final_layer.adaln_modulation",
+)
+_BLOCK = ("feed_forward.w1", "feed_forward.w2", "feed_forward.w3", "adaln_modulation")
+
+
+def module_map(config) -> dict:
+    """Every linear module of the transformer (diffusers path) → where its output rows live in the original layout
+    (q/k/v as thirds of `attention.qkv`, `to_out.0` as `attention.o`), for a diffusers config."""
+    return dict(
+        _module_map(int(config["num_attention_heads"]) * int(config["attention_head_dim"]), int(config["num_layers"]))
+    )
+
+
+def original_module(module_path: str, config):
+    """Where one diffusers module lives (`module_map`), None for one without a linear weight."""
+    return module_map(config).get(module_path)
+
+
+@functools.lru_cache(maxsize=16)
+def _module_map(width: int, num_layers: int) -> dict:
+    from onetrainer.weights.fused_lora import OriginalModule
+
+    modules = {path: OriginalModule(path) for path in _TOP_LEVEL}
+    for i in range(num_layers):
+        for index, name in enumerate(SPLIT):
+            modules[f"layers.{i}.attention.{name}"] = OriginalModule(f"layers.{i}.attention.qkv", index, (width,) * 3)
+        modules[f"layers.{i}.attention.to_out.0"] = OriginalModule(f"layers.{i}.attention.o")
+        for name in _BLOCK:
+            modules[f"layers.{i}.{name}"] = OriginalModule(f"layers.{i}.{name}")
+    return modules

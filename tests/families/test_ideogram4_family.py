@@ -242,8 +242,9 @@ def test_the_estimate_counts_the_released_model():
 
 @pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
-    """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Qwen3-VL's language model), in each
-    adapter kind: read back into a fresh model it gives the trained transformer's output."""
+    """KOHYA_LORA (OneTrainer's kohya layout: `lora_unet_` + the original path, q/k/v as one LoRA on `attention.qkv`;
+    LoHa and LoKr keep them apart under `lora_transformer_` + the diffusers path; `lora_te1_` for Qwen3-VL's language
+    model), in each adapter kind: read back into a fresh model it gives the trained transformer's output."""
     from tests.helpers import keep_trained_output
 
     settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
@@ -256,8 +257,9 @@ def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, mo
     run_config(config)
     state = load_file(config["output_model_destination"])
     marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
-    assert f"lora_unet_layers_0_attention_to_q.{marker}" in state
-    assert all(k.startswith(("lora_unet_layers_", "lora_te1_")) for k in state)
+    q = "lora_unet_layers_0_attention_qkv" if kind == "lora" else "lora_transformer_layers_0_attention_to_q"
+    assert f"{q}.{marker}" in state and f"lora_unet_layers_1_attention_o.{marker}" in state
+    assert all(k.startswith(("lora_unet_layers_", "lora_transformer_layers_", "lora_te1_")) for k in state)
     te = any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state)
     assert te is (kind == "lora")
     file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
@@ -266,3 +268,39 @@ def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, mo
     assert torch.allclose(ours, trained["output"], atol=1e-6)
     _, plain = our_model()
     assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_diffusers(tmp_path, monkeypatch):
+    """COMFY_LORA (OneTrainer's LoRA presets' format): `diffusion_model.` + the original path, q/k/v one exact LoRA on
+    `attention.qkv` (block-diagonal, alpha for its 3x rank), `attention.o`; diffusers' `load_lora_weights` converts it
+    back onto every trained module (the blocks' AdaLN modulations too) and gives our output, as does our reading."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from tests.helpers import keep_trained_output
+
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, "ideogram4", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="blocks", text_encoder={"train": False},
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert all(k.startswith("diffusion_model.layers.") for k in state)
+    rank = config["lora_rank"]
+    assert state["diffusion_model.layers.0.attention.qkv.lora_down.weight"].shape[0] == 3 * rank
+    assert float(state["diffusion_model.layers.0.attention.qkv.alpha"]) == 3 * config["lora_alpha"]
+    assert "diffusion_model.layers.1.attention.o.lora_up.weight" in state
+    assert "diffusion_model.layers.1.adaln_modulation.lora_up.weight" in state
+
+    pipe = pipeline()
+    pipe.load_lora_weights(config["output_model_destination"])
+    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    expected = {f"layers.{i}.{m}" for i in (0, 1) for m in (
+        "attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0", "feed_forward.w1",
+        "feed_forward.w2", "feed_forward.w3", "adaln_modulation")}  # fmt: skip
+    assert landed == expected
+    assert torch.allclose(transformer_output(pipe.transformer), trained["output"], atol=1e-5)
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
+    _, again = our_model(method=True, **file)
+    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
