@@ -304,3 +304,53 @@ def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_
     file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
     _, again = our_model(method=True, **file)
     assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+
+
+def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
+    (the pipeline has no textual-inversion loader), its `encode_prompt` gives our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import add_embedding_tokens, local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="ideogram4", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["qwen3vl_8b"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    add_embedding_tokens(pipe, vectors)
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
+        theirs, _, _, indicator = pipe.encode_prompt(["a photo of <shape> <shape>_1"], 1, 1, 2048, "cpu")
+    n = int((indicator == 3).sum())
+    assert ours.hidden_states.shape[1] == n
+    assert torch.allclose(ours.hidden_states[0], theirs[0, 2048 - n : 2048], atol=1e-5)
+
+
+def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's blocks and of Qwen3-VL's decoder layers waiting off the device (`layer_blocks`), with
+    gradient checkpointing as the presets train: the same losses and the same LoRA as without."""
+    from tests.helpers import assert_offloading_trains_the_same_lora
+
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, "ideogram4", {"Ideogram4Transformer2DModel", "Qwen3VLModel"}
+    )
+
+
+def test_a_dropped_caption_is_the_empty_captions_conditioning():
+    """Caption dropout encodes the empty caption (the chat template around nothing)."""
+    from onetrainer.families.base import CaptionDropout
+
+    family, model = our_model()
+    assert family.caption_dropout is CaptionDropout.EMPTY_CAPTION
+    with torch.no_grad():
+        empty = family.encode_text(model, [""])
+        both = family.encode_text(model, ["", "a red circle"])
+    n = int(empty.tensors["attention_mask"].sum())
+    assert torch.allclose(both.hidden_states[0, :n], empty.hidden_states[0], atol=1e-6)
