@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from onetrainer.config.enums import ModelFormat
-from onetrainer.families.base import Conditioning, LoadedModel, Writer, first_weight
+from onetrainer.config.model_types import left_out
+from onetrainer.families.base import Conditioning, Family, LoadedModel, Writer, first_weight
 from onetrainer.families.ideogram4_info import IDEOGRAM4
 from onetrainer.families.language_model_flow import LanguageModelFlowFamily
 from onetrainer.families.loading import (
@@ -52,7 +53,6 @@ from onetrainer.families.loading import (
     load_transformer_part,
     part_wise_base,
 )
-from onetrainer.families.saving import FlowPipelineFolder
 from onetrainer.families.vae_batch_norm import batch_norm_statistics
 from onetrainer.noise.flow_matching import FlowMatchingSchedule
 from onetrainer.noise.prediction import Prediction
@@ -151,6 +151,50 @@ def comfy_names(config) -> dict[str, str]:
     return names
 
 
+class EmptyCaptionBranch(torch.nn.Module):
+    """The guidance's negative branch where the unconditional transformer is left out (`include` off), as OneTrainer
+    samples then: the conditional transformer on the empty caption's text block before the image tokens. It stands
+    in the pipeline's `unconditional_transformer` slot, called as that one is (the image tokens alone, their
+    positions, segments and roles), and returns the image tokens' output."""
+
+    def __init__(self, family: Ideogram4Family, model: LoadedModel) -> None:
+        super().__init__()
+        self.transformer = model.part("transformer")
+        with torch.no_grad():
+            self.empty = family.encode_text(model, [""]).hidden_states
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return first_weight(self.transformer).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return first_weight(self.transformer).device
+
+    def forward(self, hidden_states, timestep, encoder_hidden_states, position_ids, segment_ids, indicator, **kwargs):
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+        from diffusers.models.transformers.transformer_ideogram4 import LLM_TOKEN_INDICATOR
+
+        count, text = hidden_states.shape[0], self.empty.shape[1]
+        device, dtype = hidden_states.device, hidden_states.dtype
+        positions = torch.arange(text, device=device)[None, :, None].expand(count, text, 3)
+        features = torch.cat(
+            [self.empty.to(device, dtype).expand(count, -1, -1), encoder_hidden_states.new_zeros(
+                count, hidden_states.shape[1], self.empty.shape[-1]).to(dtype)], dim=1
+        )  # fmt: skip
+        output = self.transformer(
+            hidden_states=torch.cat([hidden_states.new_zeros(count, text, hidden_states.shape[-1]), hidden_states], 1),
+            timestep=timestep,
+            encoder_hidden_states=features,
+            position_ids=torch.cat([positions.to(position_ids.dtype), position_ids], dim=1),
+            segment_ids=torch.cat([segment_ids.new_ones(count, text), segment_ids], dim=1),
+            indicator=torch.cat([indicator.new_full((count, text), LLM_TOKEN_INDICATOR), indicator], dim=1),
+            attention_kwargs=kwargs.get("attention_kwargs"),
+            return_dict=False,
+        )[0][:, text:]
+        return Transformer2DModelOutput(sample=output) if kwargs.get("return_dict", True) else (output,)
+
+
 class Ideogram4Family(LanguageModelFlowFamily):
     info = IDEOGRAM4
     sampling_parts = frozenset(IDEOGRAM4.parts)
@@ -180,7 +224,8 @@ class Ideogram4Family(LanguageModelFlowFamily):
             ("unconditional_transformer", Ideogram4Transformer2DModel),
             ("vae", AutoencoderKLFlux2),
         ):
-            parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
+            if not left_out(config, part):  # the unconditional transformer may be left out (`include`)
+                parts[part] = load_diffusers_component(cls, where, part, options, dtype=load_dtype(config, part))
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
         model = self.loaded_model(config, parts, tokenizer, where, options)
         model.schedule = ResolutionShiftSchedule(model.schedule.scheduler_config, patch_size=PATCH)
@@ -262,7 +307,7 @@ class Ideogram4Family(LanguageModelFlowFamily):
             text_encoder=slot.encoder,
             tokenizer=slot.tokenizer,
             transformer=model.part("transformer"),
-            unconditional_transformer=model.part("unconditional_transformer"),
+            unconditional_transformer=model.parts.get("unconditional_transformer") or EmptyCaptionBranch(self, model),
         )
 
     def pipeline_arguments(self, model: LoadedModel, sample, zero_terminal_snr: bool) -> dict:
@@ -289,8 +334,24 @@ class Ideogram4Family(LanguageModelFlowFamily):
         state = ideogram4_keys.to_original(plain_state(model.part("transformer")))
         self.write_transformer(model, state, destination, dtype, extra_metadata)
 
+    def save_diffusers(self, model: LoadedModel, destination, dtype: torch.dtype, metadata: dict | None = None) -> None:
+        """The pipeline folder, which holds both transformers: refused where the unconditional one was left out."""
+        if "unconditional_transformer" not in model.parts:
+            raise ValueError(
+                "a DIFFUSERS folder of Ideogram 4 holds the unconditional transformer, which this run left out "
+                "(unconditional_transformer.include): include it, or write the transformer alone (ORIGINAL_TRANSFORMER)"
+            )
+        super().save_diffusers(model, destination, dtype, metadata)
+
+    def save_backup(self, model: LoadedModel, folder) -> None:
+        """The pipeline folder (usable as a base model); without the unconditional transformer, one file per part."""
+        if "unconditional_transformer" in model.parts:
+            super().save_backup(model, folder)
+        else:
+            Family.save_backup(self, model, folder)
+
     writers: ClassVar[Mapping[ModelFormat, Writer]] = {
-        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.DIFFUSERS: save_diffusers,
         ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
     }
 

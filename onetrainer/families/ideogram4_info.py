@@ -15,6 +15,7 @@ from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, Trai
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
+    OPTIONAL_PART,
     OWN_MODEL,
     FamilyInfo,
     ModelTypeInfo,
@@ -146,6 +147,8 @@ IDEOGRAM4 = FamilyInfo(
     part_capabilities={
         "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
+        # OneTrainer's `include_unconditional_transformer`: left out, samples guide against the empty caption
+        "unconditional_transformer": frozenset({OPTIONAL_PART}),
     },
     # OneTrainer runs Qwen3-VL outside float16 autocast (BaseIdeogramSetup)
     float16_unsafe_parts=("text_encoder",),
@@ -167,7 +170,10 @@ IDEOGRAM4 = FamilyInfo(
     "or with `dynamic_timestep_shifting` the pipeline's resolution shift (√(pixels)/512, as OneTrainer). Only "
     "`transformer` trains: `unconditional_transformer`, a second transformer of the same shape, runs in samples "
     "alone as the guidance's negative branch (the image tokens without text), blended as uncond + CFG·(cond − "
-    "uncond); the negative prompt is not used. Samples run Ideogram4Pipeline (its logit-normal schedule shifted by "
+    "uncond); the negative prompt is not used. `unconditional_transformer.include` off leaves it out (never "
+    "loaded, as OneTrainer's option): samples then guide against the empty caption through the trained "
+    "transformer, and a fine-tune is written as ORIGINAL_TRANSFORMER (a DIFFUSERS folder holds both). Samples run "
+    "Ideogram4Pipeline (its logit-normal schedule shifted by "
     "the resolution, the sample's CFG scale constant over the steps). LoRA files: DIFFUSERS_LORA "
     "(Ideogram4Pipeline's `load_lora_weights`), KOHYA_LORA (OneTrainer's kohya layout over the original names: "
     "`lora_unet_` + the path, q/k/v as one exact LoRA on `attention.qkv`, `to_out.0` as `attention.o`; Qwen3-VL "

@@ -383,3 +383,41 @@ def test_a_dropped_caption_is_the_empty_captions_conditioning():
         both = family.encode_text(model, ["", "a red circle"])
     n = int(empty.tensors["attention_mask"].sum())
     assert torch.allclose(both.hidden_states[0, :n], empty.hidden_states[0], atol=1e-6)
+
+
+def test_without_the_unconditional_transformer_samples_guide_against_the_empty_caption(tmp_path):
+    """`unconditional_transformer.include` off (OneTrainer's option): never loaded; the pipeline's negative branch is
+    the trained transformer on the empty caption before the image tokens (what `predict` gives for ""), a sample
+    renders, and a DIFFUSERS folder (which holds both transformers) is refused by name."""
+    from diffusers import Ideogram4Pipeline
+
+    from onetrainer.config.enums import ModelFormat
+    from onetrainer.config.sample_config import SampleConfig
+
+    family, model = our_model(unconditional_transformer={"include": False})
+    assert "unconditional_transformer" not in model.parts
+    pipe = family.pipeline(model, model.schedule.sampler(None))
+    branch = pipe.unconditional_transformer
+    noisy, sigma = torch.randn(2, 32, 4, 6), torch.tensor([0.25, 0.75])
+    positions, segments, indicator = Ideogram4Pipeline._prepare_ids([1, 1], 2, 3, 1, "cpu")
+    with torch.no_grad():
+        empty = family.encode_text(model, ["", ""])
+        expected = family.predict(model, noisy, model.schedule.model_time(sigma), empty, {}).output
+        negative = branch(
+            hidden_states=pack(noisy), timestep=1.0 - sigma, encoder_hidden_states=torch.zeros(2, 6, 13 * 32),
+            position_ids=positions[:, 1:], segment_ids=segments[:, 1:], indicator=indicator[:, 1:], return_dict=False,
+        )[0]  # fmt: skip
+    assert torch.allclose(-negative, pack(expected), atol=1e-5)
+
+    image = family.sample(
+        model, SampleConfig(prompt="a red circle", width=64, height=64, diffusion_steps=2), str, False
+    )
+    assert image.size == (64, 64)
+    with pytest.raises(ValueError, match=r"unconditional_transformer\.include"):
+        family.save(model, ModelFormat.DIFFUSERS, tmp_path / "model", torch.float32, None)
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, tmp_path / "t.safetensors", torch.float32, None)
+    family.save_backup(model, tmp_path / "backup")
+    assert torch.equal(
+        family.backup_state(model, tmp_path / "backup", "transformer")["layers.0.attention.to_q.weight"],
+        model.part("transformer").layers[0].attention.to_q.weight,
+    )
