@@ -26,6 +26,7 @@ FAMILY_PATTERNS = {
     "zimage": r"\bz[_-]?image",
     "sana": r"\bsana\b",
     "krea2": r"krea[ _-]?2",
+    "ideogram4": r"ideogram",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }
