@@ -219,6 +219,14 @@ def test_the_lumina2_part_times_ours_and_the_bare_loop_training_the_same_lora():
     assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
 
 
+def test_the_ideogram4_part_times_ours_and_the_bare_loop_training_the_same_lora():
+    from onetrainer.benchmark.family_overhead import compare_family
+
+    figures = compare_family("ideogram4", steps=1, warmup=1, repeat=1, progress=None)
+    assert figures["ours_steps_per_second"] > 0 and figures["bare_steps_per_second"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ours_steps_per_second"] / figures["bare_steps_per_second"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")
 def test_without_cuda_the_memory_engines_full_size_cases_say_not_measured():
     from onetrainer.benchmark.memory_engine import FLUX_CASES, run_memory_gpu_part

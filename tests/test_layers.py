@@ -44,7 +44,8 @@ FAMILY_SIDE = ("families/", "tiny/", "weights/", "benchmark/", "config/enums.py"
 # (`effnet_encoder` is also the name of OneTrainer's config block of that part: a part name, allowed as such.)
 # ("chroma" alone is also the colour term of the image augmentations: the family's names are matched.)
 FAMILY_WORDS = re.compile(
-    r"pixart|wuerstchen|würstchen|cascade|sdxl|effnet(?!_encoder)|\bt5\b|\bflux|\bbfl\b|chroma_?1|chroma(pipeline|transformer|family)",
+    r"pixart|wuerstchen|würstchen|cascade|sdxl|effnet(?!_encoder)|\bt5\b|\bflux|\bbfl\b|chroma_?1|chroma(pipeline|transformer|family)"
+    r"|ideogram",
     re.IGNORECASE,
 )
 
@@ -182,6 +183,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "krea2": r"krea[ _-]?2",
         "anima": r"(?<![a-z])anima(?![a-z])",
         "lumina2": r"lumina",
+        "ideogram4": r"ideogram",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

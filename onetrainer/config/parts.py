@@ -189,10 +189,11 @@ class ModelPartConfig(ConfigNode):
         "The fraction of this part's blocks kept in CPU memory at any time (OneTrainer's layer offloading): the others "
         "sit on the GPU as a window that slides along while the blocks compute, the next block copied in while one "
         "runs. Less VRAM for the part's weights, at the cost of copies each step (hidden while 'Async offloading' "
-        "overlaps them). 0 = the whole part on the GPU. Frozen weights move; trained ones (a LoRA's) stay.",
+        "overlaps them). 0 = the whole part on the GPU; 1 (OneTrainer's presets offload a frozen part so) = all but "
+        "the one block computing. Frozen weights move; trained ones (a LoRA's) stay.",
         tab="training",
         minimum=0.0,
-        maximum=0.95,
+        maximum=1.0,
         part_needs=LAYER_OFFLOADING,
     )
     activation_offloading: bool = setting(

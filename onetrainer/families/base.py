@@ -395,14 +395,6 @@ class Family(ABC):
         return {}
 
     def lora_file_state(
-        self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor], alphas: dict, ranks: dict
-    ) -> dict[str, torch.Tensor] | None:
-        """A family's own kohya / LyCORIS layout for one part's adapter state (peft names), e.g. adapters on separate
-        projections written as one LoRA on the fused layer of the original checkpoint; None: the generic layout
-        (`weights/lycoris_keys.to_kohya` over `kohya_name`)."""
-        return None
-
-    def lora_format_state(
         self,
         model: LoadedModel,
         part: str,
@@ -410,12 +402,13 @@ class Family(ABC):
         state: dict[str, torch.Tensor],
         alphas: dict,
         ranks: dict,
-        fmt: ModelFormat,
+        fmt: ModelFormat = ModelFormat.KOHYA_LORA,
     ) -> dict[str, torch.Tensor] | None:
-        """One part's adapter state in the LoRA file format `fmt` (KOHYA_LORA, LEGACY_LORA or COMFY_LORA), for a family
-        whose layout differs by format (a COMFY_LORA over the fused layers of ComfyUI's model, written as that model
-        names them); default: `lora_file_state`, the family's one layout for every such format."""
-        return self.lora_file_state(model, part, kind, state, alphas, ranks)
+        """A family's own kohya / LyCORIS layout for one part's adapter state (peft names), e.g. adapters on separate
+        projections written as one LoRA on the fused layer of the original checkpoint; None: the generic layout
+        (`weights/lycoris_keys.to_kohya` over `lora_file_name`). `fmt`: the file's format (KOHYA_LORA, LEGACY_LORA or
+        COMFY_LORA), for a family whose own layout names modules differently in them."""
+        return None
 
     def read_lora_file(self, model: LoadedModel, part: str, kind: str, state: dict[str, torch.Tensor]):
         """The inverse of `lora_file_state` for a kohya file: (peft weights, alphas, ranks, LoKr structure, the file

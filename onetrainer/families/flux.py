@@ -310,7 +310,7 @@ class FluxTransformerFamily(FlowPipelineFolder, Family):
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 
-    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
         """The transformer's adapters over the original names (`flux_lora.transformer_to_kohya`: exact fused LoRAs on
         q/k/v and linear1); the text encoders take the generic layout."""
         if part != self.denoiser_part:

@@ -328,7 +328,7 @@ class Flux2Family(LanguageModelFlowFamily):
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 
-    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
         """The transformer's adapters over BFL's names (`flux2_lora.LAYOUT`: exact fused LoRAs on a double block's
         q/k/v); the text encoder takes the generic layout."""
         if part != self.denoiser_part:

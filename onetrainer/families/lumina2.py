@@ -191,7 +191,7 @@ class Lumina2Family(LanguageModelFlowFamily):
     def comfy_module_path(self, part: str, module_path: str) -> str:
         return lumina2_lora.comfy_path(module_path)
 
-    def lora_format_state(self, model, part, kind, state, alphas, ranks, fmt):
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
         """COMFY_LORA's LoRA on the transformer: the released names, q/k/v fused, the scale folded
         (`weights/lumina2_lora`); every other file, kind and part: the generic layout."""
         if fmt is ModelFormat.COMFY_LORA and part == "transformer" and kind == LORA:

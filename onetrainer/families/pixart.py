@@ -276,7 +276,7 @@ class PixArtFamily(Family):
 
     # -- LoRA files -----------------------------------------------------------------------------------------------
 
-    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
         """KOHYA_LORA over PixArt's native names (`pixart_lora.LAYOUT`): LoRAs on to_q/to_k/to_v (to_k/to_v) become
         one exact LoRA on the fused `attn.qkv` (`cross_attn.kv_linear`), the layout ComfyUI maps for PixArt. LyCORIS
         kinds have no exact fused form: they keep one entry per projection (our own reading only)."""

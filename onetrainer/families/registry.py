@@ -32,6 +32,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "krea2": "onetrainer.families.krea2:Krea2Family",
         "anima": "onetrainer.families.anima:AnimaFamily",
         "lumina2": "onetrainer.families.lumina2:Lumina2Family",
+        "ideogram4": "onetrainer.families.ideogram4:Ideogram4Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

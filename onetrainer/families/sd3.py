@@ -291,7 +291,7 @@ class StableDiffusion3Family(FlowPipelineFolder, Family):
 
     # -- LoRA files and names -------------------------------------------------------------------------------------
 
-    def lora_file_state(self, model, part, kind, state, alphas, ranks):
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
         """The transformer's adapters over SAI's names (`sd3_lora.py`: exact fused LoRAs on q/k/v, what ComfyUI and
         sd-scripts read); the text encoders take the generic layout."""
         if part != self.denoiser_part:

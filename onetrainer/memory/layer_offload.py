@@ -128,8 +128,8 @@ class LayerOffload:
         async_copies: bool = True,
         trained: bool = False,
     ) -> None:
-        if not 0.0 < fraction < 1.0:
-            raise OffloadError(f"an offload fraction must lie between 0 and 1 (exclusive), not {fraction}")
+        if not 0.0 < fraction <= 1.0:
+            raise OffloadError(f"an offload fraction must lie in (0, 1], not {fraction}")
         blocks: list[torch.nn.Module] = []
         found_any = False
         for path in block_paths:

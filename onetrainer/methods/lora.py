@@ -257,7 +257,7 @@ class LoraMethod(Method):
                     diffusers_lora.file_state(part, self.model.part(part), state, self.ranks[part], self.alphas[part])
                 )
             else:
-                own = self.family.lora_format_state(
+                own = self.family.lora_file_state(
                     self.model, part, self.kind, state, self.alphas[part], self.ranks[part], fmt
                 )  # fmt: skip
                 name_of = lambda m, p=part: self.family.lora_file_name(self.model, p, m, fmt)  # noqa: E731

@@ -148,6 +148,17 @@ QWEN25_VL_CHAT_TEMPLATE = (
 )
 
 
+# Qwen3-VL's chat template, compacted as Qwen2.5-VL's above (the same turns, vision placeholders and text parts) but
+# without a default system turn: Qwen3-VL renders a conversation without one as it is (a pipeline prompting with one
+# user message gets that turn alone).
+QWEN3_VL_CHAT_TEMPLATE = QWEN25_VL_CHAT_TEMPLATE.replace(
+    "{%- if loop.first and message.role != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}",
+    "",
+)
+
+
 # eq=False: a flavour is its own identity (and hashable, for the vocabulary cache).
 @dataclass(frozen=True, eq=False)
 class QwenFlavour:
@@ -174,7 +185,17 @@ QWEN25_VL = QwenFlavour(
     QWEN25_VL_NUM_MERGES,
     QWEN25_VL_TOKENIZER,
 )
-FLAVOURS = (QWEN3, QWEN25_VL)
+# Qwen3-VL's vocabulary holds Qwen2.5-VL's special tokens and, as plain added tokens, Qwen3's thinking tags.
+QWEN3_VL = QwenFlavour(
+    "qwen3-vl",
+    QWEN25_VL_SPECIAL_TOKENS,
+    THINK_TOKENS,
+    QWEN3_VL_CHAT_TEMPLATE,
+    QWEN25_VL_CORPUS,
+    QWEN25_VL_NUM_MERGES,
+    QWEN25_VL_TOKENIZER,
+)
+FLAVOURS = (QWEN3, QWEN25_VL, QWEN3_VL)
 
 
 def flavour_of(tokenizer: PreTrainedTokenizerBase) -> QwenFlavour:

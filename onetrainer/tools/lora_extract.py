@@ -174,7 +174,7 @@ def extract(ex: Extraction, progress: Callable[[str, int, int], None] | None = N
         if ex.output_format is ModelFormat.DIFFUSERS_LORA:
             out.update(diffusers_lora.file_state(part, base.part(part), state, ranks, alphas))
         else:
-            own = family.lora_file_state(base, part, "lora", state, alphas, ranks)
+            own = family.lora_file_state(base, part, "lora", state, alphas, ranks, ex.output_format)
             name_of = lambda m, p=part: family.lora_file_name(base, p, m, ex.output_format)  # noqa: E731
             out.update(own if own is not None else to_kohya("lora", state, name_of, alphas, ranks))
     if not reports:

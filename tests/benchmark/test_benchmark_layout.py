@@ -28,6 +28,7 @@ FAMILY_PATTERNS = {
     "krea2": r"krea[ _-]?2",
     "anima": r"(?<![a-z])anima(?![a-z])",
     "lumina2": r"lumina",
+    "ideogram4": r"ideogram",
     "wuerstchen": r"wuerstchen|würstchen",
     "cascade": r"cascade",
 }

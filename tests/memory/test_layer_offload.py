@@ -149,5 +149,13 @@ def test_a_blocks_weights_move_as_one_buffer_and_part_as_tensors_of_their_own():
 def test_a_module_without_those_blocks_is_refused():
     with pytest.raises(OffloadError, match="no blocks at 'layers'"):
         LayerOffload(Net(), ["layers"], 0.5)
-    with pytest.raises(OffloadError, match="between 0 and 1"):
-        LayerOffload(Net(), ["first"], 1.0)
+    with pytest.raises(OffloadError, match=r"in \(0, 1\]"):
+        LayerOffload(Net(), ["first"], 1.5)
+    with pytest.raises(OffloadError, match=r"in \(0, 1\]"):
+        LayerOffload(Net(), ["first"], 0.0)
+
+
+def test_a_fraction_of_1_keeps_one_block_on_the_device():
+    """OneTrainer's presets offload a frozen part at 1.0: all blocks but the one computing stay off the device."""
+    offload = LayerOffload(Net(), ["first", "second"], 1.0)
+    assert offload.window == 1 and offload.offloaded == len(offload.blocks) - 1

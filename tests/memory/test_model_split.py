@@ -38,6 +38,7 @@ SPLIT_VARIANTS = (
     "krea2",
     "anima",
     "lumina2",
+    "ideogram4",
 )
 
 

@@ -67,6 +67,8 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
         extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30))}
     if spec.pipeline_class == "FluxKontextPipeline":  # at the asked size (max_area), the reference as it is
         extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30)), "max_area": 64 * 64, "_auto_resize": False}
+    if spec.pipeline_class == "Ideogram4Pipeline":  # its default guidance is a 48-step schedule; a text block of 64
+        extra = {"guidance_scale": 3.0, "guidance_schedule": None, "max_sequence_length": 64}
     size = spec.resolution
     if spec.pipeline_class.endswith("ModularPipeline"):  # its call returns what `output` names
         return pipeline(prompt=prompt, height=size, width=size, output_type="np", output="images", **common)
