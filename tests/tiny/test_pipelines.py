@@ -64,6 +64,8 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
     if spec.pipeline_class == "FluxKontextPipeline":  # at the asked size (max_area), the reference as it is
         extra = {"image": Image.new("RGB", (64, 48), (200, 30, 30)), "max_area": 64 * 64, "_auto_resize": False}
     size = spec.resolution
+    if spec.pipeline_class == "HiDreamImagePipeline":  # it scales every size to its default area: make that ours
+        pipeline.default_sample_size = size // pipeline.vae_scale_factor
     if spec.pipeline_class == "StableDiffusionDepth2ImgPipeline":  # image to image: the image gives the size
         image = Image.new("RGB", (size, size), (200, 30, 30))
         return pipeline(prompt=prompt, image=image, strength=1.0, output_type="np", **common).images

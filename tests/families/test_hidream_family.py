@@ -1,0 +1,295 @@
+"""HiDream-I1 on its tiny model: the conditioning (CLIP-L and CLIP-G pooled, T5, every Llama layer), the latents and
+the prediction are HiDreamImagePipeline's, caption dropout drops each encoder's share, a LoRA trained through the
+trainer samples at the sample's size and its DIFFUSERS_LORA and COMFY_LORA files load in diffusers'
+`load_lora_weights` (every module landing) as ours, a fine-tune's folder loads in diffusers and back as a base model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.families.base import Conditioning
+from onetrainer.tiny import tiny_model_dir
+from onetrainer.training.events import Metrics, SampleReady
+from tests.helpers import (
+    assert_only_the_denoiser_trained,
+    image_folder,
+    loaded_model,
+    run_config,
+    tiny_config,
+)
+
+CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")
+FROZEN_TEXT = {part: {"train": False} for part in TEXT_ENCODERS}
+
+
+def our_model(method: bool = False, **changes):
+    data = tiny_config(Path("/nonexistent"), "hidream", method="LORA", output_model_format="DIFFUSERS_LORA")
+    return loaded_model(data, method, **changes)
+
+
+def pipeline(folder: Path | None = None):
+    from diffusers import HiDreamImagePipeline
+
+    pipe = HiDreamImagePipeline.from_pretrained(str(folder or tiny_model_dir("hidream")), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
+    """The eval-mode transformer on 4x4 latents, 5 T5 tokens and 3 Llama tokens per layer."""
+    config = transformer.config
+    generator = torch.Generator().manual_seed(0)
+    layers = max(config.llama_layers) + 1
+    with torch.no_grad():
+        return transformer.eval()(
+            hidden_states=torch.randn(2, config.in_channels, 4, 4, generator=generator),
+            timesteps=torch.tensor([300.0, 800.0]),
+            encoder_hidden_states_t5=torch.randn(2, 5, config.caption_channels[0], generator=generator),
+            encoder_hidden_states_llama3=torch.randn(layers, 2, 3, config.caption_channels[1], generator=generator),
+            pooled_embeds=torch.randn(2, config.text_emb_dim, generator=generator),
+        ).sample
+
+
+def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        t5, _, llama, _, pooled, _ = pipe.encode_prompt(CAPTIONS, do_classifier_free_guidance=False, device="cpu")
+        # 128 tokens each; both of the tiny Llama's layers, the batch first; CLIP-L's 32 and CLIP-G's 64 pooled
+        assert ours.hidden_states.shape == (2, 128, 32) and ours.tensors["llama"].shape == (2, 2, 128, 48)
+        assert ours.pooled.shape == (2, 96)
+        assert torch.allclose(ours.hidden_states, t5, atol=1e-6)
+        assert torch.allclose(ours.tensors["llama"].transpose(0, 1), llama, atol=1e-6)
+        assert torch.allclose(ours.pooled, pooled, atol=1e-6)
+
+        pixels = torch.rand(2, 3, 64, 96) * 2 - 1
+        latents = family.encode_images(model, pixels)
+        vae = pipe.vae
+        raw = vae.encode(pixels).latent_dist.mode()
+        assert latents.shape == (2, 16, 8, 12)
+        assert torch.allclose(latents, (raw - vae.config.shift_factor) * vae.config.scaling_factor, atol=1e-6)
+
+        # σ·1000 into the transformer, its output negated (the flow ε − x0), as the pipeline steps
+        noisy, sigma = torch.randn(2, 16, 4, 4), torch.tensor([0.25, 0.75])
+        times = model.schedule.model_time(sigma)
+        theirs = -pipe.transformer(noisy, sigma * 1000, t5, llama, pooled).sample
+        assert torch.allclose(family.predict(model, noisy, times, ours, {}).output, theirs, atol=1e-6)
+        # in training mode the transformer leaves the patches unassembled: put back, the same prediction
+        transformer = model.part("transformer").train()
+        trained_mode = family.predict(model, noisy, times, ours, {}).output
+        wide = torch.randn(2, 16, 4, 6)  # and a wide image's own tokens, in either mode
+        wide_train = family.predict(model, wide, times, ours, {}).output
+        transformer.eval()
+        wide_eval = family.predict(model, wide, times, ours, {}).output
+    assert torch.allclose(trained_mode, theirs, atol=1e-6)
+    assert wide_train.shape == (2, 16, 4, 6) and torch.allclose(wide_train, wide_eval, atol=1e-5)
+
+
+def test_the_sequence_lengths_of_t5_and_llama_come_from_the_config():
+    family, model = our_model(text_encoder_3_sequence_length=20, text_encoder_4_sequence_length=12)
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        t5 = pipe._get_t5_prompt_embeds(CAPTIONS, 20, "cpu")
+        llama = pipe._get_llama3_prompt_embeds(CAPTIONS, 12, "cpu")
+    assert ours.hidden_states.shape[1] == 20 and ours.tensors["llama"].shape[2] == 12
+    assert torch.allclose(ours.hidden_states, t5, atol=1e-6)
+    assert torch.allclose(ours.tensors["llama"].transpose(0, 1), llama, atol=1e-6)
+
+
+def test_caption_dropout_zeroes_each_encoders_share_on_its_own_draw():
+    family, model = our_model()
+    with torch.no_grad():
+        whole = family.encode_text(model, CAPTIONS)
+        drops = [torch.tensor([True, False]), None, torch.tensor([False, True]), torch.tensor([True, True])]
+        dropped = family.drop_captions(model, CAPTIONS, drops, lambda c: family.encode_text(model, c))
+    pooled = dropped.pooled
+    assert not pooled[0, :32].any() and torch.equal(pooled[0, 32:], whole.pooled[0, 32:])  # CLIP-L's columns
+    assert torch.equal(pooled[1], whole.pooled[1])
+    assert torch.equal(dropped.hidden_states[0], whole.hidden_states[0]) and not dropped.hidden_states[1].any()
+    assert not dropped.tensors["llama"].any()
+
+
+def test_samples_pass_our_embeddings_and_render_at_the_samples_size():
+    from onetrainer.config.sample_config import SampleConfig
+
+    family, model = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        arguments = family.prompt_arguments(model, "a red circle", "blue")
+        _, negative_t5, llama, _, _, negative_pooled = pipe.encode_prompt(
+            "a red circle", negative_prompt="blue", device="cpu"
+        )
+    assert torch.allclose(arguments["prompt_embeds_llama3"], llama, atol=1e-6)
+    assert torch.allclose(arguments["negative_prompt_embeds_t5"], negative_t5, atol=1e-6)
+    assert torch.allclose(arguments["negative_pooled_prompt_embeds"], negative_pooled, atol=1e-6)
+    sample = SampleConfig(prompt="a red circle", width=96, height=48, diffusion_steps=2, cfg_scale=3.0, seed=3)
+    image = family.sample(model, sample, lambda text: text, False)
+    assert image.size == (96, 48)  # the pipeline alone would scale it to 1024² px's area
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers (attention and the image feed-forward's experts), its
+    latents and captions cached, a sample with a negative prompt."""
+    root = tmp_path_factory.mktemp("hidream-lora")
+    image_folder(root, count=2)
+    config = tiny_config(
+        root, "hidream", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+        latent_caching=True, **FROZEN_TEXT,
+        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
+                  "diffusion_steps": 2, "cfg_scale": 3.0}],
+        sample_after=2, sample_after_unit="EPOCH",
+    )  # fmt: skip
+    return root, config, run_config(config)
+
+
+def landed_modules(pipe) -> set[str]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+
+
+def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
+    root, config, events = lora_run
+    assert len([e for e in events if isinstance(e, Metrics)]) == 2
+    (ready,) = [e for e in events if isinstance(e, SampleReady)]
+    assert Image.open(ready.path).size == (96, 64)
+    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    state = load_file(config["output_model_destination"])
+    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    assert all(k.startswith("transformer.") for k in state)
+    block = "double_stream_blocks.0.block"
+    assert {f"{block}.attn1.to_q", f"{block}.attn1.to_out_t", f"{block}.ff_i.experts.3.w2",
+            f"{block}.ff_i.shared_experts.w1", "single_stream_blocks.0.block.attn1.to_v",
+            "single_stream_blocks.0.block.ff_i.experts.0.w3"} <= modules  # fmt: skip
+    assert not any(".ff_t." in m or m.startswith(("caption_projection", "x_embedder", "final_layer")) for m in modules)
+
+    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
+    pipe = pipeline()
+    before = transformer_output(pipe.transformer)
+    pipe.load_lora_weights(config["output_model_destination"])
+    assert landed_modules(pipe) == modules
+    theirs = transformer_output(pipe.transformer)
+    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
+    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+
+
+def test_the_same_lora_as_comfy_lora_loads_in_diffusers_as_ours(lora_run, tmp_path):
+    """COMFY_LORA: `diffusion_model.` + diffusers' module path (ComfyUI's HiDream model keeps diffusers' names), which
+    diffusers' HiDream loader also reads (`_convert_non_diffusers_hidream_lora_to_diffusers`)."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    _, config, _ = lora_run
+    cfg, _ = config_from_dict(
+        {**config, "lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
+    )
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the DIFFUSERS_LORA file
+    path = tmp_path / "comfy.safetensors"
+    method.save_output(path)
+    state = load_file(str(path))
+    assert all(k.startswith("diffusion_model.") for k in state)
+    assert "diffusion_model.double_stream_blocks.0.block.attn1.to_q.lora_down.weight" in state
+    expected = transformer_output(model.part("transformer"))
+    # diffusers' HiDream loader strips `diffusion_model.` and reads peft's suffixes only, without `.alpha` entries
+    # (ComfyUI reads kohya's and the alphas): renamed, the alpha folded into lora_B, the same LoRA
+    folded = {}
+    for key in [k for k in state if k.endswith(".lora_down.weight")]:
+        module = key.removesuffix(".lora_down.weight")
+        up = state[f"{module}.lora_up.weight"]
+        folded[f"{module}.lora_A.weight"] = state[key]
+        folded[f"{module}.lora_B.weight"] = up * float(state[f"{module}.alpha"]) / state[key].shape[0]
+    pipe = pipeline()
+    pipe.load_lora_weights(folded)
+    assert len(landed_modules(pipe)) == len({k.split(".lora_")[0] for k in state if ".lora_" in k})
+    assert torch.allclose(transformer_output(pipe.transformer), expected, atol=1e-6)
+
+    # read back by this trainer, the same model
+    _, again = our_model(method=True, lora_model_name=str(path), output_model_format="COMFY_LORA")
+    assert torch.allclose(transformer_output(again.part("transformer")), expected, atol=1e-6)
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    image_folder(tmp_path, count=2)
+    config = tiny_config(
+        tmp_path, "hidream", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", **FROZEN_TEXT,
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, (*TEXT_ENCODERS, "vae"))
+    assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
+    assert trained.scheduler.config.shift == 3.0  # the base's UniPC flow_shift, as the Euler sampler's shift
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_llama_comes_from_text_encoder_4s_own_model_where_set(tmp_path):
+    """HiDream-ai's folders hold no Llama: `text_encoder_4.model_name` names a folder of LlamaForCausalLM and its
+    tokenizer; a base without one and no model name is refused naming the setting."""
+    import shutil
+
+    from onetrainer.families.loading import ModelLoadError
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir("hidream"), base)
+    llama = tmp_path / "llama"
+    shutil.move(base / "text_encoder_4", llama)
+    for file in (base / "tokenizer_4").iterdir():
+        shutil.move(file, llama / file.name)
+    with pytest.raises(ModelLoadError, match=r"text_encoder_4\.model_name"):
+        our_model(base_model_name=str(base))
+    family, model = our_model(base_model_name=str(base), text_encoder_4={"model_name": str(llama)})
+    _, reference = our_model()
+    with torch.no_grad():
+        assert torch.equal(
+            family.encode_text(model, CAPTIONS).tensors["llama"],
+            family.encode_text(reference, CAPTIONS).tensors["llama"],
+        )
+    assert model.text_encoders[3].tokenizer.pad_token == model.text_encoders[3].tokenizer.eos_token
+
+
+def test_kohya_names_prefix_each_encoder():
+    family, model = our_model()
+    names = [
+        family.kohya_name(model, "transformer", "double_stream_blocks.0.block.attn1.to_q"),
+        family.kohya_name(model, "text_encoder_2", "text_model.encoder.layers.0.mlp.fc1"),
+        family.kohya_name(model, "text_encoder_4", "model.layers.1.self_attn.q_proj"),
+    ]
+    assert names == [
+        "lora_unet_double_stream_blocks_0_block_attn1_to_q",
+        "lora_te2_text_model_encoder_layers_0_mlp_fc1",
+        "lora_te4_model_layers_1_self_attn_q_proj",
+    ]
+    assert family.lora_file_name(model, "text_encoder_4", "model.layers.1.mlp.up_proj", ModelFormat.COMFY_LORA) == (
+        "text_encoders.llama.transformer.model.layers.1.mlp.up_proj"
+    )
+
+
+def test_the_text_cache_rows_stack_back_to_the_conditioning():
+    from onetrainer.data.caching import encode_text_entries
+
+    family, model = our_model()
+    rows = encode_text_entries(family, model, CAPTIONS)
+    with torch.no_grad():
+        stacked = Conditioning.stack(rows, "cpu")
+        whole = family.encode_text(model, CAPTIONS)
+    assert stacked.tensors.keys() == whole.tensors.keys()
+    assert all(torch.allclose(stacked.tensors[k], whole.tensors[k], atol=1e-6) for k in whole.tensors)
