@@ -74,6 +74,9 @@ VARIANTS = (
             "scheduler": ref.HIDREAM_I1_FULL_SCHEDULER,
         },
         depths=HIDREAM_DEPTH,
+        # Llama is its own model in HiDream-I1's configs (`text_encoder_4.model_name`, OneTrainer's preset names the
+        # hub's): the tiny base brings the tiny one as such a folder
+        own_parts=("text_encoder_4",),
     ),
 )
 
@@ -194,3 +197,27 @@ def store_extras(pipeline: Any, folder, variant: TinyVariant) -> None:
 
     shutil.rmtree(folder / "tokenizer_4")
     write_llama_tokenizer_files(folder / "tokenizer_4")
+
+
+def build_own_part(variant: TinyVariant, part: str):
+    """The tiny Llama as a model folder of its own (the model and its tokenizer, as a hub Llama repository holds
+    them), beside the tiny pipeline's folder in the cache, made from its `text_encoder_4` and `tokenizer_4` once."""
+    import os
+    import shutil
+
+    from onetrainer.tiny.storage import tiny_model_dir
+
+    base = tiny_model_dir(variant.name)
+    folder = base.with_name(f"{base.name}-{part}")
+    if (folder / "config.json").is_file():
+        return folder
+    building = folder.with_name(f"{folder.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(base / "text_encoder_4", building)
+    for file in (base / "tokenizer_4").iterdir():
+        shutil.copy(file, building / file.name)
+    try:
+        building.rename(folder)
+    except OSError:  # another process put it in place first
+        shutil.rmtree(building, ignore_errors=True)
+    return folder

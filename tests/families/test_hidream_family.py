@@ -293,3 +293,128 @@ def test_the_text_cache_rows_stack_back_to_the_conditioning():
         whole = family.encode_text(model, CAPTIONS)
     assert stacked.tensors.keys() == whole.tensors.keys()
     assert all(torch.allclose(stacked.tensors[k], whole.tensors[k], atol=1e-6) for k in whole.tensors)
+
+
+def _with_embedding(pipe, tensors: dict, token: str) -> None:
+    """What a diffusers user does, HiDreamImagePipeline having no textual-inversion loader: the file's vectors as new
+    tokens of each encoder's tokenizer (`<token>`, `<token>_1`, … as diffusers names a multi-vector embedding)."""
+    for key, suffix in (("clip_l", ""), ("clip_g", "_2"), ("t5", "_3"), ("llama", "_4")):
+        tokenizer, encoder = getattr(pipe, f"tokenizer{suffix}"), getattr(pipe, f"text_encoder{suffix}")
+        vectors = tensors[key]
+        tokens = [token] + [f"{token}_{i}" for i in range(1, len(vectors))]
+        tokenizer.add_tokens(tokens)
+        encoder.resize_token_embeddings(len(tokenizer))
+        table = encoder.get_input_embeddings().weight
+        with torch.no_grad():
+            for name, vector in zip(tokens, vectors, strict=True):
+                table[tokenizer.convert_tokens_to_ids(name)] = vector.to(table.dtype)
+
+
+def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_path):
+    """An embedding run writes `clip_l`, `clip_g`, `t5` and `llama` vectors (OneTrainer's keys); set into diffusers'
+    tokenizers and encoders they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="hidream", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    tensors = load_file(path)
+    pipe = pipeline()
+    widths = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3", "llama": "text_encoder_4"}
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == {
+        key: (2, getattr(pipe, part).get_input_embeddings().weight.shape[1]) for key, part in widths.items()
+    }
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    theirs = "a photo of <shape> <shape>_1"  # the vectors' tokens, as diffusers' own loaders expand a prompt
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
+        plain = pipe.encode_prompt("a photo of <shape>", do_classifier_free_guidance=False, device="cpu")
+    _with_embedding(pipe, tensors, "<shape>")
+    with torch.no_grad():
+        t5, _, llama, _, pooled, _ = pipe.encode_prompt(theirs, do_classifier_free_guidance=False, device="cpu")
+    assert torch.allclose(ours.hidden_states, t5, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
+    assert torch.allclose(ours.tensors["llama"].transpose(0, 1), llama, atol=1e-5)
+    assert not torch.allclose(plain[2], llama, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["lora", "loha"])
+def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """KOHYA_LORA (`lora_unet_` + the diffusers module path; Llama's LoRA under `lora_te4_`), a LoRA and a LoHa: read
+    back into a fresh model it gives the trained transformer's output."""
+    from tests.helpers import keep_trained_output
+
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}}[kind]
+    image_folder(tmp_path, count=2)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    text = {**FROZEN_TEXT, "text_encoder_4": {"train": kind == "lora"}}
+    config = tiny_config(
+        tmp_path, "hidream", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", **text, **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a"}[kind]
+    assert f"lora_unet_double_stream_blocks_0_block_attn1_to_q_t.{marker}" in state
+    assert f"lora_unet_single_stream_blocks_0_block_attn1_to_out.{marker}" in state
+    assert all(
+        k.startswith(("lora_unet_double_stream_blocks_", "lora_unet_single_stream_blocks_", "lora_te4_")) for k in state
+    )
+    assert any(k.startswith("lora_te4_model_layers_1_self_attn_q_proj.") for k in state) is (kind == "lora")
+    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
+    _, again = our_model(method=True, **file, **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-6)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's blocks, of T5's and of Llama's layers waiting off the device (`layer_blocks`), with
+    gradient checkpointing as the presets train: the same losses and the same LoRA as without."""
+    from onetrainer.memory import layer_offload
+
+    offloaders = []
+    made = layer_offload.LayerOffload.__init__
+
+    def keep(self, module, *args, **kwargs):
+        made(self, module, *args, **kwargs)
+        offloaders.append((type(module).__name__, self))
+
+    monkeypatch.setattr(layer_offload.LayerOffload, "__init__", keep)
+
+    def train(folder: Path, share: float):
+        image_folder(folder, count=2)
+        config = tiny_config(
+            folder, "hidream", "LORA", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS_LORA",
+            layer_filter_preset="attn-mlp", transformer={"offload_fraction": share, "gradient_checkpointing": True},
+            **FROZEN_TEXT | {part: {"train": False, "offload_fraction": share} for part in TEXT_ENCODERS[2:]},
+        )  # fmt: skip
+        losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+        return losses, load_file(config["output_model_destination"])
+
+    losses, weights = train(tmp_path / "plain", 0.0)
+    assert not offloaders
+    offloaded_losses, offloaded_weights = train(tmp_path / "offloaded", 0.5)
+    moved = {name for name, offloader in offloaders if offloader.moves}
+    assert moved == {"HiDreamImageTransformer2DModel", "T5EncoderModel", "LlamaForCausalLM"}
+    assert len(losses) == 2 and losses == offloaded_losses
+    assert weights.keys() == offloaded_weights.keys()
+    assert all(torch.equal(weights[k], offloaded_weights[k]) for k in weights)
+
+
+def test_the_estimate_counts_the_released_model():
+    """HiDream-I1's 17.1B transformer, Llama-3.1-8B (8.0B), T5-XXL's encoder (4.8B)."""
+    from onetrainer.config.enums import ModelType
+    from onetrainer.training.estimate import reference_shapes
+
+    shapes = reference_shapes(ModelType.HI_DREAM_FULL, "HiDream-ai/HiDream-I1-Full")
+    assert shapes["transformer"]["params"] == pytest.approx(17.1e9, rel=0.01)
+    assert shapes["text_encoder_4"]["params"] == pytest.approx(8.03e9, rel=0.01)
+    assert shapes["text_encoder_3"]["params"] == pytest.approx(4.76e9, rel=0.01)
