@@ -184,6 +184,22 @@ def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_our
     assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
 
 
+def test_the_sampling_tool_renders_the_trained_lora_at_the_asked_size(lora_run, in_tmp):
+    """scripts/sample.py with the LoRA: the pipeline at the asked size; without it, another image."""
+    import numpy as np
+
+    from onetrainer.cli.sample import main
+
+    _, config, _ = lora_run
+    args = ["--model-type", "HI_DREAM_FULL", "--base-model", "tiny:hidream", "--prompt", "a red circle", "--width",
+            "96", "--height", "48", "--steps", "2", "--cfg-scale", "4", "--device", "cpu", "--seed", "5"]  # fmt: skip
+    assert main([*args, "--lora", config["output_model_destination"], "--output", "lora.png"]) == 0
+    assert main([*args, "--output", "base.png"]) == 0
+    with_lora, base = (np.asarray(Image.open(in_tmp / name)) for name in ("lora.png", "base.png"))
+    assert with_lora.shape == base.shape == (48, 96, 3)
+    assert not np.array_equal(with_lora, base)
+
+
 def test_the_same_lora_as_comfy_lora_loads_in_diffusers_as_ours(lora_run, tmp_path):
     """COMFY_LORA: `diffusion_model.` + diffusers' module path (ComfyUI's HiDream model keeps diffusers' names), which
     diffusers' HiDream loader also reads (`_convert_non_diffusers_hidream_lora_to_diffusers`)."""
