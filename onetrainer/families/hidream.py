@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -46,6 +47,7 @@ from onetrainer.families.base import (
     CaptionDropout,
     Conditioning,
     Family,
+    FamilyState,
     LoadedModel,
     TextEncoderSlot,
     Writer,
@@ -78,6 +80,14 @@ KIND = ModelKind("hidream-i1", "hidream")  # OneTrainer's modelspec architecture
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")
 KOHYA_PREFIXES = dict(zip(TEXT_ENCODERS, ("lora_te1", "lora_te2", "lora_te3", "lora_te4"), strict=True))
 EMBEDDING_KEYS = dict(zip(TEXT_ENCODERS, ("clip_l", "clip_g", "t5", "llama"), strict=True))
+
+
+@dataclass(slots=True)
+class HiDreamState(FamilyState):
+    """Whether the caption's padding is hidden from the transformer (`transformer.attention_mask`, OneTrainer's
+    "Force attention mask"): T5's and Llama's states of the padding set to zero."""
+
+    mask_padding: bool = False
 
 
 class HiDreamFamily(FlowPipelineFolder, Family):
@@ -151,18 +161,22 @@ class HiDreamFamily(FlowPipelineFolder, Family):
             for part in TEXT_ENCODERS
         ]
         schedule = FlowMatchingSchedule(euler_config(dict(scheduler)), patch_size=PATCH)
-        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name)
+        state = HiDreamState(mask_padding=bool(config.transformer.attention_mask))
+        return LoadedModel(config.model_type, parts, slots, schedule, config.base_model_name, state)
 
     # -- text and images ------------------------------------------------------------------------------------------
 
     def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
         clip_l, clip_g, t5, llama = model.text_encoders
         pooled = [clip_pooled(slot, captions) for slot in (clip_l, clip_g)]
-        t5_states, _ = t5_hidden_states(t5, captions, t5.max_tokens or TEXT_TOKENS, use_mask=True)
+        t5_states, t5_mask = t5_hidden_states(t5, captions, t5.max_tokens or TEXT_TOKENS, use_mask=True)
+        llama_states, llama_mask = llama_hidden_states(llama, captions)
         return Conditioning(
             {
                 "hidden_states": t5_states,
-                "llama": llama_hidden_states(llama, captions).transpose(0, 1),
+                "attention_mask": t5_mask,
+                "llama": llama_states.transpose(0, 1),
+                "llama_mask": llama_mask,
                 "pooled": torch.cat([p.to(pooled[0].dtype) for p in pooled], dim=-1),
             }
         )
@@ -201,11 +215,12 @@ class HiDreamFamily(FlowPipelineFolder, Family):
         dtype = first_weight(transformer).dtype
         batch, _, height, width = noisy_latents.shape
         mask, sizes, positions = image_tokens(batch, height, width, noisy_latents.device, dtype)
+        t5, llama = transformer_text(model, conditioning)
         output = transformer(
             hidden_states=pack(noisy_latents).to(dtype),
             timesteps=timesteps.float(),  # σ·1000, as the pipeline passes its scheduler's timesteps
-            encoder_hidden_states_t5=conditioning.hidden_states.to(dtype),
-            encoder_hidden_states_llama3=conditioning.tensors["llama"].transpose(0, 1).to(dtype),
+            encoder_hidden_states_t5=t5.to(dtype),
+            encoder_hidden_states_llama3=llama.to(dtype),
             pooled_embeds=conditioning.pooled.to(dtype),
             img_ids=positions,
             img_sizes=sizes,
@@ -247,8 +262,9 @@ class HiDreamFamily(FlowPipelineFolder, Family):
         arguments: dict[str, Any] = {"prompt": None, "negative_prompt": None}
         for key, text in (("", prompt), ("negative_", negative_prompt or "")):
             encoded = self.encode_text(model, [text])
-            arguments[f"{key}prompt_embeds_t5"] = encoded.hidden_states
-            arguments[f"{key}prompt_embeds_llama3"] = encoded.tensors["llama"].transpose(0, 1)
+            arguments[f"{key}prompt_embeds_t5"], arguments[f"{key}prompt_embeds_llama3"] = transformer_text(
+                model, encoded
+            )
             arguments[f"{key}pooled_prompt_embeds"] = encoded.pooled
         return arguments
 
@@ -282,6 +298,20 @@ class _AtSampleSize:
 
     def __getattr__(self, name: str):
         return getattr(self._family, name)
+
+
+def transformer_text(model: LoadedModel, conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    """T5's states and Llama's ([layers, B, L, D], as the transformer takes them), the padding's set to zero where
+    `transformer.attention_mask` asks (the transformer attends to every token either way)."""
+    t5, llama = conditioning.hidden_states, conditioning.tensors["llama"].transpose(0, 1)
+    if not model.family_state(HiDreamState).mask_padding:
+        return t5, llama
+    t5_mask, llama_mask = conditioning.get("attention_mask"), conditioning.get("llama_mask")
+    if t5_mask is not None:
+        t5 = t5 * t5_mask[..., None].to(t5.dtype)
+    if llama_mask is not None:
+        llama = llama * llama_mask[None, ..., None].to(llama.dtype)
+    return t5, llama
 
 
 def load_llama(config: TrainConfig, where: str, options: dict):
@@ -331,9 +361,10 @@ def clip_pooled(slot: TextEncoderSlot, captions: list[str]) -> torch.Tensor:
     return slot.encoder(tokens.input_ids.to(first_weight(slot.encoder).device)).text_embeds
 
 
-def llama_hidden_states(slot: TextEncoderSlot, captions: list[str]) -> torch.Tensor:
+def llama_hidden_states(slot: TextEncoderSlot, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer's output ([layers, B, L, D], the last after the final norm) of the captions padded to the
-    slot's length (128), attending to the caption's tokens; the decoder alone (the LM head is never needed)."""
+    slot's length (128), attending to the caption's tokens, and the tokens' mask; the decoder alone (the LM head is
+    never needed)."""
     tokenizer = slot.tokenizer
     length = min(slot.max_tokens or TEXT_TOKENS, tokenizer.model_max_length)
     tokens = tokenizer(
@@ -345,7 +376,7 @@ def llama_hidden_states(slot: TextEncoderSlot, captions: list[str]) -> torch.Ten
     output = decoder(
         tokens.input_ids.to(device), attention_mask=tokens.attention_mask.to(device), output_hidden_states=True
     )
-    return torch.stack(output.hidden_states[1:], dim=0)
+    return torch.stack(output.hidden_states[1:], dim=0), tokens.attention_mask.to(device)
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:

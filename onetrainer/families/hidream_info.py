@@ -13,6 +13,7 @@ from onetrainer.config.family_info import (
     LAYER_OFFLOADING,
     OWN_MODEL,
     SEQUENCE_LENGTH,
+    TEXT_PADDING_MASK,
     FamilyInfo,
     ModelTypeInfo,
     PartRole,
@@ -53,7 +54,7 @@ HIDREAM = FamilyInfo(
     # the transformer's blocks, T5's blocks, the CLIPs' and Llama's layers
     muon_hidden_layers=("stream_blocks", "encoder.block", "encoder.layers", "model.layers"),
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
-    capabilities=frozenset({FLOW_MATCHING}),
+    capabilities=frozenset({FLOW_MATCHING, TEXT_PADDING_MASK}),
     part_capabilities={
         "transformer": frozenset({LAYER_OFFLOADING}),
         "text_encoder_3": frozenset({SEQUENCE_LENGTH, LAYER_OFFLOADING}),
@@ -78,7 +79,9 @@ HIDREAM = FamilyInfo(
     "cache keeps all of Llama's hidden states. As HiDreamImagePipeline.encode_prompt: every encoder reads the "
     "caption padded to 128 tokens (`text_encoder_3_sequence_length` / `text_encoder_4_sequence_length` change T5's "
     "and Llama's; the CLIPs take at most 218), T5 and Llama attend only to the caption's tokens, Llama is padded "
-    "with its end token. Caption dropout zeroes each encoder's share on its own draw, as OneTrainer does. The "
+    "with its end token; `transformer.attention_mask` zeroes T5's and Llama's states of the padding (OneTrainer's "
+    "Force attention mask), which the transformer otherwise attends to. Caption dropout zeroes each encoder's "
+    "share on its own draw, as OneTrainer does. The "
     "transformer is a mixture of experts: it routes each token to 2 of 4 experts; the routing's balancing loss, "
     "which the model computes in training, is dropped by the model itself, and OneTrainer adds none, nor does this "
     "trainer. Latents are the Flux VAE's, shifted and scaled; training is rectified flow (the transformer predicts "

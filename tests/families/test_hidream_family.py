@@ -105,6 +105,27 @@ def test_the_sequence_lengths_of_t5_and_llama_come_from_the_config():
     assert torch.allclose(ours.tensors["llama"].transpose(0, 1), llama, atol=1e-6)
 
 
+def test_the_forced_attention_mask_zeroes_t5s_and_llamas_padding():
+    """`transformer.attention_mask` (OneTrainer's "Force attention mask"): the transformer gets T5's and every Llama
+    layer's states with the padding's zeroed, the captions' own tokens as they were."""
+    family, model = our_model(transformer={"attention_mask": True})
+    _, plain = our_model()
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        t5, _, llama, _, pooled, _ = pipe.encode_prompt(CAPTIONS, do_classifier_free_guidance=False, device="cpu")
+        t5_mask, llama_mask = ours.tensors["attention_mask"], ours.tensors["llama_mask"]
+        assert 0 < int(t5_mask[0].sum()) < 128 and 0 < int(llama_mask[0].sum()) < 128
+        noisy, times = torch.randn(2, 16, 4, 4), torch.tensor([250.0, 750.0])
+        masked = family.predict(model, noisy, times, ours, {}).output
+        theirs = -pipe.transformer(
+            noisy, times, t5 * t5_mask[..., None], llama * llama_mask[None, ..., None], pooled
+        ).sample
+        unmasked = family.predict(plain, noisy, times, ours, {}).output
+    assert torch.allclose(masked, theirs, atol=1e-6)
+    assert not torch.allclose(masked, unmasked, atol=1e-4)
+
+
 def test_caption_dropout_zeroes_each_encoders_share_on_its_own_draw():
     family, model = our_model()
     with torch.no_grad():
