@@ -208,7 +208,7 @@ UNUSED_PARAMETERS = {"qwen-image": r"transformer_blocks\.1\.(attn\.to_add_out|tx
     "variant",
     [
         *("sd15", "sd21", "sdxl", "pixart", "wuerstchen", "cascade"),
-        *("flux-dev", "flux-fill", "chroma", "z-image", "qwen-image"),
+        *("flux-dev", "flux-fill", "chroma", "z-image", "qwen-image", "hidream"),
     ],
 )
 def test_training_step_reaches_every_parameter(variant: str) -> None:
