@@ -260,15 +260,18 @@ def test_the_same_lora_as_comfy_lora_loads_in_diffusers_as_ours(lora_run, tmp_pa
     assert torch.allclose(transformer_output(again.part("transformer")), expected, atol=1e-6)
 
 
-def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+def test_a_fine_tune_from_the_cli_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from onetrainer.cli.train import EXIT_OK, main
+    from tests.helpers import write_config
 
     image_folder(tmp_path, count=2)
     config = tiny_config(
         tmp_path, "hidream", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
         output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", **FROZEN_TEXT,
     )  # fmt: skip
-    run_config(config)
+    assert main(["--config-path", str(write_config(tmp_path, config))]) == EXIT_OK  # scripts/train.py
     trained = pipeline(tmp_path / "out" / "model")
     base = pipeline()
     expected = assert_only_the_denoiser_trained(trained, base, transformer_output, (*TEXT_ENCODERS, "vae"))
