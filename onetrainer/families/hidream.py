@@ -27,7 +27,10 @@ four text encoders.
   with `flow_shift` 3, read as the Euler sampler's `shift`).
 - Llama is not in HiDream-ai's folders: `text_encoder_4.model_name` names it (a folder or hub id of
   LlamaForCausalLM and its tokenizer), else the base's `text_encoder_4` / `tokenizer_4` (our saved folders hold it).
-- Saving: the pipeline folder (also the backup, usable as a base model). LoRA files: DIFFUSERS_LORA (peft names;
+- Saving: the pipeline folder (also the backup, usable as a base model) or the transformer alone in one file
+  (ORIGINAL_TRANSFORMER: the module names HiDream-ai's code, ComfyUI and diffusers share, as OneTrainer writes it),
+  which `transformer.model_name` reads back over a diffusers base (ComfyUI's `model.diffusion_model.` prefix allowed).
+  LoRA files: DIFFUSERS_LORA (peft names;
   diffusers' `load_lora_weights` reads the transformer's), KOHYA_LORA (`lora_unet_` / `lora_te1_`…`lora_te4_` + the
   module paths) and COMFY_LORA (ComfyUI's `diffusion_model.` + diffusers' module paths, which its HiDream model keeps;
   the text encoders under `text_encoders.clip_l/clip_g/t5xxl/llama.transformer.`, OneTrainer's names).
@@ -60,6 +63,7 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
+    load_transformer_part,
     part_wise_base,
 )
 from onetrainer.families.saving import FlowPipelineFolder
@@ -107,7 +111,22 @@ class HiDreamFamily(FlowPipelineFolder, Family):
         "text_encoder_3": "text_encoders.t5xxl.transformer.",
         "text_encoder_4": "text_encoders.llama.transformer.",
     }
-    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers}
+
+    def save_original_transformer(
+        self, model: LoadedModel, destination, dtype: torch.dtype, extra_metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file, under the module names HiDream-ai's own code and ComfyUI's HiDream
+        model share with diffusers (what OneTrainer's ORIGINAL_TRANSFORMER writes), which diffusers'
+        `from_single_file`, ComfyUI's diffusion-model loader and `transformer.model_name` read."""
+        from onetrainer.families.saving import model_file_metadata, plain_state, write_single_file
+
+        state = plain_state(model.part("transformer"))
+        write_single_file(state, destination, dtype, model_file_metadata(self, model, destination, extra_metadata))
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: FlowPipelineFolder.save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+    }
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -120,8 +139,8 @@ class HiDreamFamily(FlowPipelineFolder, Family):
         what = "the CLIP and T5 text encoders, the VAE and the tokenizers"
         where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
         parts = KeptParts(config)
-        parts["transformer"] = load_diffusers_component(
-            HiDreamImageTransformer2DModel, where, "transformer", options, dtype=load_dtype(config, "transformer")
+        parts["transformer"] = load_transformer_part(
+            HiDreamImageTransformer2DModel, config, where, options, without_comfy_prefix
         )
         encoders = {
             "text_encoder": CLIPTextModelWithProjection,
@@ -298,6 +317,13 @@ class _AtSampleSize:
 
     def __getattr__(self, name: str):
         return getattr(self._family, name)
+
+
+def without_comfy_prefix(state: dict) -> dict:
+    """A transformer file's weights under diffusers' names: ComfyUI's checkpoint prefix dropped where a file has it
+    (as diffusers' `convert_hidream_transformer_to_diffusers` does)."""
+    prefixes = ("model.diffusion_model.", "diffusion_model.")
+    return {next((k[len(p) :] for p in prefixes if k.startswith(p)), k): v for k, v in state.items()}
 
 
 def transformer_text(model: LoadedModel, conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:

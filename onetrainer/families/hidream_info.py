@@ -41,7 +41,7 @@ HIDREAM = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA, ModelFormat.COMFY_LORA),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's HiDream presets (BaseHiDreamSetup.LAYER_PRESETS), matched as substrings of the module paths
@@ -56,7 +56,7 @@ HIDREAM = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
     capabilities=frozenset({FLOW_MATCHING, TEXT_PADDING_MASK}),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({OWN_MODEL, LAYER_OFFLOADING}),
         "text_encoder_3": frozenset({SEQUENCE_LENGTH, LAYER_OFFLOADING}),
         "text_encoder_4": frozenset({OWN_MODEL, SEQUENCE_LENGTH, LAYER_OFFLOADING}),
     },
@@ -92,7 +92,9 @@ HIDREAM = FamilyInfo(
     "the transformer's), KOHYA_LORA (`lora_unet_` / `lora_te1_`…`lora_te4_` + the module paths) or COMFY_LORA "
     "(ComfyUI's `diffusion_model.` + the transformer's module paths; the text encoders under "
     "`text_encoders.clip_l/clip_g/t5xxl/llama.transformer.`, as OneTrainer names them). Fine-tunes: the "
-    "diffusers folder (also the backup, usable as a base model), Llama included.",
+    "diffusers folder (also the backup, usable as a base model), Llama included, or ORIGINAL_TRANSFORMER: the "
+    "transformer alone in one file under the names HiDream-ai's code, ComfyUI and diffusers share (as OneTrainer "
+    "writes it), which `transformer.model_name` reads back over a diffusers base.",
 )
 _HIDREAM_SAMPLE = SampleDefaults(1024, 1024, 50, 5.0, NoiseScheduler.EULER)
 

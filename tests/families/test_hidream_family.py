@@ -458,3 +458,32 @@ def test_the_estimate_counts_the_released_model():
     assert shapes["transformer"]["params"] == pytest.approx(17.1e9, rel=0.01)
     assert shapes["text_encoder_4"]["params"] == pytest.approx(8.03e9, rel=0.01)
     assert shapes["text_encoder_3"]["params"] == pytest.approx(4.76e9, rel=0.01)
+
+
+def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transformers_model(tmp_path):
+    """ORIGINAL_TRANSFORMER: the transformer alone under the names HiDream-ai's code, ComfyUI and diffusers share,
+    which diffusers' `from_single_file` reads on the base's config, and `transformer.model_name` reads back, with
+    ComfyUI's `model.diffusion_model.` prefix too."""
+    from diffusers import HiDreamImageTransformer2DModel
+    from safetensors.torch import save_file
+
+    family, model = our_model()
+    with torch.no_grad():  # a transformer unlike the base's
+        for weight in model.part("transformer").parameters():
+            weight.add_(0.01)
+    expected = transformer_output(model.part("transformer"))
+    path = tmp_path / "hidream.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
+    state = load_file(str(path))
+    assert state.keys() == set(model.part("transformer").state_dict())
+    assert "double_stream_blocks.0.block.ff_i.gate.weight" in state  # the router's weights too
+    theirs = HiDreamImageTransformer2DModel.from_single_file(
+        str(path), config=str(tiny_model_dir("hidream")), subfolder="transformer", local_files_only=True
+    )
+    assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
+    _, again = our_model(transformer={"model_name": str(path)})
+    assert torch.equal(transformer_output(again.part("transformer")), expected)
+    comfy = tmp_path / "comfy.safetensors"
+    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
+    _, from_comfy = our_model(transformer={"model_name": str(comfy)})
+    assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
