@@ -221,6 +221,22 @@ def test_the_sampling_tool_renders_the_trained_lora_at_the_asked_size(lora_run, 
     assert not np.array_equal(with_lora, base)
 
 
+def test_lora_tool_merges_the_lora_into_an_original_transformer_file(lora_run, in_tmp):
+    """scripts/lora_tool.py merge: the trained LoRA merged at strength 1 into the transformer, written as
+    ORIGINAL_TRANSFORMER, gives the model with the LoRA applied."""
+    from onetrainer.cli.lora_tool import main
+
+    _, config, _ = lora_run
+    args = ["merge", "--model-type", "HI_DREAM_FULL", "--base-model-name", "tiny:hidream", "--lora",
+            config["output_model_destination"], "--output-model-format", "ORIGINAL_TRANSFORMER",
+            "--output-dtype", "FLOAT_32", "--output-model-destination", "merged.safetensors"]  # fmt: skip
+    assert main(args) == 0
+    _, with_lora = our_model(method=True, lora_model_name=config["output_model_destination"])
+    _, merged = our_model(transformer={"model_name": str(in_tmp / "merged.safetensors")})
+    expected = transformer_output(with_lora.part("transformer"))
+    assert torch.allclose(transformer_output(merged.part("transformer")), expected, atol=1e-5)
+
+
 def test_the_same_lora_as_comfy_lora_loads_in_diffusers_as_ours(lora_run, tmp_path):
     """COMFY_LORA: `diffusion_model.` + diffusers' module path (ComfyUI's HiDream model keeps diffusers' names), which
     diffusers' HiDream loader also reads (`_convert_non_diffusers_hidream_lora_to_diffusers`)."""
