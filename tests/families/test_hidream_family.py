@@ -400,13 +400,13 @@ def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_pat
     assert not torch.allclose(plain[2], llama, atol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha"])
+@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
-    """KOHYA_LORA (`lora_unet_` + the diffusers module path; Llama's LoRA under `lora_te4_`), a LoRA and a LoHa: read
-    back into a fresh model it gives the trained transformer's output."""
+    """KOHYA_LORA (`lora_unet_` + the diffusers module path; Llama's LoRA under `lora_te4_`), LoRA, LoHa and LoKr: read
+    back into a fresh model it gives the trained transformer's output (LoKr too)."""
     from tests.helpers import keep_trained_output
 
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}}[kind]
+    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     image_folder(tmp_path, count=2)
     trained = keep_trained_output(monkeypatch, transformer_output)
     text = {**FROZEN_TEXT, "text_encoder_4": {"train": kind == "lora"}}
@@ -416,7 +416,7 @@ def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, mo
     )  # fmt: skip
     run_config(config)
     state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a"}[kind]
+    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
     assert f"lora_unet_double_stream_blocks_0_block_attn1_to_q_t.{marker}" in state
     assert f"lora_unet_single_stream_blocks_0_block_attn1_to_out.{marker}" in state
     assert all(
