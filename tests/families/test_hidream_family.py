@@ -403,7 +403,7 @@ def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_pat
 @pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (`lora_unet_` + the diffusers module path; Llama's LoRA under `lora_te4_`), LoRA, LoHa and LoKr: read
-    back into a fresh model it gives the trained transformer's output (LoKr too)."""
+    back into a fresh model it gives the trained transformer's output."""
     from tests.helpers import keep_trained_output
 
     settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
