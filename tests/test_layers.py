@@ -184,6 +184,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "anima": r"(?<![a-z])anima(?![a-z])",
         "lumina2": r"lumina",
         "ideogram4": r"ideogram",
+        "hidream": r"hi[ _-]?dream",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

@@ -116,11 +116,6 @@ def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by 
 
 
 _VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
-_SEQUENCE = (
-    "a token limit OneTrainer's config lists beside `text_encoder_sequence_length` and "
-    "`text_encoder_2_sequence_length`; none of OneTrainer's model types reads it, and a model type here with a third "
-    "or fourth text encoder prompts it with its pipeline's own length"
-)
 
 
 def _holds_a_value(value) -> bool:
@@ -444,6 +439,30 @@ class TrainConfig(ConfigNode):
         group=part_label("text_encoder_2"),
         minimum=1,
         about_part="text_encoder_2",
+        part_needs=SEQUENCE_LENGTH,
+    )
+    text_encoder_3_sequence_length: int | None = setting(
+        None,
+        "Sequence length",
+        "How many tokens of each caption this text encoder sees, in training and in samples: longer captions are cut, "
+        "shorter ones padded (OneTrainer's name). Empty: the length the model's pipeline prompts it with (see the "
+        "family notes). Longer costs time and memory in every step that encodes text.",
+        tab="training",
+        group=part_label("text_encoder_3"),
+        minimum=1,
+        about_part="text_encoder_3",
+        part_needs=SEQUENCE_LENGTH,
+    )
+    text_encoder_4_sequence_length: int | None = setting(
+        None,
+        "Sequence length",
+        "How many tokens of each caption this text encoder sees, in training and in samples: longer captions are cut, "
+        "shorter ones padded (OneTrainer's name). Empty: the length the model's pipeline prompts it with (see the "
+        "family notes). Longer costs time and memory in every step that encodes text.",
+        tab="training",
+        group=part_label("text_encoder_4"),
+        minimum=1,
+        about_part="text_encoder_4",
         part_needs=SEQUENCE_LENGTH,
     )
     unconditional_transformer: ModelPartConfig = _part("unconditional_transformer", PartRole.SAMPLING)
@@ -1303,8 +1322,6 @@ class TrainConfig(ConfigNode):
         is_inactive=lambda _value: True,
     )
     frames: str = _ot("frames", "25", _VIDEO)
-    text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None, _SEQUENCE)
-    text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None, _SEQUENCE)
     sample_audio_format: str = _ot(
         "sample_audio_format", "MP3", "for OneTrainer's audio-and-video samples; no model type here makes sound"
     )

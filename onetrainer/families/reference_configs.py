@@ -1142,3 +1142,89 @@ PIXTRAL_VISION: dict[str, Any] = {
     "patch_size": 14,
     "rope_theta": 10000.0,
 }
+
+# --- HiDream-I1 ----------------------------------------------------------------------------------------------------
+
+# HiDream-I1-Full (HiDream-ai/HiDream-I1-Full transformer/config.json): 16 double-stream and 32 single-stream blocks
+# of 20 heads of 128 (2560 wide), each block's feed-forward a mixture of 4 routed SwiGLU experts (2 chosen per token)
+# beside a shared one, rotary positions split 64/32/32, 2x2 patches of the Flux VAE's 16 channels. Each block reads
+# one tapped layer of Llama-3.1-8B's hidden states (`llama_layers`: the 32 decoder layers' outputs in order, the last
+# one again for the remaining 16 blocks), projected from 4096; T5-XXL's states (4096) are projected once; the pooled
+# CLIP-L and CLIP-G outputs (768 + 1280) join the time embedding.
+HIDREAM_I1_TRANSFORMER: Config = {
+    "_class_name": "HiDreamImageTransformer2DModel",
+    "patch_size": 2,
+    "in_channels": 16,
+    "out_channels": 16,
+    "num_layers": 16,
+    "num_single_layers": 32,
+    "attention_head_dim": 128,
+    "num_attention_heads": 20,
+    "caption_channels": [4096, 4096],
+    "text_emb_dim": 2048,
+    "num_routed_experts": 4,
+    "num_activated_experts": 2,
+    "axes_dims_rope": [64, 32, 32],
+    "max_resolution": [128, 128],
+    "llama_layers": [*range(32), *([31] * 16)],
+}
+# HiDream-I1's CLIP-L and CLIP-G (text_encoder/, text_encoder_2/): Long-CLIP's towers, with 248 positions (the pipeline
+# prompts them with up to 218 tokens), both with their projections (the pooled outputs condition the transformer).
+LONG_CLIP_L_PROJECTED_TEXT: Config = {**CLIP_L_PROJECTED_TEXT, "max_position_embeddings": 248}
+LONG_CLIP_G_PROJECTED_TEXT: Config = {**CLIP_G_PROJECTED_TEXT, "max_position_embeddings": 248}
+# Llama-3.1-8B-Instruct (meta-llama/Llama-3.1-8B-Instruct config.json) as HiDream-I1's fourth text encoder, loaded as
+# LlamaForCausalLM (the pipeline's class; its LM head is never run): 32 decoder layers, 32 query heads and 8 key/value
+# heads of 128 over 4096 channels, Llama 3's stretched rotary frequencies. The pipeline keeps every layer's output
+# (`hidden_states[1:]`, the last after the final norm). Transformers 5 keeps `rope_theta` / `rope_scaling` in
+# `rope_parameters`.
+LLAMA31_8B_TEXT: Config = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+# Llama 3.1 Instruct's tokenizer_config.json: byte-level BPE (tiktoken's), the start token before every text,
+# "<|eot_id|>" ends a turn; no padding token (HiDreamImagePipeline pads with the end token). Its vocabulary is the
+# tiny tokenizer's concern (`onetrainer/tiny/llama_tokenizer.py`).
+LLAMA3_TOKENIZER: Config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "model_max_length": 131072,
+    "bos_token": "<|begin_of_text|>",
+    "eos_token": "<|eot_id|>",
+    "clean_up_tokenization_spaces": True,
+}
+# HiDream-I1-Full (scheduler/scheduler_config.json): flow-matching UniPC at a shift of 3 (its `flow_shift`), which the
+# family samples with as the flow-matching Euler sampler's `shift` (OneTrainer reads the folder's scheduler as
+# FlowMatchEulerDiscreteScheduler too).
+HIDREAM_I1_FULL_SCHEDULER: Config = {
+    "_class_name": "UniPCMultistepScheduler",
+    "flow_shift": 3.0,
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+}

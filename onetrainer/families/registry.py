@@ -33,6 +33,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "anima": "onetrainer.families.anima:AnimaFamily",
         "lumina2": "onetrainer.families.lumina2:Lumina2Family",
         "ideogram4": "onetrainer.families.ideogram4:Ideogram4Family",
+        "hidream": "onetrainer.families.hidream:HiDreamFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

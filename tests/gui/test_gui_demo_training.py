@@ -110,6 +110,7 @@ def test_stop_ends_a_real_run_cleanly(demo_app, in_tmp: Path) -> None:
         ("wuerstchen", "FINE_TUNE", 128),
         ("cascade", "EMBEDDING", 128),
         ("wuerstchen", "EMBEDDING", 128),
+        ("hidream", "FINE_TUNE", 64),
     ],
 )
 def test_start_trains_each_method_of_the_newer_families_from_the_window(app, in_tmp: Path, variant, method, size):

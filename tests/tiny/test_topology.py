@@ -154,8 +154,10 @@ def test_clip_text_encoders_match_their_tokenizers(variant: str, tiny_pipeline: 
         tokenizer = getattr(pipeline, f"tokenizer{suffix}")
         real = TINY_VARIANTS[variant].references[f"text_encoder{suffix}"]
         assert encoder.config.vocab_size == len(tokenizer)
-        assert encoder.config.max_position_embeddings == tokenizer.model_max_length == 77
-        assert encoder.config.num_hidden_layers == real["num_hidden_layers"]
+        assert tokenizer.model_max_length == 77
+        assert encoder.config.max_position_embeddings == real["max_position_embeddings"]  # Long-CLIP's: 248
+        depth = TINY_VARIANTS[variant].depths.get(f"text_encoder{suffix}", {})
+        assert encoder.config.num_hidden_layers == depth.get("num_hidden_layers", real["num_hidden_layers"])
         assert encoder.config.hidden_act == real["hidden_act"]
         assert encoder.config.eos_token_id == tokenizer.eos_token_id
         assert tokenizer.pad_token == TINY_VARIANTS[variant].references[f"tokenizer{suffix}"]["pad_token"]
@@ -194,9 +196,10 @@ def test_schedulers(variant: str, tiny_pipeline: PipelineOf) -> None:
     for key, value in spec.references["scheduler"].items():
         if not key.startswith("_"):
             assert scheduler.config[key] == value, key
-    # Sana's DPM-Solver++ runs on flow sigmas, the model predicting the flow; the other flow models' Euler schedulers
-    # have no prediction setting
-    expected = {"sd20": "v_prediction", "sd21": "v_prediction", "sana": "flow_prediction"}.get(variant, "epsilon")
+    # Sana's DPM-Solver++ and HiDream-I1-Full's UniPC run on flow sigmas, the model predicting the flow; the other
+    # flow models' Euler schedulers have no prediction setting
+    flows = {"sana": "flow_prediction", "hidream": "flow_prediction"}
+    expected = {"sd20": "v_prediction", "sd21": "v_prediction", **flows}.get(variant, "epsilon")
     assert spec.prediction_type == expected
 
 
