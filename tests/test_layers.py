@@ -180,6 +180,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "zimage": r"z[ _-]?image",
         "sana": r"(?<![a-z0-9])sana(?![a-z])",
         "krea2": r"krea[ _-]?2",
+        "wan": r"(?<![a-z0-9])wan(?:[ _-]?2\.?[12])?(?![a-z0-9])",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

@@ -473,7 +473,7 @@ def _reason(error: Exception) -> str:
 def _render_all(
     family, model, method, device, config: TrainConfig, jobs: list[_Job], report: Callable[[Path], None]
 ) -> None:
-    from onetrainer.sampling.sampler import looks_broken, render, save_image
+    from onetrainer.sampling.sampler import looks_broken, render, save_image, still_of
 
     for number, job in enumerate(jobs, start=1):
         sample = job.sample
@@ -489,6 +489,7 @@ def _render_all(
             )
         except Exception as e:
             raise SampleError(f"rendering {sample.prompt!r} failed: {type(e).__name__}: {e}") from e
+        image = still_of(image)
         fmt = "JPG" if job.path.suffix.lower() in (".jpg", ".jpeg") else "PNG"
         try:
             path = save_image(image, job.path, fmt)

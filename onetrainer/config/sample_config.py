@@ -8,6 +8,14 @@ from onetrainer.config.enums import NoiseScheduler
 from onetrainer.config.model_types import REFERENCE_IMAGES, SKIP_LAYER_GUIDANCE
 from onetrainer.config.schema import ConfigNode, setting
 
+
+def _video_model(ctx) -> bool:
+    """Whether the model type's family renders clips (`FamilyInfo.video`)."""
+    from onetrainer.config.model_types import family_of
+
+    return family_of(ctx.model_type).video is not None
+
+
 OFFERED_SCHEDULERS = tuple(NoiseScheduler)
 # said of both sides: the GUI's new sample row takes its size from the config (`resolution.sample_size`)
 _NEW_SIZE = "A sample added in the window starts at the training resolution (the largest, where it lists several)."
@@ -102,8 +110,10 @@ class SampleConfig(ConfigNode):
     frames: int = setting(
         1,
         "Frames",
-        "OneTrainer: a video sample's frames; video models are not built yet (the video issue).",
-        ignored=True,
+        "Video models: the sample's frames, rounded down to a count the model's VAE takes (4k + 1; 1 is a still).",
+        minimum=1,
+        when=_video_model,
+        when_text="video models",
     )
     length: float = setting(
         10.0, "Length", "OneTrainer: an audio/video sample's length; video models are not built yet.", ignored=True

@@ -100,6 +100,13 @@ def _can_offload_layers(ctx, denoiser_only: bool = False) -> bool:
     return any(LAYER_OFFLOADING in family.part_capabilities.get(part, ()) for part in parts)
 
 
+def _video_model(ctx) -> bool:
+    """Whether the model type's family trains on clips (`FamilyInfo.video`)."""
+    from onetrainer.config.model_types import family_of
+
+    return family_of(ctx.model_type).video is not None
+
+
 def _ot(label: str, default=None, why: str = "not used by this trainer", **meta):
     """A OneTrainer setting this trainer accepts for compatibility but does not use; `why`: the reason."""
     return setting(default, label, f"OneTrainer setting '{label}': {why}.", ignored=True, **meta)
@@ -114,7 +121,7 @@ def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by 
     return setting(None, label, f"OneTrainer setting '{label}': {why}.", ignored=True, is_inactive=inactive)
 
 
-_VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
+_VIDEO = "for video models' samples, whose clip formats are not built yet: the video issue builds them"
 _SEQUENCE = (
     "a token limit OneTrainer's config lists beside `text_encoder_sequence_length` and "
     "`text_encoder_2_sequence_length`; none of OneTrainer's model types reads it, and a model type here with a third "
@@ -1290,7 +1297,17 @@ class TrainConfig(ConfigNode):
         ignored=True,
         is_inactive=lambda _value: True,
     )
-    frames: str = _ot("frames", "25", _VIDEO)
+    frames: str = setting(
+        "25",
+        "Frames",
+        "Video models: the frames of each training clip, rounded down to a count the model's VAE takes (4k + 1: 25 "
+        "stays 25, 24 trains 21); a concept's own frames per clip (its video settings) wins. Stills train as "
+        "one-frame clips.",
+        tab="training",
+        group="Precision",
+        when=_video_model,
+        when_text="video models",
+    )
     text_encoder_3_sequence_length: int | None = _ot("text_encoder_3_sequence_length", None, _SEQUENCE)
     text_encoder_4_sequence_length: int | None = _ot("text_encoder_4_sequence_length", None, _SEQUENCE)
     sample_video_format: str = _ot("sample_video_format", "MP4", _VIDEO)

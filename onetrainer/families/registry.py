@@ -30,6 +30,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "sana": "onetrainer.families.sana:SanaFamily",
         "ernie": "onetrainer.families.ernie:ErnieFamily",
         "krea2": "onetrainer.families.krea2:Krea2Family",
+        "wan": "onetrainer.families.wan:WanFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

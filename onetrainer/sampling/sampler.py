@@ -57,6 +57,14 @@ def render_pipeline(family, model, sample, apply_embeddings, zero_terminal_snr: 
     return to_image(pipe(**_taken(pipe, arguments)).images[0])
 
 
+def still_of(rendered):
+    """The one image a sample is saved as for now: a video family's `SampleClip` stands as its first frame (the clip
+    formats, TensorBoard's and the app's views of clips come with the video samples' saving)."""
+    from onetrainer.sampling.clip import SampleClip
+
+    return rendered.first if isinstance(rendered, SampleClip) else rendered
+
+
 def _taken(pipe, arguments: dict) -> dict:
     """The arguments less a size the pipeline's call does not take: an image-to-image pipeline's (SD 2.0 depth's)
     image gives it (every other argument goes as it is: one it does not take is an error)."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image
+from onetrainer.sampling.sampler import failure_reason, looks_broken, render, save_image, still_of
 from onetrainer.training.checkpoint import run_identity, write_backup
 from onetrainer.training.devices import release_cached_memory
 from onetrainer.training.events import BestCheckpoint, SampleReady, Scalars, Status, Validated, Warning_
@@ -193,6 +193,7 @@ class Outputs:
                     self.device,
                     self.config.rescale_noise_scheduler_to_zero_terminal_snr,
                 )
+                image = still_of(image)
                 path = save_image(image, folder / name, self.config.sample_image_format.value)
             except Exception as e:  # a preview is never worth the run
                 log.exception("sample %d failed", index)  # the traceback goes to the run's log file

@@ -36,6 +36,7 @@ SPLIT_VARIANTS = (
     "sana",
     "ernie",
     "krea2",
+    "wan21",
 )
 
 
