@@ -281,3 +281,49 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 
     _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
     assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's blocks and UMT5's waiting off the device, gradient checkpointing on: the same losses
+    and LoRA as without (stills as one-frame clips, their latents 5-D)."""
+    from tests.helpers import assert_offloading_trains_the_same_lora
+
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, "wan21", {"WanTransformer3DModel", "UMT5EncoderModel"}
+    )
+
+
+def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
+    """A LoRA over a float8 transformer and an int8 UMT5, on clips, one of them with a mask (one `-masklabel.png` for
+    the whole clip, weighing every latent frame): it trains (finite losses) and writes its file."""
+    from onetrainer.training.events import Metrics
+
+    folder = clip_folder(tmp_path)
+    mask = Image.new("L", (64, 48), 0)
+    mask.paste(255, (0, 0, 32, 48))
+    mask.save(folder / "walk-masklabel.png")
+    config = tiny_config(
+        tmp_path, "wan21", "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-only", frames="5", masked_training=True, unmasked_probability=0.0,
+        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+    )  # fmt: skip
+    losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert any(k.startswith("transformer.blocks.0.attn1.") for k in load_file(config["output_model_destination"]))
+
+
+def test_the_estimate_counts_the_clips_frames():
+    """The measured activations of one sample grow with the run's frames (25 frames: 7 latent frames of a 480 px
+    clip); a frame count the VAE does not take is rounded down."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.estimate import clip_frames, measure_activations, reference_shapes
+
+    measured = {}
+    for frames in ("1", "25", "27"):
+        config, _ = config_from_dict({"model_type": "WAN_2_1", "base_model_name": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+                                      "training_method": "LORA", "resolution": "480", "frames": frames})  # fmt: skip
+        measured[frames] = (clip_frames(config), measure_activations(config, reference_shapes(config.model_type)))
+    assert [measured[f][0] for f in ("1", "25", "27")] == [(1, 1), (25, 7), (25, 7)]
+    assert "3600 latent tokens" in measured["1"][1].source and "25200 latent tokens" in measured["25"][1].source
+    assert measured["25"][1].kept > 5 * measured["1"][1].kept
