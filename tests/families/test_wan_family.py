@@ -295,8 +295,9 @@ def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monk
 
 def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
     """A LoRA over a float8 transformer and an int8 UMT5, on clips, one of them with a mask (one `-masklabel.png` for
-    the whole clip, weighing every latent frame): it trains (finite losses) and writes its file."""
-    from onetrainer.training.events import Metrics
+    the whole clip, weighing every latent frame): it trains (finite losses), validates on the file held out (its 5-D
+    latents at fixed times) and writes its file."""
+    from onetrainer.training.events import Metrics, Validated
 
     folder = clip_folder(tmp_path)
     mask = Image.new("L", (64, 48), 0)
@@ -306,10 +307,14 @@ def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
         tmp_path, "wan21", "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
         layer_filter_preset="attn-only", frames="5", masked_training=True, unmasked_probability=0.0,
         transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], validation=True, validation_holdout=1,
+        validate_after=1, validate_after_unit="EPOCH",
     )  # fmt: skip
-    losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+    events = run_config(config)
+    losses = [e.loss for e in events if isinstance(e, Metrics)]
     assert losses and all(torch.isfinite(torch.tensor(losses)))
+    (validated,) = [e for e in events if isinstance(e, Validated)]
+    assert torch.isfinite(torch.tensor(validated.loss))
     assert any(k.startswith("transformer.blocks.0.attn1.") for k in load_file(config["output_model_destination"]))
 
 
@@ -327,3 +332,29 @@ def test_the_estimate_counts_the_clips_frames():
     assert [measured[f][0] for f in ("1", "25", "27")] == [(1, 1), (25, 7), (25, 7)]
     assert "3600 latent tokens" in measured["1"][1].source and "25200 latent tokens" in measured["25"][1].source
     assert measured["25"][1].kept > 5 * measured["1"][1].kept
+
+
+def test_an_embedding_trains_on_umt5_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `umt5`; set into diffusers' tokenizer and encoder as new tokens (the pipeline
+    has no textual-inversion loader), they give our conditioning (stills train as one-frame clips)."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import add_embedding_tokens, image_folder, local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant="wan21", method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)["umt5"]
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    add_embedding_tokens(pipe, vectors)
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")]).hidden_states
+        theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"], do_classifier_free_guidance=False,
+                                    max_sequence_length=512)[0]  # fmt: skip
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
