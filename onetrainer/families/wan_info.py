@@ -30,9 +30,9 @@ _WAN_LAYER_PRESETS = {
     "full": (),
 }
 _KOHYA_NEEDS_EVERY_LAYER = (
-    "diffusers' Wan LoRA converter reads a KOHYA_LORA (musubi-tuner) file only with every block's self- and "
-    "cross-attention q, k, v, o and both feed-forward layers and no text-encoder LoRA: train the attn-mlp or blocks "
-    "preset for such a file"
+    "diffusers' Wan LoRA converter reads a KOHYA_LORA (musubi-tuner) file only when it holds every block's self- and "
+    "cross-attention q, k, v, o and both feed-forward layers and no text-encoder LoRA (the attn-mlp and blocks "
+    "presets give that); musubi-tuner and ComfyUI read any such file"
 )
 
 WAN21 = FamilyInfo(

@@ -3,8 +3,10 @@
 a folder of clips and a still trains a LoRA from the CLI (`scripts/train.py`'s main), its clips' latents cached 5-D,
 and the DIFFUSERS_LORA file loads in `WanPipeline.load_lora_weights` with every module landing, as ours; the same
 adapters as COMFY_LORA (ComfyUI's `diffusion_model.` + Wan's names) and KOHYA_LORA (musubi-tuner's `lora_unet_`) go
-through diffusers' converters to the same transformer; samples are clips of the sample's frames; LoHa trains; a
-fine-tune writes a folder that loads in diffusers and back. The clips are written here with PyAV."""
+through diffusers' converters to the same transformer; samples are clips of the sample's frames; LoHa and LoKr
+train; layer offloading with checkpointing, 8-bit weights, a clip's mask and validation work on 5-D latents; the
+estimate counts frames; an embedding trains on UMT5; a fine-tune writes a folder that loads in diffusers and back.
+The clips are written here with PyAV."""
 
 from __future__ import annotations
 
@@ -238,25 +240,25 @@ def test_comfyui_and_musubi_layouts_load_through_diffusers_converters_as_ours(lo
                           atol=1e-5)  # fmt: skip
 
 
-def test_loha_trains_on_clips_and_reads_back_as_trained(tmp_path, monkeypatch):
-    """LoHa (a LyCORIS kind) in ComfyUI's names; read back into a fresh model it gives the trained transformer."""
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr (LyCORIS kinds) in ComfyUI's names (`diffusion_model.` + Wan's module paths); read back into a
+    fresh model they give the trained transformer."""
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
     folder = clip_folder(tmp_path)
     trained = keep_trained_output(monkeypatch, transformer_output)
     config = tiny_config(
         tmp_path, "wan21", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": False}, peft_type="LOHA", frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+        layer_filter_preset="attn-only", text_encoder={"train": False}, frames="5",
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
     )  # fmt: skip
     run_config(config)
     state = load_file(config["output_model_destination"])
-    assert "diffusion_model.blocks.0.self_attn.q.hada_w1_a" in state
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"diffusion_model.blocks.0.self_attn.q.{marker}" in state
     assert all(k.startswith("diffusion_model.blocks.") for k in state)
-    _, again = our_model(
-        method=True,
-        lora_model_name=config["output_model_destination"],
-        peft_type="LOHA",
-        output_model_format="COMFY_LORA",
-    )
+    path = config["output_model_destination"]
+    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", **settings)
     ours = transformer_output(again.part("transformer"))
     assert torch.allclose(ours, trained["output"], atol=1e-5)
     _, plain = our_model()
