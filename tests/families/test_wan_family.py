@@ -360,3 +360,15 @@ def test_an_embedding_trains_on_umt5_and_prompts_the_pipeline_as_ours(tmp_path):
         theirs = pipe.encode_prompt(["a photo of <shape> <shape>_1"], do_classifier_free_guidance=False,
                                     max_sequence_length=512)[0]  # fmt: skip
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_scripts_sample_writes_a_clips_first_frame_for_now(tmp_path):
+    """`scripts/sample.py` renders through the same `render`; until the clip formats come, a video sample is saved as
+    its first frame (`sampler.still_of`)."""
+    from onetrainer.cli.sample import EXIT_OK, main
+
+    output = tmp_path / "cat.png"
+    argv = ["--model-type", "WAN_2_1", "--base-model", "tiny:wan21", "--prompt", "a cat", "--width", "64",
+            "--height", "48", "--steps", "2", "--output", str(output)]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    assert Image.open(output).size == (64, 48)
