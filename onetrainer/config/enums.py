@@ -49,9 +49,10 @@ class ModelType(ConfigEnum):
     Z_IMAGE = "Z_IMAGE"
     ERNIE = "ERNIE"
     IDEOGRAM_4 = "IDEOGRAM_4"
-    # A member OneTrainer lacks (it declined Wan, OT#709), added because the issues ask for a model it does not train
+    # Members OneTrainer lacks (it declined Wan, OT#709), added because the issues ask for a model it does not train
     # (issue 46: the first video family); named as OneTrainer names its model types.
     WAN_2_1 = "WAN_2_1"
+    WAN_2_2 = "WAN_2_2"
 
 
 # A new config's model type and base model, as in OneTrainer.

@@ -31,6 +31,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "ernie": "onetrainer.families.ernie:ErnieFamily",
         "krea2": "onetrainer.families.krea2:Krea2Family",
         "wan": "onetrainer.families.wan:WanFamily",
+        "wan22": "onetrainer.families.wan:Wan22Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

@@ -42,15 +42,17 @@ from onetrainer.families.base import (
 )
 from onetrainer.families.loading import (
     KeptParts,
+    ModelLoadError,
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
     part_wise_base,
 )
+from onetrainer.families.reference_configs import WAN22_BOUNDARY_RATIO
 from onetrainer.families.saving import save_pipeline_folder
 from onetrainer.families.vae import load_vae_override
 from onetrainer.families.video_vae import encode_clips
-from onetrainer.families.wan_info import WAN21
+from onetrainer.families.wan_info import WAN21, WAN22
 from onetrainer.noise.prediction import Prediction
 from onetrainer.weights import kohya_lora, wan_keys
 from onetrainer.weights.metadata import ModelKind
@@ -87,6 +89,7 @@ class WanFamily(Family):
         "text_encoder": ("encoder.block",),
     }
     comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model."}
+    state_class: ClassVar[type[WanState]] = WanState
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -96,14 +99,11 @@ class WanFamily(Family):
         return self.load_from(config, where, options)
 
     def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
-        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer, UMT5EncoderModel
 
         parts = KeptParts(config)
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(
-            WanTransformer3DModel, where, "transformer", options, dtype=dtype
-        )
+        self.load_denoisers(config, where, options, parts)
         dtype = load_dtype(config, "text_encoder")
         parts["text_encoder"] = load_diffusers_component(UMT5EncoderModel, where, "text_encoder", options, dtype=dtype)
         tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
@@ -114,6 +114,15 @@ class WanFamily(Family):
             dtype = load_dtype(config, "vae")
             parts["vae"] = load_diffusers_component(AutoencoderKLWan, where, "vae", options, dtype=dtype)
         return self.loaded_model(config, parts, tokenizer, where, options)
+
+    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
+        """The transformer (Wan 2.2: both experts) into `parts`."""
+        from diffusers import WanTransformer3DModel
+
+        dtype = load_dtype(config, "transformer")
+        parts["transformer"] = load_diffusers_component(
+            WanTransformer3DModel, where, "transformer", options, dtype=dtype
+        )
 
     def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
         from diffusers import UniPCMultistepScheduler
@@ -129,7 +138,7 @@ class WanFamily(Family):
             "text_encoder", encoder, tokenizer, KOHYA_PREFIXES["text_encoder"], "umt5", config.text_encoder.layer_skip,
             token_embedding=encoder.encoder.embed_tokens,
         )  # fmt: skip
-        state = WanState(sampler_config=sampler_config, train_steps=steps)
+        state = self.state_class(sampler_config=sampler_config, train_steps=steps)
         return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
 
     # -- text and images ------------------------------------------------------------------------------------------
@@ -285,3 +294,122 @@ def sample_frames(family: Family, sample) -> int:
     """The frames a sample renders: the longest count the family's VAE takes not above the sample's `frames`."""
     counts = family.info.video
     return max(counts.smallest, counts.at_most(int(sample.frames)))
+
+
+@dataclass(slots=True)
+class Wan22State(WanState):
+    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json), which expert the run
+    trains as its `transformer` part (the low-noise one: the folder's `transformer_2`) and the other expert, kept here
+    (not a part: it never trains) for samples and saved folders."""
+
+    boundary_ratio: float = WAN22_BOUNDARY_RATIO
+    trains_low_noise: bool = True
+    other_expert: torch.nn.Module | None = None
+
+
+class Wan22Family(WanFamily):
+    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape. WanPipeline runs
+    `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875: high noise) and `transformer_2`
+    below it. A run trains one expert as its `transformer` part: the high-noise one where `min_noising_strength` is at
+    least the boundary, else the low-noise one. The other expert waits in CPU memory (in the transformer's weight
+    dtype) and joins the trained one on its device for samples; samples and saved folders put each expert back in its
+    place."""
+
+    info = WAN22
+    sampling_parts = frozenset(WAN22.parts)
+    state_class: ClassVar[type[WanState]] = Wan22State
+
+    def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
+        from diffusers import WanTransformer3DModel
+
+        from onetrainer.families.loading import keep_part, quantization_settings
+
+        boundary = boundary_ratio(where, options)
+        if boundary is None:
+            raise ModelLoadError(
+                f"{config.base_model_name}: its model_index.json names no boundary_ratio, so it is no two-expert Wan "
+                "2.2 model (a single-transformer Wan model trains as WAN_2_1)"
+            )
+        model = super().load_from(config, where, options)
+        state = model.family_state(Wan22State)
+        state.boundary_ratio = boundary
+        trained, other = trained_expert(config, boundary)
+        state.trains_low_noise = trained == "transformer_2"
+        dtype = load_dtype(config, "transformer")
+        expert = load_diffusers_component(WanTransformer3DModel, where, other, options, dtype=dtype)
+        state.other_expert = keep_part("transformer", expert, config, quantization_settings(config)).eval()
+        state.other_expert.requires_grad_(False)
+        return model
+
+    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
+        """The expert the run trains, as `transformer` (its folder's subfolder by the noising range)."""
+        from diffusers import WanTransformer3DModel
+
+        trained, _ = trained_expert(config, boundary_ratio(where, options) or WAN22_BOUNDARY_RATIO)
+        dtype = load_dtype(config, "transformer")
+        parts["transformer"] = load_diffusers_component(WanTransformer3DModel, where, trained, options, dtype=dtype)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        """The trained expert sits in its own place in the backup's pipeline folder (the low-noise one in
+        `transformer_2/`)."""
+        from safetensors.torch import load_file
+
+        from onetrainer.families.loading import as_module_state
+
+        trains_low = part == "transformer" and model.family_state(Wan22State).trains_low_noise
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted((folder / ("transformer_2" if trains_low else part)).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        return as_module_state(model.part(part), state)
+
+    def experts(self, model: LoadedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(the high-noise expert, the low-noise one)."""
+        state = model.family_state(Wan22State)
+        trained, other = model.part("transformer"), state.other_expert
+        return (other, trained) if state.trains_low_noise else (trained, other)
+
+    def pipeline(self, model: LoadedModel, sampler):
+        """WanPipeline with each expert in its place and the model's boundary."""
+        from diffusers import WanPipeline
+
+        high, low = self.experts(model)
+        slot = model.text_encoders[0]
+        return WanPipeline(
+            tokenizer=slot.tokenizer,
+            text_encoder=slot.encoder,
+            vae=model.part("vae"),
+            scheduler=sampler,
+            transformer=high,
+            transformer_2=low,
+            boundary_ratio=model.family_state(Wan22State).boundary_ratio,
+        )
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> SampleClip:
+        """As Wan 2.1's, the other expert on the trained one's device meanwhile."""
+        other = model.family_state(Wan22State).other_expert
+        home = first_weight(other).device
+        other.to(first_weight(model.part("transformer")).device)
+        try:
+            return super().sample(model, sample, apply_embeddings, zero_terminal_snr)
+        finally:
+            other.to(home)
+
+
+def boundary_ratio(where: str, options: dict) -> float | None:
+    """The `boundary_ratio` of a pipeline folder's model_index.json (None: a single-transformer model)."""
+    from diffusers import DiffusionPipeline
+
+    try:
+        index = DiffusionPipeline.load_config(where, **options)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{where}: cannot read its model_index.json ({e})") from e
+    value = index.get("boundary_ratio")
+    return None if value is None else float(value)
+
+
+def trained_expert(config: TrainConfig, boundary: float) -> tuple[str, str]:
+    """(the folder's subfolder of the expert the run trains, the other's): the high-noise `transformer` where the
+    noising range starts at the boundary or above (`min_noising_strength`), else the low-noise `transformer_2`."""
+    if float(config.min_noising_strength) >= boundary:
+        return "transformer", "transformer_2"
+    return "transformer_2", "transformer"

@@ -7,6 +7,8 @@ model type, parts, formats, capabilities, layer presets, notes and sample defaul
 
 from __future__ import annotations
 
+import dataclasses
+
 from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
@@ -81,6 +83,27 @@ WAN21 = FamilyInfo(
 )
 _WAN21_SAMPLE = SampleDefaults(832, 480, 50, 5.0, NoiseScheduler.UNIPC)
 
+# Wan 2.2 A14B: two experts of one shape, the pipeline's `transformer` for the steps at σ ≥ its `boundary_ratio` (high
+# noise), `transformer_2` for the rest. A run trains one of them as the `transformer` part: the high-noise expert where
+# `min_noising_strength` is at least the boundary, else the low-noise one; the other expert is kept beside the parts
+# (the family's state, in the trained expert's weight dtype) for samples and saved folders.
+WAN22 = dataclasses.replace(
+    WAN21,
+    key="wan22",
+    label="Wan 2.2",
+    part_labels={"transformer": "Transformer (the trained expert)"},
+    notes="Wan 2.2 (T2V A14B) has two experts: WanPipeline's `transformer` denoises the steps at σ ≥ the model's "
+    "`boundary_ratio` (0.875: high noise) and `transformer_2` the rest (low noise). A run trains one expert: "
+    "`min_noising_strength` at the boundary or above (0.875 … 1) trains the high-noise expert, a lower one the "
+    "low-noise expert (set `max_noising_strength` to the boundary, 0 … 0.875, to keep it to its own steps); in the "
+    "run that expert is the `transformer` part; the other waits in CPU memory in the transformer's weight dtype and "
+    "joins it on the device for samples only (the memory estimate does not count it yet). Its "
+    "DIFFUSERS_LORA file loads into the pipeline's `transformer` (high noise) or, with `load_into_transformer_2=True`, "
+    "its `transformer_2` (low noise); its COMFY_LORA / KOHYA_LORA files load on that expert in ComfyUI and "
+    "musubi-tuner. Fine-tunes write the pipeline folder with both experts in their places. Everything else is as Wan "
+    "2.1's: " + WAN21.notes,
+)
+
 # The model types this module declares, in the order the model-type menu lists them.
 MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
     ModelTypeInfo(
@@ -97,5 +120,19 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
             "vae": ref.WAN_VAE,
         },
         released_variants=(("14b", {"transformer": ref.WAN21_T2V_14B_TRANSFORMER}),),
+    ),
+    ModelTypeInfo(
+        ModelType.WAN_2_2,
+        "Wan 2.2",
+        WAN22,
+        480,
+        False,
+        False,
+        SampleDefaults(832, 480, 40, 4.0, NoiseScheduler.UNIPC),
+        released_parts={
+            "transformer": ref.WAN22_T2V_A14B_TRANSFORMER,
+            "text_encoder": ref.UMT5_XXL_ENCODER,
+            "vae": ref.WAN_VAE,
+        },
     ),
 )

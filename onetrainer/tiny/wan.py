@@ -24,6 +24,7 @@ VAE_BASE_WIDTH = 8
 WIDTH_FIELDS = {"transformer": frozenset({"ffn_dim", "text_dim"}), "vae": frozenset({"base_dim"})}
 DEPTH_FIELDS = {"transformer": frozenset({"num_layers"}), "text_encoder": frozenset({"num_layers"})}
 
+BOUNDARY = ref.WAN22_BOUNDARY_RATIO  # Wan 2.2's model_index.json: the high-noise expert at t ≥ 0.875 · 1000
 # Wan 2.1 1.3B's 30 blocks as 2; UMT5-XXL's 24 encoder layers as 2 (each has its own relative position bias).
 WAN_DEPTH = {"transformer": {"num_layers": 2}, "text_encoder": {"num_layers": 2}}
 
@@ -45,16 +46,34 @@ VARIANTS = (
         },
         depths=WAN_DEPTH,
     ),
+    TinyVariant(
+        name="wan22",
+        model_type=ModelType.WAN_2_2,
+        pipeline_class="WanPipeline",
+        description="Wan 2.2 T2V A14B (Wan-AI/Wan2.2-T2V-A14B-Diffusers): two experts of the 14B's shape (2 of the "
+        "real 40 blocks each; `transformer` for the steps at σ ≥ the boundary 0.875, `transformer_2` below it) over "
+        "Wan's causal video VAE latents, cross-attending to UMT5-XXL (2 of 24 layers); UniPC on flow sigmas",
+        module=__name__,
+        references={
+            "transformer": ref.WAN22_T2V_A14B_TRANSFORMER,
+            "transformer_2": ref.WAN22_T2V_A14B_TRANSFORMER,
+            "vae": ref.WAN_VAE,
+            "text_encoder": ref.UMT5_XXL_ENCODER,
+            "tokenizer": ref.UMT5_TOKENIZER,
+            "scheduler": ref.WAN_SCHEDULER,
+        },
+        depths={**WAN_DEPTH, "transformer_2": {"num_layers": 2}},
+    ),
 )
 
 
-def tiny_transformer_config(variant: TinyVariant) -> Config:
+def tiny_transformer_config(variant: TinyVariant, part: str = "transformer") -> Config:
     from onetrainer.tiny import components
 
     return components.tiny_config(
         "transformer",
-        variant.references["transformer"],
-        depth=variant.depths.get("transformer"),
+        variant.references[part],
+        depth=variant.depths.get(part),
         num_attention_heads=TRANSFORMER_HEADS,
         attention_head_dim=HEAD_WIDTH,
         ffn_dim=FFN_WIDTH,
@@ -84,14 +103,20 @@ def build_text_encoder(variant: TinyVariant, seed: int) -> tuple[Any, Any]:
 
 
 def build_pipeline(variant: TinyVariant, seed: int) -> Any:
-    """The pipeline for `variant`: the transformer, UMT5 and its tokenizer, the VAE, the UniPC sampler."""
+    """The pipeline for `variant`: the transformer (Wan 2.2: both experts and the boundary), UMT5 and its tokenizer,
+    the VAE, the UniPC sampler."""
     from onetrainer.tiny import components
     from onetrainer.util.threads import library_attribute
 
     refs = variant.references
     tokenizer, text_encoder = build_text_encoder(variant, seed)
     vae = components.tiny_config("vae", refs["vae"], base_dim=VAE_BASE_WIDTH)
+    experts = {}
+    if "transformer_2" in refs:  # Wan 2.2: the low-noise expert and the boundary
+        config = tiny_transformer_config(variant, "transformer_2")
+        experts = {"transformer_2": components.build(config, seed, "transformer_2"), "boundary_ratio": BOUNDARY}
     return library_attribute("diffusers", variant.pipeline_class)(
+        **experts,
         transformer=components.build(tiny_transformer_config(variant), seed, "transformer"),
         scheduler=components.build_scheduler(refs["scheduler"]),
         vae=components.build(vae, seed, "vae"),

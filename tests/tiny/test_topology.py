@@ -198,7 +198,7 @@ def test_schedulers(variant: str, tiny_pipeline: PipelineOf) -> None:
     # Sana's DPM-Solver++ runs on flow sigmas, the model predicting the flow; the other flow models' Euler schedulers
     # have no prediction setting
     # (and Wan's UniPC)
-    flow = {"sana": "flow_prediction", "wan21": "flow_prediction"}
+    flow = {"sana": "flow_prediction", "wan21": "flow_prediction", "wan22": "flow_prediction"}
     expected = {"sd20": "v_prediction", "sd21": "v_prediction", **flow}.get(variant, "epsilon")
     assert spec.prediction_type == expected
 
