@@ -185,6 +185,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "lumina2": r"lumina",
         "ideogram4": r"ideogram",
         "hidream": r"hi[ _-]?dream",
+        "wan": r"(?<![a-z0-9])wan(?:[ _-]?2\.?[12])?(?![a-z0-9])",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

@@ -51,6 +51,10 @@ class ModelType(ConfigEnum):
     IDEOGRAM_4 = "IDEOGRAM_4"
     # Lumina-Image 2.0: OneTrainer does not train it; issue 45 asks for it because peers do (sd-scripts, ai-toolkit)
     LUMINA_2 = "LUMINA_2"
+    # Members OneTrainer lacks (it declined Wan, OT#709), added because the issues ask for a model it does not train
+    # (issue 46: the first video family); named as OneTrainer names its model types.
+    WAN_2_1 = "WAN_2_1"
+    WAN_2_2 = "WAN_2_2"
 
 
 # A new config's model type and base model, as in OneTrainer.

@@ -115,9 +115,6 @@ def _ot_dict(label: str, active_key: str | None = None, why: str = "not used by 
     return setting(None, label, f"OneTrainer setting '{label}': {why}.", ignored=True, is_inactive=inactive)
 
 
-_VIDEO = "for video models (frames per clip and video samples), which are not built yet: the video issue builds them"
-
-
 def _holds_a_value(value) -> bool:
     """A secrets block with anything in it (OneTrainer's empty defaults load quietly)."""
     if isinstance(value, dict):
@@ -1321,7 +1318,17 @@ class TrainConfig(ConfigNode):
         ignored=True,
         is_inactive=lambda _value: True,
     )
-    frames: str = _ot("frames", "25", _VIDEO)
+    frames: str = setting(
+        "25",
+        "Frames",
+        "Video models: the frames of each training clip, rounded down to a count the model's VAE takes (4k + 1: 25 "
+        "stays 25, 24 trains 21); a concept's own frames per clip (its video settings) wins. Stills train as "
+        "one-frame clips.",
+        tab="training",
+        group="Precision",
+        when=video_model,
+        when_text="video models",
+    )
     sample_audio_format: str = _ot(
         "sample_audio_format", "MP3", "for OneTrainer's audio-and-video samples; no model type here makes sound"
     )

@@ -1228,3 +1228,78 @@ HIDREAM_I1_FULL_SCHEDULER: Config = {
     "prediction_type": "flow_prediction",
     "use_flow_sigmas": True,
 }
+
+# --- Wan 2.1 / 2.2 (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, Wan2.1-T2V-14B-Diffusers, Wan2.2-T2V-A14B-Diffusers) ---------
+# The text-to-video transformer: 3-D patches (1, 2, 2) of 16-channel latents, self-attention with RMS-normed queries
+# and keys over all heads, cross-attention to UMT5's 4096-wide states (normed first), a 256-frequency time embedding.
+WAN21_T2V_1_3B_TRANSFORMER: Config = {
+    "_class_name": "WanTransformer3DModel",
+    "added_kv_proj_dim": None,
+    "attention_head_dim": 128,
+    "cross_attn_norm": True,
+    "eps": 1e-06,
+    "ffn_dim": 8960,
+    "freq_dim": 256,
+    "image_dim": None,
+    "in_channels": 16,
+    "num_attention_heads": 12,
+    "num_layers": 30,
+    "out_channels": 16,
+    "patch_size": [1, 2, 2],
+    "qk_norm": "rms_norm_across_heads",
+    "rope_max_seq_len": 1024,
+    "text_dim": 4096,
+}
+WAN21_T2V_14B_TRANSFORMER: Config = {
+    **WAN21_T2V_1_3B_TRANSFORMER,
+    "ffn_dim": 13824,
+    "num_attention_heads": 40,
+    "num_layers": 40,
+}
+# Wan 2.2 A14B: two experts of the 14B's shape (transformer/ for the high-noise steps, transformer_2/ for the rest).
+WAN22_T2V_A14B_TRANSFORMER: Config = WAN21_T2V_14B_TRANSFORMER
+# Wan 2.1's causal 3-D VAE (AutoencoderKLWan): 8x spatial, 4x temporal after the first frame, 16 latent channels
+# normalised per channel; Qwen-Image's VAE is the same network and statistics.
+WAN_VAE: Config = {**QWEN_IMAGE_VAE, "_class_name": "AutoencoderKLWan"}
+# UMT5-XXL's encoder (google/umt5-xxl, Wan's text_encoder/): T5 v1.1 XXL's shape with a 256k multilingual vocabulary and
+# per-layer relative position biases.
+UMT5_XXL_ENCODER: Config = {
+    **T5_XXL_ENCODER,
+    "architectures": ["UMT5EncoderModel"],
+    "model_type": "umt5",
+    "scalable_attention": True,
+    "tokenizer_class": "T5Tokenizer",
+    "vocab_size": 256384,
+}
+# Wan's tokenizer/ (google/umt5-xxl's): a SentencePiece T5 tokenizer; the pipeline pads and cuts captions to 512.
+UMT5_TOKENIZER: Config = {**T5_TOKENIZER, "extra_ids": 300}
+# The Wan pipelines' sampler (scheduler_config.json): UniPC on flow sigmas, shifted by 3 (the 480p models' shift).
+WAN_SCHEDULER: Config = {
+    "_class_name": "UniPCMultistepScheduler",
+    "beta_end": 0.02,
+    "beta_schedule": "linear",
+    "beta_start": 0.0001,
+    "disable_corrector": [],
+    "dynamic_thresholding_ratio": 0.995,
+    "final_sigmas_type": "zero",
+    "flow_shift": 3.0,
+    "lower_order_final": True,
+    "num_train_timesteps": 1000,
+    "predict_x0": True,
+    "prediction_type": "flow_prediction",
+    "rescale_betas_zero_snr": False,
+    "sample_max_value": 1.0,
+    "solver_order": 2,
+    "solver_p": None,
+    "solver_type": "bh2",
+    "steps_offset": 0,
+    "thresholding": False,
+    "timestep_spacing": "linspace",
+    "trained_betas": None,
+    "use_beta_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_flow_sigmas": True,
+    "use_karras_sigmas": False,
+}
+# Wan 2.2 A14B's model_index.json: the high-noise expert runs while the timestep is at least 0.875 · 1000.
+WAN22_BOUNDARY_RATIO = 0.875

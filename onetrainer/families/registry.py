@@ -34,6 +34,8 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "lumina2": "onetrainer.families.lumina2:Lumina2Family",
         "ideogram4": "onetrainer.families.ideogram4:Ideogram4Family",
         "hidream": "onetrainer.families.hidream:HiDreamFamily",
+        "wan": "onetrainer.families.wan:WanFamily",
+        "wan22": "onetrainer.families.wan:Wan22Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

@@ -27,7 +27,8 @@ def sample_noise(latents: torch.Tensor, generator: torch.Generator, settings: Dr
     """
     noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
     if settings.offset_noise_weight > 0:
-        offset = torch.randn((latents.shape[0], latents.shape[1], 1, 1), generator=generator, dtype=torch.float32)
+        shape = (latents.shape[0], latents.shape[1]) + (1,) * (latents.dim() - 2)  # a video's: one for all frames
+        offset = torch.randn(shape, generator=generator, dtype=torch.float32)
         noise = noise + settings.offset_noise_weight * offset
     return noise.to(latents.device, latents.dtype)
 

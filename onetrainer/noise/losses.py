@@ -48,17 +48,30 @@ def _log_cosh(diff: torch.Tensor) -> torch.Tensor:
     return diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(torch.tensor(2.0))
 
 
+def latent_masks(masks: torch.Tensor, latent_shape: torch.Size) -> torch.Tensor:
+    """Pixel masks at the latents' size, by area: [B, 1, H, W] → [B, 1, h, w] for image latents [B, C, h, w]; for a
+    video's latents [B, C, f, h, w] a sample's one mask ([B, 1, H, W]) weighs every latent frame alike
+    ([B, 1, 1, h, w]), and per-frame masks ([B, 1, F, H, W]) are averaged over the frames each latent frame holds."""
+    if len(latent_shape) == 4 or masks.dim() == 4:
+        small = F.interpolate(masks, size=tuple(latent_shape[-2:]), mode="area")
+        return small if len(latent_shape) == 4 else small[:, :, None]
+    return F.interpolate(masks, size=tuple(latent_shape[-3:]), mode="area")
+
+
 def mask_weights(masks: torch.Tensor, keep_unmasked: torch.Tensor, unmasked_weight: float) -> torch.Tensor:
     """Per-pixel loss weights w = max(m, unmasked_weight); samples drawn as unmasked train everywhere (m = 1)."""
-    masks = torch.where(keep_unmasked.view(-1, 1, 1, 1), torch.ones_like(masks), masks)
+    rows = keep_unmasked.view(-1, *([1] * (masks.dim() - 1)))
+    masks = torch.where(rows, torch.ones_like(masks), masks)
     return masks.clamp(min=unmasked_weight, max=1.0)
 
 
 def reduce_loss(pixel_loss: torch.Tensor, weights: torch.Tensor | None, normalize: bool) -> torch.Tensor:
-    """Per-sample loss: the (weighted) mean over channels and pixels; optionally divided by the mean weight."""
+    """Per-sample loss: the (weighted) mean over channels and pixels (and a video's frames); optionally divided by the
+    mean weight."""
+    dims = tuple(range(1, pixel_loss.dim()))
     if weights is None:
-        return pixel_loss.mean(dim=(1, 2, 3))
-    weighted = (pixel_loss * weights).mean(dim=(1, 2, 3))
+        return pixel_loss.mean(dim=dims)
+    weighted = (pixel_loss * weights).mean(dim=dims)
     if normalize:
-        weighted = weighted / weights.mean(dim=(1, 2, 3)).clamp(min=1e-8)
+        weighted = weighted / weights.expand_as(pixel_loss).mean(dim=dims).clamp(min=1e-8)
     return weighted

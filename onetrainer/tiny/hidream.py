@@ -11,7 +11,7 @@ from onetrainer.tiny import reference as ref
 from onetrainer.tiny.reference import Config
 from onetrainer.tiny.variant import TinyVariant
 
-LISTING_ORDER = 14  # the order the tiny models were added in
+LISTING_ORDER = 17  # the order the tiny models were added in
 
 # The transformer: 2 heads of 16 (the real 20 of 128), the rotary split 8/4/4 over (t, row, column) as 64/32/32 split
 # 128; every block keeps its 4 routed experts (2 active) and the shared one. Latents up to 32x32 patches (the real

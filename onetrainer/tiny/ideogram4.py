@@ -11,7 +11,7 @@ from onetrainer.families import ideogram4_info as real
 from onetrainer.tiny import reference as tiny_ref
 from onetrainer.tiny.variant import TinyVariant
 
-LISTING_ORDER = 14  # the order the tiny models were added in
+LISTING_ORDER = 16  # the order the tiny models were added in
 
 # The transformer: 2 heads of 16 (the real 18 of 256), the multimodal rotary sections 2/1/1 over each head's 8
 # frequency pairs (as 24/20/20 cover 64 of 128), a SwiGLU 2x the width (the real 2.7x), the AdaLN conditioning half the

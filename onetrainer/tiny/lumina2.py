@@ -11,7 +11,7 @@ from onetrainer.tiny import reference as ref
 from onetrainer.tiny.gemma2_text import GEMMA2_WIDTH_FIELDS, TEXT_WIDTH, tiny_gemma2_config
 from onetrainer.tiny.variant import TinyVariant
 
-LISTING_ORDER = 14  # the order the tiny models were added in
+LISTING_ORDER = 15  # the order the tiny models were added in
 
 # The transformer: 3 query heads of 12 sharing 1 key/value head (as 24 of 96 share 8), the rotary axes 4/4/4 over
 # (caption position, row, column) as 32/32/32 split 96, its SwiGLU rounded up to a multiple of 16 (the real 256).

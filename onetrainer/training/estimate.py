@@ -1455,17 +1455,21 @@ def _efficient_attention() -> Any:
     return EfficientAttention()
 
 
-def _training_inputs(family: Family, model: LoadedModel, height: int, width: int, references: bool) -> tuple:
+def _training_inputs(
+    family: Family, model: LoadedModel, height: int, width: int, references: bool, frames: int = 0
+) -> tuple:
     """One sample's denoiser inputs as the trainer makes them (fake tensors, under the model's `FakeTensorMode`):
-    latents of an image of the run's size (`encode_images`), the text conditioning (`encode_text`), the batch extras
-    (`batch_extras`, with one typical reference where `references`: the run trains on reference images)."""
+    latents of an image of the run's size (`encode_images`; a video family's: of a clip of `frames` frames), the text
+    conditioning (`encode_text`), the batch extras (`batch_extras`, with one typical reference where `references`: the
+    run trains on reference images)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from onetrainer.families.base import BatchInputs
 
     with torch.no_grad():
-        latents = family.encode_images(model, torch.zeros(1, 3, height, width)).float()
+        pixels = torch.zeros(1, 3, frames, height, width) if frames else torch.zeros(1, 3, height, width)
+        latents = family.encode_images(model, pixels).float()
         try:
             conditioning = family.encode_text(model, [""])
         except Exception:  # the family's encoding needs state a meta model lacks (e.g. its caption length)
@@ -1573,7 +1577,9 @@ def _forward(family: Family, model: LoadedModel, inputs: tuple, params: set[int]
 
 
 @lru_cache(maxsize=8)
-def _measured(config_key: str, height: int, width: int, dtype_name: str, references: bool) -> Activations:
+def _measured(
+    config_key: str, height: int, width: int, dtype_name: str, references: bool, frames: int = 0
+) -> Activations:
     """`measure_activations` for one model and size (cached: the GUI re-estimates after every edit)."""
     import json
 
@@ -1589,9 +1595,9 @@ def _measured(config_key: str, height: int, width: int, dtype_name: str, referen
     model = meta_model(config, configs, getattr(torch, dtype_name), mode)
     params = {p.untyped_storage()._cdata for module in model.parts.values() for p in module.parameters()}
     with mode:
-        inputs = _training_inputs(family, model, height, width, references)
+        inputs = _training_inputs(family, model, height, width, references, frames)
         measurement, flops = _forward(family, model, inputs, params)
-    tokens = inputs[0].shape[-2] * inputs[0].shape[-1]
+    tokens = inputs[0].shape[-2] * inputs[0].shape[-1] * (inputs[0].shape[-3] if inputs[0].dim() == 5 else 1)
     with_reference = " and one reference's" if references else ""
     source = f"measured on the denoiser's forward ({tokens} latent tokens per sample{with_reference})"
     return Activations(
@@ -1625,6 +1631,21 @@ def trains_on_references(config: TrainConfig) -> bool:
     return False
 
 
+def clip_frames(config: TrainConfig) -> tuple[int, int]:
+    """A video family's frames per training clip (the run's `frames`, rounded down to a count its VAE takes) and the
+    latent frames they make (the first frame alone, then one per `step`); (0, 1) for an image family."""
+    from onetrainer.data.scan import run_frames
+
+    counts = family_of(config).info.video
+    if counts is None:
+        return 0, 1
+    try:
+        frames = max(counts.smallest, counts.at_most(run_frames(config)))
+    except ValueError:  # not a count: the checks name it
+        frames = counts.smallest
+    return frames, 1 + (frames - counts.offset) // counts.step
+
+
 def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
     """One sample's activations and forward FLOPs at the run's resolution in the training dtype: measured on the
     family's own training step on the meta device, else (a step that cannot run there) the per-parameter rule."""
@@ -1634,6 +1655,7 @@ def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
 
     resolution = parse_resolution(config.resolution)
     width, height = resolution.exact or (resolution.largest, resolution.largest)
+    frames, latent_frames = clip_frames(config)
     dtype = {2.0: "float16" if config.train_dtype is DataType.FLOAT_16 else "bfloat16"}.get(
         BYTES.get(config.train_dtype, 4.0), "float32"
     )
@@ -1643,16 +1665,17 @@ def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
         "huggingface_cache_dir": config.huggingface_cache_dir,
     }, sort_keys=True)  # fmt: skip
     try:
-        return _measured(key, height, width, dtype, trains_on_references(config))
+        return _measured(key, height, width, dtype, trains_on_references(config), frames)
     except EstimateCancelled:
         raise
     except Exception as error:  # the family's step does not run on the meta device
         params = shapes[family_of(config).denoiser_part]["params"]
-        scale = BYTES.get(config.train_dtype, 4.0) / 2 * params**0.5 * width * height
+        scale = BYTES.get(config.train_dtype, 4.0) / 2 * params**0.5 * width * height * latent_frames
         kept = RULE_ACTIVATIONS * scale * PEAK_FACTOR
         reason = f"{type(error).__name__}: {str(error)[:80]}"
         source = f"from a per-parameter rule (the family's step did not run on the meta device: {reason})"
-        return Activations(kept, kept * RULE_CHECKPOINTED, RULE_FLOPS * params * width * height, source)
+        flops = RULE_FLOPS * params * width * height * latent_frames
+        return Activations(kept, kept * RULE_CHECKPOINTED, flops, source)
 
 
 def device_throughput(device: str) -> float | None:

@@ -32,7 +32,7 @@ from onetrainer.families.base import BatchInputs, Conditioning, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.noise.draws import perturb_noise, sample_noise
-from onetrainer.noise.losses import mask_weights, per_pixel_loss, reduce_loss
+from onetrainer.noise.losses import latent_masks, mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.weighting import timestep_weights
 from onetrainer.precision.dtypes import fallback_dtype
 from onetrainer.training.attention import attention_kernels
@@ -541,10 +541,11 @@ class Trainer:
         sample_weights = batch.loss_weights.to(self.device)
         weights = None
         if config.masked_training and batch.masks is not None:
-            small = torch.nn.functional.interpolate(batch.masks, size=latents.shape[-2:], mode="area").to(self.device)
+            small = latent_masks(batch.masks, latents.shape).to(self.device)
             weights = mask_weights(small, keep_unmasked.to(self.device), config.unmasked_weight)
         prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
-        prior_rows = torch.tensor(prior, device=self.device).view(-1, 1, 1, 1) if any(prior) else None
+        rows = (-1,) + (1,) * (latents.dim() - 1)
+        prior_rows = torch.tensor(prior, device=self.device).view(rows) if any(prior) else None
         extra = family.batch_extras(model, inputs)
         model_time = schedule.model_time(timesteps)
         predicted = family.predict(model, noisy, model_time, conditioning, extra)

@@ -86,9 +86,9 @@ def test_infinity_is_written_and_read_like_onetrainer():
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
     _, quiet = config_from_dict({"frames": "25", "secrets": {"huggingface_token": "", "cloud": {"user": "root"}}})
     assert quiet == []
-    # video frames: no video family here; secrets come from the secrets file only
-    _, loud = config_from_dict({"frames": "49", "secrets": {"cloud": {"password": "hunter2"}}})
-    assert {p.path for p in loud} == {"frames", "secrets"}
+    # a third text encoder's length: no model type here has one; secrets come from the secrets file only
+    _, loud = config_from_dict({"text_encoder_3_sequence_length": 77, "secrets": {"cloud": {"password": "hunter2"}}})
+    assert {p.path for p in loud} == {"text_encoder_3_sequence_length", "secrets"}
     assert not any("hunter2" in p.message for p in loud)
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 
@@ -106,6 +106,8 @@ def test_a_onetrainer_samples_copies_of_training_settings_load_quietly_and_every
     _, [loud] = config_from_dict({"samples": [{"prompt": "a clip", "frames": 49}]})
     assert loud.path == "samples.0.frames" and loud.severity is Severity.WARNING
     assert "renders images: the sample's 49 frames are ignored" in loud.message
+    _, loud = config_from_dict({"samples": [{"prompt": "a clip", "length": 4.0}]})  # an audio/video sample's length
+    assert [p.path for p in loud] == ["samples.0.length"]
     lines = [line for line in _ignored_section().splitlines() if line.startswith("- `")]
     assert lines and all(": " in line and len(line.partition(": ")[2]) > 20 for line in lines)
     assert not [line for line in lines if line.endswith("'.") or line.endswith(": OneTrainer.")]  # a reason each

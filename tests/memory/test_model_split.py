@@ -40,6 +40,7 @@ SPLIT_VARIANTS = (
     "lumina2",
     "ideogram4",
     "hidream",
+    "wan21",
 )
 
 

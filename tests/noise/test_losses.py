@@ -7,7 +7,7 @@ import torch
 
 from onetrainer.config import TrainConfig
 from onetrainer.noise.draws import DrawSettings, sample_noise
-from onetrainer.noise.losses import LossSettings, mask_weights, per_pixel_loss, reduce_loss
+from onetrainer.noise.losses import LossSettings, latent_masks, mask_weights, per_pixel_loss, reduce_loss
 from onetrainer.noise.timesteps import sample_timesteps
 from onetrainer.training.settings import timestep_settings
 
@@ -54,3 +54,23 @@ def test_noise_is_reproducible_and_offset_noise_is_per_channel():
     offset = sample_noise(latents, torch.Generator().manual_seed(1), settings)
     per_channel_mean = (offset - a).mean(dim=(2, 3))
     assert per_channel_mean.abs().min() > 0.1  # a constant added per sample and channel
+
+
+def test_a_clips_mask_weighs_every_latent_frame_and_per_frame_masks_average_by_area():
+    """Video latents [B, C, f, h, w]: one mask per clip ([B, 1, H, W]) weighs all f frames alike; per-frame masks
+    [B, 1, F, H, W] are averaged over the frames (and pixels) each latent cell holds; the loss is the mean over every
+    non-batch dimension, the masked one normalised by the mask's own mean."""
+    mask = torch.zeros(2, 1, 16, 16)
+    mask[:, :, :, :8] = 1.0  # the left half trains
+    small = latent_masks(mask, torch.Size([2, 4, 3, 2, 2]))
+    assert small.shape == (2, 1, 1, 2, 2) and small[..., 0].eq(1).all() and small[..., 1].eq(0).all()
+    assert latent_masks(mask, torch.Size([2, 4, 2, 2])).shape == (2, 1, 2, 2)  # an image's latents, as before
+    per_frame = torch.zeros(1, 1, 4, 8, 8)
+    per_frame[:, :, 2:] = 1.0
+    assert latent_masks(per_frame, torch.Size([1, 4, 2, 1, 1])).flatten().tolist() == [0.0, 1.0]
+
+    loss = torch.ones(2, 4, 3, 2, 2)
+    loss[..., 1] = 3.0  # the masked-out half's error
+    weights = mask_weights(small, torch.tensor([False, True]), 0.0)  # the second sample trains unmasked
+    assert reduce_loss(loss, None, False).tolist() == [2.0, 2.0]
+    assert reduce_loss(loss, weights, True).tolist() == [1.0, 2.0]

@@ -71,9 +71,10 @@ def _assert_width_fields_only(kind: str, config: dict[str, Any], real: dict[str,
     allowed = width_fields(kind) | set(depth)
     differing = {k for k, v in real.items() if _normalise(config.get(k)) != _normalise(v)}
     bookkeeping = {k for k in real if k.startswith("_")} | {"architectures"}
-    # T5EncoderModel rewrites these two in its own config (it is the encoder half, its embeddings are tied).
+    # T5EncoderModel (and UMT5's) rewrites these two in its own config (it is the encoder half, its embeddings tied).
+    t5_encoders = {"T5EncoderModel", "UMT5EncoderModel"}
     bookkeeping |= (
-        {"is_encoder_decoder", "tie_word_embeddings"} if "T5EncoderModel" in real.get("architectures", ()) else set()
+        {"is_encoder_decoder", "tie_word_embeddings"} if t5_encoders & set(real.get("architectures", ())) else set()
     )
     # transformers forgets the window size of a model that does not use its sliding window (Qwen2.5-VL).
     bookkeeping |= {"sliding_window"} if real.get("use_sliding_window") is False else set()
@@ -196,9 +197,14 @@ def test_schedulers(variant: str, tiny_pipeline: PipelineOf) -> None:
     for key, value in spec.references["scheduler"].items():
         if not key.startswith("_"):
             assert scheduler.config[key] == value, key
-    # Sana's DPM-Solver++ and HiDream-I1-Full's UniPC run on flow sigmas, the model predicting the flow; the other
-    # flow models' Euler schedulers have no prediction setting
-    flows = {"sana": "flow_prediction", "hidream": "flow_prediction"}
+    # Sana's DPM-Solver++ and HiDream-I1-Full's and Wan's UniPC run on flow sigmas, the model predicting the flow; the
+    # other flow models' Euler schedulers have no prediction setting
+    flows = {
+        "sana": "flow_prediction",
+        "hidream": "flow_prediction",
+        "wan21": "flow_prediction",
+        "wan22": "flow_prediction",
+    }
     expected = {"sd20": "v_prediction", "sd21": "v_prediction", **flows}.get(variant, "epsilon")
     assert spec.prediction_type == expected
 

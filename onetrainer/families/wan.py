@@ -1,0 +1,415 @@
+"""Wan 2.1 (WAN_2_1; Wan-AI/Wan2.1-T2V-1.3B and 14B): a 3-D DiT over (1, 2, 2) patches of the 16-channel latents of
+Wan's causal video VAE, trained by rectified flow, cross-attending to UMT5-XXL. The first video family: a batch is a
+clip per sample (stills are one-frame clips), its latents 5-D.
+
+- Text, as `WanPipeline.encode_prompt`: each caption cleaned (the pipeline's `prompt_clean`: ftfy where installed,
+  HTML entities, whitespace), padded and cut to 512 tokens, UMT5's last hidden states kept for the caption's tokens
+  and zeros after them. The transformer cross-attends to all 512 without a mask, so the zeros count: the text cache
+  keeps the caption's tokens only (`row_of_its_tokens`) and `predict` pads them back with zeros to 512.
+- Caption dropout encodes the empty caption (the pipeline's negative prompt when none is given).
+- Latents: `video_vae.encode_clips` ([B, 3, F, H, W] → [B, 16, (F − 1)/4 + 1, H/8, W/8], normalised per channel by
+  the VAE's `latents_mean` / `latents_std`, the inverse of what the pipeline decodes); pixels of a still ([B, 3, H, W])
+  are a one-frame clip. The transformer takes the 5-D latents and σ·1000, and predicts the flow ε − x0. The training
+  schedule is `noise/flow_matching.FlowMatchingSchedule` (`timestep_shift` shifts its draws).
+- Samples run `WanPipeline` with our prompt embeddings, the model's own sampler (UniPC on flow sigmas, its
+  `flow_shift`), CFG at the sample's scale, and are a `SampleClip` of the sample's frames (4k + 1) at 16 fps.
+- Saving: the pipeline folder (also the backup) with the model's own sampler. LoRA files: DIFFUSERS_LORA (peft names
+  under `transformer.` / `text_encoder.`), COMFY_LORA (`diffusion_model.` + Wan's own module names,
+  `weights/wan_keys.py`) and KOHYA_LORA (musubi-tuner's: `lora_unet_` + Wan's names with underscores; a text encoder's
+  under `lora_te1_`); diffusers' `WanPipeline.load_lora_weights` converts the latter two.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from onetrainer.config.enums import ModelFormat
+from onetrainer.families.base import (
+    CaptionDropout,
+    Conditioning,
+    Family,
+    FamilyState,
+    LoadedModel,
+    TextEncoderSlot,
+    Writer,
+    first_weight,
+)
+from onetrainer.families.loading import (
+    KeptParts,
+    ModelLoadError,
+    load_diffusers_component,
+    load_dtype,
+    load_tokenizer,
+    part_wise_base,
+)
+from onetrainer.families.reference_configs import WAN22_BOUNDARY_RATIO
+from onetrainer.families.saving import save_pipeline_folder
+from onetrainer.families.vae import load_vae_override
+from onetrainer.families.video_vae import encode_clips
+from onetrainer.families.wan_info import WAN21, WAN22
+from onetrainer.noise.prediction import Prediction
+from onetrainer.weights import kohya_lora, wan_keys
+from onetrainer.weights.metadata import ModelKind
+
+if TYPE_CHECKING:
+    from onetrainer.config import TrainConfig
+    from onetrainer.sampling.clip import SampleClip
+
+TEXT_TOKENS = 512  # the pipeline's max_sequence_length: every caption's states padded with zeros to it
+PATCH = 2  # latent pixels per token side
+SAMPLE_FPS = 16.0  # the rate Wan 2.1 and 2.2's text-to-video models generate at
+DEFAULT_TRAIN_STEPS = 1000
+KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
+KIND = ModelKind("wan-2.1-t2v", "wan_2_1")
+
+
+@dataclass(slots=True)
+class WanState(FamilyState):
+    """The model's own sampler config (scheduler_config.json: UniPC on flow sigmas, its `flow_shift`), which samples
+    and saved folders use, and the schedule's T."""
+
+    sampler_config: dict = field(default_factory=dict)
+    train_steps: int = DEFAULT_TRAIN_STEPS
+
+
+class WanFamily(Family):
+    info = WAN21
+    caption_dropout = CaptionDropout.EMPTY_CAPTION
+    sampling_parts = frozenset(WAN21.parts)
+    broken_sample_advice = "use a FLOAT_32 or BFLOAT_16 VAE (vae.weight_dtype)"
+    text_encoder_blocks: ClassVar[str] = r"(^|\.)block\.\d+\."
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "transformer": ("blocks",),
+        "text_encoder": ("encoder.block",),
+    }
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model."}
+    state_class: ClassVar[type[WanState]] = WanState
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def load(self, config: TrainConfig) -> LoadedModel:
+        what = "the transformer, the text encoder, the VAE and the tokenizer"
+        where, options = part_wise_base(config, self.info.label, what, self.info.hub_file_sets)
+        return self.load_from(config, where, options)
+
+    def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
+        from diffusers import AutoencoderKLWan
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        parts = KeptParts(config)
+        self.load_denoisers(config, where, options, parts)
+        dtype = load_dtype(config, "text_encoder")
+        parts["text_encoder"] = load_diffusers_component(UMT5EncoderModel, where, "text_encoder", options, dtype=dtype)
+        tokenizer = load_tokenizer(where, options, cls=AutoTokenizer)
+        if config.vae.model_name:
+            vae_config = load_diffusers_component(AutoencoderKLWan, where, "vae", options, config_only=True)
+            parts["vae"] = load_vae_override(config, vae_config, AutoencoderKLWan)
+        else:
+            dtype = load_dtype(config, "vae")
+            parts["vae"] = load_diffusers_component(AutoencoderKLWan, where, "vae", options, dtype=dtype)
+        return self.loaded_model(config, parts, tokenizer, where, options)
+
+    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
+        """The transformer (Wan 2.2: both experts) into `parts`."""
+        from diffusers import WanTransformer3DModel
+
+        dtype = load_dtype(config, "transformer")
+        parts["transformer"] = load_diffusers_component(
+            WanTransformer3DModel, where, "transformer", options, dtype=dtype
+        )
+
+    def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
+        from diffusers import UniPCMultistepScheduler
+
+        from onetrainer.noise.flow_matching import FlowMatchingSchedule
+
+        sampler_config = dict(load_diffusers_component(UniPCMultistepScheduler, where, "scheduler", options, True))
+        steps = int(sampler_config.get("num_train_timesteps", DEFAULT_TRAIN_STEPS))
+        shift = float(sampler_config.get("flow_shift", sampler_config.get("shift", 1.0)))
+        schedule = FlowMatchingSchedule({"num_train_timesteps": steps, "shift": shift}, patch_size=PATCH)
+        encoder = parts["text_encoder"]
+        slot = TextEncoderSlot(
+            "text_encoder", encoder, tokenizer, KOHYA_PREFIXES["text_encoder"], "umt5", config.text_encoder.layer_skip,
+            token_embedding=encoder.encoder.embed_tokens,
+        )  # fmt: skip
+        state = self.state_class(sampler_config=sampler_config, train_steps=steps)
+        return LoadedModel(config.model_type, parts, [slot], schedule, config.base_model_name, state)
+
+    # -- text and images ------------------------------------------------------------------------------------------
+
+    def encode_text(self, model: LoadedModel, captions: list[str]) -> Conditioning:
+        """UMT5's last hidden states of the cleaned captions, padded to 512 tokens, zero after each caption's tokens
+        (as the pipeline pads them), with the mask of its tokens."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        slot = model.text_encoders[0]
+        tokens = slot.tokenizer(
+            [prompt_clean(caption) for caption in captions],
+            padding="max_length",
+            max_length=TEXT_TOKENS,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        device = first_weight(slot.encoder).device
+        mask = tokens.attention_mask.to(device)
+        hidden = slot.encoder(tokens.input_ids.to(device), mask).last_hidden_state
+        return Conditioning({"hidden_states": hidden * mask[..., None].to(hidden.dtype), "attention_mask": mask})
+
+    def text_cache_row(self, conditioning: Conditioning, index: int) -> dict[str, torch.Tensor]:
+        """The caption's tokens without the zeros up to 512, which `predict` puts back."""
+        return conditioning.row_of_its_tokens(index)
+
+    def encode_images(self, model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+        return encode_clips(model.part("vae"), pixels)
+
+    # -- a training step ------------------------------------------------------------------------------------------
+
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        transformer = model.part("transformer")
+        dtype = first_weight(transformer).dtype
+        latents = noisy_latents if noisy_latents.dim() == 5 else noisy_latents[:, :, None]
+        output = transformer(
+            hidden_states=latents.to(dtype),
+            timestep=timesteps.to(latents.device),
+            encoder_hidden_states=padded_text(conditioning).to(dtype),
+            return_dict=False,
+        )[0]
+        return Prediction(output if noisy_latents.dim() == 5 else output[:, :, 0])
+
+    # -- sampling -------------------------------------------------------------------------------------------------
+
+    def pipeline(self, model: LoadedModel, sampler):
+        from diffusers import WanPipeline
+
+        slot = model.text_encoders[0]
+        return WanPipeline(
+            tokenizer=slot.tokenizer,
+            text_encoder=slot.encoder,
+            vae=model.part("vae"),
+            scheduler=sampler,
+            transformer=model.part("transformer"),
+        )
+
+    def own_sampler(self, model: LoadedModel):
+        """The model's own sampler (its scheduler_config.json), for samples and saved folders."""
+        from diffusers import UniPCMultistepScheduler
+
+        from onetrainer.util.threads import library_attribute
+
+        config = dict(model.family_state(WanState).sampler_config)
+        name = config.get("_class_name", "UniPCMultistepScheduler")
+        try:
+            cls = library_attribute("diffusers", name)
+        except AttributeError:
+            cls = UniPCMultistepScheduler
+        return cls.from_config(config)
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str, negative_prompt: str | None) -> dict:
+        """Our embeddings of the prompt and the negative prompt, each padded with zeros to 512 tokens."""
+        return {
+            "prompt": None,
+            "negative_prompt": None,
+            "prompt_embeds": padded_text(self.encode_text(model, [prompt])),
+            "negative_prompt_embeds": padded_text(self.encode_text(model, [negative_prompt or ""])),
+        }
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> SampleClip:
+        """A clip of the sample's frames (the longest count of 4k + 1 not above them, 1 at least) through WanPipeline
+        with the model's own sampler and CFG at the sample's scale."""
+        from onetrainer.sampling.clip import SampleClip
+        from onetrainer.sampling.sampler import to_image
+
+        pipe = self.pipeline(model, self.own_sampler(model))
+        pipe.set_progress_bar_config(disable=True)
+        seed = random.randint(0, 2**31 - 1) if sample.random_seed else sample.seed
+        negative = apply_embeddings(sample.negative_prompt) or None
+        output = pipe(
+            height=sample.height,
+            width=sample.width,
+            num_frames=sample_frames(self, sample),
+            num_inference_steps=sample.diffusion_steps,
+            guidance_scale=sample.cfg_scale,
+            generator=torch.Generator(device="cpu").manual_seed(seed),
+            output_type="np",
+            **self.prompt_arguments(model, apply_embeddings(sample.prompt), negative),
+        )
+        return SampleClip([to_image(frame) for frame in output.frames[0]], SAMPLE_FPS)
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save_diffusers(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The diffusers pipeline folder with the model's own sampler (`metadata`, a single file's header entries,
+        has no place in it)."""
+        save_pipeline_folder(self.pipeline(model, self.own_sampler(model)), destination, dtype)
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: save_diffusers}
+
+    def save_backup(self, model: LoadedModel, folder: Path) -> None:
+        self.save_diffusers(model, folder, torch.float32)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        from onetrainer.families.loading import as_module_state
+
+        return as_module_state(model.part(part), super().backup_state(model, folder, part))
+
+    # -- names ----------------------------------------------------------------------------------------------------
+
+    def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """musubi-tuner's names: `lora_unet_` + Wan's own module path (`blocks_0_self_attn_q`); the text encoder's
+        under `lora_te1_`."""
+        path = wan_keys.original_module_path(module_path) if part == "transformer" else module_path
+        return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], path)
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        """ComfyUI's Wan model names its modules as Wan does (`blocks.0.self_attn.q`)."""
+        return wan_keys.original_module_path(module_path)
+
+    def metadata_kind(self, model: LoadedModel) -> ModelKind:
+        return KIND
+
+
+def padded_text(conditioning: Conditioning) -> torch.Tensor:
+    """The text states as the transformer takes them: each row's tokens (the padding zeroed), then zeros to 512."""
+    hidden = conditioning.hidden_states
+    mask = conditioning.get("attention_mask")
+    if mask is not None:
+        hidden = hidden * mask[..., None].to(hidden.dtype)
+    if hidden.shape[1] >= TEXT_TOKENS:
+        return hidden[:, :TEXT_TOKENS]
+    padding = hidden.new_zeros(hidden.shape[0], TEXT_TOKENS - hidden.shape[1], *hidden.shape[2:])
+    return torch.cat([hidden, padding], dim=1)
+
+
+def sample_frames(family: Family, sample) -> int:
+    """The frames a sample renders: the longest count the family's VAE takes not above the sample's `frames`."""
+    counts = family.info.video
+    return max(counts.smallest, counts.at_most(int(sample.frames)))
+
+
+@dataclass(slots=True)
+class Wan22State(WanState):
+    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json), which expert the run
+    trains as its `transformer` part (the low-noise one: the folder's `transformer_2`) and the other expert, kept here
+    (not a part: it never trains) for samples and saved folders."""
+
+    boundary_ratio: float = WAN22_BOUNDARY_RATIO
+    trains_low_noise: bool = True
+    other_expert: torch.nn.Module | None = None
+
+
+class Wan22Family(WanFamily):
+    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape. WanPipeline runs
+    `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875: high noise) and `transformer_2`
+    below it. A run trains one expert as its `transformer` part: the high-noise one where `min_noising_strength` is at
+    least the boundary, else the low-noise one. The other expert waits in CPU memory (in the transformer's weight
+    dtype) and joins the trained one on its device for samples; samples and saved folders put each expert back in its
+    place."""
+
+    info = WAN22
+    sampling_parts = frozenset(WAN22.parts)
+    state_class: ClassVar[type[WanState]] = Wan22State
+
+    def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
+        from diffusers import WanTransformer3DModel
+
+        from onetrainer.families.loading import keep_part, quantization_settings
+
+        boundary = boundary_ratio(where, options)
+        if boundary is None:
+            raise ModelLoadError(
+                f"{config.base_model_name}: its model_index.json names no boundary_ratio, so it is no two-expert Wan "
+                "2.2 model (a single-transformer Wan model trains as WAN_2_1)"
+            )
+        model = super().load_from(config, where, options)
+        state = model.family_state(Wan22State)
+        state.boundary_ratio = boundary
+        trained, other = trained_expert(config, boundary)
+        state.trains_low_noise = trained == "transformer_2"
+        dtype = load_dtype(config, "transformer")
+        expert = load_diffusers_component(WanTransformer3DModel, where, other, options, dtype=dtype)
+        state.other_expert = keep_part("transformer", expert, config, quantization_settings(config)).eval()
+        state.other_expert.requires_grad_(False)
+        return model
+
+    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
+        """The expert the run trains, as `transformer` (its folder's subfolder by the noising range)."""
+        from diffusers import WanTransformer3DModel
+
+        trained, _ = trained_expert(config, boundary_ratio(where, options) or WAN22_BOUNDARY_RATIO)
+        dtype = load_dtype(config, "transformer")
+        parts["transformer"] = load_diffusers_component(WanTransformer3DModel, where, trained, options, dtype=dtype)
+
+    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
+        """The trained expert sits in its own place in the backup's pipeline folder (the low-noise one in
+        `transformer_2/`)."""
+        from safetensors.torch import load_file
+
+        from onetrainer.families.loading import as_module_state
+
+        trains_low = part == "transformer" and model.family_state(Wan22State).trains_low_noise
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted((folder / ("transformer_2" if trains_low else part)).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        return as_module_state(model.part(part), state)
+
+    def experts(self, model: LoadedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(the high-noise expert, the low-noise one)."""
+        state = model.family_state(Wan22State)
+        trained, other = model.part("transformer"), state.other_expert
+        return (other, trained) if state.trains_low_noise else (trained, other)
+
+    def pipeline(self, model: LoadedModel, sampler):
+        """WanPipeline with each expert in its place and the model's boundary."""
+        from diffusers import WanPipeline
+
+        high, low = self.experts(model)
+        slot = model.text_encoders[0]
+        return WanPipeline(
+            tokenizer=slot.tokenizer,
+            text_encoder=slot.encoder,
+            vae=model.part("vae"),
+            scheduler=sampler,
+            transformer=high,
+            transformer_2=low,
+            boundary_ratio=model.family_state(Wan22State).boundary_ratio,
+        )
+
+    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> SampleClip:
+        """As Wan 2.1's, the other expert on the trained one's device meanwhile."""
+        other = model.family_state(Wan22State).other_expert
+        home = first_weight(other).device
+        other.to(first_weight(model.part("transformer")).device)
+        try:
+            return super().sample(model, sample, apply_embeddings, zero_terminal_snr)
+        finally:
+            other.to(home)
+
+
+def boundary_ratio(where: str, options: dict) -> float | None:
+    """The `boundary_ratio` of a pipeline folder's model_index.json (None: a single-transformer model)."""
+    from diffusers import DiffusionPipeline
+
+    try:
+        index = DiffusionPipeline.load_config(where, **options)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{where}: cannot read its model_index.json ({e})") from e
+    value = index.get("boundary_ratio")
+    return None if value is None else float(value)
+
+
+def trained_expert(config: TrainConfig, boundary: float) -> tuple[str, str]:
+    """(the folder's subfolder of the expert the run trains, the other's): the high-noise `transformer` where the
+    noising range starts at the boundary or above (`min_noising_strength`), else the low-noise `transformer_2`."""
+    if float(config.min_noising_strength) >= boundary:
+        return "transformer", "transformer_2"
+    return "transformer_2", "transformer"

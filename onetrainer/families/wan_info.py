@@ -1,0 +1,138 @@
+"""Wan 2.1 (text to video): a 3-D DiT over the latents of Wan's causal video VAE, conditioned on UMT5. The first video
+family: its concepts train clips (and stills as one-frame clips).
+
+The declaration of `wan.py`'s family (torch-free: the config and the GUI read it through `config/model_types.py`): its
+model type, parts, formats, capabilities, layer presets, notes and sample defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, TrainingMethod
+from onetrainer.config.family_info import (
+    FLOW_MATCHING,
+    LAYER_OFFLOADING,
+    FamilyInfo,
+    FileCaveat,
+    FrameCounts,
+    ModelTypeInfo,
+    PartRole,
+    SampleDefaults,
+)
+from onetrainer.families import reference_configs as ref
+from onetrainer.families.lora_caveats import text_encoder_caveat
+
+# The layers musubi-tuner and diffusers' Wan LoRAs train (every linear layer of the blocks: self- and cross-attention's
+# q, k, v, o and the feed-forward's two), matched as substrings of diffusers' module paths.
+_WAN_LAYER_PRESETS = {
+    "attn-mlp": ("attn1", "attn2", "ffn"),
+    "attn-only": ("attn1", "attn2"),
+    "blocks": ("blocks",),
+    "full": (),
+}
+_KOHYA_NEEDS_EVERY_LAYER = (
+    "diffusers' Wan LoRA converter reads a KOHYA_LORA (musubi-tuner) file only when it holds every block's self- and "
+    "cross-attention q, k, v, o and both feed-forward layers and no text-encoder LoRA (the attn-mlp and blocks "
+    "presets give that); musubi-tuner and ComfyUI read any such file"
+)
+
+WAN21 = FamilyInfo(
+    key="wan",
+    label="Wan 2.1",
+    part_roles={"transformer": PartRole.DENOISER, "text_encoder": PartRole.TEXT_ENCODER, "vae": PartRole.IMAGE_ENCODER},
+    # the VAE downsamples 8x and the transformer takes 2x2 patches: a token is 16 px
+    bucket_step=16,
+    sample_step=16,
+    methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
+    output_formats={
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
+    },
+    muon_hidden_layers=("blocks", "encoder.block"),  # the DiT blocks, UMT5's encoder blocks
+    layer_presets=_WAN_LAYER_PRESETS,
+    hub_parts=("transformer", "text_encoder", "vae"),
+    capabilities=frozenset({FLOW_MATCHING}),
+    part_capabilities={
+        "transformer": frozenset({LAYER_OFFLOADING}),
+        "text_encoder": frozenset({LAYER_OFFLOADING}),
+    },
+    file_caveats=(
+        text_encoder_caveat(
+            "text_encoder",
+            "diffusers' WanPipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA file, not the "
+            "UMT5 LoRA",
+        ),
+        FileCaveat(ModelFormat.KOHYA_LORA, _KOHYA_NEEDS_EVERY_LAYER),
+    ),
+    video=FrameCounts(),
+    notes="A video model: a concept's clips train as windows of 4k + 1 frames (its `video` settings; the run's "
+    "`frames`) and its stills as one-frame clips; a batch holds one frame count. `text_encoder` is UMT5-XXL: as "
+    "WanPipeline encodes them, captions are cleaned (ftfy, whitespace), padded and cut to 512 tokens, and the "
+    "transformer cross-attends to each caption's states followed by zeros up to 512 (the text cache keeps the "
+    "caption's tokens only). Caption dropout encodes the empty caption (the pipeline's negative prompt). The VAE is "
+    "Wan's causal 3-D VAE (8x spatial, 4x temporal after the first frame), its latents normalised per channel; the "
+    "latents of a clip are 5-D, [16, (F − 1)/4 + 1, H/8, W/8], and a loss mask (one per clip) applies to every "
+    "latent frame. Training is rectified flow (the transformer takes σ·1000); `timestep_shift` shifts the training "
+    "times as the pipeline's `flow_shift` shifts the sampler's. Samples run WanPipeline with the model's own UniPC "
+    "sampler, CFG and the negative prompt, and are clips of the sample's `frames` (4k + 1; a still at 1). LoRA files: "
+    "DIFFUSERS_LORA (WanPipeline's `load_lora_weights`), COMFY_LORA (`diffusion_model.` + Wan's own module names, "
+    "what ComfyUI loads) or KOHYA_LORA (`lora_unet_` + Wan's names, musubi-tuner's layout); diffusers' converters "
+    "read both. Fine-tunes: a diffusers folder (also the backup, usable as a base model).",
+)
+_WAN21_SAMPLE = SampleDefaults(832, 480, 50, 5.0, NoiseScheduler.UNIPC)
+
+# Wan 2.2 A14B: two experts of one shape, the pipeline's `transformer` for the steps at σ ≥ its `boundary_ratio` (high
+# noise), `transformer_2` for the rest. A run trains one of them as the `transformer` part: the high-noise expert where
+# `min_noising_strength` is at least the boundary, else the low-noise one; the other expert is kept beside the parts
+# (the family's state, in the trained expert's weight dtype) for samples and saved folders.
+WAN22 = dataclasses.replace(
+    WAN21,
+    key="wan22",
+    label="Wan 2.2",
+    part_labels={"transformer": "Transformer (the trained expert)"},
+    notes="Wan 2.2 (T2V A14B) has two experts: WanPipeline's `transformer` denoises the steps at σ ≥ the model's "
+    "`boundary_ratio` (0.875: high noise) and `transformer_2` the rest (low noise). A run trains one expert: "
+    "`min_noising_strength` at the boundary or above (0.875 … 1) trains the high-noise expert, a lower one the "
+    "low-noise expert (set `max_noising_strength` to the boundary, 0 … 0.875, to keep it to its own steps); in the "
+    "run that expert is the `transformer` part; the other waits in CPU memory in the transformer's weight dtype and "
+    "joins it on the device for samples only (the memory estimate does not count it yet). Its "
+    "DIFFUSERS_LORA file loads into the pipeline's `transformer` (high noise) or, with `load_into_transformer_2=True`, "
+    "its `transformer_2` (low noise); its COMFY_LORA / KOHYA_LORA files load on that expert in ComfyUI and "
+    "musubi-tuner. Fine-tunes write the pipeline folder with both experts in their places. Everything else is as Wan "
+    "2.1's: " + WAN21.notes,
+)
+
+# The model types this module declares, in the order the model-type menu lists them.
+MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
+    ModelTypeInfo(
+        ModelType.WAN_2_1,
+        "Wan 2.1",
+        WAN21,
+        480,
+        False,
+        False,
+        _WAN21_SAMPLE,
+        released_parts={
+            "transformer": ref.WAN21_T2V_1_3B_TRANSFORMER,
+            "text_encoder": ref.UMT5_XXL_ENCODER,
+            "vae": ref.WAN_VAE,
+        },
+        released_variants=(("14b", {"transformer": ref.WAN21_T2V_14B_TRANSFORMER}),),
+    ),
+    ModelTypeInfo(
+        ModelType.WAN_2_2,
+        "Wan 2.2",
+        WAN22,
+        480,
+        False,
+        False,
+        SampleDefaults(832, 480, 40, 4.0, NoiseScheduler.UNIPC),
+        released_parts={
+            "transformer": ref.WAN22_T2V_A14B_TRANSFORMER,
+            "text_encoder": ref.UMT5_XXL_ENCODER,
+            "vae": ref.WAN_VAE,
+        },
+    ),
+)

@@ -1,0 +1,58 @@
+"""Wan's transformer modules between diffusers' names and Wan's own (the original checkpoints' layout, which ComfyUI's
+model and musubi-tuner name LoRA modules by): `blocks.N.attn1.to_q` is `blocks.N.self_attn.q`, `attn2` is
+`cross_attn`, the feed-forward's `ffn.net.0.proj` / `ffn.net.2` are `ffn.0` / `ffn.2`, the condition embedder's
+layers are `text_embedding.*`, `time_embedding.*` and `time_projection.1`, the output layer `head.head`.
+
+ComfyUI's LoRA layout (COMFY_LORA) is `diffusion_model.` + such a path, musubi-tuner's (KOHYA_LORA) `lora_unet_` + the
+path with underscores; diffusers' `WanLoraLoaderMixin` converts both back to its names."""
+
+from __future__ import annotations
+
+import re
+
+# inside a block: diffusers' module → Wan's
+_BLOCK = (
+    ("attn1.to_q", "self_attn.q"),
+    ("attn1.to_k", "self_attn.k"),
+    ("attn1.to_v", "self_attn.v"),
+    ("attn1.to_out.0", "self_attn.o"),
+    ("attn1.norm_q", "self_attn.norm_q"),
+    ("attn1.norm_k", "self_attn.norm_k"),
+    ("attn2.to_q", "cross_attn.q"),
+    ("attn2.to_k", "cross_attn.k"),
+    ("attn2.to_v", "cross_attn.v"),
+    ("attn2.to_out.0", "cross_attn.o"),
+    ("attn2.norm_q", "cross_attn.norm_q"),
+    ("attn2.norm_k", "cross_attn.norm_k"),
+    ("attn2.add_k_proj", "cross_attn.k_img"),
+    ("attn2.add_v_proj", "cross_attn.v_img"),
+    ("ffn.net.0.proj", "ffn.0"),
+    ("ffn.net.2", "ffn.2"),
+    ("norm2", "norm3"),  # the cross-attention's norm
+)
+# outside the blocks: diffusers' module → Wan's
+_TOP = (
+    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+    ("condition_embedder.time_proj", "time_projection.1"),
+    ("proj_out", "head.head"),
+    ("patch_embedding", "patch_embedding"),
+)
+_IN_BLOCK = re.compile(r"^(blocks\.\d+)\.(.+)$")
+
+
+def original_module_path(path: str) -> str:
+    """A module's path in Wan's own names (diffusers' path where Wan has no other)."""
+    match = _IN_BLOCK.match(path)
+    if match:
+        block, rest = match.groups()
+        for ours, theirs in _BLOCK:
+            if rest == ours or rest.startswith(ours + "."):
+                return f"{block}.{theirs}{rest[len(ours) :]}"
+        return path
+    for ours, theirs in _TOP:
+        if path == ours or path.startswith(ours + "."):
+            return theirs + path[len(ours) :]
+    return path

@@ -1,0 +1,38 @@
+"""The shipped Wan 2.1 LoRA presets (16 GB: the 1.3B model in bfloat16, 49-frame clips; 24 GB: the 14B model in float8
+with half its blocks offloaded, 33-frame clips; OneTrainer ships none: it does not train Wan) pass
+`scripts/train.py --check` over a folder of a clip and a still with the tiny local model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from onetrainer.cli.train import EXIT_OK, main
+from onetrainer.config import load_layers
+from onetrainer.config.enums import ModelType
+from onetrainer.training.checks import Severity, run_checks
+from tests.data.test_video_concepts import write_clip
+
+PRESETS = ("wan/lora-16gb", "wan/lora-24gb")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_wan_presets_pass_check_over_clips_and_a_still(in_tmp: Path, capsys, name):
+    folder = in_tmp / "clips"
+    write_clip(folder / "walk.mp4", frames=12, size=(64, 48))  # shorter than the presets' windows: trained shorter
+    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
+    (folder / "still.txt").write_text("a red square", encoding="utf-8")
+    overrides = ["base_model_name=tiny:wan21", "concepts=" + json.dumps([{"name": "clips", "path": str(folder)}])]
+    config, problems = load_layers(name, None, overrides)
+    assert config.model_type is ModelType.WAN_2_1
+    assert config.frames in ("33", "49")
+    problems += run_checks(config, include_schema=False)
+    assert [p.message for p in problems if p.severity is Severity.ERROR] == []
+
+    argv = ["--preset", name, *(arg for o in overrides for arg in ("--set", o)), "--check"]
+    assert main(argv) == EXIT_OK
+    assert "The config is valid." in capsys.readouterr().out
