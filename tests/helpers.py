@@ -119,9 +119,10 @@ def image_folder(root: Path, count: int = 4, placeholder: str | None = None) -> 
 
 
 def assert_samples_are_pictures(samples: list[Path], stderr: str, name: str) -> None:
-    """A run's samples were written and are pictures: the trainer flagged none as NaN or all black (its warning gives
-    "the usual fix"), and none is one flat colour. A tiny random model renders noise-like images, never a constant
-    one, so a constant image is a blank: a NaN decode (saved as black) or a part that output nothing."""
+    """A run's samples (images, or a video family's clips) were written and are pictures: the trainer flagged none as
+    NaN or all black (its warning gives "the usual fix"), and none is one flat colour. A tiny random model renders
+    noise-like images, never a constant one, so a constant image is a blank: a NaN decode (saved as black) or a part
+    that output nothing."""
     import numpy as np
     from PIL import Image
 
@@ -129,8 +130,14 @@ def assert_samples_are_pictures(samples: list[Path], stderr: str, name: str) -> 
     broken = [line for line in stderr.splitlines() if "the usual fix" in line]
     assert not broken, f"{name}: " + "\n".join(broken)
     for path in samples:
-        pixels = np.asarray(Image.open(path))
-        assert pixels.min() < pixels.max(), f"{name}: {path.name} is blank (every pixel is {pixels.flat[0]})"
+        if path.suffix.lower() in (".mp4", ".webm", ".gif"):  # a video family's clip: each of its frames
+            from onetrainer.sampling.clip_files import read_clip
+
+            frames = [np.asarray(frame) for frame in read_clip(path).frames]
+        else:
+            frames = [np.asarray(Image.open(path))]
+        for pixels in frames:
+            assert pixels.min() < pixels.max(), f"{name}: {path.name} is blank (every pixel is {pixels.flat[0]})"
 
 
 def small_edit_references(monkeypatch) -> None:

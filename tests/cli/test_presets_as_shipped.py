@@ -82,7 +82,6 @@ def test_preset_trains_as_shipped_with_a_sample(name, tmp_path, capsys, monkeypa
     assert code == 0, err[-3000:]
     assert "failed" not in err, err[-3000:]
     assert output.exists() and (output.stat().st_size > 0 or any(output.iterdir()))
-    samples = list((tmp_path / "workspace" / "samples").rglob("*.png")) + list(
-        (tmp_path / "workspace" / "samples").rglob("*.jpg")
-    )
+    written = (tmp_path / "workspace" / "samples").rglob("*")
+    samples = [p for p in written if p.suffix.lower() in (".png", ".jpg", ".mp4", ".webm", ".gif")]  # a clip: video
     assert_samples_are_pictures(samples, err, name)
