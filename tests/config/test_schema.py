@@ -86,9 +86,9 @@ def test_infinity_is_written_and_read_like_onetrainer():
 def test_ignored_onetrainer_setting_warns_only_when_it_would_matter():
     _, quiet = config_from_dict({"frames": "25", "secrets": {"huggingface_token": "", "cloud": {"user": "root"}}})
     assert quiet == []
-    # a third text encoder's length: no model type here has one; secrets come from the secrets file only
-    _, loud = config_from_dict({"text_encoder_3_sequence_length": 77, "secrets": {"cloud": {"password": "hunter2"}}})
-    assert {p.path for p in loud} == {"text_encoder_3_sequence_length", "secrets"}
+    # an audio format: no model type here makes sound; secrets come from the secrets file only
+    _, loud = config_from_dict({"sample_audio_format": "WAV", "secrets": {"cloud": {"password": "hunter2"}}})
+    assert {p.path for p in loud} == {"sample_audio_format", "secrets"}
     assert not any("hunter2" in p.message for p in loud)
     assert all(p.severity is Severity.WARNING and "ignored" in p.message for p in loud)
 

@@ -22,6 +22,7 @@ from onetrainer.data.caching import encode_text_entries
 from onetrainer.families.base import Conditioning
 from onetrainer.families.wan import TEXT_TOKENS, WanState
 from onetrainer.sampling.clip import SampleClip
+from onetrainer.sampling.clip_files import read_clip
 from onetrainer.tiny import tiny_model_dir
 from tests.data.test_video_concepts import write_clip
 from tests.helpers import (
@@ -175,8 +176,9 @@ def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
         (16, 2),
         (16, 2),
     ]  # the still (1 frame), the clips' windows (5 frames)
-    samples = list((root / "workspace" / "samples").rglob("*.jpg"))
-    assert len(samples) == 1 and Image.open(samples[0]).size == (64, 48)  # the clip's first frame, for now
+    [sample] = (root / "workspace" / "samples").rglob("*.mp4")  # the sample's clip, in the default video format
+    clip = read_clip(sample)
+    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_run):
@@ -362,13 +364,14 @@ def test_an_embedding_trains_on_umt5_and_prompts_the_pipeline_as_ours(tmp_path):
     assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-5)
 
 
-def test_scripts_sample_writes_a_clips_first_frame_for_now(tmp_path):
-    """`scripts/sample.py` renders through the same `render`; until the clip formats come, a video sample is saved as
-    its first frame (`sampler.still_of`)."""
+def test_scripts_sample_writes_a_clip(tmp_path):
+    """`scripts/sample.py` renders through the same `render`: a video sample is written as a clip, here a GIF named
+    by the output's suffix, of the frames asked."""
     from onetrainer.cli.sample import EXIT_OK, main
 
-    output = tmp_path / "cat.png"
+    output = tmp_path / "cat.gif"
     argv = ["--model-type", "WAN_2_1", "--base-model", "tiny:wan21", "--prompt", "a cat", "--width", "64",
-            "--height", "48", "--steps", "2", "--output", str(output)]  # fmt: skip
+            "--height", "48", "--steps", "2", "--frames", "5", "--output", str(output)]  # fmt: skip
     assert main(argv) == EXIT_OK
-    assert Image.open(output).size == (64, 48)
+    clip = read_clip(output)
+    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)

@@ -117,9 +117,19 @@ def test_the_sampling_tool_renders_and_plays_a_video_model_types_clips(app, tmp_
         window = app.select_tab("tools").open_tool("sampling")
         try:
             choose_in_menu(window.model_type, "Tiny video DiT")
-            values = {"base_model": video_family.BASE_MODEL, "prompt": "a red shape", "width": "64",
-                      "height": "64", "steps": "2", "count": "1", "device": "cpu", "frames": "8",
-                      "output": str(tmp_path / "out")}  # fmt: skip
+            values = {
+                "base_model": video_family.BASE_MODEL,
+                "prompt": "a red shape",
+                "width": "64",
+                "height": "64",
+                "steps": "2",
+                "count": "1",
+                "device": "cpu",
+                "frames": "8",
+                "output": str(tmp_path / "out"),
+                "lora": "",  # neither the LoRA nor the seed of a config an earlier test left in the app
+                "seed": "42",
+            }
             for key, value in values.items():
                 window.entries[key].delete(0, "end")
                 window.entries[key].insert(0, value)
