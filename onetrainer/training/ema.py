@@ -15,10 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a DTensor, a view that writes through to it (a plain tensor is its own)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+from onetrainer.training.sharding import local_shard
 
 
 class EMA:
@@ -29,7 +26,7 @@ class EMA:
         self.device = device
         self.updates = 0
         self.sharded = any(hasattr(p, "to_local") for p in params)
-        self.shadow = [_local(p).detach().to(device, torch.float32, copy=True) for p in params]
+        self.shadow = [local_shard(p).detach().to(device, torch.float32, copy=True) for p in params]
 
     def current_decay(self) -> float:
         return min((1 + self.updates) / (10 + self.updates), self.decay)
@@ -41,26 +38,26 @@ class EMA:
             return False
         decay = self.current_decay()
         for shadow, param in zip(self.shadow, self.params):
-            shadow.mul_(decay).add_(_local(param).detach().to(shadow.device, torch.float32), alpha=1.0 - decay)
+            shadow.mul_(decay).add_(local_shard(param).detach().to(shadow.device, torch.float32), alpha=1.0 - decay)
         self.updates += 1
         return True
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
         """Use the averaged weights inside the block (sampling, saving), the trained ones after it."""
-        saved = [_local(p).detach().clone() for p in self.params]
+        saved = [local_shard(p).detach().clone() for p in self.params]
         self.copy_to_params()
         try:
             yield
         finally:
             with torch.no_grad():
                 for param, value in zip(self.params, saved):
-                    _local(param).copy_(value)
+                    local_shard(param).copy_(value)
 
     @torch.no_grad()
     def copy_to_params(self) -> None:
         for shadow, param in zip(self.shadow, self.params):
-            local = _local(param)
+            local = local_shard(param)
             local.copy_(shadow.to(local.device, local.dtype))
 
     def state_dict(self) -> dict:
@@ -92,8 +89,8 @@ class EMA:
         from torch.distributed.tensor import distribute_tensor
 
         # Every process holds the full tensor: each keeps its share, nothing is sent (src_data_rank None).
-        placed = full.to(param.device, param.dtype if param.dtype.is_floating_point else full.dtype)
-        return distribute_tensor(placed.float(), param.device_mesh, param.placements, src_data_rank=None).to_local()
+        placed = full.to(param.device, torch.float32)  # the average stays float32, whatever the weights' dtype
+        return distribute_tensor(placed, param.device_mesh, param.placements, src_data_rank=None).to_local()
 
     # -- a sharded average in DCP's shards ----------------------------------------------------------------------------
     def shard_state(self) -> dict[str, torch.Tensor]:
@@ -110,7 +107,7 @@ class EMA:
 
     def load_shards(self, state: dict[str, torch.Tensor]) -> None:
         """Take the averaged weights DCP read into `shard_state`'s DTensors."""
-        self.shadow = [_local(state[str(i)]).to(self.device, torch.float32) for i in range(len(self.params))]
+        self.shadow = [local_shard(state[str(i)]).to(self.device, torch.float32) for i in range(len(self.params))]
 
     def whole_targets(self) -> dict[str, torch.Tensor]:
         """An unsharded average's weights by the names `shard_state` writes, for DCP to read a sharded backup's average

@@ -210,9 +210,9 @@ class ShardedParts:
         moments = [v for p in trained for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
         moments = [v for v in moments if v.dim() > 0]  # not the step counts
         return ShardSizes(
-            sum(_local(p).numel() for p in trained),
+            sum(local_shard(p).numel() for p in trained),
             sum(p.numel() for p in trained),
-            sum(_local(v).numel() for v in moments),
+            sum(local_shard(v).numel() for v in moments),
             sum(v.numel() for v in moments),
         )
 
@@ -265,8 +265,8 @@ def _load_shards(
         set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a DTensor (a plain tensor is its own)."""
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor, a view that writes through to it (a plain tensor is its own)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
