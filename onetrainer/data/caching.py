@@ -18,7 +18,7 @@ import torch
 from onetrainer.data.cache import DiskCache, cache_key, model_identity
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData
+from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData, stack_masks
 from onetrainer.families.base import Conditioning, PartRole
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def _encode_latents(data, family, model, missing, with_masks, report: CacheRepor
             pixels = torch.stack([s.pixels for s in loaded])
             with torch.no_grad():
                 latents = family.encode_images(model, pixels).float().cpu()
-                masks = torch.stack([s.mask for s in loaded]) if with_masks else None
+                masks = stack_masks([s.mask for s in loaded]) if with_masks else None
                 if data.with_depth:
                     extra = family.cache_extras(model, pixels, masks, depths=[s.depth for s in loaded])
                 else:

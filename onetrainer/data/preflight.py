@@ -47,6 +47,8 @@ class ConceptReport:
     resized_masks: list[str] = field(default_factory=list)
     clips_need_video: list[str] = field(default_factory=list)  # skipped: the model type trains images
     short_clips: list[str] = field(default_factory=list)  # "clip: N frames of M: what was done"
+    # mask clips not used, as their frame count is not their clip's: "mask clip: N frames, its clip M"
+    mismatched_mask_clips: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
     buckets: list[BucketRow] = field(default_factory=list)
@@ -89,6 +91,8 @@ class PreflightReport:
                     lines.append(f"  {label}: {len(items)}: {_names(items)}")
             for line in c.short_clips:
                 lines.append(f"  short clip: {line}")
+            for line in c.mismatched_mask_clips:
+                lines.append(f"  mask clip not used (frame counts differ; its mask picture, else none): {line}")
             for path, reason in c.unreadable:
                 lines.append(f"  unreadable, skipped: {path} ({reason})")
             for problem in c.problems:
@@ -194,6 +198,7 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         resized_masks=[str(p) for p in scan.resized_masks],
         clips_need_video=[str(p) for p in scan.clips_need_video],
         short_clips=[f"{p.name}: {n} frames of {wanted}, {done}" for p, n, wanted, done in scan.short_clips],
+        mismatched_mask_clips=[f"{p.name}: {n} frames, its clip {m}" for p, n, m in scan.mismatched_mask_clips],
         problems=list(scan.problems),
         warnings=[*scan.caption_warnings, *scan.image_warnings],
         held_out=[str(e.path) for e in data.held_out.get(scan.index, [])] if data is not None else [],

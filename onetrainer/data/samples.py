@@ -24,6 +24,7 @@ from onetrainer.data.buckets import cover_size
 from onetrainer.data.images import open_mask, open_rgb
 from onetrainer.data.plan import PlannedSample, hash_seed
 from onetrainer.data.scan import ImageEntry
+from onetrainer.data.video import is_mask_clip
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class LoadedSample:
     pixels: torch.Tensor  # [3, H, W] in [-1, 1]; on a video model type [3, F, H, W] (F = the bucket's frames)
-    mask: torch.Tensor | None  # [1, H, W] in [0, 1], white = train (one for a whole clip)
+    # [1, H, W] in [0, 1], white = train (one for a whole clip); a clip with a mask clip: [1, F, H, W], one per frame
+    mask: torch.Tensor | None
     original_size: tuple[int, int]  # (height, width) before scaling
     crop_offset: tuple[int, int]  # (top, left) in the scaled image
     # the image's reference images, each [3, h, w] in [-1, 1] at its own size, cropped, flipped and turned as the image
@@ -67,14 +69,16 @@ def load_sample(
     share of each cropped away, the same flip and rotation; their colours untouched); `with_depth`: also its depth map
     file, moved exactly as the image is."""
     rng = image_rng(concept, planned, entry)
-    frames = [open_rgb(entry.path)] if entry.clip is None else _clip_frames(entry, planned, concept)
+    indexes = window_of(entry, planned, concept) if entry.clip is not None else None
+    frames = [open_rgb(entry.path)] if indexes is None else _decode(entry.path, indexes)
     size = frames[0].size
     mask = None
+    frame_masks = None  # a mask clip's frames, one per frame of the window
     if with_mask:
-        if entry.mask is not None:
-            mask = open_mask(entry.mask)
-            if mask.size != size:
-                mask = mask.resize(size, Image.Resampling.BILINEAR)
+        if entry.mask is not None and indexes is not None and is_mask_clip(entry.mask):
+            frame_masks = [_fit(m.convert("L"), size) for m in _decode(entry.mask, indexes)]
+        elif entry.mask is not None:
+            mask = _fit(open_mask(entry.mask), size)
         else:
             mask = Image.new("L", size, 255)  # no mask: the whole image trains
     if not entry.frames:
@@ -83,22 +87,38 @@ def load_sample(
             loaded.depth = _moved_depth(entry, frames[0].size, mask, planned, concept)
         return loaded
     # A clip (or a still on a video model type): every frame takes the same draws, from a copy of the generator's state.
+    # With a mask clip the mask-driven crops (`circular_mask_shrink`, `random_mask_rotate_crop`) are drawn on the union
+    # of the window's mask frames, so every frame (and its mask) is cut alike.
+    guide = _union(frame_masks) if frame_masks is not None else None
     state = rng.getstate()
     loaded = []
-    for frame in frames:
+    for number, frame in enumerate(frames):
         draws = random.Random()
         draws.setstate(state)
-        loaded.append(_load_image(frame, mask, entry, planned, concept, draws, False))
+        own = frame_masks[number] if frame_masks is not None else mask
+        loaded.append(_load_image(frame, own, entry, planned, concept, draws, False, guide))
     pixels = torch.stack([one.pixels for one in loaded], dim=1)
     first = loaded[0]
-    return LoadedSample(pixels, first.mask, first.original_size, first.crop_offset)
+    if frame_masks is None:
+        return LoadedSample(pixels, first.mask, first.original_size, first.crop_offset)
+    return LoadedSample(
+        pixels, torch.stack([one.mask for one in loaded], dim=1), first.original_size, first.crop_offset
+    )
 
 
-def _clip_frames(entry: ImageEntry, planned: PlannedSample, concept) -> list[Image.Image]:
-    """The frames of the entry's window this sample trains (its start drawn from the variation for RANDOM windows)."""
+def _decode(path, indexes: list[int]) -> list[Image.Image]:
     from onetrainer.data.video import decode_frames
 
-    return decode_frames(entry.path, window_of(entry, planned, concept))
+    return decode_frames(path, indexes)
+
+
+def _fit(mask: Image.Image, size: tuple[int, int]) -> Image.Image:
+    return mask if mask.size == size else mask.resize(size, Image.Resampling.BILINEAR)
+
+
+def _union(masks: list[Image.Image]) -> Image.Image:
+    """The brightest value of each pixel over the masks: what any of them trains."""
+    return Image.fromarray(np.max(np.stack([np.asarray(m) for m in masks]), axis=0).astype(np.uint8), "L")
 
 
 def window_of(entry: ImageEntry, planned: PlannedSample, concept) -> list[int]:
@@ -109,19 +129,33 @@ def window_of(entry: ImageEntry, planned: PlannedSample, concept) -> list[int]:
     return window_indexes(entry.clip, entry.frames, entry.window, concept, rng)
 
 
-def _load_image(image, mask, entry, planned, concept, rng: random.Random, with_references: bool) -> LoadedSample:
-    """One picture (an image, or a frame of a clip) scaled to cover the bucket, cropped and augmented by `rng`."""
+def _load_image(
+    image, mask, entry, planned, concept, rng: random.Random, with_references: bool, guide=None
+) -> LoadedSample:
+    """One picture (an image, or a frame of a clip) scaled to cover the bucket, cropped and augmented by `rng`.
+    `guide`: the mask the mask-driven crops are drawn on, where it is not `mask` itself (a mask clip's union)."""
     from onetrainer.data.image_augment import augment_image, circular_mask_shrink, random_mask_rotate_crop
 
     original = (image.height, image.width)
     settings = concept.image
     # OneTrainer's order: mask-driven crops first, then the bucket's scale and crop, then the augmentations.
-    if mask is not None and settings.enable_random_circular_mask_shrink:
-        mask = circular_mask_shrink(mask, rng)
-    if mask is not None and settings.enable_random_mask_rotate_crop:
-        image, mask = random_mask_rotate_crop(
-            image, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
-        )
+    if guide is None:
+        if mask is not None and settings.enable_random_circular_mask_shrink:
+            mask = circular_mask_shrink(mask, rng)
+        if mask is not None and settings.enable_random_mask_rotate_crop:
+            image, mask = random_mask_rotate_crop(
+                image, mask, rng, min_size=min(planned.bucket.width, planned.bucket.height)
+            )
+    else:
+        if settings.enable_random_circular_mask_shrink:
+            guide = circular_mask_shrink(guide, rng)  # the disc cut from the union; each frame's mask inside it
+            mask = Image.fromarray(np.where(np.asarray(guide) > 0, np.asarray(mask), 0).astype(np.uint8), "L")
+        if settings.enable_random_mask_rotate_crop:
+            state, size = rng.getstate(), min(planned.bucket.width, planned.bucket.height)
+            image, _ = random_mask_rotate_crop(image, guide, rng, min_size=size)
+            again = random.Random()
+            again.setstate(state)  # the same draws on the same guide: the mask turned and cut as the frame
+            mask, _ = random_mask_rotate_crop(mask, guide, again, min_size=size)
     scaled, box = _scale_and_crop(image.size, planned, settings, rng)
     image = image.resize(scaled, Image.Resampling.BICUBIC).crop(box)
     if mask is not None:

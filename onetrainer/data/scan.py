@@ -78,6 +78,9 @@ class ConceptScan:
     # clips shorter than their concept's frames per clip: (clip, its frames at the target rate, the frames per clip,
     # what was done: "trained at N frames", "padded with its last frame" or "skipped")
     short_clips: list[tuple[Path, int, int, str]] = field(default_factory=list)
+    # mask clips whose frame count is not their clip's: (mask clip, its frames, the clip's frames); not used, the clip
+    # takes its mask picture if it has one, else it trains whole
+    mismatched_mask_clips: list[tuple[Path, int, int]] = field(default_factory=list)
     caption_warnings: list[str] = field(default_factory=list)
     image_warnings: list[str] = field(default_factory=list)  # used, but probably not what the user meant
     problems: list[str] = field(default_factory=list)  # the concept as a whole: folder missing, empty, …
@@ -205,19 +208,37 @@ def _scan_clip(path: Path, index: int, concept, shared: tuple[str, ...], masked:
     if not plan.bucket:
         return
     captions = _captions_of(path, concept, shared, scan)
-    mask = mask_path_of(path)
-    if mask.is_file():
-        mask_size = _image_size(mask, None)
-        if mask_size is not None and mask_size != (header.width, header.height):
-            scan.resized_masks.append(mask)
-    else:
-        mask = None
-        if masked:
-            scan.missing_masks.append(path)
+    mask = _clip_mask(path, header, scan)
+    if mask is None and masked:
+        scan.missing_masks.append(path)
     mark = fingerprint(path)
     for window in range(plan.windows):
         entry = ImageEntry(path, index, header.width, header.height, captions, mask, mark, (), plan.bucket, window)
         scan.images.append(replace(entry, clip=header))
+
+
+def _clip_mask(path: Path, header: clips.ClipHeader, scan: ConceptScan) -> Path | None:
+    """The clip's mask: its mask clip where its frame count is the clip's (else named in `mismatched_mask_clips`), else
+    its mask picture, else None; one of another size is named in `resized_masks` (it is scaled to the clip's)."""
+    mask_clip = clips.mask_clip_of(path)
+    if mask_clip is not None:
+        try:
+            mask_header = clips.clip_header(mask_clip)
+        except clips.UnreadableClip as e:  # the clip itself trains: a warning, not an unreadable training file
+            scan.image_warnings.append(f"{mask_clip}: the mask clip cannot be read ({e}); not used")
+        else:
+            if mask_header.frames == header.frames:
+                if (mask_header.width, mask_header.height) != (header.width, header.height):
+                    scan.resized_masks.append(mask_clip)
+                return mask_clip
+            scan.mismatched_mask_clips.append((mask_clip, mask_header.frames, header.frames))
+    mask = mask_path_of(path)
+    if not mask.is_file():
+        return None
+    mask_size = _image_size(mask, None)
+    if mask_size is not None and mask_size != (header.width, header.height):
+        scan.resized_masks.append(mask)
+    return mask
 
 
 def _count(n: int, word: str) -> str:

@@ -46,7 +46,8 @@ class Batch:
     original_sizes: list[tuple[int, int]]  # (height, width) of each image before scaling
     crop_offsets: list[tuple[int, int]]  # (top, left) of the crop in the scaled image
     pixels: torch.Tensor | None = None  # [B, 3, H, W] in [-1, 1] (None when the latents come from the cache)
-    masks: torch.Tensor | None = None  # [B, 1, H, W] in [0, 1]
+    # [B, 1, H, W] in [0, 1]; [B, 1, F, H, W] where a clip of the batch has a mask clip (`stack_masks`)
+    masks: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # cached latents [B, C, h, w]
     cached_extras: dict[str, torch.Tensor] = field(default_factory=dict)  # the family's cached extras, stacked
     # each sample's reference images ([3, h, w] in [-1, 1]), where the family learns from them
@@ -250,7 +251,7 @@ class TrainingData:
             batch.original_sizes = [tuple(c["original_size"].tolist()) for c in cached]
             batch.crop_offsets = [tuple(c["crop_offset"].tolist()) for c in cached]
             if with_masks:
-                batch.masks = torch.stack([c["mask"] for c in cached])
+                batch.masks = stack_masks([c["mask"] for c in cached])
             names = [k for k in cached[0] if k.startswith(EXTRA_PREFIX)]
             batch.cached_extras = {k[len(EXTRA_PREFIX) :]: _stack(k, [c[k] for c in cached]) for k in names}
             if self.text_with_references and not text_cached:  # the text encoder reads them with the caption each step
@@ -265,7 +266,7 @@ class TrainingData:
         batch.original_sizes = [s.original_size for s in loaded]
         batch.crop_offsets = [s.crop_offset for s in loaded]
         if with_masks:
-            batch.masks = torch.stack([s.mask for s in loaded])
+            batch.masks = stack_masks([s.mask for s in loaded])
         return batch
 
     def _caption(self, sample: PlannedSample, variation: int) -> str:
@@ -338,6 +339,15 @@ class TrainingData:
             except (OSError, ValueError, SyntaxError) as e:
                 problems.append(f"{entry.path}: cannot be decoded ({e}); another image of the batch is used instead")
         raise DatasetError(f"no image of a batch could be decoded: {[str(self.images[s.image].path) for s in batch]}")
+
+
+def stack_masks(masks: list[torch.Tensor]) -> torch.Tensor:
+    """A batch's masks: [B, 1, H, W]; where one is a mask clip's ([1, F, H, W]) the clips' one masks are repeated over
+    their F frames, so the batch is [B, 1, F, H, W] (a batch holds one frame count)."""
+    if all(mask.dim() == 3 for mask in masks):
+        return torch.stack(masks)
+    frames = next(mask.shape[1] for mask in masks if mask.dim() == 4)
+    return torch.stack([mask if mask.dim() == 4 else mask[:, None].expand(-1, frames, -1, -1) for mask in masks])
 
 
 def _mask_fingerprint(entry: ImageEntry) -> str | None:

@@ -16,6 +16,14 @@ How a clip becomes windows, per concept (`ConceptVideoConfig`):
 - a clip shorter than its bucket is named in the scan and, per `short_clips`, trained in the longest bucket it fills,
   padded to the bucket with its last frame, or skipped.
 
+A clip's mask is either one picture for every frame (`<stem>-masklabel.png`, as an image's) or a mask clip
+(`<stem>-masklabel.mp4`, or another of `VIDEO_EXTENSIONS`; `mask_clip_of`) of the same frame count: its frames are
+resampled and windowed by the very indexes of the clip's (`window_indexes`), so each window's mask frames are those of
+its frames (white = train, as an image's mask). A mask clip wins over a mask picture beside it. A mask clip whose
+header counts other frames than its clip's is named in the scan (`ConceptScan.mismatched_mask_clips`) and not used:
+the clip falls back to its mask picture if it has one, else it trains whole (as an image without a mask does). The loss
+pools the mask frames into the latent frames (`noise/losses.latent_masks`).
+
 The scan reads container headers only (frame count, rate, size: `clip_header`); frames are decoded when a sample is
 loaded (`decode_frames`), with PyAV (FFmpeg's libraries in the `av` wheel, no system ffmpeg).
 """
@@ -43,6 +51,23 @@ def is_clip(path: Path) -> bool:
 def list_clips(folder: Path, include_subdirectories: bool = False) -> list[Path]:
     pattern = folder.rglob("*") if include_subdirectories else folder.glob("*")
     return sorted(p for p in pattern if p.is_file() and is_clip(p))
+
+
+def mask_clip_of(clip: Path) -> Path | None:
+    """The clip's mask clip beside it (`<stem>-masklabel` with the clip's own extension first, then the others), or
+    None."""
+    from onetrainer.data.images import MASK_SUFFIX
+
+    suffixes = [clip.suffix] + [ext for ext in VIDEO_EXTENSIONS if ext != clip.suffix.lower()]
+    for suffix in suffixes:
+        candidate = clip.with_name(f"{clip.stem}{MASK_SUFFIX}{suffix}")
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def is_mask_clip(path: Path) -> bool:
+    return path.suffix.lower() in VIDEO_EXTENSIONS
 
 
 @dataclass(frozen=True)

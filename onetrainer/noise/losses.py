@@ -48,14 +48,33 @@ def _log_cosh(diff: torch.Tensor) -> torch.Tensor:
     return diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(torch.tensor(2.0))
 
 
-def latent_masks(masks: torch.Tensor, latent_shape: torch.Size) -> torch.Tensor:
+def latent_masks(masks: torch.Tensor, latent_shape: torch.Size, counts=None) -> torch.Tensor:
     """Pixel masks at the latents' size, by area: [B, 1, H, W] → [B, 1, h, w] for image latents [B, C, h, w]; for a
     video's latents [B, C, f, h, w] a sample's one mask ([B, 1, H, W]) weighs every latent frame alike
-    ([B, 1, 1, h, w]), and per-frame masks ([B, 1, F, H, W]) are averaged over the frames each latent frame holds."""
+    ([B, 1, 1, h, w]), and per-frame masks ([B, 1, F, H, W]) are pooled over the frames each latent frame holds.
+
+    Which frames a latent frame holds follows the family's VAE (`counts`, a `FrameCounts`: `step`·k + `offset`; by
+    default the causal VAEs' 4k + 1): latent frame 0 ← frames 0 … offset-1, latent frame k ≥ 1 ← the `step` frames
+    offset + (k-1)·step … offset + k·step - 1 (Wan: 0 ← 0; k ← 4k-3 … 4k). The pooling is the mean (as the area pooling
+    of the pixels is), so a latent frame whose object shows in two of its four frames weighs half; frame counts that do
+    not match that layout (e.g. a test's) are pooled by area over time."""
     if len(latent_shape) == 4 or masks.dim() == 4:
         small = F.interpolate(masks, size=tuple(latent_shape[-2:]), mode="area")
         return small if len(latent_shape) == 4 else small[:, :, None]
-    return F.interpolate(masks, size=tuple(latent_shape[-3:]), mode="area")
+    groups = _frame_groups(masks.shape[2], latent_shape[2], counts)
+    if groups is None:
+        return F.interpolate(masks, size=tuple(latent_shape[-3:]), mode="area")
+    pooled = torch.stack([masks[:, :, start:end].mean(dim=2) for start, end in groups], dim=2)
+    return F.interpolate(pooled, size=tuple(latent_shape[-3:]), mode="area")
+
+
+def _frame_groups(frames: int, latent_frames: int, counts) -> list[tuple[int, int]] | None:
+    """The [start, end) frames each latent frame holds, per `latent_masks`; None when `frames` is not the count the VAE
+    turns into `latent_frames`."""
+    step, offset = (counts.step, counts.offset) if counts is not None else (4, 1)
+    if frames != offset + (latent_frames - 1) * step:
+        return None
+    return [(0, offset)] + [(offset + (k - 1) * step, offset + k * step) for k in range(1, latent_frames)]
 
 
 def mask_weights(masks: torch.Tensor, keep_unmasked: torch.Tensor, unmasked_weight: float) -> torch.Tensor:

@@ -31,6 +31,11 @@ def report_scan(data: TrainingData, config: TrainConfig, warn: Say, status: Say)
             warn(f"{path}: skipped ({reason})")
         for path in scan.resized_masks:
             warn(f"{path}: the mask's size differs from its image; it is resized")
+        for path, frames, wanted in scan.mismatched_mask_clips:
+            warn(
+                f"{path}: the mask clip has {frames} frames, its clip {wanted}; not used (the clip's mask picture, "
+                "else none)"
+            )
         for text in [*scan.caption_warnings, *scan.image_warnings]:
             warn(text)
         if scan.missing_captions:

@@ -541,7 +541,7 @@ class Trainer:
         sample_weights = batch.loss_weights.to(self.device)
         weights = None
         if config.masked_training and batch.masks is not None:
-            small = latent_masks(batch.masks, latents.shape).to(self.device)
+            small = latent_masks(batch.masks, latents.shape, family.info.video).to(self.device)
             weights = mask_weights(small, keep_unmasked.to(self.device), config.unmasked_weight)
         prior = [t is ConceptType.PRIOR_PREDICTION for t in batch.concept_types]
         rows = (-1,) + (1,) * (latents.dim() - 1)
