@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 TINY_PREFIX = "tiny:"
 DEMO_IMAGES = "images"  # `tiny:images`: the demo's generated concept folder
+DEMO_CLIPS = "clips"  # `tiny:clips`: generated clips (moving shapes) and a still, for the video try-it
 
 _PART_WORDS = {"decoder": "decoder", "effnet_encoder": "EfficientNet encoder"}
 
@@ -35,13 +36,14 @@ def unknown_tiny_reason(name: str) -> str:
     from onetrainer.tiny.registry import TINY_VARIANTS
 
     what = name.strip()[len(TINY_PREFIX) :]
-    if what == DEMO_IMAGES or what in TINY_VARIANTS:
+    if what in (DEMO_IMAGES, DEMO_CLIPS) or what in TINY_VARIANTS:
         return ""
     return f"unknown tiny model '{what}'; available: {', '.join(TINY_VARIANTS)}"
 
 
 def _build(name: str) -> Path:
-    """The local folder of a `tiny:` name (models: `tiny:<variant>`; the demo images: `tiny:images`), built once.
+    """The local folder of a `tiny:` name (models: `tiny:<variant>`; the demo images: `tiny:images`, clips:
+    `tiny:clips`), built once.
 
     Raises ModelNotFound for an unknown one."""
     reason = unknown_tiny_reason(name)
@@ -52,6 +54,10 @@ def _build(name: str) -> Path:
         from onetrainer.tiny.images import demo_images_dir
 
         return demo_images_dir(cache_root())
+    if what == DEMO_CLIPS:
+        from onetrainer.tiny.clips import demo_clips_dir
+
+        return demo_clips_dir(cache_root())
     from onetrainer.tiny.storage import tiny_model_dir
 
     return tiny_model_dir(what)
@@ -160,6 +166,7 @@ class TinySource:
 register_source(TINY_PREFIX, TinySource())
 
 __all__ = [
+    "DEMO_CLIPS",
     "DEMO_IMAGES",
     "TINY_PREFIX",
     "TinySource",
