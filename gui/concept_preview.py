@@ -25,7 +25,18 @@ from onetrainer.data.images import (
     reference_paths_of,
 )
 from onetrainer.data.scan import CLIPS_NEED_VIDEO, FirstUsable, ReferenceRule, first_usable_image
-from onetrainer.data.video import ClipHeader, UnreadableClip, VideoRule, clip_header, is_clip, list_clips
+from onetrainer.data.video import (
+    ClipCensus,
+    ClipHeader,
+    UnreadableClip,
+    VideoRule,
+    clip_header,
+    is_clip,
+    list_clips,
+)
+from onetrainer.data.video import (
+    duration_text as duration_text,  # re-exported: the statistics show durations as the preflight does
+)
 
 IMAGE_AUGMENT_MISSING = "The augmentation preview is not available yet (onetrainer.data.image_augment is missing)."
 TEXT_AUGMENT_MISSING = "The caption preview is not available yet (onetrainer.data.text_augment is missing)."
@@ -234,49 +245,12 @@ def _at_most(image: Image.Image, limit: int) -> Image.Image:
     return image
 
 
-@dataclass
-class ClipCensus:
-    """A concept's clips counted from their headers: the readable ones with their frames and seconds (a clip without
-    a rate adds none), the windows they give on a video model type (the scan's samples from clips; 0 on an image
-    one), and the unreadable ones named with why."""
-
-    clips: int = 0
-    frames: int = 0
-    seconds: float = 0.0
-    windows: int = 0
-    unreadable: list[tuple[Path, str]] = field(default_factory=list)
-
-
 def clip_census(concept: ConceptConfig, rule: VideoRule | None = None) -> ClipCensus:
     """The census of the concept's clips (its folder's, as the scan lists them) under the model type's `rule`
-    (`clip_rule`; None: an image model type); reads headers only."""
-    from onetrainer.data.video import plan_clip
+    (`clip_rule`; None: an image model type); reads headers only. The core is `data.video.clip_census`, which the
+    CLI's preflight report counts with too."""
+    from onetrainer.data.video import clip_census as census_of
 
-    census = ClipCensus()
     if not concept.path.strip():
-        return census
-    folder = concept_folder(concept.path)
-    if not folder.is_dir():
-        return census
-    for path in list_clips(folder, concept.include_subdirectories):
-        try:
-            header = clip_header(path)
-        except UnreadableClip as e:
-            census.unreadable.append((path, str(e)))
-            continue
-        census.clips += 1
-        census.frames += header.frames
-        census.seconds += header.frames / header.fps if header.fps > 0 else 0.0
-        if rule is not None:
-            census.windows += plan_clip(header, concept, rule).windows
-    return census
-
-
-def duration_text(seconds: float) -> str:
-    """Seconds as a person reads them: 4.2 s, 3 min 05 s, 1 h 02 min."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+        return ClipCensus()
+    return census_of(concept_folder(concept.path), concept, rule)

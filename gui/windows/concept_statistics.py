@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import customtkinter as ctk
 
 from gui.background import BackgroundJob, BackgroundResult, run_in_background
-from gui.concept_preview import ClipCensus, clip_census, clip_rule, concept_folder
+from gui.concept_preview import ClipCensus, concept_folder
 from gui.preflight_view import PREFLIGHT_MISSING, ConceptStatistics, concept_statistics
 from gui.widgets.bar_chart import BarChart
 from onetrainer.config import pack
@@ -32,13 +32,11 @@ def _preflight(config: Any) -> Any:
 
 
 def _report_and_clips(config: Any, index: int) -> tuple[Any, ClipCensus | None]:
-    """The preflight report and the census of concept `index`'s clips (None: no such concept)."""
+    """The preflight report and the census of concept `index`'s clips, as the report counted them (the same
+    `data.video.clip_census` the CLI's preflight prints; None: the concept is not in the report, as it is disabled)."""
     report = _preflight(config)
-    concepts = config.concepts or []
-    if index >= len(concepts):
-        return report, None
-    rule, _ = clip_rule(config)  # the report names a frames-per-clip error itself
-    return report, clip_census(concepts[index], rule)
+    entry = next((c for c in report.concepts if c.index == index), None)
+    return report, entry.clips if entry is not None else None
 
 
 class StatisticsPane:

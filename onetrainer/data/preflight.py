@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from onetrainer.config.model_types import model_type_info
 from onetrainer.data.scan import CLIPS_NEED_VIDEO
 from onetrainer.data.training_data import DatasetError, TrainingData
+from onetrainer.data.video import ClipCensus, clip_census
 
 if TYPE_CHECKING:
     from onetrainer.config import TrainConfig
@@ -53,6 +54,9 @@ class ConceptReport:
     warnings: list[str] = field(default_factory=list)  # long captions, tiny images, non-UTF-8 captions
     buckets: list[BucketRow] = field(default_factory=list)
     held_out: list[str] = field(default_factory=list)  # images set aside for validation (`validation_holdout`)
+    # the concept's clips counted from their headers (`video.clip_census`, as the app's statistics count them): clips,
+    # frames, duration, the windows they give on a video model type (among `images`), the unreadable ones
+    clips: ClipCensus = field(default_factory=ClipCensus)
 
 
 @dataclass
@@ -73,7 +77,14 @@ class PreflightReport:
             kind = "" if c.trained else " (validation)"
             lines.append(f"Concept '{c.name}'{kind}: {c.folder}")
             held = f" ({len(c.held_out)} held out for validation, not trained: {_names(c.held_out)})"
-            lines.append(f"  images: {c.images}" + (held if c.held_out else ""))
+            # `images` counts each clip window as a sample: the images line counts the images (and stills) alone
+            lines.append(f"  images: {c.images - c.clips.windows}" + (held if c.held_out else ""))
+            if c.clips.clips or c.clips.unreadable:
+                lines.append(f"  clips: {c.clips.text()}")
+            named = {path for path, _ in c.unreadable}  # a video model type's scan names its unreadable clips
+            for path, reason in c.clips.unreadable:
+                if str(path) not in named:
+                    lines.append(f"  unreadable clip: {path} ({reason})")
             if c.with_depth is not None:
                 estimated = c.images - c.with_depth
                 lines.append(
@@ -151,7 +162,7 @@ def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
             scans = scan_concepts(config, resolve)
         except ValueError:  # the run's frames per clip is not a count: the error says so
             scans = []
-        report = PreflightReport([_concept_report(s, None, None) for s in scans])
+        report = PreflightReport([_concept_report(s, None, None, config) for s in scans])
         report.errors.append(str(e))
         return report
     plan = data.plan(0)
@@ -165,7 +176,7 @@ def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
         for concept in {data.images[s.image].concept for s in batch}
     )
     report = PreflightReport(
-        [_concept_report(s, data, samples_by_concept.get(s.index, [])) for s in data.scans],
+        [_concept_report(s, data, samples_by_concept.get(s.index, []), config) for s in data.scans],
         steps_per_epoch=data.steps_in_epoch(0),
         total_steps=data.total_steps(),
         fillers=[str(data.images[i].path) for i in plan.fillers],
@@ -181,7 +192,7 @@ def preflight_report(config: TrainConfig, resolve=None) -> PreflightReport:
     return report
 
 
-def _concept_report(scan, data: TrainingData | None, samples: list | None) -> ConceptReport:
+def _concept_report(scan, data: TrainingData | None, samples: list | None, config=None) -> ConceptReport:
     report = ConceptReport(
         index=scan.index,
         name=scan.name,
@@ -203,6 +214,8 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
         warnings=[*scan.caption_warnings, *scan.image_warnings],
         held_out=[str(e.path) for e in data.held_out.get(scan.index, [])] if data is not None else [],
     )
+    if config is not None:
+        report.clips = clip_census(scan.folder, config.concepts[scan.index], _video_rule(config))
     if samples:
         by_bucket: dict[str, list] = defaultdict(list)
         for sample in samples:
@@ -211,6 +224,17 @@ def _concept_report(scan, data: TrainingData | None, samples: list | None) -> Co
             real = {s.image for s in items if not s.filler}
             report.buckets.append(BucketRow(bucket, len(real), 0, sum(1 for s in items if s.filler), 0))
     return report
+
+
+def _video_rule(config: TrainConfig):
+    """The model type's clip rule (`scan.video_rule`); None where the frames per clip is not a count (the report's
+    error names it) or the model type trains images."""
+    from onetrainer.data.scan import video_rule
+
+    try:
+        return video_rule(config)
+    except ValueError:
+        return None
 
 
 def _count_cache(report: PreflightReport, data: TrainingData, config: TrainConfig) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -282,3 +282,57 @@ def _decode_seeking(path: Path, wanted: set[int]) -> dict | None:
             if number in wanted:
                 found[number] = _upright(frame)
     return found if len(found) == len(wanted) else None
+
+
+@dataclass
+class ClipCensus:
+    """A concept's clips counted from their headers: the readable ones with their frames and seconds (a clip without
+    a rate adds none), the windows they give on a video model type (the scan's samples from clips; 0 on an image
+    one), and the unreadable ones named with why. The app's statistics and the CLI's preflight report show it."""
+
+    clips: int = 0
+    frames: int = 0
+    seconds: float = 0.0
+    windows: int = 0
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        """One line: "3 clips, 51 frames, 6.4 s, 3 windows (samples)" (no windows on an image model type)."""
+        parts = [_plural(self.clips, "clip"), _plural(self.frames, "frame"), duration_text(self.seconds)]
+        if self.windows:
+            parts.append(f"{_plural(self.windows, 'window')} (samples)")
+        return ", ".join(parts)
+
+
+def clip_census(folder: Path, concept, rule: VideoRule | None = None) -> ClipCensus:
+    """The census of the clips in `folder` (as the scan lists them, with the concept's `include_subdirectories`) under
+    the model type's `rule` (None: an image model type, no windows); reads headers only."""
+    census = ClipCensus()
+    if not folder.is_dir():
+        return census
+    for path in list_clips(folder, concept.include_subdirectories):
+        try:
+            header = clip_header(path)
+        except UnreadableClip as e:
+            census.unreadable.append((path, str(e)))
+            continue
+        census.clips += 1
+        census.frames += header.frames
+        census.seconds += header.frames / header.fps if header.fps > 0 else 0.0
+        if rule is not None:
+            census.windows += plan_clip(header, concept, rule).windows
+    return census
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person reads them: 4.2 s, 3 min 05 s, 1 h 02 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
