@@ -196,7 +196,8 @@ def _count(n: int, word: str) -> str:
 
 
 class ClipFrames:
-    """A clip shown a frame at a time: its header, the frame shown and steps that wrap round its ends. Frames are
+    """A training clip shown a frame at a time (the clip widget's source for a concept's clips, and the dataset tool's
+    canvas): its header, the frame shown and steps that wrap round its ends. Frames are
     decoded in runs of `CHUNK` (the run holding the frame asked for, made at most `limit` pixels on the longer side),
     so stepping through a clip decodes it once per run rather than from its start at every step. UnreadableClip from
     the constructor when its header cannot be read."""
@@ -227,6 +228,20 @@ class ClipFrames:
 
     def label(self) -> str:
         return f"frame {self.position + 1} / {self.header.frames}"
+
+    # as the clip widget's frame source (`gui.widgets.clip_player.FrameSource`)
+    @property
+    def count(self) -> int:
+        return self.header.frames
+
+    @property
+    def fps(self) -> float:
+        return self.header.fps
+
+    def frame_at(self, index: int) -> Image.Image:
+        """Frame `index` (it becomes the frame shown)."""
+        self.position = index
+        return self.frame()
 
 
 def clip_frame_run(path: Path, numbers: list[int]) -> list[Image.Image]:

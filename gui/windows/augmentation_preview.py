@@ -25,6 +25,7 @@ from gui.concept_preview import (
     clip_windows,
     concept_items,
 )
+from gui.widgets.clip_player import ClipPlayer
 from gui.widgets.pictures import fitted, set_picture
 from onetrainer.config import ConceptConfig
 from onetrainer.data.images import open_rgb
@@ -241,15 +242,13 @@ class ClipPreview(_PreviewPane):
         body = ctk.CTkFrame(self.frame, fg_color="transparent")
         body.grid(row=3, column=0, sticky="nsew", padx=10, pady=(6, 0))
         self.frame.grid_rowconfigure(3, weight=1)
-        self.picture = ctk.CTkLabel(body, text="", width=PREVIEW_BOX[0], height=PREVIEW_BOX[1])
-        self.picture.grid(row=0, column=0, sticky="nw")
-        steps = ctk.CTkFrame(body, fg_color="transparent")
-        steps.grid(row=1, column=0, sticky="w", pady=(4, 0))
-        self.previous_frame_button = ctk.CTkButton(steps, text="◀ Frame", width=80, command=lambda: self.step(-1))
-        self.next_frame_button = ctk.CTkButton(steps, text="Frame ▶", width=80, command=lambda: self.step(1))
-        self.frame_label = ctk.CTkLabel(steps, text="", text_color=MUTED_TEXT)
-        for widget in (self.previous_frame_button, self.next_frame_button, self.frame_label):
-            widget.pack(side="left", padx=(0, 6))
+        # the app's one clip widget (as the sample viewer's): first frame, frame steps, play / pause, the rate
+        self.player = ClipPlayer(body, PREVIEW_BOX, autoplay=False)
+        self.player.grid(row=0, column=0, rowspan=2, sticky="nw")
+        self.picture = self.player.picture  # a still is shown in the player's picture, its controls off
+        self.previous_frame_button = self.player.back_button
+        self.next_frame_button = self.player.forward_button
+        self.frame_label = self.player.frame_label
         self.facts = ctk.CTkLabel(body, text="", anchor="w", justify="left", wraplength=440)
         self.facts.grid(row=2, column=0, sticky="w", pady=(6, 0))
         self.windows = ctk.CTkLabel(body, text="", anchor="w", justify="left", wraplength=440)
@@ -281,27 +280,19 @@ class ClipPreview(_PreviewPane):
     def step(self, delta: int) -> None:
         """Show the frame `delta` frames on (round the clip's ends)."""
         if self.clip is not None:
-            self.clip.step(delta)
-            self._show_clip(self.clip)
+            self.player.step(delta)
 
     def _show_clip(self, clip: ClipFrames) -> None:
         rule, error = self.rule()
         self.facts.configure(text=clip_facts(clip.header))
         self.windows.configure(text=clip_windows(clip.header, self.cursor.concept, rule, error))
-        self.frame_label.configure(text=clip.label())
-        self._frame_buttons("normal" if clip.header.frames > 1 else "disabled")
-        try:
-            set_picture(self.picture, fitted(clip.frame(), PREVIEW_BOX))
-        except UnreadableClip as e:
-            set_picture(self.picture, None)
-            self._note(f"Cannot decode frame {clip.position + 1}: {e}")
-            return
-        self._note("")
+        if self.player.clip is not clip:  # a new clip: from its first frame; a settings change keeps the frame shown
+            self.player.show_source(clip)
+        self._note(self.player.error)
 
     def _show_still(self, path: Path) -> None:
         rule, error = self.rule()
-        self.frame_label.configure(text="")
-        self._frame_buttons("disabled")
+        self.player.clear()
         self.windows.configure(text="")
         try:
             image = open_rgb(path)
@@ -318,15 +309,10 @@ class ClipPreview(_PreviewPane):
             self._note(f"A still: it trains as a one-frame clip on {rule.label}.")
 
     def _show_nothing(self, message: str) -> None:
-        set_picture(self.picture, None)
-        for label in (self.facts, self.windows, self.frame_label):
+        self.player.clear()
+        for label in (self.facts, self.windows):
             label.configure(text="")
-        self._frame_buttons("disabled")
         self._note(message)
-
-    def _frame_buttons(self, state: str) -> None:
-        self.previous_frame_button.configure(state=state)
-        self.next_frame_button.configure(state=state)
 
 
 def _set_text(box: ctk.CTkTextbox, text: str) -> None:

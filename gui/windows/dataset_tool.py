@@ -18,6 +18,7 @@ from PIL import ImageTk, UnidentifiedImageError
 from gui.concept_preview import ClipFrames, clip_facts
 from gui.mask_editing import IGNORE, TRAIN, MaskDocument
 from gui.widgets.bar_chart import themed
+from gui.widgets.clip_player import ClipPlayer
 from gui.widgets.pictures import fit_size, fitted, set_picture
 from gui.window_position import place_over
 from onetrainer.data.images import list_images, open_rgb, read_text, reference_paths_of
@@ -99,15 +100,13 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self._show_brush()
         self.clip_bar = ctk.CTkFrame(bar, fg_color="transparent")
         self.clip_note = ctk.CTkLabel(self.clip_bar, text=NO_MASKS_ON_CLIPS.capitalize(), text_color=MUTED_TEXT)
-        self.previous_frame_button = ctk.CTkButton(
-            self.clip_bar, text="◀ Frame", width=80, command=lambda: self.step_frame(-1)
-        )
-        self.next_frame_button = ctk.CTkButton(
-            self.clip_bar, text="Frame ▶", width=80, command=lambda: self.step_frame(1)
-        )
-        self.frame_label = ctk.CTkLabel(self.clip_bar, text="", text_color=MUTED_TEXT, width=110)
-        for widget in (self.clip_note, self.previous_frame_button, self.next_frame_button, self.frame_label):
-            widget.pack(side="left", padx=(0, 6))
+        self.clip_note.pack(side="left", padx=(0, 6))
+        # the app's one clip widget (frame steps, play / pause, the rate), its frames drawn on the canvas
+        self.player = ClipPlayer(self.clip_bar, CANVAS_SIZE, autoplay=False, display=self.render)
+        self.player.pack(side="left")
+        self.previous_frame_button = self.player.back_button
+        self.next_frame_button = self.player.forward_button
+        self.frame_label = self.player.frame_label
 
     def _show_bar(self, clip: bool) -> None:
         """The frame steps for a clip, the painting tools for an image."""
@@ -236,6 +235,7 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self.position = -1
         self.document = None
         self.clip = None
+        self.player.clear()
         self._show_bar(clip=False)
         if self.images:
             self.show_image(0)
@@ -254,6 +254,7 @@ class DatasetToolWindow(ctk.CTkToplevel):
         self.listbox.selection_set(index)
         self.listbox.see(index)
         self.document, self.clip = None, None
+        self.player.clear()  # a clip playing stops
         if is_clip(path):
             self._open_clip(path)
         else:
@@ -276,26 +277,18 @@ class DatasetToolWindow(ctk.CTkToplevel):
         try:
             self.clip = ClipFrames(path)
         except UnreadableClip as e:
-            self._frame_steps()
+            self.player.clear()
+            self.frame_label.configure(text="unreadable clip")
             self._show_status(f"Cannot read {path.name}: {e} (a run names it and skips it)")
             return
-        self._frame_steps()
+        self.player.show_source(self.clip)
         self._show_status(f"{path.name}: a clip, {clip_facts(self.clip.header)}; {NO_MASKS_ON_CLIPS}")
 
     def step_frame(self, delta: int) -> None:
         """Show a clip's frame `delta` frames on (round its ends); nothing for an image."""
         if self.clip is None:
             return
-        self.clip.step(delta)
-        self._frame_steps()
-        self.render()
-
-    def _frame_steps(self) -> None:
-        clip = self.clip
-        state = "normal" if clip is not None and clip.header.frames > 1 else "disabled"
-        self.previous_frame_button.configure(state=state)
-        self.next_frame_button.configure(state=state)
-        self.frame_label.configure(text=clip.label() if clip is not None else "unreadable clip")
+        self.player.step(delta)
 
     def _show_references(self, image: Path) -> None:
         """The image's reference images, the first few as pictures; none shown for an image without any."""

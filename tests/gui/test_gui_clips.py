@@ -83,12 +83,21 @@ def test_the_concept_window_previews_clips_on_an_image_model_type(app, folder: P
     assert clip.clip is not None and clip.clip.path.name == "b-walk.mp4"
     assert _text(clip.facts) == "12 frames · 1.00 s · 12 fps · 32x32"
     assert _text(clip.windows) == "clips need a video model type; skipped"  # as the scan says
-    assert _text(clip.frame_label) == "frame 1 / 12" and frame_number(clip.clip.frame()) == 0
+    assert _text(clip.frame_label) == "frame 1 / 12 · 12 fps" and frame_number(clip.clip.frame()) == 0
     clip.next_frame_button.invoke()
     clip.next_frame_button.invoke()
-    assert _text(clip.frame_label) == "frame 3 / 12" and frame_number(clip.clip.frame()) == 2
+    assert _text(clip.frame_label) == "frame 3 / 12 · 12 fps" and frame_number(clip.clip.frame()) == 2
     clip.previous_frame_button.invoke()
-    assert _text(clip.frame_label) == "frame 2 / 12"
+    assert _text(clip.frame_label) == "frame 2 / 12 · 12 fps"
+    # the app's one clip widget, as the sample viewer's: it plays the clip at its rate, decoding runs as it goes
+    assert type(clip.player).__name__ == "ClipPlayer" and clip.player.clip is clip.clip and not clip.player.playing
+    clip.player.play_button.invoke()
+    pump(window, lambda: clip.player.position >= 4, timeout=10)
+    clip.player.play_button.invoke()  # pause: the frame stays
+    stopped = clip.player.position
+    settle(window, 0.3)
+    assert not clip.player.playing and clip.player.position == stopped and frame_number(clip.clip.frame()) == stopped
+    clip.player.step(1 - stopped)  # back to frame 2 for the screenshot
     settle(window, 0.2)
     screenshot(window, "concept-window-clip")
 
@@ -131,7 +140,7 @@ def test_the_clip_preview_follows_the_video_settings_and_the_model_type(app, fol
     clip.next_frame_button.invoke()
     assert app.model.set("model_type", VIDEO_STAND_IN) == []
     pump(window, lambda: _text(clip.windows) == "1 window of 5 frames, from the first frame")
-    assert _text(clip.frame_label) == "frame 2 / 12"  # a settings change keeps the frame shown
+    assert _text(clip.frame_label) == "frame 2 / 12 · 12 fps"  # a settings change keeps the frame shown
     form = window.forms["video"]
     form.view("concepts.0.video.max_windows").set_text("3")
     form.view("concepts.0.video.clip_mode")._chosen("EVEN")
@@ -184,14 +193,21 @@ def test_the_dataset_tool_steps_through_clips_and_edits_their_captions(app, fold
     assert (
         _text(tool.status) == "b-walk.mp4: a clip, 12 frames · 1.00 s · 12 fps · 32x32; masks are not painted on clips"
     )
-    assert _text(tool.frame_label) == "frame 1 / 12" and tool.canvas.find_withtag("picture")
+    assert _text(tool.frame_label) == "frame 1 / 12 · 12 fps" and tool.canvas.find_withtag("picture")
     assert tool.caption_text() == "a cat walks"
     press(tool.canvas, "<Right>", "<Right>")
-    assert _text(tool.frame_label) == "frame 3 / 12" and frame_number(tool.clip.frame()) == 2
+    assert _text(tool.frame_label) == "frame 3 / 12 · 12 fps" and frame_number(tool.clip.frame()) == 2
     press(tool.canvas, "<Left>", "<Left>", "<Left>")  # round the start: the last frame
-    assert _text(tool.frame_label) == "frame 12 / 12" and frame_number(tool.clip.frame()) == 11
+    assert _text(tool.frame_label) == "frame 12 / 12 · 12 fps" and frame_number(tool.clip.frame()) == 11
     tool.next_frame_button.invoke()
-    assert _text(tool.frame_label) == "frame 1 / 12"
+    assert _text(tool.frame_label) == "frame 1 / 12 · 12 fps"
+    # the app's one clip widget, its frames drawn on the canvas: it plays too, and pauses
+    assert type(tool.player).__name__ == "ClipPlayer" and tool.player.clip is tool.clip
+    tool.player.play_button.invoke()
+    pump(tool, lambda: tool.player.position >= 3, timeout=10)
+    tool.player.toggle()
+    assert not tool.player.playing and frame_number(tool.clip.frame()) == tool.player.position
+    tool.player.step(-tool.player.position)  # back to the first frame
 
     # Painting on a clip paints nothing and says why.
     drag(tool.canvas, 1, [(300, 200), (350, 220), (400, 240)])
@@ -210,7 +226,9 @@ def test_the_dataset_tool_steps_through_clips_and_edits_their_captions(app, fold
     screenshot(tool, "dataset-tool-clip")
 
     press(tool.canvas, "<Down>")  # the mkv, its caption; leaving keeps an edit
-    assert tool.position == 2 and _text(tool.frame_label) == "frame 1 / 3" and tool.caption_text() == "a cat spins"
+    assert (
+        tool.position == 2 and _text(tool.frame_label) == "frame 1 / 3 · 6 fps" and tool.caption_text() == "a cat spins"
+    )
     tool.caption.insert("end", " fast")
     press(tool.canvas, "<Down>")  # the still: a mask document again, no frame steps
     assert (folder / "c-spin.txt").read_text(encoding="utf-8") == "a cat spins fast\n"
@@ -237,3 +255,30 @@ def test_a_concept_card_shows_a_clips_first_frame_on_a_video_model_type(app, fol
     assert mixed.found.image.name == "b-walk.mp4" and mixed.picture.cget("text") == ""  # the broken clip passed over
     assert [p.name for p, _ in mixed.found.unreadable] == ["a-broken.mp4"]
     assert clips.found.image.name == "spin.mkv" and clips.picture.cget("text") == ""
+
+
+def test_the_clip_widget_says_a_frame_it_cannot_decode_and_stops_there(app) -> None:
+    """A source's frame that fails (a clip ending before its header said) is named in the picture's place; playing
+    stops on it; the frames before it still show."""
+    from gui.widgets.clip_player import ClipPlayer
+
+    class Source:
+        count, fps = 4, 20.0
+
+        def frame_at(self, index: int) -> Image.Image:
+            if index == 2:
+                raise ValueError("the clip ends after 2 frames")
+            return Image.new("RGB", (8, 8), (index * 60, 0, 0))
+
+    player = ClipPlayer(app, (40, 40))
+    player.grid()
+    player.show_source(Source())
+    assert player.playing and _text(player.frame_label) == "frame 1 / 4 · 20 fps" and player.error == ""
+    pump(app, lambda: not player.playing, timeout=10)
+    assert player.position == 2 and player.error == "Cannot decode frame 3: the clip ends after 2 frames"
+    assert _text(player.picture) == player.error
+    player.step(-1)
+    assert player.error == "" and _text(player.picture) == "" and player.pictures[1] is not None
+    player.clear("nothing")
+    assert player.clip is None and player.back_button.cget("state") == "disabled"
+    player.destroy()
