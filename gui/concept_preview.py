@@ -7,6 +7,7 @@ are missing the preview says so instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from onetrainer.data.video import (
     clip_header,
     is_clip,
     list_clips,
+    mask_clip_of,
 )
 from onetrainer.data.video import (
     duration_text as duration_text,  # re-exported: the statistics show durations as the preflight does
@@ -110,11 +112,16 @@ class AugmentedImage:
 
 
 def augmented_image(image_path: Path, concept: ConceptConfig, seed: int) -> AugmentedImage:
-    """The image and its mask as one epoch's augmentation would make them for this seed."""
+    """The image and its mask as one epoch's augmentation would make them for this seed (a clip: its first frame, and
+    its mask clip's first frame where it has one that reads, else its mask picture)."""
     image = clip_frame(image_path, 0) if is_clip(image_path) else open_rgb(image_path)
     references = list(reference_paths_of(image_path))
     mask_path = mask_path_of(image_path)
     mask = open_mask(mask_path) if mask_path.is_file() else None
+    mask_clip = mask_clip_of(image_path) if is_clip(image_path) else None
+    if mask_clip is not None:
+        with contextlib.suppress(UnreadableClip):  # the scan names it; the preview shows the mask picture instead
+            mask = clip_frame(mask_clip, 0).convert("L")
     if mask is not None and mask.size != image.size:
         mask = mask.resize(image.size, Image.Resampling.NEAREST)
     try:

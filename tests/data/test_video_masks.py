@@ -184,3 +184,14 @@ def test_the_cache_key_follows_the_mask_clip_and_a_batch_stacks_per_frame_masks(
     assert stack_masks([one, torch.zeros(1, 5, 4, 4)]).shape == (2, 1, 5, 4, 4)
     assert torch.equal(stack_masks([one, one]), torch.ones(2, 1, 4, 4))
     assert video.mask_clip_of(masked_folder / "walk.mkv") == mask_clip
+
+
+def test_the_concept_windows_preview_shows_a_mask_clips_first_frame(masked_folder):
+    from gui.concept_preview import augmented_image
+
+    walk = augmented_image(masked_folder / "walk.mkv", concept(), seed=1)
+    assert walk.mask is not None and mask_number(torch.tensor(np.asarray(walk.mask)) / 255) == 0
+    plain = augmented_image(masked_folder / "plain.mkv", concept(), seed=1)
+    assert plain.mask is not None and np.asarray(plain.mask).min() == 255  # its mask picture
+    (masked_folder / "plain-masklabel.mp4").write_bytes(b"not a video")  # unreadable: the picture still shows
+    assert np.asarray(augmented_image(masked_folder / "plain.mkv", concept(), seed=1).mask).min() == 255
