@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from onetrainer.config import ConceptConfig
 from onetrainer.config.family_info import FrameCounts
 from onetrainer.data import video
 from onetrainer.data.scan import scan_concept
+from onetrainer.noise.losses import latent_masks
 from onetrainer.tiny.clips import demo_clips_dir, write_demo_clips
 from onetrainer.tiny.source import resolve_local
 from tests.conftest import ROOT
@@ -60,12 +62,28 @@ def readme_video_try_it() -> list[str]:
     return words[2:]
 
 
-def test_the_readmes_video_try_it_trains_a_wan_lora_on_the_tiny_clips(in_tmp, capsys):
+def test_the_readmes_video_try_it_trains_a_wan_lora_on_the_tiny_clips(in_tmp, capsys, monkeypatch):
+    """As the README writes it; masked: the first clip's mask clip reaches the loss as per-frame masks, pooled into the
+    latent frames by Wan's frame counts, so its latent frames weigh differently (the shape moves)."""
     from onetrainer.cli.train import EXIT_OK, main
+    from onetrainer.training import trainer
 
+    pooled = []
+
+    def recording(masks, latent_shape, counts=None):
+        small = latent_masks(masks, latent_shape, counts)
+        pooled.append((masks.shape, counts, small))
+        return small
+
+    monkeypatch.setattr(trainer, "latent_masks", recording)
     args = readme_video_try_it()
     assert "base_model_name=tiny:wan21" in args and "concepts.0.path=tiny:clips" in args
     assert main(args) == EXIT_OK, capsys.readouterr().err
+    per_frame = [(counts, small) for shape, counts, small in pooled if len(shape) == 5]
+    assert per_frame and all(counts == FrameCounts() for counts, _ in per_frame)
+    for _, small in per_frame:
+        assert small.shape[2] == 3  # 9 frames: latent frame 0 <- frame 0, 1 <- 1-4, 2 <- 5-8
+        assert not torch.equal(small[:, :, 0], small[:, :, 2])
     out = capsys.readouterr()
     assert "caching latents: 4 images to encode" in out.out + out.err  # three clips' windows and the still
     destination = next(a.split("=", 1)[1] for a in args if a.startswith("output_model_destination="))
