@@ -865,7 +865,8 @@ class TrainConfig(ConfigNode):
         False,
         "Masked training",
         "Train only where the mask is white: each image's '<name>-masklabel.png' (white = train, black = ignore, "
-        "grey = partly). Images without a mask are trained whole.",
+        "grey = partly); a clip's '<name>-masklabel.png' (every frame) or '<name>-masklabel.mp4' (a mask clip, frame "
+        "by frame). Images without a mask are trained whole.",
         tab="training",
         group="Masked training",
     )
