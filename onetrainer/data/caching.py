@@ -18,7 +18,7 @@ import torch
 from onetrainer.data.cache import DiskCache, cache_key, model_identity
 from onetrainer.data.plan import PlannedSample
 from onetrainer.data.samples import caption_for, load_sample
-from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData, stack_masks
+from onetrainer.data.training_data import EXTRA_PREFIX, TrainingData, cached_mask, stack_masks
 from onetrainer.families.base import Conditioning, PartRole
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _encode_latents(data, family, model, missing, with_masks, report: CacheRepor
                     "crop_offset": torch.tensor(sample.crop_offset),
                 }
                 if with_masks:
-                    entry["mask"] = sample.mask
+                    entry["mask"] = cached_mask(sample.mask)
                 entry.update({EXTRA_PREFIX + name: value[i].cpu() for name, value in extra.items()})
                 if data.with_references and sample.references:  # none: a plain text-to-image sample
                     with torch.no_grad():

@@ -341,9 +341,17 @@ class TrainingData:
         raise DatasetError(f"no image of a batch could be decoded: {[str(self.images[s.image].path) for s in batch]}")
 
 
+def cached_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A mask as the latent cache keeps it: a mask clip's frames ([1, F, H, W], F times an image's) as bytes, exactly
+    (a mask's values are whole 255ths: it is decoded from 8-bit greyscale and moved as a PIL "L" image), a quarter of
+    float32's size; an image's as it is. `stack_masks` reads either."""
+    return (mask * 255).round().to(torch.uint8) if mask.dim() == 4 else mask
+
+
 def stack_masks(masks: list[torch.Tensor]) -> torch.Tensor:
     """A batch's masks: [B, 1, H, W]; where one is a mask clip's ([1, F, H, W]) the clips' one masks are repeated over
     their F frames, so the batch is [B, 1, F, H, W] (a batch holds one frame count)."""
+    masks = [mask.float() / 255 if mask.dtype == torch.uint8 else mask for mask in masks]
     if all(mask.dim() == 3 for mask in masks):
         return torch.stack(masks)
     frames = next(mask.shape[1] for mask in masks if mask.dim() == 4)

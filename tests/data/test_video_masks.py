@@ -195,3 +195,19 @@ def test_the_concept_windows_preview_shows_a_mask_clips_first_frame(masked_folde
     assert plain.mask is not None and np.asarray(plain.mask).min() == 255  # its mask picture
     (masked_folder / "plain-masklabel.mp4").write_bytes(b"not a video")  # unreadable: the picture still shows
     assert np.asarray(augmented_image(masked_folder / "plain.mkv", concept(), seed=1).mask).min() == 255
+
+
+def test_the_cache_keeps_a_mask_clips_frames_as_bytes_exactly(masked_folder):
+    from onetrainer.data.training_data import cached_mask
+
+    scan = scan_concept(0, concept(), masked_folder, masked=True, video=RULE)
+    entry = next(e for e in scan.images if e.path.name == "walk.mkv")
+    planned = PlannedSample(0, bucket_of(entry, bucket_grid(32, 8)), 0)
+    settings = concept()
+    settings.image = replace(settings.image, enable_random_rotate=True, random_rotate_max_angle=20.0)
+    mask = load_sample(entry, planned, settings, with_mask=True).mask
+    kept = cached_mask(mask)
+    assert kept.dtype == torch.uint8 and kept.shape == mask.shape
+    assert torch.equal(stack_masks([kept])[0], mask)  # read back exactly
+    one = torch.rand(1, 4, 4)
+    assert cached_mask(one) is one  # an image's mask as it was
