@@ -7,6 +7,11 @@ of the trained weights, of their gradients (reduce-scattered, averaged over the 
 of the optimizer's state, which the optimizer builds on the sharded (DTensor) parameters. A part without declared
 blocks is one unit (gathered whole while it computes; its gradients and optimizer state are still split).
 
+Loading: the processes read the model one at a time, rank 0 last (`load_in_turns`); each other process lets go of the
+weights of the parts it will shard (`without_weights`: empty parameters on the meta device) before the next reads, and
+rank 0 sends every process its shards when they are cut (`shard_parts(from_rank0=True)`: torch's
+`set_model_state_dict` with `broadcast_from_rank0`). The machine holds one whole model at a time, not one per process.
+
 The numbers: `ShardSettings` (`settings.shard_settings`) gives the dtype the blocks are gathered and computed in (a
 16-bit train dtype over float32 weights; else the weights' own), the dtype gradients are averaged in (float32, or the
 computed one, after `gradient_reduce_precision`) and FSDP2's CPU offload of the shards.
