@@ -232,6 +232,8 @@ class Trainer:
         in host RAM at a time, not one per process (`sharding.load_in_turns`)."""
         if not self._shards_from_rank0():
             return self.family.load(self.config)
+        turn = self.dist.rank if self.dist.rank else self.world_size  # rank 0 last
+        self.status(f"the {self.world_size} processes read the model one at a time: this one's turn is {turn}")
         return load_in_turns(self.dist, lambda: self.family.load(self.config), self._sharded_parts)
 
     def _shards_from_rank0(self) -> bool:

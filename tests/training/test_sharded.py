@@ -107,6 +107,7 @@ def test_two_sharded_processes_train_what_one_process_trains_at_2b(one_process, 
     )
     output = done.stdout + done.stderr
     assert re.search(r"transformer sharded over 2 processes as [1-9]\d* blocks and the rest", output), output
+    assert "the 2 processes read the model one at a time: this one's turn is 2" in output  # rank 0's, said to the user
     final = _weights(tmp_path / "out" / "model")
     _assert_same(final, one_process)
     assert output.count("model saved:") == 1
