@@ -8,6 +8,8 @@ devices), so the GUI can call it on Start.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -63,6 +65,78 @@ def run_checks(config: TrainConfig, include_schema: bool = True) -> list[Problem
     return _without_superseded(problems)
 
 
+@dataclass(frozen=True)
+class ShardedRefusal:
+    """A setting `multi_gpu_mode` SHARDED does not combine with yet, found in a config: `path` the setting
+    `check_sharded` names, `what` it is, `instead` what the check tells the user to do, `changes` what the fit sets to
+    shard the config (path, value) and `why` the reason the fit gives for them."""
+
+    path: str
+    what: str
+    instead: str
+    changes: tuple[tuple[str, object], ...]
+    why: str
+
+
+def _fused_back_pass_found(config: TrainConfig, trained: list[str]) -> Iterator[tuple[str, str, tuple]]:
+    if config.optimizer.fused_back_pass:
+        changes = (("optimizer.fused_back_pass", False),)
+        yield "optimizer.fused_back_pass", "turn it off (FSDP2 reduces the gradients first)", changes
+
+
+def _layer_offloading_found(config: TrainConfig, trained: list[str]) -> Iterator[tuple[str, str, tuple]]:
+    for part in trained:
+        fraction = config.part(part).offload_fraction
+        if fraction and fraction > 0:
+            path = f"{part}.offload_fraction"
+            yield path, f"set {path} to 0", ((path, 0.0),)
+
+
+def _bfloat16_rounding_found(config: TrainConfig, trained: list[str]) -> Iterator[tuple[str, str, tuple]]:
+    from onetrainer.config.optimizer_config import bfloat16_weights_train
+    from onetrainer.training.stochastic_rounding import rounds
+
+    if rounds(config.optimizer) and bfloat16_weights_train(config):
+        instead = (
+            "turn it off, or keep the trained parts in FLOAT_32 (their shards are gathered in a 16-bit train dtype)"
+        )
+        changes = tuple(
+            (f"{part}.weight_dtype", DataType.FLOAT_32)
+            for part in trained
+            if config.part(part).weight_dtype is DataType.BFLOAT_16
+        )
+        yield "optimizer.stochastic_rounding", instead, changes
+
+
+# What sharding refuses and the fit changes for it, one row each: what it is, why the fit changes it, where it is found.
+# `check_sharded` names each found as an error; `fit._sharding_needs` makes each found's changes.
+SHARDED_REFUSALS: tuple[tuple[str, str, Callable[[TrainConfig, list[str]], Iterator[tuple[str, str, tuple]]]], ...] = (
+    ("the fused back pass", "sharding reduces the gradients after the backward pass", _fused_back_pass_found),
+    ("layer offloading", "sharding replaces a trained part's layer offloading", _layer_offloading_found),
+    (
+        "stochastic rounding of BFLOAT_16 weights",
+        "float32 weights computed in the 16-bit train dtype, in place of stochastic rounding (not sharded)",
+        _bfloat16_rounding_found,
+    ),
+)
+
+
+def sharded_refusals(config: TrainConfig, trained: list[str]) -> list[ShardedRefusal]:
+    """The settings of `config` (its trained parts `trained`) that SHARDED does not combine with, in the table's
+    order."""
+    return [
+        ShardedRefusal(path, what, instead, changes, why)
+        for what, why, found in SHARDED_REFUSALS
+        for path, instead, changes in found(config, trained)
+    ]
+
+
+def trained_parts(config: TrainConfig) -> list[str]:
+    """The parts of `config`'s family that train, in the family's order."""
+    info = MODEL_TYPES.get(config.model_type)
+    return [p for p in (info.family.parts if info is not None else ()) if getattr(config.part(p), "train", False)]
+
+
 def check_sharded(config: TrainConfig) -> list[Problem]:
     """What `multi_gpu_mode` SHARDED (`training/sharding.py`) does not combine with yet, each named on its setting:
     other methods than a fine-tune, the fused back pass, compile, stochastic rounding of BFLOAT_16 weights, additional
@@ -75,7 +149,6 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
 
     from onetrainer.config.enums import MultiGpuMode
     from onetrainer.config.optimizer_config import bfloat16_weights_train
-    from onetrainer.training.stochastic_rounding import rounds
 
     if config.multi_gpu_mode is not MultiGpuMode.SHARDED:
         if not config.sharded_cpu_offload:
@@ -100,25 +173,12 @@ def check_sharded(config: TrainConfig) -> list[Problem]:
             f"{config.training_method.value} training",
             "it shards fine-tunes only; train DATA_PARALLEL",
         )
-    if config.optimizer.fused_back_pass:
-        refuse("optimizer.fused_back_pass", "the fused back pass", "turn it off (FSDP2 reduces the gradients first)")
+    for refusal in sharded_refusals(config, trained_parts(config)):
+        refuse(refusal.path, refusal.what, refusal.instead)
     if config.compile:
         refuse("compile", "compile", "turn it off")
     if any(e.train for e in config.additional_embeddings or []):
         refuse("additional_embeddings", "training additional embeddings", "train them in a run of their own")
-    if rounds(config.optimizer) and bfloat16_weights_train(config):
-        refuse(
-            "optimizer.stochastic_rounding",
-            "stochastic rounding of BFLOAT_16 weights",
-            "turn it off, or keep the trained parts in FLOAT_32 (their shards are gathered in a 16-bit train dtype)",
-        )
-    info = MODEL_TYPES.get(config.model_type)
-    for part in info.family.parts if info is not None else ():
-        block = config.part(part)
-        if not getattr(block, "train", False):
-            continue
-        if block.offload_fraction and block.offload_fraction > 0:
-            refuse(f"{part}.offload_fraction", "layer offloading", f"set {part}.offload_fraction to 0")
     precision = str(getattr(config.gradient_reduce_precision, "value", config.gradient_reduce_precision))
     if precision.endswith("_STOCHASTIC") and bfloat16_weights_train(config):
         message = (

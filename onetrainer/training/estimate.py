@@ -275,6 +275,8 @@ class Estimate:
     host_parts: dict[str, float] = field(default_factory=dict)
     host_loading: float = 0.0
     host_training: float = 0.0
+    # SHARDED on several processes: the host RAM of all of them together at its peak (`_sharded_host_all`); 0 else.
+    host_all_bytes: float = 0.0
     # The config names a CUDA device this machine lacks: the CPU trains, and the time per step is the CPU's.
     no_gpu: bool = False
     # Several processes: how many, the configured mode's name (`MODES`' label) and each mode's peak per GPU.
@@ -347,6 +349,11 @@ class Estimate:
             )
         per_process = " per process" if self.processes > 1 else ""
         lines.append(f"  host RAM{per_process} {size_text(self.host_bytes)} at its peak: {self.host_text()}")
+        if self.host_all_bytes:
+            lines.append(
+                f"  host RAM of the {self.processes} processes together {size_text(self.host_all_bytes)} at its peak "
+                "(they read the model one at a time: the others hold their frozen parts)"
+            )
         if self.counted_from:
             lines.append(f"  parameters counted from {self.counted_from}")
         if self.activations_from:
@@ -465,7 +472,24 @@ def _sharded(counts: dict[str, PartCount], settings: Settings, flops_per_second:
     step = sum(parts.values())
     result = Estimate(max(step, resident), one.step_seconds, parts, device=settings.device, resident_bytes=resident)
     _add_host(result, counts, settings, {"the shards (sharded_cpu_offload)": held} if offloaded else None, 1 / n)
+    result.host_all_bytes = _sharded_host_all(result, counts, sharded, settings)
     return result
+
+
+def _sharded_host_all(
+    result: Estimate, counts: dict[str, PartCount], sharded: dict[str, PartCount], settings: Settings
+) -> float:
+    """The host RAM of a sharded run's N processes together at its peak. They read the model one at a time, rank 0
+    last (`sharding.load_in_turns`): each other process lets go of the weights of the parts to shard once it has read
+    them, so while rank 0 reads (the largest moment of loading) the others hold their frozen parts as kept, not a whole
+    model each; rank 0 sends each its shards when they are cut. Training: each process's own figure (its shards there
+    with `sharded_cpu_offload`), N times."""
+    n = settings.processes
+    if n <= 1:
+        return 0.0
+    frozen = sum(c.read_bytes for name, c in counts.items() if name not in sharded)
+    process = result.host_parts.get("the process", HOST_PROCESS)
+    return n * process + max(result.host_loading + (n - 1) * frozen, n * result.host_training)
 
 
 def _unit(count: PartCount) -> int:

@@ -301,26 +301,14 @@ def _sharding(trial: TrainConfig, fit: Fit, measure, gpus: int) -> None:
 
 
 def _sharding_needs(config: TrainConfig, trained: list[str]) -> list[tuple[str, Any, str]]:
-    """The settings a config must change to be sharded (path, value, why): the fused back pass off, a trained part's
-    layer offloading off (the shards replace it), and BFLOAT_16 trained weights with stochastic rounding kept in
-    FLOAT_32 instead (gathered and computed in the 16-bit train dtype, as sharding does; it does not round its updates
-    stochastically), so that small updates are kept as the rounding kept them."""
-    from onetrainer.config.enums import DataType
-    from onetrainer.config.optimizer_config import bfloat16_weights_train
-    from onetrainer.training.stochastic_rounding import rounds
+    """The settings a config must change to be sharded (path, value, why), one for each of what `check_sharded`
+    refuses (`checks.SHARDED_REFUSALS`): the fused back pass off, a trained part's layer offloading off (the shards
+    replace it), and BFLOAT_16 trained weights with stochastic rounding kept in FLOAT_32 instead (gathered and computed
+    in the 16-bit train dtype, as sharding does; it does not round its updates stochastically), so that small updates
+    are kept as the rounding kept them."""
+    from onetrainer.training.checks import sharded_refusals
 
-    needs = []
-    if config.optimizer.fused_back_pass:
-        needs.append(("optimizer.fused_back_pass", False, "sharding reduces the gradients after the backward pass"))
-    for part in trained:
-        if config.part(part).offload_fraction:
-            needs.append((f"{part}.offload_fraction", 0.0, "sharding replaces a trained part's layer offloading"))
-    if rounds(config.optimizer) and bfloat16_weights_train(config):
-        why = "float32 weights computed in the 16-bit train dtype, in place of stochastic rounding (not sharded)"
-        for part in trained:
-            if config.part(part).weight_dtype is DataType.BFLOAT_16:
-                needs.append((f"{part}.weight_dtype", DataType.FLOAT_32, why))
-    return needs
+    return [(path, value, r.why) for r in sharded_refusals(config, trained) for path, value in r.changes]
 
 
 # Layer offloading on one GPU up to this fraction of the blocks is preferred to a model split: the blocks' copies hide

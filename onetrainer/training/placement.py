@@ -77,6 +77,13 @@ class Placement:
                 self.location[name] = where
                 self.moves.append((name, where))
 
+    def wait_on_host(self, names: Iterable[str]) -> None:
+        """`names`, in host RAM as loaded, stay there, unmoved, until they are sharded (`mark_sharded`): a process
+        other than rank 0 holds them without their weights until rank 0 sends it its shards (`sharding.load_in_turns`),
+        and a module without weights cannot be moved."""
+        for name in names:
+            self.location[name] = OFFLOAD
+
     def mark_sharded(self, names: Iterable[str]) -> None:
         """`names` were sharded (FSDP2 moved each block's shard to the device as it sharded it): on the device from
         now on, and never moved whole."""

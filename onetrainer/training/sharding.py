@@ -7,6 +7,11 @@ of the trained weights, of their gradients (reduce-scattered, averaged over the 
 of the optimizer's state, which the optimizer builds on the sharded (DTensor) parameters. A part without declared
 blocks is one unit (gathered whole while it computes; its gradients and optimizer state are still split).
 
+Loading: the processes read the model one at a time, rank 0 last (`load_in_turns`); each other process lets go of the
+weights of the parts it will shard (`without_weights`: empty parameters on the meta device) before the next reads, and
+rank 0 sends every process its shards when they are cut (`shard_parts(from_rank0=True)`: torch's
+`set_model_state_dict` with `broadcast_from_rank0`). The machine holds one whole model at a time, not one per process.
+
 The numbers: `ShardSettings` (`settings.shard_settings`) gives the dtype the blocks are gathered and computed in (a
 16-bit train dtype over float32 weights; else the weights' own), the dtype gradients are averaged in (float32, or the
 computed one, after `gradient_reduce_precision`) and FSDP2's CPU offload of the shards.
@@ -33,7 +38,7 @@ import copy
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -270,33 +275,101 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def _tie_again(module: torch.nn.Module) -> None:
+def _tie_again(module: torch.nn.Module, groups: list[list[str]] | None = None) -> None:
     """Tied weights (a text encoder's token embedding held by two modules) are one parameter again after
-    `load_state_dict(assign=True)` gave each name its own: every name takes the first name's parameter."""
-    for names in getattr(module, "_tied_groups", ()):
+    `load_state_dict(assign=True)` gave each name its own: every name takes the first name's parameter (the one FSDP2
+    keeps as the shared weight's: the first met in module order). `groups`: `_tied_groups(module)` taken before the
+    load (None: those `meta_skeleton` recorded)."""
+    for names in getattr(module, "_tied_groups", ()) if groups is None else groups:
         first = module.get_parameter(names[0])
         for name in names[1:]:
             owner, _, attribute = name.rpartition(".")
             setattr(module.get_submodule(owner) if owner else module, attribute, first)
 
 
+def _tied_groups(module: torch.nn.Module) -> list[list[str]]:
+    """The names of each parameter `module` holds under several names, in module order."""
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def meta_skeleton(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of `module` whose parameters are empty on the meta device (its buffers copied: non-persistent ones are
     in no state dict), to be given the full weights by `load_state_dict(assign=True)`."""
     memo: dict[int, object] = {}
-    groups: dict[int, list[str]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
+    for param in module.parameters():
         memo[id(param)] = torch.nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
-        groups.setdefault(id(param), []).append(name)
     skeleton = copy.deepcopy(module, memo)
-    skeleton._tied_groups = [names for names in groups.values() if len(names) > 1]
+    skeleton._tied_groups = _tied_groups(module)
     return skeleton
 
 
+def without_weights(module: torch.nn.Module) -> None:
+    """`module`'s parameters, in place, empty ones on the meta device (of the same shapes and dtypes, wanting gradients
+    as they did, tied ones still one parameter); its buffers, and the module objects themselves (and whatever was set
+    on them), kept. The weights are let go where nothing else holds them. `shard_parts` gives it its shards again."""
+    empty: dict[int, torch.nn.Parameter] = {}
+    for owner in module.modules():
+        for name, param in list(owner._parameters.items()):
+            if param is None or param.is_meta:
+                continue
+            if id(param) not in empty:
+                empty[id(param)] = torch.nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+            owner._parameters[name] = empty[id(param)]
+
+
+def give_back_freed_memory() -> None:
+    """Freed host memory back to the operating system now: the C library keeps freed blocks below its mmap threshold
+    (which grows as large blocks are freed) for the process's next allocations, where the next process to load a
+    model needs them."""
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def load_in_turns(
+    dist: Distributed, load: Callable[[], LoadedModel], sharded: Callable[[LoadedModel], list[str]]
+) -> LoadedModel:
+    """`load()` on every process of a sharded run, one process at a time, rank 0 last: each other process lets go of
+    the weights of the parts it will shard (`sharded(model)`: `without_weights`) before the next process reads, and
+    rank 0 keeps them to send each process its shards (`shard_parts(from_rank0=True)`). The host RAM of all the
+    processes together is then at most one process's load beside the others' kept parts (the frozen ones), where N
+    processes reading at once held N whole models. Each turn ends at a `Distributed.barrier`: a process whose load
+    fails ends the others' wait with its error."""
+    model = None
+    for turn in [*range(1, dist.world_size), 0]:
+        if dist.rank == turn:
+            model = load()
+            if not dist.is_main:
+                for name in sharded(model):
+                    without_weights(model.part(name))
+                give_back_freed_memory()
+        dist.barrier()
+    return model
+
+
 def shard_parts(
-    family: Family, model: LoadedModel, parts: list[str], settings: ShardSettings, dist: Distributed
+    family: Family,
+    model: LoadedModel,
+    parts: list[str],
+    settings: ShardSettings,
+    dist: Distributed,
+    from_rank0: bool = False,
 ) -> ShardedParts:
-    """`fully_shard` each declared block of each part in `parts`, then the part; the sharded parts."""
+    """`fully_shard` each declared block of each part in `parts`, then the part; the sharded parts.
+
+    `from_rank0`: rank 0 alone holds the parts' weights (`load_in_turns`; the other processes' parameters are on the
+    meta device). Every process shards the part without its weights (rank 0 takes them out first, `without_weights`)
+    and rank 0 sends each process its shards, a tensor at a time (torch's `set_model_state_dict` with
+    `broadcast_from_rank0`), then lets go of the whole weights. Off, every process cuts its shards from its own."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -306,6 +379,10 @@ def shard_parts(
     skeletons, blocks = {}, {}
     for name in parts:
         module = model.part(name)
+        whole, tied = None, _tied_groups(module)
+        if from_rank0:
+            whole = module.state_dict() if dist.is_main else {}  # rank 0's tensors, held here alone after
+            without_weights(module)
         if dist.is_main:
             skeletons[name] = meta_skeleton(module)
         stored = {p.dtype for p in module.parameters() if p.is_floating_point()}
@@ -319,5 +396,11 @@ def shard_parts(
                 fully_shard(block, mesh=mesh, mp_policy=precision, offload_policy=offload)
                 count += 1
         fully_shard(module, mesh=mesh, mp_policy=precision, offload_policy=offload)
+        if from_rank0:
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(module, whole, options=options)
+            _tie_again(module, tied)  # assigned a tensor per name
+            del whole
+            give_back_freed_memory()
         blocks[name] = count
     return ShardedParts(model, parts, dist, blocks, skeletons)

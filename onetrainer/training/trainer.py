@@ -28,7 +28,7 @@ from onetrainer.data.loader import RunBatches
 from onetrainer.data.plan import hash_seed
 from onetrainer.data.training_data import Batch, TrainingData
 from onetrainer.families import load_family_class
-from onetrainer.families.base import BatchInputs, Conditioning, PartRole
+from onetrainer.families.base import BatchInputs, Conditioning, LoadedModel, PartRole
 from onetrainer.families.sources import resolve_local
 from onetrainer.methods import create_method
 from onetrainer.noise.draws import perturb_noise, sample_noise
@@ -58,7 +58,7 @@ from onetrainer.training.processes import model_split_wanted, scaler_factor, spl
 from onetrainer.training.reporting import check_placeholders, nan_advice, progress_event, report_scan
 from onetrainer.training.resume import output_behind_backup, resume
 from onetrainer.training.settings import StepSettings, shard_settings
-from onetrainer.training.sharding import ShardedParts, shard_parts
+from onetrainer.training.sharding import ShardedParts, load_in_turns, shard_parts
 from onetrainer.training.tensorboard import RunTensorBoard
 from onetrainer.training.validation import ValidationResult, range_fractions
 from onetrainer.training.workspace import Workspace
@@ -169,7 +169,7 @@ class Trainer:
         self.status("loading the model")
         with MODEL_LIBRARY_LOCK:  # not beside the app's estimate worker importing the same libraries
             self.family = load_family_class(config.model_type)()
-            self.model = self.family.load(config)
+            self.model = self._load()
         # Parts in different dtypes (a bf16 denoiser, a float32 VAE) meet in caching, the loss, validation and samples.
         self._loaded.enter_context(parts_meet_safely(self.model.parts.values()))
         # CUDNN / FLASH: that attention kernel first for every step and sample of the run (`training/attention.py`).
@@ -182,6 +182,7 @@ class Trainer:
         # SHARDED: the trained parts wait in host RAM; sharding moves them to the device a block at a time, so no GPU
         # ever holds one whole (the reason to shard is that it would not fit).
         self.on_host_until_sharded = self._sharded_parts()
+        self.placement.wait_on_host(self.on_host_until_sharded)
         # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
         self.placement.place(
             n
@@ -225,11 +226,30 @@ class Trainer:
         per_step = self.placement.per_step(trained, config.latent_caching, self.text_cache is not None)
         self.placement.place(n for n in per_step if n not in self.on_host_until_sharded)
 
-    def _sharded_parts(self) -> list[str]:
-        """The parts a sharded run shards (a fine-tune's trained denoiser and text encoders); none otherwise."""
+    def _load(self) -> LoadedModel:
+        """The model. A sharded fine-tune's processes read it one at a time, rank 0 last, each other process keeping
+        the parts it will shard without their weights (rank 0 sends it its shards when they are cut): one whole model
+        in host RAM at a time, not one per process (`sharding.load_in_turns`)."""
+        if not self._shards_from_rank0():
+            return self.family.load(self.config)
+        turn = self.dist.rank if self.dist.rank else self.world_size  # rank 0 last
+        self.status(f"the {self.world_size} processes read the model one at a time: this one's turn is {turn}")
+        return load_in_turns(self.dist, lambda: self.family.load(self.config), self._sharded_parts)
+
+    def _shards_from_rank0(self) -> bool:
+        """Whether the parts to shard are loaded by rank 0 alone (`_load`): a sharded fine-tune on several processes
+        (other methods are refused as they are sharded, `_shard`)."""
+        config = self.config
+        sharded = config.multi_gpu_mode is MultiGpuMode.SHARDED and self.world_size > 1
+        return sharded and config.training_method is TrainingMethod.FINE_TUNE
+
+    def _sharded_parts(self, model: LoadedModel | None = None) -> list[str]:
+        """The parts a sharded run shards (a fine-tune's trained denoiser and text encoders) of `model` (None: the
+        run's); none otherwise."""
         if self.config.multi_gpu_mode is not MultiGpuMode.SHARDED or self.world_size <= 1:
             return []
-        candidates = [self.family.denoiser_part, *(s.part for s in self.model.text_encoders)]
+        model = model or self.model
+        candidates = [self.family.denoiser_part, *(s.part for s in model.text_encoders)]
         return [p for p in candidates if self.config.part(p).train]
 
     def _build(self, total_steps: int, steps_per_epoch: int) -> None:
@@ -280,7 +300,11 @@ class Trainer:
             method = self.config.training_method.value
             raise ValueError(f"multi_gpu_mode SHARDED trains fine-tunes only; {method} trains data parallel for now")
         parts = self.method.trained_parts()
-        sharded = shard_parts(self.family, self.model, parts, shard_settings(self.config), self.dist)
+        if self._shards_from_rank0() and set(parts) != set(self._sharded_parts()):
+            loaded = self._sharded_parts()
+            raise RuntimeError(f"the parts loaded to be sharded ({loaded}) are not the ones that train ({parts})")
+        settings = shard_settings(self.config)
+        sharded = shard_parts(self.family, self.model, parts, settings, self.dist, self._shards_from_rank0())
         self.placement.mark_sharded(parts)
         for part in parts:
             blocks = sharded.blocks[part]

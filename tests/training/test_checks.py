@@ -201,3 +201,47 @@ def test_what_a_sharded_run_does_not_combine_with_is_named_on_its_setting(tmp_pa
     assert rounding == {"optimizer.stochastic_rounding": "error", "gradient_reduce_precision": "warning"}
     sample = {"prompt": "a cat", "enabled": True}
     assert found(samples=[sample], sample_after=1, sample_after_unit="EPOCH", ema="CPU", validation=True) == {}
+
+
+def test_the_fit_changes_each_setting_the_sharded_check_refuses_from_one_table(tmp_path, monkeypatch):
+    """`checks.SHARDED_REFUSALS`: the fused back pass, a trained part's layer offloading and stochastic rounding of
+    BFLOAT_16 weights are each an error of `check_sharded` on its setting, and `fit._sharding_needs` changes exactly
+    what each found one names (a frozen part's offloading is neither); with those changes made, none is found."""
+    from onetrainer.config.enums import DataType
+    from onetrainer.config.schema import set_path
+    from onetrainer.training.checks import SHARDED_REFUSALS, check_sharded, sharded_refusals, trained_parts
+    from onetrainer.training.fit import _sharding_needs
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config, problems = config_from_dict(
+        tiny_config(
+            tmp_path,
+            "pixart",
+            method="FINE_TUNE",
+            multi_gpu_mode="SHARDED",
+            output_model_format="DIFFUSERS",
+            optimizer={"optimizer": "ADAMW", "fused_back_pass": True, "stochastic_rounding": True},
+            transformer={"offload_fraction": 0.5, "weight_dtype": "BFLOAT_16"},
+            text_encoder={"train": False, "offload_fraction": 0.5},
+        )
+    )
+    assert not [p for p in problems if p.is_error], problems
+    trained = trained_parts(config)
+    assert trained == ["transformer"]
+    found = sharded_refusals(config, trained)
+    assert [r.what for r in found] == [row[0] for row in SHARDED_REFUSALS]
+    errors = {p.path: p.message for p in check_sharded(config) if p.is_error}
+    for refusal in found:
+        assert errors[refusal.path].startswith(f"{refusal.what} is not combined with multi_gpu_mode SHARDED yet: ")
+        assert errors[refusal.path].endswith(refusal.instead)
+    needs = _sharding_needs(config, trained)
+    assert [(path, value) for path, value, _ in needs] == [
+        ("optimizer.fused_back_pass", False),
+        ("transformer.offload_fraction", 0.0),
+        ("transformer.weight_dtype", DataType.FLOAT_32),
+    ]
+    assert [why for _, _, why in needs] == [r.why for r in found]
+    for path, value, _ in needs:
+        assert not set_path(config, path, value)
+    assert sharded_refusals(config, trained) == []
+    assert not [p for p in check_sharded(config) if p.is_error]

@@ -1,6 +1,6 @@
 """The pieces of `training/distributed.py` that need no second process: the preflight's batch line
 (`training/processes.py`), the random draws sliced from the global batch, the gradient average's precision and buckets
-(a one-process gloo group)."""
+(a one-process gloo group), and `training/sharding.py`'s loading in turns without a group."""
 
 from __future__ import annotations
 
@@ -168,3 +168,54 @@ def test_a_rank_ends_with_its_code_and_its_output_flushed_without_the_interprete
     assert done.returncode == 3
     assert done.stdout == "printed line" and done.stderr == "stderr line"
     assert "logged line" in (tmp_path / "run.log").read_text(encoding="utf-8")
+
+
+def test_a_part_without_its_weights_keeps_its_modules_buffers_ties_and_what_trains():
+    """`sharding.without_weights`: every parameter empty on the meta device, of its shape and dtype, wanting a gradient
+    as it did, a tied one still one parameter; the modules (and what was set on them) and the buffers kept; the
+    weights themselves let go."""
+    import gc
+    import weakref
+
+    from onetrainer.training.sharding import without_weights
+
+    part = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=False), torch.nn.LayerNorm(7))
+    part[1].weight = part[0].weight  # tied, as T5's embedding and its head
+    part[2].bias.requires_grad_(False)
+    part.register_buffer("freqs", torch.arange(3.0), persistent=False)
+    part[1].note = "set on the module"
+    modules, shapes = list(part.modules()), {n: (p.shape, p.dtype) for n, p in part.named_parameters()}
+    held = weakref.ref(part[0].weight)
+    without_weights(part)
+    gc.collect()
+    assert held() is None  # nothing holds the weights any more
+    assert list(part.modules()) == modules and part[1].note == "set on the module"
+    assert all(p.is_meta for p in part.parameters()) and len(list(part.parameters())) == 3  # the tie counted once
+    assert {n: (p.shape, p.dtype) for n, p in part.named_parameters()} == shapes
+    assert part[1].weight is part[0].weight
+    assert [p.requires_grad for p in part.parameters()] == [True, True, False]
+    assert not part.freqs.is_meta and torch.equal(part.freqs, torch.arange(3.0))
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_the_processes_load_one_at_a_time_rank_0_last_the_others_without_the_sharded_weights(rank):
+    """`sharding.load_in_turns`, as each of 3 processes sees it: the turns go 1, 2, 0, with a barrier after each (so
+    the next reads only once the one before let go); a rank other than 0 keeps the parts to shard without weights,
+    and the others (frozen) whole; rank 0 keeps everything."""
+    from types import SimpleNamespace
+
+    from onetrainer.training.sharding import load_in_turns
+
+    events = []
+    group = SimpleNamespace(rank=rank, world_size=3, is_main=rank == 0, barrier=lambda: events.append("barrier"))
+
+    def load():
+        events.append("load")
+        parts = {"transformer": torch.nn.Linear(4, 4), "vae": torch.nn.Linear(4, 4)}
+        return SimpleNamespace(parts=parts, part=parts.__getitem__)
+
+    model = load_in_turns(group, load, lambda m: ["transformer"])
+    turn = [1, 2, 0].index(rank)
+    assert events == ["barrier"] * turn + ["load"] + ["barrier"] * (3 - turn)
+    assert all(p.is_meta for p in model.part("transformer").parameters()) == (rank != 0)
+    assert not any(p.is_meta for p in model.part("vae").parameters())

@@ -167,6 +167,31 @@ def test_the_shards_cpu_offload_moves_them_to_host_ram_and_a_lora_is_not_sharded
     assert result.peak_bytes == estimate_from_counts(lora, replace(settings, trains_in_place=False)).peak_bytes
 
 
+def test_the_host_ram_of_all_sharded_processes_holds_one_whole_model_at_a_time():
+    """SHARDED processes read the model one at a time (`sharding.load_in_turns`): all of them together hold one
+    process's load (rank 0's, last) and the others' frozen parts, not N whole models; each process's own figure is as
+    before. Training is each process's figure N times."""
+    counts, settings = _sharded_setup()
+    one = estimate_from_counts(counts, settings)
+    assert one.host_all_bytes == 0 and "processes together" not in one.text()
+    process = HOST_PROCESS + HOST_CUDA_RUNTIME
+    for n in (2, 4):
+        result = estimate_from_counts(counts, replace(settings, processes=n, multi_gpu_mode="SHARDED"))
+        assert result.host_loading == 16e9 + 2e9  # the float32 transformer and the bfloat16 text encoder
+        assert result.host_bytes == one.host_bytes == process + 18e9
+        assert result.host_all_bytes == pytest.approx(n * process + 18e9 + (n - 1) * 2e9)
+        assert result.host_all_bytes < n * result.host_bytes - (n - 1) * 15e9  # not n whole transformers
+        assert f"host RAM of the {n} processes together {size_text(result.host_all_bytes)}" in result.text()
+    # The shards in host RAM while training: each process's training figure, n times, where that is larger.
+    offloaded = estimate_from_counts(
+        counts, replace(settings, processes=2, multi_gpu_mode="SHARDED", sharded_cpu_offload=True)
+    )
+    assert offloaded.host_training > offloaded.host_loading
+    assert offloaded.host_all_bytes == pytest.approx(2 * process + 2 * offloaded.host_training)
+    # Data parallel keeps its per-process figure alone.
+    assert estimate_from_counts(counts, replace(settings, processes=2)).host_all_bytes == 0
+
+
 def _split_setup(devices: int, memory: float | None = None, **changes):
     """A LoRA on a bfloat16 transformer of 40 declared blocks (1e8 weights and 1e6 adapter weights each, 1e8 weights
     and 1e6 adapter weights outside them) beside a small text encoder, split over `devices` of `memory` (None: not

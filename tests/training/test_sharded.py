@@ -102,9 +102,12 @@ def test_two_sharded_processes_train_what_one_process_trains_at_2b(one_process, 
     sizes = tmp_path / "sizes"
     sizes.mkdir()
     saves = {"save_every": 1, "save_every_unit": "EPOCH"}  # an intermediate save after the first epoch too
-    done = _torchrun(tmp_path, _config(tmp_path, **saves), {"SHARD_TEST_SIZES": str(sizes)})
+    done = _torchrun(
+        tmp_path, _config(tmp_path, **saves), {"SHARD_TEST_SIZES": str(sizes), "SHARD_TEST_LOAD": str(sizes)}
+    )
     output = done.stdout + done.stderr
     assert re.search(r"transformer sharded over 2 processes as [1-9]\d* blocks and the rest", output), output
+    assert "the 2 processes read the model one at a time: this one's turn is 2" in output  # rank 0's, said to the user
     final = _weights(tmp_path / "out" / "model")
     _assert_same(final, one_process)
     assert output.count("model saved:") == 1
@@ -123,6 +126,15 @@ def test_two_sharded_processes_train_what_one_process_trains_at_2b(one_process, 
         for r in ranks:
             assert 0.4 * whole <= r[f"{kind}_local"] <= 0.6 * whole, (kind, ranks)
     assert ranks[0]["optimizer_whole"] == 2 * ranks[0]["weights_whole"]  # AdamW's two moments per weight
+    # The processes read the model one at a time, rank 0 last (`sharding.load_in_turns`): rank 1 let go of the
+    # transformer's weights before rank 0 began to read, and held none of them until rank 0 sent it its shards, so the
+    # two processes together held one whole transformer at a time, not two.
+    loads = [json.loads((sizes / f"load-rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
+    whole = loads[0]["whole"]
+    assert whole >= 2 * ranks[0]["weights_whole"] and loads[1]["whole"] == whole  # float32: 4 bytes a weight
+    assert loads[1]["start"] < loads[1]["read"] <= loads[1]["released"][0] < loads[0]["start"] < loads[0]["read"]
+    assert loads[1]["after_turns"] == loads[1]["before_shard"] == 0
+    assert loads[0]["after_turns"] == loads[0]["before_shard"] == whole
     # The transformer waited in host RAM until sharding moved its shards to the device: never placed there whole.
     for r in ranks:
         assert ["transformer", "device"] not in r["moves"] and ["vae", "device"] in r["moves"], r["moves"]
