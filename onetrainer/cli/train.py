@@ -87,8 +87,9 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         "--fit-ram",
         type=float,
         metavar="GB",
-        help="the host RAM (GiB) the fit must stay within, beside --fit-vram or alone: a change that needs more (layer "
-        "offloading keeps the blocks in RAM) is left out, and a run the host cannot hold is refused",
+        help="the host RAM (GiB) the fit must stay within, beside --fit-vram or alone (a sharded run's processes "
+        "together): a change that needs more (layer offloading keeps the blocks in RAM) is left out, and a run the "
+        "host cannot hold is refused",
     )
     parser.add_argument(
         "--train",

@@ -288,6 +288,11 @@ class Estimate:
     device_blocks: dict[str, str] = field(default_factory=dict)
 
     @property
+    def machine_host_bytes(self) -> float:
+        """The host RAM the run takes of its machine: a sharded run's processes together, else the process's peak."""
+        return self.host_all_bytes or self.host_bytes
+
+    @property
     def gpus(self) -> int:
         """The GPUs the peak is per: the processes, or the devices of a model split."""
         return max(self.processes, len(self.devices))

@@ -69,7 +69,9 @@ class Fit:
 
     @property
     def fits_ram(self) -> bool:
-        return self.estimate is not None and (self.ram_budget is None or self.estimate.host_bytes <= self.ram_budget)
+        return self.estimate is not None and (
+            self.ram_budget is None or self.estimate.machine_host_bytes <= self.ram_budget
+        )
 
     @property
     def fits(self) -> bool:
@@ -83,7 +85,9 @@ class Fit:
         budgets += [f"{size_text(self.ram_budget)} RAM"] if self.ram_budget is not None else []
         budget = " and ".join(budgets)
         estimate = self.estimate
-        figures = f"{size_text(estimate.peak_bytes)} VRAM, {size_text(estimate.host_bytes)} RAM" if estimate else "?"
+        figures = (
+            f"{size_text(estimate.peak_bytes)} VRAM, {size_text(estimate.machine_host_bytes)} RAM" if estimate else "?"
+        )
         if self.fits:
             if not self.changes:
                 return f"fits {budget} as it is (≈ {figures})"
@@ -155,7 +159,7 @@ def fit_to_budget(
             continue
         if _breaks_ram(fit, before, fit.estimate):
             taken = ", ".join(f"{c.path} {json_text(c.after)}" for c in fit.changes[changed:])
-            fit.left_out.append(f"{taken} (≈ {size_text(fit.estimate.host_bytes)} RAM)")
+            fit.left_out.append(f"{taken} (≈ {size_text(fit.estimate.machine_host_bytes)} RAM)")
         trial, fit.estimate = saved, before
         del fit.changes[changed:]
     if fit.fits and any(c.path == "batch_size" for c in fit.changes):
@@ -176,7 +180,7 @@ def machine_gpus(train_device: str) -> int:
 
 def _breaks_ram(fit: Fit, before: Estimate, after: Estimate) -> bool:
     """Whether a step pushed the host RAM over its budget, or further over it."""
-    return fit.ram_budget is not None and after.host_bytes > max(fit.ram_budget, before.host_bytes)
+    return fit.ram_budget is not None and after.machine_host_bytes > max(fit.ram_budget, before.machine_host_bytes)
 
 
 def _helps(fit: Fit, before: Estimate, after: Estimate) -> bool:
@@ -185,8 +189,10 @@ def _helps(fit: Fit, before: Estimate, after: Estimate) -> bool:
     if _breaks_ram(fit, before, after):
         return False
     vram_over = fit.budget is not None and before.peak_bytes > fit.budget
-    ram_over = fit.ram_budget is not None and before.host_bytes > fit.ram_budget
-    return (vram_over and after.peak_bytes < before.peak_bytes) or (ram_over and after.host_bytes < before.host_bytes)
+    ram_over = fit.ram_budget is not None and before.machine_host_bytes > fit.ram_budget
+    return (vram_over and after.peak_bytes < before.peak_bytes) or (
+        ram_over and after.machine_host_bytes < before.machine_host_bytes
+    )
 
 
 def apply(config: TrainConfig, changes: list[Change]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from onetrainer.config import config_from_dict, load_layers
 from onetrainer.config.enums import DataType, MultiGpuMode, Optimizer
 from onetrainer.training.estimate import MIB, Estimate, estimate
-from onetrainer.training.fit import GIB, apply, fit_to_budget
+from onetrainer.training.fit import GIB, Fit, apply, fit_to_budget
 
 
 def _flux_lora():
@@ -360,3 +360,15 @@ def test_train_py_fits_the_run_prints_each_change_and_exits_unless_asked_to_trai
     assert len(trained) == 1
     config, _ = load_layers("flux/lora-24gb", None, [])
     assert config.transformer.offload_fraction == 0  # the preset file is never changed
+
+
+def test_the_ram_budget_holds_a_sharded_runs_processes_together():
+    """--fit-ram is the machine's host RAM: a sharded run's processes together count against it, not one process's
+    peak (each holds little, all of them together one whole model at load)."""
+    sharded = Estimate(10 * GIB, None, {}, device="cuda")
+    sharded.host_bytes, sharded.host_all_bytes, sharded.processes = 30 * GIB, 70 * GIB, 4
+    assert Fit(None, estimate=sharded, ram_budget=64 * GIB).fits is False
+    assert Fit(None, estimate=sharded, ram_budget=80 * GIB).fits is True
+    alone = Estimate(10 * GIB, None, {}, device="cuda")
+    alone.host_bytes = 30 * GIB
+    assert alone.machine_host_bytes == 30 * GIB and Fit(None, estimate=alone, ram_budget=32 * GIB).fits
