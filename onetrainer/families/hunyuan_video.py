@@ -19,7 +19,10 @@ are one-frame clips).
   sample's CFG scale as the distilled guidance (no unconditioned pass), and are a `SampleClip` of the sample's frames
   (4k + 1) at 24 fps.
 - Saving: the pipeline folder (also the backup). LoRA files: DIFFUSERS_LORA (peft names under `transformer.`, which
-  `HunyuanVideoPipeline.load_lora_weights` reads; the text encoders' under `text_encoder.` / `text_encoder_2.`).
+  `HunyuanVideoPipeline.load_lora_weights` reads; the text encoders' under `text_encoder.` / `text_encoder_2.`),
+  COMFY_LORA (diffusion-pipe's layout over the original module names, which ComfyUI maps and diffusers' converter
+  reads in part) and KOHYA_LORA (musubi-tuner's `lora_unet_` names), `weights/hunyuan_video_lora.py`; the text
+  encoders' kohya names are `lora_te1_` (Llama) and `lora_te2_` (CLIP-L). Embeddings: `llama` and `clip_l`.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from onetrainer.families.text_encoding import pool_at_end_token
 from onetrainer.families.vae import load_vae_override
 from onetrainer.families.video_vae import encode_clips
 from onetrainer.noise.prediction import Prediction
-from onetrainer.weights import kohya_lora
+from onetrainer.weights import hunyuan_video_lora, kohya_lora
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -104,6 +107,7 @@ class HunyuanVideoFamily(FlowPipelineFolder, Family):
         "transformer": ("transformer_blocks", "single_transformer_blocks"),
         "text_encoder": ("layers",),
     }
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": hunyuan_video_lora.COMFY_PREFIX}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -266,7 +270,35 @@ class HunyuanVideoFamily(FlowPipelineFolder, Family):
 
     # -- names ----------------------------------------------------------------------------------------------------
 
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
+        """The transformer's adapters over the original names (`weights/hunyuan_video_lora.py`): musubi-tuner's
+        layout for KOHYA_LORA, diffusion-pipe's (ComfyUI's) for COMFY_LORA; the text encoders take the generic one."""
+        if part != "transformer":
+            return None
+        config = model.part("transformer").config
+        if fmt is ModelFormat.COMFY_LORA:
+            return hunyuan_video_lora.transformer_to_comfy(kind, state, alphas, ranks, config)
+        return hunyuan_video_lora.LAYOUT.to_kohya(kind, state, alphas, ranks, config)
+
+    def read_lora_file(self, model, part, kind, state):
+        if part != "transformer":
+            return None
+        return hunyuan_video_lora.LAYOUT.read_file(kind, state, model.part("transformer").config)
+
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A COMFY_LORA (diffusion-pipe) file's transformer keys under the kohya names the layout reads."""
+        return hunyuan_video_lora.comfy_to_kohya(state, model.part("transformer").config)
+
+    def comfy_module_path(self, part: str, module_path: str) -> str:
+        """Unused for the transformer, whose COMFY_LORA layout (original names, `diffusion_model.`) is
+        `lora_file_state`'s."""
+        return module_path
+
     def kohya_name(self, model: LoadedModel, part: str, module_path: str) -> str:
+        """The transformer: `lora_unet_<original path>` (a slice of a fused layer: `lora_transformer_<diffusers
+        path>`); the Llama `lora_te1_`, CLIP-L `lora_te2_` over their module paths."""
+        if part == "transformer":
+            return hunyuan_video_lora.LAYOUT.kohya_name(module_path, model.part("transformer").config)
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:

@@ -15,6 +15,7 @@ from onetrainer.config.family_info import (
     LAYER_OFFLOADING,
     LAYER_SKIP,
     FamilyInfo,
+    FileCaveat,
     FrameCounts,
     ModelTypeInfo,
     PartRole,
@@ -25,6 +26,16 @@ from onetrainer.families import reference_configs as ref
 from onetrainer.families.lora_caveats import text_encoder_caveat
 
 _DIFFUSERS_READS = "diffusers' HunyuanVideoPipeline.load_lora_weights reads the transformer's part of a DIFFUSERS_LORA"
+_DIFFUSERS_CONVERTER = (
+    "diffusers' HunyuanVideo converter reads the double blocks of such a file; it splits a single block's linear1 at "
+    "the released model's width only, refuses a LoRA on the token refiner's fused q/k/v (the attn presets include "
+    "it), and drops the modules outside the blocks; ComfyUI reads the whole file"
+)
+_MUSUBI_ONLY = (
+    "musubi-tuner reads it (its convert_lora.py --target other writes the COMFY_LORA layout, what ComfyUI reads); "
+    "ComfyUI maps only some `lora_unet_` names of HunyuanVideo (its own modules are named otherwise) and diffusers' "
+    "HunyuanVideo loader none"
+)
 
 HUNYUAN_VIDEO = FamilyInfo(
     key="hunyuan_video",
@@ -41,7 +52,7 @@ HUNYUAN_VIDEO = FamilyInfo(
     methods=ALL_METHODS,
     output_formats={
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     # OneTrainer's HunyuanVideo presets (BaseHunyuanVideoSetup.LAYER_PRESETS), matched as substrings of module paths
@@ -59,9 +70,13 @@ HUNYUAN_VIDEO = FamilyInfo(
         "transformer": frozenset({LAYER_OFFLOADING}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
-    file_caveats=tuple(
-        text_encoder_caveat(part, f"{_DIFFUSERS_READS} file, not the {name} LoRA")
-        for part, name in (("text_encoder", "Llama"), ("text_encoder_2", "CLIP-L"))
+    file_caveats=(
+        *(
+            text_encoder_caveat(part, f"{_DIFFUSERS_READS} file, not the {name} LoRA")
+            for part, name in (("text_encoder", "Llama"), ("text_encoder_2", "CLIP-L"))
+        ),
+        FileCaveat(ModelFormat.COMFY_LORA, _DIFFUSERS_CONVERTER),
+        FileCaveat(ModelFormat.KOHYA_LORA, _MUSUBI_ONLY),
     ),
     video=FrameCounts(),
     notes="A video model: a concept's clips train as windows of 4k + 1 frames (its `video` settings; the run's "
@@ -80,7 +95,12 @@ HUNYUAN_VIDEO = FamilyInfo(
     "`timestep_shift` shifts the training times (the model samples at shift 7). Samples run HunyuanVideoPipeline "
     "with the model's own flow-matching Euler sampler and are clips of the sample's `frames` (4k + 1; a still at 1) "
     "at 24 fps. LoRA files: DIFFUSERS_LORA (peft names under `transformer.`; HunyuanVideoPipeline's "
-    "`load_lora_weights`). Fine-tunes: a diffusers folder (also the backup, usable as a base model).",
+    "`load_lora_weights`), COMFY_LORA (diffusion-pipe's layout, which ComfyUI maps: `diffusion_model.` + the "
+    "original module names, `.lora_A`/`.lora_B` with the scale folded in, q/k/v and a single block's linear1 as one "
+    "exact LoRA on the fused layer) or KOHYA_LORA (musubi-tuner's: `lora_unet_` + the original names with alphas); "
+    "LoHa and LoKr keep each projection of a fused layer under `lora_transformer_` + its diffusers name (read back "
+    "here). Embeddings train on both text encoders (`llama`, `clip_l` in the file, OneTrainer's keys). Fine-tunes: a "
+    "diffusers folder (also the backup, usable as a base model).",
 )
 # diffusers' pipeline defaults: 720x1280, 50 steps, distilled guidance 6.0, on the model's flow-matching Euler sampler
 _HUNYUAN_VIDEO_SAMPLE = SampleDefaults(1280, 720, 50, 6.0, NoiseScheduler.EULER)

@@ -214,3 +214,158 @@ def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_r
     theirs = transformer_output(pipe.transformer)
     assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
     assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+
+
+def save_as(config: dict, destination: Path, fmt: str, **changes) -> dict[str, torch.Tensor]:
+    """The LoRA of `config`'s output read into a fresh model and written again as `fmt`."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.methods import create_method
+
+    family, fresh = our_model()
+    data = {**config, "lora_model_name": config["output_model_destination"], "output_model_format": fmt, **changes}
+    cfg, _ = config_from_dict(data)
+    create_method(cfg, family, fresh, torch.device("cpu")).save_output(destination)
+    return load_file(str(destination))
+
+
+@pytest.mark.parametrize("fmt", ["COMFY_LORA", "KOHYA_LORA"])
+def test_comfyui_and_musubi_layouts_read_back_as_trained(lora_run, tmp_path, fmt):
+    """The trained adapters written over the original module names, fused q/k/v and linear1 as one exact LoRA each:
+    diffusion-pipe's layout that ComfyUI maps (`diffusion_model.double_blocks.N.img_attn_qkv.lora_A.weight`, the
+    scale folded, no alpha) or musubi-tuner's (`lora_unet_double_blocks_N_img_attn_qkv`); ours reads each back to the
+    transformer the DIFFUSERS_LORA gives."""
+    _, config = lora_run
+    path = tmp_path / "lora.safetensors"
+    state = save_as(config, path, fmt)
+    if fmt == "COMFY_LORA":
+        assert {
+            "diffusion_model.double_blocks.0.img_attn_qkv.lora_A.weight",
+            "diffusion_model.double_blocks.0.txt_attn_qkv.lora_B.weight",
+            "diffusion_model.double_blocks.0.img_mlp.fc2.lora_B.weight",
+            "diffusion_model.single_blocks.0.linear1.lora_A.weight",
+            "diffusion_model.txt_in.individual_token_refiner.blocks.1.self_attn_qkv.lora_B.weight",
+        } <= state.keys()
+        assert all(k.startswith("diffusion_model.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in state)
+    else:
+        assert {
+            "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
+            "lora_unet_double_blocks_0_txt_attn_proj.alpha",
+            "lora_unet_single_blocks_0_linear1.lora_up.weight",
+            "lora_unet_txt_in_individual_token_refiner_blocks_0_mlp_fc1.lora_down.weight",
+        } <= state.keys()
+    qkv = "diffusion_model.double_blocks.0.img_attn_qkv.lora_A.weight"
+    assert fmt != "COMFY_LORA" or state[qkv].shape[0] == 3 * 4  # q, k and v's rank-4 adapters, block-diagonal
+    _, expected = our_model(method=True, lora_model_name=config["output_model_destination"])
+    _, again = our_model(method=True, lora_model_name=str(path), output_model_format=fmt)
+    assert torch.allclose(transformer_output(again.part("transformer")),
+                          transformer_output(expected.part("transformer")), atol=1e-5)  # fmt: skip
+
+
+def test_diffusers_converter_reads_the_comfy_files_double_blocks_as_ours(lora_run, tmp_path):
+    """diffusers' `_convert_hunyuan_video_lora_to_diffusers` (HunyuanVideoPipeline.load_lora_weights) reads the
+    COMFY_LORA file's double blocks exactly (its split of a single block's linear1 is fixed at the released width,
+    3072, and it splits a refiner's fused q/k/v down matrix too: those parts are left to ComfyUI and to ours)."""
+    _, config = lora_run
+    state = save_as(config, tmp_path / "lora.safetensors", "COMFY_LORA")
+    double = {k: v for k, v in state.items() if k.startswith("diffusion_model.double_blocks.")}
+    theirs = pipeline()
+    theirs.load_lora_weights(double)
+    reference = pipeline()
+    diffusers_state = load_file(config["output_model_destination"])
+    reference.load_lora_weights(
+        {k: v for k, v in diffusers_state.items() if k.startswith("transformer.transformer_blocks.")}
+    )
+    assert torch.allclose(transformer_output(theirs.transformer), transformer_output(reference.transformer), atol=1e-5)
+    assert not torch.allclose(transformer_output(theirs.transformer), transformer_output(pipeline().transformer),
+                              atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr on the double blocks' attention in COMFY_LORA: a whole original module under
+    `diffusion_model.<original path>` (`img_attn_proj`), each projection of a fused q/k/v under
+    `lora_transformer_<diffusers path>`; read back into a fresh model they give the trained transformer."""
+    from tests.helpers import keep_trained_output, run_config
+
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    folder = clip_folder(tmp_path)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter="^transformer_blocks\\.\\d+\\.attn\\.", layer_filter_regex=True,
+        text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"diffusion_model.double_blocks.0.img_attn_proj.{marker}" in state
+    assert f"lora_transformer_transformer_blocks_0_attn_to_q.{marker}" in state
+    path = config["output_model_destination"]
+    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
+    import json
+
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from tests.helpers import assert_only_the_denoiser_trained, run_config
+
+    folder = clip_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, VARIANT, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
+        text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+    )  # fmt: skip
+    run_config(config)
+    trained = pipeline(tmp_path / "out" / "model")
+    base = pipeline()
+    frozen = ("text_encoder", "text_encoder_2", "vae")
+    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler) and trained.scheduler.config.shift == 7.0
+    index = json.loads((tmp_path / "out" / "model" / "model_index.json").read_text())
+    assert index["_class_name"] == "HunyuanVideoPipeline"
+
+    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
+    assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_an_embedding_trains_on_both_encoders_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `llama` and `clip_l` (OneTrainer's keys); set into diffusers' tokenizers and
+    encoders as new tokens (the pipeline has no textual-inversion loader), they give our conditioning."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import image_folder, local_config, run_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)
+    assert {"llama", "clip_l"} <= vectors.keys()
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    for tokenizer, encoder, key in ((pipe.tokenizer, pipe.text_encoder, "llama"),
+                                    (pipe.tokenizer_2, pipe.text_encoder_2, "clip_l")):  # fmt: skip
+        tokens = ["<shape>"] + [f"<shape>_{i}" for i in range(1, len(vectors[key]))]
+        tokenizer.add_tokens(tokens)
+        encoder.resize_token_embeddings(len(tokenizer))
+        with torch.no_grad():
+            table = encoder.get_input_embeddings().weight
+            for token, vector in zip(tokens, vectors[key], strict=True):
+                table[tokenizer.convert_tokens_to_ids(token)] = vector
+    prompt = "a photo of " + " ".join(["<shape>"] + [f"<shape>_{i}" for i in range(1, len(vectors["llama"]))])
+    with torch.no_grad():
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
+        embeds, pooled, _ = pipe.encode_prompt([prompt], device="cpu")
+    assert torch.allclose(ours.hidden_states, embeds, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
