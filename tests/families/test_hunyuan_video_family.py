@@ -2,8 +2,12 @@
 pipeline's prompt template, cropped; CLIP-L pooled), the 5-D latents of clips (scaled) and the prediction with the
 guidance input are HunyuanVideoPipeline's; the text cache keeps each caption's tokens; caption dropout keeps the mask;
 a folder of clips and a still trains a LoRA from the CLI (`scripts/train.py`'s main), its clips' latents cached 5-D,
-and the DIFFUSERS_LORA file loads in `HunyuanVideoPipeline.load_lora_weights` with every module landing, as ours;
-samples are clips of the sample's frames."""
+and the DIFFUSERS_LORA file loads in `HunyuanVideoPipeline.load_lora_weights` with every module landing, as ours; the
+same adapters as COMFY_LORA (diffusion-pipe's layout that ComfyUI maps) and KOHYA_LORA (musubi-tuner's) read back as
+trained, the COMFY_LORA file's double blocks through diffusers' converter too; samples are clips of the sample's
+frames as the pipeline renders them; LoHa and LoKr train; a fine-tune writes a folder that loads in diffusers and back;
+an embedding trains on both text encoders; layer offloading with checkpointing, 8-bit weights and validation work on
+clips."""
 
 from __future__ import annotations
 
@@ -369,3 +373,36 @@ def test_an_embedding_trains_on_both_encoders_and_prompts_the_pipeline_as_ours(t
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
         embeds, pooled, _ = pipe.encode_prompt([prompt], device="cpu")
     assert torch.allclose(ours.hidden_states, embeds, atol=1e-5) and torch.allclose(ours.pooled, pooled, atol=1e-5)
+
+
+def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's double- and single-stream blocks and the Llama's layers waiting off the device,
+    gradient checkpointing on: the same losses and LoRA as without (stills as one-frame clips, their latents 5-D)."""
+    from tests.helpers import assert_offloading_trains_the_same_lora
+
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, VARIANT, {"HunyuanVideoTransformer3DModel", "LlamaModel"}
+    )
+
+
+def test_clips_train_with_8_bit_weights_and_validate(tmp_path):
+    """A LoRA over a float8 transformer and int8 text encoders, on clips: it trains (finite losses), validates on the
+    clip held out (its 5-D latents at fixed times) and writes its file."""
+    from onetrainer.training.events import Metrics, Validated
+    from tests.helpers import run_config
+
+    folder = clip_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", frames="5", transformer={"weight_dtype": "FLOAT_8"},
+        text_encoder={"train": False, "weight_dtype": "INT_8"},
+        text_encoder_2={"train": False, "weight_dtype": "INT_8"},
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], validation=True, validation_holdout=1,
+        validate_after=1, validate_after_unit="EPOCH",
+    )  # fmt: skip
+    events = run_config(config)
+    losses = [e.loss for e in events if isinstance(e, Metrics)]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    (validated,) = [e for e in events if isinstance(e, Validated)]
+    assert torch.isfinite(torch.tensor(validated.loss))
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in load_file(config["output_model_destination"])
