@@ -103,6 +103,33 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
     assert not torch.allclose(predicted, other, atol=1e-4)  # the guidance value reaches the transformer
 
 
+def test_training_feeds_the_configured_guidance_as_the_pipeline_scales_it():
+    """`transformer.guidance_scale` (OneTrainer's setting) reaches the transformer · 1000, as the pipeline gives its
+    guidance_scale; `text_encoder.layer_skip` reads an earlier Llama layer (the pipeline's template and crop are
+    ours)."""
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+
+    from onetrainer.families.hunyuan_video import CROP_START, PROMPT_TEMPLATE
+
+    assert (DEFAULT_PROMPT_TEMPLATE["template"], DEFAULT_PROMPT_TEMPLATE["crop_start"]) == (PROMPT_TEMPLATE, CROP_START)
+    family, model = our_model(transformer={"guidance_scale": 3.5}, text_encoder={"layer_skip": 1})
+    assert model.family_state(HunyuanVideoState).guidance == 3.5
+    pipe = pipeline()
+    with torch.no_grad():
+        ours = family.encode_text(model, CAPTIONS)
+        embeds, mask = pipe._get_llama_prompt_embeds(
+            list(CAPTIONS), DEFAULT_PROMPT_TEMPLATE, device="cpu", num_hidden_layers_to_skip=3
+        )
+        assert torch.equal(ours.hidden_states, embeds)  # one layer earlier than the pipeline's default
+        noisy, times = torch.randn(2, 16, 1, 2, 2), torch.tensor([100.0, 900.0])
+        predicted = family.predict(model, noisy, times, ours, {}).output
+        theirs = pipe.transformer(
+            noisy, times, ours.hidden_states, mask, ours.pooled, guidance=torch.tensor([3500.0, 3500.0]),
+            return_dict=False,
+        )[0]  # fmt: skip
+    assert torch.allclose(predicted, theirs, atol=1e-5)
+
+
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
     family, model = our_model()
     rows = encode_text_entries(family, model, CAPTIONS)
