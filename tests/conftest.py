@@ -94,6 +94,16 @@ def counted_hub(no_hub, monkeypatch):
 
 
 @pytest.fixture
+def unbuilt_model_type(monkeypatch):
+    """A OneTrainer model type no family builds, for this test: HUNYUAN_VIDEO with its declaration and family taken out
+    of the tables (`tests.helpers.make_unbuilt`; restored afterwards), for the tests of the "not built yet" path."""
+    from onetrainer.config.enums import ModelType
+    from tests.helpers import make_unbuilt
+
+    return make_unbuilt(monkeypatch, ModelType.HUNYUAN_VIDEO)
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run the test with the working directory in a fresh temporary folder (relative paths resolve there)."""
     monkeypatch.chdir(tmp_path)

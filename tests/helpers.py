@@ -64,6 +64,25 @@ OUTPUTS = {
 }
 
 
+def make_unbuilt(monkeypatch, model_type):
+    """Make `model_type` one no family builds for one test (a OneTrainer model type this trainer does not train yet):
+    its declaration out of `config.model_types.MODEL_TYPES`, its family's facts out of `FAMILIES` (where no other
+    model type shares them) and its class out of `families.registry.FAMILY_CLASSES`; `monkeypatch` puts them back
+    after the test. Returns the model type."""
+    from onetrainer.config.model_types import FAMILIES, MODEL_TYPES
+    from onetrainer.families.registry import FAMILY_CLASSES
+
+    info = MODEL_TYPES.get(model_type)
+    if info is None:
+        return model_type
+    monkeypatch.delitem(MODEL_TYPES, model_type)
+    key = info.family.key
+    if all(other.family.key != key for other in MODEL_TYPES.values()):
+        monkeypatch.delitem(FAMILIES, key, raising=False)
+        monkeypatch.delitem(FAMILY_CLASSES, key, raising=False)
+    return model_type
+
+
 def nf4_stand_ins(config) -> dict[str, str]:
     """`--set` overrides that train a config's NFLOAT_4 parts in FLOAT_8 where bitsandbytes has no CUDA device (the CPU
     runs of the tests): the same path (a frozen, quantized part computed in the training dtype) but the kernel. Empty

@@ -1303,3 +1303,84 @@ WAN_SCHEDULER: Config = {
 }
 # Wan 2.2 A14B's model_index.json: the high-noise expert runs while the timestep is at least 0.875 · 1000.
 WAN22_BOUNDARY_RATIO = 0.875
+
+# --- HunyuanVideo (hunyuanvideo-community/HunyuanVideo, tencent/HunyuanVideo in diffusers' layout) ------------------
+# The text-to-video transformer: 20 double-stream and 40 single-stream blocks over (1, 2, 2) patches of 16-channel
+# latents, a token refiner (2 blocks) over Llama's states, CLIP-L's pooled output and the guidance value in the time
+# embedding (guidance-distilled), 3-D rotary embeddings split 16/56/56 over (frames, rows, columns). diffusers' defaults
+# for HunyuanVideoTransformer3DModel are this config.
+HUNYUAN_VIDEO_TRANSFORMER: Config = {
+    "_class_name": "HunyuanVideoTransformer3DModel",
+    "attention_head_dim": 128,
+    "guidance_embeds": True,
+    "image_condition_type": None,
+    "in_channels": 16,
+    "mlp_ratio": 4.0,
+    "num_attention_heads": 24,
+    "num_layers": 20,
+    "num_refiner_layers": 2,
+    "num_single_layers": 40,
+    "out_channels": 16,
+    "patch_size": 2,
+    "patch_size_t": 1,
+    "pooled_projection_dim": 768,
+    "qk_norm": "rms_norm",
+    "rope_axes_dim": [16, 56, 56],
+    "rope_theta": 256.0,
+    "text_embed_dim": 4096,
+}
+# HunyuanVideo's causal 3-D VAE (AutoencoderKLHunyuanVideo): 8x spatial, 4x temporal after the first frame, 16 latent
+# channels scaled by one factor (no per-channel statistics).
+HUNYUAN_VIDEO_VAE: Config = {
+    "_class_name": "AutoencoderKLHunyuanVideo",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["HunyuanVideoDownBlock3D"] * 4,
+    "in_channels": 3,
+    "latent_channels": 16,
+    "layers_per_block": 2,
+    "mid_block_add_attention": True,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "scaling_factor": 0.476986,
+    "spatial_compression_ratio": 8,
+    "temporal_compression_ratio": 4,
+    "up_block_types": ["HunyuanVideoUpBlock3D"] * 4,
+}
+# The text encoder: the language model of LLaVA-Llama-3-8B (xtuner/llava-llama-3-8b-v1_1), a LlamaModel (no LM head)
+# with Llama 3's shape and a vocabulary of 128320 (Llama 3's and LLaVA's added tokens); the pipeline reads its
+# third-last hidden states.
+HUNYUAN_VIDEO_LLAMA_TEXT: Config = {
+    "architectures": ["LlamaModel"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 128320,
+}
+# Its tokenizer: Llama 3's byte-level BPE; captions are padded on the right (the pipeline crops the template's tokens
+# off the front).
+HUNYUAN_VIDEO_LLAMA_TOKENIZER: Config = {**LLAMA3_TOKENIZER, "padding_side": "right"}
+# The pipeline's sampler (scheduler_config.json): flow-matching Euler at a fixed shift of 7.
+HUNYUAN_VIDEO_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 7.0,
+    "use_dynamic_shifting": False,
+}

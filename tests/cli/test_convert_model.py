@@ -204,7 +204,7 @@ def test_an_sdxl_embedding_converts_dtype_and_a_wrong_one_is_named(tmp_path, cap
     assert not bad_out.exists()
 
 
-def test_arguments_that_cannot_work(tmp_path, capsys):
+def test_arguments_that_cannot_work(tmp_path, capsys, unbuilt_model_type):
     base = str(tiny_model_dir("sd15"))
     out = str(tmp_path / "out.safetensors")
     cases = [
@@ -212,8 +212,8 @@ def test_arguments_that_cannot_work(tmp_path, capsys):
          "not a FINE_TUNE format"),
         (["--model-type", "STABLE_DIFFUSION_15", "--training-method", "LORA", "--input-name", base,
           "--output-model-format", "KOHYA_LORA"], "needs its base model"),
-        (["--model-type", "HUNYUAN_VIDEO", "--input-name", base, "--output-model-format", "DIFFUSERS"],
-         "HUNYUAN_VIDEO"),
+        (["--model-type", unbuilt_model_type.value, "--input-name", base, "--output-model-format", "DIFFUSERS"],
+         unbuilt_model_type.value),
         (["--model-type", "SD99", "--input-name", base, "--output-model-format", "DIFFUSERS"], "unknown value"),
     ]  # fmt: skip
     for args, message in cases:

@@ -110,7 +110,7 @@ def test_settings_name_capabilities_the_families_declare() -> None:
         assert family.capabilities <= CAPABILITIES, family.key
 
 
-def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares() -> None:
+def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares(unbuilt_model_type) -> None:
     sd = MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
     family = FamilyInfo(
         key="variance_dit",
@@ -127,32 +127,30 @@ def test_a_new_family_gets_the_settings_of_the_capabilities_it_declares() -> Non
         capabilities=frozenset({"learned_variance"}),
     )
     undo = register_model_type(
-        dataclasses.replace(sd, model_type=ModelType.HUNYUAN_VIDEO, label="Variance DiT", family=family)
+        dataclasses.replace(sd, model_type=unbuilt_model_type, label="Variance DiT", family=family)
     )
     try:
-        assert _applies(ModelType.HUNYUAN_VIDEO, "vb_loss_strength")
-        assert not _applies(ModelType.HUNYUAN_VIDEO, "generalized_offset_noise")
-        assert _applies(ModelType.HUNYUAN_VIDEO, "text_encoder_2.train_embedding")  # from its two text encoders
+        assert _applies(unbuilt_model_type, "vb_loss_strength")
+        assert not _applies(unbuilt_model_type, "generalized_offset_noise")
+        assert _applies(unbuilt_model_type, "text_encoder_2.train_embedding")  # from its two text encoders
     finally:
         undo()
-    assert ModelType.HUNYUAN_VIDEO not in MODEL_TYPES and "variance_dit" not in FAMILIES
+    assert unbuilt_model_type not in MODEL_TYPES and "variance_dit" not in FAMILIES
 
 
-def test_a_flow_matching_family_gets_the_dynamic_shift_and_the_sigma_weighting() -> None:
+def test_a_flow_matching_family_gets_the_dynamic_shift_and_the_sigma_weighting(unbuilt_model_type) -> None:
     from onetrainer.config import config_from_dict
     from onetrainer.config.enums import LossWeight
     from onetrainer.config.validation import validate
 
     sd = MODEL_TYPES[ModelType.STABLE_DIFFUSION_15]
     family = dataclasses.replace(sd.family, key="flow_dit", label="Flow DiT", capabilities=frozenset({"flow_matching"}))
-    undo = register_model_type(
-        dataclasses.replace(sd, model_type=ModelType.HUNYUAN_VIDEO, label="Flow DiT", family=family)
-    )
+    undo = register_model_type(dataclasses.replace(sd, model_type=unbuilt_model_type, label="Flow DiT", family=family))
     try:
-        assert _applies(ModelType.HUNYUAN_VIDEO, "dynamic_timestep_shifting", TrainingMethod.LORA)
+        assert _applies(unbuilt_model_type, "dynamic_timestep_shifting", TrainingMethod.LORA)
         assert not _applies(ModelType.STABLE_DIFFUSION_15, "dynamic_timestep_shifting", TrainingMethod.LORA)
         # OneTrainer's key loads (no longer an ignored setting) and the SIGMA weighting is checked by capability
-        config, problems = config_from_dict({"model_type": "HUNYUAN_VIDEO", "dynamic_timestep_shifting": True})
+        config, problems = config_from_dict({"model_type": unbuilt_model_type.value, "dynamic_timestep_shifting": True})
         assert config.dynamic_timestep_shifting and not problems
         config.loss_weight_fn = LossWeight.SIGMA
         assert not [p for p in validate(config) if p.path == "loss_weight_fn"]

@@ -45,7 +45,6 @@ def test_unknown_key_is_a_warning_naming_it():
         ({"batch_size": 0}, "batch_size", "1 or more"),
         ({"learning_rate_min_factor": 1.5}, "learning_rate_min_factor", "0 to 0.99"),
         ({"model_type": "STABLE_DIFFUSION_99"}, "model_type", "STABLE_DIFFUSION_15"),
-        ({"model_type": "HUNYUAN_VIDEO"}, "model_type", "cannot train yet: its model family is not built yet"),
         ({"unet": {"weight_dtype": "NFLOAT_4"}}, "unet.weight_dtype", "frozen weights only"),
         ({"unet": {"train": "yes"}}, "unet.train", "true or false"),
         ({"concepts": [{"path": 3.5, "balancing": -1}]}, "concepts.0.balancing", "0 or more"),
@@ -61,6 +60,12 @@ def test_invalid_values_are_errors_naming_the_field(data, path, fragment):
     found = [p for p in errors(problems) if p.path == path]
     assert found, problems
     assert fragment in found[0].message
+
+
+def test_a_model_type_no_family_builds_is_an_error_naming_the_field(unbuilt_model_type):
+    _, problems = config_from_dict({"model_type": unbuilt_model_type.value})
+    found = [p for p in errors(problems) if p.path == "model_type"]
+    assert found and "cannot train yet: its model family is not built yet" in found[0].message
 
 
 def test_all_problems_are_reported_at_once():

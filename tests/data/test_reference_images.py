@@ -112,7 +112,7 @@ def test_a_batch_holds_images_with_as_many_references_each(folder: Path):
     assert all(len(kind) == 1 for kind in kinds) and sorted(k for (k,) in kinds) == [0, 0, 1]
 
 
-def test_only_a_family_that_declares_references_learns_from_them():
+def test_only_a_family_that_declares_references_learns_from_them(unbuilt_model_type):
     from onetrainer.config.enums import ModelType
     from onetrainer.config.model_types import MODEL_TYPES
 
@@ -120,7 +120,7 @@ def test_only_a_family_that_declares_references_learns_from_them():
     assert learning == {ModelType.QWEN_EDIT, ModelType.FLUX_KONTEXT_DEV_1, ModelType.FLUX_2}
     assert scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN_EDIT))
     assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.QWEN))
-    assert not scan_module.trains_on_references(TrainConfig(model_type=ModelType.HUNYUAN_VIDEO))  # not trainable
+    assert not scan_module.trains_on_references(TrainConfig(model_type=unbuilt_model_type))  # not trainable
     # Qwen2.5-VL reads the pictures with the instruction; Kontext's and Flux.2's text encoders read the caption alone
     reading = {t for t in learning if scan_module.text_reads_references(TrainConfig(model_type=t))}
     assert reading == {ModelType.QWEN_EDIT}

@@ -29,8 +29,9 @@ SAMPLE = {"prompt": "a red <shape>", "negative_prompt": "blue", "width": 64, "he
 
 
 @pytest.fixture(autouse=True)
-def registered():
-    assert MODEL_TYPE not in MODEL_TYPES  # the proof: no shared module declares this model type
+def registered(unbuilt_model_type):
+    # the proof: with the built-in family of its model type's name out of the tables, nothing else declares it
+    assert unbuilt_model_type == MODEL_TYPE and MODEL_TYPE not in MODEL_TYPES
     assert tiny_dit_tiny.NAME not in TINY_VARIANTS  # nor its tiny model
     assert tiny_dit_overhead.PART not in family_overheads()  # nor its benchmark part
     undos = [tiny_dit_family.register(), tiny_dit_tiny.register(), tiny_dit_overhead.register()]

@@ -49,8 +49,8 @@ from onetrainer.weights.metadata import ModelKind
 # loads (`tests.helpers.local_config` does for a test that loads the family itself).
 BASE_MODEL = "tiny:tiny-dit"
 WEIGHTS_FILE = "model.safetensors"
-# A name from OneTrainer's list that no module of the trainer declares (HunyuanVideo, which no family builds yet; change
-# it when one does).
+# A name from OneTrainer's list for the test family to take while registered: `register_model_type` puts its
+# declaration in place of the built-in HunyuanVideo's and the undo puts that one back.
 MODEL_TYPE = ModelType.HUNYUAN_VIDEO
 DIT, PATCH_AUTOENCODER = "dit", "patch_autoencoder"  # parts of its own: no TrainConfig field is named so
 TOKENS = 16

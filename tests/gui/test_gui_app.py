@@ -321,16 +321,17 @@ def test_start_refuses_a_model_type_that_cannot_train(app, monkeypatch) -> None:
     assert app.dialogs.windows and app.dialogs.windows[-1].winfo_exists()  # a real window shows it
 
 
-def test_a_model_type_this_trainer_does_not_know_is_shown_and_refused(app, tmp_path: Path) -> None:
+def test_a_model_type_this_trainer_does_not_know_is_shown_and_refused(unbuilt_model_type, app, tmp_path: Path) -> None:
+    name = unbuilt_model_type.value
     path = tmp_path / "video.json"
-    path.write_text(json.dumps({"model_type": "HUNYUAN_VIDEO", "training_method": "LORA"}), encoding="utf-8")
+    path.write_text(json.dumps({"model_type": name, "training_method": "LORA"}), encoding="utf-8")
     assert app.load_config_file(path)
-    assert app.topbar.model_type_menu.get() == "HUNYUAN_VIDEO (not trainable yet)"
+    assert app.topbar.model_type_menu.get() == f"{name} (not trainable yet)"
     assert "problem" in app.footer.status  # validation reports the model type
     for key in app.tabview.keys:  # the forms still build (the SD 1.5 facts stand in)
         app.select_tab(key)
     assert app.start() is False
-    assert "HUNYUAN_VIDEO is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
+    assert f"{name} is a OneTrainer model type this trainer cannot train yet" in app.dialogs.history[-1].text
     assert not app.runner.is_alive()
 
 

@@ -24,8 +24,9 @@ SAMPLE = {"prompt": "a red shape", "width": 64, "height": 64, "diffusion_steps":
 
 
 @pytest.fixture(autouse=True)
-def registered():
-    assert video_family.MODEL_TYPE not in MODEL_TYPES  # declared by the test alone
+def registered(unbuilt_model_type):
+    # declared by the test alone (the built-in family of its model type's name out of the tables meanwhile)
+    assert unbuilt_model_type == video_family.MODEL_TYPE and video_family.MODEL_TYPE not in MODEL_TYPES
     undo = video_family.register()
     yield
     undo()

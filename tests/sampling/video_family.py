@@ -20,7 +20,9 @@ from onetrainer.sampling.clip import SampleClip
 from tests.families import tiny_dit_family, tiny_dit_tiny
 from tests.families.tiny_dit_family import TinyDiTFamily
 
-MODEL_TYPE = ModelType.HUNYUAN_VIDEO  # a name of OneTrainer's list that no module of the trainer declares
+# A name of OneTrainer's list for the test family to take while registered (it replaces the built-in HunyuanVideo's
+# declaration, which the undo puts back).
+MODEL_TYPE = ModelType.HUNYUAN_VIDEO
 BASE_MODEL = tiny_dit_family.BASE_MODEL
 FPS = 8.0
 INFO = dataclasses.replace(
