@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.data.caching import encode_text_entries
@@ -333,6 +334,8 @@ def test_the_original_single_file_is_netted_dit_and_adapter_read_by_diffusers_an
     path = tmp_path / "anima.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # OneTrainer's name (resources/sd_model_spec/)
+        assert file.metadata()["modelspec.architecture"] == "Anima"
     assert all(k.startswith("net.") for k in state)
     assert {"net.x_embedder.proj.1.weight", "net.t_embedder.1.linear_1.weight", "net.t_embedding_norm.weight",
             "net.blocks.1.adaln_modulation_cross_attn.2.weight", "net.blocks.0.self_attn.q_norm.weight",
@@ -402,3 +405,19 @@ def test_a_dropped_caption_is_the_empty_caption_the_pipelines_negative_prompt():
         from_cache = family.predict(model, noisy, times, dropped, {}).output
         whole = family.predict(model, noisy, times, family.encode_text(model, ["", CAPTIONS[1]]), {}).output
     assert torch.allclose(from_cache, whole, atol=1e-6)
+
+
+def test_the_tiny_qwen3_ends_texts_with_its_start_token_as_the_released_base_model():
+    """Anima's Qwen3-0.6B is the base model: "<|endoftext|>" starts and ends a text (the chat model ends with
+    "<|im_end|>"); the tiny model's config names that token's id in its own vocabulary for both."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    folder = tiny_model_dir("anima")
+    config = json.loads((folder / "text_encoder" / "config.json").read_text(encoding="utf-8"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert end_of_text != tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert config["bos_token_id"] == config["eos_token_id"] == end_of_text
+    assert config["max_position_embeddings"] == 32768

@@ -503,3 +503,26 @@ def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transform
     save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
     _, from_comfy = our_model(transformer={"model_name": str(comfy)})
     assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "shift"),
+    [
+        # diffusers' UniPC on flow sigmas names the shift `flow_shift`
+        ({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "use_flow_sigmas": True}, 3.0),
+        # HiDream-ai's own samplers name it `shift` (gradio_demo.py: Full 3 with its UniPC, Dev 6 and Fast 3 with
+        # its flash flow-matching Euler)
+        ({"_class_name": "FlowUniPCMultistepScheduler", "shift": 3.0, "use_dynamic_shifting": False}, 3.0),
+        ({"_class_name": "FlashFlowMatchEulerDiscreteScheduler", "shift": 6.0, "use_dynamic_shifting": False}, 6.0),
+    ],
+)
+def test_the_euler_sampler_takes_the_base_schedulers_shift_under_either_name(scheduler, shift):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from onetrainer.families.hidream import euler_config
+
+    config = euler_config(scheduler)
+    assert config["_class_name"] == "FlowMatchEulerDiscreteScheduler"
+    built = FlowMatchEulerDiscreteScheduler.from_config({k: v for k, v in config.items() if k != "_class_name"})
+    assert built.config.shift == shift
+    assert not built.config.use_dynamic_shifting

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.data.caching import encode_text_entries
@@ -241,6 +242,8 @@ def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_m
     path = tmp_path / "ideogram4.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # OneTrainer's name (resources/sd_model_spec/)
+        assert file.metadata()["modelspec.architecture"] == "Ideogram"
     attention = transformer.layers[1].attention
     fused = torch.cat([attention.to_q.weight, attention.to_k.weight, attention.to_v.weight])
     assert torch.equal(state["layers.1.attention.qkv.weight"], fused)

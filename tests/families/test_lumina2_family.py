@@ -231,6 +231,7 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     hands it in their place: the names are the converter's own."""
     from diffusers import Lumina2Transformer2DModel
     from diffusers.loaders import single_file_utils
+    from safetensors import safe_open
     from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
@@ -242,6 +243,11 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     path = tmp_path / "lumina2.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # sd-scripts' names of Lumina 2 (library/sai_model_spec.py)
+        metadata = file.metadata()
+    assert metadata["modelspec.architecture"] == "lumina-2"
+    assert metadata["modelspec.implementation"] == "https://github.com/Alpha-VLLM/Lumina-Image-2.0"
+    assert metadata["ss_base_model_version"] == "lumina2"
     width = transformer.config.hidden_size
     assert state["layers.1.attention.qkv.weight"].shape == (width * 5 // 3, width)  # q, and k, v at a third each
     assert {"cap_embedder.1.weight", "t_embedder.mlp.2.weight", "final_layer.adaLN_modulation.1.weight",
