@@ -50,11 +50,13 @@ SAMPLE: dict[str, Any] = {
 @dataclass(frozen=True)
 class TinyFamily:
     """A family on its tiny model: `variant` (the tiny model's name), `pipeline_class` (the diffusers pipeline that
-    reads its folder) and `transformer_output` (the denoiser's output on the file's fixed inputs)."""
+    reads its folder) and `transformer_output` (the denoiser's output on the test file's fixed inputs)."""
 
     variant: str
     pipeline_class: str
     transformer_output: Callable[[torch.nn.Module], torch.Tensor]
+    # the family's own way to open a pipeline folder (None: `pipeline_class.from_pretrained`), as a modular pipeline
+    load_pipeline: Callable[[Path | None], Any] | None = None
 
     def our_model(self, method: bool = False, **changes):
         """(family, model) loaded as the trainer loads them; `method` adds a LoRA method, `changes` the config's."""
@@ -64,6 +66,9 @@ class TinyFamily:
     def pipeline(self, folder: Path | None = None):
         """The diffusers pipeline of the tiny model (or of `folder`), without progress bars."""
         import diffusers
+
+        if self.load_pipeline is not None:
+            return self.load_pipeline(folder)
 
         cls = getattr(diffusers, self.pipeline_class)
         pipe = cls.from_pretrained(str(folder or tiny_model_dir(self.variant)), local_files_only=True)
@@ -123,14 +128,14 @@ class TinyFamily:
         run_config(config)
         return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained
 
-    def assert_file_reads_back_as_trained(self, config: dict, kind: str, trained: dict) -> None:
-        """The file (in the config's format) read into a fresh model gives the trained transformer's output, which is
-        not the base's."""
+    def assert_file_reads_back_as_trained(self, config: dict, kind: str, trained: dict, **changes) -> None:
+        """The file (in the config's format) read into a fresh model (with `changes` to its config) gives the trained
+        transformer's output, which is not the base's."""
         file = {
             "lora_model_name": config["output_model_destination"],
             "output_model_format": config["output_model_format"],
         }
-        _, again = self.our_model(method=True, **file, **KIND_SETTINGS[kind])
+        _, again = self.our_model(method=True, **file, **KIND_SETTINGS[kind], **changes)
         ours = self.output_of(again)
         assert torch.allclose(ours, trained["output"], atol=1e-6)
         _, plain = self.our_model()
