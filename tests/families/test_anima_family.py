@@ -28,9 +28,6 @@ from tests.families.tiny_family import (
 )
 from tests.helpers import (
     assert_offloading_trains_the_same_lora,
-    image_folder,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
@@ -213,20 +210,9 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
     """The file holds the vectors under the text encoder's key; set into the pipeline's tokenizer and Qwen3 as new
     tokens (it has no textual-inversion loader), its prompt encoding gives our conditioning (the adapter's T5 ids are
     of the same prompt text)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="anima", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3_06b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3_06b"]
     pipe = pipeline()
     prompt = method.embeddings.apply("a photo of <shape>")
     tokens = prompt.removeprefix("a photo of ").split(" ")

@@ -19,9 +19,6 @@ from onetrainer.tiny import tiny_model_dir
 from tests.families.tiny_family import ADAPTER_KINDS, TinyFamily, assert_trained_and_sampled, lora_modules
 from tests.helpers import (
     assert_offloading_trains_the_same_lora,
-    image_folder,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table, seen from above"]
@@ -186,17 +183,7 @@ def test_kohya_files_write_unet_and_te_names_and_read_back_as_trained(tmp_path, 
 
 
 def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path):
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
-    backup = tmp_path / "backup"
-    family.save_backup(model, backup / "model")
-    (backup / "meta.json").write_text("{}")
-    for part in model.parts:
-        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
-    _, again = our_model(base_model_name=str(backup))
-    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
+    FAMILY.assert_backup_round_trips(tmp_path)
 
 
 def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
@@ -211,20 +198,10 @@ def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
 def test_an_embedding_trains_on_ministral_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `ministral3_3b` (ComfyUI's name of ERNIE-Image's text encoder); set into
     diffusers' tokenizer and encoder as new tokens, they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="ernie", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["ministral3_3b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["ministral3_3b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():

@@ -337,25 +337,12 @@ def _with_embedding(pipe, tensors: dict, token: str) -> None:
 def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_path):
     """An embedding run writes `clip_l`, `clip_g`, `t5` and `llama` vectors (OneTrainer's keys); set into diffusers'
     tokenizers and encoders they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="hidream", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    tensors = load_file(path)
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
     pipe = pipeline()
     widths = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3", "llama": "text_encoder_4"}
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {
         key: (2, getattr(pipe, part).get_input_embeddings().weight.shape[1]) for key, part in widths.items()
     }
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     theirs = "a photo of <shape> <shape>_1"  # the vectors' tokens, as diffusers' own loaders expand a prompt
     with torch.no_grad():
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])

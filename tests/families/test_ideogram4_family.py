@@ -24,7 +24,6 @@ from tests.families.tiny_family import (
     assert_trained_and_sampled,
     lora_modules,
 )
-from tests.helpers import image_folder, run_config, tiny_config
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
 
@@ -280,20 +279,10 @@ def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_
 def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), its `encode_prompt` gives our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="ideogram4", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3vl_8b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3vl_8b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():

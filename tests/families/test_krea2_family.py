@@ -23,9 +23,6 @@ from tests.families.tiny_family import (
 from tests.helpers import (
     add_embedding_tokens,
     assert_offloading_trains_the_same_lora,
-    image_folder,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
@@ -245,20 +242,9 @@ def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, mo
 def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="krea2", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3vl_4b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3vl_4b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():

@@ -19,9 +19,6 @@ from tests.families.tiny_family import ADAPTER_KINDS, TinyFamily, assert_trained
 from tests.helpers import (
     add_embedding_tokens,
     assert_offloading_trains_the_same_lora,
-    image_folder,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
@@ -132,20 +129,9 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 def test_an_embedding_trains_on_gemma_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `gemma` (OneTrainer's key); set into diffusers' tokenizer and encoder as new
     tokens (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="sana", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["gemma"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["gemma"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
@@ -168,17 +154,7 @@ def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, 
 
 
 def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path):
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
-    backup = tmp_path / "backup"
-    family.save_backup(model, backup / "model")
-    (backup / "meta.json").write_text("{}")
-    for part in model.parts:
-        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
-    _, again = our_model(base_model_name=str(backup))
-    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
+    model, again = FAMILY.assert_backup_round_trips(tmp_path)
     assert again.schedule.sampler_config == model.schedule.sampler_config  # its own sampler kept
 
 

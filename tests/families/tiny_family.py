@@ -141,6 +141,42 @@ class TinyFamily:
         _, plain = self.our_model()
         assert not torch.allclose(ours, self.output_of(plain), atol=1e-4)  # it trained
 
+    # -- embedding ----------------------------------------------------------------------------------------------------
+
+    def trained_embedding(self, root: Path) -> tuple[dict[str, torch.Tensor], Any, Any, Any]:
+        """An embedding of `<shape>` trained one epoch, then a fresh run's family, model and method continuing from
+        its file: (the file's tensors, family, model, method)."""
+        from onetrainer.config import config_from_dict
+        from onetrainer.families import load_family_class
+        from onetrainer.methods import create_method
+        from tests.helpers import local_config
+
+        image_folder(root, count=2, placeholder="<shape>")
+        config = tiny_config(root, variant=self.variant, method="EMBEDDING", epochs=1)
+        run_config(config)
+        path = config["output_model_destination"]
+        cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+        family = load_family_class(cfg.model_type)()
+        model = family.load(local_config(cfg))
+        method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+        return load_file(path), family, model, method
+
+    def assert_backup_round_trips(self, tmp_path: Path) -> tuple[Any, Any]:
+        """A backup of a changed model gives every part back whole (`backup_state`) and, as a base model, the same
+        transformer: (the model, the backup loaded as a base model)."""
+        family, model = self.our_model()
+        with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
+            for weight in model.part("transformer").parameters():
+                weight.add_(0.01)
+        backup = tmp_path / "backup"
+        family.save_backup(model, backup / "model")
+        (backup / "meta.json").write_text("{}")
+        for part in model.parts:
+            model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
+        _, again = self.our_model(base_model_name=str(backup))
+        assert torch.equal(self.output_of(again), self.output_of(model))
+        return model, again
+
     # -- fine-tune ----------------------------------------------------------------------------------------------------
 
     def fine_tune(self, root: Path, **changes) -> dict:
