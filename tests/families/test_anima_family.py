@@ -108,17 +108,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_t5_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2))
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
 
 
 def test_samples_prompt_the_pipeline_with_our_encoding():

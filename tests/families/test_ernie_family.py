@@ -11,8 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.ernie import BATCH_NORM_EPS, TEXT_TOKENS, caption_rows
 from onetrainer.families.vae_batch_norm import patchify, unpatchify
 from onetrainer.tiny import tiny_model_dir
@@ -91,17 +89,7 @@ def test_captions_are_cut_at_512_tokens():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 32, 4, 4), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 32, 4, 4))
 
 
 @pytest.fixture(scope="module")
@@ -152,23 +140,14 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 def test_an_original_transformer_file_reads_back_as_the_transformer_part(tmp_path):
     """ORIGINAL_TRANSFORMER (diffusers' names, as OneTrainer writes it) and the same file in ComfyUI's layout
     (`model.diffusion_model.` prefix) both load as `transformer.model_name`."""
-    from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
-    with torch.no_grad():
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     path = tmp_path / "transformer.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32)
     expected = transformer_output(model.part("transformer"))
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in load_file(str(path)).items()}, str(comfy))
-    _, comfy_model = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(comfy_model.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 @pytest.mark.parametrize("kind", ADAPTER_KINDS)

@@ -420,12 +420,8 @@ def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transform
     which diffusers' `from_single_file` reads on the base's config, and `transformer.model_name` reads back, with
     ComfyUI's `model.diffusion_model.` prefix too."""
     from diffusers import HiDreamImageTransformer2DModel
-    from safetensors.torch import save_file
 
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     expected = transformer_output(model.part("transformer"))
     path = tmp_path / "hidream.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
@@ -436,12 +432,7 @@ def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transform
         str(path), config=str(tiny_model_dir("hidream")), subfolder="transformer", local_files_only=True
     )
     assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, from_comfy = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,6 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.ideogram4 import ResolutionShiftSchedule, pack
 from tests.families.tiny_family import (
     ADAPTER_KINDS,
@@ -89,17 +87,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1]
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 32, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 32, 2, 2))
+    assert lengths[0] < lengths[1]
 
 
 def test_the_dynamic_shift_is_the_pipelines_resolution_shift():
@@ -192,15 +181,11 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_model(tmp_path):
     """ORIGINAL_TRANSFORMER writes the original layout (`attention.qkv` = q, k, v stacked; `attention.o`), the rest in
     diffusers' names; `transformer.model_name` reads it back (and ComfyUI's prefix, and diffusers' names)."""
-    from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
+    family, model = FAMILY.changed_model()
     transformer = model.part("transformer")
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in transformer.parameters():
-            weight.add_(0.01)
     expected = transformer_output(transformer)
     path = tmp_path / "ideogram4.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
@@ -215,12 +200,7 @@ def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_m
     assert "llm_cond_proj.weight" in state and "final_layer.adaln_modulation.bias" in state
     diffusers_names = {k for k in transformer.state_dict() if ".attention.to_" not in k}
     assert diffusers_names <= set(state)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, prefixed = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(prefixed.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 def test_the_estimate_counts_the_released_model():

@@ -87,18 +87,9 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_attended_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        assert all(r["attention_mask"].all() for r in rows)
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    rows, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2))
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
+    assert all(r["attention_mask"].all() for r in rows)
 
 
 def test_samples_pass_our_embeddings_and_the_cfg_scale_as_krea_guidance():
@@ -197,10 +188,7 @@ def test_the_original_transformer_is_kreas_layout_read_by_diffusers_and_back_as_
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     expected = transformer_output(model.part("transformer"))
     path = tmp_path / "raw.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)

@@ -12,8 +12,6 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.lumina2 import PROMPT_START, SYSTEM_PROMPT, TEXT_TOKENS
 from onetrainer.tiny import tiny_model_dir
 from tests.families.tiny_family import (
@@ -81,17 +79,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-5)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2), atol=1e-5)
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
 
 
 def test_a_dropped_caption_is_the_empty_caption_after_the_system_prompt():
@@ -178,7 +167,6 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     from diffusers import Lumina2Transformer2DModel
     from diffusers.loaders import single_file_utils
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
 
@@ -218,12 +206,7 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     )
     monkeypatch.undo()
     assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, from_comfy = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 def test_a_single_file_base_model_is_refused_with_what_to_give_instead(tmp_path):

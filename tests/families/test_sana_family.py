@@ -11,8 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.sana import COMPLEX_HUMAN_INSTRUCTION, TEXT_TOKENS
 from onetrainer.tiny import tiny_model_dir
 from tests.families.tiny_family import ADAPTER_KINDS, TinyFamily, assert_trained_and_sampled, lora_modules
@@ -85,17 +83,7 @@ def test_clip_skip_takes_an_earlier_layer_through_gemmas_final_norm():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 32, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 32, 2, 2))
 
 
 @pytest.fixture(scope="module")

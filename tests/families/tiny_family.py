@@ -78,6 +78,48 @@ class TinyFamily:
     def output_of(self, model) -> torch.Tensor:
         return self.transformer_output(model.part("transformer"))
 
+    def changed_model(self):
+        """(family, model) with a transformer unlike the base's (every weight moved), for files that must read back
+        as this one."""
+        family, model = self.our_model()
+        with torch.no_grad():
+            for weight in model.part("transformer").parameters():
+                weight.add_(0.01)
+        return family, model
+
+    def assert_transformer_file_reads_back(self, path: Path, expected: torch.Tensor) -> None:
+        """The transformer file at `path` (a single file) loads as `transformer.model_name` giving `expected`, and so
+        does the same file in ComfyUI's layout (every key under `model.diffusion_model.`)."""
+        from safetensors.torch import save_file
+
+        _, again = self.our_model(transformer={"model_name": str(path)})
+        assert torch.equal(self.output_of(again), expected)
+        comfy = path.with_name(f"comfy-{path.name}")
+        save_file({f"model.diffusion_model.{k}": v for k, v in load_file(str(path)).items()}, str(comfy))
+        _, from_comfy = self.our_model(transformer={"model_name": str(comfy)})
+        assert torch.equal(self.output_of(from_comfy), expected)
+
+    def assert_cached_text_predicts_as_encoded(
+        self, captions: list[str], latents_shape: tuple[int, ...], atol: float = 1e-6
+    ) -> tuple[list[dict], list[int]]:
+        """The text cache's rows hold each caption's attended tokens and, stacked back, predict as the captions
+        encoded whole: (the rows, each caption's token count)."""
+        from onetrainer.data.caching import encode_text_entries
+        from onetrainer.families.base import Conditioning
+
+        family, model = self.our_model()
+        rows = encode_text_entries(family, model, captions)
+        with torch.no_grad():
+            encoded = family.encode_text(model, captions)
+            lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
+            assert [len(r["hidden_states"]) for r in rows] == lengths
+            cached = Conditioning.stack(rows, "cpu")
+            noisy, times = torch.randn(*latents_shape), torch.tensor([100.0, 900.0])
+            from_cache = family.predict(model, noisy, times, cached, {}).output
+            full = family.predict(model, noisy, times, encoded, {}).output
+        assert torch.allclose(from_cache, full, atol=atol)
+        return rows, lengths
+
     # -- LoRA ---------------------------------------------------------------------------------------------------------
 
     def lora_run(self, root: Path, sample: dict[str, Any] | None = None, **changes) -> tuple[dict, list]:
@@ -164,10 +206,7 @@ class TinyFamily:
     def assert_backup_round_trips(self, tmp_path: Path) -> tuple[Any, Any]:
         """A backup of a changed model gives every part back whole (`backup_state`) and, as a base model, the same
         transformer: (the model, the backup loaded as a base model)."""
-        family, model = self.our_model()
-        with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
-            for weight in model.part("transformer").parameters():
-                weight.add_(0.01)
+        family, model = self.changed_model()  # so the backup's transformer is the one read back
         backup = tmp_path / "backup"
         family.save_backup(model, backup / "model")
         (backup / "meta.json").write_text("{}")
