@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 TEXT_TOKENS = 512  # OneTrainer's PROMPT_MAX_LENGTH, the pipeline's max_sequence_length and the adapter's output length
 VAE_FACTOR = 8  # the VAE's downsampling: the padding mask is in pixels
-KIND = ModelKind("anima", "anima")  # OneTrainer's modelspec architecture (resources/sd_model_spec/anima.json)
+KIND = ModelKind("Anima", "anima")  # OneTrainer's modelspec architecture (resources/sd_model_spec/anima.json)
 
 
 def allow_padding_mask_resize() -> None:

@@ -68,7 +68,8 @@ PATCH = 2  # latent pixels per token side
 TEXT_TOKENS = 2048  # OneTrainer's PROMPT_MAX_LENGTH (the pipeline's max_sequence_length): the most tokens of a caption
 VAE_SCALE = 8  # pixels per latent pixel
 BASE_PIXELS = 512 * 512  # the pipeline's resolution shift is relative to 512x512
-KIND = ModelKind("ideogram-4", "ideogram-4")
+# OneTrainer's modelspec architecture (resources/sd_model_spec/ideogram_4.json)
+KIND = ModelKind("Ideogram", "ideogram-4")
 
 
 class ResolutionShiftSchedule(FlowMatchingSchedule):

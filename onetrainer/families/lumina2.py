@@ -65,7 +65,9 @@ SYSTEM_PROMPT = (
 )
 PROMPT_START = " <Prompt Start> "
 TEXT_TOKENS = 256  # the pipeline's max_sequence_length
-KIND = ModelKind("lumina-2", "lumina2")  # sd-scripts' modelspec architecture for Lumina 2
+# sd-scripts' names for Lumina 2 (library/sai_model_spec.py ARCH_LUMINA_2 and IMPL_LUMINA, library/lumina_util.py
+# MODEL_VERSION_LUMINA_V2): the architecture, kohya's base-model version and the reference implementation
+KIND = ModelKind("lumina-2", "lumina2", "https://github.com/Alpha-VLLM/Lumina-Image-2.0")
 
 
 class Lumina2Family(LanguageModelFlowFamily):

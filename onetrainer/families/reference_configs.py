@@ -328,12 +328,17 @@ QWEN3_4B_TEXT: Config = {
     "vocab_size": 151936,
 }
 
-# Qwen3-0.6B (Anima's text_encoder/config.json, read as the bare Qwen3Model): 28 decoder layers of 1024, 16 query
-# heads of 128 over 8 key/value heads; Qwen3-4B's vocabulary, rotary base and special tokens.
+# Qwen3-0.6B-Base as Anima's text encoder (read as the bare Qwen3Model): 28 decoder layers of 1024, 16 query heads of
+# 128 over 8 key/value heads; Qwen3-4B's vocabulary and rotary base. The base model's config (kohya-ss/sd-scripts
+# configs/qwen3_06b/config.json, ComfyUI's Qwen3_06BConfig, diffusers' scripts/convert_anima_to_diffusers.py):
+# "<|endoftext|>" (151643) both starts and ends a text (the chat model's end, "<|im_end|>" 151645, is not the base's)
+# and 32768 positions (not the chat model's 40960).
 QWEN3_06B_TEXT: Config = {
     **QWEN3_4B_TEXT,
+    "eos_token_id": 151643,
     "hidden_size": 1024,
     "intermediate_size": 3072,
+    "max_position_embeddings": 32768,
     "max_window_layers": 28,
     "num_attention_heads": 16,
     "num_hidden_layers": 28,
@@ -1220,7 +1225,10 @@ LLAMA3_TOKENIZER: Config = {
 }
 # HiDream-I1-Full (scheduler/scheduler_config.json): flow-matching UniPC at a shift of 3 (its `flow_shift`), which the
 # family samples with as the flow-matching Euler sampler's `shift` (OneTrainer reads the folder's scheduler as
-# FlowMatchEulerDiscreteScheduler too).
+# FlowMatchEulerDiscreteScheduler too). HiDream-ai's own code (HiDream-I1 gradio_demo.py) samples Full at shift 3 with
+# its flow UniPC (50 steps, CFG 5), the distilled Dev at 6 (28 steps) and Fast at 3 (16 steps) with its flash Euler,
+# both without CFG; the hub file's field names were not read here (`hidream.euler_config` takes `shift` or
+# `flow_shift`).
 HIDREAM_I1_FULL_SCHEDULER: Config = {
     "_class_name": "UniPCMultistepScheduler",
     "flow_shift": 3.0,

@@ -8,7 +8,9 @@ from typing import Any
 
 from onetrainer.config.enums import ModelType
 from onetrainer.families import ideogram4_info as real
+from onetrainer.tiny import qwen3_vl_text
 from onetrainer.tiny import reference as tiny_ref
+from onetrainer.tiny.qwen3_vl_text import TEXT_WIDTH, tiny_qwen3_vl_config
 from onetrainer.tiny.variant import TinyVariant
 
 LISTING_ORDER = 16  # the order the tiny models were added in
@@ -21,46 +23,21 @@ HEAD_WIDTH = 16
 MROPE_SECTION = [2, 1, 1]
 MLP_WIDTH = 64
 ADALN_WIDTH = 16
-# Qwen3-VL's decoder at a tiny width, in the 8B's proportions: 4 query heads of 8 over 32 channels sharing one
-# key/value head (32 share 8), a 2x MLP (the real 3x); all 36 layers, since the pipeline taps layers 0 to 35.
-TEXT_WIDTH = 32
-TEXT_HEADS = 4
-TEXT_KV_HEADS = 1
-TEXT_HEAD_WIDTH = 8
-TEXT_MLP_WIDTH = 64
-TEXT_MROPE_SECTION = [2, 1, 1]
+# Qwen3-VL-8B at the tiny width of `qwen3_vl_text` (its decoder 32 wide, its vision tower 16); all 36 decoder
+# layers, since the pipeline taps layers 0 to 35.
 TAPPED_LAYERS = 13  # the pipeline's QWEN3_VL_ACTIVATION_LAYERS
-# The vision tower (never run for text): 2 heads of 8, a 2x MLP, its merged tokens at the decoder's width.
-VISION_WIDTH = 16
-VISION_HEADS = 2
-VISION_MLP_WIDTH = 32
 
 WIDTH_FIELDS = {
     "transformer": frozenset(
         {"attention_head_dim", "intermediate_size", "adaln_dim", "llm_features_dim", "mrope_section"}
     ),
-    "text_encoder": frozenset(
-        {"image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "text_config"}
-    ),
-    "text_config": frozenset(
-        {
-            "hidden_size",
-            "intermediate_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "rope_parameters",
-            "vocab_size",
-            "bos_token_id",
-            "eos_token_id",
-        }
-    ),
+    **qwen3_vl_text.WIDTH_FIELDS,
 }
 DEPTH_FIELDS = {
     "transformer": frozenset({"num_layers"}),
     "vision_config": frozenset({"deepstack_visual_indexes"}),
 }
-NESTED_CONFIGS = frozenset({"text_config"})
+NESTED_CONFIGS = qwen3_vl_text.NESTED_CONFIGS
 
 # The DiT's 34 blocks as 2 (both transformers); Qwen3-VL keeps its 36 decoder layers (the taps reach layer 35), its
 # vision tower 3 of 27 blocks, each feeding the decoder (deepstack) as blocks 8, 16 and 24 do.
@@ -92,46 +69,6 @@ VARIANTS = (
         depths=IDEOGRAM4_DEPTH,
     ),
 )
-
-
-def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> dict:
-    """Qwen3-VL at the tiny width, with the tokenizer's vocabulary and its ids of the start / end and vision tokens."""
-    from onetrainer.tiny import components
-
-    reference = variant.references["text_encoder"]
-    ids = {
-        name: tokenizer.convert_tokens_to_ids(token)
-        for name, token in (
-            ("image_token_id", "<|image_pad|>"),
-            ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"),
-            ("vision_end_token_id", "<|vision_end|>"),
-        )
-    }
-    text = reference["text_config"]
-    return components.tiny_config(
-        "text_encoder",
-        reference,
-        depth=variant.depths.get("text_encoder"),
-        text_config={
-            "hidden_size": TEXT_WIDTH,
-            "intermediate_size": TEXT_MLP_WIDTH,
-            "num_attention_heads": TEXT_HEADS,
-            "num_key_value_heads": TEXT_KV_HEADS,
-            "head_dim": TEXT_HEAD_WIDTH,
-            "rope_parameters": {**text["rope_parameters"], "mrope_section": TEXT_MROPE_SECTION},
-            "vocab_size": len(tokenizer),
-            "bos_token_id": tokenizer.pad_token_id,  # "<|endoftext|>": the config calls it the start token
-            "eos_token_id": tokenizer.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": VISION_WIDTH,
-            "intermediate_size": VISION_MLP_WIDTH,
-            "num_heads": VISION_HEADS,
-            "out_hidden_size": TEXT_WIDTH,
-        },
-        **ids,
-    )
 
 
 def tiny_transformer_config(variant: TinyVariant) -> dict:
@@ -169,7 +106,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
     return library_attribute("diffusers", variant.pipeline_class)(
         scheduler=components.build_scheduler(refs["scheduler"]),
         vae=vae,
-        text_encoder=components.build(tiny_text_encoder_config(variant, tokenizer), seed, "text_encoder"),
+        text_encoder=components.build(tiny_qwen3_vl_config(variant, tokenizer), seed, "text_encoder"),
         tokenizer=tokenizer,
         transformer=components.build(transformer, seed, "transformer"),
         unconditional_transformer=components.build(transformer, seed, "unconditional_transformer"),

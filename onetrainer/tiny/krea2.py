@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from onetrainer.config.enums import ModelType
+from onetrainer.tiny import qwen3_vl_text
 from onetrainer.tiny import reference as ref
+from onetrainer.tiny.qwen3_vl_text import TEXT_WIDTH, tiny_qwen3_vl_config
 from onetrainer.tiny.reference import Config
 from onetrainer.tiny.variant import TinyVariant
 
@@ -24,19 +26,7 @@ TIME_WIDTH = 16
 # The text fusion: 2 heads of 16 over the text encoder's 32 channels, as 20 of 128 over 2560 (as many key/value heads).
 FUSION_HEADS = 2
 FUSION_MLP_WIDTH = 64
-# Qwen3-VL's decoder at a tiny width, in the 4B's proportions: 8 query heads of 8 over 32 channels (queries as wide as
-# the model, the real 4096 over 2560 aside), a quarter as many key/value heads, a wide MLP; the interleaved multimodal
-# rotary sections 2/1/1 over each head's 4 frequency pairs, as 24/20/20 over 64.
-TEXT_WIDTH = 32
-TEXT_HEADS = 4
-TEXT_KV_HEADS = 1
-TEXT_HEAD_WIDTH = 8
-TEXT_MLP_WIDTH = 64
-MROPE_SECTION = [2, 1, 1]
-# The vision tower: 2 heads of 8 (the real 16 of 64), a 2x MLP (the real 4x), its merged tokens at the decoder's width.
-VISION_WIDTH = 16
-VISION_HEADS = 2
-VISION_MLP_WIDTH = 32
+# Qwen3-VL-4B at the tiny width of `qwen3_vl_text` (its decoder 32 wide, its vision tower 16).
 # The VAE's first level width (the real 96); the others are its multiples, as there.
 VAE_BASE_WIDTH = 16
 # Qwen3-VL-4B's 36 decoder layers as 3, its hidden states tapped at 1 and 2 (the real 12 taps, every third layer from
@@ -58,29 +48,14 @@ WIDTH_FIELDS = {
             "axes_dims_rope",
         }
     ),
-    "text_encoder": frozenset(
-        {"image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "text_config"}
-    ),
-    "text_config": frozenset(
-        {
-            "hidden_size",
-            "intermediate_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "rope_parameters",
-            "vocab_size",
-            "bos_token_id",
-            "eos_token_id",
-        }
-    ),
+    **qwen3_vl_text.WIDTH_FIELDS,
 }
 DEPTH_FIELDS = {
     "transformer": frozenset({"num_layers"}),
     "text_config": frozenset({"num_hidden_layers"}),
     "vision_config": frozenset({"deepstack_visual_indexes"}),
 }
-NESTED_CONFIGS = frozenset({"text_config"})
+NESTED_CONFIGS = qwen3_vl_text.NESTED_CONFIGS
 
 KREA2_DEPTH = {
     "transformer": {"num_layers": 2},
@@ -111,47 +86,6 @@ VARIANTS = (
         depths=KREA2_DEPTH,
     ),
 )
-
-
-def tiny_text_encoder_config(variant: TinyVariant, tokenizer: Any) -> Config:
-    """Qwen3-VL at the tiny width, with the tokenizer's vocabulary and its ids of the start / end and vision tokens
-    (the real config's 151643... are the same tokens' ids in the full vocabulary)."""
-    from onetrainer.tiny import components
-
-    real = variant.references["text_encoder"]
-    ids = {
-        name: tokenizer.convert_tokens_to_ids(token)
-        for name, token in (
-            ("image_token_id", "<|image_pad|>"),
-            ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"),
-            ("vision_end_token_id", "<|vision_end|>"),
-        )
-    }
-    text = real["text_config"]
-    return components.tiny_config(
-        "text_encoder",
-        real,
-        depth=variant.depths.get("text_encoder"),
-        text_config={
-            "hidden_size": TEXT_WIDTH,
-            "intermediate_size": TEXT_MLP_WIDTH,
-            "num_attention_heads": TEXT_HEADS,
-            "num_key_value_heads": TEXT_KV_HEADS,
-            "head_dim": TEXT_HEAD_WIDTH,
-            "rope_parameters": {**text["rope_parameters"], "mrope_section": MROPE_SECTION},
-            "vocab_size": len(tokenizer),
-            "bos_token_id": tokenizer.pad_token_id,  # "<|endoftext|>": the config calls it the start token
-            "eos_token_id": tokenizer.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": VISION_WIDTH,
-            "intermediate_size": VISION_MLP_WIDTH,
-            "num_heads": VISION_HEADS,
-            "out_hidden_size": TEXT_WIDTH,
-        },
-        **ids,
-    )
 
 
 def tiny_transformer_config(variant: TinyVariant) -> Config:
@@ -189,7 +123,7 @@ def build_pipeline(variant: TinyVariant, seed: int) -> Any:
         transformer=components.build(tiny_transformer_config(variant), seed, "transformer"),
         scheduler=components.build_scheduler(refs["scheduler"]),
         vae=components.build(vae, seed, "vae"),
-        text_encoder=components.build(tiny_text_encoder_config(variant, tokenizer), seed, "text_encoder"),
+        text_encoder=components.build(tiny_qwen3_vl_config(variant, tokenizer), seed, "text_encoder"),
         tokenizer=tokenizer,
         text_encoder_select_layers=TAPS,
     )

@@ -17,10 +17,13 @@ TEXT_MLP_WIDTH = 128
 
 
 def tiny_qwen3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
-    """The variant's Qwen3 text encoder at the tiny width, with the tokenizer's vocabulary and its own start / end
-    token ids (the real config's 151643 / 151645 are the same tokens' ids in the full vocabulary)."""
+    """The variant's Qwen3 text encoder at the tiny width, with the tokenizer's vocabulary and its own ids of the
+    reference's start / end tokens (the real 151643 is "<|endoftext|>", 151645 "<|im_end|>": a base model, as
+    Anima's Qwen3-0.6B-Base, ends with its start token)."""
     from onetrainer.tiny import components
 
+    reference = variant.references["text_encoder"]
+    same_end = reference.get("eos_token_id") == reference.get("bos_token_id")
     return components.tiny_config(
         "text_encoder",
         variant.references["text_encoder"],
@@ -32,7 +35,7 @@ def tiny_qwen3_config(variant: TinyVariant, tokenizer: Any) -> dict[str, Any]:
         head_dim=TEXT_HEAD_WIDTH,
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.pad_token_id,  # "<|endoftext|>": Qwen3's config calls it the start token
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.pad_token_id if same_end else tokenizer.eos_token_id,
     )
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
 
 # Bump whenever a builder's output changes, so cached folders from older builders are not reused.
-TINY_MODEL_VERSION = 2
+TINY_MODEL_VERSION = 3
 # Written beside model_index.json; diffusers ignores it. Says what the folder is and which builder made it.
 MARKER_FILE = "tiny_model.json"
 # One build at a time in this process: a second thread waits and finds the folder built instead of building it again.

@@ -12,29 +12,25 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from onetrainer.data.caching import encode_text_entries
 from onetrainer.families.anima import TEXT_TOKENS, allow_padding_mask_resize
 from onetrainer.families.base import Conditioning
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
+from tests.families.tiny_family import (
+    ADAPTER_KINDS,
+    SAMPLE,
+    TinyFamily,
+    assert_trained_and_sampled,
+    lora_modules,
+)
 from tests.helpers import (
     assert_offloading_trains_the_same_lora,
-    assert_only_the_denoiser_trained,
-    image_folder,
-    keep_trained_output,
-    loaded_model,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "anima", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
 
 
 def pipeline(folder: Path | None = None):
@@ -56,6 +52,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     text = torch.randn(2, 5, config.text_embed_dim, generator=generator)
     with torch.no_grad():
         return transformer(latents, torch.tensor([0.3, 0.8]), text, padding_mask=torch.zeros(1, 1, 32, 48)).sample
+
+
+FAMILY = TinyFamily("anima", "ModularPipeline", transformer_output, load_pipeline=pipeline)
+our_model = FAMILY.our_model
 
 
 def pipeline_text(pipe, captions: list[str]) -> torch.Tensor:
@@ -108,17 +108,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_t5_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2))
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
 
 
 def test_samples_prompt_the_pipeline_with_our_encoding():
@@ -140,71 +131,34 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers (self- and cross-attention, the MLP), its latents and
     captions cached, a sample with a negative prompt."""
     root = tmp_path_factory.mktemp("anima-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "anima", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True,
-        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return root, config, run_config(config)
+    return root, *FAMILY.lora_run(root, {**SAMPLE, "cfg_scale": 3.0})
 
 
 def test_a_lora_trains_caches_samples_and_every_module_lands_in_the_pipeline_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     root, config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    assert_trained_and_sampled(events, root / "cache")
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.") for k in state)
     assert {"transformer_blocks.0.attn1.to_q", "transformer_blocks.1.attn2.to_out.0",
             "transformer_blocks.1.ff.net.2"} <= modules  # fmt: skip
     assert not any(m.startswith(("patch_embed", "time_embed", "norm_out", "proj_out")) for m in modules)
     assert not any(".norm1." in m or ".norm2." in m for m in modules)  # the AdaLN branches are not attention
-
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_onetrainers_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA: `lora_unet_` + the original DiT's module path (`blocks_0_self_attn_q_proj`), as OneTrainer writes
     it, `lora_te1_` + Qwen3's, in each adapter kind; read back into a fresh model it gives the trained transformer's
     output."""
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind)
     assert f"lora_unet_blocks_0_self_attn_q_proj.{marker}" in state
     assert f"lora_unet_blocks_1_cross_attn_output_proj.{marker}" in state
     assert all(k.startswith(("lora_unet_blocks_0_", "lora_unet_blocks_1_", "lora_te1_layers_")) for k in state)
     assert not any("mlp" in k for k in state if k.startswith("lora_unet_"))  # attn-only: the DiT's attention
     assert any(k.startswith("lora_te1_layers_0_self_attn_q_proj.") for k in state) is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_comfy_files_use_comfyuis_names_which_diffusers_anima_loader_lands(tmp_path, monkeypatch):
@@ -214,23 +168,17 @@ def test_comfy_files_use_comfyuis_names_which_diffusers_anima_loader_lands(tmp_p
     lands in the pipeline and it predicts as ours."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "anima", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-mlp", text_encoder={"train": True}, lora_rank=4, lora_alpha=4.0,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
+    alpha = {"lora_rank": 4, "lora_alpha": 4.0}
+    state, _, config, trained = FAMILY.train_lora_file(
+        tmp_path, monkeypatch, "lora", "COMFY_LORA", layer_filter_preset="attn-mlp", **alpha
+    )
     assert "diffusion_model.blocks.0.self_attn.q_proj.lora_down.weight" in state
     assert "diffusion_model.blocks.1.mlp.layer2.lora_up.weight" in state
     assert "text_encoders.qwen3_06b.transformer.model.layers.1.mlp.down_proj.alpha" in state
     assert all(
         k.startswith(("diffusion_model.blocks.", "text_encoders.qwen3_06b.transformer.model.layers.")) for k in state
     )
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
-    _, again = our_model(method=True, **file, lora_rank=4, lora_alpha=4.0)
-    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+    FAMILY.assert_file_reads_back_as_trained(config, "lora", trained, **alpha)
 
     pipe = pipeline()
     peft_suffixes = {".lora_down.": ".lora_A.", ".lora_up.": ".lora_B."}
@@ -253,20 +201,9 @@ def test_an_embedding_trains_on_qwen3_and_prompts_the_pipeline_as_ours(tmp_path)
     """The file holds the vectors under the text encoder's key; set into the pipeline's tokenizer and Qwen3 as new
     tokens (it has no textual-inversion loader), its prompt encoding gives our conditioning (the adapter's T5 ids are
     of the same prompt text)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="anima", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3_06b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3_06b"]
     pipe = pipeline()
     prompt = method.embeddings.apply("a photo of <shape>")
     tokens = prompt.removeprefix("a photo of ").split(" ")
@@ -294,26 +231,16 @@ def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
 def fine_tune(tmp_path_factory):
     """A fine-tune of the transformer written as a diffusers folder, and the trained model."""
     root = tmp_path_factory.mktemp("anima-ft")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "anima", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(root / "out" / "model"), output_dtype="FLOAT_32", text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
+    FAMILY.fine_tune(root)
     return root / "out" / "model"
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(fine_tune):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    trained = pipeline(fine_tune)
-    base = pipeline()
-    frozen = ("text_encoder", "text_conditioner", "vae")
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    trained, base = FAMILY.assert_fine_tune_round_trips(fine_tune, "text_encoder", "text_conditioner", "vae")
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
     assert trained.scheduler.config.shift == base.scheduler.config.shift
-    _, model = our_model(base_model_name=str(fine_tune))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_the_original_single_file_is_netted_dit_and_adapter_read_by_diffusers_and_back(tmp_path):
@@ -333,6 +260,8 @@ def test_the_original_single_file_is_netted_dit_and_adapter_read_by_diffusers_an
     path = tmp_path / "anima.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # OneTrainer's name (resources/sd_model_spec/)
+        assert file.metadata()["modelspec.architecture"] == "Anima"
     assert all(k.startswith("net.") for k in state)
     assert {"net.x_embedder.proj.1.weight", "net.t_embedder.1.linear_1.weight", "net.t_embedding_norm.weight",
             "net.blocks.1.adaln_modulation_cross_attn.2.weight", "net.blocks.0.self_attn.q_norm.weight",
@@ -402,3 +331,19 @@ def test_a_dropped_caption_is_the_empty_caption_the_pipelines_negative_prompt():
         from_cache = family.predict(model, noisy, times, dropped, {}).output
         whole = family.predict(model, noisy, times, family.encode_text(model, ["", CAPTIONS[1]]), {}).output
     assert torch.allclose(from_cache, whole, atol=1e-6)
+
+
+def test_the_tiny_qwen3_ends_texts_with_its_start_token_as_the_released_base_model():
+    """Anima's Qwen3-0.6B is the base model: "<|endoftext|>" starts and ends a text (the chat model ends with
+    "<|im_end|>"); the tiny model's config names that token's id in its own vocabulary for both."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    folder = tiny_model_dir("anima")
+    config = json.loads((folder / "text_encoder" / "config.json").read_text(encoding="utf-8"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert end_of_text != tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert config["bos_token_id"] == config["eos_token_id"] == end_of_text
+    assert config["max_position_embeddings"] == 32768

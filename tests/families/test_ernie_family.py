@@ -9,39 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.ernie import BATCH_NORM_EPS, TEXT_TOKENS, caption_rows
 from onetrainer.families.vae_batch_norm import patchify, unpatchify
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
+from tests.families.tiny_family import ADAPTER_KINDS, TinyFamily, assert_trained_and_sampled, lora_modules
 from tests.helpers import (
     assert_offloading_trains_the_same_lora,
-    assert_only_the_denoiser_trained,
-    image_folder,
-    keep_trained_output,
-    loaded_model,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table, seen from above"]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "ernie", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import ErnieImagePipeline
-
-    pipe = ErnieImagePipeline.from_pretrained(str(folder or tiny_model_dir("ernie")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -50,6 +28,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     text = torch.randn(2, 7, transformer.config.text_in_dim, generator=generator)
     with torch.no_grad():
         return transformer(latents, torch.tensor([300.0, 800.0]), text, torch.tensor([7, 4])).sample
+
+
+FAMILY = TinyFamily("ernie", "ErnieImagePipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -107,60 +89,25 @@ def test_captions_are_cut_at_512_tokens():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 32, 4, 4), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 32, 4, 4))
 
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the blocks' attention and MLP (OneTrainer's `attn-mlp`), a sample with a negative prompt;
     latents and text cached."""
-    root = tmp_path_factory.mktemp("ernie-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "ernie", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True,
-        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
-                  "diffusion_steps": 2}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return config, run_config(config)
+    return FAMILY.lora_run(tmp_path_factory.mktemp("ernie-lora"))
 
 
 def test_a_lora_trains_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    cache = Path(config["cache_dir"])
-    assert any(cache.rglob("*")), "latents and text were cached"
+    assert_trained_and_sampled(events, Path(config["cache_dir"]))
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.layers.") for k in state)
     assert {"layers.0.self_attention.to_q", "layers.1.self_attention.to_out.0", "layers.0.mlp.gate_proj",
             "layers.1.mlp.linear_fc2"} <= modules  # fmt: skip
-
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules)
 
 
 def test_a_sample_is_the_pipelines_own_render_of_the_prompt(lora_run):
@@ -185,81 +132,37 @@ def test_a_sample_is_the_pipelines_own_render_of_the_prompt(lora_run):
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
-    image_folder(tmp_path, count=2)
-    config = tiny_config(
-        tmp_path, "ernie", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output)
+    FAMILY.fine_tune(tmp_path)
+    trained, base = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model")
     assert dict(trained.scheduler.config) == dict(base.scheduler.config)
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_an_original_transformer_file_reads_back_as_the_transformer_part(tmp_path):
     """ORIGINAL_TRANSFORMER (diffusers' names, as OneTrainer writes it) and the same file in ComfyUI's layout
     (`model.diffusion_model.` prefix) both load as `transformer.model_name`."""
-    from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
-    with torch.no_grad():
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     path = tmp_path / "transformer.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32)
     expected = transformer_output(model.part("transformer"))
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in load_file(str(path)).items()}, str(comfy))
-    _, comfy_model = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(comfy_model.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_unet_and_te_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Ministral), in each adapter kind: read
     back into a fresh model it gives the trained transformer's output."""
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "ernie", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind)
     assert f"lora_unet_layers_0_self_attention_to_q.{marker}" in state
     assert all(k.startswith("lora_unet_layers_") or k.startswith("lora_te1_language_model_layers_") for k in state)
     assert any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state) is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_a_fine_tune_backup_is_a_base_model_and_restores_every_part_whole(tmp_path):
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's, so the backup's is the one read back
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
-    backup = tmp_path / "backup"
-    family.save_backup(model, backup / "model")
-    (backup / "meta.json").write_text("{}")
-    for part in model.parts:
-        model.part(part).load_state_dict(family.backup_state(model, backup / "model", part), strict=True)
-    _, again = our_model(base_model_name=str(backup))
-    assert torch.equal(transformer_output(again.part("transformer")), transformer_output(model.part("transformer")))
+    FAMILY.assert_backup_round_trips(tmp_path)
 
 
 def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
@@ -274,20 +177,10 @@ def test_the_estimate_counts_the_released_8b_transformer_and_ministral_3b():
 def test_an_embedding_trains_on_ministral_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `ministral3_3b` (ComfyUI's name of ERNIE-Image's text encoder); set into
     diffusers' tokenizer and encoder as new tokens, they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="ernie", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["ministral3_3b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["ministral3_3b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
@@ -330,23 +223,12 @@ def test_comfy_files_write_comfyuis_names_and_read_back_as_trained(tmp_path, mon
     """COMFY_LORA: the transformer's adapters under `diffusion_model.<diffusers module>` (ComfyUI's ERNIE model has
     diffusers' module paths), Ministral's under `text_encoders.ministral3_3b.transformer.model.<decoder module>`; read
     back into a fresh model they give the trained transformer's output."""
-    settings = {"lora": {}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "ernie", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind, "COMFY_LORA")
     assert f"diffusion_model.layers.0.self_attention.to_q.{marker}" in state
     te = "text_encoders.ministral3_3b.transformer.model.layers."
     assert all(k.startswith("diffusion_model.layers.") or k.startswith(te) for k in state)
     assert any(k.startswith(te + "0.self_attn.q_proj.") for k in state) is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_lora_tool_extracts_a_fine_tunes_changes_and_merges_them_back(tmp_path):

@@ -15,31 +15,19 @@ from safetensors.torch import load_file
 from onetrainer.config.enums import ModelFormat
 from onetrainer.families.base import Conditioning
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import (
-    assert_only_the_denoiser_trained,
-    image_folder,
-    loaded_model,
-    run_config,
-    tiny_config,
+from onetrainer.training.events import Metrics
+from tests.families.tiny_family import (
+    ADAPTER_KINDS,
+    SAMPLE,
+    TinyFamily,
+    assert_trained_and_sampled,
+    lora_modules,
 )
+from tests.helpers import image_folder, run_config, tiny_config
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")
 FROZEN_TEXT = {part: {"train": False} for part in TEXT_ENCODERS}
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "hidream", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import HiDreamImagePipeline
-
-    pipe = HiDreamImagePipeline.from_pretrained(str(folder or tiny_model_dir("hidream")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -55,6 +43,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
             encoder_hidden_states_llama3=torch.randn(layers, 2, 3, config.caption_channels[1], generator=generator),
             pooled_embeds=torch.randn(2, config.text_emb_dim, generator=generator),
         ).sample
+
+
+FAMILY = TinyFamily("hidream", "HiDreamImagePipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -162,16 +154,7 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers (attention and the image feed-forward's experts), its
     latents and captions cached, a sample with a negative prompt."""
     root = tmp_path_factory.mktemp("hidream-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "hidream", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        latent_caching=True, **FROZEN_TEXT,
-        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return root, config, run_config(config)
+    return root, *FAMILY.lora_run(root, {**SAMPLE, "cfg_scale": 3.0}, **FROZEN_TEXT)
 
 
 def landed_modules(pipe) -> set[str]:
@@ -182,27 +165,16 @@ def landed_modules(pipe) -> set[str]:
 
 def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
     root, config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    assert_trained_and_sampled(events, root / "cache")
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.") for k in state)
     block = "double_stream_blocks.0.block"
     assert {f"{block}.attn1.to_q", f"{block}.attn1.to_out_t", f"{block}.ff_i.experts.3.w2",
             f"{block}.ff_i.shared_experts.w1", "single_stream_blocks.0.block.attn1.to_v",
             "single_stream_blocks.0.block.ff_i.experts.0.w3"} <= modules  # fmt: skip
     assert not any(".ff_t." in m or m.startswith(("caption_projection", "x_embedder", "final_layer")) for m in modules)
-
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    assert landed_modules(pipe) == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules)
 
 
 def test_the_sampling_tool_renders_the_trained_lora_at_the_asked_size(lora_run, in_tmp):
@@ -288,13 +260,9 @@ def test_a_fine_tune_from_the_cli_writes_a_folder_that_loads_in_diffusers_and_ba
         output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", **FROZEN_TEXT,
     )  # fmt: skip
     assert main(["--config-path", str(write_config(tmp_path, config))]) == EXIT_OK  # scripts/train.py
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, (*TEXT_ENCODERS, "vae"))
+    trained, _ = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model", *TEXT_ENCODERS, "vae")
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
     assert trained.scheduler.config.shift == 3.0  # the base's UniPC flow_shift, as the Euler sampler's shift
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_llama_comes_from_text_encoder_4s_own_model_where_set(tmp_path):
@@ -369,25 +337,12 @@ def _with_embedding(pipe, tensors: dict, token: str) -> None:
 def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_path):
     """An embedding run writes `clip_l`, `clip_g`, `t5` and `llama` vectors (OneTrainer's keys); set into diffusers'
     tokenizers and encoders they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="hidream", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    tensors = load_file(path)
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
     pipe = pipeline()
     widths = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3", "llama": "text_encoder_4"}
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {
         key: (2, getattr(pipe, part).get_input_embeddings().weight.shape[1]) for key, part in widths.items()
     }
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     theirs = "a photo of <shape> <shape>_1"  # the vectors' tokens, as diffusers' own loaders expand a prompt
     with torch.no_grad():
         ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
@@ -400,35 +355,19 @@ def test_embeddings_cover_the_four_encoders_and_prompt_diffusers_as_ours(tmp_pat
     assert not torch.allclose(plain[2], llama, atol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (`lora_unet_` + the diffusers module path; Llama's LoRA under `lora_te4_`), LoRA, LoHa and LoKr: read
     back into a fresh model it gives the trained transformer's output."""
-    from tests.helpers import keep_trained_output
-
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
     text = {**FROZEN_TEXT, "text_encoder_4": {"train": kind == "lora"}}
-    config = tiny_config(
-        tmp_path, "hidream", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", **text, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind, **text)
     assert f"lora_unet_double_stream_blocks_0_block_attn1_to_q_t.{marker}" in state
     assert f"lora_unet_single_stream_blocks_0_block_attn1_to_out.{marker}" in state
     assert all(
         k.startswith(("lora_unet_double_stream_blocks_", "lora_unet_single_stream_blocks_", "lora_te4_")) for k in state
     )
     assert any(k.startswith("lora_te4_model_layers_1_self_attn_q_proj.") for k in state) is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_layer_offloading_trains_the_same_lora(tmp_path, monkeypatch):
@@ -481,12 +420,8 @@ def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transform
     which diffusers' `from_single_file` reads on the base's config, and `transformer.model_name` reads back, with
     ComfyUI's `model.diffusion_model.` prefix too."""
     from diffusers import HiDreamImageTransformer2DModel
-    from safetensors.torch import save_file
 
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     expected = transformer_output(model.part("transformer"))
     path = tmp_path / "hidream.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
@@ -497,9 +432,27 @@ def test_the_original_transformer_is_read_by_diffusers_and_back_as_the_transform
         str(path), config=str(tiny_model_dir("hidream")), subfolder="transformer", local_files_only=True
     )
     assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, from_comfy = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "shift"),
+    [
+        # diffusers' UniPC on flow sigmas names the shift `flow_shift`
+        ({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "use_flow_sigmas": True}, 3.0),
+        # HiDream-ai's own samplers name it `shift` (gradio_demo.py: Full 3 with its UniPC, Dev 6 and Fast 3 with
+        # its flash flow-matching Euler)
+        ({"_class_name": "FlowUniPCMultistepScheduler", "shift": 3.0, "use_dynamic_shifting": False}, 3.0),
+        ({"_class_name": "FlashFlowMatchEulerDiscreteScheduler", "shift": 6.0, "use_dynamic_shifting": False}, 6.0),
+    ],
+)
+def test_the_euler_sampler_takes_the_base_schedulers_shift_under_either_name(scheduler, shift):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from onetrainer.families.hidream import euler_config
+
+    config = euler_config(scheduler)
+    assert config["_class_name"] == "FlowMatchEulerDiscreteScheduler"
+    built = FlowMatchEulerDiscreteScheduler.from_config({k: v for k, v in config.items() if k != "_class_name"})
+    assert built.config.shift == shift
+    assert not built.config.use_dynamic_shifting

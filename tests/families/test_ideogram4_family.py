@@ -7,34 +7,23 @@ samples through the pipeline (both transformers) and its DIFFUSERS_LORA file loa
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.ideogram4 import ResolutionShiftSchedule, pack
-from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
-from tests.helpers import assert_only_the_denoiser_trained, image_folder, loaded_model, run_config, tiny_config
+from tests.families.tiny_family import (
+    ADAPTER_KINDS,
+    SAMPLE,
+    TinyFamily,
+    assert_trained_and_sampled,
+    lora_modules,
+)
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "ideogram4", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import Ideogram4Pipeline
-
-    pipe = Ideogram4Pipeline.from_pretrained(str(folder or tiny_model_dir("ideogram4")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -48,6 +37,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     positions, segments, indicator = Ideogram4Pipeline._prepare_ids([5, 3], 2, 3, 5, "cpu")
     with torch.no_grad():
         return transformer(hidden, torch.tensor([0.3, 0.8]), text, positions, segments, indicator).sample[:, 5:]
+
+
+FAMILY = TinyFamily("ideogram4", "Ideogram4Pipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def pipeline_prediction(pipe, noisy_tokens: torch.Tensor, sigma: torch.Tensor, grid: tuple[int, int], prompts):
@@ -94,17 +87,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1]
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 32, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 32, 2, 2))
+    assert lengths[0] < lengths[1]
 
 
 def test_the_dynamic_shift_is_the_pipelines_resolution_shift():
@@ -135,43 +119,23 @@ def test_samples_pass_the_prompt_cut_to_its_tokens_and_the_cfg_scale_as_constant
 def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers, its latents and captions cached, a sample with CFG."""
     root = tmp_path_factory.mktemp("ideogram4-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "ideogram4", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True,
-        samples=[{"prompt": "a red circle", "width": 96, "height": 64, "seed": 1, "diffusion_steps": 2,
-                  "cfg_scale": 3.0}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return root, config, run_config(config)
+    sample = {k: v for k, v in SAMPLE.items() if k != "negative_prompt"}  # the guidance's negative is its own model
+    return root, *FAMILY.lora_run(root, {**sample, "cfg_scale": 3.0})
 
 
 def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     root, config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    assert_trained_and_sampled(events, root / "cache")
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.") for k in state)
     assert {"layers.0.attention.to_q", "layers.1.attention.to_out.0", "layers.1.feed_forward.w3"} <= modules
     assert not any(m.startswith(("input_proj", "llm_cond_proj", "t_embedding", "final_layer")) for m in modules)
     assert not any("adaln_modulation" in m for m in modules)
 
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
     pipe = pipeline()
-    before = transformer_output(pipe.transformer)
     unconditional = transformer_output(pipe.unconditional_transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    ours, _ = FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules, pipe)
     # the unconditional transformer trained nothing
     assert torch.equal(transformer_output(ours.part("unconditional_transformer")), unconditional)
 
@@ -208,39 +172,26 @@ def test_the_sampling_tool_renders_through_both_transformers_and_the_lora_change
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    image_folder(tmp_path, count=2)
-    config = tiny_config(
-        tmp_path, "ideogram4", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
+    FAMILY.fine_tune(tmp_path)
     frozen = ("text_encoder", "vae", "unconditional_transformer")
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    trained, _ = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model", *frozen)
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_model(tmp_path):
     """ORIGINAL_TRANSFORMER writes the original layout (`attention.qkv` = q, k, v stacked; `attention.o`), the rest in
     diffusers' names; `transformer.model_name` reads it back (and ComfyUI's prefix, and diffusers' names)."""
-    from safetensors.torch import save_file
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
+    family, model = FAMILY.changed_model()
     transformer = model.part("transformer")
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in transformer.parameters():
-            weight.add_(0.01)
     expected = transformer_output(transformer)
     path = tmp_path / "ideogram4.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # OneTrainer's name (resources/sd_model_spec/)
+        assert file.metadata()["modelspec.architecture"] == "Ideogram"
     attention = transformer.layers[1].attention
     fused = torch.cat([attention.to_q.weight, attention.to_k.weight, attention.to_v.weight])
     assert torch.equal(state["layers.1.attention.qkv.weight"], fused)
@@ -249,12 +200,7 @@ def test_the_original_transformer_fuses_qkv_and_reads_back_as_the_transformers_m
     assert "llm_cond_proj.weight" in state and "final_layer.adaln_modulation.bias" in state
     diffusers_names = {k for k in transformer.state_dict() if ".attention.to_" not in k}
     assert diffusers_names <= set(state)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, prefixed = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(prefixed.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 def test_the_estimate_counts_the_released_model():
@@ -269,34 +215,18 @@ def test_the_estimate_counts_the_released_model():
     assert shapes["text_encoder"]["params"] == pytest.approx(8.15e9, rel=0.02)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (OneTrainer's kohya layout: `lora_unet_` + the original path, q/k/v as one LoRA on `attention.qkv`;
     LoHa and LoKr keep them apart under `lora_transformer_` + the diffusers path; `lora_te1_` for Qwen3-VL's language
     model), in each adapter kind: read back into a fresh model it gives the trained transformer's output."""
-    from tests.helpers import keep_trained_output
-
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "ideogram4", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind)
     q = "lora_unet_layers_0_attention_qkv" if kind == "lora" else "lora_transformer_layers_0_attention_to_q"
     assert f"{q}.{marker}" in state and f"lora_unet_layers_1_attention_o.{marker}" in state
     assert all(k.startswith(("lora_unet_layers_", "lora_transformer_layers_", "lora_te1_")) for k in state)
     te = any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state)
     assert te is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_diffusers(tmp_path, monkeypatch):
@@ -305,16 +235,9 @@ def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_
     back onto every trained module (the blocks' AdaLN modulations too) and gives our output, as does our reading."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    from tests.helpers import keep_trained_output
-
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "ideogram4", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="blocks", text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
+    state, _, config, trained = FAMILY.train_lora_file(
+        tmp_path, monkeypatch, "lora", "COMFY_LORA", layer_filter_preset="blocks", text_encoder={"train": False}
+    )
     assert all(k.startswith("diffusion_model.layers.") for k in state)
     rank = config["lora_rank"]
     assert state["diffusion_model.layers.0.attention.qkv.lora_down.weight"].shape[0] == 3 * rank
@@ -330,28 +253,16 @@ def test_a_comfy_lora_fuses_qkv_under_diffusion_model_and_every_module_lands_in_
         "feed_forward.w2", "feed_forward.w3", "adaln_modulation")}  # fmt: skip
     assert landed == expected
     assert torch.allclose(transformer_output(pipe.transformer), trained["output"], atol=1e-5)
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
-    _, again = our_model(method=True, **file)
-    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+    FAMILY.assert_file_reads_back_as_trained(config, "lora", trained)
 
 
 def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), its `encode_prompt` gives our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="ideogram4", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3vl_8b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3vl_8b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():

@@ -5,43 +5,27 @@ as ours, a fine-tune's folder loads in diffusers and back as a base model."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
 
 from onetrainer.data.caching import encode_text_entries
 from onetrainer.families.base import Conditioning
 from onetrainer.families.krea2 import TEXT_TOKENS, Krea2State
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
+from tests.families.tiny_family import (
+    ADAPTER_KINDS,
+    SAMPLE,
+    TinyFamily,
+    assert_trained_and_sampled,
+    lora_modules,
+)
 from tests.helpers import (
     add_embedding_tokens,
     assert_offloading_trains_the_same_lora,
-    assert_only_the_denoiser_trained,
-    image_folder,
-    keep_trained_output,
-    loaded_model,
-    run_config,
-    tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "krea2", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import Krea2Pipeline
-
-    pipe = Krea2Pipeline.from_pretrained(str(folder or tiny_model_dir("krea2")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -56,6 +40,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     positions = Krea2Pipeline.prepare_position_ids(7, 2, 3, "cpu")
     with torch.no_grad():
         return transformer(latents, text, torch.tensor([0.3, 0.8]), positions, encoder_attention_mask=mask).sample
+
+
+FAMILY = TinyFamily("krea2", "Krea2Pipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def pipeline_prediction(pipe, noisy: torch.Tensor, sigma: torch.Tensor, embeds, mask) -> torch.Tensor:
@@ -99,18 +87,9 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_attended_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        assert all(r["attention_mask"].all() for r in rows)
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    rows, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2))
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
+    assert all(r["attention_mask"].all() for r in rows)
 
 
 def test_samples_pass_our_embeddings_and_the_cfg_scale_as_krea_guidance():
@@ -136,63 +115,29 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on OneTrainer's `attn-mlp` layers (attention and feed-forward, the text fusion's too), its
     latents and captions cached, a sample with a negative prompt."""
     root = tmp_path_factory.mktemp("krea2-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "krea2", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True,
-        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return root, config, run_config(config)
+    return root, *FAMILY.lora_run(root, {**SAMPLE, "cfg_scale": 3.0})
 
 
 def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     root, config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    assert_trained_and_sampled(events, root / "cache")
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.") for k in state)
     assert {"transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_gate", "transformer_blocks.1.ff.down",
             "text_fusion.refiner_blocks.0.attn.to_k", "text_fusion.layerwise_blocks.1.ff.up"} <= modules  # fmt: skip
     assert not any(m.startswith(("img_in", "txt_in", "time_embed", "final_layer")) for m in modules)
-
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules)
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    image_folder(tmp_path, count=2)
-    config = tiny_config(
-        tmp_path, "krea2", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output)
+    FAMILY.fine_tune(tmp_path)
+    trained, base = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model")
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
     assert trained.text_encoder_select_layers == base.text_encoder_select_layers  # the taps travel in model_index
     assert trained.config.is_distilled is False
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_a_distilled_model_samples_in_8_steps_without_guidance(tmp_path):
@@ -243,10 +188,7 @@ def test_the_original_transformer_is_kreas_layout_read_by_diffusers_and_back_as_
 
     from onetrainer.config.enums import ModelFormat
 
-    family, model = our_model()
-    with torch.no_grad():  # a transformer unlike the base's
-        for weight in model.part("transformer").parameters():
-            weight.add_(0.01)
+    family, model = FAMILY.changed_model()
     expected = transformer_output(model.part("transformer"))
     path = tmp_path / "raw.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
@@ -272,51 +214,25 @@ def test_the_estimate_counts_the_released_model():
     assert shapes["text_encoder"]["params"] == pytest.approx(4.44e9, rel=0.02)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Qwen3-VL's language model), in each
     adapter kind: read back into a fresh model it gives the trained transformer's output."""
-
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "krea2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind)
     assert f"lora_unet_transformer_blocks_0_attn_to_q.{marker}" in state
     assert f"lora_unet_text_fusion_refiner_blocks_0_attn_to_gate.{marker}" in state
     assert all(k.startswith(("lora_unet_transformer_blocks_", "lora_unet_text_fusion_", "lora_te1_")) for k in state)
     te = any(k.startswith("lora_te1_language_model_layers_0_self_attn_q_proj.") for k in state)
     assert te is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 def test_an_embedding_trains_on_qwen3_vl_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="krea2", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["qwen3vl_4b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["qwen3vl_4b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():

@@ -7,43 +7,29 @@ folder loads in diffusers and back as a base model, the transformer in the relea
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.lumina2 import PROMPT_START, SYSTEM_PROMPT, TEXT_TOKENS
 from onetrainer.tiny import tiny_model_dir
-from onetrainer.training.events import Metrics, SampleReady
+from tests.families.tiny_family import (
+    ADAPTER_KINDS,
+    SAMPLE,
+    TinyFamily,
+    assert_trained_and_sampled,
+    lora_modules,
+)
 from tests.helpers import (
     add_embedding_tokens,
     assert_offloading_trains_the_same_lora,
-    assert_only_the_denoiser_trained,
     image_folder,
-    keep_trained_output,
-    loaded_model,
     run_config,
     tiny_config,
 )
 
 CAPTIONS = ["a red circle", "Two BLUE squares on a table "]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "lumina2", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import Lumina2Pipeline
-
-    pipe = Lumina2Pipeline.from_pretrained(str(folder or tiny_model_dir("lumina2")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -55,6 +41,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     with torch.no_grad():
         return transformer(latents, torch.tensor([0.3, 0.8]), text, mask).sample
+
+
+FAMILY = TinyFamily("lumina2", "Lumina2Pipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -89,17 +79,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] < lengths[1] < TEXT_TOKENS
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-5)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 2, 2), atol=1e-5)
+    assert lengths[0] < lengths[1] < TEXT_TOKENS
 
 
 def test_a_dropped_caption_is_the_empty_caption_after_the_system_prompt():
@@ -131,94 +112,48 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the `attn-mlp` layers (the refiners' too), its latents and captions cached, a sample with
     a negative prompt."""
     root = tmp_path_factory.mktemp("lumina2-lora")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "lumina2", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True,
-        samples=[{"prompt": "a red circle", "negative_prompt": "blue", "width": 96, "height": 64, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    return root, config, run_config(config)
+    return root, *FAMILY.lora_run(root, {**SAMPLE, "cfg_scale": 3.0})
 
 
 def test_a_lora_trains_caches_samples_and_every_module_lands_in_diffusers_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     root, config, events = lora_run
-    assert len([e for e in events if isinstance(e, Metrics)]) == 2
-    (ready,) = [e for e in events if isinstance(e, SampleReady)]
-    assert Image.open(ready.path).size == (96, 64)
-    assert any((root / "cache").rglob("*")), "latents and captions were cached"
+    assert_trained_and_sampled(events, root / "cache")
     state = load_file(config["output_model_destination"])
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    modules = lora_modules(state)
     assert all(k.startswith("transformer.") for k in state)
     assert {"layers.0.attn.to_q", "layers.1.attn.to_out.0", "layers.1.feed_forward.linear_2",
             "noise_refiner.0.attn.to_k", "context_refiner.1.feed_forward.linear_3"} <= modules  # fmt: skip
     assert not any(m.startswith(("x_embedder", "time_caption_embed", "norm_out")) or ".norm1." in m for m in modules)
-
-    _, ours = our_model(method=True, lora_model_name=config["output_model_destination"])
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(config["output_model_destination"])
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(config["output_model_destination"], modules)
 
 
-@pytest.mark.parametrize("kind", ["lora", "loha", "lokr"])
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
 def test_kohya_files_write_lora_unet_names_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """KOHYA_LORA (`lora_unet_` + the diffusers module path, `lora_te1_` for Gemma-2), in each adapter kind: read back
     into a fresh model it gives the trained transformer's output."""
-    settings = {"lora": {}, "loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "lumina2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": kind == "lora"}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = {"lora": "lora_down.weight", "loha": "hada_w1_a", "lokr": "lokr_w1"}[kind]
+    state, marker, config, trained = FAMILY.train_lora_file(tmp_path, monkeypatch, kind)
     assert f"lora_unet_layers_0_attn_to_q.{marker}" in state
     assert f"lora_unet_context_refiner_1_attn_to_v.{marker}" in state
     assert all(k.startswith(("lora_unet_layers_", "lora_unet_noise_refiner_", "lora_unet_context_refiner_",
                              "lora_te1_")) for k in state)  # fmt: skip
     te = any(k.startswith("lora_te1_layers_0_self_attn_q_proj.") for k in state)
     assert te is (kind == "lora")
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "KOHYA_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-6)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained)
 
 
 @pytest.fixture(scope="module")
 def fine_tune_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lumina2-fine-tune")
-    image_folder(root, count=2)
-    config = tiny_config(
-        root, "lumina2", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(root / "out" / "model"), output_dtype="FLOAT_32", text_encoder={"train": False},
-    )  # fmt: skip
-    run_config(config)
-    return root, config
+    return root, FAMILY.fine_tune(root)
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(fine_tune_run):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     root, _ = fine_tune_run
-    trained = pipeline(root / "out" / "model")
-    expected = assert_only_the_denoiser_trained(trained, pipeline(), transformer_output)
+    trained, _ = FAMILY.assert_fine_tune_round_trips(root / "out" / "model")
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler)
     assert trained.scheduler.config.shift == 6.0
-    _, model = our_model(base_model_name=str(root / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_back(
@@ -231,7 +166,7 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     hands it in their place: the names are the converter's own."""
     from diffusers import Lumina2Transformer2DModel
     from diffusers.loaders import single_file_utils
-    from safetensors.torch import save_file
+    from safetensors import safe_open
 
     from onetrainer.config.enums import ModelFormat
 
@@ -242,6 +177,11 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     path = tmp_path / "lumina2.safetensors"
     family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
     state = load_file(str(path))
+    with safe_open(str(path), "pt") as file:  # sd-scripts' names of Lumina 2 (library/sai_model_spec.py)
+        metadata = file.metadata()
+    assert metadata["modelspec.architecture"] == "lumina-2"
+    assert metadata["modelspec.implementation"] == "https://github.com/Alpha-VLLM/Lumina-Image-2.0"
+    assert metadata["ss_base_model_version"] == "lumina2"
     width = transformer.config.hidden_size
     assert state["layers.1.attention.qkv.weight"].shape == (width * 5 // 3, width)  # q, and k, v at a third each
     assert {"cap_embedder.1.weight", "t_embedder.mlp.2.weight", "final_layer.adaLN_modulation.1.weight",
@@ -266,12 +206,7 @@ def test_the_original_transformer_is_the_released_layout_read_by_diffusers_and_b
     )
     monkeypatch.undo()
     assert torch.allclose(transformer_output(theirs), expected, atol=1e-6)
-    _, again = our_model(transformer={"model_name": str(path)})
-    assert torch.equal(transformer_output(again.part("transformer")), expected)
-    comfy = tmp_path / "comfy.safetensors"
-    save_file({f"model.diffusion_model.{k}": v for k, v in state.items()}, str(comfy))
-    _, from_comfy = our_model(transformer={"model_name": str(comfy)})
-    assert torch.equal(transformer_output(from_comfy.part("transformer")), expected)
+    FAMILY.assert_transformer_file_reads_back(path, expected)
 
 
 def test_a_single_file_base_model_is_refused_with_what_to_give_instead(tmp_path):
@@ -309,20 +244,9 @@ def test_the_estimate_measures_the_transformers_step_on_the_meta_device(tmp_path
 def test_an_embedding_trains_on_gemma2_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under the text encoder's key; set into diffusers' tokenizer and encoder as new tokens
     (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import local_config
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="lumina2", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["gemma2_2b"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    tensors, family, model, method = FAMILY.trained_embedding(tmp_path)
+    vectors = tensors["gemma2_2b"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
@@ -396,20 +320,12 @@ def test_a_comfy_lora_is_the_released_layout_with_qkv_fused_and_loads_in_diffuse
 
 
 def test_a_lokr_comfy_lora_keeps_qkv_apart_and_reads_back_as_trained(tmp_path, monkeypatch):
-    image_folder(tmp_path, count=2)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    settings = {"peft_type": "LOKR", "lokr_dim": 2}
-    config = tiny_config(
-        tmp_path, "lumina2", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-mlp", text_encoder={"train": False}, **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
+    state, _, config, trained = FAMILY.train_lora_file(
+        tmp_path, monkeypatch, "lokr", "COMFY_LORA", layer_filter_preset="attn-mlp", text_encoder={"train": False}
+    )
     assert "diffusion_model.layers.0.attn.to_k.lokr_w1" in state
     assert "diffusion_model.layers.0.feed_forward.w2.lokr_w1" in state
-    file = {"lora_model_name": config["output_model_destination"], "output_model_format": "COMFY_LORA"}
-    _, again = our_model(method=True, **file, **settings)
-    assert torch.allclose(transformer_output(again.part("transformer")), trained["output"], atol=1e-6)
+    FAMILY.assert_file_reads_back_as_trained(config, "lokr", trained)
 
 
 def test_a_fused_qkv_lora_with_one_down_matrix_reads_as_the_same_change_per_projection():
