@@ -36,6 +36,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "hidream": "onetrainer.families.hidream:HiDreamFamily",
         "wan": "onetrainer.families.wan:WanFamily",
         "wan22": "onetrainer.families.wan:Wan22Family",
+        "wan_i2v": "onetrainer.families.wan_i2v:WanI2VFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }
