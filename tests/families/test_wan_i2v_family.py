@@ -234,3 +234,39 @@ def test_a_fine_tune_computes_the_conditions_per_batch_and_writes_an_i2v_folder(
     )
     _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
     assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+def test_lokr_trains_on_clips_with_the_image_projections_and_reads_back_as_trained(tmp_path, monkeypatch):
+    """LoKr (a LyCORIS kind) over the attention (`attn-only`: the image cross-attention's projections included), in
+    ComfyUI's names: read back into a fresh model it gives the trained transformer."""
+    from tests.helpers import keep_trained_output
+
+    folder = clip_folder(tmp_path)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": False}, frames="5", peft_type="LOKR", lokr_dim=2,
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    assert {"diffusion_model.blocks.0.cross_attn.k_img.lokr_w1", "diffusion_model.blocks.1.self_attn.q.lokr_w1"} <= set(
+        state
+    )
+    path = config["output_model_destination"]
+    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", peft_type="LOKR",
+                         lokr_dim=2)  # fmt: skip
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's blocks (their image cross-attention included) and UMT5's waiting off the device,
+    gradient checkpointing on: the same losses and LoRA as without."""
+    from tests.helpers import assert_offloading_trains_the_same_lora
+
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, VARIANT, {"WanTransformer3DModel", "UMT5EncoderModel"}
+    )
