@@ -5,7 +5,8 @@ cached with its latents; the DIFFUSERS_LORA lands in `WanImageToVideoPipeline.lo
 image cross-attention's `add_k_proj` / `add_v_proj` included), as ours; COMFY_LORA / KOHYA_LORA name those `k_img` /
 `v_img` and go through diffusers' converters to the same transformer; samples are clips from the sample's start image
 (its reference image), the pipeline's; a fine-tune (conditions computed per batch) writes a folder that loads in
-diffusers and back; a text-to-video folder and a sample without a start image are refused by name."""
+diffusers and back; a text-to-video folder and a sample without a start image are refused by name; LoKr (validated
+on a clip held out), layer offloading with checkpointing and an embedding on UMT5 train."""
 
 from __future__ import annotations
 
@@ -238,7 +239,9 @@ def test_a_fine_tune_computes_the_conditions_per_batch_and_writes_an_i2v_folder(
 
 def test_lokr_trains_on_clips_with_the_image_projections_and_reads_back_as_trained(tmp_path, monkeypatch):
     """LoKr (a LyCORIS kind) over the attention (`attn-only`: the image cross-attention's projections included), in
-    ComfyUI's names: read back into a fresh model it gives the trained transformer."""
+    ComfyUI's names: read back into a fresh model it gives the trained transformer; it validates on the clip held out
+    (its cached start-image conditions at fixed times)."""
+    from onetrainer.training.events import Validated
     from tests.helpers import keep_trained_output
 
     folder = clip_folder(tmp_path)
@@ -246,9 +249,11 @@ def test_lokr_trains_on_clips_with_the_image_projections_and_reads_back_as_train
     config = tiny_config(
         tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
         layer_filter_preset="attn-only", text_encoder={"train": False}, frames="5", peft_type="LOKR", lokr_dim=2,
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], latent_caching=True, validation=True,
+        validation_holdout=1, validate_after=1, validate_after_unit="EPOCH",
     )  # fmt: skip
-    run_config(config)
+    (validated,) = [e for e in run_config(config) if isinstance(e, Validated)]
+    assert torch.isfinite(torch.tensor(validated.loss))
     state = load_file(config["output_model_destination"])
     assert {"diffusion_model.blocks.0.cross_attn.k_img.lokr_w1", "diffusion_model.blocks.1.self_attn.q.lokr_w1"} <= set(
         state
@@ -270,3 +275,15 @@ def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monk
     assert_offloading_trains_the_same_lora(
         tmp_path, monkeypatch, VARIANT, {"WanTransformer3DModel", "UMT5EncoderModel"}
     )
+
+
+def test_an_embedding_trains_on_umt5_with_stills_as_their_own_start_images(tmp_path):
+    """Textual inversion on UMT5 (stills train as one-frame clips whose start image is themselves): the file holds the
+    vectors under `umt5`, and the run reads it back."""
+    from tests.helpers import image_folder
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
+    run_config(config)
+    vectors = load_file(config["output_model_destination"])["umt5"]
+    assert vectors.shape[-1] == 32 and torch.isfinite(vectors).all()
