@@ -178,9 +178,12 @@ def edit_inputs(folder: Path, model_type: str) -> dict:
     from PIL import Image, ImageOps
 
     from onetrainer.config.enums import ModelType
-    from onetrainer.config.model_types import model_type_info
+    from onetrainer.config.model_types import REFERENCE_IMAGES, model_type_info
 
-    if not model_type_info(ModelType(model_type)).family.reference_images:
+    family = model_type_info(ModelType(model_type)).family
+    if not family.reference_images:
+        if REFERENCE_IMAGES in family.capabilities and family.references_required:  # a start image for samples only
+            return {"reference_images": [str(sorted(folder.glob("*.png"))[0])]}
         return {}
     references = []
     for image in sorted(p for p in folder.glob("*.png") if "-masklabel" not in p.name and "-reference" not in p.name):

@@ -55,6 +55,9 @@ class ModelType(ConfigEnum):
     # (issue 46: the first video family); named as OneTrainer names its model types.
     WAN_2_1 = "WAN_2_1"
     WAN_2_2 = "WAN_2_2"
+    # Wan 2.1 image to video (14B 480p / 720p): its own type, for its own parts (a CLIP vision encoder) and samples
+    # that start from an image (issue 46).
+    WAN_2_1_I2V = "WAN_2_1_I2V"
 
 
 # A new config's model type and base model, as in OneTrainer.

@@ -85,7 +85,7 @@ class SampleConfig(ConfigNode):
         [],
         "Reference images",
         "Edit models: the images the prompt says how to change (a list of image files, in the order the prompt "
-        "calls them Picture 1, Picture 2, …).",
+        "calls them Picture 1, Picture 2, …). Image-to-video models: the clip's start image (one file).",
         needs=REFERENCE_IMAGES,
         widget="files",
     )

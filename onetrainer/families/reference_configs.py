@@ -1392,3 +1392,47 @@ HUNYUAN_VIDEO_SCHEDULER: Config = {
     "shift": 7.0,
     "use_dynamic_shifting": False,
 }
+# --- Wan 2.1 I2V (Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, Wan2.1-I2V-14B-720P-Diffusers) --------------------------------
+# The image-to-video transformer: the T2V 14B's with 36 input channels (the noisy latents, 4 mask channels, the start
+# image's 16 latent channels) and image cross-attention (`image_dim` 1280: the CLIP states, projected to 5120 and
+# attended to by each block's `add_k_proj` / `add_v_proj` beside the text). 480p and 720p share the shape.
+WAN21_I2V_14B_TRANSFORMER: Config = {
+    **WAN21_T2V_14B_TRANSFORMER,
+    "added_kv_proj_dim": 5120,
+    "image_dim": 1280,
+    "in_channels": 36,
+}
+# Its image encoder: OpenCLIP ViT-H/14's vision tower (the penultimate layer's 257 states are the condition).
+OPEN_CLIP_H_VISION: Config = {
+    "architectures": ["CLIPVisionModel"],
+    "attention_dropout": 0.0,
+    "dropout": 0.0,
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "image_size": 224,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 5120,
+    "layer_norm_eps": 1e-05,
+    "model_type": "clip_vision_model",
+    "num_attention_heads": 16,
+    "num_channels": 3,
+    "num_hidden_layers": 32,
+    "patch_size": 14,
+    "projection_dim": 1024,
+}
+# Its image_processor/ (preprocessor_config.json): CLIP's 224 px resize, centre crop and normalisation.
+CLIP_IMAGE_PROCESSOR: Config = {
+    "crop_size": {"height": 224, "width": 224},
+    "do_center_crop": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": 224},
+}

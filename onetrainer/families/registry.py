@@ -37,6 +37,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "wan": "onetrainer.families.wan:WanFamily",
         "wan22": "onetrainer.families.wan:Wan22Family",
         "hunyuan_video": "onetrainer.families.hunyuan_video:HunyuanVideoFamily",
+        "wan_i2v": "onetrainer.families.wan_i2v:WanI2VFamily",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

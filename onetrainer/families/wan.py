@@ -240,6 +240,7 @@ class WanFamily(Family):
             generator=torch.Generator(device="cpu").manual_seed(seed),
             output_type="np",
             **self.prompt_arguments(model, apply_embeddings(sample.prompt), negative),
+            **self.pipeline_arguments(model, sample, zero_terminal_snr),  # I2V: the start image
         )
         return SampleClip([to_image(frame) for frame in output.frames[0]], SAMPLE_FPS)
 

@@ -132,11 +132,14 @@ def transformer_inputs(model: Any, randn: Any) -> dict[str, Any]:
     from onetrainer.tiny.denoiser_step import TIME_FRACTIONS
 
     config = model.config
-    return {
+    inputs = {
         "hidden_states": randn(2, config.in_channels, 2, 8, 8),
         "encoder_hidden_states": randn(2, 12, config.text_dim),
         "timestep": torch.tensor(TIME_FRACTIONS) * 1000,
     }
+    if config.image_dim:  # Wan 2.1 I2V (tiny/wan_i2v.py): 257 CLIP image states
+        inputs["encoder_hidden_states_image"] = randn(2, 257, config.image_dim)
+    return inputs
 
 
 DENOISER_INPUTS = {"WanTransformer3DModel": transformer_inputs}

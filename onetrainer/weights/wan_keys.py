@@ -26,6 +26,7 @@ _BLOCK = (
     ("attn2.norm_k", "cross_attn.norm_k"),
     ("attn2.add_k_proj", "cross_attn.k_img"),
     ("attn2.add_v_proj", "cross_attn.v_img"),
+    ("attn2.norm_added_k", "cross_attn.norm_k_img"),
     ("ffn.net.0.proj", "ffn.0"),
     ("ffn.net.2", "ffn.2"),
     ("norm2", "norm3"),  # the cross-attention's norm
@@ -38,6 +39,11 @@ _TOP = (
     ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
     ("condition_embedder.time_proj", "time_projection.1"),
     ("proj_out", "head.head"),
+    # Wan 2.1 I2V's projection of the CLIP image states (`img_emb.proj`: LayerNorm, Linear, GELU, Linear, LayerNorm)
+    ("condition_embedder.image_embedder.norm1", "img_emb.proj.0"),
+    ("condition_embedder.image_embedder.ff.net.0.proj", "img_emb.proj.1"),
+    ("condition_embedder.image_embedder.ff.net.2", "img_emb.proj.3"),
+    ("condition_embedder.image_embedder.norm2", "img_emb.proj.4"),
     ("patch_embedding", "patch_embedding"),
 )
 _IN_BLOCK = re.compile(r"^(blocks\.\d+)\.(.+)$")

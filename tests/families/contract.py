@@ -70,9 +70,11 @@ def declaration_problems(info: FamilyInfo, family_class: type[Family]) -> list[s
     if comfy != bool(family_class.comfy_prefixes) or not set(family_class.comfy_prefixes) <= parts:
         problems.append(f"COMFY_LORA offered: {comfy}, ComfyUI prefixes for {sorted(family_class.comfy_prefixes)}")
 
-    # Reference images: the flag, the capability and the calls that encode them say the same.
+    # Reference images: the flag and the calls that encode them say the same, and training on them gives samples them
+    # (the capability); samples alone may take them (an image-to-video model's start image, its training clips' first
+    # frames).
     encodes = _overrides(family_class, "encode_references") and _overrides(family_class, "typical_references")
-    if not info.reference_images == (REFERENCE_IMAGES in info.capabilities) == encodes:
+    if info.reference_images != encodes or (info.reference_images and REFERENCE_IMAGES not in info.capabilities):
         problems.append(
             f"reference_images {info.reference_images}, capability {REFERENCE_IMAGES in info.capabilities}, "
             f"encode_references and typical_references overridden: {encodes}"

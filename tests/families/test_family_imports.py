@@ -1,5 +1,6 @@
 """The families' import rules, read from the source (no torch): a family module imports no other family module nor
-another's declaration (what several share lives in a neutral module), no module of `families/` imports the methods,
+another's declaration (what several share lives in a neutral module; a variant's own module, `<base>_<variant>.py`,
+may build on its base family's), no module of `families/` imports the methods,
 which sit above them, and the declarations read without torch."""
 
 from __future__ import annotations
@@ -28,10 +29,18 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def extended(module: str) -> set[str]:
+    """The family module a variant's own module extends, and its declaration: `wan_i2v` (Wan 2.1 I2V) builds on
+    `wan` (a family module's name, then `_` and the variant's)."""
+    stem = module.rpartition(".")[2]
+    bases = {m for m in FAMILY_MODULES if stem.startswith(m.rpartition(".")[2] + "_") and m != module}
+    return bases | {m + DECLARATION_SUFFIX for m in bases}
+
+
 def test_no_family_module_imports_another():
     for path in sorted(FAMILIES_DIR.glob("*.py")):
         module = f"onetrainer.families.{path.stem.removesuffix(DECLARATION_SUFFIX)}"
-        own = {module, module + DECLARATION_SUFFIX}
+        own = {module, module + DECLARATION_SUFFIX} | (extended(module) if module in FAMILY_MODULES else set())
         crossing = sorted((imported_modules(path) & FAMILY_MODULES) - own)
         assert not crossing, f"{path.name} imports the family module(s) {crossing}"
 

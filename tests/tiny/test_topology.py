@@ -204,6 +204,7 @@ def test_schedulers(variant: str, tiny_pipeline: PipelineOf) -> None:
         "hidream": "flow_prediction",
         "wan21": "flow_prediction",
         "wan22": "flow_prediction",
+        "wan21-i2v": "flow_prediction",
     }
     expected = {"sd20": "v_prediction", "sd21": "v_prediction", **flows}.get(variant, "epsilon")
     assert spec.prediction_type == expected
