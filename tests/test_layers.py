@@ -186,6 +186,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "ideogram4": r"ideogram",
         "hidream": r"hi[ _-]?dream",
         "wan": r"(?<![a-z0-9])wan(?:[ _-]?2\.?[12])?(?![a-z0-9])",
+        "hunyuan_video15": r"hunyuan[ _-]?video[ _-]?1\.?5",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

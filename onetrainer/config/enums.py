@@ -55,6 +55,8 @@ class ModelType(ConfigEnum):
     # (issue 46: the first video family); named as OneTrainer names its model types.
     WAN_2_1 = "WAN_2_1"
     WAN_2_2 = "WAN_2_2"
+    # A member OneTrainer lacks (it trains HunyuanVideo, not 1.5), added because issue 46 asks for HunyuanVideo 1.5.
+    HUNYUAN_VIDEO_15 = "HUNYUAN_VIDEO_15"
 
 
 # A new config's model type and base model, as in OneTrainer.

@@ -36,6 +36,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "hidream": "onetrainer.families.hidream:HiDreamFamily",
         "wan": "onetrainer.families.wan:WanFamily",
         "wan22": "onetrainer.families.wan:Wan22Family",
+        "hunyuan_video15": "onetrainer.families.hunyuan_video15:HunyuanVideo15Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

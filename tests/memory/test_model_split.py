@@ -41,6 +41,7 @@ SPLIT_VARIANTS = (
     "ideogram4",
     "hidream",
     "wan21",
+    "hunyuan-video15",
 )
 
 

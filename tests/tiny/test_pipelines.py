@@ -74,7 +74,7 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
         return pipeline(prompt=prompt, height=size, width=size, output_type="np", output="images", **common)
     if spec.pipeline_class == "HiDreamImagePipeline":  # it scales every size to its default area: make that ours
         pipeline.default_sample_size = size // pipeline.vae_scale_factor
-    if spec.pipeline_class == "WanPipeline":  # a video pipeline: a one-frame clip
+    if spec.pipeline_class in ("WanPipeline", "HunyuanVideo15Pipeline"):  # a video pipeline: a one-frame clip
         return pipeline(prompt=prompt, height=size, width=size, num_frames=1, output_type="np", **common).frames[0]
     if spec.pipeline_class == "StableDiffusionDepth2ImgPipeline":  # image to image: the image gives the size
         image = Image.new("RGB", (size, size), (200, 30, 30))
@@ -153,8 +153,9 @@ def test_weight_files_use_the_real_checkpoint_key_names(
             # stored.
             if reference.get("tie_word_embeddings"):
                 expected.discard("lm_head.weight")
-        elif reference.get("architectures") in (["Gemma2Model"], ["Qwen3VLModel"]):
-            # Sana's Gemma-2, Krea 2's Qwen3-VL: the bare model's own state dict, as the pipeline folder saves it
+        elif reference.get("architectures") in (["Gemma2Model"], ["Qwen3VLModel"], ["Qwen2_5_VLTextModel"]):
+            # Sana's Gemma-2, Krea 2's Qwen3-VL, HunyuanVideo 1.5's Qwen2.5-VL decoder: the bare model's own state
+            # dict, as the pipeline folder saves it
             pass
         elif component.startswith("text_encoder"):
             # Real text encoder files name everything under `text_model.` (and `text_projection.` for SDXL's second),
