@@ -12,6 +12,7 @@ from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
     FamilyInfo,
+    FileCaveat,
     FrameCounts,
     ModelTypeInfo,
     PartRole,
@@ -33,6 +34,12 @@ _LAYER_PRESETS = {
     "full": (),
 }
 
+_KOHYA_IN_DIFFUSERS_NAMES = (
+    "KOHYA_LORA names each module `lora_unet_` + its diffusers path (`lora_unet_transformer_blocks_0_attn_to_q`; "
+    "`lora_te1_` Qwen2.5-VL, `lora_te2_` ByT5), the LyCORIS layout this trainer reads back; ComfyUI's HunyuanVideo 1.5 "
+    "model names its modules as Tencent's checkpoint does (fused q, k, v per stream), a layout not written yet"
+)
+
 HUNYUAN_VIDEO15 = FamilyInfo(
     key="hunyuan_video15",
     label="HunyuanVideo 1.5",
@@ -48,7 +55,7 @@ HUNYUAN_VIDEO15 = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA,),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -66,6 +73,7 @@ HUNYUAN_VIDEO15 = FamilyInfo(
             "diffusers' HunyuanVideo15Pipeline has no LoRA loader: a DIFFUSERS_LORA file loads into its transformer "
             "with `pipe.transformer.load_lora_adapter(file, prefix='transformer')`, which reads no text-encoder LoRA",
         ),
+        FileCaveat(ModelFormat.KOHYA_LORA, _KOHYA_IN_DIFFUSERS_NAMES),
     ),
     video=FrameCounts(),
     notes="A video model: a concept's clips train as windows of 4k + 1 frames (its `video` settings; the run's "
@@ -83,8 +91,9 @@ HUNYUAN_VIDEO15 = FamilyInfo(
     "model's sampler shifts its own (5 for the 480p model). Samples run HunyuanVideo15Pipeline with the model's own "
     "flow-matching Euler sampler and classifier-free guidance at the sample's scale, and are clips of the sample's "
     "`frames` (4k + 1; a still at 1) at 24 fps. LoRA files: DIFFUSERS_LORA (peft names under `transformer.`; the "
-    "pipeline has no `load_lora_weights`: load it with `pipe.transformer.load_lora_adapter`). Fine-tunes: a diffusers "
-    "folder (also the backup, usable as a base model). Embeddings: new tokens of Qwen2.5-VL (file key `qwen`; the "
+    "pipeline has no `load_lora_weights`: load it with `pipe.transformer.load_lora_adapter`) or KOHYA_LORA "
+    "(`lora_unet_` + the diffusers module path; LoHa and LoKr are written in it). Fine-tunes: a diffusers folder "
+    "(also the backup, usable as a base model). Embeddings: new tokens of Qwen2.5-VL (file key `qwen`; the "
     "template's cut at 108 tokens is before the caption, so the pipeline reads them as we do) and, where a placeholder "
     "is quoted, of the glyph encoder (`byt5`).",
 )

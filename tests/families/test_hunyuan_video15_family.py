@@ -241,3 +241,61 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 
     _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
     assert torch.equal(transformer_output(model.part("transformer")), expected)
+
+
+@pytest.mark.parametrize("kind", ["loha", "lokr"])
+def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
+    """LoHa and LoKr (LyCORIS kinds) as KOHYA_LORA (`lora_unet_` + the diffusers module path); read back into a fresh
+    model they give the trained transformer."""
+    from tests.helpers import keep_trained_output
+
+    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
+    folder = clip_folder(tmp_path)
+    trained = keep_trained_output(monkeypatch, transformer_output)
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
+        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
+    )  # fmt: skip
+    run_config(config)
+    state = load_file(config["output_model_destination"])
+    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    assert f"lora_unet_transformer_blocks_0_attn_add_q_proj.{marker}" in state
+    assert all(k.startswith("lora_unet_transformer_blocks_") and "_attn_" in k for k in state)  # not the refiner's
+    path = config["output_model_destination"]
+    _, again = our_model(method=True, lora_model_name=path, output_model_format="KOHYA_LORA", **settings)
+    ours = transformer_output(again.part("transformer"))
+    assert torch.allclose(ours, trained["output"], atol=1e-5)
+    _, plain = our_model()
+    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+
+def test_an_embedding_trains_on_qwen_and_prompts_the_pipeline_as_ours(tmp_path):
+    """The file holds the vectors under `qwen` (and `byt5`); set into the pipeline's Qwen tokenizer and decoder as new
+    tokens (the pipeline has no textual-inversion loader), they give our conditioning: the template's cut at 108 tokens
+    lies before the caption (stills train as one-frame clips)."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families import load_family_class
+    from onetrainer.methods import create_method
+    from tests.helpers import image_folder, local_config
+
+    image_folder(tmp_path, count=2, placeholder="<shape>")
+    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
+    run_config(config)
+    path = config["output_model_destination"]
+    vectors = load_file(path)
+    assert {"qwen", "byt5"} <= vectors.keys()
+    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
+    family = load_family_class(cfg.model_type)()
+    model = family.load(local_config(cfg))
+    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    pipe = pipeline()
+    tokens = ["<shape>"] + [f"<shape>_{i}" for i in range(1, len(vectors["qwen"]))]
+    pipe.tokenizer.add_tokens(tokens)
+    embedding = pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer))
+    with torch.no_grad():
+        embedding.weight[-len(tokens) :] = vectors["qwen"]
+        ours = family.encode_text(model, [method.embeddings.apply("a photo of <shape>")])
+        theirs, mask, _, _ = pipe.encode_prompt([f"a photo of {' '.join(tokens)}"])
+    assert torch.equal(ours.tensors["attention_mask"], mask.long())
+    assert torch.allclose(ours.hidden_states, theirs * mask[..., None], atol=1e-5)
