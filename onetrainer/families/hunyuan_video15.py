@@ -165,19 +165,23 @@ class HunyuanVideo15Family(Family):
 
         qwen, glyph = model.text_encoders
         system = model.family_state(HunyuanVideo15State).system_message
-        tokens = qwen.tokenizer.apply_chat_template(
-            format_text_input(list(captions), system),
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
+        # the template written out, then tokenized without special tokens: what `apply_chat_template(tokenize=True)`
+        # does in one call
+        prompts = [
+            qwen.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            for conversation in format_text_input(list(captions), system)
+        ]
+        tokens = qwen.tokenizer(
+            prompts,
             padding="max_length",
             max_length=TEXT_TOKENS + TEMPLATE_TOKENS,
             truncation=True,
+            add_special_tokens=False,
             return_tensors="pt",
         )
         device = first_weight(qwen.encoder).device
-        mask = tokens["attention_mask"].to(device)
-        output = qwen.encoder(input_ids=tokens["input_ids"].to(device), attention_mask=mask, output_hidden_states=True)
+        mask = tokens.attention_mask.to(device)
+        output = qwen.encoder(input_ids=tokens.input_ids.to(device), attention_mask=mask, output_hidden_states=True)
         hidden = output.hidden_states[-(SKIPPED_LAYERS + 1)][:, TEMPLATE_TOKENS:]
         mask = mask[:, TEMPLATE_TOKENS:]
         glyph_states, glyph_mask = self.encode_glyphs(glyph, captions)

@@ -37,7 +37,7 @@ _LAYER_PRESETS = {
 _KOHYA_IN_DIFFUSERS_NAMES = (
     "KOHYA_LORA names each module `lora_unet_` + its diffusers path (`lora_unet_transformer_blocks_0_attn_to_q`; "
     "`lora_te1_` Qwen2.5-VL, `lora_te2_` ByT5), the LyCORIS layout this trainer reads back; ComfyUI's HunyuanVideo 1.5 "
-    "model names its modules as Tencent's checkpoint does (fused q, k, v per stream), a layout not written yet"
+    "model names its modules as Tencent's checkpoint does (`double_blocks.N.img_attn_…`), a layout not written yet"
 )
 
 HUNYUAN_VIDEO15 = FamilyInfo(
@@ -49,7 +49,6 @@ HUNYUAN_VIDEO15 = FamilyInfo(
         "text_encoder_2": PartRole.TEXT_ENCODER,
         "vae": PartRole.IMAGE_ENCODER,
     },
-    part_labels={"text_encoder": "Text Encoder (Qwen2.5-VL)", "text_encoder_2": "Glyph Encoder (ByT5)"},
     # the VAE downsamples 16x and the transformer takes 1x1 patches: a token is 16 px
     bucket_step=16,
     sample_step=16,
