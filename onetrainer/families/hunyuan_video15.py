@@ -10,8 +10,9 @@ path (`video_vae.encode_clips`' layout, `FrameCounts`): a batch is a clip per sa
   every text token through its mask (the padding never counts), so the text cache keeps each caption's tokens of both
   (`text_cache_row`) and `Conditioning.stack` pads a batch again with masked zeros.
 - Caption dropout encodes the empty caption (the pipeline's negative prompt when none is given).
-- Latents: the VAE's mode ([B, 3, F, H, W] → [B, 32, (F − 1)/4 + 1, H/16, W/16]) times its `scaling_factor`, the
-  inverse of what the pipeline decodes. The transformer takes them beside the conditioning latent and mask of text to
+- Latents (the VAE in spatial tiles above 256 px, as the pipeline's example runs it): the VAE's mode
+  ([B, 3, F, H, W] → [B, 32, (F − 1)/4 + 1, H/16, W/16]) times its `scaling_factor`, the inverse of what the pipeline
+  decodes. The transformer takes them beside the conditioning latent and mask of text to
   video (zeros: 65 channels), the image embedding of text to video (zeros, which it masks out) and σ·1000, and
   predicts the flow ε − x0. The training schedule is `noise/flow_matching.FlowMatchingSchedule` on the model's own
   sampler config (`timestep_shift` shifts its draws).
@@ -135,6 +136,9 @@ class HunyuanVideo15Family(Family):
         else:
             dtype = load_dtype(config, "vae")
             parts["vae"] = load_diffusers_component(AutoencoderKLHunyuanVideo15, where, "vae", options, dtype=dtype)
+        # Spatial tiles of 256 px (all frames at once) above that size, as the pipeline's own example decodes: its
+        # encoder takes a whole clip at full resolution otherwise (a 480p clip's first level alone is gigabytes).
+        parts["vae"].enable_tiling()
 
         sampler_config = dict(
             load_diffusers_component(FlowMatchEulerDiscreteScheduler, where, "scheduler", options, True)

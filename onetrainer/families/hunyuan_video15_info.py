@@ -84,8 +84,9 @@ HUNYUAN_VIDEO15 = FamilyInfo(
     '`Text "…". ` (256 bytes at most); a caption without quotes gives it nothing (masked zeros). The transformer '
     "reads both through their masks, with the image-condition inputs of text to video (zeros, masked). Caption "
     "dropout encodes the empty caption (the pipeline's negative prompt). The VAE is HunyuanVideo 1.5's causal 3-D "
-    "VAE (16x spatial, 4x temporal after the first frame), its 32-channel latents scaled by 1.03682; the latents of "
-    "a clip are 5-D, [32, (F − 1)/4 + 1, H/16, W/16], and a loss mask (one per clip) applies to every latent frame. "
+    "VAE (16x spatial, 4x temporal after the first frame; in spatial tiles of 256 px above that size, as the "
+    "pipeline's example runs it), its 32-channel latents scaled by 1.03682; the latents of a clip are 5-D, "
+    "[32, (F − 1)/4 + 1, H/16, W/16], and a loss mask (one per clip) applies to every latent frame. "
     "Training is rectified flow (the transformer takes σ·1000); `timestep_shift` shifts the training times as the "
     "model's sampler shifts its own (5 for the 480p model). Samples run HunyuanVideo15Pipeline with the model's own "
     "flow-matching Euler sampler and classifier-free guidance at the sample's scale, and are clips of the sample's "

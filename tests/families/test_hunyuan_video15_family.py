@@ -95,6 +95,7 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
         assert int(glyph_mask[0].sum()) == len('Text "OPEN". ') + 1 and not glyph_mask[1:].any()  # bytes + </s>
         assert torch.allclose(ours.tensors["glyph_states"], glyphs, atol=1e-6)
 
+        assert model.part("vae").use_tiling  # spatial tiles above 256 px; these clips are smaller
         clips = torch.rand(2, 3, 5, 48, 64) * 2 - 1
         latents = family.encode_images(model, clips)
         raw = torch.cat([pipe.vae.encode(clip[None]).latent_dist.mode() for clip in clips])  # batches of one only
