@@ -300,3 +300,35 @@ def test_an_embedding_trains_on_qwen_and_prompts_the_pipeline_as_ours(tmp_path):
         theirs, mask, _, _ = pipe.encode_prompt([f"a photo of {' '.join(tokens)}"])
     assert torch.equal(ours.tensors["attention_mask"], mask.long())
     assert torch.allclose(ours.hidden_states, theirs * mask[..., None], atol=1e-5)
+
+
+def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):
+    """Half of the transformer's dual-stream blocks and Qwen2.5-VL's layers waiting off the device, gradient
+    checkpointing on (as the 16 GB preset trains): the same losses and LoRA as without (stills as one-frame clips)."""
+    from tests.helpers import assert_offloading_trains_the_same_lora
+
+    assert_offloading_trains_the_same_lora(
+        tmp_path, monkeypatch, VARIANT, {"HunyuanVideo15Transformer3DModel", "Qwen2_5_VLTextModel"}
+    )
+
+
+def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
+    """A LoRA over a float8 transformer and an int8 Qwen2.5-VL, on clips, one of them with a mask (one `-masklabel.png`
+    for the whole clip): it trains (finite losses) and writes its file."""
+    from onetrainer.training.events import Metrics
+
+    folder = clip_folder(tmp_path)
+    mask = Image.new("L", (64, 48), 0)
+    mask.paste(255, (0, 0, 32, 48))
+    mask.save(folder / "walk-masklabel.png")
+    config = tiny_config(
+        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-only", frames="5", masked_training=True, unmasked_probability=0.0,
+        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
+        text_encoder_2={"train": False}, concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+    )  # fmt: skip
+    losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert any(
+        k.startswith("transformer.transformer_blocks.0.attn.") for k in load_file(config["output_model_destination"])
+    )
