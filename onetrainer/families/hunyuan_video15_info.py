@@ -37,7 +37,7 @@ _LAYER_PRESETS = {
 _KOHYA_IN_DIFFUSERS_NAMES = (
     "KOHYA_LORA names each module `lora_unet_` + its diffusers path (`lora_unet_transformer_blocks_0_attn_to_q`; "
     "`lora_te1_` Qwen2.5-VL, `lora_te2_` ByT5), the LyCORIS layout this trainer reads back; ComfyUI's HunyuanVideo 1.5 "
-    "model names its modules as Tencent's checkpoint does (`double_blocks.N.img_attn_…`), a layout not written yet"
+    "LoRA map reads Tencent's module names (`double_blocks.N.img_attn_qkv`: q, k and v fused), a layout not written yet"
 )
 
 HUNYUAN_VIDEO15 = FamilyInfo(
