@@ -332,3 +332,16 @@ def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
     assert any(
         k.startswith("transformer.transformer_blocks.0.attn.") for k in load_file(config["output_model_destination"])
     )
+
+
+def test_scripts_sample_writes_a_clip(tmp_path):
+    """`scripts/sample.py` renders through the same `render`: the sample is written as a clip of the frames asked, a
+    GIF here by the output's suffix."""
+    from onetrainer.cli.sample import EXIT_OK, main
+
+    output = tmp_path / "sign.gif"
+    argv = ["--model-type", "HUNYUAN_VIDEO_15", "--base-model", f"tiny:{VARIANT}", "--prompt", 'a sign "OPEN"',
+            "--width", "64", "--height", "48", "--steps", "2", "--frames", "5", "--output", str(output)]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    clip = read_clip(output)
+    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
