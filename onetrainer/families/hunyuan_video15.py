@@ -20,8 +20,10 @@ path (`video_vae.encode_clips`' layout, `FrameCounts`): a batch is a clip per sa
   shift) and guider (classifier-free guidance at the sample's scale), and are a `SampleClip` of the sample's frames
   (4k + 1) at 24 fps.
 - Saving: the pipeline folder (also the backup) with the model's own sampler and guider. LoRA files: DIFFUSERS_LORA
-  (peft names under `transformer.` / `text_encoder.` / `text_encoder_2.`); the pipeline has no LoRA loader, its
-  transformer's `load_lora_adapter(file, prefix="transformer")` reads the file.
+  (peft names under `transformer.` / `text_encoder.` / `text_encoder_2.`; the pipeline has no LoRA loader, its
+  transformer's `load_lora_adapter(file, prefix="transformer")` reads the file), COMFY_LORA (`diffusion_model.` +
+  ComfyUI's module names, `weights/hunyuan_video15_keys.py`: each stream's q, k, v one exact LoRA on its fused
+  projection) and KOHYA_LORA (`lora_unet_` + diffusers' paths, the generic layout).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ from onetrainer.families.saving import save_pipeline_folder
 from onetrainer.families.vae import load_vae_override
 from onetrainer.noise.prediction import Prediction
 from onetrainer.util.part_dtypes import compute_weight
-from onetrainer.weights import kohya_lora
+from onetrainer.weights import hunyuan_video15_keys, kohya_lora
+from onetrainer.weights.fused_transformer_lora import FusedLayout, unet_name
 from onetrainer.weights.metadata import ModelKind
 
 if TYPE_CHECKING:
@@ -75,6 +78,23 @@ SKIPPED_LAYERS = 2
 SAMPLE_FPS = 24.0  # the rate HunyuanVideo 1.5 generates at
 KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
 KIND = ModelKind("hunyuan-video-1.5-t2v", "hunyuan_video_15")
+# COMFY_LORA: the transformer's adapters over ComfyUI's module names (q, k, v one fused projection per stream).
+LAYOUT = FusedLayout("HunyuanVideo 1.5", hunyuan_video15_keys.module_map, hunyuan_video15_keys.original_module)
+COMFY_PREFIX = "diffusion_model."
+
+
+def comfy_names(config) -> dict[str, str]:
+    """Each transformer module's name in `LAYOUT` (`lora_unet_<ComfyUI path>`, or for a slice of a fused layer and
+    the swapped final modulation `lora_transformer_<diffusers path>`) → its COMFY_LORA name: `diffusion_model.` + the
+    ComfyUI path (a LyCORIS adapter on q, k or v alone: its diffusers path, which ComfyUI does not map)."""
+    names = {}
+    for module, original in hunyuan_video15_keys.module_map(config).items():
+        names[LAYOUT.diffusers_named(module)] = COMFY_PREFIX + module
+        names[LAYOUT.kohya_name(module, config)] = COMFY_PREFIX + (
+            module if original.fused or original.swapped else original.path
+        )
+        names[unet_name(original.path)] = COMFY_PREFIX + original.path
+    return names
 
 
 @dataclass(slots=True)
@@ -96,6 +116,7 @@ class HunyuanVideo15Family(Family):
         "transformer": ("transformer_blocks",),
         "text_encoder": ("layers",),
     }
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": COMFY_PREFIX}
 
     # -- loading --------------------------------------------------------------------------------------------------
 
@@ -347,6 +368,53 @@ class HunyuanVideo15Family(Family):
         """`lora_unet_` + diffusers' module path with underscores (`lora_unet_transformer_blocks_0_attn_to_q`); the
         text encoders' under `lora_te1_` (Qwen) and `lora_te2_` (ByT5)."""
         return kohya_lora.kohya_module_name(KOHYA_PREFIXES[part], module_path)
+
+    def lora_file_name(self, model: LoadedModel, part: str, module_path: str, fmt: ModelFormat) -> str:
+        """COMFY_LORA: `diffusion_model.` + the module's path in ComfyUI's model; else the kohya name."""
+        if part == "transformer" and fmt is ModelFormat.COMFY_LORA:
+            config = model.part("transformer").config
+            return comfy_names(config)[LAYOUT.kohya_name(module_path, config)]
+        return self.kohya_name(model, part, module_path)
+
+    def lora_file_state(self, model, part, kind, state, alphas, ranks, fmt=ModelFormat.KOHYA_LORA):
+        """COMFY_LORA's transformer: the adapters over ComfyUI's names (`LAYOUT`: q, k, v as one exact LoRA on each
+        stream's fused `qkv`, the final modulation's halves swapped; LyCORIS kinds keep q, k, v apart under diffusers'
+        paths), `diffusion_model.` + the dotted path. Other formats and parts: the generic layout."""
+        if part != "transformer" or fmt is not ModelFormat.COMFY_LORA:
+            return None
+        config = model.part("transformer").config
+        written = LAYOUT.to_kohya(kind, state, alphas, ranks, config)
+        dotted = comfy_names(config)
+        return {f"{dotted[name]}.{rest}": v for key, v in written.items() for name, _, rest in [key.partition(".")]}
+
+    def read_lora_file(self, model, part, kind, state):
+        """A COMFY_LORA file's transformer (renamed to `LAYOUT`'s kohya names by `kohya_named_lora`) through `LAYOUT`;
+        a KOHYA_LORA file (`lora_unet_` + diffusers' paths, none of `LAYOUT`'s names) the generic way."""
+        if part != "transformer":
+            return None
+        config = model.part("transformer").config
+        layout_names = set(comfy_names(config))
+        if not any(key.partition(".")[0] in layout_names for key in state):
+            return None
+        return LAYOUT.read_file(kind, state, config)
+
+    def kohya_named_lora(self, model: LoadedModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A COMFY_LORA file's transformer names back to `LAYOUT`'s kohya names, which `read_lora_file` reads."""
+        if "transformer" not in model.parts or not any(k.startswith(COMFY_PREFIX) for k in state):
+            return state
+        kohya = {}
+        for name, dotted in comfy_names(model.part("transformer").config).items():
+            kohya.setdefault(dotted, name)
+        out = {}
+        for key, value in state.items():
+            pieces = key.split(".")
+            for cut in range(len(pieces) - 1, 0, -1):  # the longest module path the key starts with
+                name = ".".join(pieces[:cut])
+                if name in kohya:
+                    key = ".".join([kohya[name], *pieces[cut:]])
+                    break
+            out[key] = value
+        return out
 
     def metadata_kind(self, model: LoadedModel) -> ModelKind:
         return KIND

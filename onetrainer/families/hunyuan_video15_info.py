@@ -36,8 +36,13 @@ _LAYER_PRESETS = {
 
 _KOHYA_IN_DIFFUSERS_NAMES = (
     "KOHYA_LORA names each module `lora_unet_` + its diffusers path (`lora_unet_transformer_blocks_0_attn_to_q`; "
-    "`lora_te1_` Qwen2.5-VL, `lora_te2_` ByT5), the LyCORIS layout this trainer reads back; ComfyUI's HunyuanVideo 1.5 "
-    "LoRA map reads Tencent's module names (`double_blocks.N.img_attn_qkv`: q, k and v fused), a layout not written yet"
+    "`lora_te1_` Qwen2.5-VL, `lora_te2_` ByT5), the layout this trainer reads back; for ComfyUI write COMFY_LORA"
+)
+_COMFY_UNCHECKED = (
+    "COMFY_LORA names the transformer's modules as ComfyUI's HunyuanVideo model does (Flux's double-stream blocks: "
+    "`double_blocks.N.img_attn.qkv`, each stream's q, k and v one fused LoRA; the token refiner's `self_attn.qkv`); "
+    "those names were not checked against a ComfyUI build here. LoHa, LoKr and DoRA keep q, k and v apart under "
+    "diffusers' paths, which ComfyUI does not map"
 )
 
 HUNYUAN_VIDEO15 = FamilyInfo(
@@ -54,7 +59,7 @@ HUNYUAN_VIDEO15 = FamilyInfo(
     sample_step=16,
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
-        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.KOHYA_LORA),
+        TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
         TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
@@ -73,6 +78,7 @@ HUNYUAN_VIDEO15 = FamilyInfo(
             "with `pipe.transformer.load_lora_adapter(file, prefix='transformer')`, which reads no text-encoder LoRA",
         ),
         FileCaveat(ModelFormat.KOHYA_LORA, _KOHYA_IN_DIFFUSERS_NAMES),
+        FileCaveat(ModelFormat.COMFY_LORA, _COMFY_UNCHECKED),
     ),
     video=FrameCounts(),
     notes="A video model: a concept's clips train as windows of 4k + 1 frames (its `video` settings; the run's "
@@ -91,8 +97,9 @@ HUNYUAN_VIDEO15 = FamilyInfo(
     "model's sampler shifts its own (5 for the 480p model). Samples run HunyuanVideo15Pipeline with the model's own "
     "flow-matching Euler sampler and classifier-free guidance at the sample's scale, and are clips of the sample's "
     "`frames` (4k + 1; a still at 1) at 24 fps. LoRA files: DIFFUSERS_LORA (peft names under `transformer.`; the "
-    "pipeline has no `load_lora_weights`: load it with `pipe.transformer.load_lora_adapter`) or KOHYA_LORA "
-    "(`lora_unet_` + the diffusers module path; LoHa and LoKr are written in it). Fine-tunes: a diffusers folder "
+    "pipeline has no `load_lora_weights`: load it with `pipe.transformer.load_lora_adapter`), COMFY_LORA "
+    "(`diffusion_model.` + ComfyUI's module names, each stream's q, k, v one fused LoRA) or KOHYA_LORA (`lora_unet_` + "
+    "the diffusers module path). Fine-tunes: a diffusers folder "
     "(also the backup, usable as a base model). Embeddings: new tokens of Qwen2.5-VL (file key `qwen`; the "
     "template's cut at 108 tokens is before the caption, so the pipeline reads them as we do) and, where a placeholder "
     "is quoted, of the glyph encoder (`byt5`).",

@@ -247,7 +247,9 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 @pytest.mark.parametrize("kind", ["loha", "lokr"])
 def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """LoHa and LoKr (LyCORIS kinds) as KOHYA_LORA (`lora_unet_` + the diffusers module path); read back into a fresh
-    model they give the trained transformer."""
+    model they give the trained transformer. The same adapters as COMFY_LORA: q, k and v kept apart (their ΔW has no
+    exact form on the fused projection) under `diffusion_model.` + the diffusers path, the output projection under
+    ComfyUI's name; read back, the same transformer."""
     from tests.helpers import keep_trained_output
 
     settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
@@ -269,6 +271,19 @@ def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeyp
     assert torch.allclose(ours, trained["output"], atol=1e-5)
     _, plain = our_model()
     assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+
+    from onetrainer.config import config_from_dict
+    from onetrainer.methods import create_method
+
+    family, fresh = our_model()
+    cfg, _ = config_from_dict({**config, "lora_model_name": path, "output_model_format": "COMFY_LORA"})
+    comfy = tmp_path / "comfy.safetensors"
+    create_method(cfg, family, fresh, torch.device("cpu")).save_output(comfy)
+    state = load_file(str(comfy))
+    assert f"diffusion_model.transformer_blocks.0.attn.to_q.{marker}" in state
+    assert f"diffusion_model.double_blocks.0.img_attn.proj.{marker}" in state
+    _, back = our_model(method=True, lora_model_name=str(comfy), output_model_format="COMFY_LORA", **settings)
+    assert torch.allclose(transformer_output(back.part("transformer")), trained["output"], atol=1e-5)
 
 
 def test_an_embedding_trains_on_qwen_and_prompts_the_pipeline_as_ours(tmp_path):
@@ -345,3 +360,40 @@ def test_scripts_sample_writes_a_clip(tmp_path):
     assert main(argv) == EXIT_OK
     clip = read_clip(output)
     assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+
+
+def test_the_comfyui_layout_fuses_each_streams_qkv_and_reads_back_as_trained(lora_run, tmp_path):
+    """The trained adapters written as COMFY_LORA over ComfyUI's module names (`diffusion_model.double_blocks.N.
+    img_attn.qkv`, `txt_attn.proj`, `img_mlp.0`, …): each stream's q, k, v one LoRA on its fused projection whose ΔW
+    is the three projections' ΔW stacked (checked from the file's tensors), and ours reads the file back as trained."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.methods import create_method
+
+    _, config = lora_run
+    family, _ = our_model()
+    cfg, _ = config_from_dict({**config, "lora_model_name": config["output_model_destination"],
+                               "output_model_format": "COMFY_LORA"})  # fmt: skip
+    _, fresh = our_model()
+    method = create_method(cfg, family, fresh, torch.device("cpu"))
+    path = tmp_path / "comfy.safetensors"
+    method.save_output(path)
+    state = load_file(str(path))
+    prefix = "diffusion_model.double_blocks.1."
+    names = ("img_attn.qkv", "txt_attn.qkv", "img_attn.proj", "txt_attn.proj", "img_mlp.0", "txt_mlp.2")
+    assert {f"{prefix}{name}.lora_down.weight" for name in names} <= state.keys()
+    assert all(k.startswith("diffusion_model.double_blocks.") for k in state)
+
+    diffusers = load_file(config["output_model_destination"])  # alpha folded into lora_B
+
+    def delta(module: str) -> torch.Tensor:
+        return diffusers[f"transformer.{module}.lora_B.weight"] @ diffusers[f"transformer.{module}.lora_A.weight"]
+
+    down, up = state[f"{prefix}txt_attn.qkv.lora_down.weight"], state[f"{prefix}txt_attn.qkv.lora_up.weight"]
+    fused = up @ down * (float(state[f"{prefix}txt_attn.qkv.alpha"]) / down.shape[0])
+    expected = torch.cat([delta(f"transformer_blocks.1.attn.{p}") for p in ("add_q_proj", "add_k_proj", "add_v_proj")])
+    assert torch.allclose(fused, expected, atol=1e-6)
+
+    _, again = our_model(method=True, lora_model_name=str(path), output_model_format="COMFY_LORA")
+    _, reference = our_model(method=True, lora_model_name=config["output_model_destination"])
+    assert torch.allclose(transformer_output(again.part("transformer")),
+                          transformer_output(reference.part("transformer")), atol=1e-6)  # fmt: skip
