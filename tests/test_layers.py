@@ -187,6 +187,7 @@ TINY_FAMILY_WORDS: dict[str, re.Pattern[str]] = {
         "hidream": r"hi[ _-]?dream",
         "wan": r"(?<![a-z0-9])wan(?:[ _-]?2\.?[12])?(?![a-z0-9])",
         "hunyuan_video": r"hunyuan[ _-]?video",
+        "hunyuan_video15": r"hunyuan[ _-]?video[ _-]?1\.?5",
         "wuerstchen": r"w(?:ue|ü)rstchen",
         "cascade": r"cascade",
     }.items()

@@ -58,6 +58,8 @@ class ModelType(ConfigEnum):
     # Wan 2.1 image to video (14B 480p / 720p): its own type, for its own parts (a CLIP vision encoder) and samples
     # that start from an image (issue 46).
     WAN_2_1_I2V = "WAN_2_1_I2V"
+    # A member OneTrainer lacks (it trains HunyuanVideo, not 1.5), added because issue 46 asks for HunyuanVideo 1.5.
+    HUNYUAN_VIDEO_15 = "HUNYUAN_VIDEO_15"
 
 
 # A new config's model type and base model, as in OneTrainer.

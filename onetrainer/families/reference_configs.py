@@ -1436,3 +1436,84 @@ CLIP_IMAGE_PROCESSOR: Config = {
     "rescale_factor": 0.00392156862745098,
     "size": {"shortest_edge": 224},
 }
+# --- HunyuanVideo 1.5 (hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v) ---------------------------------
+# The 8.3B text-to-video transformer: 54 dual-stream blocks over 1x1 patches of the 32-channel latents of its own VAE
+# (16x spatial, 4x temporal), taking 65 input channels (the latents, a conditioning latent and its mask: zeros for text
+# to video), a token refiner over Qwen2.5-VL's 3584-wide states, a projection of the ByT5 glyph encoder's 1472-wide
+# states and one of SigLIP's 1152-wide image embeddings (masked out for text to video).
+HUNYUAN_VIDEO15_480P_T2V_TRANSFORMER: Config = {
+    "_class_name": "HunyuanVideo15Transformer3DModel",
+    "attention_head_dim": 128,
+    "image_embed_dim": 1152,
+    "in_channels": 65,
+    "mlp_ratio": 4.0,
+    "num_attention_heads": 16,
+    "num_layers": 54,
+    "num_refiner_layers": 2,
+    "out_channels": 32,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "qk_norm": "rms_norm",
+    "rope_axes_dim": [16, 56, 56],
+    "rope_theta": 256.0,
+    "target_size": 480,
+    "task_type": "t2v",
+    "text_embed_2_dim": 1472,
+    "text_embed_dim": 3584,
+    "use_meanflow": False,
+}
+# Its causal 3-D VAE: 16x spatial and 4x temporal compression into 32 channels, scaled by 1.03682 (no shift).
+HUNYUAN_VIDEO15_VAE: Config = {
+    "_class_name": "AutoencoderKLHunyuanVideo15",
+    "block_out_channels": [128, 256, 512, 1024, 1024],
+    "downsample_match_channel": True,
+    "in_channels": 3,
+    "latent_channels": 32,
+    "layers_per_block": 2,
+    "out_channels": 3,
+    "scaling_factor": 1.03682,
+    "spatial_compression_ratio": 16,
+    "temporal_compression_ratio": 4,
+    "upsample_match_channel": True,
+}
+# Qwen2.5-VL-7B's decoder alone (Qwen2_5_VLTextModel: no vision tower, no LM head), the pipeline's text_encoder: its
+# third-last hidden states of the prompt in the pipeline's chat template.
+QWEN25_VL_7B_TEXT_MODEL: Config = {
+    "architectures": ["Qwen2_5_VLTextModel"],
+    "model_type": "qwen2_5_vl_text",
+    **{
+        k: v
+        for k, v in QWEN25_VL_7B_TEXT.items()
+        if not k.startswith(("vision", "image_", "video_", "architectures", "model_type"))
+    },
+}
+# The glyph encoder (text_encoder_2): ByT5-small's encoder (Glyph-SDXL-v2's), reading the quoted text of a prompt as
+# bytes; the pipeline pads it to 256 tokens.
+BYT5_SMALL_ENCODER: Config = {
+    **T5_XXL_ENCODER,
+    "d_ff": 3584,
+    "d_kv": 64,
+    "d_model": 1472,
+    "num_decoder_layers": 4,
+    "num_heads": 6,
+    "num_layers": 12,
+    "tie_word_embeddings": False,
+    "vocab_size": 384,
+}
+# ByT5's tokenizer (bytes + 3 special tokens + 125 extra ids), which builds without any file.
+BYT5_TOKENIZER: Config = {
+    "tokenizer_class": "ByT5Tokenizer",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<pad>",
+    "extra_ids": 125,
+}
+# The 480p text-to-video model's sampler: flow-matching Euler shifted by 5, on the pipeline's linear sigmas.
+HUNYUAN_VIDEO15_480P_SCHEDULER: Config = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "num_train_timesteps": 1000,
+    "shift": 5.0,
+    "use_dynamic_shifting": False,
+}
+# Its guider (guider/guider_config.json, a ClassifierFreeGuidance): the guidance scale.
+HUNYUAN_VIDEO15_480P_GUIDANCE_SCALE = 6.0

@@ -38,6 +38,7 @@ BUILT_IN_FAMILIES: Mapping[str, str] = MappingProxyType(
         "wan22": "onetrainer.families.wan:Wan22Family",
         "hunyuan_video": "onetrainer.families.hunyuan_video:HunyuanVideoFamily",
         "wan_i2v": "onetrainer.families.wan_i2v:WanI2VFamily",
+        "hunyuan_video15": "onetrainer.families.hunyuan_video15:HunyuanVideo15Family",
         "wuerstchen": "onetrainer.families.wuerstchen:WuerstchenFamily",
         "cascade": "onetrainer.families.wuerstchen:CascadeFamily",
     }

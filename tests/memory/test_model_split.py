@@ -42,6 +42,7 @@ SPLIT_VARIANTS = (
     "hidream",
     "wan21",
     "hunyuan-video",
+    "hunyuan-video15",
 )
 
 

@@ -74,7 +74,7 @@ def _generate(variant: str, pipeline: Any) -> np.ndarray:
         return pipeline(prompt=prompt, height=size, width=size, output_type="np", output="images", **common)
     if spec.pipeline_class == "HiDreamImagePipeline":  # it scales every size to its default area: make that ours
         pipeline.default_sample_size = size // pipeline.vae_scale_factor
-    if spec.pipeline_class in ("WanPipeline", "HunyuanVideoPipeline"):  # a video pipeline: a one-frame clip
+    if spec.pipeline_class in ("WanPipeline", "HunyuanVideoPipeline", "HunyuanVideo15Pipeline"):  # a one-frame clip
         return pipeline(prompt=prompt, height=size, width=size, num_frames=1, output_type="np", **common).frames[0]
     if spec.pipeline_class == "WanImageToVideoPipeline":  # from a start image; the prompt as states (ftfy cleans text)
         text = torch.randn(1, 12, pipeline.transformer.config.text_dim, generator=torch.Generator().manual_seed(1))
@@ -158,9 +158,11 @@ def test_weight_files_use_the_real_checkpoint_key_names(
             # stored.
             if reference.get("tie_word_embeddings"):
                 expected.discard("lm_head.weight")
-        elif reference.get("architectures") in (["Gemma2Model"], ["Qwen3VLModel"], ["LlamaModel"]):
-            # Sana's Gemma-2, Krea 2's Qwen3-VL, HunyuanVideo's Llama: the bare model's own state dict, as the
-            # pipeline folder saves it
+        elif reference.get("architectures") in (
+            ["Gemma2Model"], ["Qwen3VLModel"], ["LlamaModel"], ["Qwen2_5_VLTextModel"]
+        ):  # fmt: skip
+            # Sana's Gemma-2, Krea 2's Qwen3-VL, HunyuanVideo's Llama, HunyuanVideo 1.5's Qwen2.5-VL decoder: the bare
+            # model's own state dict, as the pipeline folder saves it
             pass
         elif component.startswith("text_encoder"):
             # Real text encoder files name everything under `text_model.` (and `text_projection.` for SDXL's second),
