@@ -1456,8 +1456,10 @@ HUNYUAN_VIDEO15_480P_T2V_TRANSFORMER: Config = {
     "qk_norm": "rms_norm",
     "rope_axes_dim": [16, 56, 56],
     "rope_theta": 256.0,
-    "target_size": 480,
-    "task_type": "t2v",
+    # As diffusers' converter writes the 480p T2V transformer (scripts/convert_hunyuan_video1_5_to_diffusers.py,
+    # TRANSFORMER_CONFIGS["480p_t2v"]): the pipeline's default size is from 640, and it is trained as "i2v" too.
+    "target_size": 640,
+    "task_type": "i2v",
     "text_embed_2_dim": 1472,
     "text_embed_dim": 3584,
     "use_meanflow": False,
