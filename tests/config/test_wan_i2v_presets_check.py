@@ -1,6 +1,7 @@
-"""The shipped Wan 2.1 I2V LoRA presets (24 GB: the 14B 480p model in float8 with half its blocks offloaded, 33-frame
-clips; 16 GB: 80 % offloaded, 17-frame clips, rank 16; OneTrainer ships none: it does not train Wan) each passes `scripts/train.py --check` over a folder of a clip and a
-still with the tiny local model, a sample with its start image; without one the check names the sample's field."""
+"""The shipped Wan 2.1 I2V LoRA presets (24 GB: the 14B 480p model in float8 with half its blocks offloaded,
+33-frame clips; 16 GB: 80 % offloaded, 17-frame clips, rank 16; OneTrainer ships none: it does not train Wan) each
+pass `scripts/train.py --check` over a folder of a clip and a still with the tiny local model, a sample with its start
+image; without one the check names the sample's field."""
 
 from __future__ import annotations
 
