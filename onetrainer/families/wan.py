@@ -36,6 +36,7 @@ from onetrainer.families.base import (
     Family,
     FamilyState,
     LoadedModel,
+    LoraFile,
     TextEncoderSlot,
     Writer,
     first_weight,
@@ -67,6 +68,7 @@ SAMPLE_FPS = 16.0  # the rate Wan 2.1 and 2.2's text-to-video models generate at
 DEFAULT_TRAIN_STEPS = 1000
 KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
 KIND = ModelKind("wan-2.1-t2v", "wan_2_1")
+EXPERTS = ("transformer", "transformer_2")  # Wan 2.2's (high-noise expert, low-noise one): their pipeline places
 
 
 @dataclass(slots=True)
@@ -298,101 +300,141 @@ def sample_frames(family: Family, sample) -> int:
 
 @dataclass(slots=True)
 class Wan22State(WanState):
-    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json), which expert the run
-    trains as its `transformer` part (the low-noise one: the folder's `transformer_2`) and the other expert, kept here
-    (not a part: it never trains) for samples and saved folders."""
+    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json) and the experts this
+    run's steps run (the parts whose side of the boundary the noising range reaches)."""
 
     boundary_ratio: float = WAN22_BOUNDARY_RATIO
-    trains_low_noise: bool = True
-    other_expert: torch.nn.Module | None = None
+    stepping: tuple[str, ...] = EXPERTS
 
 
 class Wan22Family(WanFamily):
-    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape. WanPipeline runs
-    `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875: high noise) and `transformer_2`
-    below it. A run trains one expert as its `transformer` part: the high-noise one where `min_noising_strength` is at
-    least the boundary, else the low-noise one. The other expert waits in CPU memory (in the transformer's weight
-    dtype) and joins the trained one on its device for samples; samples and saved folders put each expert back in its
-    place."""
+    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape, each a part in its
+    pipeline place: WanPipeline runs `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875:
+    high noise) and `transformer_2` below it. A run trains either or both (each part's `train`): a step's σ picks the
+    expert, a batch with σ on both sides runs each expert on its own rows. The noising range must reach the side of
+    every expert that trains and of none that does not; one it does not reach waits in CPU memory (`idle_parts`) and
+    joins the others for samples."""
 
     info = WAN22
     sampling_parts = frozenset(WAN22.parts)
     state_class: ClassVar[type[WanState]] = Wan22State
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {**WanFamily.layer_blocks, "transformer_2": ("blocks",)}
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model.", "transformer_2": "diffusion_model."}
 
     def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
-        from diffusers import WanTransformer3DModel
-
-        from onetrainer.families.loading import keep_part, quantization_settings
-
         boundary = boundary_ratio(where, options)
         if boundary is None:
             raise ModelLoadError(
                 f"{config.base_model_name}: its model_index.json names no boundary_ratio, so it is no two-expert Wan "
                 "2.2 model (a single-transformer Wan model trains as WAN_2_1)"
             )
+        stepping = stepping_experts(config, boundary)
         model = super().load_from(config, where, options)
         state = model.family_state(Wan22State)
-        state.boundary_ratio = boundary
-        trained, other = trained_expert(config, boundary)
-        state.trains_low_noise = trained == "transformer_2"
-        dtype = load_dtype(config, "transformer")
-        expert = load_diffusers_component(WanTransformer3DModel, where, other, options, dtype=dtype)
-        state.other_expert = keep_part("transformer", expert, config, quantization_settings(config)).eval()
-        state.other_expert.requires_grad_(False)
+        state.boundary_ratio, state.stepping = boundary, stepping
         return model
 
     def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
-        """The expert the run trains, as `transformer` (its folder's subfolder by the noising range)."""
+        """Both experts, each from its place in the folder."""
         from diffusers import WanTransformer3DModel
 
-        trained, _ = trained_expert(config, boundary_ratio(where, options) or WAN22_BOUNDARY_RATIO)
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(WanTransformer3DModel, where, trained, options, dtype=dtype)
+        for part in EXPERTS:
+            dtype = load_dtype(config, part)
+            parts[part] = load_diffusers_component(WanTransformer3DModel, where, part, options, dtype=dtype)
 
-    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
-        """The trained expert sits in its own place in the backup's pipeline folder (the low-noise one in
-        `transformer_2/`)."""
-        from safetensors.torch import load_file
+    def idle_parts(self, model: LoadedModel) -> frozenset[str]:
+        """The expert whose side of the boundary the noising range does not reach."""
+        return frozenset(EXPERTS) - set(model.family_state(Wan22State).stepping)
 
-        from onetrainer.families.loading import as_module_state
-
-        trains_low = part == "transformer" and model.family_state(Wan22State).trains_low_noise
-        state: dict[str, torch.Tensor] = {}
-        for file in sorted((folder / ("transformer_2" if trains_low else part)).glob("*.safetensors")):
-            state.update(load_file(str(file)))
-        return as_module_state(model.part(part), state)
-
-    def experts(self, model: LoadedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
-        """(the high-noise expert, the low-noise one)."""
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        """The high-noise expert on the rows whose timestep is at the boundary or above, the low-noise one on the
+        others (as the pipeline picks them); a batch on one side runs one expert."""
         state = model.family_state(Wan22State)
-        trained, other = model.part("transformer"), state.other_expert
-        return (other, trained) if state.trains_low_noise else (trained, other)
+        high = timesteps.to(noisy_latents.device) >= state.boundary_ratio * state.train_steps
+        if bool(high.all()) or not bool(high.any()):
+            return self.expert_prediction(model, "transformer" if bool(high.all()) else "transformer_2",
+                                          noisy_latents, timesteps, conditioning)  # fmt: skip
+        out = None
+        for part, rows in (("transformer", high), ("transformer_2", ~high)):
+            index = rows.nonzero().flatten()
+            rows_conditioning = Conditioning({k: v[index.to(v.device)] for k, v in conditioning.tensors.items()})
+            predicted = self.expert_prediction(
+                model, part, noisy_latents[index], timesteps.to(index.device)[index], rows_conditioning
+            ).output
+            if out is None:
+                out = predicted.new_zeros(noisy_latents.shape[0], *predicted.shape[1:])
+            out = out.index_copy(0, index, predicted)
+        return Prediction(out)
+
+    def expert_prediction(self, model, part, noisy_latents, timesteps, conditioning) -> Prediction:
+        transformer = model.part(part)
+        dtype = first_weight(transformer).dtype
+        latents = noisy_latents if noisy_latents.dim() == 5 else noisy_latents[:, :, None]
+        output = transformer(
+            hidden_states=latents.to(dtype),
+            timestep=timesteps.to(latents.device),
+            encoder_hidden_states=padded_text(conditioning).to(dtype),
+            return_dict=False,
+        )[0]
+        return Prediction(output if noisy_latents.dim() == 5 else output[:, :, 0])
 
     def pipeline(self, model: LoadedModel, sampler):
         """WanPipeline with each expert in its place and the model's boundary."""
         from diffusers import WanPipeline
 
-        high, low = self.experts(model)
         slot = model.text_encoders[0]
         return WanPipeline(
             tokenizer=slot.tokenizer,
             text_encoder=slot.encoder,
             vae=model.part("vae"),
             scheduler=sampler,
-            transformer=high,
-            transformer_2=low,
+            transformer=model.part("transformer"),
+            transformer_2=model.part("transformer_2"),
             boundary_ratio=model.family_state(Wan22State).boundary_ratio,
         )
 
-    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> SampleClip:
-        """As Wan 2.1's, the other expert on the trained one's device meanwhile."""
-        other = model.family_state(Wan22State).other_expert
-        home = first_weight(other).device
-        other.to(first_weight(model.part("transformer")).device)
-        try:
-            return super().sample(model, sample, apply_embeddings, zero_terminal_snr)
-        finally:
-            other.to(home)
+    # -- LoRA files: one per expert, each under the `transformer` names ---------------------------------------------
+
+    def lora_output_files(self, model: LoadedModel, destination: Path, parts) -> list[LoraFile]:
+        """One file where one expert has a LoRA (the low-noise one's under the `transformer` names, as diffusers'
+        `load_into_transformer_2` and ComfyUI's low-noise model read it); with both, `<name>_high_noise` and
+        `<name>_low_noise` beside the destination (a text encoder's LoRA in the high-noise one)."""
+        experts = [p for p in EXPERTS if p in parts]
+        others = {p: p for p in parts if p not in EXPERTS}
+        if len(experts) < 2:
+            return [LoraFile(destination, {**{p: "transformer" for p in experts}, **others})]
+        stem, suffix = destination.stem, destination.suffix or ".safetensors"
+        return [
+            LoraFile(destination.with_name(f"{stem}_high_noise{suffix}"), {"transformer": "transformer", **others}),
+            LoraFile(destination.with_name(f"{stem}_low_noise{suffix}"), {"transformer_2": "transformer"}),
+        ]
+
+    def lora_file_part(self, model: LoadedModel, part: str) -> str:
+        return "transformer" if part in EXPERTS else part
+
+
+def stepping_experts(config: TrainConfig, boundary: float) -> tuple[str, ...]:
+    """The experts whose side of the boundary the noising range reaches (the high-noise one: σ ≥ the boundary); each
+    must train, and every expert that trains must be reached (else the run is refused, naming the settings)."""
+    low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+    reached = {"transformer": high > boundary, "transformer_2": low < boundary}
+    sides = {"transformer": f"σ ≥ {boundary:g}", "transformer_2": f"σ < {boundary:g}"}
+    method_trains = config.training_method.value in ("LORA", "FINE_TUNE")
+    trained = {part: method_trains and bool(config.part(part).train) for part in EXPERTS}
+    for part in EXPERTS:
+        trains = trained[part]
+        if trains and not reached[part]:
+            raise ModelLoadError(
+                f"{part}.train is on, but the noising range {low:g} … {high:g} never reaches that expert's steps "
+                f"({sides[part]}): turn its train off, or widen min_noising_strength / max_noising_strength"
+            )
+        if any(trained.values()) and not trains and reached[part]:  # (a text encoder alone may train on any range)
+            raise ModelLoadError(
+                f"the noising range {low:g} … {high:g} reaches the steps of {part} ({sides[part]}), whose train is "
+                f"off: set {'min_noising_strength' if part == 'transformer_2' else 'max_noising_strength'} to "
+                f"{boundary:g} to leave them out, or turn {part}.train on"
+            )
+    return tuple(p for p in EXPERTS if reached[p])
 
 
 def boundary_ratio(where: str, options: dict) -> float | None:
@@ -405,11 +447,3 @@ def boundary_ratio(where: str, options: dict) -> float | None:
         raise ModelLoadError(f"{where}: cannot read its model_index.json ({e})") from e
     value = index.get("boundary_ratio")
     return None if value is None else float(value)
-
-
-def trained_expert(config: TrainConfig, boundary: float) -> tuple[str, str]:
-    """(the folder's subfolder of the expert the run trains, the other's): the high-noise `transformer` where the
-    noising range starts at the boundary or above (`min_noising_strength`), else the low-noise `transformer_2`."""
-    if float(config.min_noising_strength) >= boundary:
-        return "transformer", "transformer_2"
-    return "transformer_2", "transformer"

@@ -182,12 +182,14 @@ class Trainer:
         # SHARDED: the trained parts wait in host RAM; sharding moves them to the device a block at a time, so no GPU
         # ever holds one whole (the reason to shard is that it would not fit).
         self.on_host_until_sharded = self._sharded_parts()
+        # Parts no step of this run runs (`Family.idle_parts`) wait in host memory as the sampling parts do.
+        idle = family.idle_parts(self.model)
         # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
         self.placement.place(
             n
             for n, role in family.part_roles.items()
             if role is not PartRole.SAMPLING and n not in offloaded and n not in split
-            and n not in self.on_host_until_sharded
+            and n not in self.on_host_until_sharded and n not in idle
         )  # fmt: skip
         self._stop_point()
         self.status("reading the training images")
@@ -210,7 +212,7 @@ class Trainer:
             self.placement.place(
                 n
                 for n, role in family.part_roles.items()
-                if role is not PartRole.SAMPLING and n not in self.on_host_until_sharded
+                if role is not PartRole.SAMPLING and n not in self.on_host_until_sharded and n not in idle
             )
         check_placeholders(self.data, config, self.method, self.warn)
         self.with_masks = config.masked_training or self.model.type_info.inpainting
@@ -223,13 +225,13 @@ class Trainer:
         # Frozen encoders whose outputs are cached leave the device (they come back to sample and validate).
         trained = self.method.trained_parts()
         per_step = self.placement.per_step(trained, config.latent_caching, self.text_cache is not None)
-        self.placement.place(n for n in per_step if n not in self.on_host_until_sharded)
+        self.placement.place(n for n in per_step if n not in self.on_host_until_sharded and n not in idle)
 
     def _sharded_parts(self) -> list[str]:
         """The parts a sharded run shards (a fine-tune's trained denoiser and text encoders); none otherwise."""
         if self.config.multi_gpu_mode is not MultiGpuMode.SHARDED or self.world_size <= 1:
             return []
-        candidates = [self.family.denoiser_part, *(s.part for s in self.model.text_encoders)]
+        candidates = [*self.family.denoiser_parts, *(s.part for s in self.model.text_encoders)]
         return [p for p in candidates if self.config.part(p).train]
 
     def _build(self, total_steps: int, steps_per_epoch: int) -> None:
