@@ -301,10 +301,11 @@ def sample_frames(family: Family, sample) -> int:
 @dataclass(slots=True)
 class Wan22State(WanState):
     """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json) and the experts this
-    run's steps run (the parts whose side of the boundary the noising range reaches)."""
+    run's steps run (the parts whose side of the boundary the noising range reaches; a model made without loading,
+    as the memory estimate's stand-in, runs the high-noise one alone: the experts share a shape)."""
 
     boundary_ratio: float = WAN22_BOUNDARY_RATIO
-    stepping: tuple[str, ...] = EXPERTS
+    stepping: tuple[str, ...] = EXPERTS[:1]
 
 
 class Wan22Family(WanFamily):
@@ -350,6 +351,8 @@ class Wan22Family(WanFamily):
         """The high-noise expert on the rows whose timestep is at the boundary or above, the low-noise one on the
         others (as the pipeline picks them); a batch on one side runs one expert."""
         state = model.family_state(Wan22State)
+        if len(state.stepping) == 1:  # the range reaches one expert's side
+            return self.expert_prediction(model, state.stepping[0], noisy_latents, timesteps, conditioning)
         high = timesteps.to(noisy_latents.device) >= state.boundary_ratio * state.train_steps
         if bool(high.all()) or not bool(high.any()):
             return self.expert_prediction(model, "transformer" if bool(high.all()) else "transformer_2",
@@ -415,26 +418,19 @@ class Wan22Family(WanFamily):
 
 def stepping_experts(config: TrainConfig, boundary: float) -> tuple[str, ...]:
     """The experts whose side of the boundary the noising range reaches (the high-noise one: σ ≥ the boundary); each
-    must train, and every expert that trains must be reached (else the run is refused, naming the settings)."""
+    must train, and every expert that trains must be reached, where any trains (else the run is refused, naming the
+    settings; `--check` says the same from the released models' boundary)."""
     low, high = float(config.min_noising_strength), float(config.max_noising_strength)
-    reached = {"transformer": high > boundary, "transformer_2": low < boundary}
-    sides = {"transformer": f"σ ≥ {boundary:g}", "transformer_2": f"σ < {boundary:g}"}
-    method_trains = config.training_method.value in ("LORA", "FINE_TUNE")
-    trained = {part: method_trains and bool(config.part(part).train) for part in EXPERTS}
-    for part in EXPERTS:
-        trains = trained[part]
-        if trains and not reached[part]:
-            raise ModelLoadError(
-                f"{part}.train is on, but the noising range {low:g} … {high:g} never reaches that expert's steps "
-                f"({sides[part]}): turn its train off, or widen min_noising_strength / max_noising_strength"
-            )
-        if any(trained.values()) and not trains and reached[part]:  # (a text encoder alone may train on any range)
-            raise ModelLoadError(
-                f"the noising range {low:g} … {high:g} reaches the steps of {part} ({sides[part]}), whose train is "
-                f"off: set {'min_noising_strength' if part == 'transformer_2' else 'max_noising_strength'} to "
-                f"{boundary:g} to leave them out, or turn {part}.train on"
-            )
-    return tuple(p for p in EXPERTS if reached[p])
+    problems = WAN22.expert_problems(low, high, expert_trains(config), boundary)
+    if problems:
+        raise ModelLoadError(problems[0][1])
+    return WAN22.stepping_experts(low, high, boundary)
+
+
+def expert_trains(config: TrainConfig) -> dict[str, bool]:
+    """Whether each expert trains (its `train`, in a LoRA or fine-tune run)."""
+    trains = config.training_method.value in ("LORA", "FINE_TUNE")
+    return {part: trains and bool(config.part(part).train) for part in EXPERTS}
 
 
 def boundary_ratio(where: str, options: dict) -> float | None:

@@ -97,6 +97,7 @@ WAN22 = dataclasses.replace(
         "vae": PartRole.IMAGE_ENCODER,
     },
     part_labels={"transformer": "Transformer (high noise)", "transformer_2": "Transformer 2 (low noise)"},
+    expert_boundary=ref.WAN22_BOUNDARY_RATIO,
     hub_parts=("transformer", "transformer_2", "text_encoder", "vae"),
     part_capabilities={
         "transformer": frozenset({LAYER_OFFLOADING}),

@@ -171,6 +171,17 @@ def check_model_split(config: TrainConfig) -> list[Problem]:
             )
         elif (config.part(denoiser).offload_fraction or 0) > 0:
             refuse(f"{denoiser}.offload_fraction", "layer offloading", f"set {denoiser}.offload_fraction to 0")
+        # experts (Wan 2.2's): the split spreads the first; another one that runs the steps has no place in it
+        low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+        stepping = info.family.stepping_experts(low, high)
+        if info.family.expert_boundary is not None and stepping != (denoiser,):
+            other = next(p for p in stepping if p != denoiser)
+            refuse(
+                f"{other}.train",
+                f"training {other}, the expert of other noise levels,",
+                f"the split spreads {denoiser} alone; train {denoiser} by itself (its noise levels: "
+                f"min_noising_strength {info.family.expert_boundary:g}) or use layer offloading",
+            )
     if config.compile:
         refuse("compile", "compile", "turn it off")
     problems += _check_split_devices(config)

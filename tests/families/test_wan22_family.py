@@ -84,27 +84,45 @@ def test_a_batch_on_both_sides_runs_each_expert_on_its_own_rows():
 
 
 @pytest.mark.parametrize(
-    ("changes", "words"),
+    ("changes", "field", "words"),
     [
-        ({"max_noising_strength": 0.875}, "transformer.train is on"),  # the high expert trains, never reached
-        ({"parts": {"transformer_2": {"train": False}}}, "whose train is off"),  # the frozen low one reached
+        # the high-noise expert trains, but the range never reaches its steps
+        ({"max_noising_strength": 0.875}, "transformer.train", "transformer trains, but the noising range 0 … 0.875"),
+        # the frozen low-noise expert's steps are reached while the other trains
+        ({"parts": {"transformer_2": {"train": False}}}, "min_noising_strength", "reaches the steps of transformer_2"),
     ],
 )
-def test_a_range_that_misses_a_trained_expert_or_reaches_a_frozen_one_is_refused(changes, words):
+def test_a_range_that_misses_a_trained_expert_or_reaches_a_frozen_one_is_refused(changes, field, words):
+    """By the config check (the released models' boundary) and by the load (the model's own)."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.families.wan import Wan22Family
+    from tests.helpers import local_config
+
+    data = tiny_config(Path("/nonexistent"), "wan22", method="LORA", output_model_format="DIFFUSERS_LORA")
+    config, problems = config_from_dict({**data, **changes})
+    assert [(p.path, words in p.message) for p in problems if p.is_error] == [(field, True)]
     with pytest.raises(ModelLoadError, match=words):
-        our_model(**changes)
+        Wan22Family().load(local_config(config))
 
 
 @pytest.fixture(scope="module")
 def both_run(tmp_path_factory):
     """One LoRA run training both experts (batches of 2 with σ drawn from 0.75 … 1: half on each side of the
-    boundary, batches across it too), a backup at its end."""
-    tmp_path = tmp_path_factory.mktemp("both")
+    boundary, batches across it too), half of each expert's blocks offloaded with checkpointing on, a backup at its
+    end; its experts' calls and its losses."""
+    return both_experts_lora(tmp_path_factory.mktemp("both"), 0.5)
+
+
+def both_experts_lora(tmp_path: Path, offload: float):
+    from onetrainer.memory import layer_offload
+    from onetrainer.training.events import Metrics
+
     folder = clip_folder(tmp_path)
+    expert = {"offload_fraction": offload, "gradient_checkpointing": True}
     config = tiny_config(
         tmp_path, "wan22", "LORA", epochs=3, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
         layer_filter_preset="attn-mlp", text_encoder={"train": False}, frames="5", batch_size=2,
-        min_noising_strength=0.75,
+        min_noising_strength=0.75, transformer=expert, parts={"transformer_2": expert},
         concepts=[{"name": "clips", "path": str(folder), "seed": 7}], backup_after=1, backup_after_unit="EPOCH",
         samples=[{"prompt": "a cat", "width": 64, "height": 48, "seed": 1, "diffusion_steps": 2, "frames": 5}],
         sample_after=3, sample_after_unit="EPOCH",
@@ -116,10 +134,20 @@ def both_run(tmp_path_factory):
         calls.append((part, len(noisy_latents), torch.is_grad_enabled()))
         return original(self, model, part, noisy_latents, *args)
 
+    offloaders = []
+    made = layer_offload.LayerOffload.__init__
+
+    def keep(self, module, *args, **kwargs):
+        made(self, module, *args, **kwargs)
+        offloaders.append((type(module).__name__, self))
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Wan22Family, "expert_prediction", spy)
-        run_config(config)
-    return tmp_path, config, calls
+        patch.setattr(layer_offload.LayerOffload, "__init__", keep)
+        events = run_config(config)
+    moving = [name for name, offloader in offloaders if offloader.moves]
+    assert moving == (["WanTransformer3DModel"] * 2 if offload else [])  # each expert's blocks came and went
+    return tmp_path, config, calls, [e.loss for e in events if isinstance(e, Metrics)]
 
 
 def expert_files(config) -> tuple[str, str]:
@@ -130,7 +158,7 @@ def expert_files(config) -> tuple[str, str]:
 
 
 def test_both_experts_train_into_a_diffusers_lora_per_expert_that_lands_in_its_place(both_run):
-    _, config, calls = both_run
+    _, config, calls, _ = both_run
     trained = [(part, rows) for part, rows, grad in calls if grad]
     assert {part for part, _ in trained} == {"transformer", "transformer_2"}
     # a batch of two across the boundary: each expert on its own row, one after the other
@@ -164,7 +192,7 @@ def test_comfyui_and_musubi_files_are_one_per_expert(both_run, tmp_path, fmt):
     from onetrainer.config import config_from_dict
     from onetrainer.methods import create_method
 
-    _, config, _ = both_run
+    _, config, _, _ = both_run
     backup = sorted((Path(config["workspace_dir"]) / "backup").iterdir())[-1]
     family, fresh = our_model()
     cfg, _ = config_from_dict({**config, "output_model_format": fmt})
@@ -185,6 +213,15 @@ def test_comfyui_and_musubi_files_are_one_per_expert(both_run, tmp_path, fmt):
     for name in ("transformer", "transformer_2"):
         theirs, ours = transformer_output(getattr(pipe, name)), transformer_output(getattr(reference, name))
         assert torch.allclose(theirs, ours, atol=1e-5), name
+
+
+def test_offloading_both_experts_trains_the_same_loras(both_run, tmp_path):
+    _, config, _, losses = both_run
+    _, plain, _, plain_losses = both_experts_lora(tmp_path, 0.0)
+    assert len(losses) >= 3 and losses == plain_losses
+    for offloaded, whole in zip(expert_files(config), expert_files(plain), strict=True):
+        a, b = load_file(offloaded), load_file(whole)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_low_noise_lora_alone_is_one_file_that_lands_on_the_pipelines_transformer_2(tmp_path):
@@ -222,3 +259,51 @@ def test_a_high_noise_fine_tune_writes_a_folder_with_each_expert_in_its_place(tm
     assert torch.equal(transformer_output(trained.transformer_2), transformer_output(base.transformer_2))
     _, again = our_model(base_model_name=str(tmp_path / "out" / "model"), **HIGH_ONLY)
     assert torch.equal(transformer_output(again.part("transformer")), transformer_output(trained.transformer))
+
+
+def test_the_estimate_counts_each_expert_where_it_waits_and_what_trains_on_it():
+    """The released A14B: both experts counted (14B each), the one a run leaves out in host memory, both on the device
+    and trained where both train; `--check` names a range that misses a trained expert."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.estimate import counts_of, estimate, model_shapes
+
+    def config(**changes):
+        data = tiny_config(Path("/nonexistent"), "wan22", method="LORA", output_model_format="DIFFUSERS_LORA")
+        data.update(base_model_name="Wan-AI/Wan2.2-T2V-A14B-Diffusers", resolution="480", frames="17",
+                    transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "FLOAT_8"},
+                    **changes)  # fmt: skip
+        data["parts"] = {"transformer_2": {"weight_dtype": "FLOAT_8", **data.get("parts", {}).get("transformer_2", {})}}
+        cfg, problems = config_from_dict(data)
+        assert [p for p in problems if p.is_error] == []
+        return cfg
+
+    both, high = config(), config(**HIGH_ONLY)
+    shapes, _ = model_shapes(both)
+    counts_both, counts_high = counts_of(both, shapes), counts_of(high, shapes)
+    assert counts_both["transformer"].params == counts_both["transformer_2"].params > 14e9
+    assert counts_both["transformer_2"].on_device and counts_both["transformer_2"].trained > 0
+    assert not counts_high["transformer_2"].on_device and counts_high["transformer_2"].trained == 0
+    one, two = estimate(high, device="cuda"), estimate(both, device="cuda")
+    # a step holds the second expert's 8-bit weights and its adapters' state besides
+    assert two.parts["weights"] - one.parts["weights"] > 14e9
+    assert two.parts["training state"] > 1.9 * one.parts["training state"]
+    assert one.host_training - two.host_training > 14e9  # the expert left out waits in host memory while training
+    assert one.resident_bytes > one.peak_bytes - 1  # and joins the others on the device for samples
+
+    _, problems = config_from_dict({**both.to_dict(), "max_noising_strength": 0.875})
+    assert any(p.path == "transformer.train" and "never reaches" in p.message for p in problems if p.is_error)
+
+
+def test_a_model_split_spreads_the_high_noise_expert_alone(monkeypatch):
+    """MODEL_SPLIT spreads the first denoiser's blocks: a run whose steps run the low-noise expert is refused on its
+    setting; the high-noise expert alone splits."""
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.checks import check_model_split
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    data = tiny_config(Path("/nonexistent"), "wan22", method="LORA", output_model_format="DIFFUSERS_LORA",
+                       multi_gpu=True, multi_gpu_mode="MODEL_SPLIT", split_devices="cpu,cpu")  # fmt: skip
+    for changes, refused in (({}, ["transformer_2.train"]), (HIGH_ONLY, []), (LOW_ONLY, ["transformer_2.train"])):
+        config, problems = config_from_dict({**data, **changes})
+        assert not [p for p in problems if p.is_error]
+        assert [p.path for p in check_model_split(config)] == refused
