@@ -47,6 +47,7 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
+    load_transformer_part,
     part_wise_base,
 )
 from onetrainer.families.reference_configs import WAN22_BOUNDARY_RATIO
@@ -118,13 +119,14 @@ class WanFamily(Family):
         return self.loaded_model(config, parts, tokenizer, where, options)
 
     def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
-        """The transformer (Wan 2.2: both experts) into `parts`."""
+        """The transformer (Wan 2.2: both experts) into `parts`: the base's, or its own model (`transformer.model_name`:
+        a diffusers folder or a single file in Wan's names, as ComfyUI's repackaged files)."""
         from diffusers import WanTransformer3DModel
 
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(
-            WanTransformer3DModel, where, "transformer", options, dtype=dtype
-        )
+        for part in self.denoiser_parts:
+            parts[part] = load_transformer_part(
+                WanTransformer3DModel, config, where, options, wan_keys.diffusers_state, part
+            )
 
     def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
         from diffusers import UniPCMultistepScheduler
@@ -254,7 +256,26 @@ class WanFamily(Family):
         has no place in it)."""
         save_pipeline_folder(self.pipeline(model, self.own_sampler(model)), destination, dtype)
 
-    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: save_diffusers}
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file in Wan's own names (`blocks.N.self_attn.q`, `head.modulation`): ComfyUI's
+        repackaged diffusion-model files, which its loader, Wan's code, diffusers' `from_single_file` and our
+        `transformer.model_name` read. Wan 2.2: a file per expert its steps ran (`original_transformer_files`)."""
+        from onetrainer.families.saving import model_file_metadata, plain_state, write_single_file
+
+        for part, path in self.original_transformer_files(model, Path(destination)):
+            state = wan_keys.original_state(plain_state(model.part(part)))
+            write_single_file(state, path, dtype, model_file_metadata(self, model, path, metadata))
+
+    def original_transformer_files(self, model: LoadedModel, destination: Path) -> list[tuple[str, Path]]:
+        """(the part, its file) of an ORIGINAL_TRANSFORMER output."""
+        return [("transformer", destination)]
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+    }
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         self.save_diffusers(model, folder, torch.float32)
@@ -335,14 +356,6 @@ class Wan22Family(WanFamily):
         state.boundary_ratio, state.stepping = boundary, stepping
         return model
 
-    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
-        """Both experts, each from its place in the folder."""
-        from diffusers import WanTransformer3DModel
-
-        for part in EXPERTS:
-            dtype = load_dtype(config, part)
-            parts[part] = load_diffusers_component(WanTransformer3DModel, where, part, options, dtype=dtype)
-
     def idle_parts(self, model: LoadedModel) -> frozenset[str]:
         """The expert whose side of the boundary the noising range does not reach."""
         return frozenset(EXPERTS) - set(model.family_state(Wan22State).stepping)
@@ -414,6 +427,18 @@ class Wan22Family(WanFamily):
 
     def lora_file_part(self, model: LoadedModel, part: str) -> str:
         return "transformer" if part in EXPERTS else part
+
+    def original_transformer_files(self, model: LoadedModel, destination: Path) -> list[tuple[str, Path]]:
+        """The experts the run's steps ran: one at the destination, or both as `<name>_high_noise` and
+        `<name>_low_noise` beside it (ComfyUI's repackaged Wan 2.2 files are one per expert, so are its loaders)."""
+        stepping = model.family_state(Wan22State).stepping
+        if len(stepping) == 1:
+            return [(stepping[0], destination)]
+        stem, suffix = destination.stem, destination.suffix or ".safetensors"
+        return [
+            ("transformer", destination.with_name(f"{stem}_high_noise{suffix}")),
+            ("transformer_2", destination.with_name(f"{stem}_low_noise{suffix}")),
+        ]
 
 
 def stepping_experts(config: TrainConfig, boundary: float) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, Trai
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
+    OWN_MODEL,
     FamilyInfo,
     FileCaveat,
     FrameCounts,
@@ -47,7 +48,7 @@ WAN21 = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     muon_hidden_layers=("blocks", "encoder.block"),  # the DiT blocks, UMT5's encoder blocks
@@ -55,7 +56,7 @@ WAN21 = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({FLOW_MATCHING}),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     file_caveats=(
@@ -79,7 +80,11 @@ WAN21 = FamilyInfo(
     "sampler, CFG and the negative prompt, and are clips of the sample's `frames` (4k + 1; a still at 1). LoRA files: "
     "DIFFUSERS_LORA (WanPipeline's `load_lora_weights`), COMFY_LORA (`diffusion_model.` + Wan's own module names, "
     "what ComfyUI loads) or KOHYA_LORA (`lora_unet_` + Wan's names, musubi-tuner's layout); diffusers' converters "
-    "read both. Fine-tunes: a diffusers folder (also the backup, usable as a base model).",
+    "read both. Fine-tunes: a diffusers folder (also the backup, usable as a base model) or ORIGINAL_TRANSFORMER, the "
+    "transformer alone in one file in Wan's own names (`blocks.N.self_attn.q`, `head.modulation`: ComfyUI's repackaged "
+    "`split_files/diffusion_models/wan2.1_t2v_*.safetensors`, which ComfyUI, Wan's code and diffusers' "
+    "`from_single_file` read); `transformer.model_name` reads such a file (ComfyUI's `model.diffusion_model.` prefix "
+    "too) or a diffusers folder over the base's other parts.",
 )
 _WAN21_SAMPLE = SampleDefaults(832, 480, 50, 5.0, NoiseScheduler.UNIPC)
 
@@ -100,8 +105,8 @@ WAN22 = dataclasses.replace(
     expert_boundary=ref.WAN22_BOUNDARY_RATIO,
     hub_parts=("transformer", "transformer_2", "text_encoder", "vae"),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
-        "transformer_2": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
+        "transformer_2": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     notes="Wan 2.2 (T2V A14B) has two experts: WanPipeline's `transformer` denoises the steps at σ ≥ the model's "
@@ -118,7 +123,9 @@ WAN22 = dataclasses.replace(
     "and musubi-tuner); with both, one file per expert beside the destination, `<name>_high_noise.safetensors` and "
     "`<name>_low_noise.safetensors`, each holding that expert's LoRA under the `transformer` names (the text "
     "encoder's, if any, in the high-noise file). Fine-tunes write the pipeline folder with both experts in their "
-    "places. Everything else is as Wan 2.1's: " + WAN21.notes,
+    "places, or ORIGINAL_TRANSFORMER: a file per trained expert likewise (`_high_noise` / `_low_noise` where both "
+    "train), as ComfyUI's repackaged Wan 2.2 files; each expert reads its own file as its `model_name`. Everything "
+    "else is as Wan 2.1's: " + WAN21.notes,
 )
 
 # The model types this module declares, in the order the model-type menu lists them.

@@ -307,3 +307,48 @@ def test_a_model_split_spreads_the_high_noise_expert_alone(monkeypatch):
         config, problems = config_from_dict({**data, **changes})
         assert not [p for p in problems if p.is_error]
         assert [p.path for p in check_model_split(config)] == refused
+
+
+@pytest.mark.parametrize("variant", ["wan21", "wan22"])
+def test_original_transformer_files_are_wans_single_files_that_diffusers_and_model_name_read(tmp_path, variant):
+    """ORIGINAL_TRANSFORMER: the transformer in Wan's own names (ComfyUI's repackaged files), which diffusers'
+    `from_single_file` reads as the same transformer; `transformer.model_name` reads it back (with ComfyUI's
+    `model.diffusion_model.` prefix too). Wan 2.2: a file per expert, each read back as that expert's model."""
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import save_file
+
+    from onetrainer.config.enums import ModelFormat
+
+    data = tiny_config(Path("/nonexistent"), variant, method="FINE_TUNE", output_model_format="ORIGINAL_TRANSFORMER")
+    family, model = loaded_model(data)
+    base = {part: transformer_output(model.part(part)) for part in family.denoiser_parts}
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # weights of its own, as a fine-tune's (the base's are what the file must not give back)
+        for part in family.denoiser_parts:
+            for param in model.part(part).parameters():
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    path = tmp_path / "model.safetensors"
+    family.save(model, ModelFormat.ORIGINAL_TRANSFORMER, path, torch.float32, None)
+    if variant == "wan21":
+        files = {"transformer": path}
+    else:
+        files = {"transformer": tmp_path / "model_high_noise.safetensors",
+                 "transformer_2": tmp_path / "model_low_noise.safetensors"}  # fmt: skip
+    assert sorted(tmp_path.iterdir()) == sorted(files.values())
+    for part, file in files.items():
+        state = load_file(str(file))
+        assert {"blocks.0.self_attn.q.weight", "blocks.1.cross_attn.o.bias", "blocks.0.modulation", "head.modulation",
+                "head.head.weight", "blocks.0.norm3.weight", "text_embedding.0.weight"} <= state.keys()  # fmt: skip
+        theirs = WanTransformer3DModel.from_single_file(
+            str(file), config=str(tiny_model_dir(variant)), subfolder="transformer", local_files_only=True
+        )
+        assert torch.equal(transformer_output(theirs), transformer_output(model.part(part)))
+    comfy = tmp_path / "comfy.safetensors"  # as a ComfyUI checkpoint names the diffusion model's keys
+    save_file({f"model.diffusion_model.{k}": v for k, v in load_file(str(files["transformer"])).items()}, str(comfy))
+    overrides = {"transformer": {"model_name": str(comfy)}}
+    if variant == "wan22":
+        overrides["parts"] = {"transformer_2": {"model_name": str(files["transformer_2"])}}
+    _, again = loaded_model({**data, **overrides})
+    for part in files:
+        assert torch.equal(transformer_output(again.part(part)), transformer_output(model.part(part)))
+        assert not torch.allclose(transformer_output(again.part(part)), base[part], atol=1e-4)
