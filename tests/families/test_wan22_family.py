@@ -4,8 +4,11 @@ expert and a batch with σ on both sides running each expert on its rows; the no
 expert's side and no frozen one's, and an expert it does not reach waits off the device. Both experts train a LoRA
 in one run: its DIFFUSERS_LORA output is a file per expert (`_high_noise` / `_low_noise`), each landing every module
 in WanPipeline's `transformer` / `transformer_2` (`load_into_transformer_2=True`) as ours, and the same adapters as
-COMFY_LORA / KOHYA_LORA go through diffusers' converters to the same experts; its backup resumes both. A low-noise
-LoRA alone is one file; a high-noise fine-tune writes a folder with each expert in its place."""
+COMFY_LORA / KOHYA_LORA go through diffusers' converters to the same experts; its backup resumes both; offloading
+half of each expert's blocks trains the same LoRAs. A low-noise LoRA alone is one file; a high-noise fine-tune writes a
+folder with each expert in its place, a fine-tune of both changes both and its backup gives both back. The estimate
+counts the expert a run leaves out in host memory and a second trained one on the device; MODEL_SPLIT refuses a second
+stepping expert. ORIGINAL_TRANSFORMER (Wan 2.1 and 2.2) is Wan's single file, read by diffusers and `model_name`."""
 
 from __future__ import annotations
 
@@ -348,7 +351,35 @@ def test_original_transformer_files_are_wans_single_files_that_diffusers_and_mod
     overrides = {"transformer": {"model_name": str(comfy)}}
     if variant == "wan22":
         overrides["parts"] = {"transformer_2": {"model_name": str(files["transformer_2"])}}
+    from onetrainer.config import config_from_dict
+    from tests.helpers import local_config
+
+    single, _ = config_from_dict({**data, "base_model_name": str(files["transformer"])})
+    with pytest.raises(ModelLoadError, match=r"transformer\.model_name"):  # the base model is the whole pipeline
+        family.load(local_config(single))
     _, again = loaded_model({**data, **overrides})
     for part in files:
         assert torch.equal(transformer_output(again.part(part)), transformer_output(model.part(part)))
         assert not torch.allclose(transformer_output(again.part(part)), base[part], atol=1e-4)
+
+
+def test_a_fine_tune_of_both_experts_saves_both_and_its_backup_gives_both_back(tmp_path):
+    from onetrainer.families.wan import Wan22Family
+
+    folder = clip_folder(tmp_path)
+    config = tiny_config(
+        tmp_path, "wan22", "FINE_TUNE", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS",
+        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", min_noising_strength=0.75,
+        text_encoder={"train": False}, frames="5", concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
+        backup_after=2, backup_after_unit="EPOCH",
+    )  # fmt: skip
+    run_config(config)
+    trained, base = pipeline(tmp_path / "out" / "model"), pipeline()
+    backup = sorted((Path(config["workspace_dir"]) / "backup").iterdir())[-1] / "model"
+    _, fresh = our_model()
+    for part in ("transformer", "transformer_2"):
+        ours, theirs = getattr(trained, part), getattr(base, part)
+        assert not torch.allclose(transformer_output(ours), transformer_output(theirs), atol=1e-5), part
+        restored = Wan22Family().backup_state(fresh, backup, part)
+        fresh.part(part).load_state_dict(restored)
+        assert torch.equal(transformer_output(fresh.part(part)), transformer_output(ours)), part
