@@ -175,6 +175,9 @@ class FamilyInfo:
     # them, the first denoiser's from it up, the second's below (the released models'; a model's own value, read
     # at load, takes its place there). None: every denoiser denoises every step.
     expert_boundary: float | None = None
+    # What the name of a single-file output of each expert ends in where a run writes one per expert (both train:
+    # `<name><suffix>.safetensors` beside the destination, in the denoisers' order).
+    expert_file_suffixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         roles = list(self.part_roles.values())
@@ -211,6 +214,16 @@ class FamilyInfo:
         if not sides:
             return self.parts_with(PartRole.DENOISER)
         return tuple(part for part, (start, end) in sides.items() if (high > start if start > 0 else low < end))
+
+    def output_files(self, destination: str, low: float, high: float, trains: dict[str, bool]) -> list[str]:
+        """The files a single-file output is written as: the destination, or where two experts run the steps and
+        train, a file per expert beside it (`expert_file_suffixes`)."""
+        stepping = self.stepping_experts(low, high)
+        if not self.expert_file_suffixes or len(stepping) < 2 or not all(trains.get(p) for p in stepping):
+            return [destination]
+        stem, dot, suffix = destination.rpartition(".")
+        stem, suffix = (stem, dot + suffix) if dot and "/" not in suffix else (destination, ".safetensors")
+        return [f"{stem}{end}{suffix}" for end in self.expert_file_suffixes]
 
     def expert_problems(self, low: float, high: float, trains: dict[str, bool], boundary: float | None = None):
         """What is wrong with a run's experts: [(the setting, the message)] for an expert that trains where the

@@ -419,10 +419,10 @@ class Wan22Family(WanFamily):
         others = {p: p for p in parts if p not in EXPERTS}
         if len(experts) < 2:
             return [LoraFile(destination, {**{p: "transformer" for p in experts}, **others})]
-        stem, suffix = destination.stem, destination.suffix or ".safetensors"
+        high, low = expert_paths(destination)
         return [
-            LoraFile(destination.with_name(f"{stem}_high_noise{suffix}"), {"transformer": "transformer", **others}),
-            LoraFile(destination.with_name(f"{stem}_low_noise{suffix}"), {"transformer_2": "transformer"}),
+            LoraFile(high, {"transformer": "transformer", **others}),
+            LoraFile(low, {"transformer_2": "transformer"}),
         ]
 
     def lora_file_part(self, model: LoadedModel, part: str) -> str:
@@ -434,11 +434,14 @@ class Wan22Family(WanFamily):
         stepping = model.family_state(Wan22State).stepping
         if len(stepping) == 1:
             return [(stepping[0], destination)]
-        stem, suffix = destination.stem, destination.suffix or ".safetensors"
-        return [
-            ("transformer", destination.with_name(f"{stem}_high_noise{suffix}")),
-            ("transformer_2", destination.with_name(f"{stem}_low_noise{suffix}")),
-        ]
+        return list(zip(EXPERTS, expert_paths(destination), strict=True))
+
+
+def expert_paths(destination: Path) -> tuple[Path, ...]:
+    """The files of a single-file output of both experts: `<name>_high_noise` and `<name>_low_noise` beside the
+    destination (`WAN22.expert_file_suffixes`)."""
+    stem, suffix = destination.stem, destination.suffix or ".safetensors"
+    return tuple(destination.with_name(f"{stem}{end}{suffix}") for end in WAN22.expert_file_suffixes)
 
 
 def stepping_experts(config: TrainConfig, boundary: float) -> tuple[str, ...]:

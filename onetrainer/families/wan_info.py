@@ -103,6 +103,7 @@ WAN22 = dataclasses.replace(
     },
     part_labels={"transformer": "Transformer (high noise)", "transformer_2": "Transformer 2 (low noise)"},
     expert_boundary=ref.WAN22_BOUNDARY_RATIO,
+    expert_file_suffixes=("_high_noise", "_low_noise"),
     hub_parts=("transformer", "transformer_2", "text_encoder", "vae"),
     part_capabilities={
         "transformer": frozenset({LAYER_OFFLOADING, OWN_MODEL}),

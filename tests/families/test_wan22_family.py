@@ -383,3 +383,20 @@ def test_a_fine_tune_of_both_experts_saves_both_and_its_backup_gives_both_back(t
         restored = Wan22Family().backup_state(fresh, backup, part)
         fresh.part(part).load_state_dict(restored)
         assert torch.equal(transformer_output(fresh.part(part)), transformer_output(ours)), part
+
+
+def test_prevent_overwrites_guards_each_experts_file(tmp_path):
+    from onetrainer.config import config_from_dict
+    from onetrainer.training.checks import run_checks
+
+    destination = tmp_path / "lora.safetensors"
+    (tmp_path / "lora_low_noise.safetensors").write_bytes(b"")
+    data = tiny_config(tmp_path, "wan22", method="LORA", output_model_format="DIFFUSERS_LORA",
+                       output_model_destination=str(destination), prevent_overwrites=True)  # fmt: skip
+
+    def refused(**changes) -> list[str]:
+        config, _ = config_from_dict({**data, **changes})
+        return [p.message for p in run_checks(config, include_schema=False) if p.path == "output_model_destination"]
+
+    assert refused() == [f"{tmp_path / 'lora_low_noise.safetensors'} already exists and 'Prevent overwrites' is on"]
+    assert refused(**HIGH_ONLY) == []  # one expert: the destination alone
