@@ -186,6 +186,8 @@ def test_both_experts_train_into_a_diffusers_lora_per_expert_that_lands_in_its_p
     _, ours_high = our_model(method=True, lora_model_name=high, **HIGH_ONLY)
     assert torch.allclose(transformer_output(ours_high.part("transformer")), transformer_output(pipe.transformer),
                           atol=1e-6)  # fmt: skip
+    with pytest.raises(ValueError, match="read into one of transformer, transformer_2, and they all train"):
+        our_model(method=True, lora_model_name=high)  # one file for two experts that train: which is it?
 
 
 @pytest.mark.parametrize("fmt", ["COMFY_LORA", "KOHYA_LORA"])
