@@ -171,6 +171,13 @@ class FamilyInfo:
     # Output formats OneTrainer writes for this family that are not built here yet, by method: a config asking for one
     # loads, and validation says it is not built yet and what to choose instead.
     formats_to_come: dict[TrainingMethod, tuple[ModelFormat, ...]] = field(default_factory=dict)
+    # A family whose two DENOISER parts each denoise their own noise levels (experts, Wan 2.2's): the σ between
+    # them, the first denoiser's from it up, the second's below (the released models'; a model's own value, read
+    # at load, takes its place there). None: every denoiser denoises every step.
+    expert_boundary: float | None = None
+    # What the name of a single-file output of each expert ends in where a run writes one per expert (both train:
+    # `<name><suffix>.safetensors` beside the destination, in the denoisers' order).
+    expert_file_suffixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         roles = list(self.part_roles.values())
@@ -190,6 +197,57 @@ class FamilyInfo:
 
     def part_label(self, part: str) -> str:
         return self.part_labels.get(part) or default_part_label(part)
+
+    def expert_sides(self, boundary: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each expert's noise levels (`expert_boundary`, or a model's own `boundary`): {denoiser: (σ from, σ to)},
+        the first from the boundary to 1, the second from 0 to it; empty for a family without experts."""
+        boundary = self.expert_boundary if boundary is None else boundary
+        denoisers = self.parts_with(PartRole.DENOISER)
+        if boundary is None or len(denoisers) != 2:
+            return {}
+        return {denoisers[0]: (boundary, 1.0), denoisers[1]: (0.0, boundary)}
+
+    def stepping_experts(self, low: float, high: float, boundary: float | None = None) -> tuple[str, ...]:
+        """The experts whose noise levels the noising range `low` … `high` reaches (the high-noise one's: σ ≥ the
+        boundary, so a range ending at the boundary leaves it out); every denoiser for a family without experts."""
+        sides = self.expert_sides(boundary)
+        if not sides:
+            return self.parts_with(PartRole.DENOISER)
+        return tuple(part for part, (start, end) in sides.items() if (high > start if start > 0 else low < end))
+
+    def output_files(self, destination: str, low: float, high: float, trains: dict[str, bool]) -> list[str]:
+        """The files a single-file output is written as: the destination, or where two experts run the steps and
+        train, a file per expert beside it (`expert_file_suffixes`)."""
+        stepping = self.stepping_experts(low, high)
+        if not self.expert_file_suffixes or len(stepping) < 2 or not all(trains.get(p) for p in stepping):
+            return [destination]
+        stem, dot, suffix = destination.rpartition(".")
+        stem, suffix = (stem, dot + suffix) if dot and "/" not in suffix else (destination, ".safetensors")
+        return [f"{stem}{end}{suffix}" for end in self.expert_file_suffixes]
+
+    def expert_problems(self, low: float, high: float, trains: dict[str, bool], boundary: float | None = None):
+        """What is wrong with a run's experts: [(the setting, the message)] for an expert that trains where the
+        noising range never reaches its noise levels, and for one that does not train where the range reaches them
+        while another trains (its steps would train nothing)."""
+        sides = self.expert_sides(boundary)
+        stepping = self.stepping_experts(low, high, boundary)
+        problems = []
+        for part, (start, end) in sides.items():
+            side = f"σ ≥ {start:g}" if start > 0 else f"σ < {end:g}"
+            if trains.get(part) and part not in stepping:
+                problems.append((
+                    f"{part}.train",
+                    f"{part} trains, but the noising range {low:g} … {high:g} never reaches its steps ({side}): turn "
+                    "its train off, or widen min_noising_strength / max_noising_strength",
+                ))  # fmt: skip
+            elif any(trains.values()) and not trains.get(part) and part in stepping:
+                bound = "max_noising_strength" if start > 0 else "min_noising_strength"
+                problems.append((
+                    bound,
+                    f"the noising range {low:g} … {high:g} reaches the steps of {part} ({side}), whose train is off: "
+                    f"set {bound} to {start if start > 0 else end:g} to leave them out, or turn {part}.train on",
+                ))  # fmt: skip
+        return problems
 
     @property
     def hub_file_sets(self) -> tuple[tuple[str, ...], ...]:

@@ -102,8 +102,11 @@ def part_role(part: str) -> PartRole:
 
 
 def part_label(part: str) -> str:
-    """The label of a part name: the first family's declared label, else the one derived from the name."""
-    return next((f.part_labels[part] for f in FAMILIES.values() if part in f.part_labels), default_part_label(part))
+    """The label of a part name in every family: the one the families that have it declare alike, else (none
+    declares one, or they differ, as Wan 2.2's high-noise `transformer` from the others') the one derived from the
+    name. A family's own label is its `FamilyInfo.part_label`."""
+    labels = {f.part_label(part) for f in FAMILIES.values() if part in f.part_roles}
+    return labels.pop() if len(labels) == 1 else default_part_label(part)
 
 
 def all_parts() -> tuple[str, ...]:

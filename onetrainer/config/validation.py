@@ -237,10 +237,22 @@ def _cross_field(config: TrainConfig) -> list[Problem]:
     problems += _sample_reference_rules(config, family)
     problems += _validation_rules(config)
     problems += _include_rules(config, family)
+    problems += _expert_rules(config, family)
     if config.learning_rate == 0:
         # Allowed (a part may set its own rate), but mostly a field typed over and left at 0.
         problems.append(Problem("learning_rate", "is 0: what uses it learns nothing", Severity.WARNING))
     return problems
+
+
+def _expert_rules(config: TrainConfig, family) -> list[Problem]:
+    """A family with experts (`FamilyInfo.expert_boundary`): the noising range reaches every trained expert's noise
+    levels and no frozen one's (with the released models' boundary; the load checks the model's own)."""
+    if family.expert_boundary is None or config.min_noising_strength >= config.max_noising_strength:
+        return []
+    trains = config.training_method in (TrainingMethod.LORA, TrainingMethod.FINE_TUNE)
+    experts = {part: trains and bool(config.part(part).train) for part in family.expert_sides()}
+    low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+    return [Problem(field, message) for field, message in family.expert_problems(low, high, experts)]
 
 
 def _include_rules(config: TrainConfig, family) -> list[Problem]:

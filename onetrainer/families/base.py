@@ -191,6 +191,15 @@ class BatchInputs:
 Writer = Callable[["Family", LoadedModel, Path, torch.dtype, "dict | None"], None]
 
 
+@dataclass(frozen=True)
+class LoraFile:
+    """One file of a LoRA output (`Family.lora_output_files`): where it goes and {part: the name the part's adapters
+    go by in it}."""
+
+    path: Path
+    parts: dict[str, str]
+
+
 class _PartRolesOfInfo:
     """`Family.part_roles`: the roles the family's `info` declares, read on the class as on an instance."""
 
@@ -232,6 +241,31 @@ class Family(ABC):
     def denoiser_part(self) -> str:
         """The trained network: the first of `info.parts`."""
         return self.info.parts[0]
+
+    @property
+    def denoiser_parts(self) -> tuple[str, ...]:
+        """Every part of the `DENOISER` role, the first `denoiser_part`: a family with several denoisers (Wan 2.2's
+        two experts, each running on its own range of noise levels) trains any of them (each part's `train`)."""
+        roles = self.part_roles
+        return tuple(p for p in self.info.parts if roles[p] is PartRole.DENOISER) or (self.denoiser_part,)
+
+    def idle_parts(self, model: LoadedModel) -> frozenset[str]:
+        """The non-`SAMPLING` parts that no training step of this run runs (a denoiser whose noise levels the run's
+        noising range leaves out): they wait in host memory as sampling parts do and join the others on the device
+        for samples. Default: none."""
+        return frozenset()
+
+    def lora_output_files(self, model: LoadedModel, destination: Path, parts: Sequence[str]) -> list[LoraFile]:
+        """The files a LoRA output of `parts` is written as: each its path, the parts it holds and the name each of
+        them goes by in it (`diffusers_lora`'s prefix, the part the kohya / ComfyUI names are made for). Default:
+        one file at `destination` holding every part under its own name; Wan 2.2 writes one file per trained expert
+        (as ComfyUI and diffusers load one per expert)."""
+        return [LoraFile(destination, {part: part for part in parts})]
+
+    def lora_file_part(self, model: LoadedModel, part: str) -> str:
+        """The part whose names `part`'s adapters go by in a LoRA file it alone of its kind is in (a LoRA file read
+        back as `lora_model_name`; Wan 2.2's low-noise expert is the `transformer` of its file). Default: itself."""
+        return part
 
     # -- loading (Trainer.run, scripts/sample.py) -----------------------------------------------------------------
 
@@ -377,7 +411,7 @@ class Family(ABC):
         from onetrainer.util.layer_filter import name_matches
 
         module = model.part(part)
-        if part == self.denoiser_part:
+        if part in self.denoiser_parts:
             return [
                 n
                 for n, m in module.named_modules()

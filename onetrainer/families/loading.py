@@ -370,30 +370,35 @@ def _own_name(key: str, own: set[str]) -> str:
 
 
 def load_transformer_part(
-    cls, config: TrainConfig, where: str, options: dict, to_diffusers: Callable[[dict], dict]
+    cls,
+    config: TrainConfig,
+    where: str,
+    options: dict,
+    to_diffusers: Callable[[dict], dict],
+    part: str = "transformer",
 ) -> torch.nn.Module:
-    """The base's transformer (`cls`, diffusers), or the transformer part's own model (`transformer.model_name`): a
-    diffusers folder, or one file whose weights `to_diffusers` names as diffusers does, built on the base's
-    transformer config without weights (the file's tensors become them, read in `load_dtype`: no second copy in
-    memory)."""
+    """The base's transformer (`cls`, diffusers; `part`: its subfolder and part, `transformer_2` for a second one), or
+    the part's own model (`<part>.model_name`): a diffusers folder, or one file whose weights `to_diffusers` names as
+    diffusers does, built on the base's transformer config without weights (the file's tensors become them, read in
+    `load_dtype`: no second copy in memory)."""
     from onetrainer.families.sources import resolve_local
     from onetrainer.weights.checkpoint_files import load_state_dict
 
-    dtype = load_dtype(config, "transformer")
-    override = config.transformer.model_name.strip()
+    dtype = load_dtype(config, part)
+    override = config.part(part).model_name.strip()
     if not override:
-        return load_diffusers_component(cls, where, "transformer", options, dtype=dtype)
+        return load_diffusers_component(cls, where, part, options, dtype=dtype)
     path = resolve_local(override)
     if path.is_dir():
-        subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+        subfolder = part if (path / part / "config.json").is_file() else None
         return read_pretrained(cls, str(path), dtype, subfolder=subfolder, local_files_only=True)
     if not path.is_file():
-        raise ModelLoadError(f"the transformer's model (transformer.model_name) was not found: {override}")
-    base_config = load_diffusers_component(cls, where, "transformer", options, config_only=True)
+        raise ModelLoadError(f"the {part}'s model ({part}.model_name) was not found: {override}")
+    base_config = load_diffusers_component(cls, where, part, options, config_only=True)
     try:
         read, read_in = file_reading(path, dtype)
         state = to_diffusers(load_state_dict(path, read))
     except ValueError as e:
-        raise ModelLoadError(f"cannot read the transformer (transformer.model_name) {path}: {e}") from e
+        raise ModelLoadError(f"cannot read the {part} ({part}.model_name) {path}: {e}") from e
     transformer = empty_module(lambda: cls.from_config(base_config))
-    return assign_weights(transformer, state, dtype, f"the transformer {path}", read_in)
+    return assign_weights(transformer, state, dtype, f"the {part} {path}", read_in)

@@ -36,6 +36,7 @@ from onetrainer.families.base import (
     Family,
     FamilyState,
     LoadedModel,
+    LoraFile,
     TextEncoderSlot,
     Writer,
     first_weight,
@@ -46,6 +47,7 @@ from onetrainer.families.loading import (
     load_diffusers_component,
     load_dtype,
     load_tokenizer,
+    load_transformer_part,
     part_wise_base,
 )
 from onetrainer.families.reference_configs import WAN22_BOUNDARY_RATIO
@@ -67,6 +69,7 @@ SAMPLE_FPS = 16.0  # the rate Wan 2.1 and 2.2's text-to-video models generate at
 DEFAULT_TRAIN_STEPS = 1000
 KOHYA_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
 KIND = ModelKind("wan-2.1-t2v", "wan_2_1")
+EXPERTS = ("transformer", "transformer_2")  # Wan 2.2's (high-noise expert, low-noise one): their pipeline places
 
 
 @dataclass(slots=True)
@@ -116,13 +119,14 @@ class WanFamily(Family):
         return self.loaded_model(config, parts, tokenizer, where, options)
 
     def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
-        """The transformer (Wan 2.2: both experts) into `parts`."""
+        """The transformer (Wan 2.2: both experts) into `parts`: the base's, or its own model (`transformer.model_name`:
+        a diffusers folder or a single file in Wan's names, as ComfyUI's repackaged files)."""
         from diffusers import WanTransformer3DModel
 
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(
-            WanTransformer3DModel, where, "transformer", options, dtype=dtype
-        )
+        for part in self.denoiser_parts:
+            parts[part] = load_transformer_part(
+                WanTransformer3DModel, config, where, options, wan_keys.diffusers_state, part
+            )
 
     def loaded_model(self, config: TrainConfig, parts: KeptParts, tokenizer, where: str, options: dict) -> LoadedModel:
         from diffusers import UniPCMultistepScheduler
@@ -253,7 +257,26 @@ class WanFamily(Family):
         has no place in it)."""
         save_pipeline_folder(self.pipeline(model, self.own_sampler(model)), destination, dtype)
 
-    writers: ClassVar[Mapping[ModelFormat, Writer]] = {ModelFormat.DIFFUSERS: save_diffusers}
+    def save_original_transformer(
+        self, model: LoadedModel, destination: Path, dtype: torch.dtype, metadata: dict | None = None
+    ) -> None:
+        """The transformer alone in one file in Wan's own names (`blocks.N.self_attn.q`, `head.modulation`): ComfyUI's
+        repackaged diffusion-model files, which its loader, Wan's code, diffusers' `from_single_file` and our
+        `transformer.model_name` read. Wan 2.2: a file per expert its steps ran (`original_transformer_files`)."""
+        from onetrainer.families.saving import model_file_metadata, plain_state, write_single_file
+
+        for part, path in self.original_transformer_files(model, Path(destination)):
+            state = wan_keys.original_state(plain_state(model.part(part)))
+            write_single_file(state, path, dtype, model_file_metadata(self, model, path, metadata))
+
+    def original_transformer_files(self, model: LoadedModel, destination: Path) -> list[tuple[str, Path]]:
+        """(the part, its file) of an ORIGINAL_TRANSFORMER output."""
+        return [("transformer", destination)]
+
+    writers: ClassVar[Mapping[ModelFormat, Writer]] = {
+        ModelFormat.DIFFUSERS: save_diffusers,
+        ModelFormat.ORIGINAL_TRANSFORMER: save_original_transformer,
+    }
 
     def save_backup(self, model: LoadedModel, folder: Path) -> None:
         self.save_diffusers(model, folder, torch.float32)
@@ -299,101 +322,144 @@ def sample_frames(family: Family, sample) -> int:
 
 @dataclass(slots=True)
 class Wan22State(WanState):
-    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json), which expert the run
-    trains as its `transformer` part (the low-noise one: the folder's `transformer_2`) and the other expert, kept here
-    (not a part: it never trains) for samples and saved folders."""
+    """Besides Wan 2.1's: the pipeline's expert boundary (`boundary_ratio` of model_index.json) and the experts this
+    run's steps run (the parts whose side of the boundary the noising range reaches; a model made without loading,
+    as the memory estimate's stand-in, runs the high-noise one alone: the experts share a shape)."""
 
     boundary_ratio: float = WAN22_BOUNDARY_RATIO
-    trains_low_noise: bool = True
-    other_expert: torch.nn.Module | None = None
+    stepping: tuple[str, ...] = EXPERTS[:1]
 
 
 class Wan22Family(WanFamily):
-    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape. WanPipeline runs
-    `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875: high noise) and `transformer_2`
-    below it. A run trains one expert as its `transformer` part: the high-noise one where `min_noising_strength` is at
-    least the boundary, else the low-noise one. The other expert waits in CPU memory (in the transformer's weight
-    dtype) and joins the trained one on its device for samples; samples and saved folders put each expert back in its
-    place."""
+    """Wan 2.2 (WAN_2_2; Wan-AI/Wan2.2-T2V-A14B): Wan 2.1's family with two experts of one shape, each a part in its
+    pipeline place: WanPipeline runs `transformer` while the timestep is at least `boundary_ratio` · 1000 (σ ≥ 0.875:
+    high noise) and `transformer_2` below it. A run trains either or both (each part's `train`): a step's σ picks the
+    expert, a batch with σ on both sides runs each expert on its own rows. The noising range must reach the side of
+    every expert that trains and of none that does not; one it does not reach waits in CPU memory (`idle_parts`) and
+    joins the others for samples."""
 
     info = WAN22
     sampling_parts = frozenset(WAN22.parts)
     state_class: ClassVar[type[WanState]] = Wan22State
+    layer_blocks: ClassVar[dict[str, tuple[str, ...]]] = {**WanFamily.layer_blocks, "transformer_2": ("blocks",)}
+    comfy_prefixes: ClassVar[dict[str, str]] = {"transformer": "diffusion_model.", "transformer_2": "diffusion_model."}
 
     def load_from(self, config: TrainConfig, where: str, options: dict) -> LoadedModel:
-        from diffusers import WanTransformer3DModel
-
-        from onetrainer.families.loading import keep_part, quantization_settings
-
         boundary = boundary_ratio(where, options)
         if boundary is None:
             raise ModelLoadError(
                 f"{config.base_model_name}: its model_index.json names no boundary_ratio, so it is no two-expert Wan "
                 "2.2 model (a single-transformer Wan model trains as WAN_2_1)"
             )
+        stepping = stepping_experts(config, boundary)
         model = super().load_from(config, where, options)
         state = model.family_state(Wan22State)
-        state.boundary_ratio = boundary
-        trained, other = trained_expert(config, boundary)
-        state.trains_low_noise = trained == "transformer_2"
-        dtype = load_dtype(config, "transformer")
-        expert = load_diffusers_component(WanTransformer3DModel, where, other, options, dtype=dtype)
-        state.other_expert = keep_part("transformer", expert, config, quantization_settings(config)).eval()
-        state.other_expert.requires_grad_(False)
+        state.boundary_ratio, state.stepping = boundary, stepping
         return model
 
-    def load_denoisers(self, config: TrainConfig, where: str, options: dict, parts: KeptParts) -> None:
-        """The expert the run trains, as `transformer` (its folder's subfolder by the noising range)."""
-        from diffusers import WanTransformer3DModel
+    def idle_parts(self, model: LoadedModel) -> frozenset[str]:
+        """The expert whose side of the boundary the noising range does not reach."""
+        return frozenset(EXPERTS) - set(model.family_state(Wan22State).stepping)
 
-        trained, _ = trained_expert(config, boundary_ratio(where, options) or WAN22_BOUNDARY_RATIO)
-        dtype = load_dtype(config, "transformer")
-        parts["transformer"] = load_diffusers_component(WanTransformer3DModel, where, trained, options, dtype=dtype)
-
-    def backup_state(self, model: LoadedModel, folder: Path, part: str) -> dict[str, torch.Tensor]:
-        """The trained expert sits in its own place in the backup's pipeline folder (the low-noise one in
-        `transformer_2/`)."""
-        from safetensors.torch import load_file
-
-        from onetrainer.families.loading import as_module_state
-
-        trains_low = part == "transformer" and model.family_state(Wan22State).trains_low_noise
-        state: dict[str, torch.Tensor] = {}
-        for file in sorted((folder / ("transformer_2" if trains_low else part)).glob("*.safetensors")):
-            state.update(load_file(str(file)))
-        return as_module_state(model.part(part), state)
-
-    def experts(self, model: LoadedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
-        """(the high-noise expert, the low-noise one)."""
+    def predict(self, model, noisy_latents, timesteps, conditioning, extra) -> Prediction:
+        """The high-noise expert on the rows whose timestep is at the boundary or above, the low-noise one on the
+        others (as the pipeline picks them); a batch on one side runs one expert."""
         state = model.family_state(Wan22State)
-        trained, other = model.part("transformer"), state.other_expert
-        return (other, trained) if state.trains_low_noise else (trained, other)
+        if len(state.stepping) == 1:  # the range reaches one expert's side
+            return self.expert_prediction(model, state.stepping[0], noisy_latents, timesteps, conditioning)
+        high = timesteps.to(noisy_latents.device) >= state.boundary_ratio * state.train_steps
+        if bool(high.all()) or not bool(high.any()):
+            return self.expert_prediction(model, "transformer" if bool(high.all()) else "transformer_2",
+                                          noisy_latents, timesteps, conditioning)  # fmt: skip
+        out = None
+        for part, rows in (("transformer", high), ("transformer_2", ~high)):
+            index = rows.nonzero().flatten()
+            rows_conditioning = Conditioning({k: v[index.to(v.device)] for k, v in conditioning.tensors.items()})
+            predicted = self.expert_prediction(
+                model, part, noisy_latents[index], timesteps.to(index.device)[index], rows_conditioning
+            ).output
+            if out is None:
+                out = predicted.new_zeros(noisy_latents.shape[0], *predicted.shape[1:])
+            out = out.index_copy(0, index, predicted)
+        return Prediction(out)
+
+    def expert_prediction(self, model, part, noisy_latents, timesteps, conditioning) -> Prediction:
+        transformer = model.part(part)
+        dtype = first_weight(transformer).dtype
+        latents = noisy_latents if noisy_latents.dim() == 5 else noisy_latents[:, :, None]
+        output = transformer(
+            hidden_states=latents.to(dtype),
+            timestep=timesteps.to(latents.device),
+            encoder_hidden_states=padded_text(conditioning).to(dtype),
+            return_dict=False,
+        )[0]
+        return Prediction(output if noisy_latents.dim() == 5 else output[:, :, 0])
 
     def pipeline(self, model: LoadedModel, sampler):
         """WanPipeline with each expert in its place and the model's boundary."""
         from diffusers import WanPipeline
 
-        high, low = self.experts(model)
         slot = model.text_encoders[0]
         return WanPipeline(
             tokenizer=slot.tokenizer,
             text_encoder=slot.encoder,
             vae=model.part("vae"),
             scheduler=sampler,
-            transformer=high,
-            transformer_2=low,
+            transformer=model.part("transformer"),
+            transformer_2=model.part("transformer_2"),
             boundary_ratio=model.family_state(Wan22State).boundary_ratio,
         )
 
-    def sample(self, model: LoadedModel, sample, apply_embeddings, zero_terminal_snr: bool) -> SampleClip:
-        """As Wan 2.1's, the other expert on the trained one's device meanwhile."""
-        other = model.family_state(Wan22State).other_expert
-        home = first_weight(other).device
-        other.to(first_weight(model.part("transformer")).device)
-        try:
-            return super().sample(model, sample, apply_embeddings, zero_terminal_snr)
-        finally:
-            other.to(home)
+    # -- LoRA files: one per expert, each under the `transformer` names ---------------------------------------------
+
+    def lora_output_files(self, model: LoadedModel, destination: Path, parts) -> list[LoraFile]:
+        """One file where one expert has a LoRA (the low-noise one's under the `transformer` names, as diffusers'
+        `load_into_transformer_2` and ComfyUI's low-noise model read it); with both, `<name>_high_noise` and
+        `<name>_low_noise` beside the destination (a text encoder's LoRA in the high-noise one)."""
+        experts = [p for p in EXPERTS if p in parts]
+        others = {p: p for p in parts if p not in EXPERTS}
+        if len(experts) < 2:
+            return [LoraFile(destination, {**{p: "transformer" for p in experts}, **others})]
+        high, low = expert_paths(destination)
+        return [
+            LoraFile(high, {"transformer": "transformer", **others}),
+            LoraFile(low, {"transformer_2": "transformer"}),
+        ]
+
+    def lora_file_part(self, model: LoadedModel, part: str) -> str:
+        return "transformer" if part in EXPERTS else part
+
+    def original_transformer_files(self, model: LoadedModel, destination: Path) -> list[tuple[str, Path]]:
+        """The experts the run's steps ran: one at the destination, or both as `<name>_high_noise` and
+        `<name>_low_noise` beside it (ComfyUI's repackaged Wan 2.2 files are one per expert, so are its loaders)."""
+        stepping = model.family_state(Wan22State).stepping
+        if len(stepping) == 1:
+            return [(stepping[0], destination)]
+        return list(zip(EXPERTS, expert_paths(destination), strict=True))
+
+
+def expert_paths(destination: Path) -> tuple[Path, ...]:
+    """The files of a single-file output of both experts: `<name>_high_noise` and `<name>_low_noise` beside the
+    destination (`WAN22.expert_file_suffixes`)."""
+    stem, suffix = destination.stem, destination.suffix or ".safetensors"
+    return tuple(destination.with_name(f"{stem}{end}{suffix}") for end in WAN22.expert_file_suffixes)
+
+
+def stepping_experts(config: TrainConfig, boundary: float) -> tuple[str, ...]:
+    """The experts whose side of the boundary the noising range reaches (the high-noise one: σ ≥ the boundary); each
+    must train, and every expert that trains must be reached, where any trains (else the run is refused, naming the
+    settings; `--check` says the same from the released models' boundary)."""
+    low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+    problems = WAN22.expert_problems(low, high, expert_trains(config), boundary)
+    if problems:
+        raise ModelLoadError(problems[0][1])
+    return WAN22.stepping_experts(low, high, boundary)
+
+
+def expert_trains(config: TrainConfig) -> dict[str, bool]:
+    """Whether each expert trains (its `train`, in a LoRA or fine-tune run)."""
+    trains = config.training_method.value in ("LORA", "FINE_TUNE")
+    return {part: trains and bool(config.part(part).train) for part in EXPERTS}
 
 
 def boundary_ratio(where: str, options: dict) -> float | None:
@@ -406,11 +472,3 @@ def boundary_ratio(where: str, options: dict) -> float | None:
         raise ModelLoadError(f"{where}: cannot read its model_index.json ({e})") from e
     value = index.get("boundary_ratio")
     return None if value is None else float(value)
-
-
-def trained_expert(config: TrainConfig, boundary: float) -> tuple[str, str]:
-    """(the folder's subfolder of the expert the run trains, the other's): the high-noise `transformer` where the
-    noising range starts at the boundary or above (`min_noising_strength`), else the low-noise `transformer_2`."""
-    if float(config.min_noising_strength) >= boundary:
-        return "transformer", "transformer_2"
-    return "transformer_2", "transformer"

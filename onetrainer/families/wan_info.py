@@ -13,6 +13,7 @@ from onetrainer.config.enums import ModelFormat, ModelType, NoiseScheduler, Trai
 from onetrainer.config.family_info import (
     FLOW_MATCHING,
     LAYER_OFFLOADING,
+    OWN_MODEL,
     FamilyInfo,
     FileCaveat,
     FrameCounts,
@@ -47,7 +48,7 @@ WAN21 = FamilyInfo(
     methods=(TrainingMethod.LORA, TrainingMethod.FINE_TUNE, TrainingMethod.EMBEDDING),
     output_formats={
         TrainingMethod.LORA: (ModelFormat.DIFFUSERS_LORA, ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA),
-        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS,),
+        TrainingMethod.FINE_TUNE: (ModelFormat.DIFFUSERS, ModelFormat.ORIGINAL_TRANSFORMER),
         TrainingMethod.EMBEDDING: (ModelFormat.SAFETENSORS,),
     },
     muon_hidden_layers=("blocks", "encoder.block"),  # the DiT blocks, UMT5's encoder blocks
@@ -55,7 +56,7 @@ WAN21 = FamilyInfo(
     hub_parts=("transformer", "text_encoder", "vae"),
     capabilities=frozenset({FLOW_MATCHING}),
     part_capabilities={
-        "transformer": frozenset({LAYER_OFFLOADING}),
+        "transformer": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
         "text_encoder": frozenset({LAYER_OFFLOADING}),
     },
     file_caveats=(
@@ -79,29 +80,54 @@ WAN21 = FamilyInfo(
     "sampler, CFG and the negative prompt, and are clips of the sample's `frames` (4k + 1; a still at 1). LoRA files: "
     "DIFFUSERS_LORA (WanPipeline's `load_lora_weights`), COMFY_LORA (`diffusion_model.` + Wan's own module names, "
     "what ComfyUI loads) or KOHYA_LORA (`lora_unet_` + Wan's names, musubi-tuner's layout); diffusers' converters "
-    "read both. Fine-tunes: a diffusers folder (also the backup, usable as a base model).",
+    "read both. Fine-tunes: a diffusers folder (also the backup, usable as a base model) or ORIGINAL_TRANSFORMER, the "
+    "transformer alone in one file in Wan's own names (`blocks.N.self_attn.q`, `head.modulation`: ComfyUI's repackaged "
+    "`split_files/diffusion_models/wan2.1_t2v_*.safetensors`, which ComfyUI, Wan's code and diffusers' "
+    "`from_single_file` read); `transformer.model_name` reads such a file (ComfyUI's `model.diffusion_model.` prefix "
+    "too) or a diffusers folder over the base's other parts.",
 )
 _WAN21_SAMPLE = SampleDefaults(832, 480, 50, 5.0, NoiseScheduler.UNIPC)
 
 # Wan 2.2 A14B: two experts of one shape, the pipeline's `transformer` for the steps at σ ≥ its `boundary_ratio` (high
-# noise), `transformer_2` for the rest. A run trains one of them as the `transformer` part: the high-noise expert where
-# `min_noising_strength` is at least the boundary, else the low-noise one; the other expert is kept beside the parts
-# (the family's state, in the trained expert's weight dtype) for samples and saved folders.
+# noise), `transformer_2` for the rest (low noise); each a part of its own, with its own block (its `train`, weight
+# dtype, offloading). A run trains either or both.
 WAN22 = dataclasses.replace(
     WAN21,
     key="wan22",
     label="Wan 2.2",
-    part_labels={"transformer": "Transformer (the trained expert)"},
+    part_roles={
+        "transformer": PartRole.DENOISER,
+        "transformer_2": PartRole.DENOISER,
+        "text_encoder": PartRole.TEXT_ENCODER,
+        "vae": PartRole.IMAGE_ENCODER,
+    },
+    part_labels={"transformer": "Transformer (high noise)", "transformer_2": "Transformer 2 (low noise)"},
+    expert_boundary=ref.WAN22_BOUNDARY_RATIO,
+    expert_file_suffixes=("_high_noise", "_low_noise"),
+    hub_parts=("transformer", "transformer_2", "text_encoder", "vae"),
+    part_capabilities={
+        "transformer": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
+        "transformer_2": frozenset({LAYER_OFFLOADING, OWN_MODEL}),
+        "text_encoder": frozenset({LAYER_OFFLOADING}),
+    },
     notes="Wan 2.2 (T2V A14B) has two experts: WanPipeline's `transformer` denoises the steps at σ ≥ the model's "
-    "`boundary_ratio` (0.875: high noise) and `transformer_2` the rest (low noise). A run trains one expert: "
-    "`min_noising_strength` at the boundary or above (0.875 … 1) trains the high-noise expert, a lower one the "
-    "low-noise expert (set `max_noising_strength` to the boundary, 0 … 0.875, to keep it to its own steps); in the "
-    "run that expert is the `transformer` part; the other waits in CPU memory in the transformer's weight dtype and "
-    "joins it on the device for samples only (the memory estimate does not count it yet). Its "
-    "DIFFUSERS_LORA file loads into the pipeline's `transformer` (high noise) or, with `load_into_transformer_2=True`, "
-    "its `transformer_2` (low noise); its COMFY_LORA / KOHYA_LORA files load on that expert in ComfyUI and "
-    "musubi-tuner. Fine-tunes write the pipeline folder with both experts in their places. Everything else is as Wan "
-    "2.1's: " + WAN21.notes,
+    "`boundary_ratio` (0.875: high noise) and `transformer_2` the rest (low noise); each is a part with its own "
+    "settings. A run trains either or both: each expert whose `train` is on trains on the steps of its side of the "
+    "boundary that the noising range reaches (`min_noising_strength` … `max_noising_strength`); a step's σ picks the "
+    "expert, and a batch whose samples drew σ on both sides runs each expert on its own samples. The range must "
+    "reach every trained expert's side and no frozen one's: the high-noise expert alone trains on 0.875 … 1 "
+    "(`min_noising_strength` 0.875, `transformer_2`'s train off), the low-noise one alone on 0 … 0.875 "
+    "(`max_noising_strength` 0.875, `transformer`'s train off), both on 0 … 1. An expert that does not train waits "
+    "in CPU memory and joins the others on the device for samples. The validation loss (at σ 0.5) is the low-noise "
+    "expert's where it steps. LoRA files: with one expert trained, one file "
+    "(DIFFUSERS_LORA: WanPipeline's `load_lora_weights` loads it into `transformer`, or with "
+    "`load_into_transformer_2=True` into `transformer_2`; COMFY_LORA / KOHYA_LORA: on that expert's model in ComfyUI "
+    "and musubi-tuner); with both, one file per expert beside the destination, `<name>_high_noise.safetensors` and "
+    "`<name>_low_noise.safetensors`, each holding that expert's LoRA under the `transformer` names (the text "
+    "encoder's, if any, in the high-noise file). Fine-tunes write the pipeline folder with both experts in their "
+    "places, or ORIGINAL_TRANSFORMER: a file per trained expert likewise (`_high_noise` / `_low_noise` where both "
+    "train), as ComfyUI's repackaged Wan 2.2 files; each expert reads its own file as its `model_name`. Everything "
+    "else is as Wan 2.1's: " + WAN21.notes,
 )
 
 # The model types this module declares, in the order the model-type menu lists them.
@@ -131,6 +157,7 @@ MODEL_TYPES: tuple[ModelTypeInfo, ...] = (
         SampleDefaults(832, 480, 40, 4.0, NoiseScheduler.UNIPC),
         released_parts={
             "transformer": ref.WAN22_T2V_A14B_TRANSFORMER,
+            "transformer_2": ref.WAN22_T2V_A14B_TRANSFORMER,
             "text_encoder": ref.UMT5_XXL_ENCODER,
             "vae": ref.WAN_VAE,
         },

@@ -66,8 +66,10 @@ class Method(ABC):
         return []
 
     def backward_parts(self) -> list[str]:
-        """The parts gradients flow through: the denoiser always, text encoders when they or embeddings train."""
-        parts = [self.family.denoiser_part]
+        """The parts gradients flow through: the denoiser always (of several, each that trains; the first where none
+        does), text encoders when they or embeddings train."""
+        denoisers = [p for p in self.family.denoiser_parts if p in self.trained_parts()]
+        parts = denoisers or [self.family.denoiser_part]
         for slot in self.model.text_encoders:
             if slot.part in self.trained_parts() or self.embeddings.parameters(slot.part):
                 parts.append(slot.part)

@@ -18,14 +18,14 @@ if TYPE_CHECKING:
 class FineTuneMethod(Method):
     def __init__(self, config: TrainConfig, family, model, device) -> None:
         super().__init__(config, family, model, device)
-        candidates = [family.denoiser_part] + [slot.part for slot in model.text_encoders]
+        candidates = [*family.denoiser_parts] + [slot.part for slot in model.text_encoders]
         self.parts = [p for p in candidates if config.part(p).train]
         patterns, regex = layer_filter_patterns(config, family)
         for name, module in model.parts.items():
             trains = name in self.parts
             for param_name, param in module.named_parameters():
-                # The layer filter narrows what trains in the denoiser; frozen weights keep their dtype.
-                selected = name != family.denoiser_part or name_matches(param_name, patterns, regex)
+                # The layer filter narrows what trains in the denoiser(s); frozen weights keep their dtype.
+                selected = name not in family.denoiser_parts or name_matches(param_name, patterns, regex)
                 param.requires_grad_(trains and selected)
 
     def trained_parts(self) -> list[str]:

@@ -43,7 +43,24 @@ class LoraMethod(Method):
             self._add_adapters(part, existing.get(part))
 
     def _candidate_parts(self) -> list[str]:
-        return [self.family.denoiser_part] + [slot.part for slot in self.model.text_encoders]
+        return [*self.family.denoiser_parts] + [slot.part for slot in self.model.text_encoders]
+
+    def _reading_parts(self, path: str) -> list[str]:
+        """The parts an existing LoRA file is read into, each with the name its adapters go by in the file
+        (`family.lora_file_part`): where several parts go by one name (Wan 2.2's experts), the one that trains."""
+        named: dict[str, list[str]] = {}
+        for part in self._candidate_parts():
+            named.setdefault(self.family.lora_file_part(self.model, part), []).append(part)
+        out = []
+        for parts in named.values():
+            trained = [p for p in parts if p in self.parts]
+            if len(trained) > 1:
+                raise ValueError(
+                    f"{path}: one LoRA file is read into one of {', '.join(trained)}, and they all train: give their "
+                    "LoRA as a backup to continue from, or train one of them"
+                )
+            out.append(trained[0] if trained else parts[0])
+        return out
 
     def _target_modules(self, part: str) -> list[str]:
         patterns, regex = layer_filter_patterns(self.config, self.family)
@@ -147,7 +164,7 @@ class LoraMethod(Method):
                 )
             # Each kohya module name belongs to the part whose module it names (`family.kohya_name`).
             left = {k.partition(".")[0] for k in state if not k.startswith("bundle_emb.")}
-            for part in self._candidate_parts():
+            for part in self._reading_parts(path):
                 own = self.family.read_lora_file(self.model, part, kind, state)
                 if own is not None:
                     weights, alphas, ranks, structure, used = own
@@ -155,8 +172,9 @@ class LoraMethod(Method):
                         out[part] = {"weights": weights, "alphas": alphas, "ranks": ranks, "structure": structure}
                     left -= {k.partition(".")[0] for k in used}
                     continue
+                file_part = self.family.lora_file_part(self.model, part)
                 names = {
-                    self.family.lora_file_name(self.model, part, n, fmt): n
+                    self.family.lora_file_name(self.model, file_part, n, fmt): n
                     for n, m in self.model.part(part).named_modules()
                     if isinstance(m, _ADAPTABLE)
                     for fmt in _NAMED_FORMATS
@@ -176,8 +194,9 @@ class LoraMethod(Method):
             return out
         if self.kind != adapters.LORA:
             raise ValueError(f"{path}: only plain LoRA files are read in the diffusers layout")
-        for part in self._candidate_parts():
-            mine = diffusers_lora.model_state(part, self.model.part(part), state)
+        for part in self._reading_parts(path):
+            file_part = self.family.lora_file_part(self.model, part)
+            mine = diffusers_lora.model_state(file_part, self.model.part(part), state)
             if mine:
                 ranks = {k[: -len(LORA_A)]: int(v.shape[0]) for k, v in mine.items() if k.endswith(LORA_A)}
                 # Diffusers-format files fold alpha into lora_B, so alpha equals the rank.
@@ -246,25 +265,28 @@ class LoraMethod(Method):
 
     # -- output ---------------------------------------------------------------------------------------------------
 
-    def output_state(self) -> dict[str, torch.Tensor]:
+    def output_state(self, parts: dict[str, str] | None = None, embeddings: bool = True) -> dict[str, torch.Tensor]:
+        """The output file's tensors: of `parts` ({part: the name it goes by in the file}; default: every adapted part
+        under its own name) and, with `embeddings`, the bundled embeddings."""
         dtype = torch_dtype(self.config.output_dtype)
         fmt = self.config.output_model_format
         out: dict[str, torch.Tensor] = {}
-        for part in self.ranks:
+        for part, named in (parts if parts is not None else {p: p for p in self.ranks}).items():
             state = self.adapter_state(part)
             if fmt is ModelFormat.DIFFUSERS_LORA:
                 out.update(
-                    diffusers_lora.file_state(part, self.model.part(part), state, self.ranks[part], self.alphas[part])
+                    diffusers_lora.file_state(named, self.model.part(part), state, self.ranks[part], self.alphas[part])
                 )
             else:
                 own = self.family.lora_file_state(
-                    self.model, part, self.kind, state, self.alphas[part], self.ranks[part], fmt
+                    self.model, named, self.kind, state, self.alphas[part], self.ranks[part], fmt
                 )  # fmt: skip
-                name_of = lambda m, p=part: self.family.lora_file_name(self.model, p, m, fmt)  # noqa: E731
+                name_of = lambda m, p=named: self.family.lora_file_name(self.model, p, m, fmt)  # noqa: E731
                 out.update(
                     own if own is not None else to_kohya(self.kind, state, name_of, self.alphas[part], self.ranks[part])
                 )
-        if self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA:
+        bundles = self.config.bundle_additional_embeddings and fmt is not ModelFormat.DIFFUSERS_LORA
+        if bundles and embeddings:
             for embedding in self.embeddings.embeddings:
                 for key, tensor in self.embeddings.file_tensors(embedding, dtype).items():
                     out[f"bundle_emb.{embedding.placeholder}.{key}"] = tensor
@@ -286,9 +308,12 @@ class LoraMethod(Method):
             self.config.lora_alpha,
         )
         metadata.update(self.config_metadata())
-        with atomic_file(destination) as tmp:
-            save_file(self.output_state(), str(tmp), metadata=metadata)
-        written = [destination]
+        written = []
+        # One file, or one per group of parts where the family writes them apart (Wan 2.2: a file per expert).
+        for index, file in enumerate(self.family.lora_output_files(self.model, destination, list(self.ranks))):
+            with atomic_file(file.path) as tmp:
+                save_file(self.output_state(file.parts, embeddings=index == 0), str(tmp), metadata=metadata)
+            written.append(file.path)
         bundled = (
             self.config.bundle_additional_embeddings
             and self.config.output_model_format is not ModelFormat.DIFFUSERS_LORA

@@ -231,6 +231,17 @@ def check_model_split(config: TrainConfig) -> list[Problem]:
             )
         elif (config.part(denoiser).offload_fraction or 0) > 0:
             refuse(f"{denoiser}.offload_fraction", "layer offloading", f"set {denoiser}.offload_fraction to 0")
+        # experts (Wan 2.2's): the split spreads the first; another one that runs the steps has no place in it
+        low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+        stepping = info.family.stepping_experts(low, high)
+        if info.family.expert_boundary is not None and stepping != (denoiser,):
+            other = next(p for p in stepping if p != denoiser)
+            refuse(
+                f"{other}.train",
+                f"training {other}, the expert of other noise levels,",
+                f"the split spreads {denoiser} alone; train {denoiser} by itself (its noise levels: "
+                f"min_noising_strength {info.family.expert_boundary:g}) or use layer offloading",
+            )
     if config.compile:
         refuse("compile", "compile", "turn it off")
     problems += _check_split_devices(config)
@@ -810,6 +821,19 @@ def _check_sample_references(config: TrainConfig) -> list[Problem]:
     return problems
 
 
+def _output_files(config: TrainConfig, destination: str) -> list[str]:
+    """The files the output is written as: the destination, or a single-file output of a family with experts, where
+    two train, a file per expert beside it (`FamilyInfo.output_files`)."""
+    info = MODEL_TYPES.get(config.model_type)
+    if info is None or config.output_model_format.is_directory:
+        return [destination]
+    family = info.family
+    trains = config.training_method in (TrainingMethod.LORA, TrainingMethod.FINE_TUNE)
+    experts = {part: trains and bool(config.part(part).train) for part in family.expert_sides()}
+    low, high = float(config.min_noising_strength), float(config.max_noising_strength)
+    return family.output_files(destination, low, high, experts)
+
+
 def _check_output(config: TrainConfig) -> list[Problem]:
     from onetrainer.util.disk import unwritable_reason
 
@@ -828,10 +852,11 @@ def _check_output(config: TrainConfig) -> list[Problem]:
     reason = unwritable_reason(target)
     if reason:
         problems.append(Problem("output_model_destination", f"the model cannot be saved at {destination}: {reason}"))
-    if config.prevent_overwrites and target.exists():
-        problems.append(
-            Problem("output_model_destination", f"{destination} already exists and 'Prevent overwrites' is on")
-        )
+    for written in _output_files(config, destination):  # a file per expert where two train (Wan 2.2)
+        if config.prevent_overwrites and Path(written).expanduser().exists():
+            problems.append(
+                Problem("output_model_destination", f"{written} already exists and 'Prevent overwrites' is on")
+            )
     if config.output_model_format.is_directory and config.include_train_config.value != "NONE":
         problems.append(
             Problem(

@@ -849,17 +849,24 @@ def family_of(config: TrainConfig) -> Family:
         raise ValueError(f"no estimate for {config.model_type.value}: {error}") from None
 
 
+def stepping_denoiser(config: TrainConfig) -> str:
+    """The denoiser whose step the estimate measures and whose settings it reads: the first that the run's steps run
+    (of experts, the first whose noise levels the noising range reaches; they share a shape)."""
+    info = family_of(config).info
+    stepping = info.stepping_experts(float(config.min_noising_strength), float(config.max_noising_strength))
+    return stepping[0] if stepping else info.parts[0]
+
+
 def settings_of(config: TrainConfig, activations: Activations, device_memory: float | None = None) -> Settings:
     """The estimate's settings of a config. `device_memory`: the memory of each GPU a model split would use (the fit
     passes its budget); None: each GPU's own where this machine has it (`split_memory`)."""
     from onetrainer.data.caching import text_encoders_frozen
     from onetrainer.training.processes import planned_world_size
 
-    family = family_of(config)
     trained_dtype = config.lora_weight_dtype if config.training_method is TrainingMethod.LORA else DataType.FLOAT_32
     return Settings(
         batch_size=config.batch_size,
-        gradient_checkpointing=bool(config.part(family.denoiser_part).gradient_checkpointing),
+        gradient_checkpointing=bool(config.part(stepping_denoiser(config)).gradient_checkpointing),
         trained_dtype_bytes=BYTES[trained_dtype],
         optimizer_state_bytes=optimizer_state_bytes(
             config.optimizer.optimizer, config.optimizer.beta1, config.optimizer
@@ -867,7 +874,7 @@ def settings_of(config: TrainConfig, activations: Activations, device_memory: fl
         activations=activations,
         device=training_device_type(config.train_device),
         trains_in_place=config.training_method is TrainingMethod.FINE_TUNE,
-        activation_offloading=bool(config.part(family.denoiser_part).activation_offloading),
+        activation_offloading=bool(config.part(stepping_denoiser(config)).activation_offloading),
         fused_back_pass=bool(config.optimizer.fused_back_pass)
         and config.training_method is not TrainingMethod.EMBEDDING,
         ema=config.ema.value,
@@ -944,6 +951,8 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
     from onetrainer.config.model_types import left_out
 
     counts = {}
+    # Experts (`FamilyInfo.expert_boundary`) whose noise levels the noising range leaves out wait off the device.
+    stepping = family.info.stepping_experts(float(config.min_noising_strength), float(config.max_noising_strength))
     order = {part: i for i, part in enumerate(family.info.parts)}
     for part, info in sorted(shapes.items(), key=lambda item: order.get(item[0], len(order))):
         if left_out(config, part):
@@ -974,7 +983,9 @@ def counts_of(config: TrainConfig, shapes: dict[str, dict]) -> dict[str, PartCou
                 split_blocks = _split_blocks(config, family, part, info, layers)
         else:
             trained = 0
-        if denoiser or train:
+        if denoiser and part not in stepping and not train:
+            on_device = False
+        elif denoiser or train:
             on_device = True
         elif role is PartRole.SAMPLING:
             on_device = False
@@ -1694,7 +1705,11 @@ def measure_activations(config: TrainConfig, shapes: Shapes) -> Activations:
         "huggingface_cache_dir": config.huggingface_cache_dir,
     }, sort_keys=True)  # fmt: skip
     try:
-        return _measured(key, height, width, dtype, trains_on_references(config), frames)
+        measured = _measured(key, height, width, dtype, trains_on_references(config), frames)
+        stepping = stepping_denoiser(config)
+        if measured.part and measured.part != stepping:  # an expert of the same shape runs this run's steps
+            measured = replace(measured, part=stepping)
+        return measured
     except EstimateCancelled:
         raise
     except Exception as error:  # the family's step does not run on the meta device

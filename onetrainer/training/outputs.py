@@ -303,14 +303,16 @@ class Outputs:
             self.optimization.ema.copy_to_params()  # the final model takes the averaged weights
         try:
             with self.optimization.inference_weights(use_ema=False), self.placement.whole():
-                self.method.save_output(destination)
+                written = self.method.save_output(destination)
         except Exception as e:
             if not is_write_error(e):
                 raise
             if self.backup_step != p.global_step:
                 backup()  # the trained state must survive a failed save (a bad output path, a full disk)
             raise SaveFailed(self._save_failed_message(write_error_message(e, destination), p)) from e
-        self._status(f"model saved: {destination}")
+        # where the model is not the destination itself, the files written (a LoRA file per expert: Wan 2.2)
+        shown = destination if destination.exists() or not written else ", ".join(str(path) for path in written)
+        self._status(f"model saved: {shown}")
         self._record_checkpoint("final", destination, validation, p)
         return destination
 

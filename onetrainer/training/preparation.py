@@ -31,17 +31,17 @@ def compile_denoiser(family: Family, model: LoadedModel, device: torch.device, w
     """`compile`: the denoiser's blocks compiled one at a time (`memory/compile.py`), else a warning."""
     from onetrainer.memory.compile import compile_blocks, unavailable_reason
 
-    part = family.denoiser_part
-    paths = family.layer_blocks.get(part)
-    if not paths:
-        warn(f"compile: {family.info.label}'s {part} declares no blocks to compile; it trains uncompiled")
-        return
-    reason = unavailable_reason(device)
-    if reason:
-        warn(f"compile: {reason}; the {part} trains uncompiled")
-        return
-    count = compile_blocks(model.part(part), paths)
-    status(f"the {part}'s {count} blocks compile on first use (the first steps are slower)")
+    for part in family.denoiser_parts:  # each of several (Wan 2.2's experts)
+        paths = family.layer_blocks.get(part)
+        if not paths:
+            warn(f"compile: {family.info.label}'s {part} declares no blocks to compile; it trains uncompiled")
+            continue
+        reason = unavailable_reason(device)
+        if reason:
+            warn(f"compile: {reason}; the {part} trains uncompiled")
+            return
+        count = compile_blocks(model.part(part), paths)
+        status(f"the {part}'s {count} blocks compile on first use (the first steps are slower)")
 
 
 class CacheFill:

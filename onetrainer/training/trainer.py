@@ -183,12 +183,14 @@ class Trainer:
         # ever holds one whole (the reason to shard is that it would not fit).
         self.on_host_until_sharded = self._sharded_parts()
         self.placement.wait_on_host(self.on_host_until_sharded)
+        # Parts no step of this run runs (`Family.idle_parts`) wait in host memory as the sampling parts do.
+        idle = family.idle_parts(self.model)
         # Offloaded parts reach the device through their offloader once the method's adapters exist (never whole).
         self.placement.place(
             n
             for n, role in family.part_roles.items()
             if role is not PartRole.SAMPLING and n not in offloaded and n not in split
-            and n not in self.on_host_until_sharded
+            and n not in self.on_host_until_sharded and n not in idle
         )  # fmt: skip
         self._stop_point()
         self.status("reading the training images")
@@ -211,7 +213,7 @@ class Trainer:
             self.placement.place(
                 n
                 for n, role in family.part_roles.items()
-                if role is not PartRole.SAMPLING and n not in self.on_host_until_sharded
+                if role is not PartRole.SAMPLING and n not in self.on_host_until_sharded and n not in idle
             )
         check_placeholders(self.data, config, self.method, self.warn)
         self.with_masks = config.masked_training or self.model.type_info.inpainting
@@ -224,7 +226,7 @@ class Trainer:
         # Frozen encoders whose outputs are cached leave the device (they come back to sample and validate).
         trained = self.method.trained_parts()
         per_step = self.placement.per_step(trained, config.latent_caching, self.text_cache is not None)
-        self.placement.place(n for n in per_step if n not in self.on_host_until_sharded)
+        self.placement.place(n for n in per_step if n not in self.on_host_until_sharded and n not in idle)
 
     def _load(self) -> LoadedModel:
         """The model. A sharded fine-tune's processes read it one at a time, rank 0 last, each other process keeping
@@ -249,7 +251,7 @@ class Trainer:
         if self.config.multi_gpu_mode is not MultiGpuMode.SHARDED or self.world_size <= 1:
             return []
         model = model or self.model
-        candidates = [self.family.denoiser_part, *(s.part for s in model.text_encoders)]
+        candidates = [*self.family.denoiser_parts, *(s.part for s in model.text_encoders)]
         return [p for p in candidates if self.config.part(p).train]
 
     def _build(self, total_steps: int, steps_per_epoch: int) -> None:

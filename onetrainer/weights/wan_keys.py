@@ -4,7 +4,12 @@ model and musubi-tuner name LoRA modules by): `blocks.N.attn1.to_q` is `blocks.N
 layers are `text_embedding.*`, `time_embedding.*` and `time_projection.1`, the output layer `head.head`.
 
 ComfyUI's LoRA layout (COMFY_LORA) is `diffusion_model.` + such a path, musubi-tuner's (KOHYA_LORA) `lora_unet_` + the
-path with underscores; diffusers' `WanLoraLoaderMixin` converts both back to its names."""
+path with underscores; diffusers' `WanLoraLoaderMixin` converts both back to its names.
+
+The whole transformer in Wan's names (`original_state` / `diffusers_state`) is the single file Wan's own code, ComfyUI's
+repackaged `split_files/diffusion_models/wan2.*.safetensors` and diffusers' `WanTransformer3DModel.from_single_file`
+read: the modules as above, and the modulation tables, diffusers' `scale_shift_table`s, as `blocks.N.modulation` and
+`head.modulation`."""
 
 from __future__ import annotations
 
@@ -62,3 +67,48 @@ def original_module_path(path: str) -> str:
         if path == ours or path.startswith(ours + "."):
             return theirs + path[len(ours) :]
     return path
+
+
+_PARAMETERS = {"scale_shift_table": "head.modulation"}  # diffusers' parameter outside the blocks → Wan's
+_BLOCK_PARAMETERS = {"scale_shift_table": "modulation"}  # inside a block
+COMFY_PREFIX = "model.diffusion_model."  # a ComfyUI checkpoint's transformer keys
+
+
+def original_key(key: str) -> str:
+    """A diffusers state-dict key of the transformer in Wan's names."""
+    match = _IN_BLOCK.match(key)
+    if match and match.group(2) in _BLOCK_PARAMETERS:
+        return f"{match.group(1)}.{_BLOCK_PARAMETERS[match.group(2)]}"
+    if key in _PARAMETERS:
+        return _PARAMETERS[key]
+    module, dot, name = key.rpartition(".")
+    return f"{original_module_path(module)}{dot}{name}" if module else key
+
+
+def original_state(state: dict) -> dict:
+    """The transformer's state dict (diffusers' names) in Wan's names."""
+    return {original_key(key): value for key, value in state.items()}
+
+
+def diffusers_state(state: dict) -> dict:
+    """A single file of the transformer in Wan's names (a ComfyUI checkpoint's `model.diffusion_model.` prefix
+    allowed) in diffusers' names; a key in neither layout is a ValueError naming it."""
+    inverse_block = {theirs: ours for ours, theirs in _BLOCK} | {v: k for k, v in _BLOCK_PARAMETERS.items()}
+    inverse_top = {theirs: ours for ours, theirs in _TOP} | {v: k for k, v in _PARAMETERS.items()}
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix(COMFY_PREFIX)
+        match = _IN_BLOCK.match(key)
+        table = inverse_block if match else inverse_top
+        block, rest = (match.group(1) + ".", match.group(2)) if match else ("", key)
+        for theirs in sorted(table, key=len, reverse=True):
+            if rest == theirs or rest.startswith(theirs + "."):
+                rest = table[theirs] + rest[len(theirs) :]
+                break
+        else:
+            if not (match and rest.startswith(("norm1.", "norm2.", "norm3."))) and not rest.startswith(
+                "patch_embedding."
+            ):
+                raise ValueError(f"{key} is no key of Wan's transformer")
+        out[block + rest] = value
+    return out
