@@ -207,6 +207,12 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
     size = max(step, 64)
     embedding = shipped.training_method.value == "EMBEDDING"
     folder = image_folder(in_tmp, count=2, placeholder=shipped.embedding.placeholder if embedding else None)
+    video = model_type_info(shipped.model_type).family.video is not None
+    if video:  # a video family trains a clip beside the stills, in windows of 5 frames
+        from tests.data.test_video_concepts import write_clip
+
+        write_clip(folder / "walk.mp4", frames=9, size=(size, size))
+        (folder / "walk.txt").write_text("a walking square", encoding="utf-8")
     sample_inputs = edit_inputs(folder, shipped.model_type.value)  # an edit model's references
     if sample_inputs:
         small_edit_references(monkeypatch)
@@ -224,6 +230,7 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
         "sample_after_unit": "EPOCH",
         "sample_after": 1,
         **nf4_stand_ins(shipped),
+        **({"frames": "5"} if video else {}),
     }
     for path, value in settings.items():
         assert not errors(app.model.set(path, value)), path
@@ -234,6 +241,12 @@ def test_a_preset_of_each_family_loaded_in_the_window_trains_with_a_sample(app, 
     outputs = [output] if output.exists() else sorted(output.parent.glob(f"{output.stem}_*{output.suffix}"))
     assert outputs and app.gallery.images() and not app.dialogs.history
     assert all(any(p.iterdir()) if p.is_dir() else p.stat().st_size > 0 for p in outputs)
+    if video:  # the clip trained: a latent of several frames beside the stills' one-frame latents
+        from safetensors.torch import load_file
+
+        cached = [load_file(str(p)) for p in (in_tmp / "cache").rglob("*.safetensors")]
+        frames = sorted({entry["latents"].shape[1] for entry in cached if "latents" in entry})
+        assert frames[0] == 1 and frames[-1] > 1, frames
 
 
 def test_a_flux_lora_preset_trains_from_the_window(app, in_tmp: Path) -> None:
