@@ -1,0 +1,123 @@
+"""What the video families' test files share over a tiny model, on top of `TinyFamily`: the folder of two clips and a
+still, the runs on it (a LoRA from `scripts/train.py`'s main with a sample clip, a LyCORIS adapter, a fine-tune), the
+5-D latents the LoRA run caches and its sample clip, and the trained LoRA written again in another format.
+
+A test file declares its family once (`FAMILY = TinyVideoFamily("wan21", "WanPipeline", transformer_output)`, with
+`frozen_text` naming its text encoders) and keeps its own checks of names and layouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from onetrainer.sampling.clip_files import read_clip
+from tests.data.test_video_concepts import write_clip
+from tests.families.tiny_family import KIND_MARKERS, KIND_SETTINGS, TinyFamily
+from tests.helpers import keep_trained_output, run_config, tiny_config, write_config
+
+# The clip the LoRA run samples (the frames and size its test checks); a family adds its CFG scale or negative prompt.
+CLIP_SAMPLE: dict[str, Any] = {
+    "prompt": "a cat",
+    "width": 64,
+    "height": 48,
+    "seed": 1,
+    "diffusion_steps": 2,
+    "frames": 5,
+}
+
+
+def clip_folder(root: Path) -> Path:
+    """Two clips (12 frames at 12 fps: 5-frame windows) and a still, each with its caption."""
+    folder = root / "clips"
+    write_clip(folder / "walk.mp4", frames=12, size=(64, 48))
+    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
+    write_clip(folder / "spin.mkv", frames=12, size=(64, 48))
+    (folder / "spin.txt").write_text("a cat spins", encoding="utf-8")
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
+    (folder / "still.txt").write_text("a red square", encoding="utf-8")
+    return folder
+
+
+def assert_clip_has(path: Path, frames: int = 5, size: tuple[int, int] = (64, 48)) -> None:
+    """The clip file at `path` has `frames` frames of `size`."""
+    clip = read_clip(path)
+    assert len(clip.frames) == frames and all(frame.size == size for frame in clip.frames)
+
+
+@dataclass(frozen=True)
+class TinyVideoFamily(TinyFamily):
+    """A video family on its tiny model; `frozen_text`: the text encoder parts its runs keep frozen."""
+
+    frozen_text: tuple[str, ...] = ("text_encoder",)
+
+    def clip_config(self, root: Path, method: str, **changes) -> dict:
+        """A tiny config of `method` on `clip_folder(root)` (5-frame windows), the text encoders frozen."""
+        folder = clip_folder(root)
+        settings = {name: {"train": False} for name in self.frozen_text}
+        settings |= {"frames": "5", "concepts": [{"name": "clips", "path": str(folder), "seed": 7}], **changes}
+        return tiny_config(root, self.variant, method, **settings)
+
+    def cli_lora_run(self, root: Path, sample: dict[str, Any], **changes) -> dict:
+        """A DIFFUSERS_LORA on the blocks' attention and feed-forward (`attn-mlp`), two epochs from
+        `scripts/train.py`'s main with a config file, on the clip folder, latents and captions cached, `sample`
+        rendered after them: its config."""
+        from onetrainer.cli.train import EXIT_OK, main
+
+        config = self.clip_config(
+            root, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+            layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
+            latent_caching=True, samples=[sample], sample_after=2, sample_after_unit="EPOCH", **changes,
+        )  # fmt: skip
+        assert main(["--config-path", str(write_config(root, config))]) == EXIT_OK
+        return config
+
+    def assert_clips_cached_and_sampled(self, root: Path, config: dict, channels: int = 16) -> list[dict]:
+        """The LoRA run cached 5-D latents ([C, f, h, w]) of the still (1 latent frame) and of the clips' 5-frame
+        windows (2 latent frames), and wrote its sample as a clip of 5 frames at 64x48 in the default video format:
+        the cache's entries."""
+        entries = [load_file(str(p)) for p in (Path(config["cache_dir"]) / "latents").rglob("*.safetensors")]
+        shapes = sorted(tuple(entry["latents"].shape) for entry in entries)
+        assert all(len(shape) == 4 for shape in shapes)  # [C, f, h, w]
+        assert [shape[:2] for shape in shapes] == [(channels, 1), (channels, 2), (channels, 2)]
+        [sample] = (root / "workspace" / "samples").rglob("*.mp4")
+        assert_clip_has(sample)
+        return entries
+
+    def save_lora_as(self, config: dict, destination: Path, fmt: str, **changes) -> dict[str, torch.Tensor]:
+        """The LoRA of `config`'s output read into a fresh model and written again as `fmt`: the file's state."""
+        from onetrainer.config import config_from_dict
+        from onetrainer.methods import create_method
+
+        family, fresh = self.our_model()
+        data = {**config, "lora_model_name": config["output_model_destination"], "output_model_format": fmt, **changes}
+        cfg, _ = config_from_dict(data)
+        create_method(cfg, family, fresh, torch.device("cpu")).save_output(destination)
+        return load_file(str(destination))
+
+    def train_clip_adapter(
+        self, root: Path, monkeypatch, kind: str, fmt: str = "COMFY_LORA", **changes
+    ) -> tuple[dict, str, dict, dict]:
+        """One epoch of an adapter of `kind` on the clip folder written as `fmt` (`changes`: its layers and the
+        rest): (the file's state, `kind`'s key suffix, the config, the trained transformer's output as
+        `keep_trained_output` kept it)."""
+        trained = keep_trained_output(monkeypatch, self.transformer_output)
+        config = self.clip_config(
+            root, "LORA", epochs=1, learning_rate=1e-2, output_model_format=fmt, **KIND_SETTINGS[kind], **changes
+        )
+        run_config(config)
+        return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained
+
+    def fine_tune_clips(self, root: Path, **changes) -> dict:
+        """One epoch of a fine-tune on the clip folder written as a DIFFUSERS folder (`root`/out/model, float32):
+        its config."""
+        config = self.clip_config(
+            root, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
+            output_model_destination=str(root / "out" / "model"), output_dtype="FLOAT_32", **changes,
+        )  # fmt: skip
+        run_config(config)
+        return config
