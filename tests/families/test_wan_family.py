@@ -149,21 +149,14 @@ def test_comfyui_and_musubi_layouts_load_through_diffusers_converters_as_ours(lo
         assert {"lora_unet_blocks_0_self_attn_q.lora_down.weight", "lora_unet_blocks_1_cross_attn_o.alpha",
                 "lora_unet_blocks_1_ffn_2.lora_up.weight"} <= state.keys()  # fmt: skip
 
-    reference = pipeline()
-    reference.load_lora_weights(config["output_model_destination"])
-    pipe = pipeline()
-    pipe.load_lora_weights(str(path))
-    assert torch.allclose(transformer_output(pipe.transformer), transformer_output(reference.transformer), atol=1e-5)
-    _, again = our_model(method=True, lora_model_name=str(path))
-    assert torch.allclose(transformer_output(again.part("transformer")), transformer_output(pipe.transformer),
-                          atol=1e-5)  # fmt: skip
+    FAMILY.assert_pipeline_reads_it_as_the_diffusers_lora(config, path)
 
 
 @pytest.mark.parametrize("kind", ["loha", "lokr"])
 def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """LoHa and LoKr (LyCORIS kinds) in ComfyUI's names (`diffusion_model.` + Wan's module paths); read back into a
     fresh model they give the trained transformer."""
-    state, marker, config, trained = FAMILY.train_clip_adapter(
+    state, marker, config, trained, _ = FAMILY.train_clip_adapter(
         tmp_path, monkeypatch, kind, layer_filter_preset="attn-only"
     )
     assert f"diffusion_model.blocks.0.self_attn.q.{marker}" in state

@@ -99,18 +99,31 @@ class TinyVideoFamily(TinyFamily):
         create_method(cfg, family, fresh, torch.device("cpu")).save_output(destination)
         return load_file(str(destination))
 
+    def assert_pipeline_reads_it_as_the_diffusers_lora(self, config: dict, path: Path, **changes) -> None:
+        """The LoRA file at `path` (another format of the run's DIFFUSERS_LORA) goes through diffusers' converter
+        (the pipeline's `load_lora_weights`) to the transformer the DIFFUSERS_LORA gives there, and ours (with
+        `changes` to its config) reads it back to the same."""
+        reference = self.pipeline()
+        reference.load_lora_weights(config["output_model_destination"])
+        pipe = self.pipeline()
+        pipe.load_lora_weights(str(path))
+        theirs = self.transformer_output(pipe.transformer)
+        assert torch.allclose(theirs, self.transformer_output(reference.transformer), atol=1e-5)
+        _, again = self.our_model(method=True, lora_model_name=str(path), **changes)
+        assert torch.allclose(self.output_of(again), theirs, atol=1e-5)
+
     def train_clip_adapter(
         self, root: Path, monkeypatch, kind: str, fmt: str = "COMFY_LORA", **changes
-    ) -> tuple[dict, str, dict, dict]:
+    ) -> tuple[dict, str, dict, dict, list]:
         """One epoch of an adapter of `kind` on the clip folder written as `fmt` (`changes`: its layers and the
         rest): (the file's state, `kind`'s key suffix, the config, the trained transformer's output as
-        `keep_trained_output` kept it)."""
+        `keep_trained_output` kept it, the run's events)."""
         trained = keep_trained_output(monkeypatch, self.transformer_output)
         config = self.clip_config(
             root, "LORA", epochs=1, learning_rate=1e-2, output_model_format=fmt, **KIND_SETTINGS[kind], **changes
         )
-        run_config(config)
-        return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained
+        events = run_config(config)
+        return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained, events
 
     def fine_tune_clips(self, root: Path, **changes) -> dict:
         """One epoch of a fine-tune on the clip folder written as a DIFFUSERS folder (`root`/out/model, float32):
