@@ -134,15 +134,21 @@ class TinyFamily:
         )  # fmt: skip
         return config, run_config(config)
 
-    def assert_lora_lands_in_the_pipeline_as_ours(self, path: str, modules: set[str], pipe=None):
-        """The LoRA file loads in the pipeline's `load_lora_weights` on exactly `modules` of its transformer, changes
-        its output (it trained) and gives our model's with the same file: (our model, the pipeline)."""
+    def assert_lora_lands_in_the_pipeline_as_ours(
+        self, path: str, modules: set[str], pipe=None, load: Callable[[Any, str], None] | None = None
+    ):
+        """The LoRA file loads in the pipeline's `load_lora_weights` (or `load(pipe, path)`) on exactly `modules` of
+        its transformer, changes its output (it trained) and gives our model's with the same file: (our model, the
+        pipeline)."""
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         _, ours = self.our_model(method=True, lora_model_name=path)
         pipe = pipe or self.pipeline()
         before = self.transformer_output(pipe.transformer)
-        pipe.load_lora_weights(path)
+        if load is None:
+            pipe.load_lora_weights(path)
+        else:
+            load(pipe, path)
         landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
         assert landed == modules
         theirs = self.transformer_output(pipe.transformer)

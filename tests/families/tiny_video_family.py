@@ -29,17 +29,20 @@ CLIP_SAMPLE: dict[str, Any] = {
     "diffusion_steps": 2,
     "frames": 5,
 }
+# The captions of the clip folder's walk, spin and still.
+CLIP_CAPTIONS = ("a cat walks", "a cat spins", "a red square")
 
 
-def clip_folder(root: Path) -> Path:
+def clip_folder(root: Path, captions: tuple[str, str, str] = CLIP_CAPTIONS) -> Path:
     """Two clips (12 frames at 12 fps: 5-frame windows) and a still, each with its caption."""
     folder = root / "clips"
+    walk, spin, still = captions
     write_clip(folder / "walk.mp4", frames=12, size=(64, 48))
-    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
+    (folder / "walk.txt").write_text(walk, encoding="utf-8")
     write_clip(folder / "spin.mkv", frames=12, size=(64, 48))
-    (folder / "spin.txt").write_text("a cat spins", encoding="utf-8")
+    (folder / "spin.txt").write_text(spin, encoding="utf-8")
     Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
-    (folder / "still.txt").write_text("a red square", encoding="utf-8")
+    (folder / "still.txt").write_text(still, encoding="utf-8")
     return folder
 
 
@@ -51,13 +54,15 @@ def assert_clip_has(path: Path, frames: int = 5, size: tuple[int, int] = (64, 48
 
 @dataclass(frozen=True)
 class TinyVideoFamily(TinyFamily):
-    """A video family on its tiny model; `frozen_text`: the text encoder parts its runs keep frozen."""
+    """A video family on its tiny model; `frozen_text`: the text encoder parts its runs keep frozen; `clip_captions`:
+    its clip folder's captions."""
 
     frozen_text: tuple[str, ...] = ("text_encoder",)
+    clip_captions: tuple[str, str, str] = CLIP_CAPTIONS
 
     def clip_config(self, root: Path, method: str, **changes) -> dict:
         """A tiny config of `method` on `clip_folder(root)` (5-frame windows), the text encoders frozen."""
-        folder = clip_folder(root)
+        folder = clip_folder(root, self.clip_captions)
         settings = {name: {"train": False} for name in self.frozen_text}
         settings |= {"frames": "5", "concepts": [{"name": "clips", "path": str(folder), "seed": 7}], **changes}
         return tiny_config(root, self.variant, method, **settings)
