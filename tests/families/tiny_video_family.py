@@ -131,11 +131,12 @@ class TinyVideoFamily(TinyFamily):
         return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained, events
 
     def fine_tune_clips(self, root: Path, **changes) -> dict:
-        """One epoch of a fine-tune on the clip folder written as a DIFFUSERS folder (`root`/out/model, float32):
-        its config."""
+        """One epoch of a fine-tune on the clip folder written as a DIFFUSERS folder (`root`/out/model, float32;
+        `changes` may ask more epochs): its config."""
+        settings = {"epochs": 1, "learning_rate": 1e-3, **changes}
         config = self.clip_config(
-            root, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-            output_model_destination=str(root / "out" / "model"), output_dtype="FLOAT_32", **changes,
+            root, "FINE_TUNE", output_model_format="DIFFUSERS", output_model_destination=str(root / "out" / "model"),
+            output_dtype="FLOAT_32", **settings,
         )  # fmt: skip
         run_config(config)
         return config
