@@ -23,7 +23,7 @@ from onetrainer.families.hunyuan_video15 import GLYPH_TOKENS, TEXT_TOKENS
 from onetrainer.sampling.clip import SampleClip
 from tests.families.tiny_family import KIND_SETTINGS, lora_modules
 from tests.families.tiny_video_family import CLIP_CAPTIONS, CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
-from tests.helpers import run_config, tiny_config
+from tests.helpers import run_config
 
 VARIANT = "hunyuan-video15"
 # one caption with quoted text (the glyph encoder reads it), one without, one empty (the negative prompt's default)
@@ -211,21 +211,8 @@ def test_an_embedding_trains_on_qwen_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `qwen` (and `byt5`); set into the pipeline's Qwen tokenizer and decoder as new
     tokens (the pipeline has no textual-inversion loader), they give our conditioning: the template's cut at 108 tokens
     lies before the caption (stills train as one-frame clips)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import image_folder, local_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)
+    vectors, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
     assert {"qwen", "byt5"} <= vectors.keys()
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
     tokens = ["<shape>"] + [f"<shape>_{i}" for i in range(1, len(vectors["qwen"]))]
     pipe.tokenizer.add_tokens(tokens)

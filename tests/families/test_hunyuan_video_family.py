@@ -19,7 +19,6 @@ from onetrainer.families.hunyuan_video import TEXT_TOKENS, HunyuanVideoState
 from onetrainer.sampling.clip import SampleClip
 from tests.families.tiny_family import lora_modules
 from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
-from tests.helpers import tiny_config
 
 VARIANT = "hunyuan-video"
 CAPTIONS = ["a red circle and a cat", "Two BLUE squares on a table, seen from above at dusk"]
@@ -266,21 +265,8 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 def test_an_embedding_trains_on_both_encoders_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `llama` and `clip_l` (OneTrainer's keys); set into diffusers' tokenizers and
     encoders as new tokens (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import image_folder, local_config, run_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)
+    vectors, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
     assert {"llama", "clip_l"} <= vectors.keys()
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
     for tokenizer, encoder, key in ((pipe.tokenizer, pipe.text_encoder, "llama"),
                                     (pipe.tokenizer_2, pipe.text_encoder_2, "clip_l")):  # fmt: skip

@@ -22,7 +22,7 @@ from onetrainer.families.wan import TEXT_TOKENS, WanState
 from onetrainer.sampling.clip import SampleClip
 from tests.families.tiny_family import lora_modules
 from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
-from tests.helpers import run_config, tiny_config
+from tests.helpers import run_config
 
 CAPTIONS = ["a red  circle &amp; a cat", "Two BLUE squares on a table "]
 
@@ -225,20 +225,10 @@ def test_the_estimate_counts_the_clips_frames():
 def test_an_embedding_trains_on_umt5_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `umt5`; set into diffusers' tokenizer and encoder as new tokens (the pipeline
     has no textual-inversion loader), they give our conditioning (stills train as one-frame clips)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, image_folder, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="wan21", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["umt5"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    file, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
+    vectors = file["umt5"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
