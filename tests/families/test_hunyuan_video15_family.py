@@ -21,7 +21,7 @@ from onetrainer.data.caching import encode_text_entries
 from onetrainer.families.base import Conditioning
 from onetrainer.families.hunyuan_video15 import GLYPH_TOKENS, TEXT_TOKENS
 from onetrainer.sampling.clip import SampleClip
-from tests.families.tiny_family import KIND_SETTINGS, lora_modules
+from tests.families.tiny_family import KIND_SETTINGS
 from tests.families.tiny_video_family import CLIP_CAPTIONS, CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
 from tests.helpers import run_config
 
@@ -160,10 +160,7 @@ def test_every_module_of_the_diffusers_lora_lands_in_the_pipelines_transformer_a
     from diffusers import HunyuanVideo15Pipeline
 
     assert not hasattr(HunyuanVideo15Pipeline, "load_lora_weights")
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = lora_modules(state)
+    path, state, modules = FAMILY.diffusers_lora(lora_run[1])
     assert all(k.startswith("transformer.transformer_blocks.") for k in state)
     per_block = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                  "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",

@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 from onetrainer.families.hunyuan_video import TEXT_TOKENS, HunyuanVideoState
 from onetrainer.sampling.clip import SampleClip
-from tests.families.tiny_family import lora_modules
 from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
 
 VARIANT = "hunyuan-video"
@@ -165,11 +164,7 @@ def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_run):
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = lora_modules(state)
-    assert all(k.startswith("transformer.") for k in state)
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {
         "transformer_blocks.0.attn.to_q",
         "transformer_blocks.0.attn.add_k_proj",

@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 
 from onetrainer.families.wan import TEXT_TOKENS, WanState
 from onetrainer.sampling.clip import SampleClip
-from tests.families.tiny_family import lora_modules
 from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
 from tests.helpers import run_config
 
@@ -119,11 +118,7 @@ def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_run):
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = lora_modules(state)
-    assert all(k.startswith("transformer.") for k in state)
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {
         "blocks.0.attn1.to_q",
         "blocks.1.attn2.to_out.0",

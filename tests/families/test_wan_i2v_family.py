@@ -24,7 +24,6 @@ from onetrainer.families.wan import padded_text
 from onetrainer.families.wan_i2v import start_image_conditions, start_mask
 from onetrainer.sampling.clip import SampleClip
 from onetrainer.tiny import tiny_model_dir
-from tests.families.tiny_family import lora_modules
 from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
 from tests.helpers import run_config, tiny_config
 
@@ -133,9 +132,7 @@ def test_clips_train_with_their_first_frames_conditions_cached(lora_run):
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_i2v_pipeline_as_ours(lora_run):
-    _, config = lora_run
-    path = config["output_model_destination"]
-    modules = lora_modules(load_file(path))
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {"blocks.0.attn2.add_k_proj", "blocks.1.attn2.add_v_proj", "blocks.0.attn1.to_q"} <= modules
     assert len(modules) == 2 * 12  # per block: self- and cross-attention's q, k, v, o, the image k, v, the ffn's two
     FAMILY.assert_lora_lands_in_the_pipeline_as_ours(path, modules)

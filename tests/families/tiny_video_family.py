@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from onetrainer.sampling.clip_files import read_clip
 from tests.data.test_video_concepts import write_clip
-from tests.families.tiny_family import KIND_MARKERS, KIND_SETTINGS, TinyFamily
+from tests.families.tiny_family import KIND_MARKERS, KIND_SETTINGS, TinyFamily, lora_modules
 from tests.helpers import keep_trained_output, run_config, tiny_config, write_config
 
 # The clip the LoRA run samples (the frames and size its test checks); a family adds its CFG scale or negative prompt.
@@ -92,6 +92,14 @@ class TinyVideoFamily(TinyFamily):
         [sample] = (root / "workspace" / "samples").rglob("*.mp4")
         assert_clip_has(sample)
         return entries
+
+    def diffusers_lora(self, config: dict) -> tuple[str, dict[str, torch.Tensor], set[str]]:
+        """The LoRA run's DIFFUSERS_LORA file, every key of it under `transformer.`: (its path, its state, the module
+        paths it names)."""
+        path = config["output_model_destination"]
+        state = load_file(path)
+        assert all(k.startswith("transformer.") for k in state)
+        return path, state, lora_modules(state)
 
     def save_lora_as(self, config: dict, destination: Path, fmt: str, **changes) -> dict[str, torch.Tensor]:
         """The LoRA of `config`'s output read into a fresh model and written again as `fmt`: the file's state."""
