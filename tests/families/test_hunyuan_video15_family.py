@@ -21,27 +21,13 @@ from onetrainer.data.caching import encode_text_entries
 from onetrainer.families.base import Conditioning
 from onetrainer.families.hunyuan_video15 import GLYPH_TOKENS, TEXT_TOKENS
 from onetrainer.sampling.clip import SampleClip
-from onetrainer.sampling.clip_files import read_clip
-from onetrainer.tiny import tiny_model_dir
-from tests.data.test_video_concepts import write_clip
-from tests.helpers import assert_only_the_denoiser_trained, loaded_model, run_config, tiny_config, write_config
+from tests.families.tiny_family import KIND_SETTINGS
+from tests.families.tiny_video_family import CLIP_CAPTIONS, CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
+from tests.helpers import run_config
 
 VARIANT = "hunyuan-video15"
 # one caption with quoted text (the glyph encoder reads it), one without, one empty (the negative prompt's default)
 CAPTIONS = ['a sign that says "OPEN" in a shop', "Two BLUE squares on a table", ""]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), VARIANT, method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import HunyuanVideo15Pipeline
-
-    pipe = HunyuanVideo15Pipeline.from_pretrained(str(folder or tiny_model_dir(VARIANT)), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -68,16 +54,11 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
         )[0]
 
 
-def clip_folder(root: Path) -> Path:
-    """Two clips (12 frames at 12 fps: 5-frame windows) and a still, each with its caption (one quoting text)."""
-    folder = root / "clips"
-    write_clip(folder / "walk.mp4", frames=12, size=(64, 48))
-    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
-    write_clip(folder / "spin.mkv", frames=12, size=(64, 48))
-    (folder / "spin.txt").write_text('a cat spins under a sign "SPIN"', encoding="utf-8")
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
-    (folder / "still.txt").write_text("a red square", encoding="utf-8")
-    return folder
+FAMILY = TinyVideoFamily(
+    VARIANT, "HunyuanVideo15Pipeline", transformer_output, frozen_text=("text_encoder", "text_encoder_2"),
+    clip_captions=(CLIP_CAPTIONS[0], 'a cat spins under a sign "SPIN"', CLIP_CAPTIONS[2]),  # one quoting text
+)  # fmt: skip
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -165,83 +146,40 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the dual-stream blocks' attention and feed-forwards (`attn-mlp`), from `scripts/train.py`'s
     main with a config file: a folder of two clips (5-frame windows) and a still, latents and captions cached, a
     sample clip."""
-    from onetrainer.cli.train import EXIT_OK, main
-
     root = tmp_path_factory.mktemp("hunyuan-video15-lora")
-    folder = clip_folder(root)
-    config = tiny_config(
-        root, VARIANT, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, text_encoder_2={"train": False}, latent_caching=True, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        samples=[{"prompt": "a cat", "negative_prompt": "blur", "width": 64, "height": 48, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0, "frames": 5}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    assert main(["--config-path", str(write_config(root, config))]) == EXIT_OK
-    return root, config
+    return root, FAMILY.cli_lora_run(root, {**CLIP_SAMPLE, "negative_prompt": "blur", "cfg_scale": 3.0})
 
 
 def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
-    root, config = lora_run
-    entries = [load_file(str(p)) for p in (Path(config["cache_dir"]) / "latents").rglob("*.safetensors")]
-    shapes = sorted(tuple(entry["latents"].shape) for entry in entries)
-    assert all(len(shape) == 4 for shape in shapes)  # [C, f, h, w]
-    assert [shape[:2] for shape in shapes] == [(32, 1), (32, 2), (32, 2)]  # the still, the clips' 5-frame windows
-    [sample] = (root / "workspace" / "samples").rglob("*.mp4")  # the sample's clip, in the default video format
-    clip = read_clip(sample)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+    FAMILY.assert_clips_cached_and_sampled(*lora_run, channels=32)
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipelines_transformer_as_ours(lora_run):
     """HunyuanVideo15Pipeline has no LoRA loader (no `load_lora_weights`): its transformer's `load_lora_adapter`
     reads the file's `transformer.` part."""
     from diffusers import HunyuanVideo15Pipeline
-    from peft.tuners.tuners_utils import BaseTunerLayer
 
     assert not hasattr(HunyuanVideo15Pipeline, "load_lora_weights")
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    path, state, modules = FAMILY.diffusers_lora(lora_run[1])
     assert all(k.startswith("transformer.transformer_blocks.") for k in state)
     per_block = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                  "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
                  "ff_context.net.2"]  # fmt: skip
     assert modules == {f"transformer_blocks.{i}.{name}" for i in range(2) for name in per_block}
-
-    _, ours = our_model(method=True, lora_model_name=path)
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.transformer.load_lora_adapter(path, prefix="transformer")
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(
+        path, modules, load=lambda pipe, file: pipe.transformer.load_lora_adapter(file, prefix="transformer")
+    )
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler
 
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, VARIANT, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output)
+    FAMILY.fine_tune_clips(tmp_path)
+    trained, _ = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model")  # in diffusers and as a base model
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler) and trained.scheduler.config.shift == 5.0
     assert isinstance(trained.guider, ClassifierFreeGuidance) and trained.guider.guidance_scale == 6.0
     index = json.loads((tmp_path / "out" / "model" / "model_index.json").read_text())
     assert index["_class_name"] == "HunyuanVideo15Pipeline"
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 @pytest.mark.parametrize("kind", ["loha", "lokr"])
@@ -250,38 +188,18 @@ def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeyp
     model they give the trained transformer. The same adapters as COMFY_LORA: q, k and v kept apart (their ΔW has no
     exact form on the fused projection) under `diffusion_model.` + the diffusers path, the output projection under
     ComfyUI's name; read back, the same transformer."""
-    from tests.helpers import keep_trained_output
-
-    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    folder = clip_folder(tmp_path)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    state, marker, config, trained, _ = FAMILY.train_clip_adapter(
+        tmp_path, monkeypatch, kind, "KOHYA_LORA", layer_filter_preset="attn-only"
+    )
     assert f"lora_unet_transformer_blocks_0_attn_add_q_proj.{marker}" in state
     assert all(k.startswith("lora_unet_transformer_blocks_") and "_attn_" in k for k in state)  # not the refiner's
-    path = config["output_model_destination"]
-    _, again = our_model(method=True, lora_model_name=path, output_model_format="KOHYA_LORA", **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-5)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained, atol=1e-5)
 
-    from onetrainer.config import config_from_dict
-    from onetrainer.methods import create_method
-
-    family, fresh = our_model()
-    cfg, _ = config_from_dict({**config, "lora_model_name": path, "output_model_format": "COMFY_LORA"})
     comfy = tmp_path / "comfy.safetensors"
-    create_method(cfg, family, fresh, torch.device("cpu")).save_output(comfy)
-    state = load_file(str(comfy))
+    state = FAMILY.save_lora_as(config, comfy, "COMFY_LORA")
     assert f"diffusion_model.transformer_blocks.0.attn.to_q.{marker}" in state
     assert f"diffusion_model.double_blocks.0.img_attn.proj.{marker}" in state
+    settings = KIND_SETTINGS[kind]
     _, back = our_model(method=True, lora_model_name=str(comfy), output_model_format="COMFY_LORA", **settings)
     assert torch.allclose(transformer_output(back.part("transformer")), trained["output"], atol=1e-5)
 
@@ -290,21 +208,8 @@ def test_an_embedding_trains_on_qwen_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `qwen` (and `byt5`); set into the pipeline's Qwen tokenizer and decoder as new
     tokens (the pipeline has no textual-inversion loader), they give our conditioning: the template's cut at 108 tokens
     lies before the caption (stills train as one-frame clips)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import image_folder, local_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)
+    vectors, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
     assert {"qwen", "byt5"} <= vectors.keys()
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
     tokens = ["<shape>"] + [f"<shape>_{i}" for i in range(1, len(vectors["qwen"]))]
     pipe.tokenizer.add_tokens(tokens)
@@ -332,16 +237,14 @@ def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
     for the whole clip): it trains (finite losses) and writes its file."""
     from onetrainer.training.events import Metrics
 
-    folder = clip_folder(tmp_path)
+    config = FAMILY.clip_config(
+        tmp_path, "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-only", masked_training=True, unmasked_probability=0.0,
+        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
+    )  # fmt: skip
     mask = Image.new("L", (64, 48), 0)
     mask.paste(255, (0, 0, 32, 48))
-    mask.save(folder / "walk-masklabel.png")
-    config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-only", frames="5", masked_training=True, unmasked_probability=0.0,
-        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
-        text_encoder_2={"train": False}, concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-    )  # fmt: skip
+    mask.save(Path(config["concepts"][0]["path"]) / "walk-masklabel.png")
     losses = [e.loss for e in run_config(config) if isinstance(e, Metrics)]
     assert losses and all(torch.isfinite(torch.tensor(losses)))
     assert any(
@@ -358,26 +261,16 @@ def test_scripts_sample_writes_a_clip(tmp_path):
     argv = ["--model-type", "HUNYUAN_VIDEO_15", "--base-model", f"tiny:{VARIANT}", "--prompt", 'a sign "OPEN"',
             "--width", "64", "--height", "48", "--steps", "2", "--frames", "5", "--output", str(output)]  # fmt: skip
     assert main(argv) == EXIT_OK
-    clip = read_clip(output)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+    assert_clip_has(output)
 
 
 def test_the_comfyui_layout_fuses_each_streams_qkv_and_reads_back_as_trained(lora_run, tmp_path):
     """The trained adapters written as COMFY_LORA over ComfyUI's module names (`diffusion_model.double_blocks.N.
     img_attn.qkv`, `txt_attn.proj`, `img_mlp.0`, …): each stream's q, k, v one LoRA on its fused projection whose ΔW
     is the three projections' ΔW stacked (checked from the file's tensors), and ours reads the file back as trained."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.methods import create_method
-
     _, config = lora_run
-    family, _ = our_model()
-    cfg, _ = config_from_dict({**config, "lora_model_name": config["output_model_destination"],
-                               "output_model_format": "COMFY_LORA"})  # fmt: skip
-    _, fresh = our_model()
-    method = create_method(cfg, family, fresh, torch.device("cpu"))
     path = tmp_path / "comfy.safetensors"
-    method.save_output(path)
-    state = load_file(str(path))
+    state = FAMILY.save_lora_as(config, path, "COMFY_LORA")
     prefix = "diffusion_model.double_blocks.1."
     names = ("img_attn.qkv", "txt_attn.qkv", "img_attn.proj", "txt_attn.proj", "img_mlp.0", "txt_mlp.2")
     assert {f"{prefix}{name}.lora_down.weight" for name in names} <= state.keys()

@@ -11,37 +11,16 @@ clips."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.hunyuan_video import TEXT_TOKENS, HunyuanVideoState
 from onetrainer.sampling.clip import SampleClip
-from onetrainer.sampling.clip_files import read_clip
-from onetrainer.tiny import tiny_model_dir
-from tests.data.test_video_concepts import write_clip
-from tests.helpers import loaded_model, tiny_config, write_config
+from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
 
 VARIANT = "hunyuan-video"
 CAPTIONS = ["a red circle and a cat", "Two BLUE squares on a table, seen from above at dusk"]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), VARIANT, method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import HunyuanVideoPipeline
-
-    pipe = HunyuanVideoPipeline.from_pretrained(str(folder or tiny_model_dir(VARIANT)), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -60,16 +39,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
         )[0]  # fmt: skip
 
 
-def clip_folder(root: Path) -> Path:
-    """Two clips (12 frames at 12 fps: 5-frame windows) and a still, each with its caption."""
-    folder = root / "clips"
-    write_clip(folder / "walk.mp4", frames=12, size=(64, 48))
-    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
-    write_clip(folder / "spin.mkv", frames=12, size=(64, 48))
-    (folder / "spin.txt").write_text("a cat spins", encoding="utf-8")
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
-    (folder / "still.txt").write_text("a red square", encoding="utf-8")
-    return folder
+FAMILY = TinyVideoFamily(
+    VARIANT, "HunyuanVideoPipeline", transformer_output, frozen_text=("text_encoder", "text_encoder_2")
+)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -131,17 +104,8 @@ def test_training_feeds_the_configured_guidance_as_the_pipeline_scales_it():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] != lengths[1]
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 1, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-5)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 1, 2, 2), atol=1e-5)
+    assert lengths[0] != lengths[1]
 
 
 def test_caption_dropout_zeroes_each_encoders_share_and_keeps_the_mask():
@@ -191,42 +155,16 @@ def test_samples_are_clips_of_the_samples_frames_as_the_pipeline_renders_them():
 def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the blocks' attention and feed-forward (`attn-mlp`), from `scripts/train.py`'s main with a
     config file: a folder of two clips (5-frame windows) and a still, latents and captions cached, a sample."""
-    from onetrainer.cli.train import EXIT_OK, main
-
     root = tmp_path_factory.mktemp("hunyuan-video-lora")
-    folder = clip_folder(root)
-    config = tiny_config(
-        root, VARIANT, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, text_encoder_2={"train": False}, latent_caching=True, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        samples=[{"prompt": "a cat", "width": 64, "height": 48, "seed": 1, "diffusion_steps": 2, "cfg_scale": 6.0,
-                  "frames": 5}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    assert main(["--config-path", str(write_config(root, config))]) == EXIT_OK
-    return root, config
+    return root, FAMILY.cli_lora_run(root, {**CLIP_SAMPLE, "cfg_scale": 6.0})
 
 
 def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
-    root, config = lora_run
-    entries = [load_file(str(p)) for p in (Path(config["cache_dir"]) / "latents").rglob("*.safetensors")]
-    shapes = sorted(tuple(entry["latents"].shape) for entry in entries)
-    assert [shape[:2] for shape in shapes] == [(16, 1), (16, 2), (16, 2)]  # the still, the clips' 5-frame windows
-    assert all(len(shape) == 4 for shape in shapes)  # [C, f, h, w]
-    [sample] = (root / "workspace" / "samples").rglob("*.mp4")  # the sample's clip, in the default video format
-    clip = read_clip(sample)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+    FAMILY.assert_clips_cached_and_sampled(*lora_run)
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
-    assert all(k.startswith("transformer.") for k in state)
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {
         "transformer_blocks.0.attn.to_q",
         "transformer_blocks.0.attn.add_k_proj",
@@ -235,28 +173,10 @@ def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_r
         "single_transformer_blocks.0.attn.to_v",
         "context_embedder.token_refiner.refiner_blocks.1.attn.to_out.0",
     } <= modules
-
-    _, ours = our_model(method=True, lora_model_name=path)
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(path)
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(path, modules)
 
 
-def save_as(config: dict, destination: Path, fmt: str, **changes) -> dict[str, torch.Tensor]:
-    """The LoRA of `config`'s output read into a fresh model and written again as `fmt`."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.methods import create_method
-
-    family, fresh = our_model()
-    data = {**config, "lora_model_name": config["output_model_destination"], "output_model_format": fmt, **changes}
-    cfg, _ = config_from_dict(data)
-    create_method(cfg, family, fresh, torch.device("cpu")).save_output(destination)
-    return load_file(str(destination))
+save_as = FAMILY.save_lora_as
 
 
 @pytest.mark.parametrize("fmt", ["COMFY_LORA", "KOHYA_LORA"])
@@ -316,28 +236,12 @@ def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeyp
     """LoHa and LoKr on the double blocks' attention in COMFY_LORA: a whole original module under
     `diffusion_model.<original path>` (`img_attn_proj`), each projection of a fused q/k/v under
     `lora_transformer_<diffusers path>`; read back into a fresh model they give the trained transformer."""
-    from tests.helpers import keep_trained_output, run_config
-
-    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    folder = clip_folder(tmp_path)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter="^transformer_blocks\\.\\d+\\.attn\\.", layer_filter_regex=True,
-        text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    state, marker, config, trained, _ = FAMILY.train_clip_adapter(
+        tmp_path, monkeypatch, kind, layer_filter="^transformer_blocks\\.\\d+\\.attn\\.", layer_filter_regex=True
+    )
     assert f"diffusion_model.double_blocks.0.img_attn_proj.{marker}" in state
     assert f"lora_transformer_transformer_blocks_0_attn_to_q.{marker}" in state
-    path = config["output_model_destination"]
-    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-5)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained, atol=1e-5)
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
@@ -345,46 +249,19 @@ def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
 
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from tests.helpers import assert_only_the_denoiser_trained, run_config
-
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, VARIANT, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False}, text_encoder_2={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
+    FAMILY.fine_tune_clips(tmp_path)
     frozen = ("text_encoder", "text_encoder_2", "vae")
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output, frozen)
+    trained, _ = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model", *frozen)  # in diffusers and back
     assert isinstance(trained.scheduler, FlowMatchEulerDiscreteScheduler) and trained.scheduler.config.shift == 7.0
     index = json.loads((tmp_path / "out" / "model" / "model_index.json").read_text())
     assert index["_class_name"] == "HunyuanVideoPipeline"
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_an_embedding_trains_on_both_encoders_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `llama` and `clip_l` (OneTrainer's keys); set into diffusers' tokenizers and
     encoders as new tokens (the pipeline has no textual-inversion loader), they give our conditioning."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import image_folder, local_config, run_config
-
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant=VARIANT, method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)
+    vectors, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
     assert {"llama", "clip_l"} <= vectors.keys()
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
     pipe = pipeline()
     for tokenizer, encoder, key in ((pipe.tokenizer, pipe.text_encoder, "llama"),
                                     (pipe.tokenizer_2, pipe.text_encoder_2, "clip_l")):  # fmt: skip
@@ -418,14 +295,12 @@ def test_clips_train_with_8_bit_weights_and_validate(tmp_path):
     from onetrainer.training.events import Metrics, Validated
     from tests.helpers import run_config
 
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
-        layer_filter_preset="attn-only", frames="5", transformer={"weight_dtype": "FLOAT_8"},
+    config = FAMILY.clip_config(
+        tmp_path, "LORA", epochs=1, learning_rate=1e-2, output_model_format="KOHYA_LORA",
+        layer_filter_preset="attn-only", transformer={"weight_dtype": "FLOAT_8"},
         text_encoder={"train": False, "weight_dtype": "INT_8"},
         text_encoder_2={"train": False, "weight_dtype": "INT_8"},
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], validation=True, validation_holdout=1,
-        validate_after=1, validate_after_unit="EPOCH",
+        validation=True, validation_holdout=1, validate_after=1, validate_after_unit="EPOCH",
     )  # fmt: skip
     events = run_config(config)
     losses = [e.loss for e in events if isinstance(e, Metrics)]

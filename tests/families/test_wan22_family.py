@@ -22,24 +22,16 @@ from safetensors.torch import load_file
 from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.wan import Wan22Family, Wan22State
 from onetrainer.tiny import tiny_model_dir
-from tests.families.test_wan_family import clip_folder, transformer_output
+from tests.families.test_wan_family import transformer_output
+from tests.families.tiny_family import lora_modules
+from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
 from tests.helpers import loaded_model, run_config, tiny_config
 
 LOW_ONLY = {"max_noising_strength": 0.875, "transformer": {"train": False}}
 HIGH_ONLY = {"min_noising_strength": 0.875, "parts": {"transformer_2": {"train": False}}}
 
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "wan22", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import WanPipeline
-
-    pipe = WanPipeline.from_pretrained(str(folder or tiny_model_dir("wan22")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+FAMILY = TinyVideoFamily("wan22", "WanPipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def landed(transformer) -> set[str]:
@@ -120,14 +112,11 @@ def both_experts_lora(tmp_path: Path, offload: float):
     from onetrainer.memory import layer_offload
     from onetrainer.training.events import Metrics
 
-    folder = clip_folder(tmp_path)
     expert = {"offload_fraction": offload, "gradient_checkpointing": True}
-    config = tiny_config(
-        tmp_path, "wan22", "LORA", epochs=3, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", text_encoder={"train": False}, frames="5", batch_size=2,
-        min_noising_strength=0.75, transformer=expert, parts={"transformer_2": expert},
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], backup_after=1, backup_after_unit="EPOCH",
-        samples=[{"prompt": "a cat", "width": 64, "height": 48, "seed": 1, "diffusion_steps": 2, "frames": 5}],
+    config = FAMILY.clip_config(
+        tmp_path, "LORA", epochs=3, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", batch_size=2, min_noising_strength=0.75, transformer=expert,
+        parts={"transformer_2": expert}, backup_after=1, backup_after_unit="EPOCH", samples=[CLIP_SAMPLE],
         sample_after=3, sample_after_unit="EPOCH",
     )  # fmt: skip
     calls: list[tuple[str, int, bool]] = []  # (expert, rows, grad): every expert's run in training and samples
@@ -174,7 +163,7 @@ def test_both_experts_train_into_a_diffusers_lora_per_expert_that_lands_in_its_p
     for path, transformer in ((high, pipe.transformer), (low, pipe.transformer_2)):
         state = load_file(path)
         assert all(k.startswith("transformer.") for k in state)
-        modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+        modules = lora_modules(state)
         assert landed(transformer) == modules and len(modules) == 2 * 10
     for name in ("transformer", "transformer_2"):  # both trained
         theirs, before = transformer_output(getattr(pipe, name)), transformer_output(getattr(base, name))
@@ -230,15 +219,13 @@ def test_offloading_both_experts_trains_the_same_loras(both_run, tmp_path):
 
 
 def test_a_low_noise_lora_alone_is_one_file_that_lands_on_the_pipelines_transformer_2(tmp_path):
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, "wan22", "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", text_encoder={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **LOW_ONLY,
+    config = FAMILY.clip_config(
+        tmp_path, "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-mlp", **LOW_ONLY,
     )  # fmt: skip
     run_config(config)
     path = config["output_model_destination"]
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in load_file(path)}
+    modules = lora_modules(load_file(path))
     _, ours = our_model(method=True, lora_model_name=path, **LOW_ONLY)
     pipe = pipeline()
     before = transformer_output(pipe.transformer_2)
@@ -250,14 +237,7 @@ def test_a_low_noise_lora_alone_is_one_file_that_lands_on_the_pipelines_transfor
 
 
 def test_a_high_noise_fine_tune_writes_a_folder_with_each_expert_in_its_place(tmp_path):
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, "wan22", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False}, frames="5", concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        **HIGH_ONLY,
-    )  # fmt: skip
-    run_config(config)
+    FAMILY.fine_tune_clips(tmp_path, **HIGH_ONLY)
     trained, base = pipeline(tmp_path / "out" / "model"), pipeline()
     assert trained.config.boundary_ratio == 0.875
     assert not torch.allclose(transformer_output(trained.transformer), transformer_output(base.transformer), atol=1e-5)
@@ -368,14 +348,9 @@ def test_original_transformer_files_are_wans_single_files_that_diffusers_and_mod
 def test_a_fine_tune_of_both_experts_saves_both_and_its_backup_gives_both_back(tmp_path):
     from onetrainer.families.wan import Wan22Family
 
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, "wan22", "FINE_TUNE", epochs=2, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", min_noising_strength=0.75,
-        text_encoder={"train": False}, frames="5", concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        backup_after=2, backup_after_unit="EPOCH",
-    )  # fmt: skip
-    run_config(config)
+    config = FAMILY.fine_tune_clips(
+        tmp_path, epochs=2, min_noising_strength=0.75, backup_after=2, backup_after_unit="EPOCH"
+    )
     trained, base = pipeline(tmp_path / "out" / "model"), pipeline()
     backup = sorted((Path(config["workspace_dir"]) / "backup").iterdir())[-1] / "model"
     _, fresh = our_model()

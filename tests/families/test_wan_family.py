@@ -18,36 +18,12 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from onetrainer.data.caching import encode_text_entries
-from onetrainer.families.base import Conditioning
 from onetrainer.families.wan import TEXT_TOKENS, WanState
 from onetrainer.sampling.clip import SampleClip
-from onetrainer.sampling.clip_files import read_clip
-from onetrainer.tiny import tiny_model_dir
-from tests.data.test_video_concepts import write_clip
-from tests.helpers import (
-    assert_only_the_denoiser_trained,
-    keep_trained_output,
-    loaded_model,
-    run_config,
-    tiny_config,
-    write_config,
-)
+from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily, assert_clip_has
+from tests.helpers import run_config
 
 CAPTIONS = ["a red  circle &amp; a cat", "Two BLUE squares on a table "]
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), "wan21", method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import WanPipeline
-
-    pipe = WanPipeline.from_pretrained(str(folder or tiny_model_dir("wan21")), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -60,16 +36,8 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
         return transformer(latents, torch.tensor([300.0, 800.0]), text, return_dict=False)[0]
 
 
-def clip_folder(root: Path) -> Path:
-    """Two clips (12 frames at 12 fps: 5-frame windows) and a still, each with its caption."""
-    folder = root / "clips"
-    write_clip(folder / "walk.mp4", frames=12, size=(64, 48))
-    (folder / "walk.txt").write_text("a cat walks", encoding="utf-8")
-    write_clip(folder / "spin.mkv", frames=12, size=(64, 48))
-    (folder / "spin.txt").write_text("a cat spins", encoding="utf-8")
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(folder / "still.png")
-    (folder / "still.txt").write_text("a red square", encoding="utf-8")
-    return folder
+FAMILY = TinyVideoFamily("wan21", "WanPipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
@@ -101,17 +69,8 @@ def test_the_conditioning_the_latents_and_the_prediction_are_the_pipelines():
 
 
 def test_the_text_cache_keeps_each_captions_tokens_and_predicts_the_same():
-    family, model = our_model()
-    rows = encode_text_entries(family, model, CAPTIONS)
-    with torch.no_grad():
-        encoded = family.encode_text(model, CAPTIONS)
-        lengths = [int(m.sum()) for m in encoded.tensors["attention_mask"]]
-        assert [len(r["hidden_states"]) for r in rows] == lengths and lengths[0] != lengths[1]
-        cached = Conditioning.stack(rows, "cpu")
-        noisy, times = torch.randn(2, 16, 1, 2, 2), torch.tensor([100.0, 900.0])
-        from_cache = family.predict(model, noisy, times, cached, {}).output
-        full = family.predict(model, noisy, times, encoded, {}).output
-    assert torch.allclose(from_cache, full, atol=1e-6)
+    _, lengths = FAMILY.assert_cached_text_predicts_as_encoded(CAPTIONS, (2, 16, 1, 2, 2))
+    assert lengths[0] != lengths[1]
 
 
 def test_samples_are_clips_of_the_samples_frames_through_the_models_own_sampler():
@@ -149,46 +108,17 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the blocks' attention and feed-forward (`attn-mlp`), from `scripts/train.py`'s main with a
     config file: a folder of two clips (5-frame windows) and a still, latents and captions cached, masked training
     (no mask files: each clip trains whole), a sample."""
-    from onetrainer.cli.train import EXIT_OK, main
-
     root = tmp_path_factory.mktemp("wan-lora")
-    folder = clip_folder(root)
-    config = tiny_config(
-        root, "wan21", "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True, frames="5", masked_training=True,
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        samples=[{"prompt": "a cat", "negative_prompt": "blur", "width": 64, "height": 48, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0, "frames": 5}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    assert main(["--config-path", str(write_config(root, config))]) == EXIT_OK
-    return root, config
+    sample = {**CLIP_SAMPLE, "negative_prompt": "blur", "cfg_scale": 3.0}
+    return root, FAMILY.cli_lora_run(root, sample, masked_training=True)
 
 
 def test_clips_and_a_still_train_from_the_cli_with_5d_latents_cached(lora_run):
-    root, config = lora_run
-    entries = [load_file(str(p)) for p in (Path(config["cache_dir"]) / "latents").rglob("*.safetensors")]
-    shapes = sorted(tuple(entry["latents"].shape) for entry in entries)
-    assert all(len(shape) == 4 for shape in shapes)  # [C, f, h, w]
-    assert [shape[:2] for shape in shapes] == [
-        (16, 1),
-        (16, 2),
-        (16, 2),
-    ]  # the still (1 frame), the clips' windows (5 frames)
-    [sample] = (root / "workspace" / "samples").rglob("*.mp4")  # the sample's clip, in the default video format
-    clip = read_clip(sample)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+    FAMILY.assert_clips_cached_and_sampled(*lora_run)
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
-    assert all(k.startswith("transformer.") for k in state)
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {
         "blocks.0.attn1.to_q",
         "blocks.1.attn2.to_out.0",
@@ -196,16 +126,7 @@ def test_every_module_of_the_diffusers_lora_lands_in_the_pipeline_as_ours(lora_r
         "blocks.0.ffn.net.2",
     } <= modules
     assert len(modules) == 2 * 10  # per block: self- and cross-attention's q, k, v, o and the feed-forward's two
-
-    _, ours = our_model(method=True, lora_model_name=path)
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(path)
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(path, modules)
 
 
 @pytest.mark.parametrize("fmt", ["COMFY_LORA", "KOHYA_LORA"])
@@ -213,18 +134,9 @@ def test_comfyui_and_musubi_layouts_load_through_diffusers_converters_as_ours(lo
     """The trained adapters written as ComfyUI's (`diffusion_model.blocks.N.self_attn.q`) or musubi-tuner's
     (`lora_unet_blocks_N_self_attn_q`) layout: diffusers' converters give the same transformer, and ours reads the file
     back."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.methods import create_method
-
     _, config = lora_run
-    family, _ = our_model()
-    cfg, _ = config_from_dict({**config, "lora_model_name": config["output_model_destination"],
-                               "output_model_format": fmt})  # fmt: skip
-    _, fresh = our_model()
-    method = create_method(cfg, family, fresh, torch.device("cpu"))
     path = tmp_path / "lora.safetensors"
-    method.save_output(path)
-    state = load_file(str(path))
+    state = FAMILY.save_lora_as(config, path, fmt)
     if fmt == "COMFY_LORA":
         assert {"diffusion_model.blocks.0.self_attn.q.lora_down.weight", "diffusion_model.blocks.1.cross_attn.o.alpha",
                 "diffusion_model.blocks.1.ffn.0.lora_up.weight"} <= state.keys()  # fmt: skip
@@ -232,59 +144,28 @@ def test_comfyui_and_musubi_layouts_load_through_diffusers_converters_as_ours(lo
         assert {"lora_unet_blocks_0_self_attn_q.lora_down.weight", "lora_unet_blocks_1_cross_attn_o.alpha",
                 "lora_unet_blocks_1_ffn_2.lora_up.weight"} <= state.keys()  # fmt: skip
 
-    reference = pipeline()
-    reference.load_lora_weights(config["output_model_destination"])
-    pipe = pipeline()
-    pipe.load_lora_weights(str(path))
-    assert torch.allclose(transformer_output(pipe.transformer), transformer_output(reference.transformer), atol=1e-5)
-    _, again = our_model(method=True, lora_model_name=str(path))
-    assert torch.allclose(transformer_output(again.part("transformer")), transformer_output(pipe.transformer),
-                          atol=1e-5)  # fmt: skip
+    FAMILY.assert_pipeline_reads_it_as_the_diffusers_lora(config, path)
 
 
 @pytest.mark.parametrize("kind", ["loha", "lokr"])
 def test_lycoris_kinds_train_on_clips_and_read_back_as_trained(tmp_path, monkeypatch, kind):
     """LoHa and LoKr (LyCORIS kinds) in ComfyUI's names (`diffusion_model.` + Wan's module paths); read back into a
     fresh model they give the trained transformer."""
-    settings = {"loha": {"peft_type": "LOHA"}, "lokr": {"peft_type": "LOKR", "lokr_dim": 2}}[kind]
-    folder = clip_folder(tmp_path)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, "wan21", "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": False}, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], **settings,
-    )  # fmt: skip
-    run_config(config)
-    state = load_file(config["output_model_destination"])
-    marker = "hada_w1_a" if kind == "loha" else "lokr_w1"
+    state, marker, config, trained, _ = FAMILY.train_clip_adapter(
+        tmp_path, monkeypatch, kind, layer_filter_preset="attn-only"
+    )
     assert f"diffusion_model.blocks.0.self_attn.q.{marker}" in state
     assert all(k.startswith("diffusion_model.blocks.") for k in state)
-    path = config["output_model_destination"]
-    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", **settings)
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-5)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    FAMILY.assert_file_reads_back_as_trained(config, kind, trained, atol=1e-5)
 
 
 def test_a_fine_tune_writes_a_folder_that_loads_in_diffusers_and_back(tmp_path):
     from diffusers import UniPCMultistepScheduler
 
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, "wan21", "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32",
-        text_encoder={"train": False}, frames="5", concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    base = pipeline()
-    expected = assert_only_the_denoiser_trained(trained, base, transformer_output)
+    FAMILY.fine_tune_clips(tmp_path)
+    trained, _ = FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model")  # in diffusers and as a base model
     assert isinstance(trained.scheduler, UniPCMultistepScheduler)  # the model's own sampler travels
     assert json.loads((tmp_path / "out" / "model" / "model_index.json").read_text())["_class_name"] == "WanPipeline"
-
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):
@@ -303,17 +184,15 @@ def test_clips_train_with_8_bit_weights_and_a_clip_mask(tmp_path):
     latents at fixed times) and writes its file."""
     from onetrainer.training.events import Metrics, Validated
 
-    folder = clip_folder(tmp_path)
+    config = FAMILY.clip_config(
+        tmp_path, "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
+        layer_filter_preset="attn-only", masked_training=True, unmasked_probability=0.0,
+        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
+        validation=True, validation_holdout=1, validate_after=1, validate_after_unit="EPOCH",
+    )  # fmt: skip
     mask = Image.new("L", (64, 48), 0)
     mask.paste(255, (0, 0, 32, 48))
-    mask.save(folder / "walk-masklabel.png")
-    config = tiny_config(
-        tmp_path, "wan21", "LORA", epochs=1, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-only", frames="5", masked_training=True, unmasked_probability=0.0,
-        transformer={"weight_dtype": "FLOAT_8"}, text_encoder={"train": False, "weight_dtype": "INT_8"},
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], validation=True, validation_holdout=1,
-        validate_after=1, validate_after_unit="EPOCH",
-    )  # fmt: skip
+    mask.save(Path(config["concepts"][0]["path"]) / "walk-masklabel.png")
     events = run_config(config)
     losses = [e.loss for e in events if isinstance(e, Metrics)]
     assert losses and all(torch.isfinite(torch.tensor(losses)))
@@ -341,20 +220,10 @@ def test_the_estimate_counts_the_clips_frames():
 def test_an_embedding_trains_on_umt5_and_prompts_the_pipeline_as_ours(tmp_path):
     """The file holds the vectors under `umt5`; set into diffusers' tokenizer and encoder as new tokens (the pipeline
     has no textual-inversion loader), they give our conditioning (stills train as one-frame clips)."""
-    from onetrainer.config import config_from_dict
-    from onetrainer.families import load_family_class
-    from onetrainer.methods import create_method
-    from tests.helpers import add_embedding_tokens, image_folder, local_config
+    from tests.helpers import add_embedding_tokens
 
-    image_folder(tmp_path, count=2, placeholder="<shape>")
-    config = tiny_config(tmp_path, variant="wan21", method="EMBEDDING", epochs=1)
-    run_config(config)
-    path = config["output_model_destination"]
-    vectors = load_file(path)["umt5"]
-    cfg, _ = config_from_dict({**config, "embedding": {**config["embedding"], "model_name": path}})
-    family = load_family_class(cfg.model_type)()
-    model = family.load(local_config(cfg))
-    method = create_method(cfg, family, model, torch.device("cpu"))  # continues from the file
+    file, family, model, method = FAMILY.trained_embedding(tmp_path)  # the run continues from the file
+    vectors = file["umt5"]
     pipe = pipeline()
     add_embedding_tokens(pipe, vectors)
     with torch.no_grad():
@@ -373,5 +242,4 @@ def test_scripts_sample_writes_a_clip(tmp_path):
     argv = ["--model-type", "WAN_2_1", "--base-model", "tiny:wan21", "--prompt", "a cat", "--width", "64",
             "--height", "48", "--steps", "2", "--frames", "5", "--output", str(output)]  # fmt: skip
     assert main(argv) == EXIT_OK
-    clip = read_clip(output)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
+    assert_clip_has(output)

@@ -23,25 +23,11 @@ from onetrainer.families.loading import ModelLoadError
 from onetrainer.families.wan import padded_text
 from onetrainer.families.wan_i2v import start_image_conditions, start_mask
 from onetrainer.sampling.clip import SampleClip
-from onetrainer.sampling.clip_files import read_clip
 from onetrainer.tiny import tiny_model_dir
-from tests.families.test_wan_family import clip_folder
-from tests.helpers import assert_only_the_denoiser_trained, loaded_model, run_config, tiny_config, write_config
+from tests.families.tiny_video_family import CLIP_SAMPLE, TinyVideoFamily
+from tests.helpers import run_config, tiny_config
 
 VARIANT = "wan21-i2v"
-
-
-def our_model(method: bool = False, **changes):
-    data = tiny_config(Path("/nonexistent"), VARIANT, method="LORA", output_model_format="DIFFUSERS_LORA")
-    return loaded_model(data, method, **changes)
-
-
-def pipeline(folder: Path | None = None):
-    from diffusers import WanImageToVideoPipeline
-
-    pipe = WanImageToVideoPipeline.from_pretrained(str(folder or tiny_model_dir(VARIANT)), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
@@ -54,6 +40,10 @@ def transformer_output(transformer: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         return transformer(latents, torch.tensor([300.0, 800.0]), text, encoder_hidden_states_image=image,
                            return_dict=False)[0]  # fmt: skip
+
+
+FAMILY = TinyVideoFamily(VARIANT, "WanImageToVideoPipeline", transformer_output)
+our_model, pipeline = FAMILY.our_model, FAMILY.pipeline
 
 
 def start_image(path: Path) -> Path:
@@ -129,69 +119,30 @@ def lora_run(tmp_path_factory):
     """A DIFFUSERS_LORA on the blocks' attention and feed-forward (`attn-mlp`, the image cross-attention's
     projections included), from `scripts/train.py`'s main: two clips (5-frame windows) and a still, latents (with the
     start images' conditions) and captions cached, a sample from a start image."""
-    from onetrainer.cli.train import EXIT_OK, main
-
     root = tmp_path_factory.mktemp("wan-i2v-lora")
-    folder = clip_folder(root)
-    config = tiny_config(
-        root, VARIANT, "LORA", epochs=2, learning_rate=1e-2, output_model_format="DIFFUSERS_LORA",
-        layer_filter_preset="attn-mlp", output_model_destination=str(root / "out" / "lora.safetensors"),
-        text_encoder={"train": False}, latent_caching=True, frames="5",
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-        samples=[{"prompt": "a cat", "negative_prompt": "blur", "width": 64, "height": 48, "seed": 1,
-                  "diffusion_steps": 2, "cfg_scale": 3.0, "frames": 5,
-                  "reference_images": [str(start_image(root / "start.png"))]}],
-        sample_after=2, sample_after_unit="EPOCH",
-    )  # fmt: skip
-    assert main(["--config-path", str(write_config(root, config))]) == EXIT_OK
-    return root, config
+    start = str(start_image(root / "start.png"))
+    sample = {**CLIP_SAMPLE, "negative_prompt": "blur", "cfg_scale": 3.0, "reference_images": [start]}
+    return root, FAMILY.cli_lora_run(root, sample)
 
 
 def test_clips_train_with_their_first_frames_conditions_cached(lora_run):
-    root, config = lora_run
-    entries = [load_file(str(p)) for p in (Path(config["cache_dir"]) / "latents").rglob("*.safetensors")]
+    entries = FAMILY.assert_clips_cached_and_sampled(*lora_run)  # the still, the windows; the sample clip
     assert all(e["extra/condition"].shape == e["latents"].shape for e in entries)  # [16, f, h, w] each
-    assert sorted(e["latents"].shape[:2] for e in entries) == [(16, 1), (16, 2), (16, 2)]  # the still, the windows
     assert all(e["extra/image_embeds"].shape == (257, 32) for e in entries)
-    [sample] = (root / "workspace" / "samples").rglob("*.mp4")
-    clip = read_clip(sample)
-    assert len(clip.frames) == 5 and all(frame.size == (64, 48) for frame in clip.frames)
 
 
 def test_every_module_of_the_diffusers_lora_lands_in_the_i2v_pipeline_as_ours(lora_run):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    _, config = lora_run
-    path = config["output_model_destination"]
-    state = load_file(path)
-    modules = {k.partition(".lora_")[0].removeprefix("transformer.") for k in state}
+    path, _, modules = FAMILY.diffusers_lora(lora_run[1])
     assert {"blocks.0.attn2.add_k_proj", "blocks.1.attn2.add_v_proj", "blocks.0.attn1.to_q"} <= modules
     assert len(modules) == 2 * 12  # per block: self- and cross-attention's q, k, v, o, the image k, v, the ffn's two
-
-    _, ours = our_model(method=True, lora_model_name=path)
-    pipe = pipeline()
-    before = transformer_output(pipe.transformer)
-    pipe.load_lora_weights(path)
-    landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert landed == modules
-    theirs = transformer_output(pipe.transformer)
-    assert not torch.allclose(before, theirs, atol=1e-4)  # the LoRA trained
-    assert torch.allclose(transformer_output(ours.part("transformer")), theirs, atol=1e-6)
+    FAMILY.assert_lora_lands_in_the_pipeline_as_ours(path, modules)
 
 
 @pytest.mark.parametrize("fmt", ["COMFY_LORA", "KOHYA_LORA"])
 def test_comfyui_and_musubi_layouts_name_the_image_projections_and_load_as_ours(lora_run, tmp_path, fmt):
-    from onetrainer.config import config_from_dict
-    from onetrainer.methods import create_method
-
     _, config = lora_run
-    family, fresh = our_model()
-    cfg, _ = config_from_dict({**config, "lora_model_name": config["output_model_destination"],
-                               "output_model_format": fmt})  # fmt: skip
-    method = create_method(cfg, family, fresh, torch.device("cpu"))
     path = tmp_path / "lora.safetensors"
-    method.save_output(path)
-    state = load_file(str(path))
+    state = FAMILY.save_lora_as(config, path, fmt)
     if fmt == "COMFY_LORA":
         assert {"diffusion_model.blocks.0.cross_attn.k_img.lora_down.weight",
                 "diffusion_model.blocks.1.cross_attn.v_img.alpha",
@@ -199,14 +150,7 @@ def test_comfyui_and_musubi_layouts_name_the_image_projections_and_load_as_ours(
     else:
         assert {"lora_unet_blocks_0_cross_attn_k_img.lora_down.weight", "lora_unet_blocks_1_cross_attn_v_img.alpha",
                 "lora_unet_blocks_1_ffn_2.lora_up.weight"} <= state.keys()  # fmt: skip
-    reference = pipeline()
-    reference.load_lora_weights(config["output_model_destination"])
-    pipe = pipeline()
-    pipe.load_lora_weights(str(path))
-    assert torch.allclose(transformer_output(pipe.transformer), transformer_output(reference.transformer), atol=1e-5)
-    _, again = our_model(method=True, lora_model_name=str(path), output_model_format=fmt)
-    assert torch.allclose(transformer_output(again.part("transformer")), transformer_output(pipe.transformer),
-                          atol=1e-5)  # fmt: skip
+    FAMILY.assert_pipeline_reads_it_as_the_diffusers_lora(config, path, output_model_format=fmt)
 
 
 def test_the_image_projection_has_comfyuis_names():
@@ -218,23 +162,13 @@ def test_the_image_projection_has_comfyuis_names():
 
 
 def test_a_fine_tune_computes_the_conditions_per_batch_and_writes_an_i2v_folder(tmp_path):
-    folder = clip_folder(tmp_path)
-    config = tiny_config(
-        tmp_path, VARIANT, "FINE_TUNE", epochs=1, learning_rate=1e-3, output_model_format="DIFFUSERS",
-        output_model_destination=str(tmp_path / "out" / "model"), output_dtype="FLOAT_32", latent_caching=False,
-        text_encoder={"train": False}, frames="5", concepts=[{"name": "clips", "path": str(folder), "seed": 7}],
-    )  # fmt: skip
-    run_config(config)
-    trained = pipeline(tmp_path / "out" / "model")
-    expected = assert_only_the_denoiser_trained(
-        trained, pipeline(), transformer_output, frozen=("text_encoder", "vae", "image_encoder")
-    )
+    FAMILY.fine_tune_clips(tmp_path, latent_caching=False)
+    frozen = ("text_encoder", "vae", "image_encoder")
+    FAMILY.assert_fine_tune_round_trips(tmp_path / "out" / "model", *frozen)  # in diffusers and as a base model
     index = json.loads((tmp_path / "out" / "model" / "model_index.json").read_text())
     assert index["_class_name"] == "WanImageToVideoPipeline" and index["image_processor"][1].startswith(
         "CLIPImageProcessor"
     )
-    _, model = our_model(base_model_name=str(tmp_path / "out" / "model"))  # the folder is a base model
-    assert torch.equal(transformer_output(model.part("transformer")), expected)
 
 
 def test_lokr_trains_on_clips_with_the_image_projections_and_reads_back_as_trained(tmp_path, monkeypatch):
@@ -242,29 +176,16 @@ def test_lokr_trains_on_clips_with_the_image_projections_and_reads_back_as_train
     ComfyUI's names: read back into a fresh model it gives the trained transformer; it validates on the clip held out
     (its cached start-image conditions at fixed times)."""
     from onetrainer.training.events import Validated
-    from tests.helpers import keep_trained_output
 
-    folder = clip_folder(tmp_path)
-    trained = keep_trained_output(monkeypatch, transformer_output)
-    config = tiny_config(
-        tmp_path, VARIANT, "LORA", epochs=1, learning_rate=1e-2, output_model_format="COMFY_LORA",
-        layer_filter_preset="attn-only", text_encoder={"train": False}, frames="5", peft_type="LOKR", lokr_dim=2,
-        concepts=[{"name": "clips", "path": str(folder), "seed": 7}], latent_caching=True, validation=True,
+    state, _, config, trained, events = FAMILY.train_clip_adapter(
+        tmp_path, monkeypatch, "lokr", layer_filter_preset="attn-only", latent_caching=True, validation=True,
         validation_holdout=1, validate_after=1, validate_after_unit="EPOCH",
     )  # fmt: skip
-    (validated,) = [e for e in run_config(config) if isinstance(e, Validated)]
+    (validated,) = [e for e in events if isinstance(e, Validated)]
     assert torch.isfinite(torch.tensor(validated.loss))
-    state = load_file(config["output_model_destination"])
-    assert {"diffusion_model.blocks.0.cross_attn.k_img.lokr_w1", "diffusion_model.blocks.1.self_attn.q.lokr_w1"} <= set(
-        state
-    )
-    path = config["output_model_destination"]
-    _, again = our_model(method=True, lora_model_name=path, output_model_format="COMFY_LORA", peft_type="LOKR",
-                         lokr_dim=2)  # fmt: skip
-    ours = transformer_output(again.part("transformer"))
-    assert torch.allclose(ours, trained["output"], atol=1e-5)
-    _, plain = our_model()
-    assert not torch.allclose(ours, transformer_output(plain.part("transformer")), atol=1e-4)  # it trained
+    keys = {"diffusion_model.blocks.0.cross_attn.k_img.lokr_w1", "diffusion_model.blocks.1.self_attn.q.lokr_w1"}
+    assert keys <= state.keys()
+    FAMILY.assert_file_reads_back_as_trained(config, "lokr", trained, atol=1e-5)
 
 
 def test_layer_offloading_with_checkpointing_trains_the_same_lora(tmp_path, monkeypatch):

@@ -134,15 +134,21 @@ class TinyFamily:
         )  # fmt: skip
         return config, run_config(config)
 
-    def assert_lora_lands_in_the_pipeline_as_ours(self, path: str, modules: set[str], pipe=None):
-        """The LoRA file loads in the pipeline's `load_lora_weights` on exactly `modules` of its transformer, changes
-        its output (it trained) and gives our model's with the same file: (our model, the pipeline)."""
+    def assert_lora_lands_in_the_pipeline_as_ours(
+        self, path: str, modules: set[str], pipe=None, load: Callable[[Any, str], None] | None = None
+    ):
+        """The LoRA file loads in the pipeline's `load_lora_weights` (or `load(pipe, path)`) on exactly `modules` of
+        its transformer, changes its output (it trained) and gives our model's with the same file: (our model, the
+        pipeline)."""
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         _, ours = self.our_model(method=True, lora_model_name=path)
         pipe = pipe or self.pipeline()
         before = self.transformer_output(pipe.transformer)
-        pipe.load_lora_weights(path)
+        if load is None:
+            pipe.load_lora_weights(path)
+        else:
+            load(pipe, path)
         landed = {name for name, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)}
         assert landed == modules
         theirs = self.transformer_output(pipe.transformer)
@@ -170,16 +176,18 @@ class TinyFamily:
         run_config(config)
         return load_file(config["output_model_destination"]), KIND_MARKERS[kind], config, trained
 
-    def assert_file_reads_back_as_trained(self, config: dict, kind: str, trained: dict, **changes) -> None:
+    def assert_file_reads_back_as_trained(
+        self, config: dict, kind: str, trained: dict, atol: float = 1e-6, **changes
+    ) -> None:
         """The file (in the config's format) read into a fresh model (with `changes` to its config) gives the trained
-        transformer's output, which is not the base's."""
+        transformer's output (within `atol`), which is not the base's."""
         file = {
             "lora_model_name": config["output_model_destination"],
             "output_model_format": config["output_model_format"],
         }
         _, again = self.our_model(method=True, **file, **KIND_SETTINGS[kind], **changes)
         ours = self.output_of(again)
-        assert torch.allclose(ours, trained["output"], atol=1e-6)
+        assert torch.allclose(ours, trained["output"], atol=atol)
         _, plain = self.our_model()
         assert not torch.allclose(ours, self.output_of(plain), atol=1e-4)  # it trained
 
