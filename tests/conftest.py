@@ -94,13 +94,15 @@ def counted_hub(no_hub, monkeypatch):
 
 
 @pytest.fixture
-def unbuilt_model_type(monkeypatch):
+def unbuilt_model_type():
     """A OneTrainer model type no family builds, for this test: HUNYUAN_VIDEO with its declaration and family taken out
-    of the tables (`tests.helpers.make_unbuilt`; restored afterwards), for the tests of the "not built yet" path."""
+    of the tables (`tests.helpers.made_unbuilt`; restored afterwards in their order), for the tests of the "not built
+    yet" path."""
     from onetrainer.config.enums import ModelType
-    from tests.helpers import make_unbuilt
+    from tests.helpers import made_unbuilt
 
-    return make_unbuilt(monkeypatch, ModelType.HUNYUAN_VIDEO)
+    with made_unbuilt(ModelType.HUNYUAN_VIDEO) as model_type:
+        yield model_type
 
 
 @pytest.fixture

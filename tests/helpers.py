@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -64,23 +65,27 @@ OUTPUTS = {
 }
 
 
-def make_unbuilt(monkeypatch, model_type):
-    """Make `model_type` one no family builds for one test (a OneTrainer model type this trainer does not train yet):
-    its declaration out of `config.model_types.MODEL_TYPES`, its family's facts out of `FAMILIES` (where no other
-    model type shares them) and its class out of `families.registry.FAMILY_CLASSES`; `monkeypatch` puts them back
-    after the test. Returns the model type."""
+@contextlib.contextmanager
+def made_unbuilt(model_type):
+    """Make `model_type` one no family builds while the block runs (a OneTrainer model type this trainer does not train
+    yet): its declaration out of `config.model_types.MODEL_TYPES`, its family's facts out of `FAMILIES` (where no other
+    model type shares them) and its class out of `families.registry.FAMILY_CLASSES`. Afterwards each table holds what
+    it held before, in the same order (the menus' and the docs' order: a key put back by hand would move to the end)."""
     from onetrainer.config.model_types import FAMILIES, MODEL_TYPES
     from onetrainer.families.registry import FAMILY_CLASSES
 
-    info = MODEL_TYPES.get(model_type)
-    if info is None:
-        return model_type
-    monkeypatch.delitem(MODEL_TYPES, model_type)
-    key = info.family.key
-    if all(other.family.key != key for other in MODEL_TYPES.values()):
-        monkeypatch.delitem(FAMILIES, key, raising=False)
-        monkeypatch.delitem(FAMILY_CLASSES, key, raising=False)
-    return model_type
+    tables = (MODEL_TYPES, FAMILIES, FAMILY_CLASSES)
+    saved = [list(table.items()) for table in tables]
+    info = MODEL_TYPES.pop(model_type, None)
+    if info is not None and all(other.family.key != info.family.key for other in MODEL_TYPES.values()):
+        FAMILIES.pop(info.family.key, None)
+        FAMILY_CLASSES.pop(info.family.key, None)
+    try:
+        yield model_type
+    finally:
+        for table, items in zip(tables, saved, strict=True):
+            table.clear()
+            table.update(items)
 
 
 def nf4_stand_ins(config) -> dict[str, str]:

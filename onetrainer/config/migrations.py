@@ -141,8 +141,12 @@ def _v10_fan_out(d: dict) -> dict:
     activation_offloading = d.pop("enable_activation_offloading", True)
     offload_fraction = d.pop("layer_offload_fraction", 0.0)
     offloaded = checkpointing == "CPU_OFFLOADED"
+    # OneTrainer's own part blocks only (a config of version 10 or older knows no others): a family's own trained
+    # part (Wan 2.2's `transformer_2`, under `parts`) keeps its defaults.
+    from onetrainer.config.train_config import _named_parts
+
     for part in _PARTS:
-        if part not in _TRAINED_PARTS:
+        if part not in _TRAINED_PARTS or part not in _named_parts():
             continue
         if checkpointing is not None:
             d.setdefault(part, {})["gradient_checkpointing"] = checkpointing in ("ON", "CPU_OFFLOADED", True)

@@ -257,3 +257,14 @@ def test_a_new_sample_starts_at_the_training_resolution() -> None:
     assert sample_size("1024x768", 16) == (1024, 768)
     assert sample_size("1000", 16) == (1008, 1008) and sample_size("64", 128) == (128, 128)  # the family's step
     assert sample_size("huge", 8) is None
+
+
+def test_a_type_made_unbuilt_for_a_test_comes_back_in_its_place():
+    """The fixture's tables come back in their order: it is the menus' and the generated docs' order."""
+    from onetrainer.config.model_types import FAMILIES, MODEL_TYPES
+    from tests.helpers import made_unbuilt
+
+    before = (list(MODEL_TYPES), list(FAMILIES))
+    with made_unbuilt(ModelType.HUNYUAN_VIDEO):
+        assert ModelType.HUNYUAN_VIDEO not in MODEL_TYPES
+    assert (list(MODEL_TYPES), list(FAMILIES)) == before
