@@ -18,6 +18,11 @@ _PARTS = tuple(declared_part_roles())
 _TRAINED_PARTS = frozenset(
     p for p, r in declared_part_roles().items() if r in (PartRole.DENOISER, PartRole.TEXT_ENCODER)
 )
+# Those a config of version 10 or older knows: OneTrainer's own part blocks of that time. A family's own trained part
+# (Wan 2.2's `transformer_2`, under `parts`) is newer and keeps its defaults.
+_V10_TRAINED_PARTS = _TRAINED_PARTS & {
+    "unet", "prior", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"
+}  # fmt: skip
 
 # OneTrainer's keys that live elsewhere here: its key → our dotted path. Applied on every load whatever the version
 # (`ConfigNode.migrate`), since OneTrainer's own presets carry no `__version`; `--set` accepts the old key too.
@@ -141,12 +146,8 @@ def _v10_fan_out(d: dict) -> dict:
     activation_offloading = d.pop("enable_activation_offloading", True)
     offload_fraction = d.pop("layer_offload_fraction", 0.0)
     offloaded = checkpointing == "CPU_OFFLOADED"
-    # OneTrainer's own part blocks only (a config of version 10 or older knows no others): a family's own trained
-    # part (Wan 2.2's `transformer_2`, under `parts`) keeps its defaults.
-    from onetrainer.config.train_config import _named_parts
-
     for part in _PARTS:
-        if part not in _TRAINED_PARTS or part not in _named_parts():
+        if part not in _V10_TRAINED_PARTS:
             continue
         if checkpointing is not None:
             d.setdefault(part, {})["gradient_checkpointing"] = checkpointing in ("ON", "CPU_OFFLOADED", True)
